@@ -1,0 +1,65 @@
+# Trellis: every target installs what it needs. Start with `make run` or `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+export UV_LINK_MODE ?= copy
+
+TOOLS := .tools
+UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
+PY_SRC := libs services tests bench tools
+PROTO_OUT := libs/api/src
+
+.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check pytest unit integration bench clean
+
+help:
+	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/)"
+	@echo "make test   - lint, type-check, layer contracts, proto check, unit and integration tests"
+	@echo "make bench  - benchmarks with figures and ratios against baselines measured in the same run"
+	@echo "make proto  - regenerate libs/api from proto/"
+
+# System packages: redis-server (tests and local runs need a real one).
+system-deps:
+	@command -v redis-server >/dev/null || { \
+	  echo "installing redis-server with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null || { echo "redis-server is required (apt-get install redis-server)"; exit 1; }
+	@# The Debian package starts a system redis on 6379; ours use their own ports, leave it be.
+
+$(TOOLS)/bin/uv:
+	@command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
+	@python3 -m venv $(TOOLS) 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv && python3 -m venv $(TOOLS); }
+	$(TOOLS)/bin/pip install -q uv
+
+bootstrap: system-deps $(if $(filter $(TOOLS)/bin/uv,$(UV)),$(TOOLS)/bin/uv)
+	$(UV) sync --frozen --all-packages
+
+env: bootstrap
+
+run: bootstrap
+	$(UV) run trellis up
+
+lint:
+	$(UV) run ruff check $(PY_SRC)
+	$(UV) run ruff format --check $(PY_SRC)
+
+typecheck:
+	$(UV) run mypy libs/common/src libs/cli/src $(wildcard services/*/src) $(wildcard libs/*/tests services/*/tests) tests bench tools conftest.py
+
+imports:
+	$(UV) run lint-imports
+
+proto:
+	$(UV) run python tools/protogen.py proto $(PROTO_OUT)
+
+proto-check:
+	$(UV) run python tools/protogen.py --check proto $(PROTO_OUT)
+
+pytest:
+	$(UV) run pytest -q -p no:cacheprovider
+
+test: bootstrap lint typecheck imports proto-check pytest
+
+bench: bootstrap
+	$(UV) run python -m bench
+
+clean:
+	rm -rf .venv $(TOOLS) .mypy_cache .ruff_cache

@@ -1,0 +1,47 @@
+"""The ``trellis`` command: run a local mesh, and inspect and operate a running one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import click
+
+from trellis_cli.certs import certs
+from trellis_cli.client import Mesh
+from trellis_cli.status import status
+from trellis_cli.up import up as run_up
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=lambda: os.environ.get("TRELLIS_STATE_DIR", ".trellis"),
+    show_default=".trellis (or TRELLIS_STATE_DIR)",
+    help="Where the running mesh keeps its token, addresses and data.",
+)
+@click.pass_context
+def cli(ctx: click.Context, state_dir: Path) -> None:
+    """Trellis: a service-mesh control plane."""
+    ctx.obj = Mesh(state_dir)
+
+
+@cli.command(help="Start Redis and the control plane as local processes (Ctrl-C stops them).")
+@click.option("--quiet", is_flag=True, help="Do not stream the services' logs.")
+@click.pass_obj
+def up(mesh: Mesh, quiet: bool) -> None:
+    raise SystemExit(asyncio.run(run_up(mesh.state_dir, quiet)))
+
+
+cli.add_command(certs)
+cli.add_command(status)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Running the control plane's processes on one machine: start, watch, restart, stop.
+
+``trellis up`` uses a :class:`Supervisor` to run each service as its own process, in order,
+waiting for each to be ready before starting the next. A process that dies is restarted
+with backoff; SIGINT/SIGTERM stop them all in reverse order (SIGTERM, then SIGKILL after a
+grace period), and every child is also tied to the supervisor's life with
+``PR_SET_PDEATHSIG`` so none is orphaned even if the supervisor is killed. Output of each
+child goes to ``<state-dir>/logs/<name>.log`` and, prefixed by its name, to the terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+ReadyCheck = Callable[[], Awaitable[bool]]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def http_ready(url: str) -> ReadyCheck:
+    async def check() -> bool:
+        try:
+            async with httpx.AsyncClient(timeout=1.0) as client:
+                return (await client.get(url)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return check
+
+
+def tcp_ready(host: str, port: int) -> ReadyCheck:
+    async def check() -> bool:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
+    return check
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    argv: Sequence[str]
+    ready: ReadyCheck
+    ports: Sequence[int] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    address: str = ""  # what the status table shows
+    ready_timeout: float = 60.0
+
+
+@dataclass
+class Child:
+    spec: ProcessSpec
+    process: asyncio.subprocess.Process | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    ready: bool = False
+    pump: asyncio.Task[None] | None = None
+
+
+class StartupError(Exception):
+    pass
+
+
+class Supervisor:
+    def __init__(
+        self,
+        specs: Sequence[ProcessSpec],
+        log_dir: Path,
+        echo: Callable[[str, str], None],
+        grace: float = 10.0,
+    ) -> None:
+        self.children = [Child(spec) for spec in specs]
+        self._log_dir = log_dir
+        self._echo = echo
+        self._grace = grace
+        self._stopping = False
+
+    def preflight(self) -> None:
+        busy = [
+            f"{c.spec.name}: port {port}"
+            for c in self.children
+            for port in c.spec.ports
+            if not port_free("127.0.0.1", port)
+        ]
+        if busy:
+            raise StartupError(
+                "ports already in use (is another mesh running? `trellis status`): "
+                + ", ".join(busy)
+            )
+
+    async def _spawn(self, child: Child) -> None:
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **child.spec.env, "PYTHONUNBUFFERED": "1"}
+        child.process = await asyncio.create_subprocess_exec(
+            *child.spec.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,
+            start_new_session=True,
+        )
+        child.started_at = time.monotonic()
+        child.ready = False
+        child.pump = asyncio.create_task(self._pump(child, child.process))
+
+    async def _pump(self, child: Child, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        with (self._log_dir / f"{child.spec.name}.log").open("ab") as sink:
+            async for line in process.stdout:
+                sink.write(line)
+                sink.flush()
+                self._echo(child.spec.name, line.decode(errors="replace").rstrip())
+
+    async def _wait_ready(self, child: Child) -> None:
+        deadline = time.monotonic() + child.spec.ready_timeout
+        while time.monotonic() < deadline:
+            assert child.process is not None
+            if child.process.returncode is not None:
+                raise StartupError(
+                    f"{child.spec.name} exited with code {child.process.returncode} while "
+                    f"starting; see {self._log_dir / (child.spec.name + '.log')}"
+                )
+            if await child.spec.ready():
+                child.ready = True
+                return
+            await asyncio.sleep(0.1)
+        raise StartupError(f"{child.spec.name} not ready after {child.spec.ready_timeout:.0f}s")
+
+    async def start(self) -> None:
+        for child in self.children:
+            await self._spawn(child)
+            await self._wait_ready(child)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch the children until ``stop``; restart any that dies; then stop them all."""
+        try:
+            watchers = [asyncio.create_task(self._watch(c, stop)) for c in self.children]
+            await stop.wait()
+        finally:
+            self._stopping = True
+            for task in watchers:
+                task.cancel()
+            await self.stop_all()
+
+    async def _watch(self, child: Child, stop: asyncio.Event) -> None:
+        delay = 0.5
+        while not stop.is_set():
+            assert child.process is not None
+            code = await child.process.wait()
+            if self._stopping or stop.is_set():
+                return
+            uptime = time.monotonic() - child.started_at
+            delay = 0.5 if uptime > 30 else min(delay * 2, 10.0)
+            child.restarts += 1
+            self._echo(
+                "trellis",
+                f"{child.spec.name} exited (code {code}) after {uptime:.1f}s; "
+                f"restarting in {delay:.1f}s (restart #{child.restarts})",
+            )
+            await asyncio.sleep(delay)
+            if stop.is_set():
+                return
+            await self._spawn(child)
+            try:
+                await self._wait_ready(child)
+                self._echo("trellis", f"{child.spec.name} is ready again")
+            except StartupError as exc:
+                self._echo("trellis", str(exc))
+
+    async def stop_all(self) -> None:
+        for child in reversed(self.children):
+            process = child.process
+            if process is None or process.returncode is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), self._grace)
+            except TimeoutError:
+                self._echo("trellis", f"{child.spec.name} ignored SIGTERM; killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+            if child.pump is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await child.pump

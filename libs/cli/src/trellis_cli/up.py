@@ -1,0 +1,136 @@
+"""``trellis up``: Redis and the control plane services as separate local processes."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import click
+from rich.markup import escape
+
+from trellis_cli import output
+from trellis_cli.supervisor import ProcessSpec, StartupError, Supervisor, http_ready, tcp_ready
+from trellis_common.settings import Ports
+
+LOCAL_REDIS_PORT = 16379
+
+# (name, module, grpc port, admin port), in start order.
+SERVICES = (("certmanager", "trellis_certmanager.main", *Ports.CERTMANAGER),)
+
+COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
+
+
+def redis_spec(state_dir: Path) -> ProcessSpec:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise click.ClickException(
+            "redis-server not found: `apt-get install redis-server` (make run does it), "
+            "or point TRELLIS_REDIS_URL at a Redis you run"
+        )
+    data = state_dir / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    return ProcessSpec(
+        name="redis",
+        argv=[
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(LOCAL_REDIS_PORT),
+            "--dir",
+            str(data.resolve()),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
+        ready=tcp_ready("127.0.0.1", LOCAL_REDIS_PORT),
+        ports=(LOCAL_REDIS_PORT,),
+        address=f"redis://127.0.0.1:{LOCAL_REDIS_PORT}",
+    )
+
+
+def service_specs(state_dir: Path, redis_url: str) -> list[ProcessSpec]:
+    specs = []
+    for name, module, grpc_port, admin_port in SERVICES:
+        if importlib.util.find_spec(module.rsplit(".", 1)[0]) is None:
+            continue
+        specs.append(
+            ProcessSpec(
+                name=name,
+                argv=[sys.executable, "-m", module],
+                ready=http_ready(f"http://127.0.0.1:{admin_port}/readyz"),
+                ports=(grpc_port, admin_port),
+                env={"TRELLIS_REDIS_URL": redis_url, "TRELLIS_STATE_DIR": str(state_dir)},
+                address=f"grpc 127.0.0.1:{grpc_port}  admin http://127.0.0.1:{admin_port}",
+            )
+        )
+    return specs
+
+
+def make_echo(quiet: bool) -> callable:  # type: ignore[valid-type]
+    colors: dict[str, str] = {}
+
+    def echo(name: str, line: str) -> None:
+        if quiet and name != "trellis":
+            return
+        color = colors.setdefault(name, COLORS[len(colors) % len(COLORS)])
+        output.console.print(
+            f"[{color}]{name:>12}[/] | {escape(line)}", highlight=False, soft_wrap=True
+        )
+
+    return echo
+
+
+async def up(state_dir: Path, quiet: bool) -> int:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    redis_url = os.environ.get("TRELLIS_REDIS_URL", "")
+    specs: list[ProcessSpec] = []
+    if not redis_url:
+        redis_url = f"redis://127.0.0.1:{LOCAL_REDIS_PORT}/0"
+        specs.append(redis_spec(state_dir))
+    else:
+        parsed = urlparse(redis_url)
+        output.console.print(f"using Redis at {parsed.hostname}:{parsed.port or 6379}")
+    specs += service_specs(state_dir, redis_url)
+    supervisor = Supervisor(specs, state_dir / "logs", make_echo(quiet))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        supervisor.preflight()
+        await supervisor.start()
+    except StartupError as exc:
+        output.errors.print(f"[red]error:[/] {escape(str(exc))}")
+        await supervisor.stop_all()
+        return 1
+    output.table(
+        f"Trellis is up (state in {state_dir})",
+        ["SERVICE", "PID", "ADDRESS", "HEALTH"],
+        [
+            (c.spec.name, c.process.pid if c.process else "-", c.spec.address, "ready")
+            for c in supervisor.children
+        ],
+    )
+    output.console.print(
+        "try: [bold]trellis status[/], [bold]trellis certs root[/], "
+        "[bold]trellis certs list[/]; Ctrl-C stops everything"
+    )
+    await supervisor.run(stop)
+    output.console.print("all services stopped")
+    return 0

@@ -1,0 +1,147 @@
+"""Admin REST scaffolding: every service's FastAPI app with health, readiness and metrics.
+
+:func:`create_app` returns an app with ``/healthz`` (the process is alive), ``/readyz``
+(every readiness check passes; 503 with the failing checks otherwise) and ``/metrics``
+(Prometheus text from the service's own registry, never a global one). Routes that change
+state depend on :func:`token_guard`: a bearer token compared in constant time.
+:class:`AdminServer` runs uvicorn as ``async def run(stop)`` without taking over signals,
+bound to 127.0.0.1 unless the service is told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+ReadinessCheck = Callable[[], bool | Awaitable[bool]]
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def token_guard(token: str) -> Callable[..., Awaitable[None]]:
+    """A FastAPI dependency: 401 without a bearer token, 403 with a wrong one."""
+    expected = token.encode()
+
+    async def guard(
+        credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+    ) -> None:
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise HTTPException(
+                status_code=401,
+                detail="this endpoint changes state: send 'Authorization: Bearer <admin token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(credentials.credentials.encode(), expected):
+            raise HTTPException(status_code=403, detail="admin token rejected")
+
+    return guard
+
+
+def create_app(
+    title: str,
+    registry: CollectorRegistry,
+    readiness: Mapping[str, ReadinessCheck] | None = None,
+) -> FastAPI:
+    """The admin app of one service, with the three standard endpoints."""
+    app = FastAPI(title=f"Trellis {title} admin API", version="0.1.0")
+    checks = dict(readiness or {})
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "service": title}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> JSONResponse:
+        results: dict[str, bool] = {}
+        for name, check in checks.items():
+            try:
+                outcome = check()
+                results[name] = bool(await outcome) if isinstance(outcome, Awaitable) else outcome
+            except Exception:  # a failing check means "not ready", not a crash
+                log.exception("admin.readiness_check_failed check=%s", name)
+                results[name] = False
+        ready = all(results.values())
+        return JSONResponse(
+            {"ready": ready, "service": title, "checks": results},
+            status_code=200 if ready else 503,
+        )
+
+    @app.get("/metrics", tags=["health"])
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(ValueError)
+    async def value_error(_: Request, exc: ValueError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    return app
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the service's lifecycle owns SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class AdminServer:
+    """Serve an ASGI app until ``stop`` is set."""
+
+    def __init__(
+        self, app: Any, host: str, port: int, on_started: Callable[[int], None] | None = None
+    ) -> None:
+        self._app = app
+        self._on_started = on_started
+        self._host = host
+        self._port = port
+        self.port = port
+        self.started = asyncio.Event()
+
+    def _bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self._host, self._port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        return sock
+
+    async def run(self, stop: asyncio.Event) -> None:
+        sock = self._bind()
+        config = uvicorn.Config(
+            self._app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=3,
+        )
+        server = _QuietServer(config)
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():  # noqa: ASYNC110 (uvicorn has no event)
+            await asyncio.sleep(0.01)
+        if server.started:
+            log.info("admin.listening address=%s:%d", self._host, self.port)
+            if self._on_started is not None:
+                self._on_started(self.port)
+            self.started.set()
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({serving, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        stopper.cancel()
+        await serving
+        sock.close()

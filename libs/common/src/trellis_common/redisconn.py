@@ -1,0 +1,52 @@
+"""Connecting to Redis: a client that rides over restarts, and waiting for it at start-up.
+
+redis-py 8 gives clients made by ``from_url`` no retries; a service's commands should
+survive a Redis restart, so :func:`connect` adds bounded retries with backoff. (The
+signaling subscriber makes its own client without retries, on purpose: it must notice
+every reconnect and resync.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = logging.getLogger(__name__)
+
+
+def connect(url: str, *, retries: int = 6, health_check_interval: float = 5.0) -> aioredis.Redis:
+    """A client whose commands retry with backoff (about 3 s in all) across a restart."""
+    return aioredis.Redis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError],
+        health_check_interval=health_check_interval,
+    )
+
+
+async def wait_for_redis(
+    redis: aioredis.Redis, stop: asyncio.Event, *, max_delay: float = 2.0
+) -> None:
+    """Return once Redis answers PING (or ``stop`` is set), logging while it does not."""
+    delay = 0.05
+    warned = False
+    while not stop.is_set():
+        try:
+            await redis.ping()
+            if warned:
+                log.info("redis.reachable")
+            return
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            if not warned:
+                log.warning("redis.unreachable error=%r action=retrying", exc)
+                warned = True
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        except TimeoutError:
+            delay = min(delay * 2, max_delay)

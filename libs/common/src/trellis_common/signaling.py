@@ -1,0 +1,480 @@
+"""Signaling: Redis pub/sub rings the bell, it never carries the data.
+
+Services tell each other that something changed ("certificate issued", "endpoints of
+``default/bookstore`` changed") with small typed :class:`Event` objects on Redis pub/sub.
+Pub/sub is fire-and-forget: a subscriber that is disconnected, restarting or slow simply
+misses messages. So the design never lets an event be the only copy of anything:
+
+* An event says *what* changed (``topic``, ``kind``, ``key``), never the new value. The
+  receiver re-reads the state from its owner (over gRPC) when the bell rings.
+* Every topic has a revision counter in Redis (``{prefix}:rev:{topic}``). The
+  :class:`Publisher` increments it and publishes in one Lua script, so the revisions seen
+  on one channel are consecutive and in order.
+* The :class:`Subscriber` tracks the last revision per topic. Whenever it cannot be sure it
+  saw everything it *resyncs*: it calls ``on_resync(topic)`` and the receiver re-reads its
+  whole state for that topic. It resyncs after every successful (re)subscribe (including
+  the first), on a revision gap, when the counter goes backwards (Redis lost it), and
+  (with backoff) after a callback failed.
+
+Subscribing is ordered so that nothing falls between the cracks: SUBSCRIBE (and wait for
+the confirmations), then read the counters, then resync. Anything published after the
+counters were read is delivered as an event; anything before is covered by the resync.
+Messages already in flight when the counters were read are recognised with a barrier
+message published right after the read: until it comes back, revisions at or below the
+counter are stale, not a reset.
+
+A connection error, or a subscription that stays silent after a probe (a frozen Redis or
+a dead network path), ends the session: the subscriber logs it once, backs off with jitter
+and starts over, which means a fresh resync. A subscriber is never left stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import redis.asyncio
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "trellis"
+
+EventHandler = Callable[["Event"], Awaitable[None]]
+ResyncHandler = Callable[[str], Awaitable[None]]
+RedisFactory = Callable[[], redis.asyncio.Redis]
+
+_PUBLISH_SCRIPT = """
+local revision = redis.call('INCR', KEYS[1])
+local payload = cjson.encode({
+    topic = ARGV[2], kind = ARGV[3], key = ARGV[4], revision = revision, sender = ARGV[5]
+})
+redis.call('PUBLISH', ARGV[1], payload)
+return revision
+"""
+
+
+def channel_name(topic: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The pub/sub channel of a topic."""
+    return f"{prefix}:events:{topic}"
+
+
+def revision_key(topic: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The Redis key holding a topic's revision counter."""
+    return f"{prefix}:rev:{topic}"
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One bell ring: ``key`` of ``topic`` had ``kind`` happen at ``revision``."""
+
+    topic: str
+    kind: str
+    key: str
+    revision: int
+    sender: str
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, payload: str | bytes) -> Event:
+        """Parse an event; raise ``ValueError`` saying what is wrong with a bad payload."""
+        try:
+            data = json.loads(payload)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            raise ValueError(f"event is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"event must be a JSON object, got {type(data).__name__}")
+        fields: dict[str, Any] = {}
+        for name in ("topic", "kind", "key", "sender"):
+            value = data.get(name)
+            if not isinstance(value, str):
+                raise ValueError(f"event field {name!r} must be a string, got {value!r}")
+            fields[name] = value
+        revision = data.get("revision")
+        if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
+            raise ValueError(f"event field 'revision' must be an integer >= 0, got {revision!r}")
+        return cls(revision=revision, **fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackoffPolicy:
+    """Exponential backoff: ``initial * multiplier**attempt`` capped at ``maximum``.
+
+    ``jitter`` is the fraction of each delay that is random (0.5: between half and all of
+    it), so that many clients that lost Redis together do not all come back together.
+    """
+
+    initial: float = 0.05
+    maximum: float = 2.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.maximum, self.initial * self.multiplier ** min(attempt, 64))
+        return base * (1.0 - self.jitter * rng.random())
+
+
+DEFAULT_BACKOFF = BackoffPolicy()
+
+
+class Backoff:
+    """The running state of a :class:`BackoffPolicy`: ``next()`` delays until ``reset()``."""
+
+    def __init__(self, policy: BackoffPolicy = DEFAULT_BACKOFF) -> None:
+        self.policy = policy
+        self.attempt = 0
+        self._rng = random.Random()
+
+    def next(self) -> float:
+        delay = self.policy.delay(self.attempt, self._rng)
+        self.attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Publisher:
+    """Publishes events; the counter increment and the PUBLISH are one atomic script.
+
+    ``publish`` raises Redis errors to the caller. Retrying is safe: a retried publish gets
+    a new revision, and an extra bell costs a receiver one re-read.
+    """
+
+    def __init__(
+        self, redis: redis.asyncio.Redis, sender: str, prefix: str = DEFAULT_PREFIX
+    ) -> None:
+        self._redis = redis
+        self._script = redis.register_script(_PUBLISH_SCRIPT)
+        self.sender = sender
+        self.prefix = prefix
+
+    async def publish(self, topic: str, kind: str, key: str) -> Event:
+        if not topic or not kind:
+            raise ValueError("topic and kind must not be empty")
+        revision = await self._script(
+            keys=[revision_key(topic, self.prefix)],
+            args=[channel_name(topic, self.prefix), topic, kind, key, self.sender],
+        )
+        event = Event(topic=topic, kind=kind, key=key, revision=int(revision), sender=self.sender)
+        log.debug(
+            "signaling.published topic=%s kind=%s key=%s revision=%d",
+            topic,
+            kind,
+            key,
+            event.revision,
+        )
+        return event
+
+    async def current_revision(self, topic: str) -> int:
+        value = await self._redis.get(revision_key(topic, self.prefix))
+        return 0 if value is None else int(value)
+
+
+class _SessionLost(Exception):
+    """The subscription can no longer be trusted (silent connection, hidden reconnect)."""
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Subscriber:
+    """Delivers the events of some topics, and says when to resync instead.
+
+    ``redis`` is a URL (the subscriber makes clients without redis-py's own retries: it
+    reconnects itself, and must know when it did) or a factory returning a new client for
+    each session (the subscriber closes it; a client that reconnects on its own is noticed
+    and treated as a lost session).
+
+    ``on_resync(topic)`` is called once per topic: the receiver re-reads everything for
+    that topic. The event that revealed a gap or a reset is *not* also given to
+    ``on_event``: the resync covers it. A failing ``on_event`` schedules a resync of its
+    topic, and a failing ``on_resync`` is retried with backoff; both are logged and never
+    stop the subscriber. Callbacks run one at a time, in order, on the subscriber's task;
+    when ``stop`` is set a callback in progress is cancelled.
+
+    Besides its topics the subscriber listens on a private control channel. It publishes
+    there (on its command connection) the barrier after reading the counters, and a probe
+    after ``health_check_interval`` of silence; a probe that does not come back within
+    another interval means the subscription is dead.
+    """
+
+    def __init__(
+        self,
+        redis: str | RedisFactory,
+        topics: Iterable[str],
+        on_event: EventHandler,
+        on_resync: ResyncHandler,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        health_check_interval: float = 1.0,
+        socket_timeout: float = 5.0,
+    ) -> None:
+        self.topics = tuple(dict.fromkeys(topics))
+        if not self.topics or not all(self.topics):
+            raise ValueError("a subscriber needs at least one non-empty topic")
+        if isinstance(redis, str):
+            url = redis
+            self._factory: RedisFactory = lambda: redis_without_retries(url, socket_timeout)
+        else:
+            self._factory = redis
+        self.prefix = prefix
+        self._on_event = on_event
+        self._on_resync = on_resync
+        self._channels = {channel_name(t, prefix): t for t in self.topics}
+        self._control = f"{prefix}:subscriber:{uuid.uuid4().hex}"
+        self._backoff = Backoff(backoff)
+        self._rng = random.Random()
+        self._interval = health_check_interval
+        self._socket_timeout = socket_timeout
+        self._last: dict[str, int] = dict.fromkeys(self.topics, 0)
+        self._last_event: dict[str, Event] = {}
+        self._retry_at: dict[str, float] = {}
+        self._retry_attempts: dict[str, int] = {}
+        self._early: list[Mapping[str, Any]] = []
+        self._barrier: str | None = None
+        self._barriers = 0
+        self._replaced = False
+        self._connected_at = 0.0
+        self.connected = False
+        self.resyncs = 0  # on_resync calls, successful or not
+        self.ready = asyncio.Event()  # set after the first subscribe and resync
+
+    def last_revision(self, topic: str) -> int:
+        return self._last[topic]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        worker = asyncio.create_task(self._reconnect_forever(), name="signaling-subscriber")
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({worker, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            worker.cancel()
+            stopped.cancel()
+            await asyncio.gather(worker, stopped, return_exceptions=True)
+            self.connected = False
+
+    async def _reconnect_forever(self) -> None:
+        topics = ",".join(self.topics)
+        failures = 0
+        while True:
+            try:
+                await self._session()
+            except (RedisError, OSError, _SessionLost) as exc:
+                error: BaseException = exc
+            except Exception as exc:  # a bug must not leave receivers stale forever
+                log.exception("signaling.session_failed topics=%s", topics)
+                error = exc
+            if self.connected:
+                self.connected = False
+                log.warning("signaling.disconnected topics=%s error=%s", topics, _describe(error))
+                lasted = asyncio.get_running_loop().time() - self._connected_at
+                if lasted >= self._backoff.policy.maximum:
+                    self._backoff.reset()  # a flapping Redis keeps backing off instead
+                failures = 1
+            else:
+                failures += 1
+                level = logging.WARNING if failures == 1 else logging.DEBUG
+                log.log(
+                    level, "signaling.connect_failed topics=%s error=%s", topics, _describe(error)
+                )
+            await asyncio.sleep(self._backoff.next())
+
+    async def _session(self) -> None:
+        client = self._factory()
+        try:
+            pubsub = client.pubsub()
+            try:
+                await self._subscribe(pubsub)
+                await self._resync_all(client)
+                self.connected = True
+                self._connected_at = asyncio.get_running_loop().time()
+                self.ready.set()
+                log.info("signaling.subscribed topics=%s", ",".join(self.topics))
+                await self._read_loop(client, pubsub)
+            finally:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: untyped
+        finally:
+            await client.aclose()
+
+    async def _subscribe(self, pubsub: PubSub) -> None:
+        self._early = []
+        self._replaced = False
+        pending = {*self._channels, self._control}
+        async with asyncio.timeout(self._socket_timeout):
+            await pubsub.subscribe(*pending)
+            while pending:
+                message = await pubsub.get_message(timeout=self._socket_timeout)
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    pending.discard(_text(message["channel"]))
+                elif message["type"] == "message":
+                    self._early.append(message)
+        assert pubsub.connection is not None
+        pubsub.connection.register_connect_callback(self._connection_replaced)
+
+    def _connection_replaced(self, connection: object) -> None:
+        # redis-py reconnected and resubscribed on its own: messages may have been lost.
+        self._replaced = True
+
+    async def _probe(self, client: redis.asyncio.Redis, data: str) -> None:
+        async with asyncio.timeout(self._socket_timeout):
+            receivers = await client.publish(self._control, data)
+        if receivers == 0:
+            raise _SessionLost("the server no longer has our subscription")
+
+    async def _resync_all(self, client: redis.asyncio.Redis) -> None:
+        keys = [revision_key(t, self.prefix) for t in self.topics]
+        async with asyncio.timeout(self._socket_timeout):
+            values = await client.mget(keys)
+        for topic, value in zip(self.topics, values, strict=True):
+            try:
+                self._last[topic] = 0 if value is None else int(value)
+            except ValueError:
+                log.warning("signaling.bad_counter topic=%s value=%r", topic, value)
+                self._last[topic] = 0
+        self._last_event.clear()
+        # Events already on their way were published before the counters were read, so
+        # before this barrier: until it comes back, a revision <= the counter is stale.
+        self._barriers += 1
+        self._barrier = f"barrier:{self._barriers}"
+        await self._probe(client, self._barrier)
+        for topic in self.topics:
+            await self._resync(topic, "subscribed")
+
+    async def _read_loop(self, client: redis.asyncio.Redis, pubsub: PubSub) -> None:
+        loop = asyncio.get_running_loop()
+        last_heard = loop.time()
+        probe_sent: float | None = None
+        while True:
+            if self._replaced:
+                raise _SessionLost("redis-py re-established the connection underneath us")
+            early, self._early = self._early, []
+            for message in early:
+                await self._handle(message)
+            await self._retry_due_resyncs(loop.time())
+            now = loop.time()
+            if probe_sent is None and now - last_heard >= self._interval:
+                await self._probe(client, "probe")
+                probe_sent = now
+            deadline = (probe_sent if probe_sent is not None else last_heard) + self._interval
+            if self._retry_at:
+                deadline = min(deadline, *self._retry_at.values())
+            message = await pubsub.get_message(timeout=max(deadline - now, 0.001))
+            now = loop.time()
+            if message is None:
+                if probe_sent is not None and now - probe_sent >= self._interval:
+                    raise _SessionLost(f"probe not back within {self._interval}s")
+                continue
+            last_heard, probe_sent = now, None
+            await self._handle(message)
+
+    async def _handle(self, message: Mapping[str, Any]) -> None:
+        if _text(message["type"]) != "message":
+            return
+        channel = _text(message["channel"])
+        if channel == self._control:
+            if _text(message["data"]) == self._barrier:
+                self._barrier = None
+            return
+        topic = self._channels.get(channel)
+        if topic is None:
+            return
+        try:
+            event = Event.from_json(message["data"])
+            if event.topic != topic:
+                raise ValueError(f"event for topic {event.topic!r} on the wrong channel")
+        except ValueError as exc:
+            log.warning("signaling.malformed topic=%s error=%s", topic, exc)
+            return
+        await self._on_revision(topic, event)
+
+    async def _on_revision(self, topic: str, event: Event) -> None:
+        last, revision = self._last[topic], event.revision
+        if revision == last + 1:
+            self._adopt(topic, event)
+            await self._deliver(event)
+        elif revision > last + 1:
+            log.info("signaling.gap topic=%s last=%d revision=%d", topic, last, revision)
+            self._adopt(topic, event)
+            await self._resync(topic, "gap")
+        elif self._barrier is not None or event == self._last_event.get(topic):
+            # In flight while we read the counter, or the very same message again.
+            log.debug("signaling.stale topic=%s last=%d revision=%d", topic, last, revision)
+        else:
+            # Revisions on one channel only ever increase: the counter was lost or reset.
+            log.warning("signaling.reset topic=%s last=%d revision=%d", topic, last, revision)
+            self._adopt(topic, event)
+            await self._resync(topic, "reset")
+
+    def _adopt(self, topic: str, event: Event) -> None:
+        self._last[topic] = event.revision
+        self._last_event[topic] = event
+
+    async def _deliver(self, event: Event) -> None:
+        try:
+            await self._on_event(event)
+        except Exception:
+            log.exception(
+                "signaling.callback_failed callback=on_event topic=%s kind=%s key=%s revision=%d",
+                event.topic,
+                event.kind,
+                event.key,
+                event.revision,
+            )
+            self._schedule_retry(event.topic)
+
+    async def _resync(self, topic: str, reason: str) -> None:
+        self.resyncs += 1
+        log.info(
+            "signaling.resync topic=%s reason=%s revision=%d", topic, reason, self._last[topic]
+        )
+        try:
+            await self._on_resync(topic)
+        except Exception:
+            log.exception("signaling.callback_failed callback=on_resync topic=%s", topic)
+            self._schedule_retry(topic)
+        else:
+            self._retry_at.pop(topic, None)
+            self._retry_attempts.pop(topic, None)
+
+    def _schedule_retry(self, topic: str) -> None:
+        attempt = self._retry_attempts.get(topic, 0)
+        self._retry_attempts[topic] = attempt + 1
+        delay = self._backoff.policy.delay(attempt, self._rng)
+        self._retry_at[topic] = asyncio.get_running_loop().time() + delay
+
+    async def _retry_due_resyncs(self, now: float) -> None:
+        for topic, due in list(self._retry_at.items()):
+            if due <= now:
+                await self._resync(topic, "retry")
+
+
+def redis_without_retries(url: str, socket_timeout: float = 5.0) -> redis.asyncio.Redis:
+    """A client that reports connection errors instead of silently reconnecting."""
+    return redis.asyncio.Redis.from_url(
+        url,
+        retry=Retry(NoBackoff(), 0),
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        socket_keepalive=True,
+    )

@@ -1,0 +1,194 @@
+"""A real ``redis-server`` process for tests, that can be killed and brought back.
+
+Tests of signaling and of anything that survives a Redis restart need the real thing:
+a server on 127.0.0.1 with an append-only file fsynced on every write, so that
+``kill()`` (SIGKILL) followed by ``start()`` on the same port and directory comes back
+with the data, like a production Redis with persistence. ``wipe()`` between the two
+simulates a Redis that lost its data. ``pause()``/``resume()`` (SIGSTOP/SIGCONT) make a
+server that accepts TCP connections but never answers, like a dead network path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+class RedisServerError(RuntimeError):
+    """redis-server is missing, or did not start."""
+
+
+def find_redis_server() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        raise RedisServerError(
+            "redis-server not found on PATH: install it (Debian/Ubuntu: apt-get install "
+            "redis-server) to run the tests that need a real Redis"
+        )
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One ``redis-server`` on 127.0.0.1 with AOF persistence in ``dir``.
+
+    Without ``port`` a free one is picked at the first ``start()`` and kept for restarts;
+    without ``dir`` a temporary directory is made and removed by ``close()``.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        dir: Path | str | None = None,
+        *,
+        startup_timeout: float = 10.0,
+    ) -> None:
+        self._binary = find_redis_server()
+        self._fixed_port = port is not None
+        self.port = port if port is not None else free_port()
+        self._own_dir = dir is None
+        self.dir = Path(tempfile.mkdtemp(prefix="trellis-redis-") if dir is None else dir)
+        self._startup_timeout = startup_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "redis.log"
+
+    def start(self) -> None:
+        """Start the server (again, on the same port and dir) and wait until it answers."""
+        if self.running:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):
+            try:
+                self._start_once()
+                return
+            except RedisServerError:
+                # Someone took the port we picked between probing and binding: pick again.
+                if self._fixed_port or attempt == 2:
+                    raise
+                self.port = free_port()
+
+    def _start_once(self) -> None:
+        args = [
+            self._binary,
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--save", "",
+            "--appendonly", "yes",
+            "--appendfsync", "always",
+            "--dir", str(self.dir),
+            "--logfile", str(self.log_path),
+            "--daemonize", "no",
+        ]  # fmt: skip
+        self._process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + self._startup_timeout
+        while not _answers_ping(self.port):
+            code = self._process.poll()
+            if code is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RedisServerError(
+                    f"redis-server on port {self.port} did not start (exit code {code}); "
+                    f"log tail:\n{self._log_tail()}"
+                )
+            time.sleep(0.005)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Shut down cleanly (SIGTERM) and wait for the process to exit."""
+        self._signal_and_wait(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, clients see their connections reset."""
+        self._signal_and_wait(signal.SIGKILL, 10.0)
+
+    def _signal_and_wait(self, signum: signal.Signals, timeout: float) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGCONT)  # a paused server cannot handle SIGTERM
+                process.send_signal(signum)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the port still accepts connections but nothing is answered."""
+        if self._process is not None:
+            os.kill(self._process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._process is not None:
+            os.kill(self._process.pid, signal.SIGCONT)
+
+    def wipe(self) -> None:
+        """Delete the persisted data (the server must be stopped): a Redis that lost it all."""
+        if self.running:
+            raise RedisServerError("stop or kill the server before wiping its data")
+        for entry in self.dir.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            elif entry != self.log_path:
+                entry.unlink()
+
+    def close(self) -> None:
+        """Kill the server and remove a directory this object made."""
+        self.kill()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

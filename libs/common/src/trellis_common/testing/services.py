@@ -1,0 +1,118 @@
+"""Running a Trellis service as a real process in tests.
+
+:class:`ServiceProcess` starts ``python -m <module>`` with ports 0 (the service picks free
+ones and writes them to ``<state-dir>/services/<name>.json``), waits for ``/readyz``, and can
+terminate, SIGKILL and start it again, as an operator or a crash would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from trellis_common import statefile
+
+
+class ServiceProcess:
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        state_dir: Path,
+        redis_url: str,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.state_dir = state_dir
+        self.redis_url = redis_url
+        self.args = args
+        self.env = env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = state_dir / "logs" / f"{name}.log"
+
+    def start(self, timeout: float = 30.0) -> statefile.ServiceEndpoint:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "TRELLIS_REDIS_URL": self.redis_url,
+            "TRELLIS_STATE_DIR": str(self.state_dir),
+            "PYTHONUNBUFFERED": "1",
+            **self.env,
+        }
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                self.module,
+                "--grpc-port",
+                "0",
+                "--admin-port",
+                "0",
+                *self.args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        log.close()
+        return self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 30.0) -> statefile.ServiceEndpoint:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.logs()[-3000:]}"
+                )
+            endpoint = statefile.read_endpoint(self.state_dir, self.name)
+            if endpoint is not None and endpoint.pid == self.process.pid:
+                try:
+                    if httpx.get(endpoint.admin_url + "/readyz", timeout=1).status_code == 200:
+                        return endpoint
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not ready in {timeout}s:\n{self.logs()[-3000:]}")
+
+    @property
+    def endpoint(self) -> statefile.ServiceEndpoint:
+        endpoint = statefile.read_endpoint(self.state_dir, self.name)
+        assert endpoint is not None, f"{self.name} has not advertised itself"
+        return endpoint
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up runs, as in a crash."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM and wait; returns the exit code."""
+        return self._signal(signal.SIGTERM, timeout)
+
+    def _signal(self, signum: signal.Signals, timeout: float = 15.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signum)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def __enter__(self) -> ServiceProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

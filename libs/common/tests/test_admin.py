@@ -1,0 +1,207 @@
+"""The admin REST app (health, readiness, metrics, token guard) and its uvicorn runner."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import Depends, FastAPI
+from prometheus_client import CollectorRegistry, Counter
+
+from trellis_common import admin
+
+TOKEN = "s3cret-admin-token"
+
+
+async def always_ready() -> bool:
+    await asyncio.sleep(0)
+    return True
+
+
+async def never_ready() -> bool:
+    return False
+
+
+def broken() -> bool:
+    raise RuntimeError("check crashed")
+
+
+async def broken_async() -> bool:
+    raise ConnectionError("redis down")
+
+
+def client_for(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+async def guarded_client(registry: CollectorRegistry) -> AsyncIterator[httpx.AsyncClient]:
+    app = admin.create_app("test", registry)
+    guard = admin.token_guard(TOKEN)
+
+    @app.post("/reset", dependencies=[Depends(guard)])
+    async def reset() -> dict[str, bool]:
+        return {"reset": True}
+
+    async with client_for(app) as client:
+        yield client
+
+
+async def test_healthz(registry: CollectorRegistry) -> None:
+    async with client_for(admin.create_app("catalog", registry)) as client:
+        response = await client.get("/healthz")
+
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "service": "catalog"}
+
+
+async def test_readyz_without_checks_is_ready(registry: CollectorRegistry) -> None:
+    async with client_for(admin.create_app("catalog", registry)) as client:
+        response = await client.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.json() == {"ready": True, "service": "catalog", "checks": {}}
+
+
+async def test_readyz_when_all_checks_pass(registry: CollectorRegistry) -> None:
+    ready = asyncio.Event()
+    ready.set()
+    app = admin.create_app("catalog", registry, {"ca": ready.is_set, "redis": always_ready})
+
+    async with client_for(app) as client:
+        response = await client.get("/readyz")
+
+    assert response.status_code == 200
+    assert response.json() == {
+        "ready": True,
+        "service": "catalog",
+        "checks": {"ca": True, "redis": True},
+    }
+
+
+@pytest.mark.parametrize("failing", [asyncio.Event().is_set, never_ready])
+async def test_readyz_503_names_the_failing_check(
+    registry: CollectorRegistry, failing: admin.ReadinessCheck
+) -> None:
+    app = admin.create_app("catalog", registry, {"redis": always_ready, "ca": failing})
+
+    async with client_for(app) as client:
+        response = await client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json() == {
+        "ready": False,
+        "service": "catalog",
+        "checks": {"redis": True, "ca": False},
+    }
+
+
+@pytest.mark.parametrize("raising", [broken, broken_async])
+async def test_readyz_a_raising_check_is_not_ready(
+    registry: CollectorRegistry, raising: admin.ReadinessCheck, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = admin.create_app("catalog", registry, {"ok": lambda: True, "store": raising})
+
+    async with client_for(app) as client:
+        response = await client.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json()["checks"] == {"ok": True, "store": False}
+    assert [r.getMessage() for r in caplog.records] == ["admin.readiness_check_failed check=store"]
+
+
+async def test_metrics_come_from_the_given_registry(registry: CollectorRegistry) -> None:
+    issued = Counter("trellis_test_certs_issued", "Certificates issued", registry=registry)
+    issued.inc(3)
+    app = admin.create_app("catalog", registry)
+
+    async with client_for(app) as client:
+        response = await client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert "trellis_test_certs_issued_total 3.0" in response.text.splitlines()
+    assert "python_gc_objects_collected_total" not in response.text  # not the global registry
+
+
+async def test_a_value_error_is_a_422(registry: CollectorRegistry) -> None:
+    app = admin.create_app("catalog", registry)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise ValueError("bad selector")
+
+    async with client_for(app) as client:
+        response = await client.get("/boom")
+
+    assert response.status_code == 422
+    assert response.json() == {"detail": "bad selector"}
+
+
+async def test_guard_without_a_token_is_401(guarded_client: httpx.AsyncClient) -> None:
+    response = await guarded_client.post("/reset")
+
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert "Authorization: Bearer" in response.json()["detail"]
+
+
+async def test_guard_with_another_scheme_is_401(guarded_client: httpx.AsyncClient) -> None:
+    response = await guarded_client.post("/reset", headers={"Authorization": f"Basic {TOKEN}"})
+
+    assert response.status_code == 401
+
+
+@pytest.mark.parametrize("wrong", ["nope", TOKEN + "x", TOKEN[:-1], "ß-not-ascii"])
+async def test_guard_with_a_wrong_token_is_403(
+    guarded_client: httpx.AsyncClient, wrong: str
+) -> None:
+    response = await guarded_client.post(
+        "/reset", headers=[(b"Authorization", f"Bearer {wrong}".encode())]
+    )
+
+    assert response.status_code == 403
+    assert response.json() == {"detail": "admin token rejected"}
+
+
+async def test_guard_with_the_right_token_is_200(guarded_client: httpx.AsyncClient) -> None:
+    response = await guarded_client.post("/reset", headers={"Authorization": f"Bearer {TOKEN}"})
+
+    assert response.status_code == 200
+    assert response.json() == {"reset": True}
+
+
+async def test_guard_leaves_unguarded_routes_open(guarded_client: httpx.AsyncClient) -> None:
+    response = await guarded_client.get("/healthz")
+
+    assert response.status_code == 200
+
+
+async def test_admin_server_serves_over_tcp_until_stopped(registry: CollectorRegistry) -> None:
+    announced: list[int] = []
+    server = admin.AdminServer(
+        admin.create_app("catalog", registry), "127.0.0.1", 0, announced.append
+    )
+    stop = asyncio.Event()
+
+    running = asyncio.create_task(server.run(stop))
+    try:
+        await asyncio.wait_for(server.started.wait(), 5)
+
+        assert server.port != 0
+        assert announced == [server.port]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            response = await client.get("/healthz")
+        assert response.status_code == 200
+        assert response.json() == {"status": "ok", "service": "catalog"}
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 5)
+
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", server.port)

@@ -1,0 +1,1 @@
+"""trellis_certmanager."""

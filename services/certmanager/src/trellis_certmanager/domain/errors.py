@@ -1,0 +1,28 @@
+"""Typed errors of the certificate domain; transports map them to status codes."""
+
+from __future__ import annotations
+
+
+class CertificateError(Exception):
+    """Base class of every error the certmanager domain raises."""
+
+
+class InvalidRequest(CertificateError, ValueError):
+    """A request field is wrong; ``field`` names it (gRPC INVALID_ARGUMENT, HTTP 422)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class NotFound(CertificateError, LookupError):
+    """No certificate on record under that common name."""
+
+    def __init__(self, common_name: str) -> None:
+        super().__init__(f"no certificate with common name {common_name!r}")
+        self.common_name = common_name
+
+
+class CAError(CertificateError):
+    """The CA cannot be loaded or would be replaced without the operator saying so."""

@@ -1,0 +1,220 @@
+"""Issuing leaf certificates from the mesh CA.
+
+Service certificates (seed: ~48 h) are shared by the proxies of one service: CN
+``<svc>.<ns>.svc.<trust-domain>``, DNS SANs for every name clients use, and the SPIFFE URI of
+the service account, which is what TrafficTargets authorize. Each lifetime is randomly
+shortened or lengthened by up to ``jitter`` (a fraction) so a fleet issued together does
+not renew together: the seed's thundering-herd rule. Proxy certificates are long-lived and
+identify one proxy to proxy-cp: CN ``<proxy-uuid>.<service>.<namespace>``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from trellis_certmanager.domain.authority import CertificateAuthority, fingerprint
+from trellis_certmanager.domain.errors import InvalidRequest
+from trellis_certmanager.domain.keys import KeyAlgorithm, generate_key, key_to_pem
+from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
+from trellis_common.ids import (
+    InvalidIdentifier,
+    ProxyCommonName,
+    ServiceCommonName,
+    SpiffeId,
+    service_dns_names,
+)
+from trellis_common.model import MeshService
+
+BACKDATE = dt.timedelta(minutes=1)  # tolerate small clock skew between hosts
+MIN_VALIDITY = dt.timedelta(minutes=1)
+
+
+@dataclass(frozen=True, slots=True)
+class IssuancePolicy:
+    """How long certificates live and when they are renewed."""
+
+    service_validity: dt.timedelta = dt.timedelta(hours=48)
+    proxy_validity: dt.timedelta = dt.timedelta(days=365)
+    jitter: float = 0.1  # +/- fraction of the service validity
+    renew_fraction: float = 0.75  # renew once this share of the lifetime has passed
+    trust_domain: str = "cluster.local"
+    cluster_domain: str = "cluster.local"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.jitter < 0.5:
+            raise InvalidRequest("jitter", f"must be in [0, 0.5), got {self.jitter}")
+        if not 0 < self.renew_fraction < 1:
+            raise InvalidRequest("renew_fraction", f"must be in (0, 1), got {self.renew_fraction}")
+        for name in ("service_validity", "proxy_validity"):
+            if getattr(self, name) < MIN_VALIDITY:
+                raise InvalidRequest(name, f"must be at least {MIN_VALIDITY}")
+
+
+class Issuer:
+    """Signs leaves with one CA. ``rng`` is injectable so jitter can be tested."""
+
+    def __init__(
+        self,
+        ca: CertificateAuthority,
+        algorithm: KeyAlgorithm,
+        policy: IssuancePolicy,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.ca = ca
+        self.algorithm = algorithm
+        self.policy = policy
+        self._rng = rng or random.SystemRandom()
+
+    def service_common_name(self, service: MeshService) -> str:
+        try:
+            return ServiceCommonName.for_service(service, self.policy.trust_domain).format()
+        except InvalidIdentifier as exc:
+            raise InvalidRequest("service", str(exc)) from exc
+
+    def issue_service(
+        self,
+        service: MeshService,
+        service_account: str,
+        now: dt.datetime,
+        validity: dt.timedelta | None = None,
+    ) -> CertificateRecord:
+        cn = self.service_common_name(service)
+        try:
+            spiffe = SpiffeId(self.policy.trust_domain, service.namespace, service_account)
+            dns = service_dns_names(service, self.policy.cluster_domain)
+        except InvalidIdentifier as exc:
+            raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
+        base = _checked_validity(validity, self.policy.service_validity)
+        spread = self._rng.uniform(-self.policy.jitter, self.policy.jitter)
+        lifetime = base * (1 + spread)
+        return self._sign(
+            cn=cn,
+            kind=CertificateKind.SERVICE,
+            service=service,
+            service_account=service_account,
+            proxy_id="",
+            dns_names=dns,
+            uris=(spiffe.uri,),
+            lifetime=lifetime,
+            now=now,
+        )
+
+    def issue_proxy(
+        self,
+        common_name: ProxyCommonName,
+        service_account: str,
+        now: dt.datetime,
+        validity: dt.timedelta | None = None,
+    ) -> CertificateRecord:
+        lifetime = _checked_validity(validity, self.policy.proxy_validity)
+        return self._sign(
+            cn=common_name.format(),
+            kind=CertificateKind.PROXY,
+            service=MeshService(common_name.namespace, common_name.service),
+            service_account=service_account,
+            proxy_id=common_name.proxy_id,
+            dns_names=(),
+            uris=(),
+            lifetime=lifetime,
+            now=now,
+        )
+
+    def _sign(
+        self,
+        *,
+        cn: str,
+        kind: CertificateKind,
+        service: MeshService,
+        service_account: str,
+        proxy_id: str,
+        dns_names: tuple[str, ...],
+        uris: tuple[str, ...],
+        lifetime: dt.timedelta,
+        now: dt.datetime,
+    ) -> CertificateRecord:
+        not_before = now - BACKDATE
+        # A leaf never outlives its CA: clamp rather than hand out a chain that breaks.
+        not_after = min(now + lifetime, self.ca.cert.not_valid_after_utc)
+        key = generate_key(self.algorithm)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(
+                x509.Name(
+                    [
+                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Trellis"),
+                        x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, service.namespace),
+                        x509.NameAttribute(NameOID.COMMON_NAME, cn),
+                    ]
+                )
+            )
+            .issuer_name(self.ca.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_encipherment=True,
+                    content_commitment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.ca.key.public_key()),
+                critical=False,
+            )
+        )
+        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+        sans += [x509.UniformResourceIdentifier(u) for u in uris]
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self.ca.key, hashes.SHA256())
+        renew_after = not_before + (not_after - not_before) * self.policy.renew_fraction
+        return CertificateRecord(
+            common_name=cn,
+            kind=kind,
+            serial=cert.serial_number,
+            not_before=not_before,
+            not_after=not_after,
+            renew_after=renew_after,
+            namespace=service.namespace,
+            service=service.name,
+            service_account=service_account,
+            proxy_id=proxy_id,
+            dns_names=dns_names,
+            uris=uris,
+            issuer=self.ca.cert.subject.rfc4514_string(),
+            fingerprint=fingerprint(cert),
+            cert_chain_pem=cert.public_bytes(serialization.Encoding.PEM) + self.ca.chain_pem,
+            key_pem=key_to_pem(key),
+        )
+
+
+def _checked_validity(requested: dt.timedelta | None, default: dt.timedelta) -> dt.timedelta:
+    if requested is None or requested == dt.timedelta(0):
+        return default
+    if requested < MIN_VALIDITY:
+        raise InvalidRequest("validity", f"must be at least {MIN_VALIDITY}, got {requested}")
+    if requested > dt.timedelta(days=3650):
+        raise InvalidRequest("validity", f"must be at most 3650 days, got {requested}")
+    return requested

@@ -1,0 +1,389 @@
+"""The certificate manager: the CA in force, the records, rotation, and change fan-out.
+
+It owns the design's Certificate Manager contract (issue, get, rotate, root, list, watch)
+on top of the pure :mod:`trellis_certmanager.domain`, a durable
+:class:`~trellis_certmanager.store.CertificateStore` and a bell (``announce``) that rings
+the bus with a revision for every change. Requests for the same common name are
+serialized, so concurrent callers get one certificate, not several.
+
+Rotation: service certificates are re-issued once ``renew_fraction`` of their lifetime has
+passed, and immediately when they were not signed by the CA in force (the operator changed
+CAs). Proxy certificates live in bootstrap files on the proxy's host: they are rotated on
+demand only, and a log line warns when one passes its renewal point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
+from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound
+from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
+from trellis_certmanager.domain.keys import KeyAlgorithm
+from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
+from trellis_certmanager.metrics import CertMetrics
+from trellis_certmanager.store import CertificateStore
+from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ProxyId
+from trellis_common.model import MeshService
+
+log = logging.getLogger(__name__)
+
+Announce = Callable[[str, str], Awaitable[int]]  # (kind, common name) -> revision
+Clock = Callable[[], dt.datetime]
+
+TOPIC = "certificates"
+WATCH_QUEUE = 1024
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class CertificateChange:
+    kind: str  # "issued", "rotated", "root-changed"
+    common_name: str
+    revision: int
+    record: CertificateRecord | None
+
+
+class WatchOverflow(Exception):
+    """A watcher fell more than the queue behind; it must re-list and watch again."""
+
+
+class CertificateManager:
+    def __init__(
+        self,
+        store: CertificateStore,
+        announce: Announce,
+        policy: IssuancePolicy,
+        algorithm: KeyAlgorithm,
+        metrics: CertMetrics,
+        clock: Clock = utcnow,
+        root_validity: dt.timedelta = dt.timedelta(days=3650),
+    ) -> None:
+        self._store = store
+        self._announce = announce
+        self._policy = policy
+        self._algorithm = algorithm
+        self._metrics = metrics
+        self._clock = clock
+        self._root_validity = root_validity
+        self._records: dict[str, CertificateRecord] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._watchers: set[asyncio.Queue[CertificateChange | None]] = set()
+        self._issuer: Issuer | None = None
+        self.revision = 0
+        self.ready = asyncio.Event()
+
+    # -- start-up ------------------------------------------------------------------
+
+    async def start(
+        self, provided: CertificateAuthority | None = None, marker: Path | None = None
+    ) -> CertificateAuthority:
+        """Load or create the CA, then load the records and queue stale ones for rotation.
+
+        ``marker`` is a file holding the root fingerprint of this mesh: with it present and
+        the store empty, certmanager refuses to make a new root (the store lost its data).
+        """
+        stored = await self._store.load_ca()
+        if provided is not None:
+            if (
+                stored is None
+                or stored.fingerprint != provided.fingerprint
+                or (stored.cert != provided.cert)
+            ):
+                await self._store.replace_ca(provided)
+                if stored is not None:
+                    log.warning(
+                        "ca.replaced_by_operator_ca previous=%s new=%s",
+                        stored.fingerprint,
+                        provided.fingerprint,
+                    )
+            ca = provided
+        elif stored is not None:
+            ca = stored
+        else:
+            if marker is not None and marker.exists():
+                raise CAError(
+                    f"the CA store is empty but this mesh's root is "
+                    f"{marker.read_text().strip()} ({marker}); restore the store's data, or "
+                    f"delete {marker} to create a new root on purpose"
+                )
+            ca = await self._store.save_ca_if_absent(
+                generate_root(
+                    self._algorithm, self._root_validity, self._clock(), self._policy.trust_domain
+                )
+            )
+            log.info("ca.created fingerprint=%s algorithm=%s", ca.fingerprint, self._algorithm)
+        if marker is not None:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(ca.fingerprint + "\n")
+        self._install(ca)
+        self._records = {r.common_name: r for r in await self._store.load_all()}
+        self._count()
+        log.info(
+            "ca.ready origin=%s fingerprint=%s records=%d",
+            ca.origin,
+            ca.fingerprint,
+            len(self._records),
+        )
+        self.ready.set()
+        return ca
+
+    def _install(self, ca: CertificateAuthority) -> None:
+        self._issuer = Issuer(ca, self._algorithm, self._policy)
+        self._metrics.root_not_after.set(ca.roots[0].not_valid_after_utc.timestamp())
+
+    @property
+    def issuer(self) -> Issuer:
+        if self._issuer is None:
+            raise CAError("certmanager has not loaded its CA yet")
+        return self._issuer
+
+    @property
+    def ca(self) -> CertificateAuthority:
+        return self.issuer.ca
+
+    # -- the API -------------------------------------------------------------------
+
+    async def issue_service(
+        self, service: MeshService, service_account: str = "", validity: dt.timedelta | None = None
+    ) -> CertificateRecord:
+        account = service_account or service.name
+        cn = self.issuer.service_common_name(service)
+        async with self._lock(cn):
+            current = self._records.get(cn)
+            if (
+                current is not None
+                and validity is None
+                and current.service_account == account
+                and not current.due(self._clock())
+                and self._signed_by_ca(current)
+            ):
+                return current
+            record = self._timed(
+                CertificateKind.SERVICE,
+                lambda: self.issuer.issue_service(service, account, self._clock(), validity),
+            )
+            await self._commit(record, "issued" if current is None else "rotated", "reissue")
+            return record
+
+    async def issue_proxy(
+        self,
+        service: MeshService,
+        proxy_id: str = "",
+        service_account: str = "",
+        validity: dt.timedelta | None = None,
+    ) -> CertificateRecord:
+        try:
+            cn = (
+                ProxyCommonName(ProxyId(proxy_id), service.name, service.namespace)
+                if proxy_id
+                else ProxyCommonName.new(service.name, service.namespace)
+            )
+        except InvalidIdentifier as exc:
+            raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
+        async with self._lock(cn.format()):
+            current = self._records.get(cn.format())
+            if current is not None and current.not_after > self._clock() and validity is None:
+                return current
+            account = service_account or service.name
+            record = self._timed(
+                CertificateKind.PROXY,
+                lambda: self.issuer.issue_proxy(cn, account, self._clock(), validity),
+            )
+            await self._commit(record, "issued", "reissue")
+            return record
+
+    def get(self, common_name: str) -> CertificateRecord:
+        try:
+            return self._records[common_name]
+        except KeyError:
+            raise NotFound(common_name) from None
+
+    async def rotate(self, common_name: str, reason: str = "on-demand") -> CertificateRecord:
+        async with self._lock(common_name):
+            current = self.get(common_name)
+            record = self._timed(current.kind, lambda: self._reissue(current))
+            await self._commit(record, "rotated", reason)
+            log.info(
+                "cert.rotated cn=%s kind=%s reason=%s old_serial=%x serial=%x not_after=%s",
+                common_name,
+                current.kind,
+                reason,
+                current.serial,
+                record.serial,
+                record.not_after.isoformat(),
+            )
+            return record
+
+    def list(
+        self, kind: CertificateKind | None = None, namespace: str = ""
+    ) -> list[CertificateRecord]:
+        return sorted(
+            (
+                r
+                for r in self._records.values()
+                if (kind is None or r.kind == kind) and (not namespace or r.namespace == namespace)
+            ),
+            key=lambda r: r.common_name,
+        )
+
+    async def watch(self) -> AsyncGenerator[CertificateChange, None]:
+        """Changes from now on; raises :class:`WatchOverflow` if this watcher falls behind."""
+        queue: asyncio.Queue[CertificateChange | None] = asyncio.Queue(WATCH_QUEUE)
+        self._watchers.add(queue)
+        self._metrics.watchers.set(len(self._watchers))
+        try:
+            while True:
+                change = await queue.get()
+                if change is None:
+                    raise WatchOverflow(f"watcher fell {WATCH_QUEUE} changes behind")
+                yield change
+        finally:
+            self._watchers.discard(queue)
+            self._metrics.watchers.set(len(self._watchers))
+
+    # -- background work -----------------------------------------------------------
+
+    async def run_rotation(self, stop: asyncio.Event, interval: float = 5.0) -> None:
+        """Rotate what is due every ``interval`` seconds until ``stop``."""
+        warned: set[tuple[str, int]] = set()
+        while not stop.is_set():
+            await self.rotate_due(warned)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    async def rotate_due(self, warned: set[tuple[str, int]] | None = None) -> int:
+        """One pass of the rotation loop; returns how many certificates it rotated."""
+        now = self._clock()
+        rotated = 0
+        for record in list(self._records.values()):
+            stale_ca = not self._signed_by_ca(record)
+            if record.kind == CertificateKind.PROXY and not stale_ca:
+                if (
+                    record.due(now)
+                    and warned is not None
+                    and (record.common_name, record.serial) not in warned
+                ):
+                    warned.add((record.common_name, record.serial))
+                    log.warning(
+                        "cert.proxy_renewal_due cn=%s not_after=%s action='trellis certs rotate'",
+                        record.common_name,
+                        record.not_after.isoformat(),
+                    )
+                continue
+            if stale_ca or record.due(now):
+                try:
+                    await self.rotate(record.common_name, "ca-changed" if stale_ca else "expiring")
+                    rotated += 1
+                except Exception:  # one failure must not stop the others
+                    log.exception("cert.rotation_failed cn=%s", record.common_name)
+        return rotated
+
+    async def guard_store(self, stop: asyncio.Event, interval: float = 5.0) -> None:
+        """Put the CA and records back if the store lost them (Redis came back empty)."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.restore_if_lost()
+            except Exception as exc:  # noqa: BLE001 (the store being down is retried next round)
+                log.warning("ca.guard_failed error=%r", exc)
+
+    async def restore_if_lost(self) -> bool:
+        stored = await self._store.load_ca()
+        if stored is not None:
+            return False
+        log.warning(
+            "ca.store_lost action=restoring fingerprint=%s records=%d",
+            self.ca.fingerprint,
+            len(self._records),
+        )
+        await self._store.save_ca_if_absent(self.ca)
+        await self._store.put_many(list(self._records.values()))
+        return True
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def _signed_by_ca(self, record: CertificateRecord) -> bool:
+        leaf = x509.load_pem_x509_certificate(record.cert_chain_pem)
+        try:
+            leaf.verify_directly_issued_by(self.ca.cert)
+        except (InvalidSignature, ValueError, TypeError):  # not issued by the CA in force
+            return False
+        return True
+
+    def _reissue(self, current: CertificateRecord) -> CertificateRecord:
+        service = MeshService(current.namespace, current.service)
+        now = self._clock()
+        if current.kind == CertificateKind.SERVICE:
+            return self.issuer.issue_service(service, current.service_account, now)
+        cn = ProxyCommonName(ProxyId(current.proxy_id), current.service, current.namespace)
+        return self.issuer.issue_proxy(cn, current.service_account, now)
+
+    def _timed(
+        self, kind: CertificateKind, make: Callable[[], CertificateRecord]
+    ) -> CertificateRecord:
+        started = time.perf_counter()
+        record = make()
+        self._metrics.issue_seconds.labels(kind.value).observe(time.perf_counter() - started)
+        return record
+
+    async def _commit(self, record: CertificateRecord, change: str, reason: str) -> None:
+        await self._store.put(record)
+        self._records[record.common_name] = record
+        self._metrics.issued.labels(record.kind.value).inc()
+        if change == "rotated":
+            self._metrics.rotations.labels(record.kind.value, reason).inc()
+        else:
+            log.info(
+                "cert.issued cn=%s kind=%s serial=%x not_after=%s",
+                record.common_name,
+                record.kind,
+                record.serial,
+                record.not_after.isoformat(),
+            )
+        self._count()
+        try:
+            self.revision = await self._announce(change, record.common_name)
+        except Exception as exc:  # noqa: BLE001 (the bus is a bell: watchers resync later)
+            log.warning("cert.announce_failed cn=%s error=%r", record.common_name, exc)
+            self.revision += 1
+        self._fan_out(CertificateChange(change, record.common_name, self.revision, record))
+
+    def _fan_out(self, change: CertificateChange) -> None:
+        for queue in list(self._watchers):
+            try:
+                queue.put_nowait(change)
+            except asyncio.QueueFull:
+                # A slow watcher is ended, not allowed to hold everyone back.
+                self._watchers.discard(queue)
+                queue.get_nowait()
+                queue.put_nowait(None)
+
+    def _count(self) -> None:
+        for kind in CertificateKind:
+            self._metrics.certificates.labels(kind.value).set(
+                sum(1 for r in self._records.values() if r.kind == kind)
+            )

@@ -1,0 +1,1 @@
+"""certmanager transports: the gRPC API and the admin REST routes."""

@@ -1,0 +1,66 @@
+"""certmanager's admin REST routes: certificate metadata, the root, rotation on demand.
+
+Answers carry metadata and public certificates only; no route returns a private key.
+Rotation changes state, so it needs the admin token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
+from fastapi.responses import PlainTextResponse
+
+from trellis_certmanager.domain.errors import NotFound
+from trellis_certmanager.domain.records import CertificateKind
+from trellis_certmanager.manager import CertificateManager
+
+
+def add_routes(app: FastAPI, manager: CertificateManager, guard: Any) -> None:
+    router = APIRouter(prefix="/v1", tags=["certificates"])
+
+    @router.get("/certificates")
+    async def list_certificates(
+        kind: CertificateKind | None = Query(None, description="service or proxy"),  # noqa: B008
+        namespace: str = "",
+    ) -> dict[str, Any]:
+        records = manager.list(kind, namespace)
+        return {
+            "revision": manager.revision,
+            "certificates": [r.metadata() for r in records],
+        }
+
+    @router.get("/certificates/{common_name}")
+    async def get_certificate(common_name: str) -> dict[str, Any]:
+        try:
+            record = manager.get(common_name)
+        except NotFound as exc:
+            raise HTTPException(404, str(exc)) from exc
+        body = record.metadata()
+        body["cert_chain_pem"] = record.cert_chain_pem.decode()
+        return body
+
+    @router.post("/certificates/{common_name}/rotate", dependencies=[Depends(guard)])
+    async def rotate(common_name: str) -> dict[str, Any]:
+        try:
+            record = await manager.rotate(common_name)
+        except NotFound as exc:
+            raise HTTPException(404, str(exc)) from exc
+        return {"rotated": True, "revision": manager.revision, "certificate": record.metadata()}
+
+    @router.get("/root")
+    async def root() -> dict[str, Any]:
+        ca = manager.ca
+        return {
+            "origin": ca.origin,
+            "fingerprint_sha256": ca.fingerprint,
+            "subject": ca.roots[0].subject.rfc4514_string(),
+            "not_after": ca.roots[0].not_valid_after_utc.isoformat(),
+            "trust_bundle_pem": ca.trust_bundle_pem.decode(),
+        }
+
+    @router.get("/root.pem", response_class=PlainTextResponse)
+    async def root_pem() -> str:
+        return manager.ca.trust_bundle_pem.decode()
+
+    app.include_router(router)

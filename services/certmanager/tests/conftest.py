@@ -1,0 +1,90 @@
+"""Fixtures for certmanager tests: a CA, an issuer, a manager with a fake clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Callable
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
+from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
+from trellis_certmanager.domain.keys import KeyAlgorithm
+from trellis_certmanager.manager import CertificateManager
+from trellis_certmanager.metrics import CertMetrics
+from trellis_certmanager.testing import InMemoryCertificateStore
+
+NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+
+
+class FakeClock:
+    def __init__(self, now: dt.datetime = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, delta: dt.timedelta) -> None:
+        self.now += delta
+
+
+class Bell:
+    """Records what the manager announces, numbering revisions like the bus does."""
+
+    def __init__(self) -> None:
+        self.rung: list[tuple[str, str, int]] = []
+
+    async def __call__(self, kind: str, key: str) -> int:
+        self.rung.append((kind, key, len(self.rung) + 1))
+        return len(self.rung)
+
+
+@pytest.fixture(scope="session")
+def root_ca() -> CertificateAuthority:
+    return generate_root(KeyAlgorithm.ECDSA_P256, dt.timedelta(days=3650), NOW, "cluster.local")
+
+
+@pytest.fixture
+def issuer(root_ca: CertificateAuthority) -> Issuer:
+    return Issuer(root_ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy(), random.Random(7))
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def bell() -> Bell:
+    return Bell()
+
+
+@pytest.fixture
+def store() -> InMemoryCertificateStore:
+    return InMemoryCertificateStore()
+
+
+@pytest.fixture
+def make_manager(
+    store: InMemoryCertificateStore, bell: Bell, clock: FakeClock
+) -> Callable[..., CertificateManager]:
+    def make(**policy: object) -> CertificateManager:
+        return CertificateManager(
+            store,
+            bell,
+            IssuancePolicy(**policy),  # type: ignore[arg-type]
+            KeyAlgorithm.ECDSA_P256,
+            CertMetrics.create(CollectorRegistry()),
+            clock=clock,
+        )
+
+    return make
+
+
+@pytest.fixture
+async def manager(make_manager: Callable[..., CertificateManager]) -> CertificateManager:
+    manager = make_manager()
+    await manager.start()
+    return manager

@@ -1,0 +1,139 @@
+"""Service and proxy certificates, verified with cryptography as a peer would."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import statistics
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from trellis_certmanager.domain.authority import CertificateAuthority
+from trellis_certmanager.domain.errors import InvalidRequest
+from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
+from trellis_certmanager.domain.keys import KeyAlgorithm, key_from_pem
+from trellis_certmanager.domain.records import CertificateKind
+from trellis_common.ids import ProxyCommonName
+from trellis_common.model import MeshService
+
+NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+BOOKSTORE = MeshService("bookstore", "bookstore-v1")
+
+
+def leaf(chain_pem: bytes) -> x509.Certificate:
+    return x509.load_pem_x509_certificates(chain_pem)[0]
+
+
+def test_service_certificate_chains_to_root_with_cn_and_sans(
+    issuer: Issuer, root_ca: CertificateAuthority
+) -> None:
+    record = issuer.issue_service(BOOKSTORE, "bookstore", NOW)
+    cert = leaf(record.cert_chain_pem)
+    cert.verify_directly_issued_by(root_ca.cert)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == (
+        "bookstore-v1.bookstore.svc.cluster.local"
+    )
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == [
+        "bookstore-v1",
+        "bookstore-v1.bookstore",
+        "bookstore-v1.bookstore.svc",
+        "bookstore-v1.bookstore.svc.cluster.local",
+    ]
+    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == [
+        "spiffe://cluster.local/ns/bookstore/sa/bookstore"
+    ]
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert set(usages) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert record.kind is CertificateKind.SERVICE
+    assert record.serial == cert.serial_number
+    # the key in the record is the key of the certificate
+    assert key_from_pem(record.key_pem).public_key() == cert.public_key()
+
+
+def test_service_lifetimes_are_jittered_around_the_validity(root_ca: CertificateAuthority) -> None:
+    policy = IssuancePolicy(service_validity=dt.timedelta(hours=48), jitter=0.1)
+    issuer = Issuer(root_ca, KeyAlgorithm.ECDSA_P256, policy, random.Random(42))
+    hours = [
+        issuer.issue_service(MeshService("ns", f"svc{i}"), "sa", NOW).lifetime.total_seconds()
+        / 3600
+        for i in range(60)
+    ]
+    # the backdating minute is part of the lifetime
+    assert all(43.2 <= h - 1 / 60 <= 52.8 for h in hours), hours
+    assert max(hours) - min(hours) > 5  # spread, not one renewal moment for the fleet
+    assert 46 < statistics.mean(hours) < 50
+    assert len({round(h, 3) for h in hours}) == len(hours)
+
+
+def test_renewal_point_is_the_configured_fraction(root_ca: CertificateAuthority) -> None:
+    policy = IssuancePolicy(jitter=0.0, renew_fraction=0.5)
+    record = Issuer(root_ca, KeyAlgorithm.ECDSA_P256, policy).issue_service(BOOKSTORE, "sa", NOW)
+    assert record.renew_after - record.not_before == record.lifetime / 2
+    assert not record.due(NOW)
+    assert record.due(record.renew_after)
+
+
+def test_proxy_certificate_is_long_lived_with_the_proxy_cn(
+    issuer: Issuer, root_ca: CertificateAuthority
+) -> None:
+    cn = ProxyCommonName.new("bookbuyer", "bookbuyer")
+    record = issuer.issue_proxy(cn, "bookbuyer", NOW)
+    cert = leaf(record.cert_chain_pem)
+    cert.verify_directly_issued_by(root_ca.cert)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == str(cn)
+    assert record.lifetime >= dt.timedelta(days=365)
+    assert record.proxy_id == cn.proxy_id
+    assert record.kind is CertificateKind.PROXY
+
+
+def test_leaf_never_outlives_its_ca(root_ca: CertificateAuthority) -> None:
+    issuer = Issuer(root_ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy())
+    later = root_ca.cert.not_valid_after_utc - dt.timedelta(days=1)
+    record = issuer.issue_proxy(ProxyCommonName.new("a", "b"), "a", later)
+    assert record.not_after == root_ca.cert.not_valid_after_utc
+
+
+def test_rsa_leaves(root_ca: CertificateAuthority) -> None:
+    issuer = Issuer(root_ca, KeyAlgorithm.RSA_2048, IssuancePolicy())
+    cert = leaf(issuer.issue_service(BOOKSTORE, "sa", NOW).cert_chain_pem)
+    assert isinstance(cert.public_key(), rsa.RSAPublicKey)
+
+
+@pytest.mark.parametrize(
+    ("service", "account", "validity", "field"),
+    [
+        (MeshService("bookstore", "x" * 60), "sa", None, "service"),
+        (BOOKSTORE, "Bad_Account", None, "service_account"),
+        (BOOKSTORE, "sa", dt.timedelta(seconds=5), "validity"),
+        (BOOKSTORE, "sa", dt.timedelta(days=4000), "validity"),
+    ],
+)
+def test_bad_requests_name_the_field(
+    issuer: Issuer,
+    service: MeshService,
+    account: str,
+    validity: dt.timedelta | None,
+    field: str,
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        issuer.issue_service(service, account, NOW, validity)
+    assert caught.value.field == field
+    assert field in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"jitter": 0.7}, "jitter"),
+        ({"renew_fraction": 1.0}, "renew_fraction"),
+        ({"service_validity": dt.timedelta(seconds=1)}, "service_validity"),
+    ],
+)
+def test_bad_policy_names_the_setting(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidRequest, match=field):
+        IssuancePolicy(**kwargs)  # type: ignore[arg-type]

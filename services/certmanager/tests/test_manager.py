@@ -1,0 +1,170 @@
+"""The certificate manager: idempotent issue, rotation, CA changes, watchers, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
+from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound
+from trellis_certmanager.domain.keys import KeyAlgorithm
+from trellis_certmanager.domain.records import CertificateKind
+from trellis_certmanager.manager import WATCH_QUEUE, CertificateManager, WatchOverflow
+from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_common.model import MeshService
+
+from .conftest import NOW, Bell, FakeClock
+
+BOOKSTORE = MeshService("bookstore", "bookstore")
+
+
+async def test_start_creates_one_root_and_keeps_it(
+    make_manager: Callable[..., CertificateManager], store: InMemoryCertificateStore
+) -> None:
+    first = await make_manager().start()
+    second = await make_manager().start()
+    assert store.ca is not None
+    assert first.fingerprint == second.fingerprint == store.ca.fingerprint
+
+
+async def test_issue_service_is_idempotent_until_due(
+    manager: CertificateManager, clock: FakeClock, bell: Bell
+) -> None:
+    first = await manager.issue_service(BOOKSTORE, "bookstore")
+    again = await manager.issue_service(BOOKSTORE, "bookstore")
+    assert again.serial == first.serial
+    assert bell.rung == [("issued", first.common_name, 1)]
+    clock.now = first.renew_after
+    renewed = await manager.issue_service(BOOKSTORE, "bookstore")
+    assert renewed.serial != first.serial
+    assert bell.rung[-1] == ("rotated", first.common_name, 2)
+
+
+async def test_changed_service_account_gets_a_new_certificate(manager: CertificateManager) -> None:
+    first = await manager.issue_service(BOOKSTORE, "bookstore")
+    second = await manager.issue_service(BOOKSTORE, "bookstore-v2")
+    assert second.serial != first.serial
+    assert second.uris == ("spiffe://cluster.local/ns/bookstore/sa/bookstore-v2",)
+
+
+async def test_concurrent_requests_get_one_certificate(manager: CertificateManager) -> None:
+    records = await asyncio.gather(*(manager.issue_service(BOOKSTORE) for _ in range(20)))
+    assert len({r.serial for r in records}) == 1
+
+
+async def test_rotate_changes_key_and_serial_and_tells_watchers(
+    manager: CertificateManager, bell: Bell
+) -> None:
+    first = await manager.issue_service(BOOKSTORE)
+    changes = manager.watch()
+    pending = asyncio.ensure_future(anext(changes))
+    await asyncio.sleep(0)
+    rotated = await manager.rotate(first.common_name)
+    change = await asyncio.wait_for(pending, 1)
+    assert (change.kind, change.common_name) == ("rotated", first.common_name)
+    assert change.revision == bell.rung[-1][2] == manager.revision == 2
+    assert rotated.serial != first.serial
+    assert rotated.key_pem != first.key_pem
+    assert manager.get(first.common_name).serial == rotated.serial
+    await changes.aclose()
+
+
+async def test_unknown_and_bad_names(manager: CertificateManager) -> None:
+    with pytest.raises(NotFound, match="no certificate"):
+        manager.get("nope.ns.svc.cluster.local")
+    with pytest.raises(NotFound):
+        await manager.rotate("nope")
+    with pytest.raises(InvalidRequest) as caught:
+        await manager.issue_proxy(BOOKSTORE, proxy_id="not-a-uuid")
+    assert caught.value.field == "proxy_id"
+
+
+async def test_proxy_certificates(manager: CertificateManager) -> None:
+    record = await manager.issue_proxy(BOOKSTORE)
+    assert record.kind is CertificateKind.PROXY
+    assert record.common_name.endswith(".bookstore.bookstore")
+    again = await manager.issue_proxy(BOOKSTORE, proxy_id=record.proxy_id)
+    assert again.serial == record.serial
+    other = await manager.issue_proxy(BOOKSTORE)
+    assert other.proxy_id != record.proxy_id
+    assert [r.common_name for r in manager.list(CertificateKind.PROXY)] == sorted(
+        [record.common_name, other.common_name]
+    )
+    assert manager.list(CertificateKind.SERVICE) == []
+    assert manager.list(namespace="elsewhere") == []
+
+
+async def test_rotation_loop_renews_due_service_certs_and_only_warns_for_proxies(
+    manager: CertificateManager, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = await manager.issue_service(BOOKSTORE)
+    proxy = await manager.issue_proxy(BOOKSTORE)
+    assert await manager.rotate_due() == 0
+    clock.now = service.renew_after + dt.timedelta(seconds=1)
+    assert await manager.rotate_due() == 1
+    assert manager.get(service.common_name).serial != service.serial
+    clock.now = proxy.renew_after + dt.timedelta(seconds=1)
+    warned: set[tuple[str, int]] = set()
+    await manager.rotate_due(warned)
+    assert manager.get(proxy.common_name).serial == proxy.serial
+    assert "cert.proxy_renewal_due" in caplog.text
+
+
+async def test_a_new_operator_ca_reissues_what_the_old_one_signed(
+    make_manager: Callable[..., CertificateManager], store: InMemoryCertificateStore
+) -> None:
+    manager = make_manager()
+    await manager.start()
+    old = await manager.issue_service(BOOKSTORE)
+    operator = generate_root(KeyAlgorithm.ECDSA_P256, dt.timedelta(days=365), NOW, "corp")
+    operator = CertificateAuthority(operator.cert, operator.key, (), operator.roots, "provided")
+    restarted = make_manager()
+    await restarted.start(provided=operator)
+    assert store.ca is not None
+    assert store.ca.fingerprint == operator.fingerprint
+    assert await restarted.rotate_due() == 1
+    fresh = x509.load_pem_x509_certificates(restarted.get(old.common_name).cert_chain_pem)[0]
+    fresh.verify_directly_issued_by(operator.cert)
+
+
+async def test_refuses_a_new_root_when_the_store_lost_the_old_one(
+    make_manager: Callable[..., CertificateManager],
+    store: InMemoryCertificateStore,
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "root-fingerprint"
+    ca = await make_manager().start(marker=marker)
+    assert marker.read_text().strip() == ca.fingerprint
+    store.ca = None
+    with pytest.raises(CAError, match="store is empty"):
+        await make_manager().start(marker=marker)
+
+
+async def test_restores_the_store_when_it_comes_back_empty(
+    manager: CertificateManager, store: InMemoryCertificateStore
+) -> None:
+    record = await manager.issue_service(BOOKSTORE)
+    assert not await manager.restore_if_lost()
+    store.ca, store.records = None, {}
+    assert await manager.restore_if_lost()
+    assert store.ca is not None
+    assert store.ca.fingerprint == manager.ca.fingerprint
+    assert store.records[record.common_name] == record
+
+
+async def test_a_slow_watcher_is_ended_not_waited_for(manager: CertificateManager) -> None:
+    changes = manager.watch()
+    pending = asyncio.ensure_future(anext(changes))
+    await asyncio.sleep(0)
+    record = await manager.issue_service(BOOKSTORE)
+    await pending  # the watcher took one, then stops reading
+    for _ in range(WATCH_QUEUE + 1):
+        await manager.rotate(record.common_name)
+    with pytest.raises(WatchOverflow):
+        async for _ in changes:
+            pass

@@ -1,0 +1,78 @@
+"""The admin REST routes: metadata only, and rotation behind the token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from trellis_certmanager.manager import CertificateManager
+from trellis_certmanager.transport import rest
+from trellis_common import admin
+from trellis_common.model import MeshService
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+async def client(manager: CertificateManager) -> AsyncIterator[httpx.AsyncClient]:
+    app = admin.create_app("certmanager", CollectorRegistry(), {"ca": manager.ready.is_set})
+    rest.add_routes(app, manager, admin.token_guard(TOKEN))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+        yield client
+
+
+async def test_list_and_get_never_return_keys(
+    client: httpx.AsyncClient, manager: CertificateManager
+) -> None:
+    record = await manager.issue_service(MeshService("bookstore", "bookstore"))
+    await manager.issue_proxy(MeshService("bookstore", "bookstore"))
+    listed = await client.get("/v1/certificates")
+    assert listed.status_code == 200
+    assert len(listed.json()["certificates"]) == 2
+    one = await client.get(f"/v1/certificates/{record.common_name}")
+    assert one.json()["serial"] == f"{record.serial:x}"
+    assert "BEGIN CERTIFICATE" in one.json()["cert_chain_pem"]
+    for response in (listed, one):
+        assert "PRIVATE KEY" not in response.text
+    proxies = await client.get("/v1/certificates", params={"kind": "proxy"})
+    assert [c["kind"] for c in proxies.json()["certificates"]] == ["proxy"]
+
+
+async def test_bad_kind_is_422_naming_it(client: httpx.AsyncClient) -> None:
+    response = await client.get("/v1/certificates", params={"kind": "banana"})
+    assert response.status_code == 422
+    assert "kind" in json.dumps(response.json())
+
+
+async def test_root(client: httpx.AsyncClient, manager: CertificateManager) -> None:
+    body = (await client.get("/v1/root")).json()
+    assert body["fingerprint_sha256"] == manager.ca.fingerprint
+    assert body["trust_bundle_pem"] == manager.ca.trust_bundle_pem.decode()
+    pem = await client.get("/v1/root.pem")
+    assert pem.text == manager.ca.trust_bundle_pem.decode()
+    assert "PRIVATE KEY" not in pem.text + json.dumps(body)
+
+
+async def test_rotate_needs_the_token(
+    client: httpx.AsyncClient, manager: CertificateManager
+) -> None:
+    record = await manager.issue_service(MeshService("bookstore", "bookstore"))
+    url = f"/v1/certificates/{record.common_name}/rotate"
+    assert (await client.post(url)).status_code == 401
+    wrong = await client.post(url, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 403
+    assert manager.get(record.common_name).serial == record.serial
+    ok = await client.post(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 200
+    assert ok.json()["certificate"]["serial"] != f"{record.serial:x}"
+    assert "PRIVATE KEY" not in ok.text
+    missing = await client.post(
+        "/v1/certificates/nope/rotate", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert missing.status_code == 404
+    assert "nope" in missing.json()["detail"]

@@ -1,0 +1,182 @@
+"""certmanager as a process: real Redis, real gRPC, the CLI, crashes and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+
+from trellis_api import certmanager_pb2 as pb
+from trellis_api import certmanager_pb2_grpc as pb_grpc
+from trellis_common.signaling import Event, Subscriber
+from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.services import ServiceProcess
+
+pytestmark = pytest.mark.integration
+
+SERVICE = pb.MeshService(namespace="bookstore", name="bookstore-v1")
+
+
+def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+async def call(process: ServiceProcess, method: str, request: object) -> object:
+    async with grpc.aio.insecure_channel(process.endpoint.grpc_address) as channel:
+        stub = pb_grpc.CertificateManagerStub(channel)
+        return await getattr(stub, method)(request, timeout=10)
+
+
+async def root_fingerprint(process: ServiceProcess) -> str:
+    root = await call(process, "GetRoot", pb.GetRootRequest())
+    assert isinstance(root, pb.RootBundle)
+    return root.fingerprint_sha256
+
+
+async def test_root_and_certificates_survive_crashes_of_certmanager_and_redis(
+    certmanager: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    fingerprint = await root_fingerprint(certmanager)
+    issued = await call(
+        certmanager,
+        "IssueCertificate",
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+    )
+    assert isinstance(issued, pb.Certificate)
+
+    certmanager.kill()
+    certmanager.start()
+    assert await root_fingerprint(certmanager) == fingerprint
+    got = await call(
+        certmanager, "GetCertificate", pb.GetCertificateRequest(common_name=issued.info.common_name)
+    )
+    assert isinstance(got, pb.Certificate)
+    assert got.info.serial == issued.info.serial
+
+    redis_server.kill()
+    redis_server.start()
+
+    # certmanager rides over the Redis restart and keeps issuing
+    async def issues_again() -> bool:
+        try:
+            await call(
+                certmanager,
+                "IssueCertificate",
+                pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE),
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    await eventually(issues_again, timeout=15, message="certmanager issues after Redis restart")
+    certmanager.stop()
+    certmanager.start()
+    assert await root_fingerprint(certmanager) == fingerprint
+    listed = await call(certmanager, "ListCertificates", pb.ListCertificatesRequest())
+    assert isinstance(listed, pb.ListCertificatesResponse)
+    kinds = sorted(c.kind for c in listed.certificates)
+    assert kinds == [pb.CERTIFICATE_KIND_SERVICE, pb.CERTIFICATE_KIND_PROXY]
+    assert "PRIVATE KEY" not in certmanager.logs()
+
+
+async def test_redis_wiped_while_running_is_refilled_from_memory(
+    certmanager: ServiceProcess, redis_server: RedisServer
+) -> None:
+    fingerprint = await root_fingerprint(certmanager)
+    await call(
+        certmanager,
+        "IssueCertificate",
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+    )
+    redis_server.kill()
+    redis_server.wipe()
+    redis_server.start()
+    certmanager.env["TRELLIS_CERTMANAGER_ROTATION_INTERVAL"] = "0.2"
+
+    async def restored() -> bool:
+        return "ca.store_lost" in certmanager.logs()
+
+    await eventually(restored, timeout=20, message="certmanager restores the wiped store")
+    certmanager.kill()
+    certmanager.start()
+    assert await root_fingerprint(certmanager) == fingerprint
+    listed = await call(certmanager, "ListCertificates", pb.ListCertificatesRequest())
+    assert isinstance(listed, pb.ListCertificatesResponse)
+    assert len(listed.certificates) == 1
+
+
+async def test_rotation_reaches_the_bus_and_the_cli(
+    certmanager: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    issued = await call(
+        certmanager,
+        "IssueCertificate",
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+    )
+    assert isinstance(issued, pb.Certificate)
+    events: list[Event] = []
+
+    async def on_event(event: Event) -> None:
+        events.append(event)
+
+    async def on_resync(topic: str) -> None:
+        return None
+
+    subscriber = Subscriber(redis_server.url, ["certificates"], on_event, on_resync)
+    stop = asyncio.Event()
+    task = asyncio.create_task(subscriber.run(stop))
+    await eventually(lambda: subscriber.connected, message="subscriber connected")
+
+    rotated = await asyncio.to_thread(
+        trellis, state_dir, "certs", "rotate", issued.info.common_name, "--json"
+    )
+    assert rotated.returncode == 0, rotated.stderr
+    body = json.loads(rotated.stdout)
+    assert body["certificate"]["serial"] != issued.info.serial
+    await eventually(lambda: any(e.kind == "rotated" for e in events), message="rotated event")
+    event = next(e for e in events if e.kind == "rotated")
+    assert event.key == issued.info.common_name
+    assert event.revision == body["revision"]
+    stop.set()
+    await task
+
+    listed = await asyncio.to_thread(trellis, state_dir, "certs", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert "PRIVATE KEY" not in listed.stdout
+    assert [c["serial"] for c in json.loads(listed.stdout)["certificates"]] == [
+        body["certificate"]["serial"]
+    ]
+    root = await asyncio.to_thread(trellis, state_dir, "certs", "root")
+    assert root.returncode == 0
+    x509.load_pem_x509_certificate(root.stdout.encode())
+    table = await asyncio.to_thread(trellis, state_dir, "certs", "list")
+    assert issued.info.common_name in table.stdout
+
+
+async def test_cli_errors_are_clear(certmanager: ServiceProcess, state_dir: Path) -> None:
+    missing = await asyncio.to_thread(trellis, state_dir, "certs", "rotate", "nope")
+    assert missing.returncode == 1
+    assert "404" in missing.stderr
+    assert "nope" in missing.stderr
+    (state_dir / "admin-token").write_text("wrong\n")
+    denied = await asyncio.to_thread(trellis, state_dir, "certs", "rotate", "nope")
+    assert denied.returncode == 1
+    assert "403" in denied.stderr
+    certmanager.stop()
+    down = await asyncio.to_thread(trellis, state_dir, "certs", "list")
+    assert down.returncode == 1
+    assert "not reachable" in down.stderr
+    status = await asyncio.to_thread(trellis, state_dir, "status")
+    assert status.returncode == 1

@@ -1,0 +1,71 @@
+"""Generate ``libs/api/src/trellis_api`` from ``proto/`` (or check that it is up to date).
+
+The generated modules are committed, so a fresh clone imports them without a build step;
+``make test`` runs this with ``--check`` and fails when a ``.proto`` changed without
+``make proto``. Uses grpcio-tools' bundled protoc and mypy-protobuf for typed stubs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import importlib.resources
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+
+
+def generate(proto_root: Path, out: Path) -> None:
+    protos = sorted(str(p.relative_to(proto_root)) for p in proto_root.rglob("*.proto"))
+    include = importlib.resources.files("grpc_tools") / "_proto"
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{proto_root}",
+        f"-I{include}",
+        f"--python_out={out}",
+        f"--grpc_python_out={out}",
+        f"--mypy_out={out}",
+        f"--mypy_grpc_out={out}",
+        *protos,
+    ]
+    subprocess.run(cmd, check=True)
+
+
+def generated_files(root: Path) -> set[Path]:
+    return {p.relative_to(root) for p in root.rglob("*") if p.name.endswith(GENERATED_SUFFIXES)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if the output is stale")
+    parser.add_argument("proto_root", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    if not args.check:
+        for stale in generated_files(args.out):
+            (args.out / stale).unlink()
+        generate(args.proto_root, args.out)
+        print(f"generated {len(generated_files(args.out))} files under {args.out}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp)
+        generate(args.proto_root, fresh)
+        want, have = generated_files(fresh), generated_files(args.out)
+        stale = sorted(str(p) for p in want ^ have)
+        stale += sorted(
+            str(p) for p in want & have if not filecmp.cmp(fresh / p, args.out / p, shallow=False)
+        )
+    if stale:
+        print("generated code is out of date; run `make proto`:", *stale, sep="\n  ")
+        return 1
+    print("generated code is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
