@@ -47,8 +47,8 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
     if not args.check:
-        for stale in generated_files(args.out):
-            (args.out / stale).unlink()
+        for old in generated_files(args.out):
+            (args.out / old).unlink()
         generate(args.proto_root, args.out)
         print(f"generated {len(generated_files(args.out))} files under {args.out}")
         return 0
@@ -56,9 +56,11 @@ def main() -> int:
         fresh = Path(tmp)
         generate(args.proto_root, fresh)
         want, have = generated_files(fresh), generated_files(args.out)
-        stale = sorted(str(p) for p in want ^ have)
+        stale = sorted(str(name) for name in want ^ have)
         stale += sorted(
-            str(p) for p in want & have if not filecmp.cmp(fresh / p, args.out / p, shallow=False)
+            str(name)
+            for name in want & have
+            if not filecmp.cmp(fresh / name, args.out / name, shallow=False)
         )
     if stale:
         print("generated code is out of date; run `make proto`:", *stale, sep="\n  ")
