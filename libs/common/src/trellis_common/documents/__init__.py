@@ -1,0 +1,7 @@
+"""Kubernetes-style documents (YAML) that operators write: models, parsing and errors.
+
+Each kind lives in its own module (``istio``, ``smi``, ``core``, ``meshconfig``) as pydantic
+models; :mod:`.base` turns raw YAML mappings into validated :class:`~.base.Document` values
+or :class:`~.base.DocumentError` naming the file, the document, the field and the reason.
+The endpoints providers and the catalog read the same directory and take the kinds they own.
+"""
