@@ -14,8 +14,9 @@ from trellis_certmanager.domain.authority import CertificateAuthority, generate_
 from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind
-from trellis_certmanager.manager import WATCH_QUEUE, CertificateManager, WatchOverflow
+from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_common.fanout import DEFAULT_QUEUE, WatchOverflow
 from trellis_common.model import MeshService
 
 from .conftest import NOW, Bell, FakeClock
@@ -163,7 +164,7 @@ async def test_a_slow_watcher_is_ended_not_waited_for(manager: CertificateManage
     await asyncio.sleep(0)
     record = await manager.issue_service(BOOKSTORE)
     await pending  # the watcher took one, then stops reading
-    for _ in range(WATCH_QUEUE + 1):
+    for _ in range(DEFAULT_QUEUE + 1):
         await manager.rotate(record.common_name)
     with pytest.raises(WatchOverflow):
         async for _ in changes:

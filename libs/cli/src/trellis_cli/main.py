@@ -12,6 +12,7 @@ from trellis_cli.certs import certs
 from trellis_cli.client import Mesh
 from trellis_cli.status import status
 from trellis_cli.up import up as run_up
+from trellis_cli.vm import vm
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,13 +31,19 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
 
 @cli.command(help="Start Redis and the control plane as local processes (Ctrl-C stops them).")
 @click.option("--quiet", is_flag=True, help="Do not stream the services' logs.")
+@click.option(
+    "--spec-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of mesh documents (YAML) to watch [default: <state-dir>/spec].",
+)
 @click.pass_obj
-def up(mesh: Mesh, quiet: bool) -> None:
-    raise SystemExit(asyncio.run(run_up(mesh.state_dir, quiet)))
+def up(mesh: Mesh, quiet: bool, spec_dir: Path | None) -> None:
+    raise SystemExit(asyncio.run(run_up(mesh.state_dir, quiet, spec_dir)))
 
 
 cli.add_command(certs)
 cli.add_command(status)
+cli.add_command(vm)
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ import click
 import httpx
 
 from trellis_cli import output
-from trellis_cli.client import DEFAULT_ADMIN_PORTS, Mesh
+from trellis_cli.client import Mesh
+from trellis_cli.up import SERVICES
 from trellis_common import statefile
 
 
@@ -32,7 +33,7 @@ def probe(mesh: Mesh, name: str) -> dict[str, Any]:
 @click.pass_obj
 def status(mesh: Mesh, as_json: bool) -> None:
     known = statefile.read_endpoints(mesh.state_dir)
-    names = list(known) or [n for n in DEFAULT_ADMIN_PORTS if n == "certmanager"]
+    names = list(known) or [name for name, *_ in SERVICES]
     results = [probe(mesh, name) for name in names]
     if as_json:
         output.emit_json({"services": results})

@@ -21,7 +21,10 @@ from trellis_common.settings import Ports
 LOCAL_REDIS_PORT = 16379
 
 # (name, module, grpc port, admin port), in start order.
-SERVICES = (("certmanager", "trellis_certmanager.main", *Ports.CERTMANAGER),)
+SERVICES = (
+    ("certmanager", "trellis_certmanager.main", *Ports.CERTMANAGER),
+    ("endpoints-vm", "trellis_endpoints_vm.main", *Ports.ENDPOINTS_VM),
+)
 
 COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
 
@@ -64,7 +67,7 @@ def redis_spec(state_dir: Path) -> ProcessSpec:
     )
 
 
-def service_specs(state_dir: Path, redis_url: str) -> list[ProcessSpec]:
+def service_specs(state_dir: Path, redis_url: str, spec_dir: Path) -> list[ProcessSpec]:
     specs = []
     for name, module, grpc_port, admin_port in SERVICES:
         if importlib.util.find_spec(module.rsplit(".", 1)[0]) is None:
@@ -75,7 +78,11 @@ def service_specs(state_dir: Path, redis_url: str) -> list[ProcessSpec]:
                 argv=[sys.executable, "-m", module],
                 ready=http_ready(f"http://127.0.0.1:{admin_port}/readyz"),
                 ports=(grpc_port, admin_port),
-                env={"TRELLIS_REDIS_URL": redis_url, "TRELLIS_STATE_DIR": str(state_dir)},
+                env={
+                    "TRELLIS_REDIS_URL": redis_url,
+                    "TRELLIS_STATE_DIR": str(state_dir),
+                    "TRELLIS_SPEC_DIR": str(spec_dir),
+                },
                 address=f"grpc 127.0.0.1:{grpc_port}  admin http://127.0.0.1:{admin_port}",
             )
         )
@@ -96,8 +103,10 @@ def make_echo(quiet: bool) -> callable:  # type: ignore[valid-type]
     return echo
 
 
-async def up(state_dir: Path, quiet: bool) -> int:
+async def up(state_dir: Path, quiet: bool, spec_dir: Path | None = None) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
+    spec_dir = (spec_dir or state_dir / "spec").resolve()
+    spec_dir.mkdir(parents=True, exist_ok=True)
     redis_url = os.environ.get("TRELLIS_REDIS_URL", "")
     specs: list[ProcessSpec] = []
     if not redis_url:
@@ -106,7 +115,7 @@ async def up(state_dir: Path, quiet: bool) -> int:
     else:
         parsed = urlparse(redis_url)
         output.console.print(f"using Redis at {parsed.hostname}:{parsed.port or 6379}")
-    specs += service_specs(state_dir, redis_url)
+    specs += service_specs(state_dir, redis_url, spec_dir)
     supervisor = Supervisor(specs, state_dir / "logs", make_echo(quiet))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -120,7 +129,7 @@ async def up(state_dir: Path, quiet: bool) -> int:
         await supervisor.stop_all()
         return 1
     output.table(
-        f"Trellis is up (state in {state_dir})",
+        f"Trellis is up (state in {state_dir}, mesh documents in {spec_dir})",
         ["SERVICE", "PID", "ADDRESS", "HEALTH"],
         [
             (c.spec.name, c.process.pid if c.process else "-", c.spec.address, "ready")
@@ -128,8 +137,8 @@ async def up(state_dir: Path, quiet: bool) -> int:
         ],
     )
     output.console.print(
-        "try: [bold]trellis status[/], [bold]trellis certs root[/], "
-        "[bold]trellis certs list[/]; Ctrl-C stops everything"
+        "try: [bold]trellis status[/], [bold]trellis certs list[/], [bold]trellis vm list[/]; "
+        "Ctrl-C stops everything"
     )
     await supervisor.run(stop)
     output.console.print("all services stopped")

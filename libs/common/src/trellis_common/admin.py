@@ -110,6 +110,13 @@ class AdminServer:
         self._port = port
         self.port = port
         self.started = asyncio.Event()
+        self._sock: socket.socket | None = None
+
+    def bind(self) -> int:
+        """Bind now (idempotent) and return the port, e.g. to announce it before serving."""
+        if self._sock is None:
+            self._sock = self._bind()
+        return self.port
 
     def _bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
@@ -122,7 +129,9 @@ class AdminServer:
         return sock
 
     async def run(self, stop: asyncio.Event) -> None:
-        sock = self._bind()
+        self.bind()
+        sock = self._sock
+        assert sock is not None
         config = uvicorn.Config(
             self._app,
             log_config=None,
@@ -145,3 +154,4 @@ class AdminServer:
         stopper.cancel()
         await serving
         sock.close()
+        self._sock = None

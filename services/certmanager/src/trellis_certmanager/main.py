@@ -10,11 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import time
 from typing import Any
-
-from prometheus_client import CollectorRegistry
 
 from trellis_api import certmanager_pb2_grpc
 from trellis_certmanager.domain.authority import CertificateAuthority, load_provided
@@ -24,10 +20,8 @@ from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.transport import grpc_api, rest
-from trellis_common import admin, lifecycle, logs, redisconn, statefile, tokens
-from trellis_common.grpcserver import GrpcServer
-from trellis_common.registry import Announcer, ServiceRecord
-from trellis_common.signaling import Publisher
+from trellis_common import lifecycle, logs
+from trellis_common.runtime import ServiceRuntime
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +38,16 @@ def provided_ca(settings: CertManagerSettings) -> CertificateAuthority | None:
 
 
 async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
-    redis = redisconn.connect(settings.redis_url)
-    await redisconn.wait_for_redis(redis, stop)
-    if stop.is_set():
+    runtime = await ServiceRuntime.connect(settings, "certmanager", stop)
+    if runtime is None:
         return
-    registry = CollectorRegistry()
-    publisher = Publisher(redis, sender=settings.instance_name)
+    publisher = runtime.publisher
 
     async def announce(kind: str, key: str) -> int:
         return (await publisher.publish(TOPIC, kind, key)).revision
 
     manager = CertificateManager(
-        RedisCertificateStore(redis),
+        RedisCertificateStore(runtime.redis),
         announce,
         IssuancePolicy(
             service_validity=settings.service_cert_validity,
@@ -66,67 +58,34 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
             cluster_domain=settings.cluster_domain,
         ),
         settings.key_algorithm,
-        CertMetrics.create(registry),
+        CertMetrics.create(runtime.metrics),
         root_validity=settings.root_validity,
     )
     await manager.start(
         provided_ca(settings), marker=settings.state_dir / "certmanager" / "root-fingerprint"
     )
     manager.revision = await publisher.current_revision(TOPIC)
-
-    grpc_server = GrpcServer(
-        f"{settings.bind_host}:{settings.grpc_port}",
+    servicer = grpc_api.CertificateManagerServicer(manager)
+    grpc_server = runtime.grpc_server(
         [
             lambda server: certmanager_pb2_grpc.add_CertificateManagerServicer_to_server(
-                grpc_api.CertificateManagerServicer(manager), server
+                servicer, server
             )
         ],
         [grpc_api.SERVICE_NAME],
     )
-    await grpc_server.start()
-
-    async def redis_ok() -> bool:
-        return bool(await redis.ping())
-
-    token = tokens.load_or_create_admin_token(settings.state_dir, settings.admin_token)
-    app = admin.create_app("certmanager", registry, {"ca": manager.ready.is_set, "redis": redis_ok})
-    rest.add_routes(app, manager, admin.token_guard(token))
-
-    def advertise(admin_port: int) -> None:
-        statefile.write_endpoint(
-            settings.state_dir,
-            statefile.ServiceEndpoint(
-                name="certmanager",
-                admin_url=f"http://{settings.bind_host}:{admin_port}",
-                grpc_address=f"{settings.bind_host}:{grpc_server.port}",
-                pid=os.getpid(),
-            ),
-        )
-
-    admin_server = admin.AdminServer(app, settings.bind_host, settings.admin_port, advertise)
-    record = ServiceRecord(
-        kind="certmanager",
-        name=settings.instance_name,
-        grpc_address=f"{settings.bind_host}:{grpc_server.port}",
-        admin_address=f"{settings.bind_host}:{settings.admin_port}",
-        started_at=time.time(),
-        attributes=(("root", manager.ca.fingerprint),),
+    app = runtime.admin_app({"ca": manager.ready.is_set})
+    rest.add_routes(app, manager, runtime.guard)
+    await runtime.serve(
+        stop,
+        grpc_server,
+        app,
+        [
+            lambda s: manager.run_rotation(s, settings.rotation_interval),
+            manager.guard_store,
+        ],
+        attributes={"root": manager.ca.fingerprint},
     )
-    announcer = Announcer(redis, record, ttl=settings.registry_ttl)
-    try:
-        await lifecycle.run_components(
-            [
-                grpc_server.run,
-                admin_server.run,
-                lambda s: manager.run_rotation(s, settings.rotation_interval),
-                manager.guard_store,
-                announcer.run,
-            ],
-            stop,
-        )
-    finally:
-        statefile.remove_endpoint(settings.state_dir, "certmanager", os.getpid())
-        await redis.aclose()
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:

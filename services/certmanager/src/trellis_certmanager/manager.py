@@ -19,7 +19,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.store import CertificateStore
+from trellis_common.fanout import Broadcaster, Subscription
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ProxyId
 from trellis_common.model import MeshService
 
@@ -42,7 +43,6 @@ Announce = Callable[[str, str], Awaitable[int]]  # (kind, common name) -> revisi
 Clock = Callable[[], dt.datetime]
 
 TOPIC = "certificates"
-WATCH_QUEUE = 1024
 
 
 def utcnow() -> dt.datetime:
@@ -55,10 +55,6 @@ class CertificateChange:
     common_name: str
     revision: int
     record: CertificateRecord | None
-
-
-class WatchOverflow(Exception):
-    """A watcher fell more than the queue behind; it must re-list and watch again."""
 
 
 class CertificateManager:
@@ -81,7 +77,7 @@ class CertificateManager:
         self._root_validity = root_validity
         self._records: dict[str, CertificateRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._watchers: set[asyncio.Queue[CertificateChange | None]] = set()
+        self._watchers: Broadcaster[CertificateChange] = Broadcaster(on_count=metrics.watchers.set)
         self._issuer: Issuer | None = None
         self.revision = 0
         self.ready = asyncio.Event()
@@ -240,20 +236,9 @@ class CertificateManager:
             key=lambda r: r.common_name,
         )
 
-    async def watch(self) -> AsyncGenerator[CertificateChange, None]:
+    def watch(self) -> Subscription[CertificateChange]:
         """Changes from now on; raises :class:`WatchOverflow` if this watcher falls behind."""
-        queue: asyncio.Queue[CertificateChange | None] = asyncio.Queue(WATCH_QUEUE)
-        self._watchers.add(queue)
-        self._metrics.watchers.set(len(self._watchers))
-        try:
-            while True:
-                change = await queue.get()
-                if change is None:
-                    raise WatchOverflow(f"watcher fell {WATCH_QUEUE} changes behind")
-                yield change
-        finally:
-            self._watchers.discard(queue)
-            self._metrics.watchers.set(len(self._watchers))
+        return self._watchers.subscribe()
 
     # -- background work -----------------------------------------------------------
 
@@ -370,17 +355,7 @@ class CertificateManager:
         except Exception as exc:  # noqa: BLE001 (the bus is a bell: watchers resync later)
             log.warning("cert.announce_failed cn=%s error=%r", record.common_name, exc)
             self.revision += 1
-        self._fan_out(CertificateChange(change, record.common_name, self.revision, record))
-
-    def _fan_out(self, change: CertificateChange) -> None:
-        for queue in list(self._watchers):
-            try:
-                queue.put_nowait(change)
-            except asyncio.QueueFull:
-                # A slow watcher is ended, not allowed to hold everyone back.
-                self._watchers.discard(queue)
-                queue.get_nowait()
-                queue.put_nowait(None)
+        self._watchers.publish(CertificateChange(change, record.common_name, self.revision, record))
 
     def _count(self) -> None:
         for kind in CertificateKind:

@@ -19,7 +19,8 @@ from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.domain.errors import InvalidRequest, NotFound
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
-from trellis_certmanager.manager import CertificateManager, WatchOverflow
+from trellis_certmanager.manager import CertificateManager
+from trellis_common.fanout import WatchOverflow
 from trellis_common.ids import InvalidIdentifier
 from trellis_common.model import MeshService
 
@@ -157,3 +158,5 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         except WatchOverflow as exc:
             log.warning("watch.overflow peer=%s", context.peer())
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        finally:
+            await changes.aclose()

@@ -1,0 +1,118 @@
+"""The wiring every service repeats, in one place.
+
+A :class:`ServiceRuntime` holds what a service's ``main`` needs around its own logic: a
+Redis client that rides over restarts (waited for at start), a bus publisher, the
+Prometheus registry, the admin token and app, and :meth:`ServiceRuntime.serve`, which runs
+the gRPC server, the admin server (recording its addresses in the state directory for the
+CLI), the registry announcement and the service's own components until ``stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from trellis_common import admin, lifecycle, redisconn, statefile, tokens
+from trellis_common.grpcserver import GrpcServer, Registration
+from trellis_common.registry import Announcer, ServiceRecord
+from trellis_common.settings import ServiceSettings
+from trellis_common.signaling import Publisher
+
+
+@dataclass
+class ServiceRuntime:
+    settings: ServiceSettings
+    kind: str
+    redis: aioredis.Redis
+    publisher: Publisher
+    metrics: CollectorRegistry
+    token: str
+
+    @classmethod
+    async def connect(
+        cls, settings: ServiceSettings, kind: str, stop: asyncio.Event
+    ) -> ServiceRuntime | None:
+        """Connect to Redis (waiting for it); ``None`` if ``stop`` came first."""
+        redis = redisconn.connect(settings.redis_url)
+        await redisconn.wait_for_redis(redis, stop)
+        if stop.is_set():
+            await redis.aclose()
+            return None
+        return cls(
+            settings=settings,
+            kind=kind,
+            redis=redis,
+            publisher=Publisher(redis, sender=settings.instance_name),
+            metrics=CollectorRegistry(),
+            token=tokens.load_or_create_admin_token(settings.state_dir, settings.admin_token),
+        )
+
+    @property
+    def guard(self) -> Any:
+        return admin.token_guard(self.token)
+
+    async def redis_ready(self) -> bool:
+        return bool(await self.redis.ping())
+
+    def admin_app(self, readiness: Mapping[str, admin.ReadinessCheck]) -> FastAPI:
+        return admin.create_app(
+            self.settings.service_name, self.metrics, {"redis": self.redis_ready, **readiness}
+        )
+
+    def grpc_server(
+        self, registrations: Sequence[Registration], service_names: Sequence[str]
+    ) -> GrpcServer:
+        return GrpcServer(
+            f"{self.settings.bind_host}:{self.settings.grpc_port}", registrations, service_names
+        )
+
+    async def serve(
+        self,
+        stop: asyncio.Event,
+        grpc_server: GrpcServer,
+        app: FastAPI,
+        components: Sequence[lifecycle.Component],
+        attributes: Mapping[str, str] | None = None,
+    ) -> None:
+        settings = self.settings
+        host = settings.bind_host
+        if not grpc_server.started.is_set():
+            await grpc_server.start()
+
+        def advertise(port: int) -> None:
+            statefile.write_endpoint(
+                settings.state_dir,
+                statefile.ServiceEndpoint(
+                    name=settings.service_name,
+                    admin_url=f"http://{host}:{port}",
+                    grpc_address=f"{host}:{grpc_server.port}",
+                    pid=os.getpid(),
+                ),
+            )
+
+        admin_server = admin.AdminServer(app, host, settings.admin_port, advertise)
+        admin_port = admin_server.bind()
+        record = ServiceRecord.create(
+            kind=self.kind,
+            name=settings.instance_name,
+            grpc_address=f"{host}:{grpc_server.port}",
+            admin_address=f"{host}:{admin_port}",
+            attributes=dict(attributes or {}),
+            started_at=time.time(),
+        )
+        announcer = Announcer(self.redis, record, ttl=settings.registry_ttl)
+        try:
+            await lifecycle.run_components(
+                [grpc_server.run, admin_server.run, announcer.run, *components], stop
+            )
+        finally:
+            statefile.remove_endpoint(settings.state_dir, settings.service_name, os.getpid())
+            await self.redis.aclose()

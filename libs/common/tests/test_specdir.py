@@ -1,0 +1,479 @@
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from trellis_common.documents.base import (
+    DocumentError,
+    DocumentKey,
+    KindRegistry,
+    Origin,
+    Resource,
+    StrictModel,
+)
+from trellis_common.specdir import SpecChange, SpecDirectory, load_paths
+from trellis_common.testing import eventually
+
+API = "test.trellis.io/v1"
+
+
+class WidgetSpec(StrictModel):
+    size: int
+    color: str = "red"
+
+
+class Widget(Resource[WidgetSpec]):
+    pass
+
+
+class GadgetSpec(StrictModel):
+    enabled: bool
+
+
+class Gadget(Resource[GadgetSpec]):
+    pass
+
+
+@pytest.fixture
+def registry() -> KindRegistry:
+    registry = KindRegistry()
+    registry.register("Widget", [API], Widget)
+    registry.register("Gadget", [API], Gadget)
+    return registry
+
+
+def widget(name: str, size: object = 1, namespace: str = "default") -> str:
+    return (
+        f"apiVersion: {API}\nkind: Widget\n"
+        f"metadata: {{name: {name}, namespace: {namespace}}}\nspec: {{size: {size}}}\n"
+    )
+
+
+def gadget(name: str) -> str:
+    return f"apiVersion: {API}\nkind: Gadget\nmetadata: {{name: {name}}}\nspec: {{enabled: true}}\n"
+
+
+def docs(*parts: str) -> str:
+    return "---\n".join(parts)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def key(name: str, kind: str = "Widget", namespace: str = "default") -> DocumentKey:
+    return DocumentKey(kind, namespace, name)
+
+
+def names(change: SpecChange) -> tuple[list[str], list[str], list[str]]:
+    return (
+        [d.key.name for d in change.added],
+        [d.key.name for d in change.updated],
+        [k.name for k in change.removed],
+    )
+
+
+def size(spec: SpecDirectory, name: str) -> int:
+    value: int = spec.current()[key(name)].resource.spec.size
+    return value
+
+
+# Reading
+
+
+def test_several_documents_per_file_skipping_empty_ones(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(
+        tmp_path / "mesh.yaml", docs(widget("a"), "\n", widget("b"), gadget("c")) + "---\n"
+    )
+    spec = SpecDirectory(tmp_path, registry)
+
+    change = spec.scan()
+
+    assert [d.key for d in change.added] == [key("c", "Gadget"), key("a"), key("b")]
+    assert change.errors == ()
+    assert spec.current()[key("b")].origin == Origin(str(path), 2)
+    assert spec.current()[key("b")].api_version == API
+
+
+def test_recursive_ignoring_hidden_temp_and_other_files(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    write(tmp_path / "a.yaml", widget("a"))
+    write(tmp_path / "sub" / "deeper" / "b.yml", widget("b"))
+    ignored = [
+        ".hidden.yaml",
+        "a.yaml~",
+        ".a.yaml.swp",
+        "a.yaml.swp",
+        "a.yaml.swx",
+        "a.yaml.tmp",
+        "#a.yaml#",
+        "notes.txt",
+        ".git/c.yaml",
+    ]
+    for i, name in enumerate(ignored):
+        write(tmp_path / name, widget(f"ignored-{i}"))
+    (tmp_path / "sub" / "loop").symlink_to(tmp_path, target_is_directory=True)
+    (tmp_path / "b-link.yaml").symlink_to(tmp_path / "sub" / "deeper" / "b.yml")
+    spec = SpecDirectory(tmp_path, registry)
+
+    change = spec.scan()
+
+    assert sorted(k.name for k in spec.current()) == ["a", "b"]
+    assert change.errors == ()  # the file reached twice is read once: no conflict
+
+
+def test_kinds_filter_skips_other_kinds_but_not_kindless_documents(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    other = "apiVersion: other.io/v1\nkind: Unknown\nmetadata: {name: u}\n"
+    kindless = f"apiVersion: {API}\nmetadata: {{name: k}}\n"
+    write(tmp_path / "a.yaml", docs(widget("w"), gadget("g"), other, kindless, "- a list\n"))
+
+    widgets = SpecDirectory(tmp_path, registry, kinds=["Widget"])
+    widgets.scan()
+    assert list(widgets.current()) == [key("w")]
+    assert [(e.origin.index, e.field) for e in widgets.errors()] == [(3, "kind"), (4, "")]
+    assert "mapping" in widgets.errors()[1].reason
+
+    everything = SpecDirectory(tmp_path, registry)
+    everything.scan()
+    assert sorted(everything.current()) == [key("g", "Gadget"), key("w")]
+    assert [e.origin.index for e in everything.errors()] == [2, 3, 4]
+
+
+# Changes
+
+
+def test_add_change_delete_each_reported_once(tmp_path: Path, registry: KindRegistry) -> None:
+    write(tmp_path / "a.yaml", widget("a"))
+    spec = SpecDirectory(tmp_path, registry)
+    assert names(spec.scan()) == (["a"], [], [])
+    assert spec.scan().empty
+
+    write(tmp_path / "b.yaml", widget("b"))
+    assert names(spec.scan()) == (["b"], [], [])
+    assert spec.scan().empty
+
+    write(tmp_path / "a.yaml", widget("a", size=2))
+    change = spec.scan()
+    assert names(change) == ([], ["a"], [])
+    assert change.updated[0].resource.spec.size == 2
+    assert spec.scan().empty
+
+    write(tmp_path / "a.yaml", "# same documents, new comment\n" + widget("a", size=2))
+    assert spec.scan().empty  # re-read, but nothing changed
+
+    (tmp_path / "b.yaml").unlink()
+    assert names(spec.scan()) == ([], [], ["b"])
+    assert spec.scan().empty
+    assert list(spec.current()) == [key("a")]
+
+
+def test_in_place_rewrite_detected_when_mtime_is_unchanged(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(tmp_path / "a.yaml", widget("a", size=1))
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+    before = path.stat()
+
+    with path.open("w") as f:  # same inode, different size
+        f.write(widget("a", size=1000))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_ino == before.st_ino
+
+    assert names(spec.scan()) == ([], ["a"], [])
+    assert size(spec, "a") == 1000
+
+
+def test_atomic_replace_detected_when_mtime_and_size_are_unchanged(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(tmp_path / "a.yaml", widget("a", size=1))
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+    before = path.stat()
+
+    tmp = write(tmp_path / ".a.yaml.tmp", widget("a", size=2))  # same size, new inode
+    os.utime(tmp, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert spec.scan().empty  # the temp file is not read
+    os.replace(tmp, path)
+    assert path.stat().st_size == before.st_size
+
+    assert names(spec.scan()) == ([], ["a"], [])
+    assert size(spec, "a") == 2
+
+
+def test_broken_yaml_keeps_previous_documents_and_reports_position(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(tmp_path / "a.yaml", docs(widget("a"), widget("b")))
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+
+    write(path, docs(widget("a", size=5), "kind: Widget\nmetadata:\n name: b\n  bad: x\n"))
+    change = spec.scan()
+
+    assert names(change) == ([], [], [])
+    assert not change.empty  # the errors changed
+    [error] = change.errors
+    assert error.origin == Origin(str(path))
+    assert error.field == ""
+    assert "line 9, column 6" in error.reason
+    assert "mapping values are not allowed" in error.reason
+    assert sorted(spec.current()) == [key("a"), key("b")]
+    assert size(spec, "a") == 1  # the half of the file that parsed is not taken either
+    assert spec.scan().empty  # reported once
+
+    write(path, docs(widget("a", size=5), widget("b")))
+    change = spec.scan()
+    assert names(change) == ([], ["a"], [])
+    assert change.errors == ()
+    assert not change.empty
+
+
+def test_unreadable_file_keeps_previous_documents(tmp_path: Path, registry: KindRegistry) -> None:
+    path = write(tmp_path / "a.yaml", widget("a"))
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+
+    path.unlink()
+    path.symlink_to(path.name)  # a symlink loop: stat fails with ELOOP
+    change = spec.scan()
+
+    assert names(change) == ([], [], [])
+    assert [(e.origin.source, e.reason.split(":")[0]) for e in change.errors] == [
+        (str(path), "cannot read")
+    ]
+    assert list(spec.current()) == [key("a")]
+    assert spec.scan().empty
+
+
+def test_invalid_document_keeps_its_previous_version_and_the_other_documents(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(tmp_path / "a.yaml", docs(widget("a"), widget("b"), widget("c")))
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+
+    write(path, docs(widget("a", size=2), widget("b", size="big"), widget("d", size="x")))
+    change = spec.scan()
+
+    assert names(change) == ([], ["a"], ["c"])  # c was deleted from the file on purpose
+    assert sorted(spec.current()) == [key("a"), key("b")]
+    assert size(spec, "b") == 1
+    assert [(e.key, e.origin.index, e.field) for e in spec.errors()] == [
+        (key("b"), 1, "spec.size"),
+        (key("d"), 2, "spec.size"),
+    ]
+
+    write(path, docs(widget("a", size=2), widget("b", size=3)))
+    change = spec.scan()
+    assert names(change) == ([], ["b"], [])
+    assert change.errors == ()
+
+
+def test_duplicates_resolved_by_path_order_whatever_the_order_of_arrival(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    b = write(tmp_path / "b.yaml", widget("x", size=2))
+    spec = SpecDirectory(tmp_path, registry)
+    assert names(spec.scan()) == (["x"], [], [])
+
+    a = write(tmp_path / "a.yaml", widget("x", size=1))
+    change = spec.scan()
+    assert names(change) == ([], ["x"], [])
+    assert size(spec, "x") == 1
+    [error] = change.errors
+    assert error.origin == Origin(str(b), 0)
+    assert error.key == key("x")
+    assert error.reason == f"conflicts with {Origin(str(a), 0)}"
+
+    a.unlink()
+    change = spec.scan()
+    assert names(change) == ([], ["x"], [])
+    assert size(spec, "x") == 2
+    assert change.errors == ()
+
+
+def test_duplicate_within_one_file(tmp_path: Path, registry: KindRegistry) -> None:
+    write(tmp_path / "a.yaml", docs(widget("x", size=1), widget("x", size=2)))
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+    assert size(spec, "x") == 1
+    assert [(e.origin.index, e.reason) for e in spec.errors()] == [
+        (1, f"conflicts with {Origin(str(tmp_path / 'a.yaml'), 0)}")
+    ]
+
+
+def test_missing_directory_is_empty_until_it_appears(
+    tmp_path: Path, registry: KindRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "spec"
+    spec = SpecDirectory(root, registry)
+    with caplog.at_level(logging.INFO, logger="trellis_common.specdir"):
+        assert spec.scan().empty
+        assert spec.scan().empty
+        write(root / "a.yaml", widget("a"))
+        assert names(spec.scan()) == (["a"], [], [])
+        shutil.rmtree(root)
+        assert names(spec.scan()) == ([], [], ["a"])
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("specdir.missing" in m for m in messages) == 2  # once per disappearance
+    assert sum("specdir.found" in m for m in messages) == 1
+
+
+def test_configmap_data_symlink_swap(tmp_path: Path, registry: KindRegistry) -> None:
+    """The kubelet writes a new ``..<timestamp>`` dir, then renames ``..data`` over."""
+    write(tmp_path / "..2026_01_01" / "a.yaml", widget("a", size=1))
+    (tmp_path / "..data").symlink_to("..2026_01_01")
+    (tmp_path / "a.yaml").symlink_to("..data/a.yaml")
+    spec = SpecDirectory(tmp_path, registry)
+
+    change = spec.scan()
+    assert names(change) == (["a"], [], [])
+    assert change.errors == ()
+    assert spec.current()[key("a")].origin.source == str(tmp_path / "a.yaml")
+
+    write(tmp_path / "..2026_01_02" / "a.yaml", widget("a", size=2))
+    write(tmp_path / "..2026_01_02" / "b.yaml", widget("b"))
+    (tmp_path / "..data_tmp").symlink_to("..2026_01_02")
+    os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+    (tmp_path / "b.yaml").symlink_to("..data/b.yaml")
+    shutil.rmtree(tmp_path / "..2026_01_01")
+
+    change = spec.scan()
+    assert names(change) == (["b"], ["a"], [])
+    assert change.errors == ()
+    assert size(spec, "a") == 2
+
+
+def test_status_lists_documents_and_errors_by_source(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(tmp_path / "a.yaml", docs(widget("a"), widget("b", size="big")))
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+
+    assert spec.status() == [
+        {
+            "key": "Widget default/a",
+            "kind": "Widget",
+            "namespace": "default",
+            "name": "a",
+            "apiVersion": API,
+            "source": str(path),
+            "index": 0,
+            "status": "valid",
+        },
+        {
+            "key": "Widget default/b",
+            "kind": "Widget",
+            "namespace": "default",
+            "name": "b",
+            "apiVersion": None,
+            "source": str(path),
+            "index": 1,
+            "status": "error",
+            "field": "spec.size",
+            "reason": spec.errors()[0].reason,
+        },
+    ]
+
+
+# Watching
+
+
+async def test_watch_reports_each_change_once_and_survives_callback_errors(
+    tmp_path: Path, registry: KindRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = SpecDirectory(tmp_path, registry)
+    changes: list[SpecChange] = []
+
+    async def on_change(change: SpecChange) -> None:
+        changes.append(change)
+        if len(changes) == 1:
+            raise RuntimeError("boom")
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(spec.watch(stop, on_change, interval=0.01))
+    try:
+        write(tmp_path / "a.yaml", widget("a"))
+        await eventually(lambda: len(changes) == 1)
+        write(tmp_path / "b.yaml", widget("b"))
+        await eventually(lambda: len(changes) == 2)
+        await asyncio.sleep(0.15)  # many ticks, nothing new
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=2)
+
+    assert [names(c) for c in changes] == [(["a"], [], []), (["b"], [], [])]
+    assert any("specdir.on_change_failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_watch_defers_a_file_being_written_but_not_forever(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(tmp_path / "a.yaml", widget("a"))
+    future = time.time_ns() + 3600 * 10**9  # looks modified "just now" on every tick
+    os.utime(path, ns=(future, future))
+    spec = SpecDirectory(tmp_path, registry)
+    seen: list[float] = []
+
+    async def on_change(change: SpecChange) -> None:
+        seen.append(time.monotonic())
+
+    stop = asyncio.Event()
+    start = time.monotonic()
+    task = asyncio.create_task(
+        spec.watch(stop, on_change, interval=0.01, settle=10.0, settle_max=0.2)
+    )
+    try:
+        await eventually(lambda: seen)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=2)
+
+    assert seen[0] - start >= 0.2
+    assert list(spec.current()) == [key("a")]
+
+
+# Offline validation
+
+
+def test_load_paths_on_files_and_directories(tmp_path: Path, registry: KindRegistry) -> None:
+    write(tmp_path / "d" / "x.yaml", widget("a"))
+    write(tmp_path / "d" / "sub" / "y.yml", docs(widget("b"), widget("bad", size="x")))
+    write(tmp_path / "d" / "notes.txt", "not: yaml: at all")
+    extra = write(tmp_path / "extra.txt", docs(widget("c"), widget("a", size=9)))
+    missing = tmp_path / "missing.yaml"
+
+    documents, errors = load_paths(
+        [extra, tmp_path / "d", missing, tmp_path / "d" / "x.yaml"], registry
+    )
+
+    assert [d.key.name for d in documents] == ["b", "a", "c"]  # d/sub/y.yml < d/x.yaml
+    assert [(e.origin.source, e.reason.split(" ")[0]) for e in errors] == [
+        (str(tmp_path / "d" / "sub" / "y.yml"), "Input"),
+        (str(extra), "conflicts"),
+        (str(missing), "no"),
+    ]
+    assert all(isinstance(e, DocumentError) for e in errors)
+
+
+def test_load_paths_kinds_filter(tmp_path: Path, registry: KindRegistry) -> None:
+    write(tmp_path / "a.yaml", docs(widget("w"), gadget("g")))
+    documents, errors = load_paths([tmp_path], registry, kinds={"Gadget"})
+    assert [d.key for d in documents] == [key("g", "Gadget")]
+    assert errors == []

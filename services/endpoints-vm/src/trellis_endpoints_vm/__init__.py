@@ -1,0 +1,1 @@
+"""trellis_endpoints_vm: the endpoints provider for workloads outside Kubernetes."""

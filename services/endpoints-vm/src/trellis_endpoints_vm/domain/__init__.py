@@ -1,0 +1,1 @@
+"""Pure endpoint logic: workloads, service views, ServiceEntry resolution. No I/O."""

@@ -1,0 +1,205 @@
+"""The registry of endpoints: registered workloads and declarations, resolved to views.
+
+All state changes go through methods that return the services whose view changed, each
+with its new view (or ``None`` when the service is gone). Only the services a change can
+touch are recomputed: a workload touches the services it names and the ServiceEntries of
+its namespace whose selector matches its labels (before or after the change); a reload of
+declarations touches every service an entry names, before and after.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
+from trellis_endpoints_vm.domain.views import (
+    EndpointInfo,
+    PortInfo,
+    ServiceInfo,
+    ServiceKey,
+    ServiceView,
+)
+from trellis_endpoints_vm.domain.workloads import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    key: ServiceKey
+    view: ServiceView | None  # None: the service is gone
+
+
+class UnknownWorkload(LookupError):
+    def __init__(self, workload_id: str) -> None:
+        super().__init__(f"no workload {workload_id!r} is registered")
+        self.workload_id = workload_id
+
+
+class EndpointRegistry:
+    def __init__(self) -> None:
+        self.workloads: dict[str, Workload] = {}
+        self.views: dict[ServiceKey, ServiceView] = {}
+        self._alive: dict[str, bool] = {}
+        self._by_service: dict[ServiceKey, set[str]] = defaultdict(set)
+        self._entries: dict[str, DeclaredEntry] = {}
+        self._workload_entries: dict[str, DeclaredEndpoint] = {}
+        self._entry_for_host: dict[ServiceKey, str] = {}
+        self._selecting: dict[str, list[DeclaredEntry]] = defaultdict(list)
+        self.conflicts: list[str] = []
+
+    # -- registered workloads --------------------------------------------------------
+
+    def upsert(self, workload: Workload, now: float) -> list[Change]:
+        old = self.workloads.get(workload.id)
+        touched = self._touched_by(old) | self._touched_by(workload)
+        if old is not None:
+            for service in old.services:
+                self._by_service[ServiceKey(old.namespace, service)].discard(old.id)
+        self.workloads[workload.id] = workload
+        self._alive[workload.id] = workload.alive(now)
+        for service in workload.services:
+            self._by_service[ServiceKey(workload.namespace, service)].add(workload.id)
+        return self._recompute(touched, now)
+
+    def remove(self, workload_id: str, now: float) -> list[Change]:
+        old = self.workloads.pop(workload_id, None)
+        if old is None:
+            raise UnknownWorkload(workload_id)
+        self._alive.pop(workload_id, None)
+        for service in old.services:
+            key = ServiceKey(old.namespace, service)
+            self._by_service[key].discard(old.id)
+            if not self._by_service[key]:
+                del self._by_service[key]
+        return self._recompute(self._touched_by(old), now)
+
+    def heartbeat(self, workload_id: str, now: float) -> tuple[Workload, list[Change]]:
+        current = self.workloads.get(workload_id)
+        if current is None:
+            raise UnknownWorkload(workload_id)
+        beaten = current.beat(now)
+        self.workloads[workload_id] = beaten
+        if self._alive.get(workload_id):
+            return beaten, []
+        self._alive[workload_id] = True
+        return beaten, self._recompute(self._touched_by(beaten), now)
+
+    def expire(self, now: float) -> tuple[list[Change], list[str]]:
+        """Take out workloads whose heartbeats stopped; returns the changes and who expired."""
+        touched: set[ServiceKey] = set()
+        expired = []
+        for workload_id, workload in self.workloads.items():
+            if workload.ttl is None:
+                continue
+            alive = workload.alive(now)
+            if alive != self._alive.get(workload_id):
+                self._alive[workload_id] = alive
+                touched |= self._touched_by(workload)
+                if not alive:
+                    expired.append(workload_id)
+        return self._recompute(touched, now), expired
+
+    # -- declarations (ServiceEntry, WorkloadEntry) -------------------------------------
+
+    def declare(
+        self,
+        entries: Iterable[DeclaredEntry],
+        workload_entries: Iterable[DeclaredEndpoint],
+        now: float,
+    ) -> list[Change]:
+        touched = set(self._entry_for_host)
+        self._entries = {e.id: e for e in sorted(entries, key=lambda e: e.id)}
+        self._workload_entries = {w.workload: w for w in workload_entries}
+        self._entry_for_host = {}
+        self._selecting = defaultdict(list)
+        self.conflicts = []
+        for entry in self._entries.values():
+            if entry.selector is not None:
+                self._selecting[entry.namespace].append(entry)
+            for key in entry.service_keys():
+                owner = self._entry_for_host.setdefault(key, entry.id)
+                if owner != entry.id:
+                    self.conflicts.append(
+                        f"ServiceEntry {entry.id}: host {key.name!r} is already declared by "
+                        f"ServiceEntry {owner}; this host of {entry.id} is ignored"
+                    )
+        touched |= set(self._entry_for_host)
+        return self._recompute(touched, now)
+
+    # -- views ------------------------------------------------------------------------
+
+    def _touched_by(self, workload: Workload | None) -> set[ServiceKey]:
+        if workload is None:
+            return set()
+        keys = {ServiceKey(workload.namespace, s) for s in workload.services}
+        labels = workload.label_map()
+        for entry in self._selecting.get(workload.namespace, ()):
+            if entry.selects(labels):
+                keys.update(
+                    k for k in entry.service_keys() if self._entry_for_host.get(k) == entry.id
+                )
+        return keys
+
+    def _recompute(self, keys: Iterable[ServiceKey], now: float) -> list[Change]:
+        changes = []
+        for key in sorted(keys):
+            view = self._view(key, now)
+            if view != self.views.get(key):
+                if view is None:
+                    del self.views[key]
+                else:
+                    self.views[key] = view
+                changes.append(Change(key, view))
+        return changes
+
+    def _view(self, key: ServiceKey, now: float) -> ServiceView | None:
+        entry_id = self._entry_for_host.get(key)
+        entry = self._entries.get(entry_id) if entry_id else None
+        members = [self.workloads[i] for i in sorted(self._by_service.get(key, ()))]
+        if entry is None and not members:
+            return None
+        endpoints: list[EndpointInfo] = [w.endpoint() for w in members if w.alive(now)]
+        if entry is not None:
+            info = entry.info(key.name)
+            endpoints += entry.resolve(key.name, self._selected(entry, now))
+        else:
+            info = ServiceInfo(key=key, ports=_registered_ports(members))
+        return ServiceView(info, tuple(sorted(set(endpoints))))
+
+    def _selected(self, entry: DeclaredEntry, now: float) -> list[DeclaredEndpoint]:
+        if entry.selector is None:
+            return []
+        found = [
+            we
+            for we in self._workload_entries.values()
+            if we.workload.split("/", 1)[0] == entry.namespace and entry.selects(dict(we.labels))
+        ]
+        for workload in self.workloads.values():
+            if (
+                workload.namespace == entry.namespace
+                and workload.alive(now)
+                and entry.selects(workload.label_map())
+            ):
+                found.append(
+                    DeclaredEndpoint(
+                        address=workload.address,
+                        ports=dict(workload.ports),
+                        labels=workload.labels,
+                        locality=workload.locality,
+                        network=workload.network,
+                        weight=workload.weight,
+                        service_account=workload.service_account,
+                        workload=workload.id,
+                        source="registration",
+                    )
+                )
+        return found
+
+
+def _registered_ports(members: list[Workload]) -> tuple[PortInfo, ...]:
+    ports: dict[str, int] = {}
+    for workload in members:
+        for name, number in workload.ports:
+            ports.setdefault(name, number)
+    return tuple(PortInfo(name, number) for name, number in sorted(ports.items()))

@@ -1,0 +1,65 @@
+"""What a provider says about a service: its description and its endpoints.
+
+These are the values the catalog consumes (over gRPC). They are frozen and sorted, so two
+views of the same state compare equal and only real changes produce events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+Pairs = tuple[tuple[str, str], ...]
+PortMap = tuple[tuple[str, int], ...]
+
+
+class ServiceKey(NamedTuple):
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PortInfo:
+    name: str
+    number: int
+    protocol: str = ""
+    target_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceInfo:
+    key: ServiceKey
+    ports: tuple[PortInfo, ...] = ()
+    hosts: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    location: str = "MESH_INTERNAL"
+    resolution: str = "STATIC"
+    export_to: tuple[str, ...] = ()
+    subject_alt_names: tuple[str, ...] = ()
+    source: str = "registration"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EndpointInfo:
+    address: str
+    ports: PortMap
+    labels: Pairs = ()
+    locality: str = ""
+    network: str = ""
+    weight: int = 1
+    service_account: str = ""
+    workload: str = ""
+    source: str = "registration"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceView:
+    info: ServiceInfo
+    endpoints: tuple[EndpointInfo, ...]
+
+    @property
+    def key(self) -> ServiceKey:
+        return self.info.key

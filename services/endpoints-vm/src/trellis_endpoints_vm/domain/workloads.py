@@ -1,0 +1,173 @@
+"""A workload registered over REST: where it listens, what it serves, whether it is alive.
+
+A workload with a TTL must heartbeat: once ``last_heartbeat + ttl`` has passed it is taken
+out of its services (its registration is kept) and comes back with the next heartbeat. A
+workload without a TTL stays until it is deregistered.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass, replace
+
+from trellis_common.ids import InvalidIdentifier, validate_dns_label, validate_dns_subdomain
+from trellis_endpoints_vm.domain.views import EndpointInfo, Pairs, PortMap
+
+MAX_WEIGHT = 2**32 - 1
+
+
+class InvalidWorkload(ValueError):
+    """A registration field is wrong; ``field`` names it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    namespace: str
+    name: str
+    services: tuple[str, ...]
+    address: str
+    ports: PortMap
+    labels: Pairs = ()
+    service_account: str = ""
+    locality: str = ""
+    network: str = ""
+    weight: int = 1
+    ttl: float | None = None
+    registered_at: float = 0.0
+    last_heartbeat: float = 0.0
+
+    @property
+    def id(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def alive(self, now: float) -> bool:
+        return self.ttl is None or now < self.last_heartbeat + self.ttl
+
+    @property
+    def expires_at(self) -> float | None:
+        return None if self.ttl is None else self.last_heartbeat + self.ttl
+
+    def beat(self, now: float) -> Workload:
+        return replace(self, last_heartbeat=now)
+
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    def endpoint(self, ports: PortMap | None = None, source: str = "registration") -> EndpointInfo:
+        return EndpointInfo(
+            address=self.address,
+            ports=self.ports if ports is None else ports,
+            labels=self.labels,
+            locality=self.locality,
+            network=self.network,
+            weight=self.weight,
+            service_account=self.service_account or "default",
+            workload=self.id,
+            source=source,
+        )
+
+
+def _label(value: str, field: str) -> str:
+    try:
+        return validate_dns_label(value, field)
+    except InvalidIdentifier as exc:
+        raise InvalidWorkload(field, exc.reason) from None
+
+
+def validate(workload: Workload) -> Workload:
+    """Check every field; raises :class:`InvalidWorkload` naming the first bad one."""
+    _label(workload.namespace, "namespace")
+    try:
+        validate_dns_subdomain(workload.name, "name")
+    except InvalidIdentifier as exc:
+        raise InvalidWorkload("name", exc.reason) from None
+    if not workload.services:
+        raise InvalidWorkload("services", "at least one service is required")
+    for i, service in enumerate(workload.services):
+        _label(service, f"services[{i}]")
+    if len(set(workload.services)) != len(workload.services):
+        raise InvalidWorkload("services", "lists a service twice")
+    try:
+        ipaddress.ip_address(workload.address)
+    except ValueError:
+        raise InvalidWorkload(
+            "address", f"{workload.address!r} is not an IPv4 or IPv6 address"
+        ) from None
+    if not workload.ports:
+        raise InvalidWorkload("ports", "at least one port is required")
+    names = [name for name, _ in workload.ports]
+    if len(set(names)) != len(names):
+        raise InvalidWorkload("ports", "port names must be unique")
+    if "" in names and len(names) > 1:
+        raise InvalidWorkload(
+            "ports", "a bare port number is only allowed alone; name the ports (NAME=NUMBER)"
+        )
+    for name, number in workload.ports:
+        if name:
+            _label(name, f"ports[{name}]")
+        if not 1 <= number <= 65535:
+            raise InvalidWorkload(f"ports[{name or number}]", f"{number} is not in 1..65535")
+    if workload.service_account:
+        try:
+            validate_dns_subdomain(workload.service_account, "service_account")
+        except InvalidIdentifier as exc:
+            raise InvalidWorkload("service_account", exc.reason) from None
+    if workload.locality and len(workload.locality.split("/")) > 3:
+        raise InvalidWorkload("locality", "must be region[/zone[/subzone]]")
+    if not 0 <= workload.weight <= MAX_WEIGHT:
+        raise InvalidWorkload("weight", f"must be in 0..{MAX_WEIGHT}")
+    if workload.ttl is not None and not 1 <= workload.ttl <= 86400:
+        raise InvalidWorkload("ttl", "must be between 1 and 86400 seconds (or absent)")
+    for key, _ in workload.labels:
+        if not key or len(key) > 317:
+            raise InvalidWorkload("labels", f"bad label key {key!r}")
+    return workload
+
+
+def to_json(workload: Workload) -> str:
+    return json.dumps(
+        {
+            "namespace": workload.namespace,
+            "name": workload.name,
+            "services": list(workload.services),
+            "address": workload.address,
+            "ports": [[name, number] for name, number in workload.ports],
+            "labels": dict(workload.labels),
+            "service_account": workload.service_account,
+            "locality": workload.locality,
+            "network": workload.network,
+            "weight": workload.weight,
+            "ttl": workload.ttl,
+            "registered_at": workload.registered_at,
+            "last_heartbeat": workload.last_heartbeat,
+        },
+        separators=(",", ":"),
+    )
+
+
+def from_json(text: str | bytes) -> Workload:
+    try:
+        body = json.loads(text)
+        return Workload(
+            namespace=body["namespace"],
+            name=body["name"],
+            services=tuple(body["services"]),
+            address=body["address"],
+            ports=tuple((str(n), int(p)) for n, p in body["ports"]),
+            labels=tuple(sorted(body["labels"].items())),
+            service_account=body["service_account"],
+            locality=body["locality"],
+            network=body["network"],
+            weight=int(body["weight"]),
+            ttl=None if body["ttl"] is None else float(body["ttl"]),
+            registered_at=float(body["registered_at"]),
+            last_heartbeat=float(body["last_heartbeat"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"malformed workload record: {exc!r}") from exc

@@ -1,0 +1,121 @@
+"""endpoints-vm's process: wiring and lifecycle only."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+from trellis_api import endpoints_pb2_grpc
+from trellis_common import lifecycle, logs
+from trellis_common.documents import istio
+from trellis_common.documents.base import KindRegistry
+from trellis_common.runtime import ServiceRuntime
+from trellis_common.specdir import SpecChange, SpecDirectory
+from trellis_endpoints_vm.domain.declarations import from_documents
+from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
+from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_endpoints_vm.settings import EndpointsVmSettings
+from trellis_endpoints_vm.store import RedisWorkloadStore
+from trellis_endpoints_vm.transport import grpc_api, rest
+
+log = logging.getLogger(__name__)
+
+KINDS = ("ServiceEntry", "WorkloadEntry")
+
+
+class Declarations:
+    """The spec directory's ServiceEntries and WorkloadEntries, fed to the manager."""
+
+    def __init__(self, settings: EndpointsVmSettings, manager: EndpointsManager) -> None:
+        kinds = KindRegistry()
+        istio.register(kinds)
+        self._manager = manager
+        self._interval = settings.spec_poll_interval
+        self.directory = (
+            SpecDirectory(settings.spec_dir, kinds, KINDS) if settings.spec_dir else None
+        )
+        self.conflicts: list[str] = []
+
+    async def load(self) -> None:
+        if self.directory is not None:
+            await asyncio.to_thread(self.directory.scan)
+            await self._apply()
+
+    async def _apply(self, change: SpecChange | None = None) -> None:
+        assert self.directory is not None
+        entries, workload_entries = from_documents(self.directory.current().values())
+        self.conflicts = await self._manager.declare(entries, workload_entries)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.directory is not None:
+            await self.directory.watch(stop, self._apply, interval=self._interval)
+
+    def status(self) -> dict[str, Any]:
+        if self.directory is None:
+            return {"spec_dir": None, "documents": [], "conflicts": []}
+        return {
+            "spec_dir": str(self.directory.path),
+            "documents": self.directory.status(),
+            "conflicts": self.conflicts,
+        }
+
+
+async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
+    runtime = await ServiceRuntime.connect(settings, "endpoints-provider", stop)
+    if runtime is None:
+        return
+    publisher = runtime.publisher
+
+    async def announce(kind: str, key: str) -> int:
+        return (await publisher.publish(TOPIC, kind, key)).revision
+
+    metrics = EndpointMetrics.create(runtime.metrics)
+    manager = EndpointsManager(RedisWorkloadStore(runtime.redis), announce, metrics)
+    await manager.start(await publisher.current_revision(TOPIC))
+    declarations = Declarations(settings, manager)
+    await declarations.load()
+    if declarations.directory is not None:
+        metrics.document_errors.set_function(lambda: len(declarations.directory.errors()))  # type: ignore[union-attr]
+
+    servicer = grpc_api.EndpointsProviderServicer(manager)
+    grpc_server = runtime.grpc_server(
+        [lambda s: endpoints_pb2_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
+        [grpc_api.SERVICE_NAME],
+    )
+    app = runtime.admin_app({"registry": manager.ready.is_set})
+    rest.add_routes(app, manager, runtime.guard, declarations.status)
+    await runtime.serve(
+        stop,
+        grpc_server,
+        app,
+        [lambda s: manager.run_expiry(s, settings.expiry_interval), declarations.run],
+        attributes={"provider": grpc_api.PROVIDER},
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        prog="trellis-endpoints-vm",
+        description="Trellis endpoints-vm: endpoints of workloads outside Kubernetes. Settings "
+        "also come from TRELLIS_ENDPOINTS_VM_* and TRELLIS_* environment variables.",
+    )
+    parser.add_argument("--grpc-port", type=int)
+    parser.add_argument("--admin-port", type=int)
+    parser.add_argument("--bind-host")
+    parser.add_argument("--state-dir")
+    parser.add_argument("--redis-url")
+    parser.add_argument("--spec-dir", help="directory of ServiceEntry/WorkloadEntry documents")
+    args = parser.parse_args(argv)
+    return {k: v for k, v in vars(args).items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = EndpointsVmSettings(**parse_args(argv))
+    logs.configure(settings.log_format, settings.log_level, "endpoints-vm")
+    return lifecycle.main(lambda stop: serve(settings, stop))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

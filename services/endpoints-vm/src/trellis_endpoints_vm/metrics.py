@@ -1,0 +1,45 @@
+"""Prometheus metrics of endpoints-vm, on the registry the service passes in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+@dataclass(frozen=True)
+class EndpointMetrics:
+    workloads: Gauge
+    services: Gauge
+    endpoints: Gauge
+    registrations: Counter
+    expirations: Counter
+    changes: Counter
+    watchers: Gauge
+    document_errors: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> EndpointMetrics:
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(f"trellis_endpoints_vm_{name}", doc, labels, registry=registry)
+
+        return cls(
+            workloads=gauge("workloads", "Registered workloads", ("state",)),
+            services=gauge("services", "Services known to this provider"),
+            endpoints=gauge("endpoints", "Endpoints across all services"),
+            registrations=Counter(
+                "trellis_endpoints_vm_registrations", "Registrations received", registry=registry
+            ),
+            expirations=Counter(
+                "trellis_endpoints_vm_expirations",
+                "Workloads taken out after missing heartbeats",
+                registry=registry,
+            ),
+            changes=Counter(
+                "trellis_endpoints_vm_service_changes",
+                "Service views changed (events sent)",
+                registry=registry,
+            ),
+            watchers=gauge("watchers", "Open watch streams"),
+            document_errors=gauge("document_errors", "Invalid documents in the spec directory"),
+        )

@@ -1,0 +1,27 @@
+"""endpoints-vm settings: ``TRELLIS_ENDPOINTS_VM_*`` (plus the shared ``TRELLIS_*`` ones)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import SettingsConfigDict
+
+from trellis_common.settings import Ports, ServiceSettings
+
+
+class EndpointsVmSettings(ServiceSettings):
+    service_name: ClassVar[str] = "endpoints-vm"
+    model_config = SettingsConfigDict(
+        env_prefix="TRELLIS_ENDPOINTS_VM_", populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    grpc_port: int = Field(Ports.ENDPOINTS_VM[0], ge=0, le=65535)
+    admin_port: int = Field(Ports.ENDPOINTS_VM[1], ge=0, le=65535)
+    # The mesh's directory of YAML documents (shared with the catalog); unset: none.
+    spec_dir: Path | None = Field(
+        None, validation_alias=AliasChoices("spec_dir", "TRELLIS_SPEC_DIR")
+    )
+    spec_poll_interval: float = Field(0.5, gt=0)
+    expiry_interval: float = Field(0.5, gt=0)

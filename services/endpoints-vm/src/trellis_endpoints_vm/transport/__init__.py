@@ -1,0 +1,1 @@
+"""endpoints-vm transports: the provider gRPC API and the registration REST API."""

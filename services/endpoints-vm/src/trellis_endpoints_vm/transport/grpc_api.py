@@ -1,0 +1,117 @@
+"""The ``trellis.endpoints.v1.EndpointsProvider`` servicer over endpoints-vm's views."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from trellis_api import endpoints_pb2 as pb
+from trellis_api import endpoints_pb2_grpc as pb_grpc
+from trellis_common.fanout import WatchOverflow
+from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
+from trellis_endpoints_vm.manager import EndpointsManager
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EndpointsProvider"].full_name
+PROVIDER = "vm"
+
+_LOCATIONS = {"MESH_INTERNAL": pb.MESH_INTERNAL, "MESH_EXTERNAL": pb.MESH_EXTERNAL}
+_RESOLUTIONS = {
+    "STATIC": pb.STATIC,
+    "DNS": pb.DNS,
+    "DNS_ROUND_ROBIN": pb.DNS_ROUND_ROBIN,
+    "NONE": pb.NONE,
+}
+
+
+def to_proto(view: ServiceView, revision: int) -> pb.ServiceEndpoints:
+    info = view.info
+    return pb.ServiceEndpoints(
+        info=pb.ServiceInfo(
+            service=pb.ServiceRef(namespace=info.key.namespace, name=info.key.name),
+            ports=[
+                pb.ServicePort(
+                    name=p.name, number=p.number, protocol=p.protocol, target_port=p.target_port
+                )
+                for p in info.ports
+            ],
+            hosts=info.hosts,
+            addresses=info.addresses,
+            location=_LOCATIONS.get(info.location, pb.LOCATION_UNSPECIFIED),
+            resolution=_RESOLUTIONS.get(info.resolution, pb.RESOLUTION_UNSPECIFIED),
+            export_to=info.export_to,
+            subject_alt_names=info.subject_alt_names,
+            source=info.source,
+        ),
+        endpoints=[
+            pb.Endpoint(
+                address=e.address,
+                ports=dict(e.ports),
+                labels=dict(e.labels),
+                locality=e.locality,
+                network=e.network,
+                weight=e.weight,
+                service_account=e.service_account,
+                workload=e.workload,
+                source=e.source,
+            )
+            for e in view.endpoints
+        ],
+        revision=revision,
+    )
+
+
+class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
+    def __init__(self, manager: EndpointsManager) -> None:
+        self._manager = manager
+
+    async def ListServices(
+        self, request: pb.ListServicesRequest, context: Context
+    ) -> pb.ListServicesResponse:
+        revision = self._manager.revision
+        return pb.ListServicesResponse(
+            services=[to_proto(v, revision) for v in self._manager.views(request.namespace)],
+            revision=revision,
+            provider=PROVIDER,
+        )
+
+    async def GetService(
+        self, request: pb.GetServiceRequest, context: Context
+    ) -> pb.ServiceEndpoints:
+        key = ServiceKey(request.service.namespace, request.service.name)
+        view = self._manager.view(key)
+        if view is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {key} in this provider")
+        return to_proto(view, self._manager.revision)
+
+    async def Watch(
+        self, request: pb.WatchRequest, context: Context
+    ) -> AsyncIterator[pb.EndpointsEvent]:
+        changes = self._manager.watch()
+        try:
+            yield pb.EndpointsEvent(
+                kind=pb.EndpointsEvent.SNAPSHOT, revision=self._manager.revision
+            )
+            async for change in changes:
+                ref = pb.ServiceRef(namespace=change.key.namespace, name=change.key.name)
+                if change.view is None:
+                    yield pb.EndpointsEvent(
+                        kind=pb.EndpointsEvent.REMOVED, revision=change.revision, service=ref
+                    )
+                else:
+                    yield pb.EndpointsEvent(
+                        kind=pb.EndpointsEvent.CHANGED,
+                        revision=change.revision,
+                        service=ref,
+                        state=to_proto(change.view, change.revision),
+                    )
+        except WatchOverflow as exc:
+            log.warning("watch.overflow peer=%s", context.peer())
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        finally:
+            await changes.aclose()

@@ -1,0 +1,183 @@
+"""endpoints-vm's REST API: register, heartbeat, deregister, list; services and documents.
+
+Routes that change state (register, heartbeat, deregister) need the admin token. A body
+that is not valid gets 422 with ``field`` and a reason; the registry is left as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
+from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
+from trellis_endpoints_vm.manager import EndpointsManager, UnknownWorkload
+
+
+class PortBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("", description="port name; empty for a bare number")
+    number: int
+
+
+class RegistrationBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str
+    name: str
+    services: list[str] = Field(min_length=1)
+    address: str
+    ports: list[PortBody] = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    service_account: str = ""
+    locality: str = ""
+    network: str = ""
+    weight: int = 1
+    ttl: float | None = Field(None, description="seconds; absent: until deregistered")
+
+    def workload(self) -> Workload:
+        return Workload(
+            namespace=self.namespace,
+            name=self.name,
+            services=tuple(self.services),
+            address=self.address,
+            ports=tuple((p.name, p.number) for p in self.ports),
+            labels=tuple(sorted(self.labels.items())),
+            service_account=self.service_account,
+            locality=self.locality,
+            network=self.network,
+            weight=self.weight,
+            ttl=self.ttl,
+        )
+
+
+def workload_json(workload: Workload, alive: bool) -> dict[str, Any]:
+    return {
+        "namespace": workload.namespace,
+        "name": workload.name,
+        "services": list(workload.services),
+        "address": workload.address,
+        "ports": [{"name": n, "number": p} for n, p in workload.ports],
+        "labels": dict(workload.labels),
+        "service_account": workload.service_account,
+        "locality": workload.locality,
+        "network": workload.network,
+        "weight": workload.weight,
+        "ttl": workload.ttl,
+        "registered_at": workload.registered_at,
+        "last_heartbeat": workload.last_heartbeat,
+        "expires_at": workload.expires_at,
+        "alive": alive,
+    }
+
+
+def view_json(view: ServiceView) -> dict[str, Any]:
+    info = view.info
+    return {
+        "namespace": info.key.namespace,
+        "name": info.key.name,
+        "source": info.source,
+        "ports": [
+            {
+                "name": p.name,
+                "number": p.number,
+                "protocol": p.protocol,
+                "target_port": p.target_port,
+            }
+            for p in info.ports
+        ],
+        "hosts": list(info.hosts),
+        "addresses": list(info.addresses),
+        "location": info.location,
+        "resolution": info.resolution,
+        "export_to": list(info.export_to),
+        "subject_alt_names": list(info.subject_alt_names),
+        "endpoints": [
+            {
+                "address": e.address,
+                "ports": dict(e.ports),
+                "labels": dict(e.labels),
+                "locality": e.locality,
+                "network": e.network,
+                "weight": e.weight,
+                "service_account": e.service_account,
+                "workload": e.workload,
+                "source": e.source,
+            }
+            for e in view.endpoints
+        ],
+    }
+
+
+def add_routes(
+    app: FastAPI,
+    manager: EndpointsManager,
+    guard: Any,
+    documents: Callable[[], dict[str, Any]],
+) -> None:
+    router = APIRouter(prefix="/v1")
+
+    @app.exception_handler(InvalidWorkload)
+    async def invalid(_: Any, exc: InvalidWorkload) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=422)
+
+    @router.post("/workloads", dependencies=[Depends(guard)], status_code=201, tags=["workloads"])
+    async def register(body: RegistrationBody) -> dict[str, Any]:
+        workload = await manager.register(body.workload())
+        return workload_json(workload, True)
+
+    @router.post(
+        "/workloads/{namespace}/{name}/heartbeat", dependencies=[Depends(guard)], tags=["workloads"]
+    )
+    async def heartbeat(namespace: str, name: str) -> dict[str, Any]:
+        try:
+            workload = await manager.heartbeat(f"{namespace}/{name}")
+        except UnknownWorkload as exc:
+            raise HTTPException(404, f"{exc}; register it first") from exc
+        return {"workload": workload.id, "alive": True, "expires_at": workload.expires_at}
+
+    @router.delete(
+        "/workloads/{namespace}/{name}", dependencies=[Depends(guard)], tags=["workloads"]
+    )
+    async def deregister(namespace: str, name: str) -> Response:
+        try:
+            await manager.deregister(f"{namespace}/{name}")
+        except UnknownWorkload as exc:
+            raise HTTPException(404, str(exc)) from exc
+        return Response(status_code=204)
+
+    @router.get("/workloads", tags=["workloads"])
+    async def list_workloads(namespace: str = "") -> dict[str, Any]:
+        return {
+            "revision": manager.revision,
+            "workloads": [
+                workload_json(w, alive)
+                for w, alive in manager.workloads()
+                if not namespace or w.namespace == namespace
+            ],
+        }
+
+    @router.get("/services", tags=["services"])
+    async def list_services(namespace: str = "") -> dict[str, Any]:
+        return {
+            "revision": manager.revision,
+            "services": [view_json(v) for v in manager.views(namespace)],
+        }
+
+    @router.get("/services/{namespace}/{name}", tags=["services"])
+    async def get_service(namespace: str, name: str) -> dict[str, Any]:
+        view = manager.view(ServiceKey(namespace, name))
+        if view is None:
+            raise HTTPException(404, f"endpoints-vm knows no service {namespace}/{name}")
+        return view_json(view)
+
+    @router.get("/documents", tags=["documents"])
+    async def list_documents() -> dict[str, Any]:
+        return documents()
+
+    app.include_router(router)
