@@ -11,10 +11,11 @@ import os
 import platform
 import sys
 
-from bench import certs, report
+from bench import certs, endpoints, report
 
 BENCHMARKS: dict[str, report.Benchmark] = {
     "certs": certs.run,
+    "endpoints": endpoints.run,
 }
 
 

@@ -57,6 +57,16 @@ async def test_issue_get_and_root(stub: pb_grpc.CertificateManagerAsyncStub) -> 
     assert got.info.serial == issued.info.serial
 
 
+async def test_metadata_only_callers_get_no_key(stub: pb_grpc.CertificateManagerAsyncStub) -> None:
+    issued = await stub.IssueCertificate(
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE, omit_private_key=True
+        )
+    )
+    assert issued.private_key_pem == b""
+    assert b"BEGIN CERTIFICATE" in issued.cert_chain_pem
+
+
 async def test_custom_validity_and_proxy_kind(stub: pb_grpc.CertificateManagerAsyncStub) -> None:
     issued = await stub.IssueCertificate(
         pb.IssueCertificateRequest(

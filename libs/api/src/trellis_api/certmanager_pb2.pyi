@@ -78,6 +78,7 @@ class IssueCertificateRequest(_message.Message):
     SERVICE_ACCOUNT_FIELD_NUMBER: _builtins.int
     PROXY_ID_FIELD_NUMBER: _builtins.int
     VALIDITY_FIELD_NUMBER: _builtins.int
+    OMIT_PRIVATE_KEY_FIELD_NUMBER: _builtins.int
     kind: Global___CertificateKind.ValueType
     service_account: _builtins.str
     """The service account whose SPIFFE id goes into the SANs (service certificates).
@@ -85,6 +86,8 @@ class IssueCertificateRequest(_message.Message):
     """
     proxy_id: _builtins.str
     """Proxy certificates: the proxy's UUID; empty means "make one"."""
+    omit_private_key: _builtins.bool
+    """Callers that only need to know the certificate (the catalog) get no key."""
     @_builtins.property
     def service(self) -> Global___MeshService:
         """The service the certificate is for (both kinds)."""
@@ -101,10 +104,11 @@ class IssueCertificateRequest(_message.Message):
         service_account: _builtins.str = ...,
         proxy_id: _builtins.str = ...,
         validity: _duration_pb2.Duration | None = ...,
+        omit_private_key: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["service", b"service", "validity", b"validity"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "proxy_id", b"proxy_id", "service", b"service", "service_account", b"service_account", "validity", b"validity"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "omit_private_key", b"omit_private_key", "proxy_id", b"proxy_id", "service", b"service", "service_account", b"service_account", "validity", b"validity"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,6 +24,7 @@ LOCAL_REDIS_PORT = 16379
 SERVICES = (
     ("certmanager", "trellis_certmanager.main", *Ports.CERTMANAGER),
     ("endpoints-vm", "trellis_endpoints_vm.main", *Ports.ENDPOINTS_VM),
+    ("catalog", "trellis_catalog.main", *Ports.CATALOG),
 )
 
 COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")

@@ -16,10 +16,18 @@ conditionals), see :func:`regex_problem`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any, Final, NoReturn
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, Final, Literal, NoReturn
 
-from pydantic import Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from trellis_common import ids, model
@@ -28,8 +36,6 @@ from trellis_common.documents.base import KindRegistry, Resource, StrictModel
 SPLIT_API_VERSIONS: Final = tuple(f"split.smi-spec.io/v1alpha{n}" for n in (2, 3, 4))
 ACCESS_API_VERSIONS: Final = ("access.smi-spec.io/v1alpha2", "access.smi-spec.io/v1alpha3")
 SPECS_API_VERSIONS: Final = ("specs.smi-spec.io/v1alpha3", "specs.smi-spec.io/v1alpha4")
-SPECS_GROUP: Final = "specs.smi-spec.io"
-ROUTE_KINDS: Final = ("HTTPRouteGroup", "TCPRoute")
 
 _RE2_LACKS: Final = (
     ("(?=", "lookahead '(?='"),
@@ -64,18 +70,15 @@ def _reject_absent(data: Any, absent: Mapping[str, tuple[tuple[str, ...], str]])
     _invalid(path, f"is not part of {data['apiVersion']}: {reason}", value)
 
 
-def _label(value: str, what: str) -> str:
-    try:
-        return ids.validate_dns_label(value, what)
-    except ids.InvalidIdentifier as exc:
-        raise ValueError(exc.reason) from None
-
-
-def _subdomain(value: str, what: str) -> str:
-    try:
-        return ids.validate_dns_subdomain(value, what)
-    except ids.InvalidIdentifier as exc:
-        raise ValueError(exc.reason) from None
+def _unique(items: Iterable[Any], key: Callable[[Any], str], loc: tuple[str, str]) -> None:
+    """Fail at ``<loc[0]>[i].<loc[1]>`` if item ``i``'s key is also an earlier item's."""
+    seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        value = key(item)
+        if value in seen:
+            reason = f"{value!r} is also the {loc[1]} of {loc[0]}[{seen[value]}]"
+            _invalid((loc[0], index, loc[1]), reason, value)
+        seen[value] = index
 
 
 def regex_problem(pattern: str) -> str | None:
@@ -85,7 +88,9 @@ def regex_problem(pattern: str) -> str | None:
     ``re`` accepts. Octal escapes (``\\123``) are fine in both; ``\\1`` is a backreference.
     """
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():  # FutureWarning "possible nested set" for '[['
+            warnings.simplefilter("ignore")
+            re.compile(pattern)
     except re.error as exc:
         return f"does not compile: {exc}"
     index, in_class = 0, False
@@ -123,56 +128,33 @@ def _check_regex(value: str) -> str:
     return value
 
 
-# --- TrafficSplit ---------------------------------------------------------------------------
+# InvalidIdentifier is a ValueError: pydantic reports its message as the reason.
+ServiceName = Annotated[str, AfterValidator(lambda v: ids.validate_dns_label(v, "service name"))]
+Namespace = Annotated[str, AfterValidator(lambda v: ids.validate_dns_label(v, "namespace"))]
+ObjectName = Annotated[str, AfterValidator(lambda v: ids.validate_dns_subdomain(v, "name"))]
+Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+Regex = Annotated[str, AfterValidator(_check_regex)]
 
 
 class TrafficSplitBackend(StrictModel):
-    service: str
-    weight: int
+    service: ServiceName
+    weight: Annotated[int, Strict(), Field(ge=0, le=model.MAX_WEIGHT)]  # Envoy: uint32
 
-    @field_validator("service")
+    @field_validator("weight", mode="before")
     @classmethod
-    def _service(cls, value: str) -> str:
-        return _label(value, "service name")
-
-    @field_validator("weight", mode="plain")
-    @classmethod
-    def _weight(cls, value: object) -> int:
+    def _not_a_quantity(cls, value: object) -> object:
         if isinstance(value, str):
-            reason = "must be a whole number (quantities such as '50m' were SMI v1alpha1 weights)"
-            raise ValueError(f"{reason}, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"must be a whole number, got {value!r}")
-        if not 0 <= value <= model.MAX_WEIGHT:
-            raise ValueError(f"must be between 0 and {model.MAX_WEIGHT}, got {value}")
+            hint = "quantities such as '50m' were SMI v1alpha1 weights"
+            raise ValueError(f"must be a whole number, not {value!r} ({hint})")
         return value
 
 
 class RouteGroupRef(StrictModel):
     """A TrafficSplit's ``matches`` entry: an HTTPRouteGroup in the same namespace."""
 
-    kind: str
-    name: str
-    api_group: str | None = Field(default=None, alias="apiGroup")
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, value: str) -> str:
-        if value != "HTTPRouteGroup":
-            raise ValueError(f"must be 'HTTPRouteGroup', got {value!r}")
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _subdomain(value, "HTTPRouteGroup name")
-
-    @field_validator("api_group")
-    @classmethod
-    def _api_group(cls, value: str | None) -> str | None:
-        if value and value != SPECS_GROUP:
-            raise ValueError(f"must be {SPECS_GROUP!r}, got {value!r}")
-        return value or None
+    kind: Literal["HTTPRouteGroup"]
+    name: ObjectName
+    api_group: Literal["specs.smi-spec.io", ""] | None = Field(default=None, alias="apiGroup")
 
 
 class TrafficSplitSpec(StrictModel):
@@ -185,25 +167,20 @@ class TrafficSplitSpec(StrictModel):
     def _service(cls, value: str) -> str:
         """``<name>``, ``<name>.<namespace>`` or the FQDN ``<name>.<namespace>.svc.<domain>``."""
         parts = value.split(".")
-        _label(parts[0], "service name")
+        ids.validate_dns_label(parts[0], "service name")
         if len(parts) > 1:
-            _label(parts[1], "namespace")
+            ids.validate_dns_label(parts[1], "namespace")
         if len(parts) > 2 and parts[2] != "svc":
             raise ValueError(f"must be <name>, <name>.<namespace> or a service FQDN, got {value!r}")
         if len(parts) > 3:
-            _subdomain(".".join(parts[3:]), "cluster domain")
+            ids.validate_dns_subdomain(".".join(parts[3:]), "cluster domain")
         return value
 
     @model_validator(mode="after")
     def _backends(self) -> TrafficSplitSpec:
         if not self.backends:
             _invalid(("backends",), "must list at least one backend service", [])
-        seen: dict[str, int] = {}
-        for index, backend in enumerate(self.backends):
-            if backend.service in seen:
-                reason = f"{backend.service!r} is also backends[{seen[backend.service]}]"
-                _invalid(("backends", index, "service"), reason, backend.service)
-            seen[backend.service] = index
+        _unique(self.backends, lambda backend: backend.service, ("backends", "service"))
         if not any(backend.weight for backend in self.backends):
             _invalid(("backends",), "at least one backend needs a positive weight", 0)
         return self
@@ -237,61 +214,21 @@ class TrafficSplit(Resource[TrafficSplitSpec]):
         )
 
 
-# --- TrafficTarget --------------------------------------------------------------------------
-
-
 class IdentityBindingSubject(StrictModel):
     """A TrafficTarget's destination or source: a ServiceAccount (``port``: destination only)."""
 
-    kind: str
-    name: str
-    namespace: str | None = None
-    port: StrictInt | None = None
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, value: str) -> str:
-        if value != "ServiceAccount":
-            reason = "must be 'ServiceAccount', the only identity Trellis knows"
-            raise ValueError(f"{reason}, got {value!r}")
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _subdomain(value, "service account")
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace(cls, value: str | None) -> str | None:
-        return _label(value, "namespace") if value else None
-
-    @field_validator("port")
-    @classmethod
-    def _port(cls, value: int | None) -> int | None:
-        if value is not None and not 1 <= value <= 65535:
-            raise ValueError(f"must be between 1 and 65535, got {value}")
-        return value
+    kind: Literal["ServiceAccount"]  # SMI allows "Group" too; OSM and Trellis do not
+    name: ObjectName
+    namespace: Namespace | None = None
+    port: Port | None = None
 
 
 class TrafficTargetRule(StrictModel):
     """Routes a TrafficTarget allows: all of ``kind``/``name``, or the ``matches`` named."""
 
-    kind: str
-    name: str
+    kind: Literal["HTTPRouteGroup", "TCPRoute"]
+    name: ObjectName
     matches: tuple[str, ...] = ()
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, value: str) -> str:
-        if value not in ROUTE_KINDS:
-            raise ValueError(f"must be one of {', '.join(ROUTE_KINDS)}, got {value!r}")
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _subdomain(value, "route name")
 
 
 class TrafficTargetSpec(StrictModel):
@@ -341,38 +278,25 @@ class TrafficTarget(Resource[TrafficTargetSpec]):
         )
 
 
-# --- HTTPRouteGroup -------------------------------------------------------------------------
-
-
 class HTTPMatch(StrictModel):
     """One named route; an unset ``pathRegex`` or empty ``methods`` match any."""
 
-    name: str
-    path_regex: str | None = Field(default=None, alias="pathRegex")
+    name: str = Field(min_length=1)  # TrafficTarget rules name the matches they allow
+    path_regex: Regex | None = Field(default=None, alias="pathRegex")
     methods: tuple[str, ...] = ()
     headers: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not value:
-            raise ValueError("must not be empty: TrafficTarget rules refer to matches by name")
-        return value
-
-    @field_validator("path_regex")
-    @classmethod
-    def _path_regex(cls, value: str | None) -> str | None:
-        return None if value is None else _check_regex(value)
 
     @field_validator("methods")
     @classmethod
     def _methods(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for index, method in enumerate(value):
             if method != model.ANY_METHOD and method not in model.HTTP_METHODS:
-                upper = method.upper()
-                hint = f" (upper case: {upper!r})" if upper in model.HTTP_METHODS else ""
-                reason = f"must be '*' or one of {', '.join(sorted(model.HTTP_METHODS))}{hint}"
-                _invalid((index,), f"{reason}, got {method!r}", method)
+                if method.upper() in model.HTTP_METHODS:
+                    reason = f"methods are upper case: use {method.upper()!r}, not {method!r}"
+                else:
+                    known = ", ".join(sorted(model.HTTP_METHODS))
+                    reason = f"must be '*' or one of {known}, got {method!r}"
+                _invalid((index,), reason, method)
         return value
 
     @field_validator("headers", mode="before")
@@ -402,12 +326,7 @@ class HTTPRouteGroupSpec(StrictModel):
     def _matches(self) -> HTTPRouteGroupSpec:
         if not self.matches:
             _invalid(("matches",), "must list at least one match", [])
-        seen: dict[str, int] = {}
-        for index, match in enumerate(self.matches):
-            if match.name in seen:
-                reason = f"{match.name!r} is also the name of matches[{seen[match.name]}]"
-                _invalid(("matches", index, "name"), reason, match.name)
-            seen[match.name] = index
+        _unique(self.matches, lambda match: match.name, ("matches", "name"))
         return self
 
 
@@ -418,22 +337,11 @@ class HTTPRouteGroup(Resource[HTTPRouteGroupSpec]):
         return next((match for match in self.spec.matches if match.name == name), None)
 
 
-# --- TCPRoute -------------------------------------------------------------------------------
-
-
 class TCPMatch(StrictModel):
     """The ports a TCPRoute allows; none means every port of the destination."""
 
     name: str | None = None
-    ports: tuple[StrictInt, ...] = ()
-
-    @field_validator("ports")
-    @classmethod
-    def _ports(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        for index, port in enumerate(value):
-            if not 1 <= port <= 65535:
-                _invalid((index,), f"must be between 1 and 65535, got {port}", port)
-        return value
+    ports: tuple[Port, ...] = ()
 
 
 class TCPRouteSpec(StrictModel):

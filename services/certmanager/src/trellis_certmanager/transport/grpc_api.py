@@ -69,11 +69,11 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
     def __init__(self, manager: CertificateManager) -> None:
         self._manager = manager
 
-    def _certificate(self, record: CertificateRecord) -> pb.Certificate:
+    def _certificate(self, record: CertificateRecord, with_key: bool = True) -> pb.Certificate:
         return pb.Certificate(
             info=info(record),
             cert_chain_pem=record.cert_chain_pem,
-            private_key_pem=record.key_pem,
+            private_key_pem=record.key_pem if with_key else b"",
             trust_bundle_pem=self._manager.ca.trust_bundle_pem,
         )
 
@@ -99,7 +99,7 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
                 )
         except (InvalidRequest, InvalidIdentifier) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return self._certificate(record)
+        return self._certificate(record, with_key=not request.omit_private_key)
 
     async def GetCertificate(
         self, request: pb.GetCertificateRequest, context: Context

@@ -80,7 +80,9 @@ class EndpointRegistry:
             raise UnknownWorkload(workload_id)
         beaten = current.beat(now)
         self.workloads[workload_id] = beaten
-        if self._alive.get(workload_id):
+        # Past its TTL, it may already be out of its views (any recompute leaves it out)
+        # even if expire() has not run yet: then recompute, as for a revival.
+        if self._alive.get(workload_id) and current.alive(now):
             return beaten, []
         self._alive[workload_id] = True
         return beaten, self._recompute(self._touched_by(beaten), now)

@@ -1,0 +1,299 @@
+"""Registrations against a real endpoints-vm, and how soon a watcher hears of each.
+
+The requirement: register 10,000 workloads across 1,000 services, report registrations per
+second and the time from a registration to the watch event (median, p99). So this runs the
+whole path, as an operator's agents would drive it: a real ``redis-server`` (AOF, fsync on
+every write, like a Redis with persistence), ``endpoints-vm`` as its own process, and from
+this process a gRPC ``Watch`` stream and ``POST /v1/workloads`` calls over keep-alive
+connections, :data:`CONCURRENCY` in flight. Workload ``i`` is ``bench/w-{i}`` at a unique
+``10.x.y.z`` in service ``svc-{i % services}``, port ``http=8080``.
+
+For each registration the POST's send time is kept; the watch consumer notes when an event
+for the service first lists the workload's address. Both clocks are this process's
+``perf_counter``, so the latency is POST sent → event received and parsed, and includes
+this event loop's own delays (the watcher shares it with the HTTP clients).
+
+Two floors, measured with the same number of operations and the same concurrency, in
+:data:`ROUNDS` interleaved rounds (registrations, then each floor, per round):
+
+* ``hset_publish``: HSET of a workload record plus PUBLISH of an event, from this process
+  with ``redis.asyncio`` to the same Redis: the floor of "durably store and announce";
+* ``bare_http``: a bare FastAPI POST route parsing the same body, in its own process
+  (:mod:`bench.http_floor`): the floor of HTTP and JSON.
+
+The scale is fixed work, not fixed time: the full run (``--seconds 2``, the default) is
+10,000 workloads over 1,000 services, and shorter ``--seconds`` scale both down in
+proportion (``--seconds 0.5``: 2,500 over 250). ``TRELLIS_BENCH_WORKLOADS``,
+``TRELLIS_BENCH_SERVICES`` and ``TRELLIS_BENCH_CONCURRENCY`` override them. ``--warmup``
+seconds of registrations (in another namespace, deregistered afterwards) and of each floor
+run first. At the end one ``GET /v1/services`` and one gRPC ``ListServices`` of the full
+registry are timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+
+from bench import http_floor, load, report
+from trellis_api import endpoints_pb2 as pb
+from trellis_api import endpoints_pb2_grpc as pb_grpc
+from trellis_common import redisconn, statefile, tokens
+from trellis_common.testing.redis_server import RedisServer
+from trellis_common.testing.services import ServiceProcess
+
+WORKLOADS = 10_000
+SERVICES = 1_000
+CONCURRENCY = 8
+FULL_SCALE_SECONDS = 2.0  # --seconds at which the full WORKLOADS/SERVICES run
+MIN_WORKLOADS = 50
+ROUNDS = report.ROUNDS
+NAMESPACE = "bench"
+EVENT_TIMEOUT = 60.0  # seconds to wait for the last watch events of a round
+FLOOR_KEY = "bench:floor:workloads"
+FLOOR_CHANNEL = "bench:floor:events"
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    workloads: int
+    services: int
+    concurrency: int
+
+    @classmethod
+    def from_env(cls, seconds: float, env: Mapping[str, str] = os.environ) -> Scale:
+        factor = min(1.0, seconds / FULL_SCALE_SECONDS)
+        workloads = _env_int(env, "TRELLIS_BENCH_WORKLOADS") or max(
+            MIN_WORKLOADS, round(WORKLOADS * factor)
+        )
+        services = _env_int(env, "TRELLIS_BENCH_SERVICES") or max(
+            1, round(workloads * SERVICES / WORKLOADS)
+        )
+        concurrency = _env_int(env, "TRELLIS_BENCH_CONCURRENCY") or CONCURRENCY
+        return cls(workloads, min(services, workloads), concurrency)
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
+    scale = Scale.from_env(seconds)
+    load.fail_fast_sniffio_import()
+    started = time.perf_counter()
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-bench-")))
+        redis_server = stack.enter_context(RedisServer(dir=tmp / "redis"))
+        service = stack.enter_context(
+            ServiceProcess("endpoints-vm", "trellis_endpoints_vm.main", tmp, redis_server.url)
+        )
+        endpoint = service.start()
+        floor = stack.enter_context(http_floor.HttpFloor())
+        token = tokens.token_path(tmp).read_text().strip()
+        measured = asyncio.run(
+            _measure(scale, endpoint, token, redis_server.url, floor.url, warmup)
+        )
+    figures, ratios = _report(scale, measured)
+    print(f"  (the whole run took {time.perf_counter() - started:.1f} s, start-up included)")
+    return report.results(figures, ratios)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    rates: dict[str, float]
+    watch_latencies: list[float]
+    round_trips: list[float]
+    service_cpu: float | None  # seconds of CPU the service spent on the registrations
+    list_rest: float
+    list_rest_bytes: int
+    list_grpc: float
+
+
+async def _measure(
+    scale: Scale,
+    endpoint: statefile.ServiceEndpoint,
+    token: str,
+    redis_url: str,
+    floor_url: str,
+    warmup: float,
+) -> Measured:
+    limits = httpx.Limits(
+        max_connections=scale.concurrency, max_keepalive_connections=scale.concurrency
+    )
+    async with AsyncExitStack() as stack:
+        channel = await stack.enter_async_context(
+            grpc.aio.insecure_channel(endpoint.grpc_address, options=GRPC_OPTIONS)
+        )
+        stub = pb_grpc.EndpointsProviderStub(channel)
+        watcher = await load.Watcher.start(stub, NAMESPACE)
+        stack.push_async_callback(watcher.close)
+        service = await stack.enter_async_context(
+            httpx.AsyncClient(
+                base_url=endpoint.admin_url,
+                headers={"Authorization": f"Bearer {token}"},
+                limits=limits,
+                timeout=60,
+            )
+        )
+        bare = await stack.enter_async_context(
+            httpx.AsyncClient(base_url=floor_url, limits=limits, timeout=60)
+        )
+        redis = redisconn.connect(redis_url)
+        stack.push_async_callback(redis.aclose)
+
+        sent: dict[str, float] = {}
+        round_trips: list[float] = []
+
+        async def register(i: int) -> None:
+            body = load.registration(NAMESPACE, i, scale.services)
+            start = time.perf_counter()
+            response = await service.post("/v1/workloads", json=body)
+            round_trips.append(time.perf_counter() - start)
+            load.expect_status(response, 201)
+            sent[body["address"]] = start
+
+        async def hset_publish(i: int) -> None:
+            body = load.registration(NAMESPACE, i, scale.services)
+            record = json.dumps({**body, "registered_at": time.time()}, separators=(",", ":"))
+            await redis.hset(FLOOR_KEY, f"{NAMESPACE}/{body['name']}", record)
+            event = {"topic": "endpoints", "kind": "changed", "key": body["services"][0]}
+            await redis.publish(FLOOR_CHANNEL, json.dumps(event, separators=(",", ":")))
+
+        async def bare_http(i: int) -> None:
+            response = await bare.post(
+                "/v1/workloads", json=load.registration(NAMESPACE, i, scale.services)
+            )
+            load.expect_status(response, 201)
+
+        await load.warm_up(service, scale.concurrency, warmup)
+        await load.for_seconds(hset_publish, scale.concurrency, warmup)
+        await load.for_seconds(bare_http, scale.concurrency, warmup)
+
+        pid = endpoint.pid
+        elapsed = dict.fromkeys(("registrations", "hset_publish", "bare_http"), 0.0)
+        cpu: float | None = 0.0
+        for r in range(ROUNDS):
+            chunk = range(scale.workloads * r // ROUNDS, scale.workloads * (r + 1) // ROUNDS)
+            watcher.expect(load.address(i) for i in chunk)
+            cpu_before = load.cpu_seconds(pid)
+            elapsed["registrations"] += await load.in_flight(register, chunk, scale.concurrency)
+            await watcher.wait(EVENT_TIMEOUT)
+            cpu_after = load.cpu_seconds(pid)
+            if cpu is not None and cpu_before is not None and cpu_after is not None:
+                cpu += cpu_after - cpu_before
+            else:
+                cpu = None
+            elapsed["hset_publish"] += await load.in_flight(hset_publish, chunk, scale.concurrency)
+            elapsed["bare_http"] += await load.in_flight(bare_http, chunk, scale.concurrency)
+        latencies = [watcher.first_seen[address] - at for address, at in sent.items()]
+
+        start = time.perf_counter()
+        response = await service.get("/v1/services")
+        list_rest = time.perf_counter() - start
+        load.expect_status(response, 200)
+        load.check_listing(response.json()["services"], scale.workloads, scale.services)
+        start = time.perf_counter()
+        listing = await stub.ListServices(pb.ListServicesRequest(), timeout=120)
+        list_grpc = time.perf_counter() - start
+        load.check_listing(
+            [{"endpoints": s.endpoints} for s in listing.services], scale.workloads, scale.services
+        )
+        return Measured(
+            rates={name: scale.workloads / seconds for name, seconds in elapsed.items()},
+            watch_latencies=latencies,
+            round_trips=round_trips,
+            service_cpu=cpu,
+            list_rest=list_rest,
+            list_rest_bytes=len(response.content),
+            list_grpc=list_grpc,
+        )
+
+
+def _report(scale: Scale, m: Measured) -> tuple[list[report.Figure], dict[str, float]]:
+    ms = 1000.0
+    registrations = report.Figure(
+        "registrations",
+        m.rates["registrations"],
+        "registrations/s",
+        f"POST /v1/workloads to endpoints-vm, {scale.concurrency} in flight",
+    )
+    hset_publish = report.Figure(
+        "hset_publish",
+        m.rates["hset_publish"],
+        "ops/s",
+        f"floor: HSET + PUBLISH to the same Redis, {scale.concurrency} in flight",
+    )
+    bare_http = report.Figure(
+        "bare_http",
+        m.rates["bare_http"],
+        "requests/s",
+        f"floor: bare FastAPI POST of the same body, own process, {scale.concurrency} in flight",
+    )
+    figures = [
+        registrations,
+        report.Figure(
+            "watch_p50",
+            load.percentile(m.watch_latencies, 0.50) * ms,
+            "ms",
+            "POST sent -> first Watch event listing the address, median",
+        ),
+        report.Figure(
+            "watch_p99", load.percentile(m.watch_latencies, 0.99) * ms, "ms", "the same, p99"
+        ),
+        report.Figure(
+            "rest_p50", load.percentile(m.round_trips, 0.50) * ms, "ms", "POST round trip, median"
+        ),
+        report.Figure(
+            "rest_p99", load.percentile(m.round_trips, 0.99) * ms, "ms", "POST round trip, p99"
+        ),
+    ]
+    if m.service_cpu is not None:
+        figures.append(
+            report.Figure(
+                "service_cpu",
+                m.service_cpu / scale.workloads * 1e6,
+                "us/registration",
+                "CPU time of the endpoints-vm process (user + system)",
+            )
+        )
+    figures += [
+        hset_publish,
+        bare_http,
+        report.Figure(
+            "list_services_rest",
+            m.list_rest * ms,
+            "ms",
+            f"one GET /v1/services: {scale.services:,} services, {scale.workloads:,} "
+            f"endpoints, {m.list_rest_bytes / 1e6:.1f} MB of JSON",
+        ),
+        report.Figure(
+            "list_services_grpc", m.list_grpc * ms, "ms", "one ListServices over gRPC, the same"
+        ),
+    ]
+    report.print_table(
+        f"endpoints: {scale.workloads:,} workloads over {scale.services:,} services, "
+        f"endpoints-vm and redis-server (AOF, fsync always) as real processes, "
+        f"{ROUNDS} interleaved rounds",
+        figures,
+    )
+    ratios = {
+        "registrations/hset_publish": report.ratio_line(registrations, hset_publish),
+        "registrations/bare_http": report.ratio_line(registrations, bare_http),
+    }
+    return figures, ratios

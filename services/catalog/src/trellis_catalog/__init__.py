@@ -1,0 +1,1 @@
+"""trellis_catalog: the mesh specification and the mesh catalog."""

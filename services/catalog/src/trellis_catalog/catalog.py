@@ -1,0 +1,397 @@
+"""The mesh catalog: inputs in, per-identity views out, incrementally and debounced.
+
+Inputs: the specification (documents), what each endpoints provider reports, the proxies
+expected (a proxy certificate was issued) and connected, and the service certificates.
+Every input marks what it touches as dirty and wakes one recompute loop, which waits for a
+quiet period (with a hard maximum) and then:
+
+1. rebuilds the service index and the clusters whose endpoints changed (a changed cluster
+   gets a new version; its content is shared by every view that references it);
+2. recomputes policies only when the specification, a service's ports or accounts, or the
+   proxies changed, and keeps the old policy object when the new one is equal;
+3. gives a new version to each identity whose policy, referenced clusters or certificate
+   changed, and announces them in one batch (bus revision + watchers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from trellis_catalog.domain import services as svc
+from trellis_catalog.domain import spec as meshspec
+from trellis_catalog.domain.policy import PolicyBuilder
+from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
+from trellis_common.documents.base import Document, DocumentError
+from trellis_common.fanout import Broadcaster, Subscription
+from trellis_common.ids import InvalidIdentifier, ProxyCommonName
+from trellis_common.model import MeshService
+
+log = logging.getLogger(__name__)
+
+Announce = Callable[[str, str], Awaitable[int]]
+TOPIC = "views"
+
+
+@dataclass(frozen=True, slots=True)
+class CertificateRef:
+    common_name: str
+    serial: str
+    trust_bundle_fingerprint: str = ""
+
+
+@dataclass
+class ProxyRecord:
+    common_name: str
+    identity: Identity
+    service_account: str
+    expected: bool = False
+    connected: bool = False
+    proxy_cp: str = ""
+    address: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ViewBatch:
+    revision: int
+    identities: tuple[tuple[str, str], ...]  # (identity, version); version "" = removed
+
+
+@dataclass
+class _Dirty:
+    spec: bool = False
+    services: bool = False
+    policies: bool = False
+    identities: set[Identity] = field(default_factory=set)
+
+    def any(self) -> bool:
+        return self.spec or self.services or self.policies or bool(self.identities)
+
+
+class UnknownProxy(ValueError):
+    pass
+
+
+class Catalog:
+    def __init__(
+        self,
+        announce: Announce,
+        trust_domain: str = "cluster.local",
+        cluster_domain: str = "cluster.local",
+        quiet: float = 0.02,
+        max_delay: float = 0.2,
+    ) -> None:
+        self._announce = announce
+        self._trust_domain = trust_domain
+        self._cluster_domain = cluster_domain
+        self._quiet = quiet
+        self._max_delay = max_delay
+        self._documents: list[Document] = []
+        self._errors: list[DocumentError] = []
+        self.spec = meshspec.build([])
+        self._provided: dict[tuple[str, str, str], svc.ProvidedService] = {}
+        self.services: dict[MeshService, svc.KnownService] = {}
+        self.clusters: dict[str, ClusterState] = {}
+        self.policies: dict[Identity, IdentityPolicy] = {}
+        self.versions: dict[Identity, str] = {}
+        self._view_key: dict[Identity, tuple[object, ...]] = {}
+        self._referenced_by: dict[str, set[Identity]] = {}
+        self.proxies: dict[str, ProxyRecord] = {}
+        self.certificates: dict[Identity, CertificateRef] = {}
+        self.revision = 0
+        # Versions are "<epoch>-<revision>": a restarted catalog never reuses a version.
+        self._epoch = format(int(time.time() * 1000), "x")
+        self._dirty = _Dirty(spec=True)
+        self._wake = asyncio.Event()
+        self._watchers: Broadcaster[ViewBatch] = Broadcaster()
+        self.ready = asyncio.Event()
+        self.last_flush_seconds = 0.0
+        self.certs_wanted = asyncio.Event()
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def set_documents(self, documents: Iterable[Document], errors: Iterable[DocumentError]) -> None:
+        self._documents = list(documents)
+        self._errors = list(errors)
+        self._mark(spec=True)
+
+    def set_provider_services(self, provider: str, reports: Iterable[svc.ProvidedService]) -> None:
+        """Replace everything ``provider`` reported (a full list, after (re)connecting)."""
+        for key in [k for k in self._provided if k[0] == provider]:
+            del self._provided[key]
+        for report in reports:
+            self._provided[(provider, report.namespace, report.name)] = report
+        self._mark(services=True)
+
+    def update_provider_service(
+        self, provider: str, namespace: str, name: str, report: svc.ProvidedService | None
+    ) -> None:
+        key = (provider, namespace, name)
+        if report is None:
+            self._provided.pop(key, None)
+        else:
+            self._provided[key] = report
+        self._mark(services=True)
+
+    def drop_provider(self, provider: str) -> None:
+        self.set_provider_services(provider, [])
+
+    def providers(self) -> set[str]:
+        return {k[0] for k in self._provided}
+
+    def expect_proxy(self, common_name: str, service_account: str = "") -> ProxyRecord:
+        record = self._proxy(common_name, service_account)
+        record.expected = True
+        return record
+
+    def register_proxy(
+        self, common_name: str, proxy_cp: str = "", address: str = ""
+    ) -> ProxyRecord:
+        record = self._proxy(common_name, "")
+        record.connected, record.proxy_cp, record.address = True, proxy_cp, address
+        return record
+
+    def unregister_proxy(self, common_name: str) -> ProxyRecord:
+        record = self.proxies.get(common_name)
+        if record is None:
+            raise UnknownProxy(f"no proxy {common_name!r} is known")
+        record.connected = False
+        return record
+
+    def _proxy(self, common_name: str, service_account: str) -> ProxyRecord:
+        try:
+            cn = ProxyCommonName.parse(common_name)
+        except InvalidIdentifier as exc:
+            raise UnknownProxy(str(exc)) from exc
+        identity = Identity(cn.namespace, cn.service)
+        record = self.proxies.get(common_name)
+        if record is None:
+            record = self.proxies[common_name] = ProxyRecord(
+                common_name, identity, service_account or cn.service
+            )
+            self._mark(policies=True)
+            self.certs_wanted.set()
+        elif service_account and service_account != record.service_account:
+            record.service_account = service_account
+            self._mark(policies=True)
+        return record
+
+    def set_certificate(self, identity: Identity, ref: CertificateRef) -> None:
+        if self.certificates.get(identity) != ref:
+            self.certificates[identity] = ref
+            self._dirty.identities.add(identity)
+            self._wake.set()
+
+    def identities_with_proxies(self) -> dict[Identity, str]:
+        return {r.identity: r.service_account for r in self.proxies.values()}
+
+    def _mark(self, *, spec: bool = False, services: bool = False, policies: bool = False) -> None:
+        self._dirty.spec |= spec
+        self._dirty.services |= services
+        self._dirty.policies |= policies
+        self._wake.set()
+
+    # -- identities and accounts -------------------------------------------------------
+
+    def account_of(self, service: MeshService) -> str:
+        identity = Identity(service.namespace, service.name)
+        for record in self.proxies.values():
+            if record.identity == identity and record.service_account:
+                return record.service_account
+        known = self.services.get(service)
+        if known is not None:
+            accounts = Counter(e.service_account for e in known.endpoints if e.service_account)
+            if accounts:
+                return accounts.most_common(1)[0][0]
+        return service.name
+
+    def identities(self) -> list[Identity]:
+        found = {Identity(s.namespace, s.name) for s, k in self.services.items() if not k.external}
+        found |= {r.identity for r in self.proxies.values()}
+        return sorted(found)
+
+    def policy_for(self, identity: Identity, service_account: str = "") -> IdentityPolicy:
+        """The policy of ``identity``, computed on demand if it is not known yet."""
+        policy = self.policies.get(identity)
+        if policy is None or (service_account and service_account != policy.service_account):
+            builder = self._builder()
+            account = service_account or self.account_of(MeshService(*identity))
+            policy = builder.build(identity, account)
+        return policy
+
+    def version_of(self, identity: Identity) -> str:
+        return self.versions.get(identity, "0")
+
+    # -- recompute ---------------------------------------------------------------------
+
+    def participant(self, record: ProxyRecord) -> bool:
+        """Expected, connected, and its service has a discovered endpoint (at its address,
+        when the proxy's address is known): the design's definition of a mesh participant."""
+        if not (record.expected and record.connected):
+            return False
+        known = self.services.get(MeshService(*record.identity))
+        if known is None or not known.endpoints:
+            return False
+        return not record.address or any(e.address == record.address for e in known.endpoints)
+
+    def builder(self) -> PolicyBuilder:
+        return self._builder()
+
+    def _builder(self) -> PolicyBuilder:
+        return PolicyBuilder(
+            self.spec, self.services, self.account_of, self._trust_domain, self._cluster_domain
+        )
+
+    def flush(self) -> ViewBatch | None:
+        """Apply every pending input now; returns the batch of changed identities."""
+        started = time.perf_counter()
+        dirty, self._dirty = self._dirty, _Dirty()
+        self._wake.clear()
+        recompute_policies = dirty.spec or dirty.policies
+        if dirty.spec:
+            self.spec = meshspec.build(self._documents, self._errors)
+        changed_clusters: set[str] = set()
+        if dirty.spec or dirty.services:
+            old_shape = {
+                k: (v.ports, v.location, v.export_to, v.hosts) for k, v in self.services.items()
+            }
+            old_accounts = {s: self.account_of(s) for s in self.services}
+            self.services = svc.index(self.spec.services, self._provided.values())
+            new_shape = {
+                k: (v.ports, v.location, v.export_to, v.hosts) for k, v in self.services.items()
+            }
+            if old_shape != new_shape or old_accounts != {
+                s: self.account_of(s) for s in self.services
+            }:
+                recompute_policies = True
+            changed_clusters = self._rebuild_clusters()
+        touched: set[Identity] = set(dirty.identities)
+        if recompute_policies:
+            builder = self._builder()
+            identities = self.identities()
+            for identity in set(self.policies) - set(identities):
+                del self.policies[identity]
+                touched.add(identity)
+            for identity in identities:
+                account = self.account_of(MeshService(*identity))
+                policy = builder.build(identity, account)
+                if policy != self.policies.get(identity):
+                    self.policies[identity] = policy
+                    touched.add(identity)
+            self._index_references()
+        for name in changed_clusters:
+            touched |= self._referenced_by.get(name, set())
+        batch = self._version(touched)
+        self.last_flush_seconds = time.perf_counter() - started
+        self.ready.set()
+        return batch
+
+    def _rebuild_clusters(self) -> set[str]:
+        changed: set[str] = set()
+        wanted: dict[str, ClusterState] = {}
+        trust_domain = self._builder().trust_domain
+        for known in self.services.values():
+            for port in known.ports:
+                state = svc.cluster(known, port, trust_domain)
+                wanted[state.ref.name] = state
+        for name in set(self.clusters) - set(wanted):
+            del self.clusters[name]
+            changed.add(name)
+        for name, state in wanted.items():
+            old = self.clusters.get(name)
+            if old is None or (old.ref, old.endpoints, old.spiffe_ids) != (
+                state.ref,
+                state.endpoints,
+                state.spiffe_ids,
+            ):
+                version = (old.version + 1) if old else 1
+                self.clusters[name] = ClusterState(
+                    state.ref, state.endpoints, state.spiffe_ids, version
+                )
+                changed.add(name)
+        return changed
+
+    def _index_references(self) -> None:
+        referenced: dict[str, set[Identity]] = {}
+        for identity, policy in self.policies.items():
+            for name in policy.cluster_names:
+                referenced.setdefault(name, set()).add(identity)
+        self._referenced_by = referenced
+
+    def _version(self, touched: set[Identity]) -> ViewBatch | None:
+        changed: list[tuple[str, str]] = []
+        for identity in sorted(touched):
+            policy = self.policies.get(identity)
+            if policy is None:
+                if self.versions.pop(identity, None) is not None:
+                    self._view_key.pop(identity, None)
+                    changed.append((str(identity), ""))
+                continue
+            key = (
+                id(policy),
+                tuple(
+                    self.clusters[n].version if n in self.clusters else 0
+                    for n in policy.cluster_names
+                ),
+                self.certificates.get(identity),
+            )
+            if self._view_key.get(identity) != key:
+                self._view_key[identity] = key
+                changed.append((str(identity), ""))
+        if not changed:
+            return None
+        self.revision += 1
+        stamped = []
+        for identity_text, _ in changed:
+            identity = Identity.parse(identity_text)
+            if identity in self.policies:
+                version = f"{self._epoch}-{self.revision}"
+                self.versions[identity] = version
+                stamped.append((identity_text, version))
+            else:
+                stamped.append((identity_text, ""))
+        return ViewBatch(self.revision, tuple(stamped))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The debounce loop: wait for inputs, let them settle, flush, announce."""
+        while not stop.is_set():
+            waiter = asyncio.create_task(self._wake.wait())
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stopper.cancel()
+            if stop.is_set():
+                return
+            deadline = time.monotonic() + self._max_delay
+            while time.monotonic() < deadline:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._quiet)
+                    continue
+                break
+            await self.flush_and_announce()
+
+    async def flush_and_announce(self) -> ViewBatch | None:
+        batch = self.flush()
+        if batch is None:
+            return None
+        try:
+            await self._announce("changed", f"revision {batch.revision}")
+        except Exception as exc:  # noqa: BLE001 (the bus is a bell; watchers still hear)
+            log.warning("catalog.announce_failed error=%r", exc)
+        log.info(
+            "catalog.views_changed revision=%d identities=%d took_ms=%.1f",
+            batch.revision,
+            len(batch.identities),
+            self.last_flush_seconds * 1000,
+        )
+        self._watchers.publish(batch)
+        return batch
+
+    def watch(self) -> Subscription[ViewBatch]:
+        return self._watchers.subscribe()

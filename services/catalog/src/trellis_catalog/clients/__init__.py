@@ -1,0 +1,1 @@
+"""Clients of the other services: endpoints providers and certmanager."""

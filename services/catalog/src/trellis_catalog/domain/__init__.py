@@ -1,0 +1,1 @@
+"""Pure catalog logic: the indexed specification, clusters and per-identity policy."""

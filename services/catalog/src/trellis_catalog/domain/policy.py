@@ -1,0 +1,352 @@
+"""One identity's policy: what it may call, on which routes, and who may call it.
+
+- Deny by default: a destination appears in ``outbound`` only if a TrafficTarget lets the
+  identity's service account call the destination's account, or the mesh is permissive.
+- A TrafficSplit on a root service turns its routes into weighted clusters over the
+  backends the caller may reach (weights of the others are dropped, not re-spread).
+  Its ``matches`` (v1alpha3+) split only matching requests; the rest go to the root.
+- ServiceEntries: MESH_INTERNAL hosts are destinations like any service; MESH_EXTERNAL
+  hosts are external services for the namespaces they are exported to.
+- Inbound: each port of the identity's own service, with the TrafficTargets' sources and
+  routes on it (HTTP matches on HTTP ports; TCPRoute ports on TCP ports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from trellis_catalog.domain.services import KnownService, PortSpec, endpoint_port, spiffe_id
+from trellis_catalog.domain.spec import Grant, MeshSpec
+from trellis_catalog.domain.views import (
+    MATCH_ALL,
+    ClusterRef,
+    ExternalService,
+    HttpMatch,
+    Identity,
+    IdentityPolicy,
+    InboundPort,
+    InboundRule,
+    MeshSettings,
+    OutboundService,
+    Route,
+    WeightedCluster,
+)
+from trellis_common.documents import smi
+from trellis_common.model import MeshService, ServiceAccount
+
+AccountOf = Callable[[MeshService], str]
+
+
+def hostnames(
+    service: MeshService, port: int, cluster_domain: str, hosts: tuple[str, ...]
+) -> tuple[str, ...]:
+    names = list(hosts) or [
+        service.name,
+        f"{service.name}.{service.namespace}",
+        f"{service.name}.{service.namespace}.svc",
+        f"{service.name}.{service.namespace}.svc.{cluster_domain}",
+    ]
+    return tuple(names + [f"{name}:{port}" for name in names])
+
+
+def http_match(match: smi.HTTPMatch) -> HttpMatch:
+    methods = () if "*" in match.methods else tuple(match.methods)
+    return HttpMatch(match.path_regex or ".*", methods, tuple(sorted(match.headers.items())))
+
+
+def _cluster_ref(known: KnownService, port: PortSpec) -> ClusterRef:
+    return ClusterRef(
+        name=known.cluster_name(port.port),
+        namespace=known.service.namespace,
+        service=known.service.name,
+        port=port.port,
+        protocol=port.protocol,
+        discovery=known.discovery,
+        mesh_tls=not known.external,
+        subject_alt_names=known.subject_alt_names,
+    )
+
+
+def _same_port(known: KnownService, port: PortSpec) -> PortSpec | None:
+    """The backend's port that carries the root's ``port``: same number, else its only one."""
+    for candidate in known.ports:
+        if candidate.port == port.port:
+            return candidate
+    return known.ports[0] if len(known.ports) == 1 else None
+
+
+class PolicyBuilder:
+    """Computes policies against one snapshot of the spec and the known services."""
+
+    def __init__(
+        self,
+        spec: MeshSpec,
+        services: Mapping[MeshService, KnownService],
+        account_of: AccountOf,
+        trust_domain: str,
+        cluster_domain: str = "cluster.local",
+    ) -> None:
+        self.spec = spec
+        self.services = services
+        self.account_of = account_of
+        self.trust_domain = (
+            spec.settings.trust_domain
+            if spec.settings and spec.settings.trust_domain
+            else trust_domain
+        )
+        self.cluster_domain = cluster_domain
+        self.mesh = MeshSettings(self.trust_domain, spec.permissive, spec.egress)
+        self._allowed = spec.allowed_accounts()
+
+    def account(self, service: MeshService) -> ServiceAccount:
+        return ServiceAccount(service.namespace, self.account_of(service))
+
+    def may_call(self, source: ServiceAccount, destination: MeshService) -> bool:
+        if self.spec.permissive:
+            return True
+        return self.account(destination) in self._allowed.get(source, ())
+
+    def build(self, identity: Identity, service_account: str) -> IdentityPolicy:
+        me = MeshService(identity.namespace, identity.service)
+        source = ServiceAccount(identity.namespace, service_account)
+        clusters: dict[str, ClusterRef] = {}
+        outbound: list[OutboundService] = []
+        for service, known in self.services.items():
+            if known.external or not known.exported_to(identity.namespace):
+                continue
+            if service in self.spec.splits:
+                continue  # handled with its root below
+            if self.may_call(source, service):
+                outbound += self._direct(known, clusters)
+        for root, split in self.spec.splits.items():
+            outbound += self._split(root, split, source, clusters)
+        external = self._external(identity.namespace, clusters)
+        return IdentityPolicy(
+            identity=identity,
+            service_account=service_account,
+            spiffe_id=spiffe_id(self.trust_domain, identity.namespace, service_account),
+            mesh=self.mesh,
+            outbound=tuple(sorted(outbound, key=lambda o: (o.namespace, o.name, o.port))),
+            external=tuple(external),
+            inbound=self._inbound(me, source),
+            clusters=tuple(clusters[name] for name in sorted(clusters)),
+        )
+
+    # -- outbound ---------------------------------------------------------------------
+
+    def _spiffe(self, services: list[MeshService]) -> tuple[str, ...]:
+        return tuple(
+            sorted(
+                {spiffe_id(self.trust_domain, s.namespace, self.account_of(s)) for s in services}
+            )
+        )
+
+    def _direct(
+        self, known: KnownService, clusters: dict[str, ClusterRef]
+    ) -> list[OutboundService]:
+        found = []
+        for port in known.ports:
+            ref = _cluster_ref(known, port)
+            clusters[ref.name] = ref
+            found.append(
+                OutboundService(
+                    namespace=known.service.namespace,
+                    name=known.service.name,
+                    port=port.port,
+                    protocol=port.protocol,
+                    hostnames=hostnames(known.service, port.port, self.cluster_domain, known.hosts),
+                    routes=(Route("default", MATCH_ALL, (WeightedCluster(ref.name, 100),)),),
+                    spiffe_ids=self._spiffe([known.service]),
+                )
+            )
+        return found
+
+    def _split(
+        self,
+        root: MeshService,
+        split: smi.TrafficSplit,
+        source: ServiceAccount,
+        clusters: dict[str, ClusterRef],
+    ) -> list[OutboundService]:
+        backends = [
+            (b, self.services.get(b.service))
+            for b in split.weighted_services()
+            if b.weight > 0 and self.may_call(source, b.service)
+        ]
+        reachable = [(b, k) for b, k in backends if k is not None]
+        root_known = self.services.get(root)
+        if not reachable and not (root_known and self.may_call(source, root)):
+            return []
+        ports = root_known.ports if root_known and root_known.ports else reachable[0][1].ports
+        found = []
+        for port in ports:
+            weighted = []
+            for backend, known in reachable:
+                backend_port = _same_port(known, port)
+                if backend_port is None:
+                    continue
+                ref = _cluster_ref(known, backend_port)
+                clusters[ref.name] = ref
+                weighted.append(WeightedCluster(ref.name, backend.weight))
+            if not weighted:
+                continue
+            routes = []
+            group_names = [m.name for m in split.spec.matches]
+            for name in group_names:
+                group = self.spec.route_groups.get((root.namespace, name))
+                for match in group.spec.matches if group else ():
+                    routes.append(Route(f"{name}/{match.name}", http_match(match), tuple(weighted)))
+            if routes and root_known is not None and self.may_call(source, root):
+                ref = _cluster_ref(root_known, port)
+                clusters[ref.name] = ref
+                routes.append(Route("default", MATCH_ALL, (WeightedCluster(ref.name, 100),)))
+            elif not routes or port.protocol == "tcp":
+                routes = [Route("split", MATCH_ALL, tuple(weighted))]
+            else:
+                routes.append(Route("split", MATCH_ALL, tuple(weighted)))
+            found.append(
+                OutboundService(
+                    namespace=root.namespace,
+                    name=root.name,
+                    port=port.port,
+                    protocol=port.protocol,
+                    hostnames=hostnames(root, port.port, self.cluster_domain, ()),
+                    routes=tuple(routes),
+                    spiffe_ids=self._spiffe([b.service for b, _ in reachable]),
+                )
+            )
+        return found
+
+    def _external(self, namespace: str, clusters: dict[str, ClusterRef]) -> list[ExternalService]:
+        found = []
+        for known in self.services.values():
+            if not known.external or not known.exported_to(namespace):
+                continue
+            for port in known.ports:
+                ref = _cluster_ref(known, port)
+                clusters[ref.name] = ref
+                for host in known.hosts or (known.service.name,):
+                    found.append(
+                        ExternalService(
+                            host,
+                            port.port,
+                            port.protocol,
+                            ref.name,
+                            known.addresses,
+                            f"{known.service.namespace}/{known.service.name}",
+                        )
+                    )
+        return sorted(found, key=lambda e: (e.host, e.port))
+
+    # -- inbound ----------------------------------------------------------------------
+
+    def _inbound(self, me: MeshService, account: ServiceAccount) -> tuple[InboundPort, ...]:
+        known = self.services.get(me)
+        if known is None:
+            return ()
+        grants = self.spec.grants_to(account)
+        ports = []
+        for port in known.ports:
+            target = self._target_port(known, port)
+            rules = tuple(
+                rule
+                for grant in grants
+                if grant.port is None or grant.port in (port.port, target)
+                for rule in [self._rule(grant, port, target)]
+                if rule is not None
+            )
+            ports.append(
+                InboundPort(
+                    port=port.port,
+                    target_port=target,
+                    protocol=port.protocol,
+                    name=port.name,
+                    rules=rules,
+                    allow_any=self.spec.permissive,
+                )
+            )
+        return tuple(ports)
+
+    def _target_port(self, known: KnownService, port: PortSpec) -> int:
+        single = len(known.ports) == 1
+        for endpoint in known.endpoints:
+            number = endpoint_port(endpoint, port, single)
+            if number is not None:
+                return number
+        return port.target if isinstance(port.target, int) else port.port
+
+    def _rule(self, grant: Grant, port: PortSpec, target: int) -> InboundRule | None:
+        sources = tuple(
+            sorted(spiffe_id(self.trust_domain, s.namespace, s.name) for s in grant.sources)
+        )
+        http: list[HttpMatch] = []
+        tcp: list[int] = []
+        for rule in grant.rules:
+            if rule.http and port.protocol != "tcp":
+                http += [http_match(m) for m in rule.http]
+            elif rule.tcp_all or port.port in rule.tcp_ports or target in rule.tcp_ports:
+                if port.protocol == "tcp":
+                    tcp.append(target)
+                else:
+                    http.append(MATCH_ALL)  # a TCPRoute on an HTTP port allows every request
+        if not http and not tcp:
+            return None
+        return InboundRule(
+            grant.policy, sources, tuple(dict.fromkeys(http)), tuple(sorted(set(tcp)))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    reason: str
+    policies: tuple[str, ...] = ()
+    routes: tuple[HttpMatch, ...] = ()
+    permissive: bool = False
+
+
+def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshService) -> Decision:
+    """Whether ``source`` may call ``destination``, and by which TrafficTargets and routes."""
+    spec = builder.spec
+    known = builder.services.get(destination)
+    if known is None and destination not in spec.splits:
+        return Decision(False, f"service {destination} is not known to the mesh")
+    if spec.permissive:
+        return Decision(True, "permissive traffic policy mode is on (MeshConfig)", permissive=True)
+    if destination in spec.splits:
+        backends = [b.service for b in spec.splits[destination].weighted_services() if b.weight]
+        decisions = [explain(builder, source, backend) for backend in backends]
+        allowed = [d for d in decisions if d.allowed]
+        if not allowed:
+            return Decision(
+                False,
+                f"{destination} is split by TrafficSplit {spec.split_names[destination]} and no "
+                f"TrafficTarget lets {source} call any of its backends",
+            )
+        return Decision(
+            True,
+            f"through TrafficSplit {spec.split_names[destination]}",
+            tuple(dict.fromkeys(p for d in allowed for p in d.policies)),
+            tuple(dict.fromkeys(r for d in allowed for r in d.routes)),
+        )
+    account = builder.account(destination)
+    grants = [g for g in spec.grants_to(account) if source in g.sources]
+    if not grants:
+        return Decision(
+            False,
+            f"no TrafficTarget lets service account {source} call {account} "
+            f"(the account of {destination}); traffic is denied by default",
+        )
+    routes: list[HttpMatch] = []
+    for grant in grants:
+        for rule in grant.rules:
+            routes += [http_match(m) for m in rule.http]
+            if rule.tcp_all or rule.tcp_ports:
+                routes.append(MATCH_ALL)
+    return Decision(
+        True,
+        f"allowed to {account} by TrafficTarget " + ", ".join(g.policy for g in grants),
+        tuple(g.policy for g in grants),
+        tuple(dict.fromkeys(routes)),
+    )

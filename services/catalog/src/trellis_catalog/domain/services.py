@@ -1,0 +1,196 @@
+"""Known services: declared Kubernetes Services merged with what providers report.
+
+A provider knows a service's endpoints (and, for a ServiceEntry, its hosts, ports and
+resolution); a declared ``Service`` knows its ports, target ports and protocols. The index
+merges them per ``namespace/name``; clusters (one per service port) then take each
+endpoint's port by name, as users expect from Kubernetes and as ARCHITECTURE.md states for
+VMs: ``targetPort`` naming a port, else the port's own name, else a bare number serves the
+Service's only port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from trellis_catalog.domain.views import ClusterEndpoint, ClusterRef, ClusterState
+from trellis_common.documents import core
+from trellis_common.model import MeshService
+
+_PROTOCOLS = {"HTTP": "http", "HTTP2": "http2", "GRPC": "grpc"}  # the rest is TCP to a proxy
+_DISCOVERY = {"STATIC": "STATIC", "DNS": "DNS", "DNS_ROUND_ROBIN": "DNS", "NONE": "PASSTHROUGH"}
+
+
+@dataclass(frozen=True, slots=True)
+class ProvidedEndpoint:
+    address: str
+    ports: tuple[tuple[str, int], ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    locality: str = ""
+    weight: int = 1
+    service_account: str = ""
+    workload: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProvidedService:
+    """One provider's report of one service (endpoints-vm, endpoints-k8s, ...)."""
+
+    provider: str
+    namespace: str
+    name: str
+    ports: tuple[tuple[str, int, str, int], ...]  # name, number, protocol, target port
+    endpoints: tuple[ProvidedEndpoint, ...]
+    hosts: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    location: str = "MESH_INTERNAL"
+    resolution: str = "STATIC"
+    export_to: tuple[str, ...] = ()
+    subject_alt_names: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def service(self) -> MeshService:
+        return MeshService(self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class PortSpec:
+    port: int
+    target: int | str
+    name: str
+    protocol: str  # http, http2, grpc, tcp
+
+
+@dataclass(frozen=True, slots=True)
+class KnownService:
+    service: MeshService
+    ports: tuple[PortSpec, ...]
+    location: str
+    discovery: str
+    hosts: tuple[str, ...]
+    addresses: tuple[str, ...]
+    export_to: tuple[str, ...]
+    subject_alt_names: tuple[str, ...]
+    declared: bool
+    providers: tuple[str, ...]
+    endpoints: tuple[ProvidedEndpoint, ...]
+
+    @property
+    def external(self) -> bool:
+        return self.location == "MESH_EXTERNAL"
+
+    def exported_to(self, namespace: str) -> bool:
+        if not self.export_to:
+            return True
+        return any(
+            target in ("*", namespace) or (target == "." and namespace == self.service.namespace)
+            for target in self.export_to
+        )
+
+    def cluster_name(self, port: int) -> str:
+        return f"{self.service.namespace}/{self.service.name}|{port}"
+
+
+def _declared_ports(service: core.Service) -> tuple[PortSpec, ...]:
+    return tuple(
+        PortSpec(p.port, p.target, p.name or "", p.resolved_protocol())
+        for p in service.spec.ports
+        if p.protocol == "TCP"
+    )
+
+
+def _provided_ports(reports: list[ProvidedService]) -> tuple[PortSpec, ...]:
+    found: dict[int, PortSpec] = {}
+    for report in reports:
+        for name, number, protocol, target in report.ports:
+            proto = _PROTOCOLS.get(protocol.upper(), "tcp" if protocol else "http")
+            if not protocol and name:
+                proto = core.ServicePort(name=name, port=number).resolved_protocol()
+            found.setdefault(number, PortSpec(number, target or name or number, name, proto))
+    return tuple(found[n] for n in sorted(found))
+
+
+def index(
+    declared: Mapping[MeshService, core.Service], provided: Iterable[ProvidedService]
+) -> dict[MeshService, KnownService]:
+    reports: dict[MeshService, list[ProvidedService]] = {}
+    for report in provided:
+        reports.setdefault(report.service, []).append(report)
+    known: dict[MeshService, KnownService] = {}
+    for service in sorted(set(declared) | set(reports), key=str):
+        found = sorted(reports.get(service, []), key=lambda r: r.provider)
+        first = found[0] if found else None
+        ports = _declared_ports(declared[service]) if service in declared else ()
+        known[service] = KnownService(
+            service=service,
+            ports=ports or _provided_ports(found),
+            location=first.location if first else "MESH_INTERNAL",
+            discovery=_DISCOVERY.get(first.resolution, "STATIC") if first else "STATIC",
+            hosts=first.hosts if first else (),
+            addresses=first.addresses if first else (),
+            export_to=first.export_to if first else (),
+            subject_alt_names=first.subject_alt_names if first else (),
+            declared=service in declared,
+            providers=tuple(r.provider for r in found),
+            endpoints=tuple(e for r in found for e in r.endpoints),
+        )
+    return known
+
+
+def endpoint_port(endpoint: ProvidedEndpoint, port: PortSpec, single_port: bool) -> int | None:
+    """The port ``endpoint`` serves ``port`` on, or None if it does not serve it."""
+    ports = dict(endpoint.ports)
+    if isinstance(port.target, str):
+        return ports.get(port.target)
+    if port.name and port.name in ports:
+        return ports[port.name]
+    if single_port and len(ports) == 1:
+        return next(iter(ports.values()))
+    if "" in ports:
+        return None  # a bare number serves only the Service's only port
+    return port.target if not ports else None
+
+
+def spiffe_id(trust_domain: str, namespace: str, account: str) -> str:
+    return f"spiffe://{trust_domain}/ns/{namespace}/sa/{account}"
+
+
+def cluster(
+    known: KnownService, port: PortSpec, trust_domain: str, version: int = 0
+) -> ClusterState:
+    single = len(known.ports) == 1
+    endpoints = []
+    accounts = set()
+    for endpoint in known.endpoints:
+        number = endpoint_port(endpoint, port, single)
+        if number is None:
+            continue
+        endpoints.append(
+            ClusterEndpoint(
+                address=endpoint.address,
+                port=number,
+                weight=endpoint.weight or 1,
+                locality=endpoint.locality,
+                service_account=endpoint.service_account,
+                labels=endpoint.labels,
+            )
+        )
+        if endpoint.service_account:
+            accounts.add(endpoint.service_account)
+    ref = ClusterRef(
+        name=known.cluster_name(port.port),
+        namespace=known.service.namespace,
+        service=known.service.name,
+        port=port.port,
+        protocol=port.protocol,
+        discovery=known.discovery,
+        mesh_tls=not known.external,
+        subject_alt_names=known.subject_alt_names,
+    )
+    spiffe = (
+        ()
+        if known.external
+        else tuple(sorted(spiffe_id(trust_domain, known.service.namespace, a) for a in accounts))
+    )
+    return ClusterState(ref, tuple(sorted(set(endpoints))), spiffe, version)

@@ -1,0 +1,246 @@
+"""The mesh specification: validated documents, indexed for the catalog, with statuses.
+
+Documents arrive already parsed (the spec directory or, later, the Kubernetes API). Here
+they are indexed by what the catalog asks (services, splits by root, targets by
+destination account, route groups by name) and checked against each other: a TrafficTarget
+rule naming a missing HTTPRouteGroup or match, a second TrafficSplit for the same root, a
+second MeshConfig. Each document gets a status (``valid``, ``warning`` or ``error`` with a
+reason); an error never breaks the rest, and the broken part is left out: deny by default.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from trellis_common.documents import core, istio, meshconfig, smi
+from trellis_common.documents.base import Document, DocumentError, DocumentKey
+from trellis_common.model import MeshService, ServiceAccount
+
+KINDS = (
+    "Service",
+    "ServiceAccount",
+    "TrafficSplit",
+    "TrafficTarget",
+    "HTTPRouteGroup",
+    "TCPRoute",
+    "ServiceEntry",
+    "MeshConfig",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    key: str
+    kind: str
+    namespace: str
+    name: str
+    state: str  # valid, warning, error
+    reason: str = ""
+    field: str = ""
+    source: str = ""
+    document: int = 0
+    api_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedRule:
+    """A TrafficTarget rule resolved to what it allows (references checked)."""
+
+    http: tuple[smi.HTTPMatch, ...] = ()
+    tcp_ports: tuple[int, ...] = ()
+    tcp_all: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One TrafficTarget, resolved: who may call which account on what."""
+
+    policy: str  # "<namespace>/<name>"
+    destination: ServiceAccount
+    sources: tuple[ServiceAccount, ...]
+    port: int | None
+    rules: tuple[AllowedRule, ...]
+
+
+@dataclass
+class MeshSpec:
+    services: dict[MeshService, core.Service] = field(default_factory=dict)
+    service_accounts: set[ServiceAccount] = field(default_factory=set)
+    splits: dict[MeshService, smi.TrafficSplit] = field(default_factory=dict)
+    split_names: dict[MeshService, str] = field(default_factory=dict)
+    grants: dict[ServiceAccount, list[Grant]] = field(default_factory=lambda: defaultdict(list))
+    route_groups: dict[tuple[str, str], smi.HTTPRouteGroup] = field(default_factory=dict)
+    service_entries: list[tuple[DocumentKey, istio.ServiceEntrySpec]] = field(default_factory=list)
+    settings: meshconfig.MeshConfigSettings | None = None
+    statuses: dict[str, Status] = field(default_factory=dict)
+
+    @property
+    def permissive(self) -> bool:
+        return self.settings.permissive if self.settings else False
+
+    @property
+    def egress(self) -> bool:
+        return self.settings.egress if self.settings else False
+
+    def grants_to(self, account: ServiceAccount) -> list[Grant]:
+        return self.grants.get(account, [])
+
+    def allowed_accounts(self) -> dict[ServiceAccount, set[ServiceAccount]]:
+        """source account -> destination accounts it may call (by any grant)."""
+        allowed: dict[ServiceAccount, set[ServiceAccount]] = defaultdict(set)
+        for grants in self.grants.values():
+            for grant in grants:
+                if grant.rules:
+                    for source in grant.sources:
+                        allowed[source].add(grant.destination)
+        return allowed
+
+
+def _status(document: Document, state: str = "valid", reason: str = "") -> Status:
+    key = document.key
+    return Status(
+        key=str(key),
+        kind=key.kind,
+        namespace=key.namespace,
+        name=key.name,
+        state=state,
+        reason=reason,
+        source=document.origin.source,
+        document=document.origin.index + 1,
+        api_version=document.api_version,
+    )
+
+
+def error_status(error: DocumentError) -> Status:
+    key = error.key
+    return Status(
+        key=str(key) if key else f"{error.origin.source}#{error.origin.index + 1}",
+        kind=key.kind if key else "",
+        namespace=key.namespace if key else "",
+        name=key.name if key else "",
+        state="error",
+        reason=error.reason,
+        field=error.field,
+        source=error.origin.source,
+        document=error.origin.index + 1,
+    )
+
+
+def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -> MeshSpec:
+    spec = MeshSpec()
+    ordered = sorted(documents, key=lambda d: d.key)
+    targets: list[Document] = []
+    tcp_routes: dict[tuple[str, str], smi.TCPRoute] = {}
+    for document in ordered:
+        resource = document.resource
+        key = document.key
+        status = _status(document)
+        if isinstance(resource, core.Service):
+            spec.services[MeshService(key.namespace, key.name)] = resource
+        elif isinstance(resource, core.ServiceAccount):
+            spec.service_accounts.add(ServiceAccount(key.namespace, key.name))
+        elif isinstance(resource, smi.TrafficSplit):
+            root = resource.root_service()
+            if root in spec.splits:
+                status = _status(
+                    document,
+                    "error",
+                    f"conflicts with TrafficSplit {spec.split_names[root]}, which already "
+                    f"splits {root}; this one is ignored",
+                )
+            else:
+                spec.splits[root] = resource
+                spec.split_names[root] = f"{key.namespace}/{key.name}"
+        elif isinstance(resource, smi.TrafficTarget):
+            targets.append(document)
+        elif isinstance(resource, smi.HTTPRouteGroup):
+            spec.route_groups[(key.namespace, key.name)] = resource
+        elif isinstance(resource, smi.TCPRoute):
+            tcp_routes[(key.namespace, key.name)] = resource
+        elif isinstance(resource, istio.ServiceEntry):
+            spec.service_entries.append((key, resource.spec))
+        elif isinstance(resource, meshconfig.MeshConfig | meshconfig.OsmMeshConfig):
+            if spec.settings is not None:
+                status = _status(
+                    document, "error", "a second MeshConfig: only one is read; this one is ignored"
+                )
+            else:
+                spec.settings = resource.settings()
+        spec.statuses[str(key)] = status
+    for document in targets:
+        grant, problems = _grant(document, spec.route_groups, tcp_routes)
+        if grant.rules:
+            spec.grants[grant.destination].append(grant)
+        if problems:
+            state = "warning" if grant.rules else "error"
+            spec.statuses[str(document.key)] = _status(document, state, "; ".join(problems))
+    for root, split in spec.splits.items():
+        missing = [
+            b.service
+            for b in split.spec.backends
+            if MeshService(root.namespace, b.service) not in spec.services
+        ]
+        if missing:
+            status_key = f"TrafficSplit {spec.split_names[root]}"
+            spec.statuses[status_key] = replace(
+                spec.statuses[status_key],
+                state="warning",
+                reason="backend services not declared (yet): "
+                + ", ".join(missing)
+                + "; they get traffic once a provider reports endpoints",
+            )
+    for error in errors:
+        status = error_status(error)
+        spec.statuses.setdefault(status.key, status)
+    return spec
+
+
+def _grant(
+    document: Document,
+    route_groups: dict[tuple[str, str], smi.HTTPRouteGroup],
+    tcp_routes: dict[tuple[str, str], smi.TCPRoute],
+) -> tuple[Grant, list[str]]:
+    target: smi.TrafficTarget = document.resource
+    namespace = document.key.namespace
+    rules: list[AllowedRule] = []
+    problems: list[str] = []
+    for index, rule in enumerate(target.spec.rules):
+        where = f"spec.rules[{index}]"
+        if rule.kind == "HTTPRouteGroup":
+            group = route_groups.get((namespace, rule.name))
+            if group is None:
+                problems.append(f"{where}: HTTPRouteGroup {namespace}/{rule.name} not found")
+                continue
+            if rule.matches:
+                found = [group.match_by_name(name) for name in rule.matches]
+                unknown = [n for n, m in zip(rule.matches, found, strict=True) if m is None]
+                if unknown:
+                    problems.append(
+                        f"{where}: HTTPRouteGroup {namespace}/{rule.name} has no match named "
+                        + ", ".join(repr(u) for u in unknown)
+                    )
+                matches = tuple(m for m in found if m is not None)
+                if not matches:
+                    continue
+            else:
+                matches = group.spec.matches
+            rules.append(AllowedRule(http=matches))
+        else:
+            route = tcp_routes.get((namespace, rule.name))
+            if route is None:
+                problems.append(f"{where}: TCPRoute {namespace}/{rule.name} not found")
+                continue
+            ports = route.spec.matches.ports
+            rules.append(AllowedRule(tcp_ports=tuple(ports), tcp_all=not ports))
+    grant = Grant(
+        policy=f"{namespace}/{document.key.name}",
+        destination=target.destination_account(),
+        sources=target.source_accounts(),
+        port=target.spec.destination.port,
+        rules=tuple(rules),
+    )
+    if not rules:
+        problems.append("no rule can be applied: this TrafficTarget allows nothing")
+    return grant, problems

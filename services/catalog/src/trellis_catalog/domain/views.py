@@ -1,0 +1,150 @@
+"""The catalog's answer for one service identity, as frozen values.
+
+A view has two halves, like Envoy's CDS and EDS. :class:`IdentityPolicy` is what the
+identity may reach and who may reach it, recomputed when the specification changes.
+:class:`ClusterState` is one service port's endpoints, shared by every view that references
+it and rebuilt when a provider reports a change. A view's version changes when either half
+does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+Headers = tuple[tuple[str, str], ...]
+
+
+class Identity(NamedTuple):
+    """A service identity: the proxies of one service (``<namespace>/<service>``)."""
+
+    namespace: str
+    service: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.service}"
+
+    @classmethod
+    def parse(cls, text: str) -> Identity:
+        namespace, sep, service = text.partition("/")
+        if not sep or not namespace or not service or "/" in service:
+            raise ValueError(f"identity {text!r} must be '<namespace>/<service>'")
+        return cls(namespace, service)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpMatch:
+    path_regex: str = ".*"
+    methods: tuple[str, ...] = ()
+    headers: Headers = ()
+
+
+MATCH_ALL = HttpMatch()
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedCluster:
+    cluster: str
+    weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str
+    match: HttpMatch
+    clusters: tuple[WeightedCluster, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundService:
+    namespace: str
+    name: str
+    port: int
+    protocol: str
+    hostnames: tuple[str, ...]
+    routes: tuple[Route, ...]
+    spiffe_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalService:
+    host: str
+    port: int
+    protocol: str
+    cluster: str
+    addresses: tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class InboundRule:
+    policy: str
+    source_spiffe_ids: tuple[str, ...]
+    http: tuple[HttpMatch, ...] = ()
+    tcp_ports: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPort:
+    port: int
+    target_port: int
+    protocol: str
+    name: str
+    rules: tuple[InboundRule, ...]
+    allow_any: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRef:
+    """What a policy needs to know of a cluster before its endpoints are known."""
+
+    name: str
+    namespace: str
+    service: str
+    port: int
+    protocol: str
+    discovery: str  # STATIC, DNS, PASSTHROUGH
+    mesh_tls: bool
+    subject_alt_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ClusterEndpoint:
+    address: str
+    port: int
+    weight: int = 1
+    locality: str = ""
+    service_account: str = ""
+    provider: str = ""
+    labels: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    ref: ClusterRef
+    endpoints: tuple[ClusterEndpoint, ...]
+    spiffe_ids: tuple[str, ...]
+    version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MeshSettings:
+    trust_domain: str = "cluster.local"
+    permissive: bool = False
+    egress: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityPolicy:
+    identity: Identity
+    service_account: str
+    spiffe_id: str
+    mesh: MeshSettings
+    outbound: tuple[OutboundService, ...]
+    external: tuple[ExternalService, ...]
+    inbound: tuple[InboundPort, ...]
+    clusters: tuple[ClusterRef, ...] = field(default=())
+
+    @property
+    def cluster_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.clusters)

@@ -1,0 +1,121 @@
+"""catalog's process: wiring and lifecycle only."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from trellis_api import catalog_pb2_grpc
+from trellis_catalog.catalog import TOPIC, Catalog
+from trellis_catalog.clients.certs import CertificateFollower
+from trellis_catalog.clients.providers import ProviderSet
+from trellis_catalog.settings import CatalogSettings
+from trellis_catalog.sources import DirectorySource, NoSource, SpecSource
+from trellis_catalog.transport import grpc_api, rest
+from trellis_common import lifecycle, logs
+from trellis_common.registry import discover
+from trellis_common.runtime import ServiceRuntime
+
+log = logging.getLogger(__name__)
+
+
+async def follow_certmanager(
+    runtime: ServiceRuntime, catalog: Catalog, settings: CatalogSettings, stop: asyncio.Event
+) -> None:
+    """Follow certmanager at its configured address, or wherever the registry says it is."""
+    while not stop.is_set():
+        address = settings.certmanager_address
+        if not address:
+            with contextlib.suppress(Exception):
+                found = await discover(runtime.redis, "certmanager")
+                address = found[0].grpc_address if found else ""
+        if address:
+            halt = asyncio.Event()
+            follower = CertificateFollower(catalog, address)
+            task = asyncio.create_task(follower.run(halt))
+            stopper = asyncio.create_task(stop.wait())
+            # re-resolve every so often: certmanager may move
+            await asyncio.wait({task, stopper}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+            if settings.certmanager_address and not stop.is_set():
+                await stopper
+            halt.set()
+            stopper.cancel()
+            await task
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+
+async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
+    runtime = await ServiceRuntime.connect(settings, "catalog", stop)
+    if runtime is None:
+        return
+    publisher = runtime.publisher
+
+    async def announce(kind: str, key: str) -> int:
+        return (await publisher.publish(TOPIC, kind, key)).revision
+
+    catalog = Catalog(
+        announce,
+        trust_domain=settings.trust_domain,
+        cluster_domain=settings.cluster_domain,
+        quiet=settings.debounce_quiet,
+        max_delay=settings.debounce_max,
+    )
+    source: SpecSource = (
+        DirectorySource(catalog, settings.spec_dir, settings.spec_poll_interval)
+        if settings.spec_dir
+        else NoSource()
+    )
+    await source.load()
+    await catalog.flush_and_announce()
+    providers = ProviderSet(catalog, runtime.redis, settings.discovery_interval)
+
+    servicer = grpc_api.CatalogServicer(catalog)
+    grpc_server = runtime.grpc_server(
+        [lambda s: catalog_pb2_grpc.add_CatalogServicer_to_server(servicer, s)],
+        [grpc_api.SERVICE_NAME],
+    )
+    app = runtime.admin_app({"catalog": catalog.ready.is_set})
+    rest.add_routes(app, catalog, source.describe)
+    await runtime.serve(
+        stop,
+        grpc_server,
+        app,
+        [
+            catalog.run,
+            source.run,
+            providers.run,
+            lambda s: follow_certmanager(runtime, catalog, settings, s),
+        ],
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        prog="trellis-catalog",
+        description="Trellis catalog: the mesh specification and per-identity views. Settings "
+        "also come from TRELLIS_CATALOG_* and TRELLIS_* environment variables.",
+    )
+    parser.add_argument("--grpc-port", type=int)
+    parser.add_argument("--admin-port", type=int)
+    parser.add_argument("--bind-host")
+    parser.add_argument("--state-dir")
+    parser.add_argument("--redis-url")
+    parser.add_argument("--spec-dir", help="directory of mesh documents (YAML), watched")
+    parser.add_argument("--certmanager-address", help="host:port; default: from the registry")
+    args = parser.parse_args(argv)
+    return {k: v for k, v in vars(args).items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = CatalogSettings(**parse_args(argv))
+    logs.configure(settings.log_format, settings.log_level, "catalog")
+    return lifecycle.main(lambda stop: serve(settings, stop))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

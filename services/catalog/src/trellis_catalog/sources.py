@@ -1,0 +1,70 @@
+"""Where the mesh specification comes from: a directory of documents, or (later) the API.
+
+A :class:`SpecSource` runs as ``async def run(stop)`` and hands the catalog every valid
+document plus the errors, each time something changes. The directory source is the
+default for a local run; a Kubernetes source (CRDs and Services through the API server)
+plugs into the same protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Protocol
+
+from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain.spec import KINDS
+from trellis_common.documents import core, istio, meshconfig, smi
+from trellis_common.documents.base import KindRegistry
+from trellis_common.specdir import SpecChange, SpecDirectory
+
+
+def kinds() -> KindRegistry:
+    registry = KindRegistry()
+    for module in (core, smi, istio, meshconfig):
+        module.register(registry)
+    return registry
+
+
+class SpecSource(Protocol):
+    async def load(self) -> None: ...
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class DirectorySource:
+    def __init__(self, catalog: Catalog, path: Path, interval: float = 0.5) -> None:
+        self.catalog = catalog
+        self.directory = SpecDirectory(path, kinds(), KINDS)
+        self.interval = interval
+
+    async def load(self) -> None:
+        await asyncio.to_thread(self.directory.scan)
+        self._apply()
+
+    def _apply(self) -> None:
+        self.catalog.set_documents(self.directory.current().values(), self.directory.errors())
+
+    async def _on_change(self, change: SpecChange) -> None:
+        self._apply()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.directory.watch(stop, self._on_change, interval=self.interval)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "directory", "path": str(self.directory.path)}
+
+
+class NoSource:
+    """No specification configured: the catalog serves providers' services only."""
+
+    async def load(self) -> None:
+        return None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "none"}

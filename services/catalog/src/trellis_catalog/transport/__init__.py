@@ -1,0 +1,1 @@
+"""catalog transports: the Catalog gRPC API and the admin REST routes."""

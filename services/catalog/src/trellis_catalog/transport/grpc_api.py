@@ -1,0 +1,275 @@
+"""The ``trellis.catalog.v1.Catalog`` servicer: views, their watch stream, policy, proxies."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from trellis_api import catalog_pb2 as pb
+from trellis_api import catalog_pb2_grpc as pb_grpc
+from trellis_catalog.catalog import Catalog, UnknownProxy
+from trellis_catalog.domain.policy import explain
+from trellis_catalog.domain.views import (
+    ClusterState,
+    HttpMatch,
+    Identity,
+    IdentityPolicy,
+    Route,
+)
+from trellis_common.fanout import WatchOverflow
+from trellis_common.model import MeshService, ServiceAccount
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Catalog"].full_name
+
+
+def _match(match: HttpMatch) -> pb.HttpMatch:
+    return pb.HttpMatch(
+        path_regex=match.path_regex, methods=match.methods, headers=dict(match.headers)
+    )
+
+
+def _route(route: Route) -> pb.Route:
+    return pb.Route(
+        name=route.name,
+        match=_match(route.match),
+        clusters=[pb.WeightedCluster(cluster=c.cluster, weight=c.weight) for c in route.clusters],
+    )
+
+
+def _cluster(state: ClusterState) -> pb.Cluster:
+    ref = state.ref
+    return pb.Cluster(
+        name=ref.name,
+        namespace=ref.namespace,
+        service=ref.service,
+        port=ref.port,
+        protocol=ref.protocol,
+        discovery=ref.discovery,
+        endpoints=[
+            pb.ClusterEndpoint(
+                address=e.address,
+                port=e.port,
+                weight=e.weight,
+                locality=e.locality,
+                service_account=e.service_account,
+                provider=e.provider,
+                labels=dict(e.labels),
+            )
+            for e in state.endpoints
+        ],
+        spiffe_ids=state.spiffe_ids,
+        mesh_tls=ref.mesh_tls,
+        version=str(state.version),
+        subject_alt_names=ref.subject_alt_names,
+    )
+
+
+def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
+    identity = policy.identity
+    certificate = catalog.certificates.get(identity)
+    clusters = [
+        catalog.clusters.get(ref.name, ClusterState(ref, (), (), 0)) for ref in policy.clusters
+    ]
+    return pb.View(
+        identity=str(identity),
+        namespace=identity.namespace,
+        service=identity.service,
+        service_account=policy.service_account,
+        spiffe_id=policy.spiffe_id,
+        version=catalog.version_of(identity),
+        revision=catalog.revision,
+        mesh=pb.MeshSettings(
+            trust_domain=policy.mesh.trust_domain,
+            permissive=policy.mesh.permissive,
+            egress=policy.mesh.egress,
+        ),
+        outbound=[
+            pb.OutboundService(
+                namespace=o.namespace,
+                name=o.name,
+                port=o.port,
+                protocol=o.protocol,
+                hostnames=o.hostnames,
+                routes=[_route(r) for r in o.routes],
+                spiffe_ids=o.spiffe_ids,
+            )
+            for o in policy.outbound
+        ],
+        external=[
+            pb.ExternalService(
+                host=e.host,
+                port=e.port,
+                protocol=e.protocol,
+                cluster=e.cluster,
+                addresses=e.addresses,
+                source=e.source,
+            )
+            for e in policy.external
+        ],
+        inbound=[
+            pb.InboundPort(
+                port=i.port,
+                target_port=i.target_port,
+                protocol=i.protocol,
+                name=i.name,
+                allow_any=i.allow_any,
+                rules=[
+                    pb.InboundRule(
+                        policy=r.policy,
+                        source_spiffe_ids=r.source_spiffe_ids,
+                        http=[_match(m) for m in r.http],
+                        tcp_ports=r.tcp_ports,
+                    )
+                    for r in i.rules
+                ],
+            )
+            for i in policy.inbound
+        ],
+        clusters=[_cluster(c) for c in clusters],
+        certificate=pb.CertificateRef(
+            common_name=certificate.common_name,
+            serial=certificate.serial,
+            trust_bundle_fingerprint=certificate.trust_bundle_fingerprint,
+        )
+        if certificate
+        else None,
+    )
+
+
+class CatalogServicer(pb_grpc.CatalogServicer):
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+
+    async def GetView(self, request: pb.GetViewRequest, context: Context) -> pb.View:
+        try:
+            identity = Identity.parse(request.identity)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"identity: {exc}")
+        policy = self._catalog.policy_for(identity, request.service_account)
+        return to_proto(self._catalog, policy)
+
+    async def WatchViews(
+        self, request: pb.WatchViewsRequest, context: Context
+    ) -> AsyncIterator[pb.ViewEvent]:
+        batches = self._catalog.watch()
+        try:
+            yield pb.ViewEvent(
+                kind=pb.ViewEvent.SNAPSHOT,
+                revision=self._catalog.revision,
+                identities=[
+                    pb.IdentityVersion(identity=str(i), version=v)
+                    for i, v in sorted(self._catalog.versions.items())
+                ],
+            )
+            async for batch in batches:
+                changed = [
+                    pb.IdentityVersion(identity=i, version=v) for i, v in batch.identities if v
+                ]
+                removed = [pb.IdentityVersion(identity=i) for i, v in batch.identities if not v]
+                if changed:
+                    yield pb.ViewEvent(
+                        kind=pb.ViewEvent.CHANGED, revision=batch.revision, identities=changed
+                    )
+                if removed:
+                    yield pb.ViewEvent(
+                        kind=pb.ViewEvent.REMOVED, revision=batch.revision, identities=removed
+                    )
+        except WatchOverflow as exc:
+            log.warning("watch.overflow peer=%s", context.peer())
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        finally:
+            await batches.aclose()
+
+    async def ListServices(
+        self, request: pb.ListServicesRequest, context: Context
+    ) -> pb.ListServicesResponse:
+        return pb.ListServicesResponse(
+            services=[
+                pb.ServiceSummary(
+                    namespace=s.namespace,
+                    name=s.name,
+                    providers=k.providers,
+                    endpoints=len(k.endpoints),
+                    ports=[p.port for p in k.ports],
+                    declared=k.declared,
+                )
+                for s, k in self._catalog.services.items()
+                if not request.namespace or s.namespace == request.namespace
+            ],
+            revision=self._catalog.revision,
+        )
+
+    async def CheckPolicy(
+        self, request: pb.CheckPolicyRequest, context: Context
+    ) -> pb.CheckPolicyResponse:
+        for field in (
+            "source_namespace",
+            "source_service_account",
+            "destination_namespace",
+            "destination_service",
+        ):
+            if not getattr(request, field):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: is required")
+        decision = explain(
+            self._catalog.builder(),
+            ServiceAccount(request.source_namespace, request.source_service_account),
+            MeshService(request.destination_namespace, request.destination_service),
+        )
+        return pb.CheckPolicyResponse(
+            allowed=decision.allowed,
+            reason=decision.reason,
+            policies=decision.policies,
+            routes=[_match(r) for r in decision.routes],
+            permissive=decision.permissive,
+        )
+
+    async def ExpectProxy(self, request: pb.ExpectProxyRequest, context: Context) -> pb.ProxyAck:
+        try:
+            record = self._catalog.expect_proxy(request.common_name, request.service_account)
+        except UnknownProxy as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"common_name: {exc}")
+        return pb.ProxyAck(identity=str(record.identity), expected=True)
+
+    async def RegisterProxy(
+        self, request: pb.RegisterProxyRequest, context: Context
+    ) -> pb.ProxyAck:
+        try:
+            record = self._catalog.register_proxy(
+                request.common_name, request.proxy_cp, request.address
+            )
+        except UnknownProxy as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"common_name: {exc}")
+        return pb.ProxyAck(identity=str(record.identity), expected=record.expected)
+
+    async def UnregisterProxy(
+        self, request: pb.UnregisterProxyRequest, context: Context
+    ) -> pb.ProxyAck:
+        try:
+            record = self._catalog.unregister_proxy(request.common_name)
+        except UnknownProxy as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        return pb.ProxyAck(identity=str(record.identity), expected=record.expected)
+
+    async def ListProxies(
+        self, request: pb.ListProxiesRequest, context: Context
+    ) -> pb.ListProxiesResponse:
+        return pb.ListProxiesResponse(
+            proxies=[
+                pb.ProxyStatus(
+                    common_name=p.common_name,
+                    identity=str(p.identity),
+                    service_account=p.service_account,
+                    expected=p.expected,
+                    connected=p.connected,
+                    participant=self._catalog.participant(p),
+                    proxy_cp=p.proxy_cp,
+                )
+                for p in sorted(self._catalog.proxies.values(), key=lambda p: p.common_name)
+            ]
+        )

@@ -1,0 +1,276 @@
+"""endpoints-vm as a process: REST/CLI registration, expiry, spec directory, persistence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.services import ServiceProcess
+
+pytestmark = pytest.mark.integration
+
+SERVICE_ENTRY = """
+apiVersion: networking.istio.io/v1beta1
+kind: ServiceEntry
+metadata: {name: payments, namespace: shop}
+spec:
+  hosts: [payments.example.com]
+  ports:
+  - {number: 443, name: https, protocol: HTTPS}
+  location: MESH_EXTERNAL
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: shop}
+spec:
+  hosts: [db.shop.svc.cluster.local]
+  ports:
+  - {number: 5432, name: tcp-pg, protocol: TCP}
+  location: MESH_INTERNAL
+  resolution: STATIC
+  workloadSelector:
+    labels: {app: db}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: db-1, namespace: shop}
+spec:
+  address: 10.9.0.1
+  labels: {app: db}
+  serviceAccount: db
+"""
+
+
+@pytest.fixture
+def spec_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "spec"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def endpoints_vm(
+    state_dir: Path, redis_server: RedisServer, spec_dir: Path
+) -> Iterator[ServiceProcess]:
+    process = ServiceProcess(
+        "endpoints-vm",
+        "trellis_endpoints_vm.main",
+        state_dir,
+        redis_server.url,
+        args=("--spec-dir", str(spec_dir)),
+        env={
+            "TRELLIS_ENDPOINTS_VM_SPEC_POLL_INTERVAL": "0.1",
+            "TRELLIS_ENDPOINTS_VM_EXPIRY_INTERVAL": "0.1",
+        },
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def services(process: ServiceProcess) -> dict[str, Any]:
+    body = httpx.get(process.endpoint.admin_url + "/v1/services", timeout=5).json()
+    return {f"{s['namespace']}/{s['name']}": s for s in body["services"]}
+
+
+def addresses(process: ServiceProcess, key: str) -> list[str]:
+    return [e["address"] for e in services(process).get(key, {}).get("endpoints", [])]
+
+
+async def test_cli_registration_expiry_and_heartbeat(
+    endpoints_vm: ServiceProcess, state_dir: Path
+) -> None:
+    done = await asyncio.to_thread(
+        trellis,
+        state_dir,
+        "vm",
+        "register",
+        "-n",
+        "shop",
+        "--name",
+        "cart-1",
+        "--service",
+        "cart",
+        "--service",
+        "cart-v1",
+        "--address",
+        "10.1.0.1",
+        "--port",
+        "http=8080",
+        "--port",
+        "metrics=9090",
+        "--ttl",
+        "1",
+        "--label",
+        "app=cart",
+        "--service-account",
+        "cart",
+        "--locality",
+        "eu/west-1",
+    )
+    assert done.returncode == 0, done.stderr
+    assert addresses(endpoints_vm, "shop/cart") == ["10.1.0.1"]
+    assert addresses(endpoints_vm, "shop/cart-v1") == ["10.1.0.1"]
+    endpoint = services(endpoints_vm)["shop/cart"]["endpoints"][0]
+    assert endpoint["ports"] == {"http": 8080, "metrics": 9090}
+    assert endpoint["service_account"] == "cart"
+
+    # no heartbeat for longer than the TTL: taken out of both services, registration kept
+    await eventually(lambda: addresses(endpoints_vm, "shop/cart") == [], timeout=5)
+    assert addresses(endpoints_vm, "shop/cart-v1") == []
+    listed = await asyncio.to_thread(trellis, state_dir, "vm", "list", "--json")
+    workload = json.loads(listed.stdout)["workloads"][0]
+    assert workload["alive"] is False
+    table = await asyncio.to_thread(trellis, state_dir, "vm", "list")
+    assert "EXPIRED" in table.stdout
+
+    beat = await asyncio.to_thread(
+        trellis, state_dir, "vm", "heartbeat", "-n", "shop", "--name", "cart-1"
+    )
+    assert beat.returncode == 0, beat.stderr
+    assert addresses(endpoints_vm, "shop/cart") == ["10.1.0.1"]
+
+    bad = await asyncio.to_thread(
+        trellis,
+        state_dir,
+        "vm",
+        "register",
+        "-n",
+        "shop",
+        "--name",
+        "x",
+        "--service",
+        "s",
+        "--address",
+        "10.1.0.9",
+        "--port",
+        "http=99999",
+    )
+    assert bad.returncode == 1
+    assert "ports[http]" in bad.stderr
+    gone = await asyncio.to_thread(
+        trellis, state_dir, "vm", "deregister", "-n", "shop", "--name", "cart-1"
+    )
+    assert gone.returncode == 0
+    assert "shop/cart" not in services(endpoints_vm)
+
+
+async def test_spec_directory_is_watched_and_a_broken_file_keeps_the_last_good_version(
+    endpoints_vm: ServiceProcess, spec_dir: Path
+) -> None:
+    path = spec_dir / "shop.yaml"
+    path.write_text(SERVICE_ENTRY)
+    await eventually(lambda: "shop/payments.example.com" in services(endpoints_vm), timeout=5)
+    assert addresses(endpoints_vm, "shop/payments.example.com") == ["payments.example.com"]
+    assert addresses(endpoints_vm, "shop/db.shop.svc.cluster.local") == ["10.9.0.1"]
+
+    # an edit (new address for the WorkloadEntry) is picked up
+    path.write_text(SERVICE_ENTRY.replace("10.9.0.1", "10.9.0.2"))
+    await eventually(
+        lambda: addresses(endpoints_vm, "shop/db.shop.svc.cluster.local") == ["10.9.0.2"],
+        timeout=5,
+    )
+    # a half-written file: nothing is lost, the error names the file
+    path.write_text(SERVICE_ENTRY.replace("10.9.0.1", "10.9.0.3")[:300] + "\n  ports: [")
+
+    def reported() -> bool:
+        body = httpx.get(endpoints_vm.endpoint.admin_url + "/v1/documents", timeout=5).json()
+        return any(d["status"] == "error" for d in body["documents"])
+
+    await eventually(reported, timeout=5)
+    assert addresses(endpoints_vm, "shop/db.shop.svc.cluster.local") == ["10.9.0.2"]
+    documents = httpx.get(endpoints_vm.endpoint.admin_url + "/v1/documents", timeout=5).json()
+    error = next(d for d in documents["documents"] if d["status"] == "error")
+    assert error["source"].endswith("shop.yaml")
+    assert "line" in error["reason"]
+
+    # an invalid document (port out of range) keeps its previous version too
+    path.write_text(SERVICE_ENTRY.replace("number: 5432", "number: 99999"))
+    await eventually(reported, timeout=5)
+    assert "shop/db.shop.svc.cluster.local" in services(endpoints_vm)
+
+    path.unlink()
+    await eventually(lambda: services(endpoints_vm) == {}, timeout=5)
+
+
+async def test_registrations_survive_crashes_and_redis_restarts(
+    endpoints_vm: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    for i in range(3):
+        done = await asyncio.to_thread(
+            trellis,
+            state_dir,
+            "vm",
+            "register",
+            "-n",
+            "shop",
+            "--name",
+            f"web-{i}",
+            "--service",
+            "web",
+            "--address",
+            f"10.2.0.{i + 1}",
+            "--port",
+            "8080",
+        )
+        assert done.returncode == 0, done.stderr
+    expected = ["10.2.0.1", "10.2.0.2", "10.2.0.3"]
+    endpoints_vm.kill()
+    endpoints_vm.start()
+    assert addresses(endpoints_vm, "shop/web") == expected
+
+    redis_server.kill()
+    redis_server.start()
+    endpoints_vm.kill()
+    endpoints_vm.start()
+    assert addresses(endpoints_vm, "shop/web") == expected
+
+    # and it keeps accepting registrations after Redis came back under it
+    redis_server.kill()
+    redis_server.start()
+
+    async def registers() -> bool:
+        done = await asyncio.to_thread(
+            trellis,
+            state_dir,
+            "vm",
+            "register",
+            "-n",
+            "shop",
+            "--name",
+            "web-9",
+            "--service",
+            "web",
+            "--address",
+            "10.2.0.9",
+            "--port",
+            "8080",
+        )
+        return done.returncode == 0
+
+    await eventually(registers, timeout=15, interval=0.5)
+    endpoints_vm.stop()
+    endpoints_vm.start()
+    assert addresses(endpoints_vm, "shop/web") == [*expected, "10.2.0.9"]
