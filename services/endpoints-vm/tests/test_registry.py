@@ -571,6 +571,7 @@ def test_a_selector_picks_registered_workloads_by_labels(
             address="10.1.0.9",
             ports=(("tcp", 7000),),
             labels=(("app", "db"),),
+            service_account="default",  # as in its own services
             workload="shop/db-agent",
             source="registration",
         )

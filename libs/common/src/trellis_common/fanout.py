@@ -37,8 +37,11 @@ class Broadcaster(Generic[T]):
                 queue.put_nowait(item)
             except asyncio.QueueFull:
                 self._release(queue)
-                queue.get_nowait()
-                queue.put_nowait(None)  # the marker that ends this watcher
+                # What it has not read is stale once it must re-list: drop it, so the very
+                # next read ends the watcher.
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(None)
 
     def subscribe(self) -> Subscription[T]:
         """Items published from the moment of this call (not of the first read).

@@ -191,7 +191,7 @@ class EndpointRegistry:
                         locality=workload.locality,
                         network=workload.network,
                         weight=workload.weight,
-                        service_account=workload.service_account,
+                        service_account=workload.service_account or "default",
                         workload=workload.id,
                         source="registration",
                     )

@@ -154,6 +154,8 @@ def to_json(workload: Workload) -> str:
 def from_json(text: str | bytes) -> Workload:
     try:
         body = json.loads(text)
+        if not isinstance(body["services"], list) or not isinstance(body["ports"], list):
+            raise TypeError("services and ports must be lists")
         return Workload(
             namespace=body["namespace"],
             name=body["name"],
