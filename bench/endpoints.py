@@ -22,11 +22,11 @@ Two floors, measured with the same number of operations and the same concurrency
   (:mod:`bench.http_floor`): the floor of HTTP and JSON.
 
 The scale is fixed work, not fixed time: the full run (``--seconds 2``, the default) is
-10,000 workloads over 1,000 services, and shorter ``--seconds`` scale both down in
-proportion (``--seconds 0.5``: 2,500 over 250). ``TRELLIS_BENCH_WORKLOADS``,
-``TRELLIS_BENCH_SERVICES`` and ``TRELLIS_BENCH_CONCURRENCY`` override them. ``--warmup``
-seconds of registrations (in another namespace, deregistered afterwards) and of each floor
-run first. At the end one ``GET /v1/services`` and one gRPC ``ListServices`` of the full
+10,000 workloads over 1,000 services; shorter runs scale both by ``(seconds / 2) ** 2``, so
+``--seconds 0.5`` is a quick check (625 workloads over 62 services) and ``--seconds 1`` a
+quarter. ``TRELLIS_BENCH_WORKLOADS``, ``TRELLIS_BENCH_SERVICES`` and
+``TRELLIS_BENCH_CONCURRENCY`` override them. ``--warmup`` seconds of registrations (in
+another namespace, deregistered afterwards) and of each floor run first. At the end one ``GET /v1/services`` and one gRPC ``ListServices`` of the full
 registry are timed.
 """
 
@@ -48,7 +48,7 @@ import httpx
 from bench import http_floor, load, report
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common import redisconn, statefile, tokens
+from trellis_common import redisconn, signaling, statefile, tokens
 from trellis_common.testing.redis_server import RedisServer
 from trellis_common.testing.services import ServiceProcess
 
@@ -62,6 +62,7 @@ NAMESPACE = "bench"
 EVENT_TIMEOUT = 60.0  # seconds to wait for the last watch events of a round
 FLOOR_KEY = "bench:floor:workloads"
 FLOOR_CHANNEL = "bench:floor:events"
+FLOOR_PREFIX = "bench-floor"  # the serial floor's Publisher: bench-floor:rev:endpoints
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 
 
@@ -73,7 +74,7 @@ class Scale:
 
     @classmethod
     def from_env(cls, seconds: float, env: Mapping[str, str] = os.environ) -> Scale:
-        factor = min(1.0, seconds / FULL_SCALE_SECONDS)
+        factor = min(1.0, seconds / FULL_SCALE_SECONDS) ** 2  # --seconds 0.5: 1/16
         workloads = _env_int(env, "TRELLIS_BENCH_WORKLOADS") or max(
             MIN_WORKLOADS, round(WORKLOADS * factor)
         )
@@ -157,6 +158,7 @@ async def _measure(
         redis = redisconn.connect(redis_url)
         stack.push_async_callback(redis.aclose)
 
+        publisher = signaling.Publisher(redis, sender="bench", prefix=FLOOR_PREFIX)
         sent: dict[str, float] = {}
         round_trips: list[float] = []
 
@@ -170,10 +172,14 @@ async def _measure(
 
         async def hset_publish(i: int) -> None:
             body = load.registration(NAMESPACE, i, scale.services)
-            record = json.dumps({**body, "registered_at": time.time()}, separators=(",", ":"))
-            await redis.hset(FLOOR_KEY, f"{NAMESPACE}/{body['name']}", record)
+            await redis.hset(FLOOR_KEY, f"{NAMESPACE}/{body['name']}", _record(body))
             event = {"topic": "endpoints", "kind": "changed", "key": body["services"][0]}
             await redis.publish(FLOOR_CHANNEL, json.dumps(event, separators=(",", ":")))
+
+        async def store_announce(i: int) -> None:
+            body = load.registration(NAMESPACE, i, scale.services)
+            await redis.hset(FLOOR_KEY, f"{NAMESPACE}/{body['name']}", _record(body))
+            await publisher.publish("endpoints", "changed", f"{NAMESPACE}/{body['services'][0]}")
 
         async def bare_http(i: int) -> None:
             response = await bare.post(
@@ -181,12 +187,17 @@ async def _measure(
             )
             load.expect_status(response, 201)
 
+        floors: dict[str, tuple[load.IndexedOp, int]] = {
+            "hset_publish": (hset_publish, scale.concurrency),
+            "serial_store_announce": (store_announce, 1),
+            "bare_http": (bare_http, scale.concurrency),
+        }
         await load.warm_up(service, scale.concurrency, warmup)
-        await load.for_seconds(hset_publish, scale.concurrency, warmup)
-        await load.for_seconds(bare_http, scale.concurrency, warmup)
+        for op, concurrency in floors.values():
+            await load.for_seconds(op, concurrency, warmup)
 
         pid = endpoint.pid
-        elapsed = dict.fromkeys(("registrations", "hset_publish", "bare_http"), 0.0)
+        elapsed = dict.fromkeys(("registrations", *floors), 0.0)
         cpu: float | None = 0.0
         for r in range(ROUNDS):
             chunk = range(scale.workloads * r // ROUNDS, scale.workloads * (r + 1) // ROUNDS)
@@ -195,12 +206,12 @@ async def _measure(
             elapsed["registrations"] += await load.in_flight(register, chunk, scale.concurrency)
             await watcher.wait(EVENT_TIMEOUT)
             cpu_after = load.cpu_seconds(pid)
-            if cpu is not None and cpu_before is not None and cpu_after is not None:
-                cpu += cpu_after - cpu_before
-            else:
+            if cpu is None or cpu_before is None or cpu_after is None:
                 cpu = None
-            elapsed["hset_publish"] += await load.in_flight(hset_publish, chunk, scale.concurrency)
-            elapsed["bare_http"] += await load.in_flight(bare_http, chunk, scale.concurrency)
+            else:
+                cpu += cpu_after - cpu_before
+            for name, (op, concurrency) in floors.items():
+                elapsed[name] += await load.in_flight(op, chunk, concurrency)
         latencies = [watcher.first_seen[address] - at for address, at in sent.items()]
 
         start = time.perf_counter()
@@ -225,6 +236,12 @@ async def _measure(
         )
 
 
+def _record(body: dict[str, object]) -> str:
+    """A stored record the size of the store's (the body and two timestamps)."""
+    now = time.time()
+    return json.dumps({**body, "registered_at": now, "last_heartbeat": now}, separators=(",", ":"))
+
+
 def _report(scale: Scale, m: Measured) -> tuple[list[report.Figure], dict[str, float]]:
     ms = 1000.0
     registrations = report.Figure(
@@ -238,6 +255,12 @@ def _report(scale: Scale, m: Measured) -> tuple[list[report.Figure], dict[str, f
         m.rates["hset_publish"],
         "ops/s",
         f"floor: HSET + PUBLISH to the same Redis, {scale.concurrency} in flight",
+    )
+    serial = report.Figure(
+        "serial_store_announce",
+        m.rates["serial_store_announce"],
+        "ops/s",
+        "reference: HSET + Publisher.publish (the manager's Redis calls), 1 in flight",
     )
     bare_http = report.Figure(
         "bare_http",
@@ -274,6 +297,7 @@ def _report(scale: Scale, m: Measured) -> tuple[list[report.Figure], dict[str, f
         )
     figures += [
         hset_publish,
+        serial,
         bare_http,
         report.Figure(
             "list_services_rest",
@@ -295,5 +319,8 @@ def _report(scale: Scale, m: Measured) -> tuple[list[report.Figure], dict[str, f
     ratios = {
         "registrations/hset_publish": report.ratio_line(registrations, hset_publish),
         "registrations/bare_http": report.ratio_line(registrations, bare_http),
+        "registrations/serial_store_announce": report.ratio_line(
+            registrations, serial, "reference"
+        ),
     }
     return figures, ratios

@@ -10,6 +10,8 @@ import click
 
 from trellis_cli.certs import certs
 from trellis_cli.client import Mesh
+from trellis_cli.policy import policy
+from trellis_cli.spec import spec
 from trellis_cli.status import status
 from trellis_cli.up import up as run_up
 from trellis_cli.vm import vm
@@ -44,6 +46,8 @@ def up(mesh: Mesh, quiet: bool, spec_dir: Path | None) -> None:
 cli.add_command(certs)
 cli.add_command(status)
 cli.add_command(vm)
+cli.add_command(spec)
+cli.add_command(policy)
 
 
 def main() -> None:

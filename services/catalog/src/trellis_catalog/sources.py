@@ -14,16 +14,13 @@ from typing import Any, Protocol
 
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.spec import KINDS
-from trellis_common.documents import core, istio, meshconfig, smi
+from trellis_common.documents import all_kinds
 from trellis_common.documents.base import KindRegistry
 from trellis_common.specdir import SpecChange, SpecDirectory
 
 
 def kinds() -> KindRegistry:
-    registry = KindRegistry()
-    for module in (core, smi, istio, meshconfig):
-        module.register(registry)
-    return registry
+    return all_kinds()
 
 
 class SpecSource(Protocol):

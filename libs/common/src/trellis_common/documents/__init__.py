@@ -5,3 +5,15 @@ models; :mod:`.base` turns raw YAML mappings into validated :class:`~.base.Docum
 or :class:`~.base.DocumentError` naming the file, the document, the field and the reason.
 The endpoints providers and the catalog read the same directory and take the kinds they own.
 """
+
+from trellis_common.documents.base import KindRegistry
+
+
+def all_kinds() -> KindRegistry:
+    """A registry of every kind Trellis reads (core, SMI, Istio, MeshConfig)."""
+    from trellis_common.documents import core, istio, meshconfig, smi
+
+    registry = KindRegistry()
+    for module in (core, smi, istio, meshconfig):
+        module.register(registry)
+    return registry
