@@ -54,6 +54,7 @@ class ProxyRecord:
     connected: bool = False
     proxy_cp: str = ""
     address: str = ""
+    seq: int = 0  # onboarding order: the latest proxy's account is the identity's
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ class Catalog:
         self._view_key: dict[Identity, tuple[object, ...]] = {}
         self._referenced_by: dict[str, set[Identity]] = {}
         self.proxies: dict[str, ProxyRecord] = {}
+        self._seq = 0
         self.certificates: dict[Identity, CertificateRef] = {}
         self.revision = 0
         # Versions are "<epoch>-<revision>": a restarted catalog never reuses a version.
@@ -171,9 +173,24 @@ class Catalog:
         identity = Identity(cn.namespace, cn.service)
         record = self.proxies.get(common_name)
         if record is None:
+            self._seq += 1
             record = self.proxies[common_name] = ProxyRecord(
-                common_name, identity, service_account or cn.service
+                common_name, identity, service_account or cn.service, seq=self._seq
             )
+            others = {
+                r.service_account
+                for r in self.proxies.values()
+                if r.identity == identity and r is not record
+            }
+            if others - {record.service_account}:
+                log.warning(
+                    "proxy.account_conflict identity=%s proxy=%s account=%s others=%s "
+                    "action='the latest proxy's account is used'",
+                    identity,
+                    common_name,
+                    record.service_account,
+                    ",".join(sorted(others)),
+                )
             self._mark(policies=True)
             self.certs_wanted.set()
         elif service_account and service_account != record.service_account:
@@ -200,15 +217,22 @@ class Catalog:
 
     def account_of(self, service: MeshService) -> str:
         identity = Identity(service.namespace, service.name)
-        for record in self.proxies.values():
-            if record.identity == identity and record.service_account:
-                return record.service_account
+        latest = max(
+            (r for r in self.proxies.values() if r.identity == identity and r.service_account),
+            key=lambda r: r.seq,
+            default=None,
+        )
+        if latest is not None:
+            return latest.service_account
         known = self.services.get(service)
         if known is not None:
             accounts = Counter(e.service_account for e in known.endpoints if e.service_account)
             if accounts:
                 return accounts.most_common(1)[0][0]
         return service.name
+
+    def account_of_identity(self, identity: Identity) -> str:
+        return self.account_of(MeshService(*identity))
 
     def identities(self) -> list[Identity]:
         found = {Identity(s.namespace, s.name) for s, k in self.services.items() if not k.external}

@@ -1,0 +1,174 @@
+"""The Catalog: incremental recompute, versions, batches, proxies, certificates, debounce."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from trellis_catalog.catalog import Catalog, CertificateRef, UnknownProxy
+from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.views import Identity
+from trellis_catalog.sources import kinds
+from trellis_common.specdir import load_paths
+
+ROOT = Path(__file__).resolve().parents[3]
+BUYER = Identity("bookbuyer", "bookbuyer")
+THIEF = Identity("bookthief", "bookthief")
+V1 = Identity("bookstore", "bookstore-v1")
+V2 = Identity("bookstore", "bookstore-v2")
+PROXY = "00000000-0000-4000-8000-00000000000{}.{}.{}"
+
+
+def provided(name: str, *addresses: str, port: int = 8081) -> ProvidedService:
+    return ProvidedService(
+        provider="vm",
+        namespace="bookstore",
+        name=name,
+        ports=(("http", 8080, "", 0),),
+        endpoints=tuple(
+            ProvidedEndpoint(a, (("http", port),), service_account="bookstore") for a in addresses
+        ),
+    )
+
+
+class Bell:
+    def __init__(self) -> None:
+        self.rung = 0
+
+    async def __call__(self, kind: str, key: str) -> int:
+        self.rung += 1
+        return self.rung
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+    assert not errors
+    catalog = Catalog(Bell(), quiet=0.01, max_delay=0.05)
+    catalog.set_documents(documents, errors)
+    catalog.set_provider_services(
+        "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
+    )
+    catalog.expect_proxy(PROXY.format(1, "bookbuyer", "bookbuyer"), "bookbuyer")
+    catalog.expect_proxy(PROXY.format(2, "bookthief", "bookthief"), "bookthief")
+    catalog.flush()
+    return catalog
+
+
+def test_first_flush_versions_every_identity(catalog: Catalog) -> None:
+    assert set(catalog.versions) == {BUYER, THIEF, V1, V2, Identity("bookstore", "bookstore")}
+    assert len(set(catalog.versions.values())) == 1
+
+
+def test_an_endpoint_change_reversions_only_who_references_the_cluster(catalog: Catalog) -> None:
+    policies = dict(catalog.policies)
+    before = dict(catalog.versions)
+    catalog.update_provider_service(
+        "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.0.9")
+    )
+    batch = catalog.flush()
+    assert batch is not None
+    assert [i for i, _ in batch.identities] == ["bookbuyer/bookbuyer"]
+    assert catalog.versions[BUYER] != before[BUYER]
+    assert catalog.versions[THIEF] == before[THIEF]
+    # the policy was not recomputed: same object, only the cluster moved
+    assert catalog.policies[BUYER] is policies[BUYER]
+    cluster = catalog.clusters["bookstore/bookstore-v2|14001"]
+    assert [e.address for e in cluster.endpoints] == ["10.0.0.9"]
+    assert cluster.version == 2
+
+
+def test_an_unchanged_report_changes_nothing(catalog: Catalog) -> None:
+    catalog.set_provider_services(
+        "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
+    )
+    assert catalog.flush() is None
+
+
+def test_a_policy_change_reaches_the_identities_it_concerns(catalog: Catalog) -> None:
+    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+    target = ROOT / "examples" / "bookstore" / "access.yaml"
+    kept = [d for d in documents if d.origin.source != str(target)]
+    catalog.set_documents(kept, errors)
+    batch = catalog.flush()
+    assert batch is not None
+    changed = {i for i, _ in batch.identities}
+    # bookbuyer loses its outbound, bookstore-v1/v2 lose their inbound rule
+    assert {"bookbuyer/bookbuyer", "bookstore/bookstore-v1", "bookstore/bookstore-v2"} <= changed
+    assert "bookthief/bookthief" not in changed
+    assert catalog.policies[BUYER].outbound == ()
+
+
+def test_a_dead_provider_takes_its_endpoints_with_it(catalog: Catalog) -> None:
+    catalog.drop_provider("vm")
+    catalog.flush()
+    assert catalog.clusters["bookstore/bookstore-v1|14001"].endpoints == ()
+    assert catalog.providers() == set()
+
+
+def test_proxies_expected_connected_and_participants(catalog: Catalog) -> None:
+    cn = PROXY.format(3, "bookstore-v1", "bookstore")
+    record = catalog.expect_proxy(cn, "bookstore")
+    assert not catalog.participant(record)
+    catalog.register_proxy(cn, "proxy-cp-0", "10.0.0.1")
+    catalog.flush()
+    assert catalog.participant(record)
+    catalog.register_proxy(cn, "proxy-cp-0", "10.9.9.9")  # an address no endpoint has
+    assert not catalog.participant(record)
+    catalog.unregister_proxy(cn)
+    assert not record.connected
+    with pytest.raises(UnknownProxy):
+        catalog.expect_proxy("not-a-proxy-cn")
+    with pytest.raises(UnknownProxy):
+        catalog.unregister_proxy(PROXY.format(9, "x", "y"))
+
+
+def test_a_client_only_identity_gets_its_outbound_view(catalog: Catalog) -> None:
+    policy = catalog.policy_for(Identity("elsewhere", "job"), "bookbuyer")
+    assert policy.outbound == ()  # bookbuyer's account in another namespace is not allowed
+    policy = catalog.policy_for(Identity("bookbuyer", "batch-job"), "bookbuyer")
+    assert {o.name for o in policy.outbound} == {"bookstore", "bookstore-v1", "bookstore-v2"}
+
+
+def test_a_new_service_account_for_a_proxy_recomputes_policy(catalog: Catalog) -> None:
+    catalog.expect_proxy(PROXY.format(4, "bookthief", "bookthief"), "bookbuyer")
+    batch = catalog.flush()
+    assert batch is not None
+    assert "bookthief/bookthief" in [i for i, _ in batch.identities]
+    assert catalog.account_of_identity(THIEF) == "bookbuyer"
+    policy = catalog.policies[THIEF]
+    assert policy.spiffe_id == "spiffe://cluster.local/ns/bookthief/sa/bookbuyer"
+    # bookthief/bookbuyer is not bookbuyer/bookbuyer: accounts are namespaced, still denied
+    assert policy.outbound == ()
+
+
+def test_certificate_rotation_reversions_the_identity(catalog: Catalog) -> None:
+    before = catalog.versions[BUYER]
+    catalog.set_certificate(BUYER, CertificateRef("bookbuyer.bookbuyer.svc.cluster.local", "aa"))
+    batch = catalog.flush()
+    assert batch is not None
+    assert [i for i, _ in batch.identities] == ["bookbuyer/bookbuyer"]
+    assert catalog.versions[BUYER] != before
+    catalog.set_certificate(BUYER, CertificateRef("bookbuyer.bookbuyer.svc.cluster.local", "aa"))
+    assert catalog.flush() is None
+
+
+async def test_debounce_batches_a_burst_and_watchers_get_it(catalog: Catalog) -> None:
+    watcher = catalog.watch()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(catalog.run(stop))
+    for i in range(20):
+        catalog.update_provider_service(
+            "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", f"10.0.1.{i}")
+        )
+        await asyncio.sleep(0.001)
+    batch = await asyncio.wait_for(anext(aiter(watcher)), 2)
+    assert [i for i, _ in batch.identities] == ["bookbuyer/bookbuyer"]
+    assert catalog.clusters["bookstore/bookstore-v2|14001"].endpoints[0].address == "10.0.1.19"
+    # the whole burst cost one or two recomputes, not twenty
+    assert catalog.clusters["bookstore/bookstore-v2|14001"].version <= 3
+    stop.set()
+    await loop
+    await watcher.aclose()

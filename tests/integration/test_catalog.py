@@ -1,0 +1,266 @@
+"""The catalog among real processes: Redis, certmanager, endpoints-vm, catalog."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmanager_pb2_grpc
+from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.services import ServiceProcess
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = {"TRELLIS_REGISTRY_TTL": "1"}
+
+
+@pytest.fixture
+def spec_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "spec"
+    shutil.copytree(ROOT / "examples" / "bookstore", path)
+    return path
+
+
+@pytest.fixture
+def mesh(
+    state_dir: Path, redis_server: RedisServer, spec_dir: Path
+) -> Iterator[dict[str, ServiceProcess]]:
+    def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
+        return ServiceProcess(
+            name, module, state_dir, redis_server.url, args=args, env={**FAST, **env}
+        )
+
+    processes = {
+        "certmanager": process("certmanager", "trellis_certmanager.main"),
+        "endpoints-vm": process(
+            "endpoints-vm",
+            "trellis_endpoints_vm.main",
+            TRELLIS_ENDPOINTS_VM_REGISTRY_TTL="1",
+        ),
+        "catalog": process(
+            "catalog",
+            "trellis_catalog.main",
+            "--spec-dir",
+            str(spec_dir),
+            TRELLIS_CATALOG_SPEC_POLL_INTERVAL="0.1",
+            TRELLIS_CATALOG_DISCOVERY_INTERVAL="0.2",
+        ),
+    }
+    for p in processes.values():
+        p.start()
+    try:
+        yield processes
+    finally:
+        for p in reversed(list(processes.values())):
+            p.stop()
+
+
+def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def register(state_dir: Path, name: str, service: str, port: int) -> None:
+    done = trellis(
+        state_dir,
+        "vm",
+        "register",
+        "-n",
+        "bookstore",
+        "--name",
+        name,
+        "--service",
+        service,
+        "--address",
+        "127.0.0.1",
+        "--port",
+        f"http={port}",
+        "--service-account",
+        "bookstore",
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def view(catalog: ServiceProcess, identity: str) -> dict[str, Any]:
+    url = f"{catalog.endpoint.admin_url}/v1/views/{identity}"
+    body: dict[str, Any] = httpx.get(url, timeout=5).json()
+    return body
+
+
+def split_weights(body: dict[str, Any]) -> dict[str, int]:
+    root = next(o for o in body.get("outbound", []) if o["name"] == "bookstore")
+    return {c["cluster"]: c["weight"] for c in root["routes"][0]["clusters"]}
+
+
+def endpoints(body: dict[str, Any], cluster: str) -> list[str]:
+    found: dict[str, Any] = next(
+        (c for c in body.get("clusters", []) if c["name"] == cluster), {}
+    )
+    return [f"{e['address']}:{e['port']}" for e in found.get("endpoints", [])]
+
+
+async def onboard(certmanager: ServiceProcess, service: str, account: str) -> str:
+    """What the injector does: issue a proxy certificate (the catalog then expects it)."""
+    async with grpc.aio.insecure_channel(certmanager.endpoint.grpc_address) as channel:
+        stub = certmanager_pb2_grpc.CertificateManagerStub(channel)
+        issued = await stub.IssueCertificate(
+            certmanager_pb2.IssueCertificateRequest(
+                kind=certmanager_pb2.CERTIFICATE_KIND_PROXY,
+                service=certmanager_pb2.MeshService(namespace=service, name=service),
+                service_account=account,
+            )
+        )
+    return issued.info.common_name
+
+
+async def test_views_follow_providers_policies_and_certificates(
+    mesh: dict[str, ServiceProcess], state_dir: Path, spec_dir: Path
+) -> None:
+    catalog, certmanager, provider = mesh["catalog"], mesh["certmanager"], mesh["endpoints-vm"]
+    cn = await onboard(certmanager, "bookbuyer", "bookbuyer")
+    register(state_dir, "v1-a", "bookstore-v1", 8081)
+    register(state_dir, "v2-a", "bookstore-v2", 8082)
+    v1, v2 = "bookstore/bookstore-v1|14001", "bookstore/bookstore-v2|14001"
+
+    await eventually(
+        lambda: endpoints(view(catalog, "bookbuyer/bookbuyer"), v2) == ["127.0.0.1:8082"],
+        timeout=10,
+        message="provider endpoints reach the view",
+    )
+    body = view(catalog, "bookbuyer/bookbuyer")
+    assert split_weights(body) == {v1: 80, v2: 20}
+    assert body["service_account"] == "bookbuyer"
+
+    # the proxy certificate made the catalog expect bookbuyer and get its service certificate
+    await eventually(lambda: "certificate" in view(catalog, "bookbuyer/bookbuyer"), timeout=10)
+    serial = view(catalog, "bookbuyer/bookbuyer")["certificate"]["serial"]
+    proxies = httpx.get(catalog.endpoint.admin_url + "/v1/proxies", timeout=5).json()["proxies"]
+    assert [p["common_name"] for p in proxies] == [cn]
+    rotated = trellis(state_dir, "certs", "rotate", "bookbuyer.bookbuyer.svc.cluster.local")
+    assert rotated.returncode == 0, rotated.stderr
+    await eventually(
+        lambda: view(catalog, "bookbuyer/bookbuyer")["certificate"]["serial"] != serial,
+        timeout=10,
+        message="a rotation reaches the view",
+    )
+
+    # a live edit of the weights
+    split = spec_dir / "traffic-split.yaml"
+    split.write_text(
+        split.read_text().replace("weight: 80", "weight: 50").replace("weight: 20", "weight: 50")
+    )
+    await eventually(
+        lambda: split_weights(view(catalog, "bookbuyer/bookbuyer")) == {v1: 50, v2: 50},
+        timeout=10,
+        message="weights follow the file",
+    )
+
+    # the provider dies: its endpoints leave; it comes back with its registrations
+    provider.kill()
+    await eventually(
+        lambda: endpoints(view(catalog, "bookbuyer/bookbuyer"), v1) == [],
+        timeout=15,
+        message="a dead provider drops out",
+    )
+    provider.start()
+    await eventually(
+        lambda: endpoints(view(catalog, "bookbuyer/bookbuyer"), v1) == ["127.0.0.1:8081"],
+        timeout=15,
+        message="a provider that comes back joins again",
+    )
+
+    # the catalog itself restarts: expected proxies come back from certmanager's records
+    catalog.kill()
+    catalog.start()
+    await eventually(
+        lambda: (
+            httpx.get(catalog.endpoint.admin_url + "/v1/proxies", timeout=5).json()["proxies"] != []
+        ),
+        timeout=10,
+        message="expected proxies are durable",
+    )
+    await eventually(
+        lambda: endpoints(view(catalog, "bookbuyer/bookbuyer"), v1) == ["127.0.0.1:8081"],
+        timeout=15,
+    )
+
+
+async def test_watch_views_and_policy_cli(
+    mesh: dict[str, ServiceProcess], state_dir: Path, spec_dir: Path
+) -> None:
+    catalog = mesh["catalog"]
+    async with grpc.aio.insecure_channel(catalog.endpoint.grpc_address) as channel:
+        stub = catalog_pb2_grpc.CatalogStub(channel)
+        stream = stub.WatchViews(catalog_pb2.WatchViewsRequest())
+        events = aiter(stream)
+        snapshot = await anext(events)
+        assert snapshot.kind == catalog_pb2.ViewEvent.SNAPSHOT
+        register(state_dir, "v1-a", "bookstore-v1", 8081)
+        changed = await asyncio.wait_for(anext(events), 10)
+        assert changed.kind == catalog_pb2.ViewEvent.CHANGED
+        assert changed.revision > snapshot.revision
+        assert {i.identity for i in changed.identities}  # who references bookstore-v1
+        allowed = await stub.CheckPolicy(
+            catalog_pb2.CheckPolicyRequest(
+                source_namespace="bookbuyer",
+                source_service_account="bookbuyer",
+                destination_namespace="bookstore",
+                destination_service="bookstore",
+            )
+        )
+        assert allowed.allowed
+        stream.cancel()
+
+    ok = await asyncio.to_thread(
+        trellis,
+        state_dir,
+        "policy",
+        "check",
+        "--from",
+        "bookbuyer/bookbuyer",
+        "--to",
+        "bookstore/bookstore",
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "allowed" in ok.stdout
+    denied = await asyncio.to_thread(
+        trellis,
+        state_dir,
+        "policy",
+        "check",
+        "--from",
+        "bookthief/bookthief",
+        "--to",
+        "bookstore/bookstore-v1",
+    )
+    assert denied.returncode == 1
+    assert "no TrafficTarget" in denied.stdout
+
+    (spec_dir / "broken.yaml").write_text(
+        "apiVersion: split.smi-spec.io/v1alpha2\nkind: TrafficSplit\n"
+        "metadata: {name: bad, namespace: bookstore}\n"
+        "spec: {service: bookstore, backends: [{service: bookstore-v1, weight: -1}]}\n"
+    )
+
+    def error_listed() -> bool:
+        listed = trellis(state_dir, "spec", "list", "--state", "error", "--json")
+        return "broken.yaml" in listed.stdout and "spec.backends[0].weight" in listed.stdout
+
+    await eventually(error_listed, timeout=10, interval=0.3, message="the bad document is listed")
+    # the good split is still in force
+    assert split_weights(view(catalog, "bookbuyer/bookbuyer")) != {}
