@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +110,7 @@ def split_weights(body: dict[str, Any]) -> dict[str, int]:
 
 
 def endpoints(body: dict[str, Any], cluster: str) -> list[str]:
-    found: dict[str, Any] = next(
-        (c for c in body.get("clusters", []) if c["name"] == cluster), {}
-    )
+    found: dict[str, Any] = next((c for c in body.get("clusters", []) if c["name"] == cluster), {})
     return [f"{e['address']}:{e['port']}" for e in found.get("endpoints", [])]
 
 
@@ -149,6 +149,13 @@ async def test_views_follow_providers_policies_and_certificates(
     # the proxy certificate made the catalog expect bookbuyer and get its service certificate
     await eventually(lambda: "certificate" in view(catalog, "bookbuyer/bookbuyer"), timeout=10)
     serial = view(catalog, "bookbuyer/bookbuyer")["certificate"]["serial"]
+    listed = json.loads(trellis(state_dir, "certs", "list", "--kind", "service", "--json").stdout)
+    record = next(c for c in listed["certificates"] if c["service"] == "bookbuyer")
+    lifetime = datetime.fromisoformat(record["not_after"]) - datetime.fromisoformat(
+        record["not_before"]
+    )
+    # MeshConfig (examples/bookstore) sets serviceCertValidityDuration: 24h, jitter 10 %
+    assert timedelta(hours=21) < lifetime < timedelta(hours=27)
     proxies = httpx.get(catalog.endpoint.admin_url + "/v1/proxies", timeout=5).json()["proxies"]
     assert [p["common_name"] for p in proxies] == [cn]
     rotated = trellis(state_dir, "certs", "rotate", "bookbuyer.bookbuyer.svc.cluster.local")

@@ -169,3 +169,15 @@ async def test_a_slow_watcher_is_ended_not_waited_for(manager: CertificateManage
     with pytest.raises(WatchOverflow):
         async for _ in changes:
             pass
+
+
+async def test_a_requested_validity_is_honoured_once_not_on_every_call(
+    manager: CertificateManager,
+) -> None:
+    first = await manager.issue_service(BOOKSTORE, validity=dt.timedelta(hours=24))
+    assert dt.timedelta(hours=21) < first.lifetime < dt.timedelta(hours=27)
+    again = await manager.issue_service(BOOKSTORE, validity=dt.timedelta(hours=24))
+    assert again.serial == first.serial
+    longer = await manager.issue_service(BOOKSTORE, validity=dt.timedelta(hours=72))
+    assert longer.serial != first.serial
+    assert longer.lifetime > dt.timedelta(hours=60)

@@ -162,7 +162,7 @@ class CertificateManager:
             current = self._records.get(cn)
             if (
                 current is not None
-                and validity is None
+                and self._lifetime_fits(current, validity)
                 and current.service_account == account
                 and not current.due(self._clock())
                 and self._signed_by_ca(current)
@@ -310,6 +310,19 @@ class CertificateManager:
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         return lock
+
+    def _lifetime_fits(self, record: CertificateRecord, validity: dt.timedelta | None) -> bool:
+        """Whether ``record`` was issued for ``validity`` (within the jitter band).
+
+        Callers that pass the mesh's configured validity on every call (the catalog, from
+        MeshConfig) get the current certificate back, not a new one each time.
+        """
+        if validity is None:
+            return True
+        slack = dt.timedelta(minutes=2)
+        low = validity * (1 - self._policy.jitter) - slack
+        high = validity * (1 + self._policy.jitter) + slack
+        return low <= record.lifetime <= high
 
     def _signed_by_ca(self, record: CertificateRecord) -> bool:
         leaf = x509.load_pem_x509_certificate(record.cert_chain_pem)

@@ -93,17 +93,30 @@ class CertificateFollower:
         """Issue (idempotently) the service certificate of every identity with proxies."""
         while not stop.is_set():
             self.catalog.certs_wanted.clear()
+            settings = self.catalog.spec.settings
+            lifetime = settings.service_cert_validity if settings else None
             for identity, account in sorted(self.catalog.identities_with_proxies().items()):
                 current = self.catalog.certificates.get(identity)
-                certificate = await stub.IssueCertificate(
-                    pb.IssueCertificateRequest(
-                        kind=pb.CERTIFICATE_KIND_SERVICE,
-                        service=pb.MeshService(namespace=identity.namespace, name=identity.service),
-                        service_account=account,
-                        omit_private_key=True,
-                    ),
-                    timeout=30,
+                request = pb.IssueCertificateRequest(
+                    kind=pb.CERTIFICATE_KIND_SERVICE,
+                    service=pb.MeshService(namespace=identity.namespace, name=identity.service),
+                    service_account=account,
+                    omit_private_key=True,
                 )
+                if lifetime is not None:  # MeshConfig spec.certificate.serviceCertValidityDuration
+                    request.validity.FromTimedelta(lifetime)
+                certificate = await stub.IssueCertificate(request, timeout=30)
+                expected = self.catalog.builder().trust_domain
+                if certificate.info.uris and not certificate.info.uris[0].startswith(
+                    f"spiffe://{expected}/"
+                ):
+                    log.error(
+                        "certs.trust_domain_mismatch identity=%s certificate=%s catalog=%s "
+                        "action='set the same trust domain in MeshConfig and certmanager'",
+                        identity,
+                        certificate.info.uris[0],
+                        expected,
+                    )
                 ref = CertificateRef(
                     certificate.info.common_name, certificate.info.serial, self._fingerprint
                 )
