@@ -11,11 +11,12 @@ import os
 import platform
 import sys
 
-from bench import certs, endpoints, report
+from bench import catalog, certs, endpoints, report
 
 BENCHMARKS: dict[str, report.Benchmark] = {
     "certs": certs.run,
     "endpoints": endpoints.run,
+    "catalog": catalog.run,
 }
 
 

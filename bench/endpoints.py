@@ -13,21 +13,25 @@ for the service first lists the workload's address. Both clocks are this process
 ``perf_counter``, so the latency is POST sent → event received and parsed, and includes
 this event loop's own delays (the watcher shares it with the HTTP clients).
 
-Two floors, measured with the same number of operations and the same concurrency, in
-:data:`ROUNDS` interleaved rounds (registrations, then each floor, per round):
+Two floors and a reference, each run over the same workload indices as the
+registrations, in :data:`ROUNDS` interleaved rounds (registrations, then each of them):
 
 * ``hset_publish``: HSET of a workload record plus PUBLISH of an event, from this process
-  with ``redis.asyncio`` to the same Redis: the floor of "durably store and announce";
+  with ``redis.asyncio`` to the same Redis, as many in flight: the floor of "durably store
+  and announce";
 * ``bare_http``: a bare FastAPI POST route parsing the same body, in its own process
-  (:mod:`bench.http_floor`): the floor of HTTP and JSON.
+  (:mod:`bench.http_floor`), as many in flight: the floor of HTTP and JSON;
+* ``serial_store_announce``: the manager's own Redis calls (HSET, then
+  :meth:`~trellis_common.signaling.Publisher.publish`), one at a time as its lock allows:
+  the ceiling of the current design rather than a floor.
 
 The scale is fixed work, not fixed time: the full run (``--seconds 2``, the default) is
 10,000 workloads over 1,000 services; shorter runs scale both by ``(seconds / 2) ** 2``, so
-``--seconds 0.5`` is a quick check (625 workloads over 62 services) and ``--seconds 1`` a
-quarter. ``TRELLIS_BENCH_WORKLOADS``, ``TRELLIS_BENCH_SERVICES`` and
-``TRELLIS_BENCH_CONCURRENCY`` override them. ``--warmup`` seconds of registrations (in
-another namespace, deregistered afterwards) and of each floor run first. At the end one ``GET /v1/services`` and one gRPC ``ListServices`` of the full
-registry are timed.
+``--seconds 0.5`` is a quick check (625 workloads over 62 services). The environment
+variables ``TRELLIS_BENCH_WORKLOADS``, ``TRELLIS_BENCH_SERVICES`` and
+``TRELLIS_BENCH_CONCURRENCY`` override the scale. ``--warmup`` seconds of registrations (in
+another namespace, deregistered afterwards) and of each floor run first. At the end one
+``GET /v1/services`` and one gRPC ``ListServices`` of the whole registry are timed.
 """
 
 from __future__ import annotations

@@ -178,7 +178,10 @@ class PolicyBuilder:
         root_known = self.services.get(root)
         if not reachable and not (root_known and self.may_call(source, root)):
             return []
-        ports = root_known.ports if root_known and root_known.ports else reachable[0][1].ports
+        if root_known and root_known.ports:
+            ports = root_known.ports
+        else:  # a root without ports (headless, not reported yet) takes a backend's
+            ports = reachable[0][1].ports if reachable else ()
         found = []
         for port in ports:
             weighted = []
@@ -197,12 +200,12 @@ class PolicyBuilder:
                 group = self.spec.route_groups.get((root.namespace, name))
                 for match in group.spec.matches if group else ():
                     routes.append(Route(f"{name}/{match.name}", http_match(match), tuple(weighted)))
-            if routes and root_known is not None and self.may_call(source, root):
+            if not routes or port.protocol == "tcp":  # HTTP matches cannot select TCP
+                routes = [Route("split", MATCH_ALL, tuple(weighted))]
+            elif root_known is not None and self.may_call(source, root):
                 ref = _cluster_ref(root_known, port)
                 clusters[ref.name] = ref
                 routes.append(Route("default", MATCH_ALL, (WeightedCluster(ref.name, 100),)))
-            elif not routes or port.protocol == "tcp":
-                routes = [Route("split", MATCH_ALL, tuple(weighted))]
             else:
                 routes.append(Route("split", MATCH_ALL, tuple(weighted)))
             found.append(

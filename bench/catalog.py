@@ -1,0 +1,356 @@
+"""The catalog's recompute cost: every view from scratch, and one endpoint change.
+
+The requirement: 1,000 services, 10,000 endpoints, 2,000 policies; print the time to build
+every view from scratch and the time to apply one endpoint change (median, p99), and how
+both grow from 100 to 1,000 services. So for each size N in :data:`SIZES` this generates
+the synthetic mesh of :mod:`bench.mesh` (N services, 10 endpoints and 2 policies each, one
+expected proxy each), parses its documents through the real ``KindRegistry`` (timed on its
+own: ``parse_ms``), and drives :class:`~trellis_catalog.catalog.Catalog` in process,
+calling ``flush()`` directly (no debounce, no announce):
+
+* ``build_ms``: a new Catalog, ``set_documents``, ``set_provider_services``,
+  ``expect_proxy`` for every proxy, then ``flush()``: every view from scratch (median of up
+  to :data:`MAX_REPEATS`, repeated while under ``--seconds``);
+* ``change_median_ms``/``change_p99_ms``: on that catalog, ``update_provider_service`` for
+  one random service with one endpoint moved to a new address, then ``flush()``; up to
+  :data:`CHANGES` changes, fewer when they take more than ``CHANGE_BUDGET * --seconds``
+  (with fewer than 100 changes p99 is the slowest one). ``change_identities`` is the
+  median number of identities in the returned ViewBatch;
+* ``policy_change_ms``: one TrafficTarget's sources replaced (the new document parsed
+  beforehand), ``set_documents`` with the edited list, ``flush()``; median like builds.
+
+Floors, measured in the same run and interleaved with their subjects:
+
+* ``index_floor_ms``: ``services.index`` of the declared Services and every report, and
+  ``services.cluster`` for every port: the part of a build that is linear in the mesh;
+* ``cluster_floor_ms``: ``services.cluster`` for the changed service's ports: the least an
+  endpoint change must redo.
+
+The growth table divides each figure at N by the one at the first size, next to how much
+N grew, and fits the exponent k of N**k between the first and the last size: k near 1 is
+linear, near 2 quadratic. ``--seconds`` below :data:`QUICK_SECONDS` skips N=1,000 (its
+build alone takes tens of seconds); ``TRELLIS_BENCH_CATALOG_SIZES=100,250`` picks sizes.
+``--warmup`` seconds of unmeasured builds (first size only) and of endpoint changes (every
+size) run first.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bench import load, mesh, report
+from trellis_catalog import sources
+from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain import services as svc
+from trellis_catalog.domain import spec as meshspec
+from trellis_common.documents.base import Document, KindRegistry, Origin
+from trellis_common.model import MeshService
+
+SIZES = (100, 250, 500, 1_000)
+QUICK_SECONDS = 1.0  # --seconds below this skips the largest size
+MAX_REPEATS = 5  # builds and policy changes per size, while under --seconds
+CHANGES = 200  # endpoint changes per size, at most
+MIN_CHANGES = 20
+CHANGE_BUDGET = 5.0  # endpoint changes per size stop after this many times --seconds
+TRUST_DOMAIN = "cluster.local"
+ORIGIN = "bench/mesh.yaml"
+MOVED_FROM = 1 << 23  # moved endpoints get addresses from 10.128.0.0 on
+
+
+@dataclass
+class Measured:
+    """What one size measured: durations in seconds, one per repetition."""
+
+    mesh: mesh.Mesh
+    parse: float
+    builds: list[float] = field(default_factory=list)
+    index_floor: list[float] = field(default_factory=list)
+    changes: list[float] = field(default_factory=list)
+    cluster_floor: list[float] = field(default_factory=list)
+    touched: list[int] = field(default_factory=list)
+    policy_changes: list[float] = field(default_factory=list)
+    policy_touched: list[int] = field(default_factory=list)
+
+
+def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
+    started = time.perf_counter()
+    registry = sources.kinds()
+    results: dict[str, float] = {}
+    everything: list[Measured] = []
+    for position, size in enumerate(sizes(seconds)):
+        measured = _measure(size, registry, seconds, warmup if position == 0 else 0.0, warmup)
+        everything.append(measured)
+        results |= _report(measured)
+    results |= _growth(everything)
+    print(f"  (the whole run took {time.perf_counter() - started:.1f} s)")
+    return results
+
+
+def sizes(seconds: float, env: Mapping[str, str] = os.environ) -> tuple[int, ...]:
+    text = env.get("TRELLIS_BENCH_CATALOG_SIZES", "").strip()
+    if text:
+        chosen = tuple(int(part) for part in text.split(","))
+        if any(n < 1 for n in chosen):
+            raise ValueError(f"TRELLIS_BENCH_CATALOG_SIZES must be numbers >= 1, got {text!r}")
+        return chosen
+    return SIZES if seconds >= QUICK_SECONDS else SIZES[:-1]
+
+
+def _measure(
+    size: int, registry: KindRegistry, seconds: float, build_warmup: float, warmup: float
+) -> Measured:
+    synthetic = mesh.generate(size)
+    start = time.perf_counter()
+    documents = _parse(registry, synthetic.documents)
+    measured = Measured(synthetic, time.perf_counter() - start)
+    declared = meshspec.build(documents).services
+
+    def build() -> Catalog:
+        catalog = Catalog(_announce, trust_domain=TRUST_DOMAIN)
+        catalog.set_documents(documents, [])
+        catalog.set_provider_services(mesh.PROVIDER, synthetic.reports)
+        for proxy in synthetic.proxies:
+            catalog.expect_proxy(proxy.common_name, proxy.service_account)
+        catalog.flush()
+        return catalog
+
+    def index_floor() -> None:
+        known = svc.index(declared, synthetic.reports)
+        for k in known.values():
+            for port in k.ports:
+                svc.cluster(k, port, TRUST_DOMAIN)
+
+    _repeat_for(build, build_warmup)
+    catalog: Catalog | None = None
+    while catalog is None or (
+        len(measured.builds) < MAX_REPEATS and sum(measured.builds) < seconds
+    ):
+        start = time.perf_counter()
+        index_floor()
+        measured.index_floor.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        catalog = build()
+        measured.builds.append(time.perf_counter() - start)
+        if len(measured.builds) == 1:
+            _check(catalog, synthetic)
+    # the endpoint and policy changes run against the last catalog built
+
+    changer = _EndpointChanger(catalog, synthetic, random.Random(mesh.SEED + size))
+    _repeat_for(changer.change, warmup)
+    budget = CHANGE_BUDGET * seconds
+    wanted = max(MIN_CHANGES, round(CHANGES * min(1.0, seconds / 2)))
+    while len(measured.changes) < wanted and (
+        len(measured.changes) < MIN_CHANGES or sum(measured.changes) < budget
+    ):
+        elapsed, touched, floor = changer.change()
+        measured.changes.append(elapsed)
+        measured.touched.append(touched)
+        measured.cluster_floor.append(floor)
+
+    editor = _PolicyEditor(catalog, registry, synthetic, documents, random.Random(-size))
+    while len(measured.policy_changes) < MAX_REPEATS and sum(measured.policy_changes) < seconds:
+        elapsed, touched = editor.edit()
+        measured.policy_changes.append(elapsed)
+        measured.policy_touched.append(touched)
+    return measured
+
+
+def _parse(registry: KindRegistry, raws: Sequence[mesh.Raw]) -> list[Document]:
+    return [registry.parse(raw, Origin(ORIGIN, i)) for i, raw in enumerate(raws)]
+
+
+async def _announce(kind: str, detail: str) -> int:
+    return 0
+
+
+def _repeat_for(op: Callable[[], object], seconds: float) -> None:
+    """Unmeasured warm-up: ``op`` until ``seconds`` passed, at least once if ``seconds``."""
+    deadline = time.perf_counter() + seconds
+    while seconds > 0 and time.perf_counter() < deadline:
+        op()
+
+
+def _check(catalog: Catalog, synthetic: mesh.Mesh) -> None:
+    """Make sure the build measures the mesh meant: every document valid, every view built."""
+    bad = [s for s in catalog.spec.statuses.values() if s.state != "valid"]
+    if bad:
+        raise RuntimeError(f"the synthetic mesh has invalid documents, e.g. {bad[0]}")
+    if len(catalog.policies) != synthetic.services or len(catalog.versions) != synthetic.services:
+        raise RuntimeError(f"expected {synthetic.services} views, got {len(catalog.versions)}")
+    if len(catalog.clusters) != synthetic.services:
+        raise RuntimeError(f"expected {synthetic.services} clusters, got {len(catalog.clusters)}")
+
+
+class _EndpointChanger:
+    """Moves one endpoint of one random service per :meth:`change`, and flushes."""
+
+    def __init__(self, catalog: Catalog, synthetic: mesh.Mesh, rng: random.Random) -> None:
+        self.catalog = catalog
+        self.reports = list(synthetic.reports)
+        self.rng = rng
+        self.next_address = MOVED_FROM
+
+    def change(self) -> tuple[float, int, float]:
+        """One change: (seconds to apply it, identities in the batch, seconds of the floor)."""
+        index = self.rng.randrange(len(self.reports))
+        report_ = mesh.moved(
+            self.reports[index], self.rng.randrange(mesh.ENDPOINTS_PER_SERVICE), self.next_address
+        )
+        self.reports[index] = report_
+        self.next_address += 1
+        catalog = self.catalog
+        start = time.perf_counter()
+        catalog.update_provider_service(mesh.PROVIDER, report_.namespace, report_.name, report_)
+        batch = catalog.flush()
+        elapsed = time.perf_counter() - start
+        known = catalog.services[MeshService(report_.namespace, report_.name)]
+        if mesh.address(self.next_address - 1) not in {e.address for e in known.endpoints}:
+            raise RuntimeError(f"the change to {report_.service} did not reach the catalog")
+        start = time.perf_counter()
+        for port in known.ports:
+            svc.cluster(known, port, TRUST_DOMAIN)
+        floor = time.perf_counter() - start
+        return elapsed, len(batch.identities) if batch else 0, floor
+
+
+class _PolicyEditor:
+    """Replaces one random TrafficTarget's sources per :meth:`edit`, and flushes."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        registry: KindRegistry,
+        synthetic: mesh.Mesh,
+        documents: list[Document],
+        rng: random.Random,
+    ) -> None:
+        self.catalog = catalog
+        self.registry = registry
+        self.raws = synthetic.documents  # documents[i] was parsed from raws[i]
+        self.documents = list(documents)
+        self.rng = rng
+        self.targets = [i for i, d in enumerate(documents) if d.key.kind == "TrafficTarget"]
+        self.accounts = [
+            (d.key.namespace, d.key.name) for d in documents if d.key.kind == "ServiceAccount"
+        ]
+
+    def edit(self) -> tuple[float, int]:
+        index = self.rng.choice(self.targets)
+        sources = self.rng.sample(self.accounts, self.rng.randint(*mesh.SOURCES))
+        edited = mesh.edited_target(self.raws[index], sources)
+        self.documents[index] = self.registry.parse(edited, self.documents[index].origin)
+        start = time.perf_counter()
+        self.catalog.set_documents(self.documents, [])
+        batch = self.catalog.flush()
+        return time.perf_counter() - start, len(batch.identities) if batch else 0
+
+
+def _ms(values: Sequence[float], q: float = 0.5) -> float:
+    return load.percentile(values, q) * 1000
+
+
+def _report(m: Measured) -> dict[str, float]:
+    n = m.mesh.services
+    builds, changes, edits = len(m.builds), len(m.changes), len(m.policy_changes)
+    build = report.Figure(
+        "build_ms",
+        _ms(m.builds),
+        "ms",
+        f"new Catalog, set every input, flush(): median of {builds}",
+    )
+    index_floor = report.Figure(
+        "index_floor_ms",
+        _ms(m.index_floor),
+        "ms",
+        "floor: services.index + services.cluster for every port",
+    )
+    change = report.Figure(
+        "change_median_ms",
+        _ms(m.changes),
+        "ms",
+        f"update_provider_service (1 endpoint moved) + flush(): {changes} changes",
+    )
+    p99 = report.Figure("change_p99_ms", _ms(m.changes, 0.99), "ms", "the same, p99")
+    cluster_floor = report.Figure(
+        "cluster_floor_ms",
+        _ms(m.cluster_floor),
+        "ms",
+        "floor: services.cluster for the changed service, median",
+    )
+    figures = [
+        report.Figure(
+            "parse_ms",
+            m.parse * 1000,
+            "ms",
+            f"KindRegistry.parse of {len(m.mesh.documents):,} documents",
+        ),
+        build,
+        index_floor,
+        change,
+        p99,
+        cluster_floor,
+        report.Figure(
+            "change_identities",
+            statistics.median(m.touched),
+            "views",
+            f"identities per change batch, median (max {max(m.touched)})",
+        ),
+        report.Figure(
+            "policy_change_ms",
+            _ms(m.policy_changes),
+            "ms",
+            f"1 TrafficTarget's sources edited, set_documents + flush(): median of {edits}",
+        ),
+        report.Figure(
+            "policy_identities",
+            statistics.median(m.policy_touched),
+            "views",
+            "identities per policy change batch, median",
+        ),
+    ]
+    report.print_table(f"catalog N={n:,}: {m.mesh.describe()}", figures)
+    ratios = {
+        f"build_ms/index_floor_ms@{n}": report.ratio_line(build, index_floor),
+        f"change_median_ms/cluster_floor_ms@{n}": report.ratio_line(change, cluster_floor),
+    }
+    print()
+    return {f"{f.name}@{n}": f.value for f in figures} | ratios
+
+
+def _growth(everything: Sequence[Measured]) -> dict[str, float]:
+    """The growth table: each figure at N over the same at the first size, and N**k fits."""
+    base = everything[0]
+    columns: dict[str, Callable[[Measured], float]] = {
+        "build_ms": lambda m: _ms(m.builds),
+        "index_floor_ms": lambda m: _ms(m.index_floor),
+        "change_median_ms": lambda m: _ms(m.changes),
+        "policy_change_ms": lambda m: _ms(m.policy_changes),
+    }
+    header = f"  {'N':>6} {'N growth':>9}" + "".join(f" {c:>17} {'growth':>8}" for c in columns)
+    print(f"catalog growth, against N={base.mesh.services:,} measured in this run")
+    print(header)
+    results: dict[str, float] = {}
+    for m in everything:
+        n = m.mesh.services
+        row = f"  {n:>6,} {n / base.mesh.services:>8.2f}x"
+        for name, value in columns.items():
+            growth = value(m) / value(base) if value(base) else float("inf")
+            results[f"{name}_growth@{n}"] = growth
+            row += f" {report.format_value(value(m)):>17} {growth:>7.2f}x"
+        print(row)
+    last = everything[-1]
+    if last.mesh.services != base.mesh.services:
+        fits = []
+        span = math.log(last.mesh.services / base.mesh.services)
+        for name, value in columns.items():
+            exponent = math.log(value(last) / value(base)) / span
+            results[f"{name}_exponent"] = exponent
+            fits.append(f"{name} ~ N^{exponent:.2f}")
+        print(f"  from N={base.mesh.services:,} to N={last.mesh.services:,}: " + ", ".join(fits))
+    return results

@@ -1,0 +1,693 @@
+"""SMI semantics of one identity's policy (``PolicyBuilder``) and of ``explain``.
+
+Each test writes the documents it needs in YAML; ``mesh`` (conftest) builds the spec and
+the service index and returns the builder. A service's account is its name unless the
+test maps it (``accounts={"shop/api-v1": "api"}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from trellis_catalog.domain.policy import PolicyBuilder, explain, http_match
+from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.views import (
+    MATCH_ALL,
+    ExternalService,
+    HttpMatch,
+    Identity,
+    IdentityPolicy,
+    InboundPort,
+    InboundRule,
+    OutboundService,
+    Route,
+    WeightedCluster,
+)
+from trellis_common.documents import smi
+from trellis_common.model import MeshService, ServiceAccount
+
+Mesh = Callable[..., PolicyBuilder]
+Endpoint = Callable[..., ProvidedEndpoint]
+Report = Callable[..., ProvidedService]
+
+WEB = Identity("shop", "web")
+API = Identity("shop", "api")
+WEB_ID = "spiffe://cluster.local/ns/shop/sa/web"
+API_ID = "spiffe://cluster.local/ns/shop/sa/api"
+
+
+def service(name: str, ports: str = "[{name: http, port: 80}]", namespace: str = "shop") -> str:
+    return f"""apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {namespace}}}
+spec: {{ports: {ports}}}"""
+
+
+def target(
+    name: str,
+    destination: str,
+    sources: str,
+    rules: str = "[{kind: HTTPRouteGroup, name: api-routes}]",
+    *,
+    version: str = "v1alpha3",
+    port: int | None = None,
+) -> str:
+    at = f", port: {port}" if port else ""
+    return f"""apiVersion: access.smi-spec.io/{version}
+kind: TrafficTarget
+metadata: {{name: {name}, namespace: shop}}
+spec:
+  destination: {{kind: ServiceAccount, name: {destination}{at}}}
+  sources: {sources}
+  rules: {rules}"""
+
+
+def split(backends: str, matches: str = "", version: str = "v1alpha2") -> str:
+    return f"""apiVersion: split.smi-spec.io/{version}
+kind: TrafficSplit
+metadata: {{name: api-split, namespace: shop}}
+spec:
+  service: api
+  backends: {backends}
+  {f"matches: {matches}" if matches else ""}"""
+
+
+def docs(*parts: str) -> str:
+    return "\n---\n".join(parts)
+
+
+ROUTES = """apiVersion: specs.smi-spec.io/v1alpha4
+kind: HTTPRouteGroup
+metadata: {name: api-routes, namespace: shop}
+spec:
+  matches:
+  - {name: get-items, pathRegex: /items, methods: [GET], headers: {x-user: "^[a-z]+$"}}
+  - {name: anything, methods: ["*"]}"""
+GET_ITEMS = HttpMatch("/items", ("GET",), (("x-user", "^[a-z]+$"),))
+PERMISSIVE = """apiVersion: config.openservicemesh.io/v1alpha2
+kind: MeshConfig
+metadata: {name: osm-mesh-config, namespace: trellis-system}
+spec: {traffic: {enablePermissiveTrafficPolicyMode: true}, featureFlags: {ignored: true}}"""
+SHOP = docs(
+    service("api", "[{name: http, port: 80, targetPort: 8080}]"),
+    service("web"),
+    service("db", "[{name: tcp-db, port: 5432}]"),
+    ROUTES,
+)
+WEB_TO_API = target("web-to-api", "api", "[{kind: ServiceAccount, name: web}]")
+
+
+def default_route(cluster: str) -> tuple[Route, ...]:
+    return (Route("default", MATCH_ALL, (WeightedCluster(cluster, 100),)),)
+
+
+def names(policy: IdentityPolicy) -> list[str]:
+    return [f"{o.namespace}/{o.name}:{o.port}" for o in policy.outbound]
+
+
+# -- deny by default and TrafficTargets ---------------------------------------------------
+
+
+def test_without_traffic_targets_nothing_is_allowed(mesh: Mesh) -> None:
+    builder = mesh(SHOP)
+
+    web = builder.build(WEB, "web")
+    assert (web.outbound, web.external, web.clusters) == ((), (), ())
+    assert web.spiffe_id == WEB_ID and not web.mesh.permissive
+    api = builder.build(API, "api")
+    assert api.inbound == (InboundPort(80, 8080, "http", "http", rules=(), allow_any=False),)
+
+
+def test_traffic_target_allows_every_service_of_the_destination_account(mesh: Mesh) -> None:
+    builder = mesh(
+        docs(SHOP, service("api-admin"), service("other"), WEB_TO_API),
+        accounts={"shop/api-admin": "api"},
+    )
+
+    web = builder.build(WEB, "web")
+    assert web.outbound == (
+        OutboundService(
+            "shop",
+            "api",
+            80,
+            "http",
+            tuple(
+                f"{host}{port}"
+                for port in ("", ":80")
+                for host in ("api", "api.shop", "api.shop.svc", "api.shop.svc.cluster.local")
+            ),
+            default_route("shop/api|80"),
+            (API_ID,),
+        ),
+        OutboundService(
+            "shop",
+            "api-admin",
+            80,
+            "http",
+            web.outbound[1].hostnames,
+            default_route("shop/api-admin|80"),
+            (API_ID,),
+        ),
+    )
+    assert web.cluster_names == ("shop/api-admin|80", "shop/api|80")
+    assert builder.build(Identity("shop", "thief"), "thief").outbound == ()
+
+    rule = InboundRule("shop/web-to-api", (WEB_ID,), (GET_ITEMS, MATCH_ALL))
+    for identity in (API, Identity("shop", "api-admin")):  # both run as account shop/api
+        [port] = builder.build(identity, "api").inbound
+        assert port.rules == (rule,) and not port.allow_any
+    assert builder.build(Identity("shop", "other"), "other").inbound[0].rules == ()
+    assert builder.build(WEB, "web").inbound[0].rules == ()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"name": "any", "methods": ["*"]}, MATCH_ALL),
+        ({"name": "any", "methods": ["GET", "*"]}, MATCH_ALL),
+        ({"name": "all"}, MATCH_ALL),
+        (
+            {"name": "rw", "pathRegex": "/x/.*", "methods": ["GET", "POST"]},
+            HttpMatch("/x/.*", ("GET", "POST")),
+        ),
+        (
+            {"name": "h", "headers": {"x-b": "2", "x-a": "1"}},
+            HttpMatch(".*", (), (("x-a", "1"), ("x-b", "2"))),
+        ),
+    ],
+)
+def test_http_matches(raw: dict[str, object], expected: HttpMatch) -> None:
+    assert http_match(smi.HTTPMatch.model_validate(raw)) == expected
+
+
+def test_sources_in_another_namespace(mesh: Mesh) -> None:
+    edge = target("edge-to-api", "api", "[{kind: ServiceAccount, name: client, namespace: edge}]")
+    builder = mesh(docs(SHOP, edge))
+
+    assert names(builder.build(Identity("edge", "client"), "client")) == ["shop/api:80"]
+    assert builder.build(Identity("shop", "client"), "client").outbound == ()
+    [port] = builder.build(API, "api").inbound
+    assert port.rules == (
+        InboundRule("shop/edge-to-api", ("spiffe://cluster.local/ns/edge/sa/client",), port.rules[0].http),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("port", "ports_with_rules"),
+    [(None, [80, 9090]), (80, [80]), (8080, [80]), (9090, [9090]), (1234, [])],
+)
+def test_destination_port_restricts_inbound(
+    mesh: Mesh, port: int | None, ports_with_rules: list[int]
+) -> None:
+    api = service("api", "[{name: http, port: 80, targetPort: 8080}, {name: grpc, port: 9090}]")
+    access = target(
+        "web-to-api", "api", "[{kind: ServiceAccount, name: web}]", version="v1alpha2", port=port
+    )
+    builder = mesh(docs(api, ROUTES, access))
+
+    inbound = builder.build(API, "api").inbound
+    assert [(p.port, p.target_port, p.protocol) for p in inbound] == [
+        (80, 8080, "http"),
+        (9090, 9090, "grpc"),
+    ]
+    assert [p.port for p in inbound if p.rules] == ports_with_rules
+
+
+def test_permissive_mode_reaches_every_service_and_accepts_anyone(
+    mesh: Mesh, report: Report
+) -> None:
+    external = report("egress/ext", location="MESH_EXTERNAL", hosts=("ext.example.com",))
+    builder = mesh(docs(SHOP, PERMISSIVE), external)
+
+    web = builder.build(WEB, "web")
+    assert web.mesh.permissive
+    assert names(web) == ["shop/api:80", "shop/db:5432", "shop/web:80"]
+    assert all(o.routes == default_route(f"shop/{o.name}|{o.port}") for o in web.outbound)
+    assert [e.host for e in web.external] == ["ext.example.com"]  # external: never outbound
+    api = builder.build(API, "api")
+    assert [(p.port, p.allow_any, p.rules) for p in api.inbound] == [(80, True, ())]
+
+
+# -- TrafficSplit -------------------------------------------------------------------------
+
+SPLIT_MESH = docs(
+    service("api"),
+    service("api-v1"),
+    service("api-v2"),
+    service("api-v3"),
+    ROUTES,
+    split(
+        "[{service: api-v1, weight: 80}, {service: api-v2, weight: 20}, "
+        "{service: api-v3, weight: 0}]"
+    ),
+    WEB_TO_API,
+)
+SPLIT_HOSTS = (
+    "api",
+    "api.shop",
+    "api.shop.svc",
+    "api.shop.svc.cluster.local",
+    "api:80",
+    "api.shop:80",
+    "api.shop.svc:80",
+    "api.shop.svc.cluster.local:80",
+)
+
+
+@pytest.mark.parametrize(
+    ("accounts", "weighted", "direct"),
+    [
+        pytest.param(
+            {},
+            [("shop/api-v1|80", 80), ("shop/api-v2|80", 20)],
+            ["api-v1", "api-v2", "api-v3"],
+            id="all-backends-allowed",
+        ),
+        pytest.param(
+            {"shop/api-v2": "canary"},
+            [("shop/api-v1|80", 80)],  # dropped, not re-spread
+            ["api-v1", "api-v3"],
+            id="a-backend-not-allowed",
+        ),
+        pytest.param(
+            {"shop/api": "root"},
+            [("shop/api-v1|80", 80), ("shop/api-v2|80", 20)],
+            ["api-v1", "api-v2", "api-v3"],
+            id="root-not-allowed-backends-are",
+        ),
+        pytest.param(
+            {"shop/api": "root", "shop/api-v1": "x", "shop/api-v2": "x", "shop/api-v3": "x"},
+            None,
+            [],
+            id="nothing-allowed",
+        ),
+    ],
+)
+def test_traffic_split_weights_over_allowed_backends(
+    mesh: Mesh,
+    accounts: dict[str, str],
+    weighted: list[tuple[str, int]] | None,
+    direct: list[str],
+) -> None:
+    account_map = {"shop/api-v1": "api", "shop/api-v2": "api", "shop/api-v3": "api"}
+    builder = mesh(SPLIT_MESH, accounts=account_map | accounts)
+
+    web = builder.build(WEB, "web")
+    roots = [o for o in web.outbound if o.name == "api"]
+    assert [o.name for o in web.outbound if o.name != "api"] == direct
+    if weighted is None:
+        assert roots == [] and web.clusters == ()
+        return
+    [root] = roots
+    assert (root.port, root.protocol, root.hostnames) == (80, "http", SPLIT_HOSTS)
+    [route] = root.routes
+    assert (route.name, route.match) == ("split", MATCH_ALL)
+    assert [(c.cluster, c.weight) for c in route.clusters] == weighted
+    assert root.spiffe_ids == (API_ID,)
+    assert "shop/api|80" not in [r.cluster for r in route.clusters]
+
+
+MATCH_GROUP = """apiVersion: specs.smi-spec.io/v1alpha4
+kind: HTTPRouteGroup
+metadata: {name: canary, namespace: shop}
+spec:
+  matches:
+  - {name: beta, headers: {x-beta: "true"}}
+  - {name: mobile, pathRegex: /m/.*}"""
+
+
+@pytest.mark.parametrize(
+    ("root_account", "matches", "routes"),
+    [
+        pytest.param(
+            "api",
+            "[{kind: HTTPRouteGroup, name: canary}]",
+            [("canary/beta", "api-v2"), ("canary/mobile", "api-v2"), ("default", "api")],
+            id="root-reachable-rest-goes-to-root",
+        ),
+        pytest.param(
+            "root",
+            "[{kind: HTTPRouteGroup, name: canary}]",
+            [("canary/beta", "api-v2"), ("canary/mobile", "api-v2"), ("split", "api-v2")],
+            id="root-unreachable-rest-follows-split",
+        ),
+        pytest.param(
+            "api",
+            "[{kind: HTTPRouteGroup, name: missing}]",
+            [("split", "api-v2")],
+            id="missing-group-whole-split",
+        ),
+    ],
+)
+def test_traffic_split_matches_split_only_matching_requests(
+    mesh: Mesh, root_account: str, matches: str, routes: list[tuple[str, str]]
+) -> None:
+    builder = mesh(
+        docs(
+            service("api"),
+            service("api-v2"),
+            ROUTES,
+            MATCH_GROUP,
+            split("[{service: api-v2, weight: 100}]", matches, version="v1alpha4"),
+            WEB_TO_API,
+        ),
+        accounts={"shop/api": root_account, "shop/api-v2": "api"},
+    )
+
+    [root] = [o for o in builder.build(WEB, "web").outbound if o.name == "api"]
+    assert [(r.name, c.cluster, c.weight) for r in root.routes for c in r.clusters] == [
+        (name, f"shop/{to}|80", 100) for name, to in routes
+    ]
+    by_name = {r.name: r.match for r in root.routes}
+    if "canary/beta" in by_name:
+        assert by_name["canary/beta"] == HttpMatch(".*", (), (("x-beta", "true"),))
+        assert by_name["canary/mobile"] == HttpMatch("/m/.*")
+    assert root.routes[-1].match == MATCH_ALL
+
+
+def test_traffic_split_matches_do_not_apply_on_a_tcp_port(mesh: Mesh) -> None:
+    """HTTP matches cannot select TCP connections: a TCP port takes the whole split."""
+    tcp = "[{name: tcp-db, port: 5432}]"
+    builder = mesh(
+        docs(
+            service("api", tcp),
+            service("api-v2", tcp),
+            MATCH_GROUP,
+            split(
+                "[{service: api-v2, weight: 100}]",
+                "[{kind: HTTPRouteGroup, name: canary}]",
+                version="v1alpha4",
+            ),
+            PERMISSIVE,
+        )
+    )
+
+    [root] = [o for o in builder.build(WEB, "web").outbound if o.name == "api"]
+    assert root.protocol == "tcp"
+    assert root.routes == (
+        Route("split", MATCH_ALL, (WeightedCluster("shop/api-v2|5432", 100),)),
+    )
+
+
+# -- TCPRoutes, protocols -----------------------------------------------------------------
+
+TCP_ROUTES = """apiVersion: specs.smi-spec.io/v1alpha4
+kind: TCPRoute
+metadata: {name: db-port, namespace: shop}
+spec: {matches: {ports: [5432]}}
+---
+apiVersion: specs.smi-spec.io/v1alpha4
+kind: TCPRoute
+metadata: {name: db-target, namespace: shop}
+spec: {matches: {ports: [15432]}}
+---
+apiVersion: specs.smi-spec.io/v1alpha3
+kind: TCPRoute
+metadata: {name: all-ports, namespace: shop}"""
+
+
+@pytest.mark.parametrize(
+    ("destination", "rule", "expected"),
+    [
+        pytest.param("db", "TCPRoute, name: db-port", {5432: ((), (15432,))}, id="port-listed"),
+        pytest.param(
+            "db", "TCPRoute, name: db-target", {5432: ((), (15432,))}, id="target-port-listed"
+        ),
+        pytest.param(
+            "db",
+            "TCPRoute, name: all-ports",
+            {5432: ((), (15432,)), 7000: ((), (7000,))},
+            id="all-ports",
+        ),
+        pytest.param("db", "HTTPRouteGroup, name: api-routes", {}, id="http-rule-on-tcp-port"),
+        pytest.param(
+            "api", "TCPRoute, name: all-ports", {80: ((MATCH_ALL,), ())}, id="tcp-rule-on-http-port"
+        ),
+        pytest.param("api", "TCPRoute, name: db-port", {}, id="tcp-rule-other-port"),
+    ],
+)
+def test_tcp_routes(
+    mesh: Mesh,
+    destination: str,
+    rule: str,
+    expected: dict[int, tuple[tuple[HttpMatch, ...], tuple[int, ...]]],
+) -> None:
+    db = service("db", "[{name: tcp-db, port: 5432, targetPort: 15432}, {name: tcp-admin, port: 7000}]")
+    api = service("api", "[{name: http, port: 80, targetPort: 8080}]")
+    access = target("web-to", destination, "[{kind: ServiceAccount, name: web}]", f"[{{kind: {rule}}}]")
+    builder = mesh(docs(db, api, ROUTES, TCP_ROUTES, access))  # fmt: skip
+
+    inbound = builder.build(Identity("shop", destination), destination).inbound
+    found = {p.port: (p.rules[0].http, p.rules[0].tcp_ports) for p in inbound if p.rules}
+    assert found == expected
+    assert all(r.policy == "shop/web-to" for p in inbound for r in p.rules)
+
+
+@pytest.mark.parametrize(
+    ("port", "protocol"),
+    [
+        ("{name: http, port: 80}", "http"),
+        ("{name: http-web, port: 80}", "http"),
+        ("{name: grpc, port: 80}", "grpc"),
+        ("{name: grpc-api, port: 80}", "grpc"),
+        ("{name: tcp-raw, port: 80}", "tcp"),
+        ("{name: http2, port: 80}", "http2"),
+        ("{name: mysql, port: 80}", "http"),
+        ("{port: 80}", "http"),
+        ("{name: web, port: 80, appProtocol: grpc}", "grpc"),
+        ("{name: http, port: 80, appProtocol: tcp}", "tcp"),
+        ("{name: web, port: 80, appProtocol: kubernetes.io/h2c}", "http2"),
+        ("{name: web, port: 80, appProtocol: postgresql}", "tcp"),
+    ],
+)
+def test_protocol_from_port_name_and_app_protocol(mesh: Mesh, port: str, protocol: str) -> None:
+    builder = mesh(docs(service("api", f"[{port}]"), service("web"), PERMISSIVE))
+
+    [outbound] = [o for o in builder.build(WEB, "web").outbound if o.name == "api"]
+    assert outbound.protocol == protocol
+    assert builder.build(WEB, "web").clusters[0].protocol == protocol
+    assert builder.build(API, "api").inbound[0].protocol == protocol
+
+
+# -- ServiceEntries -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("export_to", "namespace", "visible"),
+    [
+        ((), "shop", True),
+        ((".",), "egress", True),
+        ((".",), "shop", False),
+        (("*",), "shop", True),
+        (("shop",), "shop", True),
+        (("shop",), "other", False),
+        (("~",), "egress", False),
+        (("~",), "shop", False),
+    ],
+)
+def test_mesh_external_service_entries_respect_export_to(
+    mesh: Mesh, report: Report, export_to: tuple[str, ...], namespace: str, visible: bool
+) -> None:
+    payments = report(
+        "egress/payments",
+        ports=[("https", 443, "HTTPS"), ("http", 80, "HTTP")],
+        location="MESH_EXTERNAL",
+        resolution="DNS",
+        hosts=("payments.example.com", "pay.example.com"),
+        addresses=("192.0.2.0/24",),
+        export_to=export_to,
+    )
+    builder = mesh(PERMISSIVE, payments)
+
+    policy = builder.build(Identity(namespace, "client"), "client")
+    assert policy.outbound == ()  # an external service is never an outbound destination
+    if not visible:
+        assert policy.external == () and policy.clusters == ()
+        return
+    assert policy.external == tuple(
+        ExternalService(host, port, protocol, f"egress/payments|{port}", ("192.0.2.0/24",), "egress/payments")
+        for host, port, protocol in [
+            ("pay.example.com", 80, "http"),
+            ("pay.example.com", 443, "tcp"),
+            ("payments.example.com", 80, "http"),
+            ("payments.example.com", 443, "tcp"),
+        ]
+    )  # fmt: skip
+    assert [(c.name, c.discovery, c.mesh_tls) for c in policy.clusters] == [
+        ("egress/payments|443", "DNS", False),
+        ("egress/payments|80", "DNS", False),
+    ]
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_mesh_internal_service_entry_host_is_an_outbound_destination(
+    mesh: Mesh, report: Report, endpoint: Endpoint, allowed: bool
+) -> None:
+    legacy = report(
+        "shop/legacy",
+        endpoint("10.0.0.9", {"http": 8080}, service_account="legacy"),
+        ports=[("http", 8080, "HTTP")],
+        location="MESH_INTERNAL",
+        resolution="STATIC",
+        hosts=("legacy.corp.internal",),
+    )
+    rules = "[{kind: HTTPRouteGroup, name: api-routes}]"
+    access = target("web-to-legacy", "legacy", "[{kind: ServiceAccount, name: web}]", rules)
+    builder = mesh(docs(SHOP, access) if allowed else SHOP, legacy)
+
+    web = builder.build(WEB, "web")
+    assert web.external == ()
+    if not allowed:  # deny by default applies to entries of the mesh too
+        assert web.outbound == ()
+        return
+    assert web.outbound == (
+        OutboundService(
+            "shop",
+            "legacy",
+            8080,
+            "http",
+            ("legacy.corp.internal", "legacy.corp.internal:8080"),
+            default_route("shop/legacy|8080"),
+            ("spiffe://cluster.local/ns/shop/sa/legacy",),
+        ),
+    )
+    [cluster] = web.clusters
+    assert (cluster.discovery, cluster.mesh_tls) == ("STATIC", True)
+
+
+# -- trust domain, unknown references ------------------------------------------------------
+
+TRELLIS_CONFIG = """apiVersion: config.trellis.io/v1alpha1
+kind: MeshConfig
+metadata: {name: mesh, namespace: trellis-system}
+spec: {trustDomain: corp.example}"""
+OSM_CONFIG = PERMISSIVE.replace("true", "false")
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ([], "mesh.example"),
+        ([OSM_CONFIG], "mesh.example"),  # OSM's MeshConfig has no trust domain
+        ([TRELLIS_CONFIG], "corp.example"),
+    ],
+)
+def test_trust_domain_of_spiffe_ids(mesh: Mesh, config: list[str], expected: str) -> None:
+    builder = mesh(docs(SHOP, WEB_TO_API, *config), trust_domain="mesh.example")
+
+    web = builder.build(WEB, "web")
+    assert web.spiffe_id == f"spiffe://{expected}/ns/shop/sa/web"
+    assert web.mesh.trust_domain == expected
+    assert web.outbound[0].spiffe_ids == (f"spiffe://{expected}/ns/shop/sa/api",)
+    [port] = builder.build(API, "api").inbound
+    assert port.rules[0].source_spiffe_ids == (f"spiffe://{expected}/ns/shop/sa/web",)
+
+
+def test_unknown_references_never_raise(mesh: Mesh) -> None:
+    builder = mesh(
+        docs(
+            SHOP,
+            split(
+                "[{service: ghost-v1, weight: 1}, {service: api, weight: 1}]",
+                "[{kind: HTTPRouteGroup, name: missing}]",
+                version="v1alpha4",
+            ).replace("service: api\n", "service: ghost\n"),
+            target("to-nobody", "nobody", "[{kind: ServiceAccount, name: web}]"),
+            target("broken", "api", "[{kind: ServiceAccount, name: web}]", "[{kind: TCPRoute, name: gone}]"),
+            target("from-afar", "api", "[{kind: ServiceAccount, name: x, namespace: nowhere}]"),
+            WEB_TO_API,
+        )
+    )  # fmt: skip
+
+    web = builder.build(WEB, "web")
+    assert names(web) == ["shop/api:80", "shop/ghost:80"]  # ghost: split to its known backend
+    [ghost] = [o for o in web.outbound if o.name == "ghost"]
+    assert ghost.routes == (Route("split", MATCH_ALL, (WeightedCluster("shop/api|80", 1),)),)
+    unknown = builder.build(Identity("nowhere", "ghost"), "ghost")
+    assert unknown.inbound == () and unknown.outbound == ()
+    [port] = builder.build(API, "api").inbound
+    assert [r.policy for r in port.rules] == ["shop/from-afar", "shop/web-to-api"]
+
+
+def test_split_of_a_root_without_ports_to_unknown_backends_does_not_raise(mesh: Mesh) -> None:
+    headless = "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: shop}\nspec: {clusterIP: None}"  # noqa: E501
+    builder = mesh(docs(headless, service("web"), split("[{service: api-v9, weight: 1}]"), PERMISSIVE))
+
+    web = builder.build(WEB, "web")
+    assert names(web) == ["shop/web:80"]  # nothing to route to yet: the root is left out
+
+
+# -- explain ------------------------------------------------------------------------------
+
+EXPLAIN_MESH = docs(
+    service("api"),
+    service("api-v1"),
+    service("db", "[{name: tcp-db, port: 5432}]"),
+    ROUTES,
+    TCP_ROUTES,
+    split("[{service: api-v1, weight: 1}]"),
+    target("web-to-api", "api", "[{kind: ServiceAccount, name: web}]"),
+    target("web-to-db", "db", "[{kind: ServiceAccount, name: web}]", "[{kind: TCPRoute, name: db-port}]"),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("source", "destination", "allowed", "reason", "policies", "routes"),
+    [
+        pytest.param(
+            "web", "api-v1", True, "allowed to shop/api by TrafficTarget shop/web-to-api",
+            ("shop/web-to-api",), (GET_ITEMS, MATCH_ALL), id="allowed-http",
+        ),
+        pytest.param(
+            "web", "db", True, "allowed to shop/db by TrafficTarget shop/web-to-db",
+            ("shop/web-to-db",), (MATCH_ALL,), id="allowed-tcp",
+        ),
+        pytest.param(
+            "thief", "api-v1", False,
+            "no TrafficTarget lets service account shop/thief call shop/api (the account of "
+            "shop/api-v1); traffic is denied by default",
+            (), (), id="denied",
+        ),
+        pytest.param(
+            "web", "api", True, "through TrafficSplit shop/api-split",
+            ("shop/web-to-api",), (GET_ITEMS, MATCH_ALL), id="via-split",
+        ),
+        pytest.param(
+            "thief", "api", False,
+            "shop/api is split by TrafficSplit shop/api-split and no TrafficTarget lets "
+            "shop/thief call any of its backends",
+            (), (), id="denied-via-split",
+        ),
+        pytest.param(
+            "web", "ghost", False, "service shop/ghost is not known to the mesh", (), (),
+            id="unknown-service",
+        ),
+    ],
+)  # fmt: skip
+def test_explain(
+    mesh: Mesh,
+    source: str,
+    destination: str,
+    allowed: bool,
+    reason: str,
+    policies: tuple[str, ...],
+    routes: tuple[HttpMatch, ...],
+) -> None:
+    builder = mesh(EXPLAIN_MESH, accounts={"shop/api-v1": "api"})
+
+    decision = explain(builder, ServiceAccount("shop", source), MeshService("shop", destination))
+    assert (decision.allowed, decision.reason) == (allowed, reason)
+    assert (decision.policies, decision.routes) == (policies, routes)
+    assert not decision.permissive
+
+
+def test_explain_in_permissive_mode(mesh: Mesh) -> None:
+    builder = mesh(docs(EXPLAIN_MESH, PERMISSIVE))
+
+    decision = explain(builder, ServiceAccount("shop", "thief"), MeshService("shop", "api-v1"))
+    assert decision.allowed and decision.permissive
+    assert "permissive traffic policy mode is on" in decision.reason
+    unknown = explain(builder, ServiceAccount("shop", "thief"), MeshService("shop", "ghost"))
+    assert not unknown.allowed  # permissive mode does not invent services

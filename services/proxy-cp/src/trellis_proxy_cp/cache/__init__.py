@@ -1,0 +1,1 @@
+"""Versioned snapshots of Envoy resources per proxy group, checked and serialized once."""

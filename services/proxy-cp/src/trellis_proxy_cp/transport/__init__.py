@@ -1,0 +1,1 @@
+"""Transports: the ADS servers (state of the world, delta) and the admin REST routes."""
