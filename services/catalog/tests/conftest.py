@@ -85,7 +85,8 @@ def _port(port: PortArg) -> tuple[str, int, str, int]:
     name, number = port[0], port[1]
     protocol = port[2] if len(port) > 2 else ""
     target = port[3] if len(port) > 3 else 0
-    assert isinstance(protocol, str) and isinstance(target, int)
+    assert isinstance(protocol, str)
+    assert isinstance(target, int)
     return name, number, protocol, target
 
 

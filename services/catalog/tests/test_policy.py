@@ -64,12 +64,12 @@ spec:
   rules: {rules}"""
 
 
-def split(backends: str, matches: str = "", version: str = "v1alpha2") -> str:
+def split(backends: str, matches: str = "", version: str = "v1alpha2", root: str = "api") -> str:
     return f"""apiVersion: split.smi-spec.io/{version}
 kind: TrafficSplit
-metadata: {{name: api-split, namespace: shop}}
+metadata: {{name: {root}-split, namespace: shop}}
 spec:
-  service: api
+  service: {root}
   backends: {backends}
   {f"matches: {matches}" if matches else ""}"""
 
@@ -96,7 +96,13 @@ SHOP = docs(
     service("db", "[{name: tcp-db, port: 5432}]"),
     ROUTES,
 )
-WEB_TO_API = target("web-to-api", "api", "[{kind: ServiceAccount, name: web}]")
+WEB_SOURCE = "[{kind: ServiceAccount, name: web}]"
+WEB_TO_API = target("web-to-api", "api", WEB_SOURCE)
+
+
+def hosts(name: str, port: int) -> tuple[str, ...]:
+    names = (name, f"{name}.shop", f"{name}.shop.svc", f"{name}.shop.svc.cluster.local")
+    return names + tuple(f"{n}:{port}" for n in names)
 
 
 def default_route(cluster: str) -> tuple[Route, ...]:
@@ -115,7 +121,8 @@ def test_without_traffic_targets_nothing_is_allowed(mesh: Mesh) -> None:
 
     web = builder.build(WEB, "web")
     assert (web.outbound, web.external, web.clusters) == ((), (), ())
-    assert web.spiffe_id == WEB_ID and not web.mesh.permissive
+    assert web.spiffe_id == WEB_ID
+    assert not web.mesh.permissive
     api = builder.build(API, "api")
     assert api.inbound == (InboundPort(80, 8080, "http", "http", rules=(), allow_any=False),)
 
@@ -127,29 +134,11 @@ def test_traffic_target_allows_every_service_of_the_destination_account(mesh: Me
     )
 
     web = builder.build(WEB, "web")
-    assert web.outbound == (
+    assert web.outbound == tuple(
         OutboundService(
-            "shop",
-            "api",
-            80,
-            "http",
-            tuple(
-                f"{host}{port}"
-                for port in ("", ":80")
-                for host in ("api", "api.shop", "api.shop.svc", "api.shop.svc.cluster.local")
-            ),
-            default_route("shop/api|80"),
-            (API_ID,),
-        ),
-        OutboundService(
-            "shop",
-            "api-admin",
-            80,
-            "http",
-            web.outbound[1].hostnames,
-            default_route("shop/api-admin|80"),
-            (API_ID,),
-        ),
+            "shop", name, 80, "http", hosts(name, 80), default_route(f"shop/{name}|80"), (API_ID,)
+        )
+        for name in ("api", "api-admin")
     )
     assert web.cluster_names == ("shop/api-admin|80", "shop/api|80")
     assert builder.build(Identity("shop", "thief"), "thief").outbound == ()
@@ -157,7 +146,8 @@ def test_traffic_target_allows_every_service_of_the_destination_account(mesh: Me
     rule = InboundRule("shop/web-to-api", (WEB_ID,), (GET_ITEMS, MATCH_ALL))
     for identity in (API, Identity("shop", "api-admin")):  # both run as account shop/api
         [port] = builder.build(identity, "api").inbound
-        assert port.rules == (rule,) and not port.allow_any
+        assert port.rules == (rule,)
+        assert not port.allow_any
     assert builder.build(Identity("shop", "other"), "other").inbound[0].rules == ()
     assert builder.build(WEB, "web").inbound[0].rules == ()
 
@@ -189,9 +179,9 @@ def test_sources_in_another_namespace(mesh: Mesh) -> None:
     assert names(builder.build(Identity("edge", "client"), "client")) == ["shop/api:80"]
     assert builder.build(Identity("shop", "client"), "client").outbound == ()
     [port] = builder.build(API, "api").inbound
-    assert port.rules == (
-        InboundRule("shop/edge-to-api", ("spiffe://cluster.local/ns/edge/sa/client",), port.rules[0].http),
-    )  # fmt: skip
+    [rule] = port.rules
+    assert (rule.policy, rule.http) == ("shop/edge-to-api", (GET_ITEMS, MATCH_ALL))
+    assert rule.source_spiffe_ids == ("spiffe://cluster.local/ns/edge/sa/client",)
 
 
 @pytest.mark.parametrize(
@@ -202,9 +192,7 @@ def test_destination_port_restricts_inbound(
     mesh: Mesh, port: int | None, ports_with_rules: list[int]
 ) -> None:
     api = service("api", "[{name: http, port: 80, targetPort: 8080}, {name: grpc, port: 9090}]")
-    access = target(
-        "web-to-api", "api", "[{kind: ServiceAccount, name: web}]", version="v1alpha2", port=port
-    )
+    access = target("web-to-api", "api", WEB_SOURCE, version="v1alpha2", port=port)
     builder = mesh(docs(api, ROUTES, access))
 
     inbound = builder.build(API, "api").inbound
@@ -233,75 +221,45 @@ def test_permissive_mode_reaches_every_service_and_accepts_anyone(
 # -- TrafficSplit -------------------------------------------------------------------------
 
 SPLIT_MESH = docs(
-    service("api"),
-    service("api-v1"),
-    service("api-v2"),
-    service("api-v3"),
+    *(service(name) for name in ("api", "api-v1", "api-v2", "api-v3")),
     ROUTES,
-    split(
-        "[{service: api-v1, weight: 80}, {service: api-v2, weight: 20}, "
-        "{service: api-v3, weight: 0}]"
-    ),
+    split("[{service: api-v1, weight: 80}, {service: api-v2, weight: 20}, "
+          "{service: api-v3, weight: 0}]"),
     WEB_TO_API,
-)
-SPLIT_HOSTS = (
-    "api",
-    "api.shop",
-    "api.shop.svc",
-    "api.shop.svc.cluster.local",
-    "api:80",
-    "api.shop:80",
-    "api.shop.svc:80",
-    "api.shop.svc.cluster.local:80",
-)
+)  # fmt: skip
+BOTH = [("shop/api-v1|80", 80), ("shop/api-v2|80", 20)]
+ALL_DIRECT = ["api-v1", "api-v2", "api-v3"]
+ALL_BACKENDS = [f"shop/{name}" for name in ALL_DIRECT]  # run as account "api" unless mapped
 
 
 @pytest.mark.parametrize(
     ("accounts", "weighted", "direct"),
     [
-        pytest.param(
-            {},
-            [("shop/api-v1|80", 80), ("shop/api-v2|80", 20)],
-            ["api-v1", "api-v2", "api-v3"],
-            id="all-backends-allowed",
-        ),
-        pytest.param(
-            {"shop/api-v2": "canary"},
-            [("shop/api-v1|80", 80)],  # dropped, not re-spread
-            ["api-v1", "api-v3"],
-            id="a-backend-not-allowed",
-        ),
-        pytest.param(
-            {"shop/api": "root"},
-            [("shop/api-v1|80", 80), ("shop/api-v2|80", 20)],
-            ["api-v1", "api-v2", "api-v3"],
-            id="root-not-allowed-backends-are",
-        ),
-        pytest.param(
-            {"shop/api": "root", "shop/api-v1": "x", "shop/api-v2": "x", "shop/api-v3": "x"},
-            None,
-            [],
-            id="nothing-allowed",
-        ),
+        pytest.param({}, BOTH, ALL_DIRECT, id="all-backends-allowed"),
+        pytest.param({"shop/api-v2": "canary"}, [("shop/api-v1|80", 80)], ["api-v1", "api-v3"],
+                     id="a-backend-not-allowed-is-dropped-not-re-spread"),
+        pytest.param({"shop/api": "root"}, BOTH, ALL_DIRECT, id="root-not-allowed-backends-are"),
+        pytest.param({"shop/api": "root", **dict.fromkeys(ALL_BACKENDS, "other")}, None, [],
+                     id="nothing-allowed"),
     ],
-)
+)  # fmt: skip
 def test_traffic_split_weights_over_allowed_backends(
     mesh: Mesh,
     accounts: dict[str, str],
     weighted: list[tuple[str, int]] | None,
     direct: list[str],
 ) -> None:
-    account_map = {"shop/api-v1": "api", "shop/api-v2": "api", "shop/api-v3": "api"}
-    builder = mesh(SPLIT_MESH, accounts=account_map | accounts)
+    builder = mesh(SPLIT_MESH, accounts=dict.fromkeys(ALL_BACKENDS, "api") | accounts)
 
     web = builder.build(WEB, "web")
     roots = [o for o in web.outbound if o.name == "api"]
     assert [o.name for o in web.outbound if o.name != "api"] == direct
     if weighted is None:
-        assert roots == [] and web.clusters == ()
+        assert roots == []
+        assert web.clusters == ()
         return
     [root] = roots
-    assert (root.port, root.protocol, root.hostnames) == (80, "http", SPLIT_HOSTS)
+    assert (root.port, root.protocol, root.hostnames) == (80, "http", hosts("api", 80))
     [route] = root.routes
     assert (route.name, route.match) == ("split", MATCH_ALL)
     assert [(c.cluster, c.weight) for c in route.clusters] == weighted
@@ -318,29 +276,21 @@ spec:
   - {name: mobile, pathRegex: /m/.*}"""
 
 
+CANARY = "[{kind: HTTPRouteGroup, name: canary}]"
+CANARY_ROUTES = [("canary/beta", "api-v2"), ("canary/mobile", "api-v2")]
+
+
 @pytest.mark.parametrize(
     ("root_account", "matches", "routes"),
     [
-        pytest.param(
-            "api",
-            "[{kind: HTTPRouteGroup, name: canary}]",
-            [("canary/beta", "api-v2"), ("canary/mobile", "api-v2"), ("default", "api")],
-            id="root-reachable-rest-goes-to-root",
-        ),
-        pytest.param(
-            "root",
-            "[{kind: HTTPRouteGroup, name: canary}]",
-            [("canary/beta", "api-v2"), ("canary/mobile", "api-v2"), ("split", "api-v2")],
-            id="root-unreachable-rest-follows-split",
-        ),
-        pytest.param(
-            "api",
-            "[{kind: HTTPRouteGroup, name: missing}]",
-            [("split", "api-v2")],
-            id="missing-group-whole-split",
-        ),
+        pytest.param("api", CANARY, [*CANARY_ROUTES, ("default", "api")],
+                     id="root-reachable-rest-goes-to-root"),
+        pytest.param("root", CANARY, [*CANARY_ROUTES, ("split", "api-v2")],
+                     id="root-unreachable-rest-follows-split"),
+        pytest.param("api", "[{kind: HTTPRouteGroup, name: missing}]", [("split", "api-v2")],
+                     id="missing-group-whole-split"),
     ],
-)
+)  # fmt: skip
 def test_traffic_split_matches_split_only_matching_requests(
     mesh: Mesh, root_account: str, matches: str, routes: list[tuple[str, str]]
 ) -> None:
@@ -375,20 +325,14 @@ def test_traffic_split_matches_do_not_apply_on_a_tcp_port(mesh: Mesh) -> None:
             service("api", tcp),
             service("api-v2", tcp),
             MATCH_GROUP,
-            split(
-                "[{service: api-v2, weight: 100}]",
-                "[{kind: HTTPRouteGroup, name: canary}]",
-                version="v1alpha4",
-            ),
+            split("[{service: api-v2, weight: 100}]", CANARY, version="v1alpha4"),
             PERMISSIVE,
         )
     )
 
     [root] = [o for o in builder.build(WEB, "web").outbound if o.name == "api"]
     assert root.protocol == "tcp"
-    assert root.routes == (
-        Route("split", MATCH_ALL, (WeightedCluster("shop/api-v2|5432", 100),)),
-    )
+    assert root.routes == (Route("split", MATCH_ALL, (WeightedCluster("shop/api-v2|5432", 100),)),)
 
 
 # -- TCPRoutes, protocols -----------------------------------------------------------------
@@ -412,32 +356,28 @@ metadata: {name: all-ports, namespace: shop}"""
     ("destination", "rule", "expected"),
     [
         pytest.param("db", "TCPRoute, name: db-port", {5432: ((), (15432,))}, id="port-listed"),
-        pytest.param(
-            "db", "TCPRoute, name: db-target", {5432: ((), (15432,))}, id="target-port-listed"
-        ),
-        pytest.param(
-            "db",
-            "TCPRoute, name: all-ports",
-            {5432: ((), (15432,)), 7000: ((), (7000,))},
-            id="all-ports",
-        ),
+        pytest.param("db", "TCPRoute, name: db-target", {5432: ((), (15432,))},
+                     id="target-port-listed"),
+        pytest.param("db", "TCPRoute, name: all-ports", {5432: ((), (15432,)), 7000: ((), (7000,))},
+                     id="all-ports"),
         pytest.param("db", "HTTPRouteGroup, name: api-routes", {}, id="http-rule-on-tcp-port"),
-        pytest.param(
-            "api", "TCPRoute, name: all-ports", {80: ((MATCH_ALL,), ())}, id="tcp-rule-on-http-port"
-        ),
+        pytest.param("api", "TCPRoute, name: all-ports", {80: ((MATCH_ALL,), ())},
+                     id="tcp-rule-on-http-port-allows-every-request"),
         pytest.param("api", "TCPRoute, name: db-port", {}, id="tcp-rule-other-port"),
     ],
-)
+)  # fmt: skip
 def test_tcp_routes(
     mesh: Mesh,
     destination: str,
     rule: str,
     expected: dict[int, tuple[tuple[HttpMatch, ...], tuple[int, ...]]],
 ) -> None:
-    db = service("db", "[{name: tcp-db, port: 5432, targetPort: 15432}, {name: tcp-admin, port: 7000}]")
+    db = service(
+        "db", "[{name: tcp-db, port: 5432, targetPort: 15432}, {name: tcp-admin, port: 7000}]"
+    )
     api = service("api", "[{name: http, port: 80, targetPort: 8080}]")
-    access = target("web-to", destination, "[{kind: ServiceAccount, name: web}]", f"[{{kind: {rule}}}]")
-    builder = mesh(docs(db, api, ROUTES, TCP_ROUTES, access))  # fmt: skip
+    access = target("web-to", destination, WEB_SOURCE, f"[{{kind: {rule}}}]")  # fmt: skip
+    builder = mesh(docs(db, api, ROUTES, TCP_ROUTES, access))
 
     inbound = builder.build(Identity("shop", destination), destination).inbound
     found = {p.port: (p.rules[0].http, p.rules[0].tcp_ports) for p in inbound if p.rules}
@@ -504,10 +444,12 @@ def test_mesh_external_service_entries_respect_export_to(
     policy = builder.build(Identity(namespace, "client"), "client")
     assert policy.outbound == ()  # an external service is never an outbound destination
     if not visible:
-        assert policy.external == () and policy.clusters == ()
+        assert policy.external == ()
+        assert policy.clusters == ()
         return
     assert policy.external == tuple(
-        ExternalService(host, port, protocol, f"egress/payments|{port}", ("192.0.2.0/24",), "egress/payments")
+        ExternalService(host, port, protocol, f"egress/payments|{port}", ("192.0.2.0/24",),
+                        "egress/payments")
         for host, port, protocol in [
             ("pay.example.com", 80, "http"),
             ("pay.example.com", 443, "tcp"),
@@ -533,8 +475,7 @@ def test_mesh_internal_service_entry_host_is_an_outbound_destination(
         resolution="STATIC",
         hosts=("legacy.corp.internal",),
     )
-    rules = "[{kind: HTTPRouteGroup, name: api-routes}]"
-    access = target("web-to-legacy", "legacy", "[{kind: ServiceAccount, name: web}]", rules)
+    access = target("web-to-legacy", "legacy", WEB_SOURCE)
     builder = mesh(docs(SHOP, access) if allowed else SHOP, legacy)
 
     web = builder.build(WEB, "web")
@@ -542,17 +483,11 @@ def test_mesh_internal_service_entry_host_is_an_outbound_destination(
     if not allowed:  # deny by default applies to entries of the mesh too
         assert web.outbound == ()
         return
-    assert web.outbound == (
-        OutboundService(
-            "shop",
-            "legacy",
-            8080,
-            "http",
-            ("legacy.corp.internal", "legacy.corp.internal:8080"),
-            default_route("shop/legacy|8080"),
-            ("spiffe://cluster.local/ns/shop/sa/legacy",),
-        ),
-    )
+    [outbound] = web.outbound
+    assert outbound == OutboundService(
+        "shop", "legacy", 8080, "http", ("legacy.corp.internal", "legacy.corp.internal:8080"),
+        default_route("shop/legacy|8080"), ("spiffe://cluster.local/ns/shop/sa/legacy",),
+    )  # fmt: skip
     [cluster] = web.clusters
     assert (cluster.discovery, cluster.mesh_tls) == ("STATIC", True)
 
@@ -589,13 +524,10 @@ def test_unknown_references_never_raise(mesh: Mesh) -> None:
     builder = mesh(
         docs(
             SHOP,
-            split(
-                "[{service: ghost-v1, weight: 1}, {service: api, weight: 1}]",
-                "[{kind: HTTPRouteGroup, name: missing}]",
-                version="v1alpha4",
-            ).replace("service: api\n", "service: ghost\n"),
-            target("to-nobody", "nobody", "[{kind: ServiceAccount, name: web}]"),
-            target("broken", "api", "[{kind: ServiceAccount, name: web}]", "[{kind: TCPRoute, name: gone}]"),
+            split("[{service: ghost-v1, weight: 1}, {service: api, weight: 1}]",
+                  "[{kind: HTTPRouteGroup, name: missing}]", version="v1alpha4", root="ghost"),
+            target("to-nobody", "nobody", WEB_SOURCE),
+            target("broken", "api", WEB_SOURCE, "[{kind: TCPRoute, name: gone}]"),
             target("from-afar", "api", "[{kind: ServiceAccount, name: x, namespace: nowhere}]"),
             WEB_TO_API,
         )
@@ -606,17 +538,28 @@ def test_unknown_references_never_raise(mesh: Mesh) -> None:
     [ghost] = [o for o in web.outbound if o.name == "ghost"]
     assert ghost.routes == (Route("split", MATCH_ALL, (WeightedCluster("shop/api|80", 1),)),)
     unknown = builder.build(Identity("nowhere", "ghost"), "ghost")
-    assert unknown.inbound == () and unknown.outbound == ()
+    assert unknown.inbound == ()
+    assert unknown.outbound == ()
     [port] = builder.build(API, "api").inbound
     assert [r.policy for r in port.rules] == ["shop/from-afar", "shop/web-to-api"]
 
 
-def test_split_of_a_root_without_ports_to_unknown_backends_does_not_raise(mesh: Mesh) -> None:
-    headless = "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: shop}\nspec: {clusterIP: None}"  # noqa: E501
-    builder = mesh(docs(headless, service("web"), split("[{service: api-v9, weight: 1}]"), PERMISSIVE))
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [
+        pytest.param([], ["shop/web:80"], id="unknown-backend-nothing-to-route-to-yet"),
+        pytest.param([service("api-v9", "[{name: http, port: 81}]")],
+                     ["shop/api:81", "shop/api-v9:81", "shop/web:80"],
+                     id="root-takes-backend-ports"),
+    ],
+)  # fmt: skip
+def test_split_of_a_root_without_ports(mesh: Mesh, backend: list[str], expected: list[str]) -> None:
+    headless = "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: shop}\n"
+    headless += "spec: {clusterIP: None}"
+    split_to_v9 = split("[{service: api-v9, weight: 1}]")
+    builder = mesh(docs(headless, service("web"), split_to_v9, PERMISSIVE, *backend))  # fmt: skip
 
-    web = builder.build(WEB, "web")
-    assert names(web) == ["shop/web:80"]  # nothing to route to yet: the root is left out
+    assert names(builder.build(WEB, "web")) == expected
 
 
 # -- explain ------------------------------------------------------------------------------
@@ -628,42 +571,34 @@ EXPLAIN_MESH = docs(
     ROUTES,
     TCP_ROUTES,
     split("[{service: api-v1, weight: 1}]"),
-    target("web-to-api", "api", "[{kind: ServiceAccount, name: web}]"),
-    target("web-to-db", "db", "[{kind: ServiceAccount, name: web}]", "[{kind: TCPRoute, name: db-port}]"),
-)  # fmt: skip
+    WEB_TO_API,
+    target("web-to-db", "db", WEB_SOURCE, "[{kind: TCPRoute, name: db-port}]"),
+)
+
+
+DENIED = (
+    "no TrafficTarget lets service account shop/thief call shop/api (the account of shop/api-v1); "
+    "traffic is denied by default"
+)
+DENIED_SPLIT = (
+    "shop/api is split by TrafficSplit shop/api-split and no TrafficTarget lets shop/thief call "
+    "any of its backends"
+)
 
 
 @pytest.mark.parametrize(
     ("source", "destination", "allowed", "reason", "policies", "routes"),
     [
-        pytest.param(
-            "web", "api-v1", True, "allowed to shop/api by TrafficTarget shop/web-to-api",
-            ("shop/web-to-api",), (GET_ITEMS, MATCH_ALL), id="allowed-http",
-        ),
-        pytest.param(
-            "web", "db", True, "allowed to shop/db by TrafficTarget shop/web-to-db",
-            ("shop/web-to-db",), (MATCH_ALL,), id="allowed-tcp",
-        ),
-        pytest.param(
-            "thief", "api-v1", False,
-            "no TrafficTarget lets service account shop/thief call shop/api (the account of "
-            "shop/api-v1); traffic is denied by default",
-            (), (), id="denied",
-        ),
-        pytest.param(
-            "web", "api", True, "through TrafficSplit shop/api-split",
-            ("shop/web-to-api",), (GET_ITEMS, MATCH_ALL), id="via-split",
-        ),
-        pytest.param(
-            "thief", "api", False,
-            "shop/api is split by TrafficSplit shop/api-split and no TrafficTarget lets "
-            "shop/thief call any of its backends",
-            (), (), id="denied-via-split",
-        ),
-        pytest.param(
-            "web", "ghost", False, "service shop/ghost is not known to the mesh", (), (),
-            id="unknown-service",
-        ),
+        pytest.param("web", "api-v1", True, "allowed to shop/api by TrafficTarget shop/web-to-api",
+                     ("shop/web-to-api",), (GET_ITEMS, MATCH_ALL), id="allowed-http"),
+        pytest.param("web", "db", True, "allowed to shop/db by TrafficTarget shop/web-to-db",
+                     ("shop/web-to-db",), (MATCH_ALL,), id="allowed-tcp"),
+        pytest.param("thief", "api-v1", False, DENIED, (), (), id="denied"),
+        pytest.param("web", "api", True, "through TrafficSplit shop/api-split",
+                     ("shop/web-to-api",), (GET_ITEMS, MATCH_ALL), id="via-split"),
+        pytest.param("thief", "api", False, DENIED_SPLIT, (), (), id="denied-via-split"),
+        pytest.param("web", "ghost", False, "service shop/ghost is not known to the mesh", (), (),
+                     id="unknown-service"),
     ],
 )  # fmt: skip
 def test_explain(
@@ -687,7 +622,8 @@ def test_explain_in_permissive_mode(mesh: Mesh) -> None:
     builder = mesh(docs(EXPLAIN_MESH, PERMISSIVE))
 
     decision = explain(builder, ServiceAccount("shop", "thief"), MeshService("shop", "api-v1"))
-    assert decision.allowed and decision.permissive
+    assert decision.allowed
+    assert decision.permissive
     assert "permissive traffic policy mode is on" in decision.reason
     unknown = explain(builder, ServiceAccount("shop", "thief"), MeshService("shop", "ghost"))
     assert not unknown.allowed  # permissive mode does not invent services

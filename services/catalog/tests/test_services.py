@@ -84,7 +84,8 @@ def test_cluster_takes_each_endpoint_port_by_name_and_leaves_out_who_lacks_it(
     http, grpc = (services.cluster(known, p, "cluster.local") for p in known.ports)
     assert [(e.address, e.port) for e in http.endpoints] == [("10.0.0.1", 8080), ("10.0.0.2", 8081)]
     assert [(e.address, e.port) for e in grpc.endpoints] == [("10.0.0.1", 9091)]
-    assert http.ref.name == "shop/api|80" and grpc.ref.name == "shop/api|9090"
+    assert http.ref.name == "shop/api|80"
+    assert grpc.ref.name == "shop/api|9090"
     assert (grpc.ref.port, grpc.ref.protocol, grpc.ref.discovery) == (9090, "grpc", "STATIC")
 
 
@@ -129,7 +130,8 @@ def test_provider_only_service_takes_its_ports_from_the_provider(
     reported = report("shop/legacy", endpoint("10.0.0.1", {"http": 8080}), ports=ports)
     known = services.index({}, [reported])[MeshService("shop", "legacy")]
 
-    assert not known.declared and known.providers == ("vm",)
+    assert not known.declared
+    assert known.providers == ("vm",)
     assert [(p.port, p.protocol, p.target) for p in known.ports] == [
         (80, "http", "http"),
         (81, "http", 81),
@@ -191,8 +193,8 @@ def test_cluster_endpoints_keep_what_the_provider_said(endpoint: Endpoint, repor
 
     state = services.cluster(known, known.ports[0], "cluster.local")
     assert state.endpoints == (  # sorted, duplicates once, weight 0 means "not set"
-        ClusterEndpoint("10.0.0.1", 8080, 5, labels=(("version", "v1"),)),
-        ClusterEndpoint("10.0.0.2", 8080, 1, locality="eu/west/a"),
+        ClusterEndpoint("10.0.0.1", 8080, 5, provider="vm", labels=(("version", "v1"),)),
+        ClusterEndpoint("10.0.0.2", 8080, 1, locality="eu/west/a", provider="vm"),
     )
 
 
@@ -247,14 +249,18 @@ def test_reports_of_several_providers_merge_and_the_first_provider_describes(
     assert api.providers == ("k8s", "vm")
     assert [e.address for e in api.endpoints] == ["10.0.1.1", "10.0.2.1"]
     assert api.discovery == "STATIC"  # k8s, sorted first, describes the service
-    assert api.location == "MESH_INTERNAL" and not api.external
+    assert api.location == "MESH_INTERNAL"
+    assert not api.external
     assert list(known) == [API]
 
 
 def test_a_declared_service_without_reports_has_no_endpoints(docs: Docs) -> None:
     known = _known(docs, TWO_PORTS)[API]
 
-    assert known.declared and known.providers == () and known.endpoints == ()
+    assert known.declared
+    assert known.providers == ()
+    assert known.endpoints == ()
     assert (known.location, known.discovery, known.export_to) == ("MESH_INTERNAL", "STATIC", ())
     state = services.cluster(known, known.ports[0], "cluster.local")
-    assert state.endpoints == () and state.spiffe_ids == ()
+    assert state.endpoints == ()
+    assert state.spiffe_ids == ()

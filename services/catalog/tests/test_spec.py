@@ -109,7 +109,8 @@ def test_valid_documents_are_valid_with_where_they_came_from(docs: Docs) -> None
     assert spec.statuses["Service shop/api"].document == 1
     assert spec.splits[MeshService("shop", "api")].metadata.name == "api-split"
     assert len(spec.service_entries) == 1
-    assert spec.settings is not None and not spec.permissive
+    assert spec.settings is not None
+    assert not spec.permissive
     assert set(spec.services) == {MeshService("shop", "api"), MeshService("shop", "api-v1")}
     assert spec.service_accounts == {API}
 
@@ -163,7 +164,8 @@ spec: {traffic: {enablePermissiveTrafficPolicyMode: true}}
     assert "a second MeshConfig" in second.reason
     assert spec.statuses["MeshConfig trellis-system/a-config"].state == "valid"
     assert spec.permissive
-    assert spec.settings is not None and spec.settings.trust_domain is None
+    assert spec.settings is not None
+    assert spec.settings.trust_domain is None
 
 
 @pytest.mark.parametrize(
@@ -281,7 +283,8 @@ spec:
     assert status.state == "warning"
     assert "backend services not declared (yet): api-v2, api-v3" in status.reason
     assert "api-v1" not in status.reason
-    assert status.source == "test.yaml" and status.api_version.endswith("v1alpha4")
+    assert status.source == "test.yaml"
+    assert status.api_version.endswith("v1alpha4")
     assert MeshService("shop", "api") in spec.splits  # still applied: endpoints may come
 
 
@@ -305,7 +308,8 @@ metadata: {name: api, namespace: shop}
 spec: {ports: [{name: http, port: 80}]}
 """
     documents, errors = docs_and_errors(text)
-    assert len(documents) == 1 and len(errors) == 2
+    assert len(documents) == 1
+    assert len(errors) == 2
 
     spec = meshspec.build(documents, errors)
 

@@ -24,7 +24,7 @@ from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.domain.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import to_proto
-from trellis_common.documents.base import Document, Origin
+from trellis_common.documents.base import Origin
 from trellis_common.specdir import load_paths
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -99,7 +99,9 @@ def permissive_catalog() -> Catalog:
 
 
 def _view(catalog: Catalog, identity: Identity) -> dict[str, Any]:
-    view = MessageToDict(to_proto(catalog, catalog.policies[identity]), preserving_proto_field_name=True)
+    view = MessageToDict(
+        to_proto(catalog, catalog.policies[identity]), preserving_proto_field_name=True
+    )
     for name in VARYING:
         view.pop(name, None)
     return view

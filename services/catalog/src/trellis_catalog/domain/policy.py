@@ -4,7 +4,8 @@
   identity's service account call the destination's account, or the mesh is permissive.
 - A TrafficSplit on a root service turns its routes into weighted clusters over the
   backends the caller may reach (weights of the others are dropped, not re-spread).
-  Its ``matches`` (v1alpha3+) split only matching requests; the rest go to the root.
+  Its ``matches`` (v1alpha3+) split only matching requests; the rest go to the root when
+  the caller may reach it, else to the split as well.
 - ServiceEntries: MESH_INTERNAL hosts are destinations like any service; MESH_EXTERNAL
   hosts are external services for the namespaces they are exported to.
 - Inbound: each port of the identity's own service, with the TrafficTargets' sources and
@@ -216,7 +217,10 @@ class PolicyBuilder:
                     protocol=port.protocol,
                     hostnames=hostnames(root, port.port, self.cluster_domain, ()),
                     routes=tuple(routes),
-                    spiffe_ids=self._spiffe([b.service for b, _ in reachable]),
+                    spiffe_ids=self._spiffe(
+                        [b.service for b, _ in reachable]
+                        + ([root] if root_known is not None and self.may_call(source, root) else [])
+                    ),
                 )
             )
         return found

@@ -11,7 +11,7 @@ Service's only port.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trellis_catalog.domain.views import ClusterEndpoint, ClusterRef, ClusterState
 from trellis_common.documents import core
@@ -30,6 +30,7 @@ class ProvidedEndpoint:
     weight: int = 1
     service_account: str = ""
     workload: str = ""
+    provider: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,7 @@ def index(
             subject_alt_names=first.subject_alt_names if first else (),
             declared=service in declared,
             providers=tuple(r.provider for r in found),
-            endpoints=tuple(e for r in found for e in r.endpoints),
+            endpoints=tuple(replace(e, provider=r.provider) for r in found for e in r.endpoints),
         )
     return known
 
@@ -145,10 +146,9 @@ def endpoint_port(endpoint: ProvidedEndpoint, port: PortSpec, single_port: bool)
         return ports.get(port.target)
     if port.name and port.name in ports:
         return ports[port.name]
-    if single_port and len(ports) == 1:
-        return next(iter(ports.values()))
     if "" in ports:
-        return None  # a bare number serves only the Service's only port
+        # a workload registered with a bare number serves the Service's only port
+        return ports[""] if single_port else None
     return port.target if not ports else None
 
 
@@ -173,6 +173,7 @@ def cluster(
                 weight=endpoint.weight or 1,
                 locality=endpoint.locality,
                 service_account=endpoint.service_account,
+                provider=endpoint.provider,
                 labels=endpoint.labels,
             )
         )

@@ -193,6 +193,9 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
             )
     for error in errors:
         status = error_status(error)
+        if status.key in spec.statuses:
+            # the last good version stays in force; its rejected edit is reported beside it
+            status = replace(status, key=f"{status.key} (rejected edit)")
         spec.statuses.setdefault(status.key, status)
     return spec
 

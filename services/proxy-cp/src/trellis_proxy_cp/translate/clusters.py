@@ -1,0 +1,113 @@
+"""CDS: one cluster per destination service port, plus the local application's.
+
+- Mesh services (catalog discovery STATIC): EDS over ADS, mTLS presenting the identity's
+  certificate and verifying the destination's SPIFFE ids against the mesh CA.
+- ServiceEntry ``resolution: DNS``: STRICT_DNS with the hostnames inline (Envoy resolves).
+- ServiceEntry ``resolution: NONE``: ORIGINAL_DST (the address the caller dialed).
+- HTTP/2 and gRPC ports speak HTTP/2 upstream.
+- ``inbound|<port>``: the local application, behind the inbound listener.
+"""
+
+from __future__ import annotations
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import protocol_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+
+from trellis_api import catalog_pb2
+from trellis_proxy_cp.translate import names
+from trellis_proxy_cp.translate.common import ads, pack, seconds, socket_address, upstream_tls
+from trellis_proxy_cp.translate.settings import ProxySettings
+
+CONNECT_TIMEOUT = 1.0
+HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def _http2(cluster: cluster_pb2.Cluster) -> None:
+    options = http_protocol_options_pb2.HttpProtocolOptions(
+        explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
+            http2_protocol_options=protocol_pb2.Http2ProtocolOptions()
+        )
+    )
+    cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(pack(options))
+
+
+def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
+    cluster = cluster_pb2.Cluster(
+        name=source.name,
+        connect_timeout=seconds(CONNECT_TIMEOUT),
+        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+    )
+    if source.discovery == "DNS":
+        cluster.type = cluster_pb2.Cluster.STRICT_DNS
+        cluster.dns_lookup_family = cluster_pb2.Cluster.V4_PREFERRED
+        cluster.load_assignment.CopyFrom(
+            endpoint_pb2.ClusterLoadAssignment(
+                cluster_name=source.name,
+                endpoints=[
+                    endpoint_components_pb2.LocalityLbEndpoints(
+                        lb_endpoints=[
+                            endpoint_components_pb2.LbEndpoint(
+                                endpoint=endpoint_components_pb2.Endpoint(
+                                    address=socket_address(e.address, e.port)
+                                )
+                            )
+                            for e in source.endpoints
+                        ]
+                    )
+                ],
+            )
+        )
+    elif source.discovery == "PASSTHROUGH":
+        cluster.type = cluster_pb2.Cluster.ORIGINAL_DST
+        cluster.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
+    else:
+        cluster.type = cluster_pb2.Cluster.EDS
+        cluster.eds_cluster_config.CopyFrom(
+            cluster_pb2.Cluster.EdsClusterConfig(eds_config=ads(), service_name=source.name)
+        )
+    if source.mesh_tls:
+        sni = f"{source.service}.{source.namespace}.svc.cluster.local"
+        cluster.transport_socket.CopyFrom(upstream_tls(sni, list(source.spiffe_ids)))
+    if source.protocol in ("http2", "grpc"):
+        _http2(cluster)
+    return cluster
+
+
+def inbound_cluster(port: catalog_pb2.InboundPort, settings: ProxySettings) -> cluster_pb2.Cluster:
+    app_port = settings.app_port or port.target_port or port.port
+    cluster = cluster_pb2.Cluster(
+        name=names.inbound_cluster(port.port),
+        type=cluster_pb2.Cluster.STATIC,
+        connect_timeout=seconds(CONNECT_TIMEOUT),
+        load_assignment=endpoint_pb2.ClusterLoadAssignment(
+            cluster_name=names.inbound_cluster(port.port),
+            endpoints=[
+                endpoint_components_pb2.LocalityLbEndpoints(
+                    lb_endpoints=[
+                        endpoint_components_pb2.LbEndpoint(
+                            endpoint=endpoint_components_pb2.Endpoint(
+                                address=socket_address(settings.app_address, app_port)
+                            )
+                        )
+                    ]
+                )
+            ],
+        ),
+    )
+    if port.protocol in ("http2", "grpc"):
+        _http2(cluster)
+    return cluster
+
+
+def clusters(view: catalog_pb2.View, settings: ProxySettings) -> list[cluster_pb2.Cluster]:
+    found = [mesh_cluster(c) for c in view.clusters]
+    found += [inbound_cluster(p, settings) for p in inbound_ports(view, settings)]
+    return found
+
+
+def inbound_ports(view: catalog_pb2.View, settings: ProxySettings) -> list[catalog_pb2.InboundPort]:
+    """The ports the inbound listener serves: with one inbound port per proxy (VMs without
+    traffic redirection), that is the service's first port."""
+    return list(view.inbound[:1])

@@ -1,0 +1,82 @@
+"""Small builders every translator uses: Any packing, addresses, ADS config sources, TLS."""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
+from envoy.type.matcher.v3 import string_pb2
+from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+from google.protobuf.message import Message
+
+from trellis_proxy_cp.translate import names
+
+TLS_SOCKET = "envoy.transport_sockets.tls"
+
+
+def pack(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def seconds(value: float) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(int(value * 1e9))
+    return duration
+
+
+def socket_address(address: str, port: int) -> address_pb2.Address:
+    return address_pb2.Address(
+        socket_address=address_pb2.SocketAddress(address=address, port_value=port)
+    )
+
+
+def ads() -> config_source_pb2.ConfigSource:
+    """Every resource comes over the same ADS stream (Envoy 1.40: resource_api_version V3)."""
+    return config_source_pb2.ConfigSource(
+        ads=config_source_pb2.AggregatedConfigSource(),
+        resource_api_version=config_source_pb2.V3,
+    )
+
+
+def sds(name: str) -> secret_pb2.SdsSecretConfig:
+    return secret_pb2.SdsSecretConfig(name=name, sds_config=ads())
+
+
+def mesh_tls_context(spiffe_ids: tuple[str, ...] | list[str]) -> tls_pb2.CommonTlsContext:
+    """Present the identity's certificate; verify peers against the mesh CA and, when
+    given, their SPIFFE ids (URI SANs)."""
+    default = common_pb2.CertificateValidationContext(
+        match_typed_subject_alt_names=[
+            common_pb2.SubjectAltNameMatcher(
+                san_type=common_pb2.SubjectAltNameMatcher.URI,
+                matcher=string_pb2.StringMatcher(exact=spiffe),
+            )
+            for spiffe in spiffe_ids
+        ]
+    )
+    return tls_pb2.CommonTlsContext(
+        tls_certificate_sds_secret_configs=[sds(names.SERVICE_CERT)],
+        combined_validation_context=tls_pb2.CommonTlsContext.CombinedCertificateValidationContext(
+            default_validation_context=default,
+            validation_context_sds_secret_config=sds(names.MESH_CA),
+        ),
+    )
+
+
+def upstream_tls(sni: str, spiffe_ids: tuple[str, ...] | list[str]) -> base_pb2.TransportSocket:
+    context = tls_pb2.UpstreamTlsContext(sni=sni, common_tls_context=mesh_tls_context(spiffe_ids))
+    return base_pb2.TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
+
+
+def downstream_mtls(alpn: tuple[str, ...] = ("h2", "http/1.1")) -> base_pb2.TransportSocket:
+    """Terminate mTLS: a client certificate from the mesh CA is required."""
+    context = tls_pb2.DownstreamTlsContext(
+        require_client_certificate=wrappers_pb2.BoolValue(value=True),
+        common_tls_context=tls_pb2.CommonTlsContext(
+            tls_certificate_sds_secret_configs=[sds(names.SERVICE_CERT)],
+            validation_context_sds_secret_config=sds(names.MESH_CA),
+            alpn_protocols=list(alpn),
+        ),
+    )
+    return base_pb2.TransportSocket(name=TLS_SOCKET, typed_config=pack(context))

@@ -1,0 +1,15 @@
+"""The names of the resources Trellis gives each proxy, in one place."""
+
+from __future__ import annotations
+
+OUTBOUND_LISTENER = "outbound"
+INBOUND_LISTENER = "inbound"
+OUTBOUND_ROUTES = "outbound-http"
+INBOUND_ROUTES = "inbound-http"
+SERVICE_CERT = "service-cert"  # the identity's certificate and key (SDS)
+MESH_CA = "mesh-trust-bundle"  # the mesh CA (SDS validation context)
+PASSTHROUGH = "passthrough"
+
+
+def inbound_cluster(port: int) -> str:
+    return f"inbound|{port}"

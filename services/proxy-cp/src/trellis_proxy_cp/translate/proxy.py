@@ -1,0 +1,44 @@
+"""All of one proxy group's resources from a view: the translators put together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from google.protobuf.message import Message
+
+from trellis_api import catalog_pb2
+from trellis_proxy_cp.translate import clusters, endpoints, listeners, routes, secrets
+from trellis_proxy_cp.translate.settings import ProxySettings
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    listeners: list[Message]
+    routes: list[Message]
+    clusters: list[Message]
+    endpoints: list[Message]
+    secrets: list[Message]
+
+
+def translate(
+    view: catalog_pb2.View, settings: ProxySettings, material: secrets.SecretMaterial | None
+) -> Resources:
+    inbound_ports = clusters.inbound_ports(view, settings)
+    found_listeners: list[Message] = [
+        listeners.outbound(view, settings.outbound_address, settings.outbound_port)
+    ]
+    found_routes: list[Message] = [routes.outbound(view)]
+    inbound = listeners.inbound(
+        view, inbound_ports, settings.inbound_address, settings.inbound_port
+    )
+    if inbound is not None:
+        found_listeners.append(inbound)
+        if inbound_ports[0].protocol in routes.HTTP_PROTOCOLS:
+            found_routes.append(routes.inbound(view, inbound_ports))
+    return Resources(
+        listeners=found_listeners,
+        routes=found_routes,
+        clusters=list(clusters.clusters(view, settings)),
+        endpoints=list(endpoints.load_assignments(view)),
+        secrets=list(secrets.secrets(material)) if material is not None else [],
+    )

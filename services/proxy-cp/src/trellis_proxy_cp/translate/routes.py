@@ -1,0 +1,136 @@
+"""RDS: the outbound routes (one virtual host per destination) and the inbound route.
+
+Outbound, each HTTP destination is a virtual host whose domains are every name a client
+may use (with and without the port), and whose routes carry the catalog's matches (path
+regex in RE2, methods, headers) and weighted clusters (TrafficSplit). Envoy refuses a
+route configuration in which two virtual hosts share a domain, so a name already taken
+(two HTTP ports of one service both claim the bare name) is kept only for the first.
+"""
+
+from __future__ import annotations
+
+from envoy.config.route.v3 import route_components_pb2 as rc
+from envoy.config.route.v3 import route_pb2
+from envoy.type.matcher.v3 import regex_pb2, string_pb2
+from google.protobuf import wrappers_pb2
+
+from trellis_api import catalog_pb2
+from trellis_proxy_cp.translate import names
+
+HTTP_PROTOCOLS = ("http", "http2", "grpc")
+
+
+def _regex(pattern: str) -> regex_pb2.RegexMatcher:
+    return regex_pb2.RegexMatcher(regex=pattern)
+
+
+def route_match(match: catalog_pb2.HttpMatch) -> rc.RouteMatch:
+    route = rc.RouteMatch()
+    if match.path_regex in ("", ".*"):
+        route.prefix = "/"
+    else:
+        route.safe_regex.CopyFrom(_regex(match.path_regex))
+    methods = [m for m in match.methods if m != "*"]
+    if methods:
+        method = rc.HeaderMatcher(name=":method")
+        if len(methods) == 1:
+            method.string_match.CopyFrom(string_pb2.StringMatcher(exact=methods[0]))
+        else:
+            method.string_match.CopyFrom(
+                string_pb2.StringMatcher(safe_regex=_regex("|".join(sorted(methods))))
+            )
+        route.headers.append(method)
+    for name, pattern in sorted(match.headers.items()):
+        route.headers.append(
+            rc.HeaderMatcher(
+                name=name.lower(), string_match=string_pb2.StringMatcher(safe_regex=_regex(pattern))
+            )
+        )
+    return route
+
+
+def _action(route: catalog_pb2.Route) -> rc.RouteAction:
+    clusters = [c for c in route.clusters if c.weight > 0]
+    if len(clusters) == 1:
+        return rc.RouteAction(cluster=clusters[0].cluster)
+    return rc.RouteAction(
+        weighted_clusters=rc.WeightedCluster(
+            clusters=[
+                rc.WeightedCluster.ClusterWeight(
+                    name=c.cluster, weight=wrappers_pb2.UInt32Value(value=c.weight)
+                )
+                for c in clusters
+            ]
+        )
+    )
+
+
+def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
+    taken: set[str] = set()
+    hosts = []
+    for service in view.outbound:
+        if service.protocol not in HTTP_PROTOCOLS:
+            continue
+        domains = [d for d in service.hostnames if d not in taken]
+        if not domains:
+            continue
+        taken.update(domains)
+        routes = [
+            rc.Route(name=route.name, match=route_match(route.match), route=_action(route))
+            for route in service.routes
+            if any(c.weight > 0 for c in route.clusters)
+        ]
+        if routes:
+            hosts.append(
+                rc.VirtualHost(
+                    name=f"{service.namespace}/{service.name}|{service.port}",
+                    domains=domains,
+                    routes=routes,
+                )
+            )
+    for external in view.external:
+        if external.protocol not in HTTP_PROTOCOLS:
+            continue
+        domains = [d for d in (external.host, f"{external.host}:{external.port}") if d not in taken]
+        if domains:
+            taken.update(domains)
+            hosts.append(
+                rc.VirtualHost(
+                    name=f"external/{external.host}|{external.port}",
+                    domains=domains,
+                    routes=[
+                        rc.Route(
+                            match=rc.RouteMatch(prefix="/"),
+                            route=rc.RouteAction(cluster=external.cluster),
+                        )
+                    ],
+                )
+            )
+    return route_pb2.RouteConfiguration(
+        name=names.OUTBOUND_ROUTES,
+        virtual_hosts=hosts,
+        validate_clusters=wrappers_pb2.BoolValue(value=False),
+    )
+
+
+def inbound(
+    view: catalog_pb2.View, ports: list[catalog_pb2.InboundPort]
+) -> route_pb2.RouteConfiguration:
+    """Everything that passed RBAC goes to the local application."""
+    return route_pb2.RouteConfiguration(
+        name=names.INBOUND_ROUTES,
+        virtual_hosts=[
+            rc.VirtualHost(
+                name=f"inbound|{port.port}",
+                domains=["*"],
+                routes=[
+                    rc.Route(
+                        match=rc.RouteMatch(prefix="/"),
+                        route=rc.RouteAction(cluster=names.inbound_cluster(port.port)),
+                    )
+                ],
+            )
+            for port in ports[:1]
+            if port.protocol in HTTP_PROTOCOLS
+        ],
+    )

@@ -1,0 +1,96 @@
+"""Per-proxy settings, from the Envoy node metadata the bootstrap sets.
+
+Proxies of one identity share one snapshot when they also share these settings (the
+snapshot key includes them), so two sidecars of a service on one host, with different
+ports, each get listeners on their own ports.
+
+Node metadata (``node.metadata``)::
+
+    trellis:
+      outbound_port: 15001      # where the local application sends mesh traffic
+      inbound_port: 15003       # where peers reach this workload (mTLS)
+      app_port: 8080            # the local application (0: the Service's target port)
+      inbound_address: 0.0.0.0
+      outbound_address: 127.0.0.1
+      app_address: 127.0.0.1
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_OUTBOUND_PORT = 15001
+DEFAULT_INBOUND_PORT = 15003
+
+
+class InvalidNodeMetadata(ValueError):
+    """The bootstrap's node metadata is wrong; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    outbound_port: int = DEFAULT_OUTBOUND_PORT
+    inbound_port: int = DEFAULT_INBOUND_PORT
+    app_port: int = 0
+    inbound_address: str = "0.0.0.0"
+    outbound_address: str = "127.0.0.1"
+    app_address: str = "127.0.0.1"
+
+    def key(self) -> str:
+        """The part of the snapshot key these settings make."""
+        return (
+            f"{self.outbound_address}:{self.outbound_port}|{self.inbound_address}:"
+            f"{self.inbound_port}|{self.app_address}:{self.app_port}"
+        )
+
+
+_PORTS = ("outbound_port", "inbound_port", "app_port")
+_ADDRESSES = ("inbound_address", "outbound_address", "app_address")
+
+
+def _port(name: str, raw: object) -> int:
+    # A protobuf Struct carries every number as a float; YAML may give a string.
+    if isinstance(raw, bool):
+        number = None
+    elif isinstance(raw, int):
+        number = raw
+    elif (isinstance(raw, float) and raw.is_integer()) or (isinstance(raw, str) and raw.isdigit()):
+        number = int(raw)
+    else:
+        number = None
+    low = 0 if name == "app_port" else 1
+    if number is None or not low <= number <= 65535:
+        raise InvalidNodeMetadata(
+            f"node.metadata.trellis.{name}: {raw!r} is not a port number in {low}..65535"
+        )
+    return number
+
+
+def from_metadata(metadata: dict[str, Any] | None) -> ProxySettings:
+    """Settings from ``node.metadata`` (as a plain dict); unknown keys are ignored."""
+    section = (metadata or {}).get("trellis") or {}
+    if not isinstance(section, dict):
+        raise InvalidNodeMetadata("node.metadata.trellis must be a mapping")
+    values: dict[str, Any] = {}
+    for name in _PORTS:
+        if name in section:
+            values[name] = _port(name, section[name])
+    for name in _ADDRESSES:
+        if name in section:
+            raw = section[name]
+            try:
+                ipaddress.ip_address(str(raw))
+            except ValueError:
+                raise InvalidNodeMetadata(
+                    f"node.metadata.trellis.{name}: {raw!r} is not an IP address"
+                ) from None
+            values[name] = str(raw)
+    settings = ProxySettings(**values)
+    if (
+        settings.inbound_port == settings.outbound_port
+        and settings.inbound_address == settings.outbound_address
+    ):
+        raise InvalidNodeMetadata("node.metadata.trellis: inbound and outbound ports collide")
+    return settings
