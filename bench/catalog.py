@@ -13,7 +13,8 @@ calling ``flush()`` directly (no debounce, no announce):
   to :data:`MAX_REPEATS`, repeated while under ``--seconds``);
 * ``change_median_ms``/``change_p99_ms``: on that catalog, ``update_provider_service`` for
   one random service with one endpoint moved to a new address, then ``flush()``; up to
-  :data:`CHANGES` changes, fewer when they take more than ``CHANGE_BUDGET * --seconds``
+  :data:`CHANGES` changes (in proportion fewer for ``--seconds`` below 2), and fewer when
+  they take more than ``CHANGE_BUDGET * --seconds``
   (with fewer than 100 changes p99 is the slowest one). ``change_identities`` is the
   median number of identities in the returned ViewBatch;
 * ``policy_change_ms``: one TrafficTarget's sources replaced (the new document parsed
@@ -22,7 +23,8 @@ calling ``flush()`` directly (no debounce, no announce):
 Floors, measured in the same run and interleaved with their subjects:
 
 * ``index_floor_ms``: ``services.index`` of the declared Services and every report, and
-  ``services.cluster`` for every port: the part of a build that is linear in the mesh;
+  ``services.cluster`` for every port: the part of a build that is linear in the mesh
+  (:data:`FLOOR_REPEATS` times before each build; median);
 * ``cluster_floor_ms``: ``services.cluster`` for the changed service's ports: the least an
   endpoint change must redo.
 
@@ -53,9 +55,12 @@ from trellis_common.documents.base import Document, KindRegistry, Origin
 from trellis_common.model import MeshService
 
 SIZES = (100, 250, 500, 1_000)
+MIN_SIZE = 10  # a TrafficTarget needs other accounts to allow
 QUICK_SECONDS = 1.0  # --seconds below this skips the largest size
 MAX_REPEATS = 5  # builds and policy changes per size, while under --seconds
-CHANGES = 200  # endpoint changes per size, at most
+FLOOR_REPEATS = 5  # index floors before each build
+CHANGES = 200  # endpoint changes per size at --seconds FULL_SECONDS, at most; fewer below
+FULL_SECONDS = 2.0
 MIN_CHANGES = 20
 CHANGE_BUDGET = 5.0  # endpoint changes per size stop after this many times --seconds
 TRUST_DOMAIN = "cluster.local"
@@ -96,8 +101,9 @@ def sizes(seconds: float, env: Mapping[str, str] = os.environ) -> tuple[int, ...
     text = env.get("TRELLIS_BENCH_CATALOG_SIZES", "").strip()
     if text:
         chosen = tuple(int(part) for part in text.split(","))
-        if any(n < 1 for n in chosen):
-            raise ValueError(f"TRELLIS_BENCH_CATALOG_SIZES must be numbers >= 1, got {text!r}")
+        if any(n < MIN_SIZE for n in chosen):
+            reason = f"must be numbers >= {MIN_SIZE}, separated by commas"
+            raise ValueError(f"TRELLIS_BENCH_CATALOG_SIZES {reason}, got {text!r}")
         return chosen
     return SIZES if seconds >= QUICK_SECONDS else SIZES[:-1]
 
@@ -131,9 +137,10 @@ def _measure(
     while catalog is None or (
         len(measured.builds) < MAX_REPEATS and sum(measured.builds) < seconds
     ):
-        start = time.perf_counter()
-        index_floor()
-        measured.index_floor.append(time.perf_counter() - start)
+        for _ in range(FLOOR_REPEATS):  # cheap: a few, so one GC pause is not the median
+            start = time.perf_counter()
+            index_floor()
+            measured.index_floor.append(time.perf_counter() - start)
         start = time.perf_counter()
         catalog = build()
         measured.builds.append(time.perf_counter() - start)
@@ -144,7 +151,7 @@ def _measure(
     changer = _EndpointChanger(catalog, synthetic, random.Random(mesh.SEED + size))
     _repeat_for(changer.change, warmup)
     budget = CHANGE_BUDGET * seconds
-    wanted = max(MIN_CHANGES, round(CHANGES * min(1.0, seconds / 2)))
+    wanted = max(MIN_CHANGES, round(CHANGES * min(1.0, seconds / FULL_SECONDS)))
     while len(measured.changes) < wanted and (
         len(measured.changes) < MIN_CHANGES or sum(measured.changes) < budget
     ):

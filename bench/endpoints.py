@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -66,7 +67,7 @@ NAMESPACE = "bench"
 EVENT_TIMEOUT = 60.0  # seconds to wait for the last watch events of a round
 FLOOR_KEY = "bench:floor:workloads"
 FLOOR_CHANNEL = "bench:floor:events"
-FLOOR_PREFIX = "bench-floor"  # the serial floor's Publisher: bench-floor:rev:endpoints
+FLOOR_PREFIX = "bench-floor"  # serial_store_announce's Publisher: bench-floor:rev:endpoints
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 
 
@@ -111,9 +112,14 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
         endpoint = service.start()
         floor = stack.enter_context(http_floor.HttpFloor())
         token = tokens.token_path(tmp).read_text().strip()
-        measured = asyncio.run(
-            _measure(scale, endpoint, token, redis_server.url, floor.url, warmup)
-        )
+        try:
+            measured = asyncio.run(
+                _measure(scale, endpoint, token, redis_server.url, floor.url, warmup)
+            )
+        except Exception:
+            # The state directory goes with the run: show why the service failed, if it did.
+            print(f"endpoints-vm log, last lines:\n{service.logs()[-3000:]}", file=sys.stderr)
+            raise
     figures, ratios = _report(scale, measured)
     print(f"  (the whole run took {time.perf_counter() - started:.1f} s, start-up included)")
     return report.results(figures, ratios)
@@ -308,7 +314,7 @@ def _report(scale: Scale, m: Measured) -> tuple[list[report.Figure], dict[str, f
             m.list_rest * ms,
             "ms",
             f"one GET /v1/services: {scale.services:,} services, {scale.workloads:,} "
-            f"endpoints, {m.list_rest_bytes / 1e6:.1f} MB of JSON",
+            f"endpoints, {m.list_rest_bytes / 1e3:,.0f} kB of JSON",
         ),
         report.Figure(
             "list_services_grpc", m.list_grpc * ms, "ms", "one ListServices over gRPC, the same"

@@ -68,11 +68,16 @@ class Mesh:
 
     def describe(self) -> str:
         return (
-            f"{self.services:,} services in {self.namespaces} namespaces, "
+            f"{self.services:,} services in {_count(self.namespaces, 'namespace')}, "
             f"{self.endpoints:,} endpoints, {self.policies:,} policies "
-            f"({self.traffic_targets:,} TrafficTargets, {self.traffic_splits} TrafficSplits), "
+            f"({_count(self.traffic_targets, 'TrafficTarget')}, "
+            f"{_count(self.traffic_splits, 'TrafficSplit')}), "
             f"{len(self.proxies):,} proxies, {len(self.documents):,} documents"
         )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def generate(services: int) -> Mesh:

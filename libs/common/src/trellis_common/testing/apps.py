@@ -1,0 +1,54 @@
+"""Tiny HTTP applications for mesh tests: answer who they are and who called them."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class _Handler(BaseHTTPRequestHandler):
+    disable_nagle_algorithm = True  # else Nagle + delayed ACK add ~40 ms per request
+    protocol_version = "HTTP/1.1"
+    server: AppServer
+
+    def do_GET(self) -> None:
+        self.server.requests += 1
+        body = json.dumps(
+            {
+                "app": self.server.name,
+                "path": self.path,
+                "caller": self.headers.get("x-forwarded-client-cert", ""),
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+class AppServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, name: str, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.name = name
+        self.requests = 0
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def start(self) -> AppServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()

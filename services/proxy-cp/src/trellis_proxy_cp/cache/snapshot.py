@@ -1,0 +1,171 @@
+"""A snapshot: one version of every Envoy resource one group of proxies gets, by type URL.
+
+As in go-control-plane's ``pkg/cache/v3/snapshot.go``, a :class:`Snapshot` is a version plus
+the resources by type, and :meth:`Snapshot.consistent` says whether Envoy could warm it
+(every EDS cluster has its ClusterLoadAssignment, every RDS name its RouteConfiguration,
+every SDS name its Secret). The cache refuses inconsistent snapshots.
+
+A :class:`Resource` is serialized exactly once, when it is made: its content hash is its
+version and its ``Any`` is packed from those bytes. Snapshots built from the same
+:class:`Resource` objects share them, so a resource common to every proxy of an identity (or
+unchanged between two snapshots) is never serialized again; transports put ``resource.any``
+into responses as is.
+
+Each type has its own version (:meth:`Snapshot.version_of`), a hash of that type's resource
+versions: a snapshot change pushes only the types whose version changed, and a proxy sees a
+version that moves only when what it was sent moves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+
+from trellis_proxy_cp.cache import references
+from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ORDER, ROUTE, SECRET, TypeUrl
+
+_PREFIX = "type.googleapis.com/"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Resource:
+    """One named resource, serialized once. Equal when type, name and content are equal."""
+
+    name: str
+    type_url: TypeUrl
+    version: str
+    any: any_pb2.Any
+    body: Message
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Resource):
+            return NotImplemented
+        return (self.type_url, self.name, self.version) == (
+            other.type_url,
+            other.name,
+            other.version,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.type_url, self.name, self.version))
+
+
+def make_resource(type_url: TypeUrl, message: Message, name: str | None = None) -> Resource:
+    """Serialize ``message`` once (deterministically) and wrap it.
+
+    The name is ``message.name`` (``cluster_name`` for a ClusterLoadAssignment) unless given.
+    """
+    full_name = message.DESCRIPTOR.full_name
+    if type_url != _PREFIX + full_name:
+        raise ValueError(f"type URL {type_url!r} does not match message type {full_name!r}")
+    if name is None:
+        fields = message.DESCRIPTOR.fields_by_name
+        name = str(getattr(message, "name" if "name" in fields else "cluster_name", ""))
+    if not name:
+        raise ValueError(f"a {full_name} resource needs a name")
+    data = message.SerializeToString(deterministic=True)
+    packed = any_pb2.Any(type_url=type_url, value=data)
+    return Resource(name=name, type_url=type_url, version=_digest(data), any=packed, body=message)
+
+
+def _type_version(resources: Mapping[str, Resource]) -> str:
+    lines = "".join(f"{name}\0{r.version}\n" for name, r in sorted(resources.items()))
+    return _digest(lines.encode())
+
+
+EMPTY_VERSION = _type_version({})
+"""The per-type version of a type with no resources."""
+
+_NO_RESOURCES: Mapping[str, Resource] = MappingProxyType({})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Snapshot:
+    """A version and the resources by type URL and name. Immutable; compared by identity."""
+
+    version: str
+    resources: Mapping[TypeUrl, Mapping[str, Resource]]
+    _versions: Mapping[TypeUrl, str] = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        frozen: dict[TypeUrl, Mapping[str, Resource]] = {}
+        for type_url, by_name in self.resources.items():
+            for name, resource in by_name.items():
+                if resource.name != name or resource.type_url != type_url:
+                    raise ValueError(
+                        f"resource {resource.type_url} {resource.name!r} "
+                        f"filed as {type_url} {name!r}"
+                    )
+            if by_name:
+                frozen[type_url] = MappingProxyType(dict(by_name))
+        object.__setattr__(self, "resources", MappingProxyType(frozen))
+        versions = {t: _type_version(by_name) for t, by_name in frozen.items()}
+        object.__setattr__(self, "_versions", MappingProxyType(versions))
+
+    @classmethod
+    def of(cls, version: str, resources: Iterable[Resource]) -> Snapshot:
+        """Group resources by type URL; two resources of one type and name are an error."""
+        grouped: dict[TypeUrl, dict[str, Resource]] = {}
+        for resource in resources:
+            by_name = grouped.setdefault(resource.type_url, {})
+            if resource.name in by_name:
+                raise ValueError(f"duplicate {resource.type_url} resource {resource.name!r}")
+            by_name[resource.name] = resource
+        return cls(version=version, resources=grouped)
+
+    def version_of(self, type_url: TypeUrl) -> str:
+        """This type's version: it changes exactly when one of its resources changes."""
+        return self._versions.get(type_url, EMPTY_VERSION)
+
+    def of_type(self, type_url: TypeUrl) -> Mapping[str, Resource]:
+        """The resources of one type by name (empty if there are none)."""
+        return self.resources.get(type_url, _NO_RESOURCES)
+
+    def type_urls(self) -> list[TypeUrl]:
+        """Type URLs with resources, in push order (:data:`ORDER` first, then the rest)."""
+        return sorted(self.resources, key=_push_rank)
+
+    def consistent(self) -> list[str]:
+        """Problems that would leave Envoy warming; empty when the snapshot is consistent."""
+        problems: list[str] = []
+        endpoints, routes, secrets = (
+            self.of_type(ENDPOINT),
+            self.of_type(ROUTE),
+            self.of_type(SECRET),
+        )
+        for name, cluster in sorted(self.of_type(CLUSTER).items()):
+            body: Any = cluster.body
+            eds = references.eds_service_name(body)
+            if eds is not None and eds not in endpoints:
+                problems.append(f"cluster {name!r} (EDS) has no ClusterLoadAssignment {eds!r}")
+            for secret in sorted(set(references.cluster_secret_names(body))):
+                if secret not in secrets:
+                    problems.append(f"cluster {name!r} names missing secret {secret!r}")
+        for name, listener in sorted(self.of_type(LISTENER).items()):
+            body = listener.body
+            for route in sorted(set(references.route_config_names(body))):
+                if route not in routes:
+                    problems.append(f"listener {name!r} names missing RouteConfiguration {route!r}")
+            for secret in sorted(set(references.listener_secret_names(body))):
+                if secret not in secrets:
+                    problems.append(f"listener {name!r} names missing secret {secret!r}")
+        return problems
+
+
+def _push_rank(type_url: TypeUrl) -> tuple[int, str]:
+    return (ORDER.index(type_url) if type_url in ORDER else len(ORDER), type_url)
+
+
+def push_order(type_urls: Iterable[TypeUrl]) -> list[TypeUrl]:
+    """Type URLs sorted the way Envoy needs them: CDS, EDS, LDS, RDS, SDS, then any other."""
+    return sorted(type_urls, key=_push_rank)

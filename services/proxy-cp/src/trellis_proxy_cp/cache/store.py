@@ -1,0 +1,101 @@
+"""The snapshot cache: the latest consistent snapshot per key, and wake-ups when one changes.
+
+A key names a group of proxies that get the same configuration (in Trellis, one service
+identity), so every proxy of the group shares one snapshot and its once-serialized resources.
+
+The transports see the cache only through :class:`SnapshotSource` (``get`` and ``wait``), the
+one small seam between cache and transport that go-control-plane's ``ConfigWatcher`` is.
+Unlike go-control-plane, the cache keeps no per-stream watches: each stream remembers the
+snapshot it last worked from and calls ``wait(key, seen)``; the cache parks it on that key's
+:class:`asyncio.Event`, which :meth:`SnapshotCache.set_snapshot` sets and replaces. Setting a
+key therefore wakes exactly the streams of that key, in O(streams of the key), and the streams
+then decide which types changed for them (:meth:`Snapshot.version_of`).
+
+Single event loop only: the cache is not thread-safe and needs no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from trellis_proxy_cp.cache.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class InconsistentSnapshot(ValueError):
+    """A snapshot Envoy could not warm; the cache kept the previous one."""
+
+    def __init__(self, key: str, problems: Sequence[str]) -> None:
+        self.key = key
+        self.problems = list(problems)
+        super().__init__(f"inconsistent snapshot for {key!r}: " + "; ".join(self.problems))
+
+
+class SnapshotSource(Protocol):
+    """What the xDS transports need from the cache."""
+
+    def get(self, key: str) -> Snapshot | None:
+        """The current snapshot of ``key``, or ``None`` while there is none."""
+        ...
+
+    async def wait(self, key: str, seen: Snapshot | None) -> Snapshot:
+        """Return the current snapshot of ``key`` as soon as there is one that is not ``seen``."""
+        ...
+
+
+class SnapshotCache:
+    """Latest snapshot per key; satisfies :class:`SnapshotSource`."""
+
+    def __init__(self) -> None:
+        self._snapshots: dict[str, Snapshot] = {}
+        self._events: dict[str, asyncio.Event] = {}
+
+    def set_snapshot(self, key: str, snapshot: Snapshot) -> None:
+        """Replace the key's snapshot and wake its streams; refuse an inconsistent one."""
+        problems = snapshot.consistent()
+        if problems:
+            log.warning(
+                "cache.inconsistent key=%s version=%s problems=%r",
+                key,
+                snapshot.version,
+                problems,
+            )
+            raise InconsistentSnapshot(key, problems)
+        self._snapshots[key] = snapshot
+        log.debug("cache.set key=%s version=%s", key, snapshot.version)
+        self._notify(key)
+
+    def get(self, key: str) -> Snapshot | None:
+        return self._snapshots.get(key)
+
+    def clear(self, key: str) -> None:
+        """Forget the key. Its streams keep what they were sent and wait for a new snapshot."""
+        self._snapshots.pop(key, None)
+
+    def keys(self) -> list[str]:
+        return sorted(self._snapshots)
+
+    def waiting(self, key: str) -> bool:
+        """Whether some stream is parked on ``key`` (for tests and the admin API)."""
+        return key in self._events
+
+    async def wait(self, key: str, seen: Snapshot | None) -> Snapshot:
+        while True:
+            current = self._snapshots.get(key)
+            if current is not None and current is not seen:
+                return current
+            event = self._events.get(key)
+            if event is None:
+                event = self._events[key] = asyncio.Event()
+            await event.wait()
+
+    def _notify(self, key: str) -> None:
+        # Replace, then set: waiters of the old event wake, later waiters park on a fresh
+        # one. A key nobody waits on keeps no event.
+        event = self._events.pop(key, None)
+        if event is not None:
+            event.set()

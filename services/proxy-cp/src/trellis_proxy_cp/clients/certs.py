@@ -1,0 +1,121 @@
+"""proxy-cp's side of certmanager: the secret material of identities with proxies.
+
+proxy-cp is the one service that holds service keys beyond certmanager: it fetches an
+identity's certificate (with its key) when the identity's first proxy connects, keeps it
+in memory only, and sends it over SDS to that identity's proxies alone. Rotations arrive
+on certmanager's watch stream; the new material is fetched and handed on. proxy-cp's own
+serving certificate (for the xDS port) is issued the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from trellis_api import certmanager_pb2 as pb
+from trellis_api import certmanager_pb2_grpc as pb_grpc
+from trellis_proxy_cp.translate.secrets import SecretMaterial
+
+log = logging.getLogger(__name__)
+
+OnMaterial = Callable[[str, SecretMaterial], Awaitable[None]]
+
+
+def material(certificate: pb.Certificate) -> SecretMaterial:
+    return SecretMaterial(
+        cert_chain_pem=certificate.cert_chain_pem,
+        key_pem=certificate.private_key_pem,
+        trust_bundle_pem=certificate.trust_bundle_pem,
+        serial=certificate.info.serial,
+    )
+
+
+class CertClient:
+    def __init__(self, address: str, on_material: OnMaterial) -> None:
+        self.address = address
+        self._on_material = on_material
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub: pb_grpc.CertificateManagerAsyncStub = pb_grpc.CertificateManagerStub(
+            self._channel
+        )
+        self.wanted: dict[str, str] = {}  # identity -> service account
+        self.serials: dict[str, str] = {}
+        self.connected = asyncio.Event()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def issue(
+        self, namespace: str, service: str, account: str, dns_names_for: str = ""
+    ) -> SecretMaterial:
+        certificate = await self._stub.IssueCertificate(
+            pb.IssueCertificateRequest(
+                kind=pb.CERTIFICATE_KIND_SERVICE,
+                service=pb.MeshService(namespace=namespace, name=service),
+                service_account=account,
+            ),
+            timeout=30,
+        )
+        return material(certificate)
+
+    async def want(self, identity: str, service_account: str) -> SecretMaterial:
+        namespace, service = identity.split("/", 1)
+        self.wanted[identity] = service_account
+        found = await self.issue(namespace, service, service_account)
+        self.serials[identity] = found.serial
+        return found
+
+    def forget(self, identity: str) -> None:
+        self.wanted.pop(identity, None)
+        self.serials.pop(identity, None)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        delay = 0.1
+        while not stop.is_set():
+            try:
+                await self._follow(stop)
+                delay = 0.1
+            except grpc.aio.AioRpcError as exc:
+                log.warning("certs.stream_lost address=%s code=%s", self.address, exc.code().name)
+            self.connected.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _refresh(self, identity: str) -> None:
+        account = self.wanted.get(identity)
+        if account is None:
+            return
+        found = await self.want(identity, account)
+        await self._on_material(identity, found)
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        stream = self._stub.WatchCertificates(pb.WatchCertificatesRequest())
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            events = aiter(stream)
+            await anext(events)  # SNAPSHOT
+            self.connected.set()
+            for identity in list(self.wanted):  # whatever rotated while we were away
+                await self._refresh(identity)
+            while True:
+                reading = asyncio.ensure_future(anext(events))
+                await asyncio.wait({reading, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if stopper.done():
+                    reading.cancel()
+                    return
+                event = reading.result()
+                info = event.info
+                if info.kind != pb.CERTIFICATE_KIND_SERVICE:
+                    continue
+                identity = f"{info.service.namespace}/{info.service.name}"
+                if identity in self.wanted and info.serial != self.serials.get(identity):
+                    log.info("certs.rotated identity=%s serial=%s", identity, info.serial)
+                    await self._refresh(identity)
+        finally:
+            stopper.cancel()
+            stream.cancel()

@@ -1,0 +1,144 @@
+"""proxy-cp's process: wiring and lifecycle only.
+
+Finds the catalog and certmanager (settings or the service registry), gets its own
+serving certificate, then serves ADS (state of the world and delta, mTLS required) and
+the admin REST API, following the catalog's views and certmanager's rotations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from envoy.service.discovery.v3 import ads_pb2_grpc
+
+from trellis_common import lifecycle, logs
+from trellis_common.grpcserver import GrpcServer
+from trellis_common.registry import discover
+from trellis_common.runtime import ServiceRuntime
+from trellis_proxy_cp.authorizer import MeshAuthorizer
+from trellis_proxy_cp.cache.store import SnapshotCache
+from trellis_proxy_cp.clients.catalog import CatalogClient
+from trellis_proxy_cp.clients.certs import CertClient
+from trellis_proxy_cp.core import ProxyControlPlane
+from trellis_proxy_cp.credentials import ServingCertificate
+from trellis_proxy_cp.hooks import ProxyHooks
+from trellis_proxy_cp.metrics import XdsMetrics
+from trellis_proxy_cp.settings import ProxyCpSettings
+from trellis_proxy_cp.translate.secrets import SecretMaterial
+from trellis_proxy_cp.transport import rest
+from trellis_proxy_cp.transport.ads import AdsServicer
+from trellis_proxy_cp.transport.streams import StreamRegistry
+
+log = logging.getLogger(__name__)
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+
+
+async def locate(runtime: ServiceRuntime, kind: str, configured: str, stop: asyncio.Event) -> str:
+    """``configured``, or the first live service of ``kind`` in the registry (waiting)."""
+    warned = False
+    while not configured and not stop.is_set():
+        with contextlib.suppress(Exception):
+            found = await discover(runtime.redis, kind)
+            if found:
+                return found[0].grpc_address
+        if not warned:
+            log.warning("proxy_cp.waiting_for service=%s", kind)
+            warned = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=0.5)
+    return configured
+
+
+async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
+    runtime = await ServiceRuntime.connect(settings, "proxy-cp", stop)
+    if runtime is None:
+        return
+    catalog_address = await locate(runtime, "catalog", settings.catalog_address, stop)
+    certs_address = await locate(runtime, "certmanager", settings.certmanager_address, stop)
+    if stop.is_set():
+        return
+    own_identity = f"{settings.namespace}/{settings.instance_name}"
+    cache = SnapshotCache()
+    metrics = XdsMetrics.create(runtime.metrics)
+
+    control_plane: ProxyControlPlane
+    serving: ServingCertificate
+
+    async def on_view(identity: str, view: Any) -> None:
+        await control_plane.set_view(identity, view)
+
+    async def on_material(identity: str, material: SecretMaterial) -> None:
+        if identity == own_identity:
+            serving.update(material)
+            log.info("proxy_cp.serving_certificate_rotated serial=%s", material.serial)
+        else:
+            await control_plane.set_material(identity, material)
+
+    catalog = CatalogClient(catalog_address, on_view, settings.instance_name)
+    certs = CertClient(certs_address, on_material)
+
+    def forget(identity: str) -> None:
+        catalog.forget(identity)
+        certs.forget(identity)
+
+    control_plane = ProxyControlPlane(
+        cache,
+        catalog.want,
+        certs.want,
+        forget,
+        on_refused=lambda key, problems: metrics.refused_snapshots.inc(),
+    )
+    serving = ServingCertificate(await certs.want(own_identity, settings.service_account))
+    streams = StreamRegistry()
+    hooks = ProxyHooks(control_plane, metrics, catalog.register, catalog.unregister)
+    servicer = AdsServicer(
+        cache, MeshAuthorizer(control_plane, catalog.expected), hooks, registry=streams
+    )
+    xds = GrpcServer(
+        f"{settings.xds_host}:{settings.grpc_port}",
+        [lambda s: ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, s)],
+        [ADS_SERVICE],
+        credentials=serving.credentials(),
+    )
+    app = runtime.admin_app(
+        {"catalog": catalog.connected.is_set, "certmanager": certs.connected.is_set}
+    )
+    rest.add_routes(app, streams, cache, control_plane)
+    try:
+        await runtime.serve(stop, xds, app, [catalog.run, certs.run])
+    finally:
+        await catalog.close()
+        await certs.close()
+
+
+def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        prog="trellis-proxy-cp",
+        description="Trellis proxy-cp: the xDS server proxies talk to. Settings also come "
+        "from TRELLIS_PROXY_CP_* and TRELLIS_* environment variables.",
+    )
+    parser.add_argument("--grpc-port", type=int, help="the xDS port (mTLS)")
+    parser.add_argument("--admin-port", type=int)
+    parser.add_argument("--bind-host", help="admin address")
+    parser.add_argument("--xds-host", help="xDS address (default 0.0.0.0)")
+    parser.add_argument("--state-dir")
+    parser.add_argument("--redis-url")
+    parser.add_argument("--catalog-address")
+    parser.add_argument("--certmanager-address")
+    args = parser.parse_args(argv)
+    return {k: v for k, v in vars(args).items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = ProxyCpSettings(**parse_args(argv))
+    logs.configure(settings.log_format, settings.log_level, "proxy-cp")
+    return lifecycle.main(lambda stop: serve(settings, stop))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

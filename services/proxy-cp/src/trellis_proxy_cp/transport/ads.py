@@ -1,0 +1,47 @@
+"""The Aggregated Discovery Service: both ADS methods on one servicer.
+
+gRPC registers one servicer per service, and ``AggregatedDiscoveryService`` has two methods:
+state of the world (:mod:`.ads_sotw`) and delta (:mod:`.ads_delta`). They share one
+:class:`~.streams.StreamRunner` (snapshot source, authorizer, hooks, stream registry), so the
+admin API sees the streams of both protocols in one registry.
+"""
+
+from __future__ import annotations
+
+import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc
+
+from trellis_proxy_cp.cache.store import SnapshotSource
+from trellis_proxy_cp.transport.ads_delta import DeltaServer
+from trellis_proxy_cp.transport.ads_sotw import SotwServer
+from trellis_proxy_cp.transport.streams import (
+    Authorizer,
+    NoHooks,
+    StreamHooks,
+    StreamRegistry,
+    StreamRunner,
+)
+
+
+class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignore[misc]
+    """``StreamAggregatedResources`` and ``DeltaAggregatedResources`` for one cache."""
+
+    def __init__(
+        self,
+        source: SnapshotSource,
+        authorizer: Authorizer,
+        hooks: StreamHooks | None = None,
+        registry: StreamRegistry | None = None,
+        queue_size: int = 64,
+    ) -> None:
+        self.registry = registry if registry is not None else StreamRegistry()
+        self.runner = StreamRunner(
+            source, authorizer, hooks if hooks is not None else NoHooks(), self.registry, queue_size
+        )
+        sotw, delta = SotwServer(self.runner), DeltaServer(self.runner)
+        self.StreamAggregatedResources = sotw.StreamAggregatedResources
+        self.DeltaAggregatedResources = delta.DeltaAggregatedResources
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add this servicer to ``server`` (a ``trellis_common.grpcserver`` registration)."""
+        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, server)

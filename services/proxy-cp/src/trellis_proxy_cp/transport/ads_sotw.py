@@ -1,0 +1,226 @@
+"""ADS, state of the world: ``StreamAggregatedResources``.
+
+Per type URL the stream keeps a subscription and the nonce of its latest response; every
+response carries the snapshot's per-type version and a fresh nonce. How a request is read
+(Envoy's xDS protocol doc and the observations in ``envoy-xds-facts.md``):
+
+* A non-empty ``response_nonce`` other than the latest one sent for that type is **stale**:
+  a newer response is on its way and will be ACKed with the then-current names. It is
+  ignored entirely, subscription included. (A nonce on a type this stream never answered
+  comes from an earlier stream and is treated as empty.)
+* An empty nonce is a first request or a reconnect (``version_info`` = the proxy's last
+  accepted version): always answered, even at the current version, since Envoy waits for a
+  response to warm.
+* The latest nonce, not yet answered, with ``error_detail``: a **NACK**. It is recorded and
+  reported (``on_nack`` gets the rejected version) and the rejected version is not sent
+  again: the next response for that type waits for a new version or a new subscription.
+* The latest nonce, not yet answered, without error: an **ACK** (``on_ack``).
+* After an ACK or NACK the proxy gets an answer only if its names differ (as sets) from the
+  ones the latest response was built for.
+* The latest nonce once more, after it was already ACKed: Envoy asks again. After a cluster
+  update it re-sends its EDS request with the ACKed nonce and the same names, and the updated
+  cluster keeps warming until it gets a response (facts, item 6). Such a request is answered.
+
+Wildcard (only LDS and CDS): an empty name list means "everything" until the proxy names
+something; ``*`` subscribes to everything explicitly. EDS, RDS and SDS are always by name.
+
+On a snapshot change every type the proxy subscribes to whose per-type version differs from
+the version last sent is pushed, in :data:`~trellis_proxy_cp.types.ORDER` (CDS before EDS,
+LDS before RDS); a type the proxy never requested is never sent. Before the key has a
+snapshot requests are held and answered when it arrives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+
+from trellis_proxy_cp.cache.snapshot import Snapshot, push_order
+from trellis_proxy_cp.cache.store import SnapshotSource
+from trellis_proxy_cp.transport.streams import (
+    Outgoing,
+    ProxyStream,
+    Send,
+    StreamHooks,
+    StreamRunner,
+    TypeState,
+    short,
+)
+from trellis_proxy_cp.types import CLUSTER, LISTENER, TypeUrl
+
+log = logging.getLogger(__name__)
+
+WILDCARD_TYPES = frozenset({LISTENER, CLUSTER})
+WILDCARD = "*"
+
+Subscription = tuple[bool, frozenset[str]]
+
+
+@dataclasses.dataclass
+class _Progress:
+    """SotW-only bookkeeping of one type, next to the shared :class:`TypeState`."""
+
+    answered: bool = False
+    """Whether the latest nonce was already ACKed or NACKed."""
+    sent_for: Subscription | None = None
+    """The subscription the latest response was built for."""
+    pending: bool = False
+    """A request waits for the key's first snapshot."""
+    named: bool = False
+    """The proxy named resources once: an empty list no longer means wildcard."""
+
+
+class SotwMachine:
+    """The state of the world protocol for one stream (see the module docstring)."""
+
+    def __init__(
+        self, stream: ProxyStream, source: SnapshotSource, hooks: StreamHooks, send: Send
+    ) -> None:
+        self._stream = stream
+        self._source = source
+        self._hooks = hooks
+        self._send = send
+        self._progress: dict[TypeUrl, _Progress] = {}
+        self._nonces = itertools.count(1)
+
+    def on_request(self, request: Any) -> None:
+        type_url = TypeUrl(request.type_url)
+        state = self._stream.state(type_url)
+        progress = self._progress.setdefault(type_url, _Progress())
+        nonce = request.response_nonce
+        if nonce and state.nonce and nonce != state.nonce:
+            log.debug(
+                "ads.stale proxy=%s type=%s nonce=%s latest=%s",
+                self._stream.proxy_id,
+                short(type_url),
+                nonce,
+                state.nonce,
+            )
+            return
+        state.wildcard, state.names = self._subscription(type_url, progress, request)
+        names_changed = (state.wildcard, state.names) != progress.sent_for
+        if not nonce or not state.nonce:
+            answer = True
+        elif request.HasField("error_detail"):
+            if not progress.answered:
+                self._nack(type_url, state, request)
+            progress.answered = True
+            answer = names_changed
+        elif not progress.answered:
+            self._ack(type_url, state, request)
+            progress.answered = True
+            answer = names_changed
+        else:
+            answer = True
+        if answer:
+            snapshot = self._source.get(self._stream.key)
+            if snapshot is None:
+                progress.pending = True
+                log.info(
+                    "ads.waiting proxy=%s key=%s type=%s",
+                    self._stream.proxy_id,
+                    self._stream.key,
+                    short(type_url),
+                )
+            else:
+                self._respond(type_url, state, progress, snapshot)
+
+    def on_snapshot(self) -> None:
+        snapshot = self._source.get(self._stream.key)
+        if snapshot is None:
+            return
+        for type_url in push_order(self._progress):
+            state, progress = self._stream.types[type_url], self._progress[type_url]
+            if progress.pending or (
+                (state.wildcard or state.names)
+                and state.sent_version is not None
+                and state.sent_version != snapshot.version_of(type_url)
+            ):
+                self._respond(type_url, state, progress, snapshot)
+
+    def _subscription(self, type_url: TypeUrl, progress: _Progress, request: Any) -> Subscription:
+        names = frozenset(request.resource_names)
+        if type_url not in WILDCARD_TYPES:
+            return False, names
+        if names:
+            progress.named = True
+            return WILDCARD in names, names - {WILDCARD}
+        return not progress.named, names
+
+    def _respond(
+        self, type_url: TypeUrl, state: TypeState, progress: _Progress, snapshot: Snapshot
+    ) -> None:
+        available = snapshot.of_type(type_url)
+        if state.wildcard:
+            chosen = [available[name] for name in sorted(available)]
+        else:
+            chosen = [available[name] for name in sorted(state.names) if name in available]
+        version = snapshot.version_of(type_url)
+        nonce = str(next(self._nonces))
+        response = discovery_pb2.DiscoveryResponse(
+            version_info=version,
+            resources=[resource.any for resource in chosen],
+            type_url=type_url,
+            nonce=nonce,
+        )
+        state.sent_version, state.nonce = version, nonce
+        progress.answered, progress.pending = False, False
+        progress.sent_for = (state.wildcard, state.names)
+        log.debug(
+            "ads.respond proxy=%s type=%s version=%s nonce=%s resources=%d",
+            self._stream.proxy_id,
+            short(type_url),
+            version,
+            nonce,
+            len(chosen),
+        )
+        self._send(Outgoing(response, type_url, version))
+
+    def _ack(self, type_url: TypeUrl, state: TypeState, request: Any) -> None:
+        state.acked_version = request.version_info
+        state.last_error = None
+        log.debug(
+            "ads.ack proxy=%s type=%s version=%s",
+            self._stream.proxy_id,
+            short(type_url),
+            request.version_info,
+        )
+        self._hooks.on_ack(self._stream, type_url, request.version_info)
+
+    def _nack(self, type_url: TypeUrl, state: TypeState, request: Any) -> None:
+        rejected = state.sent_version or ""
+        message = request.error_detail.message
+        state.nack_count += 1
+        state.last_error = message
+        log.warning(
+            "ads.nack proxy=%s type=%s version=%s accepted=%s error=%r",
+            self._stream.proxy_id,
+            short(type_url),
+            rejected,
+            request.version_info,
+            message,
+        )
+        self._hooks.on_nack(self._stream, type_url, rejected, message)
+
+
+class SotwServer:
+    """The ``StreamAggregatedResources`` handler; :class:`AdsServicer` registers it."""
+
+    def __init__(self, runner: StreamRunner) -> None:
+        self._runner = runner
+
+    async def StreamAggregatedResources(
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        runner = self._runner
+
+        def make(stream: ProxyStream, send: Send) -> SotwMachine:
+            return SotwMachine(stream, runner.source, runner.hooks, send)
+
+        await runner.run("sotw", request_iterator, context, make)

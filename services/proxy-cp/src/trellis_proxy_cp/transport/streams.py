@@ -1,0 +1,377 @@
+"""What the two ADS servers (state of the world and delta) share about a proxy's stream.
+
+* :class:`Authorizer` decides, once per stream and before anything is sent, who the proxy is
+  and which snapshot key it gets, from the peer (certificate) and the node of the first
+  request. It refuses with :class:`StreamRefused`, whose gRPC code and message the servers
+  abort the stream with.
+* :class:`ProxyStream` is one open stream: identity plus per-type bookkeeping
+  (:class:`TypeState`) that the servers update and the admin API reads.
+* :class:`StreamHooks` is how the rest of proxy-cp learns what happens on streams (metrics,
+  the catalog's RegisterProxy, the admin API). Hooks are called synchronously on the stream's
+  task and must not block: schedule I/O elsewhere. An exception in a hook is logged and
+  ignored, never allowed to end the stream.
+* :class:`StreamRegistry` holds the open streams by id.
+* :class:`StreamRunner` is the lifecycle both servers share. It reads the first request
+  (which must carry a node), authorizes once, registers the stream, then runs three tasks:
+  a reader feeding requests to the protocol's :class:`Machine`, a watcher feeding it snapshot
+  changes of the stream's key (``SnapshotSource.wait``), and a writer draining a bounded
+  outbox into the gRPC stream. The machine's handlers are synchronous, so requests and
+  snapshot changes never interleave inside one. Whichever task ends first ends the stream:
+  the client half-closing is a clean end, a failure is logged and the stream aborted with
+  its status, a full outbox (a client that stopped reading) ends the stream with
+  RESOURCE_EXHAUSTED as Linkerd does rather than buffering without bound. Nothing in one
+  stream can affect another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Protocol
+
+import grpc
+
+from trellis_proxy_cp.cache.store import SnapshotSource
+from trellis_proxy_cp.types import SHORT, TypeUrl
+
+log = logging.getLogger(__name__)
+
+
+class StreamRefused(Exception):
+    """The authorizer's refusal: the stream is aborted with ``code`` and ``message``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass
+class TypeState:
+    """One type URL on one stream, as the server sees it."""
+
+    wildcard: bool = False
+    names: frozenset[str] = frozenset()
+    """Explicitly subscribed names (besides the wildcard, if any)."""
+    sent_version: str | None = None
+    """Version of the latest response sent (``system_version_info`` in delta)."""
+    nonce: str = ""
+    """Nonce of the latest response sent; requests with another non-empty nonce are stale."""
+    acked_version: str | None = None
+    nack_count: int = 0
+    last_error: str | None = None
+
+
+@dataclasses.dataclass
+class ProxyStream:
+    """One open ADS stream of one proxy. The authorizer fills the identity fields."""
+
+    proxy_id: str
+    """Who the proxy is, e.g. its certificate's common name; used in every log line."""
+    key: str
+    """The snapshot key whose resources this proxy gets."""
+    node_id: str
+    identity: str
+    """The service identity the proxy acts for (e.g. its SPIFFE id)."""
+    node: Any = dataclasses.field(default=None, repr=False)
+    """The ``envoy.config.core.v3.Node`` of the first request (set by the server)."""
+    protocol: str = ""
+    """``"sotw"`` or ``"delta"`` (set by the server)."""
+    stream_id: int = 0
+    """Set by :meth:`StreamRegistry.add`."""
+    opened_at: float = dataclasses.field(default_factory=time.time)
+    types: dict[TypeUrl, TypeState] = dataclasses.field(default_factory=dict)
+
+    def state(self, type_url: TypeUrl) -> TypeState:
+        """The type's state, created on the proxy's first request for it."""
+        found = self.types.get(type_url)
+        if found is None:
+            found = self.types[type_url] = TypeState()
+        return found
+
+
+class Authorizer(Protocol):
+    async def authorize(
+        self, context: grpc.aio.ServicerContext[Any, Any], node: Any
+    ) -> ProxyStream:
+        """Identify the proxy behind ``context`` and ``node``, or raise :class:`StreamRefused`."""
+        ...
+
+
+class StreamHooks(Protocol):
+    def on_open(self, stream: ProxyStream) -> None: ...
+    def on_close(self, stream: ProxyStream) -> None: ...
+    def on_sent(self, stream: ProxyStream, type_url: TypeUrl, version: str) -> None: ...
+    def on_ack(self, stream: ProxyStream, type_url: TypeUrl, version: str) -> None: ...
+    def on_nack(
+        self, stream: ProxyStream, type_url: TypeUrl, version: str, error_message: str
+    ) -> None: ...
+
+
+class NoHooks:
+    """Hooks that do nothing."""
+
+    def on_open(self, stream: ProxyStream) -> None:
+        pass
+
+    def on_close(self, stream: ProxyStream) -> None:
+        pass
+
+    def on_sent(self, stream: ProxyStream, type_url: TypeUrl, version: str) -> None:
+        pass
+
+    def on_ack(self, stream: ProxyStream, type_url: TypeUrl, version: str) -> None:
+        pass
+
+    def on_nack(
+        self, stream: ProxyStream, type_url: TypeUrl, version: str, error_message: str
+    ) -> None:
+        pass
+
+
+class SafeHooks:
+    """Wraps hooks so that an exception in one is logged instead of ending the stream."""
+
+    def __init__(self, hooks: StreamHooks) -> None:
+        self._hooks = hooks
+
+    def _call(self, name: str, stream: ProxyStream, *args: str) -> None:
+        try:
+            getattr(self._hooks, name)(stream, *args)
+        except Exception:
+            log.exception("ads.hook_failed hook=%s proxy=%s", name, stream.proxy_id)
+
+    def on_open(self, stream: ProxyStream) -> None:
+        self._call("on_open", stream)
+
+    def on_close(self, stream: ProxyStream) -> None:
+        self._call("on_close", stream)
+
+    def on_sent(self, stream: ProxyStream, type_url: TypeUrl, version: str) -> None:
+        self._call("on_sent", stream, type_url, version)
+
+    def on_ack(self, stream: ProxyStream, type_url: TypeUrl, version: str) -> None:
+        self._call("on_ack", stream, type_url, version)
+
+    def on_nack(
+        self, stream: ProxyStream, type_url: TypeUrl, version: str, error_message: str
+    ) -> None:
+        self._call("on_nack", stream, type_url, version, error_message)
+
+
+class StreamRegistry:
+    """The open streams by stream id (both protocols), for the admin API and tests."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, ProxyStream] = {}
+        self._ids = itertools.count(1)
+
+    def add(self, stream: ProxyStream) -> None:
+        stream.stream_id = next(self._ids)
+        self.streams[stream.stream_id] = stream
+
+    def remove(self, stream: ProxyStream) -> None:
+        self.streams.pop(stream.stream_id, None)
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def __iter__(self) -> Iterator[ProxyStream]:
+        return iter(list(self.streams.values()))
+
+    def of_key(self, key: str) -> list[ProxyStream]:
+        return [s for s in self.streams.values() if s.key == key]
+
+    def of_proxy(self, proxy_id: str) -> list[ProxyStream]:
+        return [s for s in self.streams.values() if s.proxy_id == proxy_id]
+
+
+def short(type_url: str) -> str:
+    """``cds``, ``eds``... for log lines; other type URLs as they are."""
+    return SHORT.get(TypeUrl(type_url), type_url)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outgoing:
+    """A response queued for the writer, with what ``on_sent`` reports."""
+
+    message: Any
+    type_url: TypeUrl
+    version: str
+
+
+Send = Callable[[Outgoing], None]
+
+
+class Machine(Protocol):
+    """One protocol's state machine for one stream. Handlers are synchronous and ``send``."""
+
+    def on_request(self, request: Any) -> None: ...
+    def on_snapshot(self) -> None: ...
+
+
+MachineFactory = Callable[[ProxyStream, Send], Machine]
+
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class StreamRunner:
+    """Runs one ADS stream from the first request to the end; see the module docstring."""
+
+    def __init__(
+        self,
+        source: SnapshotSource,
+        authorizer: Authorizer,
+        hooks: StreamHooks,
+        registry: StreamRegistry,
+        queue_size: int = 64,
+    ) -> None:
+        self.source = source
+        self.authorizer = authorizer
+        self.hooks = SafeHooks(hooks)
+        self.registry = registry
+        self.queue_size = queue_size
+
+    async def run(
+        self,
+        protocol: str,
+        requests: AsyncIterator[Any],
+        context: _Context,
+        make_machine: MachineFactory,
+    ) -> None:
+        try:
+            first = await anext(aiter(requests))
+        except StopAsyncIteration:
+            return
+        if not first.HasField("node"):
+            log.warning("ads.refused protocol=%s peer=%s reason=no-node", protocol, context.peer())
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request needs a node")
+        stream = await self._authorize(protocol, context, first.node)
+        stream.node, stream.protocol = first.node, protocol
+        self.registry.add(stream)
+        log.info(
+            "ads.open protocol=%s proxy=%s key=%s node=%s stream=%d",
+            protocol,
+            stream.proxy_id,
+            stream.key,
+            stream.node_id,
+            stream.stream_id,
+        )
+        self.hooks.on_open(stream)
+        try:
+            failure = await self._serve(stream, first, requests, context, make_machine)
+        finally:
+            self.registry.remove(stream)
+            self.hooks.on_close(stream)
+            log.info(
+                "ads.close protocol=%s proxy=%s stream=%d",
+                protocol,
+                stream.proxy_id,
+                stream.stream_id,
+            )
+        if failure is not None:
+            await context.abort(failure.code, failure.message)
+
+    async def _authorize(self, protocol: str, context: _Context, node: Any) -> ProxyStream:
+        try:
+            return await self.authorizer.authorize(context, node)
+        except StreamRefused as refused:
+            log.warning(
+                "ads.refused protocol=%s peer=%s node=%s code=%s message=%r",
+                protocol,
+                context.peer(),
+                node.id,
+                refused.code.name,
+                refused.message,
+            )
+            await context.abort(refused.code, refused.message)
+        except Exception:
+            log.exception(
+                "ads.authorize_failed protocol=%s peer=%s node=%s",
+                protocol,
+                context.peer(),
+                node.id,
+            )
+            await context.abort(grpc.StatusCode.INTERNAL, "authorization failed")
+
+    async def _serve(
+        self,
+        stream: ProxyStream,
+        first: Any,
+        requests: AsyncIterator[Any],
+        context: _Context,
+        make_machine: MachineFactory,
+    ) -> StreamRefused | None:
+        outbox: asyncio.Queue[Outgoing] = asyncio.Queue(self.queue_size)
+
+        def send(item: Outgoing) -> None:
+            try:
+                outbox.put_nowait(item)
+            except asyncio.QueueFull:
+                raise StreamRefused(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "the proxy is not reading its stream"
+                ) from None
+
+        machine = make_machine(stream, send)
+        tasks = {
+            asyncio.create_task(self._read(first, requests, machine)),
+            asyncio.create_task(self._watch(stream.key, machine)),
+            asyncio.create_task(self._write(stream, outbox, context)),
+        }
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            error = task.exception()
+            if isinstance(error, StreamRefused):
+                log.warning(
+                    "ads.abort proxy=%s code=%s message=%r",
+                    stream.proxy_id,
+                    error.code.name,
+                    error.message,
+                )
+                return error
+            if error is not None:
+                log.error("ads.stream_failed proxy=%s", stream.proxy_id, exc_info=error)
+                return StreamRefused(grpc.StatusCode.INTERNAL, "internal error")
+        return None
+
+    @staticmethod
+    async def _read(first: Any, requests: AsyncIterator[Any], machine: Machine) -> None:
+        _check(first)
+        machine.on_request(first)
+        async for request in requests:
+            _check(request)
+            machine.on_request(request)
+
+    async def _watch(self, key: str, machine: Machine) -> None:
+        seen = None
+        while True:
+            seen = await self.source.wait(key, seen)
+            machine.on_snapshot()
+
+    async def _write(
+        self, stream: ProxyStream, outbox: asyncio.Queue[Outgoing], context: _Context
+    ) -> None:
+        while True:
+            item = await outbox.get()
+            await context.write(item.message)
+            log.debug(
+                "ads.sent proxy=%s type=%s version=%s",
+                stream.proxy_id,
+                short(item.type_url),
+                item.version,
+            )
+            self.hooks.on_sent(stream, item.type_url, item.version)
+
+
+def _check(request: Any) -> None:
+    if not request.type_url:
+        raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, "ADS requests need a type_url")
