@@ -370,6 +370,65 @@ def test_a_nacked_route_keeps_the_previous_config(mesh: Mesh) -> None:
     assert buyer.get(BOOKSTORE, "/books-bought").status_code == 200
 
 
+@dataclass
+class _Info:
+    common_name: str
+
+
+@dataclass
+class ForeignCertificate:
+    """A proxy certificate with a well-formed CN, signed by a CA that is not the mesh's."""
+
+    info: _Info
+    cert_chain_pem: bytes
+    private_key_pem: bytes
+    trust_bundle_pem: bytes
+
+
+def foreign_certificate(common_name: str, mesh_trust_bundle: bytes) -> ForeignCertificate:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Not The Mesh CA")])
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .sign(ca_key, hashes.SHA256())
+    )
+    return ForeignCertificate(
+        _Info(common_name),
+        cert.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        mesh_trust_bundle,
+    )
+
+
+def admin_up(sidecar: Sidecar) -> Any:
+    def up() -> bool:
+        try:
+            return sidecar.envoy.get("/server_info").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return up
+
+
 def test_proxies_the_mesh_did_not_onboard_are_refused(mesh: Mesh) -> None:
     # a mesh certificate that is not a proxy certificate (a service certificate)
     service_cert = mesh.certmanager(
@@ -384,10 +443,40 @@ def test_proxies_the_mesh_did_not_onboard_are_refused(mesh: Mesh) -> None:
     )
 
     def refused_logged() -> bool:
-        return "not a valid" in mesh.processes["proxy-cp"].logs() or (
-            "refused" in mesh.processes["proxy-cp"].logs()
+        return any(
+            "ads.refused" in line and impostor.common_name in line and "PERMISSION_DENIED" in line
+            for line in mesh.processes["proxy-cp"].logs().splitlines()
         )
 
     asyncio.run(eventually(refused_logged, timeout=20, interval=0.3, message="refusal logged"))
+    asyncio.run(eventually(admin_up(impostor), timeout=10, message="impostor admin API up"))
     assert impostor.envoy.stat("control_plane.connected_state") == 0
     assert not any(p["proxy"] == impostor.common_name for p in mesh.proxies())
+
+    # a proxy certificate from a foreign CA never gets past the TLS handshake
+    root = mesh.certmanager("GetRoot", cm.GetRootRequest())
+    foreign = mesh.onboard(
+        "foreign",
+        "bookbuyer",
+        "bookbuyer",
+        "bookbuyer",
+        certificate=foreign_certificate(
+            "0b0e4a6e-1a2b-4c3d-8e9f-00000000abcd.bookbuyer.bookbuyer", root.trust_bundle_pem
+        ),
+    )
+
+    def failing() -> bool:
+        try:
+            seen = foreign.envoy.stats("cluster.trellis-xds.")
+        except httpx.HTTPError:
+            return False  # still starting
+        return (
+            seen.get("cluster.trellis-xds.ssl.connection_error", 0)
+            + seen.get("cluster.trellis-xds.upstream_cx_destroy", 0)
+            + seen.get("cluster.trellis-xds.upstream_cx_connect_fail", 0)
+            > 0
+        )
+
+    asyncio.run(eventually(failing, timeout=20, interval=0.3, message="foreign proxy fails TLS"))
+    assert foreign.envoy.stat("control_plane.connected_state") == 0
+    assert not any(p["proxy"] == foreign.common_name for p in mesh.proxies())
