@@ -36,11 +36,13 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
 @click.option(
     "--spec-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory of mesh documents (YAML) to watch [default: <state-dir>/spec].",
+    help="Directory of mesh documents (YAML) to watch [default: examples/bookstore with the "
+    "demo, else <state-dir>/spec].",
 )
+@click.option("--no-demo", is_flag=True, help="Only the control plane, no bookstore demo.")
 @click.pass_obj
-def up(mesh: Mesh, quiet: bool, spec_dir: Path | None) -> None:
-    raise SystemExit(asyncio.run(run_up(mesh.state_dir, quiet, spec_dir)))
+def up(mesh: Mesh, quiet: bool, spec_dir: Path | None, no_demo: bool) -> None:
+    raise SystemExit(asyncio.run(run_up(mesh.state_dir, quiet, spec_dir, with_demo=not no_demo)))
 
 
 cli.add_command(certs)

@@ -1,4 +1,7 @@
-"""``trellis status``: every service's health, from its admin API; non-zero if any fails."""
+"""``trellis status``: every service's health, connected proxies, catalog revision.
+
+Exit code 1 when any service is unhealthy or unreachable, so scripts and CI can wait on it.
+"""
 
 from __future__ import annotations
 
@@ -28,15 +31,50 @@ def probe(mesh: Mesh, name: str) -> dict[str, Any]:
         return {"service": name, "admin_url": url, "healthy": False, "error": type(exc).__name__}
 
 
+def _extra(mesh: Mesh, name: str, path: str) -> Any:
+    try:
+        return httpx.get(mesh.admin_url(name) + path, timeout=2.0).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def details(mesh: Mesh, names: list[str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    if "proxy-cp" in names:
+        body = _extra(mesh, "proxy-cp", "/v1/proxies")
+        if body is not None:
+            proxies = body.get("proxies", [])
+            found["connected_proxies"] = len(proxies)
+            found["proxies_with_nacks"] = sum(
+                1 for p in proxies if any(t.get("nacks") for t in p.get("types", {}).values())
+            )
+    if "catalog" in names:
+        body = _extra(mesh, "catalog", "/v1/views")
+        if body is not None:
+            found["catalog_revision"] = body.get("revision")
+            found["identities"] = len(body.get("views", []))
+        resources = _extra(mesh, "catalog", "/v1/resources?state=error")
+        if resources is not None:
+            found["invalid_documents"] = len(resources.get("resources", []))
+    if "endpoints-vm" in names:
+        body = _extra(mesh, "endpoints-vm", "/v1/workloads")
+        if body is not None:
+            workloads = body.get("workloads", [])
+            found["workloads"] = len(workloads)
+            found["expired_workloads"] = sum(1 for w in workloads if not w.get("alive"))
+    return found
+
+
 @click.command(help="Health of each service of the running mesh; exit 1 if any is unhealthy.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def status(mesh: Mesh, as_json: bool) -> None:
     known = statefile.read_endpoints(mesh.state_dir)
-    names = list(known) or [name for name, *_ in SERVICES]
+    names = [name for name, *_ in SERVICES if name in known] or [name for name, *_ in SERVICES]
     results = [probe(mesh, name) for name in names]
+    extra = details(mesh, names)
     if as_json:
-        output.emit_json({"services": results})
+        output.emit_json({"services": results, "mesh": extra})
     else:
         output.table(
             "Trellis services",
@@ -52,5 +90,7 @@ def status(mesh: Mesh, as_json: bool) -> None:
                 for r in results
             ],
         )
+        if extra:
+            output.console.print("  ".join(f"{k.replace('_', ' ')}: {v}" for k, v in extra.items()))
     if not all(r["healthy"] for r in results):
         raise SystemExit(1)

@@ -167,6 +167,13 @@ class Supervisor:
             await self._spawn(child)
             await self._wait_ready(child)
 
+    async def launch(self, spec: ProcessSpec) -> None:
+        """Start one more process (before :meth:`run`), waiting until it is ready."""
+        child = Child(spec)
+        self.children.append(child)
+        await self._spawn(child)
+        await self._wait_ready(child)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Watch the children until ``stop``; restart any that dies; then stop them all."""
         try:

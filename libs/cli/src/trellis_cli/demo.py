@@ -1,0 +1,214 @@
+"""The bookstore demo ``trellis up`` runs: four workloads, each with a real Envoy sidecar.
+
+bookstore-v1 and bookstore-v2 serve books; bookbuyer and bookthief call bookstore through
+their sidecars. The policies are ``examples/bookstore``: an 80/20 TrafficSplit between the
+versions, and a TrafficTarget that lets bookbuyer (and nobody else) buy books. Each sidecar
+is onboarded as a user would (the injector issues its proxy certificate and bootstrap;
+the stores are registered with endpoints-vm), and a previous run's onboarding is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trellis_cli.client import Mesh
+from trellis_cli.supervisor import ProcessSpec, tcp_ready
+from trellis_common.envoybin import find_envoy
+
+HOST = "bookstore.bookstore:14001"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    namespace: str
+    account: str
+    app_port: int  # 0: a client, no application port
+    admin_port: int
+    outbound_port: int
+    inbound_port: int
+
+    @property
+    def client(self) -> bool:
+        return self.app_port == 0
+
+
+WORKLOADS = (
+    Workload("bookstore-v1", "bookstore", "bookstore", 14081, 15110, 15111, 15113),
+    Workload("bookstore-v2", "bookstore", "bookstore", 14082, 15120, 15121, 15123),
+    Workload("bookbuyer", "bookbuyer", "bookbuyer", 0, 15130, 15131, 15133),
+    Workload("bookthief", "bookthief", "bookthief", 0, 15140, 15141, 15143),
+)
+
+
+def ports() -> list[int]:
+    found = []
+    for w in WORKLOADS:
+        found += [w.admin_port, w.outbound_port, w.inbound_port]
+        if w.app_port:
+            found.append(w.app_port)
+    return found
+
+
+def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
+    """The sidecar's bootstrap and certificate files (kept from a previous run if present)."""
+    config = folder / "envoy.yaml"
+    if config.exists() and (folder / "key.pem").exists():
+        return config
+    folder.mkdir(parents=True, exist_ok=True)
+    body = mesh.request(
+        "injector",
+        "POST",
+        "/v1/bootstrap",
+        auth=True,
+        json={
+            "namespace": workload.namespace,
+            "service": workload.name,
+            "service_account": workload.account,
+            "app_port": workload.app_port,
+            "inbound_port": workload.inbound_port,
+            "outbound_port": workload.outbound_port,
+            "admin_port": workload.admin_port,
+            "output_dir": str(folder.resolve()),
+        },
+    ).json()
+    files: dict[str, Any] = body["files"]
+    (folder / "cert.pem").write_text(files["cert_chain_pem"])
+    (folder / "ca.pem").write_text(files["trust_bundle_pem"])
+    fd = os.open(folder / "key.pem", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(files["private_key_pem"])
+    config.write_text(yaml.safe_dump(body["bootstrap"], sort_keys=False))
+    return config
+
+
+def register(mesh: Mesh, workload: Workload) -> None:
+    mesh.request(
+        "endpoints-vm",
+        "POST",
+        "/v1/workloads",
+        auth=True,
+        json={
+            "namespace": workload.namespace,
+            "name": f"{workload.name}-demo",
+            "services": [workload.name],
+            "address": "127.0.0.1",
+            "ports": [{"name": "http", "number": workload.inbound_port}],
+            "service_account": workload.account,
+        },
+    )
+
+
+def prepare(mesh: Mesh, state_dir: Path) -> list[ProcessSpec]:
+    """Onboard and register the demo; returns the processes to run, in start order."""
+    envoy = find_envoy()
+    demo = state_dir / "demo"
+    specs: list[ProcessSpec] = []
+    for workload in WORKLOADS:
+        if not workload.client:
+            specs.append(
+                ProcessSpec(
+                    name=f"{workload.name}-app",
+                    argv=[
+                        sys.executable,
+                        "-m",
+                        "trellis_cli.demoapps",
+                        "app",
+                        "--name",
+                        workload.name,
+                        "--port",
+                        str(workload.app_port),
+                    ],
+                    ready=tcp_ready("127.0.0.1", workload.app_port),
+                    ports=(workload.app_port,),
+                    address=f"http://127.0.0.1:{workload.app_port}",
+                )
+            )
+    for index, workload in enumerate(WORKLOADS):
+        config = onboard(mesh, workload, demo / workload.name)
+        specs.append(
+            ProcessSpec(
+                name=f"{workload.name}-envoy",
+                argv=[
+                    envoy,
+                    "-c",
+                    str(config),
+                    "--disable-hot-restart",
+                    "--base-id",
+                    str(40 + index),
+                    "--log-level",
+                    "warning",
+                    "--concurrency",
+                    "1",
+                ],
+                ready=tcp_ready("127.0.0.1", workload.admin_port),
+                ports=(workload.admin_port, workload.outbound_port, workload.inbound_port),
+                address=f"admin http://127.0.0.1:{workload.admin_port}  "
+                f"outbound :{workload.outbound_port}  inbound :{workload.inbound_port}",
+            )
+        )
+        if not workload.client:
+            register(mesh, workload)
+    for workload in WORKLOADS:
+        if workload.client:
+            specs.append(
+                ProcessSpec(
+                    name=workload.name,
+                    argv=[
+                        sys.executable,
+                        "-m",
+                        "trellis_cli.demoapps",
+                        "client",
+                        "--name",
+                        workload.name,
+                        "--proxy-port",
+                        str(workload.outbound_port),
+                        "--host",
+                        HOST,
+                        "--counter",
+                        str(demo / f"{workload.name}.json"),
+                    ],
+                    ready=_always,
+                    address=f"calls {HOST} through :{workload.outbound_port}",
+                )
+            )
+    return specs
+
+
+async def _always() -> bool:
+    return True
+
+
+def counters(state_dir: Path, previous: dict[str, dict[str, int]], max_age: float = 5.0) -> str:
+    """One line: what bookbuyer and bookthief got since the previous call (``previous`` is
+    updated), so a change of weights shows at once rather than in a long-run average."""
+    parts = []
+    for workload in WORKLOADS:
+        if not workload.client:
+            continue
+        path = state_dir / "demo" / f"{workload.name}.json"
+        try:
+            body = json.loads(path.read_text())
+        except (OSError, ValueError):
+            parts.append(f"{workload.name}: starting")
+            continue
+        counts: dict[str, int] = body.get("counts", {})
+        before = previous.get(workload.name, {})
+        recent = {k: v - before.get(k, 0) for k, v in counts.items() if v - before.get(k, 0)}
+        previous[workload.name] = dict(counts)
+        stale = " (no news)" if time.time() - body.get("at", 0) > max_age else ""
+        total = sum(recent.values())
+        shown = (
+            "  ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sorted(recent.items()))
+            or "nothing"
+        )
+        parts.append(f"{workload.name}: {shown}{stale}")
+    return " | ".join(parts)
