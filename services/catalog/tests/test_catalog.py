@@ -172,3 +172,25 @@ async def test_debounce_batches_a_burst_and_watchers_get_it(catalog: Catalog) ->
     stop.set()
     await loop
     await watcher.aclose()
+
+
+def test_a_backend_without_endpoints_leaves_the_split(catalog: Catalog) -> None:
+    def split() -> dict[str, int]:
+        root = next(o for o in catalog.policies[BUYER].outbound if o.name == "bookstore")
+        return {c.cluster: c.weight for c in root.routes[0].clusters}
+
+    v1, v2 = "bookstore/bookstore-v1|14001", "bookstore/bookstore-v2|14001"
+    assert split() == {v1: 80, v2: 20}
+    catalog.update_provider_service("vm", "bookstore", "bookstore-v2", provided("bookstore-v2"))
+    catalog.flush()
+    assert split() == {v1: 80}  # no 503s for v2's share
+    catalog.update_provider_service(
+        "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.0.2")
+    )
+    catalog.flush()
+    assert split() == {v1: 80, v2: 20}
+    # when no backend has endpoints, the split stays as declared
+    catalog.update_provider_service("vm", "bookstore", "bookstore-v1", provided("bookstore-v1"))
+    catalog.update_provider_service("vm", "bookstore", "bookstore-v2", provided("bookstore-v2"))
+    catalog.flush()
+    assert split() == {v1: 80, v2: 20}

@@ -282,12 +282,14 @@ class Catalog:
         changed_clusters: set[str] = set()
         if dirty.spec or dirty.services:
             old_shape = {
-                k: (v.ports, v.location, v.export_to, v.hosts) for k, v in self.services.items()
+                k: (v.ports, v.location, v.export_to, v.hosts, bool(v.endpoints))
+                for k, v in self.services.items()
             }
             old_accounts = {s: self.account_of(s) for s in self.services}
             self.services = svc.index(self.spec.services, self._provided.values())
             new_shape = {
-                k: (v.ports, v.location, v.export_to, v.hosts) for k, v in self.services.items()
+                k: (v.ports, v.location, v.export_to, v.hosts, bool(v.endpoints))
+                for k, v in self.services.items()
             }
             if old_shape != new_shape or old_accounts != {
                 s: self.account_of(s) for s in self.services

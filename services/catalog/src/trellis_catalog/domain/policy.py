@@ -3,7 +3,8 @@
 - Deny by default: a destination appears in ``outbound`` only if a TrafficTarget lets the
   identity's service account call the destination's account, or the mesh is permissive.
 - A TrafficSplit on a root service turns its routes into weighted clusters over the
-  backends the caller may reach (weights of the others are dropped, not re-spread).
+  backends the caller may reach (weights of the others are dropped, not re-spread), and
+  that have endpoints, unless none has: traffic leaves a backend whose workloads are gone.
   Its ``matches`` (v1alpha3+) split only matching requests; the rest go to the root when
   the caller may reach it, else to the split as well.
 - ServiceEntries: MESH_INTERNAL hosts are destinations like any service; MESH_EXTERNAL
@@ -176,6 +177,11 @@ class PolicyBuilder:
             if b.weight > 0 and self.may_call(source, b.service)
         ]
         reachable = [(b, k) for b, k in backends if k is not None]
+        # A backend with no endpoint left (deregistered, expired) would turn its share of
+        # the traffic into 503s: leave it out while another backend can serve.
+        serving = [(b, k) for b, k in reachable if k.endpoints or k.discovery != "STATIC"]
+        if serving:
+            reachable = serving
         root_known = self.services.get(root)
         if not reachable and not (root_known and self.may_call(source, root)):
             return []
