@@ -104,6 +104,7 @@ class Catalog:
         self._referenced_by: dict[str, set[Identity]] = {}
         self.proxies: dict[str, ProxyRecord] = {}
         self._seq = 0
+        self._last_accounts: dict[MeshService, str] = {}
         self.certificates: dict[Identity, CertificateRef] = {}
         self.revision = 0
         # Versions are "<epoch>-<revision>": a restarted catalog never reuses a version.
@@ -228,8 +229,12 @@ class Catalog:
         if known is not None:
             accounts = Counter(e.service_account for e in known.endpoints if e.service_account)
             if accounts:
-                return accounts.most_common(1)[0][0]
-        return service.name
+                account = accounts.most_common(1)[0][0]
+                self._last_accounts[service] = account
+                return account
+        # With no proxy and no endpoint (all deregistered for a moment), the account stays
+        # the last one known: policies do not flip while workloads come and go.
+        return self._last_accounts.get(service, service.name)
 
     def account_of_identity(self, identity: Identity) -> str:
         return self.account_of(MeshService(*identity))
