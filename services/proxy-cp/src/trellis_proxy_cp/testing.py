@@ -420,3 +420,6 @@ async def ads_server(
             client.call.cancel()
         await channel.close()
         await server.stop(None)
+        # Let grpc's per-RPC tasks see their handlers end before the loop closes.
+        for _ in range(3):
+            await asyncio.sleep(0)

@@ -1,0 +1,185 @@
+"""The cache: resources serialized once, per-type versions, consistency, set/get/wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trellis_proxy_cp import testing as t
+from trellis_proxy_cp.cache.snapshot import EMPTY_VERSION, Snapshot, make_resource
+from trellis_proxy_cp.cache.store import InconsistentSnapshot, SnapshotCache
+from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, TypeUrl
+
+# -- resources -----------------------------------------------------------------------------
+
+
+def test_resource_is_serialized_once_and_versioned_by_content() -> None:
+    message = t.load_assignment("c0", 8080)
+    first = make_resource(ENDPOINT, message)
+    assert first.name == "c0"  # a ClusterLoadAssignment is named by cluster_name
+    assert first.any.type_url == ENDPOINT
+    assert first.any.value == message.SerializeToString(deterministic=True)
+    assert len(first.version) == 16
+    assert make_resource(ENDPOINT, t.load_assignment("c0", 8080)).version == first.version
+    assert make_resource(ENDPOINT, t.load_assignment("c0", 8081)).version != first.version
+
+
+def test_snapshots_built_from_one_resource_share_its_any() -> None:
+    shared = t.resource(t.secret("cert"))
+    one = t.snapshot("1", shared, t.secret("ca"))
+    two = t.snapshot("2", shared)
+    assert one.of_type(SECRET)["cert"].any is two.of_type(SECRET)["cert"].any is shared.any
+
+
+def test_make_resource_refuses_a_wrong_type_url_or_no_name() -> None:
+    with pytest.raises(ValueError, match="does not match"):
+        make_resource(CLUSTER, t.secret("cert"))
+    with pytest.raises(ValueError, match="needs a name"):
+        make_resource(SECRET, t.secret(""))
+
+
+def test_a_snapshot_refuses_duplicate_names() -> None:
+    with pytest.raises(ValueError, match="duplicate"):
+        t.snapshot("1", t.secret("cert"), t.secret("cert"))
+
+
+# -- per-type versions ---------------------------------------------------------------------
+
+
+def test_per_type_versions_change_only_for_changed_types() -> None:
+    before = t.mesh("1", ports=(8080,))
+    after = t.mesh("2", ports=(8081,))  # only the endpoints differ
+    assert after.version_of(ENDPOINT) != before.version_of(ENDPOINT)
+    for type_url in (CLUSTER, LISTENER, ROUTE, SECRET):
+        assert after.version_of(type_url) == before.version_of(type_url)
+    assert before.version_of(TypeUrl("type.googleapis.com/other")) == EMPTY_VERSION
+    assert t.snapshot("x").version_of(CLUSTER) == EMPTY_VERSION
+
+
+def test_a_removed_resource_changes_its_type_version() -> None:
+    two = t.snapshot("1", t.secret("a"), t.secret("b"))
+    one = t.snapshot("2", t.secret("a"))
+    assert one.version_of(SECRET) != two.version_of(SECRET)
+
+
+def test_type_urls_come_in_push_order() -> None:
+    assert t.mesh("1").type_urls() == [CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET]
+
+
+# -- consistency ---------------------------------------------------------------------------
+
+
+def test_a_complete_mesh_is_consistent() -> None:
+    assert t.mesh("1").consistent() == []
+
+
+def test_an_eds_cluster_without_its_load_assignment_is_a_problem() -> None:
+    problems = t.snapshot("1", t.cluster("c0")).consistent()
+    assert problems == ["cluster 'c0' (EDS) has no ClusterLoadAssignment 'c0'"]
+
+
+def test_the_eds_service_name_is_what_must_exist() -> None:
+    named = t.cluster("c0", service_name="svc")
+    assert t.snapshot("1", named, t.load_assignment("svc", 1)).consistent() == []
+    assert (
+        "ClusterLoadAssignment 'svc'"
+        in t.snapshot("1", named, t.load_assignment("c0", 1)).consistent()[0]
+    )
+
+
+def test_a_listener_naming_a_missing_route_config_is_a_problem() -> None:
+    problems = t.snapshot("1", t.listener("l0", "r0")).consistent()
+    assert problems == ["listener 'l0' names missing RouteConfiguration 'r0'"]
+    proxyless = t.snapshot("1", t.api_listener("svc:80", "r1")).consistent()
+    assert proxyless == ["listener 'svc:80' names missing RouteConfiguration 'r1'"]
+
+
+def test_missing_secrets_are_problems() -> None:
+    problems = t.snapshot(
+        "1",
+        t.cluster("c0", cert="cert", ca="ca"),
+        t.load_assignment("c0", 1),
+        t.listener("l0", "r0", cert="server-cert"),
+        t.route_config("r0", "c0"),
+        t.secret("cert"),
+    ).consistent()
+    assert problems == [
+        "cluster 'c0' names missing secret 'ca'",
+        "listener 'l0' names missing secret 'server-cert'",
+    ]
+
+
+# -- the cache -----------------------------------------------------------------------------
+
+
+def test_set_get_clear_keys() -> None:
+    cache = SnapshotCache()
+    assert cache.get("a") is None
+    snap = t.mesh("1")
+    cache.set_snapshot("a", snap)
+    assert cache.get("a") is snap
+    assert cache.keys() == ["a"]
+    cache.clear("a")
+    assert cache.get("a") is None
+    assert cache.keys() == []
+
+
+def test_an_inconsistent_snapshot_is_refused_and_the_previous_one_kept() -> None:
+    cache = SnapshotCache()
+    good = t.mesh("1")
+    cache.set_snapshot("a", good)
+    with pytest.raises(InconsistentSnapshot) as raised:
+        cache.set_snapshot("a", t.snapshot("2", t.cluster("c9")))
+    assert raised.value.problems == ["cluster 'c9' (EDS) has no ClusterLoadAssignment 'c9'"]
+    assert cache.get("a") is good
+
+
+async def test_wait_returns_at_once_for_an_unseen_snapshot() -> None:
+    cache = SnapshotCache()
+    snap = t.mesh("1")
+    cache.set_snapshot("a", snap)
+    assert await asyncio.wait_for(cache.wait("a", None), 2) is snap
+
+
+async def test_wait_wakes_only_the_streams_of_the_changed_key() -> None:
+    cache = SnapshotCache()
+    first = t.mesh("1")
+    cache.set_snapshot("a", first)
+    cache.set_snapshot("b", first)
+    on_a = asyncio.create_task(cache.wait("a", first))
+    on_b = asyncio.create_task(cache.wait("b", first))
+    on_c = asyncio.create_task(cache.wait("c", None))  # no snapshot yet
+    await asyncio.sleep(0)
+    assert cache.waiting("a")
+    assert cache.waiting("b")
+    assert cache.waiting("c")
+
+    second = t.mesh("2", ports=(9090,))
+    cache.set_snapshot("a", second)
+    assert await asyncio.wait_for(on_a, 2) is second
+    await asyncio.sleep(0)
+    assert not on_b.done()
+    assert not on_c.done()
+
+    cache.set_snapshot("c", second)
+    assert await asyncio.wait_for(on_c, 2) is second
+    assert not on_b.done()
+    on_b.cancel()
+
+
+async def test_many_waiters_of_one_key_all_wake_once() -> None:
+    cache = SnapshotCache()
+    waiters = [asyncio.create_task(cache.wait("k", None)) for _ in range(1000)]
+    await asyncio.sleep(0)
+    snap = t.mesh("1")
+    cache.set_snapshot("k", snap)
+    results = await asyncio.wait_for(asyncio.gather(*waiters), 2)
+    assert all(r is snap for r in results)
+    assert not cache.waiting("k")
+
+
+def test_snapshot_is_immutable() -> None:
+    snap = Snapshot.of("1", [t.resource(t.secret("a"))])
+    with pytest.raises(TypeError):
+        snap.resources[SECRET] = {}  # type: ignore[index]
