@@ -1,0 +1,246 @@
+"""The path a newcomer takes: `trellis up` with the bookstore demo, then operating it.
+
+Everything is a real process started by the CLI: Redis, the five services, four Envoy
+sidecars, the apps and clients. The test reads the demo clients' counters (what a user
+watches), edits the mesh documents, uses the CLI, and kills processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("certmanager", "endpoints-vm", "catalog", "proxy-cp", "injector")
+
+
+class Up:
+    def __init__(self, tmp: Path) -> None:
+        self.state = tmp / "state"
+        self.spec = tmp / "spec"
+        shutil.copytree(ROOT / "examples" / "bookstore", self.spec)
+        self.log = tmp / "up.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("wb") as sink:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trellis_cli.main",
+                    "--state-dir",
+                    str(self.state),
+                    "up",
+                    "--spec-dir",
+                    str(self.spec),
+                    "--quiet",
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,
+                env={**os.environ, "TRELLIS_DEMO_RATE": "40", "COLUMNS": "200"},
+            )
+        wait(lambda: "Trellis is up" in self.output(), 180, "trellis up is up")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(self.state), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+        )
+
+    def counts(self, client: str) -> Counter[str]:
+        try:
+            body = json.loads((self.state / "demo" / f"{client}.json").read_text())
+        except (OSError, ValueError):
+            return Counter()
+        return Counter(body["counts"])
+
+    def window(self, client: str, size: int, timeout: float = 60) -> Counter[str]:
+        """What ``client`` got over its next ``size`` requests."""
+        start = self.counts(client)
+        wait(
+            lambda: sum((self.counts(client) - start).values()) >= size,
+            timeout,
+            f"{client} made {size} requests",
+        )
+        return self.counts(client) - start
+
+    def pid(self, service: str) -> int:
+        return int(json.loads((self.state / "services" / f"{service}.json").read_text())["pid"])
+
+    def ready(self, service: str) -> bool:
+        try:
+            body = json.loads((self.state / "services" / f"{service}.json").read_text())
+            return httpx.get(body["admin_url"] + "/readyz", timeout=2).status_code == 200
+        except (OSError, ValueError, KeyError, httpx.HTTPError):
+            return False
+
+
+def wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def share(seen: Counter[str], key: str) -> float:
+    return seen[key] / max(sum(seen.values()), 1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Iterator[Up]:
+    up = Up(tmp_path)
+    try:
+        up.start()
+        yield up
+    finally:
+        if up.process is not None and up.process.poll() is None:
+            up.process.send_signal(signal.SIGTERM)
+            try:
+                up.process.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(up.process.pid, signal.SIGKILL)
+                up.process.wait()
+
+
+def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
+    # the split, as bookbuyer sees it
+    wait(
+        lambda: {"bookstore-v1", "bookstore-v2"} <= set(mesh.counts("bookbuyer")),
+        60,
+        "bookbuyer reaches both versions",
+    )
+    seen = mesh.window("bookbuyer", 300)
+    assert set(seen) == {"bookstore-v1", "bookstore-v2"}, seen
+    assert 0.1 <= share(seen, "bookstore-v2") <= 0.3, seen  # 80/20
+    thief = mesh.window("bookthief", 50)
+    assert set(thief) == {"denied"}, thief
+
+    status = mesh.cli("status", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["mesh"]["connected_proxies"] == 4
+    assert (
+        mesh.cli(
+            "policy", "check", "--from", "bookthief/bookthief", "--to", "bookstore/bookstore"
+        ).returncode
+        == 1
+    )
+
+    # weights edited live
+    split = mesh.spec / "traffic-split.yaml"
+    split.write_text(
+        split.read_text().replace("weight: 80", "weight: 50").replace("weight: 20", "weight: 50")
+    )
+    wait(
+        lambda: 0.35 <= share(mesh.window("bookbuyer", 200), "bookstore-v2") <= 0.65,
+        60,
+        "the split follows the edit to 50/50",
+    )
+
+    # a workload deregistered: traffic leaves it, nothing fails
+    gone = mesh.cli("vm", "deregister", "-n", "bookstore", "--name", "bookstore-v2-demo")
+    assert gone.returncode == 0, gone.stderr
+    wait(
+        lambda: set(mesh.window("bookbuyer", 100)) == {"bookstore-v1"},
+        60,
+        "traffic leaves the deregistered workload",
+    )
+    back = mesh.cli(
+        "vm",
+        "register",
+        "-n",
+        "bookstore",
+        "--name",
+        "bookstore-v2-demo",
+        "--service",
+        "bookstore-v2",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        "http=15123",
+        "--service-account",
+        "bookstore",
+    )
+    assert back.returncode == 0, back.stderr
+    wait(lambda: "bookstore-v2" in mesh.window("bookbuyer", 100), 60, "v2 is back")
+
+    # every service killed in turn while traffic flows: the data plane keeps serving
+    root = mesh.cli("certs", "root", "--json")
+    for service in SERVICES:
+        pid = mesh.pid(service)
+        os.kill(pid, signal.SIGKILL)
+        during = mesh.window("bookbuyer", 80)
+        ok = during["bookstore-v1"] + during["bookstore-v2"]
+        assert ok >= 0.95 * sum(during.values()), (service, during)
+
+        def restarted(s: str = service, old: int = pid) -> bool:
+            return mesh.pid(s) != old and mesh.ready(s)
+
+        wait(restarted, 90, f"{service} restarted")
+
+    # Redis restarted: nothing lost
+    redis = subprocess.run(
+        ["pgrep", "-f", f"redis-server.*{mesh.state}"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    assert redis, "the private Redis runs"
+    os.kill(int(redis[0]), signal.SIGKILL)
+    during = mesh.window("bookbuyer", 80)
+    assert during["bookstore-v1"] + during["bookstore-v2"] >= 0.95 * sum(during.values()), during
+    wait(lambda: all(mesh.ready(s) for s in SERVICES), 90, "services ready after Redis restart")
+    assert (
+        json.loads(mesh.cli("certs", "root", "--json").stdout)["fingerprint_sha256"]
+        == (json.loads(root.stdout)["fingerprint_sha256"])
+    )
+    workloads = json.loads(mesh.cli("vm", "list", "--json").stdout)["workloads"]
+    assert {w["name"] for w in workloads} == {"bookstore-v1-demo", "bookstore-v2-demo"}
+
+    # converged: the mesh still follows the documents
+    split.write_text(
+        split.read_text()
+        .replace("weight: 50\n  - service: bookstore-v2", "weight: 100\n  - service: bookstore-v2")
+        .replace("weight: 50", "weight: 0")
+    )
+    wait(
+        lambda: set(mesh.window("bookbuyer", 100)) == {"bookstore-v1"},
+        60,
+        "a last edit (100/0) takes effect after all the restarts",
+    )
+
+    # a clean stop: every process of the mesh ends
+    pids = [mesh.pid(s) for s in SERVICES]
+    assert mesh.process is not None
+    mesh.process.send_signal(signal.SIGTERM)
+    assert mesh.process.wait(90) == 0
+    wait(lambda: not any(alive(p) for p in pids), 10, "no process is left behind")
