@@ -28,6 +28,12 @@ Floors, measured in the same run and interleaved with their subjects:
 * ``cluster_floor_ms``: ``services.cluster`` for the changed service's ports: the least an
   endpoint change must redo.
 
+Times are CPU seconds of this process (``time.process_time``), not wall time: the work
+is single-threaded, in process and without I/O, so on an idle machine both are the same,
+but the sizes are measured minutes apart and on a shared machine other processes would
+otherwise change the growth table more than the catalog does. Each size prints the share
+of a core the process had; well below 100% means the machine was busy.
+
 The growth table divides each figure at N by the one at the first size, next to how much
 N grew, and fits the exponent k of N**k between the first and the last size: k near 1 is
 linear, near 2 quadratic. ``--seconds`` below :data:`QUICK_SECONDS` skips N=1,000 (its
@@ -66,6 +72,8 @@ CHANGE_BUDGET = 5.0  # endpoint changes per size stop after this many times --se
 TRUST_DOMAIN = "cluster.local"
 ORIGIN = "bench/mesh.yaml"
 MOVED_FROM = 1 << 23  # moved endpoints get addresses from 10.128.0.0 on
+CLOCK = time.process_time  # CPU seconds of this process: see the module's docstring
+BUSY_BELOW = 0.9  # a smaller share of a core means other processes were busy
 
 
 @dataclass
@@ -74,6 +82,8 @@ class Measured:
 
     mesh: mesh.Mesh
     parse: float
+    wall: float = 0.0  # the whole size, generation included: wall and CPU seconds
+    cpu: float = 0.0
     builds: list[float] = field(default_factory=list)
     index_floor: list[float] = field(default_factory=list)
     changes: list[float] = field(default_factory=list)
@@ -89,7 +99,10 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
     results: dict[str, float] = {}
     everything: list[Measured] = []
     for position, size in enumerate(sizes(seconds)):
+        wall, cpu = time.perf_counter(), time.process_time()
         measured = _measure(size, registry, seconds, warmup if position == 0 else 0.0, warmup)
+        measured.wall = time.perf_counter() - wall
+        measured.cpu = time.process_time() - cpu
         everything.append(measured)
         results |= _report(measured)
     results |= _growth(everything)
@@ -112,9 +125,9 @@ def _measure(
     size: int, registry: KindRegistry, seconds: float, build_warmup: float, warmup: float
 ) -> Measured:
     synthetic = mesh.generate(size)
-    start = time.perf_counter()
+    start = CLOCK()
     documents = _parse(registry, synthetic.documents)
-    measured = Measured(synthetic, time.perf_counter() - start)
+    measured = Measured(synthetic, CLOCK() - start)
     declared = meshspec.build(documents).services
 
     def build() -> Catalog:
@@ -138,12 +151,12 @@ def _measure(
         len(measured.builds) < MAX_REPEATS and sum(measured.builds) < seconds
     ):
         for _ in range(FLOOR_REPEATS):  # cheap: a few, so one GC pause is not the median
-            start = time.perf_counter()
+            start = CLOCK()
             index_floor()
-            measured.index_floor.append(time.perf_counter() - start)
-        start = time.perf_counter()
+            measured.index_floor.append(CLOCK() - start)
+        start = CLOCK()
         catalog = build()
-        measured.builds.append(time.perf_counter() - start)
+        measured.builds.append(CLOCK() - start)
         if len(measured.builds) == 1:
             _check(catalog, synthetic)
     # the endpoint and policy changes run against the last catalog built
@@ -160,7 +173,7 @@ def _measure(
         measured.touched.append(touched)
         measured.cluster_floor.append(floor)
 
-    editor = _PolicyEditor(catalog, registry, synthetic, documents, random.Random(-size))
+    editor = _PolicyEditor(catalog, registry, synthetic, documents, random.Random(mesh.SEED - size))
     while len(measured.policy_changes) < MAX_REPEATS and sum(measured.policy_changes) < seconds:
         elapsed, touched = editor.edit()
         measured.policy_changes.append(elapsed)
@@ -212,17 +225,17 @@ class _EndpointChanger:
         self.reports[index] = report_
         self.next_address += 1
         catalog = self.catalog
-        start = time.perf_counter()
+        start = CLOCK()
         catalog.update_provider_service(mesh.PROVIDER, report_.namespace, report_.name, report_)
         batch = catalog.flush()
-        elapsed = time.perf_counter() - start
+        elapsed = CLOCK() - start
         known = catalog.services[MeshService(report_.namespace, report_.name)]
         if mesh.address(self.next_address - 1) not in {e.address for e in known.endpoints}:
             raise RuntimeError(f"the change to {report_.service} did not reach the catalog")
-        start = time.perf_counter()
+        start = CLOCK()
         for port in known.ports:
             svc.cluster(known, port, TRUST_DOMAIN)
-        floor = time.perf_counter() - start
+        floor = CLOCK() - start
         return elapsed, len(batch.identities) if batch else 0, floor
 
 
@@ -252,10 +265,10 @@ class _PolicyEditor:
         sources = self.rng.sample(self.accounts, self.rng.randint(*mesh.SOURCES))
         edited = mesh.edited_target(self.raws[index], sources)
         self.documents[index] = self.registry.parse(edited, self.documents[index].origin)
-        start = time.perf_counter()
+        start = CLOCK()
         self.catalog.set_documents(self.documents, [])
         batch = self.catalog.flush()
-        return time.perf_counter() - start, len(batch.identities) if batch else 0
+        return CLOCK() - start, len(batch.identities) if batch else 0
 
 
 def _ms(values: Sequence[float], q: float = 0.5) -> float:
@@ -322,6 +335,12 @@ def _report(m: Measured) -> dict[str, float]:
         ),
     ]
     report.print_table(f"catalog N={n:,}: {m.mesh.describe()}", figures)
+    share = m.cpu / m.wall if m.wall else 1.0
+    busy = "; other processes competed for the rest" if share < BUSY_BELOW else ""
+    print(
+        f"  (times are CPU time of this process; N={n:,} took {m.wall:.1f} s, and the "
+        f"process had {share:.0%} of a core{busy})"
+    )
     ratios = {
         f"build_ms/index_floor_ms@{n}": report.ratio_line(build, index_floor),
         f"change_median_ms/cluster_floor_ms@{n}": report.ratio_line(change, cluster_floor),

@@ -66,12 +66,13 @@ class ViewBatch:
 @dataclass
 class _Dirty:
     spec: bool = False
-    services: bool = False
+    services: bool = False  # every service: re-index all
     policies: bool = False
     identities: set[Identity] = field(default_factory=set)
+    changed: set[MeshService] = field(default_factory=set)  # only these services
 
     def any(self) -> bool:
-        return self.spec or self.services or self.policies or bool(self.identities)
+        return self.spec or self.services or self.policies or bool(self.identities or self.changed)
 
 
 class UnknownProxy(ValueError):
@@ -96,8 +97,11 @@ class Catalog:
         self._errors: list[DocumentError] = []
         self.spec = meshspec.build([])
         self._provided: dict[tuple[str, str, str], svc.ProvidedService] = {}
+        self._reports: dict[MeshService, dict[str, svc.ProvidedService]] = {}
         self.services: dict[MeshService, svc.KnownService] = {}
         self.clusters: dict[str, ClusterState] = {}
+        self._clusters_of: dict[MeshService, set[str]] = {}
+        self._clusters_trust = ""
         self.policies: dict[Identity, IdentityPolicy] = {}
         self.versions: dict[Identity, str] = {}
         self._view_key: dict[Identity, tuple[object, ...]] = {}
@@ -105,6 +109,7 @@ class Catalog:
         self.proxies: dict[str, ProxyRecord] = {}
         self._seq = 0
         self._last_accounts: dict[MeshService, str] = {}
+        self._proxy_accounts: dict[Identity, str] = {}  # the latest onboarded proxy's
         self.certificates: dict[Identity, CertificateRef] = {}
         self.revision = 0
         # Versions are "<epoch>-<revision>": a restarted catalog never reuses a version.
@@ -126,20 +131,34 @@ class Catalog:
     def set_provider_services(self, provider: str, reports: Iterable[svc.ProvidedService]) -> None:
         """Replace everything ``provider`` reported (a full list, after (re)connecting)."""
         for key in [k for k in self._provided if k[0] == provider]:
-            del self._provided[key]
+            self._forget_report(key)
         for report in reports:
-            self._provided[(provider, report.namespace, report.name)] = report
+            self._keep_report(provider, report)
         self._mark(services=True)
 
     def update_provider_service(
         self, provider: str, namespace: str, name: str, report: svc.ProvidedService | None
     ) -> None:
+        """One service changed at one provider: only that service is re-indexed."""
         key = (provider, namespace, name)
         if report is None:
-            self._provided.pop(key, None)
+            self._forget_report(key)
         else:
-            self._provided[key] = report
-        self._mark(services=True)
+            self._keep_report(provider, report)
+        self._dirty.changed.add(MeshService(namespace, name))
+        self._wake.set()
+
+    def _keep_report(self, provider: str, report: svc.ProvidedService) -> None:
+        self._provided[(provider, report.namespace, report.name)] = report
+        self._reports.setdefault(report.service, {})[provider] = report
+
+    def _forget_report(self, key: tuple[str, str, str]) -> None:
+        self._provided.pop(key, None)
+        service = MeshService(key[1], key[2])
+        by_provider = self._reports.get(service, {})
+        by_provider.pop(key[0], None)
+        if not by_provider:
+            self._reports.pop(service, None)
 
     def drop_provider(self, provider: str) -> None:
         self.set_provider_services(provider, [])
@@ -178,6 +197,7 @@ class Catalog:
             record = self.proxies[common_name] = ProxyRecord(
                 common_name, identity, service_account or cn.service, seq=self._seq
             )
+            self._proxy_accounts[identity] = record.service_account
             others = {
                 r.service_account
                 for r in self.proxies.values()
@@ -196,6 +216,10 @@ class Catalog:
             self.certs_wanted.set()
         elif service_account and service_account != record.service_account:
             record.service_account = service_account
+            latest = max(
+                (r for r in self.proxies.values() if r.identity == identity), key=lambda r: r.seq
+            )
+            self._proxy_accounts[identity] = latest.service_account
             self._mark(policies=True)
         return record
 
@@ -217,14 +241,9 @@ class Catalog:
     # -- identities and accounts -------------------------------------------------------
 
     def account_of(self, service: MeshService) -> str:
-        identity = Identity(service.namespace, service.name)
-        latest = max(
-            (r for r in self.proxies.values() if r.identity == identity and r.service_account),
-            key=lambda r: r.seq,
-            default=None,
-        )
-        if latest is not None:
-            return latest.service_account
+        latest = self._proxy_accounts.get(Identity(service.namespace, service.name))
+        if latest:
+            return latest
         known = self.services.get(service)
         if known is not None:
             accounts = Counter(e.service_account for e in known.endpoints if e.service_account)
@@ -286,21 +305,24 @@ class Catalog:
             self.spec = meshspec.build(self._documents, self._errors)
         changed_clusters: set[str] = set()
         if dirty.spec or dirty.services:
-            old_shape = {
-                k: (v.ports, v.location, v.export_to, v.hosts, bool(v.endpoints))
-                for k, v in self.services.items()
-            }
-            old_accounts = {s: self.account_of(s) for s in self.services}
-            self.services = svc.index(self.spec.services, self._provided.values())
-            new_shape = {
-                k: (v.ports, v.location, v.export_to, v.hosts, bool(v.endpoints))
-                for k, v in self.services.items()
-            }
-            if old_shape != new_shape or old_accounts != {
-                s: self.account_of(s) for s in self.services
-            }:
-                recompute_policies = True
-            changed_clusters = self._rebuild_clusters()
+            scope = set(self.services) | set(self.spec.services) | set(self._reports)
+        else:
+            scope = dirty.changed
+        if scope:
+            before = {s: self._shape(s) for s in scope}
+            for service in scope:
+                known = svc.known_service(
+                    service,
+                    self.spec.services.get(service),
+                    self._reports.get(service, {}).values(),
+                )
+                if known is None:
+                    self.services.pop(service, None)
+                else:
+                    self.services[service] = known
+            if any(before[s] != self._shape(s) for s in scope):
+                recompute_policies = True  # ports, accounts or reachability moved
+            changed_clusters = self._rebuild_clusters(scope)
         touched: set[Identity] = set(dirty.identities)
         if recompute_policies:
             builder = self._builder()
@@ -322,29 +344,57 @@ class Catalog:
         self.ready.set()
         return batch
 
-    def _rebuild_clusters(self) -> set[str]:
+    def _shape(self, service: MeshService) -> tuple[object, ...] | None:
+        """What a policy depends on of a service (not its endpoints' addresses)."""
+        known = self.services.get(service)
+        if known is None:
+            return None
+        return (
+            known.ports,
+            known.location,
+            known.export_to,
+            known.hosts,
+            bool(known.endpoints),
+            self.account_of(service),
+        )
+
+    def _trust(self) -> str:
+        settings = self.spec.settings
+        return settings.trust_domain if settings and settings.trust_domain else self._trust_domain
+
+    def _rebuild_clusters(self, scope: set[MeshService]) -> set[str]:
+        """Rebuild the clusters of the services in ``scope``; returns the names that changed."""
         changed: set[str] = set()
-        wanted: dict[str, ClusterState] = {}
-        trust_domain = self._builder().trust_domain
-        for known in self.services.values():
-            for port in known.ports:
-                state = svc.cluster(known, port, trust_domain)
-                wanted[state.ref.name] = state
-        for name in set(self.clusters) - set(wanted):
-            del self.clusters[name]
-            changed.add(name)
-        for name, state in wanted.items():
-            old = self.clusters.get(name)
-            if old is None or (old.ref, old.endpoints, old.spiffe_ids) != (
-                state.ref,
-                state.endpoints,
-                state.spiffe_ids,
-            ):
-                version = (old.version + 1) if old else 1
-                self.clusters[name] = ClusterState(
-                    state.ref, state.endpoints, state.spiffe_ids, version
-                )
+        trust_domain = self._trust()
+        if trust_domain != self._clusters_trust:
+            scope = set(self.services) | set(self._clusters_of)  # SPIFFE ids change everywhere
+            self._clusters_trust = trust_domain
+        for service in scope:
+            wanted: dict[str, ClusterState] = {}
+            known = self.services.get(service)
+            if known is not None:
+                for port in known.ports:
+                    state = svc.cluster(known, port, trust_domain)
+                    wanted[state.ref.name] = state
+            for name in self._clusters_of.get(service, set()) - set(wanted):
+                del self.clusters[name]
                 changed.add(name)
+            for name, state in wanted.items():
+                old = self.clusters.get(name)
+                if old is None or (old.ref, old.endpoints, old.spiffe_ids) != (
+                    state.ref,
+                    state.endpoints,
+                    state.spiffe_ids,
+                ):
+                    version = (old.version + 1) if old else 1
+                    self.clusters[name] = ClusterState(
+                        state.ref, state.endpoints, state.spiffe_ids, version
+                    )
+                    changed.add(name)
+            if wanted:
+                self._clusters_of[service] = set(wanted)
+            else:
+                self._clusters_of.pop(service, None)
         return changed
 
     def _index_references(self) -> None:

@@ -35,7 +35,7 @@ from trellis_catalog.domain.views import (
     WeightedCluster,
 )
 from trellis_common.documents import smi
-from trellis_common.model import MeshService, ServiceAccount
+from trellis_common.model import MeshService, ServiceAccount, WeightedService
 
 AccountOf = Callable[[MeshService], str]
 
@@ -92,37 +92,61 @@ class PolicyBuilder:
         self.spec = spec
         self.services = services
         self.account_of = account_of
+        settings = spec.settings
         self.trust_domain = (
-            spec.settings.trust_domain
-            if spec.settings and spec.settings.trust_domain
-            else trust_domain
+            settings.trust_domain if settings and settings.trust_domain else trust_domain
         )
         self.cluster_domain = cluster_domain
         self.mesh = MeshSettings(self.trust_domain, spec.permissive, spec.egress)
         self._allowed = spec.allowed_accounts()
+        # Computed once per builder, not once per (identity, destination): a build walks
+        # only the accounts a source may call, so it grows with the policies, not N².
+        self._accounts: dict[MeshService, ServiceAccount] = {}
+        self._by_account: dict[ServiceAccount, list[MeshService]] = {}
+        for service, known in services.items():
+            if not known.external:
+                self._by_account.setdefault(self.account(service), []).append(service)
+        self._external_services = [k for k in services.values() if k.external]
+        self._splits = [
+            (root, split, split.weighted_services()) for root, split in spec.splits.items()
+        ]
+        self._spiffe_ids: dict[MeshService, str] = {}
 
     def account(self, service: MeshService) -> ServiceAccount:
-        return ServiceAccount(service.namespace, self.account_of(service))
+        found = self._accounts.get(service)
+        if found is None:
+            found = self._accounts[service] = ServiceAccount(
+                service.namespace, self.account_of(service)
+            )
+        return found
 
     def may_call(self, source: ServiceAccount, destination: MeshService) -> bool:
         if self.spec.permissive:
             return True
         return self.account(destination) in self._allowed.get(source, ())
 
+    def _callable(self, source: ServiceAccount) -> list[MeshService]:
+        if self.spec.permissive:
+            return list(self.services)
+        found: list[MeshService] = []
+        for account in self._allowed.get(source, ()):
+            found += self._by_account.get(account, ())
+        return found
+
     def build(self, identity: Identity, service_account: str) -> IdentityPolicy:
         me = MeshService(identity.namespace, identity.service)
         source = ServiceAccount(identity.namespace, service_account)
         clusters: dict[str, ClusterRef] = {}
         outbound: list[OutboundService] = []
-        for service, known in self.services.items():
+        for service in self._callable(source):
+            known = self.services[service]
             if known.external or not known.exported_to(identity.namespace):
                 continue
             if service in self.spec.splits:
                 continue  # handled with its root below
-            if self.may_call(source, service):
-                outbound += self._direct(known, clusters)
-        for root, split in self.spec.splits.items():
-            outbound += self._split(root, split, source, clusters)
+            outbound += self._direct(known, clusters)
+        for root, split, backends in self._splits:
+            outbound += self._split(root, split, backends, source, clusters)
         external = self._external(identity.namespace, clusters)
         return IdentityPolicy(
             identity=identity,
@@ -138,11 +162,16 @@ class PolicyBuilder:
     # -- outbound ---------------------------------------------------------------------
 
     def _spiffe(self, services: list[MeshService]) -> tuple[str, ...]:
-        return tuple(
-            sorted(
-                {spiffe_id(self.trust_domain, s.namespace, self.account_of(s)) for s in services}
-            )
-        )
+        found = set()
+        for service in services:
+            spiffe = self._spiffe_ids.get(service)
+            if spiffe is None:
+                account = self.account(service)
+                spiffe = self._spiffe_ids[service] = spiffe_id(
+                    self.trust_domain, account.namespace, account.name
+                )
+            found.add(spiffe)
+        return tuple(sorted(found))
 
     def _direct(
         self, known: KnownService, clusters: dict[str, ClusterRef]
@@ -168,12 +197,13 @@ class PolicyBuilder:
         self,
         root: MeshService,
         split: smi.TrafficSplit,
+        split_backends: tuple[WeightedService, ...],
         source: ServiceAccount,
         clusters: dict[str, ClusterRef],
     ) -> list[OutboundService]:
         backends = [
             (b, self.services.get(b.service))
-            for b in split.weighted_services()
+            for b in split_backends
             if b.weight > 0 and self.may_call(source, b.service)
         ]
         reachable = [(b, k) for b, k in backends if k is not None]
@@ -233,8 +263,8 @@ class PolicyBuilder:
 
     def _external(self, namespace: str, clusters: dict[str, ClusterRef]) -> list[ExternalService]:
         found = []
-        for known in self.services.values():
-            if not known.external or not known.exported_to(namespace):
+        for known in self._external_services:
+            if not known.exported_to(namespace):
                 continue
             for port in known.ports:
                 ref = _cluster_ref(known, port)

@@ -112,6 +112,34 @@ def _provided_ports(reports: list[ProvidedService]) -> tuple[PortSpec, ...]:
     return tuple(found[n] for n in sorted(found))
 
 
+def known_service(
+    service: MeshService, declared: core.Service | None, reports: Iterable[ProvidedService]
+) -> KnownService | None:
+    """One service from its declaration and its providers' reports (None: nobody knows it)."""
+    found = sorted(reports, key=lambda r: r.provider)
+    if declared is None and not found:
+        return None
+    first = found[0] if found else None
+    ports = _declared_ports(declared) if declared is not None else ()
+    return KnownService(
+        service=service,
+        ports=ports or _provided_ports(found),
+        location=first.location if first else "MESH_INTERNAL",
+        discovery=_DISCOVERY.get(first.resolution, "STATIC") if first else "STATIC",
+        hosts=first.hosts if first else (),
+        addresses=first.addresses if first else (),
+        export_to=first.export_to if first else (),
+        subject_alt_names=first.subject_alt_names if first else (),
+        declared=declared is not None,
+        providers=tuple(r.provider for r in found),
+        endpoints=tuple(
+            e if e.provider == r.provider else replace(e, provider=r.provider)
+            for r in found
+            for e in r.endpoints
+        ),
+    )
+
+
 def index(
     declared: Mapping[MeshService, core.Service], provided: Iterable[ProvidedService]
 ) -> dict[MeshService, KnownService]:
@@ -120,22 +148,9 @@ def index(
         reports.setdefault(report.service, []).append(report)
     known: dict[MeshService, KnownService] = {}
     for service in sorted(set(declared) | set(reports), key=str):
-        found = sorted(reports.get(service, []), key=lambda r: r.provider)
-        first = found[0] if found else None
-        ports = _declared_ports(declared[service]) if service in declared else ()
-        known[service] = KnownService(
-            service=service,
-            ports=ports or _provided_ports(found),
-            location=first.location if first else "MESH_INTERNAL",
-            discovery=_DISCOVERY.get(first.resolution, "STATIC") if first else "STATIC",
-            hosts=first.hosts if first else (),
-            addresses=first.addresses if first else (),
-            export_to=first.export_to if first else (),
-            subject_alt_names=first.subject_alt_names if first else (),
-            declared=service in declared,
-            providers=tuple(r.provider for r in found),
-            endpoints=tuple(replace(e, provider=r.provider) for r in found for e in r.endpoints),
-        )
+        entry = known_service(service, declared.get(service), reports.get(service, []))
+        if entry is not None:
+            known[service] = entry
     return known
 
 
