@@ -70,6 +70,26 @@ class Issuer:
         self.algorithm = algorithm
         self.policy = policy
         self._rng = rng or random.SystemRandom()
+        # The same for every leaf this CA signs: computed once.
+        self._chain_pem = ca.chain_pem
+        self._issuer_text = ca.cert.subject.rfc4514_string()
+        self._authority_key = x509.AuthorityKeyIdentifier.from_issuer_public_key(
+            ca.key.public_key()
+        )
+        self._key_usage = x509.KeyUsage(
+            digital_signature=True,
+            key_encipherment=True,
+            content_commitment=False,
+            data_encipherment=False,
+            key_agreement=False,
+            key_cert_sign=False,
+            crl_sign=False,
+            encipher_only=False,
+            decipher_only=False,
+        )
+        self._extended_usage = x509.ExtendedKeyUsage(
+            [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+        )
 
     def service_common_name(self, service: MeshService) -> str:
         try:
@@ -159,30 +179,9 @@ class Issuer:
             .not_valid_before(not_before)
             .not_valid_after(not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_encipherment=True,
-                    content_commitment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.ca.key.public_key()),
-                critical=False,
-            )
+            .add_extension(self._key_usage, critical=True)
+            .add_extension(self._extended_usage, critical=False)
+            .add_extension(self._authority_key, critical=False)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
         sans += [x509.UniformResourceIdentifier(u) for u in uris]
@@ -203,9 +202,9 @@ class Issuer:
             proxy_id=proxy_id,
             dns_names=dns_names,
             uris=uris,
-            issuer=self.ca.cert.subject.rfc4514_string(),
+            issuer=self._issuer_text,
             fingerprint=fingerprint(cert),
-            cert_chain_pem=cert.public_bytes(serialization.Encoding.PEM) + self.ca.chain_pem,
+            cert_chain_pem=cert.public_bytes(serialization.Encoding.PEM) + self._chain_pem,
             key_pem=key_to_pem(key),
         )
 
