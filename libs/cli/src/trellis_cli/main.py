@@ -11,6 +11,7 @@ import click
 from trellis_cli.certs import certs
 from trellis_cli.client import Mesh
 from trellis_cli.policy import policy
+from trellis_cli.proxy import proxy
 from trellis_cli.spec import spec
 from trellis_cli.status import status
 from trellis_cli.up import up as run_up
@@ -50,6 +51,7 @@ cli.add_command(status)
 cli.add_command(vm)
 cli.add_command(spec)
 cli.add_command(policy)
+cli.add_command(proxy)
 
 
 def main() -> None:

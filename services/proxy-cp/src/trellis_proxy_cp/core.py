@@ -75,11 +75,18 @@ class ProxyControlPlane:
             group = self.groups.get(key)
             if group is None:
                 group = self.groups[key] = Group(key, identity, service_account, settings)
+            added = proxy not in group.proxies
             group.proxies.add(proxy)
-            if identity not in self.views:
-                self.views[identity] = await self._fetch_view(identity, service_account)
-            if identity not in self.materials:
-                self.materials[identity] = await self._fetch_material(identity, service_account)
+            try:
+                if identity not in self.views:
+                    self.views[identity] = await self._fetch_view(identity, service_account)
+                if identity not in self.materials:
+                    self.materials[identity] = await self._fetch_material(identity, service_account)
+            except BaseException:
+                # The stream is refused and will never detach: leave no group behind.
+                if added:
+                    self.detach(proxy, key)
+                raise
             if self.cache.get(key) is None:
                 self._build(group)
         return key
@@ -116,19 +123,20 @@ class ProxyControlPlane:
         material = self.materials.get(group.identity)
         if view is None or material is None:
             return
-        resources = translate(view, group.settings, material)
-        built = [
-            *(make_resource(types.LISTENER, m) for m in resources.listeners),
-            *(make_resource(types.ROUTE, m) for m in resources.routes),
-            *(make_resource(types.CLUSTER, m) for m in resources.clusters),
-            *(make_resource(types.ENDPOINT, m) for m in resources.endpoints),
-            *(make_resource(types.SECRET, m) for m in resources.secrets),
-        ]
         version = f"{view.version}/{material.serial}"
         try:
+            resources = translate(view, group.settings, material)
+            built = [
+                *(make_resource(types.LISTENER, m) for m in resources.listeners),
+                *(make_resource(types.ROUTE, m) for m in resources.routes),
+                *(make_resource(types.CLUSTER, m) for m in resources.clusters),
+                *(make_resource(types.ENDPOINT, m) for m in resources.endpoints),
+                *(make_resource(types.SECRET, m) for m in resources.secrets),
+            ]
             self.cache.set_snapshot(group.key, Snapshot.of(version, built))
-        except InconsistentSnapshot as exc:
-            group.last_error = "; ".join(exc.problems)
+        except ValueError as exc:  # inconsistent, or resources no snapshot can hold
+            problems = exc.problems if isinstance(exc, InconsistentSnapshot) else [str(exc)]
+            group.last_error = "; ".join(problems)
             log.error(
                 "snapshot.refused key=%s version=%s problems=%r action='the last good "
                 "snapshot stays in force'",
@@ -136,7 +144,7 @@ class ProxyControlPlane:
                 version,
                 group.last_error,
             )
-            self._on_refused(group.key, list(exc.problems))
+            self._on_refused(group.key, list(problems))
             return
         group.built_at = self.set_at[group.key] = time.monotonic()
         group.last_error = ""

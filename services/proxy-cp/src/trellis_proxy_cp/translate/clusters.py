@@ -62,7 +62,7 @@ def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
     elif source.discovery == "PASSTHROUGH":
         cluster.type = cluster_pb2.Cluster.ORIGINAL_DST
         cluster.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
-    else:
+    else:  # endpoints.is_eds: the load assignment comes over EDS
         cluster.type = cluster_pb2.Cluster.EDS
         cluster.eds_cluster_config.CopyFrom(
             cluster_pb2.Cluster.EdsClusterConfig(eds_config=ads(), service_name=source.name)

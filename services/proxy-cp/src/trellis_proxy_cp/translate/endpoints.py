@@ -50,8 +50,13 @@ def load_assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAss
     )
 
 
+def is_eds(cluster: catalog_pb2.Cluster) -> bool:
+    """Clusters are EDS unless DNS or passthrough (the one rule clusters.py also uses)."""
+    return cluster.discovery not in ("DNS", "PASSTHROUGH")
+
+
 def eds_clusters(view: catalog_pb2.View) -> list[catalog_pb2.Cluster]:
-    return [c for c in view.clusters if c.discovery == "STATIC"]
+    return [c for c in view.clusters if is_eds(c)]
 
 
 def load_assignments(view: catalog_pb2.View) -> list[endpoint_pb2.ClusterLoadAssignment]:

@@ -88,9 +88,10 @@ def from_metadata(metadata: dict[str, Any] | None) -> ProxySettings:
                 ) from None
             values[name] = str(raw)
     settings = ProxySettings(**values)
-    if (
-        settings.inbound_port == settings.outbound_port
-        and settings.inbound_address == settings.outbound_address
+    wildcard = {"0.0.0.0", "::"}
+    if settings.inbound_port == settings.outbound_port and (
+        settings.inbound_address == settings.outbound_address
+        or {settings.inbound_address, settings.outbound_address} & wildcard
     ):
         raise InvalidNodeMetadata("node.metadata.trellis: inbound and outbound ports collide")
     return settings

@@ -1,0 +1,106 @@
+"""``trellis proxy``: the proxies connected to proxy-cp, and the configuration each was sent.
+
+Both commands read proxy-cp's admin API. Per type, ``list`` shows whether the proxy ACKed
+what it was sent: ``cds ✓`` (ACKed), ``rds NACK(2)`` (the latest was rejected; 2 NACKs on
+this stream), ``eds sent`` (waiting for the ACK), ``lds -`` (asked for, nothing sent yet).
+``config`` prints the resources as proxy-cp sent them, private keys already redacted by
+proxy-cp (the admin API never returns a key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import click
+import yaml
+
+from trellis_cli import output
+from trellis_cli.client import Mesh
+
+SERVICE = "proxy-cp"
+TYPES = ("cds", "eds", "lds", "rds", "sds")
+
+
+@click.group(help="Proxies connected to proxy-cp and the configuration they were sent.")
+def proxy() -> None:
+    pass
+
+
+def type_state(short: str, state: dict[str, Any]) -> str:
+    """One type's state on one stream, e.g. ``cds ✓`` or ``rds NACK(2)``."""
+    if state.get("last_error"):
+        return f"{short} NACK({state.get('nacks', 0)})"
+    sent = state.get("sent_version")
+    if sent is None:
+        return f"{short} -"
+    if state.get("acked_version") == sent:
+        return f"{short} ✓"
+    return f"{short} sent"
+
+
+def config_state(types: dict[str, dict[str, Any]]) -> str:
+    known = [t for t in TYPES if t in types]
+    others = sorted(t for t in types if t not in TYPES)
+    return " ".join(type_state(t, types[t]) for t in [*known, *others]) or "-"
+
+
+def last_error(proxy: dict[str, Any], refusals: dict[str, str]) -> str:
+    """The proxy's NACK messages, else why its latest snapshot was refused, else ``-``."""
+    errors = [
+        f"{short}: {state['last_error']}"
+        for short, state in sorted(proxy["types"].items())
+        if state.get("last_error")
+    ]
+    refused = refusals.get(proxy.get("snapshot_key", ""), "")
+    if refused:
+        errors.append(f"snapshot refused: {refused}")
+    return "; ".join(errors) or "-"
+
+
+@proxy.command("list", help="Connected proxies and, per type, whether they ACKed what was sent.")
+@click.option("--json", "as_json", is_flag=True, help="Print proxy-cp's answer as JSON.")
+@click.pass_obj
+def list_(mesh: Mesh, as_json: bool) -> None:
+    body = mesh.get_json(SERVICE, "/v1/proxies")
+    if as_json:
+        output.emit_json(body)
+        return
+    refusals = {g["key"]: g["last_error"] for g in body.get("groups", []) if g.get("last_error")}
+    proxies = body["proxies"]
+    output.table(
+        f"Proxies connected to proxy-cp ({len(proxies)})",
+        ["PROXY", "IDENTITY", "PROTOCOL", "ENVOY", "CONFIG (ACKED/SENT)", "LAST ERROR"],
+        [
+            (
+                p["proxy"],
+                p["identity"],
+                p["protocol"] or "-",
+                p["envoy_version"] or "-",
+                config_state(p["types"]),
+                last_error(p, refusals),
+            )
+            for p in proxies
+        ],
+    )
+
+
+@proxy.command(help="The configuration proxy-cp sent a proxy, as YAML (keys redacted).")
+@click.argument("proxy_id")
+@click.option(
+    "--type",
+    "types",
+    type=click.Choice(TYPES),
+    multiple=True,
+    help="Only this type (repeatable) [default: all].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print proxy-cp's answer as JSON.")
+@click.pass_obj
+def config(mesh: Mesh, proxy_id: str, types: tuple[str, ...], as_json: bool) -> None:
+    path = f"/v1/proxies/{quote(proxy_id, safe='')}/config"
+    body = mesh.get_json(SERVICE, path, params={"type": list(types)})
+    if as_json:
+        output.emit_json(body)
+        return
+    print(f"# proxy {body['proxy']}, snapshot version {body['version']}")
+    print(yaml.safe_dump(body["resources"], sort_keys=False, allow_unicode=True), end="")

@@ -1,0 +1,184 @@
+"""Who may open an xDS stream: certificate, expectation, node id, node metadata.
+
+The gRPC context is a fake whose ``auth_context()`` is what grpc gives after an mTLS
+handshake; the node is a real ``envoy.config.core.v3.Node``; the control plane is real.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from google.protobuf import struct_pb2
+
+from trellis_proxy_cp import testing as t
+from trellis_proxy_cp.authorizer import MeshAuthorizer
+from trellis_proxy_cp.cache.store import SnapshotCache
+from trellis_proxy_cp.core import ProxyControlPlane
+from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_proxy_cp.transport.streams import StreamRefused
+
+PROXY = t.proxy_common_name("bookstore", "bookstore", 1)
+STRANGER = t.proxy_common_name("bookstore", "bookstore", 9)
+
+
+class FakeContext:
+    """What the authorizer reads of a ``grpc.aio.ServicerContext``."""
+
+    def __init__(self, common_name: str | None) -> None:
+        self._auth: dict[str, list[bytes]] = {}
+        if common_name is not None:
+            self._auth["x509_common_name"] = [common_name.encode()]
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+
+def context(common_name: str | None) -> grpc.aio.ServicerContext[Any, Any]:
+    return cast("grpc.aio.ServicerContext[Any, Any]", FakeContext(common_name))
+
+
+def node(node_id: str = PROXY, trellis: dict[str, Any] | None = None) -> base_pb2.Node:
+    metadata = struct_pb2.Struct()
+    if trellis is not None:
+        metadata.update({"trellis": trellis})
+    return base_pb2.Node(id=node_id, cluster="bookstore", metadata=metadata)
+
+
+class Expectations:
+    """The catalog's expected proxies (common name -> service account), recording questions."""
+
+    def __init__(self, expected: dict[str, str]) -> None:
+        self.expected = expected
+        self.asked: list[str] = []
+
+    async def __call__(self, common_name: str) -> str | None:
+        self.asked.append(common_name)
+        return self.expected.get(common_name)
+
+
+@pytest.fixture
+def sources() -> t.FakeSources:
+    return t.FakeSources()
+
+
+@pytest.fixture
+def control_plane(sources: t.FakeSources) -> ProxyControlPlane:
+    return sources.control_plane(SnapshotCache())
+
+
+@pytest.fixture
+def expectations() -> Expectations:
+    return Expectations({PROXY: "bookstore-sa"})
+
+
+@pytest.fixture
+def authorizer(control_plane: ProxyControlPlane, expectations: Expectations) -> MeshAuthorizer:
+    return MeshAuthorizer(control_plane, expectations)
+
+
+async def refusal(
+    authorizer: MeshAuthorizer, common_name: str | None, envoy_node: base_pb2.Node
+) -> StreamRefused:
+    with pytest.raises(StreamRefused) as caught:
+        await authorizer.authorize(context(common_name), envoy_node)
+    return caught.value
+
+
+async def test_no_client_certificate_is_unauthenticated(
+    authorizer: MeshAuthorizer, control_plane: ProxyControlPlane, expectations: Expectations
+) -> None:
+    refused = await refusal(authorizer, None, node())
+
+    assert refused.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "no client certificate" in refused.message
+    assert expectations.asked == []
+    assert control_plane.groups == {}
+
+
+@pytest.mark.parametrize(
+    "common_name",
+    ["bookstore", "catalog.trellis-system", "not-a-uuid.bookstore.bookstore"],
+)
+async def test_a_certificate_that_is_not_a_proxys_is_denied_and_named(
+    authorizer: MeshAuthorizer, expectations: Expectations, common_name: str
+) -> None:
+    refused = await refusal(authorizer, common_name, node(common_name))
+
+    assert refused.code == grpc.StatusCode.PERMISSION_DENIED
+    assert common_name in refused.message
+    assert expectations.asked == []
+
+
+async def test_a_proxy_nobody_expects_is_denied(
+    authorizer: MeshAuthorizer, control_plane: ProxyControlPlane, expectations: Expectations
+) -> None:
+    refused = await refusal(authorizer, STRANGER, node(STRANGER))
+
+    assert refused.code == grpc.StatusCode.PERMISSION_DENIED
+    assert f"proxy {STRANGER} is not expected" in refused.message
+    assert expectations.asked == [STRANGER]
+    assert control_plane.groups == {}
+
+
+async def test_a_node_id_other_than_the_common_name_is_denied(
+    authorizer: MeshAuthorizer, control_plane: ProxyControlPlane
+) -> None:
+    refused = await refusal(authorizer, PROXY, node(STRANGER))
+
+    assert refused.code == grpc.StatusCode.PERMISSION_DENIED
+    assert repr(STRANGER) in refused.message
+    assert repr(PROXY) in refused.message
+    assert control_plane.groups == {}
+
+
+@pytest.mark.parametrize(
+    ("trellis", "named"),
+    [
+        ({"inbound_port": "http"}, "node.metadata.trellis.inbound_port"),
+        ({"outbound_port": 70000}, "node.metadata.trellis.outbound_port"),
+        ({"app_address": "localhost"}, "node.metadata.trellis.app_address"),
+        (
+            {"inbound_port": 15001, "inbound_address": "127.0.0.1"},
+            "inbound and outbound ports collide",
+        ),
+    ],
+)
+async def test_bad_node_metadata_is_an_invalid_argument_naming_the_key(
+    authorizer: MeshAuthorizer,
+    control_plane: ProxyControlPlane,
+    trellis: dict[str, Any],
+    named: str,
+) -> None:
+    refused = await refusal(authorizer, PROXY, node(PROXY, trellis))
+
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert named in refused.message
+    assert control_plane.groups == {}
+
+
+async def test_a_good_proxy_gets_a_stream_with_its_key_and_identity(
+    authorizer: MeshAuthorizer, control_plane: ProxyControlPlane, sources: t.FakeSources
+) -> None:
+    trellis = {"outbound_port": 16001, "inbound_port": 16003, "app_port": 9000}
+
+    stream = await authorizer.authorize(context(PROXY), node(PROXY, trellis))
+
+    settings = ProxySettings(outbound_port=16001, inbound_port=16003, app_port=9000)
+    assert stream.key == ProxyControlPlane.key_of("bookstore/bookstore", settings)
+    assert stream.identity == "bookstore/bookstore"
+    assert stream.proxy_id == stream.node_id == PROXY
+    assert control_plane.groups[stream.key].proxies == {PROXY}
+    assert control_plane.cache.get(stream.key) is not None
+    # The view is fetched for the account certmanager issued the proxy certificate for.
+    assert sources.view_fetches == [("bookstore/bookstore", "bookstore-sa")]
+
+
+async def test_no_metadata_means_default_settings(
+    authorizer: MeshAuthorizer, control_plane: ProxyControlPlane
+) -> None:
+    stream = await authorizer.authorize(context(PROXY), node(PROXY))
+
+    assert stream.key == ProxyControlPlane.key_of("bookstore/bookstore", ProxySettings())
