@@ -1,16 +1,24 @@
-"""``trellis vm``: register workloads that run outside Kubernetes, heartbeat, list, remove."""
+"""``trellis vm``: onboard proxies of workloads outside Kubernetes, register the workloads,
+heartbeat, list, remove."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import time
+from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 
 from trellis_cli import output
-from trellis_cli.client import Mesh
+from trellis_cli.client import CliError, Mesh
+from trellis_common.envoybin import EnvoyNotFound, find_envoy
 
 SERVICE = "endpoints-vm"
+INJECTOR = "injector"
+BOOTSTRAP_FILE = "envoy.yaml"
 
 
 def parse_port(text: str) -> dict[str, Any]:
@@ -150,3 +158,133 @@ def list_(mesh: Mesh, namespace: str, as_json: bool) -> None:
         ["WORKLOAD", "SERVICES", "ADDRESS", "PORTS", "SERVICE ACCOUNT", "STATE"],
         rows,
     )
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a secret that is never readable by others, not even for a moment."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a file that was already there keeps its mode on O_CREAT
+    except OSError:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def _inside(folder: Path, given: str, what: str) -> Path:
+    """The injector's path for a file, which must be directly in ``folder``."""
+    path = Path(given)
+    if path.parent != folder:
+        raise CliError(f"the injector placed {what} at {given}, outside {folder}; not writing it")
+    return path
+
+
+def envoy_command(config: Path) -> list[str]:
+    try:
+        envoy = find_envoy()
+    except EnvoyNotFound:
+        envoy = "envoy"
+    return [envoy, "-c", str(config), "--disable-hot-restart"]
+
+
+@vm.command(
+    help="Onboard a workload's proxy: the injector issues a proxy certificate and an Envoy "
+    "bootstrap; they are written to --out (envoy.yaml, cert.pem, key.pem, ca.pem)."
+)
+@click.option("--namespace", "-n", required=True)
+@click.option("--service", required=True, help="The service the workload belongs to.")
+@click.option("--service-account", default="", help="Identity for policy (default: the service).")
+@click.option(
+    "--app-port", type=int, required=True, help="The application's port; 0 if it only calls out."
+)
+@click.option(
+    "--inbound-port", type=int, required=True, help="Where peers reach the workload (mTLS)."
+)
+@click.option("--outbound-port", type=int, required=True, help="Where the app sends its calls.")
+@click.option("--admin-port", type=int, required=True, help="Envoy's admin API (127.0.0.1).")
+@click.option("--protocol", type=click.Choice(["sotw", "delta"]), default="sotw", show_default=True)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for the proxy's files (created if missing), on the proxy's host.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (without the private key).")
+@click.pass_obj
+def bootstrap(
+    mesh: Mesh,
+    namespace: str,
+    service: str,
+    service_account: str,
+    app_port: int,
+    inbound_port: int,
+    outbound_port: int,
+    admin_port: int,
+    protocol: str,
+    out: Path,
+    as_json: bool,
+) -> None:
+    folder = out.resolve()
+    body = {
+        "namespace": namespace,
+        "service": service,
+        "service_account": service_account,
+        "app_port": app_port,
+        "inbound_port": inbound_port,
+        "outbound_port": outbound_port,
+        "admin_port": admin_port,
+        "protocol": protocol,
+        "output_dir": str(folder),
+    }
+    result = mesh.request(INJECTOR, "POST", "/v1/bootstrap", auth=True, json=body).json()
+    files, paths = result["files"], result["paths"]
+    cert_chain = _inside(folder, paths["cert_chain"], "the certificate")
+    key = _inside(folder, paths["key"], "the private key")
+    trust_bundle = _inside(folder, paths["trust_bundle"], "the trust bundle")
+    config = folder / BOOTSTRAP_FILE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_private(key, files["private_key_pem"])
+        cert_chain.write_text(files["cert_chain_pem"])
+        trust_bundle.write_text(files["trust_bundle_pem"])
+        # last: a folder with envoy.yaml in it is complete
+        config.write_text(yaml.safe_dump(result["bootstrap"], sort_keys=False))
+    except OSError as exc:
+        raise CliError(f"cannot write the proxy's files in {folder}: {exc}") from exc
+    command = envoy_command(config)
+    account = service_account or service
+    if as_json:
+        output.emit_json(
+            {
+                "common_name": result["common_name"],
+                "xds_address": result["xds_address"],
+                "bootstrap": result["bootstrap"],
+                "files": {
+                    "bootstrap": str(config),
+                    "cert_chain": str(cert_chain),
+                    "key": str(key),
+                    "trust_bundle": str(trust_bundle),
+                },
+                "envoy_command": command,
+            }
+        )
+        return
+    click.echo(
+        f"onboarded proxy {result['common_name']} ({namespace}/{service}, "
+        f"service account {account})"
+    )
+    click.echo(f"wrote {config}, {cert_chain}, {key} (mode 0600), {trust_bundle}")
+    click.echo(f"start the sidecar (it connects to proxy-cp at {result['xds_address']}, mTLS):")
+    click.echo(f"  {shlex.join(command)}")
+    q = shlex.quote
+    register = (
+        f"trellis vm register -n {q(namespace)} --name WORKLOAD --service {q(service)} "
+        f"--address ADDRESS --port NAME={inbound_port} --service-account {q(account)}"
+    )
+    if app_port:
+        click.echo("then register the workload, so peers reach it through the sidecar")
+    else:
+        click.echo("app port 0: the workload only calls out; should peers reach it later")
+    click.echo("(NAME: the Service port's name, ADDRESS: where peers reach this host):")
+    click.echo(f"  {register}")

@@ -1,0 +1,1 @@
+"""Pure onboarding logic: what a proxy asks for, and the bootstrap it gets. No I/O."""

@@ -1,0 +1,103 @@
+"""Onboarding a proxy end to end, behind three small seams.
+
+:class:`Onboarder` asks where proxy-cp is, has certmanager issue a fresh proxy certificate,
+tells the catalog to expect that proxy, and builds the bootstrap. The seams are
+``Protocol``s (:class:`CertificateIssuer`, :class:`ProxyExpectations`,
+:class:`ControlPlaneLocator`): ``clients`` implements them over gRPC and the service
+registry, ``testing`` in memory, and the REST route (and later the webhook) only sees the
+Onboarder.
+
+Order matters: proxy-cp is looked up first, so that no certificate is issued for a proxy
+that could not be told where to connect. The catalog is told after the issue; if it is
+down the request fails (503) and the certificate is left unused, which is harmless: its
+key was never handed out (the catalog marks every proxy certificate on record as
+expected when it reconnects to certmanager, so it would be ready anyway).
+
+Only the proxy's CN is logged, never its key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from trellis_injector.domain.onboarding import (
+    ControlPlane,
+    Onboarding,
+    ProxyCertificate,
+    ProxyRequest,
+    XdsEndpoint,
+    onboarding,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Unavailable(Exception):
+    """A service onboarding needs cannot be reached (or found); ``dependency`` names it."""
+
+    def __init__(self, dependency: str, reason: str) -> None:
+        self.dependency = dependency
+        self.reason = reason
+        super().__init__(f"{dependency} is unavailable: {reason}")
+
+
+class Refused(Exception):
+    """A service onboarding needs answered with an error; ``dependency`` names it."""
+
+    def __init__(self, dependency: str, reason: str, invalid_argument: bool = False) -> None:
+        self.dependency = dependency
+        self.reason = reason
+        self.invalid_argument = invalid_argument
+        super().__init__(f"{dependency} refused: {reason}")
+
+
+class CertificateIssuer(Protocol):
+    async def issue_proxy_certificate(
+        self, namespace: str, service: str, service_account: str
+    ) -> ProxyCertificate:
+        """A new proxy certificate (a fresh proxy UUID) with its key."""
+        ...
+
+
+class ProxyExpectations(Protocol):
+    async def expect_proxy(self, common_name: str, service_account: str) -> None:
+        """Tell the catalog the proxy with this CN may connect to proxy-cp."""
+        ...
+
+
+class ControlPlaneLocator(Protocol):
+    async def xds_endpoint(self) -> XdsEndpoint:
+        """Where proxies dial proxy-cp's xDS port."""
+        ...
+
+
+class Onboarder:
+    def __init__(
+        self,
+        certificates: CertificateIssuer,
+        catalog: ProxyExpectations,
+        locator: ControlPlaneLocator,
+        proxy_cp_spiffe_id: str,
+    ) -> None:
+        self._certificates = certificates
+        self._catalog = catalog
+        self._locator = locator
+        self._spiffe_id = proxy_cp_spiffe_id
+
+    async def onboard(self, request: ProxyRequest) -> Onboarding:
+        """Raises :class:`Unavailable` or :class:`Refused` naming the service at fault."""
+        control_plane = ControlPlane(await self._locator.xds_endpoint(), self._spiffe_id)
+        certificate = await self._certificates.issue_proxy_certificate(
+            request.namespace, request.service, request.service_account
+        )
+        await self._catalog.expect_proxy(certificate.common_name, request.service_account)
+        log.info(
+            "injector.onboarded proxy=%s identity=%s service_account=%s xds=%s protocol=%s",
+            certificate.common_name,
+            request.identity,
+            request.service_account,
+            control_plane.xds,
+            request.protocol,
+        )
+        return onboarding(request, certificate, control_plane)

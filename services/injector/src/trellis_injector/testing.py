@@ -1,0 +1,58 @@
+"""Fakes for tests of code that uses the Onboarder's seams.
+
+Each fake has an ``error`` attribute: set it (e.g. to ``Unavailable("certmanager", ...)``)
+and the next calls raise it, as an outage would.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from trellis_injector.domain.onboarding import ProxyCertificate, XdsEndpoint
+
+FAKE_KEY_PEM = "-----BEGIN PRIVATE KEY-----\nZmFrZSBrZXk=\n-----END PRIVATE KEY-----\n"
+FAKE_CERT_PEM = "-----BEGIN CERTIFICATE-----\nZmFrZSBjZXJ0\n-----END CERTIFICATE-----\n"
+FAKE_CA_PEM = "-----BEGIN CERTIFICATE-----\nZmFrZSBjYQ==\n-----END CERTIFICATE-----\n"
+
+
+class FakeCertificates:
+    """A :class:`~trellis_injector.onboarder.CertificateIssuer` that makes up certificates."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+        self.issued: list[tuple[str, str]] = []  # (common name, service account)
+
+    async def issue_proxy_certificate(
+        self, namespace: str, service: str, service_account: str
+    ) -> ProxyCertificate:
+        if self.error is not None:
+            raise self.error
+        common_name = f"{uuid.uuid4()}.{service}.{namespace}"
+        self.issued.append((common_name, service_account))
+        return ProxyCertificate(common_name, FAKE_CERT_PEM, FAKE_KEY_PEM, FAKE_CA_PEM)
+
+
+class FakeCatalog:
+    """A :class:`~trellis_injector.onboarder.ProxyExpectations` in a dict."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+        self.expected: dict[str, str] = {}  # common name -> service account
+
+    async def expect_proxy(self, common_name: str, service_account: str) -> None:
+        if self.error is not None:
+            raise self.error
+        self.expected[common_name] = service_account
+
+
+class FixedControlPlane:
+    """A :class:`~trellis_injector.onboarder.ControlPlaneLocator` with one address."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 15128) -> None:
+        self.error: Exception | None = None
+        self.endpoint = XdsEndpoint(host, port)
+
+    async def xds_endpoint(self) -> XdsEndpoint:
+        if self.error is not None:
+            raise self.error
+        return self.endpoint

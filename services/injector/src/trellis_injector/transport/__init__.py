@@ -1,0 +1,1 @@
+"""injector transports: the onboarding REST API (the Kubernetes webhook comes later)."""
