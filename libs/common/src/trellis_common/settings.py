@@ -10,8 +10,9 @@ ARCHITECTURE.md. No module reads the environment on its own: settings are passed
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -69,3 +70,23 @@ class ServiceSettings(BaseSettings):
     @property
     def grpc_address(self) -> str:
         return f"{self.bind_host}:{self.grpc_port}"
+
+
+def service_parser(prog: str, description: str, env_prefix: str) -> argparse.ArgumentParser:
+    """The command line every service shares; services add their own flags to it."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=f"{description} Settings also come from {env_prefix}* and TRELLIS_* "
+        "environment variables; flags win.",
+    )
+    parser.add_argument("--grpc-port", type=int)
+    parser.add_argument("--admin-port", type=int)
+    parser.add_argument("--bind-host", help="admin (and internal gRPC) address")
+    parser.add_argument("--state-dir")
+    parser.add_argument("--redis-url")
+    return parser
+
+
+def given(parser: argparse.ArgumentParser, argv: list[str] | None) -> dict[str, Any]:
+    """The flags that were given, as settings keyword arguments."""
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}

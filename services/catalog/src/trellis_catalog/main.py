@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -18,6 +17,7 @@ from trellis_catalog.transport import grpc_api, rest
 from trellis_common import lifecycle, logs
 from trellis_common.registry import discover
 from trellis_common.runtime import ServiceRuntime
+from trellis_common.settings import given, service_parser
 
 log = logging.getLogger(__name__)
 
@@ -95,20 +95,14 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
-        prog="trellis-catalog",
-        description="Trellis catalog: the mesh specification and per-identity views. Settings "
-        "also come from TRELLIS_CATALOG_* and TRELLIS_* environment variables.",
+    parser = service_parser(
+        "trellis-catalog",
+        "Trellis catalog: the mesh specification and per-identity views.",
+        "TRELLIS_CATALOG_",
     )
-    parser.add_argument("--grpc-port", type=int)
-    parser.add_argument("--admin-port", type=int)
-    parser.add_argument("--bind-host")
-    parser.add_argument("--state-dir")
-    parser.add_argument("--redis-url")
     parser.add_argument("--spec-dir", help="directory of mesh documents (YAML), watched")
     parser.add_argument("--certmanager-address", help="host:port; default: from the registry")
-    args = parser.parse_args(argv)
-    return {k: v for k, v in vars(args).items() if v is not None}
+    return given(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

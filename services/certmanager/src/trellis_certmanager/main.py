@@ -7,7 +7,6 @@ TaskGroup until SIGTERM.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from typing import Any
@@ -22,6 +21,7 @@ from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.transport import grpc_api, rest
 from trellis_common import lifecycle, logs
 from trellis_common.runtime import ServiceRuntime
+from trellis_common.settings import given, service_parser
 
 log = logging.getLogger(__name__)
 
@@ -89,22 +89,16 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
-        prog="trellis-certmanager",
-        description="Trellis certmanager: the mesh CA. Settings also come from "
-        "TRELLIS_CERTMANAGER_* and TRELLIS_* environment variables.",
+    parser = service_parser(
+        "trellis-certmanager",
+        "Trellis certmanager: the mesh CA.",
+        "TRELLIS_CERTMANAGER_",
     )
-    parser.add_argument("--grpc-port", type=int)
-    parser.add_argument("--admin-port", type=int)
-    parser.add_argument("--bind-host")
-    parser.add_argument("--state-dir")
-    parser.add_argument("--redis-url")
     parser.add_argument("--ca-cert-file")
     parser.add_argument("--ca-key-file")
     parser.add_argument("--ca-bundle-file")
     parser.add_argument("--key-algorithm", choices=["ecdsa-p256", "rsa-2048"])
-    args = parser.parse_args(argv)
-    return {k: v for k, v in vars(args).items() if v is not None}
+    return given(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from typing import Any
@@ -12,6 +11,7 @@ from trellis_common import lifecycle, logs
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
 from trellis_common.runtime import ServiceRuntime
+from trellis_common.settings import given, service_parser
 from trellis_common.specdir import SpecChange, SpecDirectory
 from trellis_endpoints_vm.domain.declarations import from_documents
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
@@ -96,19 +96,13 @@ async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
-        prog="trellis-endpoints-vm",
-        description="Trellis endpoints-vm: endpoints of workloads outside Kubernetes. Settings "
-        "also come from TRELLIS_ENDPOINTS_VM_* and TRELLIS_* environment variables.",
+    parser = service_parser(
+        "trellis-endpoints-vm",
+        "Trellis endpoints-vm: endpoints of workloads outside Kubernetes.",
+        "TRELLIS_ENDPOINTS_VM_",
     )
-    parser.add_argument("--grpc-port", type=int)
-    parser.add_argument("--admin-port", type=int)
-    parser.add_argument("--bind-host")
-    parser.add_argument("--state-dir")
-    parser.add_argument("--redis-url")
     parser.add_argument("--spec-dir", help="directory of ServiceEntry/WorkloadEntry documents")
-    args = parser.parse_args(argv)
-    return {k: v for k, v in vars(args).items() if v is not None}
+    return given(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

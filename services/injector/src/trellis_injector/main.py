@@ -7,13 +7,13 @@ own yet; the gRPC server carries health and reflection only.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from typing import Any
 
 from trellis_common import lifecycle, logs
 from trellis_common.runtime import ServiceRuntime
+from trellis_common.settings import given, service_parser
 from trellis_injector.clients import (
     CATALOG,
     CERTMANAGER,
@@ -59,23 +59,17 @@ async def serve(settings: InjectorSettings, stop: asyncio.Event) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
-        prog="trellis-injector",
-        description="Trellis injector: onboarding of proxies (Envoy bootstraps). Settings "
-        "also come from TRELLIS_INJECTOR_* and TRELLIS_* environment variables.",
+    parser = service_parser(
+        "trellis-injector",
+        "Trellis injector: onboarding of proxies (Envoy bootstraps).",
+        "TRELLIS_INJECTOR_",
     )
-    parser.add_argument("--grpc-port", type=int, help="health only (default: a free port)")
-    parser.add_argument("--admin-port", type=int)
-    parser.add_argument("--bind-host")
-    parser.add_argument("--state-dir")
-    parser.add_argument("--redis-url")
     parser.add_argument("--xds-host", help="where proxies reach proxy-cp (default: announced)")
     parser.add_argument("--xds-port", type=int, help="proxy-cp's xDS port (default: announced)")
     parser.add_argument("--certmanager-address", help="host:port; default: from the registry")
     parser.add_argument("--catalog-address", help="host:port; default: from the registry")
     parser.add_argument("--trust-domain", help="certmanager's trust domain")
-    args = parser.parse_args(argv)
-    return {k: v for k, v in vars(args).items() if v is not None}
+    return given(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,6 @@ the admin REST API, following the catalog's views and certmanager's rotations.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -19,6 +18,7 @@ from trellis_common import lifecycle, logs
 from trellis_common.grpcserver import GrpcServer
 from trellis_common.registry import discover
 from trellis_common.runtime import ServiceRuntime
+from trellis_common.settings import given, service_parser
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
@@ -117,21 +117,15 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(
-        prog="trellis-proxy-cp",
-        description="Trellis proxy-cp: the xDS server proxies talk to. Settings also come "
-        "from TRELLIS_PROXY_CP_* and TRELLIS_* environment variables.",
+    parser = service_parser(
+        "trellis-proxy-cp",
+        "Trellis proxy-cp: the xDS server proxies talk to (--grpc-port is the mTLS xDS port).",
+        "TRELLIS_PROXY_CP_",
     )
-    parser.add_argument("--grpc-port", type=int, help="the xDS port (mTLS)")
-    parser.add_argument("--admin-port", type=int)
-    parser.add_argument("--bind-host", help="admin address")
     parser.add_argument("--xds-host", help="xDS address (default 0.0.0.0)")
-    parser.add_argument("--state-dir")
-    parser.add_argument("--redis-url")
     parser.add_argument("--catalog-address")
     parser.add_argument("--certmanager-address")
-    args = parser.parse_args(argv)
-    return {k: v for k, v in vars(args).items() if v is not None}
+    return given(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

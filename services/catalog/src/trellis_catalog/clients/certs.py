@@ -11,7 +11,6 @@ keeps "expected proxies" durable across catalog restarts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import grpc
@@ -20,6 +19,7 @@ from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, CertificateRef
 from trellis_catalog.domain.views import Identity
+from trellis_common.follow import follow_forever
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,13 @@ class CertificateFollower:
         self._fingerprint = ""
 
     async def run(self, stop: asyncio.Event) -> None:
-        delay = 0.1
-        while not stop.is_set():
-            try:
-                async with grpc.aio.insecure_channel(self.address) as channel:
-                    await self._follow(pb_grpc.CertificateManagerStub(channel), stop)
-                    delay = 0.1
-            except grpc.aio.AioRpcError as exc:
-                log.warning("certs.stream_lost address=%s code=%s", self.address, exc.code().name)
-            self.synced.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-            delay = min(delay * 2, 2.0)
+        async def session() -> None:
+            async with grpc.aio.insecure_channel(self.address) as channel:
+                await self._follow(pb_grpc.CertificateManagerStub(channel), stop)
+
+        await follow_forever(
+            session, stop, what=f"certmanager {self.address}", on_lost=self.synced.clear
+        )
 
     async def _follow(self, stub: pb_grpc.CertificateManagerAsyncStub, stop: asyncio.Event) -> None:
         stream = stub.WatchCertificates(pb.WatchCertificatesRequest())

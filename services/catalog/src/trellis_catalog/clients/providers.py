@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 
 import grpc
 import redis.asyncio as aioredis
@@ -21,6 +20,7 @@ from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_common.follow import follow_forever
 from trellis_common.registry import ServiceRecord, discover
 
 log = logging.getLogger(__name__)
@@ -74,23 +74,16 @@ class ProviderFollower:
         self.synced = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        delay = 0.1
-        while not stop.is_set():
-            try:
-                async with grpc.aio.insecure_channel(self.record.grpc_address) as channel:
-                    await self._follow(pb_grpc.EndpointsProviderStub(channel), stop)
-                    delay = 0.1
-            except grpc.aio.AioRpcError as exc:
-                log.warning(
-                    "provider.stream_lost provider=%s address=%s code=%s",
-                    self.name,
-                    self.record.grpc_address,
-                    exc.code().name,
-                )
-            self.synced.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay * (1 + random.random()))
-            delay = min(delay * 2, 2.0)
+        async def session() -> None:
+            async with grpc.aio.insecure_channel(self.record.grpc_address) as channel:
+                await self._follow(pb_grpc.EndpointsProviderStub(channel), stop)
+
+        await follow_forever(
+            session,
+            stop,
+            what=f"provider {self.name} {self.record.grpc_address}",
+            on_lost=self.synced.clear,
+        )
 
     async def _follow(self, stub: pb_grpc.EndpointsProviderAsyncStub, stop: asyncio.Event) -> None:
         stream = stub.Watch(pb.WatchRequest())

@@ -19,6 +19,7 @@ import grpc
 
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
+from trellis_common.follow import follow_forever
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +89,12 @@ class CatalogClient:
         self.versions.pop(identity, None)
 
     async def run(self, stop: asyncio.Event) -> None:
-        delay = 0.1
-        while not stop.is_set():
-            try:
-                await self._follow(stop)
-                delay = 0.1
-            except grpc.aio.AioRpcError as exc:
-                log.warning("catalog.stream_lost address=%s code=%s", self.address, exc.code().name)
-            self.connected.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-            delay = min(delay * 2, 2.0)
+        await follow_forever(
+            lambda: self._follow(stop),
+            stop,
+            what=f"catalog {self.address}",
+            on_lost=self.connected.clear,
+        )
 
     async def _refresh(self, identity: str) -> None:
         account = self.wanted.get(identity)

@@ -10,7 +10,6 @@ serving certificate (for the xDS port) is issued the same way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -18,6 +17,7 @@ import grpc
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
+from trellis_common.follow import follow_forever
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 
 log = logging.getLogger(__name__)
@@ -74,17 +74,12 @@ class CertClient:
         self.serials.pop(identity, None)
 
     async def run(self, stop: asyncio.Event) -> None:
-        delay = 0.1
-        while not stop.is_set():
-            try:
-                await self._follow(stop)
-                delay = 0.1
-            except grpc.aio.AioRpcError as exc:
-                log.warning("certs.stream_lost address=%s code=%s", self.address, exc.code().name)
-            self.connected.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-            delay = min(delay * 2, 2.0)
+        await follow_forever(
+            lambda: self._follow(stop),
+            stop,
+            what=f"certmanager {self.address}",
+            on_lost=self.connected.clear,
+        )
 
     async def _refresh(self, identity: str) -> None:
         account = self.wanted.get(identity)
