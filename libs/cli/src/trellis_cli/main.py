@@ -41,9 +41,18 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
     "demo, else <state-dir>/spec].",
 )
 @click.option("--no-demo", is_flag=True, help="Only the control plane, no bookstore demo.")
+@click.option(
+    "--state-dir",
+    "up_state_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Same as `trellis --state-dir` (given here, it wins).",
+)
 @click.pass_obj
-def up(mesh: Mesh, quiet: bool, spec_dir: Path | None, no_demo: bool) -> None:
-    raise SystemExit(asyncio.run(run_up(mesh.state_dir, quiet, spec_dir, with_demo=not no_demo)))
+def up(
+    mesh: Mesh, quiet: bool, spec_dir: Path | None, no_demo: bool, up_state_dir: Path | None
+) -> None:
+    state_dir = up_state_dir or mesh.state_dir
+    raise SystemExit(asyncio.run(run_up(state_dir, quiet, spec_dir, with_demo=not no_demo)))
 
 
 cli.add_command(certs)
