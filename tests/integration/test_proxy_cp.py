@@ -480,3 +480,24 @@ def test_proxies_the_mesh_did_not_onboard_are_refused(mesh: Mesh) -> None:
     asyncio.run(eventually(failing, timeout=20, interval=0.3, message="foreign proxy fails TLS"))
     assert foreign.envoy.stat("control_plane.connected_state") == 0
     assert not any(p["proxy"] == foreign.common_name for p in mesh.proxies())
+
+
+def test_egress_follows_meshconfig(mesh: Mesh) -> None:
+    _, _, buyer = bookstore(mesh)
+    outside = mesh.app("outside")  # not in the mesh: no sidecar, no registration
+    host = f"127.0.0.1:{outside.port}"
+    assert buyer.get(host, "/anything").status_code == 404  # egress off: denied
+
+    config = mesh.spec_dir / "meshconfig.yaml"
+    config.write_text(config.read_text().replace("enableEgress: false", "enableEgress: true"))
+
+    def reached() -> bool:
+        try:
+            response = buyer.get(host, "/anything", timeout=2)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200 and response.json()["app"] == "outside"
+
+    asyncio.run(eventually(reached, timeout=20, interval=0.3, message="egress reaches outside"))
+    # mesh destinations still win over the catch-all
+    assert buyer.get(BOOKSTORE, "/books-bought").json()["app"] in ("v1", "v2")

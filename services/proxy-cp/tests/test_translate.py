@@ -369,3 +369,88 @@ def test_node_metadata_numbers_arrive_as_floats() -> None:
     settings = from_metadata({"trellis": {"outbound_port": 16001.0, "app_port": "8080"}})
     assert (settings.outbound_port, settings.app_port) == (16001, 8080)
     assert from_metadata(None) == ProxySettings()
+
+
+def egress_tcp_view() -> pb.View:
+    view = buyer_view()
+    view.mesh.egress = True
+    db, db2 = "shop/db|5432", "shop/db-replica|5432"
+    view.outbound.append(
+        pb.OutboundService(
+            namespace="shop",
+            name="db",
+            port=5432,
+            protocol="tcp",
+            hostnames=["db"],
+            routes=[
+                pb.Route(
+                    name="split",
+                    clusters=[
+                        pb.WeightedCluster(cluster=db, weight=90),
+                        pb.WeightedCluster(cluster=db2, weight=10),
+                    ],
+                )
+            ],
+        )
+    )
+    view.outbound.append(
+        pb.OutboundService(
+            namespace="shop",
+            name="clash",
+            port=15001,
+            protocol="tcp",
+            hostnames=["clash"],
+            routes=[pb.Route(name="default", clusters=[pb.WeightedCluster(cluster=db, weight=1)])],
+        )
+    )
+    view.clusters.append(cluster(db, ("10.0.1.1", 5432), protocol="tcp"))
+    view.clusters.append(cluster(db2, ("10.0.1.2", 5432), protocol="tcp"))
+    return view
+
+
+def test_egress_goes_through_the_dynamic_forward_proxy_after_mesh_hosts() -> None:
+    resources = translate(egress_tcp_view(), ProxySettings(), MATERIAL)
+    routes = next(r for r in map(as_dict, resources.routes) if r["name"] == names.OUTBOUND_ROUTES)
+    last = routes["virtual_hosts"][-1]
+    assert last["domains"] == ["*"]
+    assert [r["route"]["cluster"] for r in last["routes"]] == [names.EGRESS, names.EGRESS]
+    assert last["routes"][0]["route"]["upgrade_configs"][0]["upgrade_type"] == "CONNECT"
+    outbound = next(
+        item
+        for item in map(as_dict, resources.listeners)
+        if item["name"] == names.OUTBOUND_LISTENER
+    )
+    filters = outbound["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+    assert [f["name"] for f in filters] == [
+        "envoy.filters.http.dynamic_forward_proxy",
+        "envoy.filters.http.router",
+    ]
+    egress_cluster = next(c for c in map(as_dict, resources.clusters) if c["name"] == names.EGRESS)
+    assert egress_cluster["cluster_type"]["name"] == "envoy.clusters.dynamic_forward_proxy"
+    # without egress: no catch-all, no forward proxy
+    plain = translate(buyer_view(), ProxySettings(), MATERIAL)
+    assert all(
+        h["domains"] != ["*"]
+        for r in map(as_dict, plain.routes)
+        for h in r.get("virtual_hosts", [])
+    )
+
+
+def test_tcp_destinations_get_local_listeners_on_their_port() -> None:
+    resources = translate(egress_tcp_view(), ProxySettings(outbound_port=15001), MATERIAL)
+    by_name = {item["name"]: item for item in map(as_dict, resources.listeners)}
+    db = by_name[names.outbound_tcp_listener("shop", "db", 5432)]
+    assert db["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 5432}
+    proxy = db["filter_chains"][0]["filters"][0]["typed_config"]
+    assert [(c["name"], c["weight"]) for c in proxy["weighted_clusters"]["clusters"]] == [
+        ("shop/db|5432", 90),
+        ("shop/db-replica|5432", 10),
+    ]
+    # a destination on the proxy's own outbound port is skipped rather than NACKed
+    assert names.outbound_tcp_listener("shop", "clash", 15001) not in by_name
+
+
+def test_envoy_accepts_egress_and_tcp_listeners(real_material: SecretMaterial) -> None:
+    resources = translate(egress_tcp_view(), ProxySettings(app_port=8081), real_material)
+    result = envoy.validate(static_bootstrap(resources))
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -23,7 +23,7 @@ from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.type.matcher.v3 import path_pb2, regex_pb2, string_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import names
+from trellis_proxy_cp.translate import egress, names
 from trellis_proxy_cp.translate.common import ads, downstream_mtls, pack, socket_address
 from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 
@@ -42,7 +42,8 @@ def _manager(
 
 
 def outbound(view: catalog_pb2.View, address: str, port: int) -> listener_pb2.Listener:
-    manager = _manager("outbound", names.OUTBOUND_ROUTES, [])
+    filters = [egress.http_filter()] if view.mesh.egress else []
+    manager = _manager("outbound", names.OUTBOUND_ROUTES, filters)
     return listener_pb2.Listener(
         name=names.OUTBOUND_LISTENER,
         address=socket_address(address, port),
@@ -173,3 +174,50 @@ def inbound(
             listener_components_pb2.FilterChain(filters=filters, transport_socket=downstream_mtls())
         ],
     )
+
+
+def outbound_tcp(
+    view: catalog_pb2.View, address: str, taken: set[int]
+) -> list[listener_pb2.Listener]:
+    """One local listener per TCP destination, on the destination's port.
+
+    Without traffic redirection (a VM) a TCP client has no Host header to route on, so it
+    connects to ``<outbound address>:<service port>``, as with Consul's and Linkerd's local
+    upstreams. A port already used by the proxy (or by another destination) is skipped.
+    """
+    found = []
+    for service in view.outbound:
+        if service.protocol in HTTP_PROTOCOLS or service.port in taken or not service.routes:
+            continue
+        taken.add(service.port)
+        clusters = [c for c in service.routes[0].clusters if c.weight > 0]
+        proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=f"outbound_tcp_{service.name}")
+        if len(clusters) == 1:
+            proxy.cluster = clusters[0].cluster
+        else:
+            proxy.weighted_clusters.CopyFrom(
+                tcp_proxy_pb2.TcpProxy.WeightedCluster(
+                    clusters=[
+                        tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(
+                            name=c.cluster, weight=c.weight
+                        )
+                        for c in clusters
+                    ]
+                )
+            )
+        found.append(
+            listener_pb2.Listener(
+                name=names.outbound_tcp_listener(service.namespace, service.name, service.port),
+                address=socket_address(address, service.port),
+                filter_chains=[
+                    listener_components_pb2.FilterChain(
+                        filters=[
+                            listener_components_pb2.Filter(
+                                name="envoy.filters.network.tcp_proxy", typed_config=pack(proxy)
+                            )
+                        ]
+                    )
+                ],
+            )
+        )
+    return found

@@ -9,7 +9,12 @@ INBOUND_ROUTES = "inbound-http"
 SERVICE_CERT = "service-cert"  # the identity's certificate and key (SDS)
 MESH_CA = "mesh-trust-bundle"  # the mesh CA (SDS validation context)
 PASSTHROUGH = "passthrough"
+EGRESS = "egress"  # the dynamic forward proxy, when MeshConfig allows egress
 
 
 def inbound_cluster(port: int) -> str:
     return f"inbound|{port}"
+
+
+def outbound_tcp_listener(namespace: str, service: str, port: int) -> str:
+    return f"outbound-tcp|{namespace}/{service}|{port}"

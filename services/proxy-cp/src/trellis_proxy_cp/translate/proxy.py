@@ -27,6 +27,8 @@ def translate(
     found_listeners: list[Message] = [
         listeners.outbound(view, settings.outbound_address, settings.outbound_port)
     ]
+    taken = {settings.outbound_port, settings.inbound_port, settings.app_port}
+    found_listeners += listeners.outbound_tcp(view, settings.outbound_address, taken)
     found_routes: list[Message] = [routes.outbound(view)]
     inbound = listeners.inbound(
         view, inbound_ports, settings.inbound_address, settings.inbound_port

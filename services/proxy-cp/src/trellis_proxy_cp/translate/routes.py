@@ -15,7 +15,7 @@ from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import names
+from trellis_proxy_cp.translate import egress, names
 
 HTTP_PROTOCOLS = ("http", "http2", "grpc")
 
@@ -106,6 +106,8 @@ def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
                     ],
                 )
             )
+    if view.mesh.egress:
+        hosts.append(egress.virtual_host())  # last: mesh destinations match first
     return route_pb2.RouteConfiguration(
         name=names.OUTBOUND_ROUTES,
         virtual_hosts=hosts,
