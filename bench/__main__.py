@@ -11,12 +11,13 @@ import os
 import platform
 import sys
 
-from bench import catalog, certs, endpoints, report
+from bench import catalog, certs, endpoints, report, xds
 
 BENCHMARKS: dict[str, report.Benchmark] = {
     "certs": certs.run,
     "endpoints": endpoints.run,
     "catalog": catalog.run,
+    "xds": xds.run,
 }
 
 
