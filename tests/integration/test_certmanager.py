@@ -106,7 +106,7 @@ async def test_redis_wiped_while_running_is_refilled_from_memory(
     certmanager.env["TRELLIS_CERTMANAGER_ROTATION_INTERVAL"] = "0.2"
 
     async def restored() -> bool:
-        return "ca.store_lost" in certmanager.logs()
+        return "ca.store_restored" in certmanager.logs()
 
     await eventually(restored, timeout=20, message="certmanager restores the wiped store")
     certmanager.kill()

@@ -301,6 +301,9 @@ class CertificateManager:
         )
         await self._store.save_ca_if_absent(self.ca)
         await self._store.put_many(list(self._records.values()))
+        log.warning(
+            "ca.store_restored fingerprint=%s records=%d", self.ca.fingerprint, len(self._records)
+        )
         return True
 
     # -- helpers -------------------------------------------------------------------
