@@ -194,3 +194,51 @@ def test_a_backend_without_endpoints_leaves_the_split(catalog: Catalog) -> None:
     catalog.update_provider_service("vm", "bookstore", "bookstore-v2", provided("bookstore-v2"))
     catalog.flush()
     assert split() == {v1: 80, v2: 20}
+
+
+def test_a_traffic_target_edit_recomputes_only_the_accounts_it_names(catalog: Catalog) -> None:
+    catalog.expect_proxy(PROXY.format(5, "other", "elsewhere"), "other")
+    catalog.flush()
+    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+    # let bookthief buy books too: an edit of one TrafficTarget's sources
+    edited = []
+    for document in documents:
+        if document.key.kind == "TrafficTarget":
+            spec = document.resource.spec
+            thief = spec.sources[0].model_copy(
+                update={"name": "bookthief", "namespace": "bookthief"}
+            )
+            resource = document.resource.model_copy(
+                update={"spec": spec.model_copy(update={"sources": (*spec.sources, thief)})}
+            )
+            document = type(document)(document.key, document.api_version, document.origin, resource)
+        edited.append(document)
+    catalog.set_documents(edited, errors)
+    batch = catalog.flush()
+    assert batch is not None
+    # bookstore's account (v1, v2, the root) and the two sources; not elsewhere/other
+    assert catalog.last_recomputed == 5
+    assert Identity("elsewhere", "other") not in {Identity.parse(i) for i, _ in batch.identities}
+    assert {o.name for o in catalog.policies[THIEF].outbound} == {
+        "bookstore",
+        "bookstore-v1",
+        "bookstore-v2",
+    }
+    # the same result as computing everything from scratch
+    fresh = Catalog(Bell())
+    fresh.set_documents(edited, errors)
+    fresh.set_provider_services(
+        "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
+    )
+    for record in catalog.proxies.values():
+        fresh.expect_proxy(record.common_name, record.service_account)
+    fresh.flush()
+    assert fresh.policies == catalog.policies
+
+
+def test_a_service_edit_still_recomputes_everyone(catalog: Catalog) -> None:
+    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+    kept = [d for d in documents if d.key.name != "bookstore-v2" or d.key.kind != "Service"]
+    catalog.set_documents(kept, errors)
+    catalog.flush()
+    assert catalog.last_recomputed == len(catalog.identities())

@@ -22,20 +22,23 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
-from trellis_common.documents.base import Document, DocumentError
+from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.fanout import Broadcaster, Subscription
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName
-from trellis_common.model import MeshService
+from trellis_common.model import MeshService, ServiceAccount
 
 log = logging.getLogger(__name__)
 
 Announce = Callable[[str, str], Awaitable[int]]
 TOPIC = "views"
+TARGET = "TrafficTarget"
+POLICY_KINDS = frozenset({TARGET, "HTTPRouteGroup", "TCPRoute"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class _Dirty:
     policies: bool = False
     identities: set[Identity] = field(default_factory=set)
     changed: set[MeshService] = field(default_factory=set)  # only these services
+    documents: dict[DocumentKey, Any] = field(default_factory=dict)  # changed: old resource
 
     def any(self) -> bool:
         return self.spec or self.services or self.policies or bool(self.identities or self.changed)
@@ -94,6 +98,7 @@ class Catalog:
         self._quiet = quiet
         self._max_delay = max_delay
         self._documents: list[Document] = []
+        self._resources: dict[DocumentKey, Any] = {}
         self._errors: list[DocumentError] = []
         self.spec = meshspec.build([])
         self._provided: dict[tuple[str, str, str], svc.ProvidedService] = {}
@@ -119,6 +124,7 @@ class Catalog:
         self._watchers: Broadcaster[ViewBatch] = Broadcaster()
         self.ready = asyncio.Event()
         self.last_flush_seconds = 0.0
+        self.last_recomputed = 0  # identities whose policy the last flush recomputed
         self.certs_wanted = asyncio.Event()
 
     # -- inputs ------------------------------------------------------------------------
@@ -126,6 +132,11 @@ class Catalog:
     def set_documents(self, documents: Iterable[Document], errors: Iterable[DocumentError]) -> None:
         self._documents = list(documents)
         self._errors = list(errors)
+        resources = {d.key: d.resource for d in self._documents}
+        for key in resources.keys() | self._resources.keys():
+            if resources.get(key) != self._resources.get(key):
+                self._dirty.documents.setdefault(key, self._resources.get(key))
+        self._resources = resources
         self._mark(spec=True)
 
     def set_provider_services(self, provider: str, reports: Iterable[svc.ProvidedService]) -> None:
@@ -301,14 +312,20 @@ class Catalog:
         dirty, self._dirty = self._dirty, _Dirty()
         self._wake.clear()
         recompute_policies = dirty.spec or dirty.policies
+        changed_shape = False
         if dirty.spec:
             self.spec = meshspec.build(self._documents, self._errors)
         changed_clusters: set[str] = set()
-        if dirty.spec or dirty.services:
+        if dirty.services:
             scope = set(self.services) | set(self.spec.services) | set(self._reports)
+        elif dirty.spec:
+            # only Service documents feed the index; policies and the rest do not
+            scope = dirty.changed | {
+                MeshService(k.namespace, k.name) for k in dirty.documents if k.kind == "Service"
+            }
         else:
             scope = dirty.changed
-        if scope:
+        if scope or dirty.spec:
             before = {s: self._shape(s) for s in scope}
             for service in scope:
                 known = svc.known_service(
@@ -322,14 +339,18 @@ class Catalog:
                     self.services[service] = known
             if any(before[s] != self._shape(s) for s in scope):
                 recompute_policies = True  # ports, accounts or reachability moved
+                changed_shape = True
             changed_clusters = self._rebuild_clusters(scope)
         touched: set[Identity] = set(dirty.identities)
         if recompute_policies:
             builder = self._builder()
-            identities = self.identities()
-            for identity in set(self.policies) - set(identities):
-                del self.policies[identity]
-                touched.add(identity)
+            targeted = None if dirty.policies or changed_shape else self._concerned(dirty)
+            identities = self.identities() if targeted is None else targeted
+            if targeted is None:
+                for identity in set(self.policies) - set(identities):
+                    del self.policies[identity]
+                    touched.add(identity)
+            self.last_recomputed = len(identities)
             for identity in identities:
                 account = self.account_of(MeshService(*identity))
                 policy = builder.build(identity, account)
@@ -343,6 +364,36 @@ class Catalog:
         self.last_flush_seconds = time.perf_counter() - started
         self.ready.set()
         return batch
+
+    def _concerned(self, dirty: _Dirty) -> list[Identity] | None:
+        """The identities an edit of access policy concerns, or None for "all of them".
+
+        When only TrafficTargets, HTTPRouteGroups and TCPRoutes changed, only the accounts
+        they name (old and new versions) can see their policy change: sources gain or lose
+        destinations, destinations gain or lose inbound rules. Anything else (Services,
+        splits, ServiceEntries, MeshConfig) may move every identity's view.
+        """
+        if not dirty.documents or any(k.kind not in POLICY_KINDS for k in dirty.documents):
+            return None
+        routes = {(k.namespace, k.kind, k.name) for k in dirty.documents if k.kind != TARGET}
+        targets: list[Any] = [old for k, old in dirty.documents.items() if k.kind == TARGET]
+        for key, resource in self._resources.items():
+            if key.kind != TARGET:
+                continue
+            if key in dirty.documents or any(
+                (key.namespace, rule.kind, rule.name) in routes for rule in resource.spec.rules
+            ):
+                targets.append(resource)
+        accounts: set[ServiceAccount] = set()
+        for target in targets:
+            if target is not None:
+                accounts.add(target.destination_account())
+                accounts.update(target.source_accounts())
+        return [
+            identity
+            for identity in self.identities()
+            if ServiceAccount(identity.namespace, self.account_of_identity(identity)) in accounts
+        ]
 
     def _shape(self, service: MeshService) -> tuple[object, ...] | None:
         """What a policy depends on of a service (not its endpoints' addresses)."""
