@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,7 +54,11 @@ class _BookServer(ThreadingHTTPServer):
 def run_app(name: str, port: int) -> None:
     server = _BookServer(("127.0.0.1", port), _Book)
     server.name = name
-    signal.signal(signal.SIGTERM, lambda *_: server.shutdown())
+    # shutdown() waits for serve_forever() to return: call it from another thread, never
+    # from a handler running on the thread that serves (that deadlocks).
+    signal.signal(
+        signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()
+    )
     print(f"{name} listening on 127.0.0.1:{port}", flush=True)
     server.serve_forever()
 
