@@ -9,6 +9,7 @@ from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry, Counter
 
 from trellis_common import admin
+from trellis_common.health import Health
 
 TOKEN = "s3cret-admin-token"
 
@@ -65,7 +66,7 @@ async def test_readyz_without_checks_is_ready(registry: CollectorRegistry) -> No
         response = await client.get("/readyz")
 
     assert response.status_code == 200
-    assert response.json() == {"ready": True, "service": "catalog", "checks": {}}
+    assert response.json() == {"ready": True, "service": "catalog", "checks": {}, "reasons": {}}
 
 
 async def test_readyz_when_all_checks_pass(registry: CollectorRegistry) -> None:
@@ -81,6 +82,7 @@ async def test_readyz_when_all_checks_pass(registry: CollectorRegistry) -> None:
         "ready": True,
         "service": "catalog",
         "checks": {"ca": True, "redis": True},
+        "reasons": {},
     }
 
 
@@ -98,6 +100,7 @@ async def test_readyz_503_names_the_failing_check(
         "ready": False,
         "service": "catalog",
         "checks": {"redis": True, "ca": False},
+        "reasons": {"ca": "check failed"},
     }
 
 
@@ -205,3 +208,39 @@ async def test_admin_server_serves_over_tcp_until_stopped(registry: CollectorReg
 
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", server.port)
+
+
+async def test_readyz_names_a_loop_that_is_down_and_why(registry: CollectorRegistry) -> None:
+    health = Health(registry)
+    follower = health.loops.register("provider endpoints-vm")
+    follower.up()
+    follower.down("UNAVAILABLE: connection refused")
+    async with client_for(admin.create_app("catalog", registry, {}, health)) as client:
+        down = await client.get("/readyz")
+        follower.up()
+        up = await client.get("/readyz")
+
+    assert down.status_code == 503
+    assert down.json()["reasons"] == {
+        "loop:provider endpoints-vm": "UNAVAILABLE: connection refused"
+    }
+    assert up.status_code == 200
+    assert up.json()["checks"] == {"loop:provider endpoints-vm": True}
+
+
+async def test_status_lists_loops_and_rejections(registry: CollectorRegistry) -> None:
+    health = Health(registry)
+    health.loops.register("certmanager")
+    health.rejections.reject("certmanager", "proxy/abc", "service account 'Bad Name!' is invalid")
+    async with client_for(admin.create_app("catalog", registry, {}, health)) as client:
+        body = (await client.get("/v1/status")).json()
+        metrics = (await client.get("/metrics")).text
+
+    assert [(loop["name"], loop["up"], loop["reason"]) for loop in body["loops"]] == [
+        ("certmanager", False, "starting")
+    ]
+    assert [(r["source"], r["key"], r["reason"]) for r in body["rejections"]] == [
+        ("certmanager", "proxy/abc", "service account 'Bad Name!' is invalid")
+    ]
+    assert 'trellis_rejected_records_total{source="certmanager"} 1.0' in metrics
+    assert 'trellis_loop_down{loop="certmanager"} 1.0' in metrics

@@ -24,6 +24,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from trellis_common.health import Health
+
 log = logging.getLogger(__name__)
 
 ReadinessCheck = Callable[[], bool | Awaitable[bool]]
@@ -54,10 +56,16 @@ def create_app(
     title: str,
     registry: CollectorRegistry,
     readiness: Mapping[str, ReadinessCheck] | None = None,
+    health: Health | None = None,
 ) -> FastAPI:
-    """The admin app of one service, with the three standard endpoints."""
+    """The admin app of one service, with the standard endpoints.
+
+    ``/readyz`` fails while a readiness check fails or one of ``health``'s loops is down, and
+    says which and why; ``/v1/status`` lists the loops and the rejected records.
+    """
     app = FastAPI(title=f"Trellis {title} admin API", version="0.1.0")
     checks = dict(readiness or {})
+    health = health if health is not None else Health()
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -73,11 +81,21 @@ def create_app(
             except Exception:  # a failing check means "not ready", not a crash
                 log.exception("admin.readiness_check_failed check=%s", name)
                 results[name] = False
+        reasons = {name: "check failed" for name, ok in results.items() if not ok}
+        for loop in health.loops:
+            results[f"loop:{loop.name}"] = loop.is_up
+            if not loop.is_up:
+                reasons[f"loop:{loop.name}"] = loop.reason
         ready = all(results.values())
         return JSONResponse(
-            {"ready": ready, "service": title, "checks": results},
+            {"ready": ready, "service": title, "checks": results, "reasons": reasons},
             status_code=200 if ready else 503,
         )
+
+    @app.get("/v1/status", tags=["health"])
+    async def service_status() -> dict[str, Any]:
+        """Long-lived loops (up or down, why, restarts) and records rejected, with reasons."""
+        return {"service": title, **health.status()}
 
     @app.get("/metrics", tags=["health"])
     async def metrics() -> Response:

@@ -2,8 +2,14 @@
 
 Every follower in Trellis (the catalog following providers and certmanager, proxy-cp
 following the catalog and certmanager) does the same thing around its own logic: open the
-stream, resync in full, apply changes; when the stream breaks, log it once, wait with
-backoff (jittered, capped), and start again. :func:`follow_forever` is that loop.
+stream, resync in full, apply changes; when the stream breaks, log it, wait with backoff
+(jittered, capped), and start again. :func:`follow_forever` is that loop.
+
+Any exception ends only the session, never the loop: a gRPC error (the peer went away) is
+logged as a warning, anything else (a bug, a record that slipped past validation) with
+its traceback. Either way the follower's :class:`~trellis_common.health.Loop` is marked
+down with the reason, which ``/readyz`` and ``trellis status`` show until the next session
+reports ``up()``. Only cancellation and ``stop`` end the loop.
 """
 
 from __future__ import annotations
@@ -16,7 +22,17 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
+from trellis_common.health import Loop
+
 log = logging.getLogger(__name__)
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line reason for a failure, as status shows it."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def follow_forever(
@@ -24,25 +40,38 @@ async def follow_forever(
     stop: asyncio.Event,
     *,
     what: str,
+    loop: Loop | None = None,
     on_lost: Callable[[], None] = lambda: None,
     initial: float = 0.1,
-    maximum: float = 2.0,
+    maximum: float = 5.0,
 ) -> None:
     """Run ``session`` (one stream, opened to ended) again until ``stop`` is set.
 
-    A session that ends cleanly starts the next one after ``initial``; one that fails with
-    a gRPC error waits twice as long as the previous failure did, up to ``maximum``.
+    A session that ends cleanly starts the next one after ``initial``; one that fails waits
+    twice as long as the previous failure did (with 20 % jitter), up to ``maximum``. The
+    session reports ``loop.up()`` itself once it is synced.
     """
     delay = initial
-    while not stop.is_set():
-        try:
-            await session()
-            delay = initial
-        except grpc.aio.AioRpcError as exc:
-            log.warning(
-                "stream.lost what=%s code=%s details=%r", what, exc.code().name, exc.details()
-            )
-        on_lost()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=delay * (1 + 0.2 * random.random()))
-        delay = min(delay * 2, maximum)
+    try:
+        while not stop.is_set():
+            try:
+                await session()
+                delay = initial
+                reason = "stream ended"
+            except grpc.aio.AioRpcError as exc:
+                reason = describe(exc)
+                log.warning("stream.lost what=%s reason=%r retry_in=%.2fs", what, reason, delay)
+            except Exception as exc:  # a follower must outlive any one failure
+                reason = describe(exc)
+                log.exception("stream.failed what=%s reason=%r retry_in=%.2fs", what, reason, delay)
+            if stop.is_set():
+                break
+            if loop is not None:
+                loop.down(reason)
+            on_lost()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay * (1 + 0.2 * random.random()))
+            delay = min(delay * 2, maximum)
+    finally:
+        if loop is not None:
+            loop.close()

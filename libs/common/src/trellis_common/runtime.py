@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from trellis_common import admin, lifecycle, redisconn, statefile, tokens
 from trellis_common.grpcserver import GrpcServer, Registration
+from trellis_common.health import Health
 from trellis_common.registry import Announcer, ServiceRecord
 from trellis_common.settings import ServiceSettings
 from trellis_common.signaling import Publisher
@@ -35,6 +36,7 @@ class ServiceRuntime:
     publisher: Publisher
     metrics: CollectorRegistry
     token: str
+    health: Health
 
     @classmethod
     async def connect(
@@ -46,13 +48,15 @@ class ServiceRuntime:
         if stop.is_set():
             await redis.aclose()
             return None
+        metrics = CollectorRegistry()
         return cls(
             settings=settings,
             kind=kind,
             redis=redis,
             publisher=Publisher(redis, sender=settings.instance_name),
-            metrics=CollectorRegistry(),
+            metrics=metrics,
             token=tokens.load_or_create_admin_token(settings.state_dir, settings.admin_token),
+            health=Health(metrics),
         )
 
     @property
@@ -64,7 +68,10 @@ class ServiceRuntime:
 
     def admin_app(self, readiness: Mapping[str, admin.ReadinessCheck]) -> FastAPI:
         return admin.create_app(
-            self.settings.service_name, self.metrics, {"redis": self.redis_ready, **readiness}
+            self.settings.service_name,
+            self.metrics,
+            {"redis": self.redis_ready, **readiness},
+            self.health,
         )
 
     def grpc_server(
