@@ -76,6 +76,21 @@ async def test_publisher_counts_revisions_per_topic(redis_client: redis.asyncio.
     assert await redis_client.get(revision_key(TOPIC)) == b"2"
 
 
+async def test_a_publisher_never_goes_back_after_redis_lost_its_counter(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    """The lost-update guard: a consumer that skips events at or below a listing's revision
+    would skip every event after a FLUSHALL if the counter started over."""
+    publisher = Publisher(redis_client, sender="vm-1")
+    for key in ("a", "b", "c"):
+        await publisher.publish(TOPIC, "changed", key)
+    await redis_client.flushall()
+    assert await publisher.current_revision(TOPIC) == 3
+    after = await publisher.publish(TOPIC, "changed", "d")
+    assert after.revision == 4
+    assert await redis_client.get(revision_key(TOPIC)) == b"4"
+
+
 # --- Subscriber: the normal path -------------------------------------------------------
 
 
@@ -201,10 +216,11 @@ async def test_counter_reset_in_stream_triggers_resync(
             await publisher.publish(TOPIC, "issued", key)
         await eventually(lambda: receiver.revisions() == [1, 2, 3])
         await redis_client.delete(revision_key(TOPIC))  # e.g. a FLUSHALL
-        await publisher.publish(TOPIC, "issued", "d")  # revision 1 again
+        restarted = Publisher(redis_client, sender="cm-1")  # an owner that restarted too
+        await restarted.publish(TOPIC, "issued", "d")  # revision 1 again
         await eventually(lambda: len(receiver.resyncs) == 2)
         assert subscriber.last_revision(TOPIC) == 1
-        await publisher.publish(TOPIC, "issued", "e")
+        await restarted.publish(TOPIC, "issued", "e")
         await eventually(lambda: receiver.revisions() == [1, 2, 3, 2])
 
 
@@ -287,8 +303,11 @@ async def test_wiped_restart_counter_going_backwards_resyncs(
         await eventually(lambda: subscriber.connected and subscriber.resyncs == 2)
         assert subscriber.last_revision(TOPIC) == 0
 
-        await publisher.publish(TOPIC, "issued", "d")
-        await eventually(lambda: receiver.revisions() == [1, 2, 3, 1])
+        # The live publisher keeps its floor: 4, which the subscriber (at 0 after the
+        # wipe) sees as a gap, so it resyncs rather than trusting the event alone.
+        assert (await publisher.publish(TOPIC, "issued", "d")).revision == 4
+        await eventually(lambda: subscriber.resyncs == 3 and subscriber.last_revision(TOPIC) == 4)
+        assert receiver.revisions() == [1, 2, 3]
 
 
 async def test_subscriber_notices_a_frozen_redis(

@@ -16,6 +16,7 @@ from trellis_common.documents.base import (
     Origin,
     Resource,
     StrictModel,
+    UnreadKind,
 )
 from trellis_common.specdir import SpecChange, SpecDirectory, load_paths
 from trellis_common.testing import eventually
@@ -150,6 +151,30 @@ def test_kinds_filter_skips_other_kinds_but_not_kindless_documents(
     everything.scan()
     assert sorted(everything.current()) == [key("g", "Gadget"), key("w")]
     assert [e.origin.index for e in everything.errors()] == [2, 3, 4]
+
+
+def test_unread_kinds_are_reported_as_ignored_by_the_one_reader_that_asks(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    grpc_route = (
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\n"
+        "metadata: {name: r, namespace: shop}\nspec: {}\n"
+    )
+    write(tmp_path / "a.yaml", docs(widget("w"), gadget("g"), grpc_route))
+
+    quiet = SpecDirectory(tmp_path, registry, kinds=["Widget"])
+    quiet.scan()
+    assert quiet.errors() == []  # Gadget is another reader's; GRPCRoute left to the reporter
+
+    reporter = SpecDirectory(tmp_path, registry, kinds=["Widget"], report_unread=True)
+    reporter.scan()
+    assert list(reporter.current()) == [key("w")]
+    [ignored] = reporter.errors()
+    assert isinstance(ignored, UnreadKind)
+    assert ignored.key == DocumentKey("GRPCRoute", "shop", "r")
+    assert ignored.reason == (
+        "GRPCRoute (gateway.networking.k8s.io/v1) is not read by any Trellis service: ignored"
+    )
 
 
 # Changes

@@ -366,3 +366,31 @@ spec:
     assert spec.statuses["TrafficTarget shop/to-cache"].state == "error"
     assert spec.grants_to(ServiceAccount("shop", "cache")) == []
     assert [g.policy for g in spec.grants_to(db)] == ["shop/to-db"]
+
+
+def test_a_kind_no_service_reads_is_listed_as_ignored_with_the_reason(
+    docs_and_errors: DocsAndErrors,
+) -> None:
+    documents, errors = docs_and_errors(
+        SHOP
+        + """
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: grpc, namespace: shop}
+spec: {}
+---
+apiVersion: split.smi-spec.io/v9
+kind: TrafficSplit
+metadata: {name: future, namespace: shop}
+spec: {}
+"""
+    )
+    statuses = meshspec.build(documents, errors).statuses
+    ignored = statuses["GRPCRoute shop/grpc"]
+    assert (ignored.state, ignored.field) == ("ignored", "kind")
+    assert "not read by any Trellis service" in ignored.reason
+    # a kind Trellis reads, in a version it does not: an error the user must fix
+    future = statuses["TrafficSplit shop/future"]
+    assert (future.state, future.field) == ("error", "apiVersion")
+    assert "v1alpha2" in future.reason

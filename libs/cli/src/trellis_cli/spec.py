@@ -14,7 +14,7 @@ from trellis_cli.client import Mesh
 from trellis_common.documents import all_kinds
 from trellis_common.specdir import load_paths
 
-_STYLE = {"valid": "green", "warning": "yellow", "error": "red"}
+_STYLE = {"valid": "green", "warning": "yellow", "error": "red", "ignored": "magenta"}
 
 
 def _rows(statuses: list[dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -54,14 +54,19 @@ def validate(paths: tuple[Path, ...], as_json: bool) -> None:
         counts = {state: sum(1 for s in statuses if s["state"] == state) for state in _STYLE}
         output.console.print(
             f"{len(statuses)} documents: {counts['valid']} valid, {counts['warning']} with "
-            f"warnings, {counts['error']} with errors"
+            f"warnings, {counts['error']} with errors, {counts['ignored']} ignored (a kind no "
+            "Trellis service reads)"
         )
     if failed:
         raise SystemExit(1)
 
 
 @spec.command("list", help="What the running catalog has read, with each document's status.")
-@click.option("--state", type=click.Choice(["valid", "warning", "error"]), help="Only this status.")
+@click.option(
+    "--state",
+    type=click.Choice(["valid", "warning", "error", "ignored"]),
+    help="Only this status.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def list_(mesh: Mesh, state: str | None, as_json: bool) -> None:

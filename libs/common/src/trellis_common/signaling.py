@@ -55,6 +55,11 @@ RedisFactory = Callable[[], redis.asyncio.Redis]
 
 _PUBLISH_SCRIPT = """
 local revision = redis.call('INCR', KEYS[1])
+local floor = tonumber(ARGV[6])
+if revision <= floor then
+    revision = floor + 1
+    redis.call('SET', KEYS[1], revision)
+end
 local payload = cjson.encode({
     topic = ARGV[2], kind = ARGV[3], key = ARGV[4], revision = revision, sender = ARGV[5]
 })
@@ -154,6 +159,11 @@ class Publisher:
 
     ``publish`` raises Redis errors to the caller. Retrying is safe: a retried publish gets
     a new revision, and an extra bell costs a receiver one re-read.
+
+    Revisions never go backwards while the publisher lives, even when Redis loses its
+    counter (a flush, a restart without persistence): the script takes the highest
+    revision this publisher has seen as a floor and lifts the counter above it. A consumer
+    that compares revisions (skipping events already in a listing) can trust them.
     """
 
     def __init__(
@@ -163,15 +173,20 @@ class Publisher:
         self._script = redis.register_script(_PUBLISH_SCRIPT)
         self.sender = sender
         self.prefix = prefix
+        self._floor: dict[str, int] = {}
 
     async def publish(self, topic: str, kind: str, key: str) -> Event:
         if not topic or not kind:
             raise ValueError("topic and kind must not be empty")
-        revision = await self._script(
-            keys=[revision_key(topic, self.prefix)],
-            args=[channel_name(topic, self.prefix), topic, kind, key, self.sender],
+        floor = self._floor.get(topic, 0)
+        revision = int(
+            await self._script(
+                keys=[revision_key(topic, self.prefix)],
+                args=[channel_name(topic, self.prefix), topic, kind, key, self.sender, floor],
+            )
         )
-        event = Event(topic=topic, kind=kind, key=key, revision=int(revision), sender=self.sender)
+        self._floor[topic] = max(floor, revision)
+        event = Event(topic=topic, kind=kind, key=key, revision=revision, sender=self.sender)
         log.debug(
             "signaling.published topic=%s kind=%s key=%s revision=%d",
             topic,
@@ -183,7 +198,9 @@ class Publisher:
 
     async def current_revision(self, topic: str) -> int:
         value = await self._redis.get(revision_key(topic, self.prefix))
-        return 0 if value is None else int(value)
+        current = max(self._floor.get(topic, 0), 0 if value is None else int(value))
+        self._floor[topic] = current
+        return current
 
 
 class _SessionLost(Exception):

@@ -124,8 +124,13 @@ def parse_file(
     registry: KindRegistry,
     kinds: Collection[str] | None = None,
     previous: Iterable[Document] = (),
+    report_unread: bool = False,
 ) -> tuple[list[Document], list[DocumentError]]:
     """One file's documents in force and its errors, falling back on ``previous``.
+
+    With ``kinds``, documents of other kinds are skipped, except, with ``report_unread``,
+    those of kinds no service reads: they come back as :class:`UnreadKind` errors, so the
+    one service that reports them (the catalog) can say they are ignored.
 
     Raises ``FileNotFoundError`` if the file is gone.
     """
@@ -148,8 +153,14 @@ def parse_file(
         if raw is None:
             continue
         kind = raw.get("kind") if isinstance(raw, Mapping) else None
-        if kinds is not None and isinstance(kind, str) and kind and kind not in kinds:
-            continue
+        if (
+            kinds is not None
+            and isinstance(kind, str)
+            and kind
+            and kind not in kinds
+            and (kind in registry.kinds() or not report_unread)
+        ):
+            continue  # another service reads it (or the caller leaves unread kinds to others)
         try:
             documents.append(registry.parse(raw, Origin(source, index)))
         except DocumentError as exc:
@@ -197,11 +208,16 @@ class SpecDirectory:
     """A directory of spec documents, of the ``kinds`` given (all if None), kept current."""
 
     def __init__(
-        self, path: Path, registry: KindRegistry, kinds: Collection[str] | None = None
+        self,
+        path: Path,
+        registry: KindRegistry,
+        kinds: Collection[str] | None = None,
+        report_unread: bool = False,
     ) -> None:
         self.path = path
         self._registry = registry
         self._kinds = frozenset(kinds) if kinds is not None else None
+        self._report_unread = report_unread
         self._files: dict[Path, _FileState] = {}
         self._pending: dict[Path, float] = {}  # deferred while being written: first seen
         self._current: dict[DocumentKey, Document] = {}
@@ -312,7 +328,9 @@ class SpecDirectory:
                             continue
                     self._pending.pop(path, None)
                     previous = old.documents if old is not None else ()
-                    documents, errors = parse_file(path, self._registry, self._kinds, previous)
+                    documents, errors = parse_file(
+                        path, self._registry, self._kinds, previous, self._report_unread
+                    )
                     recorded = stamp if _stamp(path) == stamp else None  # changed while read
                 except FileNotFoundError:
                     continue  # gone (or a dangling symlink): its documents go

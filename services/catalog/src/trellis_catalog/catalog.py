@@ -28,8 +28,11 @@ from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
+from trellis_common import ids
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.fanout import Broadcaster, Subscription
+from trellis_common.follow import describe
+from trellis_common.health import Health, Loop
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName
 from trellis_common.model import MeshService, ServiceAccount
 
@@ -58,6 +61,7 @@ class ProxyRecord:
     proxy_cp: str = ""
     address: str = ""
     seq: int = 0  # onboarding order: the latest proxy's account is the identity's
+    not_after: float = 0.0  # its certificate's expiry (epoch seconds), when known
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +95,12 @@ class Catalog:
         cluster_domain: str = "cluster.local",
         quiet: float = 0.02,
         max_delay: float = 0.2,
+        health: Health | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._announce = announce
+        self.health = health if health is not None else Health()
+        self._clock = clock
         self._trust_domain = trust_domain
         self._cluster_domain = cluster_domain
         self._quiet = quiet
@@ -103,6 +111,7 @@ class Catalog:
         self.spec = meshspec.build([])
         self._provided: dict[tuple[str, str, str], svc.ProvidedService] = {}
         self._reports: dict[MeshService, dict[str, svc.ProvidedService]] = {}
+        self._keys_of: dict[tuple[str, MeshService], set[tuple[str, str, str]]] = {}
         self.services: dict[MeshService, svc.KnownService] = {}
         self.clusters: dict[str, ClusterState] = {}
         self._clusters_of: dict[MeshService, set[str]] = {}
@@ -148,26 +157,45 @@ class Catalog:
         self._mark(services=True)
 
     def update_provider_service(
-        self, provider: str, namespace: str, name: str, report: svc.ProvidedService | None
+        self, provider: str, namespace: str, key: str, report: svc.ProvidedService | None
     ) -> None:
-        """One service changed at one provider: only that service is re-indexed."""
-        key = (provider, namespace, name)
-        if report is None:
-            self._forget_report(key)
-        else:
+        """One service (``key``: the provider's name for it) changed at one provider: only
+        that service is re-indexed."""
+        service = self._forget_report((provider, namespace, key))
+        if service is not None:
+            self._dirty.changed.add(service)
+        if report is not None:
             self._keep_report(provider, report)
-        self._dirty.changed.add(MeshService(namespace, name))
+            self._dirty.changed.add(report.service)
         self._wake.set()
 
-    def _keep_report(self, provider: str, report: svc.ProvidedService) -> None:
-        self._provided[(provider, report.namespace, report.name)] = report
-        self._reports.setdefault(report.service, {})[provider] = report
+    def remove_provider_service(self, provider: str, namespace: str, key: str) -> None:
+        self.update_provider_service(provider, namespace, key, None)
 
-    def _forget_report(self, key: tuple[str, str, str]) -> None:
-        self._provided.pop(key, None)
-        service = MeshService(key[1], key[2])
-        by_provider = self._reports.get(service, {})
-        by_provider.pop(key[0], None)
+    def _keep_report(self, provider: str, report: svc.ProvidedService) -> None:
+        key = (provider, report.namespace, report.provider_key)
+        self._provided[key] = report
+        self._keys_of.setdefault((provider, report.service), set()).add(key)
+        self._merge(provider, report.service)
+
+    def _forget_report(self, key: tuple[str, str, str]) -> MeshService | None:
+        report = self._provided.pop(key, None)
+        if report is None:
+            return None
+        self._keys_of.get((key[0], report.service), set()).discard(key)
+        self._merge(key[0], report.service)
+        return report.service
+
+    def _merge(self, provider: str, service: MeshService) -> None:
+        """Recompute ``provider``'s report of ``service`` from every key that maps to it
+        (one, or a ServiceEntry's hosts)."""
+        keys = self._keys_of.get((provider, service), set())
+        by_provider = self._reports.setdefault(service, {})
+        if keys:
+            by_provider[provider] = svc.merge_reports([self._provided[k] for k in sorted(keys)])
+            return
+        self._keys_of.pop((provider, service), None)
+        by_provider.pop(provider, None)
         if not by_provider:
             self._reports.pop(service, None)
 
@@ -177,10 +205,50 @@ class Catalog:
     def providers(self) -> set[str]:
         return {k[0] for k in self._provided}
 
-    def expect_proxy(self, common_name: str, service_account: str = "") -> ProxyRecord:
+    def expect_proxy(
+        self, common_name: str, service_account: str = "", not_after: float = 0.0
+    ) -> ProxyRecord:
+        """A proxy certificate was issued: the proxy may connect. Raises
+        :class:`UnknownProxy` for a malformed common name or service account."""
+        if service_account:
+            try:
+                ids.validate_dns_label(service_account, "service_account")
+            except InvalidIdentifier as exc:
+                raise UnknownProxy(f"proxy {common_name}: {exc}") from None
         record = self._proxy(common_name, service_account)
         record.expected = True
+        if not_after:
+            record.not_after = not_after
         return record
+
+    def expect_only(self, common_names: Iterable[str]) -> None:
+        """Certmanager's full list of proxy certificates: any other proxy is no longer
+        expected (its record was pruned or revoked), and is forgotten once disconnected."""
+        keep = set(common_names)
+        for record in list(self.proxies.values()):
+            if record.expected and record.common_name not in keep:
+                record.expected = False
+        self.prune_proxies()
+
+    def prune_proxies(self) -> int:
+        """Forget proxies that are gone: neither connected nor expected, or whose
+        certificate expired while they were disconnected. Returns how many."""
+        now = self._clock()
+        gone = [
+            r
+            for r in self.proxies.values()
+            if not r.connected and (not r.expected or (r.not_after and r.not_after < now))
+        ]
+        for record in gone:
+            del self.proxies[record.common_name]
+            log.debug("proxy.pruned proxy=%s", record.common_name)
+        if gone:
+            identities = {r.identity for r in self.proxies.values()}
+            for record in gone:
+                if record.identity not in identities:
+                    self._proxy_accounts.pop(record.identity, None)
+            self._mark(policies=True)
+        return len(gone)
 
     def register_proxy(
         self, common_name: str, proxy_cp: str = "", address: str = ""
@@ -194,6 +262,8 @@ class Catalog:
         if record is None:
             raise UnknownProxy(f"no proxy {common_name!r} is known")
         record.connected = False
+        if not record.expected:
+            self.prune_proxies()
         return record
 
     def _proxy(self, common_name: str, service_account: str) -> ProxyRecord:
@@ -352,8 +422,14 @@ class Catalog:
                     touched.add(identity)
             self.last_recomputed = len(identities)
             for identity in identities:
-                account = self.account_of(MeshService(*identity))
-                policy = builder.build(identity, account)
+                try:
+                    account = self.account_of(MeshService(*identity))
+                    policy = builder.build(identity, account)
+                except Exception as exc:  # one identity's bad input never stops the others
+                    log.exception("catalog.view_failed identity=%s", identity)
+                    self.health.rejections.reject("catalog", f"view {identity}", describe(exc))
+                    continue  # its last good view, if any, stays in force
+                self.health.rejections.accept("catalog", f"view {identity}")
                 if policy != self.policies.get(identity):
                     self.policies[identity] = policy
                     touched.add(identity)
@@ -490,7 +566,19 @@ class Catalog:
         return ViewBatch(self.revision, tuple(stamped))
 
     async def run(self, stop: asyncio.Event) -> None:
-        """The debounce loop: wait for inputs, let them settle, flush, announce."""
+        """The debounce loop: wait for inputs, let them settle, flush, announce.
+
+        A flush that fails is reported (the loop ``recompute`` goes down, with the reason)
+        and retried on the next input; the last good views stay in force meanwhile.
+        """
+        loop = self.health.loops.register("recompute")
+        loop.up()
+        try:
+            await self._debounce(stop, loop)
+        finally:
+            loop.close()
+
+    async def _debounce(self, stop: asyncio.Event, loop: Loop) -> None:
         while not stop.is_set():
             waiter = asyncio.create_task(self._wake.wait())
             stopper = asyncio.create_task(stop.wait())
@@ -506,7 +594,12 @@ class Catalog:
                     await asyncio.wait_for(self._wake.wait(), timeout=self._quiet)
                     continue
                 break
-            await self.flush_and_announce()
+            try:
+                await self.flush_and_announce()
+                loop.up()
+            except Exception as exc:
+                log.exception("catalog.flush_failed")
+                loop.down(describe(exc))
 
     async def flush_and_announce(self) -> ViewBatch | None:
         batch = self.flush()

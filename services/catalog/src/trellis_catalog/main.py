@@ -9,7 +9,7 @@ from typing import Any
 
 from trellis_api import catalog_pb2_grpc
 from trellis_catalog.catalog import TOPIC, Catalog
-from trellis_catalog.clients.certs import CertificateFollower
+from trellis_catalog.clients.certs import CertificateFollower, CertificateIssuer
 from trellis_catalog.clients.providers import ProviderSet
 from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import DirectorySource, NoSource, SpecSource
@@ -22,31 +22,43 @@ from trellis_common.settings import given, service_parser
 log = logging.getLogger(__name__)
 
 
+async def find_certmanager(runtime: ServiceRuntime, settings: CatalogSettings) -> str:
+    if settings.certmanager_address:
+        return settings.certmanager_address
+    with contextlib.suppress(Exception):  # Redis away: try again on the next round
+        found = await discover(runtime.redis, "certmanager")
+        return found[0].grpc_address if found else ""
+    return ""
+
+
 async def follow_certmanager(
     runtime: ServiceRuntime, catalog: Catalog, settings: CatalogSettings, stop: asyncio.Event
 ) -> None:
-    """Follow certmanager at its configured address, or wherever the registry says it is."""
-    while not stop.is_set():
-        address = settings.certmanager_address
-        if not address:
-            with contextlib.suppress(Exception):
-                found = await discover(runtime.redis, "certmanager")
-                address = found[0].grpc_address if found else ""
-        if address:
-            halt = asyncio.Event()
-            follower = CertificateFollower(catalog, address)
-            task = asyncio.create_task(follower.run(halt))
-            stopper = asyncio.create_task(stop.wait())
-            # re-resolve every so often: certmanager may move
-            await asyncio.wait({task, stopper}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-            if settings.certmanager_address and not stop.is_set():
-                await stopper
-            halt.set()
-            stopper.cancel()
-            await task
-        else:
+    """Follow certmanager at its configured address, or wherever the registry says it is;
+    the followers are restarted only when that address changes."""
+    address = ""
+    halt = asyncio.Event()
+    task: asyncio.Task[None] | None = None
+    try:
+        while not stop.is_set():
+            found = await find_certmanager(runtime, settings)
+            if found and found != address:
+                if task is not None:
+                    log.info("certmanager.moved address=%s", found)
+                    halt.set()
+                    await task
+                address, halt = found, asyncio.Event()
+                follower = CertificateFollower(catalog, address, runtime.health)
+                issuer = CertificateIssuer(catalog, address, runtime.health, follower)
+                task = asyncio.create_task(
+                    lifecycle.run_components([follower.run, issuer.run], halt)
+                )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
+                await asyncio.wait_for(stop.wait(), timeout=settings.discovery_interval)
+    finally:
+        halt.set()
+        if task is not None:
+            await task
 
 
 async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
@@ -64,6 +76,7 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
         cluster_domain=settings.cluster_domain,
         quiet=settings.debounce_quiet,
         max_delay=settings.debounce_max,
+        health=runtime.health,
     )
     source: SpecSource = (
         DirectorySource(catalog, settings.spec_dir, settings.spec_poll_interval)
@@ -72,7 +85,13 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
     )
     await source.load()
     await catalog.flush_and_announce()
-    providers = ProviderSet(catalog, runtime.redis, settings.discovery_interval)
+    providers = ProviderSet(
+        catalog,
+        runtime.redis,
+        runtime.health,
+        settings.discovery_interval,
+        settings.provider_grace,
+    )
 
     servicer = grpc_api.CatalogServicer(catalog)
     grpc_server = runtime.grpc_server(

@@ -30,3 +30,5 @@ class CatalogSettings(ServiceSettings):
     debounce_quiet: float = Field(0.02, ge=0)
     debounce_max: float = Field(0.2, gt=0)
     discovery_interval: float = Field(1.0, gt=0)
+    # A provider missing from the registry keeps its endpoints this long (seconds).
+    provider_grace: float = Field(30.0, ge=0)

@@ -34,7 +34,7 @@ class SpecSource(Protocol):
 class DirectorySource:
     def __init__(self, catalog: Catalog, path: Path, interval: float = 0.5) -> None:
         self.catalog = catalog
-        self.directory = SpecDirectory(path, kinds(), KINDS)
+        self.directory = SpecDirectory(path, kinds(), KINDS, report_unread=True)
         self.interval = interval
 
     async def load(self) -> None:

@@ -88,8 +88,8 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
         else:
             await control_plane.set_material(identity, material)
 
-    catalog = CatalogClient(catalog_address, on_view, settings.instance_name)
-    certs = CertClient(certs_address, on_material)
+    catalog = CatalogClient(catalog_address, on_view, settings.instance_name, runtime.health)
+    certs = CertClient(certs_address, on_material, runtime.health)
 
     def forget(identity: str) -> None:
         catalog.forget(identity)

@@ -126,6 +126,10 @@ def location(loc: Iterable[int | str]) -> str:
     return out
 
 
+class UnreadKind(DocumentError):
+    """A document of a kind no Trellis service reads: it is ignored, and reported as such."""
+
+
 _ALIASES = {"api_version": "apiVersion"}
 
 
@@ -155,21 +159,25 @@ class KindRegistry:
             raise DocumentError(origin, "kind", "is required")
         if not isinstance(api_version, str) or not api_version:
             raise DocumentError(origin, "apiVersion", "is required")
-        model = self._models.get((api_version, kind))
-        if model is None:
-            known = self.versions(kind)
-            reason = (
-                f"apiVersion {api_version!r} is not supported for {kind}; use one of "
-                + ", ".join(known)
-                if known
-                else f"kind {kind!r} is not one Trellis reads"
-            )
-            raise DocumentError(origin, "apiVersion" if known else "kind", reason)
         metadata = raw.get("metadata")
         key = None
         if isinstance(metadata, Mapping) and isinstance(metadata.get("name"), str):
             namespace = metadata.get("namespace") or "default"
             key = DocumentKey(kind, str(namespace), metadata["name"])
+        model = self._models.get((api_version, kind))
+        if model is None:
+            known = self.versions(kind)
+            if not known:
+                raise UnreadKind(
+                    origin,
+                    "kind",
+                    f"{kind} ({api_version}) is not read by any Trellis service: ignored",
+                    key,
+                )
+            reason = f"apiVersion {api_version!r} is not supported for {kind}; use one of " + (
+                ", ".join(known)
+            )
+            raise DocumentError(origin, "apiVersion", reason, key)
         try:
             resource = model.model_validate(raw)
         except ValidationError as exc:

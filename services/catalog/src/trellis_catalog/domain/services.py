@@ -49,10 +49,27 @@ class ProvidedService:
     export_to: tuple[str, ...] = ()
     subject_alt_names: tuple[str, ...] = ()
     source: str = ""
+    key: str = ""  # the provider's own name for it, when not ``name`` (a ServiceEntry host)
 
     @property
     def service(self) -> MeshService:
         return MeshService(self.namespace, self.name)
+
+    @property
+    def provider_key(self) -> str:
+        return self.key or self.name
+
+
+def merge_reports(reports: list[ProvidedService]) -> ProvidedService:
+    """One provider's reports of one service under several keys (a ServiceEntry's hosts):
+    one report with every host and every endpoint."""
+    if len(reports) == 1:
+        return reports[0]
+    ordered = sorted(reports, key=lambda r: r.provider_key)
+    first = ordered[0]
+    hosts = tuple(sorted({h for r in ordered for h in r.hosts}))
+    endpoints = tuple(dict.fromkeys(e for r in ordered for e in r.endpoints))
+    return replace(first, key="", hosts=hosts, endpoints=endpoints)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from trellis_common.documents import core, istio, meshconfig, smi
-from trellis_common.documents.base import Document, DocumentError, DocumentKey
+from trellis_common.documents.base import Document, DocumentError, DocumentKey, UnreadKind
 from trellis_common.model import MeshService, ServiceAccount
 
 KINDS = (
@@ -36,7 +36,7 @@ class Status:
     kind: str
     namespace: str
     name: str
-    state: str  # valid, warning, error
+    state: str  # valid, warning, error, ignored (a kind no service reads)
     reason: str = ""
     field: str = ""
     source: str = ""
@@ -114,13 +114,14 @@ def _status(document: Document, state: str = "valid", reason: str = "") -> Statu
 
 
 def error_status(error: DocumentError) -> Status:
+    """An error's status: ``error``, or ``ignored`` for a kind no service reads."""
     key = error.key
     return Status(
         key=str(key) if key else f"{error.origin.source}#{error.origin.index + 1}",
         kind=key.kind if key else "",
         namespace=key.namespace if key else "",
         name=key.name if key else "",
-        state="error",
+        state="ignored" if isinstance(error, UnreadKind) else "error",
         reason=error.reason,
         field=error.field,
         source=error.origin.source,

@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 
 import grpc
 
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
-from trellis_common.follow import follow_forever
+from trellis_common.follow import StreamFollower, describe
+from trellis_common.health import Health
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,16 @@ OnView = Callable[[str, pb.View], Awaitable[None]]
 
 
 class CatalogClient:
-    def __init__(self, address: str, on_view: OnView, proxy_cp_name: str = "proxy-cp") -> None:
+    def __init__(
+        self,
+        address: str,
+        on_view: OnView,
+        proxy_cp_name: str = "proxy-cp",
+        health: Health | None = None,
+    ) -> None:
         self.address = address
+        self.health = health if health is not None else Health()
+        self.loops = self.health.loops
         self._on_view = on_view
         self._name = proxy_cp_name
         self._channel = grpc.aio.insecure_channel(address)
@@ -89,43 +98,47 @@ class CatalogClient:
         self.versions.pop(identity, None)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await follow_forever(
-            lambda: self._follow(stop),
-            stop,
-            what=f"catalog {self.address}",
-            on_lost=self.connected.clear,
-        )
+        await _ViewFollower(self).run(stop)
 
     async def _refresh(self, identity: str) -> None:
         account = self.wanted.get(identity)
         if account is None:
             return
-        view = await self.view(identity, account)
-        await self._on_view(identity, view)
-
-    async def _follow(self, stop: asyncio.Event) -> None:
-        stream = self._stub.WatchViews(pb.WatchViewsRequest())
-        stopper = asyncio.create_task(stop.wait())
+        view = await self.view(identity, account)  # an RPC error ends the session
         try:
-            events = aiter(stream)
-            first = await anext(events)
-            self.connected.set()
-            current = {i.identity: i.version for i in first.identities}
-            for identity in list(self.wanted):
-                if current.get(identity, "0") != self.versions.get(identity):
-                    await self._refresh(identity)
-            while True:
-                reading = asyncio.ensure_future(anext(events))
-                await asyncio.wait({reading, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                if stopper.done():
-                    reading.cancel()
-                    return
-                event = reading.result()
-                for item in event.identities:
-                    if item.identity in self.wanted and item.version != self.versions.get(
-                        item.identity
-                    ):
-                        await self._refresh(item.identity)
-        finally:
-            stopper.cancel()
-            stream.cancel()
+            await self._on_view(identity, view)
+        except Exception as exc:  # one identity's view never stops the others
+            log.exception("catalog.view_failed identity=%s", identity)
+            self.health.rejections.reject("catalog view", identity, describe(exc))
+            return
+        self.health.rejections.accept("catalog view", identity)
+
+
+class _ViewFollower(StreamFollower[pb.ViewEvent]):
+    """``WatchViews``: refetch each wanted identity whose version moved."""
+
+    def __init__(self, client: CatalogClient) -> None:
+        super().__init__(f"catalog views {client.address}", client.loops)
+        self.client = client
+
+    def open(self) -> AsyncIterable[pb.ViewEvent]:
+        return self.client._stub.WatchViews(pb.WatchViewsRequest())
+
+    async def resync(self, first: pb.ViewEvent) -> None:
+        client = self.client
+        current = {i.identity: i.version for i in first.identities}
+        for identity in list(client.wanted):
+            if current.get(identity, "0") != client.versions.get(identity):
+                await client._refresh(identity)
+        client.connected.set()
+
+    async def apply(self, event: pb.ViewEvent) -> None:
+        client = self.client
+        for item in event.identities:
+            if item.identity in client.wanted and item.version != client.versions.get(
+                item.identity
+            ):
+                await client._refresh(item.identity)
+
+    def lost(self) -> None:
+        self.client.connected.clear()

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 
 import grpc
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
-from trellis_common.follow import follow_forever
+from trellis_common.follow import StreamFollower, describe
+from trellis_common.health import Health
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,9 @@ def material(certificate: pb.Certificate) -> SecretMaterial:
 
 
 class CertClient:
-    def __init__(self, address: str, on_material: OnMaterial) -> None:
+    def __init__(self, address: str, on_material: OnMaterial, health: Health | None = None) -> None:
         self.address = address
+        self.health = health if health is not None else Health()
         self._on_material = on_material
         self._channel = grpc.aio.insecure_channel(address)
         self._stub: pb_grpc.CertificateManagerAsyncStub = pb_grpc.CertificateManagerStub(
@@ -74,43 +76,45 @@ class CertClient:
         self.serials.pop(identity, None)
 
     async def run(self, stop: asyncio.Event) -> None:
-        await follow_forever(
-            lambda: self._follow(stop),
-            stop,
-            what=f"certmanager {self.address}",
-            on_lost=self.connected.clear,
-        )
+        await _RotationFollower(self).run(stop)
 
     async def _refresh(self, identity: str) -> None:
         account = self.wanted.get(identity)
         if account is None:
             return
-        found = await self.want(identity, account)
-        await self._on_material(identity, found)
-
-    async def _follow(self, stop: asyncio.Event) -> None:
-        stream = self._stub.WatchCertificates(pb.WatchCertificatesRequest())
-        stopper = asyncio.create_task(stop.wait())
+        found = await self.want(identity, account)  # an RPC error ends the session
         try:
-            events = aiter(stream)
-            await anext(events)  # SNAPSHOT
-            self.connected.set()
-            for identity in list(self.wanted):  # whatever rotated while we were away
-                await self._refresh(identity)
-            while True:
-                reading = asyncio.ensure_future(anext(events))
-                await asyncio.wait({reading, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                if stopper.done():
-                    reading.cancel()
-                    return
-                event = reading.result()
-                info = event.info
-                if info.kind != pb.CERTIFICATE_KIND_SERVICE:
-                    continue
-                identity = f"{info.service.namespace}/{info.service.name}"
-                if identity in self.wanted and info.serial != self.serials.get(identity):
-                    log.info("certs.rotated identity=%s serial=%s", identity, info.serial)
-                    await self._refresh(identity)
-        finally:
-            stopper.cancel()
-            stream.cancel()
+            await self._on_material(identity, found)
+        except Exception as exc:  # one identity's material never stops the others
+            log.exception("certs.material_failed identity=%s", identity)
+            self.health.rejections.reject("certmanager material", identity, describe(exc))
+            return
+        self.health.rejections.accept("certmanager material", identity)
+
+
+class _RotationFollower(StreamFollower[pb.CertificateEvent]):
+    """``WatchCertificates``: refetch the material of each wanted identity that rotated."""
+
+    def __init__(self, client: CertClient) -> None:
+        super().__init__(f"certmanager rotations {client.address}", client.health.loops)
+        self.client = client
+
+    def open(self) -> AsyncIterable[pb.CertificateEvent]:
+        return self.client._stub.WatchCertificates(pb.WatchCertificatesRequest())
+
+    async def resync(self, first: pb.CertificateEvent) -> None:
+        for identity in list(self.client.wanted):  # whatever rotated while we were away
+            await self.client._refresh(identity)
+        self.client.connected.set()
+
+    async def apply(self, event: pb.CertificateEvent) -> None:
+        info = event.info
+        if info.kind != pb.CERTIFICATE_KIND_SERVICE:
+            return
+        identity = f"{info.service.namespace}/{info.service.name}"
+        if identity in self.client.wanted and info.serial != self.client.serials.get(identity):
+            log.info("certs.rotated identity=%s serial=%s", identity, info.serial)
+            await self.client._refresh(identity)
+
+    def lost(self) -> None:
+        self.client.connected.clear()
