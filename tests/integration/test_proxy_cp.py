@@ -20,178 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 
 from trellis_api import certmanager_pb2 as cm
-from trellis_api import certmanager_pb2_grpc as cm_grpc
-from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
 from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.apps import AppServer
-from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.redis_server import free_port
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = {"TRELLIS_REGISTRY_TTL": "2"}
-BOOKSTORE = "bookstore.bookstore:14001"
-
-
-@dataclass
-class Sidecar:
-    envoy: Envoy
-    common_name: str
-    inbound_port: int
-    outbound_port: int
-
-    def get(self, host: str, path: str, timeout: float = 5.0) -> httpx.Response:
-        return httpx.get(
-            f"http://127.0.0.1:{self.outbound_port}{path}", headers={"host": host}, timeout=timeout
-        )
-
-
-class Mesh:
-    def __init__(self, tmp: Path, state_dir: Path, redis: RedisServer, spec_dir: Path) -> None:
-        self.tmp = tmp
-        self.state_dir = state_dir
-        self.spec_dir = spec_dir
-
-        def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
-            return ServiceProcess(
-                name, module, state_dir, redis.url, args=args, env={**FAST, **env}
-            )
-
-        self.processes = {
-            "certmanager": process("certmanager", "trellis_certmanager.main"),
-            "endpoints-vm": process("endpoints-vm", "trellis_endpoints_vm.main"),
-            "catalog": process(
-                "catalog",
-                "trellis_catalog.main",
-                "--spec-dir",
-                str(spec_dir),
-                TRELLIS_CATALOG_SPEC_POLL_INTERVAL="0.1",
-                TRELLIS_CATALOG_DISCOVERY_INTERVAL="0.2",
-            ),
-            "proxy-cp": process("proxy-cp", "trellis_proxy_cp.main", "--xds-host", "127.0.0.1"),
-        }
-        self.sidecars: list[Sidecar] = []
-        self.apps: list[AppServer] = []
-
-    def start(self) -> None:
-        for p in self.processes.values():
-            p.start()
-
-    def stop(self) -> None:
-        for sidecar in self.sidecars:
-            sidecar.envoy.stop()
-        for app in self.apps:
-            app.stop()
-        for p in reversed(list(self.processes.values())):
-            p.stop()
-
-    @property
-    def xds_port(self) -> int:
-        return int(self.processes["proxy-cp"].endpoint.grpc_address.rsplit(":", 1)[1])
-
-    def certmanager(self, method: str, request: Any) -> Any:
-        async def call() -> Any:
-            address = self.processes["certmanager"].endpoint.grpc_address
-            async with grpc.aio.insecure_channel(address) as channel:
-                return await getattr(cm_grpc.CertificateManagerStub(channel), method)(request)
-
-        return asyncio.run(call())
-
-    def write_files(self, name: str, certificate: Any) -> ProxyFiles:
-        folder = self.tmp / "proxies" / name
-        folder.mkdir(parents=True)
-        files = ProxyFiles(folder / "cert.pem", folder / "key.pem", folder / "ca.pem")
-        files.cert_chain.write_bytes(certificate.cert_chain_pem)
-        files.key.write_bytes(certificate.private_key_pem)
-        files.key.chmod(0o600)
-        files.trust_bundle.write_bytes(certificate.trust_bundle_pem)
-        return files
-
-    def onboard(
-        self,
-        name: str,
-        namespace: str,
-        service: str,
-        account: str,
-        app_port: int = 0,
-        protocol: str = "sotw",
-        certificate: Any = None,
-    ) -> Sidecar:
-        if certificate is None:
-            certificate = self.certmanager(
-                "IssueCertificate",
-                cm.IssueCertificateRequest(
-                    kind=cm.CERTIFICATE_KIND_PROXY,
-                    service=cm.MeshService(namespace=namespace, name=service),
-                    service_account=account,
-                ),
-            )
-        common_name = certificate.info.common_name
-        inbound, outbound = free_port(), free_port()
-        bootstrap = envoy_bootstrap(
-            BootstrapSpec(
-                node_id=common_name,
-                namespace=namespace,
-                service=service,
-                files=self.write_files(name, certificate),
-                xds_port=self.xds_port,
-                outbound_port=outbound,
-                inbound_port=inbound,
-                app_port=app_port,
-                protocol="delta" if protocol == "delta" else "sotw",
-            )
-        )
-        envoy = Envoy(bootstrap, self.tmp / "envoy", name).start()
-        sidecar = Sidecar(envoy, common_name, inbound, outbound)
-        self.sidecars.append(sidecar)
-        return sidecar
-
-    def app(self, name: str) -> AppServer:
-        app = AppServer(name).start()
-        self.apps.append(app)
-        return app
-
-    def register(self, name: str, service: str, port: int, account: str = "bookstore") -> None:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "trellis_cli.main",
-                "--state-dir",
-                str(self.state_dir),
-                "vm",
-                "register",
-                "-n",
-                "bookstore",
-                "--name",
-                name,
-                "--service",
-                service,
-                "--address",
-                "127.0.0.1",
-                "--port",
-                f"http={port}",
-                "--service-account",
-                account,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-
-    def proxies(self) -> list[dict[str, Any]]:
-        url = self.processes["proxy-cp"].endpoint.admin_url + "/v1/proxies"
-        body: list[dict[str, Any]] = httpx.get(url, timeout=5).json()["proxies"]
-        return body
 
 
 @pytest.fixture
@@ -204,30 +42,6 @@ def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator
         yield mesh
     finally:
         mesh.stop()
-
-
-def bookstore(mesh: Mesh) -> tuple[Sidecar, Sidecar, Sidecar]:
-    """bookstore-v1 and -v2 behind sidecars (registered), bookbuyer (delta ADS) calling."""
-    v1 = mesh.onboard(
-        "bookstore-v1", "bookstore", "bookstore-v1", "bookstore", app_port=mesh.app("v1").port
-    )
-    v2 = mesh.onboard(
-        "bookstore-v2", "bookstore", "bookstore-v2", "bookstore", app_port=mesh.app("v2").port
-    )
-    mesh.register("v1-a", "bookstore-v1", v1.inbound_port)
-    mesh.register("v2-a", "bookstore-v2", v2.inbound_port)
-    buyer = mesh.onboard("bookbuyer", "bookbuyer", "bookbuyer", "bookbuyer", protocol="delta")
-    for sidecar in (v1, v2, buyer):
-        sidecar.envoy.wait_ready()
-
-    def served() -> bool:
-        try:
-            return buyer.get(BOOKSTORE, "/books-bought", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    asyncio.run(eventually(served, timeout=30, interval=0.2, message="bookbuyer reaches bookstore"))
-    return v1, v2, buyer
 
 
 def test_traffic_split_policy_and_mtls(mesh: Mesh) -> None:

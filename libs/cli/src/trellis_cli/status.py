@@ -1,5 +1,7 @@
 """``trellis status``: every service's health, connected proxies, catalog revision.
 
+For each service: its readiness checks, the long-lived loops (streams, subscriptions) that
+are down and why, and the records it rejected (with the reason, from ``/v1/status``).
 Exit code 1 when any service is unhealthy or unreachable, so scripts and CI can wait on it.
 """
 
@@ -21,14 +23,28 @@ def probe(mesh: Mesh, name: str) -> dict[str, Any]:
     try:
         response = httpx.get(url + "/readyz", timeout=2.0)
         body = response.json()
+        status = _extra(mesh, name, "/v1/status") or {}
         return {
             "service": name,
             "admin_url": url,
             "healthy": response.status_code == 200,
             "checks": body.get("checks", {}),
+            "reasons": body.get("reasons", {}),
+            "loops": status.get("loops", []),
+            "rejections": status.get("rejections", []),
         }
     except (httpx.HTTPError, ValueError) as exc:
         return {"service": name, "admin_url": url, "healthy": False, "error": type(exc).__name__}
+
+
+def _problems(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return f"unreachable ({result['error']})"
+    parts = [f"{name}: {reason}" for name, reason in result.get("reasons", {}).items()]
+    rejected = result.get("rejections", [])
+    if rejected:
+        parts.append(f"{len(rejected)} rejected record(s)")
+    return "; ".join(parts) or "-"
 
 
 def _extra(mesh: Mesh, name: str, path: str) -> Any:
@@ -78,18 +94,26 @@ def status(mesh: Mesh, as_json: bool) -> None:
     else:
         output.table(
             "Trellis services",
-            ["SERVICE", "ADMIN", "HEALTH", "CHECKS"],
+            ["SERVICE", "ADMIN", "HEALTH", "LOOPS", "PROBLEMS"],
             [
                 (
                     r["service"],
                     r["admin_url"],
                     "ok" if r["healthy"] else "UNHEALTHY",
-                    r.get("error")
-                    or " ".join(f"{k}={'ok' if v else 'fail'}" for k, v in r["checks"].items()),
+                    f"{sum(1 for loop in r.get('loops', []) if loop['up'])}/"
+                    f"{len(r.get('loops', []))} up",
+                    _problems(r),
                 )
                 for r in results
             ],
         )
+        rejected = [(r["service"], x) for r in results for x in r.get("rejections", [])]
+        if rejected:
+            output.table(
+                "Rejected records (skipped; everything else flows)",
+                ["SERVICE", "SOURCE", "RECORD", "REASON", "TIMES"],
+                [(svc, x["source"], x["key"], x["reason"], str(x["count"])) for svc, x in rejected],
+            )
         if extra:
             output.console.print("  ".join(f"{k.replace('_', ' ')}: {v}" for k, v in extra.items()))
     if not all(r["healthy"] for r in results):

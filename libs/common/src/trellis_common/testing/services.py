@@ -38,7 +38,10 @@ class ServiceProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = state_dir / "logs" / f"{name}.log"
 
-    def start(self, timeout: float = 30.0) -> statefile.ServiceEndpoint:
+    def start(
+        self, timeout: float = 30.0, ports: tuple[int, int] = (0, 0)
+    ) -> statefile.ServiceEndpoint:
+        """Start (``ports``: gRPC and admin; 0 picks free ones) and wait until ready."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
@@ -54,9 +57,9 @@ class ServiceProcess:
                 "-m",
                 self.module,
                 "--grpc-port",
-                "0",
+                str(ports[0]),
                 "--admin-port",
-                "0",
+                str(ports[1]),
                 *self.args,
             ],
             stdout=log,
@@ -83,6 +86,16 @@ class ServiceProcess:
                     pass
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} not ready in {timeout}s:\n{self.logs()[-3000:]}")
+
+    def restart(self, timeout: float = 30.0) -> statefile.ServiceEndpoint:
+        """Start again on the same ports, as a supervisor restarts a crashed service (its
+        clients, Envoy among them, keep the addresses they had)."""
+        endpoint = self.endpoint
+        ports = (
+            int(endpoint.grpc_address.rsplit(":", 1)[1]),
+            int(endpoint.admin_url.rsplit(":", 1)[1]),
+        )
+        return self.start(timeout, ports)
 
     @property
     def endpoint(self) -> statefile.ServiceEndpoint:

@@ -48,6 +48,7 @@ def add_routes(app: FastAPI, catalog: Catalog, source: Callable[[], dict[str, An
                     "location": k.location,
                     "ports": [asdict(p) for p in k.ports],
                     "endpoints": len(k.endpoints),
+                    "hosts": list(k.hosts),
                     "service_account": catalog.account_of(s),
                 }
                 for s, k in catalog.services.items()
