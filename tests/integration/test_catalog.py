@@ -56,6 +56,7 @@ def mesh(
             str(spec_dir),
             TRELLIS_CATALOG_SPEC_POLL_INTERVAL="0.1",
             TRELLIS_CATALOG_DISCOVERY_INTERVAL="0.2",
+            TRELLIS_CATALOG_PROVIDER_GRACE="2",
         ),
     }
     for p in processes.values():
@@ -177,12 +178,20 @@ async def test_views_follow_providers_policies_and_certificates(
         message="weights follow the file",
     )
 
-    # the provider dies: its endpoints leave; it comes back with its registrations
+    # the provider dies: its endpoints stay for the grace period (2 s here), then leave;
+    # it comes back with its registrations
     provider.kill()
+    status = httpx.get(catalog.endpoint.admin_url + "/v1/status", timeout=5).json()
+    await eventually(
+        lambda: httpx.get(catalog.endpoint.admin_url + "/readyz", timeout=5).json()["reasons"],
+        timeout=10,
+        message="readyz names the provider's stream while it is down",
+    )
+    assert endpoints(view(catalog, "bookbuyer/bookbuyer"), v1) == ["127.0.0.1:8081"], status
     await eventually(
         lambda: endpoints(view(catalog, "bookbuyer/bookbuyer"), v1) == [],
         timeout=15,
-        message="a dead provider drops out",
+        message="a dead provider drops out after its grace",
     )
     provider.start()
     await eventually(

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from trellis_common import lifecycle
+from trellis_common.testing import eventually
 
 
 class Worker:
@@ -144,3 +145,48 @@ def test_main_stops_the_service_on_sigterm() -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert seen == [True]
+
+
+async def test_a_supervised_component_is_restarted_and_reported() -> None:
+    from trellis_common.health import Loops
+
+    loops = Loops()
+    stop = asyncio.Event()
+    runs: list[str] = []
+
+    async def watcher(halt: asyncio.Event) -> None:
+        runs.append(loops.down().get("spec source", "up"))
+        if len(runs) == 1:
+            raise OSError("spec directory unreadable")
+        if len(runs) == 2:
+            return  # ended while the service still runs: also restarted
+        stop.set()
+
+    component = lifecycle.supervised("spec source", watcher, loops, initial=0.001)
+    await asyncio.wait_for(component(stop), timeout=5)
+
+    # each run starts "up"; the reason of the previous failure is kept in restarts
+    assert runs == ["up", "up", "up"]
+    assert list(loops) == []  # the loop leaves the table once the service stops
+
+
+async def test_a_supervised_component_is_down_with_the_reason_between_runs() -> None:
+    from trellis_common.health import Loops
+
+    loops = Loops()
+    stop = asyncio.Event()
+    seen: list[dict[str, str]] = []
+
+    async def failing(halt: asyncio.Event) -> None:
+        raise RuntimeError("boom")
+
+    async def watch() -> None:
+        await eventually(lambda: bool(loops.down()))
+        seen.append(loops.down())
+        stop.set()
+
+    await asyncio.wait_for(
+        asyncio.gather(lifecycle.supervised("sweep", failing, loops, initial=0.5)(stop), watch()),
+        timeout=5,
+    )
+    assert seen == [{"sweep": "RuntimeError: boom"}]

@@ -21,11 +21,11 @@ from trellis_api import endpoints_pb2 as epb
 from trellis_api import endpoints_pb2_grpc as epb_grpc
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.clients.certs import CertificateFollower
-from trellis_catalog.clients.providers import ProviderFollower
+from trellis_catalog.clients.providers import ProviderFollower, ProviderSet
 from trellis_common.grpcserver import GrpcServer
 from trellis_common.health import Health
 from trellis_common.model import MeshService
-from trellis_common.registry import ServiceRecord
+from trellis_common.registry import ServiceRecord, registry_key
 from trellis_common.testing import eventually
 
 GOOD_PROXY = "0b4c9a4e-7d7e-4c1b-9d7a-1a2b3c4d5e6f.bookbuyer.bookbuyer"
@@ -280,3 +280,64 @@ async def test_a_proxy_record_with_a_bad_account_is_rejected_not_fatal() -> None
     assert rejection.key == f"proxy {BAD_PROXY}"
     assert "service_account" in rejection.reason
     assert "Bad Name!" in rejection.reason
+
+
+async def test_a_provider_missing_from_the_registry_keeps_its_endpoints_for_the_grace(
+    provider: FakeProvider, provider_address: str, redis_client: Any
+) -> None:
+    provider.services = [service("shop", "cart", endpoint("10.0.0.7", "cart"))]
+    record = ServiceRecord.create(
+        kind="endpoints-provider", name="vm", grpc_address=provider_address
+    )
+    key = registry_key(record.kind, record.name)
+    await redis_client.set(key, record.to_json())
+    now = [1000.0]
+    health = Health()
+    catalog = Catalog(_announce, health=health)
+    providers = ProviderSet(catalog, redis_client, health, grace=30, clock=lambda: now[0])
+    try:
+        await providers.refresh()
+        await eventually(lambda: MeshService("shop", "cart") in flushed(catalog))
+
+        await redis_client.delete(key)  # a missed heartbeat, a Redis restart, a new pod
+        now[0] += 29
+        await providers.refresh()
+        assert MeshService("shop", "cart") in flushed(catalog)
+        assert "vm" in providers.followers
+
+        await redis_client.set(key, record.to_json())  # back in time: nothing happened
+        now[0] += 1
+        await providers.refresh()
+        assert providers.missing_since == {}
+
+        await redis_client.delete(key)
+        await providers.refresh()
+        now[0] += 31  # gone for longer than the grace: its services go
+        await providers.refresh()
+        assert MeshService("shop", "cart") not in flushed(catalog)
+        assert providers.followers == {}
+    finally:
+        for _, halt, task in providers.followers.values():
+            halt.set()
+            task.cancel()
+
+
+def test_proxies_that_are_gone_are_pruned() -> None:
+    now = [1000.0]
+    catalog = Catalog(_announce, clock=lambda: now[0])
+    catalog.expect_proxy(GOOD_PROXY, "bookbuyer", not_after=2000.0)
+    catalog.expect_proxy(BAD_PROXY.replace("bookthief", "bookstore"), "bookstore")
+    catalog.register_proxy(GOOD_PROXY)
+
+    # certmanager no longer lists the second proxy (its record expired and was pruned)
+    catalog.expect_only([GOOD_PROXY])
+    assert set(catalog.proxies) == {GOOD_PROXY}
+
+    # the first disconnects; its certificate expires later: then it is forgotten too
+    catalog.unregister_proxy(GOOD_PROXY)
+    assert catalog.prune_proxies() == 0
+    now[0] = 2001.0
+    assert catalog.prune_proxies() == 1
+    assert catalog.proxies == {}
+    catalog.flush()
+    assert catalog.identities() == []

@@ -8,9 +8,13 @@ the others wind down. :func:`main` wraps that for a console script.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import random
 import signal
 from collections.abc import Awaitable, Callable, Sequence
+
+from trellis_common.health import Loops
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,47 @@ async def run_components(components: Sequence[Component], stop: asyncio.Event) -
     async with asyncio.TaskGroup() as group:
         for component in components:
             group.create_task(guarded(component))
+
+
+def supervised(
+    name: str,
+    component: Component,
+    loops: Loops,
+    *,
+    initial: float = 0.2,
+    maximum: float = 10.0,
+) -> Component:
+    """``component``, restarted with jittered backoff whenever it fails or ends early.
+
+    It is reported on ``loops`` as ``name``: up while it runs, down with the reason from a
+    failure until its next start. A component that watches something for the whole life of
+    the service (a spec directory, a sweep, a discovery loop) thus never dies silently and
+    never takes the service down with it.
+    """
+
+    async def run(stop: asyncio.Event) -> None:
+        loop = loops.register(name)
+        delay = initial
+        try:
+            while not stop.is_set():
+                loop.up()
+                try:
+                    await component(stop)
+                    if stop.is_set():
+                        return
+                    reason = "ended unexpectedly"
+                    log.error("component.ended component=%r retry_in=%.2fs", name, delay)
+                except Exception as exc:
+                    reason = f"{type(exc).__name__}: {exc}"
+                    log.exception("component.failed component=%r retry_in=%.2fs", name, delay)
+                loop.down(reason)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay * (1 + 0.2 * random.random()))
+                delay = min(delay * 2, maximum)
+        finally:
+            loop.close()
+
+    return run
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

@@ -86,9 +86,12 @@ class ServiceRuntime:
         stop: asyncio.Event,
         grpc_server: GrpcServer,
         app: FastAPI,
-        components: Sequence[lifecycle.Component],
+        components: Sequence[lifecycle.Component] | Mapping[str, lifecycle.Component],
         attributes: Mapping[str, str] | None = None,
     ) -> None:
+        """Serve until ``stop``. Named ``components`` (a mapping) are supervised: restarted
+        with backoff after a failure, and reported as loops meanwhile; unnamed ones end
+        the service when they fail."""
         settings = self.settings
         host = settings.bind_host
         if not grpc_server.started.is_set():
@@ -116,9 +119,14 @@ class ServiceRuntime:
             started_at=time.time(),
         )
         announcer = Announcer(self.redis, record, ttl=settings.registry_ttl)
+        own = (
+            [lifecycle.supervised(n, c, self.health.loops) for n, c in components.items()]
+            if isinstance(components, Mapping)
+            else list(components)
+        )
         try:
             await lifecycle.run_components(
-                [grpc_server.run, admin_server.run, announcer.run, *components], stop
+                [grpc_server.run, admin_server.run, announcer.run, *own], stop
             )
         finally:
             statefile.remove_endpoint(settings.state_dir, settings.service_name, os.getpid())

@@ -32,7 +32,7 @@ from trellis_common import ids
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.fanout import Broadcaster, Subscription
 from trellis_common.follow import describe
-from trellis_common.health import Health, Loop
+from trellis_common.health import Health
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName
 from trellis_common.model import MeshService, ServiceAccount
 
@@ -568,17 +568,9 @@ class Catalog:
     async def run(self, stop: asyncio.Event) -> None:
         """The debounce loop: wait for inputs, let them settle, flush, announce.
 
-        A flush that fails is reported (the loop ``recompute`` goes down, with the reason)
-        and retried on the next input; the last good views stay in force meanwhile.
+        A flush that fails is reported (a rejection ``catalog/flush`` with the reason, in
+        ``/v1/status``) and retried on the next input; the last good views stay in force.
         """
-        loop = self.health.loops.register("recompute")
-        loop.up()
-        try:
-            await self._debounce(stop, loop)
-        finally:
-            loop.close()
-
-    async def _debounce(self, stop: asyncio.Event, loop: Loop) -> None:
         while not stop.is_set():
             waiter = asyncio.create_task(self._wake.wait())
             stopper = asyncio.create_task(stop.wait())
@@ -596,10 +588,10 @@ class Catalog:
                 break
             try:
                 await self.flush_and_announce()
-                loop.up()
+                self.health.rejections.accept("catalog", "flush")
             except Exception as exc:
                 log.exception("catalog.flush_failed")
-                loop.down(describe(exc))
+                self.health.rejections.reject("catalog", "flush", describe(exc))
 
     async def flush_and_announce(self) -> ViewBatch | None:
         batch = self.flush()

@@ -104,12 +104,12 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
         stop,
         grpc_server,
         app,
-        [
-            catalog.run,
-            source.run,
-            providers.run,
-            lambda s: follow_certmanager(runtime, catalog, settings, s),
-        ],
+        {
+            "recompute": catalog.run,
+            "spec source": source.run,
+            "providers": providers.run,
+            "certmanager": lambda s: follow_certmanager(runtime, catalog, settings, s),
+        },
     )
 
 

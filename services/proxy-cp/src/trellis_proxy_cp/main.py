@@ -120,7 +120,7 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
     )
     rest.add_routes(app, streams, cache, control_plane)
     try:
-        await runtime.serve(stop, xds, app, [catalog.run, certs.run])
+        await runtime.serve(stop, xds, app, {"catalog": catalog.run, "certmanager": certs.run})
     finally:
         await catalog.close()
         await certs.close()

@@ -260,7 +260,7 @@ class ProviderSet:
         self.missing_since: dict[str, float] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
-        loop = self.health.loops.register("provider discovery")
+        loop = self.health.loops.register("provider registry")
         try:
             while not stop.is_set():
                 try:
