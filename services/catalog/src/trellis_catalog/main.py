@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from trellis_api import catalog_pb2_grpc
+from trellis_catalog import metrics
 from trellis_catalog.catalog import TOPIC, Catalog
 from trellis_catalog.clients.certs import CertificateFollower, CertificateIssuer
 from trellis_catalog.clients.providers import ProviderSet
@@ -98,6 +99,7 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
         [lambda s: catalog_pb2_grpc.add_CatalogServicer_to_server(servicer, s)],
         [grpc_api.SERVICE_NAME],
     )
+    metrics.register(runtime.metrics, catalog)
     app = runtime.admin_app({"catalog": catalog.ready.is_set})
     rest.add_routes(app, catalog, source.describe)
     await runtime.serve(
