@@ -17,6 +17,8 @@ class EndpointMetrics:
     changes: Counter
     watchers: Gauge
     document_errors: Gauge
+    store_pending: Gauge
+    store_available: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> EndpointMetrics:
@@ -42,4 +44,10 @@ class EndpointMetrics:
             ),
             watchers=gauge("watchers", "Open watch streams"),
             document_errors=gauge("document_errors", "Invalid documents in the spec directory"),
+            store_pending=gauge(
+                "store_pending_writes", "Workload writes queued while Redis is unavailable"
+            ),
+            store_available=gauge(
+                "store_available", "1 while Redis takes the workload store's writes, else 0"
+            ),
         )
