@@ -60,6 +60,8 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
         settings.key_algorithm,
         CertMetrics.create(runtime.metrics),
         root_validity=settings.root_validity,
+        rejections=runtime.health.rejections,
+        prune_after=settings.prune_after,
     )
     await manager.start(
         provided_ca(settings), marker=settings.state_dir / "certmanager" / "root-fingerprint"
