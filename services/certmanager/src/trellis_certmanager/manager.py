@@ -115,7 +115,6 @@ class CertificateManager:
             stored = await self._store.load_ca()
         except CAError as exc:
             if provided is None:
-                log.critical("ca.unreadable error=%r", str(exc))
                 raise
             log.error("ca.unreadable error=%r action=replacing-with-operator-ca", str(exc))
             stored = None
