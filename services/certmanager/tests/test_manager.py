@@ -13,7 +13,7 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry
 
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
-from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound
+from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound, StoreUnavailable
 from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind
@@ -359,3 +359,33 @@ async def test_a_record_re_issued_meanwhile_is_not_pruned(
     fresh = await manager.issue_proxy(BOOKSTORE, proxy_id=old.proxy_id)  # expired: re-issued
     assert await manager.prune_expired() == 0
     assert store.records[old.common_name] == fresh
+
+
+# --- Redis outages: reads from memory, writes refused cleanly --------------------------------
+
+
+async def test_while_the_store_is_down_reads_work_and_writes_change_nothing(
+    manager: CertificateManager,
+    store: InMemoryCertificateStore,
+    clock: FakeClock,
+    bell: Bell,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    record = await manager.issue_service(BOOKSTORE)
+    other = await manager.issue_service(MeshService("bookstore", "other"))
+    store.down = True
+    assert await manager.issue_service(BOOKSTORE) == record  # still good: served from memory
+    assert manager.get(record.common_name) == record
+    with pytest.raises(StoreUnavailable, match="Redis"):
+        await manager.issue_proxy(BOOKSTORE)
+    with pytest.raises(StoreUnavailable):
+        await manager.rotate(record.common_name)
+    assert manager.get(record.common_name) == record
+    assert len(manager.list()) == 2
+    assert len(bell.rung) == 2
+
+    clock.now = max(record.renew_after, other.renew_after)
+    assert await manager.rotate_due() == 0  # deferred: one warning, not one per record
+    assert caplog.text.count("cert.rotation_deferred") == 1
+    store.down = False
+    assert await manager.rotate_due() == 2

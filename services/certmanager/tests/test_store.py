@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 
@@ -9,11 +10,13 @@ import pytest
 import redis.asyncio
 
 from trellis_certmanager.domain.authority import CertificateAuthority
-from trellis_certmanager.domain.errors import CAError
+from trellis_certmanager.domain.errors import CAError, StoreUnavailable
 from trellis_certmanager.domain.issuer import Issuer
 from trellis_certmanager.store import RedisCertificateStore
+from trellis_common import redisconn
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
+from trellis_common.testing import RedisServer
 
 from .conftest import NOW
 
@@ -112,3 +115,22 @@ async def test_a_records_key_of_the_wrong_type_is_one_rejection(
     loaded = await cert_store.load_all()
     assert loaded.records == []
     assert [r.key for r in loaded.rejected] == [RECORDS_KEY]
+
+
+async def test_a_frozen_redis_fails_a_write_with_a_clear_error_in_bounded_time(
+    redis_server: RedisServer, issuer: Issuer
+) -> None:
+    client = redisconn.connect(redis_server.url, connect_timeout=0.3, socket_timeout=0.3)
+    store = RedisCertificateStore(client)
+    record = issuer.issue_service(BOOKSTORE, "bookstore", NOW)
+    try:
+        await store.put(record)
+        redis_server.pause()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(StoreUnavailable, match=r"the certificate store \(Redis\)"):
+            await store.put(record)
+        assert loop.time() - started < 1.5
+    finally:
+        redis_server.resume()
+        await client.aclose()

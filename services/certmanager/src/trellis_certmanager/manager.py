@@ -15,6 +15,11 @@ Pruning: a record ``prune_after`` past its expiry is deleted from the store and 
 memory by the same periodic pass (after rotation, so only records rotation did not renew:
 in practice proxy certificates of proxies gone for good). The CA is never pruned.
 
+Redis outages: reads (get, list, an issue request the current certificate satisfies) come
+from memory; a write Redis does not take fails with
+:class:`~trellis_certmanager.domain.errors.StoreUnavailable` and changes nothing, and a
+rotation pass that meets one stops until the next pass.
+
 Corrupt state: a CA that cannot be loaded stops certmanager with an error naming the Redis
 key and the remedy (the root-fingerprint marker is left as it is, so no new root is made in
 its place), unless the operator gave the CA files, which then replace it. Records refused
@@ -38,7 +43,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
-from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound
+from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound, StoreUnavailable
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord, past_expiry
@@ -317,6 +322,9 @@ class CertificateManager:
         for record in list(self._records.values()):
             try:
                 rotated += await self._rotate_if_due(record, now, warned)
+            except StoreUnavailable as exc:  # the next record would fail the same way
+                log.warning("cert.rotation_deferred reason=%r", str(exc))
+                break
             except Exception:  # one failure must not stop the others
                 log.exception("cert.rotation_failed cn=%s", record.common_name)
         return rotated

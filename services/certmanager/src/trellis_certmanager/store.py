@@ -8,6 +8,8 @@ same :class:`CertificateStore` protocol.
 
 What is stored is not trusted on the way back:
 
+* A write Redis does not take (down, frozen past the client's socket timeout, refusing) is
+  a :class:`~trellis_certmanager.domain.errors.StoreUnavailable` naming Redis.
 * A CA that cannot be read is a :class:`~trellis_certmanager.domain.errors.CAError` naming
   the key and the remedy. It is never treated as absent: that would make a new root.
 * A record that does not parse, or fails :func:`~trellis_certmanager.domain.records.check`
@@ -28,10 +30,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from trellis_certmanager.domain.authority import CertificateAuthority
-from trellis_certmanager.domain.errors import CAError
+from trellis_certmanager.domain.errors import CAError, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord, check
 
 
@@ -128,17 +130,23 @@ class RedisCertificateStore:
         await self._redis.set(self.ca_key, _encode_ca(ca))
 
     async def put(self, record: CertificateRecord) -> None:
-        await self._redis.hset(self.records_key, record.common_name, record.to_json())
+        await self.put_many([record])
 
     async def put_many(self, records: list[CertificateRecord]) -> None:
         if records:
-            await self._redis.hset(
-                self.records_key, mapping={r.common_name: r.to_json() for r in records}
-            )
+            try:
+                await self._redis.hset(
+                    self.records_key, mapping={r.common_name: r.to_json() for r in records}
+                )
+            except (RedisError, OSError) as exc:
+                raise _unavailable(exc) from exc
 
     async def delete_many(self, common_names: Sequence[str]) -> None:
         if common_names:
-            await self._redis.hdel(self.records_key, *common_names)
+            try:
+                await self._redis.hdel(self.records_key, *common_names)
+            except (RedisError, OSError) as exc:
+                raise _unavailable(exc) from exc
 
     async def load_all(self) -> Loaded:
         try:
@@ -154,6 +162,14 @@ class RedisCertificateStore:
             except ValueError as exc:
                 rejected.append(Rejected(common_name, self.location(common_name), str(exc)))
         return Loaded(records, rejected)
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return StoreUnavailable(
+        f"the certificate store (Redis) did not take the write ({detail}); nothing was "
+        "issued or changed; retry once Redis is back"
+    )
 
 
 def _text(value: bytes | str) -> str:
