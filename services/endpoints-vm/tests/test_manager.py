@@ -442,6 +442,7 @@ async def test_a_registration_while_the_store_is_down_is_refused_and_changes_not
     store: InMemoryWorkloadStore,
     bell: Bell,
     make_workload: MakeWorkload,
+    metrics_registry: CollectorRegistry,
 ) -> None:
     await manager.register(make_workload("vm-1"))
     views, revision = manager.views(), manager.revision
@@ -459,6 +460,9 @@ async def test_a_registration_while_the_store_is_down_is_refused_and_changes_not
     assert manager.revision == revision
     assert list(manager.registry.workloads) == ["shop/vm-1"]
     assert len(bell.rung) == 1
+    assert sample(metrics_registry, "store_refusals_total", operation="register") == 1.0
+    assert sample(metrics_registry, "store_refusals_total", operation="deregister") == 1.0
+    assert sample(metrics_registry, "store_available") == 0.0
 
 
 async def test_heartbeats_while_the_store_is_down_count_and_are_written_when_it_is_back(
@@ -466,6 +470,7 @@ async def test_heartbeats_while_the_store_is_down_count_and_are_written_when_it_
     store: InMemoryWorkloadStore,
     clock: FakeClock,
     make_workload: MakeWorkload,
+    metrics_registry: CollectorRegistry,
 ) -> None:
     await manager.register(make_workload("vm-1", ttl=10.0))
     await manager.register(make_workload("vm-2", address="10.0.0.2", ttl=10.0))
@@ -474,6 +479,7 @@ async def test_heartbeats_while_the_store_is_down_count_and_are_written_when_it_
     beaten = await manager.heartbeat("shop/vm-1")
     assert beaten.last_heartbeat == NOW + 5
     assert manager.keeper.pending == {"shop/vm-1"}
+    assert sample(metrics_registry, "store_pending_writes") == 1.0
     assert store.workloads["shop/vm-1"].last_heartbeat == NOW  # not written yet
 
     # Redis stays away far past the TTL: both stay endpoints, vm-2 never even beat

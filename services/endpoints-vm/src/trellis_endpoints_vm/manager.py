@@ -142,7 +142,7 @@ class EndpointsManager:
                 registered_at=previous.registered_at if previous else now,
                 last_heartbeat=now,
             )
-            await self.keeper.put(workload)  # StoreUnavailable: refused, memory unchanged
+            await self._durably("register", workload.id, self.keeper.put(workload))
             self._overwritten(workload.id)
             self._metrics.registrations.inc()
             await self._emit(self.registry.upsert(workload, now))
@@ -173,11 +173,11 @@ class EndpointsManager:
             if workload_id not in self.registry.workloads:
                 if workload_id not in self._rejected:
                     raise UnknownWorkload(workload_id)
-                await self.keeper.delete(workload_id)
+                await self._durably("deregister", workload_id, self.keeper.delete(workload_id))
                 log.info("store.rejected_record_deleted workload=%s", workload_id)
                 self._overwritten(workload_id)
                 return
-            await self.keeper.delete(workload_id)  # StoreUnavailable: refused, unchanged
+            await self._durably("deregister", workload_id, self.keeper.delete(workload_id))
             self._overwritten(workload_id)
             await self._emit(self.registry.remove(workload_id, self._clock()))
             log.debug("workload.deregistered workload=%s", workload_id)
@@ -189,6 +189,19 @@ class EndpointsManager:
         ]
 
     # -- the store's outages -------------------------------------------------------------
+
+    async def _durably(self, operation: str, workload_id: str, write: Awaitable[None]) -> None:
+        """Await a store write; a refusal (StoreUnavailable) is counted, logged and raised."""
+        try:
+            await write
+        except StoreUnavailable:
+            self._metrics.store_refusals.labels(operation).inc()
+            log.debug(
+                "workload.refused operation=%s workload=%s reason=store-unavailable",
+                operation,
+                workload_id,
+            )
+            raise
 
     def _hold(self) -> None:
         held = self.registry.hold(self._clock())

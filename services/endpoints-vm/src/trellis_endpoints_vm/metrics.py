@@ -19,6 +19,7 @@ class EndpointMetrics:
     document_errors: Gauge
     store_pending: Gauge
     store_available: Gauge
+    store_refusals: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> EndpointMetrics:
@@ -49,5 +50,11 @@ class EndpointMetrics:
             ),
             store_available=gauge(
                 "store_available", "1 while Redis takes the workload store's writes, else 0"
+            ),
+            store_refusals=Counter(
+                "trellis_endpoints_vm_store_refusals",
+                "Registrations and deregistrations refused (503) because Redis was unavailable",
+                ["operation"],
+                registry=registry,
             ),
         )
