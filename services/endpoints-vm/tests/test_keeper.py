@@ -111,7 +111,8 @@ async def test_the_loop_refills_a_redis_that_lost_everything(
         await eventually(lambda: service_client.hlen(KEY), timeout=5)
 
         async def refilled() -> bool:
-            return (await store.load_all()).workloads == sorted(memory.values(), key=lambda w: w.id)
+            loaded = (await store.load_all()).workloads  # in Redis' order
+            return {w.id: w for w in loaded} == memory
 
         await eventually(refilled, timeout=5)
     finally:

@@ -95,8 +95,10 @@ class StoreKeeper:
         await self._write_now(workload_id, [], [workload_id])
 
     async def persist(self, workload_id: str) -> bool:
-        """Write memory's state of ``workload_id`` now if the store is available, else queue
-        it; returns whether it is stored. Never raises for an outage."""
+        """Write memory's state of ``workload_id`` now, or queue it if the store is down.
+
+        Returns whether it is stored; never raises for an outage.
+        """
         with contextlib.suppress(StoreUnavailable):
             workload = self._current(workload_id)
             puts, deletes = ([workload], []) if workload is not None else ([], [workload_id])
@@ -172,6 +174,10 @@ class StoreKeeper:
                 except FAILURES as exc:
                     self._fail(exc)
                     delay = self._backoff.next()
+                except Exception as exc:  # a bug must not end the keeper: retried like an outage
+                    log.exception("store.keeper_failed")
+                    self._fail(exc)
+                    delay = self._backoff.next()
                 self._wake.clear()
                 await _either(stop, self._wake, delay)
         finally:
@@ -187,7 +193,7 @@ class StoreKeeper:
         if not self.available:
             down_for = time.monotonic() - self.down_since
             self.available, self.reason = True, ""
-            log.warning("store.recovered down_for=%.1fs flushed=%d", down_for, flushed)
+            log.info("store.recovered down_for=%.1fs flushed=%d", down_for, flushed)
             self._on_recovered()
         self._report()
         await self.refill_if_lost()
