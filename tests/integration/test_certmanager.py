@@ -1,4 +1,5 @@
-"""certmanager as a process: real Redis, real gRPC, the CLI, crashes and restarts."""
+"""certmanager as a process: real Redis, real gRPC, the CLI, crashes and restarts, and corrupt
+state planted in Redis."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import sys
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
+import redis
 from cryptography import x509
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
+from trellis_common import tokens
 from trellis_common.signaling import Event, Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.services import ServiceProcess
@@ -180,3 +184,99 @@ async def test_cli_errors_are_clear(certmanager: ServiceProcess, state_dir: Path
     assert "not reachable" in down.stderr
     status = await asyncio.to_thread(trellis, state_dir, "status")
     assert status.returncode == 1
+
+
+# --- corrupt state planted in Redis -------------------------------------------------------
+
+CA_KEY = "trellis:certmanager:ca"
+RECORDS_KEY = "trellis:certmanager:certs"
+
+
+async def test_an_unreadable_ca_stops_certmanager_naming_the_key_and_never_re_roots(
+    certmanager: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    fingerprint = await root_fingerprint(certmanager)
+    marker = state_dir / "certmanager" / "root-fingerprint"
+    assert marker.read_text().strip() == fingerprint
+    certmanager.stop()
+    with redis.Redis.from_url(redis_server.url) as raw:
+        raw.set(CA_KEY, '{"cert_pem": "garbage"')
+
+    with pytest.raises(RuntimeError, match="exited with 1") as caught:
+        certmanager.start()
+    [fatal] = [line for line in certmanager.logs().splitlines() if "ca.fatal" in line]
+    assert f"Redis key '{CA_KEY}' cannot be loaded" in fatal
+    assert "Restore that key from a backup" in fatal
+    assert "Traceback" not in str(caught.value)
+    assert marker.read_text().strip() == fingerprint  # the marker stays
+    with redis.Redis.from_url(redis_server.url) as raw:
+        assert raw.get(CA_KEY) == b'{"cert_pem": "garbage"'  # nothing written over it
+
+
+async def test_corrupt_records_are_skipped_reported_and_re_issued_or_deleted(
+    certmanager: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    proxy = await call(
+        certmanager,
+        "IssueCertificate",
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, service_account="bookstore"
+        ),
+    )
+    service = await call(
+        certmanager,
+        "IssueCertificate",
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+    )
+    assert isinstance(proxy, pb.Certificate)
+    assert isinstance(service, pb.Certificate)
+    proxy_cn, service_cn = proxy.info.common_name, service.info.common_name
+    certmanager.stop()
+    with redis.Redis.from_url(redis_server.url) as raw:
+        stored = json.loads(raw.hget(RECORDS_KEY, proxy_cn) or b"")
+        raw.hset(
+            RECORDS_KEY,
+            mapping={
+                # as an older version that did not validate accounts may have stored it
+                proxy_cn: json.dumps({**stored, "service_account": "Bad Name!"}),
+                "truncated": json.dumps(stored)[:80],
+            },
+        )
+    certmanager.start()
+
+    listed = await call(certmanager, "ListCertificates", pb.ListCertificatesRequest())
+    assert isinstance(listed, pb.ListCertificatesResponse)
+    assert [c.common_name for c in listed.certificates] == [service_cn]  # the rest is served
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await call(certmanager, "GetCertificate", pb.GetCertificateRequest(common_name=proxy_cn))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+    token = tokens.load_or_create_admin_token(state_dir)
+    async with httpx.AsyncClient(
+        base_url=certmanager.endpoint.admin_url,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    ) as admin:
+        status = (await admin.get("/v1/status")).json()
+        reasons = {r["key"]: r["reason"] for r in status["rejections"]}
+        assert sorted(reasons) == [f"{RECORDS_KEY}[{proxy_cn}]", f"{RECORDS_KEY}[truncated]"]
+        assert "service account 'Bad Name!'" in reasons[f"{RECORDS_KEY}[{proxy_cn}]"]
+        metrics = (await admin.get("/metrics")).text
+        assert 'trellis_rejected_records_total{source="redis"} 2.0' in metrics
+
+        reissued = await call(
+            certmanager,
+            "IssueCertificate",
+            pb.IssueCertificateRequest(
+                kind=pb.CERTIFICATE_KIND_PROXY,
+                service=SERVICE,
+                proxy_id=proxy.info.proxy_id,
+                service_account="bookstore",
+            ),
+        )
+        assert isinstance(reissued, pb.Certificate)
+        assert reissued.info.common_name == proxy_cn
+        assert (await admin.delete("/v1/certificates/truncated")).status_code == 204
+        assert (await admin.get("/v1/status")).json()["rejections"] == []
+    with redis.Redis.from_url(redis_server.url) as raw:
+        assert sorted(k.decode() for k in raw.hkeys(RECORDS_KEY)) == sorted([proxy_cn, service_cn])

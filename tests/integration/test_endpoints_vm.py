@@ -1,4 +1,5 @@
-"""endpoints-vm as a process: REST/CLI registration, expiry, spec directory, persistence."""
+"""endpoints-vm as a process: REST/CLI registration, expiry, spec directory, persistence,
+Redis outages (paused, wiped) and corrupt records in Redis."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from trellis_common import tokens
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.services import ServiceProcess
 
@@ -71,6 +74,8 @@ def endpoints_vm(
         env={
             "TRELLIS_ENDPOINTS_VM_SPEC_POLL_INTERVAL": "0.1",
             "TRELLIS_ENDPOINTS_VM_EXPIRY_INTERVAL": "0.1",
+            "TRELLIS_ENDPOINTS_VM_STORE_TIMEOUT": "1",
+            "TRELLIS_ENDPOINTS_VM_STORE_CHECK_INTERVAL": "0.2",
         },
     )
     process.start()
@@ -274,3 +279,157 @@ async def test_registrations_survive_crashes_and_redis_restarts(
     endpoints_vm.stop()
     endpoints_vm.start()
     assert addresses(endpoints_vm, "shop/web") == [*expected, "10.2.0.9"]
+
+
+# --- Redis outages and corrupt records ------------------------------------------------------
+
+WORKLOADS_KEY = "trellis:endpoints-vm:workloads"
+
+
+def registration(name: str, address: str, ttl: float | None = None) -> dict[str, Any]:
+    return {
+        "namespace": "shop",
+        "name": name,
+        "services": ["web"],
+        "address": address,
+        "ports": [{"name": "", "number": 8080}],
+        "ttl": ttl,
+    }
+
+
+def admin(process: ServiceProcess, state_dir: Path) -> httpx.AsyncClient:
+    token = tokens.load_or_create_admin_token(state_dir)
+    return httpx.AsyncClient(
+        base_url=process.endpoint.admin_url,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+def stored(redis_server: RedisServer) -> dict[str, dict[str, Any]]:
+    with redis.Redis.from_url(redis_server.url) as client:
+        raw = client.hgetall(WORKLOADS_KEY)
+    return {field.decode(): json.loads(value) for field, value in raw.items()}
+
+
+async def timed(call: Any) -> tuple[httpx.Response, float]:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    response = await call
+    return response, loop.time() - started
+
+
+async def test_a_frozen_redis_neither_hangs_calls_nor_expires_workloads_that_beat(
+    endpoints_vm: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    ttl = 2.0
+    async with admin(endpoints_vm, state_dir) as client:
+        created = await client.post("/v1/workloads", json=registration("web-1", "10.3.0.1", ttl))
+        assert created.status_code == 201, created.text
+        loop = asyncio.get_running_loop()
+        redis_server.pause()
+        try:
+            paused_at = loop.time()
+            beats = 0
+            # The workload's agent keeps its cadence through a pause of more than twice the TTL.
+            while loop.time() - paused_at < 2.5 * ttl:
+                beat, took = await timed(client.post("/v1/workloads/shop/web-1/heartbeat"))
+                assert beat.status_code == 200, beat.text
+                assert took < 3.0, f"a heartbeat took {took:.1f}s on a frozen Redis"
+                beats += 1
+                assert addresses(endpoints_vm, "shop/web") == ["10.3.0.1"]
+                await asyncio.sleep(0.4)  # the agent's heartbeat interval
+            assert beat.json()["persisted"] is False
+            assert beats >= 5
+
+            refused, took = await timed(
+                client.post("/v1/workloads", json=registration("web-2", "10.3.0.2"))
+            )
+            assert refused.status_code == 503
+            assert "Redis is unavailable" in refused.json()["detail"]
+            assert took < 3.0
+            status = (await client.get("/v1/status")).json()
+            store_loop = next(loop for loop in status["loops"] if loop["name"] == "workload-store")
+            assert store_loop["up"] is False
+            assert "redis unavailable" in store_loop["reason"]
+        finally:
+            redis_server.resume()
+
+        last_beat = float(beat.json()["expires_at"]) - ttl
+
+        def flushed() -> bool:
+            return float(stored(redis_server)["shop/web-1"]["last_heartbeat"]) == last_beat
+
+        await eventually(flushed, timeout=10, message="queued heartbeat written to Redis")
+
+        async def store_up() -> bool:
+            loops = (await client.get("/v1/status")).json()["loops"]
+            return any(loop["name"] == "workload-store" and loop["up"] for loop in loops)
+
+        await eventually(store_up, timeout=10)
+    # the agent stops: the workload expires after its grace, it is not held forever
+    await eventually(lambda: addresses(endpoints_vm, "shop/web") == [], timeout=10)
+
+
+async def test_a_wiped_redis_gets_every_registration_back(
+    endpoints_vm: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    async with admin(endpoints_vm, state_dir) as client:
+        for i in range(3):
+            created = await client.post(
+                "/v1/workloads", json=registration(f"web-{i}", f"10.4.0.{i + 1}")
+            )
+            assert created.status_code == 201, created.text
+    before = stored(redis_server)
+    assert len(before) == 3
+    redis_server.kill()
+    redis_server.wipe()
+    redis_server.start()
+    assert stored(redis_server) == {}
+    await eventually(lambda: stored(redis_server) == before, timeout=15)
+    assert "workloads.store_restored count=3" in endpoints_vm.logs()
+    endpoints_vm.kill()
+    endpoints_vm.start()
+    assert addresses(endpoints_vm, "shop/web") == ["10.4.0.1", "10.4.0.2", "10.4.0.3"]
+
+
+async def test_corrupt_records_in_redis_are_skipped_reported_and_removable(
+    endpoints_vm: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    async with admin(endpoints_vm, state_dir) as client:
+        created = await client.post("/v1/workloads", json=registration("good", "10.5.0.1"))
+        assert created.status_code == 201, created.text
+    good = stored(redis_server)["shop/good"]
+    endpoints_vm.stop()
+    with redis.Redis.from_url(redis_server.url) as raw:
+        raw.hset(
+            WORKLOADS_KEY,
+            mapping={
+                "shop/truncated": json.dumps({**good, "name": "truncated"})[:50],
+                "shop/badport": json.dumps({**good, "name": "badport", "ports": [["", 0]]}),
+            },
+        )
+    endpoints_vm.start()
+
+    assert addresses(endpoints_vm, "shop/web") == ["10.5.0.1"]
+    async with admin(endpoints_vm, state_dir) as client:
+        status = (await client.get("/v1/status")).json()
+        reasons = {r["key"]: r["reason"] for r in status["rejections"] if r["source"] == "redis"}
+        assert sorted(reasons) == [
+            f"{WORKLOADS_KEY}[shop/badport]",
+            f"{WORKLOADS_KEY}[shop/truncated]",
+        ]
+        assert reasons[f"{WORKLOADS_KEY}[shop/truncated]"].startswith("malformed workload record")
+        assert "ports" in reasons[f"{WORKLOADS_KEY}[shop/badport]"]
+        metrics = (await client.get("/metrics")).text
+        assert 'trellis_rejected_records_total{source="redis"} 2.0' in metrics
+        assert [w["name"] for w in (await client.get("/v1/workloads")).json()["workloads"]] == [
+            "good"
+        ]
+
+        # the operator removes one, the workload of the other registers again
+        assert (await client.delete("/v1/workloads/shop/truncated")).status_code == 204
+        again = await client.post("/v1/workloads", json=registration("badport", "10.5.0.2"))
+        assert again.status_code == 201, again.text
+        assert (await client.get("/v1/status")).json()["rejections"] == []
+    assert sorted(stored(redis_server)) == ["shop/badport", "shop/good"]

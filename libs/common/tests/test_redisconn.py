@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from trellis_common.redisconn import wait_for_redis
+from trellis_common.redisconn import connect, wait_for_redis
 from trellis_common.testing import RedisServer
 from trellis_common.testing.redis_server import free_port
 
@@ -82,3 +83,41 @@ async def test_returns_at_once_when_redis_is_up(redis_client: redis.asyncio.Redi
     await asyncio.wait_for(wait_for_redis(redis_client, stop), 1)
 
     assert not stop.is_set()
+
+
+# --- the client of connect(): rides over a restart, never hangs on a frozen Redis ---------
+
+
+async def test_a_command_rides_over_a_restart(redis_server: RedisServer) -> None:
+    client = connect(redis_server.url)
+    try:
+        await client.set("k", "before")
+        redis_server.kill()
+        redis_server.start()
+        assert await client.get("k") == b"before"
+    finally:
+        await client.aclose()
+
+
+async def test_a_frozen_redis_fails_a_command_within_the_socket_timeout(
+    redis_server: RedisServer,
+) -> None:
+    client = connect(redis_server.url, connect_timeout=0.3, socket_timeout=0.3)
+    try:
+        await client.set("k", "v")
+        redis_server.pause()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(RedisTimeoutError):
+            await client.get("k")
+        # one timeout, not one per retry (six retries would take at least 1.8 s)
+        assert loop.time() - started < 1.5
+        started = loop.time()
+        with pytest.raises(RedisTimeoutError):  # a fresh connection times out as fast
+            await client.get("k")
+        assert loop.time() - started < 1.5
+        redis_server.resume()
+        assert await client.get("k") == b"v"
+    finally:
+        redis_server.resume()
+        await client.aclose()

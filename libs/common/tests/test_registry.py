@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
+from trellis_common.redisconn import connect
 from trellis_common.registry import (
     REGISTRY_TOPIC,
     Announcer,
@@ -202,6 +203,29 @@ async def test_announcer_waits_for_redis_and_never_raises(
         await client.aclose()
     failures = [r for r in caplog.records if "registry.heartbeat_failed" in r.msg]
     assert len(failures) == 1  # logged once, retried quietly
+
+
+async def test_a_frozen_redis_neither_hangs_the_announcer_nor_its_stop(
+    redis_server: RedisServer,
+) -> None:
+    client = connect(redis_server.url, connect_timeout=0.3, socket_timeout=0.3)
+    try:
+        announcer = Announcer(client, record(), ttl=0.6, backoff=FAST)
+        stop = asyncio.Event()
+        task = asyncio.create_task(announcer.run(stop))
+        await eventually(lambda: announcer.announced)
+        redis_server.pause()
+        try:
+            await eventually(lambda: not announcer.announced, timeout=3)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            stop.set()  # the withdrawal cannot reach Redis: bounded, not a hang
+            await asyncio.wait_for(task, 5)
+            assert loop.time() - started < 3
+        finally:
+            redis_server.resume()
+    finally:
+        await client.aclose()
 
 
 async def test_discover_skips_malformed_records(

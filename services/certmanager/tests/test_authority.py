@@ -88,6 +88,33 @@ def test_stored_ca_that_is_garbage_is_a_clear_error() -> None:
         CertificateAuthority.from_pems({"cert_pem": b"nope", "key_pem": b"", "roots_pem": b""})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("key_pem", b"-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n", ""),
+        ("roots_pem", b"", "no root certificate"),
+        ("cert_pem", None, "field 'cert_pem' is missing"),
+    ],
+)
+def test_a_damaged_field_of_a_stored_ca_is_named(
+    root_ca: CertificateAuthority, field: str, value: bytes | None, message: str
+) -> None:
+    pems = root_ca.to_pems()
+    if value is None:
+        del pems[field]
+    else:
+        pems[field] = value
+    with pytest.raises(CAError, match=f"stored CA is unreadable: .*{message}"):
+        CertificateAuthority.from_pems(pems)
+
+
+def test_a_stored_ca_whose_key_is_another_ca_s_is_refused(root_ca: CertificateAuthority) -> None:
+    other = generate_root(KeyAlgorithm.ECDSA_P256, dt.timedelta(days=1), NOW, "cluster.local")
+    pems = {**root_ca.to_pems(), "key_pem": other.key_pem}
+    with pytest.raises(CAError, match="key does not match its certificate"):
+        CertificateAuthority.from_pems(pems)
+
+
 def test_operator_root_is_used_as_is() -> None:
     cert, key = make_ca("Operator Root")
     ca = load_provided(pem(cert), key_to_pem(key), b"", NOW)

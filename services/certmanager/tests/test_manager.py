@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from prometheus_client import CollectorRegistry
 
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
-from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound
+from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound, StoreUnavailable
+from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.manager import CertificateManager
+from trellis_certmanager.metrics import CertMetrics
+from trellis_certmanager.store import Rejected
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_common.fanout import DEFAULT_QUEUE, WatchOverflow
+from trellis_common.health import Rejections
+from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
+from trellis_common.testing import eventually
 
 from .conftest import NOW, Bell, FakeClock
 
@@ -181,3 +189,203 @@ async def test_a_requested_validity_is_honoured_once_not_on_every_call(
     longer = await manager.issue_service(BOOKSTORE, validity=dt.timedelta(hours=72))
     assert longer.serial != first.serial
     assert longer.lifetime > dt.timedelta(hours=60)
+
+
+# --- corrupt state: an unreadable CA stops us, bad records are skipped and reported ---------
+
+
+class UnreadableCAStore(InMemoryCertificateStore):
+    """A store whose CA key holds garbage, as RedisCertificateStore reports it."""
+
+    async def load_ca(self) -> CertificateAuthority | None:
+        raise CAError("the CA stored in Redis key 'trellis:certmanager:ca' cannot be loaded")
+
+
+async def test_an_unreadable_ca_is_fatal_and_keeps_the_marker(
+    bell: Bell, clock: FakeClock, tmp_path: Path
+) -> None:
+    marker = tmp_path / "root-fingerprint"
+    marker.write_text("abc123\n")
+    store = UnreadableCAStore()
+    manager = CertificateManager(
+        store,
+        bell,
+        IssuancePolicy(),
+        KeyAlgorithm.ECDSA_P256,
+        CertMetrics.create(CollectorRegistry()),
+        clock=clock,
+    )
+    with pytest.raises(CAError, match="trellis:certmanager:ca"):
+        await manager.start(marker=marker)
+    assert marker.read_text() == "abc123\n"
+    assert store.ca is None  # no root was made in its place
+    assert not manager.ready.is_set()
+
+
+async def test_an_unreadable_ca_is_replaced_by_the_operator_s_ca_files(
+    bell: Bell, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = UnreadableCAStore()
+    manager = CertificateManager(
+        store,
+        bell,
+        IssuancePolicy(),
+        KeyAlgorithm.ECDSA_P256,
+        CertMetrics.create(CollectorRegistry()),
+        clock=clock,
+    )
+    operator = generate_root(KeyAlgorithm.ECDSA_P256, dt.timedelta(days=365), NOW, "corp")
+    ca = await manager.start(provided=operator)
+    assert ca is operator
+    assert store.ca is operator
+    assert "ca.unreadable" in caplog.text
+    assert "action=replacing-with-operator-ca" in caplog.text
+
+
+async def test_records_refused_at_load_are_reported_never_served_and_can_go(
+    store: InMemoryCertificateStore,
+    bell: Bell,
+    clock: FakeClock,
+    root_ca: CertificateAuthority,
+) -> None:
+    store.ca = root_ca
+    proxy_cn = ProxyCommonName.new("bookstore", "bookstore")
+    service_cn = "bookstore.bookstore.svc.cluster.local"
+    store.rejected = [
+        Rejected(proxy_cn.format(), f"certs[{proxy_cn}]", "service account 'Bad Name!' ..."),
+        Rejected(service_cn, f"certs[{service_cn}]", "malformed certificate record"),
+        Rejected("junk", "certs[junk]", "malformed certificate record"),
+    ]
+    rejections = Rejections()
+    manager = CertificateManager(
+        store,
+        bell,
+        IssuancePolicy(),
+        KeyAlgorithm.ECDSA_P256,
+        CertMetrics.create(CollectorRegistry()),
+        clock=clock,
+        rejections=rejections,
+    )
+    await manager.start()
+    assert manager.list() == []
+    with pytest.raises(NotFound):
+        manager.get(service_cn)
+    assert sorted(r.key for r in rejections.items()) == sorted(
+        f"certs[{cn}]" for cn in (proxy_cn.format(), service_cn, "junk")
+    )
+
+    # re-issuing overwrites the bad record; the operator deletes the one nobody re-issues
+    proxy = await manager.issue_proxy(BOOKSTORE, proxy_id=proxy_cn.proxy_id)
+    service = await manager.issue_service(BOOKSTORE)
+    assert (proxy.common_name, service.common_name) == (proxy_cn.format(), service_cn)
+    assert manager.rejected() == ["junk"]
+    await manager.delete_rejected("junk")
+    with pytest.raises(NotFound):
+        await manager.delete_rejected(service_cn)  # a valid record is not deleted this way
+    assert manager.rejected() == []
+    assert len(rejections) == 0
+    assert store.rejected == []
+    assert sorted(store.records) == sorted([proxy_cn.format(), service_cn])
+
+
+async def test_a_restored_store_forgets_the_records_it_lost(
+    store: InMemoryCertificateStore, bell: Bell, clock: FakeClock, root_ca: CertificateAuthority
+) -> None:
+    store.ca = root_ca
+    store.rejected = [Rejected("junk", "certs[junk]", "malformed")]
+    rejections = Rejections()
+    manager = CertificateManager(
+        store,
+        bell,
+        IssuancePolicy(),
+        KeyAlgorithm.ECDSA_P256,
+        CertMetrics.create(CollectorRegistry()),
+        clock=clock,
+        rejections=rejections,
+    )
+    await manager.start()
+    store.ca, store.rejected = None, []  # Redis came back empty
+    assert await manager.restore_if_lost()
+    assert manager.rejected() == []
+    assert len(rejections) == 0
+
+
+# --- pruning: records long past expiry leave the store and memory --------------------------
+
+
+async def test_records_past_expiry_and_grace_are_pruned_by_the_rotation_pass(
+    make_manager: Callable[..., CertificateManager],
+    store: InMemoryCertificateStore,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="trellis_certmanager.manager")
+    manager = make_manager(proxy_validity=dt.timedelta(days=2))
+    await manager.start()
+    ca = store.ca
+    old = await manager.issue_proxy(BOOKSTORE)
+    clock.advance(dt.timedelta(days=1))
+    young = await manager.issue_proxy(BOOKSTORE)
+    service = await manager.issue_service(BOOKSTORE)
+
+    clock.now = old.not_after + dt.timedelta(hours=23)  # expired, within the grace
+    assert await manager.prune_expired() == 0
+    clock.now = old.not_after + dt.timedelta(days=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(manager.run_rotation(stop, interval=0.01))
+    try:
+        await eventually(lambda: old.common_name not in store.records)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 1)
+    with pytest.raises(NotFound):
+        manager.get(old.common_name)
+    assert manager.get(young.common_name) == young  # expired less than a day ago
+    assert manager.get(service.common_name).serial != service.serial  # rotated, not pruned
+    assert sorted(store.records) == sorted([young.common_name, service.common_name])
+    assert store.ca is ca  # never the CA
+    assert "cert.pruned_expired count=1" in caplog.text
+
+
+async def test_a_record_re_issued_meanwhile_is_not_pruned(
+    make_manager: Callable[..., CertificateManager],
+    store: InMemoryCertificateStore,
+    clock: FakeClock,
+) -> None:
+    manager = make_manager(proxy_validity=dt.timedelta(days=2))
+    await manager.start()
+    old = await manager.issue_proxy(BOOKSTORE)
+    clock.now = old.not_after + dt.timedelta(days=2)
+    fresh = await manager.issue_proxy(BOOKSTORE, proxy_id=old.proxy_id)  # expired: re-issued
+    assert await manager.prune_expired() == 0
+    assert store.records[old.common_name] == fresh
+
+
+# --- Redis outages: reads from memory, writes refused cleanly --------------------------------
+
+
+async def test_while_the_store_is_down_reads_work_and_writes_change_nothing(
+    manager: CertificateManager,
+    store: InMemoryCertificateStore,
+    clock: FakeClock,
+    bell: Bell,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    record = await manager.issue_service(BOOKSTORE)
+    other = await manager.issue_service(MeshService("bookstore", "other"))
+    store.down = True
+    assert await manager.issue_service(BOOKSTORE) == record  # still good: served from memory
+    assert manager.get(record.common_name) == record
+    with pytest.raises(StoreUnavailable, match="Redis"):
+        await manager.issue_proxy(BOOKSTORE)
+    with pytest.raises(StoreUnavailable):
+        await manager.rotate(record.common_name)
+    assert manager.get(record.common_name) == record
+    assert len(manager.list()) == 2
+    assert len(bell.rung) == 2
+
+    clock.now = max(record.renew_after, other.renew_after)
+    assert await manager.rotate_due() == 0  # deferred: one warning, not one per record
+    assert caplog.text.count("cert.rotation_deferred") == 1
+    store.down = False
+    assert await manager.rotate_due() == 2

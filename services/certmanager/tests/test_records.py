@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 
 import pytest
 
 from trellis_certmanager.domain.issuer import Issuer
-from trellis_certmanager.domain.records import CertificateRecord
+from trellis_certmanager.domain.records import (
+    CertificateRecord,
+    InvalidRecord,
+    check,
+    past_expiry,
+)
+from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
@@ -31,3 +38,63 @@ def test_metadata_and_repr_never_carry_the_key(issuer: Issuer) -> None:
 def test_malformed_record_is_a_clear_error(payload: str) -> None:
     with pytest.raises(ValueError, match="malformed certificate record"):
         CertificateRecord.from_json(payload)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ['{"common_name": "x", "cert_chain_pem": 1}', '{"kind": "banana"}', '"text"', "null"],
+)
+def test_a_record_of_the_wrong_shape_is_a_clear_error(payload: str) -> None:
+    with pytest.raises(ValueError, match="malformed certificate record"):
+        CertificateRecord.from_json(payload)
+
+
+# --- check: a stored record is held to what the issuer makes -------------------------------
+
+BOOKSTORE = MeshService("bookstore", "bookstore")
+
+
+def test_records_the_issuer_makes_pass(issuer: Issuer) -> None:
+    service = issuer.issue_service(BOOKSTORE, "bookstore", NOW)
+    proxy = issuer.issue_proxy(ProxyCommonName.new("bookstore", "bookstore"), "bookstore", NOW)
+    assert check(service) is service
+    assert check(proxy) is proxy
+
+
+def test_a_proxy_record_with_an_invalid_service_account_is_refused(issuer: Issuer) -> None:
+    """As an older version, which did not validate accounts, may have stored it."""
+    proxy = issuer.issue_proxy(ProxyCommonName.new("bookstore", "bookstore"), "Bad Name!", NOW)
+    with pytest.raises(InvalidRecord, match="service account 'Bad Name!' is not a valid"):
+        check(proxy)
+
+
+def test_damaged_records_are_refused_naming_the_fault(issuer: Issuer) -> None:
+    record = issuer.issue_service(BOOKSTORE, "bookstore", NOW)
+    other = issuer.issue_service(MeshService("bookstore", "other"), "bookstore", NOW)
+    cases = {
+        "cert_chain_pem is not a PEM certificate": replace(record, cert_chain_pem=b"garbage"),
+        "key_pem is not an unencrypted PEM private key": replace(record, key_pem=b"garbage"),
+        "key_pem does not match the certificate": replace(record, key_pem=other.key_pem),
+        "another certificate than the record describes": replace(
+            record, cert_chain_pem=other.cert_chain_pem
+        ),
+        "is not the service certificate of bookstore/other": replace(record, service="other"),
+        "not_after has no time zone": replace(record, not_after=NOW.replace(tzinfo=None)),
+        "namespace 'Bookstore'": replace(record, namespace="Bookstore"),
+    }
+    for message, damaged in cases.items():
+        with pytest.raises(InvalidRecord, match=message):
+            check(damaged)
+
+
+def test_a_proxy_record_under_another_proxy_s_name_is_refused(issuer: Issuer) -> None:
+    proxy = issuer.issue_proxy(ProxyCommonName.new("bookstore", "bookstore"), "bookstore", NOW)
+    with pytest.raises(InvalidRecord, match="does not match proxy_id"):
+        check(replace(proxy, proxy_id="0" * 8 + "-0000-4000-8000-" + "0" * 12))
+
+
+def test_past_expiry_keeps_a_grace(issuer: Issuer) -> None:
+    record = issuer.issue_service(BOOKSTORE, "bookstore", NOW)
+    grace = dt.timedelta(hours=1)
+    assert past_expiry([record], record.not_after, grace) == []
+    assert past_expiry([record], record.not_after + grace, grace) == [record.common_name]

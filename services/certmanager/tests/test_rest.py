@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
 from trellis_certmanager.manager import CertificateManager
+from trellis_certmanager.store import Rejected
+from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport import rest
 from trellis_common import admin
 from trellis_common.model import MeshService
@@ -76,3 +78,25 @@ async def test_rotate_needs_the_token(
     )
     assert missing.status_code == 404
     assert "nope" in missing.json()["detail"]
+
+
+async def test_delete_removes_only_records_refused_at_load(
+    make_manager: Callable[..., CertificateManager], store: InMemoryCertificateStore
+) -> None:
+    store.rejected = [Rejected("junk", "trellis:certmanager:certs[junk]", "malformed")]
+    manager = make_manager()
+    await manager.start()
+    record = await manager.issue_service(MeshService("bookstore", "bookstore"))
+    app = admin.create_app("certmanager", CollectorRegistry())
+    rest.add_routes(app, manager, admin.token_guard(TOKEN))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+        assert (await client.delete("/v1/certificates/junk")).status_code == 401
+        valid = await client.delete(f"/v1/certificates/{record.common_name}", headers=auth)
+        assert valid.status_code == 404
+        assert "only those can be deleted" in valid.json()["detail"]
+        assert (await client.delete("/v1/certificates/junk", headers=auth)).status_code == 204
+        assert (await client.delete("/v1/certificates/junk", headers=auth)).status_code == 404
+    assert store.rejected == []
+    assert manager.get(record.common_name) == record

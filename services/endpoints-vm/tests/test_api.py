@@ -50,10 +50,13 @@ class Revisions:
 
 
 @pytest.fixture
-async def api_manager() -> EndpointsManager:
-    manager = EndpointsManager(
-        InMemoryWorkloadStore(), Revisions(), EndpointMetrics.create(CollectorRegistry())
-    )
+def api_store() -> InMemoryWorkloadStore:
+    return InMemoryWorkloadStore()
+
+
+@pytest.fixture
+async def api_manager(api_store: InMemoryWorkloadStore) -> EndpointsManager:
+    manager = EndpointsManager(api_store, Revisions(), EndpointMetrics.create(CollectorRegistry()))
     await manager.start()
     return manager
 
@@ -151,6 +154,25 @@ async def test_mutations_need_the_token(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v1/workloads/bookstore/vm-1/heartbeat")).status_code == 401
     assert (await client.delete("/v1/workloads/bookstore/vm-1")).status_code == 401
     assert (await client.get("/v1/workloads")).status_code == 200  # reading is open
+
+
+async def test_while_redis_is_down_registrations_are_503_and_heartbeats_count(
+    client: httpx.AsyncClient, api_store: InMemoryWorkloadStore
+) -> None:
+    assert (await client.post("/v1/workloads", json=body(), headers=AUTH)).status_code == 201
+    api_store.down = True
+    refused = await client.post("/v1/workloads", json=body(name="vm-2"), headers=AUTH)
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["store"] == "redis"
+    assert refused.json()["detail"].startswith("Redis is unavailable (ConnectionError")
+    beat = await client.post("/v1/workloads/bookstore/vm-1/heartbeat", headers=AUTH)
+    assert beat.status_code == 200
+    assert beat.json()["persisted"] is False
+    kept = await client.delete("/v1/workloads/bookstore/vm-1", headers=AUTH)
+    assert kept.status_code == 503
+    listed = (await client.get("/v1/workloads")).json()["workloads"]
+    assert [(w["name"], w["alive"]) for w in listed] == [("vm-1", True)]
 
 
 async def test_heartbeat_of_unknown_workload_is_404(client: httpx.AsyncClient) -> None:

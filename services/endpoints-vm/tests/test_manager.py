@@ -14,11 +14,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from trellis_common.fanout import DEFAULT_QUEUE, Subscription, WatchOverflow
+from trellis_common.health import Rejections
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
-from trellis_endpoints_vm.manager import EndpointsManager, UnknownWorkload, ViewChange
+from trellis_endpoints_vm.manager import (
+    EndpointsManager,
+    StoreUnavailable,
+    UnknownWorkload,
+    ViewChange,
+)
 from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_endpoints_vm.store import Rejected
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 
 MakeWorkload = Callable[..., Workload]
@@ -354,7 +361,8 @@ async def test_start_loads_the_store_without_announcing(
     assert [e.address for e in view.endpoints] == ["10.0.0.1"]
 
     await manager.heartbeat("shop/vm-2")  # back from the dead
-    assert await take(changes, 1) == [(1, "shop/api", ["10.0.0.1", "10.0.0.2"])]
+    # the bell answers 1, but a revision never goes back below where the manager started
+    assert await take(changes, 1) == [(42, "shop/api", ["10.0.0.1", "10.0.0.2"])]
 
 
 async def test_declare_emits_changes_and_returns_conflicts(
@@ -424,3 +432,130 @@ async def test_the_watchers_gauge_counts_open_watches(
         await second.aclose()
         assert sample(metrics_registry, "watchers") == 1.0
     assert sample(metrics_registry, "watchers") == 0.0
+
+
+# --- Redis outages: registrations refused, heartbeats counted, nothing expires for it -------
+
+
+async def test_a_registration_while_the_store_is_down_is_refused_and_changes_nothing(
+    manager: EndpointsManager,
+    store: InMemoryWorkloadStore,
+    bell: Bell,
+    make_workload: MakeWorkload,
+    metrics_registry: CollectorRegistry,
+) -> None:
+    await manager.register(make_workload("vm-1"))
+    views, revision = manager.views(), manager.revision
+    store.down = True
+
+    with pytest.raises(StoreUnavailable, match="Redis is unavailable") as caught:
+        await manager.register(make_workload("vm-2", address="10.0.0.2"))
+    assert "nothing was stored" in str(caught.value)
+    assert not manager.keeper.available
+    writes = store.writes
+    with pytest.raises(StoreUnavailable):  # known down: refused at once, Redis not tried
+        await manager.deregister("shop/vm-1")
+    assert store.writes == writes
+    assert manager.views() == views
+    assert manager.revision == revision
+    assert list(manager.registry.workloads) == ["shop/vm-1"]
+    assert len(bell.rung) == 1
+    assert sample(metrics_registry, "store_refusals_total", operation="register") == 1.0
+    assert sample(metrics_registry, "store_refusals_total", operation="deregister") == 1.0
+    assert sample(metrics_registry, "store_available") == 0.0
+
+
+async def test_heartbeats_while_the_store_is_down_count_and_are_written_when_it_is_back(
+    manager: EndpointsManager,
+    store: InMemoryWorkloadStore,
+    clock: FakeClock,
+    make_workload: MakeWorkload,
+    metrics_registry: CollectorRegistry,
+) -> None:
+    await manager.register(make_workload("vm-1", ttl=10.0))
+    await manager.register(make_workload("vm-2", address="10.0.0.2", ttl=10.0))
+    store.down = True
+    clock.now = NOW + 5
+    beaten = await manager.heartbeat("shop/vm-1")
+    assert beaten.last_heartbeat == NOW + 5
+    assert manager.keeper.pending == {"shop/vm-1"}
+    assert sample(metrics_registry, "store_pending_writes") == 1.0
+    assert store.workloads["shop/vm-1"].last_heartbeat == NOW  # not written yet
+
+    # Redis stays away far past the TTL: both stay endpoints, vm-2 never even beat
+    clock.now = NOW + 100
+    assert await manager.expire_once() == 0
+    assert [alive for _, alive in manager.workloads()] == [True, True]
+
+    store.down = False
+    assert await manager.keeper.recover() == 1
+    assert manager.keeper.available
+    assert store.workloads["shop/vm-1"].last_heartbeat == NOW + 5
+    # one TTL of grace from the recovery, then the usual rule
+    clock.now = NOW + 109.9
+    assert await manager.expire_once() == 0
+    clock.now = NOW + 110
+    assert await manager.expire_once() == 1
+    view = manager.view(API)
+    assert view is not None
+    assert view.endpoints == ()
+
+
+async def test_a_store_that_lost_its_data_gets_every_registration_back(
+    manager: EndpointsManager, store: InMemoryWorkloadStore, make_workload: MakeWorkload
+) -> None:
+    first = await manager.register(make_workload("vm-1"))
+    second = await manager.register(make_workload("vm-2", address="10.0.0.2"))
+    assert await manager.keeper.refill_if_lost() == 0
+    store.workloads.clear()  # Redis came back empty
+    assert await manager.keeper.refill_if_lost() == 2
+    assert store.workloads == {"shop/vm-1": first, "shop/vm-2": second}
+
+
+async def test_changes_while_the_store_is_down_reach_watchers_without_ringing_the_bus(
+    manager: EndpointsManager,
+    store: InMemoryWorkloadStore,
+    bell: Bell,
+    clock: FakeClock,
+    make_workload: MakeWorkload,
+) -> None:
+    await manager.register(make_workload(ttl=10.0))
+    clock.now = NOW + 10
+    await manager.expire_once()
+    changes = manager.watch()
+    store.down = True
+    await manager.heartbeat("shop/vm-1")  # a revival: a change, while Redis is away
+    assert await take(changes, 1) == [(3, "shop/api", ["10.0.0.1"])]
+    assert len(bell.rung) == 2
+
+
+async def test_records_refused_at_load_are_reported_until_overwritten_or_deleted(
+    store: InMemoryWorkloadStore,
+    bell: Bell,
+    clock: FakeClock,
+    metrics: EndpointMetrics,
+    make_workload: MakeWorkload,
+) -> None:
+    store.rejected = [
+        Rejected("shop/vm-1", "wl[shop/vm-1]", "malformed workload record: truncated"),
+        Rejected("shop/vm-2", "wl[shop/vm-2]", "namespace: 'Bad!' is not a valid label"),
+    ]
+    await store.put(make_workload("vm-3", address="10.0.0.3"))
+    rejections = Rejections()
+    manager = EndpointsManager(store, bell, metrics, clock=clock, rejections=rejections)
+    await manager.start()
+    assert [w.id for w, _ in manager.workloads()] == ["shop/vm-3"]  # the rest is served
+    assert manager.rejected() == ["shop/vm-1", "shop/vm-2"]
+    assert [(r.source, r.key, r.reason) for r in rejections.items()] == [
+        ("redis", "wl[shop/vm-1]", "malformed workload record: truncated"),
+        ("redis", "wl[shop/vm-2]", "namespace: 'Bad!' is not a valid label"),
+    ]
+
+    await manager.register(make_workload("vm-1"))  # overwrites the bad record
+    await manager.deregister("shop/vm-2")  # deletes a bad record nobody re-registers
+    assert manager.rejected() == []
+    assert len(rejections) == 0
+    assert store.rejected == []
+    assert sorted(store.workloads) == ["shop/vm-1", "shop/vm-3"]
+    with pytest.raises(UnknownWorkload):
+        await manager.deregister("shop/vm-2")

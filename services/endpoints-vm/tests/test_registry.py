@@ -246,6 +246,64 @@ def test_a_heartbeat_brings_back_a_workload_left_out_before_expire_ran(
     assert addresses(registry.views[key("api")]) == ["10.0.0.1", "10.0.0.2"]
 
 
+# --- grace: the control plane could not persist heartbeats --------------------------------
+
+
+def test_a_held_workload_outlives_its_ttl_until_released_and_one_ttl_more(
+    registry: EndpointRegistry, make_workload: MakeWorkload
+) -> None:
+    registry.upsert(make_workload("vm-1", address="10.0.0.1", ttl=10.0, last_heartbeat=NOW), NOW)
+    registry.upsert(make_workload("vm-2", address="10.0.0.2", ttl=10.0, last_heartbeat=NOW), NOW)
+    registry.upsert(make_workload("vm-3", address="10.0.0.3", ttl=None), NOW)
+
+    assert registry.hold(NOW + 5) == 2  # vm-3 has no TTL: nothing to hold
+    assert registry.expire(NOW + 100) == ([], [])  # far past the TTL: still in
+    assert addresses(registry.views[key("api")]) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+
+    assert registry.release(NOW + 100) == 2
+    assert registry.grace_until("shop/vm-1") == NOW + 110
+    assert registry.expire(NOW + 109.9) == ([], [])
+    changes, expired = registry.expire(NOW + 110)
+    assert expired == ["shop/vm-1", "shop/vm-2"]
+    assert summary(changes) == [("shop/api", ["10.0.0.3"])]
+    assert registry.grace_until("shop/vm-1") is None  # a spent grace is forgotten
+
+
+def test_a_workload_dead_before_the_hold_stays_dead(
+    registry: EndpointRegistry, make_workload: MakeWorkload
+) -> None:
+    registry.upsert(make_workload(ttl=10.0, last_heartbeat=NOW), NOW)
+    registry.expire(NOW + 10)
+    assert registry.hold(NOW + 20) == 0
+    registry.release(NOW + 30)
+    assert addresses(registry.views[key("api")]) == []
+
+
+def test_a_held_workload_that_beats_keeps_its_own_deadline_after_release(
+    registry: EndpointRegistry, make_workload: MakeWorkload
+) -> None:
+    """A later heartbeat wins over the grace; the grace never shortens a workload's life."""
+    registry.upsert(make_workload(ttl=10.0, last_heartbeat=NOW), NOW)
+    registry.hold(NOW + 1, ["shop/vm-1"])
+    registry.heartbeat("shop/vm-1", NOW + 50)
+    registry.release(NOW + 52)  # grace until NOW + 62, own deadline NOW + 60
+    assert registry.expire(NOW + 61) == ([], [])
+    assert registry.expire(NOW + 62)[1] == ["shop/vm-1"]
+
+
+def test_a_re_registration_or_removal_ends_a_hold(
+    registry: EndpointRegistry, make_workload: MakeWorkload
+) -> None:
+    registry.upsert(make_workload("vm-1", ttl=10.0, last_heartbeat=NOW), NOW)
+    registry.upsert(make_workload("vm-2", address="10.0.0.2", ttl=10.0, last_heartbeat=NOW), NOW)
+    registry.hold(NOW)
+    registry.upsert(make_workload("vm-1", ttl=10.0, last_heartbeat=NOW + 1), NOW + 1)
+    registry.remove("shop/vm-2", NOW + 1)
+    assert registry.grace_until("shop/vm-1") is None
+    assert registry.grace_until("shop/vm-2") is None
+    assert registry.expire(NOW + 11)[1] == ["shop/vm-1"]
+
+
 # --- declarations: what a ServiceEntry resolves to -----------------------------------------
 
 

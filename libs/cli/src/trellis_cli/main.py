@@ -14,6 +14,7 @@ from trellis_cli.policy import policy
 from trellis_cli.proxy import proxy
 from trellis_cli.spec import spec
 from trellis_cli.status import status
+from trellis_cli.supervisor import DEFAULT_LOG_BACKUPS, LogRotation, parse_size
 from trellis_cli.up import up as run_up
 from trellis_cli.vm import vm
 
@@ -47,12 +48,37 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Same as `trellis --state-dir` (given here, it wins).",
 )
+@click.option(
+    "--log-max-bytes",
+    default="10MiB",
+    show_default=True,
+    help="Rotate each process's log in <state-dir>/logs once it reaches this size.",
+)
+@click.option(
+    "--log-backups",
+    type=click.IntRange(min=0),
+    default=DEFAULT_LOG_BACKUPS,
+    show_default=True,
+    help="Rotated log files kept per process.",
+)
 @click.pass_obj
 def up(
-    mesh: Mesh, quiet: bool, spec_dir: Path | None, no_demo: bool, up_state_dir: Path | None
+    mesh: Mesh,
+    quiet: bool,
+    spec_dir: Path | None,
+    no_demo: bool,
+    up_state_dir: Path | None,
+    log_max_bytes: str,
+    log_backups: int,
 ) -> None:
     state_dir = up_state_dir or mesh.state_dir
-    raise SystemExit(asyncio.run(run_up(state_dir, quiet, spec_dir, with_demo=not no_demo)))
+    try:
+        rotation = LogRotation(parse_size(log_max_bytes), log_backups)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--log-max-bytes") from exc
+    raise SystemExit(
+        asyncio.run(run_up(state_dir, quiet, spec_dir, with_demo=not no_demo, rotation=rotation))
+    )
 
 
 cli.add_command(certs)

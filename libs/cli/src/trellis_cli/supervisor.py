@@ -6,6 +6,11 @@ with backoff; SIGINT/SIGTERM stop them all in reverse order (SIGTERM, then SIGKI
 grace period), and every child is also tied to the supervisor's life with
 ``PR_SET_PDEATHSIG`` so none is orphaned even if the supervisor is killed. Output of each
 child goes to ``<state-dir>/logs/<name>.log`` and, prefixed by its name, to the terminal.
+
+Log files rotate by size (:class:`RotatingFile`): ``<name>.log`` grows to ``max_bytes``,
+then becomes ``<name>.log.1`` (the older ones shift up) and a new one starts; ``backups``
+old files are kept. A mesh left running never fills its disk with logs: each process uses
+at most about ``(backups + 1) * max_bytes``.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 
@@ -29,6 +36,78 @@ log = logging.getLogger(__name__)
 ReadyCheck = Callable[[], Awaitable[bool]]
 
 _PR_SET_PDEATHSIG = 1
+
+DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
+DEFAULT_LOG_BACKUPS = 3
+
+_SIZE = re.compile(r"(\d+)\s*([kmg]i?b?|b)?", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """``"10MiB"``, ``"512k"``, ``"1048576"``: a size in bytes (units are powers of 1024)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (use a number of bytes, or e.g. 512KiB, 10MiB)")
+    unit = (match.group(2) or "").lower()[:1]
+    return int(match.group(1)) * _UNITS[unit]
+
+
+@dataclass(frozen=True, slots=True)
+class LogRotation:
+    max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    backups: int = DEFAULT_LOG_BACKUPS
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ValueError(f"log max bytes must be at least 1, got {self.max_bytes}")
+        if self.backups < 0:
+            raise ValueError(f"log backups must be 0 or more, got {self.backups}")
+
+
+DEFAULT_ROTATION = LogRotation()
+
+
+class RotatingFile:
+    """An append-only file of lines that rotates when it would grow past ``max_bytes``.
+
+    A line is never split across files, so a line longer than ``max_bytes`` makes a file
+    of its own. With ``backups`` 0 the file is truncated instead of kept.
+    """
+
+    def __init__(self, path: Path, rotation: LogRotation) -> None:
+        self.path = path
+        self._rotation = rotation
+        self._file: BinaryIO = path.open("ab")
+        self._size = self._file.tell()
+
+    def write(self, data: bytes) -> None:
+        if self._size and self._size + len(data) > self._rotation.max_bytes:
+            self._rotate()
+        self._file.write(data)
+        self._file.flush()
+        self._size += len(data)
+
+    def _rotate(self) -> None:
+        self._file.close()
+        backups = self._rotation.backups
+        for index in range(backups - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.path.name}.{index + 1}"))
+        if backups:
+            self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        self._file = self.path.open("wb")
+        self._size = 0
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> RotatingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -103,9 +182,11 @@ class Supervisor:
         log_dir: Path,
         echo: Callable[[str, str], None],
         grace: float = 10.0,
+        rotation: LogRotation = DEFAULT_ROTATION,
     ) -> None:
         self.children = [Child(spec) for spec in specs]
         self._log_dir = log_dir
+        self._rotation = rotation
         self._echo = echo
         self._grace = grace
         self._stopping = False
@@ -141,10 +222,9 @@ class Supervisor:
 
     async def _pump(self, child: Child, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
-        with (self._log_dir / f"{child.spec.name}.log").open("ab") as sink:
+        with RotatingFile(self._log_dir / f"{child.spec.name}.log", self._rotation) as sink:
             async for line in process.stdout:
                 sink.write(line)
-                sink.flush()
                 self._echo(child.spec.name, line.decode(errors="replace").rstrip())
 
     async def _wait_ready(self, child: Child) -> None:

@@ -1,4 +1,10 @@
-"""``trellis up``: Redis and the control plane services as separate local processes."""
+"""``trellis up``: Redis and the control plane services as separate local processes.
+
+The Redis it starts persists every write (AOF, fsync always) and rewrites its append-only
+file once it has doubled since the last rewrite and is past ``AOF_REWRITE_MIN_SIZE``, so
+steady churn does not grow the file without bound. Each process's log file rotates by size
+(``--log-max-bytes``, ``--log-backups``).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from rich.markup import escape
 from trellis_cli import demo, output
 from trellis_cli.client import CliError, Mesh
 from trellis_cli.supervisor import (
+    DEFAULT_ROTATION,
+    LogRotation,
     ProcessSpec,
     StartupError,
     Supervisor,
@@ -29,6 +37,10 @@ from trellis_common.envoybin import EnvoyNotFound
 from trellis_common.settings import Ports
 
 LOCAL_REDIS_PORT = 16379
+# Rewrite the AOF when it has grown by this percentage since the last rewrite...
+AOF_REWRITE_PERCENTAGE = 100
+# ...and is at least this big (Redis' own syntax).
+AOF_REWRITE_MIN_SIZE = "64mb"
 
 # (name, module, grpc port, admin port), in start order.
 SERVICES = (
@@ -42,7 +54,7 @@ SERVICES = (
 COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
 
 
-def redis_spec(state_dir: Path) -> ProcessSpec:
+def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
     binary = shutil.which("redis-server")
     if binary is None:
         raise click.ClickException(
@@ -58,13 +70,17 @@ def redis_spec(state_dir: Path) -> ProcessSpec:
             "--bind",
             "127.0.0.1",
             "--port",
-            str(LOCAL_REDIS_PORT),
+            str(port),
             "--dir",
             str(data.resolve()),
             "--appendonly",
             "yes",
             "--appendfsync",
             "always",
+            "--auto-aof-rewrite-percentage",
+            str(AOF_REWRITE_PERCENTAGE),
+            "--auto-aof-rewrite-min-size",
+            AOF_REWRITE_MIN_SIZE,
             "--save",
             "",
             "--protected-mode",
@@ -74,9 +90,9 @@ def redis_spec(state_dir: Path) -> ProcessSpec:
             "--loglevel",
             "warning",
         ],
-        ready=tcp_ready("127.0.0.1", LOCAL_REDIS_PORT),
-        ports=(LOCAL_REDIS_PORT,),
-        address=f"redis://127.0.0.1:{LOCAL_REDIS_PORT}",
+        ready=tcp_ready("127.0.0.1", port),
+        ports=(port,),
+        address=f"redis://127.0.0.1:{port}",
     )
 
 
@@ -135,7 +151,11 @@ async def print_counters(state_dir: Path, stop: asyncio.Event, every: float = 3.
 
 
 async def up(
-    state_dir: Path, quiet: bool, spec_dir: Path | None = None, with_demo: bool = True
+    state_dir: Path,
+    quiet: bool,
+    spec_dir: Path | None = None,
+    with_demo: bool = True,
+    rotation: LogRotation = DEFAULT_ROTATION,
 ) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     spec_dir = (spec_dir or default_spec_dir(state_dir, with_demo)).resolve()
@@ -149,7 +169,7 @@ async def up(
         parsed = urlparse(redis_url)
         output.console.print(f"using Redis at {parsed.hostname}:{parsed.port or 6379}")
     specs += service_specs(state_dir, redis_url, spec_dir)
-    supervisor = Supervisor(specs, state_dir / "logs", make_echo(quiet))
+    supervisor = Supervisor(specs, state_dir / "logs", make_echo(quiet), rotation=rotation)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -4,6 +4,14 @@ redis-py 8 gives clients made by ``from_url`` no retries; a service's commands s
 survive a Redis restart, so :func:`connect` adds bounded retries with backoff. (The
 signaling subscriber makes its own client without retries, on purpose: it must notice
 every reconnect and resync.)
+
+A Redis that is down is not the only failure: a frozen one (a stopped process, a dead
+network path) accepts TCP connections and never answers. So every client has a connect
+timeout and a socket timeout, and only *connection* errors are retried: a restart is over
+in a few seconds, while retrying a timeout against a frozen server would multiply the
+wait by the number of retries. A command therefore fails within about ``socket_timeout``
+on a frozen Redis, and within about 3 s of retries on one that is down; callers that must
+answer faster (a REST call) bound their own wait and fall back to the state they hold.
 """
 
 from __future__ import annotations
@@ -20,13 +28,36 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 log = logging.getLogger(__name__)
 
 
-def connect(url: str, *, retries: int = 6, health_check_interval: float = 5.0) -> aioredis.Redis:
-    """A client whose commands retry with backoff (about 3 s in all) across a restart."""
+#: Seconds to open a TCP connection (and finish the handshake) to Redis.
+CONNECT_TIMEOUT = 2.0
+#: Seconds to wait for Redis to answer one command.
+SOCKET_TIMEOUT = 5.0
+
+
+def connect(
+    url: str,
+    *,
+    retries: int = 6,
+    health_check_interval: float = 5.0,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    socket_timeout: float = SOCKET_TIMEOUT,
+) -> aioredis.Redis:
+    """A client whose commands retry with backoff (about 3 s in all) across a restart.
+
+    Connection errors are retried; a timeout (a frozen Redis) is raised at once.
+    """
     return aioredis.Redis.from_url(
         url,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError],
+        retry=Retry(
+            ExponentialBackoff(cap=1.0, base=0.05),
+            retries,
+            supported_errors=(RedisConnectionError,),
+        ),
+        retry_on_error=[RedisConnectionError, ConnectionResetError],
         health_check_interval=health_check_interval,
+        socket_connect_timeout=connect_timeout,
+        socket_timeout=socket_timeout,
+        socket_keepalive=True,
     )
 
 

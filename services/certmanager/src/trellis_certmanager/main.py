@@ -13,6 +13,7 @@ from typing import Any
 
 from trellis_api import certmanager_pb2_grpc
 from trellis_certmanager.domain.authority import CertificateAuthority, load_provided
+from trellis_certmanager.domain.errors import CAError
 from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.manager import TOPIC, CertificateManager, utcnow
 from trellis_certmanager.metrics import CertMetrics
@@ -60,10 +61,17 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
         settings.key_algorithm,
         CertMetrics.create(runtime.metrics),
         root_validity=settings.root_validity,
+        rejections=runtime.health.rejections,
+        prune_after=settings.prune_after,
     )
-    await manager.start(
-        provided_ca(settings), marker=settings.state_dir / "certmanager" / "root-fingerprint"
-    )
+    try:
+        await manager.start(
+            provided_ca(settings), marker=settings.state_dir / "certmanager" / "root-fingerprint"
+        )
+    except CAError as exc:  # no CA we may use: say why and how to fix it, without a traceback
+        log.critical("ca.fatal error=%r action=exiting", str(exc))
+        await runtime.redis.aclose()
+        raise SystemExit(1) from None
     manager.revision = await publisher.current_revision(TOPIC)
     servicer = grpc_api.CertificateManagerServicer(manager)
     grpc_server = runtime.grpc_server(

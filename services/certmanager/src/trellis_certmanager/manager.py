@@ -10,6 +10,22 @@ Rotation: service certificates are re-issued once ``renew_fraction`` of their li
 passed, and immediately when they were not signed by the CA in force (the operator changed
 CAs). Proxy certificates live in bootstrap files on the proxy's host: they are rotated on
 demand only, and a log line warns when one passes its renewal point.
+
+Pruning: a record ``prune_after`` past its expiry is deleted from the store and from
+memory by the same periodic pass (after rotation, so only records rotation did not renew:
+in practice proxy certificates of proxies gone for good). The CA is never pruned.
+
+Redis outages: reads (get, list, an issue request the current certificate satisfies) come
+from memory; a write Redis does not take fails with
+:class:`~trellis_certmanager.domain.errors.StoreUnavailable` and changes nothing, and a
+rotation pass that meets one stops until the next pass.
+
+Corrupt state: a CA that cannot be loaded stops certmanager with an error naming the Redis
+key and the remedy (the root-fingerprint marker is left as it is, so no new root is made in
+its place), unless the operator gave the CA files, which then replace it. Records refused
+at load are reported through ``rejections`` (source ``redis``) and never served; re-issuing
+the same common name overwrites one, and :meth:`CertificateManager.delete_rejected` removes
+one.
 """
 
 from __future__ import annotations
@@ -19,7 +35,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,13 +43,14 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
-from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound
+from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound, StoreUnavailable
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
 from trellis_certmanager.domain.keys import KeyAlgorithm
-from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
+from trellis_certmanager.domain.records import CertificateKind, CertificateRecord, past_expiry
 from trellis_certmanager.metrics import CertMetrics
-from trellis_certmanager.store import CertificateStore
+from trellis_certmanager.store import CertificateStore, Rejected
 from trellis_common.fanout import Broadcaster, Subscription
+from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ProxyId
 from trellis_common.model import MeshService
 
@@ -43,6 +60,7 @@ Announce = Callable[[str, str], Awaitable[int]]  # (kind, common name) -> revisi
 Clock = Callable[[], dt.datetime]
 
 TOPIC = "certificates"
+REJECTION_SOURCE = "redis"
 
 
 def utcnow() -> dt.datetime:
@@ -67,8 +85,14 @@ class CertificateManager:
         metrics: CertMetrics,
         clock: Clock = utcnow,
         root_validity: dt.timedelta = dt.timedelta(days=3650),
+        *,
+        rejections: Rejections | None = None,
+        prune_after: dt.timedelta = dt.timedelta(days=1),
     ) -> None:
         self._store = store
+        self._rejections = rejections
+        self._rejected: dict[str, str] = {}  # common name -> where the refused record lives
+        self._prune_after = prune_after
         self._announce = announce
         self._policy = policy
         self._algorithm = algorithm
@@ -76,7 +100,7 @@ class CertificateManager:
         self._clock = clock
         self._root_validity = root_validity
         self._records: dict[str, CertificateRecord] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # cn -> (lock, [users])
         self._watchers: Broadcaster[CertificateChange] = Broadcaster(on_count=metrics.watchers.set)
         self._issuer: Issuer | None = None
         self.revision = 0
@@ -92,7 +116,13 @@ class CertificateManager:
         ``marker`` is a file holding the root fingerprint of this mesh: with it present and
         the store empty, certmanager refuses to make a new root (the store lost its data).
         """
-        stored = await self._store.load_ca()
+        try:
+            stored = await self._store.load_ca()
+        except CAError as exc:
+            if provided is None:
+                raise
+            log.error("ca.unreadable error=%r action=replacing-with-operator-ca", str(exc))
+            stored = None
         if provided is not None:
             if (
                 stored is None
@@ -126,16 +156,44 @@ class CertificateManager:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(ca.fingerprint + "\n")
         self._install(ca)
-        self._records = {r.common_name: r for r in await self._store.load_all()}
+        loaded = await self._store.load_all()
+        self._records = {r.common_name: r for r in loaded.records}
+        for rejected in loaded.rejected:
+            self._reject(rejected)
         self._count()
         log.info(
-            "ca.ready origin=%s fingerprint=%s records=%d",
+            "ca.ready origin=%s fingerprint=%s records=%d rejected=%d",
             ca.origin,
             ca.fingerprint,
             len(self._records),
+            len(loaded.rejected),
         )
         self.ready.set()
         return ca
+
+    def _reject(self, rejected: Rejected) -> None:
+        self._rejected[rejected.common_name] = rejected.key
+        if self._rejections is not None:
+            self._rejections.reject(REJECTION_SOURCE, rejected.key, rejected.reason)
+
+    def _overwritten(self, common_name: str) -> None:
+        """A refused record was overwritten or deleted: it is no longer rejected."""
+        key = self._rejected.pop(common_name, None)
+        if key is not None and self._rejections is not None:
+            self._rejections.accept(REJECTION_SOURCE, key)
+
+    def rejected(self) -> list[str]:
+        """Common names of stored records refused at load, still in the store."""
+        return sorted(self._rejected)
+
+    async def delete_rejected(self, common_name: str) -> None:
+        """Delete a stored record that was refused at load; ``NotFound`` for any other."""
+        if common_name not in self._rejected:
+            raise NotFound(common_name)
+        async with self._lock(common_name):
+            await self._store.delete_many([common_name])
+            self._overwritten(common_name)
+            log.info("cert.rejected_record_deleted cn=%s", common_name)
 
     def _install(self, ca: CertificateAuthority) -> None:
         self._issuer = Issuer(ca, self._algorithm, self._policy)
@@ -213,7 +271,8 @@ class CertificateManager:
             current = self.get(common_name)
             record = self._timed(current.kind, lambda: self._reissue(current))
             await self._commit(record, "rotated", reason)
-            log.info(
+            log.log(
+                logging.INFO if reason == "on-demand" else logging.DEBUG,
                 "cert.rotated cn=%s kind=%s reason=%s old_serial=%x serial=%x not_after=%s",
                 common_name,
                 current.kind,
@@ -246,7 +305,13 @@ class CertificateManager:
         """Rotate what is due every ``interval`` seconds until ``stop``."""
         warned: set[tuple[str, int]] = set()
         while not stop.is_set():
-            await self.rotate_due(warned)
+            try:
+                rotated = await self.rotate_due(warned)
+                if rotated:
+                    log.info("cert.rotation_pass rotated=%d", rotated)
+                await self.prune_expired()
+            except Exception:  # a bad pass must not end rotation for good
+                log.exception("cert.rotation_pass_failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
 
@@ -255,27 +320,58 @@ class CertificateManager:
         now = self._clock()
         rotated = 0
         for record in list(self._records.values()):
-            stale_ca = not self._signed_by_ca(record)
-            if record.kind == CertificateKind.PROXY and not stale_ca:
-                if (
-                    record.due(now)
-                    and warned is not None
-                    and (record.common_name, record.serial) not in warned
-                ):
-                    warned.add((record.common_name, record.serial))
-                    log.warning(
-                        "cert.proxy_renewal_due cn=%s not_after=%s action='trellis certs rotate'",
-                        record.common_name,
-                        record.not_after.isoformat(),
-                    )
-                continue
-            if stale_ca or record.due(now):
-                try:
-                    await self.rotate(record.common_name, "ca-changed" if stale_ca else "expiring")
-                    rotated += 1
-                except Exception:  # one failure must not stop the others
-                    log.exception("cert.rotation_failed cn=%s", record.common_name)
+            try:
+                rotated += await self._rotate_if_due(record, now, warned)
+            except StoreUnavailable as exc:  # the next record would fail the same way
+                log.warning("cert.rotation_deferred reason=%r", str(exc))
+                break
+            except Exception:  # one failure must not stop the others
+                log.exception("cert.rotation_failed cn=%s", record.common_name)
         return rotated
+
+    async def _rotate_if_due(
+        self, record: CertificateRecord, now: dt.datetime, warned: set[tuple[str, int]] | None
+    ) -> int:
+        stale_ca = not self._signed_by_ca(record)
+        if record.kind == CertificateKind.PROXY and not stale_ca:
+            if (
+                record.due(now)
+                and warned is not None
+                and (record.common_name, record.serial) not in warned
+            ):
+                warned.add((record.common_name, record.serial))
+                log.warning(
+                    "cert.proxy_renewal_due cn=%s not_after=%s action='trellis certs rotate'",
+                    record.common_name,
+                    record.not_after.isoformat(),
+                )
+            return 0
+        if stale_ca or record.due(now):
+            await self.rotate(record.common_name, "ca-changed" if stale_ca else "expiring")
+            return 1
+        return 0
+
+    async def prune_expired(self) -> int:
+        """Delete the records that expired more than ``prune_after`` ago; returns how many."""
+        pruned = 0
+        for name in past_expiry(self._records.values(), self._clock(), self._prune_after):
+            async with self._lock(name):  # not while the same name is being re-issued
+                record = self._records.get(name)
+                if record is None or not past_expiry([record], self._clock(), self._prune_after):
+                    continue
+                await self._store.delete_many([name])
+                del self._records[name]
+                pruned += 1
+                log.debug(
+                    "cert.pruned cn=%s kind=%s not_after=%s",
+                    name,
+                    record.kind,
+                    record.not_after.isoformat(),
+                )
+        if pruned:
+            self._count()
+            log.info("cert.pruned_expired count=%d grace=%s", pruned, self._prune_after)
+        return pruned
 
     async def guard_store(self, stop: asyncio.Event, interval: float = 5.0) -> None:
         """Put the CA and records back if the store lost them (Redis came back empty)."""
@@ -301,6 +397,8 @@ class CertificateManager:
         )
         await self._store.save_ca_if_absent(self.ca)
         await self._store.put_many(list(self._records.values()))
+        for common_name in list(self._rejected):  # the store lost them with the rest
+            self._overwritten(common_name)
         log.warning(
             "ca.store_restored fingerprint=%s records=%d", self.ca.fingerprint, len(self._records)
         )
@@ -308,11 +406,18 @@ class CertificateManager:
 
     # -- helpers -------------------------------------------------------------------
 
-    def _lock(self, key: str) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def _lock(self, key: str) -> AsyncIterator[None]:
+        """Hold the lock of one common name; it is forgotten when nobody holds or awaits it."""
+        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._locks[key]
 
     def _lifetime_fits(self, record: CertificateRecord, validity: dt.timedelta | None) -> bool:
         """Whether ``record`` was issued for ``validity`` (within the jitter band).
@@ -353,12 +458,13 @@ class CertificateManager:
 
     async def _commit(self, record: CertificateRecord, change: str, reason: str) -> None:
         await self._store.put(record)
+        self._overwritten(record.common_name)
         self._records[record.common_name] = record
         self._metrics.issued.labels(record.kind.value).inc()
         if change == "rotated":
             self._metrics.rotations.labels(record.kind.value, reason).inc()
         else:
-            log.info(
+            log.debug(
                 "cert.issued cn=%s kind=%s serial=%x not_after=%s",
                 record.common_name,
                 record.kind,

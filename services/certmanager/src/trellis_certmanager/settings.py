@@ -31,6 +31,8 @@ class CertManagerSettings(ServiceSettings):
     validity_jitter: float = Field(0.1, ge=0, lt=0.5)
     renew_fraction: float = Field(0.75, gt=0, lt=1)
     rotation_interval: float = Field(5.0, gt=0)
+    # Records this long past their expiry are deleted (the CA never is).
+    prune_after: dt.timedelta = dt.timedelta(days=1)
 
     # The operator's own CA (root or intermediate): certificate, key, and chain to a root.
     ca_cert_file: Path | None = None

@@ -5,22 +5,57 @@ certmanagers starting together agree on one root) and the records in one hash ke
 common name. Run Redis with persistence (``make run`` does: AOF, fsync always) and a restart
 of certmanager or Redis loses nothing. In a cluster a Secret-backed store plugs into the
 same :class:`CertificateStore` protocol.
+
+What is stored is not trusted on the way back:
+
+* A write Redis does not take (down, frozen past the client's socket timeout, refusing) is
+  a :class:`~trellis_certmanager.domain.errors.StoreUnavailable` naming Redis.
+* A CA that cannot be read is a :class:`~trellis_certmanager.domain.errors.CAError` naming
+  the key and the remedy. It is never treated as absent: that would make a new root.
+* A record that does not parse, or fails :func:`~trellis_certmanager.domain.records.check`
+  (a bad PEM, a key that does not match, an invalid identity such as a service account
+  ``Bad Name!`` stored by an older version), or sits under another common name, is left out
+  of :attr:`Loaded.records` and listed in :attr:`Loaded.rejected` with where it lives
+  (``<hash>[<common name>]``) and why. It stays in Redis until it is re-issued (overwritten)
+  or deleted.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
 
 from trellis_certmanager.domain.authority import CertificateAuthority
-from trellis_certmanager.domain.records import CertificateRecord
+from trellis_certmanager.domain.errors import CAError, StoreUnavailable
+from trellis_certmanager.domain.records import CertificateRecord, check
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A stored record that was not loaded: ``key`` is where it lives, ``reason`` why."""
+
+    common_name: str
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    records: list[CertificateRecord]
+    rejected: list[Rejected]
 
 
 class CertificateStore(Protocol):
-    async def load_ca(self) -> CertificateAuthority | None: ...
+    async def load_ca(self) -> CertificateAuthority | None:
+        """The stored CA, ``None`` if there is none; ``CAError`` if it cannot be read."""
+        ...
 
     async def save_ca_if_absent(self, ca: CertificateAuthority) -> CertificateAuthority:
         """Store ``ca`` unless one is stored already; return the one in force."""
@@ -32,7 +67,19 @@ class CertificateStore(Protocol):
 
     async def put_many(self, records: list[CertificateRecord]) -> None: ...
 
-    async def load_all(self) -> list[CertificateRecord]: ...
+    async def delete_many(self, common_names: Sequence[str]) -> None: ...
+
+    async def load_all(self) -> Loaded: ...
+
+
+def parse_record(common_name: str, raw: bytes | str) -> CertificateRecord:
+    """One stored record, checked; ``ValueError`` says what is wrong with it."""
+    record = check(CertificateRecord.from_json(raw))
+    if record.common_name != common_name:
+        raise ValueError(
+            f"stored under {common_name!r} but the record is for {record.common_name!r}"
+        )
+    return record
 
 
 def _encode_ca(ca: CertificateAuthority) -> str:
@@ -40,38 +87,90 @@ def _encode_ca(ca: CertificateAuthority) -> str:
 
 
 def _decode_ca(raw: bytes | str) -> CertificateAuthority:
-    fields = json.loads(raw)
-    return CertificateAuthority.from_pems({k: base64.b64decode(v) for k, v in fields.items()})
+    try:
+        fields = json.loads(raw)
+        if not isinstance(fields, dict):
+            raise ValueError(f"expected a JSON object, got {type(fields).__name__}")
+        pems = {k: base64.b64decode(v, validate=True) for k, v in fields.items()}
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise CAError(f"stored CA is unreadable: {exc}") from exc
+    return CertificateAuthority.from_pems(pems)
 
 
 class RedisCertificateStore:
     def __init__(self, redis: aioredis.Redis, prefix: str = "trellis") -> None:
         self._redis = redis
-        self._ca_key = f"{prefix}:certmanager:ca"
-        self._records_key = f"{prefix}:certmanager:certs"
+        self.ca_key = f"{prefix}:certmanager:ca"
+        self.records_key = f"{prefix}:certmanager:certs"
+
+    def location(self, common_name: str) -> str:
+        """Where a record lives, as an operator would look for it."""
+        return f"{self.records_key}[{common_name}]"
 
     async def load_ca(self) -> CertificateAuthority | None:
-        raw = await self._redis.get(self._ca_key)
-        return None if raw is None else _decode_ca(raw)
+        try:
+            raw = await self._redis.get(self.ca_key)
+            return None if raw is None else _decode_ca(raw)
+        except (CAError, ResponseError) as exc:
+            raise CAError(
+                f"the CA stored in Redis key {self.ca_key!r} cannot be loaded ({exc}). "
+                f"certmanager will not make a new root in its place. Restore that key from a "
+                f"backup of Redis, or start certmanager with the mesh's CA files "
+                f"(--ca-cert-file/--ca-key-file); only to start a new mesh root on purpose, "
+                f"delete the key and the root-fingerprint marker in the state directory"
+            ) from exc
 
     async def save_ca_if_absent(self, ca: CertificateAuthority) -> CertificateAuthority:
-        if await self._redis.set(self._ca_key, _encode_ca(ca), nx=True):
+        if await self._redis.set(self.ca_key, _encode_ca(ca), nx=True):
             return ca
         stored = await self.load_ca()
         return stored if stored is not None else ca
 
     async def replace_ca(self, ca: CertificateAuthority) -> None:
-        await self._redis.set(self._ca_key, _encode_ca(ca))
+        await self._redis.set(self.ca_key, _encode_ca(ca))
 
     async def put(self, record: CertificateRecord) -> None:
-        await self._redis.hset(self._records_key, record.common_name, record.to_json())
+        await self.put_many([record])
 
     async def put_many(self, records: list[CertificateRecord]) -> None:
         if records:
-            await self._redis.hset(
-                self._records_key, mapping={r.common_name: r.to_json() for r in records}
-            )
+            try:
+                await self._redis.hset(
+                    self.records_key, mapping={r.common_name: r.to_json() for r in records}
+                )
+            except (RedisError, OSError) as exc:
+                raise _unavailable(exc) from exc
 
-    async def load_all(self) -> list[CertificateRecord]:
-        raw = await self._redis.hgetall(self._records_key)
-        return [CertificateRecord.from_json(v) for v in raw.values()]
+    async def delete_many(self, common_names: Sequence[str]) -> None:
+        if common_names:
+            try:
+                await self._redis.hdel(self.records_key, *common_names)
+            except (RedisError, OSError) as exc:
+                raise _unavailable(exc) from exc
+
+    async def load_all(self) -> Loaded:
+        try:
+            raw = await self._redis.hgetall(self.records_key)
+        except ResponseError as exc:  # WRONGTYPE: something else wrote this key
+            reason = f"not a hash of certificate records: {exc}"
+            return Loaded([], [Rejected("", self.records_key, reason)])
+        records, rejected = [], []
+        for raw_field, value in raw.items():
+            common_name = _text(raw_field)
+            try:
+                records.append(parse_record(common_name, value))
+            except ValueError as exc:
+                rejected.append(Rejected(common_name, self.location(common_name), str(exc)))
+        return Loaded(records, rejected)
+
+
+def _unavailable(exc: BaseException) -> StoreUnavailable:
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return StoreUnavailable(
+        f"the certificate store (Redis) did not take the write ({detail}); nothing was "
+        "issued or changed; retry once Redis is back"
+    )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from trellis_certmanager.domain.authority import CertificateAuthority
+from trellis_certmanager.domain.errors import StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord
+from trellis_certmanager.store import Loaded, Rejected
 
 
 class InMemoryCertificateStore:
-    """A :class:`~trellis_certmanager.store.CertificateStore` in a dict."""
+    """A :class:`~trellis_certmanager.store.CertificateStore` in a dict.
+
+    ``rejected`` are records ``load_all`` reports as refused, as a Redis holding corrupt
+    ones would; writing or deleting the same common name removes them. ``down`` makes writes
+    fail as they do while Redis is unavailable.
+    """
 
     def __init__(self) -> None:
         self.ca: CertificateAuthority | None = None
         self.records: dict[str, CertificateRecord] = {}
+        self.rejected: list[Rejected] = []
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailable("the certificate store (Redis) did not take the write")
 
     async def load_ca(self) -> CertificateAuthority | None:
         return self.ca
@@ -25,11 +40,22 @@ class InMemoryCertificateStore:
         self.ca = ca
 
     async def put(self, record: CertificateRecord) -> None:
-        self.records[record.common_name] = record
+        await self.put_many([record])
 
     async def put_many(self, records: list[CertificateRecord]) -> None:
+        self._check()
         for record in records:
             self.records[record.common_name] = record
+        self._forget({r.common_name for r in records})
 
-    async def load_all(self) -> list[CertificateRecord]:
-        return list(self.records.values())
+    async def delete_many(self, common_names: Sequence[str]) -> None:
+        self._check()
+        for common_name in common_names:
+            self.records.pop(common_name, None)
+        self._forget(set(common_names))
+
+    def _forget(self, common_names: set[str]) -> None:
+        self.rejected = [r for r in self.rejected if r.common_name not in common_names]
+
+    async def load_all(self) -> Loaded:
+        return Loaded(list(self.records.values()), list(self.rejected))

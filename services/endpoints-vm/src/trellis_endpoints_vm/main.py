@@ -72,7 +72,14 @@ async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
         return (await publisher.publish(TOPIC, kind, key)).revision
 
     metrics = EndpointMetrics.create(runtime.metrics)
-    manager = EndpointsManager(RedisWorkloadStore(runtime.redis), announce, metrics)
+    manager = EndpointsManager(
+        RedisWorkloadStore(runtime.redis),
+        announce,
+        metrics,
+        rejections=runtime.health.rejections,
+        store_timeout=settings.store_timeout,
+        store_check_interval=settings.store_check_interval,
+    )
     await manager.start(await publisher.current_revision(TOPIC))
     declarations = Declarations(settings, manager)
     await declarations.load()
@@ -90,7 +97,11 @@ async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
         stop,
         grpc_server,
         app,
-        [lambda s: manager.run_expiry(s, settings.expiry_interval), declarations.run],
+        [
+            lambda s: manager.run_expiry(s, settings.expiry_interval),
+            declarations.run,
+            lambda s: manager.keeper.run(s, runtime.health.loops),
+        ],
         attributes={"provider": grpc_api.PROVIDER},
     )
 

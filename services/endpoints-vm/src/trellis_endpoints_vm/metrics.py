@@ -17,6 +17,9 @@ class EndpointMetrics:
     changes: Counter
     watchers: Gauge
     document_errors: Gauge
+    store_pending: Gauge
+    store_available: Gauge
+    store_refusals: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> EndpointMetrics:
@@ -42,4 +45,16 @@ class EndpointMetrics:
             ),
             watchers=gauge("watchers", "Open watch streams"),
             document_errors=gauge("document_errors", "Invalid documents in the spec directory"),
+            store_pending=gauge(
+                "store_pending_writes", "Workload writes queued while Redis is unavailable"
+            ),
+            store_available=gauge(
+                "store_available", "1 while Redis takes the workload store's writes, else 0"
+            ),
+            store_refusals=Counter(
+                "trellis_endpoints_vm_store_refusals",
+                "Registrations and deregistrations refused (503) because Redis was unavailable",
+                ["operation"],
+                registry=registry,
+            ),
         )

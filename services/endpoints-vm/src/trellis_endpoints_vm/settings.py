@@ -25,3 +25,7 @@ class EndpointsVmSettings(ServiceSettings):
     )
     spec_poll_interval: float = Field(0.5, gt=0)
     expiry_interval: float = Field(0.5, gt=0)
+    # Longest a REST call waits on a Redis write before it counts as an outage.
+    store_timeout: float = Field(2.0, gt=0)
+    # How often to check that Redis still holds every registration (refilled if it lost them).
+    store_check_interval: float = Field(5.0, gt=0)

@@ -3,18 +3,48 @@
 Run Redis with persistence (``make run`` does) and a restart of endpoints-vm or of Redis
 loses no registration. Declared workloads (WorkloadEntry, ServiceEntry) are not stored:
 their source of truth is the spec directory.
+
+Loading never fails on one bad record. A field that is not a valid workload (truncated
+JSON, a field missing, an identity that does not validate, a field name that is not the
+record's id) is left out of :attr:`Loaded.workloads` and listed in :attr:`Loaded.rejected`
+with the place it lives (``<hash>[<field>]``) and why, for the manager to report. It stays
+in Redis until the workload registers again (the field is overwritten) or is deregistered.
+
+What a store does not do is wait: bounding and queueing writes across an outage is the
+:mod:`~trellis_endpoints_vm.keeper`'s job.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from trellis_endpoints_vm.domain import workloads
 
 log = logging.getLogger(__name__)
+
+#: Writes of many workloads go to Redis in pipelines of this many commands.
+CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A stored record that was not loaded: ``key`` is where it lives, ``reason`` why."""
+
+    field: str
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    workloads: list[workloads.Workload]
+    rejected: list[Rejected]
 
 
 class WorkloadStore(Protocol):
@@ -22,25 +52,82 @@ class WorkloadStore(Protocol):
 
     async def delete(self, workload_id: str) -> None: ...
 
-    async def load_all(self) -> list[workloads.Workload]: ...
+    async def write(
+        self, puts: Sequence[workloads.Workload], deletes: Sequence[str] = ()
+    ) -> None: ...
+
+    async def load_all(self) -> Loaded: ...
+
+    async def missing(self, workload_ids: Collection[str], extra: int = 0) -> list[str]:
+        """Which of ``workload_ids`` the store does not hold (it lost them).
+
+        ``extra`` is how many other fields the store is known to hold (rejected records), so
+        a count can rule out a loss without listing every field.
+        """
+        ...
+
+    async def ping(self) -> None: ...
+
+
+def parse_record(field: str, raw: bytes | str) -> workloads.Workload:
+    """One stored record, checked as a registration is; ``ValueError`` says what is wrong."""
+    workload = workloads.validate(workloads.from_json(raw))
+    if workload.id != field:
+        raise ValueError(f"stored under {field!r} but the record is workload {workload.id!r}")
+    return workload
 
 
 class RedisWorkloadStore:
     def __init__(self, redis: aioredis.Redis, prefix: str = "trellis") -> None:
         self._redis = redis
-        self._key = f"{prefix}:endpoints-vm:workloads"
+        self.key = f"{prefix}:endpoints-vm:workloads"
+
+    def location(self, field: str) -> str:
+        """Where a record lives, as an operator would look for it."""
+        return f"{self.key}[{field}]"
 
     async def put(self, workload: workloads.Workload) -> None:
-        await self._redis.hset(self._key, workload.id, workloads.to_json(workload))
+        await self._redis.hset(self.key, workload.id, workloads.to_json(workload))
 
     async def delete(self, workload_id: str) -> None:
-        await self._redis.hdel(self._key, workload_id)
+        await self._redis.hdel(self.key, workload_id)
 
-    async def load_all(self) -> list[workloads.Workload]:
-        found = []
-        for field, raw in (await self._redis.hgetall(self._key)).items():
+    async def write(self, puts: Sequence[workloads.Workload], deletes: Sequence[str] = ()) -> None:
+        commands = [("put", w.id, workloads.to_json(w)) for w in puts]
+        commands += [("delete", workload_id, "") for workload_id in deletes]
+        for start in range(0, len(commands), CHUNK):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for op, field, value in commands[start : start + CHUNK]:
+                    if op == "put":
+                        pipe.hset(self.key, field, value)
+                    else:
+                        pipe.hdel(self.key, field)
+                await pipe.execute()
+
+    async def load_all(self) -> Loaded:
+        try:
+            raw = await self._redis.hgetall(self.key)
+        except ResponseError as exc:  # WRONGTYPE: something else wrote this key
+            reason = f"not a hash of workload records: {exc}"
+            return Loaded([], [Rejected("", self.key, reason)])
+        found, rejected = [], []
+        for raw_field, value in raw.items():
+            field = _text(raw_field)
             try:
-                found.append(workloads.from_json(raw))
+                found.append(parse_record(field, value))
             except ValueError as exc:
-                log.error("store.skipped_record workload=%r error=%s", field, exc)
-        return found
+                rejected.append(Rejected(field, self.location(field), str(exc)))
+        return Loaded(found, rejected)
+
+    async def missing(self, workload_ids: Collection[str], extra: int = 0) -> list[str]:
+        if not workload_ids or await self._redis.hlen(self.key) >= len(workload_ids) + extra:
+            return []
+        stored = {_text(f) for f in await self._redis.hkeys(self.key)}
+        return sorted(set(workload_ids) - stored)
+
+    async def ping(self) -> None:
+        await self._redis.ping()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

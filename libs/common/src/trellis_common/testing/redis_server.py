@@ -6,6 +6,11 @@ a server on 127.0.0.1 with an append-only file fsynced on every write, so that
 with the data, like a production Redis with persistence. ``wipe()`` between the two
 simulates a Redis that lost its data. ``pause()``/``resume()`` (SIGSTOP/SIGCONT) make a
 server that accepts TCP connections but never answers, like a dead network path.
+
+Like the Redis ``trellis up`` runs, it rewrites its append-only file once the file has
+grown by ``aof_rewrite_percentage`` since the last rewrite and is at least
+``aof_rewrite_min_size`` (Redis' defaults, 100 and ``64mb``; tests of the rewrite pass a
+small size).
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class RedisServer:
         dir: Path | str | None = None,
         *,
         startup_timeout: float = 10.0,
+        aof_rewrite_percentage: int = 100,
+        aof_rewrite_min_size: str = "64mb",
     ) -> None:
         self._binary = find_redis_server()
         self._fixed_port = port is not None
@@ -73,6 +80,8 @@ class RedisServer:
         self._own_dir = dir is None
         self.dir = Path(tempfile.mkdtemp(prefix="trellis-redis-") if dir is None else dir)
         self._startup_timeout = startup_timeout
+        self.aof_rewrite_percentage = aof_rewrite_percentage
+        self.aof_rewrite_min_size = aof_rewrite_min_size
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -110,6 +119,8 @@ class RedisServer:
             "--save", "",
             "--appendonly", "yes",
             "--appendfsync", "always",
+            "--auto-aof-rewrite-percentage", str(self.aof_rewrite_percentage),
+            "--auto-aof-rewrite-min-size", self.aof_rewrite_min_size,
             "--dir", str(self.dir),
             "--logfile", str(self.log_path),
             "--daemonize", "no",

@@ -16,9 +16,12 @@ import itertools
 from dataclasses import dataclass, field
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
+from cryptography.hazmat.primitives.asymmetric.types import (
+    CertificateIssuerPrivateKeyTypes,
+    PublicKeyTypes,
+)
 from cryptography.x509.oid import NameOID
 
 from trellis_certmanager.domain.errors import CAError
@@ -77,15 +80,28 @@ class CertificateAuthority:
     @classmethod
     def from_pems(cls, pems: dict[str, bytes]) -> CertificateAuthority:
         try:
-            return cls(
+            ca = cls(
                 cert=x509.load_pem_x509_certificate(pems["cert_pem"]),
                 key=key_from_pem(pems["key_pem"]),
                 intermediates=tuple(_load_many(pems.get("intermediates_pem", b""))),
                 roots=tuple(_load_many(pems["roots_pem"])),
                 origin=pems.get("origin", b"generated").decode(),
             )
-        except (KeyError, ValueError) as exc:
+        except KeyError as exc:
+            raise CAError(f"stored CA is unreadable: field {exc.args[0]!r} is missing") from exc
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise CAError(f"stored CA is unreadable: {exc}") from exc
+        if not ca.roots:
+            raise CAError("stored CA is unreadable: it has no root certificate")
+        if _public_der(ca.cert.public_key()) != _public_der(ca.key.public_key()):
+            raise CAError("stored CA is unreadable: its key does not match its certificate")
+        return ca
+
+
+def _public_der(key: PublicKeyTypes) -> bytes:
+    return key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
 
 
 def fingerprint(cert: x509.Certificate) -> str:

@@ -26,3 +26,7 @@ class NotFound(CertificateError, LookupError):
 
 class CAError(CertificateError):
     """The CA cannot be loaded or would be replaced without the operator saying so."""
+
+
+class StoreUnavailable(CertificateError):
+    """The durable store (Redis) did not take a write; nothing was changed. Retry later."""

@@ -3,6 +3,11 @@
 A :class:`CertificateRecord` is the durable unit (JSON in the store). The key is held
 with ``repr=False`` and left out of :meth:`CertificateRecord.metadata`, the only form that
 goes to listings, REST answers, events and logs.
+
+A record read back from the store is not trusted: :func:`check` holds it to what the issuer
+would have produced (identities that validate, a certificate that parses and is the one the
+metadata describes, a key that matches it), so a record written by an older version, or
+damaged at rest, is refused at load instead of being served or breaking a loop later.
 """
 
 from __future__ import annotations
@@ -10,8 +15,21 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
+
+from trellis_common.ids import (
+    InvalidIdentifier,
+    ProxyCommonName,
+    validate_dns_label,
+    validate_dns_subdomain,
+)
 
 
 class CertificateKind(enum.StrEnum):
@@ -94,5 +112,62 @@ class CertificateRecord:
                 cert_chain_pem=body["cert_chain_pem"].encode(),
                 key_pem=body["key_pem"].encode(),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed certificate record: {exc!r}") from exc
+
+
+def past_expiry(
+    records: Iterable[CertificateRecord], now: dt.datetime, grace: dt.timedelta
+) -> list[str]:
+    """The common names of records that expired more than ``grace`` ago, sorted."""
+    return sorted(r.common_name for r in records if r.not_after + grace <= now)
+
+
+class InvalidRecord(ValueError):
+    """A stored record is not one the issuer would have made; the message says why."""
+
+
+def check(record: CertificateRecord) -> CertificateRecord:
+    """Return ``record`` if it is sound, else raise :class:`InvalidRecord` naming the fault."""
+    try:
+        validate_dns_label(record.namespace, "namespace")
+        validate_dns_label(record.service, "service name")
+        validate_dns_subdomain(record.service_account, "service account")
+        if record.kind is CertificateKind.PROXY:
+            cn = ProxyCommonName.parse(record.common_name)
+            if (cn.proxy_id, cn.service, cn.namespace) != (
+                record.proxy_id,
+                record.service,
+                record.namespace,
+            ):
+                raise InvalidRecord(
+                    f"common name {record.common_name!r} does not match proxy_id, service "
+                    "and namespace"
+                )
+        elif not record.common_name.startswith(f"{record.service}.{record.namespace}.svc."):
+            raise InvalidRecord(
+                f"common name {record.common_name!r} is not the service certificate of "
+                f"{record.namespace}/{record.service}"
+            )
+    except InvalidIdentifier as exc:
+        raise InvalidRecord(str(exc)) from exc
+    for name in ("not_before", "not_after", "renew_after"):
+        if getattr(record, name).tzinfo is None:
+            raise InvalidRecord(f"{name} has no time zone")
+    try:
+        leaf = x509.load_pem_x509_certificate(record.cert_chain_pem)
+    except ValueError as exc:
+        raise InvalidRecord(f"cert_chain_pem is not a PEM certificate: {exc}") from exc
+    subject = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if [a.value for a in subject] != [record.common_name] or leaf.serial_number != record.serial:
+        raise InvalidRecord("cert_chain_pem holds another certificate than the record describes")
+    try:
+        key = serialization.load_pem_private_key(record.key_pem, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise InvalidRecord(f"key_pem is not an unencrypted PEM private key: {exc}") from exc
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(
+        serialization.Encoding.DER, spki
+    ) != leaf.public_key().public_bytes(serialization.Encoding.DER, spki):
+        raise InvalidRecord("key_pem does not match the certificate")
+    return record

@@ -1,7 +1,8 @@
 """certmanager's admin REST routes: certificate metadata, the root, rotation on demand.
 
 Answers carry metadata and public certificates only; no route returns a private key.
-Rotation changes state, so it needs the admin token.
+Rotation changes state, so it needs the admin token, as does deleting a stored record that
+was refused at load (corrupt): the only records DELETE removes.
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ def add_routes(app: FastAPI, manager: CertificateManager, guard: Any) -> None:
         except NotFound as exc:
             raise HTTPException(404, str(exc)) from exc
         return {"rotated": True, "revision": manager.revision, "certificate": record.metadata()}
+
+    @router.delete("/certificates/{common_name}", dependencies=[Depends(guard)], status_code=204)
+    async def delete_rejected(common_name: str) -> None:
+        try:
+            await manager.delete_rejected(common_name)
+        except NotFound as exc:
+            raise HTTPException(
+                404, f"{exc} among the records refused at load; only those can be deleted"
+            ) from exc
 
     @router.get("/root")
     async def root() -> dict[str, Any]:

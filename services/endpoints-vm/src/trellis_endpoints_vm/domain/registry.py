@@ -5,10 +5,18 @@ with its new view (or ``None`` when the service is gone). Only the services a ch
 touch are recomputed: a workload touches the services it names and the ServiceEntries of
 its namespace whose selector matches its labels (before or after the change); a reload of
 declarations touches every service an entry names, before and after.
+
+A workload with a TTL is alive while its heartbeats keep coming, or while the control
+plane owes it a *grace*: when its heartbeats cannot be persisted (Redis is down), the
+manager :meth:`~EndpointRegistry.hold`-s it, and on recovery :meth:`~EndpointRegistry.release`
+gives it one more TTL from then. A workload never expires because the control plane could
+not write. Every liveness check here goes through :meth:`~EndpointRegistry.is_alive`, so
+views, expiry and listings agree.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -41,6 +49,7 @@ class EndpointRegistry:
         self.workloads: dict[str, Workload] = {}
         self.views: dict[ServiceKey, ServiceView] = {}
         self._alive: dict[str, bool] = {}
+        self._grace: dict[str, float] = {}  # workload id -> alive until (inf: held)
         self._by_service: dict[ServiceKey, set[str]] = defaultdict(set)
         self._entries: dict[str, DeclaredEntry] = {}
         self._workload_entries: dict[str, DeclaredEndpoint] = {}
@@ -57,7 +66,8 @@ class EndpointRegistry:
             for service in old.services:
                 self._by_service[ServiceKey(old.namespace, service)].discard(old.id)
         self.workloads[workload.id] = workload
-        self._alive[workload.id] = workload.alive(now)
+        self._grace.pop(workload.id, None)
+        self._alive[workload.id] = self.is_alive(workload, now)
         for service in workload.services:
             self._by_service[ServiceKey(workload.namespace, service)].add(workload.id)
         return self._recompute(touched, now)
@@ -67,6 +77,7 @@ class EndpointRegistry:
         if old is None:
             raise UnknownWorkload(workload_id)
         self._alive.pop(workload_id, None)
+        self._grace.pop(workload_id, None)
         for service in old.services:
             key = ServiceKey(old.namespace, service)
             self._by_service[key].discard(old.id)
@@ -82,7 +93,7 @@ class EndpointRegistry:
         self.workloads[workload_id] = beaten
         # Past its TTL, it may already be out of its views (any recompute leaves it out)
         # even if expire() has not run yet: then recompute, as for a revival.
-        if self._alive.get(workload_id) and current.alive(now):
+        if self._alive.get(workload_id) and self.is_alive(current, now):
             return beaten, []
         self._alive[workload_id] = True
         return beaten, self._recompute(self._touched_by(beaten), now)
@@ -94,13 +105,51 @@ class EndpointRegistry:
         for workload_id, workload in self.workloads.items():
             if workload.ttl is None:
                 continue
-            alive = workload.alive(now)
+            alive = self.is_alive(workload, now)
             if alive != self._alive.get(workload_id):
                 self._alive[workload_id] = alive
                 touched |= self._touched_by(workload)
                 if not alive:
                     expired.append(workload_id)
+        for workload_id, until in list(self._grace.items()):
+            if until <= now:
+                del self._grace[workload_id]
         return self._recompute(touched, now), expired
+
+    # -- grace: liveness the control plane owes a workload -----------------------------
+
+    def is_alive(self, workload: Workload, now: float) -> bool:
+        """Alive by its own heartbeats, or within a grace granted by :meth:`release`."""
+        return workload.alive(now) or now < self._grace.get(workload.id, -math.inf)
+
+    def hold(self, now: float, workload_ids: Iterable[str] | None = None) -> int:
+        """Keep alive, until :meth:`release`, these workloads (default: every alive one).
+
+        Returns how many are held now. Workloads already dead stay dead: their heartbeats
+        stopped before the control plane lost its store.
+        """
+        ids = list(self.workloads) if workload_ids is None else workload_ids
+        for workload_id in ids:
+            workload = self.workloads.get(workload_id)
+            if workload is not None and workload.ttl is not None and self.is_alive(workload, now):
+                self._grace[workload_id] = math.inf
+        return sum(1 for until in self._grace.values() if until == math.inf)
+
+    def release(self, now: float) -> int:
+        """End every hold: each held workload stays alive one more TTL from ``now``."""
+        released = 0
+        for workload_id, until in list(self._grace.items()):
+            workload = self.workloads.get(workload_id)
+            if workload is None or workload.ttl is None:
+                del self._grace[workload_id]
+            elif until == math.inf:
+                self._grace[workload_id] = now + workload.ttl
+                released += 1
+        return released
+
+    def grace_until(self, workload_id: str) -> float | None:
+        """The end of a workload's grace (``inf`` while held), or ``None``."""
+        return self._grace.get(workload_id)
 
     # -- declarations (ServiceEntry, WorkloadEntry) -------------------------------------
 
@@ -161,7 +210,7 @@ class EndpointRegistry:
         members = [self.workloads[i] for i in sorted(self._by_service.get(key, ()))]
         if entry is None and not members:
             return None
-        endpoints: list[EndpointInfo] = [w.endpoint() for w in members if w.alive(now)]
+        endpoints: list[EndpointInfo] = [w.endpoint() for w in members if self.is_alive(w, now)]
         if entry is not None:
             info = entry.info(key.name)
             endpoints += entry.resolve(key.name, self._selected(entry, now))
@@ -180,7 +229,7 @@ class EndpointRegistry:
         for workload in self.workloads.values():
             if (
                 workload.namespace == entry.namespace
-                and workload.alive(now)
+                and self.is_alive(workload, now)
                 and entry.selects(workload.label_map())
             ):
                 found.append(

@@ -151,25 +151,51 @@ def to_json(workload: Workload) -> str:
     )
 
 
+def _string(body: dict[str, object], name: str) -> str:
+    value = body[name]
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
 def from_json(text: str | bytes) -> Workload:
+    """Parse a stored record; ``ValueError`` names what is wrong with a bad one.
+
+    Only the shape is checked here; :func:`validate` checks the values.
+    """
     try:
         body = json.loads(text)
-        if not isinstance(body["services"], list) or not isinstance(body["ports"], list):
-            raise TypeError("services and ports must be lists")
+        if not isinstance(body, dict):
+            raise TypeError(f"a record must be a JSON object, got {type(body).__name__}")
+        services, ports, labels = body["services"], body["ports"], body["labels"]
+        if not isinstance(services, list) or not all(isinstance(s, str) for s in services):
+            raise TypeError("services must be a list of strings")
+        if not isinstance(ports, list):
+            raise TypeError("ports must be a list of [name, number] pairs")
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise TypeError("labels must map strings to strings")
         return Workload(
-            namespace=body["namespace"],
-            name=body["name"],
-            services=tuple(body["services"]),
-            address=body["address"],
-            ports=tuple((str(n), int(p)) for n, p in body["ports"]),
-            labels=tuple(sorted(body["labels"].items())),
-            service_account=body["service_account"],
-            locality=body["locality"],
-            network=body["network"],
+            namespace=_string(body, "namespace"),
+            name=_string(body, "name"),
+            services=tuple(services),
+            address=_string(body, "address"),
+            ports=tuple((str(n), int(p)) for n, p in ports),
+            labels=tuple(sorted(labels.items())),
+            service_account=_string(body, "service_account"),
+            locality=_string(body, "locality"),
+            network=_string(body, "network"),
             weight=int(body["weight"]),
             ttl=None if body["ttl"] is None else float(body["ttl"]),
             registered_at=float(body["registered_at"]),
             last_heartbeat=float(body["last_heartbeat"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"malformed workload record: {exc!r}") from exc
+        raise ValueError(f"malformed workload record: {_describe(exc)}") from exc
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"field {exc.args[0]!r} is missing"
+    return str(exc) or type(exc).__name__

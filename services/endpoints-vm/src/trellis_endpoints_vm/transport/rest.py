@@ -2,6 +2,11 @@
 
 Routes that change state (register, heartbeat, deregister) need the admin token. A body
 that is not valid gets 422 with ``field`` and a reason; the registry is left as it was.
+
+While Redis is unavailable a registration or deregistration gets 503 naming Redis (nothing
+changed; retry), and a heartbeat is still accepted (``persisted: false``: it counts, and is
+written when Redis is back). Deregistering the id of a stored record that was refused at
+load (corrupt) deletes that record.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
-from trellis_endpoints_vm.manager import EndpointsManager, UnknownWorkload
+from trellis_endpoints_vm.manager import EndpointsManager, StoreUnavailable, UnknownWorkload
 
 
 class PortBody(BaseModel):
@@ -126,6 +131,12 @@ def add_routes(
     async def invalid(_: Any, exc: InvalidWorkload) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=422)
 
+    @app.exception_handler(StoreUnavailable)
+    async def unavailable(_: Any, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(exc), "store": "redis"}, status_code=503, headers={"Retry-After": "1"}
+        )
+
     @router.post("/workloads", dependencies=[Depends(guard)], status_code=201, tags=["workloads"])
     async def register(body: RegistrationBody) -> dict[str, Any]:
         workload = await manager.register(body.workload())
@@ -139,7 +150,12 @@ def add_routes(
             workload = await manager.heartbeat(f"{namespace}/{name}")
         except UnknownWorkload as exc:
             raise HTTPException(404, f"{exc}; register it first") from exc
-        return {"workload": workload.id, "alive": True, "expires_at": workload.expires_at}
+        return {
+            "workload": workload.id,
+            "alive": True,
+            "expires_at": workload.expires_at,
+            "persisted": workload.id not in manager.keeper.pending,
+        }
 
     @router.delete(
         "/workloads/{namespace}/{name}", dependencies=[Depends(guard)], tags=["workloads"]

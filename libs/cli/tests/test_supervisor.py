@@ -1,0 +1,91 @@
+"""The supervisor's log files: rotated by size, so a long-running mesh never fills the disk."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from trellis_cli.supervisor import LogRotation, ProcessSpec, RotatingFile, Supervisor, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1048576", 1048576), ("10MiB", 10 * 2**20), ("512k", 512 * 1024), ("2 GB", 2 * 2**30)],
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "ten", "10 parsecs", "-1"])
+def test_parse_size_names_a_bad_size(text: str) -> None:
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_rotation_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="max bytes"):
+        LogRotation(0, 1)
+    with pytest.raises(ValueError, match="backups"):
+        LogRotation(10, -1)
+
+
+def sizes(log_dir: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(log_dir.iterdir())}
+
+
+def test_a_file_rotates_without_splitting_lines_and_keeps_its_backups(tmp_path: Path) -> None:
+    path = tmp_path / "svc.log"
+    lines = [f"line {i:04d} {'x' * 40}\n".encode() for i in range(1000)]  # 51 bytes each
+    with RotatingFile(path, LogRotation(max_bytes=1000, backups=2)) as sink:
+        for line in lines:
+            sink.write(line)
+    assert sorted(sizes(tmp_path)) == ["svc.log", "svc.log.1", "svc.log.2"]
+    assert all(size <= 1000 for size in sizes(tmp_path).values())
+    newest = path.read_bytes().splitlines(keepends=True)
+    previous = (tmp_path / "svc.log.1").read_bytes().splitlines(keepends=True)
+    assert newest[-1] == lines[-1]
+    assert previous + newest == lines[-len(previous) - len(newest) :]  # in order, whole lines
+
+
+def test_without_backups_the_file_starts_over(tmp_path: Path) -> None:
+    with RotatingFile(tmp_path / "svc.log", LogRotation(max_bytes=100, backups=0)) as sink:
+        for i in range(50):
+            sink.write(f"{i:09d}\n".encode())
+    assert sizes(tmp_path) == {"svc.log": 100}
+
+
+def test_a_reopened_file_counts_what_it_already_holds(tmp_path: Path) -> None:
+    path = tmp_path / "svc.log"
+    path.write_bytes(b"x" * 90 + b"\n")
+    with RotatingFile(path, LogRotation(max_bytes=100, backups=1)) as sink:
+        sink.write(b"0123456789\n")
+    assert sizes(tmp_path) == {"svc.log": 11, "svc.log.1": 91}
+
+
+async def test_a_chatty_process_leaves_bounded_rotated_logs(tmp_path: Path) -> None:
+    async def ready() -> bool:
+        return True
+
+    count, max_bytes = 20_000, 64 * 1024
+    script = f"for i in range({count}): print(f'line {{i:06d}} ' + 'x' * 80)"  # ~1.9 MB
+    echoed: list[str] = []
+    log_dir = tmp_path / "logs"
+    supervisor = Supervisor(
+        [ProcessSpec("chatty", [sys.executable, "-c", script], ready)],
+        log_dir,
+        lambda name, line: echoed.append(line),
+        rotation=LogRotation(max_bytes=max_bytes, backups=2),
+    )
+    await supervisor.start()
+    [child] = supervisor.children
+    assert child.pump is not None
+    assert child.process is not None
+    await child.pump  # the child's output, to its end
+    assert await child.process.wait() == 0
+
+    assert sorted(sizes(log_dir)) == ["chatty.log", "chatty.log.1", "chatty.log.2"]
+    assert sum(sizes(log_dir).values()) <= 3 * max_bytes
+    assert (log_dir / "chatty.log").read_text().splitlines()[-1].startswith(f"line {count - 1:06d}")
+    assert len(echoed) == count  # the terminal still sees every line

@@ -1,0 +1,248 @@
+"""Keeping endpoints-vm's durable store in step with memory, across Redis outages.
+
+The manager's memory is the registry in force; Redis holds its durable copy. Every write
+to that copy goes through one :class:`StoreKeeper`:
+
+* While the store is *available*, a write happens at once and is bounded by ``timeout``:
+  a frozen Redis costs a caller at most that long, once.
+* A write that fails or times out makes the store *unavailable* and queues the workload's
+  id. While it is unavailable nothing waits on Redis: :meth:`StoreKeeper.persist` only
+  queues, and :meth:`StoreKeeper.put`/:meth:`StoreKeeper.delete` raise
+  :class:`StoreUnavailable` at once; the manager decides what that means for its caller.
+* :meth:`StoreKeeper.run` probes Redis (PING, with backoff) and, once it answers, flushes
+  the queue: for each queued id it writes the state memory holds *then* (the latest
+  heartbeat, or a delete when the workload is gone). Ids are queued rather than values, so
+  a later change supersedes an earlier one, and a write that timed out but landed anyway
+  is corrected by the flush.
+* After each recovery, and every ``check_interval``, it checks that Redis still holds every
+  workload memory holds. A Redis that came back empty (or from an older copy) gets the
+  missing registrations rewritten, as certmanager refills its records.
+
+The store's state is a :class:`~trellis_common.health.Loop` (``workload-store``): down with
+the reason and the number of queued writes while Redis is unavailable, so ``/readyz`` and
+``trellis status`` say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from redis.exceptions import RedisError
+
+from trellis_common.health import Loop, Loops
+from trellis_common.signaling import DEFAULT_BACKOFF, Backoff, BackoffPolicy
+from trellis_endpoints_vm.domain.workloads import Workload
+from trellis_endpoints_vm.store import CHUNK, WorkloadStore
+
+log = logging.getLogger(__name__)
+
+LOOP_NAME = "workload-store"
+FAILURES = (RedisError, OSError, TimeoutError)
+
+
+class StoreUnavailable(Exception):
+    """The durable store did not take a write: Redis is down, frozen or refusing writes."""
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class StoreKeeper:
+    def __init__(
+        self,
+        store: WorkloadStore,
+        current: Callable[[str], Workload | None],
+        known: Callable[[], Collection[str]],
+        *,
+        timeout: float = 2.0,
+        check_interval: float = 5.0,
+        extra: Callable[[], int] = lambda: 0,
+        on_unavailable: Callable[[], None] = lambda: None,
+        on_recovered: Callable[[], None] = lambda: None,
+        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+    ) -> None:
+        self._store = store
+        self._current = current
+        self._known = known
+        self._timeout = timeout
+        self._check_interval = check_interval
+        self._extra = extra
+        self._on_unavailable = on_unavailable
+        self._on_recovered = on_recovered
+        self._backoff = Backoff(backoff)
+        self._io = asyncio.Lock()  # one write at a time, so a flush never overtakes a put
+        self._wake = asyncio.Event()
+        self._loop: Loop | None = None
+        self.available = True
+        self.reason = ""
+        self.down_since = 0.0
+        self.pending: set[str] = set()
+
+    # -- writes ----------------------------------------------------------------------
+
+    async def put(self, workload: Workload) -> None:
+        """Store ``workload`` now, or raise :class:`StoreUnavailable`."""
+        await self._write_now(workload.id, [workload], [])
+
+    async def delete(self, workload_id: str) -> None:
+        """Delete ``workload_id`` from the store now, or raise :class:`StoreUnavailable`."""
+        await self._write_now(workload_id, [], [workload_id])
+
+    async def persist(self, workload_id: str) -> bool:
+        """Write memory's state of ``workload_id`` now, or queue it if the store is down.
+
+        Returns whether it is stored; never raises for an outage.
+        """
+        with contextlib.suppress(StoreUnavailable):
+            workload = self._current(workload_id)
+            puts, deletes = ([workload], []) if workload is not None else ([], [workload_id])
+            await self._write_now(workload_id, puts, deletes)
+            return True
+        self.pending.add(workload_id)
+        return False
+
+    async def _write_now(
+        self, workload_id: str, puts: Sequence[Workload], deletes: Sequence[str]
+    ) -> None:
+        if self.available:
+            async with self._io:
+                if self.available:
+                    try:
+                        async with asyncio.timeout(self._timeout):
+                            await self._store.write(puts, deletes)
+                    except FAILURES as exc:
+                        self.pending.add(workload_id)  # the flush makes Redis match memory
+                        self._fail(exc)
+                    else:
+                        self.pending.discard(workload_id)
+                        return
+        raise StoreUnavailable(self.explain())
+
+    def explain(self) -> str:
+        down_for = time.monotonic() - self.down_since
+        return (
+            f"Redis is unavailable ({self.reason}; for {down_for:.1f}s): nothing was stored; "
+            "retry once Redis is back"
+        )
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.available:
+            return
+        self.available = False
+        self.reason = describe(exc)
+        self.down_since = time.monotonic()
+        log.warning("store.unavailable error=%r action=queueing-writes", self.reason)
+        self._on_unavailable()
+        self._report()
+        self._wake.set()
+
+    def _report(self) -> None:
+        if self._loop is None:
+            return
+        if self.available and not self.pending:
+            self._loop.up()
+            return
+        reason = f"redis unavailable: {self.reason}"
+        if self._loop.is_up or self._loop.reason != reason:
+            self._loop.down(reason)
+
+    # -- the loop: probe, flush, refill ------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, loops: Loops | None = None) -> None:
+        self._loop = loops.register(LOOP_NAME) if loops is not None else None
+        self._report()
+        next_check = time.monotonic() + self._check_interval
+        try:
+            while not stop.is_set():
+                delay = max(0.0, next_check - time.monotonic())
+                try:
+                    if not self.available or self.pending:
+                        await self.recover()
+                        self._backoff.reset()
+                        next_check = time.monotonic() + self._check_interval
+                        delay = self._check_interval
+                    elif delay == 0.0:
+                        await self.refill_if_lost()
+                        next_check = time.monotonic() + self._check_interval
+                        delay = self._check_interval
+                except FAILURES as exc:
+                    self._fail(exc)
+                    delay = self._backoff.next()
+                except Exception as exc:  # a bug must not end the keeper: retried like an outage
+                    log.exception("store.keeper_failed")
+                    self._fail(exc)
+                    delay = self._backoff.next()
+                self._wake.clear()
+                await _either(stop, self._wake, delay)
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None
+
+    async def recover(self) -> int:
+        """Probe Redis, flush what is queued, then refill what it lost; returns flushed."""
+        async with asyncio.timeout(self._timeout):
+            await self._store.ping()
+        flushed = await self.flush()
+        if not self.available:
+            down_for = time.monotonic() - self.down_since
+            self.available, self.reason = True, ""
+            log.info("store.recovered down_for=%.1fs flushed=%d", down_for, flushed)
+            self._on_recovered()
+        self._report()
+        await self.refill_if_lost()
+        return flushed
+
+    async def flush(self) -> int:
+        """Write memory's state of every queued id, a chunk at a time."""
+        flushed = 0
+        while self.pending:
+            async with self._io:
+                batch = sorted(self.pending)[:CHUNK]
+                self.pending.difference_update(batch)
+                puts, deletes = [], []
+                for workload_id in batch:
+                    workload = self._current(workload_id)
+                    if workload is None:
+                        deletes.append(workload_id)
+                    else:
+                        puts.append(workload)
+                try:
+                    async with asyncio.timeout(self._timeout):
+                        await self._store.write(puts, deletes)
+                except BaseException:
+                    self.pending.update(batch)
+                    raise
+            flushed += len(batch)
+        return flushed
+
+    async def refill_if_lost(self) -> int:
+        """Rewrite the workloads Redis does not hold (it lost its data); returns how many."""
+        async with self._io:
+            async with asyncio.timeout(self._timeout):
+                missing = await self._store.missing(list(self._known()), self._extra())
+            puts = [w for w in map(self._current, missing) if w is not None]
+            if not puts:
+                return 0
+            log.warning("workloads.store_lost missing=%d action=restoring", len(puts))
+            for start in range(0, len(puts), CHUNK):
+                async with asyncio.timeout(self._timeout):
+                    await self._store.write(puts[start : start + CHUNK])
+            log.warning("workloads.store_restored count=%d", len(puts))
+            return len(puts)
+
+
+async def _either(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:
+    """Wait until either event is set, or ``timeout`` seconds."""
+    tasks = {asyncio.create_task(first.wait()), asyncio.create_task(second.wait())}
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
