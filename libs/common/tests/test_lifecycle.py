@@ -159,7 +159,7 @@ async def test_a_supervised_component_is_restarted_and_reported() -> None:
         if len(runs) == 1:
             raise OSError("spec directory unreadable")
         if len(runs) == 2:
-            return  # ended while the service still runs: also restarted
+            raise RuntimeError("again")
         stop.set()
 
     component = lifecycle.supervised("spec source", watcher, loops, initial=0.001)
@@ -190,3 +190,19 @@ async def test_a_supervised_component_is_down_with_the_reason_between_runs() -> 
         timeout=5,
     )
     assert seen == [{"sweep": "RuntimeError: boom"}]
+
+
+async def test_a_supervised_component_that_returns_is_done() -> None:
+    from trellis_common.health import Loops
+
+    loops = Loops()
+    runs: list[int] = []
+
+    async def nothing_to_watch(halt: asyncio.Event) -> None:
+        runs.append(1)
+
+    await asyncio.wait_for(
+        lifecycle.supervised("spec directory", nothing_to_watch, loops)(asyncio.Event()), 5
+    )
+    assert runs == [1]
+    assert list(loops) == []

@@ -42,7 +42,9 @@ async def test_writes_queue_while_down_and_the_loop_flushes_them_when_back(
     await eventually(lambda: [loop.name for loop in loops if loop.is_up] == [LOOP_NAME])
 
     store.down = True
-    assert not await keeper.persist("shop/vm-1")
+    assert await keeper.persist("shop/vm-1")  # queued; written behind, never awaited
+    await eventually(lambda: not keeper.available)  # the write behind met the outage
+    assert not await keeper.persist("shop/vm-1")  # known down: queued, the caller holds it
     with pytest.raises(StoreUnavailable, match="ConnectionError: the store is down"):
         await keeper.put(make_workload("vm-2"))
     assert keeper.pending == {"shop/vm-1"}  # known down: the put was not even tried
@@ -80,7 +82,8 @@ async def test_a_frozen_redis_costs_one_bounded_wait_then_none(
     try:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        assert not await keeper.persist(workload.id)
+        with pytest.raises(StoreUnavailable, match="TimeoutError"):
+            await keeper.put(workload)  # the one bounded wait
         assert loop.time() - started < 1.0
         started = loop.time()
         for _ in range(10):  # known down: no wait at all

@@ -126,6 +126,7 @@ async def test_register_heartbeat_deregister_write_the_store(
     clock.now = NOW + 5
     beaten = await manager.heartbeat("shop/vm-1")
     assert (beaten.registered_at, beaten.last_heartbeat) == (NOW, NOW + 5)
+    assert await manager.keeper.write_behind()  # what the keeper's loop does at once
     assert store.workloads == {"shop/vm-1": beaten}
     assert manager.registry.workloads["shop/vm-1"] == beaten
     assert manager.workloads() == [(beaten, True)]
@@ -477,6 +478,7 @@ async def test_heartbeats_while_the_store_is_down_count_and_are_written_when_it_
     store.down = True
     clock.now = NOW + 5
     beaten = await manager.heartbeat("shop/vm-1")
+    assert not await manager.keeper.write_behind()  # the keeper's loop meets the outage
     assert beaten.last_heartbeat == NOW + 5
     assert manager.keeper.pending == {"shop/vm-1"}
     assert sample(metrics_registry, "store_pending_writes") == 1.0
@@ -524,6 +526,8 @@ async def test_changes_while_the_store_is_down_reach_watchers_without_ringing_th
     await manager.expire_once()
     changes = manager.watch()
     store.down = True
+    with pytest.raises(StoreUnavailable):  # a write meets the outage: the store is down
+        await manager.keeper.put(make_workload("vm-9"))
     await manager.heartbeat("shop/vm-1")  # a revival: a change, while Redis is away
     assert await take(changes, 1) == [(3, "shop/api", ["10.0.0.1"])]
     assert len(bell.rung) == 2

@@ -44,12 +44,13 @@ def supervised(
     initial: float = 0.2,
     maximum: float = 10.0,
 ) -> Component:
-    """``component``, restarted with jittered backoff whenever it fails or ends early.
+    """``component``, restarted with jittered backoff whenever it fails.
 
     It is reported on ``loops`` as ``name``: up while it runs, down with the reason from a
     failure until its next start. A component that watches something for the whole life of
     the service (a spec directory, a sweep, a discovery loop) thus never dies silently and
-    never takes the service down with it.
+    never takes the service down with it. One that returns has nothing (more) to do: it
+    leaves the table.
     """
 
     async def run(stop: asyncio.Event) -> None:
@@ -60,10 +61,8 @@ def supervised(
                 loop.up()
                 try:
                     await component(stop)
-                    if stop.is_set():
-                        return
-                    reason = "ended unexpectedly"
-                    log.error("component.ended component=%r retry_in=%.2fs", name, delay)
+                    log.debug("component.done component=%r", name)
+                    return
                 except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"
                     log.exception("component.failed component=%r retry_in=%.2fs", name, delay)

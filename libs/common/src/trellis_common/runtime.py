@@ -64,7 +64,12 @@ class ServiceRuntime:
         return admin.token_guard(self.token)
 
     async def redis_ready(self) -> bool:
-        return bool(await self.redis.ping())
+        """Redis answers PING within a second (a frozen Redis must not hang /readyz)."""
+        try:
+            async with asyncio.timeout(1.0):
+                return bool(await self.redis.ping())
+        except TimeoutError:
+            return False
 
     def admin_app(self, readiness: Mapping[str, admin.ReadinessCheck]) -> FastAPI:
         return admin.create_app(

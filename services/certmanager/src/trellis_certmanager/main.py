@@ -88,10 +88,10 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
         stop,
         grpc_server,
         app,
-        [
-            lambda s: manager.run_rotation(s, settings.rotation_interval),
-            manager.guard_store,
-        ],
+        {
+            "rotation": lambda s: manager.run_rotation(s, settings.rotation_interval),
+            "store guard": manager.guard_store,
+        },
         attributes={"root": manager.ca.fingerprint},
     )
 

@@ -3,8 +3,9 @@
 The manager's memory is the registry in force; Redis holds its durable copy. Every write
 to that copy goes through one :class:`StoreKeeper`:
 
-* While the store is *available*, a write happens at once and is bounded by ``timeout``:
-  a frozen Redis costs a caller at most that long, once.
+* While the store is *available*, a registration's write happens at once and is bounded
+  by ``timeout``: a frozen Redis costs a caller at most that long, once. A heartbeat's write
+  is queued and written behind (:meth:`StoreKeeper.persist`), so it never waits on Redis.
 * A write that fails or times out makes the store *unavailable* and queues the workload's
   id. While it is unavailable nothing waits on Redis: :meth:`StoreKeeper.persist` only
   queues, and :meth:`StoreKeeper.put`/:meth:`StoreKeeper.delete` raise
@@ -26,7 +27,6 @@ the reason and the number of queued writes while Redis is unavailable, so ``/rea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -95,17 +95,15 @@ class StoreKeeper:
         await self._write_now(workload_id, [], [workload_id])
 
     async def persist(self, workload_id: str) -> bool:
-        """Write memory's state of ``workload_id`` now, or queue it if the store is down.
+        """Queue memory's state of ``workload_id`` to be written behind (a heartbeat).
 
-        Returns whether it is stored; never raises for an outage.
+        Never waits on Redis: the keeper's loop writes queued ids in batches, at once while
+        the store is available. Returns whether the store is available (False: the write
+        waits for Redis to come back, and the caller should hold the workload alive).
         """
-        with contextlib.suppress(StoreUnavailable):
-            workload = self._current(workload_id)
-            puts, deletes = ([workload], []) if workload is not None else ([], [workload_id])
-            await self._write_now(workload_id, puts, deletes)
-            return True
         self.pending.add(workload_id)
-        return False
+        self._wake.set()
+        return self.available
 
     async def _write_now(
         self, workload_id: str, puts: Sequence[Workload], deletes: Sequence[str]
@@ -162,11 +160,13 @@ class StoreKeeper:
             while not stop.is_set():
                 delay = max(0.0, next_check - time.monotonic())
                 try:
-                    if not self.available or self.pending:
+                    if not self.available:
                         await self.recover()
                         self._backoff.reset()
                         next_check = time.monotonic() + self._check_interval
                         delay = self._check_interval
+                    elif self.pending:  # writes behind (heartbeats): a batch at a time
+                        await self.write_behind()
                     elif delay == 0.0:
                         await self.refill_if_lost()
                         next_check = time.monotonic() + self._check_interval
@@ -198,6 +198,19 @@ class StoreKeeper:
         self._report()
         await self.refill_if_lost()
         return flushed
+
+    async def write_behind(self) -> bool:
+        """Write what is queued while the store is available; an outage makes it
+        unavailable (and the manager hold its workloads). Returns whether all was written."""
+        if not self.available:
+            return False
+        try:
+            await self.flush()
+        except FAILURES as exc:
+            self._fail(exc)
+            return False
+        self._report()
+        return True
 
     async def flush(self) -> int:
         """Write memory's state of every queued id, a chunk at a time."""

@@ -97,11 +97,11 @@ async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
         stop,
         grpc_server,
         app,
-        [
-            lambda s: manager.run_expiry(s, settings.expiry_interval),
-            declarations.run,
-            lambda s: manager.keeper.run(s, runtime.health.loops),
-        ],
+        {
+            "expiry sweep": lambda s: manager.run_expiry(s, settings.expiry_interval),
+            "spec directory": declarations.run,
+            "store keeper": lambda s: manager.keeper.run(s, runtime.health.loops),
+        },
         attributes={"provider": grpc_api.PROVIDER},
     )
 
