@@ -24,6 +24,7 @@ from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.clients.certs import CertClient
+from trellis_proxy_cp.clients.expected import ExpectationTiming
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.credentials import ServingCertificate
 from trellis_proxy_cp.hooks import ProxyHooks
@@ -88,7 +89,10 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
         else:
             await control_plane.set_material(identity, material)
 
-    catalog = CatalogClient(catalog_address, on_view, settings.instance_name)
+    expectation = ExpectationTiming(
+        settings.expected_min_interval, settings.expected_max_age, settings.expected_refused_for
+    )
+    catalog = CatalogClient(catalog_address, on_view, settings.instance_name, expectation)
     certs = CertClient(certs_address, on_material)
 
     def forget(identity: str) -> None:

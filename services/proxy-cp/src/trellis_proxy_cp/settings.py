@@ -25,3 +25,9 @@ class ProxyCpSettings(ServiceSettings):
     # proxy-cp's own identity: the serving certificate of the xDS port.
     namespace: str = "trellis-system"
     service_account: str = "proxy-cp"
+    # Expected proxies (clients/expected.py): listings of the catalog start at least this
+    # far apart (s); a listing says yes for this long; a proxy a listing did not name is
+    # refused without asking again for this long.
+    expected_min_interval: float = Field(0.25, ge=0)
+    expected_max_age: float = Field(10.0, gt=0)
+    expected_refused_for: float = Field(5.0, ge=0)

@@ -42,12 +42,14 @@ log = logging.getLogger(__name__)
 
 
 class StreamRefused(Exception):
-    """The authorizer's refusal: the stream is aborted with ``code`` and ``message``."""
+    """A refusal: the stream is aborted with ``code`` and ``message``. ``reason`` is a short
+    fixed word for metrics (``not_expected``, ``too_many_names``...)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "refused") -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.reason = reason
 
 
 @dataclasses.dataclass
