@@ -172,6 +172,9 @@ class _CountingHooks:
         self.expected: dict[str, str] = {}  # snapshot key -> EDS version of the change
         self.acks = 0
 
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        self._inner.on_refused(proxy_id, protocol, refused)
+
     def on_open(self, stream: ProxyStream) -> None:
         self._inner.on_open(stream)
 

@@ -45,6 +45,7 @@ from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
 from trellis_proxy_cp.transport.ads import AdsServicer
+from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused, StreamRegistry
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, TypeUrl
 
@@ -214,9 +215,13 @@ def mesh(version: str, *, ports: tuple[int, ...] = (8080,), clusters: int = 2) -
 
 @dataclasses.dataclass
 class RecordingHooks:
-    """Hooks that record every call as ``(hook, proxy_id, type_url, version[, message])``."""
+    """Hooks that record every call as ``(hook, proxy_id, type_url, version[, message])``;
+    refusals as ``("refused", proxy_id, protocol, code, reason)``."""
 
     calls: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
+
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        self.calls.append(("refused", proxy_id, protocol, refused.code.name, refused.reason))
 
     def on_open(self, stream: ProxyStream) -> None:
         self.calls.append(("open", stream.proxy_id))
@@ -406,10 +411,15 @@ async def ads_server(
     authorizer: Any = None,
     hooks: Any = None,
     queue_size: int = 64,
+    stream_limits: StreamLimits | None = None,
 ) -> AsyncIterator[AdsHarness]:
     """Serve ADS for ``source`` on a free port; close every client and the server after."""
     servicer = AdsServicer(
-        source, authorizer or StaticAuthorizer(), hooks=hooks, queue_size=queue_size
+        source,
+        authorizer or StaticAuthorizer(),
+        hooks=hooks,
+        queue_size=queue_size,
+        stream_limits=stream_limits,
     )
     server = grpc.aio.server()
     servicer.register(server)

@@ -12,15 +12,19 @@
   ignored, never allowed to end the stream.
 * :class:`StreamRegistry` holds the open streams by id.
 * :class:`StreamRunner` is the lifecycle both servers share. It reads the first request
-  (which must carry a node), authorizes once, registers the stream, then runs three tasks:
+  (which must carry a node, whose metadata is checked against :mod:`.limits` before anyone
+  parses it), authorizes once, ends the proxy's oldest stream if this one is one too many,
+  registers the stream, then runs three tasks:
   a reader feeding requests to the protocol's :class:`Machine`, a watcher feeding it snapshot
   changes of the stream's key (``SnapshotSource.wait``), and a writer draining a bounded
   outbox into the gRPC stream. The machine's handlers are synchronous, so requests and
   snapshot changes never interleave inside one. Whichever task ends first ends the stream:
   the client half-closing is a clean end, a failure is logged and the stream aborted with
   its status, a full outbox (a client that stopped reading) ends the stream with
-  RESOURCE_EXHAUSTED as Linkerd does rather than buffering without bound. Nothing in one
-  stream can affect another.
+  RESOURCE_EXHAUSTED as Linkerd does rather than buffering without bound. Every request's
+  names are checked against :mod:`.limits`. Nothing in one stream can affect another. Every
+  refusal, before or after the stream opened, is logged with the proxy id and reported to
+  ``StreamHooks.on_refused``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from typing import Any, Protocol
 import grpc
 
 from trellis_proxy_cp.cache.store import SnapshotSource
+from trellis_proxy_cp.transport import limits
+from trellis_proxy_cp.transport.limits import LimitExceeded, StreamLimits
 from trellis_proxy_cp.types import SHORT, TypeUrl
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,10 @@ class StreamRefused(Exception):
         self.code = code
         self.message = message
         self.reason = reason
+
+    @classmethod
+    def of(cls, exceeded: LimitExceeded) -> StreamRefused:
+        return cls(exceeded.code, exceeded.message, exceeded.reason)
 
 
 @dataclasses.dataclass
@@ -105,6 +115,11 @@ class Authorizer(Protocol):
 
 
 class StreamHooks(Protocol):
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        """A stream was refused or ended for ``refused`` (``proxy_id``: the certificate's
+        common name or, before authorization, the node id the proxy claims)."""
+        ...
+
     def on_open(self, stream: ProxyStream) -> None: ...
     def on_close(self, stream: ProxyStream) -> None: ...
     def on_sent(self, stream: ProxyStream, type_url: TypeUrl, version: str) -> None: ...
@@ -116,6 +131,9 @@ class StreamHooks(Protocol):
 
 class NoHooks:
     """Hooks that do nothing."""
+
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        pass
 
     def on_open(self, stream: ProxyStream) -> None:
         pass
@@ -147,6 +165,12 @@ class SafeHooks:
         except Exception:
             log.exception("ads.hook_failed hook=%s proxy=%s", name, stream.proxy_id)
 
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        try:
+            self._hooks.on_refused(proxy_id, protocol, refused)
+        except Exception:
+            log.exception("ads.hook_failed hook=on_refused proxy=%s", proxy_id)
+
     def on_open(self, stream: ProxyStream) -> None:
         self._call("on_open", stream)
 
@@ -170,14 +194,21 @@ class StreamRegistry:
 
     def __init__(self) -> None:
         self.streams: dict[int, ProxyStream] = {}
+        self._by_proxy: dict[str, dict[int, ProxyStream]] = {}
         self._ids = itertools.count(1)
 
     def add(self, stream: ProxyStream) -> None:
         stream.stream_id = next(self._ids)
         self.streams[stream.stream_id] = stream
+        self._by_proxy.setdefault(stream.proxy_id, {})[stream.stream_id] = stream
 
     def remove(self, stream: ProxyStream) -> None:
         self.streams.pop(stream.stream_id, None)
+        of_proxy = self._by_proxy.get(stream.proxy_id)
+        if of_proxy is not None:
+            of_proxy.pop(stream.stream_id, None)
+            if not of_proxy:
+                del self._by_proxy[stream.proxy_id]
 
     def __len__(self) -> int:
         return len(self.streams)
@@ -189,7 +220,8 @@ class StreamRegistry:
         return [s for s in self.streams.values() if s.key == key]
 
     def of_proxy(self, proxy_id: str) -> list[ProxyStream]:
-        return [s for s in self.streams.values() if s.proxy_id == proxy_id]
+        """The proxy's open streams, oldest first."""
+        return list(self._by_proxy.get(proxy_id, {}).values())
 
 
 def short(type_url: str) -> str:
@@ -210,13 +242,17 @@ Send = Callable[[Outgoing], None]
 
 
 class Machine(Protocol):
-    """One protocol's state machine for one stream. Handlers are synchronous and ``send``."""
+    """One protocol's state machine for one stream. Handlers are synchronous and ``send``;
+    they raise :class:`StreamRefused` to end the stream."""
 
     def on_request(self, request: Any) -> None: ...
     def on_snapshot(self) -> None: ...
 
 
 MachineFactory = Callable[[ProxyStream, Send], Machine]
+
+#: How long an ending stream waits for the message being written before sending its status.
+WRITE_GRACE = 1.0
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -231,12 +267,15 @@ class StreamRunner:
         hooks: StreamHooks,
         registry: StreamRegistry,
         queue_size: int = 64,
+        stream_limits: StreamLimits | None = None,
     ) -> None:
         self.source = source
         self.authorizer = authorizer
         self.hooks = SafeHooks(hooks)
         self.registry = registry
         self.queue_size = queue_size
+        self.limits = stream_limits if stream_limits is not None else StreamLimits()
+        self._replaced: dict[int, asyncio.Event] = {}  # stream id -> set to end it
 
     async def run(
         self,
@@ -250,10 +289,18 @@ class StreamRunner:
         except StopAsyncIteration:
             return
         if not first.HasField("node"):
-            log.warning("ads.refused protocol=%s peer=%s reason=no-node", protocol, context.peer())
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request needs a node")
+            refused = StreamRefused(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first request needs a node", "no_node"
+            )
+            await self._refuse(protocol, context, _claimed(context, None), refused)
+        try:
+            limits.check_node(first.node, self.limits)
+        except LimitExceeded as exceeded:
+            claimed = _claimed(context, first.node)
+            await self._refuse(protocol, context, claimed, StreamRefused.of(exceeded))
         stream = await self._authorize(protocol, context, first.node)
         stream.node, stream.protocol = first.node, protocol
+        self._replace_oldest(stream.proxy_id, protocol)
         self.registry.add(stream)
         log.info(
             "ads.open protocol=%s proxy=%s key=%s node=%s stream=%d",
@@ -282,23 +329,53 @@ class StreamRunner:
         try:
             return await self.authorizer.authorize(context, node)
         except StreamRefused as refused:
-            log.warning(
-                "ads.refused protocol=%s peer=%s node=%s code=%s message=%r",
-                protocol,
-                context.peer(),
-                node.id,
-                refused.code.name,
-                refused.message,
-            )
-            await context.abort(refused.code, refused.message)
+            await self._refuse(protocol, context, _claimed(context, node), refused)
         except Exception:
             log.exception(
-                "ads.authorize_failed protocol=%s peer=%s node=%s",
+                "ads.authorize_failed protocol=%s peer=%s node=%.128r",
                 protocol,
                 context.peer(),
                 node.id,
             )
-            await context.abort(grpc.StatusCode.INTERNAL, "authorization failed")
+            internal = StreamRefused(grpc.StatusCode.INTERNAL, "authorization failed", "internal")
+            await self._refuse(protocol, context, _claimed(context, node), internal)
+        raise AssertionError("unreachable: abort raises")
+
+    async def _refuse(
+        self, protocol: str, context: _Context, proxy_id: str, refused: StreamRefused
+    ) -> None:
+        """Log, report and abort a stream refused before it opened (``abort`` raises)."""
+        log.warning(
+            "ads.refused protocol=%s proxy=%.128r peer=%s code=%s reason=%s message=%r",
+            protocol,
+            proxy_id,
+            context.peer(),
+            refused.code.name,
+            refused.reason,
+            refused.message,
+        )
+        self.hooks.on_refused(proxy_id, protocol, refused)
+        await context.abort(refused.code, refused.message)
+
+    def _replace_oldest(self, proxy_id: str, protocol: str) -> None:
+        """Make room for one more stream of ``proxy_id``: end its oldest ones past the cap."""
+        open_ = [
+            s
+            for s in self.registry.of_proxy(proxy_id)
+            if (ending := self._replaced.get(s.stream_id)) is not None and not ending.is_set()
+        ]
+        for oldest in open_[: max(0, len(open_) - self.limits.max_streams_per_proxy + 1)]:
+            refused = StreamRefused.of(limits.replaced(proxy_id, self.limits))
+            log.warning(
+                "ads.replaced protocol=%s proxy=%s stream=%d code=%s reason=%s",
+                oldest.protocol,
+                proxy_id,
+                oldest.stream_id,
+                refused.code.name,
+                refused.reason,
+            )
+            self.hooks.on_refused(proxy_id, oldest.protocol or protocol, refused)
+            self._replaced[oldest.stream_id].set()
 
     async def _serve(
         self,
@@ -319,39 +396,56 @@ class StreamRunner:
                 ) from None
 
         machine = make_machine(stream, send)
+        replaced = self._replaced[stream.stream_id] = asyncio.Event()
+        writing: list[asyncio.Future[None]] = []  # the write in progress, if any
         tasks = {
             asyncio.create_task(self._read(first, requests, machine)),
             asyncio.create_task(self._watch(stream.key, machine)),
-            asyncio.create_task(self._write(stream, outbox, context)),
+            asyncio.create_task(self._write(stream, outbox, context, writing)),
+            asyncio.create_task(self._until_replaced(stream, replaced)),
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._replaced.pop(stream.stream_id, None)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # gRPC refuses to send the status while a message is still being sent
+            # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS): let the write finish, within bounds.
+            if writing and not writing[0].done():
+                await asyncio.wait(writing, timeout=WRITE_GRACE)
         for task in done:
             error = task.exception()
+            if isinstance(error, LimitExceeded):
+                error = StreamRefused.of(error)
             if isinstance(error, StreamRefused):
                 log.warning(
-                    "ads.abort proxy=%s code=%s message=%r",
+                    "ads.abort proxy=%s stream=%d code=%s reason=%s message=%r",
                     stream.proxy_id,
+                    stream.stream_id,
                     error.code.name,
+                    error.reason,
                     error.message,
                 )
+                if error.reason != "replaced":  # reported when it was replaced
+                    self.hooks.on_refused(stream.proxy_id, stream.protocol, error)
                 return error
             if error is not None:
                 log.error("ads.stream_failed proxy=%s", stream.proxy_id, exc_info=error)
                 return StreamRefused(grpc.StatusCode.INTERNAL, "internal error")
         return None
 
-    @staticmethod
-    async def _read(first: Any, requests: AsyncIterator[Any], machine: Machine) -> None:
-        _check(first)
+    async def _read(self, first: Any, requests: AsyncIterator[Any], machine: Machine) -> None:
+        _check(first, self.limits)
         machine.on_request(first)
         async for request in requests:
-            _check(request)
+            _check(request, self.limits)
             machine.on_request(request)
+
+    async def _until_replaced(self, stream: ProxyStream, replaced: asyncio.Event) -> None:
+        await replaced.wait()
+        raise StreamRefused.of(limits.replaced(stream.proxy_id, self.limits))
 
     async def _watch(self, key: str, machine: Machine) -> None:
         seen = None
@@ -360,11 +454,19 @@ class StreamRunner:
             machine.on_snapshot()
 
     async def _write(
-        self, stream: ProxyStream, outbox: asyncio.Queue[Outgoing], context: _Context
+        self,
+        stream: ProxyStream,
+        outbox: asyncio.Queue[Outgoing],
+        context: _Context,
+        writing: list[asyncio.Future[None]],
     ) -> None:
         while True:
             item = await outbox.get()
-            await context.write(item.message)
+            write = asyncio.ensure_future(context.write(item.message))
+            write.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen if orphaned
+            writing[:] = [write]
+            await asyncio.shield(write)  # cancelling the writer does not cut a message
+            writing.clear()
             log.debug(
                 "ads.sent proxy=%s type=%s version=%s",
                 stream.proxy_id,
@@ -374,6 +476,18 @@ class StreamRunner:
             self.hooks.on_sent(stream, item.type_url, item.version)
 
 
-def _check(request: Any) -> None:
+def _check(request: Any, stream_limits: StreamLimits) -> None:
     if not request.type_url:
-        raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, "ADS requests need a type_url")
+        raise StreamRefused(
+            grpc.StatusCode.INVALID_ARGUMENT, "ADS requests need a type_url", "no_type_url"
+        )
+    limits.check_request(request, stream_limits)
+
+
+def _claimed(context: _Context, node: Any) -> str:
+    """Who a stream not yet authorized claims to be: its certificate's common name, else its
+    node id (for log lines and refusal counts, never for trust)."""
+    names = list(context.auth_context().get("x509_common_name") or [])
+    if names:
+        return bytes(names[0]).decode(errors="replace")
+    return str(node.id)[:128] if node is not None else ""
