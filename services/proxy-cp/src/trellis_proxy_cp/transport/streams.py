@@ -292,12 +292,11 @@ class StreamRunner:
             refused = StreamRefused(
                 grpc.StatusCode.INVALID_ARGUMENT, "the first request needs a node", "no_node"
             )
-            await self._refuse(protocol, context, _claimed(context, None), refused)
+            await self._refuse(protocol, context, None, refused)
         try:
             limits.check_node(first.node, self.limits)
         except LimitExceeded as exceeded:
-            claimed = _claimed(context, first.node)
-            await self._refuse(protocol, context, claimed, StreamRefused.of(exceeded))
+            await self._refuse(protocol, context, first.node, StreamRefused.of(exceeded))
         stream = await self._authorize(protocol, context, first.node)
         stream.node, stream.protocol = first.node, protocol
         self._replace_oldest(stream.proxy_id, protocol)
@@ -329,7 +328,7 @@ class StreamRunner:
         try:
             return await self.authorizer.authorize(context, node)
         except StreamRefused as refused:
-            await self._refuse(protocol, context, _claimed(context, node), refused)
+            await self._refuse(protocol, context, node, refused)
         except Exception:
             log.exception(
                 "ads.authorize_failed protocol=%s peer=%s node=%.128r",
@@ -338,17 +337,19 @@ class StreamRunner:
                 node.id,
             )
             internal = StreamRefused(grpc.StatusCode.INTERNAL, "authorization failed", "internal")
-            await self._refuse(protocol, context, _claimed(context, node), internal)
+            await self._refuse(protocol, context, node, internal)
         raise AssertionError("unreachable: abort raises")
 
     async def _refuse(
-        self, protocol: str, context: _Context, proxy_id: str, refused: StreamRefused
+        self, protocol: str, context: _Context, node: Any, refused: StreamRefused
     ) -> None:
         """Log, report and abort a stream refused before it opened (``abort`` raises)."""
+        proxy_id = _claimed(context, node)
         log.warning(
-            "ads.refused protocol=%s proxy=%.128r peer=%s code=%s reason=%s message=%r",
+            "ads.refused protocol=%s proxy=%.128r node=%.128r peer=%s code=%s reason=%s message=%r",
             protocol,
             proxy_id,
+            node.id if node is not None else "",
             context.peer(),
             refused.code.name,
             refused.reason,
