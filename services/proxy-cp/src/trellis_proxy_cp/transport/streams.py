@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -398,24 +399,25 @@ class StreamRunner:
 
         machine = make_machine(stream, send)
         replaced = self._replaced[stream.stream_id] = asyncio.Event()
-        writing: list[asyncio.Future[None]] = []  # the write in progress, if any
+        writer = _Writer(stream, outbox, context, self.hooks)
+        writing = asyncio.create_task(writer.run())
         tasks = {
             asyncio.create_task(self._read(first, requests, machine)),
             asyncio.create_task(self._watch(stream.key, machine)),
-            asyncio.create_task(self._write(stream, outbox, context, writing)),
+            writing,
             asyncio.create_task(self._until_replaced(stream, replaced)),
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._replaced.pop(stream.stream_id, None)
+            # gRPC refuses to send the status while a message is still being sent
+            # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS): let a write finish, within bounds.
+            if not writing.done():
+                await writer.finish(WRITE_GRACE)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            # gRPC refuses to send the status while a message is still being sent
-            # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS): let the write finish, within bounds.
-            if writing and not writing[0].done():
-                await asyncio.wait(writing, timeout=WRITE_GRACE)
         for task in done:
             error = task.exception()
             if isinstance(error, LimitExceeded):
@@ -454,27 +456,49 @@ class StreamRunner:
             seen = await self.source.wait(key, seen)
             machine.on_snapshot()
 
-    async def _write(
+
+class _Writer:
+    """Drains a stream's outbox into the gRPC stream; :meth:`finish` ends it between two
+    messages, never in the middle of one."""
+
+    def __init__(
         self,
         stream: ProxyStream,
         outbox: asyncio.Queue[Outgoing],
         context: _Context,
-        writing: list[asyncio.Future[None]],
+        hooks: StreamHooks,
     ) -> None:
-        while True:
-            item = await outbox.get()
-            write = asyncio.ensure_future(context.write(item.message))
-            write.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen if orphaned
-            writing[:] = [write]
-            await asyncio.shield(write)  # cancelling the writer does not cut a message
-            writing.clear()
+        self._stream = stream
+        self._outbox = outbox
+        self._context = context
+        self._hooks = hooks
+        self._writing = False
+        self._stopping = False
+        self._written = asyncio.Event()
+
+    async def run(self) -> None:
+        stream = self._stream
+        while not self._stopping:
+            item = await self._outbox.get()
+            self._writing = True
+            await self._context.write(item.message)
+            self._writing = False
+            self._written.set()
             log.debug(
                 "ads.sent proxy=%s type=%s version=%s",
                 stream.proxy_id,
                 short(item.type_url),
                 item.version,
             )
-            self.hooks.on_sent(stream, item.type_url, item.version)
+            self._hooks.on_sent(stream, item.type_url, item.version)
+
+    async def finish(self, grace: float) -> None:
+        """Write nothing more; wait (up to ``grace`` seconds) for the message being written."""
+        self._stopping = True
+        if self._writing:
+            self._written.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._written.wait(), grace)
 
 
 def _check(request: Any, stream_limits: StreamLimits) -> None:
