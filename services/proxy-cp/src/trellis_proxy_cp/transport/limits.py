@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from envoy.service.discovery.v3 import discovery_pb2
 
 SETTING_PREFIX = "TRELLIS_PROXY_CP_"
 
@@ -71,10 +72,14 @@ def check_node(node: Any, limits: StreamLimits) -> None:
 
 def check_request(request: Any, limits: StreamLimits) -> None:
     """The names of one SotW or delta request."""
-    names: list[str] = []
-    for field in ("resource_names", "resource_names_subscribe", "resource_names_unsubscribe"):
-        names.extend(getattr(request, field, ()))
-    names.extend(getattr(request, "initial_resource_versions", {}))
+    if isinstance(request, discovery_pb2.DeltaDiscoveryRequest):
+        names = [
+            *request.resource_names_subscribe,
+            *request.resource_names_unsubscribe,
+            *request.initial_resource_versions,
+        ]
+    else:
+        names = request.resource_names
     if len(names) > limits.max_resource_names:
         raise LimitExceeded(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -82,13 +87,14 @@ def check_request(request: Any, limits: StreamLimits) -> None:
             f"{limits.max_resource_names} ({setting('max_resource_names')})",
             "too_many_names",
         )
+    short = limits.max_resource_name_bytes // 4  # no name this short is over, in UTF-8
     for name in names:
-        size = len(name.encode())
-        if size > limits.max_resource_name_bytes:
+        if len(name) > short and len(name.encode()) > limits.max_resource_name_bytes:
             raise LimitExceeded(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"resource name {name[:64]!r}... is {size} bytes, over the limit of "
-                f"{limits.max_resource_name_bytes} bytes ({setting('max_resource_name_bytes')})",
+                f"resource name {name[:64]!r}... is {len(name.encode())} bytes, over the limit "
+                f"of {limits.max_resource_name_bytes} bytes "
+                f"({setting('max_resource_name_bytes')})",
                 "name_too_long",
             )
 

@@ -276,7 +276,7 @@ class StreamRunner:
         self.registry = registry
         self.queue_size = queue_size
         self.limits = stream_limits if stream_limits is not None else StreamLimits()
-        self._replaced: dict[int, asyncio.Event] = {}  # stream id -> set to end it
+        self._replaced: dict[int, asyncio.Future[None]] = {}  # stream id -> fails to end it
 
     async def run(
         self,
@@ -364,7 +364,7 @@ class StreamRunner:
         open_ = [
             s
             for s in self.registry.of_proxy(proxy_id)
-            if (ending := self._replaced.get(s.stream_id)) is not None and not ending.is_set()
+            if (ending := self._replaced.get(s.stream_id)) is not None and not ending.done()
         ]
         for oldest in open_[: max(0, len(open_) - self.limits.max_streams_per_proxy + 1)]:
             refused = StreamRefused.of(limits.replaced(proxy_id, self.limits))
@@ -377,7 +377,7 @@ class StreamRunner:
                 refused.reason,
             )
             self.hooks.on_refused(proxy_id, oldest.protocol or protocol, refused)
-            self._replaced[oldest.stream_id].set()
+            self._replaced[oldest.stream_id].set_exception(refused)
 
     async def _serve(
         self,
@@ -398,14 +398,14 @@ class StreamRunner:
                 ) from None
 
         machine = make_machine(stream, send)
-        replaced = self._replaced[stream.stream_id] = asyncio.Event()
+        replaced = self._replaced[stream.stream_id] = asyncio.get_running_loop().create_future()
         writer = _Writer(stream, outbox, context, self.hooks)
         writing = asyncio.create_task(writer.run())
-        tasks = {
+        tasks: set[asyncio.Future[None]] = {
             asyncio.create_task(self._read(first, requests, machine)),
             asyncio.create_task(self._watch(stream.key, machine)),
             writing,
-            asyncio.create_task(self._until_replaced(stream, replaced)),
+            replaced,  # fails with the refusal when a newer stream of the proxy replaces it
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -445,10 +445,6 @@ class StreamRunner:
         async for request in requests:
             _check(request, self.limits)
             machine.on_request(request)
-
-    async def _until_replaced(self, stream: ProxyStream, replaced: asyncio.Event) -> None:
-        await replaced.wait()
-        raise StreamRefused.of(limits.replaced(stream.proxy_id, self.limits))
 
     async def _watch(self, key: str, machine: Machine) -> None:
         seen = None
