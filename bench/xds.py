@@ -197,6 +197,8 @@ class Side:
     sync_s: float = 0.0
     sync_cpu: float = 0.0
     retries: int = 0
+    retry_reason: str = ""
+    list_proxies: int = 0
     rss_per_stream: float = 0.0
     latencies: list[float] = field(default_factory=list)
     all_acked: list[float] = field(default_factory=list)
@@ -233,12 +235,15 @@ async def _measure(n: int, per_channel: int, warm: bool, profile: str) -> dict[s
             fleet = xds_client.Fleet(f"127.0.0.1:{server.port}", n, GROUPS, per_channel)
             stack.push_async_callback(fleet.close)
             await fleet.connect(GROUPS, SYNC_TIMEOUT)  # one per group: the snapshots exist
-            await server.until("streams", GROUPS)
+            listed = (await server.until("streams", GROUPS))["list_proxies"]
+            await server.command(f"expect {n}")  # onboarded now: proxy-cp knows none of them
             rss, cpu = server.rss(), server.cpu()
             sides[kind].sync_s = await fleet.connect(n - GROUPS, SYNC_TIMEOUT)
-            await server.until("streams", n)
+            stats = await server.until("streams", n)
             sides[kind].sync_cpu = server.cpu() - cpu
+            sides[kind].list_proxies = int(stats["list_proxies"]) - int(listed)
             sides[kind].retries = fleet.retries
+            sides[kind].retry_reason = str(fleet.retry_reason or "")[:160]
             sides[kind].rss_per_stream = (server.rss() - rss) / (n - GROUPS)
             servers[kind], fleets[kind] = server, fleet
         change = 0
@@ -322,7 +327,9 @@ def _report(n: int, per_channel: int, sides: dict[str, Side]) -> dict[str, float
                 side.sync_s,
                 "s",
                 f"{n - GROUPS:,} new streams at once until all synced (CDS..SDS ACKed); "
-                f"server CPU {side.sync_cpu:.2f} s; {side.retries:,} refused and retried",
+                f"server CPU {side.sync_cpu:.2f} s; {side.retries:,} refused and retried"
+                + (f"; {side.list_proxies:,} ListProxies calls" if kind == "trellis" else "")
+                + (f"; the first refusal: {side.retry_reason}" if side.retries else ""),
             ),
         }
     trellis, floor = figures["trellis"], figures["floor"]
@@ -336,6 +343,14 @@ def _report(n: int, per_channel: int, sides: dict[str, Side]) -> dict[str, float
             "ms",
             f"set_view for the {GROUPS} groups (translate, serialize, set), median",
         ),
+    )
+    ordered.append(
+        report.Figure(
+            "trellis_sync_list_proxies",
+            sides["trellis"].list_proxies,
+            "calls",
+            f"catalog ListProxies calls to authorize the {n - GROUPS:,} new streams",
+        )
     )
     ordered += [floor[k] for k in ("p50", "p99", "all", "cpu", "rss", "sync")]
     report.print_table(

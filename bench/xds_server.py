@@ -2,15 +2,20 @@
 
 ``python -m bench.xds_server trellis|floor GROUPS`` serves ADS on 127.0.0.1:0 (insecure,
 grpc.aio, the options of :data:`trellis_common.grpcserver.DEFAULT_OPTIONS`) for the groups
-of :mod:`bench.xds_mesh`. Running apart from the client keeps the two processes' CPU time
-apart (``/proc/<pid>/stat`` of this process is the server's cost) and gives each a core.
+of :mod:`bench.xds_mesh`. Running apart from the client
+keeps the two processes' CPU time apart (``/proc/<pid>/stat`` of this process is the
+server's cost) and gives each a core.
 
 * ``trellis``: proxy-cp as ``main.py`` wires it, minus TLS and the catalog and certmanager
   clients: a real :class:`SnapshotCache`, :class:`ProxyControlPlane` (views and material
   come from :mod:`bench.xds_mesh` instead of the catalog and certmanager),
   :class:`ProxyHooks` with real Prometheus metrics, and :class:`AdsServicer`. Its
-  authorizer attaches each stream to the control plane as ``MeshAuthorizer`` does, with
-  the group read from the node id instead of a certificate. A change is what the catalog
+  authorizer asks proxy-cp's real :class:`CatalogClient` whether the proxy is expected, as
+  ``MeshAuthorizer`` does, with the node id for the certificate's common name, then
+  attaches the stream to the control plane, the group read from the node id. The catalog
+  it asks is a stand-in on the same server (same process, same event loop, so its cost
+  counts as the server's): ``ListProxies`` lists the proxies expected so far (the first
+  ``GROUPS``, until ``expect``), and counts the calls. A change is what the catalog
   client does with new views: ``set_view`` for every group (translate, serialize each
   resource once, consistency check, set the snapshot, wake the streams).
 * ``floor``: a bare servicer of the same method (a generic handler, responses passed to
@@ -23,9 +28,11 @@ Commands on stdin, one per line; each answer is one JSON line on stdout, the fir
 ``{"port": P}`` once the server listens:
 
 * ``prepare K``: build what change ``K`` needs (views, or the floor's response bytes);
+* ``expect K``: the catalog stand-in expects the first ``K`` proxies from now on;
 * ``push K``: make change ``K``; answers ``{"set_s": S}``, the seconds spent making it;
 * ``stats``: ``{"streams": open streams, "acks": EDS ACKs of the latest change, "gc_s":
-  seconds in the garbage collector since that change, "gc_full": full collections}``;
+  seconds in the garbage collector since that change, "gc_full": full collections,
+  "list_proxies": ListProxies calls the catalog stand-in answered (trellis only)}``;
 * ``profile start`` / ``profile stop PATH``: cProfile this process's event loop thread
   (the file holds every interval profiled so far).
 
@@ -42,7 +49,7 @@ import logging
 import resource
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
@@ -50,9 +57,11 @@ from envoy.service.discovery.v3 import discovery_pb2
 from prometheus_client import CollectorRegistry
 
 from bench import xds_mesh
+from trellis_api import catalog_pb2
 from trellis_common import grpcserver, logs
 from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.store import SnapshotCache
+from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
@@ -77,19 +86,71 @@ def raise_open_files(wanted: int) -> None:
 
 class Subject(Protocol):
     def register(self, server: grpc.aio.Server) -> None: ...
+    def serving(self, port: int) -> None: ...
+    def expect(self, count: int) -> None: ...
     def prepare(self, change: int) -> None: ...
     async def push(self, change: int) -> None: ...
     def stats(self) -> dict[str, int]: ...
 
 
-class _BenchAuthorizer:
-    """``MeshAuthorizer`` without a certificate: the group comes from the node id."""
+class _BenchCatalog:
+    """The catalog's ``ListProxies``: the benchmark's first proxies, expected; calls counted."""
 
-    def __init__(self, control_plane: ProxyControlPlane, groups: int) -> None:
+    def __init__(self, groups: int) -> None:
+        self.calls = 0
+        self._groups = groups
+        self._listing = catalog_pb2.ListProxiesResponse()
+        self.expect(groups)
+
+    def expect(self, count: int) -> None:
+        """List the first ``count`` proxies from now on (as when that many were onboarded)."""
+        self._listing = catalog_pb2.ListProxiesResponse(
+            proxies=[
+                catalog_pb2.ProxyStatus(
+                    common_name=xds_mesh.node_id(i, self._groups),
+                    identity=xds_mesh.identity(i % self._groups),
+                    service_account=xds_mesh.account(i % self._groups),
+                    expected=True,
+                )
+                for i in range(count)
+            ]
+        )
+
+    async def ListProxies(
+        self, request: catalog_pb2.ListProxiesRequest, context: _Context
+    ) -> catalog_pb2.ListProxiesResponse:
+        self.calls += 1
+        return self._listing
+
+    def register(self, server: grpc.aio.Server) -> None:
+        handler = grpc.unary_unary_rpc_method_handler(
+            self.ListProxies,
+            request_deserializer=catalog_pb2.ListProxiesRequest.FromString,
+            response_serializer=catalog_pb2.ListProxiesResponse.SerializeToString,
+        )
+        service = catalog_pb2.DESCRIPTOR.services_by_name["Catalog"].full_name
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, {"ListProxies": handler}),)
+        )
+
+
+class _BenchAuthorizer:
+    """``MeshAuthorizer`` without a certificate: the node id is asked for as the common
+    name, and the group comes from it."""
+
+    def __init__(
+        self,
+        control_plane: ProxyControlPlane,
+        groups: int,
+        expected: Callable[[str], Awaitable[str | None]],
+    ) -> None:
         self._control_plane = control_plane
         self._groups = groups
+        self._expected = expected
 
     async def authorize(self, context: _Context, node: Any) -> ProxyStream:
+        if await self._expected(node.id) is None:
+            raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, f"{node.id} is not expected")
         try:
             group = xds_mesh.group_of(node.id)
         except (ValueError, IndexError):
@@ -110,6 +171,9 @@ class _CountingHooks:
         self._inner = inner
         self.expected: dict[str, str] = {}  # snapshot key -> EDS version of the change
         self.acks = 0
+
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        self._inner.on_refused(proxy_id, protocol, refused)
 
     def on_open(self, stream: ProxyStream) -> None:
         self._inner.on_open(stream)
@@ -150,9 +214,18 @@ class Trellis:
 
         metrics = XdsMetrics.create(CollectorRegistry())
         self.hooks = _CountingHooks(ProxyHooks(self.control_plane, metrics, register, unregister))
+        self.catalog = _BenchCatalog(groups)
+        self._client: CatalogClient | None = None
         self.servicer = AdsServicer(
-            self.cache, _BenchAuthorizer(self.control_plane, groups), self.hooks
+            self.cache, _BenchAuthorizer(self.control_plane, groups, self._expected), self.hooks
         )
+
+    async def _expected(self, common_name: str) -> str | None:
+        assert self._client is not None
+        return await self._client.expected(common_name)
+
+    async def _on_view(self, identity: str, view: Any) -> None:
+        return None
 
     async def _fetch_view(self, identity: str, account: str) -> Any:
         return self._views[identity]
@@ -162,6 +235,13 @@ class Trellis:
 
     def register(self, server: grpc.aio.Server) -> None:
         self.servicer.register(server)
+        self.catalog.register(server)
+
+    def serving(self, port: int) -> None:
+        self._client = CatalogClient(f"127.0.0.1:{port}", self._on_view, "bench")
+
+    def expect(self, count: int) -> None:
+        self.catalog.expect(count)
 
     def prepare(self, change: int) -> None:
         self._next = [xds_mesh.view(g, change) for g in range(self._groups)]
@@ -177,7 +257,11 @@ class Trellis:
                 self.hooks.expected[key] = snapshot.version_of(types.ENDPOINT)
 
     def stats(self) -> dict[str, int]:
-        return {"streams": len(self.servicer.registry), "acks": self.hooks.acks}
+        return {
+            "streams": len(self.servicer.registry),
+            "acks": self.hooks.acks,
+            "list_proxies": self.catalog.calls,
+        }
 
 
 class _FloorStream:
@@ -217,6 +301,12 @@ class Floor:
             )
         )
 
+    def serving(self, port: int) -> None:
+        pass
+
+    def expect(self, count: int) -> None:
+        pass
+
     def prepare(self, change: int) -> None:
         self._next = {}
         for g in range(self._groups):
@@ -231,7 +321,7 @@ class Floor:
             stream.outbox.put_nowait(self._push[stream.group])
 
     def stats(self) -> dict[str, int]:
-        return {"streams": len(self._streams), "acks": self.acks}
+        return {"streams": len(self._streams), "acks": self.acks, "list_proxies": 0}
 
     async def _stream(self, requests: AsyncIterator[Any], context: _Context) -> None:
         first = await anext(aiter(requests))
@@ -300,6 +390,7 @@ async def serve(kind: str, groups: int) -> None:
     subject.register(server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    subject.serving(port)
     loop = asyncio.get_running_loop()
     commands = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
@@ -311,6 +402,9 @@ async def serve(kind: str, groups: int) -> None:
             command, *args = line.split()
             if command == "prepare":
                 subject.prepare(int(args[0]))
+                _answer({})
+            elif command == "expect":
+                subject.expect(int(args[0]))
                 _answer({})
             elif command == "push":
                 collector.reset()

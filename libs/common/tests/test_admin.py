@@ -5,8 +5,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter
+from pydantic import BaseModel
 
 from trellis_common import admin
 from trellis_common.health import Health
@@ -244,3 +245,148 @@ async def test_status_lists_loops_and_rejections(registry: CollectorRegistry) ->
     ]
     assert 'trellis_rejected_records_total{source="certmanager"} 1.0' in metrics
     assert 'trellis_loop_down{loop="certmanager"} 1.0' in metrics
+
+
+LIMIT = 1000
+
+
+class Item(BaseModel):
+    data: str
+
+
+@pytest.fixture
+def limited() -> tuple[FastAPI, Health, list[int]]:
+    """An app with a 1,000-byte body limit, a route that parses JSON and one that reads raw
+    bytes; ``handled`` gets the size of every body a route received whole."""
+    registry = CollectorRegistry()
+    health = Health(registry)
+    app = admin.create_app("test", registry, {}, health, max_body_bytes=LIMIT)
+    handled: list[int] = []
+
+    @app.post("/items")
+    async def items(item: Item) -> dict[str, int]:
+        handled.append(len(item.data))
+        return {"size": len(item.data)}
+
+    @app.post("/raw")
+    async def raw(request: Request) -> dict[str, int]:
+        body = await request.body()
+        handled.append(len(body))
+        return {"size": len(body)}
+
+    return app, health, handled
+
+
+async def chunks(total: int, size: int = 100) -> AsyncIterator[bytes]:
+    """A body sent chunked (no Content-Length)."""
+    for start in range(0, total, size):
+        yield b"x" * min(size, total - start)
+
+
+async def test_a_declared_body_over_the_limit_is_413_before_the_route(
+    limited: tuple[FastAPI, Health, list[int]],
+) -> None:
+    app, _, handled = limited
+    async with client_for(app) as client:
+        response = await client.post("/items", json={"data": "x" * 2000})
+        status = (await client.get("/v1/status")).json()
+
+    assert response.status_code == 413
+    assert response.json()["limit_bytes"] == LIMIT
+    assert "the limit is 1000 bytes" in response.json()["detail"]
+    assert f"Content-Length {len(response.request.content)}" in response.json()["detail"]
+    assert handled == []
+    assert [(r["source"], r["key"]) for r in status["rejections"]] == [
+        ("admin-request", "POST /items")
+    ]
+
+
+async def test_a_chunked_body_is_cut_off_once_past_the_limit(
+    limited: tuple[FastAPI, Health, list[int]],
+) -> None:
+    app, _, handled = limited
+    async with client_for(app) as client:
+        response = await client.post("/raw", content=chunks(5000))
+
+    assert "content-length" not in response.request.headers
+    assert response.request.headers["transfer-encoding"] == "chunked"
+    assert response.status_code == 413
+    assert response.json()["limit_bytes"] == LIMIT
+    assert f"more than {LIMIT} bytes read" in response.json()["detail"]
+    assert handled == []
+
+
+async def test_a_chunked_json_body_past_the_limit_is_never_parsed(
+    limited: tuple[FastAPI, Health, list[int]],
+) -> None:
+    app, _, handled = limited
+
+    async def document() -> AsyncIterator[bytes]:
+        yield b'{"data": "'
+        async for chunk in chunks(3000):
+            yield chunk
+        yield b'"}'
+
+    async with client_for(app) as client:
+        response = await client.post(
+            "/items", content=document(), headers={"content-type": "application/json"}
+        )
+
+    assert response.status_code == 413
+    assert handled == []
+
+
+async def test_bodies_up_to_the_limit_pass(limited: tuple[FastAPI, Health, list[int]]) -> None:
+    app, health, handled = limited
+    async with client_for(app) as client:
+        declared = await client.post("/raw", content=b"y" * LIMIT)
+        streamed = await client.post("/raw", content=chunks(LIMIT))
+
+    assert (declared.status_code, streamed.status_code) == (200, 200)
+    assert handled == [LIMIT, LIMIT]
+    assert len(health.rejections) == 0
+
+
+async def test_the_default_limit_is_one_mebibyte(registry: CollectorRegistry) -> None:
+    app = admin.create_app("test", registry, {}, Health(registry))
+
+    @app.post("/raw")
+    async def raw(request: Request) -> dict[str, int]:
+        return {"size": len(await request.body())}
+
+    async with client_for(app) as client:
+        fits = await client.post("/raw", content=b"z" * admin.MAX_BODY_BYTES)
+        over = await client.post("/raw", content=b"z" * (admin.MAX_BODY_BYTES + 1))
+        metrics = (await client.get("/metrics")).text
+
+    assert admin.MAX_BODY_BYTES == 1024 * 1024
+    assert fits.json() == {"size": admin.MAX_BODY_BYTES}
+    assert over.status_code == 413
+    assert 'trellis_rejected_records_total{source="admin-request"} 1.0' in metrics
+
+
+async def test_uvicorn_answers_413_to_a_client_still_sending(registry: CollectorRegistry) -> None:
+    """Over TCP the 413 arrives while the client is still writing (the server drops the rest
+    of the body rather than resetting the connection), and the connection stays usable."""
+    app = admin.create_app("test", registry, {}, Health(registry), max_body_bytes=LIMIT)
+
+    @app.post("/raw")
+    async def raw(request: Request) -> dict[str, int]:
+        return {"size": len(await request.body())}
+
+    server = admin.AdminServer(app, "127.0.0.1", 0)
+    stop = asyncio.Event()
+    running = asyncio.create_task(server.run(stop))
+    try:
+        await asyncio.wait_for(server.started.wait(), 5)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            declared = await client.post("/raw", content=b"x" * 2_000_000)
+            streamed = await client.post("/raw", content=chunks(200_000, 10_000))
+            after = await client.get("/healthz")
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 5)
+
+    assert declared.status_code == streamed.status_code == 413
+    assert declared.json()["limit_bytes"] == streamed.json()["limit_bytes"] == LIMIT
+    assert after.status_code == 200

@@ -18,6 +18,7 @@ from trellis_common.documents.base import (
     StrictModel,
     UnreadKind,
 )
+from trellis_common.documents.yamlfile import Limits
 from trellis_common.specdir import SpecChange, SpecDirectory, load_paths
 from trellis_common.testing import eventually
 
@@ -502,3 +503,176 @@ def test_load_paths_kinds_filter(tmp_path: Path, registry: KindRegistry) -> None
     documents, errors = load_paths([tmp_path], registry, kinds={"Gadget"})
     assert [d.key for d in documents] == [key("g", "Gadget")]
     assert errors == []
+
+
+# Bounds: what one file may cost
+
+
+def laughs(levels: int = 9) -> str:
+    """The "billion laughs": each level is a list of nine aliases of the level below."""
+    lines = ['l0: &l0 "lol"']
+    for level in range(1, levels + 1):
+        below = ", ".join([f"*l{level - 1}"] * 9)
+        lines.append(f"l{level}: &l{level} [{below}]")
+    return "\n".join(lines) + "\n"
+
+
+def only_error(spec: SpecDirectory) -> DocumentError:
+    (error,) = spec.errors()
+    return error
+
+
+def test_a_file_over_the_size_limit_is_refused_unread_and_its_documents_stay(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(tmp_path / "a.yaml", widget("a", size=1))
+    spec = SpecDirectory(tmp_path, registry, limits=Limits(max_file_bytes=300))
+    assert names(spec.scan()) == (["a"], [], [])
+
+    write(path, docs(widget("a", size=2), *[widget(f"w{i}") for i in range(5)]))
+    change = spec.scan()
+
+    assert names(change) == ([], [], [])
+    assert size(spec, "a") == 1
+    error = only_error(spec)
+    assert error.origin.source == str(path)
+    assert error.reason.startswith(f"file too large: {path.stat().st_size} bytes")
+    assert "over the limit of 300 bytes (max_file_bytes)" in error.reason
+
+    write(path, widget("a", size=3))
+    assert names(spec.scan()) == ([], ["a"], [])
+    assert spec.errors() == []
+
+
+def test_the_default_size_limit_is_one_mebibyte(tmp_path: Path, registry: KindRegistry) -> None:
+    padding = "#" * 1023 + "\n"
+    write(tmp_path / "big.yaml", widget("big") + padding * 1024)
+    write(tmp_path / "fits.yaml", widget("fits") + padding * 1000)
+    spec = SpecDirectory(tmp_path, registry)
+
+    assert names(spec.scan()) == (["fits"], [], [])
+    assert "over the limit of 1048576 bytes" in only_error(spec).reason
+
+
+def test_a_billion_laughs_is_refused_naming_the_file(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    path = write(tmp_path / "a.yaml", widget("a", size=1))
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+
+    write(path, docs(widget("a", size=2), laughs()))
+    change = spec.scan()
+
+    assert names(change) == ([], [], [])
+    assert size(spec, "a") == 1  # the whole file is refused: its last good version stays
+    error = only_error(spec)
+    assert error.origin.source == str(path)
+    assert "YAML aliases expand to more than 10000 extra nodes" in error.reason
+    assert "max_alias_nodes" in error.reason
+
+
+def test_aliases_within_the_budget_load(tmp_path: Path, registry: KindRegistry) -> None:
+    shared = (
+        f"apiVersion: {API}\nkind: Widget\n"
+        "metadata: {name: b, labels: &labels {team: x}, annotations: *labels}\n"
+        "spec: {<<: &defaults {size: 4}, color: blue}\n"
+    )
+    write(tmp_path / "a.yaml", widget("a"))
+    write(tmp_path / "b.yaml", shared)
+    write(tmp_path / "c.yaml", laughs(3))  # 9 * 9 * 9 laughs: 918 nodes added; not a document
+    spec = SpecDirectory(tmp_path, registry, limits=Limits(max_alias_nodes=1000))
+
+    spec.scan()
+
+    assert sorted(str(k) for k in spec.current()) == ["Widget default/a", "Widget default/b"]
+    assert size(spec, "b") == 4
+    assert spec.current()[key("b")].resource.metadata.annotations == {"team": "x"}
+    # c.yaml was loaded (within the budget), then failed as a document
+    assert [(e.origin.source, e.field, e.reason) for e in spec.errors()] == [
+        (str(tmp_path / "c.yaml"), "kind", "is required")
+    ]
+
+
+def test_the_alias_budget_counts_the_whole_file(tmp_path: Path, registry: KindRegistry) -> None:
+    write(tmp_path / "a.yaml", docs(laughs(3), laughs(3)))
+    spec = SpecDirectory(tmp_path, registry, limits=Limits(max_alias_nodes=1000))
+    spec.scan()
+    assert "more than 1000 extra nodes (1836 so far" in only_error(spec).reason
+
+
+def test_a_recursive_alias_is_refused(tmp_path: Path, registry: KindRegistry) -> None:
+    write(tmp_path / "a.yaml", "loop: &loop [1, *loop]\n")
+    spec = SpecDirectory(tmp_path, registry)
+    spec.scan()
+    assert "a YAML alias refers to a node that contains it" in only_error(spec).reason
+
+
+def test_a_symlink_out_of_the_directory_is_not_read(tmp_path: Path, registry: KindRegistry) -> None:
+    root, elsewhere = tmp_path / "spec", tmp_path / "elsewhere"
+    path = write(root / "a.yaml", widget("a", size=1))
+    write(root / "inside" / "b.yaml", widget("b"))
+    (root / "b.yaml").symlink_to("inside/b.yaml")  # within the directory: followed
+    secret = write(elsewhere / "secret.yaml", widget("secret"))
+    spec = SpecDirectory(root, registry)
+    assert names(spec.scan()) == (["a", "b"], [], [])
+
+    path.unlink()
+    path.symlink_to(secret)  # a.yaml replaced by a link out
+    (root / "c.yaml").symlink_to(secret)
+    change = spec.scan()
+
+    assert names(change) == ([], [], [])
+    assert size(spec, "a") == 1  # a.yaml's last good documents stay
+    assert "secret" not in {k.name for k in spec.current()}
+    assert [(e.origin.source, e.reason) for e in spec.errors()] == [
+        (
+            str(link),
+            f"not read: a symlink to {secret}, outside the spec directory {root} "
+            "(symlinks are followed only within it)",
+        )
+        for link in (path, root / "c.yaml")
+    ]
+
+
+def test_a_directory_symlink_out_of_the_directory_is_not_walked(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    root, elsewhere = tmp_path / "spec", tmp_path / "elsewhere"
+    write(root / "team" / "a.yaml", widget("a"))
+    write(elsewhere / "x.yaml", widget("x"))
+    spec = SpecDirectory(root, registry)
+    spec.scan()
+
+    shutil.rmtree(root / "team")
+    (root / "team").symlink_to(elsewhere, target_is_directory=True)
+    change = spec.scan()
+
+    assert names(change) == ([], [], [])  # team/a.yaml's documents stay; x.yaml is not read
+    assert [str(k) for k in spec.current()] == ["Widget default/a"]
+    error = only_error(spec)
+    assert error.origin.source == str(root / "team")
+    assert error.reason.startswith(f"not read: a symlink to {elsewhere}, outside")
+
+    (root / "team").unlink()
+    assert names(spec.scan()) == ([], [], ["a"])
+    assert spec.errors() == []
+
+
+def test_load_paths_applies_the_same_bounds(tmp_path: Path, registry: KindRegistry) -> None:
+    write(tmp_path / "d" / "ok.yaml", widget("ok"))
+    write(tmp_path / "d" / "laughs.yaml", laughs())
+    outside = write(tmp_path / "outside.yaml", widget("outside"))
+    (tmp_path / "d" / "link.yaml").symlink_to(outside)
+
+    d = tmp_path / "d"
+    documents, errors = load_paths([d], registry)
+
+    assert [doc.key.name for doc in documents] == ["ok"]
+    assert [(Path(e.origin.source).name, e.reason.split(" (")[0]) for e in errors] == [
+        ("laughs.yaml", "YAML aliases expand to more than 10000 extra nodes"),
+        ("link.yaml", f"not read: a symlink to {outside}, outside the spec directory {d}"),
+    ]
+    # A file named on the command line is read wherever it points.
+    documents, errors = load_paths([tmp_path / "d" / "link.yaml"], registry)
+    assert ([d.key.name for d in documents], errors) == (["outside"], [])

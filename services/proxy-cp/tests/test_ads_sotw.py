@@ -289,13 +289,17 @@ async def test_a_refused_stream_is_aborted_with_the_authorizers_status(
     await intruder.send(node=t.node("intruder"), type_url=CLUSTER)
     assert await intruder.status() == DENIED[0]
     assert await intruder.details() == DENIED[1]
-    assert hooks.calls == []
+    # Reported as refused (metrics, rejected records), never opened.
+    assert hooks.calls == [("refused", "intruder", "sotw", "PERMISSION_DENIED", "refused")]
 
 
-async def test_a_first_request_without_node_is_invalid(ads: t.AdsHarness) -> None:
+async def test_a_first_request_without_node_is_invalid(
+    ads: t.AdsHarness, hooks: t.RecordingHooks
+) -> None:
     envoy = await ads.open()
     await envoy.send(type_url=CLUSTER)
     assert await envoy.status() == grpc.StatusCode.INVALID_ARGUMENT
+    assert hooks.calls == [("refused", "", "sotw", "INVALID_ARGUMENT", "no_node")]
 
 
 async def test_a_request_without_type_url_is_invalid(ads: t.AdsHarness) -> None:

@@ -6,6 +6,7 @@ handshake; the node is a real ``envoy.config.core.v3.Node``; the control plane i
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import grpc
@@ -16,6 +17,7 @@ from google.protobuf import struct_pb2
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
+from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate.settings import ProxySettings
 from trellis_proxy_cp.transport.streams import StreamRefused
@@ -182,3 +184,43 @@ async def test_no_metadata_means_default_settings(
     stream = await authorizer.authorize(context(PROXY), node(PROXY))
 
     assert stream.key == ProxyControlPlane.key_of("bookstore/bookstore", ProxySettings())
+
+
+async def test_a_storm_of_authorizations_asks_the_catalog_once(
+    control_plane: ProxyControlPlane,
+) -> None:
+    names = [t.proxy_common_name("bookstore", "bookstore", n) for n in range(200)]
+    async with t.fake_catalog({name: "bookstore-sa" for name in names}) as catalog:
+        client = CatalogClient(catalog.address, on_view=ignore_view)
+        try:
+            authorizer = MeshAuthorizer(control_plane, client.expected)
+            streams = await asyncio.gather(
+                *(authorizer.authorize(context(name), node(name)) for name in names)
+            )
+        finally:
+            await client.close()
+
+    assert {s.proxy_id for s in streams} == set(names)
+    assert catalog.calls == 1
+
+
+async def test_when_the_catalog_cannot_tell_the_stream_is_unavailable_not_denied(
+    control_plane: ProxyControlPlane,
+) -> None:
+    async with t.fake_catalog({PROXY: "bookstore-sa"}) as catalog:
+        catalog.failing = True
+        client = CatalogClient(catalog.address, on_view=ignore_view)
+        try:
+            refused = await refusal(MeshAuthorizer(control_plane, client.expected), PROXY, node())
+        finally:
+            await client.close()
+
+    assert refused.code == grpc.StatusCode.UNAVAILABLE
+    assert refused.reason == "catalog_unavailable"
+    assert f"cannot tell whether proxy {PROXY} is expected" in refused.message
+    assert "UNAVAILABLE: catalog is restarting" in refused.message
+    assert control_plane.groups == {}
+
+
+async def ignore_view(identity: str, view: object) -> None:
+    return None

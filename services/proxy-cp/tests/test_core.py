@@ -241,6 +241,40 @@ async def test_the_identity_is_remembered_while_another_group_of_it_remains(
     assert sources.forgotten == [STORE]
 
 
+async def test_a_proxy_with_two_streams_stays_until_its_last_detaches(
+    control_plane: ProxyControlPlane, sources: t.FakeSources, cache: SnapshotCache
+) -> None:
+    """A reconnecting Envoy: the new stream attaches before the old one detaches."""
+    key = await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
+    await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
+    assert control_plane.streams_of(STORE_1) == 2
+
+    control_plane.detach(STORE_1, key)  # the old stream
+
+    assert control_plane.groups[key].proxies == {STORE_1}
+    assert cache.get(key) is not None
+    assert control_plane.streams_of(STORE_1) == 1
+    assert sources.forgotten == []
+    control_plane.detach(STORE_1, key)
+    assert key not in control_plane.groups
+    assert control_plane.streams_of(STORE_1) == 0
+    assert sources.forgotten == [STORE]
+
+
+async def test_a_failed_attach_of_a_second_stream_keeps_the_first(
+    control_plane: ProxyControlPlane, sources: t.FakeSources, cache: SnapshotCache
+) -> None:
+    key = await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
+    control_plane.views.pop(STORE)  # so that the second attach fetches, and fails
+    sources.failure = ConnectionError("catalog unreachable")
+
+    with pytest.raises(ConnectionError):
+        await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
+
+    assert control_plane.groups[key].proxies == {STORE_1}
+    assert control_plane.streams_of(STORE_1) == 1
+
+
 async def test_detach_of_an_unknown_key_or_proxy_does_nothing(
     control_plane: ProxyControlPlane, sources: t.FakeSources, cache: SnapshotCache
 ) -> None:

@@ -6,15 +6,17 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from trellis_common.health import Rejections
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
-from trellis_proxy_cp.transport.streams import ProxyStream, StreamRegistry
+from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused, StreamRegistry
 from trellis_proxy_cp.types import CLUSTER, ROUTE, TypeUrl
 
 PROXY = t.proxy_common_name("bookstore", "bookstore", 1)
@@ -50,6 +52,7 @@ class World:
     streams: StreamRegistry
     catalog: FakeCatalog
     hooks: ProxyHooks
+    rejections: Rejections
 
     def sample(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -65,10 +68,15 @@ def world() -> World:
     sources = t.FakeSources()
     control_plane = sources.control_plane(SnapshotCache())
     catalog = FakeCatalog()
+    rejections = Rejections(registry)
     hooks = ProxyHooks(
-        control_plane, XdsMetrics.create(registry), catalog.register, catalog.unregister
+        control_plane,
+        XdsMetrics.create(registry),
+        catalog.register,
+        catalog.unregister,
+        rejections,
     )
-    return World(registry, sources, control_plane, StreamRegistry(), catalog, hooks)
+    return World(registry, sources, control_plane, StreamRegistry(), catalog, hooks, rejections)
 
 
 async def settle() -> None:
@@ -89,6 +97,43 @@ async def test_open_counts_the_stream_and_registers_the_proxy(world: World) -> N
     assert world.sample("trellis_proxy_cp_streams_total", protocol="sotw") == 1
     assert world.sample("trellis_proxy_cp_streams_total", protocol="delta") == 1
     assert world.catalog.registered == [(PROXY, ""), (OTHER, "")]
+
+
+async def test_a_refusal_is_counted_and_kept_until_the_proxy_connects(world: World) -> None:
+    too_big = StreamRefused(
+        grpc.StatusCode.INVALID_ARGUMENT, "node metadata is 20000 bytes", "node_metadata_too_large"
+    )
+    world.hooks.on_refused(PROXY, "delta", too_big)
+    world.hooks.on_refused(PROXY, "delta", too_big)
+
+    labels = {"code": "INVALID_ARGUMENT", "reason": "node_metadata_too_large"}
+    assert world.sample("trellis_proxy_cp_refused_streams_total", **labels) == 2
+    assert world.sample("trellis_rejected_records_total", source="xds") == 2
+    assert [(r.source, r.key, r.reason, r.count) for r in world.rejections.items()] == [
+        ("xds", PROXY, "INVALID_ARGUMENT: node metadata is 20000 bytes", 2)
+    ]
+
+    world.hooks.on_open(await world.connect(PROXY))
+    await settle()
+    assert world.rejections.items() == []
+
+
+async def test_the_old_stream_of_a_reconnected_proxy_closing_unregisters_nothing(
+    world: World,
+) -> None:
+    old = await world.connect(PROXY)
+    world.hooks.on_open(old)
+    new = await world.connect(PROXY)
+    world.hooks.on_open(new)
+
+    world.hooks.on_close(old)
+    await settle()
+
+    assert world.catalog.unregistered == []
+    assert world.control_plane.groups[new.key].proxies == {PROXY}
+    world.hooks.on_close(new)
+    await settle()
+    assert world.catalog.unregistered == [PROXY]
 
 
 async def test_close_detaches_from_the_control_plane_and_unregisters(world: World) -> None:

@@ -3,7 +3,8 @@
 :func:`create_app` returns an app with ``/healthz`` (the process is alive), ``/readyz``
 (every readiness check passes; 503 with the failing checks otherwise) and ``/metrics``
 (Prometheus text from the service's own registry, never a global one). Routes that change
-state depend on :func:`token_guard`: a bearer token compared in constant time.
+state depend on :func:`token_guard`: a bearer token compared in constant time. Every
+request body is capped (:class:`BodyLimit`, 1 MiB by default) before any route reads it.
 :class:`AdminServer` runs uvicorn as ``async def run(stop)`` without taking over signals,
 bound to 127.0.0.1 unless the service is told otherwise.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -23,12 +25,16 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trellis_common.health import Health
+from trellis_common.health import Health, Rejections
 
 log = logging.getLogger(__name__)
 
 ReadinessCheck = Callable[[], bool | Awaitable[bool]]
+
+#: The largest request body an admin API accepts, unless ``create_app`` is told otherwise.
+MAX_BODY_BYTES = 1024 * 1024
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -52,20 +58,113 @@ def token_guard(token: str) -> Callable[..., Awaitable[None]]:
     return guard
 
 
+class BodyLimit:
+    """Pure ASGI middleware: a request body over ``limit`` bytes is answered 413.
+
+    A ``Content-Length`` over the limit is refused before the app is called at all. A body
+    without one (chunked) is counted as the app reads it: once the bytes read pass the
+    limit, the 413 is sent, the app is told the client went away (``http.disconnect``, so
+    whatever it was parsing fails there) and anything it still sends is dropped. Either way
+    no route parses more than ``limit`` bytes. The JSON answer names the limit; the refusal
+    is logged and, given ``rejections``, counted and listed (source ``admin-request``, key
+    ``METHOD path``). The 413 does not ask for the connection to be closed: uvicorn then
+    reads and drops the rest of the body itself, so a client still writing gets the answer
+    rather than a reset.
+    """
+
+    def __init__(
+        self, app: ASGIApp, limit: int = MAX_BODY_BYTES, rejections: Rejections | None = None
+    ) -> None:
+        self.app = app
+        self.limit = limit
+        self.rejections = rejections
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.limit:
+            await self._refuse(scope, send, f"Content-Length {declared}")
+            return
+        received = 0
+        started = refused = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    refused = True
+                    if not started:
+                        await self._refuse(scope, send, f"more than {self.limit} bytes read")
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 went out instead
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+            # The app failed on the cut-off body; the client has its 413 already.
+
+    async def _refuse(self, scope: Scope, send: Send, seen: str) -> None:
+        reason = f"request body too large: the limit is {self.limit} bytes ({seen})"
+        request = f"{scope.get('method', '')} {scope.get('path', '')}"
+        log.warning("admin.body_too_large request=%r limit=%d seen=%r", request, self.limit, seen)
+        if self.rejections is not None:
+            self.rejections.reject("admin-request", request, reason)
+        body = json.dumps({"detail": reason, "limit_bytes": self.limit}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # the server rejects it; the bytes are counted anyway
+    return None
+
+
 def create_app(
     title: str,
     registry: CollectorRegistry,
     readiness: Mapping[str, ReadinessCheck] | None = None,
     health: Health | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The admin app of one service, with the standard endpoints.
 
     ``/readyz`` fails while a readiness check fails or one of ``health``'s loops is down, and
-    says which and why; ``/v1/status`` lists the loops and the rejected records.
+    says which and why; ``/v1/status`` lists the loops and the rejected records. A request
+    body over ``max_body_bytes`` is answered 413 before any route parses it.
     """
     app = FastAPI(title=f"Trellis {title} admin API", version="0.1.0")
     checks = dict(readiness or {})
     health = health if health is not None else Health()
+    app.add_middleware(BodyLimit, limit=max_body_bytes, rejections=health.rejections)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

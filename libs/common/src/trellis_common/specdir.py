@@ -17,6 +17,13 @@ include Kubernetes ConfigMap ``..data`` directories, whose files are reached thr
 top-level symlinks) and editor temp files are ignored; a file reachable twice through
 symlinks is read once.
 
+What a file may cost is bounded, since whoever can write to the directory should not be
+able to stop a service: its size and what its YAML aliases expand to
+(:class:`~trellis_common.documents.yamlfile.Limits`, checked by
+:mod:`~trellis_common.documents.yamlfile`), and a symlink (to a file or a directory) that
+resolves outside the directory is not followed. Each refusal is an error of that file, like
+invalid YAML: the file's last good documents stay in force.
+
 :meth:`SpecDirectory.watch` polls :meth:`SpecDirectory.scan` in a worker thread and
 reports each change once; :func:`load_paths` validates files offline.
 """
@@ -36,11 +43,12 @@ from typing import Any
 
 import yaml
 
+from trellis_common.documents import yamlfile
 from trellis_common.documents.base import Document, DocumentError, DocumentKey, KindRegistry, Origin
+from trellis_common.documents.yamlfile import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger(__name__)
 
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _EXTENSIONS = (".yaml", ".yml")
 _TEMP_SUFFIXES = ("~", ".swp", ".swx", ".tmp")
 
@@ -80,9 +88,22 @@ def is_spec_file(name: str) -> bool:
 
 def list_files(root: Path) -> list[Path]:
     """Spec files under ``root`` (or ``root`` itself if it is a file), sorted, each once."""
+    return walk(root)[0]
+
+
+def _inside(real: str, real_root: str) -> bool:
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def walk(root: Path) -> tuple[list[Path], dict[Path, str]]:
+    """:func:`list_files`, and the symlinks not followed because they resolve outside
+    ``root`` (files and directories), each with the reason. A file named as ``root`` is
+    read wherever it points."""
     if root.is_file():
-        return [root]
+        return [root], {}
+    real_root = os.path.realpath(root)
     found: list[Path] = []
+    outside: dict[Path, str] = {}
     seen_dirs: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         real = os.path.realpath(dirpath)
@@ -90,8 +111,24 @@ def list_files(root: Path) -> list[Path]:
             dirnames.clear()
             continue
         seen_dirs.add(real)
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        found.extend(Path(dirpath, f) for f in filenames if is_spec_file(f))
+        kept = []
+        for name in dirnames:
+            if name.startswith("."):
+                continue
+            target = os.path.realpath(os.path.join(dirpath, name))
+            if _inside(target, real_root):
+                kept.append(name)
+            else:
+                outside[Path(dirpath, name)] = _outside_reason(target, real_root)
+        dirnames[:] = kept
+        for name in filenames:
+            if not is_spec_file(name):
+                continue
+            target = os.path.realpath(os.path.join(dirpath, name))
+            if _inside(target, real_root):
+                found.append(Path(dirpath, name))
+            else:
+                outside[Path(dirpath, name)] = _outside_reason(target, real_root)
     unique: list[Path] = []
     seen_files: set[str] = set()
     for path in sorted(found):
@@ -99,7 +136,14 @@ def list_files(root: Path) -> list[Path]:
         if real not in seen_files:
             seen_files.add(real)
             unique.append(path)
-    return unique
+    return unique, outside
+
+
+def _outside_reason(target: str, real_root: str) -> str:
+    return (
+        f"not read: a symlink to {target}, outside the spec directory {real_root} "
+        "(symlinks are followed only within it)"
+    )
 
 
 def _stamp(path: Path) -> Stamp:
@@ -125,6 +169,7 @@ def parse_file(
     kinds: Collection[str] | None = None,
     previous: Iterable[Document] = (),
     report_unread: bool = False,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[list[Document], list[DocumentError]]:
     """One file's documents in force and its errors, falling back on ``previous``.
 
@@ -137,13 +182,13 @@ def parse_file(
     source = str(path)
     previous = list(previous)
     try:
-        data = path.read_bytes()
+        raws = yamlfile.load(path, limits)
     except FileNotFoundError:
         raise
+    except yamlfile.TooCostly as exc:
+        return previous, [DocumentError(Origin(source), "", str(exc))]
     except OSError as exc:
         return previous, [DocumentError(Origin(source), "", f"cannot read: {exc.strerror}")]
-    try:
-        raws = list(yaml.load_all(data, Loader=_Loader))
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         return previous, [DocumentError(Origin(source), "", _yaml_reason(exc))]
     by_key = {doc.key: doc for doc in previous}
@@ -213,10 +258,12 @@ class SpecDirectory:
         registry: KindRegistry,
         kinds: Collection[str] | None = None,
         report_unread: bool = False,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.path = path
         self._registry = registry
         self._kinds = frozenset(kinds) if kinds is not None else None
+        self._limits = limits
         self._report_unread = report_unread
         self._files: dict[Path, _FileState] = {}
         self._pending: dict[Path, float] = {}  # deferred while being written: first seen
@@ -296,22 +343,35 @@ class SpecDirectory:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
-    def _list(self) -> list[Path]:
+    def _list(self) -> tuple[list[Path], dict[Path, str]]:
         if not self.path.exists():
             if not self._missing_logged:
                 log.warning("specdir.missing path=%s action=treating_as_empty", self.path)
                 self._missing_logged = True
-            return []
+            return [], {}
         if self._missing_logged:
             log.info("specdir.found path=%s", self.path)
             self._missing_logged = False
-        return list_files(self.path)
+        return walk(self.path)
+
+    def _refused(self, outside: Mapping[Path, str]) -> dict[Path, _FileState]:
+        """Symlinks not followed: an error each, and the documents in force of the file (or
+        of the files under the directory) they replaced stay."""
+        files: dict[Path, _FileState] = {}
+        for link, reason in outside.items():
+            error = DocumentError(Origin(str(link)), "", reason)
+            old = self._files.get(link)
+            files[link] = _FileState(None, old.documents if old is not None else (), (error,))
+            for path, state in self._files.items():
+                if link in path.parents:
+                    files[path] = _FileState(None, state.documents, ())
+        return files
 
     def _scan(self, settle: float, settle_max: float) -> SpecChange:
         with self._lock:
-            files: dict[Path, _FileState] = {}
             now, clock = time.time_ns(), time.monotonic()
-            listed = self._list()
+            listed, outside = self._list()
+            files = self._refused(outside)
             for path in listed:
                 old = self._files.get(path)
                 try:
@@ -329,7 +389,12 @@ class SpecDirectory:
                     self._pending.pop(path, None)
                     previous = old.documents if old is not None else ()
                     documents, errors = parse_file(
-                        path, self._registry, self._kinds, previous, self._report_unread
+                        path,
+                        self._registry,
+                        self._kinds,
+                        previous,
+                        report_unread=self._report_unread,
+                        limits=self._limits,
                     )
                     recorded = stamp if _stamp(path) == stamp else None  # changed while read
                 except FileNotFoundError:
@@ -339,7 +404,7 @@ class SpecDirectory:
                     reason = f"cannot read: {exc.strerror}"
                     errors, recorded = [DocumentError(Origin(str(path)), "", reason)], None
                 files[path] = _FileState(recorded, tuple(documents), tuple(errors))
-            present = set(listed)
+            present = set(listed) | set(files)
             self._pending = {p: t for p, t in self._pending.items() if p in present}
             self._files = files
             return self._publish()
@@ -381,7 +446,10 @@ class SpecDirectory:
 
 
 def load_paths(
-    paths: Sequence[Path], registry: KindRegistry, kinds: Collection[str] | None = None
+    paths: Sequence[Path],
+    registry: KindRegistry,
+    kinds: Collection[str] | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> tuple[list[Document], list[DocumentError]]:
     """Offline validation: the documents (each key once) and errors of files and directories.
 
@@ -392,7 +460,9 @@ def load_paths(
     errors: list[DocumentError] = []
     for path in paths:
         if path.exists():
-            files.extend(list_files(path))
+            found, outside = walk(path)
+            files.extend(found)
+            errors.extend(DocumentError(Origin(str(p)), "", r) for p, r in outside.items())
         else:
             errors.append(DocumentError(Origin(str(path)), "", "no such file or directory"))
     seen: set[str] = set()
@@ -403,7 +473,7 @@ def load_paths(
             continue
         seen.add(real)
         try:
-            documents, file_errors = parse_file(path, registry, kinds)
+            documents, file_errors = parse_file(path, registry, kinds, limits=limits)
         except FileNotFoundError:
             errors.append(DocumentError(Origin(str(path)), "", "no such file or directory"))
             continue

@@ -7,6 +7,10 @@ connects and followed while any proxy of the identity is connected. A new view o
 material rebuilds the snapshots of that identity's groups only; the transports then push
 each proxy the types whose version changed. A snapshot that fails the consistency check
 is refused and the last good one stays in force.
+
+A proxy may have more than one stream at once (a reconnecting Envoy's new stream opens
+before proxy-cp notices the old one is gone): attaching is counted per proxy and group, and
+a proxy leaves its group only when its last stream detaches.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -60,6 +65,8 @@ class ProxyControlPlane:
         self.materials: dict[str, SecretMaterial] = {}
         self.set_at: dict[str, float] = {}  # key -> when its latest snapshot was set
         self._locks: dict[str, asyncio.Lock] = {}
+        self._attached: Counter[tuple[str, str]] = Counter()  # (proxy, key) -> streams
+        self._streams: Counter[str] = Counter()  # proxy -> streams, any group
 
     @staticmethod
     def key_of(identity: str, settings: ProxySettings) -> str:
@@ -75,8 +82,9 @@ class ProxyControlPlane:
             group = self.groups.get(key)
             if group is None:
                 group = self.groups[key] = Group(key, identity, service_account, settings)
-            added = proxy not in group.proxies
             group.proxies.add(proxy)
+            self._attached[proxy, key] += 1
+            self._streams[proxy] += 1
             try:
                 if identity not in self.views:
                     self.views[identity] = await self._fetch_view(identity, service_account)
@@ -84,14 +92,22 @@ class ProxyControlPlane:
                     self.materials[identity] = await self._fetch_material(identity, service_account)
             except BaseException:
                 # The stream is refused and will never detach: leave no group behind.
-                if added:
-                    self.detach(proxy, key)
+                self.detach(proxy, key)
                 raise
             if self.cache.get(key) is None:
                 self._build(group)
         return key
 
     def detach(self, proxy: str, key: str) -> None:
+        """One stream of ``proxy`` closed; the proxy leaves the group with its last one."""
+        attached = self._attached.pop((proxy, key), 0)
+        if attached:
+            self._streams[proxy] -= 1
+            if not self._streams[proxy]:
+                del self._streams[proxy]
+        if attached > 1:
+            self._attached[proxy, key] = attached - 1
+            return
         group = self.groups.get(key)
         if group is None:
             return
@@ -104,6 +120,10 @@ class ProxyControlPlane:
             self.views.pop(group.identity, None)
             self.materials.pop(group.identity, None)
             self._forget(group.identity)
+
+    def streams_of(self, proxy: str) -> int:
+        """How many streams of ``proxy`` are attached (any group)."""
+        return self._streams[proxy]
 
     async def set_view(self, identity: str, view: catalog_pb2.View) -> None:
         self.views[identity] = view

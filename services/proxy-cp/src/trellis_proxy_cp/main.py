@@ -24,6 +24,7 @@ from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.clients.certs import CertClient
+from trellis_proxy_cp.clients.expected import ExpectationTiming
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.credentials import ServingCertificate
 from trellis_proxy_cp.hooks import ProxyHooks
@@ -32,6 +33,7 @@ from trellis_proxy_cp.settings import ProxyCpSettings
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport import rest
 from trellis_proxy_cp.transport.ads import AdsServicer
+from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import StreamRegistry
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,12 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
         else:
             await control_plane.set_material(identity, material)
 
-    catalog = CatalogClient(catalog_address, on_view, settings.instance_name, runtime.health)
+    expectation = ExpectationTiming(
+        settings.expected_min_interval, settings.expected_max_age, settings.expected_refused_for
+    )
+    catalog = CatalogClient(
+        catalog_address, on_view, settings.instance_name, runtime.health, expectation
+    )
     certs = CertClient(certs_address, on_material, runtime.health)
 
     def forget(identity: str) -> None:
@@ -104,9 +111,21 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
     )
     serving = ServingCertificate(await certs.want(own_identity, settings.service_account))
     streams = StreamRegistry()
-    hooks = ProxyHooks(control_plane, metrics, catalog.register, catalog.unregister)
+    hooks = ProxyHooks(
+        control_plane, metrics, catalog.register, catalog.unregister, runtime.health.rejections
+    )
+    stream_limits = StreamLimits(
+        max_node_metadata_bytes=settings.max_node_metadata_bytes,
+        max_resource_names=settings.max_resource_names,
+        max_resource_name_bytes=settings.max_resource_name_bytes,
+        max_streams_per_proxy=settings.max_streams_per_proxy,
+    )
     servicer = AdsServicer(
-        cache, MeshAuthorizer(control_plane, catalog.expected), hooks, registry=streams
+        cache,
+        MeshAuthorizer(control_plane, catalog.expected),
+        hooks,
+        registry=streams,
+        stream_limits=stream_limits,
     )
     xds = GrpcServer(
         f"{settings.xds_host}:{settings.grpc_port}",

@@ -48,6 +48,10 @@ class XdsMetrics:
                 registry=registry,
             ),
             refused_streams=Counter(
-                "trellis_proxy_cp_refused_streams", "Streams refused", ["code"], registry=registry
+                "trellis_proxy_cp_refused_streams",
+                "Streams refused or ended by proxy-cp, by gRPC code and reason (not_expected, "
+                "node_metadata_too_large, too_many_names, name_too_long, replaced, ...)",
+                ["code", "reason"],
+                registry=registry,
             ),
         )

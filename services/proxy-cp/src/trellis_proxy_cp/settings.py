@@ -25,3 +25,14 @@ class ProxyCpSettings(ServiceSettings):
     # proxy-cp's own identity: the serving certificate of the xDS port.
     namespace: str = "trellis-system"
     service_account: str = "proxy-cp"
+    # Expected proxies (clients/expected.py): listings of the catalog start at least this
+    # far apart (s); a listing says yes for this long; a proxy a listing did not name is
+    # refused without asking again for this long.
+    expected_min_interval: float = Field(0.25, ge=0)
+    expected_max_age: float = Field(10.0, gt=0)
+    expected_refused_for: float = Field(5.0, ge=0)
+    # Caps on what one proxy may ask (transport/limits.py).
+    max_node_metadata_bytes: int = Field(16 * 1024, ge=0)
+    max_resource_names: int = Field(1024, ge=1)
+    max_resource_name_bytes: int = Field(512, ge=1)
+    max_streams_per_proxy: int = Field(4, ge=1)

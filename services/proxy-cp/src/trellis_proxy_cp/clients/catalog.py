@@ -2,7 +2,8 @@
 
 A :class:`CatalogClient` follows ``WatchViews``: when an identity with connected proxies
 changes version, it fetches the new view and hands it on. It also answers the
-questions a stream asks when it opens: is this proxy expected, and what is its view. The
+questions a stream asks when it opens: is this proxy expected (from ``ListProxies``, shared
+by many streams: :mod:`.expected`), and what is its view. The
 stream is reopened with backoff when it breaks; after reopening, every wanted identity is
 fetched again (nothing that happened in between is missed).
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterable, Awaitable, Callable
 
 import grpc
@@ -21,6 +21,7 @@ from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_common.follow import StreamFollower, describe
 from trellis_common.health import Health
+from trellis_proxy_cp.clients.expected import ExpectationTiming, ExpectedProxies
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class CatalogClient:
         on_view: OnView,
         proxy_cp_name: str = "proxy-cp",
         health: Health | None = None,
+        expectation: ExpectationTiming | None = None,
     ) -> None:
         self.address = address
         self.health = health if health is not None else Health()
@@ -44,8 +46,7 @@ class CatalogClient:
         self._stub: pb_grpc.CatalogAsyncStub = pb_grpc.CatalogStub(self._channel)
         self.wanted: dict[str, str] = {}  # identity -> service account
         self.versions: dict[str, str] = {}
-        self._expected: dict[str, str] = {}  # proxy CN -> service account
-        self._expected_at = 0.0
+        self.expectations = ExpectedProxies(self._list_expected, expectation)
         self.connected = asyncio.Event()
 
     async def close(self) -> None:
@@ -53,20 +54,14 @@ class CatalogClient:
 
     # -- proxies ---------------------------------------------------------------------
 
-    async def expected(self, common_name: str, min_interval: float = 0.2) -> str | None:
-        """The service account of an expected proxy, or None.
+    async def expected(self, common_name: str) -> str | None:
+        """The service account of an expected proxy, or None; raises
+        :class:`~.expected.ExpectationUnknown` if the catalog cannot be asked."""
+        return await self.expectations.account(common_name)
 
-        The list is reloaded when a proxy is not on it (at most every ``min_interval``, so
-        unknown proxies cannot make proxy-cp hammer the catalog) and every 30 s.
-        """
-        age = time.monotonic() - self._expected_at
-        if (common_name not in self._expected and age > min_interval) or age > 30:
-            listed = await self._stub.ListProxies(pb.ListProxiesRequest(), timeout=10)
-            self._expected = {
-                p.common_name: p.service_account for p in listed.proxies if p.expected
-            }
-            self._expected_at = time.monotonic()
-        return self._expected.get(common_name)
+    async def _list_expected(self) -> dict[str, str]:
+        listed = await self._stub.ListProxies(pb.ListProxiesRequest(), timeout=10)
+        return {p.common_name: p.service_account for p in listed.proxies if p.expected}
 
     async def register(self, common_name: str, address: str) -> None:
         await self._stub.RegisterProxy(

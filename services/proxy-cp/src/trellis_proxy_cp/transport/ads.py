@@ -14,6 +14,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from trellis_proxy_cp.cache.store import SnapshotSource
 from trellis_proxy_cp.transport.ads_delta import DeltaServer
 from trellis_proxy_cp.transport.ads_sotw import SotwServer
+from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import (
     Authorizer,
     NoHooks,
@@ -33,10 +34,16 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ign
         hooks: StreamHooks | None = None,
         registry: StreamRegistry | None = None,
         queue_size: int = 64,
+        stream_limits: StreamLimits | None = None,
     ) -> None:
         self.registry = registry if registry is not None else StreamRegistry()
         self.runner = StreamRunner(
-            source, authorizer, hooks if hooks is not None else NoHooks(), self.registry, queue_size
+            source,
+            authorizer,
+            hooks if hooks is not None else NoHooks(),
+            self.registry,
+            queue_size,
+            stream_limits,
         )
         sotw, delta = SotwServer(self.runner), DeltaServer(self.runner)
         self.StreamAggregatedResources = sotw.StreamAggregatedResources

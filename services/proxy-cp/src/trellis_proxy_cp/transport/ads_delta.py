@@ -22,6 +22,9 @@ The rules, from Envoy's xDS protocol doc:
   as held, so they are not sent again until they change.
 * The first request of a type is always answered, if need be with an empty response, so a
   proxy with nothing to fetch still completes its initial fetch.
+
+Subscriptions accumulate over requests, so the names subscribed to per type are capped
+(``max_resource_names``, :mod:`.limits`) after each request, besides the cap per request.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from trellis_proxy_cp.cache.snapshot import Snapshot, push_order
 from trellis_proxy_cp.cache.store import SnapshotSource
+from trellis_proxy_cp.transport import limits
 from trellis_proxy_cp.transport.ads_sotw import WILDCARD, WILDCARD_TYPES
+from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import (
     Outgoing,
     ProxyStream,
@@ -69,12 +74,18 @@ class DeltaMachine:
     """The incremental protocol for one stream (see the module docstring)."""
 
     def __init__(
-        self, stream: ProxyStream, source: SnapshotSource, hooks: StreamHooks, send: Send
+        self,
+        stream: ProxyStream,
+        source: SnapshotSource,
+        hooks: StreamHooks,
+        send: Send,
+        stream_limits: StreamLimits | None = None,
     ) -> None:
         self._stream = stream
         self._source = source
         self._hooks = hooks
         self._send = send
+        self._limits = stream_limits if stream_limits is not None else StreamLimits()
         self._held: dict[TypeUrl, _Held] = {}
         self._nonces = itertools.count(1)
 
@@ -120,6 +131,7 @@ class DeltaMachine:
             subscribe.discard(WILDCARD)
             unsubscribe.discard(WILDCARD)
         state.names = (state.names | subscribe) - unsubscribe
+        limits.check_subscription(type_url, len(state.names), self._limits)
         if not first:
             held.force |= subscribe
         for name in unsubscribe:
@@ -216,6 +228,6 @@ class DeltaServer:
         runner = self._runner
 
         def make(stream: ProxyStream, send: Send) -> DeltaMachine:
-            return DeltaMachine(stream, runner.source, runner.hooks, send)
+            return DeltaMachine(stream, runner.source, runner.hooks, send, runner.limits)
 
         await runner.run("delta", request_iterator, context, make)

@@ -12,20 +12,25 @@
   ignored, never allowed to end the stream.
 * :class:`StreamRegistry` holds the open streams by id.
 * :class:`StreamRunner` is the lifecycle both servers share. It reads the first request
-  (which must carry a node), authorizes once, registers the stream, then runs three tasks:
+  (which must carry a node, whose metadata is checked against :mod:`.limits` before anyone
+  parses it), authorizes once, ends the proxy's oldest stream if this one is one too many,
+  registers the stream, then runs three tasks:
   a reader feeding requests to the protocol's :class:`Machine`, a watcher feeding it snapshot
   changes of the stream's key (``SnapshotSource.wait``), and a writer draining a bounded
   outbox into the gRPC stream. The machine's handlers are synchronous, so requests and
   snapshot changes never interleave inside one. Whichever task ends first ends the stream:
   the client half-closing is a clean end, a failure is logged and the stream aborted with
   its status, a full outbox (a client that stopped reading) ends the stream with
-  RESOURCE_EXHAUSTED as Linkerd does rather than buffering without bound. Nothing in one
-  stream can affect another.
+  RESOURCE_EXHAUSTED as Linkerd does rather than buffering without bound. Every request's
+  names are checked against :mod:`.limits`. Nothing in one stream can affect another. Every
+  refusal, before or after the stream opened, is logged with the proxy id and reported to
+  ``StreamHooks.on_refused``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -36,18 +41,26 @@ from typing import Any, Protocol
 import grpc
 
 from trellis_proxy_cp.cache.store import SnapshotSource
+from trellis_proxy_cp.transport import limits
+from trellis_proxy_cp.transport.limits import LimitExceeded, StreamLimits
 from trellis_proxy_cp.types import SHORT, TypeUrl
 
 log = logging.getLogger(__name__)
 
 
 class StreamRefused(Exception):
-    """The authorizer's refusal: the stream is aborted with ``code`` and ``message``."""
+    """A refusal: the stream is aborted with ``code`` and ``message``. ``reason`` is a short
+    fixed word for metrics (``not_expected``, ``too_many_names``...)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "refused") -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.reason = reason
+
+    @classmethod
+    def of(cls, exceeded: LimitExceeded) -> StreamRefused:
+        return cls(exceeded.code, exceeded.message, exceeded.reason)
 
 
 @dataclasses.dataclass
@@ -103,6 +116,11 @@ class Authorizer(Protocol):
 
 
 class StreamHooks(Protocol):
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        """A stream was refused or ended for ``refused`` (``proxy_id``: the certificate's
+        common name or, before authorization, the node id the proxy claims)."""
+        ...
+
     def on_open(self, stream: ProxyStream) -> None: ...
     def on_close(self, stream: ProxyStream) -> None: ...
     def on_sent(self, stream: ProxyStream, type_url: TypeUrl, version: str) -> None: ...
@@ -114,6 +132,9 @@ class StreamHooks(Protocol):
 
 class NoHooks:
     """Hooks that do nothing."""
+
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        pass
 
     def on_open(self, stream: ProxyStream) -> None:
         pass
@@ -145,6 +166,12 @@ class SafeHooks:
         except Exception:
             log.exception("ads.hook_failed hook=%s proxy=%s", name, stream.proxy_id)
 
+    def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
+        try:
+            self._hooks.on_refused(proxy_id, protocol, refused)
+        except Exception:
+            log.exception("ads.hook_failed hook=on_refused proxy=%s", proxy_id)
+
     def on_open(self, stream: ProxyStream) -> None:
         self._call("on_open", stream)
 
@@ -168,14 +195,21 @@ class StreamRegistry:
 
     def __init__(self) -> None:
         self.streams: dict[int, ProxyStream] = {}
+        self._by_proxy: dict[str, dict[int, ProxyStream]] = {}
         self._ids = itertools.count(1)
 
     def add(self, stream: ProxyStream) -> None:
         stream.stream_id = next(self._ids)
         self.streams[stream.stream_id] = stream
+        self._by_proxy.setdefault(stream.proxy_id, {})[stream.stream_id] = stream
 
     def remove(self, stream: ProxyStream) -> None:
         self.streams.pop(stream.stream_id, None)
+        of_proxy = self._by_proxy.get(stream.proxy_id)
+        if of_proxy is not None:
+            of_proxy.pop(stream.stream_id, None)
+            if not of_proxy:
+                del self._by_proxy[stream.proxy_id]
 
     def __len__(self) -> int:
         return len(self.streams)
@@ -187,7 +221,8 @@ class StreamRegistry:
         return [s for s in self.streams.values() if s.key == key]
 
     def of_proxy(self, proxy_id: str) -> list[ProxyStream]:
-        return [s for s in self.streams.values() if s.proxy_id == proxy_id]
+        """The proxy's open streams, oldest first."""
+        return list(self._by_proxy.get(proxy_id, {}).values())
 
 
 def short(type_url: str) -> str:
@@ -208,13 +243,17 @@ Send = Callable[[Outgoing], None]
 
 
 class Machine(Protocol):
-    """One protocol's state machine for one stream. Handlers are synchronous and ``send``."""
+    """One protocol's state machine for one stream. Handlers are synchronous and ``send``;
+    they raise :class:`StreamRefused` to end the stream."""
 
     def on_request(self, request: Any) -> None: ...
     def on_snapshot(self) -> None: ...
 
 
 MachineFactory = Callable[[ProxyStream, Send], Machine]
+
+#: How long an ending stream waits for the message being written before sending its status.
+WRITE_GRACE = 1.0
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -229,12 +268,15 @@ class StreamRunner:
         hooks: StreamHooks,
         registry: StreamRegistry,
         queue_size: int = 64,
+        stream_limits: StreamLimits | None = None,
     ) -> None:
         self.source = source
         self.authorizer = authorizer
         self.hooks = SafeHooks(hooks)
         self.registry = registry
         self.queue_size = queue_size
+        self.limits = stream_limits if stream_limits is not None else StreamLimits()
+        self._replaced: dict[int, asyncio.Future[None]] = {}  # stream id -> fails to end it
 
     async def run(
         self,
@@ -248,10 +290,17 @@ class StreamRunner:
         except StopAsyncIteration:
             return
         if not first.HasField("node"):
-            log.warning("ads.refused protocol=%s peer=%s reason=no-node", protocol, context.peer())
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request needs a node")
+            refused = StreamRefused(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first request needs a node", "no_node"
+            )
+            await self._refuse(protocol, context, None, refused)
+        try:
+            limits.check_node(first.node, self.limits)
+        except LimitExceeded as exceeded:
+            await self._refuse(protocol, context, first.node, StreamRefused.of(exceeded))
         stream = await self._authorize(protocol, context, first.node)
         stream.node, stream.protocol = first.node, protocol
+        self._replace_oldest(stream.proxy_id, protocol)
         self.registry.add(stream)
         log.info(
             "ads.open protocol=%s proxy=%s key=%s node=%s stream=%d",
@@ -280,23 +329,55 @@ class StreamRunner:
         try:
             return await self.authorizer.authorize(context, node)
         except StreamRefused as refused:
-            log.warning(
-                "ads.refused protocol=%s peer=%s node=%s code=%s message=%r",
-                protocol,
-                context.peer(),
-                node.id,
-                refused.code.name,
-                refused.message,
-            )
-            await context.abort(refused.code, refused.message)
+            await self._refuse(protocol, context, node, refused)
         except Exception:
             log.exception(
-                "ads.authorize_failed protocol=%s peer=%s node=%s",
+                "ads.authorize_failed protocol=%s peer=%s node=%.128r",
                 protocol,
                 context.peer(),
                 node.id,
             )
-            await context.abort(grpc.StatusCode.INTERNAL, "authorization failed")
+            internal = StreamRefused(grpc.StatusCode.INTERNAL, "authorization failed", "internal")
+            await self._refuse(protocol, context, node, internal)
+        raise AssertionError("unreachable: abort raises")
+
+    async def _refuse(
+        self, protocol: str, context: _Context, node: Any, refused: StreamRefused
+    ) -> None:
+        """Log, report and abort a stream refused before it opened (``abort`` raises)."""
+        proxy_id = _claimed(context, node)
+        log.warning(
+            "ads.refused protocol=%s proxy=%.128r node=%.128r peer=%s code=%s reason=%s message=%r",
+            protocol,
+            proxy_id,
+            node.id if node is not None else "",
+            context.peer(),
+            refused.code.name,
+            refused.reason,
+            refused.message,
+        )
+        self.hooks.on_refused(proxy_id, protocol, refused)
+        await context.abort(refused.code, refused.message)
+
+    def _replace_oldest(self, proxy_id: str, protocol: str) -> None:
+        """Make room for one more stream of ``proxy_id``: end its oldest ones past the cap."""
+        open_ = [
+            s
+            for s in self.registry.of_proxy(proxy_id)
+            if (ending := self._replaced.get(s.stream_id)) is not None and not ending.done()
+        ]
+        for oldest in open_[: max(0, len(open_) - self.limits.max_streams_per_proxy + 1)]:
+            refused = StreamRefused.of(limits.replaced(proxy_id, self.limits))
+            log.warning(
+                "ads.replaced protocol=%s proxy=%s stream=%d code=%s reason=%s",
+                oldest.protocol,
+                proxy_id,
+                oldest.stream_id,
+                refused.code.name,
+                refused.reason,
+            )
+            self.hooks.on_refused(proxy_id, oldest.protocol or protocol, refused)
+            self._replaced[oldest.stream_id].set_exception(refused)
 
     async def _serve(
         self,
@@ -317,38 +398,52 @@ class StreamRunner:
                 ) from None
 
         machine = make_machine(stream, send)
-        tasks = {
+        replaced = self._replaced[stream.stream_id] = asyncio.get_running_loop().create_future()
+        writer = _Writer(stream, outbox, context, self.hooks)
+        writing = asyncio.create_task(writer.run())
+        tasks: set[asyncio.Future[None]] = {
             asyncio.create_task(self._read(first, requests, machine)),
             asyncio.create_task(self._watch(stream.key, machine)),
-            asyncio.create_task(self._write(stream, outbox, context)),
+            writing,
+            replaced,  # fails with the refusal when a newer stream of the proxy replaces it
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._replaced.pop(stream.stream_id, None)
+            # gRPC refuses to send the status while a message is still being sent
+            # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS): let a write finish, within bounds.
+            if not writing.done():
+                await writer.finish(WRITE_GRACE)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         for task in done:
             error = task.exception()
+            if isinstance(error, LimitExceeded):
+                error = StreamRefused.of(error)
             if isinstance(error, StreamRefused):
                 log.warning(
-                    "ads.abort proxy=%s code=%s message=%r",
+                    "ads.abort proxy=%s stream=%d code=%s reason=%s message=%r",
                     stream.proxy_id,
+                    stream.stream_id,
                     error.code.name,
+                    error.reason,
                     error.message,
                 )
+                if error.reason != "replaced":  # reported when it was replaced
+                    self.hooks.on_refused(stream.proxy_id, stream.protocol, error)
                 return error
             if error is not None:
                 log.error("ads.stream_failed proxy=%s", stream.proxy_id, exc_info=error)
                 return StreamRefused(grpc.StatusCode.INTERNAL, "internal error")
         return None
 
-    @staticmethod
-    async def _read(first: Any, requests: AsyncIterator[Any], machine: Machine) -> None:
-        _check(first)
+    async def _read(self, first: Any, requests: AsyncIterator[Any], machine: Machine) -> None:
+        _check(first, self.limits)
         machine.on_request(first)
         async for request in requests:
-            _check(request)
+            _check(request, self.limits)
             machine.on_request(request)
 
     async def _watch(self, key: str, machine: Machine) -> None:
@@ -357,21 +452,63 @@ class StreamRunner:
             seen = await self.source.wait(key, seen)
             machine.on_snapshot()
 
-    async def _write(
-        self, stream: ProxyStream, outbox: asyncio.Queue[Outgoing], context: _Context
+
+class _Writer:
+    """Drains a stream's outbox into the gRPC stream; :meth:`finish` ends it between two
+    messages, never in the middle of one."""
+
+    def __init__(
+        self,
+        stream: ProxyStream,
+        outbox: asyncio.Queue[Outgoing],
+        context: _Context,
+        hooks: StreamHooks,
     ) -> None:
-        while True:
-            item = await outbox.get()
-            await context.write(item.message)
+        self._stream = stream
+        self._outbox = outbox
+        self._context = context
+        self._hooks = hooks
+        self._writing = False
+        self._stopping = False
+        self._written = asyncio.Event()
+
+    async def run(self) -> None:
+        stream = self._stream
+        while not self._stopping:
+            item = await self._outbox.get()
+            self._writing = True
+            await self._context.write(item.message)
+            self._writing = False
+            self._written.set()
             log.debug(
                 "ads.sent proxy=%s type=%s version=%s",
                 stream.proxy_id,
                 short(item.type_url),
                 item.version,
             )
-            self.hooks.on_sent(stream, item.type_url, item.version)
+            self._hooks.on_sent(stream, item.type_url, item.version)
+
+    async def finish(self, grace: float) -> None:
+        """Write nothing more; wait (up to ``grace`` seconds) for the message being written."""
+        self._stopping = True
+        if self._writing:
+            self._written.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._written.wait(), grace)
 
 
-def _check(request: Any) -> None:
+def _check(request: Any, stream_limits: StreamLimits) -> None:
     if not request.type_url:
-        raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, "ADS requests need a type_url")
+        raise StreamRefused(
+            grpc.StatusCode.INVALID_ARGUMENT, "ADS requests need a type_url", "no_type_url"
+        )
+    limits.check_request(request, stream_limits)
+
+
+def _claimed(context: _Context, node: Any) -> str:
+    """Who a stream not yet authorized claims to be: its certificate's common name, else its
+    node id (for log lines and refusal counts, never for trust)."""
+    names = list(context.auth_context().get("x509_common_name") or [])
+    if names:
+        return bytes(names[0]).decode(errors="replace")
+    return str(node.id)[:128] if node is not None else ""
