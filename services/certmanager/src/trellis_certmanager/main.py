@@ -65,7 +65,7 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
         provided_ca(settings), marker=settings.state_dir / "certmanager" / "root-fingerprint"
     )
     manager.revision = await publisher.current_revision(TOPIC)
-    servicer = grpc_api.CertificateManagerServicer(manager)
+    servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections)
     grpc_server = runtime.grpc_server(
         [
             lambda server: certmanager_pb2_grpc.add_CertificateManagerServicer_to_server(
