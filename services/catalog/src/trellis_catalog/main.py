@@ -74,7 +74,7 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
     await catalog.flush_and_announce()
     providers = ProviderSet(catalog, runtime.redis, settings.discovery_interval)
 
-    servicer = grpc_api.CatalogServicer(catalog)
+    servicer = grpc_api.CatalogServicer(catalog, runtime.health.rejections)
     grpc_server = runtime.grpc_server(
         [lambda s: catalog_pb2_grpc.add_CatalogServicer_to_server(servicer, s)],
         [grpc_api.SERVICE_NAME],
