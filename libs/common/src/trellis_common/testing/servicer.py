@@ -9,6 +9,7 @@ call. The real server is still what the servicers' unit tests use.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -39,3 +40,13 @@ class FakeServicerContext:
 
     def peer(self) -> str:
         return self._peer
+
+
+async def invoke(
+    method: Callable[[Any, Any], Awaitable[Any]], request: Any
+) -> tuple[Any, Aborted | None]:
+    """``await method(request, context)``: ``(answer, None)``, or ``(None, how it ended)``."""
+    try:
+        return await method(request, FakeServicerContext()), None
+    except Aborted as aborted:
+        return None, aborted
