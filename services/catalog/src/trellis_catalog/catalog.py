@@ -30,7 +30,7 @@ from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.fanout import Broadcaster, Subscription
-from trellis_common.ids import InvalidIdentifier, ProxyCommonName
+from trellis_common.ids import InvalidIdentifier, ProxyCommonName, validate_dns_subdomain
 from trellis_common.model import MeshService, ServiceAccount
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,8 @@ class Catalog:
     def _proxy(self, common_name: str, service_account: str) -> ProxyRecord:
         try:
             cn = ProxyCommonName.parse(common_name)
+            if service_account:  # it becomes a SPIFFE id in every policy recompute
+                validate_dns_subdomain(service_account, "service account")
         except InvalidIdentifier as exc:
             raise UnknownProxy(str(exc)) from exc
         identity = Identity(cn.namespace, cn.service)

@@ -34,7 +34,7 @@ async def follow_certmanager(
                 address = found[0].grpc_address if found else ""
         if address:
             halt = asyncio.Event()
-            follower = CertificateFollower(catalog, address)
+            follower = CertificateFollower(catalog, address, runtime.health.rejections)
             task = asyncio.create_task(follower.run(halt))
             stopper = asyncio.create_task(stop.wait())
             # re-resolve every so often: certmanager may move

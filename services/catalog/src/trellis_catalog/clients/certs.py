@@ -17,17 +17,21 @@ import grpc
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
-from trellis_catalog.catalog import Catalog, CertificateRef
+from trellis_catalog.catalog import Catalog, CertificateRef, UnknownProxy
 from trellis_catalog.domain.views import Identity
 from trellis_common.follow import follow_forever
+from trellis_common.health import Rejections
 
 log = logging.getLogger(__name__)
 
 
 class CertificateFollower:
-    def __init__(self, catalog: Catalog, address: str) -> None:
+    def __init__(
+        self, catalog: Catalog, address: str, rejections: Rejections | None = None
+    ) -> None:
         self.catalog = catalog
         self.address = address
+        self.rejections = rejections if rejections is not None else Rejections()
         self.synced = asyncio.Event()
         self._fingerprint = ""
 
@@ -50,7 +54,7 @@ class CertificateFollower:
             pb.ListCertificatesRequest(kind=pb.CERTIFICATE_KIND_PROXY), timeout=30
         )
         for info in proxies.certificates:
-            self.catalog.expect_proxy(info.common_name, info.service_account)
+            self._expect(info)
         issuer = asyncio.create_task(self._issue_loop(stub, stop))
         self.synced.set()
         stopper = asyncio.create_task(stop.wait())
@@ -69,7 +73,7 @@ class CertificateFollower:
                     info.kind == pb.CERTIFICATE_KIND_PROXY
                     and event.kind == pb.CertificateEvent.ISSUED
                 ):
-                    self.catalog.expect_proxy(info.common_name, info.service_account)
+                    self._expect(info)
                 elif info.kind == pb.CERTIFICATE_KIND_SERVICE:
                     identity = Identity(info.service.namespace, info.service.name)
                     if identity in self.catalog.identities_with_proxies():
@@ -81,6 +85,15 @@ class CertificateFollower:
             stopper.cancel()
             issuer.cancel()
             stream.cancel()
+
+    def _expect(self, info: pb.CertificateInfo) -> None:
+        """Expect the proxy of a proxy certificate; one that cannot be a proxy is refused."""
+        try:
+            self.catalog.expect_proxy(info.common_name, info.service_account)
+        except UnknownProxy as exc:
+            self.rejections.reject("certificates", info.common_name, str(exc))
+        else:
+            self.rejections.accept("certificates", info.common_name)
 
     async def _issue_loop(
         self, stub: pb_grpc.CertificateManagerAsyncStub, stop: asyncio.Event

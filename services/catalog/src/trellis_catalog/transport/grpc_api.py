@@ -231,7 +231,9 @@ class CatalogServicer(pb_grpc.CatalogServicer):
         try:
             asked = grpc_requests.expected_proxy(request)
             record = self._catalog.expect_proxy(asked.common_name, asked.service_account)
-        except (InvalidField, UnknownProxy) as exc:
+        except UnknownProxy as exc:  # the checks above should have caught it
+            await self._gate.refuse(context, "ExpectProxy", InvalidField("common_name", str(exc)))
+        except InvalidField as exc:
             await self._gate.refuse(context, "ExpectProxy", exc)
         return pb.ProxyAck(identity=str(record.identity), expected=True)
 
@@ -241,7 +243,9 @@ class CatalogServicer(pb_grpc.CatalogServicer):
         try:
             asked = grpc_requests.registered_proxy(request)
             record = self._catalog.register_proxy(asked.common_name, asked.proxy_cp, asked.address)
-        except (InvalidField, UnknownProxy) as exc:
+        except UnknownProxy as exc:  # the checks above should have caught it
+            await self._gate.refuse(context, "RegisterProxy", InvalidField("common_name", str(exc)))
+        except InvalidField as exc:
             await self._gate.refuse(context, "RegisterProxy", exc)
         return pb.ProxyAck(identity=str(record.identity), expected=record.expected)
 
