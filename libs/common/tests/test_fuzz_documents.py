@@ -26,6 +26,7 @@ from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.specdir import parse_file
 from trellis_common.testing import strategies as fuzz
+from trellis_common.testing.seeds import SEEDS
 
 REGISTRY = all_kinds()
 KINDS = sorted(REGISTRY.kinds())
@@ -69,10 +70,10 @@ def all_seed_pairs() -> Iterator[tuple[str, str]]:
 
 
 def test_the_seeds_cover_every_kind_and_version_and_are_valid(spec_file: Path) -> None:
-    assert {(s["apiVersion"], s["kind"]) for s in fuzz.SEEDS} == set(all_seed_pairs())
-    documents, errors = load(spec_file, dump(*fuzz.SEEDS))
+    assert {(s["apiVersion"], s["kind"]) for s in SEEDS} == set(all_seed_pairs())
+    documents, errors = load(spec_file, dump(*SEEDS))
     assert errors == []
-    assert len(documents) == len(fuzz.SEEDS)
+    assert len(documents) == len(SEEDS)
 
 
 @pytest.mark.parametrize("kind", KINDS)
