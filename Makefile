@@ -8,11 +8,12 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PY_SRC := libs services tests bench tools
 PROTO_OUT := libs/api/src
 
-.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check pytest unit integration bench clean
+.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check pytest unit integration fuzz bench clean
 
 help:
 	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/)"
 	@echo "make test   - lint, type-check, layer contracts, proto check, unit and integration tests"
+	@echo "make fuzz   - the fuzz suite (hypothesis, schemathesis) with a large budget; make test runs it small"
 	@echo "make bench  - benchmarks with figures and ratios against baselines measured in the same run"
 	@echo "make proto  - regenerate libs/api from proto/"
 
@@ -70,6 +71,17 @@ pytest:
 	$(UV) run pytest -q -p no:cacheprovider
 
 test: bootstrap lint typecheck imports proto-check pytest
+
+# The fuzz suite is every test_fuzz_*.py; `make test` runs it too, with the hypothesis profile
+# `ci` (a few dozen examples per test). Here it gets the profile `fuzz` (5,000 examples per
+# test, failures kept in .hypothesis/ and replayed first); FUZZ_ARGS passes more to pytest,
+# e.g. FUZZ_ARGS='-k documents' or FUZZ_ARGS='--hypothesis-seed=1'.
+FUZZ_TESTS = $(wildcard libs/*/tests/test_fuzz_*.py services/*/tests/test_fuzz_*.py)
+FUZZ_ARGS ?=
+
+fuzz: bootstrap
+	TRELLIS_FUZZ_PROFILE=fuzz $(UV) run pytest -q -p no:cacheprovider --timeout=1800 \
+	  --hypothesis-show-statistics $(FUZZ_ARGS) $(FUZZ_TESTS)
 
 bench: bootstrap
 	$(UV) run python -m bench

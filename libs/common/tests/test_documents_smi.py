@@ -390,6 +390,8 @@ def test_regexes_re2_accepts(pattern: str) -> None:
         ("a*+b", "possessive"),
         ("a?+b", "possessive"),
         ("(a)?(?(1)b|c)", "conditional"),
+        ("a{99999999999}", "does not compile: the repetition number is too large"),
+        ("(" * 3000 + ")" * 3000, "does not compile: its groups are nested too deeply"),
     ],
 )
 def test_regexes_re2_lacks(pattern: str, reason: str) -> None:

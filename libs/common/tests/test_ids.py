@@ -292,6 +292,32 @@ def test_invalid_service_common_names_name_the_field(
 
 
 @pytest.mark.parametrize(
+    "text", ["bookstore.shop.svc.cluster.local", "a.b.svc.svc", "a.b.svc.my_domain.example"]
+)
+def test_service_common_names_parse_and_round_trip(text: str) -> None:
+    assert ServiceCommonName.parse(text).format() == text
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("bookstore.shop.cluster.local", "must have the form '<service>.<namespace>.svc."),
+        ("bookstore.shop.svc", "must have the form"),
+        ("bookstore.shop.svc.", "trust domain '' is not a valid SPIFFE trust domain"),
+        ("Bookstore.shop.svc.cluster.local", "service name 'Bookstore' is not a valid"),
+        ("b.s.svc." + "d" * 60, "must be no more than 64 characters"),
+    ],
+)
+def test_invalid_service_common_names_name_the_cn_and_the_bad_part(
+    text: str, fragment: str
+) -> None:
+    with pytest.raises(InvalidIdentifier, match=r"^service common name ") as caught:
+        ServiceCommonName.parse(text)
+    assert (caught.value.field, caught.value.value) == ("service common name", text)
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
     ("cluster_domain", "expected_last"),
     [
         (None, "bookstore.shop.svc.cluster.local"),

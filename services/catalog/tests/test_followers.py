@@ -211,7 +211,9 @@ async def test_bad_records_are_rejected_one_by_one_and_the_rest_flows(
         ]
         assert MeshService("shop", "orders") in catalog.services
         assert {key for key, _ in rejected} == {"shop/cart", "Bad_NS/cart"}
-        assert any("service_account" in reason and "Bad Name!" in reason for _, reason in rejected)
+        assert any(
+            "endpoint.service_account" in reason and "Bad Name!" in reason for _, reason in rejected
+        )
         assert any("namespace" in reason for key, reason in rejected if key == "Bad_NS/cart")
         # a later good version of the service clears its rejection
         provider.events.put_nowait(
@@ -278,8 +280,7 @@ async def test_a_proxy_record_with_a_bad_account_is_rejected_not_fatal() -> None
     assert set(catalog.proxies) == {GOOD_PROXY}
     [rejection] = health.rejections.items()
     assert rejection.key == f"proxy {BAD_PROXY}"
-    assert "service_account" in rejection.reason
-    assert "Bad Name!" in rejection.reason
+    assert "service account 'Bad Name!'" in rejection.reason
 
 
 async def test_a_provider_missing_from_the_registry_keeps_its_endpoints_for_the_grace(

@@ -9,23 +9,39 @@ import grpc
 import pytest
 from cryptography import x509
 from google.protobuf import duration_pb2
+from prometheus_client import CollectorRegistry
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.manager import CertificateManager
+from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
 from trellis_common.grpcserver import GrpcServer
+from trellis_common.health import Health
 
 SERVICE = pb.MeshService(namespace="bookstore", name="bookstore")
+PROXY_CN = "123e4567-e89b-42d3-a456-426614174000.bookstore.bookstore"
 
 
 @pytest.fixture
-async def stub(manager: CertificateManager) -> AsyncIterator[pb_grpc.CertificateManagerAsyncStub]:
+def metrics() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def health(metrics: CollectorRegistry) -> Health:
+    return Health(metrics)
+
+
+@pytest.fixture
+async def stub(
+    manager: CertificateManager, health: Health
+) -> AsyncIterator[pb_grpc.CertificateManagerAsyncStub]:
     server = GrpcServer(
         "127.0.0.1:0",
         [
             lambda s: pb_grpc.add_CertificateManagerServicer_to_server(
-                CertificateManagerServicer(manager), s
+                CertificateManagerServicer(manager, health.rejections), s
             )
         ],
         [SERVICE_NAME],
@@ -146,15 +162,21 @@ async def test_bad_requests_name_the_field(
     assert field in (caught.value.details() or "")
 
 
-async def test_unknown_certificate_is_not_found(stub: pb_grpc.CertificateManagerAsyncStub) -> None:
+@pytest.mark.parametrize(
+    "common_name",
+    ["nope.bookstore.svc.cluster.local", "123e4567-e89b-42d3-a456-426614174000.nope.bookstore"],
+)
+async def test_unknown_certificate_is_not_found(
+    stub: pb_grpc.CertificateManagerAsyncStub, common_name: str
+) -> None:
     for call in (
-        stub.GetCertificate(pb.GetCertificateRequest(common_name="nope")),
-        stub.RotateCertificate(pb.RotateCertificateRequest(common_name="nope")),
+        stub.GetCertificate(pb.GetCertificateRequest(common_name=common_name)),
+        stub.RotateCertificate(pb.RotateCertificateRequest(common_name=common_name)),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await call
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-        assert "nope" in (caught.value.details() or "")
+        assert common_name in (caught.value.details() or "")
 
 
 async def test_watch_starts_with_a_snapshot_then_streams_changes(
@@ -176,3 +198,137 @@ async def test_watch_starts_with_a_snapshot_then_streams_changes(
     assert second.info.serial != issued.info.serial
     assert b"PRIVATE KEY" not in second.SerializeToString()
     stream.cancel()
+
+
+async def test_a_proxy_certificate_for_an_invalid_service_account_is_refused_and_not_stored(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+    store: InMemoryCertificateStore,
+    health: Health,
+    metrics: CollectorRegistry,
+) -> None:
+    request = pb.IssueCertificateRequest(
+        kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, service_account="Bad Name!"
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.IssueCertificate(request)
+
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == (
+        "service_account: 'Bad Name!' is not a valid DNS-1123 subdomain: must consist of lower "
+        "case alphanumeric characters, '-' or '.', and each dot-separated label must start and "
+        "end with an alphanumeric character"
+    )
+    assert store.records == {}
+    assert [(r.source, r.key) for r in health.rejections.items()] == [("grpc", "IssueCertificate")]
+    assert metrics.get_sample_value("trellis_rejected_records_total", {"source": "grpc"}) == 1
+
+
+def _issue(**fields: object) -> pb.IssueCertificateRequest:
+    base: dict[str, object] = {"kind": pb.CERTIFICATE_KIND_SERVICE, "service": SERVICE}
+    return pb.IssueCertificateRequest(**{**base, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("rpc", "request_", "message"),
+    [
+        (
+            "IssueCertificate",
+            _issue(service_account="Bad Name!"),
+            "service_account: 'Bad Name!' is not a valid DNS-1123 subdomain",
+        ),
+        (
+            "IssueCertificate",
+            _issue(kind=7),
+            "kind: must be one of CERTIFICATE_KIND_SERVICE, CERTIFICATE_KIND_PROXY, got 7",
+        ),
+        (
+            "IssueCertificate",
+            _issue(service=pb.MeshService(namespace="bookstore", name="")),
+            "service.name: is required",
+        ),
+        (
+            "IssueCertificate",
+            _issue(proxy_id="123e4567-e89b-42d3-a456-426614174000"),
+            "proxy_id: only proxy certificates have a proxy id",
+        ),
+        (
+            "IssueCertificate",
+            _issue(
+                kind=pb.CERTIFICATE_KIND_PROXY,
+                service=pb.MeshService(namespace="bookstore-ns", name="bookstore-service"),
+            ),
+            "service: proxy common name '",
+        ),
+        (
+            "IssueCertificate",
+            _issue(validity=duration_pb2.Duration(seconds=-60)),
+            "validity: must not be negative, got -60s 0ns",
+        ),
+        (
+            "IssueCertificate",
+            _issue(validity=duration_pb2.Duration(seconds=2**62)),
+            "validity: must be at most 3650 days, 0:00:00",
+        ),
+        (
+            "IssueCertificate",
+            _issue(service=pb.MeshService(namespace="bookstore", name="b" * 60)),
+            "service: service common name 'bbbb",  # the issuer's check, with the trust domain
+        ),
+        (
+            "GetCertificate",
+            pb.GetCertificateRequest(common_name="Bad Name!"),
+            "common_name: 'Bad Name!' is not a certificate common name",
+        ),
+        (
+            "GetCertificate",
+            pb.GetCertificateRequest(),
+            "common_name: is required",
+        ),
+        (
+            "RotateCertificate",
+            pb.RotateCertificateRequest(common_name=PROXY_CN.upper()),
+            "common_name: '123E4567",
+        ),
+        (
+            "ListCertificates",
+            pb.ListCertificatesRequest(kind=pb.CertificateKind.ValueType(5)),
+            "kind: must be one of CERTIFICATE_KIND_UNSPECIFIED (all), CERTIFICATE_KIND_SERVICE,",
+        ),
+        (
+            "ListCertificates",
+            pb.ListCertificatesRequest(namespace="Bad Name!"),
+            "namespace: 'Bad Name!' is not a valid DNS-1123 label",
+        ),
+    ],
+)
+async def test_every_rpc_refuses_invalid_requests_naming_the_field_and_counts_them(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+    store: InMemoryCertificateStore,
+    health: Health,
+    metrics: CollectorRegistry,
+    rpc: str,
+    request_: object,
+    message: str,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await getattr(stub, rpc)(request_)
+
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert details.startswith(message)
+    assert [(r.key, r.reason) for r in health.rejections.items()] == [(rpc, details)]
+    assert metrics.get_sample_value("trellis_rejected_records_total", {"source": "grpc"}) == 1
+    assert store.records == {}
+
+
+async def test_well_formed_requests_still_work_after_refusals(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stub.IssueCertificate(_issue(service_account="Bad Name!"))
+    issued = await stub.IssueCertificate(
+        _issue(kind=pb.CERTIFICATE_KIND_PROXY, service_account="bookstore.sa")
+    )
+    assert issued.info.service_account == "bookstore.sa"
+    listed = await stub.ListCertificates(pb.ListCertificatesRequest(namespace="bookstore"))
+    assert [c.common_name for c in listed.certificates] == [issued.info.common_name]

@@ -22,7 +22,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -196,7 +196,7 @@ def create_app(
         """Long-lived loops (up or down, why, restarts) and records rejected, with reasons."""
         return {"service": title, **health.status()}
 
-    @app.get("/metrics", tags=["health"])
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -204,7 +204,28 @@ def create_app(
     async def value_error(_: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
+    _document_error_bodies(app)
     return app
+
+
+def _document_error_bodies(app: FastAPI) -> None:
+    """Say in the OpenAPI document what a 422 carries: ``detail`` is pydantic's list of
+    errors for a malformed request, or one sentence naming the field for a refused value
+    (the ``ValueError`` handler above, and the services' own handlers)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        error = schema.get("components", {}).get("schemas", {}).get("HTTPValidationError")
+        if error is not None and "anyOf" not in error["properties"]["detail"]:
+            listed = error["properties"]["detail"]
+            error["properties"]["detail"] = {
+                "title": "Detail",
+                "anyOf": [{"type": "string"}, {k: v for k, v in listed.items() if k != "title"}],
+            }
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class _QuietServer(uvicorn.Server):

@@ -267,6 +267,16 @@ class ServiceCommonName:
     def for_service(cls, service: NamespacedName, trust_domain: str) -> ServiceCommonName:
         return cls(service.name, service.namespace, trust_domain)
 
+    @classmethod
+    def parse(cls, text: str) -> ServiceCommonName:
+        """The inverse of :meth:`format`; the trust domain is everything after ``.svc.``."""
+        parts = text.split(".")
+        if len(parts) < 4 or parts[2] != "svc":
+            reason = "must have the form '<service>.<namespace>.svc.<trust-domain>'"
+            raise InvalidIdentifier(_SERVICE_CN_FIELD, text, reason, _SERVICE_CN_KIND)
+        with _reported_as(_SERVICE_CN_FIELD, text, _SERVICE_CN_KIND):
+            return cls(parts[0], parts[1], ".".join(parts[3:]))
+
     def format(self) -> str:
         return f"{self.service}.{self.namespace}.svc.{self.trust_domain}"
 

@@ -28,12 +28,11 @@ from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
-from trellis_common import ids
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.fanout import Broadcaster, Subscription
 from trellis_common.follow import describe
 from trellis_common.health import Health
-from trellis_common.ids import InvalidIdentifier, ProxyCommonName
+from trellis_common.ids import InvalidIdentifier, ProxyCommonName, validate_dns_subdomain
 from trellis_common.model import MeshService, ServiceAccount
 
 log = logging.getLogger(__name__)
@@ -210,11 +209,6 @@ class Catalog:
     ) -> ProxyRecord:
         """A proxy certificate was issued: the proxy may connect. Raises
         :class:`UnknownProxy` for a malformed common name or service account."""
-        if service_account:
-            try:
-                ids.validate_dns_label(service_account, "service_account")
-            except InvalidIdentifier as exc:
-                raise UnknownProxy(f"proxy {common_name}: {exc}") from None
         record = self._proxy(common_name, service_account)
         record.expected = True
         if not_after:
@@ -269,6 +263,8 @@ class Catalog:
     def _proxy(self, common_name: str, service_account: str) -> ProxyRecord:
         try:
             cn = ProxyCommonName.parse(common_name)
+            if service_account:  # it becomes a SPIFFE id in every policy recompute
+                validate_dns_subdomain(service_account, "service account")
         except InvalidIdentifier as exc:
             raise UnknownProxy(str(exc)) from exc
         identity = Identity(cn.namespace, cn.service)

@@ -94,7 +94,7 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
         settings.provider_grace,
     )
 
-    servicer = grpc_api.CatalogServicer(catalog)
+    servicer = grpc_api.CatalogServicer(catalog, runtime.health.rejections)
     grpc_server = runtime.grpc_server(
         [lambda s: catalog_pb2_grpc.add_CatalogServicer_to_server(servicer, s)],
         [grpc_api.SERVICE_NAME],

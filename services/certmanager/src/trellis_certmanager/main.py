@@ -73,7 +73,7 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
         await runtime.redis.aclose()
         raise SystemExit(1) from None
     manager.revision = await publisher.current_revision(TOPIC)
-    servicer = grpc_api.CertificateManagerServicer(manager)
+    servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections)
     grpc_server = runtime.grpc_server(
         [
             lambda server: certmanager_pb2_grpc.add_CertificateManagerServicer_to_server(

@@ -86,7 +86,7 @@ async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
     if declarations.directory is not None:
         metrics.document_errors.set_function(lambda: len(declarations.directory.errors()))  # type: ignore[union-attr]
 
-    servicer = grpc_api.EndpointsProviderServicer(manager)
+    servicer = grpc_api.EndpointsProviderServicer(manager, runtime.health.rejections)
     grpc_server = runtime.grpc_server(
         [lambda s: endpoints_pb2_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
         [grpc_api.SERVICE_NAME],

@@ -91,8 +91,10 @@ def regex_problem(pattern: str) -> str | None:
         with warnings.catch_warnings():  # FutureWarning "possible nested set" for '[['
             warnings.simplefilter("ignore")
             re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError) as exc:  # OverflowError: a repeat count such as a{9**20}
         return f"does not compile: {exc}"
+    except RecursionError:  # re's parser recurses once per nested group
+        return "does not compile: its groups are nested too deeply"
     index, in_class = 0, False
     while index < len(pattern):
         char = pattern[index]

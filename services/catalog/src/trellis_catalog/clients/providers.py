@@ -77,7 +77,7 @@ def service_name(namespace: str, key: str, source: str) -> str:
 def _endpoint(message: pb.Endpoint, where: str) -> ProvidedEndpoint:
     if message.service_account:
         try:
-            ids.validate_dns_label(message.service_account, "endpoint.service_account")
+            ids.validate_dns_subdomain(message.service_account, "endpoint.service_account")
         except ids.InvalidIdentifier as exc:
             raise InvalidReport(f"{where}, endpoint {message.address}: {exc}") from None
     if not message.address:

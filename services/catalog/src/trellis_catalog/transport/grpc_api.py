@@ -1,4 +1,9 @@
-"""The ``trellis.catalog.v1.Catalog`` servicer: views, their watch stream, policy, proxies."""
+"""The ``trellis.catalog.v1.Catalog`` servicer: views, their watch stream, policy, proxies.
+
+Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
+service's :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
+field, logged, counted and shown in ``/v1/status``.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +17,11 @@ from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain.policy import explain
-from trellis_catalog.domain.views import (
-    ClusterState,
-    HttpMatch,
-    Identity,
-    IdentityPolicy,
-    Route,
-)
+from trellis_catalog.domain.views import ClusterState, HttpMatch, IdentityPolicy, Route
+from trellis_catalog.transport import grpc_requests
 from trellis_common.fanout import WatchOverflow
-from trellis_common.model import MeshService, ServiceAccount
+from trellis_common.grpcrequests import InvalidField, RequestGate
+from trellis_common.health import Rejections
 
 log = logging.getLogger(__name__)
 
@@ -143,15 +144,16 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
 
 
 class CatalogServicer(pb_grpc.CatalogServicer):
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, rejections: Rejections | None = None) -> None:
         self._catalog = catalog
+        self._gate = RequestGate(rejections)
 
     async def GetView(self, request: pb.GetViewRequest, context: Context) -> pb.View:
         try:
-            identity = Identity.parse(request.identity)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"identity: {exc}")
-        policy = self._catalog.policy_for(identity, request.service_account)
+            asked = grpc_requests.view(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "GetView", exc)
+        policy = self._catalog.policy_for(asked.identity, asked.service_account)
         return to_proto(self._catalog, policy)
 
     async def WatchViews(
@@ -189,6 +191,10 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     async def ListServices(
         self, request: pb.ListServicesRequest, context: Context
     ) -> pb.ListServicesResponse:
+        try:
+            namespace = grpc_requests.namespace_filter(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "ListServices", exc)
         return pb.ListServicesResponse(
             services=[
                 pb.ServiceSummary(
@@ -200,7 +206,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
                     declared=k.declared,
                 )
                 for s, k in self._catalog.services.items()
-                if not request.namespace or s.namespace == request.namespace
+                if not namespace or s.namespace == namespace
             ],
             revision=self._catalog.revision,
         )
@@ -208,19 +214,11 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     async def CheckPolicy(
         self, request: pb.CheckPolicyRequest, context: Context
     ) -> pb.CheckPolicyResponse:
-        for field in (
-            "source_namespace",
-            "source_service_account",
-            "destination_namespace",
-            "destination_service",
-        ):
-            if not getattr(request, field):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: is required")
-        decision = explain(
-            self._catalog.builder(),
-            ServiceAccount(request.source_namespace, request.source_service_account),
-            MeshService(request.destination_namespace, request.destination_service),
-        )
+        try:
+            question = grpc_requests.policy_question(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "CheckPolicy", exc)
+        decision = explain(self._catalog.builder(), question.source, question.destination)
         return pb.CheckPolicyResponse(
             allowed=decision.allowed,
             reason=decision.reason,
@@ -231,27 +229,35 @@ class CatalogServicer(pb_grpc.CatalogServicer):
 
     async def ExpectProxy(self, request: pb.ExpectProxyRequest, context: Context) -> pb.ProxyAck:
         try:
-            record = self._catalog.expect_proxy(request.common_name, request.service_account)
-        except UnknownProxy as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"common_name: {exc}")
+            asked = grpc_requests.expected_proxy(request)
+            record = self._catalog.expect_proxy(asked.common_name, asked.service_account)
+        except UnknownProxy as exc:  # the checks above should have caught it
+            await self._gate.refuse(context, "ExpectProxy", InvalidField("common_name", str(exc)))
+        except InvalidField as exc:
+            await self._gate.refuse(context, "ExpectProxy", exc)
         return pb.ProxyAck(identity=str(record.identity), expected=True)
 
     async def RegisterProxy(
         self, request: pb.RegisterProxyRequest, context: Context
     ) -> pb.ProxyAck:
         try:
-            record = self._catalog.register_proxy(
-                request.common_name, request.proxy_cp, request.address
-            )
-        except UnknownProxy as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"common_name: {exc}")
+            asked = grpc_requests.registered_proxy(request)
+            record = self._catalog.register_proxy(asked.common_name, asked.proxy_cp, asked.address)
+        except UnknownProxy as exc:  # the checks above should have caught it
+            await self._gate.refuse(context, "RegisterProxy", InvalidField("common_name", str(exc)))
+        except InvalidField as exc:
+            await self._gate.refuse(context, "RegisterProxy", exc)
         return pb.ProxyAck(identity=str(record.identity), expected=record.expected)
 
     async def UnregisterProxy(
         self, request: pb.UnregisterProxyRequest, context: Context
     ) -> pb.ProxyAck:
         try:
-            record = self._catalog.unregister_proxy(request.common_name)
+            common_name = grpc_requests.unregistered_proxy(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "UnregisterProxy", exc)
+        try:
+            record = self._catalog.unregister_proxy(common_name)
         except UnknownProxy as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         return pb.ProxyAck(identity=str(record.identity), expected=record.expected)

@@ -1,8 +1,11 @@
 """The ``trellis.certmanager.v1.CertificateManager`` gRPC servicer.
 
 Maps the protobuf API onto :class:`~trellis_certmanager.manager.CertificateManager`, and
-domain errors onto status codes: InvalidRequest is INVALID_ARGUMENT naming the field,
-NotFound is NOT_FOUND. Keys leave only in the answer to the caller that asked for them.
+errors onto status codes. Every request is checked first (:mod:`.grpc_requests`); a bad
+field, or the domain's InvalidRequest, is refused through the service's
+:class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the field,
+logged, counted and shown in ``/v1/status``. NotFound is NOT_FOUND. Keys leave only in the
+answer to the caller that asked for them.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.domain.errors import InvalidRequest, NotFound
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.manager import CertificateManager
+from trellis_certmanager.transport import grpc_requests
 from trellis_common.fanout import WatchOverflow
+from trellis_common.grpcrequests import InvalidField, RequestGate
+from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier
-from trellis_common.model import MeshService
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +71,9 @@ def info(record: CertificateRecord) -> pb.CertificateInfo:
 
 
 class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
-    def __init__(self, manager: CertificateManager) -> None:
+    def __init__(self, manager: CertificateManager, rejections: Rejections | None = None) -> None:
         self._manager = manager
+        self._gate = RequestGate(rejections)
 
     def _certificate(self, record: CertificateRecord, with_key: bool = True) -> pb.Certificate:
         return pb.Certificate(
@@ -81,31 +87,28 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         self, request: pb.IssueCertificateRequest, context: Context
     ) -> pb.Certificate:
         try:
-            if not request.HasField("service"):
-                raise InvalidRequest("service", "is required")
-            service = MeshService(request.service.namespace, request.service.name)
-            validity = request.validity.ToTimedelta() if request.HasField("validity") else None
-            if request.kind == pb.CERTIFICATE_KIND_SERVICE:
+            asked = grpc_requests.issue(request)
+            if asked.kind is CertificateKind.SERVICE:
                 record = await self._manager.issue_service(
-                    service, request.service_account, validity
-                )
-            elif request.kind == pb.CERTIFICATE_KIND_PROXY:
-                record = await self._manager.issue_proxy(
-                    service, request.proxy_id, request.service_account, validity
+                    asked.service, asked.service_account, asked.validity
                 )
             else:
-                raise InvalidRequest(
-                    "kind", "must be CERTIFICATE_KIND_SERVICE or CERTIFICATE_KIND_PROXY"
+                record = await self._manager.issue_proxy(
+                    asked.service, asked.proxy_id, asked.service_account, asked.validity
                 )
-        except (InvalidRequest, InvalidIdentifier) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return self._certificate(record, with_key=not request.omit_private_key)
+        except (InvalidField, InvalidRequest, InvalidIdentifier) as exc:
+            await self._gate.refuse(context, "IssueCertificate", exc)
+        return self._certificate(record, with_key=not asked.omit_private_key)
 
     async def GetCertificate(
         self, request: pb.GetCertificateRequest, context: Context
     ) -> pb.Certificate:
         try:
-            return self._certificate(self._manager.get(request.common_name))
+            common_name = grpc_requests.common_name(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "GetCertificate", exc)
+        try:
+            return self._certificate(self._manager.get(common_name))
         except NotFound as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
 
@@ -113,7 +116,11 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         self, request: pb.RotateCertificateRequest, context: Context
     ) -> pb.Certificate:
         try:
-            return self._certificate(await self._manager.rotate(request.common_name))
+            common_name = grpc_requests.common_name(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "RotateCertificate", exc)
+        try:
+            return self._certificate(await self._manager.rotate(common_name))
         except NotFound as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
 
@@ -130,11 +137,11 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
     async def ListCertificates(
         self, request: pb.ListCertificatesRequest, context: Context
     ) -> pb.ListCertificatesResponse:
-        kind = {
-            pb.CERTIFICATE_KIND_SERVICE: CertificateKind.SERVICE,
-            pb.CERTIFICATE_KIND_PROXY: CertificateKind.PROXY,
-        }.get(request.kind)
-        records = self._manager.list(kind, request.namespace)
+        try:
+            kind, namespace = grpc_requests.list_filter(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "ListCertificates", exc)
+        records = self._manager.list(kind, namespace)
         return pb.ListCertificatesResponse(
             certificates=[info(r) for r in records], revision=self._manager.revision
         )

@@ -1,4 +1,9 @@
-"""The ``trellis.endpoints.v1.EndpointsProvider`` servicer over endpoints-vm's views."""
+"""The ``trellis.endpoints.v1.EndpointsProvider`` servicer over endpoints-vm's views.
+
+Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
+service's :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
+field, logged, counted and shown in ``/v1/status``.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,11 @@ import grpc
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common.fanout import WatchOverflow
-from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
+from trellis_common.grpcrequests import InvalidField, RequestGate
+from trellis_common.health import Rejections
+from trellis_endpoints_vm.domain.views import ServiceView
 from trellis_endpoints_vm.manager import EndpointsManager
+from trellis_endpoints_vm.transport import grpc_requests
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +75,20 @@ def to_proto(view: ServiceView, revision: int) -> pb.ServiceEndpoints:
 
 
 class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
-    def __init__(self, manager: EndpointsManager) -> None:
+    def __init__(self, manager: EndpointsManager, rejections: Rejections | None = None) -> None:
         self._manager = manager
+        self._gate = RequestGate(rejections)
 
     async def ListServices(
         self, request: pb.ListServicesRequest, context: Context
     ) -> pb.ListServicesResponse:
+        try:
+            namespace = grpc_requests.namespace_filter(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "ListServices", exc)
         revision = self._manager.revision
         return pb.ListServicesResponse(
-            services=[to_proto(v, revision) for v in self._manager.views(request.namespace)],
+            services=[to_proto(v, revision) for v in self._manager.views(namespace)],
             revision=revision,
             provider=PROVIDER,
         )
@@ -83,7 +96,10 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
     async def GetService(
         self, request: pb.GetServiceRequest, context: Context
     ) -> pb.ServiceEndpoints:
-        key = ServiceKey(request.service.namespace, request.service.name)
+        try:
+            key = grpc_requests.service_key(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "GetService", exc)
         view = self._manager.view(key)
         if view is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {key} in this provider")

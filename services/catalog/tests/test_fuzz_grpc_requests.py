@@ -1,0 +1,190 @@
+"""Fuzzing the catalog's gRPC requests: the checks alone, then the servicer behind them.
+
+Promises: a check returns or raises ``InvalidField`` naming a field of the request; the
+servicer answers, or ends the call with INVALID_ARGUMENT naming a field (recorded as a
+rejection) or NOT_FOUND; nothing else escapes. And what the servicer accepted never breaks
+the catalog afterwards: a recompute after any sequence of accepted calls succeeds (a proxy
+expected with the account ``Bad Name!`` once crash-looped it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+from hypothesis import event, example, given
+from hypothesis import strategies as st
+
+from trellis_api import catalog_pb2 as pb
+from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.sources import kinds
+from trellis_catalog.transport import grpc_requests
+from trellis_catalog.transport.grpc_api import CatalogServicer
+from trellis_common.grpcrequests import InvalidField
+from trellis_common.health import Health
+from trellis_common.specdir import load_paths
+from trellis_common.testing import strategies as fuzz
+from trellis_common.testing.servicer import invoke
+
+ROOT = Path(__file__).resolve().parents[3]
+DOCUMENTS, ERRORS = load_paths([ROOT / "examples" / "bookstore"], kinds())
+PROXY = "00000000-0000-4000-8000-000000000001.bookstore-v1.bookstore"
+
+CHECKS: dict[str, tuple[type[Message], Callable[[Any], object], set[str]]] = {
+    "GetView": (pb.GetViewRequest, grpc_requests.view, {"identity", "service_account"}),
+    "ListServices": (pb.ListServicesRequest, grpc_requests.namespace_filter, {"namespace"}),
+    "CheckPolicy": (
+        pb.CheckPolicyRequest,
+        grpc_requests.policy_question,
+        {
+            "source_namespace",
+            "source_service_account",
+            "destination_namespace",
+            "destination_service",
+        },
+    ),
+    "ExpectProxy": (
+        pb.ExpectProxyRequest,
+        grpc_requests.expected_proxy,
+        {"common_name", "service_account"},
+    ),
+    "RegisterProxy": (
+        pb.RegisterProxyRequest,
+        grpc_requests.registered_proxy,
+        {"common_name", "proxy_cp", "address"},
+    ),
+    "UnregisterProxy": (
+        pb.UnregisterProxyRequest,
+        grpc_requests.unregistered_proxy,
+        {"common_name"},
+    ),
+}
+NAMES = ["bookstore", "bookbuyer", "bookstore-v1", "bookstore/bookstore-v1", PROXY]
+STRINGS = fuzz.mostly(st.one_of(fuzz.plausible_names(), st.sampled_from(NAMES)), fuzz.names())
+
+
+LABELS = fuzz.mostly(st.sampled_from(["bookstore", "bookbuyer", "bookstore-v1"]), fuzz.names())
+ACCOUNTS = fuzz.mostly(st.one_of(st.just(""), fuzz.dns_subdomains()), fuzz.names())
+PROXIES = fuzz.mostly(st.one_of(st.just(PROXY), fuzz.proxy_common_names()), fuzz.names())
+# Each RPC's fields, mostly valid: whole valid requests, to reach what is behind the checks.
+FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
+    "GetView": {
+        "identity": fuzz.mostly(st.builds("{}/{}".format, LABELS, LABELS), fuzz.names()),
+        "service_account": ACCOUNTS,
+    },
+    "ListServices": {"namespace": fuzz.mostly(st.one_of(st.just(""), LABELS), fuzz.names())},
+    "CheckPolicy": {
+        "source_namespace": LABELS,
+        "source_service_account": ACCOUNTS,
+        "destination_namespace": LABELS,
+        "destination_service": LABELS,
+    },
+    "ExpectProxy": {"common_name": PROXIES, "service_account": ACCOUNTS},
+    "RegisterProxy": {
+        "common_name": PROXIES,
+        "proxy_cp": fuzz.mostly(st.one_of(st.just(""), fuzz.dns_labels()), fuzz.names()),
+        "address": fuzz.mostly(st.sampled_from(["", "10.0.0.1", "::1"]), fuzz.names()),
+    },
+    "UnregisterProxy": {"common_name": PROXIES},
+}
+
+
+def requests() -> st.SearchStrategy[tuple[str, Message]]:
+    def of(rpc: str) -> st.SearchStrategy[tuple[str, Message]]:
+        cls = CHECKS[rpc][0]
+        return st.tuples(
+            st.just(rpc),
+            fuzz.messages(cls, strings=STRINGS) | fuzz.messages(cls, fields=FIELDS[rpc]),
+        )
+
+    return st.sampled_from(sorted(CHECKS)).flatmap(of)
+
+
+def refused_field(rpc: str, message: str) -> str:
+    field = message.partition(": ")[0]
+    assert field in CHECKS[rpc][2], f"{rpc} refused {message!r}: not a field of its request"
+    return field
+
+
+@given(asked=requests())
+@example(asked=("CheckPolicy", pb.CheckPolicyRequest(source_namespace="Bad Name!")))
+def test_checks_return_or_name_a_field_of_the_request(asked: tuple[str, Message]) -> None:
+    rpc, request = asked
+    try:
+        CHECKS[rpc][1](request)
+    except InvalidField as exc:
+        error = exc
+    else:
+        return
+    assert refused_field(rpc, str(error)) == error.field
+    assert error.reason
+
+
+async def _no_bell(kind: str, key: str) -> int:
+    return 1
+
+
+def catalog() -> Catalog:
+    made = Catalog(_no_bell)
+    made.set_documents(DOCUMENTS, ERRORS)
+    made.set_provider_services(
+        "vm",
+        [
+            ProvidedService(
+                provider="vm",
+                namespace="bookstore",
+                name="bookstore-v1",
+                ports=(("http", 8080, "", 0),),
+                endpoints=(
+                    ProvidedEndpoint("10.0.0.1", (("http", 8081),), service_account="bookstore"),
+                ),
+            )
+        ],
+    )
+    made.flush()
+    return made
+
+
+@given(calls=st.lists(requests(), min_size=1, max_size=4))
+@example(
+    calls=[("ExpectProxy", pb.ExpectProxyRequest(common_name=PROXY, service_account="Bad Name!"))]
+)
+@example(
+    calls=[
+        (
+            "CheckPolicy",
+            pb.CheckPolicyRequest(
+                source_namespace="bookbuyer",
+                source_service_account="bookbuyer",
+                destination_namespace="bookstore",
+                destination_service="Bad Name!",
+            ),
+        )
+    ]
+)
+async def test_the_servicer_answers_or_refuses_naming_a_field_and_stays_consistent(
+    calls: list[tuple[str, Message]],
+) -> None:
+    target = catalog()
+    health = Health()
+    servicer = CatalogServicer(target, health.rejections)
+    for rpc, request in calls:
+        before = len(health.rejections.items())
+        answer, aborted = await invoke(getattr(servicer, rpc), request)
+        event(f"{rpc} {aborted.code.name if aborted else 'OK'}")
+        if aborted is None:
+            assert isinstance(answer, Message)
+            assert len(health.rejections.items()) == before
+        else:
+            assert aborted.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+        if aborted is not None and aborted.code == grpc.StatusCode.INVALID_ARGUMENT:
+            refused_field(rpc, aborted.details)
+            rejected = [(r.key, r.reason) for r in health.rejections.items()]
+            assert (rpc, aborted.details) in rejected
+    target.flush()  # what was accepted recomputes without an error
+    for identity in list(target.versions):
+        target.policy_for(identity)

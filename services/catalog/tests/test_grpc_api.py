@@ -1,0 +1,219 @@
+"""The catalog's gRPC API over a real server: answers, and refusals that name the field."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from trellis_api import catalog_pb2 as pb
+from trellis_api import catalog_pb2_grpc as pb_grpc
+from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.sources import kinds
+from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer
+from trellis_common.grpcserver import GrpcServer
+from trellis_common.health import Health
+from trellis_common.specdir import load_paths
+
+ROOT = Path(__file__).resolve().parents[3]
+PROXY = "00000000-0000-4000-8000-00000000000{}.{}.{}"
+BUYER_PROXY = PROXY.format(1, "bookbuyer", "bookbuyer")
+
+
+class Bell:
+    def __init__(self) -> None:
+        self.rung = 0
+
+    async def __call__(self, kind: str, key: str) -> int:
+        self.rung += 1
+        return self.rung
+
+
+@dataclass
+class Api:
+    stub: pb_grpc.CatalogAsyncStub
+    catalog: Catalog
+    health: Health
+    metrics: CollectorRegistry
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[Api]:
+    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+    catalog = Catalog(Bell(), quiet=0.01, max_delay=0.05)
+    catalog.set_documents(documents, errors)
+    catalog.set_provider_services(
+        "vm",
+        [
+            ProvidedService(
+                provider="vm",
+                namespace="bookstore",
+                name="bookstore-v1",
+                ports=(("http", 8080, "", 0),),
+                endpoints=(
+                    ProvidedEndpoint("10.0.0.1", (("http", 8081),), service_account="bookstore"),
+                ),
+            )
+        ],
+    )
+    catalog.expect_proxy(BUYER_PROXY, "bookbuyer")
+    catalog.flush()
+    metrics = CollectorRegistry()
+    health = Health(metrics)
+    servicer = CatalogServicer(catalog, health.rejections)
+    server = GrpcServer(
+        "127.0.0.1:0",
+        [lambda s: pb_grpc.add_CatalogServicer_to_server(servicer, s)],
+        [SERVICE_NAME],
+        grace=0.1,
+    )
+    stop = asyncio.Event()
+    await server.start()
+    task = asyncio.create_task(server.run(stop))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        yield Api(pb_grpc.CatalogStub(channel), catalog, health, metrics)
+    stop.set()
+    await task
+
+
+async def test_well_formed_requests_are_answered(api: Api) -> None:
+    view = await api.stub.GetView(pb.GetViewRequest(identity="bookbuyer/bookbuyer"))
+    assert view.service_account == "bookbuyer"
+    assert {o.name for o in view.outbound} >= {"bookstore-v1"}
+    listed = await api.stub.ListServices(pb.ListServicesRequest(namespace="bookstore"))
+    assert "bookstore-v1" in [s.name for s in listed.services]
+    decision = await api.stub.CheckPolicy(
+        pb.CheckPolicyRequest(
+            source_namespace="bookbuyer",
+            source_service_account="bookbuyer",
+            destination_namespace="bookstore",
+            destination_service="bookstore-v1",
+        )
+    )
+    assert decision.allowed
+    cn = PROXY.format(2, "bookstore-v1", "bookstore")
+    expected = await api.stub.ExpectProxy(pb.ExpectProxyRequest(common_name=cn))
+    assert (expected.identity, expected.expected) == ("bookstore/bookstore-v1", True)
+    await api.stub.RegisterProxy(
+        pb.RegisterProxyRequest(common_name=cn, proxy_cp="proxy-cp-0", address="10.0.0.1")
+    )
+    assert api.catalog.participant(api.catalog.proxies[cn])
+    await api.stub.UnregisterProxy(pb.UnregisterProxyRequest(common_name=cn))
+    assert not api.catalog.proxies[cn].connected
+    assert api.health.rejections.items() == []
+
+
+async def test_an_expected_proxy_with_an_invalid_account_is_refused_and_not_recorded(
+    api: Api,
+) -> None:
+    cn = PROXY.format(3, "bookstore-v1", "bookstore")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.stub.ExpectProxy(
+            pb.ExpectProxyRequest(common_name=cn, service_account="Bad Name!")
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith(
+        "service_account: 'Bad Name!' is not a valid DNS-1123 subdomain"
+    )
+    assert cn not in api.catalog.proxies
+    assert api.catalog.flush() is None  # nothing to recompute, nothing broken
+
+
+async def test_an_unknown_proxy_is_not_found(api: Api) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await api.stub.UnregisterProxy(
+            pb.UnregisterProxyRequest(common_name=PROXY.format(9, "nobody", "nowhere"))
+        )
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _policy(**fields: str) -> pb.CheckPolicyRequest:
+    base = {
+        "source_namespace": "bookbuyer",
+        "source_service_account": "bookbuyer",
+        "destination_namespace": "bookstore",
+        "destination_service": "bookstore-v1",
+    }
+    return pb.CheckPolicyRequest(**{**base, **fields})
+
+
+@pytest.mark.parametrize(
+    ("rpc", "request_", "message"),
+    [
+        ("GetView", pb.GetViewRequest(), "identity: is required"),
+        ("GetView", pb.GetViewRequest(identity="bookbuyer"), "identity: must be '<namespace>/"),
+        (
+            "GetView",
+            pb.GetViewRequest(identity="bookbuyer/Bad Name!"),
+            "identity: 'Bad Name!' is not a valid DNS-1123 label",
+        ),
+        (
+            "GetView",
+            pb.GetViewRequest(identity="bookbuyer/bookbuyer", service_account="Bad Name!"),
+            "service_account: 'Bad Name!' is not a valid DNS-1123 subdomain",
+        ),
+        (
+            "ListServices",
+            pb.ListServicesRequest(namespace="Bad Name!"),
+            "namespace: 'Bad Name!' is not a valid DNS-1123 label",
+        ),
+        ("CheckPolicy", _policy(source_namespace=""), "source_namespace: is required"),
+        (
+            "CheckPolicy",
+            _policy(source_service_account="Bad Name!"),
+            "source_service_account: 'Bad Name!' is not a valid DNS-1123 subdomain",
+        ),
+        (
+            "CheckPolicy",
+            _policy(destination_namespace="Book_Store"),
+            "destination_namespace: 'Book_Store' is not a valid DNS-1123 label",
+        ),
+        (
+            "CheckPolicy",
+            _policy(destination_service="bookstore.v1"),
+            "destination_service: 'bookstore.v1' is not a valid DNS-1123 label",
+        ),
+        (
+            "ExpectProxy",
+            pb.ExpectProxyRequest(common_name="not-a-proxy"),
+            "common_name: 'not-a-proxy' is not a valid '<proxy-uuid>.<service>.<namespace>'",
+        ),
+        (
+            "RegisterProxy",
+            pb.RegisterProxyRequest(common_name=BUYER_PROXY, address="10.0.0.300"),
+            "address: must be an IP address, got '10.0.0.300'",
+        ),
+        (
+            "RegisterProxy",
+            pb.RegisterProxyRequest(common_name=BUYER_PROXY, proxy_cp="proxy cp\n"),
+            "proxy_cp: must be printable with no spaces",
+        ),
+        (
+            "UnregisterProxy",
+            pb.UnregisterProxyRequest(common_name=""),
+            "common_name: is required",
+        ),
+    ],
+)
+async def test_every_rpc_refuses_invalid_requests_naming_the_field_and_counts_them(
+    api: Api, rpc: str, request_: object, message: str
+) -> None:
+    proxies = dict(api.catalog.proxies)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await getattr(api.stub, rpc)(request_)
+
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert details.startswith(message)
+    assert [(r.source, r.key, r.reason) for r in api.health.rejections.items()] == [
+        ("grpc", rpc, details)
+    ]
+    assert api.metrics.get_sample_value("trellis_rejected_records_total", {"source": "grpc"}) == 1
+    assert api.catalog.proxies == proxies
+    assert not api.catalog.proxies[BUYER_PROXY].connected
