@@ -5,20 +5,25 @@ Each test reproduces a failure seen in a real run and shows it fixed end to end.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
+import redis
 
+from trellis_api import certmanager_pb2 as cm
 from trellis_common.testing import RedisServer
 from trellis_common.testing.mesh import Mesh, bookstore
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
+RECORDS = "trellis:certmanager:certs"
 
 # The README's example ("Declaring external services and VMs"), exactly.
 README_SERVICE_ENTRY = """\
@@ -74,3 +79,55 @@ def test_readme_service_entry_then_a_vm_registration_reaches_a_real_envoy(mesh: 
         "certmanager watch",
         "recompute",
     }
+
+
+def test_a_bad_account_stored_by_an_older_certmanager_no_longer_crash_loops_the_catalog(
+    mesh: Mesh, redis_server: RedisServer
+) -> None:
+    """Live failure: an ``IssueCertificate`` of kind PROXY for service account ``Bad Name!``
+    was accepted and stored durably, and made the catalog's flush raise at every start:
+    /readyz never came back and no API could delete the record."""
+    # today, certmanager refuses it where it enters, naming the field
+    with pytest.raises(grpc.RpcError) as refused:
+        mesh.certmanager("IssueCertificate", proxy_request("Bad Name!"))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "service_account" in (refused.value.details() or "")
+
+    # an older certmanager stored one anyway: plant it as it would have been stored
+    issued = mesh.certmanager("IssueCertificate", proxy_request("bookbuyer"))
+    common_name = issued.info.common_name
+    with redis.Redis.from_url(redis_server.url) as raw:
+        stored = json.loads(raw.hget(RECORDS, common_name) or b"")
+        raw.hset(RECORDS, common_name, json.dumps({**stored, "service_account": "Bad Name!"}))
+    for name in ("certmanager", "catalog"):  # both restart and read it
+        mesh.processes[name].kill()
+        mesh.processes[name].restart()  # waits for /readyz: it used to never come back
+
+    rejected = {
+        r["key"]: r["reason"] for r in admin(mesh, "certmanager", "/v1/status")["rejections"]
+    }
+    assert "service account 'Bad Name!'" in rejected[f"{RECORDS}[{common_name}]"]
+    status = mesh.trellis("status", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    services = {s["service"]: s for s in json.loads(status.stdout)["services"]}
+    assert [r["key"] for r in services["certmanager"]["rejections"]] == [
+        f"{RECORDS}[{common_name}]"
+    ]
+    table = mesh.trellis("status")
+    assert "Rejected records" in table.stdout, table.stdout
+    assert "Bad Name!" in table.stdout, table.stdout
+
+    # the operator removes it (re-issuing the name would overwrite it too)
+    token = (mesh.state_dir / "admin-token").read_text().strip()
+    url = mesh.processes["certmanager"].endpoint.admin_url + f"/v1/certificates/{common_name}"
+    deleted = httpx.delete(url, headers={"authorization": f"Bearer {token}"}, timeout=5)
+    assert deleted.status_code == 204, deleted.text
+    assert admin(mesh, "certmanager", "/v1/status")["rejections"] == []
+
+
+def proxy_request(account: str) -> cm.IssueCertificateRequest:
+    return cm.IssueCertificateRequest(
+        kind=cm.CERTIFICATE_KIND_PROXY,
+        service=cm.MeshService(namespace="bookbuyer", name="bookbuyer"),
+        service_account=account,
+    )

@@ -332,3 +332,17 @@ async def test_well_formed_requests_still_work_after_refusals(
     assert issued.info.service_account == "bookstore.sa"
     listed = await stub.ListCertificates(pb.ListCertificatesRequest(namespace="bookstore"))
     assert [c.common_name for c in listed.certificates] == [issued.info.common_name]
+
+
+async def test_a_store_outage_is_unavailable_and_issues_nothing(
+    stub: pb_grpc.CertificateManagerAsyncStub, store: InMemoryCertificateStore
+) -> None:
+    store.down = True
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stub.IssueCertificate(
+            pb.IssueCertificateRequest(
+                kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE, service_account="bookstore"
+            )
+        )
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert store.records == {}

@@ -20,7 +20,7 @@ from google.protobuf import timestamp_pb2
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
-from trellis_certmanager.domain.errors import InvalidRequest, NotFound
+from trellis_certmanager.domain.errors import InvalidRequest, NotFound, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.transport import grpc_requests
@@ -98,6 +98,8 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
                 )
         except (InvalidField, InvalidRequest, InvalidIdentifier) as exc:
             await self._gate.refuse(context, "IssueCertificate", exc)
+        except StoreUnavailable as exc:  # nothing was issued: the caller retries later
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return self._certificate(record, with_key=not asked.omit_private_key)
 
     async def GetCertificate(
@@ -123,6 +125,8 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
             return self._certificate(await self._manager.rotate(common_name))
         except NotFound as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except StoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
     async def GetRoot(self, request: pb.GetRootRequest, context: Context) -> pb.RootBundle:
         ca = self._manager.ca
