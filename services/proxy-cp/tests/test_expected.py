@@ -83,6 +83,21 @@ async def test_a_proxy_onboarded_after_the_listing_is_found(
     assert clock.slept == [0.25]
 
 
+async def test_a_proxy_certmanager_just_issued_is_known_without_a_listing(
+    proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
+) -> None:
+    assert await proxies.account(PROXY) == "bookstore-sa"
+    assert await proxies.account(LATER) is None  # refused: not yet onboarded
+    listings.expected[LATER] = "later-sa"
+    proxies.learned(LATER, "later-sa")  # certmanager's ISSUED event, as proxy-cp follows it
+
+    assert await proxies.account(LATER) == "later-sa"  # no refusal memory, no listing
+    assert len(listings.at) == 2
+    clock.advance(TIMING.max_age + 1)  # an event is trusted as long as a listing would be
+    assert await proxies.account(LATER) == "later-sa"
+    assert len(listings.at) == 3
+
+
 async def test_no_is_only_said_by_a_listing_started_after_the_question(
     proxies: ExpectedProxies, listings: Listings
 ) -> None:

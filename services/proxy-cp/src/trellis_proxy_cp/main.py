@@ -96,7 +96,7 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
     catalog = CatalogClient(
         catalog_address, on_view, settings.instance_name, runtime.health, expectation
     )
-    certs = CertClient(certs_address, on_material, runtime.health)
+    certs = CertClient(certs_address, on_material, runtime.health, catalog.expectations.learned)
 
     def forget(identity: str) -> None:
         catalog.forget(identity)

@@ -36,8 +36,15 @@ def material(certificate: pb.Certificate) -> SecretMaterial:
 
 
 class CertClient:
-    def __init__(self, address: str, on_material: OnMaterial, health: Health | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        on_material: OnMaterial,
+        health: Health | None = None,
+        on_proxy_issued: Callable[[str, str], None] = lambda common_name, account: None,
+    ) -> None:
         self.address = address
+        self.on_proxy_issued = on_proxy_issued  # (common name, service account)
         self.health = health if health is not None else Health()
         self._on_material = on_material
         self._channel = grpc.aio.insecure_channel(address)
@@ -109,6 +116,9 @@ class _RotationFollower(StreamFollower[pb.CertificateEvent]):
 
     async def apply(self, event: pb.CertificateEvent) -> None:
         info = event.info
+        if info.kind == pb.CERTIFICATE_KIND_PROXY and event.kind == pb.CertificateEvent.ISSUED:
+            self.client.on_proxy_issued(info.common_name, info.service_account)
+            return
         if info.kind != pb.CERTIFICATE_KIND_SERVICE:
             return
         identity = f"{info.service.namespace}/{info.service.name}"

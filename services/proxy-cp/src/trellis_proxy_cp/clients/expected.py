@@ -18,6 +18,10 @@ What a cached answer may be trusted for is what makes this correct:
   fresh listing did not name is refused without asking again for ``refused_for``: a proxy
   that is not expected (perhaps hostile, with a certificate from the mesh CA it should no
   longer use) cannot make proxy-cp hammer the catalog by reconnecting in a loop.
+* **Events.** A proxy certificate that certmanager issues (its watch stream, which proxy-cp
+  follows anyway) is :meth:`~ExpectedProxies.learned`: the catalog expects that proxy too, so
+  it is a yes for ``max_age`` with no listing at all. A proxy that connects right after
+  onboarding costs the catalog nothing.
 * **Outages.** If the catalog cannot be asked, a proxy the last good listing named is still
   accepted (that listing stays in force, however old) and any other question fails with
   :class:`ExpectationUnknown`, which the authorizer turns into UNAVAILABLE: retry later,
@@ -83,6 +87,7 @@ class ExpectedProxies:
         self._last_start: float | None = None
         self._inflight: asyncio.Task[None] | None = None
         self._refused: OrderedDict[str, float] = OrderedDict()
+        self._learned: dict[str, tuple[str, float]] = {}  # from events: account, when
         self.listings = 0
         """Listings started (successful or not); the latest one's number."""
 
@@ -92,6 +97,12 @@ class ExpectedProxies:
         Raises :class:`ExpectationUnknown` when the catalog could not be asked and no listing
         in force names the proxy.
         """
+        learned = self._learned.get(common_name)
+        if learned is not None:
+            account, at = learned
+            if self._clock() - at <= self.timing.max_age:
+                return account
+            del self._learned[common_name]
         refused_at = self._refused.get(common_name)
         if refused_at is not None and self._clock() - refused_at < self.timing.refused_for:
             return None
@@ -111,6 +122,14 @@ class ExpectedProxies:
                 if found is not None:
                     return found  # the last good listing stays in force during an outage
                 raise
+
+    def learned(self, common_name: str, account: str) -> None:
+        """certmanager issued ``common_name``'s proxy certificate: the catalog expects it."""
+        self._learned[common_name] = (account, self._clock())
+        self._refused.pop(common_name, None)
+        now = self._clock()
+        for name in [n for n, (_, at) in self._learned.items() if now - at > self.timing.max_age]:
+            del self._learned[name]
 
     def _answer(self, common_name: str, found: str | None) -> str | None:
         if found is None:
