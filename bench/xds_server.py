@@ -57,7 +57,6 @@ from envoy.service.discovery.v3 import discovery_pb2
 from prometheus_client import CollectorRegistry
 
 from bench import xds_mesh
-from trellis_api import catalog_pb2
 from trellis_common import grpcserver, logs
 from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -65,6 +64,7 @@ from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
+from trellis_proxy_cp.testing import FakeCatalog
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
 from trellis_proxy_cp.transport.ads import AdsServicer
@@ -93,45 +93,21 @@ class Subject(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
-class _BenchCatalog:
-    """The catalog's ``ListProxies``: the benchmark's first proxies, expected; calls counted."""
+class _BenchCatalog(FakeCatalog):
+    """The catalog's ``ListProxies`` (proxy-cp's fake, on a real grpc.aio server): the
+    benchmark's first proxies, expected; calls counted."""
 
     def __init__(self, groups: int) -> None:
-        self.calls = 0
+        super().__init__()
         self._groups = groups
-        self._listing = catalog_pb2.ListProxiesResponse()
         self.expect(groups)
 
     def expect(self, count: int) -> None:
         """List the first ``count`` proxies from now on (as when that many were onboarded)."""
-        self._listing = catalog_pb2.ListProxiesResponse(
-            proxies=[
-                catalog_pb2.ProxyStatus(
-                    common_name=xds_mesh.node_id(i, self._groups),
-                    identity=xds_mesh.identity(i % self._groups),
-                    service_account=xds_mesh.account(i % self._groups),
-                    expected=True,
-                )
-                for i in range(count)
-            ]
-        )
-
-    async def ListProxies(
-        self, request: catalog_pb2.ListProxiesRequest, context: _Context
-    ) -> catalog_pb2.ListProxiesResponse:
-        self.calls += 1
-        return self._listing
-
-    def register(self, server: grpc.aio.Server) -> None:
-        handler = grpc.unary_unary_rpc_method_handler(
-            self.ListProxies,
-            request_deserializer=catalog_pb2.ListProxiesRequest.FromString,
-            response_serializer=catalog_pb2.ListProxiesResponse.SerializeToString,
-        )
-        service = catalog_pb2.DESCRIPTOR.services_by_name["Catalog"].full_name
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service, {"ListProxies": handler}),)
-        )
+        self.expected = {
+            xds_mesh.node_id(i, self._groups): xds_mesh.account(i % self._groups)
+            for i in range(count)
+        }
 
 
 class _BenchAuthorizer:
