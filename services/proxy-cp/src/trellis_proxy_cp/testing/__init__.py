@@ -1,0 +1,85 @@
+"""Test helpers for the xDS core, one module per kind of helper:
+
+* :mod:`.resources`: small valid Envoy resources and snapshots;
+* :mod:`.ads`: a real ADS server and a real grpcio client, recording hooks, a fake authorizer;
+* :mod:`.control`: a control plane with inputs and connected proxies, without gRPC;
+* :mod:`.catalog`: the catalog's ``ListProxies`` over real gRPC, and a fake clock.
+
+Everything is re-exported here, so tests write ``from trellis_proxy_cp import testing as t``.
+"""
+
+from __future__ import annotations
+
+from trellis_proxy_cp.testing.ads import (
+    PROBE_PREFIX,
+    TIMEOUT,
+    AdsClient,
+    AdsHarness,
+    RecordingHooks,
+    StaticAuthorizer,
+    ads_server,
+    names_of,
+    node,
+)
+from trellis_proxy_cp.testing.catalog import (
+    FakeCatalog,
+    FakeClock,
+    fake_catalog,
+)
+from trellis_proxy_cp.testing.control import (
+    KEY_PEM,
+    SPIFFE_PREFIX,
+    FakeSources,
+    acknowledge,
+    broken_view,
+    connect,
+    material,
+    proxy_common_name,
+    reject,
+    view,
+)
+from trellis_proxy_cp.testing.resources import (
+    api_listener,
+    cluster,
+    listener,
+    load_assignment,
+    mesh,
+    resource,
+    route_config,
+    secret,
+    snapshot,
+)
+
+__all__ = [
+    "KEY_PEM",
+    "PROBE_PREFIX",
+    "SPIFFE_PREFIX",
+    "TIMEOUT",
+    "AdsClient",
+    "AdsHarness",
+    "FakeCatalog",
+    "FakeClock",
+    "FakeSources",
+    "RecordingHooks",
+    "StaticAuthorizer",
+    "acknowledge",
+    "ads_server",
+    "api_listener",
+    "broken_view",
+    "cluster",
+    "connect",
+    "fake_catalog",
+    "listener",
+    "load_assignment",
+    "material",
+    "mesh",
+    "names_of",
+    "node",
+    "proxy_common_name",
+    "reject",
+    "resource",
+    "route_config",
+    "secret",
+    "snapshot",
+    "view",
+]
