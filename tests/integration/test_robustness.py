@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,8 +108,12 @@ def test_a_bad_account_stored_by_an_older_certmanager_no_longer_crash_loops_the_
         r["key"]: r["reason"] for r in admin(mesh, "certmanager", "/v1/status")["rejections"]
     }
     assert "service account 'Bad Name!'" in rejected[f"{RECORDS}[{common_name}]"]
-    status = mesh.trellis("status", "--json")
-    assert status.returncode == 0, status.stdout + status.stderr
+    # proxy-cp's and the catalog's streams to certmanager reconnect (with backoff): until
+    # then, status says so and exits 1; then it is healthy, rejected record and all
+    deadline = time.monotonic() + 30
+    while (status := mesh.trellis("status", "--json")).returncode != 0:
+        assert time.monotonic() < deadline, status.stdout + status.stderr
+        time.sleep(0.2)
     services = {s["service"]: s for s in json.loads(status.stdout)["services"]}
     assert [r["key"] for r in services["certmanager"]["rejections"]] == [
         f"{RECORDS}[{common_name}]"
