@@ -389,3 +389,33 @@ async def test_while_the_store_is_down_reads_work_and_writes_change_nothing(
     assert caplog.text.count("cert.rotation_deferred") == 1
     store.down = False
     assert await manager.rotate_due() == 2
+
+
+async def test_a_service_certificate_nobody_asks_for_expires_and_is_pruned(
+    make_manager: Callable[..., CertificateManager],
+    store: InMemoryCertificateStore,
+    clock: FakeClock,
+) -> None:
+    """The certificate of a service that is gone is not rotated forever."""
+    manager = make_manager(service_validity=dt.timedelta(hours=48), jitter=0.0)
+    await manager.start()
+    gone = await manager.issue_service(BOOKSTORE)
+    kept = await manager.issue_service(MeshService("bookbuyer", "bookbuyer"))
+
+    # due: both were asked for when issued, so both are rotated once
+    clock.now = gone.not_before + dt.timedelta(hours=40)
+    assert await manager.rotate_due() == 2
+    rotated = store.records[gone.common_name]  # (manager.get would count as asking for it)
+    assert rotated.serial != gone.serial
+
+    # from now on only bookbuyer's is asked for (as the catalog does for live identities)
+    clock.now = rotated.not_before + dt.timedelta(hours=40)
+    renewed = await manager.issue_service(MeshService("bookbuyer", "bookbuyer"))  # due: renewed
+    assert renewed.serial not in (kept.serial, rotated.serial)
+    assert await manager.rotate_due() == 0  # bookstore's: nobody asked since it was issued
+    assert store.records[gone.common_name] == rotated
+
+    clock.now = rotated.not_after + dt.timedelta(days=1, seconds=1)
+    assert await manager.prune_expired() == 1
+    assert gone.common_name not in store.records
+    assert kept.common_name in store.records

@@ -13,7 +13,11 @@ demand only, and a log line warns when one passes its renewal point.
 
 Pruning: a record ``prune_after`` past its expiry is deleted from the store and from
 memory by the same periodic pass (after rotation, so only records rotation did not renew:
-in practice proxy certificates of proxies gone for good). The CA is never pruned.
+proxy certificates of proxies gone for good, and service certificates nobody wants any
+more). A service certificate is rotated only if someone asked for it (issue or get) since
+it was issued: the catalog asks every 30 s for each identity with proxies, so the
+certificate of a service that is gone is left to expire, then pruned, instead of being
+rotated forever. The CA is never pruned.
 
 Redis outages: reads (get, list, an issue request the current certificate satisfies) come
 from memory; a write Redis does not take fails with
@@ -100,6 +104,7 @@ class CertificateManager:
         self._clock = clock
         self._root_validity = root_validity
         self._records: dict[str, CertificateRecord] = {}
+        self._wanted: dict[str, dt.datetime] = {}  # service certificate -> last asked for
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # cn -> (lock, [users])
         self._watchers: Broadcaster[CertificateChange] = Broadcaster(on_count=metrics.watchers.set)
         self._issuer: Issuer | None = None
@@ -216,6 +221,7 @@ class CertificateManager:
     ) -> CertificateRecord:
         account = service_account or service.name
         cn = self.issuer.service_common_name(service)
+        self._wanted[cn] = self._clock()
         async with self._lock(cn):
             current = self._records.get(cn)
             if (
@@ -261,14 +267,20 @@ class CertificateManager:
             return record
 
     def get(self, common_name: str) -> CertificateRecord:
+        """The record of ``common_name`` (a service certificate asked for is still wanted)."""
         try:
-            return self._records[common_name]
+            record = self._records[common_name]
         except KeyError:
             raise NotFound(common_name) from None
+        if record.kind == CertificateKind.SERVICE:
+            self._wanted[common_name] = self._clock()
+        return record
 
     async def rotate(self, common_name: str, reason: str = "on-demand") -> CertificateRecord:
         async with self._lock(common_name):
-            current = self.get(common_name)
+            current = self._records.get(common_name)
+            if current is None:
+                raise NotFound(common_name)
             record = self._timed(current.kind, lambda: self._reissue(current))
             await self._commit(record, "rotated", reason)
             log.log(
@@ -346,10 +358,18 @@ class CertificateManager:
                     record.not_after.isoformat(),
                 )
             return 0
+        if not stale_ca and record.due(now) and not self._still_wanted(record):
+            return 0  # nobody asked for it since it was issued: it expires, then is pruned
         if stale_ca or record.due(now):
             await self.rotate(record.common_name, "ca-changed" if stale_ca else "expiring")
             return 1
         return 0
+
+    def _still_wanted(self, record: CertificateRecord) -> bool:
+        """Someone asked for this service certificate since it was issued (a record loaded
+        at start counts as asked for then: certmanager cannot know better)."""
+        wanted = self._wanted.setdefault(record.common_name, self._clock())
+        return wanted >= record.not_before
 
     async def prune_expired(self) -> int:
         """Delete the records that expired more than ``prune_after`` ago; returns how many."""
@@ -361,6 +381,7 @@ class CertificateManager:
                     continue
                 await self._store.delete_many([name])
                 del self._records[name]
+                self._wanted.pop(name, None)
                 pruned += 1
                 log.debug(
                     "cert.pruned cn=%s kind=%s not_after=%s",
