@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -89,3 +90,30 @@ async def test_a_chatty_process_leaves_bounded_rotated_logs(tmp_path: Path) -> N
     assert sum(sizes(log_dir).values()) <= 3 * max_bytes
     assert (log_dir / "chatty.log").read_text().splitlines()[-1].startswith(f"line {count - 1:06d}")
     assert len(echoed) == count  # the terminal still sees every line
+
+
+async def test_a_line_longer_than_the_pipe_buffer_does_not_stop_the_pump(tmp_path: Path) -> None:
+    """A long one-line traceback once ended the pump; the child then blocked on its pipe."""
+
+    async def ready() -> bool:
+        return True
+
+    script = "print('x' * 300_000); print('after'); print('the end', end='')"
+    echoed: list[str] = []
+    log_dir = tmp_path / "logs"
+    supervisor = Supervisor(
+        [ProcessSpec("long", [sys.executable, "-c", script], ready)],
+        log_dir,
+        lambda name, line: echoed.append(line),
+    )
+    await supervisor.start()
+    [child] = supervisor.children
+    assert child.pump is not None
+    assert child.process is not None
+    await asyncio.wait_for(child.pump, 30)
+    assert await child.process.wait() == 0
+
+    text = (log_dir / "long.log").read_text()
+    assert text.count("x") == 300_000
+    assert text.endswith("x\nafter\nthe end")
+    assert echoed[-2:] == ["after", "the end"]

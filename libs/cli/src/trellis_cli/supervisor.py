@@ -221,9 +221,20 @@ class Supervisor:
         child.pump = asyncio.create_task(self._pump(child, child.process))
 
     async def _pump(self, child: Child, process: asyncio.subprocess.Process) -> None:
+        """Copy the child's output to its log file and the terminal, line by line, until
+        it ends. A line longer than the stream's buffer (a long traceback on one line) is
+        copied in pieces: the pump must never stop, or the child blocks on a full pipe."""
         assert process.stdout is not None
         with RotatingFile(self._log_dir / f"{child.spec.name}.log", self._rotation) as sink:
-            async for line in process.stdout:
+            while True:
+                try:
+                    line = await process.stdout.readuntil(b"\n")
+                except asyncio.IncompleteReadError as end:
+                    line = end.partial  # the output ended (without a last newline)
+                except asyncio.LimitOverrunError as long:
+                    line = await process.stdout.readexactly(long.consumed)
+                if not line:
+                    return
                 sink.write(line)
                 self._echo(child.spec.name, line.decode(errors="replace").rstrip())
 
