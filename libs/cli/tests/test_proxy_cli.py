@@ -211,7 +211,7 @@ def test_config_json_is_proxy_cps_answer(state_dir: Path) -> None:
     ]
 
 
-def test_config_of_an_unknown_proxy_fails_clearly(state_dir: Path) -> None:
+def test_config_of_an_unknown_proxy_is_a_negative_answer(state_dir: Path) -> None:
     stranger = t.proxy_common_name("bookstore", "bookstore", 42)
 
     result = trellis(state_dir, "proxy", "config", stranger)
@@ -236,5 +236,5 @@ def test_an_unreachable_proxy_cp_is_named(tmp_path: Path) -> None:
 
     result = trellis(tmp_path, "proxy", "list")
 
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # no answer: not "no proxies"
     assert "proxy-cp is not reachable at http://127.0.0.1:9/v1/proxies" in result.stderr

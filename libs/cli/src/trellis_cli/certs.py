@@ -65,9 +65,7 @@ def root(mesh: Mesh, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def rotate(mesh: Mesh, common_name: str, as_json: bool) -> None:
-    body = mesh.request(
-        "certmanager", "POST", f"/v1/certificates/{common_name}/rotate", auth=True
-    ).json()
+    body = mesh.call("certmanager", "POST", f"/v1/certificates/{common_name}/rotate", auth=True)
     if as_json:
         output.emit_json(body)
         return

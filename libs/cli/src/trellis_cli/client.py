@@ -3,7 +3,7 @@
 Addresses come from the state directory (``<state-dir>/services/<name>.json``, written by
 each service when it is up), else the default ports. The admin token comes from
 ``TRELLIS_ADMIN_TOKEN`` or ``<state-dir>/admin-token``. Errors name the service, the
-address tried and what to do.
+address tried and what to do, and carry their exit code (:mod:`trellis_cli.errors`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
 import httpx
 
+from trellis_cli import errors
+from trellis_cli.errors import CliError
 from trellis_common import statefile, tokens
 from trellis_common.settings import Ports
 
@@ -29,8 +30,7 @@ DEFAULT_ADMIN_PORTS = {
 }
 
 
-class CliError(click.ClickException):
-    """A failure to show the user as one clear line (exit code 1)."""
+__all__ = ["DEFAULT_ADMIN_PORTS", "CliError", "Mesh"]
 
 
 @dataclass(frozen=True)
@@ -66,17 +66,26 @@ class Mesh:
         try:
             response = httpx.request(method, url, headers=headers, timeout=10.0, **kwargs)
         except httpx.TransportError as exc:
-            raise CliError(
-                f"{service} is not reachable at {url} ({exc.__class__.__name__}); "
-                f"is the mesh running? (`make run`, or --state-dir to point at it)"
-            ) from exc
+            raise errors.unreachable(service, url, exc, self.state_dir) from exc
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
-            except ValueError:
+            except (ValueError, AttributeError):
                 detail = response.text
-            raise CliError(f"{service} answered {response.status_code}: {detail}")
+            raise errors.for_status(service, response.status_code, str(detail))
         return response
 
+    def call(self, service: str, method: str, path: str, **kwargs: Any) -> Any:
+        """The JSON body of a successful answer."""
+        response = self.request(service, method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise CliError(
+                f"{service} at {response.url} answered {response.status_code} with something "
+                f"that is not JSON; is --state-dir (now {self.state_dir}) pointing at a "
+                "Trellis mesh?"
+            ) from exc
+
     def get_json(self, service: str, path: str, **kwargs: Any) -> Any:
-        return self.request(service, "GET", path, **kwargs).json()
+        return self.call(service, "GET", path, **kwargs)

@@ -1,4 +1,7 @@
-"""The ``trellis`` command: run a local mesh, and inspect and operate a running one."""
+"""The ``trellis`` command: run a local mesh, and inspect and operate a running one.
+
+Exit codes (0 yes, 1 no, 2 no answer) are defined and enforced in :mod:`trellis_cli.errors`.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,11 @@ from pathlib import Path
 
 import click
 
+from trellis_cli import errors
 from trellis_cli.certs import certs
 from trellis_cli.client import Mesh
+from trellis_cli.console import Echo
+from trellis_cli.envoyrun import envoy
 from trellis_cli.policy import policy
 from trellis_cli.proxy import proxy
 from trellis_cli.spec import spec
@@ -19,7 +25,11 @@ from trellis_cli.up import up as run_up
 from trellis_cli.vm import vm
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=errors.TrellisGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=errors.EPILOG,
+)
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
@@ -33,8 +43,13 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
     ctx.obj = Mesh(state_dir)
 
 
-@cli.command(help="Start Redis and the control plane as local processes (Ctrl-C stops them).")
-@click.option("--quiet", is_flag=True, help="Do not stream the services' logs.")
+@cli.command(
+    help="Start Redis and the control plane as local processes (Ctrl-C stops them). The "
+    "terminal shows what runs where, the demo's counters and the services' warnings and "
+    "errors; every log line is in <state-dir>/logs/<name>.log. Exit 2 if it cannot start."
+)
+@click.option("--quiet", is_flag=True, help="Do not show the services' logs at all.")
+@click.option("--verbose", "-v", is_flag=True, help="Show every line of the services' logs.")
 @click.option(
     "--spec-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -65,6 +80,7 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
 def up(
     mesh: Mesh,
     quiet: bool,
+    verbose: bool,
     spec_dir: Path | None,
     no_demo: bool,
     up_state_dir: Path | None,
@@ -72,12 +88,15 @@ def up(
     log_backups: int,
 ) -> None:
     state_dir = up_state_dir or mesh.state_dir
+    if quiet and verbose:
+        raise click.UsageError("--quiet and --verbose exclude each other")
+    echo = Echo.QUIET if quiet else Echo.VERBOSE if verbose else Echo.WARNINGS
     try:
         rotation = LogRotation(parse_size(log_max_bytes), log_backups)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--log-max-bytes") from exc
     raise SystemExit(
-        asyncio.run(run_up(state_dir, quiet, spec_dir, with_demo=not no_demo, rotation=rotation))
+        asyncio.run(run_up(state_dir, echo, spec_dir, with_demo=not no_demo, rotation=rotation))
     )
 
 
@@ -87,6 +106,7 @@ cli.add_command(vm)
 cli.add_command(spec)
 cli.add_command(policy)
 cli.add_command(proxy)
+cli.add_command(envoy)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ import click
 
 from trellis_cli import output
 from trellis_cli.client import Mesh
+from trellis_cli.errors import NEGATIVE
 
 
 @click.group(help="Access policy as the catalog applies it.")
@@ -30,4 +31,4 @@ def check(mesh: Mesh, source: str, destination: str, as_json: bool) -> None:
             headers = " ".join(f"{k}~{v}" for k, v in route["headers"])
             output.console.print(f"  route {methods} {route['path_regex']} {headers}".rstrip())
     if not body["allowed"]:
-        raise SystemExit(1)
+        raise SystemExit(NEGATIVE)

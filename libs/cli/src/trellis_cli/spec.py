@@ -11,6 +11,7 @@ import click
 from trellis_catalog.domain import spec as meshspec
 from trellis_cli import output
 from trellis_cli.client import Mesh
+from trellis_cli.errors import NEGATIVE
 from trellis_common.documents import all_kinds
 from trellis_common.specdir import load_paths
 
@@ -36,7 +37,7 @@ def spec() -> None:
 
 
 @spec.command(help="Check files or directories offline; exit 1 if any document has an error.")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def validate(paths: tuple[Path, ...], as_json: bool) -> None:
     documents, errors = load_paths(list(paths), all_kinds())
@@ -58,7 +59,7 @@ def validate(paths: tuple[Path, ...], as_json: bool) -> None:
             "Trellis service reads)"
         )
     if failed:
-        raise SystemExit(1)
+        raise SystemExit(NEGATIVE)
 
 
 @spec.command("list", help="What the running catalog has read, with each document's status.")

@@ -2,7 +2,9 @@
 
 For each service: its readiness checks, the long-lived loops (streams, subscriptions) that
 are down and why, and the records it rejected (with the reason, from ``/v1/status``).
-Exit code 1 when any service is unhealthy or unreachable, so scripts and CI can wait on it.
+Exit code 1 when any service is unhealthy or unreachable, so scripts and CI can wait on it;
+2 when none answers at all: then there is no mesh to judge (not started, or another
+``--state-dir``), and the message says so.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import httpx
 
 from trellis_cli import output
 from trellis_cli.client import Mesh
+from trellis_cli.errors import NEGATIVE, CliError
 from trellis_cli.up import SERVICES
 from trellis_common import statefile
 
@@ -81,13 +84,22 @@ def details(mesh: Mesh, names: list[str]) -> dict[str, Any]:
     return found
 
 
-@click.command(help="Health of each service of the running mesh; exit 1 if any is unhealthy.")
+@click.command(
+    help="Health of each service of the running mesh; exit 1 if any is unhealthy, 2 if none "
+    "answers (the mesh is not running)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def status(mesh: Mesh, as_json: bool) -> None:
     known = statefile.read_endpoints(mesh.state_dir)
     names = [name for name, *_ in SERVICES if name in known] or [name for name, *_ in SERVICES]
     results = [probe(mesh, name) for name in names]
+    if all("error" in r for r in results):
+        raise CliError(
+            f"no Trellis service answers (tried {', '.join(r['admin_url'] for r in results)}): "
+            "is the mesh running? Start it with `trellis up` (`make run`), or point --state-dir "
+            f"or TRELLIS_STATE_DIR at its state directory (now {mesh.state_dir})"
+        )
     extra = details(mesh, names)
     if as_json:
         output.emit_json({"services": results, "mesh": extra})
@@ -117,4 +129,4 @@ def status(mesh: Mesh, as_json: bool) -> None:
         if extra:
             output.console.print("  ".join(f"{k.replace('_', ' ')}: {v}" for k, v in extra.items()))
     if not all(r["healthy"] for r in results):
-        raise SystemExit(1)
+        raise SystemExit(NEGATIVE)

@@ -3,7 +3,7 @@
 The Redis it starts persists every write (AOF, fsync always) and rewrites its append-only
 file once it has doubled since the last rewrite and is past ``AOF_REWRITE_MIN_SIZE``, so
 steady churn does not grow the file without bound. Each process's log file rotates by size
-(``--log-max-bytes``, ``--log-backups``).
+(``--log-max-bytes``, ``--log-backups``); the terminal gets a summary (:mod:`trellis_cli.console`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import click
 from rich.markup import escape
 
 from trellis_cli import demo, output
-from trellis_cli.client import CliError, Mesh
+from trellis_cli.client import Mesh
+from trellis_cli.console import Echo, make_echo
+from trellis_cli.errors import ERROR, OK, CliError
 from trellis_cli.supervisor import (
     DEFAULT_ROTATION,
     LogRotation,
@@ -51,13 +53,11 @@ SERVICES = (
     ("injector", "trellis_injector.main", 0, Ports.INJECTOR_ADMIN),
 )
 
-COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan")
-
 
 def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
     binary = shutil.which("redis-server")
     if binary is None:
-        raise click.ClickException(
+        raise CliError(
             "redis-server not found: `apt-get install redis-server` (make run does it), "
             "or point TRELLIS_REDIS_URL at a Redis you run"
         )
@@ -119,20 +119,6 @@ def service_specs(state_dir: Path, redis_url: str, spec_dir: Path) -> list[Proce
     return specs
 
 
-def make_echo(quiet: bool) -> callable:  # type: ignore[valid-type]
-    colors: dict[str, str] = {}
-
-    def echo(name: str, line: str) -> None:
-        if quiet and name != "trellis":
-            return
-        color = colors.setdefault(name, COLORS[len(colors) % len(COLORS)])
-        output.console.print(
-            f"[{color}]{name:>12}[/] | {escape(line)}", highlight=False, soft_wrap=True
-        )
-
-    return echo
-
-
 def default_spec_dir(state_dir: Path, with_demo: bool) -> Path:
     """The demo watches examples/bookstore itself: editing its weights changes the split."""
     example = Path("examples/bookstore")
@@ -152,7 +138,7 @@ async def print_counters(state_dir: Path, stop: asyncio.Event, every: float = 3.
 
 async def up(
     state_dir: Path,
-    quiet: bool,
+    echo: Echo,
     spec_dir: Path | None = None,
     with_demo: bool = True,
     rotation: LogRotation = DEFAULT_ROTATION,
@@ -169,7 +155,14 @@ async def up(
         parsed = urlparse(redis_url)
         output.console.print(f"using Redis at {parsed.hostname}:{parsed.port or 6379}")
     specs += service_specs(state_dir, redis_url, spec_dir)
-    supervisor = Supervisor(specs, state_dir / "logs", make_echo(quiet), rotation=rotation)
+    log_dir = state_dir / "logs"
+    supervisor = Supervisor(specs, log_dir, make_echo(echo), rotation=rotation)
+    shows = {
+        Echo.QUIET: "nothing of the services' logs",
+        Echo.WARNINGS: "their warnings and errors only (--verbose: everything)",
+        Echo.VERBOSE: "every line",
+    }[echo]
+    output.console.print(f"full logs of each process: {log_dir}/<name>.log; here: {shows}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -184,10 +177,11 @@ async def up(
             specs = await asyncio.to_thread(demo.prepare, Mesh(state_dir), state_dir)
             for spec in specs:
                 await supervisor.launch(spec)
-    except (StartupError, CliError, EnvoyNotFound) as exc:
-        output.errors.print(f"[red]error:[/] {escape(str(exc))}")
+    except (StartupError, click.ClickException, EnvoyNotFound) as exc:
+        message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        output.errors.print(f"[red]error:[/] {escape(message)}")
         await supervisor.stop_all()
-        return 1
+        return ERROR
     output.table(
         f"Trellis is up (state in {state_dir}, mesh documents in {spec_dir})",
         ["SERVICE", "PID", "ADDRESS", "HEALTH"],
@@ -209,4 +203,4 @@ async def up(
     else:
         await supervisor.run(stop)
     output.console.print("all services stopped")
-    return 0
+    return OK

@@ -86,7 +86,7 @@ def register(
         "weight": weight,
         "ttl": ttl,
     }
-    result = mesh.request(SERVICE, "POST", "/v1/workloads", auth=True, json=body).json()
+    result = mesh.call(SERVICE, "POST", "/v1/workloads", auth=True, json=body)
     if as_json:
         output.emit_json(result)
         return
@@ -102,9 +102,7 @@ def register(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def heartbeat(mesh: Mesh, namespace: str, name: str, as_json: bool) -> None:
-    result = mesh.request(
-        SERVICE, "POST", f"/v1/workloads/{namespace}/{name}/heartbeat", auth=True
-    ).json()
+    result = mesh.call(SERVICE, "POST", f"/v1/workloads/{namespace}/{name}/heartbeat", auth=True)
     if as_json:
         output.emit_json(result)
         return
@@ -237,7 +235,7 @@ def bootstrap(
         "protocol": protocol,
         "output_dir": str(folder),
     }
-    result = mesh.request(INJECTOR, "POST", "/v1/bootstrap", auth=True, json=body).json()
+    result = mesh.call(INJECTOR, "POST", "/v1/bootstrap", auth=True, json=body)
     files, paths = result["files"], result["paths"]
     cert_chain = _inside(folder, paths["cert_chain"], "the certificate")
     key = _inside(folder, paths["key"], "the private key")
