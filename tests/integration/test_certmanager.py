@@ -176,14 +176,14 @@ async def test_cli_errors_are_clear(certmanager: ServiceProcess, state_dir: Path
     assert "nope" in missing.stderr
     (state_dir / "admin-token").write_text("wrong\n")
     denied = await asyncio.to_thread(trellis, state_dir, "certs", "rotate", "nope")
-    assert denied.returncode == 1
+    assert denied.returncode == 2  # no answer: the token was refused
     assert "403" in denied.stderr
     certmanager.stop()
     down = await asyncio.to_thread(trellis, state_dir, "certs", "list")
-    assert down.returncode == 1
+    assert down.returncode == 2
     assert "not reachable" in down.stderr
     status = await asyncio.to_thread(trellis, state_dir, "status")
-    assert status.returncode == 1
+    assert status.returncode == 2  # no service answers: no mesh to judge
 
 
 # --- corrupt state planted in Redis -------------------------------------------------------

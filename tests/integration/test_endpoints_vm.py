@@ -173,7 +173,7 @@ async def test_cli_registration_expiry_and_heartbeat(
         "--port",
         "http=99999",
     )
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # refused as malformed: a usage error
     assert "ports[http]" in bad.stderr
     gone = await asyncio.to_thread(
         trellis, state_dir, "vm", "deregister", "-n", "shop", "--name", "cart-1"

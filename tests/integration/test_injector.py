@@ -218,7 +218,7 @@ def test_json_output_and_outages(mesh: Mesh, tmp_path: Path) -> None:
         "--out",
         str(tmp_path / "clash"),
     )
-    assert clash.returncode == 1
+    assert clash.returncode == 2  # refused as malformed: a usage error
     assert "422" in clash.stderr, clash.stderr
     assert "outbound_port" in clash.stderr
     assert not (tmp_path / "clash").exists()
@@ -226,7 +226,7 @@ def test_json_output_and_outages(mesh: Mesh, tmp_path: Path) -> None:
     # certmanager down: 503 naming it, nothing written
     mesh.processes["certmanager"].stop()
     down = mesh.cli(*bootstrap_args(tmp_path / "later", free_port()))
-    assert down.returncode == 1
+    assert down.returncode == 2
     assert "503" in down.stderr, down.stderr
     assert "certmanager" in down.stderr
     assert not (tmp_path / "later").exists()
