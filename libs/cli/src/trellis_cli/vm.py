@@ -274,7 +274,7 @@ def bootstrap(
     )
     click.echo(f"wrote {config}, {cert_chain}, {key} (mode 0600), {trust_bundle}")
     click.echo(f"start the sidecar (it connects to proxy-cp at {result['xds_address']}, mTLS):")
-    click.echo(f"  {shlex.join(command)}")
+    click.echo(f"  trellis envoy run {shlex.join(command[1:])}")
     q = shlex.quote
     register = (
         f"trellis vm register -n {q(namespace)} --name WORKLOAD --service {q(service)} "
