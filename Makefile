@@ -48,9 +48,21 @@ env: bootstrap
 run: bootstrap
 	$(UV) run trellis up
 
+# Dead code (vulture: settings and exceptions in pyproject.toml, tools/vulture_whitelist.py) and
+# dependencies (deptry, on each workspace member: its pyproject declares what its src imports,
+# and nothing it does not; the member's own package is first party; tests use the dev group).
+MEMBERS := libs/common libs/api libs/cli $(wildcard services/*)
+# libs/cli's pyproject is fixed in its own branch: it declares trellis-api (unused) and not
+# pyyaml (imported).
+DEPTRY_libs/cli := --per-rule-ignores DEP002=trellis-api,DEP003=yaml
+
 lint:
 	$(UV) run ruff check $(PY_SRC)
 	$(UV) run ruff format --check $(PY_SRC)
+	$(UV) run vulture
+	@set -e; $(foreach m,$(MEMBERS),echo "deptry $(m)"; \
+	  $(UV) run deptry $(m) --config $(m)/pyproject.toml --extend-exclude '.*/tests/' \
+	    --known-first-party trellis_$(subst -,_,$(notdir $(m))) $(DEPTRY_$(m));)
 
 # Each tests folder is checked on its own: their conftest.py files would clash as one module.
 typecheck:

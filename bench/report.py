@@ -5,7 +5,7 @@ against a floor or baseline measured in the same run, never by timed assertions 
 An absolute rate means little on its own (machines differ by 10x); the ratio to a
 reference measured alongside it on the same machine is what a reader compares across
 runs. So each benchmark measures its subjects and its references together with
-:func:`measure_rates` (interleaved, so load on a shared machine hits all of them alike),
+:func:`measure_rates_async` (interleaved, so load on a shared machine hits all of them alike),
 prints them with :func:`print_table`, and states each comparison with :func:`ratio_line`.
 
 A benchmark is a callable ``run(*, seconds, warmup) -> dict[str, float]`` (the
@@ -15,7 +15,6 @@ keyed by stable names, so a test can call it with tiny durations and check the s
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -117,14 +116,6 @@ async def measure_rates_async(
             total = totals[name]
             totals[name] = Timing(total.count + timing.count, total.elapsed + timing.elapsed)
     return {name: total.rate for name, total in totals.items()}
-
-
-def measure_rates(
-    ops: Mapping[str, SyncOp], seconds: float, warmup: float, rounds: int = ROUNDS
-) -> dict[str, float]:
-    """:func:`measure_rates_async` for plain functions, from synchronous code."""
-    runners = {name: sync_runner(op) for name, op in ops.items()}
-    return asyncio.run(measure_rates_async(runners, seconds, warmup, rounds))
 
 
 def format_value(value: float) -> str:

@@ -50,7 +50,6 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from bench import load, report, xds_client, xds_server
@@ -119,13 +118,8 @@ class ServerProcess:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is not None:
+    async def __aexit__(self, *exc_info: object) -> None:
+        if exc_info[1] is not None:
             lines = self.log_path.read_text(errors="replace").splitlines()
             problems = [line for line in lines if "level=info" not in line]
             shown = "\n".join([*problems[:20], "...", *lines[-5:]])

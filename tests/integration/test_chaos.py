@@ -21,7 +21,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,6 @@ class Figure:
     lost: list[str]
     convergence: float
     heartbeat_failures: int
-    notes: list[str] = field(default_factory=list)
 
     def row(self) -> str:
         return (

@@ -433,13 +433,13 @@ async def test_watch_reports_each_change_once_and_survives_callback_errors(
             raise RuntimeError("boom")
 
     stop = asyncio.Event()
-    task = asyncio.create_task(spec.watch(stop, on_change, interval=0.01))
+    task = asyncio.create_task(spec.watch(stop, on_change, rescan=0.01))
     try:
         write(tmp_path / "a.yaml", widget("a"))
         await eventually(lambda: len(changes) == 1)
         write(tmp_path / "b.yaml", widget("b"))
         await eventually(lambda: len(changes) == 2)
-        await asyncio.sleep(0.15)  # many ticks, nothing new
+        await asyncio.sleep(0.15)  # many rescans, nothing new
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=2)
@@ -463,7 +463,7 @@ async def test_watch_defers_a_file_being_written_but_not_forever(
     stop = asyncio.Event()
     start = time.monotonic()
     task = asyncio.create_task(
-        spec.watch(stop, on_change, interval=0.01, settle=10.0, settle_max=0.2)
+        spec.watch(stop, on_change, rescan=3600, settle=10.0, settle_max=0.2)
     )
     try:
         await eventually(lambda: seen)
@@ -473,6 +473,75 @@ async def test_watch_defers_a_file_being_written_but_not_forever(
 
     assert seen[0] - start >= 0.2
     assert list(spec.current()) == [key("a")]
+
+
+NEVER = 3600.0  # no rescan and no poll within a test: what is seen came through inotify
+
+
+def sizes(spec: SpecDirectory) -> dict[str, int]:
+    return {k.name: d.resource.spec.size for k, d in spec.current().items()}
+
+
+async def test_watch_sees_every_kind_of_edit_through_inotify(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    root = tmp_path / "spec"
+    spec = SpecDirectory(root, registry)
+    stop = asyncio.Event()
+    task = asyncio.create_task(spec.watch(stop, _ignore, rescan=NEVER, poll=NEVER))
+    try:
+        await eventually(lambda: spec.watching()["mode"] == "inotify")
+        write(root / "a.yaml", widget("a", size=1))  # the directory appears
+        await eventually(lambda: sizes(spec) == {"a": 1})
+        (root / "a.yaml").write_text(widget("a", size=2))  # rewritten in place
+        await eventually(lambda: sizes(spec) == {"a": 2})
+        write(root / "a.yaml.tmp", widget("a", size=3))
+        os.replace(root / "a.yaml.tmp", root / "a.yaml")  # replaced (rename over)
+        await eventually(lambda: sizes(spec) == {"a": 3})
+        (root / "a.yaml").write_text("spec: [unclosed\n")  # invalid: the last good stays
+        await eventually(lambda: spec.errors())
+        assert sizes(spec) == {"a": 3}
+        write(root / "team" / "deeper" / "b.yaml", widget("b"))  # new subdirectories
+        await eventually(lambda: sizes(spec) == {"a": 3, "b": 1})
+        (root / "team" / "deeper" / "b.yaml").write_text(widget("b", size=2))
+        await eventually(lambda: sizes(spec) == {"a": 3, "b": 2})
+        write(root / ".real" / "c.yaml", widget("c"))
+        (root / "c.yaml").symlink_to(".real/c.yaml")  # a symlink within the directory
+        await eventually(lambda: sizes(spec).get("c") == 1)
+        (root / ".real" / "c.yaml").write_text(widget("c", size=2))  # its target edited
+        await eventually(lambda: sizes(spec).get("c") == 2)
+        shutil.rmtree(root / "team")  # deleted
+        (root / "a.yaml").unlink()
+        await eventually(lambda: sizes(spec) == {"c": 2})
+        assert spec.errors() == []
+        assert spec.watching() == {"mode": "inotify", "reason": ""}
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=2)
+
+
+async def test_watch_sees_a_configmap_swap_through_inotify(
+    tmp_path: Path, registry: KindRegistry
+) -> None:
+    write(tmp_path / "..2026_01_01" / "a.yaml", widget("a", size=1))
+    (tmp_path / "..data").symlink_to("..2026_01_01")
+    (tmp_path / "a.yaml").symlink_to("..data/a.yaml")
+    spec = SpecDirectory(tmp_path, registry)
+    stop = asyncio.Event()
+    task = asyncio.create_task(spec.watch(stop, _ignore, rescan=NEVER, poll=NEVER))
+    try:
+        await eventually(lambda: sizes(spec) == {"a": 1})
+        write(tmp_path / "..2026_01_02" / "a.yaml", widget("a", size=2))
+        (tmp_path / "..data_tmp").symlink_to("..2026_01_02")
+        os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+        await eventually(lambda: sizes(spec) == {"a": 2})
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=2)
+
+
+async def _ignore(change: SpecChange) -> None:
+    return None
 
 
 # Offline validation

@@ -28,9 +28,7 @@ class Ports:
     ENDPOINTS_K8S = (15030, 15031)
     ENDPOINTS_VM = (15040, 15041)
     PROXY_CP = (15128, 15051)
-    PROXY_CP_DESTINATION = 8086
     INJECTOR_ADMIN = 15061
-    INJECTOR_WEBHOOK = 9443
 
 
 def _shared(name: str) -> AliasChoices:

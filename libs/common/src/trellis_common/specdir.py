@@ -24,14 +24,17 @@ able to stop a service: its size and what its YAML aliases expand to
 resolves outside the directory is not followed. Each refusal is an error of that file, like
 invalid YAML: the file's last good documents stay in force.
 
-:meth:`SpecDirectory.watch` polls :meth:`SpecDirectory.scan` in a worker thread and
-reports each change once; :func:`load_paths` validates files offline.
+:meth:`SpecDirectory.watch` runs :meth:`SpecDirectory.scan` in a worker thread whenever
+inotify reports a change in one of the directories the last scan walked (and on a slow
+periodic rescan, or by polling where inotify is not available: :mod:`trellis_common.dirwatch`),
+and reports each change once. A file modified less than ``settle`` ago may be mid-write: it is
+left for a wake-up at the end of that time (or sooner, if it changes again), but for no more
+than ``settle_max``. :func:`load_paths` validates files offline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -43,14 +46,13 @@ from typing import Any
 
 import yaml
 
+from trellis_common import dirwatch, spectree
 from trellis_common.documents import yamlfile
 from trellis_common.documents.base import Document, DocumentError, DocumentKey, KindRegistry, Origin
 from trellis_common.documents.yamlfile import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger(__name__)
 
-_EXTENSIONS = (".yaml", ".yml")
-_TEMP_SUFFIXES = ("~", ".swp", ".swx", ".tmp")
 
 Stamp = tuple[int, int, int]  # (mtime_ns, size, inode)
 
@@ -75,75 +77,6 @@ class _FileState:
     stamp: Stamp | None  # None: read while it changed, read again on the next scan
     documents: tuple[Document, ...]  # in force: the last good version of each
     errors: tuple[DocumentError, ...]
-
-
-def is_spec_file(name: str) -> bool:
-    """A ``.yaml``/``.yml`` name that is neither hidden nor an editor's temp or backup file."""
-    if name.startswith(".") or name.endswith(_TEMP_SUFFIXES):
-        return False
-    if name.startswith("#") and name.endswith("#"):
-        return False
-    return name.lower().endswith(_EXTENSIONS)
-
-
-def list_files(root: Path) -> list[Path]:
-    """Spec files under ``root`` (or ``root`` itself if it is a file), sorted, each once."""
-    return walk(root)[0]
-
-
-def _inside(real: str, real_root: str) -> bool:
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
-
-
-def walk(root: Path) -> tuple[list[Path], dict[Path, str]]:
-    """:func:`list_files`, and the symlinks not followed because they resolve outside
-    ``root`` (files and directories), each with the reason. A file named as ``root`` is
-    read wherever it points."""
-    if root.is_file():
-        return [root], {}
-    real_root = os.path.realpath(root)
-    found: list[Path] = []
-    outside: dict[Path, str] = {}
-    seen_dirs: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen_dirs:  # a symlink loop, or a directory reached twice
-            dirnames.clear()
-            continue
-        seen_dirs.add(real)
-        kept = []
-        for name in dirnames:
-            if name.startswith("."):
-                continue
-            target = os.path.realpath(os.path.join(dirpath, name))
-            if _inside(target, real_root):
-                kept.append(name)
-            else:
-                outside[Path(dirpath, name)] = _outside_reason(target, real_root)
-        dirnames[:] = kept
-        for name in filenames:
-            if not is_spec_file(name):
-                continue
-            target = os.path.realpath(os.path.join(dirpath, name))
-            if _inside(target, real_root):
-                found.append(Path(dirpath, name))
-            else:
-                outside[Path(dirpath, name)] = _outside_reason(target, real_root)
-    unique: list[Path] = []
-    seen_files: set[str] = set()
-    for path in sorted(found):
-        real = os.path.realpath(path)
-        if real not in seen_files:
-            seen_files.add(real)
-            unique.append(path)
-    return unique, outside
-
-
-def _outside_reason(target: str, real_root: str) -> str:
-    return (
-        f"not read: a symlink to {target}, outside the spec directory {real_root} "
-        "(symlinks are followed only within it)"
-    )
 
 
 def _stamp(path: Path) -> Stamp:
@@ -271,6 +204,8 @@ class SpecDirectory:
         self._errors: list[DocumentError] = []
         self._missing_logged = False
         self._lock = threading.Lock()
+        self._plan = dirwatch.Plan(frozenset())
+        self._watcher: dirwatch.DirWatcher | None = None
 
     def current(self) -> dict[DocumentKey, Document]:
         return dict(self._current)
@@ -315,44 +250,58 @@ class SpecDirectory:
         """Re-read what changed on disk since the last scan, and say what that changed."""
         return self._scan(settle=0.0, settle_max=0.0)
 
+    def watching(self) -> dict[str, Any]:
+        """How changes are noticed ("inotify", or "polling" and why), for status."""
+        if self._watcher is None:
+            return {"mode": "not watching", "reason": ""}
+        return self._watcher.mode.as_dict()
+
     async def watch(
         self,
         stop: asyncio.Event,
         on_change: Callable[[SpecChange], Awaitable[None]],
-        interval: float = 0.5,
         *,
-        settle: float = 0.1,
+        rescan: float = 30.0,
+        poll: float = 0.5,
+        settle: float = 0.01,
         settle_max: float = 1.0,
+        opener: dirwatch.Opener = dirwatch.inotify,
     ) -> None:
-        """Scan every ``interval`` until ``stop``; call ``on_change`` for each non-empty change.
+        """Until ``stop``, scan on each change inotify reports, and every ``rescan`` seconds
+        (every ``poll`` seconds where inotify cannot watch); call ``on_change`` for each
+        non-empty change.
 
-        A file modified less than ``settle`` seconds ago is left for the next tick (it may be
+        A file modified less than ``settle`` seconds ago is left for later (it may be
         mid-write), but for no more than ``settle_max`` seconds.
         """
-        while not stop.is_set():
+        watcher = dirwatch.DirWatcher(str(self.path), rescan=rescan, poll=poll, opener=opener)
+        self._watcher = watcher
+
+        async def scan() -> dirwatch.Plan:
             try:
                 change = await asyncio.to_thread(self._scan, settle, settle_max)
             except Exception:
                 log.exception("specdir.scan_failed path=%s", self.path)
-            else:
-                if not change.empty:
-                    try:
-                        await on_change(change)
-                    except Exception:
-                        log.exception("specdir.on_change_failed path=%s", self.path)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+                return dirwatch.Plan(self._plan.dirs, wake=poll)
+            if not change.empty:
+                try:
+                    await on_change(change)
+                except Exception:
+                    log.exception("specdir.on_change_failed path=%s", self.path)
+            return self._plan
 
-    def _list(self) -> tuple[list[Path], dict[Path, str]]:
+        await watcher.run(stop, scan)
+
+    def _list(self) -> tuple[list[Path], dict[Path, str], set[str]]:
         if not self.path.exists():
             if not self._missing_logged:
                 log.warning("specdir.missing path=%s action=treating_as_empty", self.path)
                 self._missing_logged = True
-            return [], {}
+            return [], {}, set()
         if self._missing_logged:
             log.info("specdir.found path=%s", self.path)
             self._missing_logged = False
-        return walk(self.path)
+        return spectree.walk(self.path)
 
     def _refused(self, outside: Mapping[Path, str]) -> dict[Path, _FileState]:
         """Symlinks not followed: an error each, and the documents in force of the file (or
@@ -370,8 +319,9 @@ class SpecDirectory:
     def _scan(self, settle: float, settle_max: float) -> SpecChange:
         with self._lock:
             now, clock = time.time_ns(), time.monotonic()
-            listed, outside = self._list()
+            listed, outside, walked = self._list()
             files = self._refused(outside)
+            wake: float | None = None
             for path in listed:
                 old = self._files.get(path)
                 try:
@@ -382,7 +332,10 @@ class SpecDirectory:
                         continue
                     if settle > 0 and now - stamp[0] < settle * 1e9:
                         first = self._pending.setdefault(path, clock)
-                        if clock - first < settle_max:  # maybe mid-write: next tick
+                        if clock - first < settle_max:  # maybe mid-write: look again later
+                            settled = settle - (now - stamp[0]) / 1e9
+                            due = min(settled, first + settle_max - clock)
+                            wake = due if wake is None else min(wake, due)
                             if old is not None:
                                 files[path] = old
                             continue
@@ -407,6 +360,7 @@ class SpecDirectory:
             present = set(listed) | set(files)
             self._pending = {p: t for p, t in self._pending.items() if p in present}
             self._files = files
+            self._plan = dirwatch.Plan(spectree.watched_dirs(self.path, listed, walked), wake)
             return self._publish()
 
     def _publish(self) -> SpecChange:
@@ -460,7 +414,7 @@ def load_paths(
     errors: list[DocumentError] = []
     for path in paths:
         if path.exists():
-            found, outside = walk(path)
+            found, outside, _ = spectree.walk(path)
             files.extend(found)
             errors.extend(DocumentError(Origin(str(p)), "", r) for p, r in outside.items())
         else:

@@ -80,7 +80,12 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
         health=runtime.health,
     )
     source: SpecSource = (
-        DirectorySource(catalog, settings.spec_dir, settings.spec_poll_interval)
+        DirectorySource(
+            catalog,
+            settings.spec_dir,
+            rescan=settings.spec_rescan_interval,
+            poll=settings.spec_poll_interval,
+        )
         if settings.spec_dir
         else NoSource()
     )

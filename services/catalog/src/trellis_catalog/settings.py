@@ -22,6 +22,10 @@ class CatalogSettings(ServiceSettings):
     spec_dir: Path | None = Field(
         None, validation_alias=AliasChoices("spec_dir", "TRELLIS_SPEC_DIR")
     )
+    # The spec directory is watched with inotify, and rescanned in full every
+    # spec_rescan_interval seconds in case an event was lost; where inotify cannot watch,
+    # it is polled every spec_poll_interval seconds instead.
+    spec_rescan_interval: float = Field(30.0, gt=0)
     spec_poll_interval: float = Field(0.5, gt=0)
     trust_domain: str = "cluster.local"
     cluster_domain: str = "cluster.local"

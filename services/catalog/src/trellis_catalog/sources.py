@@ -32,10 +32,13 @@ class SpecSource(Protocol):
 
 
 class DirectorySource:
-    def __init__(self, catalog: Catalog, path: Path, interval: float = 0.5) -> None:
+    def __init__(
+        self, catalog: Catalog, path: Path, *, rescan: float = 30.0, poll: float = 0.5
+    ) -> None:
         self.catalog = catalog
         self.directory = SpecDirectory(path, kinds(), KINDS, report_unread=True)
-        self.interval = interval
+        self.rescan = rescan
+        self.poll = poll
 
     async def load(self) -> None:
         await asyncio.to_thread(self.directory.scan)
@@ -48,10 +51,14 @@ class DirectorySource:
         self._apply()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.directory.watch(stop, self._on_change, interval=self.interval)
+        await self.directory.watch(stop, self._on_change, rescan=self.rescan, poll=self.poll)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "directory", "path": str(self.directory.path)}
+        return {
+            "kind": "directory",
+            "path": str(self.directory.path),
+            "watch": self.directory.watching(),
+        }
 
 
 class NoSource:

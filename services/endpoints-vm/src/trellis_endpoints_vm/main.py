@@ -32,7 +32,8 @@ class Declarations:
         kinds = KindRegistry()
         istio.register(kinds)
         self._manager = manager
-        self._interval = settings.spec_poll_interval
+        self._rescan = settings.spec_rescan_interval
+        self._poll = settings.spec_poll_interval
         self.directory = (
             SpecDirectory(settings.spec_dir, kinds, KINDS) if settings.spec_dir else None
         )
@@ -50,13 +51,14 @@ class Declarations:
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.directory is not None:
-            await self.directory.watch(stop, self._apply, interval=self._interval)
+            await self.directory.watch(stop, self._apply, rescan=self._rescan, poll=self._poll)
 
     def status(self) -> dict[str, Any]:
         if self.directory is None:
             return {"spec_dir": None, "documents": [], "conflicts": []}
         return {
             "spec_dir": str(self.directory.path),
+            "watch": self.directory.watching(),
             "documents": self.directory.status(),
             "conflicts": self.conflicts,
         }

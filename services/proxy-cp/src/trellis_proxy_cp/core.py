@@ -32,8 +32,6 @@ from trellis_proxy_cp.translate.settings import ProxySettings
 
 log = logging.getLogger(__name__)
 
-Fetch = Callable[[str, str], Awaitable[object]]
-
 
 @dataclass
 class Group:

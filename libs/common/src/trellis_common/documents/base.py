@@ -105,15 +105,6 @@ class DocumentError(ValueError):
         where = f" {field}:" if field else ""
         super().__init__(f"{origin}{what}:{where} {reason}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.origin.source,
-            "document": self.origin.index + 1,
-            "resource": str(self.key) if self.key else None,
-            "field": self.field,
-            "reason": self.reason,
-        }
-
 
 def location(loc: Iterable[int | str]) -> str:
     """pydantic's error location as a path: ``spec.ports[0].number``."""

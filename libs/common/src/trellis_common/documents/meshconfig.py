@@ -284,9 +284,6 @@ class OsmMeshConfig(Resource[OsmMeshConfigSpec]):
         return _settings(self.spec, None)
 
 
-AnyMeshConfig = MeshConfig | OsmMeshConfig
-
-
 def register(registry: KindRegistry) -> None:
     registry.register("MeshConfig", (TRELLIS_API_VERSION,), MeshConfig)
     registry.register("MeshConfig", (OSM_API_VERSION,), OsmMeshConfig)

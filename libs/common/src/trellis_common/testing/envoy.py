@@ -121,11 +121,6 @@ class Envoy:
     def stat(self, name: str) -> int:
         return self.stats(name).get(name, 0)
 
-    def config_dump(self, resource: str = "") -> dict[str, Any]:
-        query = f"?resource={resource}" if resource else ""
-        body: dict[str, Any] = self.get("/config_dump" + query).json()
-        return body
-
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

@@ -58,9 +58,7 @@ class CertClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def issue(
-        self, namespace: str, service: str, account: str, dns_names_for: str = ""
-    ) -> SecretMaterial:
+    async def issue(self, namespace: str, service: str, account: str) -> SecretMaterial:
         certificate = await self._stub.IssueCertificate(
             pb.IssueCertificateRequest(
                 kind=pb.CERTIFICATE_KIND_SERVICE,

@@ -8,7 +8,6 @@ OUTBOUND_ROUTES = "outbound-http"
 INBOUND_ROUTES = "inbound-http"
 SERVICE_CERT = "service-cert"  # the identity's certificate and key (SDS)
 MESH_CA = "mesh-trust-bundle"  # the mesh CA (SDS validation context)
-PASSTHROUGH = "passthrough"
 EGRESS = "egress"  # the dynamic forward proxy, when MeshConfig allows egress
 
 

@@ -217,9 +217,6 @@ class StreamRegistry:
     def __iter__(self) -> Iterator[ProxyStream]:
         return iter(list(self.streams.values()))
 
-    def of_key(self, key: str) -> list[ProxyStream]:
-        return [s for s in self.streams.values() if s.key == key]
-
     def of_proxy(self, proxy_id: str) -> list[ProxyStream]:
         """The proxy's open streams, oldest first."""
         return list(self._by_proxy.get(proxy_id, {}).values())

@@ -1,0 +1,58 @@
+"""Names vulture reports as unused that are used by something vulture cannot see.
+
+vulture (``make lint``) finds code that nothing calls. Each name below is called or read by a
+framework, a protocol or the wire, not by our code; each says by what. Decorated routes,
+validators, click commands and pytest fixtures are left out in pyproject.toml's
+``[tool.vulture]`` (``ignore_decorators``) rather than listed here.
+"""
+
+# ruff: noqa: B018
+
+from __future__ import annotations
+
+
+class _Names:
+    """Any attribute of it is itself: each ``_.name`` line below only mentions ``name``."""
+
+    def __getattr__(self, name: str) -> _Names:
+        return self
+
+
+_ = _Names()
+
+# http.server calls these by name on its handler and server classes.
+_.do_GET
+_.log_message
+_.disable_nagle_algorithm
+_.protocol_version
+_.daemon_threads
+
+# uvicorn.Server: capture_signals is overridden (uvicorn calls it), should_exit is read by it.
+_.capture_signals
+_.should_exit
+
+# click reads ctx.obj for @click.pass_obj commands.
+_.obj
+
+# prometheus_client calls collect() on every registered collector.
+_.collect
+
+# Protocol parameters, named as the implementations name them (grpc's ServicerContext.abort,
+# watchfiles' RustNotify.watch).
+_.trailing_metadata
+_.stop_event
+
+# Values of enums and fields of models parsed from operators' YAML: read by pydantic.
+_.GRPC
+_.HTTP2
+_.TLS
+_.api_group
+_.enabled  # GadgetSpec in test_specdir.py
+# Parsed from MeshConfig (spec.sidecar.logLevel) and tested, but proxy-cp does not apply it
+# yet: a known gap, kept rather than deleted so the field is not silently dropped.
+_.sidecar_log_level
+
+# Envoy protobuf fields set by attribute (vulture sees a set, not the read by Envoy).
+_.dns_lookup_family
+_.lb_policy
+_.forward_client_cert_details
