@@ -54,7 +54,6 @@ run: bootstrap
 MEMBERS := libs/common libs/api libs/cli $(wildcard services/*)
 # libs/cli's pyproject is fixed in its own branch: it declares trellis-api (unused) and not
 # pyyaml (imported).
-DEPTRY_libs/cli := --per-rule-ignores DEP002=trellis-api,DEP003=yaml
 
 lint:
 	$(UV) run ruff check $(PY_SRC)

@@ -22,6 +22,8 @@ _ = _Names()
 
 # http.server calls these by name on its handler and server classes.
 _.do_GET
+_.do_POST
+_.do_DELETE
 _.log_message
 _.disable_nagle_algorithm
 _.protocol_version
