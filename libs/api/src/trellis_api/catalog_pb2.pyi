@@ -165,7 +165,11 @@ class View(_message.Message):
     @_builtins.property
     def clusters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cluster]: ...
     @_builtins.property
-    def certificate(self) -> Global___CertificateRef: ...
+    def certificate(self) -> Global___CertificateRef:
+        """The service certificate this identity's proxies present, for operators. A rotation does
+        not change the view's version: proxy-cp takes certificates from certmanager.
+        """
+
     def __init__(
         self,
         *,

@@ -9,8 +9,9 @@ quiet period (with a hard maximum) and then:
    gets a new version; its content is shared by every view that references it);
 2. recomputes policies only when the specification, a service's ports or accounts, or the
    proxies changed, and keeps the old policy object when the new one is equal;
-3. gives a new version to each identity whose policy, referenced clusters or certificate
-   changed, and announces them in one batch (bus revision + watchers).
+3. gives a new version to each identity whose policy or referenced clusters changed, and
+   announces them in one batch (bus revision + watchers). A certificate rotation does not
+   re-version a view: certificates reach proxy-cp from certmanager, on one path.
 """
 
 from __future__ import annotations
@@ -301,10 +302,12 @@ class Catalog:
         return record
 
     def set_certificate(self, identity: Identity, ref: CertificateRef) -> None:
-        if self.certificates.get(identity) != ref:
-            self.certificates[identity] = ref
-            self._dirty.identities.add(identity)
-            self._wake.set()
+        """Record the service certificate ``identity``'s proxies present (shown in its view).
+
+        It does not re-version the view: proxy-cp takes certificates and keys from
+        certmanager, over one path, so a rotation rebuilds a proxy's snapshot once.
+        """
+        self.certificates[identity] = ref
 
     def identities_with_proxies(self) -> dict[Identity, str]:
         return {r.identity: r.service_account for r in self.proxies.values()}
@@ -542,7 +545,6 @@ class Catalog:
                     self.clusters[n].version if n in self.clusters else 0
                     for n in policy.cluster_names
                 ),
-                self.certificates.get(identity),
             )
             if self._view_key.get(identity) != key:
                 self._view_key[identity] = key
