@@ -9,7 +9,7 @@ import redis.asyncio
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from trellis_common.redisconn import connect, wait_for_redis
-from trellis_common.testing import RedisServer
+from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.redis_server import free_port
 
 
@@ -39,7 +39,7 @@ async def test_keeps_retrying_until_stop_is_set(
     caplog.set_level(logging.INFO, logger="trellis_common.redisconn")
 
     waiting = asyncio.create_task(wait_for_redis(unreachable, stop, max_delay=0.05))
-    await asyncio.sleep(0.2)
+    await eventually(lambda: caplog.records)  # a first attempt failed: it is waiting
     assert not waiting.done()
 
     stop.set()
@@ -61,7 +61,7 @@ async def test_returns_once_redis_answers(
     caplog.set_level(logging.INFO, logger="trellis_common.redisconn")
     try:
         waiting = asyncio.create_task(wait_for_redis(client, stop, max_delay=0.05))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: caplog.records)  # a first attempt failed: it is waiting
         assert not waiting.done()
 
         await asyncio.to_thread(redis_server.start)

@@ -194,7 +194,9 @@ async def test_announcer_waits_for_redis_and_never_raises(
         announcer = Announcer(client, record(), ttl=0.6, backoff=FAST)
         with caplog.at_level(logging.WARNING, logger="trellis_common.registry"):
             async with announcing(announcer):
-                await asyncio.sleep(0.1)
+                await eventually(  # the first heartbeat met the dead Redis
+                    lambda: any("registry.heartbeat_failed" in r.msg for r in caplog.records)
+                )
                 assert not announcer.announced
                 redis_server.start()
                 await eventually(lambda: announcer.announced)

@@ -79,18 +79,13 @@ def world() -> World:
     return World(registry, sources, control_plane, StreamRegistry(), catalog, hooks, rejections)
 
 
-async def settle() -> None:
-    """Let the hooks' scheduled tasks run."""
-    await asyncio.sleep(0.01)
-
-
 async def test_open_counts_the_stream_and_registers_the_proxy(world: World) -> None:
     sotw = await world.connect(PROXY)
     delta = await world.connect(OTHER, protocol="delta")
 
     world.hooks.on_open(sotw)
     world.hooks.on_open(delta)
-    await settle()
+    await world.hooks.idle()
 
     assert world.sample("trellis_proxy_cp_connected_proxies", protocol="sotw") == 1
     assert world.sample("trellis_proxy_cp_connected_proxies", protocol="delta") == 1
@@ -114,7 +109,7 @@ async def test_a_refusal_is_counted_and_kept_until_the_proxy_connects(world: Wor
     ]
 
     world.hooks.on_open(await world.connect(PROXY))
-    await settle()
+    await world.hooks.idle()
     assert world.rejections.items() == []
 
 
@@ -127,12 +122,12 @@ async def test_the_old_stream_of_a_reconnected_proxy_closing_unregisters_nothing
     world.hooks.on_open(new)
 
     world.hooks.on_close(old)
-    await settle()
+    await world.hooks.idle()
 
     assert world.catalog.unregistered == []
     assert world.control_plane.groups[new.key].proxies == {PROXY}
     world.hooks.on_close(new)
-    await settle()
+    await world.hooks.idle()
     assert world.catalog.unregistered == [PROXY]
 
 
@@ -141,7 +136,7 @@ async def test_close_detaches_from_the_control_plane_and_unregisters(world: Worl
     world.hooks.on_open(stream)
 
     world.hooks.on_close(stream)
-    await settle()
+    await world.hooks.idle()
 
     assert world.sample("trellis_proxy_cp_connected_proxies", protocol="sotw") == 0
     assert world.sample("trellis_proxy_cp_streams_total", protocol="sotw") == 1
@@ -155,7 +150,7 @@ async def test_a_stream_without_a_protocol_counts_as_sotw(world: World) -> None:
     stream = await world.connect(protocol="")
 
     world.hooks.on_open(stream)
-    await settle()
+    await world.hooks.idle()
 
     assert world.sample("trellis_proxy_cp_connected_proxies", protocol="sotw") == 1
 
@@ -166,7 +161,7 @@ async def test_a_failing_catalog_is_ignored(world: World) -> None:
 
     world.hooks.on_open(stream)
     world.hooks.on_close(stream)
-    await settle()
+    await world.hooks.idle()
 
     assert world.catalog.registered == []
     assert world.catalog.unregistered == []

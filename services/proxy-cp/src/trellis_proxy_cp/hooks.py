@@ -53,6 +53,12 @@ class ProxyHooks:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def idle(self) -> None:
+        """Return once the work the hooks started in the background (the catalog's
+        registrations, detaching) is done, including work that work started."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     def on_refused(self, proxy_id: str, protocol: str, refused: StreamRefused) -> None:
         self._metrics.refused_streams.labels(refused.code.name, refused.reason).inc()
         if self._rejections is not None:
