@@ -181,7 +181,7 @@ class Chaos:
         heartbeat_start = len(self.heartbeats.failures)
         inject()  # returns once the fault is over (Redis back, the service restarted)
         convergence = self.converge()
-        time.sleep(1.0)  # a last second of traffic after convergence
+        self.more_traffic(20)  # requests after convergence count too
         requests, failed = self.traffic.since(start)
         registered = self.registered()
         lost = [w for w in self.workloads if not registered.get(w)]
@@ -195,6 +195,14 @@ class Chaos:
         )
         self.figures.append(figure)
         return figure
+
+    def more_traffic(self, count: int) -> None:
+        """Wait until ``count`` more requests have had their answer."""
+        target = len(self.traffic.outcomes) + count
+        deadline = time.monotonic() + 30
+        while len(self.traffic.outcomes) < target:
+            assert time.monotonic() < deadline, "traffic stopped"
+            time.sleep(0.02)
 
     def wait_settled(self) -> None:
         deadline = time.monotonic() + 60

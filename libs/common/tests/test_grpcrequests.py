@@ -71,9 +71,9 @@ def test_optional_values_may_be_empty_and_are_still_checked_when_given() -> None
 
 def test_long_values_are_not_echoed_whole() -> None:
     with pytest.raises(InvalidField) as caught:
-        check.dns_label("namespace", "X" * 10_000)
+        check.dns_label("namespace", "a" * 10_000)
     assert len(str(caught.value)) < 300
-    assert "XXXX...'" in str(caught.value)
+    assert "aaaa...'" in str(caught.value)
 
 
 def test_common_names_of_both_kinds_parse() -> None:

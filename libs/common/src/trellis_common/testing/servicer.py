@@ -5,14 +5,20 @@ calling ``await servicer.Rpc(request, context)`` with this context costs microse
 shows the same outcome: :meth:`FakeServicerContext.abort` raises :class:`Aborted` with the
 status code and details a client would get, as grpc.aio's own ``abort`` raises to end the
 call. The real server is still what the servicers' unit tests use.
+
+:func:`check_names_a_field` is the fuzz suites' one property of a request check: it accepts,
+or it refuses naming a field of the request and why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import Message
+
+from trellis_common.grpcrequests import InvalidField
 
 
 class Aborted(Exception):
@@ -50,3 +56,26 @@ async def invoke(
         return await method(request, FakeServicerContext()), None
     except Aborted as aborted:
         return None, aborted
+
+
+#: Per RPC: its request type, the service's check of that request, and the request's fields.
+Checks = Mapping[str, tuple[type[Message], Callable[[Any], object], set[str]]]
+
+
+def refused_field(checks: Checks, rpc: str, message: str) -> str:
+    """The field a refusal of ``rpc`` names (``"<field>: <reason>"``); it must be one of
+    the request's fields."""
+    field = message.partition(": ")[0]
+    assert field in checks[rpc][2], f"{rpc} refused {message!r}: not a field of its request"
+    return field
+
+
+def check_names_a_field(checks: Checks, rpc: str, request: Message) -> None:
+    """Run ``rpc``'s check on ``request``: it accepts, or refuses naming a field and why."""
+    try:
+        checks[rpc][1](request)
+        return
+    except InvalidField as exc:
+        error = exc
+    assert refused_field(checks, rpc, str(error)) == error.field
+    assert error.reason
