@@ -28,6 +28,7 @@ from typing import Any
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.policy import PolicyBuilder
+from trellis_catalog.domain.reports import ProviderReports
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.fanout import Broadcaster, Subscription
@@ -109,9 +110,7 @@ class Catalog:
         self._resources: dict[DocumentKey, Any] = {}
         self._errors: list[DocumentError] = []
         self.spec = meshspec.build([])
-        self._provided: dict[tuple[str, str, str], svc.ProvidedService] = {}
-        self._reports: dict[MeshService, dict[str, svc.ProvidedService]] = {}
-        self._keys_of: dict[tuple[str, MeshService], set[tuple[str, str, str]]] = {}
+        self.reports = ProviderReports()
         self.services: dict[MeshService, svc.KnownService] = {}
         self.clusters: dict[str, ClusterState] = {}
         self._clusters_of: dict[MeshService, set[str]] = {}
@@ -150,10 +149,7 @@ class Catalog:
 
     def set_provider_services(self, provider: str, reports: Iterable[svc.ProvidedService]) -> None:
         """Replace everything ``provider`` reported (a full list, after (re)connecting)."""
-        for key in [k for k in self._provided if k[0] == provider]:
-            self._forget_report(key)
-        for report in reports:
-            self._keep_report(provider, report)
+        self.reports.replace(provider, reports)
         self._mark(services=True)
 
     def update_provider_service(
@@ -161,49 +157,21 @@ class Catalog:
     ) -> None:
         """One service (``key``: the provider's name for it) changed at one provider: only
         that service is re-indexed."""
-        service = self._forget_report((provider, namespace, key))
+        service = self.reports.forget((provider, namespace, key))
         if service is not None:
             self._dirty.changed.add(service)
         if report is not None:
-            self._keep_report(provider, report)
-            self._dirty.changed.add(report.service)
+            self._dirty.changed.add(self.reports.keep(provider, report))
         self._wake.set()
 
     def remove_provider_service(self, provider: str, namespace: str, key: str) -> None:
         self.update_provider_service(provider, namespace, key, None)
 
-    def _keep_report(self, provider: str, report: svc.ProvidedService) -> None:
-        key = (provider, report.namespace, report.provider_key)
-        self._provided[key] = report
-        self._keys_of.setdefault((provider, report.service), set()).add(key)
-        self._merge(provider, report.service)
-
-    def _forget_report(self, key: tuple[str, str, str]) -> MeshService | None:
-        report = self._provided.pop(key, None)
-        if report is None:
-            return None
-        self._keys_of.get((key[0], report.service), set()).discard(key)
-        self._merge(key[0], report.service)
-        return report.service
-
-    def _merge(self, provider: str, service: MeshService) -> None:
-        """Recompute ``provider``'s report of ``service`` from every key that maps to it
-        (one, or a ServiceEntry's hosts)."""
-        keys = self._keys_of.get((provider, service), set())
-        by_provider = self._reports.setdefault(service, {})
-        if keys:
-            by_provider[provider] = svc.merge_reports([self._provided[k] for k in sorted(keys)])
-            return
-        self._keys_of.pop((provider, service), None)
-        by_provider.pop(provider, None)
-        if not by_provider:
-            self._reports.pop(service, None)
-
     def drop_provider(self, provider: str) -> None:
         self.set_provider_services(provider, [])
 
     def providers(self) -> set[str]:
-        return {k[0] for k in self._provided}
+        return self.reports.providers()
 
     def expect_proxy(
         self, common_name: str, service_account: str = "", not_after: float = 0.0
@@ -386,7 +354,7 @@ class Catalog:
             self.spec = meshspec.build(self._documents, self._errors)
         changed_clusters: set[str] = set()
         if dirty.services:
-            scope = set(self.services) | set(self.spec.services) | set(self._reports)
+            scope = set(self.services) | set(self.spec.services) | self.reports.services()
         elif dirty.spec:
             # only Service documents feed the index; policies and the rest do not
             scope = dirty.changed | {
@@ -400,7 +368,7 @@ class Catalog:
                 known = svc.known_service(
                     service,
                     self.spec.services.get(service),
-                    self._reports.get(service, {}).values(),
+                    self.reports.of(service).values(),
                 )
                 if known is None:
                     self.services.pop(service, None)
