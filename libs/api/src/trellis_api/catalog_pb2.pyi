@@ -15,7 +15,6 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -51,62 +50,56 @@ class GetViewRequest(_message.Message):
 Global___GetViewRequest: _TypeAlias = GetViewRequest  # noqa: Y015
 
 @_typing.final
-class WatchViewsRequest(_message.Message):
+class ListViewVersionsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___WatchViewsRequest: _TypeAlias = WatchViewsRequest  # noqa: Y015
-
-@_typing.final
-class ViewEvent(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    class _Kind:
-        ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
-
-    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ViewEvent._Kind.ValueType], _builtins.type):
-        DESCRIPTOR: _descriptor.EnumDescriptor
-        KIND_UNSPECIFIED: ViewEvent._Kind.ValueType  # 0
-        SNAPSHOT: ViewEvent._Kind.ValueType  # 1
-        CHANGED: ViewEvent._Kind.ValueType  # 2
-        REMOVED: ViewEvent._Kind.ValueType  # 3
-
-    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
-    KIND_UNSPECIFIED: ViewEvent.Kind.ValueType  # 0
-    SNAPSHOT: ViewEvent.Kind.ValueType  # 1
-    CHANGED: ViewEvent.Kind.ValueType  # 2
-    REMOVED: ViewEvent.Kind.ValueType  # 3
-
-    KIND_FIELD_NUMBER: _builtins.int
-    REVISION_FIELD_NUMBER: _builtins.int
-    IDENTITIES_FIELD_NUMBER: _builtins.int
-    kind: Global___ViewEvent.Kind.ValueType
-    revision: _builtins.int
-    @_builtins.property
-    def identities(self) -> _containers.RepeatedCompositeFieldContainer[Global___IdentityVersion]: ...
+    SINCE_FIELD_NUMBER: _builtins.int
+    since: _builtins.str
+    """The cursor of an earlier answer; empty: every identity."""
     def __init__(
         self,
         *,
-        kind: Global___ViewEvent.Kind.ValueType = ...,
-        revision: _builtins.int = ...,
+        since: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListViewVersionsRequest: _TypeAlias = ListViewVersionsRequest  # noqa: Y015
+
+@_typing.final
+class ListViewVersionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURSOR_FIELD_NUMBER: _builtins.int
+    FULL_FIELD_NUMBER: _builtins.int
+    IDENTITIES_FIELD_NUMBER: _builtins.int
+    cursor: _builtins.str
+    """Pass it as `since` next time."""
+    full: _builtins.bool
+    """True when `identities` lists every identity (not only the changes since the cursor):
+    an identity missing from a full listing has no view any more.
+    """
+    @_builtins.property
+    def identities(self) -> _containers.RepeatedCompositeFieldContainer[Global___IdentityVersion]:
+        """Changed identities; version "" means the identity's view was removed."""
+
+    def __init__(
+        self,
+        *,
+        cursor: _builtins.str = ...,
+        full: _builtins.bool = ...,
         identities: _abc.Iterable[Global___IdentityVersion] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["identities", b"identities", "kind", b"kind", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "full", b"full", "identities", b"identities"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ViewEvent: _TypeAlias = ViewEvent  # noqa: Y015
+Global___ListViewVersionsResponse: _TypeAlias = ListViewVersionsResponse  # noqa: Y015
 
 @_typing.final
 class IdentityVersion(_message.Message):

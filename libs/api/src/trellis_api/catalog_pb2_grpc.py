@@ -39,10 +39,10 @@ class CatalogStub:
                 request_serializer=trellis__api_dot_catalog__pb2.GetViewRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_catalog__pb2.View.FromString,
                 _registered_method=True)
-        self.WatchViews = channel.unary_stream(
-                '/trellis.catalog.v1.Catalog/WatchViews',
-                request_serializer=trellis__api_dot_catalog__pb2.WatchViewsRequest.SerializeToString,
-                response_deserializer=trellis__api_dot_catalog__pb2.ViewEvent.FromString,
+        self.ListViewVersions = channel.unary_unary(
+                '/trellis.catalog.v1.Catalog/ListViewVersions',
+                request_serializer=trellis__api_dot_catalog__pb2.ListViewVersionsRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_catalog__pb2.ListViewVersionsResponse.FromString,
                 _registered_method=True)
         self.ListServices = channel.unary_unary(
                 '/trellis.catalog.v1.Catalog/ListServices',
@@ -87,9 +87,10 @@ class CatalogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def WatchViews(self, request, context):
-        """Identities whose view changed, with their new version. First message: every known
-        identity and its version (kind SNAPSHOT).
+    def ListViewVersions(self, request, context):
+        """Identities whose view changed since a cursor, with their new version (every identity
+        when the cursor is empty or from another catalog epoch). Consumers call it when the
+        Redis signal `views` rings (docs/architecture.md, "One event path").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,10 +143,10 @@ def add_CatalogServicer_to_server(servicer, server):
                     request_deserializer=trellis__api_dot_catalog__pb2.GetViewRequest.FromString,
                     response_serializer=trellis__api_dot_catalog__pb2.View.SerializeToString,
             ),
-            'WatchViews': grpc.unary_stream_rpc_method_handler(
-                    servicer.WatchViews,
-                    request_deserializer=trellis__api_dot_catalog__pb2.WatchViewsRequest.FromString,
-                    response_serializer=trellis__api_dot_catalog__pb2.ViewEvent.SerializeToString,
+            'ListViewVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListViewVersions,
+                    request_deserializer=trellis__api_dot_catalog__pb2.ListViewVersionsRequest.FromString,
+                    response_serializer=trellis__api_dot_catalog__pb2.ListViewVersionsResponse.SerializeToString,
             ),
             'ListServices': grpc.unary_unary_rpc_method_handler(
                     servicer.ListServices,
@@ -216,7 +217,7 @@ class Catalog:
             _registered_method=True)
 
     @staticmethod
-    def WatchViews(request,
+    def ListViewVersions(request,
             target,
             options=(),
             channel_credentials=None,
@@ -226,12 +227,12 @@ class Catalog:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
+        return grpc.experimental.unary_unary(
             request,
             target,
-            '/trellis.catalog.v1.Catalog/WatchViews',
-            trellis__api_dot_catalog__pb2.WatchViewsRequest.SerializeToString,
-            trellis__api_dot_catalog__pb2.ViewEvent.FromString,
+            '/trellis.catalog.v1.Catalog/ListViewVersions',
+            trellis__api_dot_catalog__pb2.ListViewVersionsRequest.SerializeToString,
+            trellis__api_dot_catalog__pb2.ListViewVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

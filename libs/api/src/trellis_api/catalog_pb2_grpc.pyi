@@ -43,9 +43,10 @@ class CatalogStub:
     """The view of one identity ("<namespace>/<service>"). An identity nothing declares
     (a client-only workload) still gets its outbound view.
     """
-    WatchViews: _grpc.UnaryStreamMultiCallable[_catalog_pb2.WatchViewsRequest, _catalog_pb2.ViewEvent]
-    """Identities whose view changed, with their new version. First message: every known
-    identity and its version (kind SNAPSHOT).
+    ListViewVersions: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.ListViewVersionsRequest, _catalog_pb2.ListViewVersionsResponse]
+    """Identities whose view changed since a cursor, with their new version (every identity
+    when the cursor is empty or from another catalog epoch). Consumers call it when the
+    Redis signal `views` rings (docs/architecture.md, "One event path").
     """
     ListServices: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.ListServicesRequest, _catalog_pb2.ListServicesResponse]
     CheckPolicy: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.CheckPolicyRequest, _catalog_pb2.CheckPolicyResponse]
@@ -65,9 +66,10 @@ class CatalogAsyncStub(CatalogStub):
     """The view of one identity ("<namespace>/<service>"). An identity nothing declares
     (a client-only workload) still gets its outbound view.
     """
-    WatchViews: _aio.UnaryStreamMultiCallable[_catalog_pb2.WatchViewsRequest, _catalog_pb2.ViewEvent]  # type: ignore[assignment]
-    """Identities whose view changed, with their new version. First message: every known
-    identity and its version (kind SNAPSHOT).
+    ListViewVersions: _aio.UnaryUnaryMultiCallable[_catalog_pb2.ListViewVersionsRequest, _catalog_pb2.ListViewVersionsResponse]  # type: ignore[assignment]
+    """Identities whose view changed since a cursor, with their new version (every identity
+    when the cursor is empty or from another catalog epoch). Consumers call it when the
+    Redis signal `views` rings (docs/architecture.md, "One event path").
     """
     ListServices: _aio.UnaryUnaryMultiCallable[_catalog_pb2.ListServicesRequest, _catalog_pb2.ListServicesResponse]  # type: ignore[assignment]
     CheckPolicy: _aio.UnaryUnaryMultiCallable[_catalog_pb2.CheckPolicyRequest, _catalog_pb2.CheckPolicyResponse]  # type: ignore[assignment]
@@ -92,13 +94,14 @@ class CatalogServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
-    def WatchViews(
+    def ListViewVersions(
         self,
-        request: _catalog_pb2.WatchViewsRequest,
+        request: _catalog_pb2.ListViewVersionsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_catalog_pb2.ViewEvent], _abc.AsyncIterator[_catalog_pb2.ViewEvent]]:
-        """Identities whose view changed, with their new version. First message: every known
-        identity and its version (kind SNAPSHOT).
+    ) -> _typing.Union[_catalog_pb2.ListViewVersionsResponse, _abc.Awaitable[_catalog_pb2.ListViewVersionsResponse]]:
+        """Identities whose view changed since a cursor, with their new version (every identity
+        when the cursor is empty or from another catalog epoch). Consumers call it when the
+        Redis signal `views` rings (docs/architecture.md, "One event path").
         """
 
     @_abc_1.abstractmethod

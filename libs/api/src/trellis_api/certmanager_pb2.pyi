@@ -5,7 +5,7 @@ The certmanager's internal API: the mesh CA, service and proxy certificates.
 
 Only internal Trellis services call this API (catalog, proxy-cp, injector). Private keys
 travel only in IssueCertificate/GetCertificate/RotateCertificate answers; listings and
-the watch stream carry metadata only.
+GetCertificateInfo carry metadata only.
 """
 
 from collections import abc as _abc
@@ -340,68 +340,3 @@ class ListCertificatesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListCertificatesResponse: _TypeAlias = ListCertificatesResponse  # noqa: Y015
-
-@_typing.final
-class WatchCertificatesRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___WatchCertificatesRequest: _TypeAlias = WatchCertificatesRequest  # noqa: Y015
-
-@_typing.final
-class CertificateEvent(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    class _Kind:
-        ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
-
-    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[CertificateEvent._Kind.ValueType], _builtins.type):
-        DESCRIPTOR: _descriptor.EnumDescriptor
-        KIND_UNSPECIFIED: CertificateEvent._Kind.ValueType  # 0
-        SNAPSHOT: CertificateEvent._Kind.ValueType  # 1
-        """First message of every stream: the revision the watcher is at."""
-        ISSUED: CertificateEvent._Kind.ValueType  # 2
-        ROTATED: CertificateEvent._Kind.ValueType  # 3
-        ROOT_CHANGED: CertificateEvent._Kind.ValueType  # 4
-
-    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
-    KIND_UNSPECIFIED: CertificateEvent.Kind.ValueType  # 0
-    SNAPSHOT: CertificateEvent.Kind.ValueType  # 1
-    """First message of every stream: the revision the watcher is at."""
-    ISSUED: CertificateEvent.Kind.ValueType  # 2
-    ROTATED: CertificateEvent.Kind.ValueType  # 3
-    ROOT_CHANGED: CertificateEvent.Kind.ValueType  # 4
-
-    KIND_FIELD_NUMBER: _builtins.int
-    COMMON_NAME_FIELD_NUMBER: _builtins.int
-    REVISION_FIELD_NUMBER: _builtins.int
-    INFO_FIELD_NUMBER: _builtins.int
-    kind: Global___CertificateEvent.Kind.ValueType
-    common_name: _builtins.str
-    revision: _builtins.int
-    @_builtins.property
-    def info(self) -> Global___CertificateInfo: ...
-    def __init__(
-        self,
-        *,
-        kind: Global___CertificateEvent.Kind.ValueType = ...,
-        common_name: _builtins.str = ...,
-        revision: _builtins.int = ...,
-        info: Global___CertificateInfo | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_name", b"common_name", "info", b"info", "kind", b"kind", "revision", b"revision"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___CertificateEvent: _TypeAlias = CertificateEvent  # noqa: Y015

@@ -59,10 +59,10 @@ class CertificateManagerStub:
                 request_serializer=trellis__api_dot_certmanager__pb2.ListCertificatesRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_certmanager__pb2.ListCertificatesResponse.FromString,
                 _registered_method=True)
-        self.WatchCertificates = channel.unary_stream(
-                '/trellis.certmanager.v1.CertificateManager/WatchCertificates',
-                request_serializer=trellis__api_dot_certmanager__pb2.WatchCertificatesRequest.SerializeToString,
-                response_deserializer=trellis__api_dot_certmanager__pb2.CertificateEvent.FromString,
+        self.GetCertificateInfo = channel.unary_unary(
+                '/trellis.certmanager.v1.CertificateManager/GetCertificateInfo',
+                request_serializer=trellis__api_dot_certmanager__pb2.GetCertificateRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_certmanager__pb2.CertificateInfo.FromString,
                 _registered_method=True)
 
 
@@ -105,8 +105,9 @@ class CertificateManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def WatchCertificates(self, request, context):
-        """A stream of changes, starting with the current revision.
+    def GetCertificateInfo(self, request, context):
+        """The metadata of the current certificate for a common name (no key); NOT_FOUND when
+        there is none. Consumers call it when the Redis signal `certificates` rings.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -140,10 +141,10 @@ def add_CertificateManagerServicer_to_server(servicer, server):
                     request_deserializer=trellis__api_dot_certmanager__pb2.ListCertificatesRequest.FromString,
                     response_serializer=trellis__api_dot_certmanager__pb2.ListCertificatesResponse.SerializeToString,
             ),
-            'WatchCertificates': grpc.unary_stream_rpc_method_handler(
-                    servicer.WatchCertificates,
-                    request_deserializer=trellis__api_dot_certmanager__pb2.WatchCertificatesRequest.FromString,
-                    response_serializer=trellis__api_dot_certmanager__pb2.CertificateEvent.SerializeToString,
+            'GetCertificateInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCertificateInfo,
+                    request_deserializer=trellis__api_dot_certmanager__pb2.GetCertificateRequest.FromString,
+                    response_serializer=trellis__api_dot_certmanager__pb2.CertificateInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -292,7 +293,7 @@ class CertificateManager:
             _registered_method=True)
 
     @staticmethod
-    def WatchCertificates(request,
+    def GetCertificateInfo(request,
             target,
             options=(),
             channel_credentials=None,
@@ -302,12 +303,12 @@ class CertificateManager:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
+        return grpc.experimental.unary_unary(
             request,
             target,
-            '/trellis.certmanager.v1.CertificateManager/WatchCertificates',
-            trellis__api_dot_certmanager__pb2.WatchCertificatesRequest.SerializeToString,
-            trellis__api_dot_certmanager__pb2.CertificateEvent.FromString,
+            '/trellis.certmanager.v1.CertificateManager/GetCertificateInfo',
+            trellis__api_dot_certmanager__pb2.GetCertificateRequest.SerializeToString,
+            trellis__api_dot_certmanager__pb2.CertificateInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,7 @@ The certmanager's internal API: the mesh CA, service and proxy certificates.
 
 Only internal Trellis services call this API (catalog, proxy-cp, injector). Private keys
 travel only in IssueCertificate/GetCertificate/RotateCertificate answers; listings and
-the watch stream carry metadata only.
+GetCertificateInfo carry metadata only.
 """
 
 from collections import abc as _abc
@@ -48,8 +48,10 @@ class CertificateManagerStub:
     """The trust bundle: the root (and any intermediates of an operator CA)."""
     ListCertificates: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.ListCertificatesRequest, _certmanager_pb2.ListCertificatesResponse]
     """Metadata of every certificate on record (no keys)."""
-    WatchCertificates: _grpc.UnaryStreamMultiCallable[_certmanager_pb2.WatchCertificatesRequest, _certmanager_pb2.CertificateEvent]
-    """A stream of changes, starting with the current revision."""
+    GetCertificateInfo: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.GetCertificateRequest, _certmanager_pb2.CertificateInfo]
+    """The metadata of the current certificate for a common name (no key); NOT_FOUND when
+    there is none. Consumers call it when the Redis signal `certificates` rings.
+    """
 
 @_typing.type_check_only
 class CertificateManagerAsyncStub(CertificateManagerStub):
@@ -66,8 +68,10 @@ class CertificateManagerAsyncStub(CertificateManagerStub):
     """The trust bundle: the root (and any intermediates of an operator CA)."""
     ListCertificates: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.ListCertificatesRequest, _certmanager_pb2.ListCertificatesResponse]  # type: ignore[assignment]
     """Metadata of every certificate on record (no keys)."""
-    WatchCertificates: _aio.UnaryStreamMultiCallable[_certmanager_pb2.WatchCertificatesRequest, _certmanager_pb2.CertificateEvent]  # type: ignore[assignment]
-    """A stream of changes, starting with the current revision."""
+    GetCertificateInfo: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.GetCertificateRequest, _certmanager_pb2.CertificateInfo]  # type: ignore[assignment]
+    """The metadata of the current certificate for a common name (no key); NOT_FOUND when
+    there is none. Consumers call it when the Redis signal `certificates` rings.
+    """
 
 class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -113,11 +117,13 @@ class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
         """Metadata of every certificate on record (no keys)."""
 
     @_abc_1.abstractmethod
-    def WatchCertificates(
+    def GetCertificateInfo(
         self,
-        request: _certmanager_pb2.WatchCertificatesRequest,
+        request: _certmanager_pb2.GetCertificateRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_certmanager_pb2.CertificateEvent], _abc.AsyncIterator[_certmanager_pb2.CertificateEvent]]:
-        """A stream of changes, starting with the current revision."""
+    ) -> _typing.Union[_certmanager_pb2.CertificateInfo, _abc.Awaitable[_certmanager_pb2.CertificateInfo]]:
+        """The metadata of the current certificate for a common name (no key); NOT_FOUND when
+        there is none. Consumers call it when the Redis signal `certificates` rings.
+        """
 
 def add_CertificateManagerServicer_to_server(servicer: CertificateManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class EndpointsProviderStub:
-    """Missing associated documentation comment in .proto file."""
+    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
+    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -44,15 +46,12 @@ class EndpointsProviderStub:
                 request_serializer=trellis__api_dot_endpoints__pb2.GetServiceRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_endpoints__pb2.ServiceEndpoints.FromString,
                 _registered_method=True)
-        self.Watch = channel.unary_stream(
-                '/trellis.endpoints.v1.EndpointsProvider/Watch',
-                request_serializer=trellis__api_dot_endpoints__pb2.WatchRequest.SerializeToString,
-                response_deserializer=trellis__api_dot_endpoints__pb2.EndpointsEvent.FromString,
-                _registered_method=True)
 
 
 class EndpointsProviderServicer:
-    """Missing associated documentation comment in .proto file."""
+    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
+    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """
 
     def ListServices(self, request, context):
         """Every service this provider knows, with its endpoints.
@@ -63,15 +62,6 @@ class EndpointsProviderServicer:
 
     def GetService(self, request, context):
         """One service with its endpoints (NOT_FOUND if the provider does not know it).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Watch(self, request, context):
-        """Changes in order: first a SNAPSHOT message with the current revision, then one message
-        per changed service carrying its full new state. A watcher that falls too far behind is
-        ended with RESOURCE_EXHAUSTED and must list again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -90,11 +80,6 @@ def add_EndpointsProviderServicer_to_server(servicer, server):
                     request_deserializer=trellis__api_dot_endpoints__pb2.GetServiceRequest.FromString,
                     response_serializer=trellis__api_dot_endpoints__pb2.ServiceEndpoints.SerializeToString,
             ),
-            'Watch': grpc.unary_stream_rpc_method_handler(
-                    servicer.Watch,
-                    request_deserializer=trellis__api_dot_endpoints__pb2.WatchRequest.FromString,
-                    response_serializer=trellis__api_dot_endpoints__pb2.EndpointsEvent.SerializeToString,
-            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'trellis.endpoints.v1.EndpointsProvider', rpc_method_handlers)
@@ -104,7 +89,9 @@ def add_EndpointsProviderServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EndpointsProvider:
-    """Missing associated documentation comment in .proto file."""
+    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
+    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """
 
     @staticmethod
     def ListServices(request,
@@ -150,33 +137,6 @@ class EndpointsProvider:
             '/trellis.endpoints.v1.EndpointsProvider/GetService',
             trellis__api_dot_endpoints__pb2.GetServiceRequest.SerializeToString,
             trellis__api_dot_endpoints__pb2.ServiceEndpoints.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Watch(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/trellis.endpoints.v1.EndpointsProvider/Watch',
-            trellis__api_dot_endpoints__pb2.WatchRequest.SerializeToString,
-            trellis__api_dot_endpoints__pb2.EndpointsEvent.FromString,
             options,
             channel_credentials,
             insecure,

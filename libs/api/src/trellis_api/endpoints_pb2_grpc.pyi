@@ -32,6 +32,10 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class EndpointsProviderStub:
+    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
+    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -40,26 +44,24 @@ class EndpointsProviderStub:
     """Every service this provider knows, with its endpoints."""
     GetService: _grpc.UnaryUnaryMultiCallable[_endpoints_pb2.GetServiceRequest, _endpoints_pb2.ServiceEndpoints]
     """One service with its endpoints (NOT_FOUND if the provider does not know it)."""
-    Watch: _grpc.UnaryStreamMultiCallable[_endpoints_pb2.WatchRequest, _endpoints_pb2.EndpointsEvent]
-    """Changes in order: first a SNAPSHOT message with the current revision, then one message
-    per changed service carrying its full new state. A watcher that falls too far behind is
-    ended with RESOURCE_EXHAUSTED and must list again.
-    """
 
 @_typing.type_check_only
 class EndpointsProviderAsyncStub(EndpointsProviderStub):
+    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
+    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListServices: _aio.UnaryUnaryMultiCallable[_endpoints_pb2.ListServicesRequest, _endpoints_pb2.ListServicesResponse]  # type: ignore[assignment]
     """Every service this provider knows, with its endpoints."""
     GetService: _aio.UnaryUnaryMultiCallable[_endpoints_pb2.GetServiceRequest, _endpoints_pb2.ServiceEndpoints]  # type: ignore[assignment]
     """One service with its endpoints (NOT_FOUND if the provider does not know it)."""
-    Watch: _aio.UnaryStreamMultiCallable[_endpoints_pb2.WatchRequest, _endpoints_pb2.EndpointsEvent]  # type: ignore[assignment]
-    """Changes in order: first a SNAPSHOT message with the current revision, then one message
-    per changed service carrying its full new state. A watcher that falls too far behind is
-    ended with RESOURCE_EXHAUSTED and must list again.
-    """
 
 class EndpointsProviderServicer(metaclass=_abc_1.ABCMeta):
+    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
+    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """
+
     @_abc_1.abstractmethod
     def ListServices(
         self,
@@ -75,16 +77,5 @@ class EndpointsProviderServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_endpoints_pb2.ServiceEndpoints, _abc.Awaitable[_endpoints_pb2.ServiceEndpoints]]:
         """One service with its endpoints (NOT_FOUND if the provider does not know it)."""
-
-    @_abc_1.abstractmethod
-    def Watch(
-        self,
-        request: _endpoints_pb2.WatchRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_endpoints_pb2.EndpointsEvent], _abc.AsyncIterator[_endpoints_pb2.EndpointsEvent]]:
-        """Changes in order: first a SNAPSHOT message with the current revision, then one message
-        per changed service carrying its full new state. A watcher that falls too far behind is
-        ended with RESOURCE_EXHAUSTED and must list again.
-        """
 
 def add_EndpointsProviderServicer_to_server(servicer: EndpointsProviderServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,10 +1,13 @@
 """The wiring every service repeats, in one place.
 
 A :class:`ServiceRuntime` holds what a service's ``main`` needs around its own logic: a
-Redis client that rides over restarts (waited for at start), a bus publisher, the
-Prometheus registry, the admin token and app, and :meth:`ServiceRuntime.serve`, which runs
-the gRPC server, the admin server (recording its addresses in the state directory for the
-CLI), the registry announcement and the service's own components until ``stop``.
+Redis client that rides over restarts (waited for at start), the two ends of the one
+event path (:mod:`trellis_common.events`: the ``outbox`` an owner signals its changes
+with, the ``signals`` hub a consumer's followers run on, and ``locator`` to find the owner
+to fetch from), the Prometheus registry, the admin token and app, and
+:meth:`ServiceRuntime.serve`, which runs the gRPC server, the admin server (recording its
+addresses in the state directory for the CLI), the registry announcement, the signals and
+the service's own components until ``stop``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from trellis_common import admin, lifecycle, redisconn, statefile, tokens
+from trellis_common.events import Outbox, Signals
 from trellis_common.grpcserver import GrpcServer, Registration
 from trellis_common.health import Health
+from trellis_common.locate import Locator
 from trellis_common.registry import Announcer, ServiceRecord
 from trellis_common.settings import ServiceSettings
 from trellis_common.signaling import Publisher
@@ -37,6 +42,9 @@ class ServiceRuntime:
     metrics: CollectorRegistry
     token: str
     health: Health
+    outbox: Outbox
+    signals: Signals
+    locators: list[Locator]
 
     @classmethod
     async def connect(
@@ -49,15 +57,26 @@ class ServiceRuntime:
             await redis.aclose()
             return None
         metrics = CollectorRegistry()
+        health = Health(metrics)
+        publisher = Publisher(redis, sender=settings.instance_name)
         return cls(
             settings=settings,
             kind=kind,
             redis=redis,
-            publisher=Publisher(redis, sender=settings.instance_name),
+            publisher=publisher,
             metrics=metrics,
             token=tokens.load_or_create_admin_token(settings.state_dir, settings.admin_token),
-            health=Health(metrics),
+            health=health,
+            outbox=Outbox(publisher, health),
+            signals=Signals(settings.redis_url, health),
+            locators=[],
         )
+
+    def locator(self, kind: str, configured: str = "") -> Locator:
+        """Where the live ``kind`` is (``configured``, else the registry); closed at the end."""
+        found = Locator(self.redis, kind, configured)
+        self.locators.append(found)
+        return found
 
     @property
     def guard(self) -> Any:
@@ -131,8 +150,18 @@ class ServiceRuntime:
         )
         try:
             await lifecycle.run_components(
-                [grpc_server.run, admin_server.run, announcer.run, *own], stop
+                [
+                    grpc_server.run,
+                    admin_server.run,
+                    announcer.run,
+                    self.outbox.run,
+                    self.signals.run,
+                    *own,
+                ],
+                stop,
             )
         finally:
             statefile.remove_endpoint(settings.state_dir, settings.service_name, os.getpid())
+            for locator in self.locators:
+                await locator.close()
             await self.redis.aclose()

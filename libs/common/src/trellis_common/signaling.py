@@ -51,6 +51,7 @@ DEFAULT_PREFIX = "trellis"
 
 EventHandler = Callable[["Event"], Awaitable[None]]
 ResyncHandler = Callable[[str], Awaitable[None]]
+StateHandler = Callable[[bool, str], None]
 RedisFactory = Callable[[], redis.asyncio.Redis]
 
 _PUBLISH_SCRIPT = """
@@ -227,6 +228,10 @@ class Subscriber:
     stop the subscriber. Callbacks run one at a time, in order, on the subscriber's task;
     when ``stop`` is set a callback in progress is cancelled.
 
+    ``on_state(connected, reason)`` is told when the subscription is up (subscribed, before
+    the resyncs) and each time it is lost or cannot be made. Callbacks log their own
+    failures; the subscriber only notes them.
+
     Besides its topics the subscriber listens on a private control channel. It publishes
     there (on its command connection) the barrier after reading the counters, and a probe
     after ``health_check_interval`` of silence; a probe that does not come back within
@@ -244,6 +249,7 @@ class Subscriber:
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
         health_check_interval: float = 1.0,
         socket_timeout: float = 5.0,
+        on_state: StateHandler = lambda connected, reason: None,
     ) -> None:
         self.topics = tuple(dict.fromkeys(topics))
         if not self.topics or not all(self.topics):
@@ -256,6 +262,7 @@ class Subscriber:
         self.prefix = prefix
         self._on_event = on_event
         self._on_resync = on_resync
+        self._on_state = on_state
         self._channels = {channel_name(t, prefix): t for t in self.topics}
         self._control = f"{prefix}:subscriber:{uuid.uuid4().hex}"
         self._backoff = Backoff(backoff)
@@ -300,6 +307,7 @@ class Subscriber:
             except Exception as exc:  # a bug must not leave receivers stale forever
                 log.exception("signaling.session_failed topics=%s", topics)
                 error = exc
+            self._on_state(False, _describe(error))
             if self.connected:
                 self.connected = False
                 log.warning("signaling.disconnected topics=%s error=%s", topics, _describe(error))
@@ -321,6 +329,7 @@ class Subscriber:
             pubsub = client.pubsub()
             try:
                 await self._subscribe(pubsub)
+                self._on_state(True, "")
                 await self._resync_all(client)
                 self.connected = True
                 self._connected_at = asyncio.get_running_loop().time()
@@ -450,13 +459,15 @@ class Subscriber:
     async def _deliver(self, event: Event) -> None:
         try:
             await self._on_event(event)
-        except Exception:
-            log.exception(
-                "signaling.callback_failed callback=on_event topic=%s kind=%s key=%s revision=%d",
+        except Exception as exc:  # noqa: BLE001 (the receiver logged it; a resync follows)
+            log.info(
+                "signaling.callback_failed callback=on_event topic=%s kind=%s key=%s revision=%d "
+                "error=%s",
                 event.topic,
                 event.kind,
                 event.key,
                 event.revision,
+                _describe(exc),
             )
             self._schedule_retry(event.topic)
 
@@ -467,8 +478,12 @@ class Subscriber:
         )
         try:
             await self._on_resync(topic)
-        except Exception:
-            log.exception("signaling.callback_failed callback=on_resync topic=%s", topic)
+        except Exception as exc:  # noqa: BLE001 (the receiver logged it; retried)
+            log.info(
+                "signaling.callback_failed callback=on_resync topic=%s error=%s",
+                topic,
+                _describe(exc),
+            )
             self._schedule_retry(topic)
         else:
             self._retry_at.pop(topic, None)
