@@ -237,3 +237,16 @@ async def test_an_outbox_with_too_much_kept_sends_one_resync_instead(
         stop.set()
         await asyncio.wait_for(draining, 5)
         await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+async def test_a_frozen_redis_does_not_hold_the_owner_up(
+    redis_server: RedisServer, redis_client: redis.asyncio.Redis
+) -> None:
+    # the client has no socket timeout: without the outbox's own, this would wait forever
+    outbox = Outbox(Publisher(redis_client, sender="owner-1"), Health(), timeout=0.2)
+    redis_server.pause()
+    try:
+        assert await outbox.signal("items", "changed", "ns/a") == 0
+        assert outbox.pending == 1
+    finally:
+        redis_server.resume()

@@ -229,9 +229,15 @@ class Outbox:
     """
 
     def __init__(
-        self, publisher: Publisher, health: Health, *, max_pending: int = MAX_PENDING_PER_TOPIC
+        self,
+        publisher: Publisher,
+        health: Health,
+        *,
+        max_pending: int = MAX_PENDING_PER_TOPIC,
+        timeout: float = 1.0,
     ) -> None:
         self._publisher = publisher
+        self._timeout = timeout
         self._max_pending = max_pending
         self._pending: dict[str, dict[tuple[str, str], None]] = {}
         self._wake = asyncio.Event()
@@ -243,11 +249,16 @@ class Outbox:
         return sum(len(keys) for keys in self._pending.values())
 
     async def signal(self, topic: str, kind: str, key: str) -> int:
-        """Publish now and return the revision, or keep the signal and return 0."""
+        """Publish now and return the revision, or keep the signal and return 0.
+
+        It waits at most ``timeout`` for Redis: an owner's loop is never held up by a
+        frozen or restarting Redis for longer.
+        """
         if not self._pending:
             try:
-                return (await self._publisher.publish(topic, kind, key)).revision
-            except (RedisError, OSError) as exc:
+                async with asyncio.timeout(self._timeout):
+                    return (await self._publisher.publish(topic, kind, key)).revision
+            except (RedisError, OSError, TimeoutError) as exc:
                 log.warning(
                     "signal.kept topic=%s kind=%s key=%s error=%s", topic, kind, key, describe(exc)
                 )
@@ -275,7 +286,7 @@ class Outbox:
                     continue
                 try:
                     await self._drain()
-                except (RedisError, OSError) as exc:
+                except (RedisError, OSError, TimeoutError) as exc:
                     self._loop.down(
                         f"Redis unreachable, {self.pending} signals kept: {describe(exc)}"
                     )
@@ -294,7 +305,8 @@ class Outbox:
             kept = self._pending[topic]
             while kept:
                 kind, key = next(iter(kept))
-                await self._publisher.publish(topic, kind, key)
+                async with asyncio.timeout(self._timeout * 5):
+                    await self._publisher.publish(topic, kind, key)
                 kept.pop((kind, key), None)
             self._pending.pop(topic, None)
 
