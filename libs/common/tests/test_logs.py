@@ -111,6 +111,7 @@ def test_json_line(configure: Configure, capsys: pytest.CaptureFixture[str]) -> 
         "level": "warning",
         "logger": "trellis.test",
         "event": "proxy.disconnected",
+        "proxy": "ns/pod-1",
         "msg": "proxy.disconnected proxy=ns/pod-1",
     }
     assert isinstance(payload["ts"], float)
@@ -153,3 +154,40 @@ def test_noisy_libraries_are_quietened(
 
     lines = stderr_lines(capsys)
     assert [line.split(" ", 3)[3] for line in lines] == ["http.retry", "debug.event"]
+
+
+def test_json_lines_carry_the_event_fields_as_keys(
+    configure: Configure, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure("json")
+
+    logging.getLogger("trellis.test").info(
+        "catalog.views_changed revision=%d identities=%s took_ms=%.1f reason=%r ok=%s mode=fast",
+        7,
+        12,
+        3.14159,
+        "a reason, with spaces",
+        True,
+    )
+
+    [line] = stderr_lines(capsys)
+    payload = json.loads(line)
+    assert payload["event"] == "catalog.views_changed"
+    assert payload["revision"] == 7
+    assert payload["identities"] == 12
+    assert payload["took_ms"] == 3.1
+    assert payload["reason"] == "'a reason, with spaces'"
+    assert payload["ok"] is True
+    assert payload["mode"] == "fast"
+    assert payload["msg"].startswith("catalog.views_changed revision=7 identities=12")
+
+
+def test_a_field_named_like_a_line_key_does_not_overwrite_it(
+    configure: Configure, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure("json")
+
+    logging.getLogger("trellis.test").warning("odd.line level=%s msg=%s", "x", "y")
+
+    payload = json.loads(stderr_lines(capsys)[0])
+    assert (payload["level"], payload["field_level"], payload["field_msg"]) == ("warning", "x", "y")
