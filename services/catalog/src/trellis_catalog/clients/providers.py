@@ -170,8 +170,7 @@ class ProviderFollower(Follower):
         try:
             while not stop.is_set():
                 try:
-                    async with self._lock:
-                        await self._discover()
+                    await self.sweep()
                 except (RedisError, OSError) as exc:  # Redis away: keep what we follow
                     log.warning("providers.sweep_failed error=%s", describe(exc))
                 with contextlib.suppress(TimeoutError):
@@ -180,6 +179,11 @@ class ProviderFollower(Follower):
             if stop.is_set():  # a sweep restarted after a failure keeps what it follows
                 for name in list(self.providers):
                     await self._close(name)
+
+    async def sweep(self) -> None:
+        """One pass of :meth:`run`."""
+        async with self._lock:
+            await self._discover()
 
     # -- helpers -------------------------------------------------------------------------
 
