@@ -10,9 +10,8 @@ quiet period (with a hard maximum) and then:
 2. recomputes policies only when the specification, a service's ports or accounts, or the
    proxies changed, and keeps the old policy object when the new one is equal;
 3. gives a new version to each identity whose policy or referenced clusters changed, and
-   signals them in one batch (Redis topic ``views``, key: the cursor after the flush;
-   consumers ask :meth:`Catalog.views_since` through ``ListViewVersions``). A certificate
-   rotation does not re-version a view: certificates reach proxy-cp from certmanager.
+   announces them in one batch (bus revision + watchers). A certificate rotation does not
+   re-version a view: certificates reach proxy-cp from certmanager, on one path.
 """
 
 from __future__ import annotations
