@@ -17,8 +17,10 @@ import httpx
 import pytest
 
 from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmanager_pb2_grpc
+from trellis_common.signaling import Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.signaling import RecordingReceiver, running
 
 pytestmark = pytest.mark.integration
 
@@ -216,20 +218,28 @@ async def test_views_follow_providers_policies_and_certificates(
     )
 
 
-async def test_watch_views_and_policy_cli(
-    mesh: dict[str, ServiceProcess], state_dir: Path, spec_dir: Path
+async def test_views_signal_their_cursor_and_the_policy_cli(
+    mesh: dict[str, ServiceProcess], state_dir: Path, spec_dir: Path, redis_server: RedisServer
 ) -> None:
     catalog = mesh["catalog"]
     async with grpc.aio.insecure_channel(catalog.endpoint.grpc_address) as channel:
         stub = catalog_pb2_grpc.CatalogStub(channel)
-        stream = stub.WatchViews(catalog_pb2.WatchViewsRequest())
-        events = aiter(stream)
-        snapshot = await anext(events)
-        assert snapshot.kind == catalog_pb2.ViewEvent.SNAPSHOT
-        register(state_dir, "v1-a", "bookstore-v1", 8081)
-        changed = await asyncio.wait_for(anext(events), 10)
-        assert changed.kind == catalog_pb2.ViewEvent.CHANGED
-        assert changed.revision > snapshot.revision
+        before = await stub.ListViewVersions(catalog_pb2.ListViewVersionsRequest())
+        assert before.full
+        receiver = RecordingReceiver()
+        views = Subscriber(redis_server.url, ["views"], receiver.on_event, receiver.on_resync)
+        async with running(views):
+            register(state_dir, "v1-a", "bookstore-v1", 8081)
+            await eventually(lambda: receiver.events, timeout=10, message="the views signal")
+        signal = receiver.events[0]
+        assert (signal.kind, signal.sender) == ("changed", "catalog")
+        epoch, _, revision = signal.key.rpartition("-")
+        assert epoch == before.cursor.rpartition("-")[0]
+        assert int(revision) > int(before.cursor.rpartition("-")[2])
+        changed = await stub.ListViewVersions(
+            catalog_pb2.ListViewVersionsRequest(since=before.cursor)
+        )
+        assert not changed.full
         assert {i.identity for i in changed.identities}  # who references bookstore-v1
         allowed = await stub.CheckPolicy(
             catalog_pb2.CheckPolicyRequest(
@@ -240,7 +250,6 @@ async def test_watch_views_and_policy_cli(
             )
         )
         assert allowed.allowed
-        stream.cancel()
 
     ok = await asyncio.to_thread(
         trellis,

@@ -34,19 +34,28 @@ def provided(name: str, *addresses: str, port: int = 8081) -> ProvidedService:
 
 
 class Bell:
+    """The ``views`` signals the catalog sends: (kind, key) each."""
+
     def __init__(self) -> None:
-        self.rung = 0
+        self.signals: list[tuple[str, str]] = []
+        self.rang = asyncio.Event()
 
     async def __call__(self, kind: str, key: str) -> int:
-        self.rung += 1
-        return self.rung
+        self.signals.append((kind, key))
+        self.rang.set()
+        return len(self.signals)
 
 
 @pytest.fixture
-def catalog() -> Catalog:
+def bell() -> Bell:
+    return Bell()
+
+
+@pytest.fixture
+def catalog(bell: Bell) -> Catalog:
     documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
     assert not errors
-    catalog = Catalog(Bell(), quiet=0.01, max_delay=0.05)
+    catalog = Catalog(bell, quiet=0.01, max_delay=0.05)
     catalog.set_documents(documents, errors)
     catalog.set_provider_services(
         "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
@@ -154,23 +163,57 @@ def test_a_certificate_rotation_does_not_reversion_the_view(catalog: Catalog) ->
     assert catalog.certificates[BUYER] == ref  # shown in the view, for operators
 
 
-async def test_debounce_batches_a_burst_and_watchers_get_it(catalog: Catalog) -> None:
-    watcher = catalog.watch()
+async def test_debounce_batches_a_burst_into_one_signal_of_the_new_cursor(
+    catalog: Catalog, bell: Bell
+) -> None:
+    start, _, _ = catalog.views_since("")
     stop = asyncio.Event()
     loop = asyncio.create_task(catalog.run(stop))
     for i in range(20):
         catalog.update_provider_service(
             "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", f"10.0.1.{i}")
         )
-        await asyncio.sleep(0.001)
-    batch = await asyncio.wait_for(anext(aiter(watcher)), 2)
-    assert [i for i, _ in batch.identities] == ["bookbuyer/bookbuyer"]
-    assert catalog.clusters["bookstore/bookstore-v2|14001"].endpoints[0].address == "10.0.1.19"
-    # the whole burst cost one or two recomputes, not twenty
-    assert catalog.clusters["bookstore/bookstore-v2|14001"].version <= 3
+        await asyncio.sleep(0.001)  # a burst spread over the quiet time, not a settle wait
+    await asyncio.wait_for(bell.rang.wait(), 2)
     stop.set()
     await loop
-    await watcher.aclose()
+    cursor, full, changed = catalog.views_since(start)
+    assert not full
+    assert changed == [("bookbuyer/bookbuyer", catalog.versions[BUYER])]
+    assert catalog.clusters["bookstore/bookstore-v2|14001"].endpoints[0].address == "10.0.1.19"
+    # the whole burst cost one or two recomputes (and signals), not twenty
+    assert catalog.clusters["bookstore/bookstore-v2|14001"].version <= 3
+    assert 1 <= len(bell.signals) <= 2
+    assert bell.signals[-1] == ("changed", cursor)  # the key is the cursor after the flush
+
+
+async def test_views_since_a_cursor_lists_what_changed_after_it(catalog: Catalog) -> None:
+    everything = {str(i): v for i, v in catalog.versions.items()}
+    cursor, full, listed = catalog.views_since("")
+    assert full
+    assert dict(listed) == everything
+    # a cursor from another epoch (a restarted catalog), malformed, or ahead: all again
+    epoch = cursor.rsplit("-", 1)[0]
+    for other in ("0-1", "garbage", f"{epoch}-x", f"{epoch}-99", "-1", f"{epoch}--1"):
+        assert catalog.views_since(other) == (cursor, True, listed), other
+    assert catalog.views_since(cursor) == (cursor, False, [])
+
+    moved = provided("bookstore-v2", "10.0.9.9")
+    catalog.update_provider_service("vm", "bookstore", "bookstore-v2", moved)
+    assert await catalog.flush_and_announce() is not None
+    after, full, changed = catalog.views_since(cursor)
+    assert after != cursor
+    assert not full
+    assert changed == [("bookbuyer/bookbuyer", catalog.versions[BUYER])]
+
+    # bookthief's proxy goes and nothing else declares it: its view is removed ("")
+    catalog.expect_only([PROXY.format(1, "bookbuyer", "bookbuyer")])
+    assert await catalog.flush_and_announce() is not None
+    last, _, changed = catalog.views_since(after)
+    assert ("bookthief/bookthief", "") in changed
+    assert ("bookthief/bookthief", "") in catalog.views_since(cursor)[2]  # since any older
+    assert "bookthief/bookthief" not in dict(catalog.views_since("")[2])  # a full listing
+    assert catalog.views_since(last) == (last, False, [])
 
 
 def test_a_backend_without_endpoints_leaves_the_split(catalog: Catalog) -> None:

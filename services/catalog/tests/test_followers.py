@@ -1,19 +1,23 @@
-"""The catalog's followers isolate bad records: a provider's or certmanager's record that
-fails validation is rejected with its reason and skipped, and everything else flows.
+"""The catalog's followers on the one event path: a real Redis rings, real gRPC peers answer.
 
-The peers are real grpc.aio servers in this process that send what an older or broken
-service could send (records no current validation would let in), which is the point:
-the consumer validates again.
+The peers are grpc.aio servers in this process that answer what an older or broken service
+could (records no current validation would let in), which is the point: the consumer
+validates again. A bad record is rejected with its reason and skipped; the rest flows.
+Signals are published with the real :class:`~trellis_common.signaling.Publisher` and the
+registry is written by a real :class:`~trellis_common.registry.Announcer`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 import pytest
+import redis.asyncio
 
 from trellis_api import certmanager_pb2 as cpb
 from trellis_api import certmanager_pb2_grpc as cpb_grpc
@@ -21,15 +25,21 @@ from trellis_api import endpoints_pb2 as epb
 from trellis_api import endpoints_pb2_grpc as epb_grpc
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.clients.certs import CertificateFollower
-from trellis_catalog.clients.providers import ProviderFollower, ProviderSet
+from trellis_catalog.clients.providers import KIND, ProviderFollower
+from trellis_catalog.domain.views import Identity
+from trellis_common.events import Follower, Signals
 from trellis_common.grpcserver import GrpcServer
 from trellis_common.health import Health
+from trellis_common.locate import Locator
 from trellis_common.model import MeshService
-from trellis_common.registry import ServiceRecord, registry_key
-from trellis_common.testing import eventually
+from trellis_common.registry import Announcer, ServiceRecord, registry_key
+from trellis_common.signaling import Publisher
+from trellis_common.testing import RedisServer, eventually
 
 GOOD_PROXY = "0b4c9a4e-7d7e-4c1b-9d7a-1a2b3c4d5e6f.bookbuyer.bookbuyer"
 BAD_PROXY = "1b4c9a4e-7d7e-4c1b-9d7a-1a2b3c4d5e6f.bookthief.bookthief"
+NEW_PROXY = "2b4c9a4e-7d7e-4c1b-9d7a-1a2b3c4d5e6f.bookstore.bookstore"
+BUYER_CERT = "bookbuyer.bookbuyer.svc.cluster.local"
 
 
 async def _announce(kind: str, key: str) -> int:
@@ -37,56 +47,67 @@ async def _announce(kind: str, key: str) -> int:
 
 
 class FakeProvider(epb_grpc.EndpointsProviderServicer):
-    """An endpoints provider that lists ``services`` and then streams ``events``."""
+    """An endpoints provider: answers from ``services``, counts the calls."""
 
     def __init__(self) -> None:
-        self.services: list[epb.ServiceEndpoints] = []
-        self.events: asyncio.Queue[epb.EndpointsEvent] = asyncio.Queue()
-        self.revision = 1
+        self.services: dict[tuple[str, str], epb.ServiceEndpoints] = {}
+        self.calls: Counter[str] = Counter()
+
+    def set(self, *services: epb.ServiceEndpoints) -> None:
+        for message in services:
+            ref = message.info.service
+            self.services[(ref.namespace, ref.name)] = message
 
     async def ListServices(
         self, request: epb.ListServicesRequest, context: object
     ) -> epb.ListServicesResponse:
-        return epb.ListServicesResponse(services=self.services, revision=self.revision)
-
-    async def Watch(
-        self, request: epb.WatchRequest, context: object
-    ) -> AsyncIterator[epb.EndpointsEvent]:
-        yield epb.EndpointsEvent(kind=epb.EndpointsEvent.SNAPSHOT, revision=self.revision)
-        while True:
-            yield await self.events.get()
+        self.calls["ListServices"] += 1
+        return epb.ListServicesResponse(services=list(self.services.values()))
 
     async def GetService(
         self, request: epb.GetServiceRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> epb.ServiceEndpoints:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not used by the catalog")
+        self.calls[f"GetService {request.service.namespace}/{request.service.name}"] += 1
+        found = self.services.get((request.service.namespace, request.service.name))
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such service")
+        return found
 
 
 class FakeCertmanager(cpb_grpc.CertificateManagerServicer):
-    def __init__(self, proxies: list[cpb.CertificateInfo]) -> None:
-        self.proxies = proxies
+    def __init__(self, *records: cpb.CertificateInfo) -> None:
+        self.records = {r.common_name: r for r in records}
+        self.fingerprint = "ab"
+        self.calls: Counter[str] = Counter()
 
     async def GetRoot(self, request: cpb.GetRootRequest, context: object) -> cpb.RootBundle:
-        return cpb.RootBundle(fingerprint_sha256="ab")
+        self.calls["GetRoot"] += 1
+        return cpb.RootBundle(fingerprint_sha256=self.fingerprint)
 
     async def ListCertificates(
         self, request: cpb.ListCertificatesRequest, context: object
     ) -> cpb.ListCertificatesResponse:
-        return cpb.ListCertificatesResponse(certificates=self.proxies)
+        return cpb.ListCertificatesResponse(
+            certificates=[r for r in self.records.values() if r.kind == request.kind]
+        )
 
-    async def WatchCertificates(
-        self, request: cpb.WatchCertificatesRequest, context: object
-    ) -> AsyncIterator[cpb.CertificateEvent]:
-        yield cpb.CertificateEvent(kind=cpb.CertificateEvent.SNAPSHOT)
-        await asyncio.Event().wait()
+    async def GetCertificateInfo(
+        self, request: cpb.GetCertificateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> cpb.CertificateInfo:
+        self.calls[f"GetCertificateInfo {request.common_name}"] += 1
+        found = self.records.get(request.common_name)
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such certificate")
+        return found
 
     async def _unused(self, request: object, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not used by the catalog")
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not used by the catalog's follower")
 
     IssueCertificate = GetCertificate = RotateCertificate = _unused
 
 
-async def _serve(add: Callable[[grpc.aio.Server], None]) -> AsyncIterator[str]:
+@contextlib.asynccontextmanager
+async def serving(add: Callable[[grpc.aio.Server], None]) -> AsyncIterator[str]:
     server = GrpcServer("127.0.0.1:0", [add], [], grace=0.1)
     stop = asyncio.Event()
     await server.start()
@@ -98,6 +119,29 @@ async def _serve(add: Callable[[grpc.aio.Server], None]) -> AsyncIterator[str]:
         await task
 
 
+@contextlib.asynccontextmanager
+async def running(component: Callable[[asyncio.Event], Any]) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(component(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
+async def following(url: str, health: Health, *followers: Follower) -> AsyncIterator[None]:
+    """A service's signals hub with ``followers``; entered once every one has resynced."""
+    hub = Signals(url, health)
+    for follower in followers:
+        hub.follow(follower)
+    async with running(hub.run):
+        for follower in followers:
+            await asyncio.wait_for(follower.synced.wait(), 10)
+        yield
+
+
 @pytest.fixture
 def provider() -> FakeProvider:
     return FakeProvider()
@@ -105,9 +149,9 @@ def provider() -> FakeProvider:
 
 @pytest.fixture
 async def provider_address(provider: FakeProvider) -> AsyncIterator[str]:
-    async for address in _serve(
+    async with serving(
         lambda s: epb_grpc.add_EndpointsProviderServicer_to_server(provider, s)
-    ):
+    ) as address:
         yield address
 
 
@@ -140,187 +184,256 @@ def flushed(catalog: Catalog) -> set[MeshService]:
     return set(catalog.services)
 
 
-async def following(
-    catalog: Catalog, address: str, health: Health
-) -> AsyncIterator[ProviderFollower]:
-    record = ServiceRecord.create(
-        kind="endpoints-provider", name="vm", grpc_address=address, admin_address="", attributes={}
-    )
-    follower = ProviderFollower(catalog, record, health)
-    stop = asyncio.Event()
-    task = asyncio.create_task(follower.run(stop))
-    try:
-        yield follower
-    finally:
-        stop.set()
-        await task
+def addresses(catalog: Catalog, namespace: str, name: str) -> list[str]:
+    catalog.flush()
+    known = catalog.services.get(MeshService(namespace, name))
+    return [e.address for e in known.endpoints] if known else []
+
+
+async def register(client: redis.asyncio.Redis, name: str, address: str) -> ServiceRecord:
+    """What a provider's announcer writes, without its ``up`` signal."""
+    record = ServiceRecord.create(kind=KIND, name=name, grpc_address=address)
+    await client.set(registry_key(KIND, name), record.to_json())
+    return record
+
+
+@pytest.fixture
+async def providers(
+    redis_client: redis.asyncio.Redis, provider_address: str
+) -> tuple[Catalog, Health, ProviderFollower]:
+    """The catalog's provider follower; provider ``vm`` (the ``provider`` fixture) is live."""
+    await register(redis_client, "vm", provider_address)
+    health = Health()
+    catalog = Catalog(_announce, health=health)
+    return catalog, health, ProviderFollower(catalog, redis_client, health, grace=30)
+
+
+async def test_a_signal_fetches_the_one_service_it_names(
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    provider: FakeProvider,
+    providers: tuple[Catalog, Health, ProviderFollower],
+) -> None:
+    catalog, health, follower = providers
+    provider.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
+    vm = Publisher(redis_client, sender="vm")
+    async with following(redis_server.url, health, follower):
+        assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
+        listings = provider.calls["ListServices"]
+
+        provider.set(service("shop", "orders", endpoint("10.0.0.9", "orders")))
+        await vm.publish("endpoints", "changed", "shop/orders")
+        await eventually(lambda: addresses(catalog, "shop", "orders") == ["10.0.0.9"])
+
+        del provider.services[("shop", "orders")]
+        await vm.publish("endpoints", "removed", "shop/orders")
+        await eventually(lambda: MeshService("shop", "orders") not in flushed(catalog))
+
+    assert provider.calls["ListServices"] == listings  # fetched, not listed again
+    assert provider.calls["GetService shop/orders"] == 2
+    assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
+    assert health.rejections.items() == []
 
 
 async def test_a_service_entry_host_reaches_the_catalog_under_its_entry(
-    provider: FakeProvider, provider_address: str
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    provider: FakeProvider,
+    providers: tuple[Catalog, Health, ProviderFollower],
 ) -> None:
     """The README's ServiceEntry: endpoints-vm keys it by host, which is not a DNS label."""
-    provider.services = [
+    catalog, health, follower = providers
+    host = "payments.example.com"
+    provider.set(
         service(
             "shop",
-            "payments.example.com",
-            epb.Endpoint(address="payments.example.com", ports={"https": 443}),
+            host,
+            epb.Endpoint(address=host, ports={"https": 443}),
             source="ServiceEntry shop/payments",
-            hosts=("payments.example.com",),
+            hosts=(host,),
         )
-    ]
-    health = Health()
-    catalog = Catalog(_announce, health=health)
-    async for follower in following(catalog, provider_address, health):
-        await asyncio.wait_for(follower.synced.wait(), 10)
-        # a VM registered afterwards still flows
-        provider.events.put_nowait(
-            epb.EndpointsEvent(
-                kind=epb.EndpointsEvent.CHANGED,
-                revision=2,
-                service=epb.ServiceRef(namespace="shop", name="cart"),
-                state=service("shop", "cart", endpoint("10.0.0.7", "cart")),
+    )
+    async with following(redis_server.url, health, follower):
+        catalog.flush()
+        assert catalog.services[MeshService("shop", "payments")].hosts == (host,)
+        # a change of the host (its key) is fetched and lands under the entry again
+        provider.set(
+            service(
+                "shop",
+                host,
+                epb.Endpoint(address="10.1.0.1", ports={"https": 443}),
+                source="ServiceEntry shop/payments",
+                hosts=(host,),
             )
         )
-        await eventually(lambda: MeshService("shop", "cart") in flushed(catalog))
-
-    known = catalog.services[MeshService("shop", "payments")]
-    assert known.hosts == ("payments.example.com",)
-    assert [e.address for e in catalog.services[MeshService("shop", "cart")].endpoints] == [
-        "10.0.0.7"
-    ]
+        await Publisher(redis_client, sender="vm").publish("endpoints", "changed", f"shop/{host}")
+        await eventually(lambda: addresses(catalog, "shop", "payments") == ["10.1.0.1"])
     assert health.rejections.items() == []
 
 
 async def test_bad_records_are_rejected_one_by_one_and_the_rest_flows(
-    provider: FakeProvider, provider_address: str
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    provider: FakeProvider,
+    providers: tuple[Catalog, Health, ProviderFollower],
 ) -> None:
-    provider.services = [
+    catalog, health, follower = providers
+    provider.set(
         service("shop", "cart", endpoint("10.0.0.7", "cart"), endpoint("10.0.0.8", "Bad Name!")),
         service("Bad_NS", "cart"),
         service("shop", "orders", endpoint("10.0.0.9", "orders")),
-    ]
-    health = Health()
-    catalog = Catalog(_announce, health=health)
-    async for follower in following(catalog, provider_address, health):
-        await asyncio.wait_for(follower.synced.wait(), 10)
-        catalog.flush()
+    )
+    vm = Publisher(redis_client, sender="vm")
+    async with following(redis_server.url, health, follower):
         rejected = {(r.key, r.reason) for r in health.rejections.items()}
-        assert [e.address for e in catalog.services[MeshService("shop", "cart")].endpoints] == [
-            "10.0.0.7"
-        ]
+        assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
         assert MeshService("shop", "orders") in catalog.services
         assert {key for key, _ in rejected} == {"shop/cart", "Bad_NS/cart"}
         assert any(
             "endpoint.service_account" in reason and "Bad Name!" in reason for _, reason in rejected
         )
         assert any("namespace" in reason for key, reason in rejected if key == "Bad_NS/cart")
+
         # a later good version of the service clears its rejection
-        provider.events.put_nowait(
-            epb.EndpointsEvent(
-                kind=epb.EndpointsEvent.CHANGED,
-                revision=2,
-                service=epb.ServiceRef(namespace="shop", name="cart"),
-                state=service("shop", "cart", endpoint("10.0.0.7", "cart")),
-            )
-        )
+        provider.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
+        await vm.publish("endpoints", "changed", "shop/cart")
         await eventually(lambda: {r.key for r in health.rejections.items()} == {"Bad_NS/cart"})
+
+        # a bad version fetched on a signal is rejected, and the last good one is no truth
+        bad = service("shop", "orders", endpoint("10.0.0.9", "orders"))
+        bad.info.ports[0].number = 70000
+        provider.set(bad)
+        await vm.publish("endpoints", "changed", "shop/orders")
+        await eventually(lambda: MeshService("shop", "orders") not in flushed(catalog))
+        await vm.publish("endpoints", "changed", "no-slash")  # a malformed key: rejected
+        await eventually(lambda: "no-slash" in {r.key for r in health.rejections.items()})
         assert health.loops.down() == {}
 
+    orders = next(r for r in health.rejections.items() if r.key == "shop/orders")
+    assert "port 'http' is 70000" in orders.reason
+    assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
 
-async def test_a_revision_that_goes_backwards_forces_a_resync(
-    provider: FakeProvider, provider_address: str
+
+async def test_a_new_provider_is_listed_when_it_announces_itself(
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    provider: FakeProvider,
+    providers: tuple[Catalog, Health, ProviderFollower],
 ) -> None:
-    """The lost-update guard: events after a counter reset are not skipped as 'listed'."""
-    provider.revision = 100
-    health = Health()
-    catalog = Catalog(_announce, health=health)
-    async for follower in following(catalog, provider_address, health):
-        await asyncio.wait_for(follower.synced.wait(), 10)
-        provider.revision = 1  # Redis lost the counter; the provider starts over
-        provider.services = [service("shop", "cart", endpoint("10.0.0.7", "cart"))]
-        provider.events.put_nowait(
-            epb.EndpointsEvent(
-                kind=epb.EndpointsEvent.CHANGED,
-                revision=1,
-                service=epb.ServiceRef(namespace="shop", name="cart"),
-                state=provider.services[0],
-            )
-        )
-        await eventually(lambda: MeshService("shop", "cart") in flushed(catalog))
-    assert catalog.services[MeshService("shop", "cart")].endpoints
-
-
-async def test_a_proxy_record_with_a_bad_account_is_rejected_not_fatal() -> None:
-    """An older certmanager stored a PROXY record for account 'Bad Name!'."""
-    certmanager = FakeCertmanager(
-        [
-            cpb.CertificateInfo(
-                common_name=GOOD_PROXY, kind=cpb.CERTIFICATE_KIND_PROXY, service_account="bookbuyer"
-            ),
-            cpb.CertificateInfo(
-                common_name=BAD_PROXY, kind=cpb.CERTIFICATE_KIND_PROXY, service_account="Bad Name!"
-            ),
-        ]
-    )
-    health = Health()
-    catalog = Catalog(_announce, health=health)
-    async for address in _serve(
-        lambda s: cpb_grpc.add_CertificateManagerServicer_to_server(certmanager, s)
+    """No configuration: a new provider pod's registry ``up`` is enough."""
+    catalog, health, follower = providers
+    provider.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
+    second = FakeProvider()
+    second.set(service("shop", "cart", endpoint("10.0.0.8", "cart")))
+    async with (
+        following(redis_server.url, health, follower),
+        serving(lambda s: epb_grpc.add_EndpointsProviderServicer_to_server(second, s)) as address,
     ):
-        follower = CertificateFollower(catalog, address, health)
-        stop = asyncio.Event()
-        task = asyncio.create_task(follower.run(stop))
-        await asyncio.wait_for(follower.synced.wait(), 10)
-        stop.set()
-        await task
-
-    batch = catalog.flush()  # the crash-loop of the live failure: flush() raised here
-    assert batch is not None
-    assert set(catalog.proxies) == {GOOD_PROXY}
-    [rejection] = health.rejections.items()
-    assert rejection.key == f"proxy {BAD_PROXY}"
-    assert "service account 'Bad Name!'" in rejection.reason
+        assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
+        record = ServiceRecord.create(kind=KIND, name="vm-2", grpc_address=address)
+        async with running(Announcer(redis_client, record, ttl=30).run):
+            await eventually(lambda: addresses(catalog, "shop", "cart") == ["10.0.0.7", "10.0.0.8"])
+            assert set(follower.providers) == {"vm", "vm-2"}
+            assert health.loops.down() == {}
+        # it stopped cleanly (``down``): its endpoints stay for the grace period
+        await eventually(lambda: follower.providers["vm-2"].missing_since is not None)
+        assert "provider vm-2" in health.loops.down()
+    assert second.calls["ListServices"] == 1
+    assert addresses(catalog, "shop", "cart") == ["10.0.0.7", "10.0.0.8"]
 
 
 async def test_a_provider_missing_from_the_registry_keeps_its_endpoints_for_the_grace(
-    provider: FakeProvider, provider_address: str, redis_client: Any
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    provider: FakeProvider,
+    provider_address: str,
 ) -> None:
-    provider.services = [service("shop", "cart", endpoint("10.0.0.7", "cart"))]
-    record = ServiceRecord.create(
-        kind="endpoints-provider", name="vm", grpc_address=provider_address
-    )
-    key = registry_key(record.kind, record.name)
-    await redis_client.set(key, record.to_json())
+    provider.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
+    record = await register(redis_client, "vm", provider_address)
     now = [1000.0]
     health = Health()
     catalog = Catalog(_announce, health=health)
-    providers = ProviderSet(catalog, redis_client, health, grace=30, clock=lambda: now[0])
-    try:
-        await providers.refresh()
-        await eventually(lambda: MeshService("shop", "cart") in flushed(catalog))
+    follower = ProviderFollower(catalog, redis_client, health, grace=30, clock=lambda: now[0])
+    async with following(redis_server.url, health, follower):
+        assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
 
-        await redis_client.delete(key)  # a missed heartbeat, a Redis restart, a new pod
+        # it crashed: no ``down`` rings, its registry key just expires
+        await redis_client.delete(registry_key(KIND, "vm"))
+        await follower.sweep()
         now[0] += 29
-        await providers.refresh()
-        assert MeshService("shop", "cart") in flushed(catalog)
-        assert "vm" in providers.followers
+        await follower.sweep()
+        assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
+        assert "provider vm" in health.loops.down()
 
-        await redis_client.set(key, record.to_json())  # back in time: nothing happened
-        now[0] += 1
-        await providers.refresh()
-        assert providers.missing_since == {}
-
-        await redis_client.delete(key)
-        await providers.refresh()
+        # back within the grace (a new pod, the same name): listed again, nothing lost
+        async with running(Announcer(redis_client, record, ttl=30).run):
+            await eventually(lambda: follower.providers["vm"].missing_since is None)
+            assert "provider vm" not in health.loops.down()
+            assert provider.calls["ListServices"] == 2
+        # stopped cleanly this time: ``down`` starts the grace at once
+        await eventually(lambda: follower.providers["vm"].missing_since == now[0])
         now[0] += 31  # gone for longer than the grace: its services go
-        await providers.refresh()
+        await follower.sweep()
         assert MeshService("shop", "cart") not in flushed(catalog)
-        assert providers.followers == {}
-    finally:
-        for _, halt, task in providers.followers.values():
-            halt.set()
-            task.cancel()
+        assert follower.providers == {}
+        assert "provider vm" not in {loop.name for loop in health.loops}
+
+
+async def test_certificate_signals_fetch_the_record_they_name(
+    redis_server: RedisServer, redis_client: redis.asyncio.Redis
+) -> None:
+    """Proxy certificates make proxies expected; an older certmanager's bad record (account
+    'Bad Name!') is rejected, not fatal; a service certificate reaches its view."""
+    certmanager = FakeCertmanager(
+        cpb.CertificateInfo(
+            common_name=GOOD_PROXY, kind=cpb.CERTIFICATE_KIND_PROXY, service_account="bookbuyer"
+        ),
+        cpb.CertificateInfo(
+            common_name=BAD_PROXY, kind=cpb.CERTIFICATE_KIND_PROXY, service_account="Bad Name!"
+        ),
+    )
+    health = Health()
+    catalog = Catalog(_announce, health=health)
+    bell = Publisher(redis_client, sender="certmanager")
+    async with serving(
+        lambda s: cpb_grpc.add_CertificateManagerServicer_to_server(certmanager, s)
+    ) as address:
+        locator = Locator(redis_client, "certmanager", address)
+        follower = CertificateFollower(catalog, locator, health.rejections)
+        async with following(redis_server.url, health, follower):
+            assert catalog.flush() is not None  # the crash-loop of the live failure raised here
+            assert set(catalog.proxies) == {GOOD_PROXY}
+            [rejection] = health.rejections.items()
+            assert rejection.key == f"proxy {BAD_PROXY}"
+            assert "service account 'Bad Name!'" in rejection.reason
+
+            await bell.publish("certificates", "issued", "gone.gone.svc.cluster.local")
+            certmanager.records[NEW_PROXY] = cpb.CertificateInfo(
+                common_name=NEW_PROXY, kind=cpb.CERTIFICATE_KIND_PROXY, service_account="bookstore"
+            )
+            await bell.publish("certificates", "issued", NEW_PROXY)
+            await eventually(lambda: NEW_PROXY in catalog.proxies)
+
+            certmanager.records[BUYER_CERT] = cpb.CertificateInfo(
+                common_name=BUYER_CERT,
+                kind=cpb.CERTIFICATE_KIND_SERVICE,
+                serial="0f",
+                service=cpb.MeshService(namespace="bookbuyer", name="bookbuyer"),
+            )
+            await bell.publish("certificates", "rotated", BUYER_CERT)
+            await eventually(lambda: Identity("bookbuyer", "bookbuyer") in catalog.certificates)
+            ref = catalog.certificates[Identity("bookbuyer", "bookbuyer")]
+            assert (ref.serial, ref.trust_bundle_fingerprint) == ("0f", "ab")
+
+            certmanager.fingerprint = "cd"
+            await bell.publish("certificates", "root-changed", "root")
+            await eventually(lambda: follower.fingerprint == "cd")
+            assert certmanager.calls["GetRoot"] == 2
+            assert health.loops.down() == {}
+        await locator.close()
+    # a record pruned since its signal (NOT_FOUND) was skipped without a fuss
+    assert certmanager.calls["GetCertificateInfo gone.gone.svc.cluster.local"] == 1
+    assert [r.key for r in health.rejections.items()] == [f"proxy {BAD_PROXY}"]
 
 
 def test_proxies_that_are_gone_are_pruned() -> None:

@@ -35,6 +35,7 @@ PROXY = "00000000-0000-4000-8000-000000000001.bookstore-v1.bookstore"
 CHECKS: Checks = {
     "GetView": (pb.GetViewRequest, grpc_requests.view, {"identity", "service_account"}),
     "ListServices": (pb.ListServicesRequest, grpc_requests.namespace_filter, {"namespace"}),
+    "ListViewVersions": (pb.ListViewVersionsRequest, grpc_requests.view_cursor, {"since"}),
     "CheckPolicy": (
         pb.CheckPolicyRequest,
         grpc_requests.policy_question,
@@ -75,6 +76,11 @@ FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "service_account": ACCOUNTS,
     },
     "ListServices": {"namespace": fuzz.mostly(st.one_of(st.just(""), LABELS), fuzz.names())},
+    "ListViewVersions": {
+        "since": fuzz.mostly(
+            st.builds("{:x}-{}".format, st.integers(0, 2**48), st.integers(0, 10)), fuzz.names()
+        )
+    },
     "CheckPolicy": {
         "source_namespace": LABELS,
         "source_service_account": ACCOUNTS,

@@ -15,6 +15,7 @@ from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer
 from trellis_common.grpcserver import GrpcServer
@@ -24,6 +25,14 @@ from trellis_common.specdir import load_paths
 ROOT = Path(__file__).resolve().parents[3]
 PROXY = "00000000-0000-4000-8000-00000000000{}.{}.{}"
 BUYER_PROXY = PROXY.format(1, "bookbuyer", "bookbuyer")
+BUYER = Identity("bookbuyer", "bookbuyer")
+V1_MOVED = ProvidedService(
+    provider="vm",
+    namespace="bookstore",
+    name="bookstore-v1",
+    ports=(("http", 8080, "", 0),),
+    endpoints=(ProvidedEndpoint("10.0.0.9", (("http", 8081),), service_account="bookstore"),),
+)
 
 
 class Bell:
@@ -106,6 +115,31 @@ async def test_well_formed_requests_are_answered(api: Api) -> None:
     assert api.catalog.participant(api.catalog.proxies[cn])
     await api.stub.UnregisterProxy(pb.UnregisterProxyRequest(common_name=cn))
     assert not api.catalog.proxies[cn].connected
+    assert api.health.rejections.items() == []
+
+
+async def test_view_versions_are_listed_since_a_cursor(api: Api) -> None:
+    first = await api.stub.ListViewVersions(pb.ListViewVersionsRequest())
+    assert first.full
+    assert {i.identity: i.version for i in first.identities} == {
+        str(i): v for i, v in api.catalog.versions.items()
+    }
+    same = await api.stub.ListViewVersions(pb.ListViewVersionsRequest(since=first.cursor))
+    assert (same.cursor, same.full, list(same.identities)) == (first.cursor, False, [])
+
+    api.catalog.update_provider_service("vm", "bookstore", "bookstore-v1", V1_MOVED)
+    await api.catalog.flush_and_announce()
+    changed = await api.stub.ListViewVersions(pb.ListViewVersionsRequest(since=first.cursor))
+    assert not changed.full
+    assert changed.cursor != first.cursor
+    assert [(i.identity, i.version) for i in changed.identities] == [
+        ("bookbuyer/bookbuyer", api.catalog.versions[BUYER])
+    ]
+    # a cursor that is not one is no error: it gets everything, which is always right
+    for junk in ("garbage", "0-1", "x" * 10_000, "\x00-1"):
+        answer = await api.stub.ListViewVersions(pb.ListViewVersionsRequest(since=junk))
+        assert answer.full
+        assert len(answer.identities) == len(api.catalog.versions)
     assert api.health.rejections.items() == []
 
 

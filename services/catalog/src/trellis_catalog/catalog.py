@@ -31,7 +31,6 @@ from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.reports import ProviderReports
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
-from trellis_common.fanout import Broadcaster, Subscription
 from trellis_common.follow import describe
 from trellis_common.health import Health
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, validate_dns_subdomain
@@ -39,6 +38,7 @@ from trellis_common.model import MeshService, ServiceAccount
 
 log = logging.getLogger(__name__)
 
+#: Signals (kind, key) on the ``views`` topic; an owner's ``Outbox.signal`` bound to it.
 Announce = Callable[[str, str], Awaitable[int]]
 TOPIC = "views"
 TARGET = "TrafficTarget"
@@ -129,7 +129,7 @@ class Catalog:
         self._epoch = format(int(time.time() * 1000), "x")
         self._dirty = _Dirty(spec=True)
         self._wake = asyncio.Event()
-        self._watchers: Broadcaster[ViewBatch] = Broadcaster()
+        self._changed_at: dict[str, int] = {}  # identity -> last announced change (removed too)
         self.ready = asyncio.Event()
         self.last_flush_seconds = 0.0
         self.last_recomputed = 0  # identities whose policy the last flush recomputed
@@ -560,21 +560,35 @@ class Catalog:
                 self.health.rejections.reject("catalog", "flush", describe(exc))
 
     async def flush_and_announce(self) -> ViewBatch | None:
+        """Flush, then signal ``views``/``changed`` with the cursor after the flush."""
         batch = self.flush()
         if batch is None:
             return None
+        for identity, _ in batch.identities:
+            self._changed_at[identity] = batch.revision
+        cursor = f"{self._epoch}-{batch.revision}"
         try:
-            await self._announce("changed", f"revision {batch.revision}")
-        except Exception as exc:  # noqa: BLE001 (the bus is a bell; watchers still hear)
-            log.warning("catalog.announce_failed error=%r", exc)
+            await self._announce("changed", cursor)
+        except Exception as exc:  # noqa: BLE001 (a lost bell costs consumers a resync)
+            log.warning("catalog.announce_failed cursor=%s error=%r", cursor, exc)
         log.info(
-            "catalog.views_changed revision=%d identities=%d took_ms=%.1f",
-            batch.revision,
+            "catalog.views_changed cursor=%s identities=%d took_ms=%.1f",
+            cursor,
             len(batch.identities),
             self.last_flush_seconds * 1000,
         )
-        self._watchers.publish(batch)
         return batch
 
-    def watch(self) -> Subscription[ViewBatch]:
-        return self._watchers.subscribe()
+    def views_since(self, cursor: str) -> tuple[str, bool, list[tuple[str, str]]]:
+        """(next cursor, full?, [(identity, version)]): what changed after ``cursor``.
+
+        Version "" means removed. A cursor that is empty, malformed, from another epoch
+        (a restarted catalog) or ahead of this one gets every identity (``full``).
+        """
+        epoch, _, revision = cursor.rpartition("-")
+        since = int(revision) if revision.isascii() and revision.isdigit() else -1
+        now = f"{self._epoch}-{self.revision}"
+        if epoch != self._epoch or not 0 <= since <= self.revision:
+            return now, True, sorted((str(i), v) for i, v in self.versions.items())
+        changed = sorted(i for i, at in self._changed_at.items() if at > since)
+        return now, False, [(i, self.versions.get(Identity.parse(i), "")) for i in changed]

@@ -3,73 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from typing import Any
 
 from trellis_api import catalog_pb2_grpc
 from trellis_catalog import metrics
 from trellis_catalog.catalog import TOPIC, Catalog
 from trellis_catalog.clients.certs import CertificateFollower, CertificateIssuer
-from trellis_catalog.clients.providers import ProviderSet
+from trellis_catalog.clients.providers import ProviderFollower
 from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import DirectorySource, NoSource, SpecSource
 from trellis_catalog.transport import grpc_api, rest
 from trellis_common import lifecycle, logs
-from trellis_common.registry import discover
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.settings import given, service_parser
-
-log = logging.getLogger(__name__)
-
-
-async def find_certmanager(runtime: ServiceRuntime, settings: CatalogSettings) -> str:
-    if settings.certmanager_address:
-        return settings.certmanager_address
-    with contextlib.suppress(Exception):  # Redis away: try again on the next round
-        found = await discover(runtime.redis, "certmanager")
-        return found[0].grpc_address if found else ""
-    return ""
-
-
-async def follow_certmanager(
-    runtime: ServiceRuntime, catalog: Catalog, settings: CatalogSettings, stop: asyncio.Event
-) -> None:
-    """Follow certmanager at its configured address, or wherever the registry says it is;
-    the followers are restarted only when that address changes."""
-    address = ""
-    halt = asyncio.Event()
-    task: asyncio.Task[None] | None = None
-    try:
-        while not stop.is_set():
-            found = await find_certmanager(runtime, settings)
-            if found and found != address:
-                if task is not None:
-                    log.info("certmanager.moved address=%s", found)
-                    halt.set()
-                    await task
-                address, halt = found, asyncio.Event()
-                follower = CertificateFollower(catalog, address, runtime.health)
-                issuer = CertificateIssuer(catalog, address, runtime.health, follower)
-                task = asyncio.create_task(
-                    lifecycle.run_components([follower.run, issuer.run], halt)
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=settings.discovery_interval)
-    finally:
-        halt.set()
-        if task is not None:
-            await task
 
 
 async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
     runtime = await ServiceRuntime.connect(settings, "catalog", stop)
     if runtime is None:
         return
-    publisher = runtime.publisher
+    outbox = runtime.outbox
 
     async def announce(kind: str, key: str) -> int:
-        return (await publisher.publish(TOPIC, kind, key)).revision
+        return await outbox.signal(TOPIC, kind, key)
 
     catalog = Catalog(
         announce,
@@ -91,13 +47,18 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
     )
     await source.load()
     await catalog.flush_and_announce()
-    providers = ProviderSet(
+    providers = ProviderFollower(
         catalog,
         runtime.redis,
         runtime.health,
-        settings.discovery_interval,
-        settings.provider_grace,
+        grace=settings.provider_grace,
+        interval=settings.discovery_interval,
     )
+    certmanager = runtime.locator("certmanager", settings.certmanager_address)
+    certificates = CertificateFollower(catalog, certmanager, runtime.health.rejections)
+    issuer = CertificateIssuer(catalog, certmanager, runtime.health, certificates)
+    runtime.signals.follow(providers)
+    runtime.signals.follow(certificates)
 
     servicer = grpc_api.CatalogServicer(catalog, runtime.health.rejections)
     grpc_server = runtime.grpc_server(
@@ -114,8 +75,8 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
         {
             "recompute": catalog.run,
             "spec source": source.run,
-            "providers": providers.run,
-            "certmanager": lambda s: follow_certmanager(runtime, catalog, settings, s),
+            "provider sweep": providers.run,
+            "certificate issuer": issuer.run,
         },
     )
 

@@ -1,15 +1,20 @@
 """The catalog's side of certmanager: service certificates for the identities with proxies.
 
 The design's Mesh Catalog asks the Certificate Manager for a certificate for every service
-that joins. Here two loops share one channel:
+that joins. Both parts reach certmanager through one :class:`~trellis_common.locate.Locator`
+(its configured address, else the registry):
 
-* :class:`CertificateFollower` follows certmanager's watch stream. On (re)connect it lists
-  the proxy certificates on record and marks exactly those proxies expected (which keeps
-  "expected proxies" durable across catalog restarts, and forgets proxies whose records
-  certmanager pruned); later ISSUED events add proxies, and service-certificate events
-  bump the views they touch.
+* :class:`CertificateFollower` is the catalog's follower of the ``certificates`` topic (one
+  event path: certmanager signals, the catalog fetches). Its resync reads the root's
+  fingerprint and lists the proxy certificates on record, and marks exactly those proxies
+  expected (which keeps "expected proxies" durable across catalog restarts, and forgets
+  proxies whose records certmanager pruned). On ``issued``/``rotated`` it fetches that
+  certificate's metadata: a proxy certificate makes its proxy expected, a service
+  certificate goes into its identity's view; ``root-changed`` resyncs.
 * :class:`CertificateIssuer` issues (idempotently) the service certificate of every identity
-  with proxies, and puts its reference (common name, serial) in its view.
+  with proxies, and puts its reference (common name, serial) in its view. It asks again
+  every 30 s: certmanager keeps rotating a service certificate only while someone asks
+  for it (``trellis_certmanager.manager``), so this is that interest, not a poll.
 
 Every record from certmanager is validated again here: one with a malformed common name or
 service account (say, stored by an older certmanager) is rejected with its reason and
@@ -19,9 +24,8 @@ skipped; the others flow.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import grpc
@@ -31,61 +35,94 @@ from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, CertificateRef, UnknownProxy
 from trellis_catalog.domain.views import Identity
 from trellis_common import ids
-from trellis_common.follow import StreamFollower, follow_forever
-from trellis_common.health import Health
+from trellis_common.events import Follower
+from trellis_common.follow import follow_forever
+from trellis_common.health import Health, Rejections
+from trellis_common.locate import Locator
+from trellis_common.signaling import Event
 
 log = logging.getLogger(__name__)
 
 SOURCE = "certmanager"
+#: certmanager's topic and the kinds of its signals (key: the certificate's common name).
+TOPIC = "certificates"
+ISSUED, ROTATED, ROOT_CHANGED = "issued", "rotated", "root-changed"
+#: How often the issuer re-asks for every service certificate (see the module docstring).
+REISSUE_INTERVAL = 30.0
 
 
-class CertificateFollower(StreamFollower[pb.CertificateEvent]):
-    def __init__(self, catalog: Catalog, address: str, health: Health) -> None:
-        super().__init__("certmanager watch", health.loops)
+async def _stub(locator: Locator) -> pb_grpc.CertificateManagerAsyncStub:
+    stub: pb_grpc.CertificateManagerAsyncStub = pb_grpc.CertificateManagerStub(
+        await locator.channel()
+    )
+    return stub
+
+
+class CertificateFollower(Follower):
+    """Expected proxies and service certificates, as certmanager's records say."""
+
+    topics = (TOPIC,)
+
+    def __init__(self, catalog: Catalog, locator: Locator, rejections: Rejections) -> None:
+        super().__init__("certmanager")
         self.catalog = catalog
-        self.address = address
-        self._rejections = health.rejections
-        self._stub: pb_grpc.CertificateManagerAsyncStub | None = None
+        self.locator = locator
+        self._rejections = rejections
         self.fingerprint = ""
 
-    @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[None]:
-        async with grpc.aio.insecure_channel(self.address) as channel:
-            self._stub = pb_grpc.CertificateManagerStub(channel)
-            yield
-
-    def open(self) -> AsyncIterable[pb.CertificateEvent]:
-        assert self._stub is not None
-        return self._stub.WatchCertificates(pb.WatchCertificatesRequest())
-
-    async def resync(self, first: pb.CertificateEvent) -> None:
-        assert self._stub is not None
-        root = await self._stub.GetRoot(pb.GetRootRequest(), timeout=10)
+    async def resync(self, topic: str) -> None:
+        stub = await _stub(self.locator)
+        try:
+            root = await stub.GetRoot(pb.GetRootRequest(), timeout=10)
+            proxies = await stub.ListCertificates(
+                pb.ListCertificatesRequest(kind=pb.CERTIFICATE_KIND_PROXY), timeout=30
+            )
+        except grpc.aio.AioRpcError as exc:
+            self.locator.failed(exc)
+            raise
         self.fingerprint = root.fingerprint_sha256
-        proxies = await self._stub.ListCertificates(
-            pb.ListCertificatesRequest(kind=pb.CERTIFICATE_KIND_PROXY), timeout=30
-        )
         listed = [info.common_name for info in proxies.certificates if self._expect(info)]
         self.catalog.expect_only(listed)
         self.catalog.certs_wanted.set()
+        log.info("certs.synced proxies=%d root=%s", len(listed), self.fingerprint[:16])
 
-    async def apply(self, event: pb.CertificateEvent) -> None:
-        info = event.info
-        if info.kind == pb.CERTIFICATE_KIND_PROXY and event.kind == pb.CertificateEvent.ISSUED:
+    async def changed(self, event: Event) -> None:
+        if event.kind == ROOT_CHANGED:
+            await self.resync(event.topic)
+            return
+        if event.kind not in (ISSUED, ROTATED):
+            log.debug("certs.ignored kind=%s cn=%s", event.kind, event.key)
+            return
+        stub = await _stub(self.locator)
+        try:
+            info = await stub.GetCertificateInfo(
+                pb.GetCertificateRequest(common_name=event.key), timeout=10
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                log.debug("certs.gone cn=%s", event.key)  # pruned since: nothing to follow
+                return
+            self.locator.failed(exc)
+            raise
+        if info.kind == pb.CERTIFICATE_KIND_PROXY:
             self._expect(info)
         elif info.kind == pb.CERTIFICATE_KIND_SERVICE:
-            try:
-                identity = Identity(
-                    ids.validate_dns_label(info.service.namespace, "service.namespace"),
-                    ids.validate_dns_label(info.service.name, "service.name"),
-                )
-            except ids.InvalidIdentifier as exc:
-                self._rejections.reject(SOURCE, info.common_name, str(exc))
-                return
-            if identity in self.catalog.identities_with_proxies():
-                self.catalog.set_certificate(
-                    identity, CertificateRef(info.common_name, info.serial, self.fingerprint)
-                )
+            self._service_certificate(info)
+
+    def _service_certificate(self, info: pb.CertificateInfo) -> None:
+        try:
+            identity = Identity(
+                ids.validate_dns_label(info.service.namespace, "service.namespace"),
+                ids.validate_dns_label(info.service.name, "service.name"),
+            )
+        except ids.InvalidIdentifier as exc:
+            self._rejections.reject(SOURCE, info.common_name, str(exc))
+            return
+        self._rejections.accept(SOURCE, info.common_name)
+        if identity in self.catalog.identities_with_proxies():
+            self.catalog.set_certificate(
+                identity, CertificateRef(info.common_name, info.serial, self.fingerprint)
+            )
 
     def _expect(self, info: pb.CertificateInfo) -> bool:
         """Mark a proxy certificate's proxy expected; reject a malformed record."""
@@ -111,40 +148,45 @@ async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
 
 
 class CertificateIssuer:
-    """Issues the service certificate of every identity with proxies, and re-checks."""
+    """Issues the service certificate of every identity with proxies, and re-asks."""
 
     def __init__(
-        self, catalog: Catalog, address: str, health: Health, follower: CertificateFollower
+        self,
+        catalog: Catalog,
+        locator: Locator,
+        health: Health,
+        follower: CertificateFollower,
+        interval: float = REISSUE_INTERVAL,
     ) -> None:
         self.catalog = catalog
-        self.address = address
+        self.locator = locator
         self._health = health
         self._follower = follower
+        self._interval = interval
 
     async def run(self, stop: asyncio.Event) -> None:
         loop = self._health.loops.register("certmanager issuance")
 
         async def session() -> None:
-            async with grpc.aio.insecure_channel(self.address) as channel:
-                stub: pb_grpc.CertificateManagerAsyncStub = pb_grpc.CertificateManagerStub(channel)
-                while not stop.is_set():
-                    if not self._follower.synced.is_set():
-                        # the trust bundle's fingerprint comes with the follower's resync
-                        await _first(self._follower.synced.wait(), stop.wait())
-                        continue
-                    self.catalog.certs_wanted.clear()
-                    await self._issue_all(stub)
-                    loop.up()
-                    waiter = asyncio.create_task(self.catalog.certs_wanted.wait())
-                    stopper = asyncio.create_task(stop.wait())
-                    # re-check now and then: a certificate's renewal point may have passed
-                    await asyncio.wait(
-                        {waiter, stopper}, timeout=30, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    waiter.cancel()
-                    stopper.cancel()
+            while not stop.is_set():
+                if not self._follower.synced.is_set():
+                    # the trust bundle's fingerprint comes with the follower's resync
+                    await _first(self._follower.synced.wait(), stop.wait())
+                    continue
+                self.catalog.certs_wanted.clear()
+                try:
+                    await self._issue_all(await _stub(self.locator))
+                except grpc.aio.AioRpcError as exc:
+                    self.locator.failed(exc)
+                    raise
+                loop.up()
+                await _first(
+                    self.catalog.certs_wanted.wait(),
+                    stop.wait(),
+                    asyncio.sleep(self._interval),
+                )
 
-        await follow_forever(session, stop, what=f"certmanager {self.address}", loop=loop)
+        await follow_forever(session, stop, what="certmanager issuance", loop=loop)
 
     async def _issue_all(self, stub: pb_grpc.CertificateManagerAsyncStub) -> None:
         settings = self.catalog.spec.settings

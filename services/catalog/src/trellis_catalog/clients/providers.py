@@ -1,20 +1,29 @@
-"""Following the endpoints providers: whichever are alive, each over its watch stream.
+"""Following the endpoints providers, whichever are alive, on the one event path.
 
-Providers announce themselves in the service registry (kind ``endpoints-provider``). For
-each live one, a :class:`ProviderFollower` opens ``Watch``, lists everything once it has the
-SNAPSHOT (so nothing between the two is missed), then applies each change in order. A
-stream that breaks is reopened with backoff and resyncs in full.
+Providers announce themselves in the service registry (kind ``endpoints-provider``) and
+signal each change of a service on the ``endpoints`` topic (key ``<namespace>/<key>``,
+sender: the provider's registry name). :class:`ProviderFollower` is the catalog's one
+follower of both topics:
 
-What a provider reports is validated here, record by record (:func:`from_proto`): a
+* ``resync("endpoints")`` discovers the live providers and lists every one of them
+  (``ListServices``): the catalog then holds exactly what each reports.
+  ``resync("registry")`` lists only the providers it did not follow yet (or that moved).
+* An ``endpoints`` signal fetches that one service (``GetService``) from the provider that
+  sent it; NOT_FOUND means the service is gone. A signal from a provider not followed yet
+  lists that provider in full.
+* A registry ``up`` of a provider lists it at once: a new provider pod is found with no
+  configuration. ``down`` starts its grace period.
+
+What a provider reports is validated record by record (:mod:`.provider_reports`): a
 service or endpoint that fails is rejected with its reason (``/v1/status``, the
-``trellis_rejected_records_total`` metric) and skipped; the rest flows. A provider keys a
-ServiceEntry's services by host (``shop/payments.example.com``); the catalog names
-services by DNS label, so a host that is not one is mapped to its ServiceEntry
-(``shop/payments``), whose hosts it joins.
+``trellis_rejected_records_total`` metric) and skipped; the rest flows.
 
-A provider whose registry entry expires keeps its endpoints for ``grace`` seconds: a
+A provider missing from the registry keeps its endpoints for ``grace`` seconds: a
 provider that restarts, or misses a heartbeat while Redis is briefly away, does not make
-its services vanish from every proxy. One that stays gone is then dropped.
+its services vanish from every proxy. One that stays gone is then dropped. A provider that
+crashed rings no ``down`` (its registry key just expires), so :meth:`ProviderFollower.run`
+sweeps the registry every ``interval`` seconds for that, and for nothing else. Each
+provider is a health loop (``provider <name>``), down while it is missing or failing.
 """
 
 from __future__ import annotations
@@ -23,284 +32,265 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import grpc
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
-from trellis_common import ids
-from trellis_common.follow import StreamFollower
-from trellis_common.health import Health
-from trellis_common.registry import ServiceRecord, discover
+from trellis_catalog.clients.provider_reports import InvalidReport, from_proto
+from trellis_catalog.domain.services import ProvidedService
+from trellis_common.events import Follower
+from trellis_common.follow import describe
+from trellis_common.health import Health, Loop
+from trellis_common.locate import ChannelFactory
+from trellis_common.registry import REGISTRY_TOPIC, ServiceRecord, discover
+from trellis_common.signaling import Event
 
 log = logging.getLogger(__name__)
 
 KIND = "endpoints-provider"
-_LOCATION = {pb.MESH_INTERNAL: "MESH_INTERNAL", pb.MESH_EXTERNAL: "MESH_EXTERNAL"}
-_RESOLUTION = {
-    pb.STATIC: "STATIC",
-    pb.DNS: "DNS",
-    pb.DNS_ROUND_ROBIN: "DNS_ROUND_ROBIN",
-    pb.NONE: "NONE",
-}
-_ENTRY = "ServiceEntry "
+#: The providers' topic (kinds ``changed``, ``removed``; key ``<namespace>/<service key>``).
+TOPIC = "endpoints"
 
 
-class InvalidReport(ValueError):
-    """A provider's report of one service that the catalog cannot take; says why."""
+@dataclass
+class _Provider:
+    """One followed provider: where it is, the channel to it, its health loop."""
+
+    record: ServiceRecord
+    channel: grpc.aio.Channel
+    stub: pb_grpc.EndpointsProviderAsyncStub
+    loop: Loop
+    missing_since: float | None = None  # not in the registry since (clock time)
 
 
-def service_name(namespace: str, key: str, source: str) -> str:
-    """The catalog's name for a provider's service key (a DNS label, or a host)."""
-    ids.validate_dns_label(namespace, "service.namespace")
-    try:
-        return ids.validate_dns_label(key, "service.name")
-    except ids.InvalidIdentifier as exc:
-        if not source.startswith(_ENTRY):
-            raise InvalidReport(str(exc)) from None
-    entry_namespace, _, entry = source.removeprefix(_ENTRY).partition("/")
-    if entry_namespace != namespace:
-        raise InvalidReport(
-            f"service {namespace}/{key}: its ServiceEntry {entry_namespace}/{entry} is in "
-            "another namespace"
-        )
-    try:
-        return ids.validate_dns_label(entry, "ServiceEntry name")
-    except ids.InvalidIdentifier as exc:
-        raise InvalidReport(f"service {namespace}/{key}: {exc}") from None
+class ProviderFollower(Follower):
+    """Keeps every live provider's services in the catalog (see the module docstring)."""
 
-
-def _endpoint(message: pb.Endpoint, where: str) -> ProvidedEndpoint:
-    if message.service_account:
-        try:
-            ids.validate_dns_subdomain(message.service_account, "endpoint.service_account")
-        except ids.InvalidIdentifier as exc:
-            raise InvalidReport(f"{where}, endpoint {message.address}: {exc}") from None
-    if not message.address:
-        raise InvalidReport(f"{where}: an endpoint has no address")
-    for name, number in message.ports.items():
-        if not 0 < number < 65536:
-            raise InvalidReport(
-                f"{where}, endpoint {message.address}: port {name!r} is {number}, not in 1-65535"
-            )
-    return ProvidedEndpoint(
-        address=message.address,
-        ports=tuple(sorted(message.ports.items())),
-        labels=tuple(sorted(message.labels.items())),
-        locality=message.locality,
-        weight=message.weight,
-        service_account=message.service_account,
-        workload=message.workload,
-    )
-
-
-def from_proto(
-    provider: str, message: pb.ServiceEndpoints, on_bad_endpoint: Callable[[str], None]
-) -> ProvidedService:
-    """Validate and convert one service's report; raises :class:`InvalidReport`.
-
-    An endpoint that fails is left out (``on_bad_endpoint`` gets the reason); a service
-    whose name or ports fail is refused whole.
-    """
-    info = message.info
-    namespace, key = info.service.namespace, info.service.name
-    where = f"service {namespace}/{key}"
-    try:
-        name = service_name(namespace, key, info.source)
-    except ids.InvalidIdentifier as exc:
-        raise InvalidReport(f"{where}: {exc}") from None
-    for port in info.ports:
-        if not 0 < port.number < 65536:
-            raise InvalidReport(f"{where}: port {port.name!r} is {port.number}, not in 1-65535")
-    endpoints = []
-    for message_endpoint in message.endpoints:
-        try:
-            endpoints.append(_endpoint(message_endpoint, where))
-        except InvalidReport as exc:
-            on_bad_endpoint(str(exc))
-    return ProvidedService(
-        provider=provider,
-        namespace=namespace,
-        name=name,
-        key=key,
-        ports=tuple((p.name, p.number, p.protocol, p.target_port) for p in info.ports),
-        endpoints=tuple(endpoints),
-        hosts=tuple(info.hosts),
-        addresses=tuple(info.addresses),
-        location=_LOCATION.get(info.location, "MESH_INTERNAL"),
-        resolution=_RESOLUTION.get(info.resolution, "STATIC"),
-        export_to=tuple(info.export_to),
-        subject_alt_names=tuple(info.subject_alt_names),
-        source=info.source,
-    )
-
-
-class ProviderFollower(StreamFollower[pb.EndpointsEvent]):
-    """Keeps one provider's services in the catalog while the provider is alive."""
-
-    def __init__(self, catalog: Catalog, record: ServiceRecord, health: Health) -> None:
-        super().__init__(f"provider {record.name}", health.loops)
-        self.catalog = catalog
-        self.record = record
-        self.name = record.name
-        self._rejections = health.rejections
-        self._source = f"provider {record.name}"
-        self._stub: pb_grpc.EndpointsProviderAsyncStub | None = None
-        self._listed = 0  # the listing's revision: older events are in it
-        self._last = 0
-
-    @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[None]:
-        async with grpc.aio.insecure_channel(self.record.grpc_address) as channel:
-            self._stub = pb_grpc.EndpointsProviderStub(channel)
-            yield
-
-    def open(self) -> AsyncIterable[pb.EndpointsEvent]:
-        assert self._stub is not None
-        return self._stub.Watch(pb.WatchRequest())
-
-    async def resync(self, first: pb.EndpointsEvent) -> None:
-        assert self._stub is not None
-        if first.kind != pb.EndpointsEvent.SNAPSHOT:
-            raise RuntimeError(f"provider {self.name} did not start with a SNAPSHOT")
-        listed = await self._stub.ListServices(pb.ListServicesRequest(), timeout=30)
-        accepted = []
-        for message in listed.services:
-            report = self._convert(message)
-            if report is not None:
-                accepted.append(report)
-        # rejections of services no longer listed are history
-        self._rejections.accept_all(
-            self._source, {self._key(m.info.service) for m in listed.services}
-        )
-        self.catalog.set_provider_services(self.name, accepted)
-        self._listed = self._last = listed.revision
-        log.info(
-            "provider.synced provider=%s services=%d rejected=%d revision=%d",
-            self.name,
-            len(accepted),
-            len(listed.services) - len(accepted),
-            listed.revision,
-        )
-
-    async def apply(self, event: pb.EndpointsEvent) -> None:
-        if event.revision < self._last:
-            # Revisions never go backwards (the publisher keeps a floor even when Redis
-            # lost its counter); if they do, something reset: trust nothing, resync.
-            raise RuntimeError(
-                f"provider {self.name}: revision went back from {self._last} to "
-                f"{event.revision}; resyncing"
-            )
-        self._last = event.revision
-        if event.revision <= self._listed:
-            return  # already in the listing
-        key = self._key(event.service)
-        if event.kind == pb.EndpointsEvent.CHANGED:
-            report = self._convert(event.state)
-            if report is None:
-                # the last good report of this service is no longer its truth either
-                self.catalog.remove_provider_service(
-                    self.name, event.service.namespace, event.service.name
-                )
-                return
-            self.catalog.update_provider_service(
-                self.name, event.service.namespace, event.service.name, report
-            )
-        elif event.kind == pb.EndpointsEvent.REMOVED:
-            self._rejections.accept(self._source, key)
-            self.catalog.remove_provider_service(
-                self.name, event.service.namespace, event.service.name
-            )
-
-    @staticmethod
-    def _key(ref: pb.ServiceRef) -> str:
-        return f"{ref.namespace}/{ref.name}"
-
-    def _convert(self, message: pb.ServiceEndpoints) -> ProvidedService | None:
-        key = self._key(message.info.service)
-        bad: list[str] = []
-        try:
-            report = from_proto(self.name, message, bad.append)
-        except InvalidReport as exc:
-            self._rejections.reject(self._source, key, str(exc))
-            return None
-        if bad:
-            self._rejections.reject(self._source, key, "; ".join(bad))
-        else:
-            self._rejections.accept(self._source, key)
-        return report
-
-
-class ProviderSet:
-    """Discovers live providers every ``interval`` and runs a follower for each.
-
-    A provider missing from the registry keeps its endpoints for ``grace`` seconds.
-    """
+    topics = (TOPIC, REGISTRY_TOPIC)
 
     def __init__(
         self,
         catalog: Catalog,
         redis: aioredis.Redis,
         health: Health,
-        interval: float = 1.0,
+        *,
         grace: float = 30.0,
+        interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        channel_factory: ChannelFactory = grpc.aio.insecure_channel,
     ) -> None:
+        super().__init__("endpoints providers")
         self.catalog = catalog
-        self.redis = redis
-        self.health = health
-        self.interval = interval
         self.grace = grace
+        self.interval = interval
+        self._redis = redis
+        self._health = health
         self._clock = clock
-        self.followers: dict[str, tuple[ServiceRecord, asyncio.Event, asyncio.Task[None]]] = {}
-        self.missing_since: dict[str, float] = {}
+        self._factory = channel_factory
+        self.providers: dict[str, _Provider] = {}
+        # Signals, resyncs and the sweep each read then change ``providers``: one at a time.
+        self._lock = asyncio.Lock()
+
+    # -- the follower --------------------------------------------------------------------
+
+    async def resync(self, topic: str) -> None:
+        async with self._lock:
+            live = await self._discover()
+            if topic == TOPIC:
+                await self._list(live.values())
+            else:
+                await self._list(r for r in live.values() if self._unlisted(r))
+
+    async def changed(self, event: Event) -> None:
+        async with self._lock:
+            if event.topic == REGISTRY_TOPIC:
+                await self._registry(event)
+            else:
+                await self._service(event)
+
+    async def _registry(self, event: Event) -> None:
+        kind, _, name = event.key.partition("/")
+        if kind != KIND:
+            return
+        if event.kind == "up":
+            found = (await self._discover()).get(name)
+            if found is not None:  # else it is gone again: the sweep sees to it
+                await self._list([found])
+        elif event.kind == "down":
+            self._missing(name)
+
+    async def _service(self, event: Event) -> None:
+        name = event.sender
+        namespace, slash, key = event.key.partition("/")
+        if not slash:
+            self._health.rejections.reject(
+                _source(name), event.key, "a signal's key is not '<namespace>/<service key>'"
+            )
+            return
+        provider = self.providers.get(name)
+        if provider is None:
+            found = (await self._discover()).get(name)
+            if found is None:
+                # its registry ``up`` is still on its way, and lists it in full
+                log.info("provider.unknown provider=%s service=%s", name, event.key)
+            else:
+                await self._list([found])
+            return
+        ref = pb.ServiceRef(namespace=namespace, name=key)
+        try:
+            message = await provider.stub.GetService(pb.GetServiceRequest(service=ref), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                provider.loop.down(describe(exc))
+                raise
+            self._health.rejections.accept(_source(name), event.key)
+            self.catalog.remove_provider_service(name, namespace, key)
+            log.debug("provider.service_removed provider=%s service=%s", name, event.key)
+            return
+        if message.info.service != ref:
+            answered = f"{message.info.service.namespace}/{message.info.service.name}"
+            self._health.rejections.reject(
+                _source(name), event.key, f"asked for {event.key}, the provider answered {answered}"
+            )
+            return
+        # a report that fails validation is no longer the service's truth either: removed
+        self.catalog.update_provider_service(name, namespace, key, self._convert(name, message))
+
+    # -- the registry sweep --------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        loop = self.health.loops.register("provider registry")
+        """Every ``interval``: providers that left the registry unannounced start (or end)
+        their grace. Closes every provider's channel when ``stop`` ends it."""
         try:
             while not stop.is_set():
                 try:
-                    await self.refresh()
-                    loop.up()
-                except Exception as exc:  # noqa: BLE001 (Redis down: keep what we follow)
-                    log.warning("providers.discovery_failed error=%r", exc)
-                    loop.down(f"registry unreadable: {exc!r}")
+                    await self.sweep()
+                except (RedisError, OSError) as exc:  # Redis away: keep what we follow
+                    log.warning("providers.sweep_failed error=%s", describe(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.interval)
         finally:
-            loop.close()
-            for _, halt, task in self.followers.values():
-                halt.set()
-                task.cancel()
+            if stop.is_set():  # a sweep restarted after a failure keeps what it follows
+                for name in list(self.providers):
+                    await self._close(name)
 
-    async def refresh(self) -> None:
-        live = {record.name: record for record in await discover(self.redis, KIND)}
+    async def sweep(self) -> None:
+        """One pass of :meth:`run`."""
+        async with self._lock:
+            await self._discover()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    async def _discover(self) -> dict[str, ServiceRecord]:
+        """The live providers; those followed but not live start or end their grace."""
+        live = {record.name: record for record in await discover(self._redis, KIND)}
+        for name in [n for n in self.providers if n not in live]:
+            self._missing(name)
         now = self._clock()
-        for name in list(self.followers):
-            record, halt, task = self.followers[name]
-            if name in live and live[name].grpc_address == record.grpc_address:
-                self.missing_since.pop(name, None)
-                continue
-            if name not in live:
-                since = self.missing_since.setdefault(name, now)
-                if now - since < self.grace:
-                    continue  # keep following (and keep its endpoints) for the grace period
+        for name, provider in list(self.providers.items()):
+            since = provider.missing_since
+            if since is not None and now - since >= self.grace and name not in live:
                 log.warning("provider.gone provider=%s after_s=%.0f", name, now - since)
                 self.catalog.drop_provider(name)
-                self.missing_since.pop(name, None)
-            else:
-                log.info("provider.moved provider=%s address=%s", name, live[name].grpc_address)
-            halt.set()
-            task.cancel()
-            del self.followers[name]
-        for name, record in live.items():
-            if name not in self.followers:
-                log.info("provider.found provider=%s address=%s", name, record.grpc_address)
-                halt = asyncio.Event()
-                follower = ProviderFollower(self.catalog, record, self.health)
-                task = asyncio.create_task(follower.run(halt))
-                self.followers[name] = (record, halt, task)
+                self._health.rejections.accept_all(_source(name), set())
+                await self._close(name)
+        return live
+
+    def _unlisted(self, record: ServiceRecord) -> bool:
+        known = self.providers.get(record.name)
+        return (
+            known is None
+            or known.missing_since is not None
+            or known.record.grpc_address != record.grpc_address
+        )
+
+    def _missing(self, name: str) -> None:
+        provider = self.providers.get(name)
+        if provider is None or provider.missing_since is not None:
+            return
+        provider.missing_since = self._clock()
+        log.warning("provider.missing provider=%s grace_s=%.0f", name, self.grace)
+        provider.loop.down(f"not in the registry; its endpoints are kept for {self.grace:g}s")
+
+    async def _list(self, records: Iterable[ServiceRecord]) -> None:
+        """List each provider in full; raise the first failure once all were tried."""
+        failed: grpc.aio.AioRpcError | None = None
+        for record in list(records):
+            provider = await self._connect(record)
+            try:
+                listed = await provider.stub.ListServices(pb.ListServicesRequest(), timeout=30)
+            except grpc.aio.AioRpcError as exc:
+                provider.loop.down(describe(exc))
+                log.warning("provider.list_failed provider=%s error=%s", record.name, describe(exc))
+                failed = failed or exc
+                continue
+            accepted = [
+                report
+                for report in (self._convert(record.name, m) for m in listed.services)
+                if report is not None
+            ]
+            # rejections of services no longer listed are history
+            self._health.rejections.accept_all(
+                _source(record.name),
+                {f"{m.info.service.namespace}/{m.info.service.name}" for m in listed.services},
+            )
+            self.catalog.set_provider_services(record.name, accepted)
+            provider.missing_since = None
+            provider.loop.up()
+            log.info(
+                "provider.synced provider=%s services=%d rejected=%d",
+                record.name,
+                len(accepted),
+                len(listed.services) - len(accepted),
+            )
+        if failed is not None:
+            raise failed
+
+    async def _connect(self, record: ServiceRecord) -> _Provider:
+        """The provider of ``record``, with one channel to its current address."""
+        known = self.providers.get(record.name)
+        if known is not None and known.record.grpc_address == record.grpc_address:
+            known.record = record
+            return known
+        if known is not None:
+            log.info("provider.moved provider=%s address=%s", record.name, record.grpc_address)
+            await known.channel.close()
+            loop = known.loop
+        else:
+            log.info("provider.found provider=%s address=%s", record.name, record.grpc_address)
+            loop = self._health.loops.register(_source(record.name))
+        channel = self._factory(record.grpc_address)
+        provider = _Provider(record, channel, pb_grpc.EndpointsProviderStub(channel), loop)
+        self.providers[record.name] = provider
+        return provider
+
+    async def _close(self, name: str) -> None:
+        provider = self.providers.pop(name, None)
+        if provider is not None:
+            provider.loop.close()
+            await provider.channel.close()
+
+    def _convert(self, provider: str, message: pb.ServiceEndpoints) -> ProvidedService | None:
+        ref = message.info.service
+        key = f"{ref.namespace}/{ref.name}"
+        bad: list[str] = []
+        try:
+            report = from_proto(provider, message, bad.append)
+        except InvalidReport as exc:
+            self._health.rejections.reject(_source(provider), key, str(exc))
+            return None
+        if bad:
+            self._health.rejections.reject(_source(provider), key, "; ".join(bad))
+        else:
+            self._health.rejections.accept(_source(provider), key)
+        return report
+
+
+def _source(provider: str) -> str:
+    return f"provider {provider}"

@@ -1,4 +1,8 @@
-"""The ``trellis.catalog.v1.Catalog`` servicer: views, their watch stream, policy, proxies.
+"""The ``trellis.catalog.v1.Catalog`` servicer: views and their versions, policy, proxies.
+
+Consumers follow views on the one event path: the Redis signal ``views`` rings after a
+flush, and they ask ``ListViewVersions(since=<their cursor>)`` what changed, then
+``GetView`` for the identities they want.
 
 Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
 service's :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
@@ -7,8 +11,6 @@ field, logged, counted and shown in ``/v1/status``.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -19,11 +21,8 @@ from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain.policy import explain
 from trellis_catalog.domain.views import ClusterState, HttpMatch, IdentityPolicy, Route
 from trellis_catalog.transport import grpc_requests
-from trellis_common.fanout import WatchOverflow
 from trellis_common.grpcrequests import InvalidField, RequestGate
 from trellis_common.health import Rejections
-
-log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Catalog"].full_name
@@ -156,37 +155,15 @@ class CatalogServicer(pb_grpc.CatalogServicer):
         policy = self._catalog.policy_for(asked.identity, asked.service_account)
         return to_proto(self._catalog, policy)
 
-    async def WatchViews(
-        self, request: pb.WatchViewsRequest, context: Context
-    ) -> AsyncIterator[pb.ViewEvent]:
-        batches = self._catalog.watch()
-        try:
-            yield pb.ViewEvent(
-                kind=pb.ViewEvent.SNAPSHOT,
-                revision=self._catalog.revision,
-                identities=[
-                    pb.IdentityVersion(identity=str(i), version=v)
-                    for i, v in sorted(self._catalog.versions.items())
-                ],
-            )
-            async for batch in batches:
-                changed = [
-                    pb.IdentityVersion(identity=i, version=v) for i, v in batch.identities if v
-                ]
-                removed = [pb.IdentityVersion(identity=i) for i, v in batch.identities if not v]
-                if changed:
-                    yield pb.ViewEvent(
-                        kind=pb.ViewEvent.CHANGED, revision=batch.revision, identities=changed
-                    )
-                if removed:
-                    yield pb.ViewEvent(
-                        kind=pb.ViewEvent.REMOVED, revision=batch.revision, identities=removed
-                    )
-        except WatchOverflow as exc:
-            log.warning("watch.overflow peer=%s", context.peer())
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        finally:
-            await batches.aclose()
+    async def ListViewVersions(
+        self, request: pb.ListViewVersionsRequest, context: Context
+    ) -> pb.ListViewVersionsResponse:
+        cursor, full, changed = self._catalog.views_since(grpc_requests.view_cursor(request))
+        return pb.ListViewVersionsResponse(
+            cursor=cursor,
+            full=full,
+            identities=[pb.IdentityVersion(identity=i, version=v) for i, v in changed],
+        )
 
     async def ListServices(
         self, request: pb.ListServicesRequest, context: Context

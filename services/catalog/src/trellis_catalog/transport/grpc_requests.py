@@ -15,6 +15,8 @@ from trellis_catalog.domain.views import Identity
 from trellis_common import grpcrequests as check
 from trellis_common.model import MeshService, ServiceAccount
 
+_HEX = frozenset("0123456789abcdef")
+
 
 @dataclass(frozen=True, slots=True)
 class ViewRequest:
@@ -40,6 +42,24 @@ def view(request: pb.GetViewRequest) -> ViewRequest:
     namespace, service = check.namespaced("identity", request.identity)
     account = check.service_account("service_account", request.service_account)
     return ViewRequest(Identity(namespace, service), account)
+
+
+def view_cursor(request: pb.ListViewVersionsRequest) -> str:
+    """The cursor to list changes after; "" (list everything) for anything not a cursor.
+
+    A cursor is the catalog's own ``<epoch>-<revision>``, handed back as it was. One that
+    is not (a consumer's bug, a cursor of some other service) is not refused: the caller
+    gets the full listing, which is always a correct answer, only a larger one.
+    """
+    epoch, dash, revision = request.since.partition("-")
+    well_formed = (
+        bool(dash and epoch)
+        and len(request.since) <= check.MAX_TEXT
+        and all(c in _HEX for c in epoch)
+        and revision.isascii()
+        and revision.isdigit()
+    )
+    return request.since if well_formed else ""
 
 
 def namespace_filter(request: pb.ListServicesRequest) -> str:
