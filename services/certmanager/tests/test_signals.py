@@ -62,7 +62,7 @@ async def test_a_rotation_signalled_while_redis_is_away_is_published_when_it_is_
     finally:
         stop.set()
         await sending
-        await pubsub.aclose()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: untyped
         await listener.aclose()
         await client.aclose()
 
