@@ -2,8 +2,10 @@
 
 certmanager's own manager and servicer run in the test's event loop on a real grpc.aio
 server (an in-memory store). Most tests drive the follower as the signals hub does; the
-last one runs the whole path on a real Redis: certmanager's outbox signals a rotation,
-proxy-cp's hub hears it, fetches the material and rebuilds the identity's snapshot once.
+rotation test runs the whole path on a real Redis: certmanager's outbox signals a
+rotation, proxy-cp's hub hears it, fetches the material and rebuilds the identity's
+snapshot once. The last ones are proxy-cp's own serving certificate, asked for before it
+serves: certmanager is found through the service registry once it announces itself.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport.grpc_api import CertificateManagerServicer
 from trellis_common.events import Outbox, Signals
 from trellis_common.health import Health
+from trellis_common.locate import Locator
 from trellis_common.model import MeshService
+from trellis_common.registry import Announcer, ServiceRecord
 from trellis_common.signaling import Event, Publisher
 from trellis_common.testing import RedisServer, eventually
+from trellis_proxy_cp import main
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -259,3 +264,39 @@ async def test_each_rotation_signal_rebuilds_the_identity_s_snapshot_once(
 
     assert cache.sets[stream.key] == 3  # one at connect, then one per rotation
     assert [v.split("/")[1] for v in cache.versions[1:]] == serials
+
+
+async def test_the_serving_certificate_is_asked_for_until_certmanager_is_found(
+    redis_client: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    locator = Locator(redis_client, "certmanager")  # nothing configured: the registry
+    certs = CertClient(locator, Recorded().material)
+    stop = asyncio.Event()
+    async with served_certmanager(unheard) as (manager, address):
+        own = asyncio.create_task(
+            main.serving_material(certs, "trellis-system/proxy-cp", "proxy-cp", stop)
+        )
+        await eventually(lambda: "proxy_cp.waiting_for service=certmanager" in caplog.text)
+        assert not own.done()
+        record = ServiceRecord.create("certmanager", "certmanager-0", address)
+        announcing = asyncio.create_task(Announcer(redis_client, record).run(stop))
+        try:
+            material = await asyncio.wait_for(own, 10)
+        finally:
+            stop.set()
+            await announcing
+            await certs.close()
+
+    assert material is not None
+    assert material.serial == f"{manager.get('proxy-cp.trellis-system.svc.cluster.local').serial:x}"
+    assert certs.wanted == {"trellis-system/proxy-cp": "proxy-cp"}
+
+
+async def test_waiting_for_the_serving_certificate_ends_with_stop(
+    redis_client: redis.asyncio.Redis,
+) -> None:
+    certs = CertClient(Locator(redis_client, "certmanager"), Recorded().material)
+    stop = asyncio.Event()
+    stop.set()
+
+    assert await main.serving_material(certs, "trellis-system/proxy-cp", "proxy-cp", stop) is None
