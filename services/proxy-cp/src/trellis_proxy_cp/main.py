@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
+from redis.exceptions import RedisError
 
 from trellis_common import lifecycle, logs
 from trellis_common.follow import describe
@@ -63,7 +64,7 @@ async def serving_material(
     while not stop.is_set():
         try:
             return await certs.want(identity, account)
-        except (grpc.aio.AioRpcError, OwnerUnavailable, OSError) as exc:
+        except (grpc.aio.AioRpcError, OwnerUnavailable, RedisError, OSError) as exc:
             delay = backoff.next()
             log.warning(
                 "proxy_cp.waiting_for service=certmanager reason=%r retry_in=%.2fs",
