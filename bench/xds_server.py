@@ -64,7 +64,7 @@ from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
-from trellis_proxy_cp.testing import FakeCatalog
+from trellis_proxy_cp.testing import FakeCatalog, locator
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
 from trellis_proxy_cp.transport.ads import AdsServicer
@@ -94,8 +94,8 @@ class Subject(Protocol):
 
 
 class _BenchCatalog(FakeCatalog):
-    """The catalog's ``ListProxies`` (proxy-cp's fake, on a real grpc.aio server): the
-    benchmark's first proxies, expected; calls counted."""
+    """The catalog as proxy-cp's fake serves it (a real grpc.aio server); the benchmark
+    asks only ``ListProxies``: the benchmark's first proxies, expected; calls counted."""
 
     def __init__(self, groups: int) -> None:
         super().__init__()
@@ -214,7 +214,7 @@ class Trellis:
         self.catalog.register(server)
 
     def serving(self, port: int) -> None:
-        self._client = CatalogClient(f"127.0.0.1:{port}", self._on_view, "bench")
+        self._client = CatalogClient(locator(f"127.0.0.1:{port}"), self._on_view, "bench")
 
     def expect(self, count: int) -> None:
         self.catalog.expect(count)

@@ -45,6 +45,7 @@ ISSUE_FIELDS = {
 CHECKS: Checks = {
     "IssueCertificate": (pb.IssueCertificateRequest, grpc_requests.issue, ISSUE_FIELDS),
     "GetCertificate": (pb.GetCertificateRequest, grpc_requests.common_name, {"common_name"}),
+    "GetCertificateInfo": (pb.GetCertificateRequest, grpc_requests.common_name, {"common_name"}),
     "RotateCertificate": (
         pb.RotateCertificateRequest,
         grpc_requests.common_name,

@@ -179,25 +179,50 @@ async def test_unknown_certificate_is_not_found(
         assert common_name in (caught.value.details() or "")
 
 
-async def test_watch_starts_with_a_snapshot_then_streams_changes(
+async def test_certificate_info_is_the_metadata_without_the_key(
     stub: pb_grpc.CertificateManagerAsyncStub,
 ) -> None:
     issued = await stub.IssueCertificate(
         pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE)
     )
-    stream = stub.WatchCertificates(pb.WatchCertificatesRequest())
-    events = aiter(stream)
-    first = await anext(events)
-    assert first.kind == pb.CertificateEvent.SNAPSHOT
-    assert first.revision == 1
-    await stub.RotateCertificate(pb.RotateCertificateRequest(common_name=issued.info.common_name))
-    second = await asyncio.wait_for(anext(events), 2)
-    assert second.kind == pb.CertificateEvent.ROTATED
-    assert second.common_name == issued.info.common_name
-    assert second.revision == 2
-    assert second.info.serial != issued.info.serial
-    assert b"PRIVATE KEY" not in second.SerializeToString()
-    stream.cancel()
+    proxy = await stub.IssueCertificate(
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, proxy_id=PROXY_CN.split(".")[0]
+        )
+    )
+    for certificate in (issued, proxy):
+        common_name = certificate.info.common_name
+        found = await stub.GetCertificateInfo(pb.GetCertificateRequest(common_name=common_name))
+        assert found == certificate.info
+        assert b"PRIVATE KEY" not in found.SerializeToString()
+    assert proxy.info.common_name == PROXY_CN
+    assert proxy.info.service_account == "bookstore"
+
+
+async def test_certificate_info_of_an_unknown_name_is_not_found(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetCertificateInfo(
+            pb.GetCertificateRequest(common_name="nobody.bookstore.svc.cluster.local")
+        )
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == (
+        "no certificate with common name 'nobody.bookstore.svc.cluster.local'"
+    )
+
+
+@pytest.mark.parametrize("common_name", ["", "not a name", "a.b.svc.", "x" * 65])
+async def test_certificate_info_of_a_malformed_name_is_refused_naming_the_field(
+    stub: pb_grpc.CertificateManagerAsyncStub, health: Health, common_name: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetCertificateInfo(pb.GetCertificateRequest(common_name=common_name))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("common_name: ")
+    assert [(r.source, r.key) for r in health.rejections.items()] == [
+        ("grpc", "GetCertificateInfo")
+    ]
 
 
 async def test_a_proxy_certificate_for_an_invalid_service_account_is_refused_and_not_stored(

@@ -1,4 +1,4 @@
-"""The certificate manager: idempotent issue, rotation, CA changes, watchers, recovery."""
+"""The certificate manager: idempotent issue, rotation, CA changes, signals, recovery."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.store import Rejected
 from trellis_certmanager.testing import InMemoryCertificateStore
-from trellis_common.fanout import DEFAULT_QUEUE, WatchOverflow
 from trellis_common.health import Rejections
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
@@ -66,21 +65,34 @@ async def test_concurrent_requests_get_one_certificate(manager: CertificateManag
     assert len({r.serial for r in records}) == 1
 
 
-async def test_rotate_changes_key_and_serial_and_tells_watchers(
+async def test_rotate_changes_key_and_serial_and_signals_it(
     manager: CertificateManager, bell: Bell
 ) -> None:
     first = await manager.issue_service(BOOKSTORE)
-    changes = manager.watch()
-    pending = asyncio.ensure_future(anext(changes))
-    await asyncio.sleep(0)
     rotated = await manager.rotate(first.common_name)
-    change = await asyncio.wait_for(pending, 1)
-    assert (change.kind, change.common_name) == ("rotated", first.common_name)
-    assert change.revision == bell.rung[-1][2] == manager.revision == 2
+    assert bell.rung == [("issued", first.common_name, 1), ("rotated", first.common_name, 2)]
+    assert manager.revision == 2
     assert rotated.serial != first.serial
     assert rotated.key_pem != first.key_pem
     assert manager.get(first.common_name).serial == rotated.serial
-    await changes.aclose()
+
+
+async def test_a_signal_kept_by_the_outbox_still_moves_the_revision(
+    make_manager: Callable[..., CertificateManager], bell: Bell
+) -> None:
+    manager = make_manager()
+    await manager.start()
+    kept: list[tuple[str, str]] = []
+
+    async def outbox_without_redis(kind: str, key: str) -> int:
+        kept.append((kind, key))
+        return 0  # what Outbox.signal answers when it keeps the signal for later
+
+    manager._announce = outbox_without_redis
+    record = await manager.issue_service(BOOKSTORE)
+    await manager.rotate(record.common_name)
+    assert kept == [("issued", record.common_name), ("rotated", record.common_name)]
+    assert manager.revision == 2
 
 
 async def test_unknown_and_bad_names(manager: CertificateManager) -> None:
@@ -124,8 +136,8 @@ async def test_rotation_loop_renews_due_service_certs_and_only_warns_for_proxies
     assert "cert.proxy_renewal_due" in caplog.text
 
 
-async def test_a_new_operator_ca_reissues_what_the_old_one_signed(
-    make_manager: Callable[..., CertificateManager], store: InMemoryCertificateStore
+async def test_a_new_operator_ca_signals_root_changed_and_reissues_what_the_old_one_signed(
+    make_manager: Callable[..., CertificateManager], store: InMemoryCertificateStore, bell: Bell
 ) -> None:
     manager = make_manager()
     await manager.start()
@@ -136,7 +148,9 @@ async def test_a_new_operator_ca_reissues_what_the_old_one_signed(
     await restarted.start(provided=operator)
     assert store.ca is not None
     assert store.ca.fingerprint == operator.fingerprint
+    assert bell.rung[-1] == ("root-changed", "root", len(bell.rung))
     assert await restarted.rotate_due() == 1
+    assert bell.rung[-1] == ("rotated", old.common_name, len(bell.rung))
     fresh = x509.load_pem_x509_certificates(restarted.get(old.common_name).cert_chain_pem)[0]
     fresh.verify_directly_issued_by(operator.cert)
 
@@ -164,19 +178,6 @@ async def test_restores_the_store_when_it_comes_back_empty(
     assert store.ca is not None
     assert store.ca.fingerprint == manager.ca.fingerprint
     assert store.records[record.common_name] == record
-
-
-async def test_a_slow_watcher_is_ended_not_waited_for(manager: CertificateManager) -> None:
-    changes = manager.watch()
-    pending = asyncio.ensure_future(anext(changes))
-    await asyncio.sleep(0)
-    record = await manager.issue_service(BOOKSTORE)
-    await pending  # the watcher took one, then stops reading
-    for _ in range(DEFAULT_QUEUE + 1):
-        await manager.rotate(record.common_name)
-    with pytest.raises(WatchOverflow):
-        async for _ in changes:
-            pass
 
 
 async def test_a_requested_validity_is_honoured_once_not_on_every_call(
@@ -238,6 +239,7 @@ async def test_an_unreadable_ca_is_replaced_by_the_operator_s_ca_files(
     ca = await manager.start(provided=operator)
     assert ca is operator
     assert store.ca is operator
+    assert bell.rung == [("root-changed", "root", 1)]  # a root was on record, unreadable
     assert "ca.unreadable" in caplog.text
     assert "action=replacing-with-operator-ca" in caplog.text
 

@@ -191,7 +191,7 @@ async def test_a_storm_of_authorizations_asks_the_catalog_once(
 ) -> None:
     names = [t.proxy_common_name("bookstore", "bookstore", n) for n in range(200)]
     async with t.fake_catalog({name: "bookstore-sa" for name in names}) as catalog:
-        client = CatalogClient(catalog.address, on_view=ignore_view)
+        client = CatalogClient(t.locator(catalog.address), on_view=ignore_view)
         try:
             authorizer = MeshAuthorizer(control_plane, client.expected)
             streams = await asyncio.gather(
@@ -209,7 +209,7 @@ async def test_when_the_catalog_cannot_tell_the_stream_is_unavailable_not_denied
 ) -> None:
     async with t.fake_catalog({PROXY: "bookstore-sa"}) as catalog:
         catalog.failing = True
-        client = CatalogClient(catalog.address, on_view=ignore_view)
+        client = CatalogClient(t.locator(catalog.address), on_view=ignore_view)
         try:
             refused = await refusal(MeshAuthorizer(control_plane, client.expected), PROXY, node())
         finally:

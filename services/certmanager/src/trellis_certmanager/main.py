@@ -1,8 +1,8 @@
 """certmanager's process: wiring and lifecycle only.
 
 Connects to Redis (waiting for it), loads or creates the CA, then runs the gRPC API, the
-admin REST API, the rotation loop, the store guard and the registry announcement under one
-TaskGroup until SIGTERM.
+admin REST API, the rotation loop, the store guard, the registry announcement and the
+outbox of ``certificates`` signals under one TaskGroup until SIGTERM.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
     publisher = runtime.publisher
 
     async def announce(kind: str, key: str) -> int:
-        return (await publisher.publish(TOPIC, kind, key)).revision
+        # Through the outbox: a signal Redis does not take now is kept and sent later.
+        return await runtime.outbox.signal(TOPIC, kind, key)
 
     manager = CertificateManager(
         RedisCertificateStore(runtime.redis),

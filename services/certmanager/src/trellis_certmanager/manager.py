@@ -1,10 +1,14 @@
-"""The certificate manager: the CA in force, the records, rotation, and change fan-out.
+"""The certificate manager: the CA in force, the records, rotation, and change signals.
 
-It owns the design's Certificate Manager contract (issue, get, rotate, root, list, watch)
-on top of the pure :mod:`trellis_certmanager.domain`, a durable
-:class:`~trellis_certmanager.store.CertificateStore` and a bell (``announce``) that rings
-the bus with a revision for every change. Requests for the same common name are
-serialized, so concurrent callers get one certificate, not several.
+It owns the design's Certificate Manager contract (issue, get, rotate, root, list) on top
+of the pure :mod:`trellis_certmanager.domain`, a durable
+:class:`~trellis_certmanager.store.CertificateStore` and a bell (``announce``) that signals
+every change on the topic ``certificates`` (kinds ``issued``, ``rotated``, ``root-changed``;
+key: the common name, ``root`` for the root). The bell is the service's outbox
+(``docs/architecture.md``, "One event path"): a signal Redis does not take is kept and sent
+later, and consumers fetch what changed with ``GetCertificateInfo`` or ``IssueCertificate``.
+Requests for the same common name are serialized, so concurrent callers get one
+certificate, not several.
 
 Rotation: service certificates are re-issued once ``renew_fraction`` of their lifetime has
 passed, and immediately when they were not signed by the CA in force (the operator changed
@@ -40,7 +44,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -53,30 +56,23 @@ from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord, past_expiry
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.store import CertificateStore, Rejected
-from trellis_common.fanout import Broadcaster, Subscription
 from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ProxyId
 from trellis_common.model import MeshService
 
 log = logging.getLogger(__name__)
 
-Announce = Callable[[str, str], Awaitable[int]]  # (kind, common name) -> revision
+Announce = Callable[[str, str], Awaitable[int]]  # (kind, common name) -> revision, 0: kept
 Clock = Callable[[], dt.datetime]
 
 TOPIC = "certificates"
+#: The key of a ``root-changed`` signal.
+ROOT_KEY = "root"
 REJECTION_SOURCE = "redis"
 
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class CertificateChange:
-    kind: str  # "issued", "rotated", "root-changed"
-    common_name: str
-    revision: int
-    record: CertificateRecord | None
 
 
 class CertificateManager:
@@ -106,7 +102,6 @@ class CertificateManager:
         self._records: dict[str, CertificateRecord] = {}
         self._wanted: dict[str, dt.datetime] = {}  # service certificate -> last asked for
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # cn -> (lock, [users])
-        self._watchers: Broadcaster[CertificateChange] = Broadcaster(on_count=metrics.watchers.set)
         self._issuer: Issuer | None = None
         self.revision = 0
         self.ready = asyncio.Event()
@@ -121,13 +116,14 @@ class CertificateManager:
         ``marker`` is a file holding the root fingerprint of this mesh: with it present and
         the store empty, certmanager refuses to make a new root (the store lost its data).
         """
+        root_changed = False  # the operator's CA replaced the one on record
         try:
             stored = await self._store.load_ca()
         except CAError as exc:
             if provided is None:
                 raise
             log.error("ca.unreadable error=%r action=replacing-with-operator-ca", str(exc))
-            stored = None
+            stored, root_changed = None, True
         if provided is not None:
             if (
                 stored is None
@@ -141,6 +137,7 @@ class CertificateManager:
                         stored.fingerprint,
                         provided.fingerprint,
                     )
+                    root_changed = True
             ca = provided
         elif stored is not None:
             ca = stored
@@ -161,6 +158,8 @@ class CertificateManager:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(ca.fingerprint + "\n")
         self._install(ca)
+        if root_changed:  # consumers running across the restart take the new trust bundle
+            await self._signal("root-changed", ROOT_KEY)
         loaded = await self._store.load_all()
         self._records = {r.common_name: r for r in loaded.records}
         for rejected in loaded.rejected:
@@ -276,6 +275,15 @@ class CertificateManager:
             self._wanted[common_name] = self._clock()
         return record
 
+    def peek(self, common_name: str) -> CertificateRecord:
+        """The record of ``common_name``, for its metadata: unlike :meth:`get`, reading it
+        does not keep a service certificate wanted (a consumer looking at what a signal
+        named is not using the certificate)."""
+        try:
+            return self._records[common_name]
+        except KeyError:
+            raise NotFound(common_name) from None
+
     async def rotate(self, common_name: str, reason: str = "on-demand") -> CertificateRecord:
         async with self._lock(common_name):
             current = self._records.get(common_name)
@@ -306,10 +314,6 @@ class CertificateManager:
             ),
             key=lambda r: r.common_name,
         )
-
-    def watch(self) -> Subscription[CertificateChange]:
-        """Changes from now on; raises :class:`WatchOverflow` if this watcher falls behind."""
-        return self._watchers.subscribe()
 
     # -- background work -----------------------------------------------------------
 
@@ -493,12 +497,16 @@ class CertificateManager:
                 record.not_after.isoformat(),
             )
         self._count()
+        await self._signal(change, record.common_name)
+
+    async def _signal(self, change: str, key: str) -> None:
+        """Ring the bell; ``revision`` counts on locally while a signal waits in the outbox."""
         try:
-            self.revision = await self._announce(change, record.common_name)
-        except Exception as exc:  # noqa: BLE001 (the bus is a bell: watchers resync later)
-            log.warning("cert.announce_failed cn=%s error=%r", record.common_name, exc)
-            self.revision += 1
-        self._watchers.publish(CertificateChange(change, record.common_name, self.revision, record))
+            revision = await self._announce(change, key)
+        except Exception as exc:  # noqa: BLE001 (the bus is a bell: consumers resync later)
+            log.warning("cert.announce_failed key=%s kind=%s error=%r", key, change, exc)
+            revision = 0
+        self.revision = revision if revision else self.revision + 1
 
     def _count(self) -> None:
         for kind in CertificateKind:

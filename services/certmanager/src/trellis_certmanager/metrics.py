@@ -14,7 +14,6 @@ class CertMetrics:
     certificates: Gauge
     root_not_after: Gauge
     issue_seconds: Histogram
-    watchers: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> CertMetrics:
@@ -48,8 +47,5 @@ class CertMetrics:
                 ["kind"],
                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
                 registry=registry,
-            ),
-            watchers=Gauge(
-                "trellis_certmanager_watchers", "Open certificate watch streams", registry=registry
             ),
         )

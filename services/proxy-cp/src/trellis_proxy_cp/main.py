@@ -1,8 +1,10 @@
 """proxy-cp's process: wiring and lifecycle only.
 
-Finds the catalog and certmanager (settings or the service registry), gets its own
-serving certificate, then serves ADS (state of the world and delta, mTLS required) and
-the admin REST API, following the catalog's views and certmanager's rotations.
+Finds the catalog and certmanager through locators (settings, else the service registry),
+gets its own serving certificate (waiting for certmanager), then serves ADS (state of the
+world and delta, mTLS required) and the admin REST API. The catalog's views and
+certmanager's certificates are followed on the one event path: two followers on the
+runtime's signals hub (``clients/catalog.py``, ``clients/certs.py``).
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ import gc
 import logging
 from typing import Any
 
+import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
+from redis.exceptions import RedisError
 
 from trellis_common import lifecycle, logs
+from trellis_common.follow import describe
 from trellis_common.grpcserver import DEFAULT_OPTIONS, GrpcServer
-from trellis_common.registry import discover
+from trellis_common.locate import OwnerUnavailable
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.settings import given, service_parser
+from trellis_common.signaling import Backoff, BackoffPolicy
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
@@ -49,29 +55,30 @@ XDS_OPTIONS = (
 )
 
 
-async def locate(runtime: ServiceRuntime, kind: str, configured: str, stop: asyncio.Event) -> str:
-    """``configured``, or the first live service of ``kind`` in the registry (waiting)."""
-    warned = False
-    while not configured and not stop.is_set():
-        with contextlib.suppress(Exception):
-            found = await discover(runtime.redis, kind)
-            if found:
-                return found[0].grpc_address
-        if not warned:
-            log.warning("proxy_cp.waiting_for service=%s", kind)
-            warned = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=0.5)
-    return configured
+async def serving_material(
+    certs: CertClient, identity: str, account: str, stop: asyncio.Event
+) -> SecretMaterial | None:
+    """proxy-cp's own certificate for the xDS port, asked until certmanager answers (it is
+    found through the registry once it announces itself); ``None`` if ``stop`` came first."""
+    backoff = Backoff(BackoffPolicy(initial=0.1, maximum=5.0))
+    while not stop.is_set():
+        try:
+            return await certs.want(identity, account)
+        except (grpc.aio.AioRpcError, OwnerUnavailable, RedisError, OSError) as exc:
+            delay = backoff.next()
+            log.warning(
+                "proxy_cp.waiting_for service=certmanager reason=%r retry_in=%.2fs",
+                describe(exc),
+                delay,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+    return None
 
 
 async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
     runtime = await ServiceRuntime.connect(settings, "proxy-cp", stop)
     if runtime is None:
-        return
-    catalog_address = await locate(runtime, "catalog", settings.catalog_address, stop)
-    certs_address = await locate(runtime, "certmanager", settings.certmanager_address, stop)
-    if stop.is_set():
         return
     own_identity = f"{settings.namespace}/{settings.instance_name}"
     cache = SnapshotCache()
@@ -94,9 +101,20 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
         settings.expected_min_interval, settings.expected_max_age, settings.expected_refused_for
     )
     catalog = CatalogClient(
-        catalog_address, on_view, settings.instance_name, runtime.health, expectation
+        runtime.locator("catalog", settings.catalog_address),
+        on_view,
+        settings.instance_name,
+        runtime.health,
+        expectation,
     )
-    certs = CertClient(certs_address, on_material, runtime.health, catalog.expectations.learned)
+    certs = CertClient(
+        runtime.locator("certmanager", settings.certmanager_address),
+        on_material,
+        runtime.health,
+        catalog.expectations.learned,
+    )
+    runtime.signals.follow(catalog.follower)
+    runtime.signals.follow(certs.follower)
 
     def forget(identity: str) -> None:
         catalog.forget(identity)
@@ -109,7 +127,13 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
         forget,
         on_refused=lambda key, problems: metrics.refused_snapshots.inc(),
     )
-    serving = ServingCertificate(await certs.want(own_identity, settings.service_account))
+    own = await serving_material(certs, own_identity, settings.service_account, stop)
+    if own is None:
+        for locator in runtime.locators:
+            await locator.close()
+        await runtime.redis.aclose()
+        return
+    serving = ServingCertificate(own)
     streams = StreamRegistry()
     hooks = ProxyHooks(
         control_plane, metrics, catalog.register, catalog.unregister, runtime.health.rejections
@@ -138,11 +162,7 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
         {"catalog": catalog.connected.is_set, "certmanager": certs.connected.is_set}
     )
     rest.add_routes(app, streams, cache, control_plane)
-    try:
-        await runtime.serve(stop, xds, app, {"catalog": catalog.run, "certmanager": certs.run})
-    finally:
-        await catalog.close()
-        await certs.close()
+    await runtime.serve(stop, xds, app, {})
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:

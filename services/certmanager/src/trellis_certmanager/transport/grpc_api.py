@@ -5,14 +5,14 @@ errors onto status codes. Every request is checked first (:mod:`.grpc_requests`)
 field, or the domain's InvalidRequest, is refused through the service's
 :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the field,
 logged, counted and shown in ``/v1/status``. NotFound is NOT_FOUND. Keys leave only in the
-answer to the caller that asked for them.
+answer to the caller that asked for them: ``GetCertificateInfo``, which consumers call when
+the ``certificates`` signal rings, answers metadata only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -24,7 +24,6 @@ from trellis_certmanager.domain.errors import InvalidRequest, NotFound, StoreUna
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.transport import grpc_requests
-from trellis_common.fanout import WatchOverflow
 from trellis_common.grpcrequests import InvalidField, RequestGate
 from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier
@@ -38,11 +37,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CertificateManager"].full_name
 _KINDS = {
     CertificateKind.SERVICE: pb.CERTIFICATE_KIND_SERVICE,
     CertificateKind.PROXY: pb.CERTIFICATE_KIND_PROXY,
-}
-_CHANGES = {
-    "issued": pb.CertificateEvent.ISSUED,
-    "rotated": pb.CertificateEvent.ROTATED,
-    "root-changed": pb.CertificateEvent.ROOT_CHANGED,
 }
 
 
@@ -150,24 +144,14 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
             certificates=[info(r) for r in records], revision=self._manager.revision
         )
 
-    async def WatchCertificates(
-        self, request: pb.WatchCertificatesRequest, context: Context
-    ) -> AsyncIterator[pb.CertificateEvent]:
-        changes = self._manager.watch()
-        # The first message tells the watcher where it stands; it re-lists if it must.
-        yield pb.CertificateEvent(
-            kind=pb.CertificateEvent.SNAPSHOT, revision=self._manager.revision
-        )
+    async def GetCertificateInfo(
+        self, request: pb.GetCertificateRequest, context: Context
+    ) -> pb.CertificateInfo:
         try:
-            async for change in changes:
-                yield pb.CertificateEvent(
-                    kind=_CHANGES[change.kind],
-                    common_name=change.common_name,
-                    revision=change.revision,
-                    info=info(change.record) if change.record else None,
-                )
-        except WatchOverflow as exc:
-            log.warning("watch.overflow peer=%s", context.peer())
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        finally:
-            await changes.aclose()
+            common_name = grpc_requests.common_name(request)
+        except InvalidField as exc:
+            await self._gate.refuse(context, "GetCertificateInfo", exc)
+        try:
+            return info(self._manager.peek(common_name))
+        except NotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))

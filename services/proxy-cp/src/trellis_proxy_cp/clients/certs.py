@@ -2,28 +2,54 @@
 
 proxy-cp is the one service that holds service keys beyond certmanager: it fetches an
 identity's certificate (with its key) when the identity's first proxy connects, keeps it
-in memory only, and sends it over SDS to that identity's proxies alone. Rotations arrive
-on certmanager's watch stream; the new material is fetched and handed on. proxy-cp's own
+in memory only, and sends it over SDS to that identity's proxies alone. proxy-cp's own
 serving certificate (for the xDS port) is issued the same way.
+
+Changes travel the one event path (``docs/architecture.md``): certmanager signals
+``certificates`` (kinds ``issued``, ``rotated``, ``root-changed``; key: the common name,
+``root`` for the root) and :class:`CertificateFollower` fetches what the signal names:
+
+* a **proxy** certificate issued: its metadata (``GetCertificateInfo``, no key), and the
+  proxy is then expected without asking the catalog (:meth:`.ExpectedProxies.learned`);
+* a **service** certificate issued or rotated, of a wanted identity: its material again
+  (``IssueCertificate``, idempotent), handed on only if it changed (the serial, or the
+  trust bundle), so one rotation rebuilds each of the identity's snapshots once;
+* **root-changed**, and every resync: the material of every wanted identity.
+
+A key that is no common name is rejected (``Health.rejections``, source ``certificates
+signal``) and skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
-from trellis_common.follow import StreamFollower, describe
+from trellis_common.events import Follower
+from trellis_common.follow import describe
 from trellis_common.health import Health
+from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ServiceCommonName
+from trellis_common.locate import Locator
+from trellis_common.signaling import Event
+from trellis_proxy_cp.clients import owners
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+#: certmanager's topic (its owner's ``TOPIC``).
+TOPIC = "certificates"
+REJECTED_SIGNAL = "certificates signal"
+
 OnMaterial = Callable[[str, SecretMaterial], Awaitable[None]]
+OnProxyIssued = Callable[[str, str], None]  # (common name, service account)
 
 
 def material(certificate: pb.Certificate) -> SecretMaterial:
@@ -35,59 +61,80 @@ def material(certificate: pb.Certificate) -> SecretMaterial:
     )
 
 
+def parse_common_name(text: str) -> ProxyCommonName | ServiceCommonName:
+    """A proxy's CN (three labels) or a service's (``...svc.<trust domain>``)."""
+    if len(text.split(".")) == 3:
+        return ProxyCommonName.parse(text)
+    return ServiceCommonName.parse(text)
+
+
 class CertClient:
     def __init__(
         self,
-        address: str,
+        locator: Locator,
         on_material: OnMaterial,
         health: Health | None = None,
-        on_proxy_issued: Callable[[str, str], None] = lambda common_name, account: None,
+        on_proxy_issued: OnProxyIssued = lambda common_name, account: None,
     ) -> None:
-        self.address = address
-        self.on_proxy_issued = on_proxy_issued  # (common name, service account)
+        self.locator = locator
+        self.on_proxy_issued = on_proxy_issued
         self.health = health if health is not None else Health()
         self._on_material = on_material
-        self._channel = grpc.aio.insecure_channel(address)
-        self._stub: pb_grpc.CertificateManagerAsyncStub = pb_grpc.CertificateManagerStub(
-            self._channel
-        )
         self.wanted: dict[str, str] = {}  # identity -> service account
-        self.serials: dict[str, str] = {}
-        self.connected = asyncio.Event()
+        self.materials: dict[str, SecretMaterial] = {}  # identity -> as last handed out
+        self.follower = CertificateFollower(self)
+
+    @property
+    def connected(self) -> asyncio.Event:
+        """Set while the material is in sync with certmanager."""
+        return self.follower.synced
 
     async def close(self) -> None:
-        await self._channel.close()
+        """Close the channel (a service's runtime closes its locators itself)."""
+        await self.locator.close()
+
+    async def _call(self, rpc: Callable[[pb_grpc.CertificateManagerAsyncStub], Awaitable[T]]) -> T:
+        return await owners.call(
+            self.locator, lambda channel: rpc(pb_grpc.CertificateManagerStub(channel))
+        )
 
     async def issue(self, namespace: str, service: str, account: str) -> SecretMaterial:
-        certificate = await self._stub.IssueCertificate(
-            pb.IssueCertificateRequest(
-                kind=pb.CERTIFICATE_KIND_SERVICE,
-                service=pb.MeshService(namespace=namespace, name=service),
-                service_account=account,
-            ),
-            timeout=30,
+        request = pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_SERVICE,
+            service=pb.MeshService(namespace=namespace, name=service),
+            service_account=account,
         )
-        return material(certificate)
+        return material(await self._call(lambda stub: stub.IssueCertificate(request, timeout=30)))
+
+    async def info(self, common_name: str) -> pb.CertificateInfo:
+        request = pb.GetCertificateRequest(common_name=common_name)
+        return await self._call(lambda stub: stub.GetCertificateInfo(request, timeout=10))
 
     async def want(self, identity: str, service_account: str) -> SecretMaterial:
         namespace, service = identity.split("/", 1)
         self.wanted[identity] = service_account
         found = await self.issue(namespace, service, service_account)
-        self.serials[identity] = found.serial
+        self.materials[identity] = found
         return found
 
     def forget(self, identity: str) -> None:
         self.wanted.pop(identity, None)
-        self.serials.pop(identity, None)
+        self.materials.pop(identity, None)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        await _RotationFollower(self).run(stop)
-
-    async def _refresh(self, identity: str) -> None:
+    async def refresh(self, identity: str) -> None:
+        """Fetch a wanted identity's material; hand it on if it changed (an RPC error is
+        raised)."""
         account = self.wanted.get(identity)
         if account is None:
             return
-        found = await self.want(identity, account)  # an RPC error ends the session
+        before = self.materials.get(identity)
+        found = await self.want(identity, account)
+        if before is not None and (before.serial, before.trust_bundle_pem) == (
+            found.serial,
+            found.trust_bundle_pem,
+        ):
+            return
+        log.info("certs.material_changed identity=%s serial=%s", identity, found.serial)
         try:
             await self._on_material(identity, found)
         except Exception as exc:  # one identity's material never stops the others
@@ -97,32 +144,56 @@ class CertClient:
         self.health.rejections.accept("certmanager material", identity)
 
 
-class _RotationFollower(StreamFollower[pb.CertificateEvent]):
-    """``WatchCertificates``: refetch the material of each wanted identity that rotated."""
+class CertificateFollower(Follower):
+    """The ``certificates`` topic: what certmanager issued or rotated (module docstring)."""
+
+    topics = (TOPIC,)
 
     def __init__(self, client: CertClient) -> None:
-        super().__init__(f"certmanager rotations {client.address}", client.health.loops)
+        super().__init__("certmanager certificates")
         self.client = client
 
-    def open(self) -> AsyncIterable[pb.CertificateEvent]:
-        return self.client._stub.WatchCertificates(pb.WatchCertificatesRequest())
-
-    async def resync(self, first: pb.CertificateEvent) -> None:
+    async def resync(self, topic: str) -> None:
         for identity in list(self.client.wanted):  # whatever rotated while we were away
-            await self.client._refresh(identity)
-        self.client.connected.set()
+            await self.client.refresh(identity)
 
-    async def apply(self, event: pb.CertificateEvent) -> None:
-        info = event.info
-        if info.kind == pb.CERTIFICATE_KIND_PROXY and event.kind == pb.CertificateEvent.ISSUED:
-            self.client.on_proxy_issued(info.common_name, info.service_account)
+    async def changed(self, event: Event) -> None:
+        if event.kind == "root-changed":
+            log.info("certs.root_changed action=refetch identities=%d", len(self.client.wanted))
+            await self.resync(event.topic)
             return
-        if info.kind != pb.CERTIFICATE_KIND_SERVICE:
+        if event.kind not in ("issued", "rotated"):
+            self._reject(event, f"unknown kind {event.kind!r}")
             return
-        identity = f"{info.service.namespace}/{info.service.name}"
-        if identity in self.client.wanted and info.serial != self.client.serials.get(identity):
-            log.info("certs.rotated identity=%s serial=%s", identity, info.serial)
-            await self.client._refresh(identity)
+        try:
+            name = parse_common_name(event.key)
+        except InvalidIdentifier as exc:
+            self._reject(event, str(exc))
+            return
+        if isinstance(name, ProxyCommonName):
+            if event.kind == "issued":
+                await self._proxy_issued(name.format())
+            return  # a proxy's rotated certificate is in its bootstrap file, not ours
+        identity = f"{name.namespace}/{name.service}"
+        if identity in self.client.wanted:
+            await self.client.refresh(identity)
 
-    def lost(self) -> None:
-        self.client.connected.clear()
+    async def _proxy_issued(self, common_name: str) -> None:
+        try:
+            info = await self.client.info(common_name)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            log.info("certs.proxy_gone cn=%s", common_name)  # pruned since: nothing to learn
+            return
+        self.client.on_proxy_issued(common_name, info.service_account)
+
+    def _reject(self, event: Event, reason: str) -> None:
+        log.warning(
+            "certs.signal_rejected kind=%s key=%r sender=%s reason=%r",
+            event.kind,
+            event.key,
+            event.sender,
+            reason,
+        )
+        self.client.health.rejections.reject(REJECTED_SIGNAL, event.key, reason)

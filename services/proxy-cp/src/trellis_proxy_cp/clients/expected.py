@@ -18,10 +18,10 @@ What a cached answer may be trusted for is what makes this correct:
   fresh listing did not name is refused without asking again for ``refused_for``: a proxy
   that is not expected (perhaps hostile, with a certificate from the mesh CA it should no
   longer use) cannot make proxy-cp hammer the catalog by reconnecting in a loop.
-* **Events.** A proxy certificate that certmanager issues (its watch stream, which proxy-cp
-  follows anyway) is :meth:`~ExpectedProxies.learned`: the catalog expects that proxy too, so
-  it is a yes for ``max_age`` with no listing at all. A proxy that connects right after
-  onboarding costs the catalog nothing.
+* **Events.** A proxy certificate that certmanager issues (its ``certificates`` signal,
+  which proxy-cp follows anyway) is :meth:`~ExpectedProxies.learned`: the catalog expects
+  that proxy too, so it is a yes for ``max_age`` with no listing at all. A proxy that
+  connects right after onboarding costs the catalog nothing.
 * **Outages.** If the catalog cannot be asked, a proxy the last good listing named is still
   accepted (that listing stays in force, however old) and any other question fails with
   :class:`ExpectationUnknown`, which the authorizer turns into UNAVAILABLE: retry later,

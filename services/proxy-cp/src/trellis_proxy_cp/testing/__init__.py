@@ -3,7 +3,8 @@
 * :mod:`.resources`: small valid Envoy resources and snapshots;
 * :mod:`.ads`: a real ADS server and a real grpcio client, recording hooks, a fake authorizer;
 * :mod:`.control`: a control plane with inputs and connected proxies, without gRPC;
-* :mod:`.catalog`: the catalog's ``ListProxies`` over real gRPC, and a fake clock.
+* :mod:`.catalog`: the catalog's RPCs proxy-cp calls, over real gRPC (signalling ``views``
+  on Redis when given a publisher), a locator of a known address, and a fake clock.
 
 Everything is re-exported here, so tests write ``from trellis_proxy_cp import testing as t``.
 """
@@ -25,6 +26,7 @@ from trellis_proxy_cp.testing.catalog import (
     FakeCatalog,
     FakeClock,
     fake_catalog,
+    locator,
 )
 from trellis_proxy_cp.testing.control import (
     KEY_PEM,
@@ -71,6 +73,7 @@ __all__ = [
     "fake_catalog",
     "listener",
     "load_assignment",
+    "locator",
     "material",
     "mesh",
     "names_of",
