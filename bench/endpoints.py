@@ -1,17 +1,23 @@
-"""Registrations against a real endpoints-vm, and how soon a watcher hears of each.
+"""Registrations against a real endpoints-vm, and how soon a consumer sees each.
 
 The requirement: register 10,000 workloads across 1,000 services, report registrations per
-second and the time from a registration to the watch event (median, p99). So this runs the
-whole path, as an operator's agents would drive it: a real ``redis-server`` (AOF, fsync on
-every write, like a Redis with persistence), ``endpoints-vm`` as its own process, and from
-this process a gRPC ``Watch`` stream and ``POST /v1/workloads`` calls over keep-alive
-connections, :data:`CONCURRENCY` in flight. Workload ``i`` is ``bench/w-{i}`` at a unique
-``10.x.y.z`` in service ``svc-{i % services}``, port ``http=8080``.
+second and the time from a registration to a consumer knowing of it (median, p99). So this
+runs the whole path, as an operator's agents and the catalog would: a real
+``redis-server`` (AOF, fsync on every write, like a Redis with persistence),
+``endpoints-vm`` as its own process, and in this process a consumer on the one event path
+(a :class:`~trellis_common.events.Signals` hub subscribed to the topic ``endpoints``, whose
+follower calls ``GetService`` over gRPC on each signal, :class:`bench.load.Consumer`) and
+``POST /v1/workloads`` calls over keep-alive connections, :data:`CONCURRENCY` in flight.
+Workload ``i`` is ``bench/w-{i}`` at a unique ``10.x.y.z`` in service
+``svc-{i % services}``, port ``http=8080``.
 
-For each registration the POST's send time is kept; the watch consumer notes when an event
-for the service first lists the workload's address. Both clocks are this process's
-``perf_counter``, so the latency is POST sent → event received and parsed, and includes
-this event loop's own delays (the watcher shares it with the HTTP clients).
+For each registration the POST's send time is kept; the consumer notes when a
+``GetService`` answer, fetched on a signal, first lists the workload's address. Both
+clocks are this process's ``perf_counter``, so the latency is POST sent → signal received →
+GetService answered and parsed, and includes this event loop's own delays (the consumer
+shares it with the HTTP clients). Signals arrive one per change, and the follower fetches
+them one at a time, as the hub runs a real follower; a burst of changes to one service is
+fetched once per signal, not coalesced.
 
 Two floors and a reference, each run over the same workload indices as the
 registrations, in :data:`ROUNDS` interleaved rounds (registrations, then each of them):
@@ -22,8 +28,9 @@ registrations, in :data:`ROUNDS` interleaved rounds (registrations, then each of
 * ``bare_http``: a bare FastAPI POST route parsing the same body, in its own process
   (:mod:`bench.http_floor`), as many in flight: the floor of HTTP and JSON;
 * ``serial_store_announce``: the manager's own Redis calls (HSET, then
-  :meth:`~trellis_common.signaling.Publisher.publish`), one at a time as its lock allows:
-  the ceiling of the current design rather than a floor.
+  :meth:`~trellis_common.signaling.Publisher.publish`), one at a time: a reference, not a
+  floor (the manager writes one at a time under its lock, and signals one at a time in
+  order, but the two overlap).
 
 The scale is fixed work, not fixed time: the full run (``--seconds 2``, the default) is
 10,000 workloads over 1,000 services; shorter runs scale both by ``(seconds / 2) ** 2``, so
@@ -64,7 +71,7 @@ FULL_SCALE_SECONDS = 2.0  # --seconds at which the full WORKLOADS/SERVICES run
 MIN_WORKLOADS = 50
 ROUNDS = report.ROUNDS
 NAMESPACE = "bench"
-EVENT_TIMEOUT = 60.0  # seconds to wait for the last watch events of a round
+EVENT_TIMEOUT = 60.0  # seconds to wait for the consumer to see the last of a round
 FLOOR_KEY = "bench:floor:workloads"
 FLOOR_CHANNEL = "bench:floor:events"
 FLOOR_PREFIX = "bench-floor"  # serial_store_announce's Publisher: bench-floor:rev:endpoints
@@ -128,7 +135,8 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
 @dataclass(frozen=True, slots=True)
 class Measured:
     rates: dict[str, float]
-    watch_latencies: list[float]
+    signal_fetch_latencies: list[float]
+    resyncs: int  # the consumer's resyncs after the first (a gap, a reconnect)
     round_trips: list[float]
     service_cpu: float | None  # seconds of CPU the service spent on the registrations
     list_rest: float
@@ -152,8 +160,8 @@ async def _measure(
             grpc.aio.insecure_channel(endpoint.grpc_address, options=GRPC_OPTIONS)
         )
         stub = pb_grpc.EndpointsProviderStub(channel)
-        watcher = await load.Watcher.start(stub, NAMESPACE)
-        stack.push_async_callback(watcher.close)
+        consumer = await load.Consumer.start(stub, redis_url, NAMESPACE)
+        stack.push_async_callback(consumer.close)
         service = await stack.enter_async_context(
             httpx.AsyncClient(
                 base_url=endpoint.admin_url,
@@ -211,10 +219,10 @@ async def _measure(
         cpu: float | None = 0.0
         for r in range(ROUNDS):
             chunk = range(scale.workloads * r // ROUNDS, scale.workloads * (r + 1) // ROUNDS)
-            watcher.expect(load.address(i) for i in chunk)
+            consumer.expect(load.address(i) for i in chunk)
             cpu_before = load.cpu_seconds(pid)
             elapsed["registrations"] += await load.in_flight(register, chunk, scale.concurrency)
-            await watcher.wait(EVENT_TIMEOUT)
+            await consumer.wait(EVENT_TIMEOUT)
             cpu_after = load.cpu_seconds(pid)
             if cpu is None or cpu_before is None or cpu_after is None:
                 cpu = None
@@ -222,7 +230,7 @@ async def _measure(
                 cpu += cpu_after - cpu_before
             for name, (op, concurrency) in floors.items():
                 elapsed[name] += await load.in_flight(op, chunk, concurrency)
-        latencies = [watcher.first_seen[address] - at for address, at in sent.items()]
+        latencies = [consumer.first_seen[address] - at for address, at in sent.items()]
 
         start = time.perf_counter()
         response = await service.get("/v1/services")
@@ -237,7 +245,8 @@ async def _measure(
         )
         return Measured(
             rates={name: scale.workloads / seconds for name, seconds in elapsed.items()},
-            watch_latencies=latencies,
+            signal_fetch_latencies=latencies,
+            resyncs=consumer.resyncs,
             round_trips=round_trips,
             service_cpu=cpu,
             list_rest=list_rest,
@@ -281,13 +290,16 @@ def _report(scale: Scale, m: Measured) -> tuple[list[report.Figure], dict[str, f
     figures = [
         registrations,
         report.Figure(
-            "watch_p50",
-            load.percentile(m.watch_latencies, 0.50) * ms,
+            "signal_fetch_p50",
+            load.percentile(m.signal_fetch_latencies, 0.50) * ms,
             "ms",
-            "POST sent -> first Watch event listing the address, median",
+            "POST sent -> endpoints signal -> first GetService listing the address, median",
         ),
         report.Figure(
-            "watch_p99", load.percentile(m.watch_latencies, 0.99) * ms, "ms", "the same, p99"
+            "signal_fetch_p99",
+            load.percentile(m.signal_fetch_latencies, 0.99) * ms,
+            "ms",
+            f"the same, p99 ({m.resyncs} resyncs after the first)",
         ),
         report.Figure(
             "rest_p50", load.percentile(m.round_trips, 0.50) * ms, "ms", "POST round trip, median"

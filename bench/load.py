@@ -1,9 +1,11 @@
-"""The load the endpoints benchmark drives, and the watcher that times its events.
+"""The load the endpoints benchmark drives, and the consumer that times what it sees.
 
 Kept apart from :mod:`bench.endpoints` (which wires processes and prints the report): the
 registration bodies, running an operation over many indices with a few in flight, the
-Watch consumer that notes when each address first appears, and the small checks and
-statistics around them.
+consumer on the one event path (a :class:`~trellis_common.events.Follower` on a real
+:class:`~trellis_common.events.Signals` hub that fetches ``GetService`` on each
+``endpoints`` signal) that notes when each address first appears, and the small checks
+and statistics around them.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ import httpx
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
+from trellis_common.events import Follower, Signals
+from trellis_common.health import Health
+from trellis_common.signaling import Event
 
 IndexedOp = Callable[[int], Awaitable[None]]
-WatchCall = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.EndpointsEvent]
+TOPIC = "endpoints"  # the provider's topic; keys "<namespace>/<service>"
 WARMUP_NAMESPACE = "bench-warmup"
 WARMUP_SERVICES = 10
 
@@ -117,76 +122,121 @@ async def warm_up(client: httpx.AsyncClient, concurrency: int, seconds: float) -
     await in_flight(deregister, range(count), concurrency)
 
 
-class Watcher:
-    """One ``Watch`` stream: when did an event of ``namespace`` first list each address.
+class FetchingFollower(Follower):
+    """A consumer of one provider's ``endpoints`` signals: fetch what each one names.
 
-    :meth:`expect` names the addresses of the next batch; :meth:`wait` returns once every
-    one of them was seen, and raises if the stream ended or the time ran out.
+    On a signal for a service of ``namespace`` it calls ``GetService`` (NOT_FOUND: the
+    service is gone) and notes, for each address in the answer, when it first appeared
+    (after the fetch returned: what a consumer can act on). A resync lists the namespace.
+    :meth:`expect` names the addresses of the next batch; :attr:`complete` is set once
+    every one of them was seen.
     """
 
-    def __init__(self, call: WatchCall, namespace: str) -> None:
-        self._call = call
+    topics = (TOPIC,)
+
+    def __init__(self, stub: pb_grpc.EndpointsProviderAsyncStub, namespace: str) -> None:
+        super().__init__(f"bench consumer of {namespace}")
+        self._stub = stub
         self._namespace = namespace
         self.first_seen: dict[str, float] = {}
-        self._missing: set[str] = set()
-        self._complete = asyncio.Event()
-        self._failure: BaseException | None = None
-        self._task = asyncio.create_task(self._run())
+        self.missing: set[str] = set()
+        self.complete = asyncio.Event()
+        self.signals = 0
+        self.resyncs = 0
 
-    @classmethod
-    async def start(cls, stub: pb_grpc.EndpointsProviderAsyncStub, namespace: str) -> Watcher:
-        call = stub.Watch(pb.WatchRequest())
-        first = await call.read()
-        if not isinstance(first, pb.EndpointsEvent) or first.kind != pb.EndpointsEvent.SNAPSHOT:
-            call.cancel()
-            raise RuntimeError(f"Watch did not start with a SNAPSHOT: {first!r}")
-        return cls(call, namespace)
+    async def resync(self, topic: str) -> None:
+        listing = await self._stub.ListServices(
+            pb.ListServicesRequest(namespace=self._namespace), timeout=60
+        )
+        self.resyncs += 1
+        for service in listing.services:
+            self._saw(service.endpoints)
 
-    async def _run(self) -> None:
-        clock = time.perf_counter
+    async def changed(self, event: Event) -> None:
+        namespace, _, name = event.key.partition("/")
+        if namespace != self._namespace:
+            return
+        self.signals += 1
+        request = pb.GetServiceRequest(service=pb.ServiceRef(namespace=namespace, name=name))
         try:
-            while True:
-                event = await self._call.read()
-                if not isinstance(event, pb.EndpointsEvent):
-                    raise RuntimeError("the Watch stream ended")
-                if (
-                    event.kind != pb.EndpointsEvent.CHANGED
-                    or event.service.namespace != self._namespace
-                ):
-                    continue
-                now = clock()
-                for endpoint in event.state.endpoints:
-                    if endpoint.address not in self.first_seen:
-                        self.first_seen[endpoint.address] = now
-                        self._missing.discard(endpoint.address)
-                if not self._missing:
-                    self._complete.set()
-        except BaseException as exc:
-            self._failure = exc
-            self._complete.set()
-            raise
+            service = await self._stub.GetService(request, timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return  # removed since the signal
+        self._saw(service.endpoints)
+
+    def _saw(self, endpoints: Iterable[pb.Endpoint]) -> None:
+        now = time.perf_counter()
+        for endpoint in endpoints:
+            if endpoint.address not in self.first_seen:
+                self.first_seen[endpoint.address] = now
+                self.missing.discard(endpoint.address)
+        if not self.missing:
+            self.complete.set()
 
     def expect(self, addresses: Iterable[str]) -> None:
-        self._missing = {a for a in addresses if a not in self.first_seen}
-        if self._missing:
-            self._complete.clear()
+        self.missing = {a for a in addresses if a not in self.first_seen}
+        if self.missing:
+            self.complete.clear()
         else:
-            self._complete.set()
+            self.complete.set()
+
+
+class Consumer:
+    """A :class:`FetchingFollower` on its own :class:`Signals` hub (one Redis subscription)."""
+
+    def __init__(self, follower: FetchingFollower, hub: Signals) -> None:
+        self.follower = follower
+        self._hub = hub
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(hub.run(self._stop))
+
+    @classmethod
+    async def start(
+        cls, stub: pb_grpc.EndpointsProviderAsyncStub, redis_url: str, namespace: str
+    ) -> Consumer:
+        """Subscribe, and return once the first resync is done."""
+        follower = FetchingFollower(stub, namespace)
+        hub = Signals(redis_url, Health())
+        hub.follow(follower)
+        consumer = cls(follower, hub)
+        synced = asyncio.create_task(follower.synced.wait())
+        await asyncio.wait(
+            {synced, consumer._task}, timeout=30, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not follower.synced.is_set():
+            synced.cancel()
+            await consumer.close()
+            raise RuntimeError("the signals hub did not subscribe and resync within 30 s")
+        return consumer
+
+    @property
+    def first_seen(self) -> dict[str, float]:
+        return self.follower.first_seen
+
+    def expect(self, addresses: Iterable[str]) -> None:
+        self.follower.expect(addresses)
 
     async def wait(self, timeout: float) -> None:
         try:
-            await asyncio.wait_for(self._complete.wait(), timeout)
+            await asyncio.wait_for(self.follower.complete.wait(), timeout)
         except TimeoutError:
+            missing = self.follower.missing
             raise RuntimeError(
-                f"{len(self._missing)} registrations never showed in a watch event "
-                f"within {timeout:g} s, e.g. {sorted(self._missing)[:3]}"
+                f"{len(missing)} registrations never showed in a GetService after their "
+                f"signal within {timeout:g} s, e.g. {sorted(missing)[:3]}"
             ) from None
-        if self._failure is not None:
-            raise RuntimeError(f"the Watch stream failed: {self._failure!r}")
+        if self._task.done():
+            raise RuntimeError(f"the signals hub ended: {self._task!r}")
+
+    @property
+    def resyncs(self) -> int:
+        """Resyncs after the first (a gap, a reconnect, a failed fetch): each a listing."""
+        return self.follower.resyncs - 1
 
     async def close(self) -> None:
-        self._call.cancel()
-        self._task.cancel()
+        self._stop.set()
         await asyncio.gather(self._task, return_exceptions=True)
 
 

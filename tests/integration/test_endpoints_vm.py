@@ -1,5 +1,5 @@
-"""endpoints-vm as a process: REST/CLI registration, expiry, spec directory, persistence,
-Redis outages (paused, wiped) and corrupt records in Redis."""
+"""endpoints-vm as a process: REST/CLI registration, expiry, spec directory, its signals on
+the one event path, persistence, Redis outages (paused, wiped) and corrupt records in Redis."""
 
 from __future__ import annotations
 
@@ -11,11 +11,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import redis
+import redis.asyncio
 
+from trellis_api import endpoints_pb2 as pb
+from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common import tokens
+from trellis_common.registry import ServiceRecord, discover
+from trellis_common.signaling import Event, Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.services import ServiceProcess
 
@@ -218,6 +224,54 @@ async def test_spec_directory_is_watched_and_a_broken_file_keeps_the_last_good_v
 
     path.unlink()
     await eventually(lambda: services(endpoints_vm) == {}, timeout=5)
+
+
+async def test_a_consumer_hears_each_change_from_the_provider_in_the_registry_and_fetches_it(
+    endpoints_vm: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    """The contract of the topic ``endpoints``: key "<namespace>/<service>", the sender the
+    name of the provider's registry record (kind ``endpoints-provider``), GetService there."""
+    heard: asyncio.Queue[Event] = asyncio.Queue()
+
+    async def resync(topic: str) -> None:
+        """A consumer would ListServices here; this one looks at the events."""
+
+    subscriber = Subscriber(redis_server.url, ["endpoints"], heard.put, resync)
+    stop = asyncio.Event()
+    listening = asyncio.create_task(subscriber.run(stop))
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        await asyncio.wait_for(subscriber.ready.wait(), 10)
+
+        async def provider() -> ServiceRecord | None:
+            found = await discover(client, "endpoints-provider")
+            return found[0] if len(found) == 1 else None
+
+        record = await eventually(provider, timeout=10, message="endpoints-vm in the registry")
+        assert record is not None
+        async with (
+            admin(endpoints_vm, state_dir) as http,
+            grpc.aio.insecure_channel(record.grpc_address) as channel,
+        ):
+            stub = pb_grpc.EndpointsProviderStub(channel)
+            request = pb.GetServiceRequest(service=pb.ServiceRef(namespace="shop", name="web"))
+            created = await http.post("/v1/workloads", json=registration("web-1", "10.4.0.1"))
+            assert created.status_code == 201, created.text
+            event = await asyncio.wait_for(heard.get(), 10)
+            assert (event.kind, event.key, event.sender) == ("changed", "shop/web", record.name)
+            fetched = await stub.GetService(request)
+            assert [e.address for e in fetched.endpoints] == ["10.4.0.1"]
+
+            assert (await http.delete("/v1/workloads/shop/web-1")).status_code == 204
+            event = await asyncio.wait_for(heard.get(), 10)
+            assert (event.kind, event.key, event.sender) == ("removed", "shop/web", record.name)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.GetService(request)
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        stop.set()
+        await listening
+        await client.aclose()
 
 
 async def test_registrations_survive_crashes_and_redis_restarts(

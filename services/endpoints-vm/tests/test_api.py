@@ -1,8 +1,13 @@
-"""endpoints-vm's REST and gRPC APIs over a real manager (in-memory store)."""
+"""endpoints-vm's REST and gRPC APIs over a real manager (in-memory store).
+
+The last test walks the one event path as a consumer would: a POST, the ``endpoints``
+signal through a real Outbox and Redis to a real Subscriber, then ``GetService``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,8 +19,12 @@ from prometheus_client import CollectorRegistry
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common import admin
+from trellis_common.events import Outbox
 from trellis_common.grpcserver import GrpcServer
-from trellis_endpoints_vm.manager import EndpointsManager
+from trellis_common.health import Health
+from trellis_common.signaling import Event, Publisher, Subscriber, redis_without_retries
+from trellis_common.testing import RedisServer
+from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
@@ -41,12 +50,43 @@ def body(**overrides: Any) -> dict[str, Any]:
 
 
 class Revisions:
+    """A signal that only numbers what it is given (the road itself is the last test's)."""
+
     def __init__(self) -> None:
         self.n = 0
 
     async def __call__(self, kind: str, key: str) -> int:
         self.n += 1
         return self.n
+
+
+@contextlib.asynccontextmanager
+async def admin_client(manager: EndpointsManager) -> AsyncIterator[httpx.AsyncClient]:
+    app = admin.create_app("endpoints-vm", CollectorRegistry())
+    rest.add_routes(app, manager, admin.token_guard(TOKEN), lambda: {"documents": []})
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def grpc_stub(manager: EndpointsManager) -> AsyncIterator[pb_grpc.EndpointsProviderAsyncStub]:
+    servicer = grpc_api.EndpointsProviderServicer(manager)
+    server = GrpcServer(
+        "127.0.0.1:0",
+        [lambda s: pb_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
+        [grpc_api.SERVICE_NAME],
+        grace=0.1,
+    )
+    stop = asyncio.Event()
+    await server.start()
+    task = asyncio.create_task(server.run(stop))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            yield pb_grpc.EndpointsProviderStub(channel)
+    finally:
+        stop.set()
+        await task
 
 
 @pytest.fixture
@@ -63,10 +103,7 @@ async def api_manager(api_store: InMemoryWorkloadStore) -> EndpointsManager:
 
 @pytest.fixture
 async def client(api_manager: EndpointsManager) -> AsyncIterator[httpx.AsyncClient]:
-    app = admin.create_app("endpoints-vm", CollectorRegistry())
-    rest.add_routes(app, api_manager, admin.token_guard(TOKEN), lambda: {"documents": []})
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+    async with admin_client(api_manager) as client:
         yield client
 
 
@@ -74,20 +111,8 @@ async def client(api_manager: EndpointsManager) -> AsyncIterator[httpx.AsyncClie
 async def stub(
     api_manager: EndpointsManager,
 ) -> AsyncIterator[pb_grpc.EndpointsProviderAsyncStub]:
-    servicer = grpc_api.EndpointsProviderServicer(api_manager)
-    server = GrpcServer(
-        "127.0.0.1:0",
-        [lambda s: pb_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
-        [grpc_api.SERVICE_NAME],
-        grace=0.1,
-    )
-    stop = asyncio.Event()
-    await server.start()
-    task = asyncio.create_task(server.run(stop))
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        yield pb_grpc.EndpointsProviderStub(channel)
-    stop.set()
-    await task
+    async with grpc_stub(api_manager) as stub:
+        yield stub
 
 
 async def test_register_list_heartbeat_deregister(client: httpx.AsyncClient) -> None:
@@ -181,14 +206,13 @@ async def test_heartbeat_of_unknown_workload_is_404(client: httpx.AsyncClient) -
     assert "register it first" in response.json()["detail"]
 
 
-async def test_grpc_list_get_and_ordered_watch(
+def ref(name: str) -> pb.GetServiceRequest:
+    return pb.GetServiceRequest(service=pb.ServiceRef(namespace="bookstore", name=name))
+
+
+async def test_grpc_list_and_get(
     client: httpx.AsyncClient, stub: pb_grpc.EndpointsProviderAsyncStub
 ) -> None:
-    watch = stub.Watch(pb.WatchRequest())
-    events = aiter(watch)
-    snapshot = await anext(events)
-    assert snapshot.kind == pb.EndpointsEvent.SNAPSHOT
-    assert snapshot.revision == 0
     await client.post("/v1/workloads", json=body(), headers=AUTH)
     await client.post("/v1/workloads", json=body(name="vm-2", address="10.0.0.2"), headers=AUTH)
     await client.post(
@@ -197,27 +221,72 @@ async def test_grpc_list_get_and_ordered_watch(
         headers=AUTH,
     )
     await client.delete("/v1/workloads/bookstore/vm-3", headers=AUTH)
-    seen = [await asyncio.wait_for(anext(events), 2) for _ in range(4)]
-    assert [(e.revision, e.kind, e.service.name) for e in seen] == [
-        (1, pb.EndpointsEvent.CHANGED, "bookstore"),
-        (2, pb.EndpointsEvent.CHANGED, "bookstore"),
-        (3, pb.EndpointsEvent.CHANGED, "other"),
-        (4, pb.EndpointsEvent.REMOVED, "other"),
-    ]
-    assert [e.address for e in seen[1].state.endpoints] == ["10.0.0.1", "10.0.0.2"]
-    assert seen[0].state.endpoints[0].service_account == "bookstore"
-    watch.cancel()
 
     listed = await stub.ListServices(pb.ListServicesRequest())
     assert [s.info.service.name for s in listed.services] == ["bookstore"]
-    assert listed.revision == 4
+    assert listed.revision == 4  # four changes since the manager started
     assert listed.provider == "vm"
-    one = await stub.GetService(
-        pb.GetServiceRequest(service=pb.ServiceRef(namespace="bookstore", name="bookstore"))
-    )
+    one = await stub.GetService(ref("bookstore"))
     assert one.info.ports[0].name == "http"
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.GetService(
-            pb.GetServiceRequest(service=pb.ServiceRef(namespace="bookstore", name="nope"))
-        )
-    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert [e.address for e in one.endpoints] == ["10.0.0.1", "10.0.0.2"]
+    assert one.endpoints[0].service_account == "bookstore"
+    for gone in ("other", "nope"):  # removed, and never known: the same answer
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetService(ref(gone))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_consumer_hears_the_signal_and_fetches_the_service(
+    redis_server: RedisServer, api_store: InMemoryWorkloadStore
+) -> None:
+    """POST, the signal on topic ``endpoints`` to a real Subscriber, GetService over gRPC."""
+    publishing = redis_without_retries(redis_server.url, socket_timeout=1.0)
+    outbox = Outbox(Publisher(publishing, sender="endpoints-vm-1"), Health())
+
+    async def signal(kind: str, key: str) -> int:
+        return await outbox.signal(TOPIC, kind, key)
+
+    manager = EndpointsManager(api_store, signal, EndpointMetrics.create(CollectorRegistry()))
+    await manager.start()
+    heard: asyncio.Queue[Event] = asyncio.Queue()
+
+    async def resync(topic: str) -> None:
+        """A consumer would ListServices here; this one looks at the events."""
+
+    subscriber = Subscriber(redis_server.url, [TOPIC], heard.put, resync)
+    stop = asyncio.Event()
+    listening = asyncio.create_task(subscriber.run(stop))
+    try:
+        await asyncio.wait_for(subscriber.ready.wait(), 5.0)
+        async with admin_client(manager) as client, grpc_stub(manager) as stub:
+
+            async def fetched(event: Event) -> list[str] | None:
+                """What a consumer does on a signal: GetService from its sender."""
+                assert event.sender == "endpoints-vm-1"
+                namespace, name = event.key.split("/")
+                request = pb.GetServiceRequest(
+                    service=pb.ServiceRef(namespace=namespace, name=name)
+                )
+                try:
+                    service = await stub.GetService(request)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    return None  # NOT_FOUND: the service was removed
+                return [e.address for e in service.endpoints]
+
+            created = await client.post("/v1/workloads", json=body(), headers=AUTH)
+            assert created.status_code == 201
+            event = await asyncio.wait_for(heard.get(), 5.0)
+            assert (event.topic, event.kind, event.key) == (TOPIC, "changed", "bookstore/bookstore")
+            assert await fetched(event) == ["10.0.0.1"]
+
+            gone = await client.delete("/v1/workloads/bookstore/vm-1", headers=AUTH)
+            assert gone.status_code == 204
+            event = await asyncio.wait_for(heard.get(), 5.0)
+            assert (event.kind, event.key) == ("removed", "bookstore/bookstore")
+            assert await fetched(event) is None
+    finally:
+        stop.set()
+        await listening
+        await publishing.aclose()

@@ -1,29 +1,35 @@
-"""The endpoints manager: store writes, ordered revisions, watchers, expiry, metrics.
+"""The endpoints manager: store writes, the signals of its changes, expiry, metrics.
 
-It runs on the in-memory store, a fake clock and an ``announce`` that numbers revisions
-1, 2, 3... like the bus, so every revision and timestamp below is known in advance.
+It runs on the in-memory store, a fake clock and a :class:`Bell` that records each signal
+the manager hands to the outbox, so every signal and timestamp below is known in advance.
+The signals' road through a real Outbox and Redis to a real Subscriber is tested at the
+end, and GetService after a signal in ``test_api.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
 
-from trellis_common.fanout import DEFAULT_QUEUE, Subscription, WatchOverflow
-from trellis_common.health import Rejections
+from trellis_common.events import Outbox
+from trellis_common.health import Health, Rejections
+from trellis_common.signaling import (
+    Event,
+    Publisher,
+    Subscriber,
+    redis_without_retries,
+    revision_key,
+)
+from trellis_common.testing import RedisServer, eventually
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
-from trellis_endpoints_vm.manager import (
-    EndpointsManager,
-    StoreUnavailable,
-    UnknownWorkload,
-    ViewChange,
-)
+from trellis_endpoints_vm.manager import TOPIC, EndpointsManager, StoreUnavailable, UnknownWorkload
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.store import Rejected
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
@@ -45,17 +51,32 @@ class FakeClock:
 
 
 class Bell:
-    """Records what the manager announces and numbers revisions like the bus; can fail."""
+    """Records the signals the manager sends, numbered like the outbox's; can fail or hang.
+
+    ``open`` cleared holds every signal until it is set again (a frozen Redis).
+    """
 
     def __init__(self) -> None:
         self.rung: list[tuple[str, str]] = []
         self.failing = False
+        self.open = asyncio.Event()
+        self.open.set()
+        self._rang = asyncio.Condition()
 
     async def __call__(self, kind: str, key: str) -> int:
+        await self.open.wait()
         if self.failing:
-            raise ConnectionError("the bus is down")
-        self.rung.append((kind, key))
+            raise RuntimeError("a bug in the signal's road")
+        async with self._rang:
+            self.rung.append((kind, key))
+            self._rang.notify_all()
         return len(self.rung)
+
+    async def rings(self, count: int) -> list[tuple[str, str]]:
+        """The first ``count`` signals, once they came (at most a second)."""
+        async with asyncio.timeout(1.0), self._rang:
+            await self._rang.wait_for(lambda: len(self.rung) >= count)
+        return self.rung[:count]
 
 
 @pytest.fixture
@@ -77,31 +98,10 @@ async def manager(
     return manager
 
 
-Seen = tuple[int, str, list[str] | None]
-
-
-def seen(change: ViewChange) -> Seen:
-    """(revision, "namespace/service", endpoint addresses or None when removed)."""
-    view = change.view
-    return (
-        change.revision,
-        str(change.key),
-        None if view is None else [e.address for e in view.endpoints],
-    )
-
-
-async def take(changes: Subscription[ViewChange], count: int) -> list[Seen]:
-    return [seen(await asyncio.wait_for(anext(changes), 1.0)) for _ in range(count)]
-
-
-async def assert_nothing_more(changes: Subscription[ViewChange]) -> None:
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(anext(changes), 0.01)
-
-
-async def drain(changes: Subscription[ViewChange], into: list[ViewChange]) -> None:
-    async for change in changes:
-        into.append(change)
+def addresses(manager: EndpointsManager, key: ServiceKey) -> list[str] | None:
+    """The endpoint addresses of a service, or None when the manager has no view of it."""
+    view = manager.view(key)
+    return None if view is None else [e.address for e in view.endpoints]
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -172,7 +172,6 @@ async def test_an_invalid_workload_changes_nothing(
     field: str,
 ) -> None:
     await manager.register(make_workload())  # the same id, valid
-    changes = manager.watch()
     stored, views, revision = dict(store.workloads), manager.views(), manager.revision
 
     with pytest.raises(InvalidWorkload) as caught:
@@ -183,7 +182,6 @@ async def test_an_invalid_workload_changes_nothing(
     assert manager.revision == revision
     assert bell.rung == [("changed", "shop/api")]
     assert sample(metrics_registry, "registrations_total") == 1.0
-    await assert_nothing_more(changes)
 
 
 @pytest.mark.parametrize("operation", ["heartbeat", "deregister"])
@@ -202,92 +200,78 @@ async def test_unknown_workloads_raise_and_change_nothing(
     assert len(bell.rung) == 1
 
 
-# --- revisions and watchers ----------------------------------------------------------------
+# --- signals --------------------------------------------------------------------------------
 
 
-async def test_watchers_see_each_change_once_in_revision_order(
-    manager: EndpointsManager, bell: Bell, make_workload: MakeWorkload
+async def test_each_change_is_signalled_once_in_order(
+    manager: EndpointsManager,
+    bell: Bell,
+    make_workload: MakeWorkload,
+    metrics_registry: CollectorRegistry,
 ) -> None:
-    first, second = manager.watch(), manager.watch()
     await manager.register(make_workload("vm-1", services=("api",), address="10.0.0.1"))
     await manager.register(make_workload("vm-2", services=("api",), address="10.0.0.2"))
     await manager.register(make_workload("vm-3", services=("web",), address="10.0.0.3"))
     await manager.deregister("shop/vm-1")
     await manager.heartbeat("shop/vm-2")  # alive already: no change
 
-    expected = [
-        (1, "shop/api", ["10.0.0.1"]),
-        (2, "shop/api", ["10.0.0.1", "10.0.0.2"]),
-        (3, "shop/web", ["10.0.0.3"]),
-        (4, "shop/api", ["10.0.0.2"]),
+    assert bell.rung == [
+        ("changed", "shop/api"),
+        ("changed", "shop/api"),
+        ("changed", "shop/web"),
+        ("changed", "shop/api"),
     ]
-    for changes in (first, second):
-        assert await take(changes, 4) == expected
-        await assert_nothing_more(changes)
     assert manager.revision == 4
-    assert bell.rung == [("changed", str(key)) for key in (API, API, WEB, API)]
+    assert sample(metrics_registry, "service_changes_total") == 4.0
+    assert addresses(manager, API) == ["10.0.0.2"]
 
     await manager.deregister("shop/vm-3")
-    assert await take(first, 1) == [(5, "shop/web", None)]
     assert bell.rung[-1] == ("removed", "shop/web")
-    await first.aclose()
-    await second.aclose()
+    assert addresses(manager, WEB) is None
+    assert manager.revision == 5
 
 
-async def test_a_watcher_sees_what_happens_after_it_subscribed(
-    manager: EndpointsManager, make_workload: MakeWorkload
-) -> None:
-    await manager.register(make_workload("vm-1", address="10.0.0.1"))
-    changes = manager.watch()
-    await manager.register(make_workload("vm-2", address="10.0.0.2"))
-    assert await take(changes, 1) == [(2, "shop/api", ["10.0.0.1", "10.0.0.2"])]
-    await assert_nothing_more(changes)
-
-
-async def test_a_failing_announce_still_reaches_watchers(
+async def test_a_failing_signal_is_logged_and_the_change_stands(
     manager: EndpointsManager,
     bell: Bell,
     make_workload: MakeWorkload,
-    metrics_registry: CollectorRegistry,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    changes = manager.watch()
-    await manager.register(make_workload("vm-1", address="10.0.0.1"))
-    bell.failing = True
-    with caplog.at_level(logging.WARNING):
-        await manager.register(make_workload("vm-2", address="10.0.0.2"))
-    assert await take(changes, 2) == [
-        (1, "shop/api", ["10.0.0.1"]),
-        (2, "shop/api", ["10.0.0.1", "10.0.0.2"]),
-    ]
-    assert manager.revision == 2
-    assert sample(metrics_registry, "service_changes_total") == 2.0
-    assert "endpoints.announce_failed service=shop/api" in caplog.text
+    bell.failing = True  # the outbox keeps what Redis refuses: this is a bug in the road
+    with caplog.at_level(logging.ERROR):
+        registered = await manager.register(make_workload("vm-1", address="10.0.0.1"))
+    assert manager.registry.workloads == {"shop/vm-1": registered}
+    assert addresses(manager, API) == ["10.0.0.1"]
+    assert manager.revision == 1
+    assert "endpoints.signal_failed kind=changed service=shop/api" in caplog.text
+
+    bell.failing = False
+    await manager.register(make_workload("vm-2", address="10.0.0.2"))
+    assert bell.rung == [("changed", "shop/api")]
 
 
-async def test_a_slow_watcher_is_ended_with_overflow(
-    manager: EndpointsManager,
+async def test_a_hanging_signal_holds_a_caller_only_the_store_timeout_and_keeps_the_order(
+    store: InMemoryWorkloadStore,
+    bell: Bell,
+    clock: FakeClock,
+    metrics: EndpointMetrics,
     make_workload: MakeWorkload,
-    metrics_registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    slow = manager.watch()
-    assert sample(metrics_registry, "watchers") == 1.0
-    published = DEFAULT_QUEUE + 1
-    for i in range(published):  # each registration moves the workload: one change each
-        await manager.register(make_workload(address=f"10.0.0.{i % 2 + 1}"))
-    assert manager.revision == published
-    assert sample(metrics_registry, "watchers") == 0.0  # ended, not waited for
+    manager = EndpointsManager(store, bell, metrics, clock=clock, store_timeout=0.05)
+    await manager.start()
+    bell.open.clear()  # a frozen Redis: nothing answers until the socket times out
+    with caplog.at_level(logging.WARNING):
+        await manager.register(make_workload("vm-1", services=("api",), address="10.0.0.1"))
+        await manager.register(make_workload("vm-2", services=("web",), address="10.0.0.2"))
+        await manager.deregister("shop/vm-1")
+    assert bell.rung == []  # every caller went on; the signals wait behind
+    assert addresses(manager, WEB) == ["10.0.0.2"]
+    assert "endpoints.signal_slow signals=1 first=shop/api" in caplog.text
 
-    received: list[ViewChange] = []
-    with pytest.raises(WatchOverflow):
-        await drain(slow, received)
-    assert len(received) < published
-
-    fresh = manager.watch()  # watching again works
-    await manager.register(make_workload(address="10.0.0.9"))
-    assert await take(fresh, 1) == [(published + 1, "shop/api", ["10.0.0.9"])]
-    await fresh.aclose()
-    assert sample(metrics_registry, "watchers") == 0.0
+    bell.open.set()
+    await manager.signalled()
+    assert bell.rung == [("changed", "shop/api"), ("changed", "shop/web"), ("removed", "shop/api")]
 
 
 # --- expiry --------------------------------------------------------------------------------
@@ -298,8 +282,8 @@ async def test_expire_once_takes_out_expired_workloads(
     clock: FakeClock,
     make_workload: MakeWorkload,
     metrics_registry: CollectorRegistry,
+    bell: Bell,
 ) -> None:
-    changes = manager.watch()
     await manager.register(make_workload(ttl=10.0))
     clock.now = NOW + 9
     assert await manager.expire_once() == 0
@@ -307,26 +291,24 @@ async def test_expire_once_takes_out_expired_workloads(
     assert await manager.expire_once() == 1
     assert sample(metrics_registry, "expirations_total") == 1.0
     assert manager.workloads()[0][1] is False
+    assert addresses(manager, API) == []
 
     clock.now = NOW + 11
     await manager.heartbeat("shop/vm-1")
-    assert await take(changes, 3) == [
-        (1, "shop/api", ["10.0.0.1"]),
-        (2, "shop/api", []),
-        (3, "shop/api", ["10.0.0.1"]),
-    ]
+    assert addresses(manager, API) == ["10.0.0.1"]
+    assert bell.rung == [("changed", "shop/api")] * 3
     assert sample(metrics_registry, "expirations_total") == 1.0
 
 
 async def test_run_expiry_expires_until_stopped(
-    manager: EndpointsManager, clock: FakeClock, make_workload: MakeWorkload
+    manager: EndpointsManager, bell: Bell, clock: FakeClock, make_workload: MakeWorkload
 ) -> None:
-    changes = manager.watch()
     await manager.register(make_workload(ttl=10.0))
     clock.now = NOW + 10
     stop = asyncio.Event()
     task = asyncio.create_task(manager.run_expiry(stop, interval=0.01))
-    assert await take(changes, 2) == [(1, "shop/api", ["10.0.0.1"]), (2, "shop/api", [])]
+    assert await bell.rings(2) == [("changed", "shop/api")] * 2
+    assert addresses(manager, API) == []
     stop.set()
     await asyncio.wait_for(task, 1.0)
 
@@ -334,7 +316,7 @@ async def test_run_expiry_expires_until_stopped(
 # --- start and declarations ----------------------------------------------------------------
 
 
-async def test_start_loads_the_store_without_announcing(
+async def test_start_loads_the_store_without_signalling(
     store: InMemoryWorkloadStore,
     bell: Bell,
     clock: FakeClock,
@@ -348,26 +330,25 @@ async def test_start_loads_the_store_without_announcing(
     await store.put(alive)
     await store.put(stale)
     manager = EndpointsManager(store, bell, metrics, clock=clock)
-    changes = manager.watch()
     assert not manager.ready.is_set()
 
-    await manager.start(revision=41)
+    await manager.start()
     assert manager.ready.is_set()
-    assert manager.revision == 41
+    assert manager.revision == 0
     assert bell.rung == []
-    await assert_nothing_more(changes)
     assert manager.workloads() == [(alive, True), (stale, False)]
     view = manager.view(API)
     assert view is not None
     assert [e.address for e in view.endpoints] == ["10.0.0.1"]
 
     await manager.heartbeat("shop/vm-2")  # back from the dead
-    # the bell answers 1, but a revision never goes back below where the manager started
-    assert await take(changes, 1) == [(42, "shop/api", ["10.0.0.1", "10.0.0.2"])]
+    assert bell.rung == [("changed", "shop/api")]
+    assert addresses(manager, API) == ["10.0.0.1", "10.0.0.2"]
+    assert manager.revision == 1
 
 
-async def test_declare_emits_changes_and_returns_conflicts(
-    manager: EndpointsManager, declarations: Parse
+async def test_declare_signals_changes_and_returns_conflicts(
+    manager: EndpointsManager, bell: Bell, declarations: Parse
 ) -> None:
     entry = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -377,18 +358,19 @@ spec:
   ports: [{{number: 443, name: https, protocol: TLS}}]
   resolution: DNS
 """
-    changes = manager.watch()
     conflicts = await manager.declare(
         *declarations(entry.format(name="a") + "---\n" + entry.format(name="b"))
     )
     assert len(conflicts) == 1
     assert "shop/b" in conflicts[0]
-    assert await take(changes, 1) == [(1, "shop/ext.example.com", ["ext.example.com"])]
+    assert bell.rung == [("changed", "shop/ext.example.com")]
+    assert addresses(manager, ServiceKey("shop", "ext.example.com")) == ["ext.example.com"]
     assert [v.key for v in manager.views("shop")] == [ServiceKey("shop", "ext.example.com")]
     assert manager.views("bank") == []
 
     assert await manager.declare([], []) == []
-    assert await take(changes, 1) == [(2, "shop/ext.example.com", None)]
+    assert bell.rung[-1] == ("removed", "shop/ext.example.com")
+    assert manager.views() == []
 
 
 # --- gauges --------------------------------------------------------------------------------
@@ -421,18 +403,6 @@ async def test_gauges_read_the_current_state(
     await manager.deregister("shop/vm-1")
     await manager.deregister("shop/vm-2")
     assert gauges() == (0.0, 0.0, 0.0, 0.0)
-
-
-async def test_the_watchers_gauge_counts_open_watches(
-    manager: EndpointsManager, metrics_registry: CollectorRegistry
-) -> None:
-    assert sample(metrics_registry, "watchers") == 0.0
-    async with manager.watch():
-        second = manager.watch()
-        assert sample(metrics_registry, "watchers") == 2.0
-        await second.aclose()
-        assert sample(metrics_registry, "watchers") == 1.0
-    assert sample(metrics_registry, "watchers") == 0.0
 
 
 # --- Redis outages: registrations refused, heartbeats counted, nothing expires for it -------
@@ -514,7 +484,7 @@ async def test_a_store_that_lost_its_data_gets_every_registration_back(
     assert store.workloads == {"shop/vm-1": first, "shop/vm-2": second}
 
 
-async def test_changes_while_the_store_is_down_reach_watchers_without_ringing_the_bus(
+async def test_changes_while_the_store_is_down_are_still_signalled(
     manager: EndpointsManager,
     store: InMemoryWorkloadStore,
     bell: Bell,
@@ -524,13 +494,13 @@ async def test_changes_while_the_store_is_down_reach_watchers_without_ringing_th
     await manager.register(make_workload(ttl=10.0))
     clock.now = NOW + 10
     await manager.expire_once()
-    changes = manager.watch()
     store.down = True
     with pytest.raises(StoreUnavailable):  # a write meets the outage: the store is down
         await manager.keeper.put(make_workload("vm-9"))
     await manager.heartbeat("shop/vm-1")  # a revival: a change, while Redis is away
-    assert await take(changes, 1) == [(3, "shop/api", ["10.0.0.1"])]
-    assert len(bell.rung) == 2
+    # handed to the outbox all the same: it keeps what Redis does not take (tested below)
+    assert bell.rung == [("changed", "shop/api")] * 3
+    assert addresses(manager, API) == ["10.0.0.1"]
 
 
 async def test_records_refused_at_load_are_reported_until_overwritten_or_deleted(
@@ -563,3 +533,107 @@ async def test_records_refused_at_load_are_reported_until_overwritten_or_deleted
     assert sorted(store.workloads) == ["shop/vm-1", "shop/vm-3"]
     with pytest.raises(UnknownWorkload):
         await manager.deregister("shop/vm-2")
+
+
+# --- the signals' road: a real Outbox on a real Redis, heard by a real Subscriber ------------
+
+SENDER = "endpoints-vm-test"  # the instance name: the provider's registry record name
+
+
+class Heard:
+    """The events a real :class:`Subscriber` of the topic delivers, in order."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+
+    async def on_event(self, event: Event) -> None:
+        await self.events.put(event)
+
+    async def on_resync(self, topic: str) -> None:
+        """Nothing to re-read here: these tests look at the events."""
+
+    async def next(self) -> tuple[str, str, str]:
+        event = await asyncio.wait_for(self.events.get(), 5.0)
+        assert event.topic == TOPIC
+        return event.kind, event.key, event.sender
+
+
+@pytest.fixture
+async def road(redis_server: RedisServer) -> AsyncIterator[tuple[Outbox, Heard]]:
+    client = redis_without_retries(redis_server.url, socket_timeout=1.0)
+    outbox = Outbox(Publisher(client, sender=SENDER), Health())
+    heard = Heard()
+    subscriber = Subscriber(redis_server.url, [TOPIC], heard.on_event, heard.on_resync)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(subscriber.run(stop)), asyncio.create_task(outbox.run(stop))]
+    await asyncio.wait_for(subscriber.ready.wait(), 5.0)
+    try:
+        yield outbox, heard
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await client.aclose()
+
+
+def on_the_road(
+    outbox: Outbox, store: InMemoryWorkloadStore, clock: FakeClock, metrics: EndpointMetrics
+) -> EndpointsManager:
+    """A manager that signals as ``main`` wires it: through the outbox, topic ``endpoints``."""
+
+    async def signal(kind: str, key: str) -> int:
+        return await outbox.signal(TOPIC, kind, key)
+
+    return EndpointsManager(store, signal, metrics, clock=clock)
+
+
+async def test_a_subscriber_hears_each_change_with_its_key_and_the_provider_as_sender(
+    road: tuple[Outbox, Heard],
+    store: InMemoryWorkloadStore,
+    clock: FakeClock,
+    metrics: EndpointMetrics,
+    make_workload: MakeWorkload,
+) -> None:
+    outbox, heard = road
+    manager = on_the_road(outbox, store, clock, metrics)
+    await manager.start()
+    await manager.register(make_workload("vm-1", services=("api",), address="10.0.0.1"))
+    await manager.register(make_workload("vm-2", services=("web",), address="10.0.0.2"))
+    await manager.deregister("shop/vm-2")
+    assert [await heard.next() for _ in range(3)] == [
+        ("changed", "shop/api", SENDER),
+        ("changed", "shop/web", SENDER),
+        ("removed", "shop/web", SENDER),
+    ]
+
+
+async def test_a_signal_redis_does_not_take_is_kept_and_sent_when_it_is_back(
+    road: tuple[Outbox, Heard],
+    redis_server: RedisServer,
+    redis_client: Redis,
+    store: InMemoryWorkloadStore,
+    clock: FakeClock,
+    metrics: EndpointMetrics,
+    make_workload: MakeWorkload,
+) -> None:
+    outbox, heard = road
+    manager = on_the_road(outbox, store, clock, metrics)
+    await manager.start()
+    await manager.register(make_workload(ttl=10.0))
+    clock.now = NOW + 10
+    await manager.expire_once()
+    assert [await heard.next() for _ in range(2)] == [("changed", "shop/api", SENDER)] * 2
+
+    redis_server.kill()
+    store.down = True  # the store is the same Redis
+    await manager.heartbeat("shop/vm-1")  # a revival while Redis is away
+    await manager.signalled()
+    assert outbox.pending == 1
+    assert addresses(manager, API) == ["10.0.0.1"]
+
+    redis_server.start()
+    store.down = False
+
+    async def sent() -> bool:
+        return outbox.pending == 0 and await redis_client.get(revision_key(TOPIC)) == b"3"
+
+    await eventually(sent, timeout=10, message="the kept signal published once Redis is back")

@@ -68,21 +68,21 @@ async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
     runtime = await ServiceRuntime.connect(settings, "endpoints-provider", stop)
     if runtime is None:
         return
-    publisher = runtime.publisher
+    outbox = runtime.outbox  # signals as settings.instance_name: our registry record's name
 
-    async def announce(kind: str, key: str) -> int:
-        return (await publisher.publish(TOPIC, kind, key)).revision
+    async def signal(kind: str, key: str) -> int:
+        return await outbox.signal(TOPIC, kind, key)
 
     metrics = EndpointMetrics.create(runtime.metrics)
     manager = EndpointsManager(
         RedisWorkloadStore(runtime.redis),
-        announce,
+        signal,
         metrics,
         rejections=runtime.health.rejections,
         store_timeout=settings.store_timeout,
         store_check_interval=settings.store_check_interval,
     )
-    await manager.start(await publisher.current_revision(TOPIC))
+    await manager.start()
     declarations = Declarations(settings, manager)
     await declarations.load()
     if declarations.directory is not None:

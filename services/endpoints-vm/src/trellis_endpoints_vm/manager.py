@@ -1,9 +1,13 @@
-"""endpoints-vm's state: the registry, its durable store, and ordered change events.
+"""endpoints-vm's state: the registry, its durable store, and the signals of its changes.
 
 Every mutation (a registration, a heartbeat that revives a workload, a deregistration, an
 expiry, a reload of declarations) runs under one lock: the registry computes which service
-views changed, and each change is announced on the bus with the next revision and fanned
-out to watchers in that order. A watcher therefore sees each change once, in revision order.
+views changed, and the manager counts them in ``revision``. Once the lock is released, each
+change is signalled on the one event path (``docs/architecture.md``, "One event path"):
+topic ``endpoints``, kind ``changed`` or ``removed``, key ``"<namespace>/<service>"``.
+A consumer that hears it fetches the service with ``GetService`` (NOT_FOUND: removed), so
+the signal carries no state and the order of two signals does not matter: the fetch
+after the last one reads the last state.
 
 Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKeeper`):
 
@@ -19,8 +23,10 @@ Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKee
   *held* alive until Redis is back and then for one more TTL: no workload expires because
   the control plane could not write.
 * **Reads never touch Redis**: views and listings come from memory, the last known state.
-* While the store is unavailable the bus (the same Redis) is not rung; watchers still get
-  every change, and bus subscribers resync when they reconnect. Revisions never go back.
+* **Signals are kept, and never hold a caller long.** The service's
+  :class:`~trellis_common.events.Outbox` keeps a signal Redis does not take and sends it
+  when Redis is back. A caller waits for its signals at most ``store_timeout`` (a frozen
+  Redis answers nothing until the socket times out); the signal goes on in the background.
 
 Records that fail validation at load are skipped, and reported through ``rejections``
 (source ``redis``) until the workload registers again or is deregistered.
@@ -33,9 +39,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from trellis_common.fanout import Broadcaster, Subscription
 from trellis_common.health import Rejections
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.registry import Change, EndpointRegistry, UnknownWorkload
@@ -47,25 +52,23 @@ from trellis_endpoints_vm.store import Rejected, WorkloadStore
 
 log = logging.getLogger(__name__)
 
-Announce = Callable[[str, str], Awaitable[int]]  # (kind, "ns/service") -> revision
+#: ``signal(kind, key)``: publish (or keep) one signal of :data:`TOPIC`, e.g.
+#: ``lambda kind, key: runtime.outbox.signal(TOPIC, kind, key)``.
+Signal = Callable[[str, str], Awaitable[object]]
+#: The topic of the one event path this provider owns (keys: "<namespace>/<service>").
 TOPIC = "endpoints"
+CHANGED = "changed"
+REMOVED = "removed"
 REJECTION_SOURCE = "redis"
 
-__all__ = ["TOPIC", "EndpointsManager", "StoreUnavailable", "UnknownWorkload", "ViewChange"]
-
-
-@dataclass(frozen=True, slots=True)
-class ViewChange:
-    revision: int
-    key: ServiceKey
-    view: ServiceView | None
+__all__ = ["TOPIC", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
 
 
 class EndpointsManager:
     def __init__(
         self,
         store: WorkloadStore,
-        announce: Announce,
+        signal: Signal,
         metrics: EndpointMetrics,
         clock: Callable[[], float] = time.time,
         *,
@@ -74,13 +77,14 @@ class EndpointsManager:
         store_check_interval: float = 5.0,
     ) -> None:
         self._store = store
-        self._announce = announce
+        self._signal = signal
         self._metrics = metrics
         self._clock = clock
         self._rejections = rejections
         self._rejected: dict[str, str] = {}  # stored field -> where it lives, while refused
-        self._announce_timeout = store_timeout
-        self._announce_failing = False
+        self._signal_timeout = store_timeout
+        self._signalling: set[asyncio.Task[None]] = set()  # in flight, some no longer awaited
+        self._in_order = asyncio.Lock()  # FIFO: signals leave in the order of their changes
         self.registry = EndpointRegistry()
         self.keeper = StoreKeeper(
             store,
@@ -92,21 +96,22 @@ class EndpointsManager:
             on_unavailable=self._hold,
             on_recovered=self._release,
         )
+        #: Service views changed since this process started (for listings and status;
+        #: the order consumers rely on is the signal's own revision).
         self.revision = 0
         self._lock = asyncio.Lock()
-        self._watchers: Broadcaster[ViewChange] = Broadcaster(on_count=metrics.watchers.set)
         self.ready = asyncio.Event()
         self.bind_gauges()
 
-    async def start(self, revision: int = 0) -> None:
-        """Load the stored registrations (no events: watchers list on connect)."""
+    async def start(self) -> None:
+        """Load the stored registrations (no signals: a consumer resyncs when it finds
+        this provider in the registry, and the registry says it is up)."""
         now = self._clock()
         loaded = await self._store.load_all()
         for workload in loaded.workloads:
             self.registry.upsert(workload, now)
         for rejected in loaded.rejected:
             self._reject(rejected)
-        self.revision = revision
         log.info(
             "endpoints.loaded workloads=%d services=%d rejected=%d",
             len(self.registry.workloads),
@@ -145,7 +150,7 @@ class EndpointsManager:
             await self._durably("register", workload.id, self.keeper.put(workload))
             self._overwritten(workload.id)
             self._metrics.registrations.inc()
-            await self._emit(self.registry.upsert(workload, now))
+            signals = self._count(self.registry.upsert(workload, now))
             log.debug(
                 "workload.registered workload=%s services=%s address=%s ttl=%s",
                 workload.id,
@@ -153,7 +158,8 @@ class EndpointsManager:
                 workload.address,
                 workload.ttl,
             )
-            return workload
+        await self._send(signals)
+        return workload
 
     async def heartbeat(self, workload_id: str) -> Workload:
         """Count a heartbeat in memory, then persist it (queued while Redis is away)."""
@@ -164,8 +170,9 @@ class EndpointsManager:
                 self.registry.hold(now, [workload_id])
             if changes:
                 log.debug("workload.revived workload=%s", workload_id)
-            await self._emit(changes)
-            return beaten
+            signals = self._count(changes)
+        await self._send(signals)
+        return beaten
 
     async def deregister(self, workload_id: str) -> None:
         """Delete a registration (or a refused record still stored under that id)."""
@@ -179,8 +186,9 @@ class EndpointsManager:
                 return
             await self._durably("deregister", workload_id, self.keeper.delete(workload_id))
             self._overwritten(workload_id)
-            await self._emit(self.registry.remove(workload_id, self._clock()))
+            signals = self._count(self.registry.remove(workload_id, self._clock()))
             log.debug("workload.deregistered workload=%s", workload_id)
+        await self._send(signals)
 
     def workloads(self) -> list[tuple[Workload, bool]]:
         now = self._clock()
@@ -218,10 +226,12 @@ class EndpointsManager:
     ) -> list[str]:
         """Replace the declared ServiceEntries/WorkloadEntries; returns host conflicts."""
         async with self._lock:
-            await self._emit(self.registry.declare(entries, workload_entries, self._clock()))
+            signals = self._count(self.registry.declare(entries, workload_entries, self._clock()))
             for conflict in self.registry.conflicts:
                 log.warning("declarations.conflict detail=%r", conflict)
-            return list(self.registry.conflicts)
+            conflicts = list(self.registry.conflicts)
+        await self._send(signals)
+        return conflicts
 
     # -- expiry ------------------------------------------------------------------------
 
@@ -231,8 +241,9 @@ class EndpointsManager:
             for workload_id in expired:
                 log.warning("workload.expired workload=%s reason=no-heartbeat", workload_id)
             self._metrics.expirations.inc(len(expired))
-            await self._emit(changes)
-            return len(changes)
+            signals = self._count(changes)
+        await self._send(signals)
+        return len(signals)
 
     async def run_expiry(self, stop: asyncio.Event, interval: float = 0.5) -> None:
         while not stop.is_set():
@@ -243,7 +254,7 @@ class EndpointsManager:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
 
-    # -- views and watchers --------------------------------------------------------------
+    # -- views --------------------------------------------------------------------------
 
     def views(self, namespace: str = "") -> list[ServiceView]:
         return [
@@ -255,28 +266,49 @@ class EndpointsManager:
     def view(self, key: ServiceKey) -> ServiceView | None:
         return self.registry.views.get(key)
 
-    def watch(self) -> Subscription[ViewChange]:
-        return self._watchers.subscribe()
+    # -- signals ------------------------------------------------------------------------
 
-    async def _emit(self, changes: list[Change]) -> None:
-        for change in changes:
-            kind = "removed" if change.view is None else "changed"
-            revision = self.revision + 1
-            if self.keeper.available:  # the bus is the same Redis: no waiting on it when down
+    def _count(self, changes: list[Change]) -> list[tuple[str, str]]:
+        """Count ``changes`` (under the lock); the signals to send once it is released."""
+        self.revision += len(changes)
+        self._metrics.changes.inc(len(changes))
+        return [(CHANGED if c.view is not None else REMOVED, str(c.key)) for c in changes]
+
+    async def _send(self, signals: list[tuple[str, str]]) -> None:
+        """Signal each change; wait for it at most the store timeout.
+
+        Called right after the lock is released (no await in between), so the tasks are
+        made, and take ``_in_order``, in the order of the changes: a consumer that takes
+        a ``removed`` at its word never hears it after a later ``changed``. A slow Redis
+        holds up no other call. A signal Redis does not take is kept by the outbox; one
+        that outlives the wait goes on in the background (and is kept if Redis refuses).
+        """
+        if not signals:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_all(signals))
+        self._signalling.add(task)
+        task.add_done_callback(self._signalling.discard)
+        done, _ = await asyncio.wait({task}, timeout=self._signal_timeout)
+        if not done:
+            log.warning(
+                "endpoints.signal_slow signals=%d first=%s waited=%ss action=continuing-behind",
+                len(signals),
+                signals[0][1],
+                self._signal_timeout,
+            )
+
+    async def _send_all(self, signals: list[tuple[str, str]]) -> None:
+        async with self._in_order:
+            for kind, key in signals:
                 try:
-                    async with asyncio.timeout(self._announce_timeout):
-                        revision = max(revision, await self._announce(kind, str(change.key)))
-                except Exception as exc:  # noqa: BLE001 (the bus is a bell; watchers still get it)
-                    level = logging.DEBUG if self._announce_failing else logging.WARNING
-                    log.log(level, "endpoints.announce_failed service=%s error=%r", change.key, exc)
-                    self._announce_failing = True
-                else:
-                    if self._announce_failing:
-                        log.info("endpoints.announce_recovered service=%s", change.key)
-                    self._announce_failing = False
-            self.revision = revision
-            self._metrics.changes.inc()
-            self._watchers.publish(ViewChange(self.revision, change.key, change.view))
+                    await self._signal(kind, key)
+                except Exception:  # the outbox keeps what Redis refuses: anything else is a bug
+                    log.exception("endpoints.signal_failed kind=%s service=%s", kind, key)
+
+    async def signalled(self) -> None:
+        """Wait until every signal sent so far has been published or kept."""
+        while self._signalling:
+            await asyncio.wait(set(self._signalling))
 
     def bind_gauges(self) -> None:
         """Gauges computed when scraped, so changes pay nothing for them."""

@@ -15,7 +15,6 @@ class EndpointMetrics:
     registrations: Counter
     expirations: Counter
     changes: Counter
-    watchers: Gauge
     document_errors: Gauge
     store_pending: Gauge
     store_available: Gauge
@@ -40,10 +39,9 @@ class EndpointMetrics:
             ),
             changes=Counter(
                 "trellis_endpoints_vm_service_changes",
-                "Service views changed (events sent)",
+                "Service views changed (each one signalled on the topic endpoints)",
                 registry=registry,
             ),
-            watchers=gauge("watchers", "Open watch streams"),
             document_errors=gauge("document_errors", "Invalid documents in the spec directory"),
             store_pending=gauge(
                 "store_pending_writes", "Workload writes queued while Redis is unavailable"

@@ -1,5 +1,12 @@
 """The ``trellis.endpoints.v1.EndpointsProvider`` servicer over endpoints-vm's views.
 
+It answers what a consumer fetches on the one event path: ``GetService`` when the signal
+``endpoints`` names a service (NOT_FOUND once the service is gone: that is how a consumer
+learns it was removed), ``ListServices`` when it resyncs. There is no stream: changes are
+told by the signal, not pushed here. ``revision`` in the answers is the manager's count
+of changes since this process started, for logs and status; consumers order by the
+signal's revision.
+
 Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
 service's :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
 field, logged, counted and shown in ``/v1/status``.
@@ -7,22 +14,17 @@ field, logged, counted and shown in ``/v1/status``.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common.fanout import WatchOverflow
 from trellis_common.grpcrequests import InvalidField, RequestGate
 from trellis_common.health import Rejections
 from trellis_endpoints_vm.domain.views import ServiceView
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.transport import grpc_requests
-
-log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EndpointsProvider"].full_name
@@ -104,30 +106,3 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
         if view is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {key} in this provider")
         return to_proto(view, self._manager.revision)
-
-    async def Watch(
-        self, request: pb.WatchRequest, context: Context
-    ) -> AsyncIterator[pb.EndpointsEvent]:
-        changes = self._manager.watch()
-        try:
-            yield pb.EndpointsEvent(
-                kind=pb.EndpointsEvent.SNAPSHOT, revision=self._manager.revision
-            )
-            async for change in changes:
-                ref = pb.ServiceRef(namespace=change.key.namespace, name=change.key.name)
-                if change.view is None:
-                    yield pb.EndpointsEvent(
-                        kind=pb.EndpointsEvent.REMOVED, revision=change.revision, service=ref
-                    )
-                else:
-                    yield pb.EndpointsEvent(
-                        kind=pb.EndpointsEvent.CHANGED,
-                        revision=change.revision,
-                        service=ref,
-                        state=to_proto(change.view, change.revision),
-                    )
-        except WatchOverflow as exc:
-            log.warning("watch.overflow peer=%s", context.peer())
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        finally:
-            await changes.aclose()
