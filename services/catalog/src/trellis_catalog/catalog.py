@@ -64,6 +64,9 @@ class CertificateRef:
 
 
 class Catalog:
+    """The façade: takes the inputs, answers the queries, runs the debounce loop and
+    flushes; the work is the parts' (see the module's docstring)."""
+
     def __init__(
         self,
         announce: Announce,
