@@ -27,16 +27,16 @@ def test_each_port_is_a_cluster_at_version_one(report: Report, endpoint: Endpoin
         report("shop/api", endpoint("10.0.0.1", {"http": 8080, "grpc": 9090}), ports=TWO_PORTS)
     )
     assert clusters.rebuild([API], known, "cluster.local") == {"shop/api|80", "shop/api|9090"}
-    http = clusters["shop/api|80"]
+    http = clusters.states["shop/api|80"]
     assert (http.version, [(e.address, e.port) for e in http.endpoints]) == (
         1,
         [("10.0.0.1", 8080)],
     )
     assert http.spiffe_ids == ()  # the endpoint names no account
-    assert len(clusters) == 2
+    assert len(clusters.states) == 2
     # the same input again: nothing changed, nothing re-versioned
     assert clusters.rebuild([API], known, "cluster.local") == set()
-    assert clusters["shop/api|80"].version == 1
+    assert clusters.states["shop/api|80"].version == 1
 
 
 def test_a_moved_endpoint_re_versions_only_its_services_clusters(
@@ -49,16 +49,16 @@ def test_a_moved_endpoint_re_versions_only_its_services_clusters(
     moved = report("shop/api", endpoint("10.0.0.9", {"http": 8080}))
     # only API is in scope, as when one provider changed one service
     assert clusters.rebuild([API], index(moved, web), "cluster.local") == {"shop/api|80"}
-    assert clusters["shop/api|80"].version == 2
-    assert clusters["shop/web|80"].version == 1
+    assert clusters.states["shop/api|80"].version == 2
+    assert clusters.states["shop/web|80"].version == 1
 
 
 def test_a_service_that_went_away_takes_its_clusters(report: Report, endpoint: Endpoint) -> None:
     clusters = Clusters()
     clusters.rebuild([API], index(report("shop/api", endpoint())), "cluster.local")
     assert clusters.rebuild([API], index(), "cluster.local") == {"shop/api|80"}
-    assert "shop/api|80" not in clusters
-    assert dict(clusters) == {}
+    assert "shop/api|80" not in clusters.states
+    assert dict(clusters.states) == {}
 
 
 def test_a_new_trust_domain_rebuilds_every_cluster(report: Report, endpoint: Endpoint) -> None:
@@ -68,8 +68,8 @@ def test_a_new_trust_domain_rebuilds_every_cluster(report: Report, endpoint: End
         report("shop/web", endpoint("10.0.0.2", {"http": 8080}, service_account="web")),
     )
     clusters.rebuild([API, WEB], known, "cluster.local")
-    assert clusters["shop/api|80"].spiffe_ids == ("spiffe://cluster.local/ns/shop/sa/api",)
+    assert clusters.states["shop/api|80"].spiffe_ids == ("spiffe://cluster.local/ns/shop/sa/api",)
     # nothing is in scope, but every SPIFFE id changed
     assert clusters.rebuild([], known, "example.org") == {"shop/api|80", "shop/web|80"}
-    assert clusters["shop/web|80"].spiffe_ids == ("spiffe://example.org/ns/shop/sa/web",)
-    assert clusters["shop/web|80"].version == 2
+    assert clusters.states["shop/web|80"].spiffe_ids == ("spiffe://example.org/ns/shop/sa/web",)
+    assert clusters.states["shop/web|80"].version == 2

@@ -90,7 +90,9 @@ def outbound(recompute: Recompute, identity: Identity) -> set[str]:
 def test_the_first_apply_builds_everything(recompute: Recompute) -> None:
     assert recompute.identities() == [API, CACHE, DB, WEB]
     assert sorted(recompute.policies) == [API, CACHE, DB, WEB]
-    assert sorted(recompute.clusters) == [f"shop/{n}|80" for n in ("api", "cache", "db", "web")]
+    assert sorted(recompute.clusters.states) == [
+        f"shop/{n}|80" for n in ("api", "cache", "db", "web")
+    ]
     assert outbound(recompute, WEB) == {"api"}
     assert outbound(recompute, DB) == set()
     assert recompute.last_recomputed == 4

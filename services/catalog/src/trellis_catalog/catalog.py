@@ -27,12 +27,11 @@ from dataclasses import dataclass
 
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
-from trellis_catalog.domain.clusters import Clusters
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
 from trellis_catalog.domain.recompute import Recompute
 from trellis_catalog.domain.reports import ProviderReports
-from trellis_catalog.domain.views import Identity, IdentityPolicy
+from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 from trellis_catalog.domain.viewstore import ViewBatch, ViewStore
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.fanout import Broadcaster, Subscription
@@ -105,8 +104,8 @@ class Catalog:
         return self._recompute.services
 
     @property
-    def clusters(self) -> Clusters:
-        return self._recompute.clusters
+    def clusters(self) -> Mapping[str, ClusterState]:
+        return self._recompute.clusters.states
 
     @property
     def policies(self) -> Mapping[Identity, IdentityPolicy]:

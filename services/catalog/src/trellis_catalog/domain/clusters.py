@@ -3,37 +3,28 @@
 A cluster is one port of one known service with its endpoints and the SPIFFE ids its
 workloads present. Every view that references it shares it, so a provider's report moves
 one cluster's version and re-versions only the views that reference that cluster, without
-recomputing any policy. :class:`Clusters` is a read-only mapping of cluster name to
-:class:`ClusterState`; :meth:`Clusters.rebuild` refreshes the clusters of some services and
-says which names changed.
+recomputing any policy. :meth:`Clusters.rebuild` refreshes the clusters of some services and
+says which names changed; :attr:`Clusters.states` is the read-only mapping of cluster name
+to :class:`ClusterState` (a live ``MappingProxyType``: every view's version reads it, on the
+hot path of an endpoint change).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain.views import ClusterState
 from trellis_common.model import MeshService
 
 
-class Clusters(Mapping[str, ClusterState]):
+class Clusters:
     def __init__(self) -> None:
         self._clusters: dict[str, ClusterState] = {}
+        self.states: Mapping[str, ClusterState] = MappingProxyType(self._clusters)
         self._of: dict[MeshService, set[str]] = {}  # each service's cluster names
         self._trust_domain = ""  # the one the SPIFFE ids were built with
-
-    def __getitem__(self, name: str) -> ClusterState:
-        return self._clusters[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._clusters)
-
-    def __len__(self) -> int:
-        return len(self._clusters)
-
-    def __contains__(self, name: object) -> bool:  # a hot path: straight to the dict
-        return name in self._clusters
 
     def rebuild(
         self,
