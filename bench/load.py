@@ -188,7 +188,6 @@ class Consumer:
 
     def __init__(self, follower: FetchingFollower, hub: Signals) -> None:
         self.follower = follower
-        self._hub = hub
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(hub.run(self._stop))
 

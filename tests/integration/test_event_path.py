@@ -101,13 +101,12 @@ def test_consumers_resync_and_converge_after_pub_sub_was_frozen(
     asyncio.run(eventually(converged, timeout=30, interval=0.2, message="the split reaches Envoy"))
     print(f"converged {time.monotonic() - started:.2f}s after Redis was resumed")
     for service in ("catalog", "proxy-cp"):
+
+        def all_up(service: str = service) -> bool:
+            return all(loop["up"] for loop in loops(mesh, service).values())
+
         asyncio.run(
-            eventually(
-                lambda s=service: all(loop["up"] for loop in loops(mesh, s).values()),  # type: ignore[misc]
-                timeout=30,
-                interval=0.2,
-                message=f"every loop of {service} up again",
-            )
+            eventually(all_up, timeout=30, interval=0.2, message=f"every loop of {service} up")
         )
         status = loops(mesh, service)
         assert status["signals"]["restarts"] >= 1, status  # it was down, and came back

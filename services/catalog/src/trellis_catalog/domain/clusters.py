@@ -1,0 +1,68 @@
+"""The clusters of the mesh: one per service port, versioned, shared by every view.
+
+A cluster is one port of one known service with its endpoints and the SPIFFE ids its
+workloads present. Every view that references it shares it, so a provider's report moves
+one cluster's version and re-versions only the views that reference that cluster, without
+recomputing any policy. :meth:`Clusters.rebuild` refreshes the clusters of some services and
+says which names changed; :attr:`Clusters.states` is the read-only mapping of cluster name
+to :class:`ClusterState` (a live ``MappingProxyType``: every view's version reads it, on the
+hot path of an endpoint change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from trellis_catalog.domain import services as svc
+from trellis_catalog.domain.views import ClusterState
+from trellis_common.model import MeshService
+
+
+class Clusters:
+    def __init__(self) -> None:
+        self._clusters: dict[str, ClusterState] = {}
+        self.states: Mapping[str, ClusterState] = MappingProxyType(self._clusters)
+        self._of: dict[MeshService, set[str]] = {}  # each service's cluster names
+        self._trust_domain = ""  # the one the SPIFFE ids were built with
+
+    def rebuild(
+        self,
+        scope: Iterable[MeshService],
+        services: Mapping[MeshService, svc.KnownService],
+        trust_domain: str,
+    ) -> set[str]:
+        """Rebuild the clusters of the services in ``scope`` from ``services`` (the index);
+        returns the names that changed (new, moved or gone). A new trust domain changes
+        every SPIFFE id, so it rebuilds every cluster."""
+        changed: set[str] = set()
+        if trust_domain != self._trust_domain:
+            scope = set(services) | set(self._of)
+            self._trust_domain = trust_domain
+        for service in scope:
+            wanted: dict[str, ClusterState] = {}
+            known = services.get(service)
+            if known is not None:
+                for port in known.ports:
+                    state = svc.cluster(known, port, trust_domain)
+                    wanted[state.ref.name] = state
+            for name in self._of.get(service, set()) - set(wanted):
+                del self._clusters[name]
+                changed.add(name)
+            for name, state in wanted.items():
+                old = self._clusters.get(name)
+                if old is None or (old.ref, old.endpoints, old.spiffe_ids) != (
+                    state.ref,
+                    state.endpoints,
+                    state.spiffe_ids,
+                ):
+                    version = (old.version + 1) if old else 1
+                    self._clusters[name] = ClusterState(
+                        state.ref, state.endpoints, state.spiffe_ids, version
+                    )
+                    changed.add(name)
+            if wanted:
+                self._of[service] = set(wanted)
+            else:
+                self._of.pop(service, None)
+        return changed

@@ -1,0 +1,186 @@
+"""The proxies the catalog knows: expected (a certificate was issued), connected, or both.
+
+A proxy is named by its certificate's common name, which holds its identity
+(``<uuid>.<service>.<namespace>``). Its service account becomes a SPIFFE id in every policy
+of the mesh, so the registry keeps, per identity, the account of the latest proxy onboarded:
+that is the identity's account while it has a proxy at all.
+
+:class:`Proxies` is a read-only mapping of common name to :class:`ProxyRecord`; its
+changes go through its methods, which report to two callbacks: ``changed`` when the set of
+identities or their accounts moved (policies depend on them), ``onboarded`` when a proxy
+was seen for the first time (its identity may need a certificate).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from trellis_catalog.domain.views import Identity
+from trellis_common.ids import InvalidIdentifier, ProxyCommonName, validate_dns_subdomain
+
+log = logging.getLogger(__name__)
+
+
+class UnknownProxy(ValueError):
+    """A malformed common name or service account, or a proxy the registry does not know."""
+
+
+@dataclass
+class ProxyRecord:
+    common_name: str
+    identity: Identity
+    service_account: str
+    expected: bool = False
+    connected: bool = False
+    proxy_cp: str = ""
+    address: str = ""
+    seq: int = 0  # onboarding order: the latest proxy's account is the identity's
+    not_after: float = 0.0  # its certificate's expiry (epoch seconds), when known
+
+
+def _nothing() -> None:
+    return None
+
+
+def _ignore(record: ProxyRecord) -> None:
+    return None
+
+
+class Proxies(Mapping[str, ProxyRecord]):
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        changed: Callable[[], None] = _nothing,
+        onboarded: Callable[[ProxyRecord], None] = _ignore,
+    ) -> None:
+        self._clock = clock
+        self._changed = changed
+        self._onboarded = onboarded
+        self._records: dict[str, ProxyRecord] = {}
+        self._seq = 0
+        self._accounts: dict[Identity, str] = {}  # the latest onboarded proxy's
+
+    # -- the mapping -------------------------------------------------------------------
+
+    def __getitem__(self, common_name: str) -> ProxyRecord:
+        return self._records[common_name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    # -- changes -----------------------------------------------------------------------
+
+    def expect(
+        self, common_name: str, service_account: str = "", not_after: float = 0.0
+    ) -> ProxyRecord:
+        """A proxy certificate was issued: the proxy may connect. Raises
+        :class:`UnknownProxy` for a malformed common name or service account."""
+        record = self._proxy(common_name, service_account)
+        record.expected = True
+        if not_after:
+            record.not_after = not_after
+        return record
+
+    def expect_only(self, common_names: Iterable[str]) -> None:
+        """Certmanager's full list of proxy certificates: any other proxy is no longer
+        expected (its record was pruned or revoked), and is forgotten once disconnected."""
+        keep = set(common_names)
+        for record in list(self._records.values()):
+            if record.expected and record.common_name not in keep:
+                record.expected = False
+        self.prune()
+
+    def prune(self) -> int:
+        """Forget proxies that are gone: neither connected nor expected, or whose
+        certificate expired while they were disconnected. Returns how many."""
+        now = self._clock()
+        gone = [
+            r
+            for r in self._records.values()
+            if not r.connected and (not r.expected or (r.not_after and r.not_after < now))
+        ]
+        for record in gone:
+            del self._records[record.common_name]
+            log.debug("proxy.pruned proxy=%s", record.common_name)
+        if gone:
+            identities = self.identities()
+            for record in gone:
+                if record.identity not in identities:
+                    self._accounts.pop(record.identity, None)
+            self._changed()
+        return len(gone)
+
+    def register(self, common_name: str, proxy_cp: str = "", address: str = "") -> ProxyRecord:
+        """The proxy connected to ``proxy_cp`` (from ``address``, when known)."""
+        record = self._proxy(common_name, "")
+        record.connected, record.proxy_cp, record.address = True, proxy_cp, address
+        return record
+
+    def unregister(self, common_name: str) -> ProxyRecord:
+        """The proxy disconnected; it is forgotten at once unless it is still expected."""
+        record = self._records.get(common_name)
+        if record is None:
+            raise UnknownProxy(f"no proxy {common_name!r} is known")
+        record.connected = False
+        if not record.expected:
+            self.prune()
+        return record
+
+    # -- queries -----------------------------------------------------------------------
+
+    def account(self, identity: Identity) -> str | None:
+        """The account of ``identity``'s latest onboarded proxy, if it has a proxy."""
+        return self._accounts.get(identity)
+
+    def identities(self) -> set[Identity]:
+        return {r.identity for r in self._records.values()}
+
+    def accounts(self) -> dict[Identity, str]:
+        """Each identity with a proxy, and one of its proxies' accounts."""
+        return {r.identity: r.service_account for r in self._records.values()}
+
+    def _proxy(self, common_name: str, service_account: str) -> ProxyRecord:
+        try:
+            cn = ProxyCommonName.parse(common_name)
+            if service_account:  # it becomes a SPIFFE id in every policy recompute
+                validate_dns_subdomain(service_account, "service account")
+        except InvalidIdentifier as exc:
+            raise UnknownProxy(str(exc)) from exc
+        identity = Identity(cn.namespace, cn.service)
+        record = self._records.get(common_name)
+        if record is None:
+            self._seq += 1
+            record = self._records[common_name] = ProxyRecord(
+                common_name, identity, service_account or cn.service, seq=self._seq
+            )
+            self._accounts[identity] = record.service_account
+            others = {
+                r.service_account
+                for r in self._records.values()
+                if r.identity == identity and r is not record
+            }
+            if others - {record.service_account}:
+                log.warning(
+                    "proxy.account_conflict identity=%s proxy=%s account=%s others=%s "
+                    "action='the latest proxy's account is used'",
+                    identity,
+                    common_name,
+                    record.service_account,
+                    ",".join(sorted(others)),
+                )
+            self._changed()
+            self._onboarded(record)
+        elif service_account and service_account != record.service_account:
+            record.service_account = service_account
+            latest = max(
+                (r for r in self._records.values() if r.identity == identity), key=lambda r: r.seq
+            )
+            self._accounts[identity] = latest.service_account
+            self._changed()
+        return record

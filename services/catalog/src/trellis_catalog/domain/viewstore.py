@@ -1,0 +1,117 @@
+"""The versions of the views: which identity's view changed, and under which version.
+
+A view is an identity's policy plus the clusters the policy references. Its version moves
+when the policy object is replaced (the recompute keeps the old object when the new one is
+equal) or when one of its clusters gets a new version; it does not move for anything else.
+
+Versions are ``"<epoch>-<revision>"``: the revision counts the batches of changed views,
+and the epoch (the store's creation time, in hex milliseconds) makes sure a restarted
+catalog never hands out a version it used before. One batch, one revision: every view a
+flush changed gets the same version, announced together as a :class:`ViewBatch`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class ViewBatch:
+    revision: int
+    identities: tuple[tuple[str, str], ...]  # (identity, version); version "" = removed
+
+
+class ViewStore:
+    def __init__(self, epoch: str | None = None) -> None:
+        self.epoch = epoch if epoch is not None else format(int(time.time() * 1000), "x")
+        self.revision = 0
+        self.versions: dict[Identity, str] = {}
+        # what the current version of each view was stamped for: its policy object and
+        # the versions of the clusters it references
+        self._view_key: dict[Identity, tuple[object, ...]] = {}
+        self._referenced_by: dict[str, set[Identity]] = {}
+        # the revision at which each identity's view last changed (removals too)
+        self._changed_at: dict[str, int] = {}
+
+    @property
+    def cursor(self) -> str:
+        """Where a consumer is once it has seen every change so far."""
+        return f"{self.epoch}-{self.revision}"
+
+    def since(self, cursor: str) -> tuple[str, bool, list[tuple[str, str]]]:
+        """(next cursor, full?, [(identity, version)]): what changed after ``cursor``.
+
+        Version "" means removed. A cursor that is empty, malformed, from another epoch
+        (a restarted catalog) or ahead of this store gets every identity (``full``): an
+        identity missing from a full listing has no view.
+        """
+        epoch, _, revision = cursor.rpartition("-")
+        since = int(revision) if revision.isascii() and revision.isdigit() else -1
+        if epoch != self.epoch or not 0 <= since <= self.revision:
+            return self.cursor, True, sorted((str(i), v) for i, v in self.versions.items())
+        changed = sorted(i for i, at in self._changed_at.items() if at > since)
+        return (
+            self.cursor,
+            False,
+            [(i, self.versions.get(Identity.parse(i), "")) for i in changed],
+        )
+
+    def version_of(self, identity: Identity) -> str:
+        return self.versions.get(identity, "0")
+
+    def index_references(self, policies: Mapping[Identity, IdentityPolicy]) -> None:
+        """Learn which views reference each cluster (after the policies changed)."""
+        referenced: dict[str, set[Identity]] = {}
+        for identity, policy in policies.items():
+            for name in policy.cluster_names:
+                referenced.setdefault(name, set()).add(identity)
+        self._referenced_by = referenced
+
+    def referencing(self, clusters: Iterable[str]) -> set[Identity]:
+        """The identities whose views reference any of ``clusters``."""
+        found: set[Identity] = set()
+        for name in clusters:
+            found |= self._referenced_by.get(name, set())
+        return found
+
+    def stamp(
+        self,
+        touched: Iterable[Identity],
+        policies: Mapping[Identity, IdentityPolicy],
+        clusters: Mapping[str, ClusterState],
+    ) -> ViewBatch | None:
+        """Give a new version to each ``touched`` identity whose view really changed (and
+        drop the version of one with no policy any more); None when none did."""
+        changed: list[tuple[str, str]] = []
+        for identity in sorted(touched):
+            policy = policies.get(identity)
+            if policy is None:
+                if self.versions.pop(identity, None) is not None:
+                    self._view_key.pop(identity, None)
+                    changed.append((str(identity), ""))
+                continue
+            key = (
+                id(policy),
+                tuple(clusters[n].version if n in clusters else 0 for n in policy.cluster_names),
+            )
+            if self._view_key.get(identity) != key:
+                self._view_key[identity] = key
+                changed.append((str(identity), ""))
+        if not changed:
+            return None
+        self.revision += 1
+        stamped = []
+        for identity_text, _ in changed:
+            self._changed_at[identity_text] = self.revision
+            identity = Identity.parse(identity_text)
+            if identity in policies:
+                version = f"{self.epoch}-{self.revision}"
+                self.versions[identity] = version
+                stamped.append((identity_text, version))
+            else:
+                stamped.append((identity_text, ""))
+        return ViewBatch(self.revision, tuple(stamped))

@@ -1,0 +1,75 @@
+"""The clusters alone: one per service port, a new version only when its content moved."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trellis_catalog.domain import services
+from trellis_catalog.domain.clusters import Clusters
+from trellis_catalog.domain.services import KnownService, ProvidedEndpoint, ProvidedService
+from trellis_common.model import MeshService
+
+API = MeshService("shop", "api")
+WEB = MeshService("shop", "web")
+TWO_PORTS = (("http", 80), ("grpc", 9090))
+
+Report = Callable[..., ProvidedService]
+Endpoint = Callable[..., ProvidedEndpoint]
+
+
+def index(*reports: ProvidedService) -> dict[MeshService, KnownService]:
+    return services.index({}, reports)
+
+
+def test_each_port_is_a_cluster_at_version_one(report: Report, endpoint: Endpoint) -> None:
+    clusters = Clusters()
+    known = index(
+        report("shop/api", endpoint("10.0.0.1", {"http": 8080, "grpc": 9090}), ports=TWO_PORTS)
+    )
+    assert clusters.rebuild([API], known, "cluster.local") == {"shop/api|80", "shop/api|9090"}
+    http = clusters.states["shop/api|80"]
+    assert (http.version, [(e.address, e.port) for e in http.endpoints]) == (
+        1,
+        [("10.0.0.1", 8080)],
+    )
+    assert http.spiffe_ids == ()  # the endpoint names no account
+    assert len(clusters.states) == 2
+    # the same input again: nothing changed, nothing re-versioned
+    assert clusters.rebuild([API], known, "cluster.local") == set()
+    assert clusters.states["shop/api|80"].version == 1
+
+
+def test_a_moved_endpoint_re_versions_only_its_services_clusters(
+    report: Report, endpoint: Endpoint
+) -> None:
+    clusters = Clusters()
+    api = report("shop/api", endpoint("10.0.0.1", {"http": 8080}))
+    web = report("shop/web", endpoint("10.0.0.2", {"http": 8080}))
+    clusters.rebuild([API, WEB], index(api, web), "cluster.local")
+    moved = report("shop/api", endpoint("10.0.0.9", {"http": 8080}))
+    # only API is in scope, as when one provider changed one service
+    assert clusters.rebuild([API], index(moved, web), "cluster.local") == {"shop/api|80"}
+    assert clusters.states["shop/api|80"].version == 2
+    assert clusters.states["shop/web|80"].version == 1
+
+
+def test_a_service_that_went_away_takes_its_clusters(report: Report, endpoint: Endpoint) -> None:
+    clusters = Clusters()
+    clusters.rebuild([API], index(report("shop/api", endpoint())), "cluster.local")
+    assert clusters.rebuild([API], index(), "cluster.local") == {"shop/api|80"}
+    assert "shop/api|80" not in clusters.states
+    assert dict(clusters.states) == {}
+
+
+def test_a_new_trust_domain_rebuilds_every_cluster(report: Report, endpoint: Endpoint) -> None:
+    clusters = Clusters()
+    known = index(
+        report("shop/api", endpoint("10.0.0.1", {"http": 8080}, service_account="api")),
+        report("shop/web", endpoint("10.0.0.2", {"http": 8080}, service_account="web")),
+    )
+    clusters.rebuild([API, WEB], known, "cluster.local")
+    assert clusters.states["shop/api|80"].spiffe_ids == ("spiffe://cluster.local/ns/shop/sa/api",)
+    # nothing is in scope, but every SPIFFE id changed
+    assert clusters.rebuild([], known, "example.org") == {"shop/api|80", "shop/web|80"}
+    assert clusters.states["shop/web|80"].spiffe_ids == ("spiffe://example.org/ns/shop/sa/web",)
+    assert clusters.states["shop/web|80"].version == 2
