@@ -82,15 +82,18 @@ def test_consumers_resync_and_converge_after_pub_sub_was_frozen(
     redis_server.pause()
     try:
         (mesh.spec_dir / "traffic-split.yaml").write_text(ALL_TO_V2)
-        # the silent subscription is noticed: proxy-cp says why it is not ready
-        asyncio.run(
-            eventually(
-                lambda: "signals" in not_ready(mesh, "proxy-cp"),
-                timeout=30,
-                interval=0.2,
-                message="proxy-cp reports its subscription down",
+        # the silent subscription is noticed: each consumer says why it is not ready
+        for service in ("catalog", "proxy-cp"):
+
+            def reports_it(service: str = service) -> bool:
+                down = not loops(mesh, service)["signals"]["up"]
+                return down and "signals" in not_ready(mesh, service)
+
+            asyncio.run(
+                eventually(
+                    reports_it, timeout=30, interval=0.2, message=f"{service} says signals down"
+                )
             )
-        )
     finally:
         redis_server.resume()
 

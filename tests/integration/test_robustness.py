@@ -77,7 +77,9 @@ def test_readme_service_entry_then_a_vm_registration_reaches_a_real_envoy(mesh: 
     assert all(loop["up"] for loop in status["loops"]), status["loops"]
     assert {loop["name"] for loop in status["loops"]} >= {
         "provider endpoints-vm",
-        "certmanager watch",
+        "endpoints providers",
+        "certmanager",
+        "signals",
         "recompute",
     }
 
