@@ -152,6 +152,14 @@ class FetchingFollower(Follower):
         for service in listing.services:
             self._saw(service.endpoints)
 
+    async def changed_all(self, events: Sequence[Event]) -> None:
+        """As the catalog's provider follower does: once per service, concurrently."""
+        latest = {event.key: event for event in events}
+        results = await asyncio.gather(*map(self.changed, latest.values()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
     async def changed(self, event: Event) -> None:
         namespace, _, name = event.key.partition("/")
         if namespace != self._namespace:

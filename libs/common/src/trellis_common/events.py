@@ -79,6 +79,15 @@ class Follower(abc.ABC):
     async def changed(self, event: Event) -> None:
         """Fetch what ``event`` says changed."""
 
+    async def changed_all(self, events: Sequence[Event]) -> None:
+        """Signals that arrived together, in order (none of kind ``resync``).
+
+        One by one by default. A follower whose fetches are independent per key may
+        override it to fetch once per key, concurrently; it must raise if any failed.
+        """
+        for event in events:
+            await self.changed(event)
+
     def lost(self) -> None:  # noqa: B027 (optional hook)
         """The subscription broke: signals may be missed until the next resync."""
 
@@ -139,6 +148,7 @@ class Signals:
             prefix=self._prefix,
             health_check_interval=self._interval,
             on_state=state,
+            on_events=self._changed_all,
         )
         try:
             await self.subscriber.run(stop)
@@ -175,31 +185,53 @@ class Signals:
             raise failed
 
     async def _changed(self, event: Event) -> None:
-        if event.kind == RESYNC:
-            await self._resync(event.topic)
-            return
+        await self._changed_all([event])
+
+    async def _changed_all(self, events: list[Event]) -> None:
+        """Deliver a batch: a ``resync`` signal resyncs its topic where it stands in the
+        batch; the runs of other signals between go to each follower of their topics."""
+        failed: BaseException | None = None
+        run: list[Event] = []
+        for event in [*events, None]:
+            if event is not None and event.kind != RESYNC:
+                run.append(event)
+                continue
+            if run:
+                failed = await self._deliver(run) or failed
+                run = []
+            if event is not None:
+                try:
+                    await self._resync(event.topic)
+                except Exception as exc:  # noqa: BLE001 (logged and shown by _resync)
+                    failed = exc
+        if failed is not None:
+            raise failed
+
+    async def _deliver(self, events: list[Event]) -> BaseException | None:
         failed: BaseException | None = None
         for entry in self._followers:
             follower = entry.follower
-            if event.topic not in follower.topics:
+            mine = [e for e in events if e.topic in follower.topics]
+            if not mine:
                 continue
             try:
-                await follower.changed(event)
-            except Exception as exc:  # the subscriber resyncs the topic, with backoff
+                await follower.changed_all(mine)
+            except Exception as exc:  # the subscriber resyncs the topics, with backoff
                 entry.failed(exc)
-                entry.resynced.discard(event.topic)
+                entry.resynced.difference_update(e.topic for e in mine)
+                first = mine[0]
                 log.log(
                     _level(exc),
-                    "follow.fetch_failed what=%s topic=%s key=%s error=%s",
+                    "follow.fetch_failed what=%s topic=%s key=%s signals=%d error=%s",
                     follower.what,
-                    event.topic,
-                    event.key,
+                    first.topic,
+                    first.key,
+                    len(mine),
                     describe(exc),
                     exc_info=_level(exc) == logging.ERROR,
                 )
                 failed = exc
-        if failed is not None:
-            raise failed
+        return failed
 
 
 def _level(exc: BaseException) -> int:

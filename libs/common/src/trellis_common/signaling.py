@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "trellis"
 
 EventHandler = Callable[["Event"], Awaitable[None]]
+BatchHandler = Callable[[list["Event"]], Awaitable[None]]
+#: At most this many messages already waiting on the socket are handled as one batch.
+MAX_BATCH = 256
 ResyncHandler = Callable[[str], Awaitable[None]]
 StateHandler = Callable[[bool, str], None]
 RedisFactory = Callable[[], redis.asyncio.Redis]
@@ -228,6 +231,10 @@ class Subscriber:
     stop the subscriber. Callbacks run one at a time, in order, on the subscriber's task;
     when ``stop`` is set a callback in progress is cancelled.
 
+    Messages already waiting when one arrives are handled together: with ``on_events``
+    they are delivered as one ordered batch (a receiver may fetch them concurrently, and
+    once per key), otherwise one by one to ``on_event``.
+
     ``on_state(connected, reason)`` is told when the subscription is up (subscribed, before
     the resyncs) and each time it is lost or cannot be made. Callbacks log their own
     failures; the subscriber only notes them.
@@ -250,6 +257,7 @@ class Subscriber:
         health_check_interval: float = 1.0,
         socket_timeout: float = 5.0,
         on_state: StateHandler = lambda connected, reason: None,
+        on_events: BatchHandler | None = None,
     ) -> None:
         self.topics = tuple(dict.fromkeys(topics))
         if not self.topics or not all(self.topics):
@@ -263,6 +271,8 @@ class Subscriber:
         self._on_event = on_event
         self._on_resync = on_resync
         self._on_state = on_state
+        self._on_events = on_events
+        self._ready: list[Event] = []  # in order, not yet delivered
         self._channels = {channel_name(t, prefix): t for t in self.topics}
         self._control = f"{prefix}:subscriber:{uuid.uuid4().hex}"
         self._backoff = Backoff(backoff)
@@ -343,6 +353,7 @@ class Subscriber:
 
     async def _subscribe(self, pubsub: PubSub) -> None:
         self._early = []
+        self._ready = []
         self._replaced = False
         pending = {*self._channels, self._control}
         async with asyncio.timeout(self._socket_timeout):
@@ -397,6 +408,7 @@ class Subscriber:
             early, self._early = self._early, []
             for message in early:
                 await self._handle(message)
+            await self._flush()
             await self._retry_due_resyncs(loop.time())
             now = loop.time()
             if probe_sent is None and now - last_heard >= self._interval:
@@ -413,6 +425,13 @@ class Subscriber:
                 continue
             last_heard, probe_sent = now, None
             await self._handle(message)
+            # what else is already waiting goes in the same batch (never waits for more)
+            for _ in range(MAX_BATCH - 1):
+                message = await pubsub.get_message(timeout=0.0)
+                if message is None:
+                    break
+                await self._handle(message)
+            await self._flush()
 
     async def _handle(self, message: Mapping[str, Any]) -> None:
         if _text(message["type"]) != "message":
@@ -438,10 +457,11 @@ class Subscriber:
         last, revision = self._last[topic], event.revision
         if revision == last + 1:
             self._adopt(topic, event)
-            await self._deliver(event)
+            self._ready.append(event)
         elif revision > last + 1:
             log.info("signaling.gap topic=%s last=%d revision=%d", topic, last, revision)
             self._adopt(topic, event)
+            await self._flush()
             await self._resync(topic, "gap")
         elif self._barrier is not None or event == self._last_event.get(topic):
             # In flight while we read the counter, or the very same message again.
@@ -450,11 +470,35 @@ class Subscriber:
             # Revisions on one channel only ever increase: the counter was lost or reset.
             log.warning("signaling.reset topic=%s last=%d revision=%d", topic, last, revision)
             self._adopt(topic, event)
+            await self._flush()
             await self._resync(topic, "reset")
 
     def _adopt(self, topic: str, event: Event) -> None:
         self._last[topic] = event.revision
         self._last_event[topic] = event
+
+    async def _flush(self) -> None:
+        """Deliver the events handled so far: as one batch to ``on_events`` when given (a
+        failure resyncs every topic in it), else one by one to ``on_event``."""
+        events, self._ready = self._ready, []
+        if not events:
+            return
+        if self._on_events is None:
+            for event in events:
+                await self._deliver(event)
+            return
+        try:
+            await self._on_events(events)
+        except Exception as exc:  # noqa: BLE001 (the receiver logged it; a resync follows)
+            topics = sorted({e.topic for e in events})
+            log.info(
+                "signaling.callback_failed callback=on_events topics=%s events=%d error=%s",
+                ",".join(topics),
+                len(events),
+                _describe(exc),
+            )
+            for topic in topics:
+                self._schedule_retry(topic)
 
     async def _deliver(self, event: Event) -> None:
         try:

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -108,11 +108,31 @@ class ProviderFollower(Follower):
                 await self._list(r for r in live.values() if self._unlisted(r))
 
     async def changed(self, event: Event) -> None:
+        await self.changed_all([event])
+
+    async def changed_all(self, events: Sequence[Event]) -> None:
+        """Registry signals in order; between them, each service signalled is fetched once
+        (however many signals named it), all of them concurrently."""
         async with self._lock:
-            if event.topic == REGISTRY_TOPIC:
-                await self._registry(event)
-            else:
-                await self._service(event)
+            services: dict[tuple[str, str], Event] = {}
+            for event in events:
+                if event.topic == REGISTRY_TOPIC:
+                    await self._fetch_all(services.values())
+                    services = {}
+                    await self._registry(event)
+                else:
+                    services[(event.sender, event.key)] = event
+            await self._fetch_all(services.values())
+
+    async def _fetch_all(self, events: Iterable[Event]) -> None:
+        pending = list(events)
+        for event in [e for e in pending if e.sender not in self.providers]:
+            await self._service(event)  # lists an unknown provider: once, not concurrently
+        known = [e for e in pending if e.sender in self.providers]
+        results = await asyncio.gather(*map(self._service, known), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _registry(self, event: Event) -> None:
         kind, _, name = event.key.partition("/")
