@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import redis.asyncio
 
@@ -250,3 +250,41 @@ async def test_a_frozen_redis_does_not_hold_the_owner_up(
         assert outbox.pending == 1
     finally:
         redis_server.resume()
+
+
+class Gated(Mirror):
+    """A mirror whose first batch waits for ``gate``: signals pile up meanwhile."""
+
+    def __init__(self, owner: Owner) -> None:
+        super().__init__(owner)
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.batches: list[list[str]] = []
+
+    async def changed_all(self, events: Sequence[Event]) -> None:
+        self.batches.append([e.key for e in events])
+        self.entered.set()
+        await self.gate.wait()
+        await super().changed_all(events)
+
+
+async def test_signals_that_piled_up_arrive_as_one_ordered_batch(
+    redis_server: RedisServer, redis_client: redis.asyncio.Redis
+) -> None:
+    owner = Owner()
+    hub = Signals(redis_server.url, Health())
+    mirror = hub.follow(Gated(owner))
+    assert isinstance(mirror, Gated)
+    publisher = Publisher(redis_client, sender="owner-1")
+    async with running(hub):
+        await asyncio.wait_for(mirror.synced.wait(), 5)
+        for key in ("a", "b", "c", "d", "e"):
+            owner.items[key] = key.upper()
+            await publisher.publish("items", "changed", key)
+            if key == "a":
+                await asyncio.wait_for(mirror.entered.wait(), 5)  # "a" is being fetched
+        mirror.gate.set()
+        await eventually(lambda: mirror.items == {k: k.upper() for k in "abcde"})
+    assert mirror.batches[0] == ["a"]
+    assert [k for batch in mirror.batches for k in batch] == ["a", "b", "c", "d", "e"]
+    assert len(mirror.batches) < 5  # what waited on the socket came together
