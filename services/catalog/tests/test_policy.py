@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
-from trellis_catalog.domain.policy import PolicyBuilder, explain, http_match
+from trellis_catalog.domain.access import explain
+from trellis_catalog.domain.inbound import http_match
+from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.domain.views import (
     MATCH_ALL,

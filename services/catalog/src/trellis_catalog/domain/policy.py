@@ -10,25 +10,25 @@
 - ServiceEntries: MESH_INTERNAL hosts are destinations like any service; MESH_EXTERNAL
   hosts are external services for the namespaces they are exported to.
 - Inbound: each port of the identity's own service, with the TrafficTargets' sources and
-  routes on it (HTTP matches on HTTP ports; TCPRoute ports on TCP ports).
+  routes on it (HTTP matches on HTTP ports; TCPRoute ports on TCP ports): :mod:`.inbound`.
+
+Why a call is allowed or denied, in words (CheckPolicy), is :mod:`.access`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
-from trellis_catalog.domain.services import KnownService, PortSpec, endpoint_port, spiffe_id
-from trellis_catalog.domain.spec import Grant, MeshSpec
+from trellis_catalog.domain import inbound
+from trellis_catalog.domain.inbound import http_match
+from trellis_catalog.domain.services import KnownService, PortSpec, spiffe_id
+from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import (
     MATCH_ALL,
     ClusterRef,
     ExternalService,
-    HttpMatch,
     Identity,
     IdentityPolicy,
-    InboundPort,
-    InboundRule,
     MeshSettings,
     OutboundService,
     Route,
@@ -50,24 +50,6 @@ def hostnames(
         f"{service.name}.{service.namespace}.svc.{cluster_domain}",
     ]
     return tuple(names + [f"{name}:{port}" for name in names])
-
-
-def http_match(match: smi.HTTPMatch) -> HttpMatch:
-    methods = () if "*" in match.methods else tuple(match.methods)
-    return HttpMatch(match.path_regex or ".*", methods, tuple(sorted(match.headers.items())))
-
-
-def _cluster_ref(known: KnownService, port: PortSpec) -> ClusterRef:
-    return ClusterRef(
-        name=known.cluster_name(port.port),
-        namespace=known.service.namespace,
-        service=known.service.name,
-        port=port.port,
-        protocol=port.protocol,
-        discovery=known.discovery,
-        mesh_tls=not known.external,
-        subject_alt_names=known.subject_alt_names,
-    )
 
 
 def _same_port(known: KnownService, port: PortSpec) -> PortSpec | None:
@@ -155,7 +137,7 @@ class PolicyBuilder:
             mesh=self.mesh,
             outbound=tuple(sorted(outbound, key=lambda o: (o.namespace, o.name, o.port))),
             external=tuple(external),
-            inbound=self._inbound(me, source),
+            inbound=inbound.ports(self.spec, self.services.get(me), source, self.trust_domain),
             clusters=tuple(clusters[name] for name in sorted(clusters)),
         )
 
@@ -178,7 +160,7 @@ class PolicyBuilder:
     ) -> list[OutboundService]:
         found = []
         for port in known.ports:
-            ref = _cluster_ref(known, port)
+            ref = known.cluster_ref(port)
             clusters[ref.name] = ref
             found.append(
                 OutboundService(
@@ -226,7 +208,7 @@ class PolicyBuilder:
                 backend_port = _same_port(known, port)
                 if backend_port is None:
                     continue
-                ref = _cluster_ref(known, backend_port)
+                ref = known.cluster_ref(backend_port)
                 clusters[ref.name] = ref
                 weighted.append(WeightedCluster(ref.name, backend.weight))
             if not weighted:
@@ -240,7 +222,7 @@ class PolicyBuilder:
             if not routes or port.protocol == "tcp":  # HTTP matches cannot select TCP
                 routes = [Route("split", MATCH_ALL, tuple(weighted))]
             elif root_known is not None and self.may_call(source, root):
-                ref = _cluster_ref(root_known, port)
+                ref = root_known.cluster_ref(port)
                 clusters[ref.name] = ref
                 routes.append(Route("default", MATCH_ALL, (WeightedCluster(ref.name, 100),)))
             else:
@@ -267,7 +249,7 @@ class PolicyBuilder:
             if not known.exported_to(namespace):
                 continue
             for port in known.ports:
-                ref = _cluster_ref(known, port)
+                ref = known.cluster_ref(port)
                 clusters[ref.name] = ref
                 for host in known.hosts or (known.service.name,):
                     found.append(
@@ -281,115 +263,3 @@ class PolicyBuilder:
                         )
                     )
         return sorted(found, key=lambda e: (e.host, e.port))
-
-    # -- inbound ----------------------------------------------------------------------
-
-    def _inbound(self, me: MeshService, account: ServiceAccount) -> tuple[InboundPort, ...]:
-        known = self.services.get(me)
-        if known is None:
-            return ()
-        grants = self.spec.grants_to(account)
-        ports = []
-        for port in known.ports:
-            target = self._target_port(known, port)
-            rules = tuple(
-                rule
-                for grant in grants
-                if grant.port is None or grant.port in (port.port, target)
-                for rule in [self._rule(grant, port, target)]
-                if rule is not None
-            )
-            ports.append(
-                InboundPort(
-                    port=port.port,
-                    target_port=target,
-                    protocol=port.protocol,
-                    name=port.name,
-                    rules=rules,
-                    allow_any=self.spec.permissive,
-                )
-            )
-        return tuple(ports)
-
-    def _target_port(self, known: KnownService, port: PortSpec) -> int:
-        single = len(known.ports) == 1
-        for endpoint in known.endpoints:
-            number = endpoint_port(endpoint, port, single)
-            if number is not None:
-                return number
-        return port.target if isinstance(port.target, int) else port.port
-
-    def _rule(self, grant: Grant, port: PortSpec, target: int) -> InboundRule | None:
-        sources = tuple(
-            sorted(spiffe_id(self.trust_domain, s.namespace, s.name) for s in grant.sources)
-        )
-        http: list[HttpMatch] = []
-        tcp: list[int] = []
-        for rule in grant.rules:
-            if rule.http and port.protocol != "tcp":
-                http += [http_match(m) for m in rule.http]
-            elif rule.tcp_all or port.port in rule.tcp_ports or target in rule.tcp_ports:
-                if port.protocol == "tcp":
-                    tcp.append(target)
-                else:
-                    http.append(MATCH_ALL)  # a TCPRoute on an HTTP port allows every request
-        if not http and not tcp:
-            return None
-        return InboundRule(
-            grant.policy, sources, tuple(dict.fromkeys(http)), tuple(sorted(set(tcp)))
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    allowed: bool
-    reason: str
-    policies: tuple[str, ...] = ()
-    routes: tuple[HttpMatch, ...] = ()
-    permissive: bool = False
-
-
-def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshService) -> Decision:
-    """Whether ``source`` may call ``destination``, and by which TrafficTargets and routes."""
-    spec = builder.spec
-    known = builder.services.get(destination)
-    if known is None and destination not in spec.splits:
-        return Decision(False, f"service {destination} is not known to the mesh")
-    if spec.permissive:
-        return Decision(True, "permissive traffic policy mode is on (MeshConfig)", permissive=True)
-    if destination in spec.splits:
-        backends = [b.service for b in spec.splits[destination].weighted_services() if b.weight]
-        decisions = [explain(builder, source, backend) for backend in backends]
-        allowed = [d for d in decisions if d.allowed]
-        if not allowed:
-            return Decision(
-                False,
-                f"{destination} is split by TrafficSplit {spec.split_names[destination]} and no "
-                f"TrafficTarget lets {source} call any of its backends",
-            )
-        return Decision(
-            True,
-            f"through TrafficSplit {spec.split_names[destination]}",
-            tuple(dict.fromkeys(p for d in allowed for p in d.policies)),
-            tuple(dict.fromkeys(r for d in allowed for r in d.routes)),
-        )
-    account = builder.account(destination)
-    grants = [g for g in spec.grants_to(account) if source in g.sources]
-    if not grants:
-        return Decision(
-            False,
-            f"no TrafficTarget lets service account {source} call {account} "
-            f"(the account of {destination}); traffic is denied by default",
-        )
-    routes: list[HttpMatch] = []
-    for grant in grants:
-        for rule in grant.rules:
-            routes += [http_match(m) for m in rule.http]
-            if rule.tcp_all or rule.tcp_ports:
-                routes.append(MATCH_ALL)
-    return Decision(
-        True,
-        f"allowed to {account} by TrafficTarget " + ", ".join(g.policy for g in grants),
-        tuple(g.policy for g in grants),
-        tuple(dict.fromkeys(routes)),
-    )

@@ -109,6 +109,19 @@ class KnownService:
     def cluster_name(self, port: int) -> str:
         return f"{self.service.namespace}/{self.service.name}|{port}"
 
+    def cluster_ref(self, port: PortSpec) -> ClusterRef:
+        """The cluster for one of this service's ports, as views and policies name it."""
+        return ClusterRef(
+            name=self.cluster_name(port.port),
+            namespace=self.service.namespace,
+            service=self.service.name,
+            port=port.port,
+            protocol=port.protocol,
+            discovery=self.discovery,
+            mesh_tls=not self.external,
+            subject_alt_names=self.subject_alt_names,
+        )
+
 
 def _declared_ports(service: core.Service) -> tuple[PortSpec, ...]:
     return tuple(
@@ -211,16 +224,7 @@ def cluster(
         )
         if endpoint.service_account:
             accounts.add(endpoint.service_account)
-    ref = ClusterRef(
-        name=known.cluster_name(port.port),
-        namespace=known.service.namespace,
-        service=known.service.name,
-        port=port.port,
-        protocol=port.protocol,
-        discovery=known.discovery,
-        mesh_tls=not known.external,
-        subject_alt_names=known.subject_alt_names,
-    )
+    ref = known.cluster_ref(port)
     spiffe = (
         ()
         if known.external

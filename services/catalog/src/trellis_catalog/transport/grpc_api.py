@@ -18,7 +18,7 @@ import grpc
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, UnknownProxy
-from trellis_catalog.domain.policy import explain
+from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.views import ClusterState, HttpMatch, IdentityPolicy, Route
 from trellis_catalog.transport import grpc_requests
 from trellis_common.grpcrequests import InvalidField, RequestGate

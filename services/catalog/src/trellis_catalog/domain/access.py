@@ -1,0 +1,71 @@
+"""Whether one service account may call one service, and why: the answer to CheckPolicy.
+
+:func:`explain` reads the same snapshot a :class:`~.policy.PolicyBuilder` builds views
+from, so the answer agrees with what the proxies enforce, but it answers one question in
+words (which TrafficTargets, which routes, or why not) instead of building a whole view.
+A TrafficSplit root is allowed when any of its weighted backends is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trellis_catalog.domain.inbound import http_match
+from trellis_catalog.domain.policy import PolicyBuilder
+from trellis_catalog.domain.views import MATCH_ALL, HttpMatch
+from trellis_common.model import MeshService, ServiceAccount
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    reason: str
+    policies: tuple[str, ...] = ()
+    routes: tuple[HttpMatch, ...] = ()
+    permissive: bool = False
+
+
+def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshService) -> Decision:
+    """Whether ``source`` may call ``destination``, and by which TrafficTargets and routes."""
+    spec = builder.spec
+    known = builder.services.get(destination)
+    if known is None and destination not in spec.splits:
+        return Decision(False, f"service {destination} is not known to the mesh")
+    if spec.permissive:
+        return Decision(True, "permissive traffic policy mode is on (MeshConfig)", permissive=True)
+    if destination in spec.splits:
+        backends = [b.service for b in spec.splits[destination].weighted_services() if b.weight]
+        decisions = [explain(builder, source, backend) for backend in backends]
+        allowed = [d for d in decisions if d.allowed]
+        if not allowed:
+            return Decision(
+                False,
+                f"{destination} is split by TrafficSplit {spec.split_names[destination]} and no "
+                f"TrafficTarget lets {source} call any of its backends",
+            )
+        return Decision(
+            True,
+            f"through TrafficSplit {spec.split_names[destination]}",
+            tuple(dict.fromkeys(p for d in allowed for p in d.policies)),
+            tuple(dict.fromkeys(r for d in allowed for r in d.routes)),
+        )
+    account = builder.account(destination)
+    grants = [g for g in spec.grants_to(account) if source in g.sources]
+    if not grants:
+        return Decision(
+            False,
+            f"no TrafficTarget lets service account {source} call {account} "
+            f"(the account of {destination}); traffic is denied by default",
+        )
+    routes: list[HttpMatch] = []
+    for grant in grants:
+        for rule in grant.rules:
+            routes += [http_match(m) for m in rule.http]
+            if rule.tcp_all or rule.tcp_ports:
+                routes.append(MATCH_ALL)
+    return Decision(
+        True,
+        f"allowed to {account} by TrafficTarget " + ", ".join(g.policy for g in grants),
+        tuple(g.policy for g in grants),
+        tuple(dict.fromkeys(routes)),
+    )
