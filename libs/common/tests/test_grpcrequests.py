@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from trellis_common import grpcrequests as check
-from trellis_common.grpcrequests import InvalidField, RequestGate
+from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_common.health import Health
 from trellis_common.ids import ProxyCommonName, ServiceCommonName
 from trellis_common.testing.servicer import Aborted, FakeServicerContext
@@ -152,3 +152,84 @@ async def test_the_gate_records_counts_logs_and_aborts_with_invalid_argument(
     assert len(logged) == 1
     assert "IssueCertificate" in logged[0]
     assert "service_account" in logged[0]
+
+
+async def test_the_gate_check_returns_what_the_check_returns_or_refuses() -> None:
+    health = Health(CollectorRegistry())
+    gate = RequestGate(health.rejections)
+    context = FakeServicerContext()
+
+    assert await gate.check(context, "ListServices", _namespace, "shop") == "shop"  # type: ignore[arg-type]
+    with pytest.raises(Aborted):
+        await gate.check(context, "ListServices", _namespace, "Bad!")  # type: ignore[arg-type]
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert context.details.startswith("namespace: 'Bad!' is not a valid DNS-1123 label")
+    [item] = health.rejections.items()
+    assert (item.key, item.count) == ("ListServices", 1)
+
+
+async def test_the_gate_check_refuses_the_errors_it_is_told_are_bad_requests() -> None:
+    gate = RequestGate()
+    context = FakeServicerContext()
+
+    def domain_check(request: str) -> str:
+        raise LookupError(f"no {request}")
+
+    with pytest.raises(Aborted):
+        await gate.check(context, "Get", domain_check, "x", (LookupError,))  # type: ignore[arg-type]
+    assert (context.code, context.details) == (grpc.StatusCode.INVALID_ARGUMENT, "no x")
+    with pytest.raises(LookupError):
+        await gate.check(FakeServicerContext(), "Get", domain_check, "x")  # type: ignore[arg-type]
+
+
+def _namespace(request: str) -> str:
+    return check.dns_label("namespace", request)
+
+
+class _Servicer:
+    """A servicer with one checked RPC, its domain errors mapped as a real one maps them."""
+
+    def __init__(self) -> None:
+        self.gate = RequestGate()
+
+    @rpc(
+        _namespace,
+        refused=(InvalidField, ValueError),
+        statuses={LookupError: grpc.StatusCode.NOT_FOUND},
+    )
+    async def Get(self, namespace: str, context: object) -> str:
+        if namespace == "gone":
+            raise LookupError("no namespace gone")
+        if namespace == "odd":
+            raise ValueError("odd is refused by the domain")
+        if namespace == "boom":
+            raise RuntimeError("a bug")
+        return f"answer for {namespace}"
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "details"),
+    [
+        ("Bad!", grpc.StatusCode.INVALID_ARGUMENT, "namespace: 'Bad!' is not a valid DNS-1123"),
+        ("odd", grpc.StatusCode.INVALID_ARGUMENT, "odd is refused by the domain"),
+        ("gone", grpc.StatusCode.NOT_FOUND, "no namespace gone"),
+    ],
+)
+async def test_an_rpc_refuses_bad_requests_and_maps_domain_errors_to_statuses(
+    request_: str, code: grpc.StatusCode, details: str
+) -> None:
+    servicer = _Servicer()
+    context = FakeServicerContext()
+    with pytest.raises(Aborted):
+        await servicer.Get(request_, context)  # type: ignore[arg-type]
+    assert context.code == code
+    assert context.details.startswith(details)
+    refused = [item.key for item in servicer.gate.rejections.items()]
+    assert refused == (["Get"] if code == grpc.StatusCode.INVALID_ARGUMENT else [])
+
+
+async def test_an_rpc_answers_with_checked_values_and_lets_bugs_through() -> None:
+    servicer = _Servicer()
+    assert await servicer.Get("shop", FakeServicerContext()) == "answer for shop"  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="a bug"):
+        await servicer.Get("boom", FakeServicerContext())  # type: ignore[arg-type]

@@ -17,13 +17,19 @@ caller reads ``service_account: 'Bad Name!' is not a valid DNS-1123 subdomain: .
 once per reason, counted in ``trellis_rejected_records_total{source="grpc"}``, shown by
 ``/v1/status``), then aborts the call with INVALID_ARGUMENT and the same message. A refused
 call is not a record that can become valid later, so nothing here ever ``accept``\\ s.
+
+:func:`rpc` is how a servicer method says what is its own: which check its request takes,
+and which domain errors end the call with which status (certmanager's ``NotFound`` is
+NOT_FOUND). The method then receives checked values, never the raw request, and the
+"check, refuse, call, map the error" plumbing is written once, here.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
-from collections.abc import Mapping
-from typing import Any, Final, NoReturn
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Final, NoReturn, Protocol, TypeVar
 
 import grpc
 
@@ -35,6 +41,11 @@ SOURCE: Final = "grpc"
 MAX_QUOTED: Final = 80
 #: Longest free-text field (instance names, addresses): a DNS name's limit.
 MAX_TEXT: Final = 253
+
+Request = TypeVar("Request")
+Checked = TypeVar("Checked")
+Answer = TypeVar("Answer")
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def quoted(value: object) -> str:
@@ -180,3 +191,68 @@ class RequestGate:
         reason = str(error)
         self.rejections.reject(SOURCE, rpc, reason)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+
+    async def check(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        rpc: str,
+        check: Callable[[Request], Checked],
+        request: Request,
+        errors: tuple[type[Exception], ...] = (InvalidField,),
+    ) -> Checked:
+        """``check(request)``'s checked values, or the call refused with what was wrong.
+
+        Every RPC that takes names from its caller opens this way; ``errors`` widens what
+        counts as a bad request (a domain's own ``InvalidRequest``) when the check calls
+        into the domain.
+        """
+        try:
+            return check(request)
+        except errors as exc:
+            await self.refuse(context, rpc, exc)
+
+
+class Gated(Protocol):
+    """A servicer whose RPCs are checked: it refuses bad requests through ``gate``."""
+
+    @property
+    def gate(self) -> RequestGate: ...
+
+
+Servicer = TypeVar("Servicer", bound=Gated)
+Method = Callable[[Servicer, Checked, Context], Awaitable[Answer]]
+Rpc = Callable[[Servicer, Request, Context], Coroutine[Any, Any, Answer]]
+
+
+def rpc(
+    check: Callable[[Request], Checked],
+    *,
+    refused: tuple[type[Exception], ...] = (InvalidField,),
+    statuses: Mapping[type[Exception], grpc.StatusCode] | None = None,
+) -> Callable[[Method[Servicer, Checked, Answer]], Rpc[Servicer, Request, Answer]]:
+    """Make a servicer method of one taking ``check(request)``'s values.
+
+    A request the check refuses (:class:`InvalidField`), or an error in ``refused`` that
+    the method raises (InvalidField again, or a domain's own ``InvalidRequest``), is
+    refused through the servicer's gate under the method's name; an error in ``statuses``
+    ends the call with its code and message. Anything else propagates: grpc makes it UNKNOWN.
+    """
+    codes = dict(statuses or {})
+
+    def decorate(method: Method[Servicer, Checked, Answer]) -> Rpc[Servicer, Request, Answer]:
+        name = method.__name__
+
+        @functools.wraps(method)
+        async def answer(self: Servicer, request: Request, context: Context) -> Answer:
+            checked = await self.gate.check(context, name, check, request)
+            try:
+                return await method(self, checked, context)
+            except refused as exc:
+                await self.gate.refuse(context, name, exc)
+            except tuple(codes) as exc:
+                code = next(c for kind, c in codes.items() if isinstance(exc, kind))
+                await context.abort(code, str(exc))
+
+        return answer
+
+    return decorate

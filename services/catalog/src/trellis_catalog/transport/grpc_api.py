@@ -11,6 +11,8 @@ field, logged, counted and shown in ``/v1/status``.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -21,7 +23,8 @@ from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.views import ClusterState, HttpMatch, IdentityPolicy, Route
 from trellis_catalog.transport import grpc_requests
-from trellis_common.grpcrequests import InvalidField, RequestGate
+from trellis_common import messages
+from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_common.health import Rejections
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -52,16 +55,7 @@ def _cluster(state: ClusterState) -> pb.Cluster:
         protocol=ref.protocol,
         discovery=ref.discovery,
         endpoints=[
-            pb.ClusterEndpoint(
-                address=e.address,
-                port=e.port,
-                weight=e.weight,
-                locality=e.locality,
-                service_account=e.service_account,
-                provider=e.provider,
-                labels=dict(e.labels),
-            )
-            for e in state.endpoints
+            pb.ClusterEndpoint(**messages.fields(e, maps={"labels"})) for e in state.endpoints
         ],
         spiffe_ids=state.spiffe_ids,
         mesh_tls=ref.mesh_tls,
@@ -101,17 +95,7 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
             )
             for o in policy.outbound
         ],
-        external=[
-            pb.ExternalService(
-                host=e.host,
-                port=e.port,
-                protocol=e.protocol,
-                cluster=e.cluster,
-                addresses=e.addresses,
-                source=e.source,
-            )
-            for e in policy.external
-        ],
+        external=[pb.ExternalService(**messages.fields(e)) for e in policy.external],
         inbound=[
             pb.InboundPort(
                 port=i.port,
@@ -142,18 +126,25 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
     )
 
 
+@contextlib.contextmanager
+def _named_proxy() -> Iterator[None]:
+    """UnknownProxy as the request's fault: the request checks should have caught the name."""
+    try:
+        yield
+    except UnknownProxy as exc:
+        raise InvalidField("common_name", str(exc)) from None
+
+
 class CatalogServicer(pb_grpc.CatalogServicer):
     def __init__(self, catalog: Catalog, rejections: Rejections | None = None) -> None:
         self._catalog = catalog
-        self._gate = RequestGate(rejections)
+        self.gate = RequestGate(rejections)
 
-    async def GetView(self, request: pb.GetViewRequest, context: Context) -> pb.View:
-        try:
-            asked = grpc_requests.view(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "GetView", exc)
-        policy = self._catalog.policy_for(asked.identity, asked.service_account)
-        return to_proto(self._catalog, policy)
+    @rpc(grpc_requests.view)
+    async def GetView(self, asked: grpc_requests.ViewRequest, context: Context) -> pb.View:
+        return to_proto(
+            self._catalog, self._catalog.policy_for(asked.identity, asked.service_account)
+        )
 
     async def ListViewVersions(
         self, request: pb.ListViewVersionsRequest, context: Context
@@ -165,13 +156,8 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             identities=[pb.IdentityVersion(identity=i, version=v) for i, v in changed],
         )
 
-    async def ListServices(
-        self, request: pb.ListServicesRequest, context: Context
-    ) -> pb.ListServicesResponse:
-        try:
-            namespace = grpc_requests.namespace_filter(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "ListServices", exc)
+    @rpc(grpc_requests.namespace_filter)
+    async def ListServices(self, namespace: str, context: Context) -> pb.ListServicesResponse:
         return pb.ListServicesResponse(
             services=[
                 pb.ServiceSummary(
@@ -188,13 +174,10 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             revision=self._catalog.revision,
         )
 
+    @rpc(grpc_requests.policy_question)
     async def CheckPolicy(
-        self, request: pb.CheckPolicyRequest, context: Context
+        self, question: grpc_requests.PolicyQuestion, context: Context
     ) -> pb.CheckPolicyResponse:
-        try:
-            question = grpc_requests.policy_question(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "CheckPolicy", exc)
         decision = explain(self._catalog.builder(), question.source, question.destination)
         return pb.CheckPolicyResponse(
             allowed=decision.allowed,
@@ -204,39 +187,23 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             permissive=decision.permissive,
         )
 
-    async def ExpectProxy(self, request: pb.ExpectProxyRequest, context: Context) -> pb.ProxyAck:
-        try:
-            asked = grpc_requests.expected_proxy(request)
+    @rpc(grpc_requests.expected_proxy)
+    async def ExpectProxy(self, asked: grpc_requests.ProxyRequest, context: Context) -> pb.ProxyAck:
+        with _named_proxy():
             record = self._catalog.expect_proxy(asked.common_name, asked.service_account)
-        except UnknownProxy as exc:  # the checks above should have caught it
-            await self._gate.refuse(context, "ExpectProxy", InvalidField("common_name", str(exc)))
-        except InvalidField as exc:
-            await self._gate.refuse(context, "ExpectProxy", exc)
         return pb.ProxyAck(identity=str(record.identity), expected=True)
 
+    @rpc(grpc_requests.registered_proxy)
     async def RegisterProxy(
-        self, request: pb.RegisterProxyRequest, context: Context
+        self, asked: grpc_requests.ProxyRequest, context: Context
     ) -> pb.ProxyAck:
-        try:
-            asked = grpc_requests.registered_proxy(request)
+        with _named_proxy():
             record = self._catalog.register_proxy(asked.common_name, asked.proxy_cp, asked.address)
-        except UnknownProxy as exc:  # the checks above should have caught it
-            await self._gate.refuse(context, "RegisterProxy", InvalidField("common_name", str(exc)))
-        except InvalidField as exc:
-            await self._gate.refuse(context, "RegisterProxy", exc)
         return pb.ProxyAck(identity=str(record.identity), expected=record.expected)
 
-    async def UnregisterProxy(
-        self, request: pb.UnregisterProxyRequest, context: Context
-    ) -> pb.ProxyAck:
-        try:
-            common_name = grpc_requests.unregistered_proxy(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "UnregisterProxy", exc)
-        try:
-            record = self._catalog.unregister_proxy(common_name)
-        except UnknownProxy as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+    @rpc(grpc_requests.unregistered_proxy, statuses={UnknownProxy: grpc.StatusCode.NOT_FOUND})
+    async def UnregisterProxy(self, common_name: str, context: Context) -> pb.ProxyAck:
+        record = self._catalog.unregister_proxy(common_name)
         return pb.ProxyAck(identity=str(record.identity), expected=record.expected)
 
     async def ListProxies(

@@ -24,7 +24,7 @@ from trellis_certmanager.domain.errors import InvalidRequest, NotFound, StoreUna
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.transport import grpc_requests
-from trellis_common.grpcrequests import InvalidField, RequestGate
+from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier
 
@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CertificateManager"].full_name
+
+#: Domain errors that end a call: NotFound is the caller's, StoreUnavailable is "retry later"
+#: (nothing was issued or rotated).
+_STATUSES = {NotFound: grpc.StatusCode.NOT_FOUND, StoreUnavailable: grpc.StatusCode.UNAVAILABLE}
 
 _KINDS = {
     CertificateKind.SERVICE: pb.CERTIFICATE_KIND_SERVICE,
@@ -67,7 +71,7 @@ def info(record: CertificateRecord) -> pb.CertificateInfo:
 class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
     def __init__(self, manager: CertificateManager, rejections: Rejections | None = None) -> None:
         self._manager = manager
-        self._gate = RequestGate(rejections)
+        self.gate = RequestGate(rejections)
 
     def _certificate(self, record: CertificateRecord, with_key: bool = True) -> pb.Certificate:
         return pb.Certificate(
@@ -77,50 +81,31 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
             trust_bundle_pem=self._manager.ca.trust_bundle_pem,
         )
 
+    @rpc(
+        grpc_requests.issue,
+        refused=(InvalidField, InvalidRequest, InvalidIdentifier),
+        statuses=_STATUSES,  # StoreUnavailable: nothing was issued, the caller retries later
+    )
     async def IssueCertificate(
-        self, request: pb.IssueCertificateRequest, context: Context
+        self, asked: grpc_requests.Issue, context: Context
     ) -> pb.Certificate:
-        try:
-            asked = grpc_requests.issue(request)
-            if asked.kind is CertificateKind.SERVICE:
-                record = await self._manager.issue_service(
-                    asked.service, asked.service_account, asked.validity
-                )
-            else:
-                record = await self._manager.issue_proxy(
-                    asked.service, asked.proxy_id, asked.service_account, asked.validity
-                )
-        except (InvalidField, InvalidRequest, InvalidIdentifier) as exc:
-            await self._gate.refuse(context, "IssueCertificate", exc)
-        except StoreUnavailable as exc:  # nothing was issued: the caller retries later
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        if asked.kind is CertificateKind.SERVICE:
+            record = await self._manager.issue_service(
+                asked.service, asked.service_account, asked.validity
+            )
+        else:
+            record = await self._manager.issue_proxy(
+                asked.service, asked.proxy_id, asked.service_account, asked.validity
+            )
         return self._certificate(record, with_key=not asked.omit_private_key)
 
-    async def GetCertificate(
-        self, request: pb.GetCertificateRequest, context: Context
-    ) -> pb.Certificate:
-        try:
-            common_name = grpc_requests.common_name(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "GetCertificate", exc)
-        try:
-            return self._certificate(self._manager.get(common_name))
-        except NotFound as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+    @rpc(grpc_requests.common_name, statuses=_STATUSES)
+    async def GetCertificate(self, common_name: str, context: Context) -> pb.Certificate:
+        return self._certificate(self._manager.get(common_name))
 
-    async def RotateCertificate(
-        self, request: pb.RotateCertificateRequest, context: Context
-    ) -> pb.Certificate:
-        try:
-            common_name = grpc_requests.common_name(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "RotateCertificate", exc)
-        try:
-            return self._certificate(await self._manager.rotate(common_name))
-        except NotFound as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except StoreUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+    @rpc(grpc_requests.common_name, statuses=_STATUSES)
+    async def RotateCertificate(self, common_name: str, context: Context) -> pb.Certificate:
+        return self._certificate(await self._manager.rotate(common_name))
 
     async def GetRoot(self, request: pb.GetRootRequest, context: Context) -> pb.RootBundle:
         ca = self._manager.ca
@@ -132,26 +117,15 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
             origin=ca.origin,
         )
 
+    @rpc(grpc_requests.list_filter)
     async def ListCertificates(
-        self, request: pb.ListCertificatesRequest, context: Context
+        self, asked: tuple[CertificateKind | None, str], context: Context
     ) -> pb.ListCertificatesResponse:
-        try:
-            kind, namespace = grpc_requests.list_filter(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "ListCertificates", exc)
-        records = self._manager.list(kind, namespace)
+        records = self._manager.list(*asked)
         return pb.ListCertificatesResponse(
             certificates=[info(r) for r in records], revision=self._manager.revision
         )
 
-    async def GetCertificateInfo(
-        self, request: pb.GetCertificateRequest, context: Context
-    ) -> pb.CertificateInfo:
-        try:
-            common_name = grpc_requests.common_name(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "GetCertificateInfo", exc)
-        try:
-            return info(self._manager.peek(common_name))
-        except NotFound as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+    @rpc(grpc_requests.common_name, statuses=_STATUSES)
+    async def GetCertificateInfo(self, common_name: str, context: Context) -> pb.CertificateInfo:
+        return info(self._manager.peek(common_name))

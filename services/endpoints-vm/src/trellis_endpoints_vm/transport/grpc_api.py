@@ -20,9 +20,10 @@ import grpc
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common.grpcrequests import InvalidField, RequestGate
+from trellis_common import messages
+from trellis_common.grpcrequests import RequestGate, rpc
 from trellis_common.health import Rejections
-from trellis_endpoints_vm.domain.views import ServiceView
+from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.transport import grpc_requests
 
@@ -59,18 +60,7 @@ def to_proto(view: ServiceView, revision: int) -> pb.ServiceEndpoints:
             source=info.source,
         ),
         endpoints=[
-            pb.Endpoint(
-                address=e.address,
-                ports=dict(e.ports),
-                labels=dict(e.labels),
-                locality=e.locality,
-                network=e.network,
-                weight=e.weight,
-                service_account=e.service_account,
-                workload=e.workload,
-                source=e.source,
-            )
-            for e in view.endpoints
+            pb.Endpoint(**messages.fields(e, maps={"ports", "labels"})) for e in view.endpoints
         ],
         revision=revision,
     )
@@ -79,15 +69,10 @@ def to_proto(view: ServiceView, revision: int) -> pb.ServiceEndpoints:
 class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
     def __init__(self, manager: EndpointsManager, rejections: Rejections | None = None) -> None:
         self._manager = manager
-        self._gate = RequestGate(rejections)
+        self.gate = RequestGate(rejections)
 
-    async def ListServices(
-        self, request: pb.ListServicesRequest, context: Context
-    ) -> pb.ListServicesResponse:
-        try:
-            namespace = grpc_requests.namespace_filter(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "ListServices", exc)
+    @rpc(grpc_requests.namespace_filter)
+    async def ListServices(self, namespace: str, context: Context) -> pb.ListServicesResponse:
         revision = self._manager.revision
         return pb.ListServicesResponse(
             services=[to_proto(v, revision) for v in self._manager.views(namespace)],
@@ -95,13 +80,8 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
             provider=PROVIDER,
         )
 
-    async def GetService(
-        self, request: pb.GetServiceRequest, context: Context
-    ) -> pb.ServiceEndpoints:
-        try:
-            key = grpc_requests.service_key(request)
-        except InvalidField as exc:
-            await self._gate.refuse(context, "GetService", exc)
+    @rpc(grpc_requests.service_key)
+    async def GetService(self, key: ServiceKey, context: Context) -> pb.ServiceEndpoints:
         view = self._manager.view(key)
         if view is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {key} in this provider")
