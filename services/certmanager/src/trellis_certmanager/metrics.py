@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trellis_common.metrics import MetricFactory
+
 
 @dataclass(frozen=True)
 class CertMetrics:
@@ -17,35 +19,20 @@ class CertMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> CertMetrics:
+        make = MetricFactory(registry, "trellis_certmanager")
         return cls(
-            issued=Counter(
-                "trellis_certmanager_certificates_issued",
-                "Certificates issued (new subjects and re-issues)",
-                ["kind"],
-                registry=registry,
+            issued=make.counter(
+                "certificates_issued", "Certificates issued (new subjects and re-issues)", "kind"
             ),
-            rotations=Counter(
-                "trellis_certmanager_rotations",
-                "Certificates rotated",
-                ["kind", "reason"],
-                registry=registry,
+            rotations=make.counter("rotations", "Certificates rotated", "kind", "reason"),
+            certificates=make.gauge("certificates", "Certificates on record", "kind"),
+            root_not_after=make.gauge(
+                "root_not_after_seconds", "Expiry of the mesh root certificate (unix time)"
             ),
-            certificates=Gauge(
-                "trellis_certmanager_certificates",
-                "Certificates on record",
-                ["kind"],
-                registry=registry,
-            ),
-            root_not_after=Gauge(
-                "trellis_certmanager_root_not_after_seconds",
-                "Expiry of the mesh root certificate (unix time)",
-                registry=registry,
-            ),
-            issue_seconds=Histogram(
-                "trellis_certmanager_issue_seconds",
+            issue_seconds=make.histogram(
+                "issue_seconds",
                 "Time to generate a key and sign a certificate",
-                ["kind"],
+                "kind",
                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-                registry=registry,
             ),
         )

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from trellis_common.metrics import MetricFactory
+
 
 @dataclass(frozen=True)
 class EndpointMetrics:
@@ -22,37 +24,29 @@ class EndpointMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> EndpointMetrics:
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
-            return Gauge(f"trellis_endpoints_vm_{name}", doc, labels, registry=registry)
-
+        make = MetricFactory(registry, "trellis_endpoints_vm")
         return cls(
-            workloads=gauge("workloads", "Registered workloads", ("state",)),
-            services=gauge("services", "Services known to this provider"),
-            endpoints=gauge("endpoints", "Endpoints across all services"),
-            registrations=Counter(
-                "trellis_endpoints_vm_registrations", "Registrations received", registry=registry
-            ),
-            expirations=Counter(
-                "trellis_endpoints_vm_expirations",
-                "Workloads taken out after missing heartbeats",
-                registry=registry,
-            ),
-            changes=Counter(
-                "trellis_endpoints_vm_service_changes",
+            workloads=make.gauge("workloads", "Registered workloads", "state"),
+            services=make.gauge("services", "Services known to this provider"),
+            endpoints=make.gauge("endpoints", "Endpoints across all services"),
+            registrations=make.counter("registrations", "Registrations received"),
+            expirations=make.counter("expirations", "Workloads taken out after missing heartbeats"),
+            changes=make.counter(
+                "service_changes",
                 "Service views changed (each one signalled on the topic endpoints)",
-                registry=registry,
             ),
-            document_errors=gauge("document_errors", "Invalid documents in the spec directory"),
-            store_pending=gauge(
+            document_errors=make.gauge(
+                "document_errors", "Invalid documents in the spec directory"
+            ),
+            store_pending=make.gauge(
                 "store_pending_writes", "Workload writes queued while Redis is unavailable"
             ),
-            store_available=gauge(
+            store_available=make.gauge(
                 "store_available", "1 while Redis takes the workload store's writes, else 0"
             ),
-            store_refusals=Counter(
-                "trellis_endpoints_vm_store_refusals",
+            store_refusals=make.counter(
+                "store_refusals",
                 "Registrations and deregistrations refused (503) because Redis was unavailable",
-                ["operation"],
-                registry=registry,
+                "operation",
             ),
         )

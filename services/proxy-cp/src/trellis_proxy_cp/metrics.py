@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from trellis_common.metrics import MetricFactory
+
 
 @dataclass(frozen=True)
 class XdsMetrics:
@@ -20,38 +22,27 @@ class XdsMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> XdsMetrics:
+        make = MetricFactory(registry, "trellis_proxy_cp")
         return cls(
-            connected=Gauge(
-                "trellis_proxy_cp_connected_proxies",
-                "Open ADS streams",
-                ["protocol"],
-                registry=registry,
-            ),
-            streams=Counter(
-                "trellis_proxy_cp_streams", "ADS streams opened", ["protocol"], registry=registry
-            ),
-            pushes=Counter(
-                "trellis_proxy_cp_pushes", "xDS responses sent", ["type"], registry=registry
-            ),
-            acks=Counter("trellis_proxy_cp_acks", "xDS ACKs", ["type"], registry=registry),
-            nacks=Counter("trellis_proxy_cp_nacks", "xDS NACKs", ["type"], registry=registry),
-            push_latency=Histogram(
-                "trellis_proxy_cp_push_latency_seconds",
+            connected=make.gauge("connected_proxies", "Open ADS streams", "protocol"),
+            streams=make.counter("streams", "ADS streams opened", "protocol"),
+            pushes=make.counter("pushes", "xDS responses sent", "type"),
+            acks=make.counter("acks", "xDS ACKs", "type"),
+            nacks=make.counter("nacks", "xDS NACKs", "type"),
+            push_latency=make.histogram(
+                "push_latency_seconds",
                 "From a snapshot being set to the proxy ACKing it",
-                ["type"],
+                "type",
                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-                registry=registry,
             ),
-            refused_snapshots=Counter(
-                "trellis_proxy_cp_refused_snapshots",
-                "Snapshots refused by the consistency check (last good kept)",
-                registry=registry,
+            refused_snapshots=make.counter(
+                "refused_snapshots", "Snapshots refused by the consistency check (last good kept)"
             ),
-            refused_streams=Counter(
-                "trellis_proxy_cp_refused_streams",
+            refused_streams=make.counter(
+                "refused_streams",
                 "Streams refused or ended by proxy-cp, by gRPC code and reason (not_expected, "
                 "node_metadata_too_large, too_many_names, name_too_long, replaced, ...)",
-                ["code", "reason"],
-                registry=registry,
+                "code",
+                "reason",
             ),
         )
