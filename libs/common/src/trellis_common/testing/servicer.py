@@ -7,7 +7,8 @@ status code and details a client would get, as grpc.aio's own ``abort`` raises t
 call. The real server is still what the servicers' unit tests use.
 
 :func:`check_names_a_field` is the fuzz suites' one property of a request check: it accepts,
-or it refuses naming a field of the request and why.
+or it refuses naming a field of the request and why; :func:`answers_or_refuses` is the same
+property of a whole RPC, as every service's servicer fuzz test states it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import grpc
 from google.protobuf.message import Message
 
 from trellis_common.grpcrequests import InvalidField
+from trellis_common.health import Rejections
 
 
 class Aborted(Exception):
@@ -79,3 +81,32 @@ def check_names_a_field(checks: Checks, rpc: str, request: Message) -> None:
         error = exc
     assert refused_field(checks, rpc, str(error)) == error.field
     assert error.reason
+
+
+async def answers_or_refuses(
+    servicer: object,
+    rpc: str,
+    request: Message,
+    rejections: Rejections,
+    checks: Checks,
+    *,
+    not_a_check: tuple[str, ...] = (),
+) -> Aborted | None:
+    """Call ``rpc``: it answers a message and records no rejection, or ends NOT_FOUND, or
+    refuses with INVALID_ARGUMENT naming a field of its request, recorded as a rejection.
+
+    ``not_a_check`` lists the starts of refusals the domain makes rather than a request
+    check (they need not name a field). Returns how the call ended, for ``event``.
+    """
+    before = len(rejections.items())
+    answer, aborted = await invoke(getattr(servicer, rpc), request)
+    if aborted is None:
+        assert isinstance(answer, Message)
+        assert len(rejections.items()) == before
+        return None
+    assert aborted.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+    if aborted.code == grpc.StatusCode.INVALID_ARGUMENT:
+        assert (rpc, aborted.details) in [(r.key, r.reason) for r in rejections.items()]
+        if not aborted.details.startswith(not_a_check):
+            refused_field(checks, rpc, aborted.details)
+    return aborted
