@@ -15,6 +15,7 @@ from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_common.testing.bell import Bell
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
@@ -30,17 +31,6 @@ class FakeClock:
         self.now += delta
 
 
-class Bell:
-    """Records what the manager announces, numbering revisions like the bus does."""
-
-    def __init__(self) -> None:
-        self.rung: list[tuple[str, str, int]] = []
-
-    async def __call__(self, kind: str, key: str) -> int:
-        self.rung.append((kind, key, len(self.rung) + 1))
-        return len(self.rung)
-
-
 @pytest.fixture(scope="session")
 def root_ca() -> CertificateAuthority:
     return generate_root(KeyAlgorithm.ECDSA_P256, dt.timedelta(days=3650), NOW, "cluster.local")
@@ -54,11 +44,6 @@ def issuer(root_ca: CertificateAuthority) -> Issuer:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-@pytest.fixture
-def bell() -> Bell:
-    return Bell()
 
 
 @pytest.fixture

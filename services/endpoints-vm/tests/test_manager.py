@@ -1,7 +1,8 @@
 """The endpoints manager: store writes, the signals of its changes, expiry, metrics.
 
-It runs on the in-memory store, a fake clock and a :class:`Bell` that records each signal
-the manager hands to the outbox, so every signal and timestamp below is known in advance.
+It runs on the in-memory store, a fake clock and a ``bell`` (the shared
+:class:`~trellis_common.testing.bell.Bell`) that records each signal the manager hands to
+the outbox, so every signal and timestamp below is known in advance.
 The signals' road through a real Outbox and Redis to a real Subscriber is tested at the
 end, and GetService after a signal in ``test_api.py``.
 """
@@ -26,6 +27,7 @@ from trellis_common.signaling import (
     revision_key,
 )
 from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.bell import Bell
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
@@ -50,43 +52,9 @@ class FakeClock:
         return self.now
 
 
-class Bell:
-    """Records the signals the manager sends, numbered like the outbox's; can fail or hang.
-
-    ``open`` cleared holds every signal until it is set again (a frozen Redis).
-    """
-
-    def __init__(self) -> None:
-        self.rung: list[tuple[str, str]] = []
-        self.failing = False
-        self.open = asyncio.Event()
-        self.open.set()
-        self._rang = asyncio.Condition()
-
-    async def __call__(self, kind: str, key: str) -> int:
-        await self.open.wait()
-        if self.failing:
-            raise RuntimeError("a bug in the signal's road")
-        async with self._rang:
-            self.rung.append((kind, key))
-            self._rang.notify_all()
-        return len(self.rung)
-
-    async def rings(self, count: int) -> list[tuple[str, str]]:
-        """The first ``count`` signals, once they came (at most a second)."""
-        async with asyncio.timeout(1.0), self._rang:
-            await self._rang.wait_for(lambda: len(self.rung) >= count)
-        return self.rung[:count]
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-@pytest.fixture
-def bell() -> Bell:
-    return Bell()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from trellis_common.testing.bell import Bell
 from trellis_common.testing.redis_server import RedisServer
 
 
@@ -33,3 +34,9 @@ async def redis_client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+def bell() -> Bell:
+    """Records the signals a manager sends (:class:`~trellis_common.testing.bell.Bell`)."""
+    return Bell()
