@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -18,9 +18,10 @@ from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.domain.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer
-from trellis_common.grpcserver import GrpcServer
 from trellis_common.health import Health
 from trellis_common.specdir import load_paths
+from trellis_common.testing.bell import Bell
+from trellis_common.testing.servicer import served
 
 ROOT = Path(__file__).resolve().parents[3]
 PROXY = "00000000-0000-4000-8000-00000000000{}.{}.{}"
@@ -33,15 +34,6 @@ V1_MOVED = ProvidedService(
     ports=(("http", 8080, "", 0),),
     endpoints=(ProvidedEndpoint("10.0.0.9", (("http", 8081),), service_account="bookstore"),),
 )
-
-
-class Bell:
-    def __init__(self) -> None:
-        self.rung = 0
-
-    async def __call__(self, kind: str, key: str) -> int:
-        self.rung += 1
-        return self.rung
 
 
 @dataclass
@@ -76,19 +68,9 @@ async def api() -> AsyncIterator[Api]:
     metrics = CollectorRegistry()
     health = Health(metrics)
     servicer = CatalogServicer(catalog, health.rejections)
-    server = GrpcServer(
-        "127.0.0.1:0",
-        [lambda s: pb_grpc.add_CatalogServicer_to_server(servicer, s)],
-        [SERVICE_NAME],
-        grace=0.1,
-    )
-    stop = asyncio.Event()
-    await server.start()
-    task = asyncio.create_task(server.run(stop))
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+    register = partial(pb_grpc.add_CatalogServicer_to_server, servicer)
+    async with served(register, SERVICE_NAME) as channel:
         yield Api(pb_grpc.CatalogStub(channel), catalog, health, metrics)
-    stop.set()
-    await task
 
 
 async def test_well_formed_requests_are_answered(api: Api) -> None:

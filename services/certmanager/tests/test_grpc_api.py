@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 
 import grpc
 import pytest
@@ -16,8 +16,8 @@ from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
-from trellis_common.grpcserver import GrpcServer
 from trellis_common.health import Health
+from trellis_common.testing.servicer import served
 
 SERVICE = pb.MeshService(namespace="bookstore", name="bookstore")
 PROXY_CN = "123e4567-e89b-42d3-a456-426614174000.bookstore.bookstore"
@@ -37,23 +37,10 @@ def health(metrics: CollectorRegistry) -> Health:
 async def stub(
     manager: CertificateManager, health: Health
 ) -> AsyncIterator[pb_grpc.CertificateManagerAsyncStub]:
-    server = GrpcServer(
-        "127.0.0.1:0",
-        [
-            lambda s: pb_grpc.add_CertificateManagerServicer_to_server(
-                CertificateManagerServicer(manager, health.rejections), s
-            )
-        ],
-        [SERVICE_NAME],
-        grace=0.1,
-    )
-    stop = asyncio.Event()
-    await server.start()
-    task = asyncio.create_task(server.run(stop))
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+    servicer = CertificateManagerServicer(manager, health.rejections)
+    register = partial(pb_grpc.add_CertificateManagerServicer_to_server, servicer)
+    async with served(register, SERVICE_NAME) as channel:
         yield pb_grpc.CertificateManagerStub(channel)
-    stop.set()
-    await task
 
 
 async def test_issue_get_and_root(stub: pb_grpc.CertificateManagerAsyncStub) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import grpc
@@ -20,10 +21,11 @@ from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common import admin
 from trellis_common.events import Outbox
-from trellis_common.grpcserver import GrpcServer
 from trellis_common.health import Health
 from trellis_common.signaling import Event, Publisher, Subscriber, redis_without_retries
 from trellis_common.testing import RedisServer
+from trellis_common.testing.bell import Bell
+from trellis_common.testing.servicer import served
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
@@ -49,17 +51,6 @@ def body(**overrides: Any) -> dict[str, Any]:
     return base
 
 
-class Revisions:
-    """A signal that only numbers what it is given (the road itself is the last test's)."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    async def __call__(self, kind: str, key: str) -> int:
-        self.n += 1
-        return self.n
-
-
 @contextlib.asynccontextmanager
 async def admin_client(manager: EndpointsManager) -> AsyncIterator[httpx.AsyncClient]:
     app = admin.create_app("endpoints-vm", CollectorRegistry())
@@ -72,21 +63,9 @@ async def admin_client(manager: EndpointsManager) -> AsyncIterator[httpx.AsyncCl
 @contextlib.asynccontextmanager
 async def grpc_stub(manager: EndpointsManager) -> AsyncIterator[pb_grpc.EndpointsProviderAsyncStub]:
     servicer = grpc_api.EndpointsProviderServicer(manager)
-    server = GrpcServer(
-        "127.0.0.1:0",
-        [lambda s: pb_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
-        [grpc_api.SERVICE_NAME],
-        grace=0.1,
-    )
-    stop = asyncio.Event()
-    await server.start()
-    task = asyncio.create_task(server.run(stop))
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            yield pb_grpc.EndpointsProviderStub(channel)
-    finally:
-        stop.set()
-        await task
+    register = partial(pb_grpc.add_EndpointsProviderServicer_to_server, servicer)
+    async with served(register, grpc_api.SERVICE_NAME) as channel:
+        yield pb_grpc.EndpointsProviderStub(channel)
 
 
 @pytest.fixture
@@ -96,7 +75,7 @@ def api_store() -> InMemoryWorkloadStore:
 
 @pytest.fixture
 async def api_manager(api_store: InMemoryWorkloadStore) -> EndpointsManager:
-    manager = EndpointsManager(api_store, Revisions(), EndpointMetrics.create(CollectorRegistry()))
+    manager = EndpointsManager(api_store, Bell(), EndpointMetrics.create(CollectorRegistry()))
     await manager.start()
     return manager
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 
 import grpc
 import pytest
@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common.grpcrequests import InvalidField
-from trellis_common.grpcserver import GrpcServer
 from trellis_common.health import Health
+from trellis_common.testing.bell import Bell
+from trellis_common.testing.servicer import served
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
@@ -57,15 +58,6 @@ def test_the_namespace_filter_may_be_empty() -> None:
         grpc_requests.namespace_filter(pb.ListServicesRequest(namespace="Shop"))
 
 
-class Revisions:
-    def __init__(self) -> None:
-        self.n = 0
-
-    async def __call__(self, kind: str, key: str) -> int:
-        self.n += 1
-        return self.n
-
-
 @dataclass
 class Provider:
     stub: pb_grpc.EndpointsProviderAsyncStub
@@ -78,24 +70,14 @@ async def provider(make_workload: Callable[..., Workload]) -> AsyncIterator[Prov
     metrics = CollectorRegistry()
     health = Health(metrics)
     manager = EndpointsManager(
-        InMemoryWorkloadStore(), Revisions(), EndpointMetrics.create(CollectorRegistry())
+        InMemoryWorkloadStore(), Bell(), EndpointMetrics.create(CollectorRegistry())
     )
     await manager.start()
     await manager.register(make_workload())
     servicer = grpc_api.EndpointsProviderServicer(manager, health.rejections)
-    server = GrpcServer(
-        "127.0.0.1:0",
-        [lambda s: pb_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
-        [grpc_api.SERVICE_NAME],
-        grace=0.1,
-    )
-    stop = asyncio.Event()
-    await server.start()
-    task = asyncio.create_task(server.run(stop))
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+    register = partial(pb_grpc.add_EndpointsProviderServicer_to_server, servicer)
+    async with served(register, grpc_api.SERVICE_NAME) as channel:
         yield Provider(pb_grpc.EndpointsProviderStub(channel), health, metrics)
-    stop.set()
-    await task
 
 
 @pytest.mark.parametrize(

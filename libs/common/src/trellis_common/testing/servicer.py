@@ -4,7 +4,8 @@ Fuzzing a servicer through a real server and channel costs milliseconds per requ
 calling ``await servicer.Rpc(request, context)`` with this context costs microseconds and
 shows the same outcome: :meth:`FakeServicerContext.abort` raises :class:`Aborted` with the
 status code and details a client would get, as grpc.aio's own ``abort`` raises to end the
-call. The real server is still what the servicers' unit tests use.
+call. The real server is still what the servicers' unit tests use: :func:`served` runs one
+on a free local port and hands out a channel to it.
 
 :func:`check_names_a_field` is the fuzz suites' one property of a request check: it accepts,
 or it refuses naming a field of the request and why; :func:`answers_or_refuses` is the same
@@ -13,13 +14,16 @@ property of a whole RPC, as every service's servicer fuzz test states it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import Message
 
 from trellis_common.grpcrequests import InvalidField
+from trellis_common.grpcserver import GrpcServer, Registration
 from trellis_common.health import Rejections
 
 
@@ -110,3 +114,19 @@ async def answers_or_refuses(
         if not aborted.details.startswith(not_a_check):
             refused_field(checks, rpc, aborted.details)
     return aborted
+
+
+@contextlib.asynccontextmanager
+async def served(registration: Registration, service_name: str) -> AsyncIterator[grpc.aio.Channel]:
+    """A :class:`GrpcServer` on a free local port serving one servicer, and a channel to it;
+    the server drains and stops when the block ends."""
+    server = GrpcServer("127.0.0.1:0", [registration], [service_name], grace=0.1)
+    stop = asyncio.Event()
+    await server.start()
+    task = asyncio.create_task(server.run(stop))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            yield channel
+    finally:
+        stop.set()
+        await task
