@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import grpc
+import pytest
 from google.protobuf.message import Message
 
 from trellis_common.grpcrequests import InvalidField
@@ -130,3 +131,17 @@ async def served(registration: Registration, service_name: str) -> AsyncIterator
     finally:
         stop.set()
         await task
+
+
+async def refused_on_the_wire(
+    call: Awaitable[object], rpc: str, message: str, rejections: Rejections
+) -> str:
+    """``call`` (an RPC through a real channel) fails INVALID_ARGUMENT with details starting
+    with ``message``, recorded as the only rejection; returns the details."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert details.startswith(message)
+    assert [(r.source, r.key, r.reason) for r in rejections.items()] == [("grpc", rpc, details)]
+    return details

@@ -34,6 +34,8 @@ class Identity(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class HttpMatch:
+    """Which requests a route or rule takes; the defaults take every request."""
+
     path_regex: str = ".*"
     methods: tuple[str, ...] = ()
     headers: Headers = ()
@@ -44,12 +46,16 @@ MATCH_ALL = HttpMatch()
 
 @dataclass(frozen=True, slots=True)
 class WeightedCluster:
+    """A route's share of traffic to one cluster (a TrafficSplit backend's weight)."""
+
     cluster: str
     weight: int
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """Requests matching ``match`` go to ``clusters``, split by their weights."""
+
     name: str
     match: HttpMatch
     clusters: tuple[WeightedCluster, ...]

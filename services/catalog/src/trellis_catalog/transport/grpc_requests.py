@@ -20,18 +20,24 @@ _HEX = frozenset("0123456789abcdef")
 
 @dataclass(frozen=True, slots=True)
 class ViewRequest:
+    """GetView, checked: whose view, as which service account."""
+
     identity: Identity
     service_account: str  # "" means the account the catalog knows
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyQuestion:
+    """CheckPolicy, checked: may ``source`` call ``destination``?"""
+
     source: ServiceAccount
     destination: MeshService
 
 
 @dataclass(frozen=True, slots=True)
 class ProxyRequest:
+    """ExpectProxy or RegisterProxy, checked: the proxy's common name and what it says."""
+
     common_name: str
     service_account: str = ""
     proxy_cp: str = ""
