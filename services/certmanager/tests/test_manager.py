@@ -19,11 +19,11 @@ from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics
-from trellis_certmanager.store import Rejected
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_common.health import Rejections
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
+from trellis_common.stored import Rejected
 from trellis_common.testing import eventually
 from trellis_common.testing.bell import Bell
 

@@ -10,11 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from trellis_certmanager.manager import CertificateManager
-from trellis_certmanager.store import Rejected
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport import rest
 from trellis_common import admin
 from trellis_common.model import MeshService
+from trellis_common.stored import Rejected
 
 TOKEN = "s3cret-token"
 

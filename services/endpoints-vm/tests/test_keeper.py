@@ -97,7 +97,7 @@ async def test_a_frozen_redis_costs_one_bounded_wait_then_none(
     await keeper.recover()
     assert keeper.available
     stored = await RedisWorkloadStore(service_client).load_all()
-    assert stored.workloads == [memory[workload.id]]
+    assert stored.records == [memory[workload.id]]
 
 
 async def test_the_loop_refills_a_redis_that_lost_everything(
@@ -114,7 +114,7 @@ async def test_the_loop_refills_a_redis_that_lost_everything(
         await eventually(lambda: service_client.hlen(KEY), timeout=5)
 
         async def refilled() -> bool:
-            loaded = (await store.load_all()).workloads  # in Redis' order
+            loaded = (await store.load_all()).records  # in Redis' order
             return {w.id: w for w in loaded} == memory
 
         await eventually(refilled, timeout=5)

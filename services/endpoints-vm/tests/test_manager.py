@@ -26,6 +26,7 @@ from trellis_common.signaling import (
     redis_without_retries,
     revision_key,
 )
+from trellis_common.stored import Rejected
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.bell import Bell
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
@@ -33,7 +34,6 @@ from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager, StoreUnavailable, UnknownWorkload
 from trellis_endpoints_vm.metrics import EndpointMetrics
-from trellis_endpoints_vm.store import Rejected
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 
 MakeWorkload = Callable[..., Workload]

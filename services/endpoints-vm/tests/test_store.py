@@ -8,8 +8,9 @@ from collections.abc import Callable
 import pytest
 import redis.asyncio
 
+from trellis_common.stored import Rejected
 from trellis_endpoints_vm.domain.workloads import Workload, to_json
-from trellis_endpoints_vm.store import RedisWorkloadStore, Rejected
+from trellis_endpoints_vm.store import RedisWorkloadStore
 
 MakeWorkload = Callable[..., Workload]
 KEY = "trellis:endpoints-vm:workloads"
@@ -29,7 +30,7 @@ async def test_put_write_delete_and_load(
     await redis_store.write([], ["shop/vm-2"])
     await redis_store.delete("shop/vm-3")
     loaded = await redis_store.load_all()
-    assert loaded.workloads == [one]
+    assert loaded.records == [one]
     assert loaded.rejected == []
 
 
@@ -52,7 +53,7 @@ async def test_corrupt_records_are_skipped_and_named_the_rest_loads(
         },
     )
     loaded = await redis_store.load_all()
-    assert loaded.workloads == [good]
+    assert loaded.records == [good]
     reasons = {r.key: r.reason for r in loaded.rejected}
     assert sorted(reasons) == [
         f"{KEY}[Bad Name!/vm-3]",
@@ -73,7 +74,7 @@ async def test_a_key_of_the_wrong_type_is_one_rejection_not_a_crash(
 ) -> None:
     await redis_client.set(KEY, "not a hash")
     loaded = await redis_store.load_all()
-    assert loaded.workloads == []
+    assert loaded.records == []
     [rejected] = loaded.rejected
     assert rejected == Rejected("", KEY, rejected.reason)
     assert "WRONGTYPE" in rejected.reason

@@ -55,10 +55,11 @@ from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord, past_expiry
 from trellis_certmanager.metrics import CertMetrics
-from trellis_certmanager.store import CertificateStore, Rejected
+from trellis_certmanager.store import CertificateStore
 from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ProxyId
 from trellis_common.model import MeshService
+from trellis_common.stored import Refused
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,7 @@ class CertificateManager:
         prune_after: dt.timedelta = dt.timedelta(days=1),
     ) -> None:
         self._store = store
-        self._rejections = rejections
-        self._rejected: dict[str, str] = {}  # common name -> where the refused record lives
+        self._rejected = Refused(rejections, REJECTION_SOURCE)  # by common name
         self._prune_after = prune_after
         self._announce = announce
         self._policy = policy
@@ -163,7 +163,7 @@ class CertificateManager:
         loaded = await self._store.load_all()
         self._records = {r.common_name: r for r in loaded.records}
         for rejected in loaded.rejected:
-            self._reject(rejected)
+            self._rejected.add(rejected)
         self._count()
         log.info(
             "ca.ready origin=%s fingerprint=%s records=%d rejected=%d",
@@ -175,20 +175,9 @@ class CertificateManager:
         self.ready.set()
         return ca
 
-    def _reject(self, rejected: Rejected) -> None:
-        self._rejected[rejected.common_name] = rejected.key
-        if self._rejections is not None:
-            self._rejections.reject(REJECTION_SOURCE, rejected.key, rejected.reason)
-
-    def _overwritten(self, common_name: str) -> None:
-        """A refused record was overwritten or deleted: it is no longer rejected."""
-        key = self._rejected.pop(common_name, None)
-        if key is not None and self._rejections is not None:
-            self._rejections.accept(REJECTION_SOURCE, key)
-
     def rejected(self) -> list[str]:
         """Common names of stored records refused at load, still in the store."""
-        return sorted(self._rejected)
+        return self._rejected.fields()
 
     async def delete_rejected(self, common_name: str) -> None:
         """Delete a stored record that was refused at load; ``NotFound`` for any other."""
@@ -196,7 +185,7 @@ class CertificateManager:
             raise NotFound(common_name)
         async with self._lock(common_name):
             await self._store.delete_many([common_name])
-            self._overwritten(common_name)
+            self._rejected.overwritten(common_name)
             log.info("cert.rejected_record_deleted cn=%s", common_name)
 
     def _install(self, ca: CertificateAuthority) -> None:
@@ -422,8 +411,8 @@ class CertificateManager:
         )
         await self._store.save_ca_if_absent(self.ca)
         await self._store.put_many(list(self._records.values()))
-        for common_name in list(self._rejected):  # the store lost them with the rest
-            self._overwritten(common_name)
+        for common_name in self._rejected.fields():  # the store lost them with the rest
+            self._rejected.overwritten(common_name)
         log.warning(
             "ca.store_restored fingerprint=%s records=%d", self.ca.fingerprint, len(self._records)
         )
@@ -483,7 +472,7 @@ class CertificateManager:
 
     async def _commit(self, record: CertificateRecord, change: str, reason: str) -> None:
         await self._store.put(record)
-        self._overwritten(record.common_name)
+        self._rejected.overwritten(record.common_name)
         self._records[record.common_name] = record
         self._metrics.issued.labels(record.kind.value).inc()
         if change == "rotated":

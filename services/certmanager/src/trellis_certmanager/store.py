@@ -26,7 +26,6 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -35,21 +34,10 @@ from redis.exceptions import RedisError, ResponseError
 from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import CAError, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord, check
+from trellis_common import stored
 
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """A stored record that was not loaded: ``key`` is where it lives, ``reason`` why."""
-
-    common_name: str
-    key: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    records: list[CertificateRecord]
-    rejected: list[Rejected]
+#: What :meth:`CertificateStore.load_all` gives: the records, and those refused.
+Loaded = stored.Loaded[CertificateRecord]
 
 
 class CertificateStore(Protocol):
@@ -105,7 +93,7 @@ class RedisCertificateStore:
 
     def location(self, common_name: str) -> str:
         """Where a record lives, as an operator would look for it."""
-        return f"{self.records_key}[{common_name}]"
+        return stored.location(self.records_key, common_name)
 
     async def load_ca(self) -> CertificateAuthority | None:
         try:
@@ -149,19 +137,9 @@ class RedisCertificateStore:
                 raise _unavailable(exc) from exc
 
     async def load_all(self) -> Loaded:
-        try:
-            raw = await self._redis.hgetall(self.records_key)
-        except ResponseError as exc:  # WRONGTYPE: something else wrote this key
-            reason = f"not a hash of certificate records: {exc}"
-            return Loaded([], [Rejected("", self.records_key, reason)])
-        records, rejected = [], []
-        for raw_field, value in raw.items():
-            common_name = _text(raw_field)
-            try:
-                records.append(parse_record(common_name, value))
-            except ValueError as exc:
-                rejected.append(Rejected(common_name, self.location(common_name), str(exc)))
-        return Loaded(records, rejected)
+        return await stored.load_hash(
+            self._redis, self.records_key, parse_record, "certificate records"
+        )
 
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord
-from trellis_certmanager.store import Loaded, Rejected
+from trellis_certmanager.store import Loaded
+from trellis_common.stored import Rejected
 
 
 class InMemoryCertificateStore:
@@ -55,7 +56,7 @@ class InMemoryCertificateStore:
         self._forget(set(common_names))
 
     def _forget(self, common_names: set[str]) -> None:
-        self.rejected = [r for r in self.rejected if r.common_name not in common_names]
+        self.rejected = [r for r in self.rejected if r.field not in common_names]
 
     async def load_all(self) -> Loaded:
         return Loaded(list(self.records.values()), list(self.rejected))

@@ -42,13 +42,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 
 from trellis_common.health import Rejections
+from trellis_common.stored import Refused
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.registry import Change, EndpointRegistry, UnknownWorkload
 from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
 from trellis_endpoints_vm.domain.workloads import Workload, validate
 from trellis_endpoints_vm.keeper import StoreKeeper, StoreUnavailable
 from trellis_endpoints_vm.metrics import EndpointMetrics
-from trellis_endpoints_vm.store import Rejected, WorkloadStore
+from trellis_endpoints_vm.store import WorkloadStore
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,7 @@ class EndpointsManager:
         self._signal = signal
         self._metrics = metrics
         self._clock = clock
-        self._rejections = rejections
-        self._rejected: dict[str, str] = {}  # stored field -> where it lives, while refused
+        self._rejected = Refused(rejections, REJECTION_SOURCE)  # by workload id
         self._signal_timeout = store_timeout
         self._signalling: set[asyncio.Task[None]] = set()  # in flight, some no longer awaited
         self._in_order = asyncio.Lock()  # FIFO: signals leave in the order of their changes
@@ -108,10 +108,10 @@ class EndpointsManager:
         this provider in the registry, and the registry says it is up)."""
         now = self._clock()
         loaded = await self._store.load_all()
-        for workload in loaded.workloads:
+        for workload in loaded.records:
             self.registry.upsert(workload, now)
         for rejected in loaded.rejected:
-            self._reject(rejected)
+            self._rejected.add(rejected)
         log.info(
             "endpoints.loaded workloads=%d services=%d rejected=%d",
             len(self.registry.workloads),
@@ -120,20 +120,9 @@ class EndpointsManager:
         )
         self.ready.set()
 
-    def _reject(self, rejected: Rejected) -> None:
-        self._rejected[rejected.field] = rejected.key
-        if self._rejections is not None:
-            self._rejections.reject(REJECTION_SOURCE, rejected.key, rejected.reason)
-
-    def _overwritten(self, workload_id: str) -> None:
-        """A refused record was overwritten or deleted: it is no longer rejected."""
-        key = self._rejected.pop(workload_id, None)
-        if key is not None and self._rejections is not None:
-            self._rejections.accept(REJECTION_SOURCE, key)
-
     def rejected(self) -> list[str]:
         """The ids of stored records that were refused at load and are still there."""
-        return sorted(self._rejected)
+        return self._rejected.fields()
 
     # -- registrations ------------------------------------------------------------------
 
@@ -148,7 +137,7 @@ class EndpointsManager:
                 last_heartbeat=now,
             )
             await self._durably("register", workload.id, self.keeper.put(workload))
-            self._overwritten(workload.id)
+            self._rejected.overwritten(workload.id)
             self._metrics.registrations.inc()
             signals = self._count(self.registry.upsert(workload, now))
             log.debug(
@@ -182,10 +171,10 @@ class EndpointsManager:
                     raise UnknownWorkload(workload_id)
                 await self._durably("deregister", workload_id, self.keeper.delete(workload_id))
                 log.info("store.rejected_record_deleted workload=%s", workload_id)
-                self._overwritten(workload_id)
+                self._rejected.overwritten(workload_id)
                 return
             await self._durably("deregister", workload_id, self.keeper.delete(workload_id))
-            self._overwritten(workload_id)
+            self._rejected.overwritten(workload_id)
             signals = self._count(self.registry.remove(workload_id, self._clock()))
             log.debug("workload.deregistered workload=%s", workload_id)
         await self._send(signals)

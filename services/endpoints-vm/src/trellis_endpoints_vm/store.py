@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
+from trellis_common import stored
 from trellis_endpoints_vm.domain import workloads
 
 log = logging.getLogger(__name__)
@@ -32,19 +31,8 @@ log = logging.getLogger(__name__)
 CHUNK = 500
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """A stored record that was not loaded: ``key`` is where it lives, ``reason`` why."""
-
-    field: str
-    key: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Loaded:
-    workloads: list[workloads.Workload]
-    rejected: list[Rejected]
+#: What :meth:`WorkloadStore.load_all` gives: the registrations, and those refused.
+Loaded = stored.Loaded[workloads.Workload]
 
 
 class WorkloadStore(Protocol):
@@ -84,7 +72,7 @@ class RedisWorkloadStore:
 
     def location(self, field: str) -> str:
         """Where a record lives, as an operator would look for it."""
-        return f"{self.key}[{field}]"
+        return stored.location(self.key, field)
 
     async def put(self, workload: workloads.Workload) -> None:
         await self._redis.hset(self.key, workload.id, workloads.to_json(workload))
@@ -105,19 +93,7 @@ class RedisWorkloadStore:
                 await pipe.execute()
 
     async def load_all(self) -> Loaded:
-        try:
-            raw = await self._redis.hgetall(self.key)
-        except ResponseError as exc:  # WRONGTYPE: something else wrote this key
-            reason = f"not a hash of workload records: {exc}"
-            return Loaded([], [Rejected("", self.key, reason)])
-        found, rejected = [], []
-        for raw_field, value in raw.items():
-            field = _text(raw_field)
-            try:
-                found.append(parse_record(field, value))
-            except ValueError as exc:
-                rejected.append(Rejected(field, self.location(field), str(exc)))
-        return Loaded(found, rejected)
+        return await stored.load_hash(self._redis, self.key, parse_record, "workload records")
 
     async def missing(self, workload_ids: Collection[str], extra: int = 0) -> list[str]:
         if not workload_ids or await self._redis.hlen(self.key) >= len(workload_ids) + extra:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from trellis_common.stored import Rejected
 from trellis_endpoints_vm.domain.workloads import Workload
-from trellis_endpoints_vm.store import Loaded, Rejected
+from trellis_endpoints_vm.store import Loaded
 
 
 class InMemoryWorkloadStore:
