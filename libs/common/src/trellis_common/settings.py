@@ -11,11 +11,11 @@ and names itself with ``service_name``. Every field is then, with nothing more w
   (``TRELLIS_REDIS_URL``), which ``trellis up`` sets once for every service.
 
 Precedence: flags (which reach the class as keyword arguments), then the service's
-variable, then the shared one, then the defaults below (the ports of ARCHITECTURE.md). The shared variables are read
-by a source of their own rather than through validation aliases: an alias would rename the
-flag (``--TRELLIS-REDIS-URL``), and the bare field name as an alias would pick up unrelated
-``REDIS_URL`` or ``INSTANCE`` variables (the environment is case-insensitive). No module
-reads the environment on its own: settings are passed in.
+variable, then the shared one, then the defaults below (the ports of ARCHITECTURE.md). The
+shared variables are read by a source of their own rather than through validation aliases:
+an alias would rename the flag (``--TRELLIS-REDIS-URL``), and the bare field name as an
+alias would pick up unrelated ``REDIS_URL`` or ``INSTANCE`` variables (the environment is
+case-insensitive). No module reads the environment on its own: settings are passed in.
 """
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ SHARED = Shared()
 
 def grpc_port(default: int) -> Any:
     """The ``grpc_port`` field with a service's own default."""
-    return Field(default, ge=0, le=65535, description="gRPC port (0: any free port)")
+    return Field(default=default, ge=0, le=65535, description="gRPC port (0: any free port)")
 
 
 def admin_port(default: int) -> Any:
     """The ``admin_port`` field with a service's own default."""
-    return Field(default, ge=0, le=65535, description="admin REST port (0: any free port)")
+    return Field(default=default, ge=0, le=65535, description="admin REST port (0: any free port)")
 
 
 def is_shared(field: FieldInfo) -> bool:
@@ -99,27 +99,28 @@ class ServiceSettings(BaseSettings):
     )
 
     redis_url: Annotated[str, SHARED] = Field(
-        DEFAULT_REDIS_URL, description="Redis holding the registry, stores and signals"
+        default=DEFAULT_REDIS_URL, description="Redis holding the registry, stores and signals"
     )
     state_dir: Annotated[Path, SHARED] = Field(
-        Path(".trellis"), description="where the admin token and service addresses are kept"
+        default=Path(".trellis"), description="where the admin token and service addresses are kept"
     )
     log_format: Annotated[Literal["kv", "json"], SHARED] = Field(
-        "kv", description="log lines as key=value or JSON"
+        default="kv", description="log lines as key=value or JSON"
     )
-    log_level: Annotated[str, SHARED] = Field("INFO", description="DEBUG, INFO, WARNING...")
+    log_level: Annotated[str, SHARED] = Field(default="INFO", description="DEBUG, INFO, WARNING...")
     admin_token: Annotated[str | None, SHARED] = Field(
-        None, description="token of the admin API (unset: the one kept in the state directory)"
+        default=None,
+        description="token of the admin API (unset: the one kept in the state directory)",
     )
     instance: Annotated[str, SHARED] = Field(
-        "", description="name announced in the registry (empty: the service name)"
+        default="", description="name announced in the registry (empty: the service name)"
     )
 
-    bind_host: str = Field("127.0.0.1", description="admin (and internal gRPC) address")
+    bind_host: str = Field(default="127.0.0.1", description="admin (and internal gRPC) address")
     grpc_port: int = grpc_port(0)
     admin_port: int = admin_port(0)
     registry_ttl: float = Field(
-        10.0, gt=0, description="seconds the registry record outlives a silent process"
+        default=10.0, gt=0, description="seconds the registry record outlives a silent process"
     )
 
     @classmethod
@@ -163,13 +164,13 @@ class SpecDirSettings(ServiceSettings):
     """
 
     spec_dir: Annotated[Path | None, SHARED] = Field(
-        None, description="directory of mesh documents (YAML), watched; default: none"
+        default=None, description="directory of mesh documents (YAML), watched"
     )
     spec_rescan_interval: float = Field(
-        30.0, gt=0, description="seconds between full rescans of the spec directory"
+        default=30.0, gt=0, description="seconds between full rescans of the spec directory"
     )
     spec_poll_interval: float = Field(
-        0.5, gt=0, description="seconds between polls where inotify cannot watch"
+        default=0.5, gt=0, description="seconds between polls where inotify cannot watch"
     )
 
 

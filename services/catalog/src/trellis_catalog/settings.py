@@ -17,7 +17,7 @@ class CatalogSettings(SpecDirSettings):
     trust_domain: str = Field("cluster.local", description="SPIFFE trust domain of the mesh")
     cluster_domain: str = Field("cluster.local", description="DNS suffix of service names")
     certmanager_address: str = Field(
-        "", description="certmanager's host:port; default: from the service registry"
+        "", description="certmanager's host:port; empty: from the service registry"
     )
     debounce_quiet: float = Field(
         0.02, ge=0, description="seconds without a change before views are recomputed"

@@ -37,14 +37,18 @@ class InjectorSettings(ServiceSettings):
     grpc_port: int = grpc_port(0)
     admin_port: int = admin_port(Ports.INJECTOR_ADMIN)
 
-    xds_host: str = Field("", description="where proxies reach proxy-cp; default: announced")
+    xds_host: str = Field(
+        "", description="where proxies reach proxy-cp; empty: what proxy-cp announces"
+    )
     xds_port: int = Field(
         0, ge=0, le=65535, description="proxy-cp's xDS port for proxies; 0: announced"
     )
     certmanager_address: str = Field(
-        "", description="certmanager's host:port; default: from the registry"
+        "", description="certmanager's host:port; empty: from the service registry"
     )
-    catalog_address: str = Field("", description="catalog's host:port; default: from the registry")
+    catalog_address: str = Field(
+        "", description="catalog's host:port; empty: from the service registry"
+    )
 
     trust_domain: Annotated[str, AfterValidator(ids.validate_trust_domain)] = Field(
         "cluster.local", description="certmanager's trust domain (of proxy-cp's identity)"

@@ -19,9 +19,11 @@ class ProxyCpSettings(ServiceSettings):
     grpc_port: int = grpc_port(Ports.PROXY_CP[0])
     admin_port: int = admin_port(Ports.PROXY_CP[1])
     xds_host: str = Field("0.0.0.0", description="address of the xDS port")
-    catalog_address: str = Field("", description="catalog's host:port; default: from the registry")
+    catalog_address: str = Field(
+        "", description="catalog's host:port; empty: from the service registry"
+    )
     certmanager_address: str = Field(
-        "", description="certmanager's host:port; default: from the registry"
+        "", description="certmanager's host:port; empty: from the service registry"
     )
     # proxy-cp's own identity: the serving certificate of the xDS port.
     namespace: str = Field("trellis-system", description="namespace of proxy-cp's identity")
