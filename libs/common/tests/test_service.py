@@ -21,6 +21,8 @@ from trellis_common.testing.waiting import eventually
 
 
 class DemoSettings(ServiceSettings):
+    """A demo."""
+
     service_name: ClassVar[str] = "demo"
 
 
@@ -53,7 +55,7 @@ class Demo:
 
 
 def demo_service(demo: Demo) -> Service[DemoSettings]:
-    return Service(DemoSettings, kind="demo-kind", description="A demo.", build=demo.build)
+    return Service(DemoSettings, "demo-kind", demo.build)
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +133,7 @@ async def test_a_build_that_gives_up_ends_the_service_without_serving(
         runtime.locator("elsewhere")
         return None
 
-    service = Service(DemoSettings, kind="demo-kind", description="A demo.", build=give_up)
+    service = Service(DemoSettings, "demo-kind", give_up)
     settings = DemoSettings(redis_url=redis_server.url, state_dir=tmp_path)
 
     await asyncio.wait_for(service.serve(settings, asyncio.Event()), timeout=10)
@@ -145,7 +147,7 @@ async def test_a_build_that_fails_fails_the_service(
     async def broken(runtime: ServiceRuntime, settings: DemoSettings) -> Parts:
         raise RuntimeError("no CA")
 
-    service = Service(DemoSettings, kind="demo-kind", description="A demo.", build=broken)
+    service = Service(DemoSettings, "demo-kind", broken)
     settings = DemoSettings(redis_url=redis_server.url, state_dir=tmp_path)
 
     with pytest.raises(RuntimeError, match="no CA"):

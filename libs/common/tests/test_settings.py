@@ -33,6 +33,8 @@ ENV_NAMES = (
 
 
 class XSettings(ServiceSettings):
+    """X: a test service."""
+
     service_name: ClassVar[str] = "x"
 
 
@@ -143,7 +145,7 @@ def test_settings_are_frozen() -> None:
 
 
 def flags(*argv: str) -> XSettings:
-    return settings_module.from_command_line(XSettings, argv, "trellis-x", "X: a test service.")
+    return settings_module.from_command_line(XSettings, argv, "trellis-x")
 
 
 def test_the_env_prefix_comes_from_the_service_name() -> None:
@@ -207,7 +209,7 @@ def test_flags_not_given_leave_the_environment_alone(monkeypatch: pytest.MonkeyP
 
 def test_the_spec_dir_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
     def load(*argv: str) -> WatcherSettings:
-        return settings_module.from_command_line(WatcherSettings, argv, "w", "W.")
+        return settings_module.from_command_line(WatcherSettings, argv, "w")
 
     monkeypatch.setenv("SPEC_DIR", "/not/ours")
     assert load().spec_dir is None

@@ -1,9 +1,9 @@
 """One service skeleton: everything a Trellis process does around its own logic.
 
-A service's ``main.py`` declares a :class:`Service`: its settings class (which names it),
-the kind it announces in the registry, a line for ``--help``, and ``build(runtime,
-settings)``, which makes the service's own objects and returns their :class:`Parts`. The
-skeleton does the rest, the same way for every service:
+A service's ``main.py`` declares a :class:`Service`: its settings class (which names it,
+and whose docstring heads ``--help``), the kind it announces in the registry, and
+``build(runtime, settings)``, which makes the service's own objects and returns their
+:class:`Parts`. The skeleton does the rest, the same way for every service:
 
 1. settings from the command line and the environment (:mod:`trellis_common.settings`);
    a bad value ends the process with one line naming the setting and exit code 2, before
@@ -72,7 +72,6 @@ class Service(Generic[S]):
 
     settings: type[S]
     kind: str
-    description: str
     build: Build[S]
 
     @property
@@ -85,7 +84,7 @@ class Service(Generic[S]):
 
     def load(self, argv: Sequence[str] | None = None) -> S:
         """Settings from ``argv`` (``None``: ``sys.argv``) over the environment."""
-        return from_command_line(self.settings, argv, self.prog, self.description)
+        return from_command_line(self.settings, argv, self.prog)
 
     def main(self, argv: Sequence[str] | None = None) -> int:
         """Run the service until SIGTERM; returns the process's exit code."""

@@ -21,6 +21,7 @@ case-insensitive). No module reads the environment on its own: settings are pass
 from __future__ import annotations
 
 import argparse
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -192,17 +193,16 @@ def environment_help(settings_cls: type[ServiceSettings]) -> str:
     )
 
 
-def from_command_line(
-    settings_cls: type[S], argv: Sequence[str] | None, prog: str, description: str
-) -> S:
+def from_command_line(settings_cls: type[S], argv: Sequence[str] | None, prog: str) -> S:
     """Settings from ``argv`` (``None``: ``sys.argv``) over the environment.
 
-    ``--help`` prints every field with its description and exits 0; an unknown flag exits 2
-    (argparse). A value that does not validate raises :class:`pydantic.ValidationError`.
+    ``--help`` prints the class's docstring, then every field with its description, and
+    exits 0; an unknown flag exits 2 (argparse). A value that does not validate raises
+    :class:`pydantic.ValidationError`.
     """
     parser = argparse.ArgumentParser(
         prog=prog,
-        description=description,
+        description=inspect.cleandoc(settings_cls.__doc__ or ""),
         epilog=environment_help(settings_cls),
         allow_abbrev=False,
     )

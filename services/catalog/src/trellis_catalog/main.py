@@ -68,12 +68,7 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
     )
 
 
-service = Service(
-    CatalogSettings,
-    kind="catalog",
-    description="Trellis catalog: the mesh specification and per-identity views.",
-    build=build,
-)
+service = Service(CatalogSettings, "catalog", build)
 main = service.main
 
 if __name__ == "__main__":

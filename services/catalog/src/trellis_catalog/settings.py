@@ -10,6 +10,8 @@ from trellis_common.settings import Ports, SpecDirSettings, admin_port, grpc_por
 
 
 class CatalogSettings(SpecDirSettings):
+    """Trellis catalog: the mesh specification and per-identity views."""
+
     service_name: ClassVar[str] = "catalog"
 
     grpc_port: int = grpc_port(Ports.CATALOG[0])

@@ -82,12 +82,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
     )
 
 
-service = Service(
-    CertManagerSettings,
-    kind="certmanager",
-    description="Trellis certmanager: the mesh CA.",
-    build=build,
-)
+service = Service(CertManagerSettings, "certmanager", build)
 main = service.main
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_por
 
 
 class CertManagerSettings(ServiceSettings):
+    """Trellis certmanager: the mesh CA."""
+
     service_name: ClassVar[str] = "certmanager"
 
     grpc_port: int = grpc_port(Ports.CERTMANAGER[0])

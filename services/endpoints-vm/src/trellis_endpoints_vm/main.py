@@ -98,12 +98,7 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
     )
 
 
-service = Service(
-    EndpointsVmSettings,
-    kind="endpoints-provider",
-    description="Trellis endpoints-vm: endpoints of workloads outside Kubernetes.",
-    build=build,
-)
+service = Service(EndpointsVmSettings, "endpoints-provider", build)
 main = service.main
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from trellis_common.settings import Ports, SpecDirSettings, admin_port, grpc_por
 
 
 class EndpointsVmSettings(SpecDirSettings):
+    """Trellis endpoints-vm: endpoints of workloads outside Kubernetes."""
+
     service_name: ClassVar[str] = "endpoints-vm"
 
     grpc_port: int = grpc_port(Ports.ENDPOINTS_VM[0])

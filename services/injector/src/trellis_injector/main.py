@@ -49,12 +49,7 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
     )
 
 
-service = Service(
-    InjectorSettings,
-    kind="injector",
-    description="Trellis injector: onboarding of proxies (Envoy bootstraps).",
-    build=build,
-)
+service = Service(InjectorSettings, "injector", build)
 main = service.main
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ def _service_account(value: str) -> str:
 
 
 class InjectorSettings(ServiceSettings):
+    """Trellis injector: onboarding of proxies (Envoy bootstraps)."""
+
     service_name: ClassVar[str] = "injector"
 
     # No gRPC API of its own yet: the server carries health and reflection only, on a

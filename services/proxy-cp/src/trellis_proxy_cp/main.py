@@ -169,13 +169,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     )
 
 
-service = Service(
-    ProxyCpSettings,
-    kind="proxy-cp",
-    description="Trellis proxy-cp: the xDS server proxies talk to (--grpc-port is the mTLS "
-    "xDS port).",
-    build=build,
-)
+service = Service(ProxyCpSettings, "proxy-cp", build)
 main = service.main
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_por
 
 
 class ProxyCpSettings(ServiceSettings):
+    """Trellis proxy-cp: the xDS server proxies talk to (--grpc-port is the mTLS xDS port)."""
+
     service_name: ClassVar[str] = "proxy-cp"
 
     grpc_port: int = grpc_port(Ports.PROXY_CP[0])
