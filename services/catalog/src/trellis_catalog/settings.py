@@ -21,15 +21,8 @@ class CatalogSettings(SpecDirSettings):
     certmanager_address: str = Field(
         "", description="certmanager's host:port; empty: from the service registry"
     )
-    debounce_quiet: float = Field(
-        0.02, ge=0, description="seconds without a change before views are recomputed"
-    )
-    debounce_max: float = Field(
-        0.2, gt=0, description="longest a recompute waits while changes keep coming (s)"
-    )
-    discovery_interval: float = Field(
-        1.0, gt=0, description="seconds between sweeps of the providers in the registry"
-    )
-    provider_grace: float = Field(
-        30.0, ge=0, description="seconds a provider missing from the registry keeps its endpoints"
-    )
+    # Views are recomputed once changes pause for debounce_quiet, or after debounce_max.
+    debounce_quiet: float = Field(0.02, ge=0, description="quiet seconds before a recompute")
+    debounce_max: float = Field(0.2, gt=0, description="longest a recompute waits (s)")
+    discovery_interval: float = Field(1.0, gt=0, description="seconds between provider sweeps")
+    provider_grace: float = Field(30.0, ge=0, description="seconds a lost provider keeps endpoints")

@@ -33,19 +33,11 @@ class ProxyCpSettings(ServiceSettings):
     # Expected proxies (clients/expected.py): listings of the catalog start at least this
     # far apart (s); a listing says yes for this long; a proxy a listing did not name is
     # refused without asking again for this long.
-    expected_min_interval: float = Field(
-        0.25, ge=0, description="seconds between listings of expected proxies, at least"
-    )
-    expected_max_age: float = Field(
-        10.0, gt=0, description="seconds a listing of expected proxies is trusted"
-    )
-    expected_refused_for: float = Field(
-        5.0, ge=0, description="seconds an unexpected proxy is refused without asking again"
-    )
+    expected_min_interval: float = Field(0.25, ge=0, description="least seconds between listings")
+    expected_max_age: float = Field(10.0, gt=0, description="seconds a listing is trusted")
+    expected_refused_for: float = Field(5.0, ge=0, description="seconds a refusal holds")
     # Caps on what one proxy may ask (transport/limits.py).
-    max_node_metadata_bytes: int = Field(
-        16 * 1024, ge=0, description="largest node metadata a proxy may send"
-    )
+    max_node_metadata_bytes: int = Field(16384, ge=0, description="largest node metadata (bytes)")
     max_resource_names: int = Field(1024, ge=1, description="most resource names in one request")
     max_resource_name_bytes: int = Field(512, ge=1, description="longest resource name")
     max_streams_per_proxy: int = Field(4, ge=1, description="most open xDS streams per proxy")
