@@ -269,3 +269,9 @@ def test_a_bad_admin_token_is_not_repeated() -> None:
 
     assert "admin_token (--admin-token" in line
     assert "secret" not in line
+
+
+def test_the_log_level_is_checked_with_the_settings() -> None:
+    assert flags("--log-level", "debug").log_level == "DEBUG"
+    with pytest.raises(ValidationError, match="not a log level"):
+        flags("--log-level", "loud")

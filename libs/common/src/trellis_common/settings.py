@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -71,6 +72,14 @@ def admin_port(default: int) -> Any:
     return Field(default=default, ge=0, le=65535, description="admin REST port (0: any free port)")
 
 
+def _log_level(value: str) -> str:
+    """A level name the logging module knows (any case): checked here, not at start-up."""
+    level = value.upper()
+    if level not in logging.getLevelNamesMapping():
+        raise ValueError("not a log level: DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    return level
+
+
 def is_shared(field: FieldInfo) -> bool:
     return any(isinstance(m, Shared) for m in field.metadata)
 
@@ -108,7 +117,9 @@ class ServiceSettings(BaseSettings):
     log_format: Annotated[Literal["kv", "json"], SHARED] = Field(
         default="kv", description="log lines as key=value or JSON"
     )
-    log_level: Annotated[str, SHARED] = Field(default="INFO", description="DEBUG, INFO, WARNING...")
+    log_level: Annotated[str, SHARED, AfterValidator(_log_level)] = Field(
+        default="INFO", description="DEBUG, INFO, WARNING..."
+    )
     admin_token: Annotated[str | None, SHARED] = Field(
         default=None,
         description="token of the admin API (unset: the one kept in the state directory)",
