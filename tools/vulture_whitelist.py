@@ -44,6 +44,12 @@ _.collect
 _.trailing_metadata
 _.stop_event
 
+# pydantic-settings calls this hook of a settings class, with these keyword arguments.
+_.settings_customise_sources
+_.env_settings
+_.dotenv_settings
+_.file_secret_settings
+
 # Values of enums and fields of models parsed from operators' YAML: read by pydantic.
 _.GRPC
 _.HTTP2

@@ -1,13 +1,14 @@
-"""Service settings: keyword arguments, then prefixed, then shared environment variables."""
+"""Service settings: flags (keyword arguments), then prefixed, then shared environment
+variables, then defaults; every field a flag with its help."""
 
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 from pydantic import ValidationError
-from pydantic_settings import SettingsConfigDict
 
-from trellis_common.settings import DEFAULT_REDIS_URL, ServiceSettings
+from trellis_common import settings as settings_module
+from trellis_common.settings import DEFAULT_REDIS_URL, ServiceSettings, SpecDirSettings
 
 ENV_NAMES = (
     "TRELLIS_X_GRPC_PORT",
@@ -19,6 +20,10 @@ ENV_NAMES = (
     "TRELLIS_LOG_LEVEL",
     "TRELLIS_ADMIN_TOKEN",
     "TRELLIS_INSTANCE",
+    "TRELLIS_X_REDIS_URL",
+    "TRELLIS_SPEC_DIR",
+    "TRELLIS_W_SPEC_DIR",
+    "SPEC_DIR",
     "REDIS_URL",
     "STATE_DIR",
     "LOG_LEVEL",
@@ -28,8 +33,13 @@ ENV_NAMES = (
 
 
 class XSettings(ServiceSettings):
+    """X: a test service."""
+
     service_name: ClassVar[str] = "x"
-    model_config = SettingsConfigDict(env_prefix="TRELLIS_X_")
+
+
+class WatcherSettings(SpecDirSettings):
+    service_name: ClassVar[str] = "w"
 
 
 def load(**flags: Any) -> XSettings:
@@ -132,3 +142,136 @@ def test_settings_are_frozen() -> None:
 
     with pytest.raises(ValidationError):
         settings.grpc_port = 1
+
+
+def flags(*argv: str) -> XSettings:
+    return settings_module.from_command_line(XSettings, argv, "trellis-x")
+
+
+def test_the_env_prefix_comes_from_the_service_name() -> None:
+    class Dashed(ServiceSettings):
+        service_name: ClassVar[str] = "proxy-cp"
+
+    assert XSettings.env_prefix() == "TRELLIS_X_"
+    assert Dashed.env_prefix() == "TRELLIS_PROXY_CP_"
+
+
+def test_every_field_is_a_flag() -> None:
+    settings = flags(
+        "--grpc-port", "5", "--admin-port", "6", "--bind-host", "0.0.0.0",
+        "--state-dir", "/s", "--redis-url", "redis://flag:1/0", "--log-format", "json",
+        "--log-level", "DEBUG", "--admin-token", "t", "--instance", "x-9",
+        "--registry-ttl", "2.5",
+    )  # fmt: skip
+
+    assert settings.model_dump() == {
+        "grpc_port": 5,
+        "admin_port": 6,
+        "bind_host": "0.0.0.0",
+        "state_dir": Path("/s"),
+        "redis_url": "redis://flag:1/0",
+        "log_format": "json",
+        "log_level": "DEBUG",
+        "admin_token": "t",
+        "instance": "x-9",
+        "registry_ttl": 2.5,
+    }
+
+
+def test_flags_win_over_the_service_variable_which_wins_over_the_shared_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert flags().redis_url == DEFAULT_REDIS_URL
+    monkeypatch.setenv("TRELLIS_REDIS_URL", "redis://shared:1/0")
+    assert flags().redis_url == "redis://shared:1/0"
+    monkeypatch.setenv("TRELLIS_X_REDIS_URL", "redis://service:1/0")
+    assert flags().redis_url == "redis://service:1/0"
+    assert flags("--redis-url", "redis://flag:1/0").redis_url == "redis://flag:1/0"
+
+
+def test_a_flag_wins_over_the_service_variable_of_a_service_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRELLIS_X_GRPC_PORT", "15099")
+
+    assert flags().grpc_port == 15099
+    assert flags("--grpc-port", "16000").grpc_port == 16000
+
+
+def test_flags_not_given_leave_the_environment_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRELLIS_STATE_DIR", "/from/env")
+
+    settings = flags("--grpc-port", "1")
+
+    assert settings.state_dir == Path("/from/env")
+    assert settings.admin_port == 0
+
+
+def test_the_spec_dir_is_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load(*argv: str) -> WatcherSettings:
+        return settings_module.from_command_line(WatcherSettings, argv, "w")
+
+    monkeypatch.setenv("SPEC_DIR", "/not/ours")
+    assert load().spec_dir is None
+    monkeypatch.setenv("TRELLIS_SPEC_DIR", "/mesh")
+    assert load().spec_dir == Path("/mesh")
+    monkeypatch.setenv("TRELLIS_W_SPEC_DIR", "/own")
+    assert load().spec_dir == Path("/own")
+    assert load("--spec-dir", "/flag", "--spec-poll-interval", "0.1").spec_dir == Path("/flag")
+    assert load("--spec-poll-interval", "0.1").spec_poll_interval == 0.1
+
+
+def test_an_unknown_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        flags("--no-such-flag", "1")
+
+    assert exited.value.code == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_help_lists_every_flag_with_its_description(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        flags("--help")
+
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: trellis-x")
+    assert "X: a test service." in text
+    for name, field in XSettings.model_fields.items():
+        assert field.description, f"{name} has no description"
+        assert f"--{name.replace('_', '-')} " in text
+        assert " ".join(field.description.split()) in text
+    assert "TRELLIS_X_SOME_NAME" in text
+    assert "--redis-url, --state-dir, --log-format" in text
+
+
+def test_a_bad_value_is_described_in_one_line_naming_where_it_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRELLIS_LOG_FORMAT", "xml")
+    with pytest.raises(ValidationError) as caught:
+        flags("--grpc-port", "70000")
+
+    line = settings_module.describe_error(XSettings, caught.value)
+
+    assert "\n" not in line
+    assert line.startswith("bad setting ")
+    assert "grpc_port (--grpc-port / TRELLIS_X_GRPC_PORT): " in line
+    assert "less than or equal to 65535, got '70000'" in line
+    assert "log_format (--log-format / TRELLIS_X_LOG_FORMAT / TRELLIS_LOG_FORMAT): " in line
+
+
+def test_a_bad_admin_token_is_not_repeated() -> None:
+    with pytest.raises(ValidationError) as caught:
+        XSettings(admin_token=["secret"])  # type: ignore[arg-type]
+
+    line = settings_module.describe_error(XSettings, caught.value)
+
+    assert "admin_token (--admin-token" in line
+    assert "secret" not in line
+
+
+def test_the_log_level_is_checked_with_the_settings() -> None:
+    assert flags("--log-level", "debug").log_level == "DEBUG"
+    with pytest.raises(ValidationError, match="not a log level"):
+        flags("--log-level", "loud")

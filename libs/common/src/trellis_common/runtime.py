@@ -1,13 +1,14 @@
-"""The wiring every service repeats, in one place.
+"""What every service's own logic runs on, in one place.
 
-A :class:`ServiceRuntime` holds what a service's ``main`` needs around its own logic: a
+A :class:`ServiceRuntime` is what a service's ``build`` (:mod:`trellis_common.service`)
+is given to make its objects with: a
 Redis client that rides over restarts (waited for at start), the two ends of the one
 event path (:mod:`trellis_common.events`: the ``outbox`` an owner signals its changes
 with, the ``signals`` hub a consumer's followers run on, and ``locator`` to find the owner
 to fetch from), the Prometheus registry, the admin token and app, and
 :meth:`ServiceRuntime.serve`, which runs the gRPC server, the admin server (recording its
 addresses in the state directory for the CLI), the registry announcement, the signals and
-the service's own components until ``stop``.
+the service's own components until ``stop`` (the skeleton calls it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class ServiceRuntime:
     outbox: Outbox
     signals: Signals
     locators: list[Locator]
+    #: Set on SIGTERM: what a service's build waits on (a peer, a certificate) ends with it.
+    stop: asyncio.Event
 
     @classmethod
     async def connect(
@@ -70,6 +73,7 @@ class ServiceRuntime:
             outbox=Outbox(publisher, health),
             signals=Signals(settings.redis_url, health),
             locators=[],
+            stop=stop,
         )
 
     def locator(self, kind: str, configured: str = "") -> Locator:
@@ -110,12 +114,11 @@ class ServiceRuntime:
         stop: asyncio.Event,
         grpc_server: GrpcServer,
         app: FastAPI,
-        components: Sequence[lifecycle.Component] | Mapping[str, lifecycle.Component],
+        components: Mapping[str, lifecycle.Component],
         attributes: Mapping[str, str] | None = None,
     ) -> None:
-        """Serve until ``stop``. Named ``components`` (a mapping) are supervised: restarted
-        with backoff after a failure, and reported as loops meanwhile; unnamed ones end
-        the service when they fail."""
+        """Serve until ``stop``. The ``components`` are supervised: restarted with backoff
+        after a failure, and reported as loops by name meanwhile."""
         settings = self.settings
         host = settings.bind_host
         if not grpc_server.started.is_set():
@@ -143,11 +146,7 @@ class ServiceRuntime:
             started_at=time.time(),
         )
         announcer = Announcer(self.redis, record, ttl=settings.registry_ttl)
-        own = (
-            [lifecycle.supervised(n, c, self.health.loops) for n, c in components.items()]
-            if isinstance(components, Mapping)
-            else list(components)
-        )
+        own = [lifecycle.supervised(n, c, self.health.loops) for n, c in components.items()]
         try:
             await lifecycle.run_components(
                 [
@@ -162,6 +161,10 @@ class ServiceRuntime:
             )
         finally:
             statefile.remove_endpoint(settings.state_dir, settings.service_name, os.getpid())
-            for locator in self.locators:
-                await locator.close()
-            await self.redis.aclose()
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the locators and the Redis client (after serving, or when a build ends early)."""
+        for locator in self.locators:
+            await locator.close()
+        await self.redis.aclose()

@@ -1,23 +1,44 @@
-"""Settings shared by every Trellis service.
+"""Settings shared by every Trellis service, and where their values come from.
 
-Each service declares one pydantic-settings class that extends :class:`ServiceSettings`.
-Values come, in order of precedence, from explicit keyword arguments (the service's command
-line flags), then ``TRELLIS_<SERVICE>_<FIELD>`` environment variables, then the mesh-wide
-``TRELLIS_<FIELD>`` variables for the fields every service shares (Redis URL, state
-directory, log format, admin token), then the defaults below, which are the ports of
-ARCHITECTURE.md. No module reads the environment on its own: settings are passed in.
+Each service declares one pydantic-settings class that extends :class:`ServiceSettings`
+and names itself with ``service_name``. Every field is then, with nothing more written:
+
+- a command line flag, ``--grpc-port`` for ``grpc_port`` (pydantic-settings' CLI source,
+  kebab case; its ``description`` is the ``--help`` text);
+- a ``TRELLIS_<SERVICE>_<FIELD>`` environment variable (``TRELLIS_CATALOG_GRPC_PORT``);
+- for the fields marked :data:`SHARED` (Redis URL, state directory, log format, admin
+  token, spec directory...), also the mesh-wide ``TRELLIS_<FIELD>``
+  (``TRELLIS_REDIS_URL``), which ``trellis up`` sets once for every service.
+
+Precedence: flags (which reach the class as keyword arguments), then the service's
+variable, then the shared one, then the defaults below (the ports of ARCHITECTURE.md). The
+shared variables are read by a source of their own rather than through validation aliases:
+an alias would rename the flag (``--TRELLIS-REDIS-URL``), and the bare field name as an
+alias would pick up unrelated ``REDIS_URL`` or ``INSTANCE`` variables (the environment is
+case-insensitive). No module reads the environment on its own: settings are passed in.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AfterValidator, Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    CliSettingsSource,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:16379/0"
+SHARED_PREFIX = "TRELLIS_"
 
 
 class Ports:
@@ -31,34 +52,110 @@ class Ports:
     INJECTOR_ADMIN = 15061
 
 
-def _shared(name: str) -> AliasChoices:
-    """Read a shared field from ``TRELLIS_<NAME>``; keywords use the field name (populate_by_name).
+class Shared:
+    """Marks a field that is also read from the mesh-wide ``TRELLIS_<FIELD>`` variable."""
 
-    The bare field name is no alias: the environment is case-insensitive, so it would
-    also pick up unrelated ``REDIS_URL``, ``LOG_LEVEL`` or ``INSTANCE`` variables.
-    """
-    return AliasChoices(f"TRELLIS_{name.upper()}")
+    def __repr__(self) -> str:
+        return "SHARED"
+
+
+SHARED = Shared()
+
+
+def grpc_port(default: int) -> Any:
+    """The ``grpc_port`` field with a service's own default."""
+    return Field(default=default, ge=0, le=65535, description="gRPC port (0: any free port)")
+
+
+def admin_port(default: int) -> Any:
+    """The ``admin_port`` field with a service's own default."""
+    return Field(default=default, ge=0, le=65535, description="admin REST port (0: any free port)")
+
+
+def _log_level(value: str) -> str:
+    """A level name the logging module knows (any case): checked here, not at start-up."""
+    level = value.upper()
+    if level not in logging.getLevelNamesMapping():
+        raise ValueError("not a log level: DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    return level
+
+
+def is_shared(field: FieldInfo) -> bool:
+    return any(isinstance(m, Shared) for m in field.metadata)
+
+
+class SharedEnvSource(EnvSettingsSource):
+    """``TRELLIS_<FIELD>`` for the fields marked :data:`SHARED`, and for no other."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls, env_prefix=SHARED_PREFIX)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if not is_shared(field):
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
 
 
 class ServiceSettings(BaseSettings):
-    """Fields every service has. Subclasses set ``service_name`` and their env prefix."""
+    """Fields every service has. Subclasses set ``service_name`` (and so their env prefix)."""
 
     service_name: ClassVar[str] = "service"
     model_config = SettingsConfigDict(
-        env_prefix="TRELLIS_", populate_by_name=True, extra="ignore", frozen=True
+        extra="ignore",
+        frozen=True,
+        cli_kebab_case=True,
+        cli_hide_none_type=True,
+        cli_implicit_flags=True,
     )
 
-    redis_url: str = Field(DEFAULT_REDIS_URL, validation_alias=_shared("redis_url"))
-    state_dir: Path = Field(Path(".trellis"), validation_alias=_shared("state_dir"))
-    log_format: Literal["kv", "json"] = Field("kv", validation_alias=_shared("log_format"))
-    log_level: str = Field("INFO", validation_alias=_shared("log_level"))
-    admin_token: str | None = Field(None, validation_alias=_shared("admin_token"))
-    instance: str = Field("", validation_alias=_shared("instance"))
+    redis_url: Annotated[str, SHARED] = Field(
+        default=DEFAULT_REDIS_URL, description="Redis holding the registry, stores and signals"
+    )
+    state_dir: Annotated[Path, SHARED] = Field(
+        default=Path(".trellis"), description="where the admin token and service addresses are kept"
+    )
+    log_format: Annotated[Literal["kv", "json"], SHARED] = Field(
+        default="kv", description="log lines as key=value or JSON"
+    )
+    log_level: Annotated[str, SHARED, AfterValidator(_log_level)] = Field(
+        default="INFO", description="DEBUG, INFO, WARNING..."
+    )
+    admin_token: Annotated[str | None, SHARED] = Field(
+        default=None,
+        description="token of the admin API (unset: the one kept in the state directory)",
+    )
+    instance: Annotated[str, SHARED] = Field(
+        default="", description="name announced in the registry (empty: the service name)"
+    )
 
-    bind_host: str = "127.0.0.1"
-    grpc_port: int = Field(0, ge=0, le=65535)
-    admin_port: int = Field(0, ge=0, le=65535)
-    registry_ttl: float = Field(10.0, gt=0)
+    bind_host: str = Field(default="127.0.0.1", description="admin (and internal gRPC) address")
+    grpc_port: int = grpc_port(0)
+    admin_port: int = admin_port(0)
+    registry_ttl: float = Field(
+        default=10.0, gt=0, description="seconds the registry record outlives a silent process"
+    )
+
+    @classmethod
+    def env_prefix(cls) -> str:
+        """``TRELLIS_<SERVICE>_``, from ``service_name`` (``proxy-cp``: ``TRELLIS_PROXY_CP_``)."""
+        return f"{SHARED_PREFIX}{cls.service_name.upper().replace('-', '_')}_"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keywords, then ``TRELLIS_<SERVICE>_*``, then the shared ``TRELLIS_*`` (flags,
+        when parsed, come before all of them)."""
+        return (
+            init_settings,
+            EnvSettingsSource(settings_cls, env_prefix=cls.env_prefix()),
+            SharedEnvSource(settings_cls),
+        )
 
     @property
     def instance_name(self) -> str:
@@ -70,21 +167,77 @@ class ServiceSettings(BaseSettings):
         return f"{self.bind_host}:{self.grpc_port}"
 
 
-def service_parser(prog: str, description: str, env_prefix: str) -> argparse.ArgumentParser:
-    """The command line every service shares; services add their own flags to it."""
+class SpecDirSettings(ServiceSettings):
+    """Settings of a service that watches the mesh's directory of YAML documents.
+
+    The directory is watched with inotify, and rescanned in full every
+    ``spec_rescan_interval`` seconds in case an event was lost; where inotify cannot watch,
+    it is polled every ``spec_poll_interval`` seconds instead.
+    """
+
+    spec_dir: Annotated[Path | None, SHARED] = Field(
+        default=None, description="directory of mesh documents (YAML), watched"
+    )
+    spec_rescan_interval: float = Field(
+        default=30.0, gt=0, description="seconds between full rescans of the spec directory"
+    )
+    spec_poll_interval: float = Field(
+        default=0.5, gt=0, description="seconds between polls where inotify cannot watch"
+    )
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def environment_help(settings_cls: type[ServiceSettings]) -> str:
+    """The ``--help`` epilog: which variables stand for the flags."""
+    shared = [flag(n) for n, f in settings_cls.model_fields.items() if is_shared(f)]
+    prefix = settings_cls.env_prefix()
+    return (
+        f"Each flag --some-name is also the environment variable {prefix}SOME_NAME; "
+        f"{', '.join(shared)} are also read from the mesh-wide {SHARED_PREFIX}SOME_NAME. "
+        f"Flags win over {prefix}*, which wins over {SHARED_PREFIX}*."
+    )
+
+
+def from_command_line(settings_cls: type[S], argv: Sequence[str] | None, prog: str) -> S:
+    """Settings from ``argv`` (``None``: ``sys.argv``) over the environment.
+
+    ``--help`` prints the class's docstring, then every field with its description, and
+    exits 0; an unknown flag exits 2 (argparse). A value that does not validate raises
+    :class:`pydantic.ValidationError`.
+    """
     parser = argparse.ArgumentParser(
         prog=prog,
-        description=f"{description} Settings also come from {env_prefix}* and TRELLIS_* "
-        "environment variables; flags win.",
+        description=inspect.cleandoc(settings_cls.__doc__ or ""),
+        epilog=environment_help(settings_cls),
+        allow_abbrev=False,
     )
-    parser.add_argument("--grpc-port", type=int)
-    parser.add_argument("--admin-port", type=int)
-    parser.add_argument("--bind-host", help="admin (and internal gRPC) address")
-    parser.add_argument("--state-dir")
-    parser.add_argument("--redis-url")
-    return parser
+    source: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(
+        settings_cls,
+        cli_prog_name=prog,
+        cli_parse_args=True if argv is None else list(argv),
+        root_parser=parser,
+    )
+    return settings_cls(**source())  # the flags given, over the environment
 
 
-def given(parser: argparse.ArgumentParser, argv: list[str] | None) -> dict[str, Any]:
-    """The flags that were given, as settings keyword arguments."""
-    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+def describe_error(settings_cls: type[ServiceSettings], error: ValidationError) -> str:
+    """One line naming each bad field, where it can be set, and what is wrong with it."""
+    problems = []
+    for item in error.errors():
+        name = str(item["loc"][0]) if item["loc"] else ""
+        field = settings_cls.model_fields.get(name)
+        if field is None:
+            problems.append(f"{name or 'settings'}: {item['msg']}")
+            continue
+        where = [flag(name), f"{settings_cls.env_prefix()}{name.upper()}"]
+        if is_shared(field):
+            where.append(f"{SHARED_PREFIX}{name.upper()}")
+        got = "" if "token" in name else f", got {item['input']!r}"
+        problems.append(f"{name} ({' / '.join(where)}): {item['msg']}{got}")
+    return "bad setting " + "; ".join(problems)

@@ -1,9 +1,6 @@
-"""catalog's process: wiring and lifecycle only."""
+"""catalog's process: what it is made of; the skeleton (trellis_common.service) runs it."""
 
 from __future__ import annotations
-
-import asyncio
-from typing import Any
 
 from trellis_api import catalog_pb2_grpc
 from trellis_catalog import metrics
@@ -13,15 +10,11 @@ from trellis_catalog.clients.providers import ProviderFollower
 from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import DirectorySource, NoSource, SpecSource
 from trellis_catalog.transport import grpc_api, rest
-from trellis_common import lifecycle, logs
 from trellis_common.runtime import ServiceRuntime
-from trellis_common.settings import given, service_parser
+from trellis_common.service import Parts, Service
 
 
-async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
-    runtime = await ServiceRuntime.connect(settings, "catalog", stop)
-    if runtime is None:
-        return
+async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
     outbox = runtime.outbox
 
     async def announce(kind: str, key: str) -> int:
@@ -59,44 +52,24 @@ async def serve(settings: CatalogSettings, stop: asyncio.Event) -> None:
     issuer = CertificateIssuer(catalog, certmanager, runtime.health, certificates)
     runtime.signals.follow(providers)
     runtime.signals.follow(certificates)
-
-    servicer = grpc_api.CatalogServicer(catalog, runtime.health.rejections)
-    grpc_server = runtime.grpc_server(
-        [lambda s: catalog_pb2_grpc.add_CatalogServicer_to_server(servicer, s)],
-        [grpc_api.SERVICE_NAME],
-    )
     metrics.register(runtime.metrics, catalog)
-    app = runtime.admin_app({"catalog": catalog.ready.is_set})
-    rest.add_routes(app, catalog, source.describe)
-    await runtime.serve(
-        stop,
-        grpc_server,
-        app,
-        {
+    servicer = grpc_api.CatalogServicer(catalog, runtime.health.rejections)
+    return Parts(
+        components={
             "recompute": catalog.run,
             "spec source": source.run,
             "provider sweep": providers.run,
             "certificate issuer": issuer.run,
         },
+        grpc=[lambda s: catalog_pb2_grpc.add_CatalogServicer_to_server(servicer, s)],
+        grpc_services=[grpc_api.SERVICE_NAME],
+        readiness={"catalog": catalog.ready.is_set},
+        routes=lambda app: rest.add_routes(app, catalog, source.describe),
     )
 
 
-def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = service_parser(
-        "trellis-catalog",
-        "Trellis catalog: the mesh specification and per-identity views.",
-        "TRELLIS_CATALOG_",
-    )
-    parser.add_argument("--spec-dir", help="directory of mesh documents (YAML), watched")
-    parser.add_argument("--certmanager-address", help="host:port; default: from the registry")
-    return given(parser, argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    settings = CatalogSettings(**parse_args(argv))
-    logs.configure(settings.log_format, settings.log_level, "catalog")
-    return lifecycle.main(lambda stop: serve(settings, stop))
-
+service = Service(CatalogSettings, "catalog", build)
+main = service.main
 
 if __name__ == "__main__":
     raise SystemExit(main())

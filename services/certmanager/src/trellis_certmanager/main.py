@@ -1,15 +1,12 @@
-"""certmanager's process: wiring and lifecycle only.
+"""certmanager's process: what it is made of; the skeleton (trellis_common.service) runs it.
 
-Connects to Redis (waiting for it), loads or creates the CA, then runs the gRPC API, the
-admin REST API, the rotation loop, the store guard, the registry announcement and the
-outbox of ``certificates`` signals under one TaskGroup until SIGTERM.
+It loads or creates the CA, then serves the gRPC API and the admin REST API, and runs the
+rotation loop and the store guard; its ``certificates`` signals go through the outbox.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any
 
 from trellis_api import certmanager_pb2_grpc
 from trellis_certmanager.domain.authority import CertificateAuthority, load_provided
@@ -20,9 +17,8 @@ from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.transport import grpc_api, rest
-from trellis_common import lifecycle, logs
 from trellis_common.runtime import ServiceRuntime
-from trellis_common.settings import given, service_parser
+from trellis_common.service import Parts, Service
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +34,7 @@ def provided_ca(settings: CertManagerSettings) -> CertificateAuthority | None:
     )
 
 
-async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
-    runtime = await ServiceRuntime.connect(settings, "certmanager", stop)
-    if runtime is None:
-        return
-    publisher = runtime.publisher
-
+async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts:
     async def announce(kind: str, key: str) -> int:
         # Through the outbox: a signal Redis does not take now is kept and sent later.
         return await runtime.outbox.signal(TOPIC, kind, key)
@@ -71,50 +62,28 @@ async def serve(settings: CertManagerSettings, stop: asyncio.Event) -> None:
         )
     except CAError as exc:  # no CA we may use: say why and how to fix it, without a traceback
         log.critical("ca.fatal error=%r action=exiting", str(exc))
-        await runtime.redis.aclose()
         raise SystemExit(1) from None
-    manager.revision = await publisher.current_revision(TOPIC)
+    manager.revision = await runtime.publisher.current_revision(TOPIC)
     servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections)
-    grpc_server = runtime.grpc_server(
-        [
+    return Parts(
+        components={
+            "rotation": lambda s: manager.run_rotation(s, settings.rotation_interval),
+            "store guard": manager.guard_store,
+        },
+        grpc=[
             lambda server: certmanager_pb2_grpc.add_CertificateManagerServicer_to_server(
                 servicer, server
             )
         ],
-        [grpc_api.SERVICE_NAME],
-    )
-    app = runtime.admin_app({"ca": manager.ready.is_set})
-    rest.add_routes(app, manager, runtime.guard)
-    await runtime.serve(
-        stop,
-        grpc_server,
-        app,
-        {
-            "rotation": lambda s: manager.run_rotation(s, settings.rotation_interval),
-            "store guard": manager.guard_store,
-        },
+        grpc_services=[grpc_api.SERVICE_NAME],
+        readiness={"ca": manager.ready.is_set},
+        routes=lambda app: rest.add_routes(app, manager, runtime.guard),
         attributes={"root": manager.ca.fingerprint},
     )
 
 
-def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = service_parser(
-        "trellis-certmanager",
-        "Trellis certmanager: the mesh CA.",
-        "TRELLIS_CERTMANAGER_",
-    )
-    parser.add_argument("--ca-cert-file")
-    parser.add_argument("--ca-key-file")
-    parser.add_argument("--ca-bundle-file")
-    parser.add_argument("--key-algorithm", choices=["ecdsa-p256", "rsa-2048"])
-    return given(parser, argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    settings = CertManagerSettings(**parse_args(argv))
-    logs.configure(settings.log_format, settings.log_level, "certmanager")
-    return lifecycle.main(lambda stop: serve(settings, stop))
-
+service = Service(CertManagerSettings, "certmanager", build)
+main = service.main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,4 +1,7 @@
-"""certmanager settings: ``TRELLIS_CERTMANAGER_*`` (plus the shared ``TRELLIS_*`` ones)."""
+"""certmanager settings: flags, ``TRELLIS_CERTMANAGER_*`` (plus the shared ``TRELLIS_*`` ones).
+
+Lifetimes take ISO 8601 durations (``PT48H``, ``P365D``) or seconds, in flags and variables.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +10,50 @@ from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
 from trellis_certmanager.domain.keys import KeyAlgorithm
-from trellis_common.settings import Ports, ServiceSettings
+from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_port
 
 
 class CertManagerSettings(ServiceSettings):
+    """Trellis certmanager: the mesh CA."""
+
     service_name: ClassVar[str] = "certmanager"
-    model_config = SettingsConfigDict(
-        env_prefix="TRELLIS_CERTMANAGER_", populate_by_name=True, extra="ignore", frozen=True
+
+    grpc_port: int = grpc_port(Ports.CERTMANAGER[0])
+    admin_port: int = admin_port(Ports.CERTMANAGER[1])
+
+    key_algorithm: KeyAlgorithm = Field(
+        KeyAlgorithm.ECDSA_P256,
+        description="ecdsa-p256 or rsa-2048: the key of the root and the leaves",
+    )
+    trust_domain: str = Field(
+        "cluster.local", description="SPIFFE trust domain: spiffe://<td>/ns/<ns>/sa/<sa>"
+    )
+    cluster_domain: str = Field("cluster.local", description="DNS suffix of service names")
+    service_cert_validity: dt.timedelta = Field(
+        dt.timedelta(hours=48), description="service certificate lifetime (ISO 8601 or seconds)"
+    )
+    proxy_cert_validity: dt.timedelta = Field(
+        dt.timedelta(days=365),
+        description="proxy (xDS client) certificate lifetime (ISO 8601 or seconds)",
+    )
+    root_validity: dt.timedelta = Field(
+        dt.timedelta(days=3650),
+        description="lifetime of a root the service makes itself (ISO 8601 or seconds)",
+    )
+    validity_jitter: float = Field(
+        0.1, ge=0, lt=0.5, description="a service lifetime is changed by up to this fraction"
+    )
+    renew_fraction: float = Field(
+        0.75, gt=0, lt=1, description="rotate once this share of a lifetime has passed"
+    )
+    rotation_interval: float = Field(5.0, gt=0, description="seconds between rotation sweeps")
+    prune_after: dt.timedelta = Field(
+        dt.timedelta(days=1), description="records this long past expiry are deleted (not the CA)"
     )
 
-    grpc_port: int = Field(Ports.CERTMANAGER[0], ge=0, le=65535)
-    admin_port: int = Field(Ports.CERTMANAGER[1], ge=0, le=65535)
-
-    key_algorithm: KeyAlgorithm = KeyAlgorithm.ECDSA_P256
-    trust_domain: str = "cluster.local"
-    cluster_domain: str = "cluster.local"
-    service_cert_validity: dt.timedelta = dt.timedelta(hours=48)
-    proxy_cert_validity: dt.timedelta = dt.timedelta(days=365)
-    root_validity: dt.timedelta = dt.timedelta(days=3650)
-    validity_jitter: float = Field(0.1, ge=0, lt=0.5)
-    renew_fraction: float = Field(0.75, gt=0, lt=1)
-    rotation_interval: float = Field(5.0, gt=0)
-    # Records this long past their expiry are deleted (the CA never is).
-    prune_after: dt.timedelta = dt.timedelta(days=1)
-
     # The operator's own CA (root or intermediate): certificate, key, and chain to a root.
-    ca_cert_file: Path | None = None
-    ca_key_file: Path | None = None
-    ca_bundle_file: Path | None = None
+    ca_cert_file: Path | None = Field(None, description="your CA's certificate (PEM)")
+    ca_key_file: Path | None = Field(None, description="your CA's private key (PEM)")
+    ca_bundle_file: Path | None = Field(None, description="chain from your CA up to its root")

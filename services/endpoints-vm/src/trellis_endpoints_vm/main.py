@@ -1,4 +1,4 @@
-"""endpoints-vm's process: wiring and lifecycle only."""
+"""endpoints-vm's process: what it is made of; the skeleton (trellis_common.service) runs it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ import logging
 from typing import Any
 
 from trellis_api import endpoints_pb2_grpc
-from trellis_common import lifecycle, logs
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
 from trellis_common.runtime import ServiceRuntime
-from trellis_common.settings import given, service_parser
+from trellis_common.service import Parts, Service
 from trellis_common.specdir import SpecChange, SpecDirectory
 from trellis_endpoints_vm.domain.declarations import from_documents
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
@@ -64,10 +63,7 @@ class Declarations:
         }
 
 
-async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
-    runtime = await ServiceRuntime.connect(settings, "endpoints-provider", stop)
-    if runtime is None:
-        return
+async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts:
     outbox = runtime.outbox  # signals as settings.instance_name: our registry record's name
 
     async def signal(kind: str, key: str) -> int:
@@ -87,42 +83,23 @@ async def serve(settings: EndpointsVmSettings, stop: asyncio.Event) -> None:
     await declarations.load()
     if declarations.directory is not None:
         metrics.document_errors.set_function(lambda: len(declarations.directory.errors()))  # type: ignore[union-attr]
-
     servicer = grpc_api.EndpointsProviderServicer(manager, runtime.health.rejections)
-    grpc_server = runtime.grpc_server(
-        [lambda s: endpoints_pb2_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
-        [grpc_api.SERVICE_NAME],
-    )
-    app = runtime.admin_app({"registry": manager.ready.is_set})
-    rest.add_routes(app, manager, runtime.guard, declarations.status)
-    await runtime.serve(
-        stop,
-        grpc_server,
-        app,
-        {
+    return Parts(
+        components={
             "expiry sweep": lambda s: manager.run_expiry(s, settings.expiry_interval),
             "spec directory": declarations.run,
             "store keeper": lambda s: manager.keeper.run(s, runtime.health.loops),
         },
+        grpc=[lambda s: endpoints_pb2_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
+        grpc_services=[grpc_api.SERVICE_NAME],
+        readiness={"registry": manager.ready.is_set},
+        routes=lambda app: rest.add_routes(app, manager, runtime.guard, declarations.status),
         attributes={"provider": grpc_api.PROVIDER},
     )
 
 
-def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = service_parser(
-        "trellis-endpoints-vm",
-        "Trellis endpoints-vm: endpoints of workloads outside Kubernetes.",
-        "TRELLIS_ENDPOINTS_VM_",
-    )
-    parser.add_argument("--spec-dir", help="directory of ServiceEntry/WorkloadEntry documents")
-    return given(parser, argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    settings = EndpointsVmSettings(**parse_args(argv))
-    logs.configure(settings.log_format, settings.log_level, "endpoints-vm")
-    return lifecycle.main(lambda stop: serve(settings, stop))
-
+service = Service(EndpointsVmSettings, "endpoints-provider", build)
+main = service.main
 
 if __name__ == "__main__":
     raise SystemExit(main())

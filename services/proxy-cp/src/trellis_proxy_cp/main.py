@@ -1,4 +1,4 @@
-"""proxy-cp's process: wiring and lifecycle only.
+"""proxy-cp's process: what it is made of; the skeleton (trellis_common.service) runs it.
 
 Finds the catalog and certmanager through locators (settings, else the service registry),
 gets its own serving certificate (waiting for certmanager), then serves ADS (state of the
@@ -19,12 +19,11 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
 from redis.exceptions import RedisError
 
-from trellis_common import lifecycle, logs
 from trellis_common.follow import describe
 from trellis_common.grpcserver import DEFAULT_OPTIONS, GrpcServer
 from trellis_common.locate import OwnerUnavailable
 from trellis_common.runtime import ServiceRuntime
-from trellis_common.settings import given, service_parser
+from trellis_common.service import Parts, Service
 from trellis_common.signaling import Backoff, BackoffPolicy
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -76,10 +75,17 @@ async def serving_material(
     return None
 
 
-async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
-    runtime = await ServiceRuntime.connect(settings, "proxy-cp", stop)
-    if runtime is None:
-        return
+def tune_garbage_collection() -> None:
+    """Thousands of long-lived stream objects make the default collector rescan them on
+    every push; freezing what start-up made (called once it is all made, before serving;
+    its garbage collected first, so none is kept for good) and raising the first threshold
+    cut push CPU by about a third in bench/xds."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
+async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | None:
     own_identity = f"{settings.namespace}/{settings.instance_name}"
     cache = SnapshotCache()
     metrics = XdsMetrics.create(runtime.metrics)
@@ -127,12 +133,9 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
         forget,
         on_refused=lambda key, problems: metrics.refused_snapshots.inc(),
     )
-    own = await serving_material(certs, own_identity, settings.service_account, stop)
+    own = await serving_material(certs, own_identity, settings.service_account, runtime.stop)
     if own is None:
-        for locator in runtime.locators:
-            await locator.close()
-        await runtime.redis.aclose()
-        return
+        return None
     serving = ServingCertificate(own)
     streams = StreamRegistry()
     hooks = ProxyHooks(
@@ -158,39 +161,16 @@ async def serve(settings: ProxyCpSettings, stop: asyncio.Event) -> None:
         credentials=serving.credentials(),
         options=XDS_OPTIONS,
     )
-    app = runtime.admin_app(
-        {"catalog": catalog.connected.is_set, "certmanager": certs.connected.is_set}
-    )
-    rest.add_routes(app, streams, cache, control_plane)
-    await runtime.serve(stop, xds, app, {})
-
-
-def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = service_parser(
-        "trellis-proxy-cp",
-        "Trellis proxy-cp: the xDS server proxies talk to (--grpc-port is the mTLS xDS port).",
-        "TRELLIS_PROXY_CP_",
-    )
-    parser.add_argument("--xds-host", help="xDS address (default 0.0.0.0)")
-    parser.add_argument("--catalog-address")
-    parser.add_argument("--certmanager-address")
-    return given(parser, argv)
-
-
-def tune_garbage_collection() -> None:
-    """Thousands of long-lived stream objects make the default collector rescan them on
-    every push; freezing what start-up made and raising the first threshold cut push CPU
-    by about a third in bench/xds."""
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-
-
-def main(argv: list[str] | None = None) -> int:
-    settings = ProxyCpSettings(**parse_args(argv))
-    logs.configure(settings.log_format, settings.log_level, "proxy-cp")
     tune_garbage_collection()
-    return lifecycle.main(lambda stop: serve(settings, stop))
+    return Parts(
+        grpc_server=xds,
+        readiness={"catalog": catalog.connected.is_set, "certmanager": certs.connected.is_set},
+        routes=lambda app: rest.add_routes(app, streams, cache, control_plane),
+    )
 
+
+service = Service(ProxyCpSettings, "proxy-cp", build)
+main = service.main
 
 if __name__ == "__main__":
     raise SystemExit(main())

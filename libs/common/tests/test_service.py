@@ -1,0 +1,155 @@
+"""The service skeleton: bad settings end the process before it starts; a service's parts
+are served (gRPC, admin app with its readiness and routes, registry record, supervised
+components) until stop, and everything is taken down after."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import ClassVar
+
+import httpx
+import pytest
+import redis.asyncio
+
+from trellis_common import registry, statefile
+from trellis_common.runtime import ServiceRuntime
+from trellis_common.service import Parts, Service
+from trellis_common.settings import ServiceSettings
+from trellis_common.testing.redis_server import RedisServer
+from trellis_common.testing.waiting import eventually
+
+
+class DemoSettings(ServiceSettings):
+    """A demo."""
+
+    service_name: ClassVar[str] = "demo"
+
+
+class Demo:
+    """A service's own objects: a component that runs until stop, a readiness check, a route."""
+
+    def __init__(self) -> None:
+        self.running = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.runtime: ServiceRuntime | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.running.set()
+        await stop.wait()
+        self.stopped.set()
+
+    async def build(self, runtime: ServiceRuntime, settings: DemoSettings) -> Parts:
+        self.runtime = runtime
+
+        def routes(app: object) -> None:
+            app.get("/v1/demo")(lambda: {"instance": settings.instance_name})  # type: ignore[attr-defined]
+
+        return Parts(
+            components={"demo loop": self.run},
+            readiness={"demo": self.ready.is_set},
+            routes=routes,
+            attributes={"flavour": "plain"},
+        )
+
+
+def demo_service(demo: Demo) -> Service[DemoSettings]:
+    return Service(DemoSettings, "demo-kind", demo.build)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TRELLIS_DEMO_GRPC_PORT", "TRELLIS_DEMO_ADMIN_PORT", "TRELLIS_LOG_FORMAT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_bad_flag_value_exits_2_with_one_line_naming_the_setting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = demo_service(Demo()).main(["--admin-port", "70000"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert err.startswith("trellis-demo: bad setting admin_port (--admin-port / ")
+    assert "Traceback" not in err
+
+
+def test_a_bad_environment_value_exits_2_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRELLIS_DEMO_GRPC_PORT", "many")
+
+    assert demo_service(Demo()).main([]) == 2
+    assert "grpc_port (--grpc-port / TRELLIS_DEMO_GRPC_PORT): " in capsys.readouterr().err
+
+
+def test_help_and_unknown_flags_are_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    service = demo_service(Demo())
+
+    assert service.main(["--help"]) == 0
+    assert "--registry-ttl" in capsys.readouterr().out
+    assert service.main(["--grcp-port", "1"]) == 2
+    assert "unrecognized arguments: --grcp-port" in capsys.readouterr().err
+
+
+async def test_serves_the_parts_until_stop_then_takes_everything_down(
+    redis_server: RedisServer, redis_client: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    demo = Demo()
+    settings = DemoSettings(redis_url=redis_server.url, state_dir=tmp_path, instance="demo-1")
+    stop = asyncio.Event()
+    serving = asyncio.create_task(demo_service(demo).serve(settings, stop))
+
+    endpoint = await eventually(lambda: statefile.read_endpoint(tmp_path, "demo"))
+    assert endpoint is not None
+    await eventually(demo.running.is_set)
+    async with httpx.AsyncClient(base_url=endpoint.admin_url) as client:
+        not_ready = await client.get("/readyz")
+        demo.ready.set()
+        ready = await client.get("/readyz")
+        own = await client.get("/v1/demo")
+    records = await eventually(lambda: registry.discover(redis_client, "demo-kind"))
+
+    assert not_ready.status_code == 503
+    assert ready.status_code == 200
+    assert own.json() == {"instance": "demo-1"}
+    assert [(r.name, dict(r.attributes)) for r in records] == [("demo-1", {"flavour": "plain"})]
+    assert records[0].grpc_address == endpoint.grpc_address
+
+    stop.set()
+    await serving
+
+    assert demo.stopped.is_set()
+    assert statefile.read_endpoint(tmp_path, "demo") is None
+    assert await registry.discover(redis_client, "demo-kind") == []
+
+
+async def test_a_build_that_gives_up_ends_the_service_without_serving(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async def give_up(runtime: ServiceRuntime, settings: DemoSettings) -> Parts | None:
+        runtime.locator("elsewhere")
+        return None
+
+    service = Service(DemoSettings, "demo-kind", give_up)
+    settings = DemoSettings(redis_url=redis_server.url, state_dir=tmp_path)
+
+    await asyncio.wait_for(service.serve(settings, asyncio.Event()), timeout=10)
+
+    assert statefile.read_endpoint(tmp_path, "demo") is None
+
+
+async def test_a_build_that_fails_fails_the_service(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async def broken(runtime: ServiceRuntime, settings: DemoSettings) -> Parts:
+        raise RuntimeError("no CA")
+
+    service = Service(DemoSettings, "demo-kind", broken)
+    settings = DemoSettings(redis_url=redis_server.url, state_dir=tmp_path)
+
+    with pytest.raises(RuntimeError, match="no CA"):
+        await service.serve(settings, asyncio.Event())
+    assert statefile.read_endpoint(tmp_path, "demo") is None
