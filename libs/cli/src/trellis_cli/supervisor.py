@@ -199,9 +199,11 @@ class Supervisor:
         echo: Callable[[str, str], None],
         grace: float = 10.0,
         rotation: LogRotation = DEFAULT_ROTATION,
+        restart_backoff: Backoff = RESTART_BACKOFF,
     ) -> None:
         self.children = [Child(spec) for spec in specs]
         self._log_dir = log_dir
+        self._restart_backoff = restart_backoff
         self._rotation = rotation
         self._echo = echo
         self._grace = grace
@@ -303,7 +305,7 @@ class Supervisor:
                 f"restarting in {state.upcoming_sleep:.1f}s (restart #{child.restarts})",
             )
 
-        async for attempt in retrying(stop, RESTART_BACKOFF, on=_Exited, before_sleep=exited):
+        async for attempt in retrying(stop, self._restart_backoff, on=_Exited, before_sleep=exited):
             if self._stopping or stop.is_set():
                 return
             with attempt:
