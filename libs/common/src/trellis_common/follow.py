@@ -51,9 +51,10 @@ async def follow_forever(
 ) -> None:
     """Run ``session`` (one stream, opened to ended) again until ``stop`` is set.
 
-    A session that ends cleanly starts the next one after ``initial``; each failure in a
-    row waits twice as long as the one before (jittered by 20 %), up to ``maximum``. The
-    session reports ``loop.up()`` itself once it is synced.
+    A session that ends cleanly, or fails after running for ``maximum`` or longer, starts
+    the next one after ``initial``; each failure in a row waits twice as long as the one
+    before (jittered by 20 %), up to ``maximum``. The session reports ``loop.up()`` itself
+    once it is synced.
     """
 
     def lost(state: RetryCallState) -> None:
@@ -78,6 +79,7 @@ async def follow_forever(
             loop.down(reason)
         on_lost()
 
+    clock = asyncio.get_running_loop()
     try:
         async for attempt in retrying(
             stop,
@@ -86,8 +88,13 @@ async def follow_forever(
         ):
             if stop.is_set():
                 break
+            started = clock.time()
             with attempt:
-                await session()
+                try:
+                    await session()
+                finally:
+                    if clock.time() - started >= maximum:
+                        start_over(attempt)  # it ran well for a while: a new streak
                 start_over(attempt)  # it ended cleanly: the next one waits the first delay
                 raise _Ended  # and it is started again, like a failed one
     finally:
