@@ -73,3 +73,42 @@ def test_rejections_are_kept_until_accepted_and_bounded() -> None:
         rejections.reject("flood", str(n), "bad")
     assert len(rejections) == 200
     assert rejections.items()[0].key == "100"
+
+
+async def test_a_stop_during_the_backoff_ends_the_loop_at_once() -> None:
+    health = Health()
+    loop = health.loops.register("certmanager")
+    stop = asyncio.Event()
+    lost = asyncio.Event()
+    sessions = 0
+
+    async def session() -> None:
+        nonlocal sessions
+        sessions += 1
+        raise RuntimeError("boom")
+
+    # an hour between sessions: the test passes only if stop cuts the wait short
+    hour = {"initial": 3600.0, "maximum": 3600.0}
+    following = asyncio.create_task(
+        follow_forever(session, stop, what="certmanager", loop=loop, on_lost=lost.set, **hour)
+    )
+    await lost.wait()
+    stop.set()
+    await following
+    assert sessions == 1
+    assert list(health.loops) == []
+
+
+async def test_a_session_that_ends_cleanly_is_started_again() -> None:
+    health = Health()
+    loop = health.loops.register("certmanager")
+    stop = asyncio.Event()
+    reasons: list[str] = []
+
+    async def session() -> None:
+        reasons.append(loop.reason)
+        if len(reasons) == 3:
+            stop.set()
+
+    await follow_forever(session, stop, what="certmanager", loop=loop, initial=0.001)
+    assert reasons == ["starting", "stream ended", "stream ended"]

@@ -206,3 +206,24 @@ async def test_a_supervised_component_that_returns_is_done() -> None:
     )
     assert runs == [1]
     assert list(loops) == []
+
+
+async def test_a_stop_during_the_restart_backoff_ends_the_component_at_once() -> None:
+    from trellis_common.health import Loops
+
+    loops = Loops()
+    stop = asyncio.Event()
+    runs: list[int] = []
+
+    async def failing(halt: asyncio.Event) -> None:
+        runs.append(1)
+        raise RuntimeError("boom")
+
+    # an hour between restarts: the test passes only if stop cuts the wait short
+    component = lifecycle.supervised("sweep", failing, loops, initial=3600, maximum=3600)
+    task = asyncio.ensure_future(component(stop))
+    await eventually(lambda: bool(loops.down()))  # failed, now waiting to restart
+    stop.set()
+    await task
+    assert runs == [1]
+    assert list(loops) == []

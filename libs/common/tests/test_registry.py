@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
+from trellis_common.backoff import Backoff
 from trellis_common.redisconn import connect
 from trellis_common.registry import (
     REGISTRY_TOPIC,
@@ -16,11 +17,11 @@ from trellis_common.registry import (
     discover,
     registry_key,
 )
-from trellis_common.signaling import BackoffPolicy, Publisher, Subscriber
+from trellis_common.signaling import Publisher, Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.signaling import RecordingReceiver, running
 
-FAST = BackoffPolicy(initial=0.01, maximum=0.2)
+FAST = Backoff(initial=0.01, maximum=0.2)
 KIND = "endpoints-provider"
 
 

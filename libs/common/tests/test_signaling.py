@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from trellis_common.backoff import Backoff
 from trellis_common.signaling import (
-    BackoffPolicy,
     Event,
     Publisher,
     Subscriber,
@@ -20,7 +20,7 @@ from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.signaling import RecordingReceiver, running
 
 TOPIC = "certs"
-FAST = BackoffPolicy(initial=0.01, maximum=0.2)
+FAST = Backoff(initial=0.01, maximum=0.2)
 
 
 def make_subscriber(

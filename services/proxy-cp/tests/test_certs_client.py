@@ -300,3 +300,19 @@ async def test_waiting_for_the_serving_certificate_ends_with_stop(
     stop.set()
 
     assert await main.serving_material(certs, "trellis-system/proxy-cp", "proxy-cp", stop) is None
+
+
+async def test_a_stop_while_waiting_for_certmanager_ends_the_wait(
+    redis_client: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    certs = CertClient(Locator(redis_client, "certmanager"), Recorded().material)  # none there
+    stop = asyncio.Event()
+    own = asyncio.create_task(
+        main.serving_material(certs, "trellis-system/proxy-cp", "proxy-cp", stop)
+    )
+    await eventually(lambda: "proxy_cp.waiting_for service=certmanager" in caplog.text)
+    stop.set()
+    try:
+        assert await own is None
+    finally:
+        await certs.close()

@@ -31,11 +31,18 @@ from typing import BinaryIO
 
 import httpx
 
+from trellis_common.backoff import Backoff, RetryCallState, failure, retrying, start_over
+
 log = logging.getLogger(__name__)
 
 ReadyCheck = Callable[[], Awaitable[bool]]
 
 _PR_SET_PDEATHSIG = 1
+
+#: A child that dies is restarted after 0.5 s, doubling to 10 s while it keeps dying; one
+#: that had run for longer than ``RESTART_FORGIVEN_AFTER`` seconds starts the count again.
+RESTART_BACKOFF = Backoff(initial=0.5, maximum=10.0, jitter=0.0)
+RESTART_FORGIVEN_AFTER = 30.0
 
 DEFAULT_LOG_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_LOG_BACKUPS = 3
@@ -175,6 +182,15 @@ class StartupError(Exception):
     pass
 
 
+class _Exited(Exception):
+    """A child process ended while the supervisor was not stopping it."""
+
+    def __init__(self, code: int, uptime: float) -> None:
+        super().__init__(f"exited with code {code} after {uptime:.1f}s")
+        self.code = code
+        self.uptime = uptime
+
+
 class Supervisor:
     def __init__(
         self,
@@ -183,9 +199,11 @@ class Supervisor:
         echo: Callable[[str, str], None],
         grace: float = 10.0,
         rotation: LogRotation = DEFAULT_ROTATION,
+        restart_backoff: Backoff = RESTART_BACKOFF,
     ) -> None:
         self.children = [Child(spec) for spec in specs]
         self._log_dir = log_dir
+        self._restart_backoff = restart_backoff
         self._rotation = rotation
         self._echo = echo
         self._grace = grace
@@ -277,29 +295,36 @@ class Supervisor:
             await self.stop_all()
 
     async def _watch(self, child: Child, stop: asyncio.Event) -> None:
-        delay = 0.5
-        while not stop.is_set():
-            assert child.process is not None
-            code = await child.process.wait()
-            if self._stopping or stop.is_set():
-                return
-            uptime = time.monotonic() - child.started_at
-            delay = 0.5 if uptime > 30 else min(delay * 2, 10.0)
+        def exited(state: RetryCallState) -> None:
+            error = failure(state)
+            assert isinstance(error, _Exited)
             child.restarts += 1
             self._echo(
                 "trellis",
-                f"{child.spec.name} exited (code {code}) after {uptime:.1f}s; "
-                f"restarting in {delay:.1f}s (restart #{child.restarts})",
+                f"{child.spec.name} exited (code {error.code}) after {error.uptime:.1f}s; "
+                f"restarting in {state.upcoming_sleep:.1f}s (restart #{child.restarts})",
             )
-            await asyncio.sleep(delay)
-            if stop.is_set():
+
+        async for attempt in retrying(stop, self._restart_backoff, on=_Exited, before_sleep=exited):
+            if self._stopping or stop.is_set():
                 return
-            await self._spawn(child)
-            try:
-                await self._wait_ready(child)
-                self._echo("trellis", f"{child.spec.name} is ready again")
-            except StartupError as exc:
-                self._echo("trellis", str(exc))
+            with attempt:
+                assert child.process is not None
+                if child.process.returncode is not None:  # it died: start it again
+                    await self._spawn(child)
+                    try:
+                        await self._wait_ready(child)
+                        self._echo("trellis", f"{child.spec.name} is ready again")
+                    except StartupError as exc:
+                        self._echo("trellis", str(exc))
+                    assert child.process is not None
+                code = await child.process.wait()
+                if self._stopping or stop.is_set():
+                    return
+                uptime = time.monotonic() - child.started_at
+                if uptime > RESTART_FORGIVEN_AFTER:
+                    start_over(attempt)  # it ran well: restart it quickly
+                raise _Exited(code, uptime)
 
     async def stop_all(self) -> None:
         for child in reversed(self.children):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -33,12 +32,12 @@ from typing import Any
 import grpc
 from redis.exceptions import RedisError
 
+from trellis_common.backoff import DEFAULT_BACKOFF, Backoff, RetryCallState, failure, retrying
 from trellis_common.follow import describe
 from trellis_common.health import Health, Loop
 from trellis_common.locate import OwnerUnavailable
 from trellis_common.signaling import (
     DEFAULT_PREFIX,
-    Backoff,
     Event,
     Publisher,
     RedisFactory,
@@ -267,12 +266,14 @@ class Outbox:
         *,
         max_pending: int = MAX_PENDING_PER_TOPIC,
         timeout: float = 1.0,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self._publisher = publisher
         self._timeout = timeout
         self._max_pending = max_pending
         self._pending: dict[str, dict[tuple[str, str], None]] = {}
         self._wake = asyncio.Event()
+        self._backoff = backoff
         self._loop = health.loops.register("signals out")
         self._loop.up()
 
@@ -309,27 +310,31 @@ class Outbox:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = Backoff()
         try:
             while not stop.is_set():
                 if not self._pending:
                     self._wake.clear()
                     await _first(self._wake.wait(), stop.wait())
                     continue
-                try:
-                    await self._drain()
-                except (RedisError, OSError, TimeoutError) as exc:
-                    self._loop.down(
-                        f"Redis unreachable, {self.pending} signals kept: {describe(exc)}"
-                    )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=backoff.next())
-                    continue
-                backoff.reset()
-                self._loop.up()
-                log.info("signal.drained")
+                async for attempt in retrying(
+                    stop,
+                    self._backoff,
+                    on=(RedisError, OSError, TimeoutError),
+                    before_sleep=self._failed,
+                ):
+                    if stop.is_set():
+                        break
+                    with attempt:
+                        await self._drain()
+                if not self._pending:
+                    self._loop.up()
+                    log.info("signal.drained")
         finally:
             self._loop.close()
+
+    def _failed(self, state: RetryCallState) -> None:
+        error = failure(state)
+        self._loop.down(f"Redis unreachable, {self.pending} signals kept: {describe(error)}")
 
     async def _drain(self) -> None:
         while self._pending:

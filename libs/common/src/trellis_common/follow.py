@@ -3,7 +3,8 @@
 Changes between services travel on the one event path (:mod:`trellis_common.events`). What
 remains here is the loop for a long-lived session that is not a follower (the catalog's
 certificate issuer): run it, and when it ends or fails, log it, wait with backoff
-(jittered, capped), and start again. :func:`follow_forever` is that loop.
+(jittered, capped: :mod:`trellis_common.backoff`), and start again. :func:`follow_forever`
+is that loop.
 
 Any exception ends only the session, never the loop: a gRPC error (the peer went away) is
 logged as a warning, anything else (a bug, a record that slipped past validation) with
@@ -15,16 +16,19 @@ reports ``up()``. Only cancellation and ``stop`` end the loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable
 
 import grpc
 
+from trellis_common.backoff import Backoff, RetryCallState, failure, retrying, start_over
 from trellis_common.health import Loop
 
 log = logging.getLogger(__name__)
+
+
+class _Ended(Exception):
+    """A session ended without an error (the peer closed the stream)."""
 
 
 def describe(exc: BaseException) -> str:
@@ -47,31 +51,52 @@ async def follow_forever(
 ) -> None:
     """Run ``session`` (one stream, opened to ended) again until ``stop`` is set.
 
-    A session that ends cleanly starts the next one after ``initial``; one that fails waits
-    twice as long as the previous failure did (with 20 % jitter), up to ``maximum``. The
-    session reports ``loop.up()`` itself once it is synced.
+    A session that ends cleanly, or fails after running for ``maximum`` or longer, starts
+    the next one after ``initial``; each failure in a row waits twice as long as the one
+    before (jittered by 20 %), up to ``maximum``. The session reports ``loop.up()`` itself
+    once it is synced.
     """
-    delay = initial
+
+    def lost(state: RetryCallState) -> None:
+        error = failure(state)
+        if isinstance(error, _Ended):
+            reason = "stream ended"
+        elif isinstance(error, grpc.aio.AioRpcError):
+            reason = describe(error)
+            log.warning(
+                "stream.lost what=%s reason=%r retry_in=%.2fs", what, reason, state.upcoming_sleep
+            )
+        else:  # a follower must outlive any one failure
+            reason = describe(error)
+            log.error(
+                "stream.failed what=%s reason=%r retry_in=%.2fs",
+                what,
+                reason,
+                state.upcoming_sleep,
+                exc_info=error,
+            )
+        if loop is not None:
+            loop.down(reason)
+        on_lost()
+
+    clock = asyncio.get_running_loop()
     try:
-        while not stop.is_set():
-            try:
-                await session()
-                delay = initial
-                reason = "stream ended"
-            except grpc.aio.AioRpcError as exc:
-                reason = describe(exc)
-                log.warning("stream.lost what=%s reason=%r retry_in=%.2fs", what, reason, delay)
-            except Exception as exc:  # a follower must outlive any one failure
-                reason = describe(exc)
-                log.exception("stream.failed what=%s reason=%r retry_in=%.2fs", what, reason, delay)
+        async for attempt in retrying(
+            stop,
+            Backoff(initial, maximum, jitter=0.2),
+            before_sleep=lost,
+        ):
             if stop.is_set():
                 break
-            if loop is not None:
-                loop.down(reason)
-            on_lost()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay * (1 + 0.2 * random.random()))
-            delay = min(delay * 2, maximum)
+            started = clock.time()
+            with attempt:
+                try:
+                    await session()
+                finally:
+                    if clock.time() - started >= maximum:
+                        start_over(attempt)  # it ran well for a while: a new streak
+                start_over(attempt)  # it ended cleanly: the next one waits the first delay
+                raise _Ended  # and it is started again, like a failed one
     finally:
         if loop is not None:
             loop.close()

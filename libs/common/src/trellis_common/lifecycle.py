@@ -8,12 +8,11 @@ the others wind down. :func:`main` wraps that for a console script.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import random
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 
+from trellis_common.backoff import Backoff, RetryCallState, failure, retrying, start_over
 from trellis_common.health import Loops
 
 log = logging.getLogger(__name__)
@@ -46,30 +45,44 @@ def supervised(
 ) -> Component:
     """``component``, restarted with jittered backoff whenever it fails.
 
+    Each failure in a row waits twice as long as the one before, from ``initial`` up to
+    ``maximum``; a run that lasted ``maximum`` or longer starts the count again.
+
     It is reported on ``loops`` as ``name``: up while it runs, down with the reason from a
     failure until its next start. A component that watches something for the whole life of
     the service (a spec directory, a sweep, a discovery loop) thus never dies silently and
     never takes the service down with it. One that returns has nothing (more) to do: it
     leaves the table.
     """
+    backoff = Backoff(initial, maximum, jitter=0.2)
 
     async def run(stop: asyncio.Event) -> None:
         loop = loops.register(name)
-        delay = initial
+        clock = asyncio.get_running_loop()
+
+        def failed(state: RetryCallState) -> None:
+            error = failure(state)
+            log.error(
+                "component.failed component=%r retry_in=%.2fs",
+                name,
+                state.upcoming_sleep,
+                exc_info=error,
+            )
+            loop.down(f"{type(error).__name__}: {error}")
+
         try:
-            while not stop.is_set():
+            async for attempt in retrying(stop, backoff, before_sleep=failed):
+                if stop.is_set():
+                    break
                 loop.up()
-                try:
-                    await component(stop)
+                started = clock.time()
+                with attempt:
+                    try:
+                        await component(stop)
+                    finally:
+                        if clock.time() - started >= maximum:
+                            start_over(attempt)  # it ran well for a while: a new streak
                     log.debug("component.done component=%r", name)
-                    return
-                except Exception as exc:
-                    reason = f"{type(exc).__name__}: {exc}"
-                    log.exception("component.failed component=%r retry_in=%.2fs", name, delay)
-                loop.down(reason)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay * (1 + 0.2 * random.random()))
-                delay = min(delay * 2, maximum)
         finally:
             loop.close()
 

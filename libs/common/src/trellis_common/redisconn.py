@@ -25,6 +25,8 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from trellis_common.backoff import Backoff, RetryCallState, failure, retrying
+
 log = logging.getLogger(__name__)
 
 
@@ -65,19 +67,22 @@ async def wait_for_redis(
     redis: aioredis.Redis, stop: asyncio.Event, *, max_delay: float = 2.0
 ) -> None:
     """Return once Redis answers PING (or ``stop`` is set), logging while it does not."""
-    delay = 0.05
-    warned = False
-    while not stop.is_set():
-        try:
-            await redis.ping()
-            if warned:
-                log.info("redis.reachable")
+
+    def unreachable(state: RetryCallState) -> None:
+        if state.attempt_number == 1:
+            log.warning("redis.unreachable error=%r action=retrying", failure(state))
+
+    attempts = 0
+    async for attempt in retrying(
+        stop,
+        Backoff(min(0.05, max_delay), max_delay),
+        on=(RedisConnectionError, RedisTimeoutError, OSError),
+        before_sleep=unreachable,
+    ):
+        if stop.is_set():
             return
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            if not warned:
-                log.warning("redis.unreachable error=%r action=retrying", exc)
-                warned = True
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=delay)
-        except TimeoutError:
-            delay = min(delay * 2, max_delay)
+        attempts += 1
+        with attempt:
+            await redis.ping()
+    if attempts > 1 and not stop.is_set():
+        log.info("redis.reachable")

@@ -28,13 +28,15 @@ from typing import Any
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from trellis_common.signaling import (
+from trellis_common.backoff import (
     DEFAULT_BACKOFF,
-    DEFAULT_PREFIX,
     Backoff,
-    BackoffPolicy,
-    Publisher,
+    RetryCallState,
+    failure,
+    retrying,
+    wait_or_stop,
 )
+from trellis_common.signaling import DEFAULT_PREFIX, Publisher
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,7 @@ class Announcer:
         interval: float | None = None,
         *,
         prefix: str = DEFAULT_PREFIX,
-        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
@@ -165,36 +167,45 @@ class Announcer:
         self.key = registry_key(record.kind, record.name, prefix)
         self._redis = redis
         self._publisher = Publisher(redis, sender=record.service_id, prefix=prefix)
-        self._backoff = Backoff(backoff)
+        self._backoff = backoff
+        self._need_up = True  # the next heartbeat that writes the record publishes "up"
         self.announced = False  # the key was written by the last heartbeat
 
     async def run(self, stop: asyncio.Event) -> None:
-        need_up = True
+        self._need_up = True
         try:
             while not stop.is_set():
-                try:
-                    async with asyncio.timeout(max(self.interval, 1.0)):
-                        existed = await self._heartbeat()
-                        if need_up or not existed:
-                            await self._publish("up")
-                            need_up = False
-                    if not self.announced:
-                        log.info("registry.announced key=%s", self.key)
-                    self.announced = True
-                    self._backoff.reset()
-                    delay = self.interval
-                except (RedisError, OSError) as exc:
-                    first = self.announced or self._backoff.attempt == 0
-                    level = logging.WARNING if first else logging.DEBUG
-                    log.log(
-                        level, "registry.heartbeat_failed key=%s error=%s", self.key, _describe(exc)
-                    )
-                    self.announced = False
-                    need_up = True
-                    delay = self._backoff.next()
-                await _wait(stop, delay)
+                async for attempt in retrying(
+                    stop,
+                    self._backoff,
+                    on=(RedisError, OSError),
+                    before_sleep=self._failed,
+                ):
+                    if stop.is_set():
+                        break
+                    with attempt:
+                        await self._announce()
+                await wait_or_stop(stop, self.interval)
         finally:
             await self._withdraw()
+
+    async def _announce(self) -> None:
+        async with asyncio.timeout(max(self.interval, 1.0)):
+            existed = await self._heartbeat()
+            if self._need_up or not existed:
+                await self._publish("up")
+                self._need_up = False
+        if not self.announced:
+            log.info("registry.announced key=%s", self.key)
+        self.announced = True
+
+    def _failed(self, state: RetryCallState) -> None:
+        """Log the first failed heartbeat of a streak as a warning, the others quietly."""
+        error = failure(state)
+        level = logging.WARNING if state.attempt_number == 1 else logging.DEBUG
+        log.log(level, "registry.heartbeat_failed key=%s error=%s", self.key, _describe(error))
+        self.announced = False
+        self._need_up = True
 
     async def _heartbeat(self) -> bool:
         """Write the record with its TTL; say whether the key was already there."""
@@ -219,14 +230,6 @@ class Announcer:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        async with asyncio.timeout(seconds):
-            await stop.wait()
-    except TimeoutError:
-        pass
 
 
 async def discover(

@@ -34,7 +34,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import random
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -44,6 +43,15 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+
+from trellis_common.backoff import (
+    DEFAULT_BACKOFF,
+    Backoff,
+    RetryCallState,
+    failure,
+    retrying,
+    start_over,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,44 +126,6 @@ class Event:
         if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
             raise ValueError(f"event field 'revision' must be an integer >= 0, got {revision!r}")
         return cls(revision=revision, **fields)
-
-
-@dataclasses.dataclass(frozen=True)
-class BackoffPolicy:
-    """Exponential backoff: ``initial * multiplier**attempt`` capped at ``maximum``.
-
-    ``jitter`` is the fraction of each delay that is random (0.5: between half and all of
-    it), so that many clients that lost Redis together do not all come back together.
-    """
-
-    initial: float = 0.05
-    maximum: float = 2.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        base = min(self.maximum, self.initial * self.multiplier ** min(attempt, 64))
-        return base * (1.0 - self.jitter * rng.random())
-
-
-DEFAULT_BACKOFF = BackoffPolicy()
-
-
-class Backoff:
-    """The running state of a :class:`BackoffPolicy`: ``next()`` delays until ``reset()``."""
-
-    def __init__(self, policy: BackoffPolicy = DEFAULT_BACKOFF) -> None:
-        self.policy = policy
-        self.attempt = 0
-        self._rng = random.Random()
-
-    def next(self) -> float:
-        delay = self.policy.delay(self.attempt, self._rng)
-        self.attempt += 1
-        return delay
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 class Publisher:
@@ -253,7 +223,7 @@ class Subscriber:
         on_resync: ResyncHandler,
         *,
         prefix: str = DEFAULT_PREFIX,
-        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        backoff: Backoff = DEFAULT_BACKOFF,
         health_check_interval: float = 1.0,
         socket_timeout: float = 5.0,
         on_state: StateHandler = lambda connected, reason: None,
@@ -275,8 +245,8 @@ class Subscriber:
         self._ready: list[Event] = []  # in order, not yet delivered
         self._channels = {channel_name(t, prefix): t for t in self.topics}
         self._control = f"{prefix}:subscriber:{uuid.uuid4().hex}"
-        self._backoff = Backoff(backoff)
-        self._rng = random.Random()
+        self._backoff = backoff
+        self._failures = 0  # connection failures since the subscription was last up
         self._interval = health_check_interval
         self._socket_timeout = socket_timeout
         self._last: dict[str, int] = dict.fromkeys(self.topics, 0)
@@ -296,7 +266,7 @@ class Subscriber:
         return self._last[topic]
 
     async def run(self, stop: asyncio.Event) -> None:
-        worker = asyncio.create_task(self._reconnect_forever(), name="signaling-subscriber")
+        worker = asyncio.create_task(self._reconnect_forever(stop), name="signaling-subscriber")
         stopped = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({worker, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -306,32 +276,36 @@ class Subscriber:
             await asyncio.gather(worker, stopped, return_exceptions=True)
             self.connected = False
 
-    async def _reconnect_forever(self) -> None:
+    async def _reconnect_forever(self, stop: asyncio.Event) -> None:
+        clock = asyncio.get_running_loop()
+        async for attempt in retrying(stop, self._backoff, before_sleep=self._lost):
+            if stop.is_set():
+                break
+            with attempt:
+                try:
+                    await self._session()
+                    raise _SessionLost("the session ended")  # it cannot: its read loop does not
+                finally:
+                    lasted = clock.time() - self._connected_at
+                    if self.connected and lasted >= self._backoff.maximum:
+                        start_over(attempt)  # a flapping Redis keeps backing off instead
+
+    def _lost(self, state: RetryCallState) -> None:
+        """Log a session that ended (or could not start): once per streak of failures."""
+        error = failure(state)
         topics = ",".join(self.topics)
-        failures = 0
-        while True:
-            try:
-                await self._session()
-            except (RedisError, OSError, _SessionLost) as exc:
-                error: BaseException = exc
-            except Exception as exc:  # a bug must not leave receivers stale forever
-                log.exception("signaling.session_failed topics=%s", topics)
-                error = exc
-            self._on_state(False, _describe(error))
-            if self.connected:
-                self.connected = False
-                log.warning("signaling.disconnected topics=%s error=%s", topics, _describe(error))
-                lasted = asyncio.get_running_loop().time() - self._connected_at
-                if lasted >= self._backoff.policy.maximum:
-                    self._backoff.reset()  # a flapping Redis keeps backing off instead
-                failures = 1
-            else:
-                failures += 1
-                level = logging.WARNING if failures == 1 else logging.DEBUG
-                log.log(
-                    level, "signaling.connect_failed topics=%s error=%s", topics, _describe(error)
-                )
-            await asyncio.sleep(self._backoff.next())
+        if not isinstance(error, (RedisError, OSError, _SessionLost)):
+            # a bug must not leave receivers stale forever: it is retried like an outage
+            log.error("signaling.session_failed topics=%s", topics, exc_info=error)
+        self._on_state(False, _describe(error))
+        if self.connected:
+            self.connected = False
+            log.warning("signaling.disconnected topics=%s error=%s", topics, _describe(error))
+            self._failures = 1
+        else:
+            self._failures += 1
+            level = logging.WARNING if self._failures == 1 else logging.DEBUG
+            log.log(level, "signaling.connect_failed topics=%s error=%s", topics, _describe(error))
 
     async def _session(self) -> None:
         client = self._factory()
@@ -534,9 +508,9 @@ class Subscriber:
             self._retry_attempts.pop(topic, None)
 
     def _schedule_retry(self, topic: str) -> None:
-        attempt = self._retry_attempts.get(topic, 0)
-        self._retry_attempts[topic] = attempt + 1
-        delay = self._backoff.policy.delay(attempt, self._rng)
+        failures = self._retry_attempts.get(topic, 0) + 1
+        self._retry_attempts[topic] = failures
+        delay = self._backoff.delay(failures)
         self._retry_at[topic] = asyncio.get_running_loop().time() + delay
 
     async def _retry_due_resyncs(self, now: float) -> None:

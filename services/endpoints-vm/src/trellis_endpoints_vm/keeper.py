@@ -33,8 +33,8 @@ from collections.abc import Callable, Collection, Sequence
 
 from redis.exceptions import RedisError
 
+from trellis_common.backoff import DEFAULT_BACKOFF, Backoff, RetryCallState, failure, retrying
 from trellis_common.health import Loop, Loops
-from trellis_common.signaling import DEFAULT_BACKOFF, Backoff, BackoffPolicy
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.store import CHUNK, WorkloadStore
 
@@ -65,7 +65,7 @@ class StoreKeeper:
         extra: Callable[[], int] = lambda: 0,
         on_unavailable: Callable[[], None] = lambda: None,
         on_recovered: Callable[[], None] = lambda: None,
-        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self._store = store
         self._current = current
@@ -75,7 +75,7 @@ class StoreKeeper:
         self._extra = extra
         self._on_unavailable = on_unavailable
         self._on_recovered = on_recovered
-        self._backoff = Backoff(backoff)
+        self._backoff = backoff
         self._io = asyncio.Lock()  # one write at a time, so a flush never overtakes a put
         self._wake = asyncio.Event()
         self._loop: Loop | None = None
@@ -158,14 +158,14 @@ class StoreKeeper:
         next_check = time.monotonic() + self._check_interval
         try:
             while not stop.is_set():
+                if not self.available:
+                    await self._recover(stop)
+                    next_check = time.monotonic() + self._check_interval
+                    continue
+                self._wake.clear()  # before the work: a write queued meanwhile wakes the wait
                 delay = max(0.0, next_check - time.monotonic())
                 try:
-                    if not self.available:
-                        await self.recover()
-                        self._backoff.reset()
-                        next_check = time.monotonic() + self._check_interval
-                        delay = self._check_interval
-                    elif self.pending:  # writes behind (heartbeats): a batch at a time
+                    if self.pending:  # writes behind (heartbeats): a batch at a time
                         await self.write_behind()
                     elif delay == 0.0:
                         await self.refill_if_lost()
@@ -173,17 +173,30 @@ class StoreKeeper:
                         delay = self._check_interval
                 except FAILURES as exc:
                     self._fail(exc)
-                    delay = self._backoff.next()
+                    continue
                 except Exception as exc:  # a bug must not end the keeper: retried like an outage
                     log.exception("store.keeper_failed")
                     self._fail(exc)
-                    delay = self._backoff.next()
-                self._wake.clear()
+                    continue
                 await _either(stop, self._wake, delay)
         finally:
             if self._loop is not None:
                 self._loop.close()
                 self._loop = None
+
+    async def _recover(self, stop: asyncio.Event) -> None:
+        """:meth:`recover`, again with backoff until it succeeds (or ``stop`` is set)."""
+        async for attempt in retrying(stop, self._backoff, before_sleep=self._still_down):
+            if stop.is_set():
+                break
+            with attempt:
+                await self.recover()
+
+    def _still_down(self, state: RetryCallState) -> None:
+        error = failure(state)
+        if not isinstance(error, FAILURES):  # a bug must not end the keeper: retried like one
+            log.error("store.keeper_failed", exc_info=error)
+        self._fail(error)  # recover() may have found Redis, then lost it again
 
     async def recover(self) -> int:
         """Probe Redis, flush what is queued, then refill what it lost; returns flushed."""

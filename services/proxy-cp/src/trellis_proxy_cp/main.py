@@ -10,7 +10,6 @@ runtime's signals hub (``clients/catalog.py``, ``clients/certs.py``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 from typing import Any
@@ -19,12 +18,12 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
 from redis.exceptions import RedisError
 
+from trellis_common.backoff import Backoff, RetryCallState, failure, retrying
 from trellis_common.follow import describe
 from trellis_common.grpcserver import DEFAULT_OPTIONS, GrpcServer
 from trellis_common.locate import OwnerUnavailable
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
-from trellis_common.signaling import Backoff, BackoffPolicy
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
@@ -59,19 +58,24 @@ async def serving_material(
 ) -> SecretMaterial | None:
     """proxy-cp's own certificate for the xDS port, asked until certmanager answers (it is
     found through the registry once it announces itself); ``None`` if ``stop`` came first."""
-    backoff = Backoff(BackoffPolicy(initial=0.1, maximum=5.0))
-    while not stop.is_set():
-        try:
+
+    def waiting(state: RetryCallState) -> None:
+        log.warning(
+            "proxy_cp.waiting_for service=certmanager reason=%r retry_in=%.2fs",
+            describe(failure(state)),
+            state.upcoming_sleep,
+        )
+
+    async for attempt in retrying(
+        stop,
+        Backoff(initial=0.1, maximum=5.0),
+        on=(grpc.aio.AioRpcError, OwnerUnavailable, RedisError, OSError),
+        before_sleep=waiting,
+    ):
+        if stop.is_set():
+            break
+        with attempt:
             return await certs.want(identity, account)
-        except (grpc.aio.AioRpcError, OwnerUnavailable, RedisError, OSError) as exc:
-            delay = backoff.next()
-            log.warning(
-                "proxy_cp.waiting_for service=certmanager reason=%r retry_in=%.2fs",
-                describe(exc),
-                delay,
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
     return None
 
 
