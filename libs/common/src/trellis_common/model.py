@@ -144,6 +144,20 @@ class Endpoint:
         return f"{host}:{self.port}"
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class ReportedEndpoint:
+    """What an endpoints provider reports of one endpoint (the provider API's ``Endpoint``):
+    the catalog's and endpoints-vm's endpoint records both start from it."""
+
+    address: str
+    ports: tuple[tuple[str, int], ...]  # (port name, number)
+    labels: tuple[tuple[str, str], ...] = ()
+    locality: str = ""
+    weight: int = 1
+    service_account: str = ""
+    workload: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class WeightedService:
     """A service and its weight in a traffic split."""

@@ -15,21 +15,16 @@ from dataclasses import dataclass, replace
 
 from trellis_catalog.domain.views import ClusterEndpoint, ClusterRef, ClusterState
 from trellis_common.documents import core
-from trellis_common.model import MeshService
+from trellis_common.model import MeshService, ReportedEndpoint
 
 _PROTOCOLS = {"HTTP": "http", "HTTP2": "http2", "GRPC": "grpc"}  # the rest is TCP to a proxy
 _DISCOVERY = {"STATIC": "STATIC", "DNS": "DNS", "DNS_ROUND_ROBIN": "DNS", "NONE": "PASSTHROUGH"}
 
 
 @dataclass(frozen=True, slots=True)
-class ProvidedEndpoint:
-    address: str
-    ports: tuple[tuple[str, int], ...]
-    labels: tuple[tuple[str, str], ...] = ()
-    locality: str = ""
-    weight: int = 1
-    service_account: str = ""
-    workload: str = ""
+class ProvidedEndpoint(ReportedEndpoint):
+    """An endpoint as a provider reported it, and which provider did."""
+
     provider: str = ""
 
 

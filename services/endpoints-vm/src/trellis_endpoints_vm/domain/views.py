@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from trellis_common.model import ReportedEndpoint
+
 Pairs = tuple[tuple[str, str], ...]
 PortMap = tuple[tuple[str, int], ...]
 
@@ -43,15 +45,10 @@ class ServiceInfo:
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class EndpointInfo:
-    address: str
-    ports: PortMap
-    labels: Pairs = ()
-    locality: str = ""
+class EndpointInfo(ReportedEndpoint):
+    """An endpoint of a service this provider resolves, and where it came from."""
+
     network: str = ""
-    weight: int = 1
-    service_account: str = ""
-    workload: str = ""
     source: str = "registration"
 
 
