@@ -158,6 +158,20 @@ class ReportedEndpoint:
     workload: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceReach:
+    """How a provider says a service is reached: an Istio ServiceEntry's hosts, addresses,
+    location and resolution (a plain service keeps the defaults). The catalog's and
+    endpoints-vm's service records both carry it."""
+
+    hosts: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+    location: str = "MESH_INTERNAL"
+    resolution: str = "STATIC"
+    export_to: tuple[str, ...] = ()
+    subject_alt_names: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class WeightedService:
     """A service and its weight in a traffic split."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from trellis_catalog.domain.views import ClusterEndpoint, ClusterRef, ClusterState
 from trellis_common.documents import core
-from trellis_common.model import MeshService, ReportedEndpoint
+from trellis_common.model import MeshService, ReportedEndpoint, ServiceReach
 
 _PROTOCOLS = {"HTTP": "http", "HTTP2": "http2", "GRPC": "grpc"}  # the rest is TCP to a proxy
 _DISCOVERY = {"STATIC": "STATIC", "DNS": "DNS", "DNS_ROUND_ROBIN": "DNS", "NONE": "PASSTHROUGH"}
@@ -29,7 +29,7 @@ class ProvidedEndpoint(ReportedEndpoint):
 
 
 @dataclass(frozen=True, slots=True)
-class ProvidedService:
+class ProvidedService(ServiceReach):
     """One provider's report of one service (endpoints-vm, endpoints-k8s, ...)."""
 
     provider: str
@@ -37,12 +37,6 @@ class ProvidedService:
     name: str
     ports: tuple[tuple[str, int, str, int], ...]  # name, number, protocol, target port
     endpoints: tuple[ProvidedEndpoint, ...]
-    hosts: tuple[str, ...] = ()
-    addresses: tuple[str, ...] = ()
-    location: str = "MESH_INTERNAL"
-    resolution: str = "STATIC"
-    export_to: tuple[str, ...] = ()
-    subject_alt_names: tuple[str, ...] = ()
     source: str = ""
     key: str = ""  # the provider's own name for it, when not ``name`` (a ServiceEntry host)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from trellis_common.model import ReportedEndpoint
+from trellis_common.model import ReportedEndpoint, ServiceReach
 
 Pairs = tuple[tuple[str, str], ...]
 PortMap = tuple[tuple[str, int], ...]
@@ -32,15 +32,9 @@ class PortInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class ServiceInfo:
+class ServiceInfo(ServiceReach):
     key: ServiceKey
     ports: tuple[PortInfo, ...] = ()
-    hosts: tuple[str, ...] = ()
-    addresses: tuple[str, ...] = ()
-    location: str = "MESH_INTERNAL"
-    resolution: str = "STATIC"
-    export_to: tuple[str, ...] = ()
-    subject_alt_names: tuple[str, ...] = ()
     source: str = "registration"
 
 
