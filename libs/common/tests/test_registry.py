@@ -154,7 +154,10 @@ async def test_heartbeats_keep_a_short_ttl_record_alive(redis_client: redis.asyn
     announcer = Announcer(redis_client, record(), ttl=0.3)  # heartbeat every 0.1 s
     async with announcing(announcer):
         await eventually(lambda: announcer.announced)
-        await asyncio.sleep(0.6)  # two TTLs: only heartbeats can keep it there
+        first = await redis_client.pttl(announcer.key)
+        # seven heartbeats take more than two TTLs: only heartbeats can keep it there
+        await eventually(lambda: announcer.heartbeats >= 7)
+        assert 0 < first <= 300
         assert [r.name for r in await discover(redis_client, KIND)] == ["vm-1"]
 
 

@@ -352,10 +352,15 @@ async def test_client_that_reconnects_by_itself_still_resyncs(
 async def test_subscriber_waits_for_redis_that_is_not_up_yet(redis_server: RedisServer) -> None:
     redis_server.kill()
     receiver = RecordingReceiver()
-    subscriber = make_subscriber(redis_server.url, receiver)
+    states: list[tuple[bool, str]] = []
+    subscriber = make_subscriber(
+        redis_server.url, receiver, on_state=lambda up, why: states.append((up, why))
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(subscriber.run(stop))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: len(states) >= 2)  # it tried, failed, and tried again
+    assert not any(up for up, _ in states)
+    assert "ConnectionError" in states[0][1]
     assert not subscriber.ready.is_set()
     redis_server.start()
     await eventually(subscriber.ready.is_set)

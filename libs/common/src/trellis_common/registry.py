@@ -170,6 +170,7 @@ class Announcer:
         self._backoff = backoff
         self._need_up = True  # the next heartbeat that writes the record publishes "up"
         self.announced = False  # the key was written by the last heartbeat
+        self.heartbeats = 0  # records written so far
 
     async def run(self, stop: asyncio.Event) -> None:
         self._need_up = True
@@ -192,6 +193,7 @@ class Announcer:
     async def _announce(self) -> None:
         async with asyncio.timeout(max(self.interval, 1.0)):
             existed = await self._heartbeat()
+            self.heartbeats += 1
             if self._need_up or not existed:
                 await self._publish("up")
                 self._need_up = False

@@ -206,6 +206,7 @@ class SpecDirectory:
         self._lock = threading.Lock()
         self._plan = dirwatch.Plan(frozenset())
         self._watcher: dirwatch.DirWatcher | None = None
+        self.scans = 0  # directory scans done by ``watch`` (events and rescans)
 
     def current(self) -> dict[DocumentKey, Document]:
         return dict(self._current)
@@ -278,6 +279,7 @@ class SpecDirectory:
         self._watcher = watcher
 
         async def scan() -> dirwatch.Plan:
+            self.scans += 1
             try:
                 change = await asyncio.to_thread(self._scan, settle, settle_max)
             except Exception:
