@@ -187,3 +187,42 @@ async def test_views_flow_from_the_catalog_s_signal_over_redis(
             await client.close()
 
     assert views.seen == [(BOOKSTORE, "2")]
+
+
+async def test_replicas_follow_one_signal_each_fetching_only_what_it_serves(
+    redis_server: RedisServer, redis_client: redis.asyncio.Redis
+) -> None:
+    """Three proxy-cp replicas, each with proxies of its own identity: one change is one
+    PUBLISH by the catalog, then per replica one ListViewVersions of what moved since its
+    cursor and a GetView only where that replica serves the identity."""
+    publisher = Publisher(redis_client, sender="catalog-0")
+    identities = [f"ns/svc-{i}" for i in range(3)]
+    async with t.fake_catalog({}, publisher) as catalog:
+        for identity in identities:
+            await catalog.set_view(t.view(identity, "1"))
+        replicas, hubs, stop = [], [], asyncio.Event()
+        try:
+            for i, identity in enumerate(identities):
+                views = Views()
+                client = CatalogClient(t.locator(catalog.address), views, f"proxy-cp-{i}")
+                await client.want(identity, "sa")
+                signals = Signals(redis_server.url, Health())
+                signals.follow(client.follower)
+                hubs.append(asyncio.create_task(signals.run(stop)))
+                replicas.append((client, views))
+            for client, _ in replicas:
+                await asyncio.wait_for(client.connected.wait(), 10)
+            listed, fetched = len(catalog.listings), catalog.view_calls.copy()
+
+            await catalog.set_view(t.view("ns/svc-1", "2"))  # one change: one signal
+
+            for client, _ in replicas:
+                await eventually(lambda c=client: c.cursor == catalog.cursor)  # type: ignore[misc]
+            assert len(catalog.listings) - listed == 3  # one small listing per replica
+            assert catalog.view_calls - fetched == {"ns/svc-1": 1}  # only its server fetched
+            assert [views.seen for _, views in replicas] == [[], [("ns/svc-1", "2")], []]
+        finally:
+            stop.set()
+            await asyncio.gather(*hubs)
+            for client, _ in replicas:
+                await client.close()
