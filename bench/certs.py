@@ -144,7 +144,7 @@ async def _measure(
         announce,
         issuer.IssuancePolicy(),
         KeyAlgorithm.ECDSA_P256,
-        CertMetrics.create(CollectorRegistry()),
+        CertMetrics(CollectorRegistry()),
     )
     await manager.start()
     server = GrpcServer(

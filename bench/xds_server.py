@@ -188,7 +188,7 @@ class Trellis:
         async def unregister(proxy: str) -> None:
             return None
 
-        metrics = XdsMetrics.create(CollectorRegistry())
+        metrics = XdsMetrics(CollectorRegistry())
         self.hooks = _CountingHooks(ProxyHooks(self.control_plane, metrics, register, unregister))
         self.catalog = _BenchCatalog(groups)
         self._client: CatalogClient | None = None

@@ -61,7 +61,7 @@ def make_manager(
             bell,
             IssuancePolicy(**policy),  # type: ignore[arg-type]
             KeyAlgorithm.ECDSA_P256,
-            CertMetrics.create(CollectorRegistry()),
+            CertMetrics(CollectorRegistry()),
             clock=clock,
         )
 

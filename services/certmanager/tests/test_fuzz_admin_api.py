@@ -40,7 +40,7 @@ def admin_app() -> FastAPI:
     )
     metrics = CollectorRegistry()
     manager = CertificateManager(
-        store, _bell, IssuancePolicy(), KeyAlgorithm.ECDSA_P256, CertMetrics.create(metrics)
+        store, _bell, IssuancePolicy(), KeyAlgorithm.ECDSA_P256, CertMetrics(metrics)
     )
 
     async def start() -> None:

@@ -144,7 +144,7 @@ async def test_the_servicer_answers_or_refuses_naming_a_field_and_stores_only_va
         bell,
         IssuancePolicy(),
         KeyAlgorithm.ECDSA_P256,
-        CertMetrics.create(CollectorRegistry()),
+        CertMetrics(CollectorRegistry()),
     )
     await manager.start()
     await manager.issue_service(MeshService("shop", "cart"))

@@ -215,7 +215,7 @@ async def test_an_unreadable_ca_is_fatal_and_keeps_the_marker(
         bell,
         IssuancePolicy(),
         KeyAlgorithm.ECDSA_P256,
-        CertMetrics.create(CollectorRegistry()),
+        CertMetrics(CollectorRegistry()),
         clock=clock,
     )
     with pytest.raises(CAError, match="trellis:certmanager:ca"):
@@ -234,7 +234,7 @@ async def test_an_unreadable_ca_is_replaced_by_the_operator_s_ca_files(
         bell,
         IssuancePolicy(),
         KeyAlgorithm.ECDSA_P256,
-        CertMetrics.create(CollectorRegistry()),
+        CertMetrics(CollectorRegistry()),
         clock=clock,
     )
     operator = generate_root(KeyAlgorithm.ECDSA_P256, dt.timedelta(days=365), NOW, "corp")
@@ -266,7 +266,7 @@ async def test_records_refused_at_load_are_reported_never_served_and_can_go(
         bell,
         IssuancePolicy(),
         KeyAlgorithm.ECDSA_P256,
-        CertMetrics.create(CollectorRegistry()),
+        CertMetrics(CollectorRegistry()),
         clock=clock,
         rejections=rejections,
     )
@@ -303,7 +303,7 @@ async def test_a_restored_store_forgets_the_records_it_lost(
         bell,
         IssuancePolicy(),
         KeyAlgorithm.ECDSA_P256,
-        CertMetrics.create(CollectorRegistry()),
+        CertMetrics(CollectorRegistry()),
         clock=clock,
         rejections=rejections,
     )

@@ -35,7 +35,7 @@ async def test_a_rotation_signalled_while_redis_is_away_is_published_when_it_is_
         announce,
         IssuancePolicy(),
         KeyAlgorithm.ECDSA_P256,
-        CertMetrics.create(CollectorRegistry()),
+        CertMetrics(CollectorRegistry()),
     )
     await manager.start()
     record = await manager.issue_service(MeshService("bookstore", "bookstore"))

@@ -84,4 +84,4 @@ def metrics_registry() -> CollectorRegistry:
 
 @pytest.fixture
 def metrics(metrics_registry: CollectorRegistry) -> EndpointMetrics:
-    return EndpointMetrics.create(metrics_registry)
+    return EndpointMetrics(metrics_registry)

@@ -75,7 +75,7 @@ def api_store() -> InMemoryWorkloadStore:
 
 @pytest.fixture
 async def api_manager(api_store: InMemoryWorkloadStore) -> EndpointsManager:
-    manager = EndpointsManager(api_store, Bell(), EndpointMetrics.create(CollectorRegistry()))
+    manager = EndpointsManager(api_store, Bell(), EndpointMetrics(CollectorRegistry()))
     await manager.start()
     return manager
 
@@ -225,7 +225,7 @@ async def test_a_consumer_hears_the_signal_and_fetches_the_service(
     async def signal(kind: str, key: str) -> int:
         return await outbox.signal(TOPIC, kind, key)
 
-    manager = EndpointsManager(api_store, signal, EndpointMetrics.create(CollectorRegistry()))
+    manager = EndpointsManager(api_store, signal, EndpointMetrics(CollectorRegistry()))
     await manager.start()
     heard: asyncio.Queue[Event] = asyncio.Queue()
 

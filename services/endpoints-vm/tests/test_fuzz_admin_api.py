@@ -33,7 +33,7 @@ async def _bell(kind: str, key: str) -> int:
 
 def admin_app() -> FastAPI:
     metrics = CollectorRegistry()
-    manager = EndpointsManager(InMemoryWorkloadStore(), _bell, EndpointMetrics.create(metrics))
+    manager = EndpointsManager(InMemoryWorkloadStore(), _bell, EndpointMetrics(metrics))
 
     async def start() -> None:
         await manager.start()

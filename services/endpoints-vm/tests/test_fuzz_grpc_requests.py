@@ -70,7 +70,7 @@ async def _no_bell(kind: str, key: str) -> int:
 async def test_the_servicer_answers_or_refuses_naming_a_field(asked: tuple[str, Message]) -> None:
     rpc, request = asked
     manager = EndpointsManager(
-        InMemoryWorkloadStore(), _no_bell, EndpointMetrics.create(CollectorRegistry())
+        InMemoryWorkloadStore(), _no_bell, EndpointMetrics(CollectorRegistry())
     )
     await manager.start()
     await manager.register(

@@ -70,7 +70,7 @@ async def provider(make_workload: Callable[..., Workload]) -> AsyncIterator[Prov
     metrics = CollectorRegistry()
     health = Health(metrics)
     manager = EndpointsManager(
-        InMemoryWorkloadStore(), Bell(), EndpointMetrics.create(CollectorRegistry())
+        InMemoryWorkloadStore(), Bell(), EndpointMetrics(CollectorRegistry())
     )
     await manager.start()
     await manager.register(make_workload())

@@ -71,7 +71,7 @@ async def served_certmanager(announce: Announce) -> AsyncIterator[tuple[Certific
         announce,
         IssuancePolicy(),
         KeyAlgorithm.ECDSA_P256,
-        CertMetrics.create(CollectorRegistry()),
+        CertMetrics(CollectorRegistry()),
     )
     await manager.start()
     server = grpc.aio.server()

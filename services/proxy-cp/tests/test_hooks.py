@@ -71,7 +71,7 @@ def world() -> World:
     rejections = Rejections(registry)
     hooks = ProxyHooks(
         control_plane,
-        XdsMetrics.create(registry),
+        XdsMetrics(registry),
         catalog.register,
         catalog.unregister,
         rejections,

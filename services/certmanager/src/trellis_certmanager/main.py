@@ -51,7 +51,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
             cluster_domain=settings.cluster_domain,
         ),
         settings.key_algorithm,
-        CertMetrics.create(runtime.metrics),
+        CertMetrics(runtime.metrics),
         root_validity=settings.root_validity,
         rejections=runtime.health.rejections,
         prune_after=settings.prune_after,

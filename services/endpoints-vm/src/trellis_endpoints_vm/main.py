@@ -69,7 +69,7 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
     async def signal(kind: str, key: str) -> int:
         return await outbox.signal(TOPIC, kind, key)
 
-    metrics = EndpointMetrics.create(runtime.metrics)
+    metrics = EndpointMetrics(runtime.metrics)
     manager = EndpointsManager(
         RedisWorkloadStore(runtime.redis),
         signal,

@@ -92,7 +92,7 @@ def tune_garbage_collection() -> None:
 async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | None:
     own_identity = f"{settings.namespace}/{settings.instance_name}"
     cache = SnapshotCache()
-    metrics = XdsMetrics.create(runtime.metrics)
+    metrics = XdsMetrics(runtime.metrics)
 
     control_plane: ProxyControlPlane
     serving: ServingCertificate

@@ -2,47 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from trellis_common.metrics import MetricFactory
 
 
-@dataclass(frozen=True)
 class XdsMetrics:
-    connected: Gauge
-    streams: Counter
-    pushes: Counter
-    acks: Counter
-    nacks: Counter
-    push_latency: Histogram
-    refused_snapshots: Counter
-    refused_streams: Counter
+    """Made once per service, on the registry it passes in."""
 
-    @classmethod
-    def create(cls, registry: CollectorRegistry) -> XdsMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
         make = MetricFactory(registry, "trellis_proxy_cp")
-        return cls(
-            connected=make.gauge("connected_proxies", "Open ADS streams", "protocol"),
-            streams=make.counter("streams", "ADS streams opened", "protocol"),
-            pushes=make.counter("pushes", "xDS responses sent", "type"),
-            acks=make.counter("acks", "xDS ACKs", "type"),
-            nacks=make.counter("nacks", "xDS NACKs", "type"),
-            push_latency=make.histogram(
-                "push_latency_seconds",
-                "From a snapshot being set to the proxy ACKing it",
-                "type",
-                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-            ),
-            refused_snapshots=make.counter(
-                "refused_snapshots", "Snapshots refused by the consistency check (last good kept)"
-            ),
-            refused_streams=make.counter(
-                "refused_streams",
-                "Streams refused or ended by proxy-cp, by gRPC code and reason (not_expected, "
-                "node_metadata_too_large, too_many_names, name_too_long, replaced, ...)",
-                "code",
-                "reason",
-            ),
+        self.connected = make.gauge("connected_proxies", "Open ADS streams", "protocol")
+        self.streams = make.counter("streams", "ADS streams opened", "protocol")
+        self.pushes = make.counter("pushes", "xDS responses sent", "type")
+        self.acks = make.counter("acks", "xDS ACKs", "type")
+        self.nacks = make.counter("nacks", "xDS NACKs", "type")
+        self.push_latency = make.histogram(
+            "push_latency_seconds",
+            "From a snapshot being set to the proxy ACKing it",
+            "type",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.refused_snapshots = make.counter(
+            "refused_snapshots", "Snapshots refused by the consistency check (last good kept)"
+        )
+        self.refused_streams = make.counter(
+            "refused_streams",
+            "Streams refused or ended by proxy-cp, by gRPC code and reason (not_expected, "
+            "node_metadata_too_large, too_many_names, name_too_long, replaced, ...)",
+            "code",
+            "reason",
         )
