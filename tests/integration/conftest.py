@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from trellis_common.testing import RedisServer
+from trellis_common.testing.mesh import Mesh
 from trellis_common.testing.services import ServiceProcess
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -32,3 +36,17 @@ def certmanager(state_dir: Path, redis_server: RedisServer) -> Iterator[ServiceP
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture
+def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[Mesh]:
+    """The four control-plane services on the bookstore example's documents (tests that
+    need another mesh define their own ``mesh``)."""
+    spec_dir = tmp_path / "spec"
+    shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
+    mesh = Mesh(tmp_path, state_dir, redis_server, spec_dir)
+    mesh.start()
+    try:
+        yield mesh
+    finally:
+        mesh.stop()

@@ -12,10 +12,7 @@ split.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +23,6 @@ from trellis_common.testing.mesh import BOOKSTORE, Mesh, bookstore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-ROOT = Path(__file__).resolve().parents[2]
 ALL_TO_V2 = """\
 apiVersion: split.smi-spec.io/v1alpha2
 kind: TrafficSplit
@@ -39,18 +35,6 @@ spec:
   - service: bookstore-v2
     weight: 100
 """
-
-
-@pytest.fixture
-def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[Mesh]:
-    spec_dir = tmp_path / "spec"
-    shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
-    mesh = Mesh(tmp_path, state_dir, redis_server, spec_dir)
-    mesh.start()
-    try:
-        yield mesh
-    finally:
-        mesh.stop()
 
 
 def loops(mesh: Mesh, service: str) -> dict[str, dict[str, Any]]:

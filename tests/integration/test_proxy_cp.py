@@ -9,39 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import ssl
 import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from trellis_api import certmanager_pb2 as cm
-from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing import eventually
 from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[Mesh]:
-    spec_dir = tmp_path / "spec"
-    shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
-    mesh = Mesh(tmp_path, state_dir, redis_server, spec_dir)
-    mesh.start()
-    try:
-        yield mesh
-    finally:
-        mesh.stop()
 
 
 def test_traffic_split_policy_and_mtls(mesh: Mesh) -> None:

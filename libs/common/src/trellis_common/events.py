@@ -25,13 +25,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 from redis.exceptions import RedisError
 
+from trellis_common import lifecycle
 from trellis_common.backoff import DEFAULT_BACKOFF, Backoff, RetryCallState, failure, retrying
 from trellis_common.follow import describe
 from trellis_common.health import Health, Loop
@@ -314,7 +314,7 @@ class Outbox:
             while not stop.is_set():
                 if not self._pending:
                     self._wake.clear()
-                    await _first(self._wake.wait(), stop.wait())
+                    await lifecycle.first(self._wake.wait(), stop.wait())
                     continue
                 async for attempt in retrying(
                     stop,
@@ -346,12 +346,3 @@ class Outbox:
                     await self._publisher.publish(topic, kind, key)
                 kept.pop((kind, key), None)
             self._pending.pop(topic, None)
-
-
-async def _first(*waits: Coroutine[Any, Any, object]) -> None:
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from trellis_common.backoff import Backoff, RetryCallState, failure, retrying, start_over
 from trellis_common.health import Loops
@@ -87,6 +88,17 @@ def supervised(
             loop.close()
 
     return run
+
+
+async def first(*waits: Coroutine[Any, Any, object]) -> None:
+    """Wait until the first of ``waits`` is done (typically some event, or ``stop``);
+    the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

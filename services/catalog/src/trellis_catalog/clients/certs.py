@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import Any
 
 import grpc
 
@@ -34,7 +32,7 @@ from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, CertificateRef, UnknownProxy
 from trellis_catalog.domain.views import Identity
-from trellis_common import ids
+from trellis_common import ids, lifecycle
 from trellis_common.events import Follower
 from trellis_common.follow import follow_forever
 from trellis_common.health import Health, Rejections
@@ -138,15 +136,6 @@ class CertificateFollower(Follower):
         return True
 
 
-async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
 class CertificateIssuer:
     """Issues the service certificate of every identity with proxies, and re-asks."""
 
@@ -171,7 +160,7 @@ class CertificateIssuer:
             while not stop.is_set():
                 if not self._follower.synced.is_set():
                     # the trust bundle's fingerprint comes with the follower's resync
-                    await _first(self._follower.synced.wait(), stop.wait())
+                    await lifecycle.first(self._follower.synced.wait(), stop.wait())
                     continue
                 self.catalog.certs_wanted.clear()
                 try:
@@ -180,7 +169,7 @@ class CertificateIssuer:
                     self.locator.failed(exc)
                     raise
                 loop.up()
-                await _first(
+                await lifecycle.first(
                     self.catalog.certs_wanted.wait(),
                     stop.wait(),
                     asyncio.sleep(self._interval),
