@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmanager_pb2_grpc
-from trellis_common.signaling import Subscriber
+from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.signaling import RecordingReceiver, running

@@ -18,7 +18,8 @@ from cryptography import x509
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_common import tokens
-from trellis_common.signaling import Event, Subscriber
+from trellis_common.signaling import Event
+from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.services import ServiceProcess
 

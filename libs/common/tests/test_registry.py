@@ -17,7 +17,8 @@ from trellis_common.registry import (
     discover,
     registry_key,
 )
-from trellis_common.signaling import Publisher, Subscriber
+from trellis_common.signaling import Publisher
+from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.signaling import RecordingReceiver, running
 

@@ -9,13 +9,8 @@ import pytest
 import redis.asyncio
 
 from trellis_common.backoff import Backoff
-from trellis_common.signaling import (
-    Event,
-    Publisher,
-    Subscriber,
-    channel_name,
-    revision_key,
-)
+from trellis_common.signaling import Event, Publisher, channel_name, revision_key
+from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.signaling import RecordingReceiver, running
 
@@ -174,7 +169,7 @@ async def test_malformed_messages_are_logged_and_skipped(
     publisher = Publisher(redis_client, sender="cm-1")
     channel = channel_name(TOPIC)
     async with running(make_subscriber(redis_server.url, receiver)):
-        with caplog.at_level(logging.WARNING, logger="trellis_common.signaling"):
+        with caplog.at_level(logging.WARNING, logger="trellis_common.subscriber"):
             await redis_client.publish(channel, "not json at all")
             await redis_client.publish(channel, b"\xff\x00")
             await redis_client.publish(channel, '{"topic":"certs","kind":"issued"}')
@@ -231,7 +226,7 @@ async def test_failing_callbacks_do_not_kill_the_subscriber(
     receiver.fail_resyncs = 1  # the very first resync fails: it is retried
     subscriber = make_subscriber(redis_server.url, receiver)
     publisher = Publisher(redis_client, sender="cm-1")
-    with caplog.at_level(logging.INFO, logger="trellis_common.signaling"):
+    with caplog.at_level(logging.INFO, logger="trellis_common.subscriber"):
         async with running(subscriber):
             await eventually(lambda: len(receiver.resyncs) == 2)
             receiver.fail_events = 1

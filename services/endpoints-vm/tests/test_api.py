@@ -22,7 +22,8 @@ from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common import admin
 from trellis_common.events import Outbox
 from trellis_common.health import Health
-from trellis_common.signaling import Event, Publisher, Subscriber, redis_without_retries
+from trellis_common.signaling import Event, Publisher
+from trellis_common.subscriber import Subscriber, redis_without_retries
 from trellis_common.testing import RedisServer
 from trellis_common.testing.bell import Bell
 from trellis_common.testing.servicer import served

@@ -19,14 +19,9 @@ from redis.asyncio import Redis
 
 from trellis_common.events import Outbox
 from trellis_common.health import Health, Rejections
-from trellis_common.signaling import (
-    Event,
-    Publisher,
-    Subscriber,
-    redis_without_retries,
-    revision_key,
-)
+from trellis_common.signaling import Event, Publisher, revision_key
 from trellis_common.stored import Rejected
+from trellis_common.subscriber import Subscriber, redis_without_retries
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.bell import Bell
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry

@@ -36,13 +36,8 @@ from trellis_common.backoff import DEFAULT_BACKOFF, Backoff, RetryCallState, fai
 from trellis_common.follow import describe
 from trellis_common.health import Health, Loop
 from trellis_common.locate import OwnerUnavailable
-from trellis_common.signaling import (
-    DEFAULT_PREFIX,
-    Event,
-    Publisher,
-    RedisFactory,
-    Subscriber,
-)
+from trellis_common.signaling import DEFAULT_PREFIX, Event, Publisher
+from trellis_common.subscriber import RedisFactory, Subscriber
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from trellis_common.signaling import Event, Subscriber
+from trellis_common.signaling import Event
+from trellis_common.subscriber import Subscriber
 from trellis_common.testing.waiting import eventually
 
 
