@@ -12,9 +12,10 @@ misses messages. So the design never lets an event be the only copy of anything:
   on one channel are consecutive and in order.
 * The :class:`~trellis_common.subscriber.Subscriber` tracks the last revision per topic.
   Whenever it cannot be sure it saw everything it *resyncs*: it calls
-  ``on_resync(topic)`` and the receiver re-reads its whole state for that topic. It resyncs after every successful (re)subscribe (including
-  the first), on a revision gap, when the counter goes backwards (Redis lost it), and
-  (with backoff) after a callback failed.
+  ``on_resync(topic)`` and the receiver re-reads its whole state for that topic. It
+  resyncs after every successful (re)subscribe (including the first), on a revision gap,
+  when the counter goes backwards (Redis lost it), and (with backoff) after a callback
+  failed.
 
 Subscribing is ordered so that nothing falls between the cracks: SUBSCRIBE (and wait for
 the confirmations), then read the counters, then resync. Anything published after the
