@@ -1,6 +1,7 @@
 """The admin REST app (health, readiness, metrics, token guard) and its uvicorn runner."""
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -390,3 +391,35 @@ async def test_uvicorn_answers_413_to_a_client_still_sending(registry: Collector
     assert declared.status_code == streamed.status_code == 413
     assert declared.json()["limit_bytes"] == streamed.json()["limit_bytes"] == LIMIT
     assert after.status_code == 200
+
+
+async def test_every_refusal_is_logged_and_counted_by_route_template(
+    registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = admin.create_app("test", registry)
+    guard = admin.token_guard(TOKEN)
+
+    @app.get("/v1/things/{name}", dependencies=[Depends(guard)])
+    async def thing(name: str) -> dict[str, str]:
+        return {"name": name}
+
+    with caplog.at_level(logging.INFO, logger="trellis_common.refusals"):
+        async with client_for(app) as client:
+            assert (await client.get("/v1/things/a")).status_code == 401
+            wrong = {"authorization": "Bearer wrong"}
+            assert (await client.get("/v1/things/b", headers=wrong)).status_code == 403
+            right = {"authorization": f"Bearer {TOKEN}"}
+            assert (await client.get("/v1/things/c", headers=right)).status_code == 200
+            assert (await client.get("/no/such/path")).status_code == 404
+
+    def refused(route: str, status: str) -> float | None:
+        labels = {"method": "GET", "route": route, "status": status}
+        return registry.get_sample_value("trellis_http_refusals_total", labels)
+
+    assert refused("/v1/things/{name}", "401") == 1
+    assert refused("/v1/things/{name}", "403") == 1
+    assert refused("/v1/things/{name}", "200") is None  # not a refusal
+    assert refused("unmatched", "404") == 1  # the raw path is never a label
+    logged = [r.getMessage() for r in caplog.records if r.msg.startswith("http.refused")]
+    assert logged[0].startswith("http.refused method=GET route=/v1/things/{name} status=401")
+    assert len(logged) == 3

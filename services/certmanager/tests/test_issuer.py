@@ -137,3 +137,16 @@ def test_bad_requests_name_the_field(
 def test_bad_policy_names_the_setting(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidRequest, match=field):
         IssuancePolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_no_proxy_certificate_is_issued_in_the_control_plane_s_namespace(
+    issuer: Issuer,
+) -> None:
+    # a proxy there could pose as proxy-cp (trellis-system/proxy-cp) and be sent its key
+    with pytest.raises(InvalidRequest, match="control plane's namespace") as refused:
+        issuer.issue_proxy(ProxyCommonName.new("proxy-cp", "trellis-system"), "proxy-cp", NOW)
+    assert refused.value.field == "service.namespace"
+    custom = Issuer(issuer.ca, issuer.algorithm, IssuancePolicy(control_plane_namespace="mesh"))
+    with pytest.raises(InvalidRequest, match="'mesh' is the control plane's namespace"):
+        custom.issue_proxy(ProxyCommonName.new("api", "mesh"), "api", NOW)
+    assert custom.issue_proxy(ProxyCommonName.new("api", "trellis-system"), "api", NOW)

@@ -138,6 +138,7 @@ async def test_the_admin_token_is_required(
         ({"namespace": "Shop"}, "namespace"),
         ({"service": "cart.v1"}, "service"),
         ({"service_account": "Cart"}, "service_account"),
+        ({"namespace": "trellis-system"}, "namespace"),  # the control plane's own
         ({"outbound_port": 15003}, "outbound_port"),
         ({"output_dir": "cart-proxy"}, "output_dir"),
         ({"colour": "blue"}, "colour"),

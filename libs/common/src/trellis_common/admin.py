@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trellis_common.health import Health, Rejections
+from trellis_common.refusals import RefusalRecorder
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ def create_app(
     checks = dict(readiness or {})
     health = health if health is not None else Health()
     app.add_middleware(BodyLimit, limit=max_body_bytes, rejections=health.rejections)
+    app.add_middleware(RefusalRecorder, registry=registry)  # outermost: sees every 4xx
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

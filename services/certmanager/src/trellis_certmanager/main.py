@@ -49,6 +49,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
             renew_fraction=settings.renew_fraction,
             trust_domain=settings.trust_domain,
             cluster_domain=settings.cluster_domain,
+            control_plane_namespace=settings.control_plane_namespace,
         ),
         settings.key_algorithm,
         CertMetrics(runtime.metrics),

@@ -31,6 +31,10 @@ class CertManagerSettings(ServiceSettings):
         "cluster.local", description="SPIFFE trust domain: spiffe://<td>/ns/<ns>/sa/<sa>"
     )
     cluster_domain: str = Field("cluster.local", description="DNS suffix of service names")
+    control_plane_namespace: str = Field(
+        "trellis-system",
+        description="the control plane's namespace: no proxy certificate is issued in it",
+    )
     service_cert_validity: dt.timedelta = Field(
         dt.timedelta(hours=48), description="service certificate lifetime (ISO 8601 or seconds)"
     )

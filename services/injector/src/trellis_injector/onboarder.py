@@ -21,8 +21,10 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from trellis_common.ids import SpiffeId
 from trellis_injector.domain.onboarding import (
     ControlPlane,
+    InvalidOnboarding,
     Onboarding,
     ProxyCertificate,
     ProxyRequest,
@@ -84,9 +86,18 @@ class Onboarder:
         self._catalog = catalog
         self._locator = locator
         self._spiffe_id = proxy_cp_spiffe_id
+        # proxy-cp's namespace is the control plane's: nothing is onboarded into it
+        self.reserved_namespace = SpiffeId.parse(proxy_cp_spiffe_id).namespace
 
     async def onboard(self, request: ProxyRequest) -> Onboarding:
-        """Raises :class:`Unavailable` or :class:`Refused` naming the service at fault."""
+        """Raises :class:`Unavailable` or :class:`Refused` naming the service at fault, and
+        :class:`InvalidOnboarding` for the control plane's own namespace."""
+        if request.namespace == self.reserved_namespace:
+            raise InvalidOnboarding(
+                "namespace",
+                f"{request.namespace!r} is the control plane's namespace: its identities "
+                "cannot be onboarded",
+            )
         control_plane = ControlPlane(await self._locator.xds_endpoint(), self._spiffe_id)
         certificate = await self._certificates.issue_proxy_certificate(
             request.namespace, request.service, request.service_account

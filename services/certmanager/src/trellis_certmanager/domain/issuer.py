@@ -45,6 +45,9 @@ class IssuancePolicy:
     renew_fraction: float = 0.75  # renew once this share of the lifetime has passed
     trust_domain: str = "cluster.local"
     cluster_domain: str = "cluster.local"
+    # The control plane's own identities live here: no proxy may be onboarded into it
+    # (a proxy there could pose as proxy-cp and be sent proxy-cp's own key over SDS).
+    control_plane_namespace: str = "trellis-system"
 
     def __post_init__(self) -> None:
         if not 0 <= self.jitter < 0.5:
@@ -132,6 +135,12 @@ class Issuer:
         now: dt.datetime,
         validity: dt.timedelta | None = None,
     ) -> CertificateRecord:
+        if common_name.namespace == self.policy.control_plane_namespace:
+            raise InvalidRequest(
+                "service.namespace",
+                f"{common_name.namespace!r} is the control plane's namespace: no proxy "
+                "certificate is issued in it",
+            )
         lifetime = _checked_validity(validity, self.policy.proxy_validity)
         return self._sign(
             cn=common_name.format(),
