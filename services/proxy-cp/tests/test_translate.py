@@ -277,6 +277,17 @@ def test_endpoints_by_locality_with_weights() -> None:
     ] == ["10.0.0.1", "10.0.0.2"]
 
 
+def inbound_route_rbac(resources: Resources) -> dict[str, Any]:
+    """The RBAC rules the inbound route carries (its ``RBACPerRoute``)."""
+    routes = {r["name"]: r for r in map(as_dict, resources.routes)}
+    (host,) = routes[names.INBOUND_ROUTES]["virtual_hosts"]
+    (route,) = host["routes"]
+    per_route: dict[str, Any] = route["typed_per_filter_config"]["envoy.filters.http.rbac"]
+    assert per_route["@type"].endswith("rbac.v3.RBACPerRoute")
+    rules: dict[str, Any] = per_route["rbac"]["rules"]
+    return rules
+
+
 def test_inbound_mtls_and_rbac_from_traffic_targets() -> None:
     resources = translate(store_view(), ProxySettings(inbound_port=15103, app_port=8081), MATERIAL)
     listeners = {item["name"]: item for item in map(as_dict, resources.listeners)}
@@ -286,8 +297,11 @@ def test_inbound_mtls_and_rbac_from_traffic_targets() -> None:
     assert chain["transport_socket"]["typed_config"]["require_client_certificate"] is True
     manager = chain["filters"][0]["typed_config"]
     assert manager["forward_client_cert_details"] == "SANITIZE_SET"
-    rbac = manager["http_filters"][0]["typed_config"]["rules"]
-    (policy,) = rbac["policies"].values()
+    assert manager["rds"]["route_config_name"] == names.INBOUND_ROUTES
+    # the listener's own RBAC filter denies everything: the rules are on the route
+    assert manager["http_filters"][0]["name"] == "envoy.filters.http.rbac"
+    assert manager["http_filters"][0]["typed_config"]["rules"] == {}
+    (policy,) = inbound_route_rbac(resources)["policies"].values()
     assert policy["principals"] == [{"authenticated": {"principal_name": {"exact": BUYER_SPIFFE}}}]
     first, second = policy["permissions"]
     assert (
@@ -300,13 +314,44 @@ def test_inbound_mtls_and_rbac_from_traffic_targets() -> None:
     ] == {"address": "127.0.0.1", "port_value": 8081}
 
 
-def test_no_rule_means_an_rbac_filter_with_no_policy_and_permissive_allows_any() -> None:
+def test_no_rule_means_a_route_rbac_with_no_policy_and_permissive_allows_any() -> None:
     denied = translate(store_view(rules=False), ProxySettings(), MATERIAL)
-    manager = as_dict(denied.listeners[1])["filter_chains"][0]["filters"][0]["typed_config"]
-    assert manager["http_filters"][0]["typed_config"]["rules"] == {}  # ALLOW with no policy
+    # ALLOW with no policy, and present: an RBACPerRoute without rules would allow anything
+    assert inbound_route_rbac(denied) == {}
     allowed = translate(store_view(rules=False, permissive=True), ProxySettings(), MATERIAL)
-    manager = as_dict(allowed.listeners[1])["filter_chains"][0]["filters"][0]["typed_config"]
-    assert "permissive" in manager["http_filters"][0]["typed_config"]["rules"]["policies"]
+    assert "permissive" in inbound_route_rbac(allowed)["policies"]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        store_view(rules=False),  # TrafficTarget removed
+        store_view(rules=False, permissive=True),  # permissive mode on (and off again)
+        store_view(permissive=True),
+    ],
+    ids=["revoked", "permissive", "permissive-and-rules"],
+)
+def test_a_policy_change_keeps_the_http_listener_byte_identical(changed: pb.View) -> None:
+    """Only the route configuration moves, so Envoy neither replaces nor drains the listener."""
+    before = translate(store_view(), ProxySettings(), MATERIAL)
+    after = translate(changed, ProxySettings(), MATERIAL)
+    assert [m.SerializeToString(deterministic=True) for m in before.listeners] == [
+        m.SerializeToString(deterministic=True) for m in after.listeners
+    ]
+    assert inbound_route_rbac(before) != inbound_route_rbac(after)
+
+
+def test_a_tcp_policy_change_replaces_only_the_filter_chain() -> None:
+    """TCP RBAC is judged per connection, so its rules stay in the chain (Envoy updates the
+    chain in place and drains the old one's connections)."""
+    before = as_dict(translate(store_view(protocol="tcp"), ProxySettings(), MATERIAL).listeners[1])
+    revoked = translate(store_view(protocol="tcp", rules=False), ProxySettings(), MATERIAL)
+    after = as_dict(revoked.listeners[1])
+    assert after["filter_chains"] != before["filter_chains"]
+    assert {k: v for k, v in after.items() if k != "filter_chains"} == {
+        k: v for k, v in before.items() if k != "filter_chains"
+    }
+    assert after["filter_chains"][0]["filters"][0]["typed_config"]["rules"] == {}
 
 
 def test_tcp_inbound_uses_network_rbac_and_tcp_proxy() -> None:
@@ -332,8 +377,9 @@ def test_secrets_only_when_material_is_there() -> None:
         store_view(),
         store_view(protocol="tcp"),
         store_view(rules=False, permissive=True),
+        store_view(rules=False),
     ],
-    ids=["outbound", "inbound-http", "inbound-tcp", "permissive"],
+    ids=["outbound", "inbound-http", "inbound-tcp", "permissive", "deny-all"],
 )
 def test_envoy_accepts_the_translation(view: pb.View, real_material: SecretMaterial) -> None:
     resources = translate(view, ProxySettings(app_port=8081), real_material)

@@ -2,28 +2,24 @@
 listener peers reach it through.
 
 Inbound terminates mTLS (a client certificate from the mesh CA is required) and enforces
-the TrafficTargets with Envoy RBAC: each rule allows its sources' SPIFFE ids (the
-authenticated principal) on its routes (path regex and methods) or, for TCP, on the port.
-With no rule and permissive mode off, the RBAC filter has no policy and denies everything:
-deny by default. The application sees the caller's identity in ``x-forwarded-client-cert``.
+the TrafficTargets with Envoy RBAC (``authz``). An HTTP inbound listener holds no policy:
+its RBAC filter denies everything unless the route (over RDS) says otherwise, so a policy
+change never replaces it. A TCP inbound listener holds its rules in the filter chain.
+The application sees the caller's identity in ``x-forwarded-client-cert``.
 """
 
 from __future__ import annotations
 
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
-from envoy.config.rbac.v3 import rbac_pb2
-from envoy.config.route.v3 import route_components_pb2 as rc
-from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm,
 )
 from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
-from envoy.type.matcher.v3 import path_pb2, regex_pb2, string_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import egress, names
+from trellis_proxy_cp.translate import authz, egress, names
 from trellis_proxy_cp.translate.common import ads, downstream_mtls, pack, socket_address
 from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 
@@ -60,75 +56,6 @@ def outbound(view: catalog_pb2.View, address: str, port: int) -> listener_pb2.Li
     )
 
 
-def _principals(rule: catalog_pb2.InboundRule) -> list[rbac_pb2.Principal]:
-    return [
-        rbac_pb2.Principal(
-            authenticated=rbac_pb2.Principal.Authenticated(
-                principal_name=string_pb2.StringMatcher(exact=spiffe)
-            )
-        )
-        for spiffe in rule.source_spiffe_ids
-    ]
-
-
-def _permission(match: catalog_pb2.HttpMatch) -> rbac_pb2.Permission:
-    rules = []
-    if match.path_regex not in ("", ".*"):
-        rules.append(
-            rbac_pb2.Permission(
-                url_path=path_pb2.PathMatcher(
-                    path=string_pb2.StringMatcher(
-                        safe_regex=regex_pb2.RegexMatcher(regex=match.path_regex)
-                    )
-                )
-            )
-        )
-    methods = [m for m in match.methods if m != "*"]
-    if methods:
-        rules.append(
-            rbac_pb2.Permission(
-                header=rc.HeaderMatcher(
-                    name=":method",
-                    string_match=string_pb2.StringMatcher(
-                        safe_regex=regex_pb2.RegexMatcher(regex="|".join(sorted(methods)))
-                    ),
-                )
-            )
-        )
-    for name, pattern in sorted(match.headers.items()):
-        rules.append(
-            rbac_pb2.Permission(
-                header=rc.HeaderMatcher(
-                    name=name.lower(),
-                    string_match=string_pb2.StringMatcher(
-                        safe_regex=regex_pb2.RegexMatcher(regex=pattern)
-                    ),
-                )
-            )
-        )
-    if not rules:
-        return rbac_pb2.Permission(any=True)
-    return rbac_pb2.Permission(and_rules=rbac_pb2.Permission.Set(rules=rules))
-
-
-def rbac_rules(port: catalog_pb2.InboundPort, http: bool) -> rbac_pb2.RBAC:
-    policies: dict[str, rbac_pb2.Policy] = {}
-    if port.allow_any:
-        policies["permissive"] = rbac_pb2.Policy(
-            permissions=[rbac_pb2.Permission(any=True)],
-            principals=[rbac_pb2.Principal(any=True)],
-        )
-    for index, rule in enumerate(port.rules):
-        if http:
-            permissions = [_permission(m) for m in rule.http] or [rbac_pb2.Permission(any=True)]
-        else:
-            permissions = [rbac_pb2.Permission(any=True)]
-        policies[f"{rule.policy}#{index}"] = rbac_pb2.Policy(
-            permissions=permissions, principals=_principals(rule)
-        )
-    return rbac_pb2.RBAC(action=rbac_pb2.RBAC.ALLOW, policies=policies)
-
-
 def inbound(
     view: catalog_pb2.View, ports: list[catalog_pb2.InboundPort], address: str, port: int
 ) -> listener_pb2.Listener | None:
@@ -136,11 +63,8 @@ def inbound(
         return None
     served = ports[0]
     if served.protocol in HTTP_PROTOCOLS:
-        rbac = hcm.HttpFilter(
-            name="envoy.filters.http.rbac",
-            typed_config=pack(http_rbac_pb2.RBAC(rules=rbac_rules(served, http=True))),
-        )
-        manager = _manager("inbound", names.INBOUND_ROUTES, [rbac])
+        # the rules are in the route configuration (authz.per_route): no policy in here
+        manager = _manager("inbound", names.INBOUND_ROUTES, [authz.http_filter()])
         manager.forward_client_cert_details = hcm.HttpConnectionManager.SANITIZE_SET
         manager.set_current_client_cert_details.uri = True
         filters = [
@@ -154,7 +78,7 @@ def inbound(
                 name="envoy.filters.network.rbac",
                 typed_config=pack(
                     network_rbac_pb2.RBAC(
-                        rules=rbac_rules(served, http=False), stat_prefix="inbound_tcp"
+                        rules=authz.rules(served, http=False), stat_prefix="inbound_tcp"
                     )
                 ),
             ),

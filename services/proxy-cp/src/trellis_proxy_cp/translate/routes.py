@@ -1,4 +1,5 @@
-"""RDS: the outbound routes (one virtual host per destination) and the inbound route.
+"""RDS: the outbound routes (one virtual host per destination) and the inbound route,
+which carries the inbound RBAC rules.
 
 Outbound, each HTTP destination is a virtual host whose domains are every name a client
 may use (with and without the port), and whose routes carry the catalog's matches (path
@@ -15,7 +16,7 @@ from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import egress, names
+from trellis_proxy_cp.translate import authz, egress, names
 
 HTTP_PROTOCOLS = ("http", "http2", "grpc")
 
@@ -118,7 +119,12 @@ def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
 def inbound(
     view: catalog_pb2.View, ports: list[catalog_pb2.InboundPort]
 ) -> route_pb2.RouteConfiguration:
-    """Everything that passed RBAC goes to the local application."""
+    """One route to the local application, carrying the port's RBAC rules.
+
+    The rules are the route's ``typed_per_filter_config`` (``authz.per_route``), so a
+    policy change is an RDS update that the next request already sees; the listener's own
+    RBAC filter denies everything and never changes.
+    """
     return route_pb2.RouteConfiguration(
         name=names.INBOUND_ROUTES,
         virtual_hosts=[
@@ -127,8 +133,10 @@ def inbound(
                 domains=["*"],
                 routes=[
                     rc.Route(
+                        name=f"inbound|{port.port}",
                         match=rc.RouteMatch(prefix="/"),
                         route=rc.RouteAction(cluster=names.inbound_cluster(port.port)),
+                        typed_per_filter_config=authz.per_route(port),
                     )
                 ],
             )
