@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trellis_cli.vm import envoy_command
+from trellis_common.bootstrap import SIDECAR_DRAIN_SECONDS
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
 
 try:
@@ -69,3 +71,13 @@ def test_a_missing_envoy_is_2_and_names_make_bootstrap(tmp_path: Path) -> None:
     assert "run `make bootstrap`" in done.stderr
     assert str(tmp_path / "no") in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_mesh_sidecars_drain_old_tcp_connections_within_seconds(tmp_path: Path) -> None:
+    """A TCP policy change closes connections opened under the old rules when Envoy's
+    drain ends: the sidecars `trellis vm bootstrap` and the demo start drain in seconds,
+    not Envoy's default 600."""
+    command = envoy_command(tmp_path / "envoy.yaml")
+    drain = command.index("--drain-time-s")
+    assert int(command[drain + 1]) == SIDECAR_DRAIN_SECONDS <= 10
+    assert command[1:3] == ["-c", str(tmp_path / "envoy.yaml")]

@@ -21,6 +21,7 @@ import yaml
 
 from trellis_cli.client import Mesh
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
+from trellis_common.bootstrap import sidecar_args
 from trellis_common.envoybin import find_envoy
 
 HOST = "bookstore.bookstore:14001"
@@ -141,7 +142,7 @@ def prepare(mesh: Mesh, state_dir: Path) -> list[ProcessSpec]:
                     envoy,
                     "-c",
                     str(config),
-                    "--disable-hot-restart",
+                    *sidecar_args(),
                     "--base-id",
                     str(40 + index),
                     "--log-level",

@@ -14,6 +14,7 @@ import yaml
 
 from trellis_cli import output
 from trellis_cli.client import CliError, Mesh
+from trellis_common.bootstrap import sidecar_args
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
 
 SERVICE = "endpoints-vm"
@@ -183,7 +184,7 @@ def envoy_command(config: Path) -> list[str]:
         envoy = find_envoy()
     except EnvoyNotFound:
         envoy = "envoy"
-    return [envoy, "-c", str(config), "--disable-hot-restart"]
+    return [envoy, "-c", str(config), *sidecar_args()]
 
 
 @vm.command(
