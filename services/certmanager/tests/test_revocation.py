@@ -52,7 +52,8 @@ async def test_revoke_remembers_the_serial_deletes_the_record_and_signals(
     assert bell.rung[-1] == ("revoked", proxy.common_name)
     assert counted(manager, "revoked") == 1
     again = await manager.issue_proxy(BOOKSTORE, proxy.proxy_id)  # onboarding it again
-    assert again.serial != proxy.serial and again.serial not in manager.revocations
+    assert again.serial != proxy.serial
+    assert again.serial not in manager.revocations
 
 
 async def test_only_proxy_certificates_on_record_are_revoked(
