@@ -23,6 +23,7 @@ from trellis_common.grpcserver import GrpcServer
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
+from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.credentials import ServingCertificate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.ads import AdsServicer
@@ -184,8 +185,8 @@ async def test_the_client_certificates_common_name_reaches_the_authorizer(
     sources = t.FakeSources()
     cache = SnapshotCache()
 
-    async def expected(common_name: str) -> str | None:
-        return "bookstore" if common_name == PROXY else None
+    async def expected(common_name: str, serial: str = "") -> Expectation | None:
+        return Expectation("bookstore") if common_name == PROXY else None
 
     servicer = AdsServicer(cache, MeshAuthorizer(sources.control_plane(cache), expected))
     server = grpc.aio.server()

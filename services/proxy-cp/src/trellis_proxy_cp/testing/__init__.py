@@ -36,6 +36,7 @@ from trellis_proxy_cp.testing.control import (
     broken_view,
     connect,
     material,
+    peer_certificate_pem,
     proxy_common_name,
     reject,
     view,
