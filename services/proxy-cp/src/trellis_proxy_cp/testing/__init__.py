@@ -76,6 +76,7 @@ __all__ = [
     "load_assignment",
     "locator",
     "material",
+    "peer_certificate_pem",
     "mesh",
     "names_of",
     "node",
