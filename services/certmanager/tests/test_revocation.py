@@ -34,7 +34,7 @@ TOKEN = "s3cret-token"
 
 
 def counted(manager: CertificateManager, reason: str) -> float:
-    return manager._metrics.revocations.labels(reason)._value.get()  # type: ignore[attr-defined]
+    return float(manager._metrics.revocations.labels(reason)._value.get())
 
 
 async def test_revoke_remembers_the_serial_deletes_the_record_and_signals(

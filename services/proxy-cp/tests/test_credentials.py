@@ -231,6 +231,7 @@ async def test_a_revoked_serial_ends_its_open_stream_within_a_second_and_is_refu
     credentials = tls.channel_credentials(mesh_ca.pem, issued.cert_pem, issued.key_pem)
 
     async def expected(common_name: str, presented: str = "") -> Expectation | None:
+        assert presented == serial  # what the handshake presented
         return Expectation("bookstore", serial) if common_name == PROXY else None
 
     revoked = RevokedSerials()
