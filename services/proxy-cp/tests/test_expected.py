@@ -32,13 +32,13 @@ class Listings:
     """The catalog's listing as :class:`ExpectedProxies` asks for it, on a fake clock: every
     call is recorded with the time it was made; ``failure`` makes the calls fail."""
 
-    def __init__(self, clock: t.FakeClock, expected: Mapping[str, str]) -> None:
+    def __init__(self, clock: t.FakeClock, expected: Mapping[str, Expectation | str]) -> None:
         self.clock = clock
         self.expected = dict(expected)
         self.at: list[float] = []
         self.failure: Exception | None = None
 
-    async def __call__(self) -> Mapping[str, str]:
+    async def __call__(self) -> Mapping[str, Expectation | str]:
         self.at.append(self.clock())
         await asyncio.sleep(0)
         if self.failure is not None:
@@ -190,7 +190,7 @@ async def test_a_question_given_up_does_not_cancel_the_listing_of_the_others(
     called, gate = asyncio.Event(), asyncio.Event()
     inner = listings.__call__
 
-    async def held() -> Mapping[str, str]:
+    async def held() -> Mapping[str, Expectation | str]:
         called.set()
         await gate.wait()
         return await inner()
