@@ -61,6 +61,7 @@ from trellis_common import grpcserver, logs
 from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
+from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
@@ -118,7 +119,7 @@ class _BenchAuthorizer:
         self,
         control_plane: ProxyControlPlane,
         groups: int,
-        expected: Callable[[str], Awaitable[str | None]],
+        expected: Callable[[str], Awaitable[Expectation | None]],
     ) -> None:
         self._control_plane = control_plane
         self._groups = groups
@@ -196,7 +197,7 @@ class Trellis:
             self.cache, _BenchAuthorizer(self.control_plane, groups, self._expected), self.hooks
         )
 
-    async def _expected(self, common_name: str) -> str | None:
+    async def _expected(self, common_name: str) -> Expectation | None:
         assert self._client is not None
         return await self._client.expected(common_name)
 

@@ -103,7 +103,7 @@ class FakeCertmanager(cpb_grpc.CertificateManagerServicer):
     async def _unused(self, request: object, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not used by the catalog's follower")
 
-    IssueCertificate = GetCertificate = RotateCertificate = _unused
+    IssueCertificate = GetCertificate = RotateCertificate = ListRevokedCertificates = _unused
 
 
 @contextlib.asynccontextmanager

@@ -18,6 +18,8 @@ from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
+from trellis_proxy_cp.clients.expected import Expectation
+from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate.settings import ProxySettings
 from trellis_proxy_cp.transport.streams import StreamRefused
@@ -26,20 +28,27 @@ PROXY = t.proxy_common_name("bookstore", "bookstore", 1)
 STRANGER = t.proxy_common_name("bookstore", "bookstore", 9)
 
 
+CURRENT, OLD = 0xC0FFEE, 0xDEAD
+
+
 class FakeContext:
     """What the authorizer reads of a ``grpc.aio.ServicerContext``."""
 
-    def __init__(self, common_name: str | None) -> None:
+    def __init__(self, common_name: str | None, serial: int | None) -> None:
         self._auth: dict[str, list[bytes]] = {}
         if common_name is not None:
             self._auth["x509_common_name"] = [common_name.encode()]
+            if serial is not None:
+                self._auth["x509_pem_cert"] = [t.peer_certificate_pem(common_name, serial)]
 
     def auth_context(self) -> dict[str, list[bytes]]:
         return self._auth
 
 
-def context(common_name: str | None) -> grpc.aio.ServicerContext[Any, Any]:
-    return cast("grpc.aio.ServicerContext[Any, Any]", FakeContext(common_name))
+def context(
+    common_name: str | None, serial: int | None = CURRENT
+) -> grpc.aio.ServicerContext[Any, Any]:
+    return cast("grpc.aio.ServicerContext[Any, Any]", FakeContext(common_name, serial))
 
 
 def node(node_id: str = PROXY, trellis: dict[str, Any] | None = None) -> base_pb2.Node:
@@ -50,15 +59,17 @@ def node(node_id: str = PROXY, trellis: dict[str, Any] | None = None) -> base_pb
 
 
 class Expectations:
-    """The catalog's expected proxies (common name -> service account), recording questions."""
+    """The catalog's expected proxies (common name -> service account, with the current
+    serial :data:`CURRENT`), recording questions."""
 
     def __init__(self, expected: dict[str, str]) -> None:
         self.expected = expected
         self.asked: list[str] = []
 
-    async def __call__(self, common_name: str) -> str | None:
+    async def __call__(self, common_name: str, serial: str = "") -> Expectation | None:
         self.asked.append(common_name)
-        return self.expected.get(common_name)
+        account = self.expected.get(common_name)
+        return None if account is None else Expectation(account, f"{CURRENT:x}")
 
 
 @pytest.fixture
@@ -77,8 +88,15 @@ def expectations() -> Expectations:
 
 
 @pytest.fixture
-def authorizer(control_plane: ProxyControlPlane, expectations: Expectations) -> MeshAuthorizer:
-    return MeshAuthorizer(control_plane, expectations)
+def revoked() -> RevokedSerials:
+    return RevokedSerials()
+
+
+@pytest.fixture
+def authorizer(
+    control_plane: ProxyControlPlane, expectations: Expectations, revoked: RevokedSerials
+) -> MeshAuthorizer:
+    return MeshAuthorizer(control_plane, expectations, revoked)
 
 
 async def refusal(
@@ -220,6 +238,54 @@ async def test_when_the_catalog_cannot_tell_the_stream_is_unavailable_not_denied
     assert f"cannot tell whether proxy {PROXY} is expected" in refused.message
     assert "UNAVAILABLE: catalog is restarting" in refused.message
     assert control_plane.groups == {}
+
+
+async def test_a_revoked_serial_is_denied_before_the_catalog_is_asked(
+    authorizer: MeshAuthorizer,
+    revoked: RevokedSerials,
+    expectations: Expectations,
+    control_plane: ProxyControlPlane,
+) -> None:
+    revoked.add(PROXY, [f"{CURRENT:x}"])
+
+    refused = await refusal(authorizer, PROXY, node())
+
+    assert refused.code == grpc.StatusCode.PERMISSION_DENIED
+    assert refused.reason == "revoked"
+    assert f"serial {CURRENT:x}) is revoked" in refused.message
+    assert expectations.asked == []
+    assert control_plane.groups == {}
+
+
+async def test_a_serial_other_than_the_current_one_is_denied_as_stale(
+    authorizer: MeshAuthorizer, control_plane: ProxyControlPlane
+) -> None:
+    with pytest.raises(StreamRefused) as caught:
+        await authorizer.authorize(context(PROXY, OLD), node())
+
+    assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert caught.value.reason == "stale_serial"
+    assert f"serial {OLD:x}) is not its current one (serial {CURRENT:x})" in caught.value.message
+    assert control_plane.groups == {}
+
+
+async def test_a_certificate_whose_serial_cannot_be_read_is_unauthenticated(
+    authorizer: MeshAuthorizer, expectations: Expectations
+) -> None:
+    with pytest.raises(StreamRefused) as caught:
+        await authorizer.authorize(context(PROXY, None), node())
+
+    assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert caught.value.reason == "no_serial"
+    assert expectations.asked == []
+
+
+async def test_the_stream_carries_the_serial_it_was_opened_with(
+    authorizer: MeshAuthorizer,
+) -> None:
+    stream = await authorizer.authorize(context(PROXY), node())
+
+    assert stream.serial == f"{CURRENT:x}"
 
 
 async def ignore_view(identity: str, view: object) -> None:

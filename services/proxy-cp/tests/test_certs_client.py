@@ -53,15 +53,19 @@ class Recorded:
 
     def __init__(self) -> None:
         self.materials: list[tuple[str, str]] = []
-        self.learned: list[tuple[str, str]] = []
+        self.learned: list[tuple[str, str, str]] = []
         self.learned_one = asyncio.Event()
+        self.revoked: list[tuple[str, set[str]]] = []
 
     async def material(self, identity: str, material: SecretMaterial) -> None:
         self.materials.append((identity, material.serial))
 
-    def proxy_issued(self, common_name: str, account: str) -> None:
-        self.learned.append((common_name, account))
+    def proxy_issued(self, common_name: str, account: str, serial: str) -> None:
+        self.learned.append((common_name, account, serial))
         self.learned_one.set()
+
+    def proxy_revoked(self, common_name: str, serials: set[str]) -> None:
+        self.revoked.append((common_name, serials))
 
 
 @asynccontextmanager
@@ -107,6 +111,7 @@ async def client(
         t.locator(certmanager[1], "certmanager"),
         recorded.material,
         on_proxy_issued=recorded.proxy_issued,
+        on_revoked=recorded.proxy_revoked,
     )
     try:
         yield made
@@ -125,10 +130,45 @@ async def test_an_issued_proxy_certificate_makes_its_proxy_expected(
     proxy = await manager.issue_proxy(BOOKSTORE, service_account="bookstore-v1")
 
     await client.follower.changed(signal("issued", proxy.common_name))
-    await client.follower.changed(signal("rotated", proxy.common_name))  # not a new proxy
+    rotated = await manager.rotate(proxy.common_name)
+    await client.follower.changed(signal("rotated", proxy.common_name))  # its new serial
 
-    assert recorded.learned == [(proxy.common_name, "bookstore-v1")]
+    assert recorded.learned == [
+        (proxy.common_name, "bookstore-v1", f"{proxy.serial:x}"),
+        (proxy.common_name, "bookstore-v1", f"{rotated.serial:x}"),
+    ]
     assert recorded.materials == []
+
+
+async def test_a_revoked_signal_adds_the_serials_and_ends_their_streams(
+    certmanager: tuple[CertificateManager, str], client: CertClient, recorded: Recorded
+) -> None:
+    manager, _ = certmanager
+    proxy = await manager.issue_proxy(BOOKSTORE)
+    other = await manager.issue_proxy(BOOKSTORE)
+    await manager.revoke(other.common_name)  # another proxy's: not handed on for this one
+    await manager.rotate(proxy.common_name)  # revokes the old serial
+
+    await client.follower.changed(signal("revoked", proxy.common_name))
+
+    assert f"{proxy.serial:x}" in client.revoked
+    assert f"{other.serial:x}" not in client.revoked
+    assert recorded.revoked == [(proxy.common_name, {f"{proxy.serial:x}"})]
+    await client.follower.resync("certificates")  # the whole set, and every name in it
+    assert f"{other.serial:x}" in client.revoked
+    assert sorted(name for name, _ in recorded.revoked[1:]) == sorted(
+        [proxy.common_name, other.common_name]
+    )
+
+
+async def test_a_revoked_signal_naming_a_service_certificate_is_rejected(
+    client: CertClient, recorded: Recorded
+) -> None:
+    await client.follower.changed(signal("revoked", SERVICE_CN))
+
+    assert recorded.revoked == []
+    [rejection] = client.health.rejections.items()
+    assert (rejection.key, rejection.reason) == (SERVICE_CN, "only proxy certificates are revoked")
 
 
 async def test_a_proxy_certificate_gone_before_it_was_fetched_is_skipped(

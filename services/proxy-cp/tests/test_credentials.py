@@ -21,8 +21,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trellis_common import tls
 from trellis_common.grpcserver import GrpcServer
 from trellis_proxy_cp import testing as t
-from trellis_proxy_cp.authorizer import MeshAuthorizer
+from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
 from trellis_proxy_cp.cache.store import SnapshotCache
+from trellis_proxy_cp.clients.expected import Expectation
+from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.credentials import ServingCertificate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.ads import AdsServicer
@@ -184,8 +186,8 @@ async def test_the_client_certificates_common_name_reaches_the_authorizer(
     sources = t.FakeSources()
     cache = SnapshotCache()
 
-    async def expected(common_name: str) -> str | None:
-        return "bookstore" if common_name == PROXY else None
+    async def expected(common_name: str, serial: str = "") -> Expectation | None:
+        return Expectation("bookstore") if common_name == PROXY else None
 
     servicer = AdsServicer(cache, MeshAuthorizer(sources.control_plane(cache), expected))
     server = grpc.aio.server()
@@ -215,3 +217,58 @@ async def test_the_client_certificates_common_name_reaches_the_authorizer(
         for _ in range(3):  # let grpc's per-RPC tasks see their handlers end
             await asyncio.sleep(0)
     assert sources.view_fetches == [("bookstore/bookstore", "bookstore")]
+
+
+async def test_a_revoked_serial_ends_its_open_stream_within_a_second_and_is_refused_after(
+    mesh_ca: CA,
+) -> None:
+    """The serial comes from the certificate presented in the real TLS handshake."""
+    sources = t.FakeSources()
+    cache = SnapshotCache()
+    hooks = t.RecordingHooks()
+    issued = mesh_ca.issue(PROXY)
+    serial = f"{x509.load_pem_x509_certificate(issued.cert_pem).serial_number:x}"
+    credentials = tls.channel_credentials(mesh_ca.pem, issued.cert_pem, issued.key_pem)
+
+    async def expected(common_name: str, presented: str = "") -> Expectation | None:
+        assert presented == serial  # what the handshake presented
+        return Expectation("bookstore", serial) if common_name == PROXY else None
+
+    revoked = RevokedSerials()
+    authorizer = MeshAuthorizer(sources.control_plane(cache), expected, revoked)
+    servicer = AdsServicer(cache, authorizer, hooks)
+    server = grpc.aio.server()
+    servicer.register(server)
+    port = server.add_secure_port(
+        "127.0.0.1:0", ServingCertificate(mesh_ca.serving("s1")).credentials()
+    )
+    await server.start()
+    try:
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
+            stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+            call = stub.StreamAggregatedResources()
+            await call.write(discovery_pb2.DiscoveryRequest(node=t.node(PROXY), type_url=CLUSTER))
+            await asyncio.wait_for(call.read(), t.TIMEOUT)
+            [stream] = servicer.registry.of_proxy(PROXY)
+            assert stream.serial == serial
+
+            revoked.add(PROXY, [serial])
+            assert end_revoked(servicer.runner, PROXY, {serial}) == 1
+            code = await asyncio.wait_for(call.code(), 1.0)
+            assert code == grpc.StatusCode.PERMISSION_DENIED
+            assert "was revoked" in (await call.details() or "")
+
+            again = stub.StreamAggregatedResources()
+            await again.write(discovery_pb2.DiscoveryRequest(node=t.node(PROXY), type_url=CLUSTER))
+            assert await asyncio.wait_for(again.code(), t.TIMEOUT) == (
+                grpc.StatusCode.PERMISSION_DENIED
+            )
+            assert f"(serial {serial}) is revoked" in (await again.details() or "")
+    finally:
+        await server.stop(None)
+        for _ in range(3):  # let grpc's per-RPC tasks see their handlers end
+            await asyncio.sleep(0)
+    assert [c[1:] for c in hooks.calls if c[0] == "refused"] == [
+        (PROXY, "sotw", "PERMISSION_DENIED", "revoked"),
+        (PROXY, "sotw", "PERMISSION_DENIED", "revoked"),
+    ]

@@ -16,6 +16,7 @@ from trellis_common.testing.waiting import eventually
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.clients.expected import (
+    Expectation,
     ExpectationTiming,
     ExpectationUnknown,
     ExpectedProxies,
@@ -31,13 +32,13 @@ class Listings:
     """The catalog's listing as :class:`ExpectedProxies` asks for it, on a fake clock: every
     call is recorded with the time it was made; ``failure`` makes the calls fail."""
 
-    def __init__(self, clock: t.FakeClock, expected: Mapping[str, str]) -> None:
+    def __init__(self, clock: t.FakeClock, expected: Mapping[str, Expectation | str]) -> None:
         self.clock = clock
         self.expected = dict(expected)
         self.at: list[float] = []
         self.failure: Exception | None = None
 
-    async def __call__(self) -> Mapping[str, str]:
+    async def __call__(self) -> Mapping[str, Expectation | str]:
         self.at.append(self.clock())
         await asyncio.sleep(0)
         if self.failure is not None:
@@ -65,19 +66,19 @@ async def test_concurrent_questions_share_one_listing(
 ) -> None:
     answers = await asyncio.gather(*(proxies.account(PROXY) for _ in range(500)))
 
-    assert set(answers) == {"bookstore-sa"}
+    assert set(answers) == {Expectation("bookstore-sa")}
     assert len(listings.at) == 1
-    assert await proxies.account(PROXY) == "bookstore-sa"  # a hit asks nobody
+    assert await proxies.account(PROXY) == Expectation("bookstore-sa")  # a hit asks nobody
     assert len(listings.at) == 1
 
 
 async def test_a_proxy_onboarded_after_the_listing_is_found(
     proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
 ) -> None:
-    assert await proxies.account(PROXY) == "bookstore-sa"
+    assert await proxies.account(PROXY) == Expectation("bookstore-sa")
     listings.expected[LATER] = "bookstore-sa"
 
-    assert await proxies.account(LATER) == "bookstore-sa"
+    assert await proxies.account(LATER) == Expectation("bookstore-sa")
     # The second listing waited for the rate limit, then started after the question.
     assert listings.at == [1000.0, 1000.25]
     assert clock.slept == [0.25]
@@ -86,15 +87,15 @@ async def test_a_proxy_onboarded_after_the_listing_is_found(
 async def test_a_proxy_certmanager_just_issued_is_known_without_a_listing(
     proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
 ) -> None:
-    assert await proxies.account(PROXY) == "bookstore-sa"
+    assert await proxies.account(PROXY) == Expectation("bookstore-sa")
     assert await proxies.account(LATER) is None  # refused: not yet onboarded
     listings.expected[LATER] = "later-sa"
     proxies.learned(LATER, "later-sa")  # certmanager's ISSUED event, as proxy-cp follows it
 
-    assert await proxies.account(LATER) == "later-sa"  # no refusal memory, no listing
+    assert await proxies.account(LATER) == Expectation("later-sa")  # no refusal memory, no listing
     assert len(listings.at) == 2
     clock.advance(TIMING.max_age + 1)  # an event is trusted as long as a listing would be
-    assert await proxies.account(LATER) == "later-sa"
+    assert await proxies.account(LATER) == Expectation("later-sa")
     assert len(listings.at) == 3
 
 
@@ -109,7 +110,7 @@ async def test_no_is_only_said_by_a_listing_started_after_the_question(
     second = asyncio.ensure_future(proxies.account(LATER))
 
     assert await first is None
-    assert await second == "later-sa"
+    assert await second == Expectation("later-sa")
     assert len(listings.at) == 2
 
 
@@ -143,10 +144,12 @@ async def test_unknown_proxies_cannot_list_faster_than_the_rate_limit(
 async def test_a_proxy_no_longer_expected_is_refused_once_the_listing_is_old(
     proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
 ) -> None:
-    assert await proxies.account(PROXY) == "bookstore-sa"
+    assert await proxies.account(PROXY) == Expectation("bookstore-sa")
     del listings.expected[PROXY]
     clock.advance(TIMING.max_age / 2)
-    assert await proxies.account(PROXY) == "bookstore-sa"  # the listing is fresh enough
+    assert await proxies.account(PROXY) == Expectation(
+        "bookstore-sa"
+    )  # the listing is fresh enough
 
     clock.advance(TIMING.max_age)
     assert await proxies.account(PROXY) is None
@@ -161,17 +164,17 @@ async def test_a_catalog_that_forgot_a_proxy_does_not_refuse_it_forever(
 
     listings.expected[PROXY] = "bookstore-sa"  # refilled
     clock.advance(TIMING.refused_for)
-    assert await proxies.account(PROXY) == "bookstore-sa"
+    assert await proxies.account(PROXY) == Expectation("bookstore-sa")
 
 
 async def test_during_an_outage_the_last_listing_stays_in_force(
     proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
 ) -> None:
-    assert await proxies.account(PROXY) == "bookstore-sa"
+    assert await proxies.account(PROXY) == Expectation("bookstore-sa")
     listings.failure = ConnectionError("catalog down")
     clock.advance(TIMING.max_age * 3)
 
-    assert await proxies.account(PROXY) == "bookstore-sa"
+    assert await proxies.account(PROXY) == Expectation("bookstore-sa")
     with pytest.raises(ExpectationUnknown, match="ConnectionError: catalog down"):
         await proxies.account(STRANGER)
     # Failed listings are rate-limited too.
@@ -187,7 +190,7 @@ async def test_a_question_given_up_does_not_cancel_the_listing_of_the_others(
     called, gate = asyncio.Event(), asyncio.Event()
     inner = listings.__call__
 
-    async def held() -> Mapping[str, str]:
+    async def held() -> Mapping[str, Expectation | str]:
         called.set()
         await gate.wait()
         return await inner()
@@ -199,7 +202,7 @@ async def test_a_question_given_up_does_not_cancel_the_listing_of_the_others(
     leaving.cancel()
     gate.set()
 
-    assert await staying == "bookstore-sa"
+    assert await staying == Expectation("bookstore-sa")
     assert leaving.cancelled()
 
 
@@ -220,7 +223,7 @@ async def test_a_storm_of_streams_costs_one_listproxies() -> None:
         finally:
             await client.close()
 
-    assert answers == again == ["cart"] * 300
+    assert answers == again == [Expectation("cart")] * 300
     assert catalog.calls == 1
 
 
@@ -240,8 +243,36 @@ async def test_over_grpc_an_unknown_proxy_is_refused_and_an_outage_is_unknown() 
 
     assert strangers == [None] * 100
     assert calls == 1
-    assert known == "bookstore-sa"  # the last good listing, during the outage
+    assert known == Expectation("bookstore-sa")  # the last good listing, during the outage
 
 
 async def _ignore(identity: str, view: object) -> None:
     return None
+
+
+async def test_a_new_serial_is_not_refused_on_the_strength_of_an_older_listing(
+    proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
+) -> None:
+    listings.expected = {PROXY: Expectation("bookstore-sa", "01")}
+    assert await proxies.account(PROXY, "01") == Expectation("bookstore-sa", "01")
+    listings.expected = {PROXY: Expectation("bookstore-sa", "02")}  # rotated meanwhile
+    clock.advance(1.0)
+
+    assert await proxies.account(PROXY, "02") == Expectation("bookstore-sa", "02")
+    assert len(listings.at) == 2  # the older listing could not say yes to the new serial
+    # The old serial is now answered with the current one (the authorizer refuses it) and
+    # remembered: a proxy reconnecting with it in a loop costs no listing.
+    assert await proxies.account(PROXY, "01") == Expectation("bookstore-sa", "02")
+    assert await proxies.account(PROXY, "01") == Expectation("bookstore-sa", "02")
+    assert len(listings.at) == 3
+
+
+async def test_a_revocation_voids_what_an_event_taught(
+    proxies: ExpectedProxies, listings: Listings
+) -> None:
+    proxies.learned(LATER, "later-sa", "0a")
+    assert await proxies.account(LATER, "0a") == Expectation("later-sa", "0a")
+    proxies.revoked(LATER)
+
+    assert await proxies.account(LATER, "0a") is None  # the listing does not name it
+    assert len(listings.at) == 1

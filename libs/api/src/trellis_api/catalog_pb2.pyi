@@ -860,6 +860,7 @@ class ProxyStatus(_message.Message):
     CONNECTED_FIELD_NUMBER: _builtins.int
     PARTICIPANT_FIELD_NUMBER: _builtins.int
     PROXY_CP_FIELD_NUMBER: _builtins.int
+    SERIAL_FIELD_NUMBER: _builtins.int
     common_name: _builtins.str
     identity: _builtins.str
     service_account: _builtins.str
@@ -868,6 +869,10 @@ class ProxyStatus(_message.Message):
     participant: _builtins.bool
     """A participant: expected, connected, and an endpoint of its service was discovered."""
     proxy_cp: _builtins.str
+    serial: _builtins.str
+    """The serial of its current proxy certificate (lowercase hex, from certmanager); empty
+    while unknown. proxy-cp refuses a stream whose certificate has another serial.
+    """
     def __init__(
         self,
         *,
@@ -878,10 +883,11 @@ class ProxyStatus(_message.Message):
         connected: _builtins.bool = ...,
         participant: _builtins.bool = ...,
         proxy_cp: _builtins.str = ...,
+        serial: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_name", b"common_name", "connected", b"connected", "expected", b"expected", "identity", b"identity", "participant", b"participant", "proxy_cp", b"proxy_cp", "service_account", b"service_account"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_name", b"common_name", "connected", b"connected", "expected", b"expected", "identity", b"identity", "participant", b"participant", "proxy_cp", b"proxy_cp", "serial", b"serial", "service_account", b"service_account"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -36,7 +36,7 @@ class _CertificateKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Certi
     CERTIFICATE_KIND_SERVICE: _CertificateKind.ValueType  # 1
     """Shared by the proxies of one service; proxy-to-proxy mTLS. Short-lived, jittered."""
     CERTIFICATE_KIND_PROXY: _CertificateKind.ValueType  # 2
-    """One per proxy; proxy-to-control-plane mTLS. Long-lived."""
+    """One per proxy; proxy-to-control-plane mTLS. 24 h by default; revocable."""
 
 class CertificateKind(_CertificateKind, metaclass=_CertificateKindEnumTypeWrapper): ...
 
@@ -44,7 +44,7 @@ CERTIFICATE_KIND_UNSPECIFIED: CertificateKind.ValueType  # 0
 CERTIFICATE_KIND_SERVICE: CertificateKind.ValueType  # 1
 """Shared by the proxies of one service; proxy-to-proxy mTLS. Short-lived, jittered."""
 CERTIFICATE_KIND_PROXY: CertificateKind.ValueType  # 2
-"""One per proxy; proxy-to-control-plane mTLS. Long-lived."""
+"""One per proxy; proxy-to-control-plane mTLS. 24 h by default; revocable."""
 Global___CertificateKind: _TypeAlias = CertificateKind  # noqa: Y015
 
 @_typing.final
@@ -340,3 +340,78 @@ class ListCertificatesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListCertificatesResponse: _TypeAlias = ListCertificatesResponse  # noqa: Y015
+
+@_typing.final
+class ListRevokedCertificatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMON_NAME_FIELD_NUMBER: _builtins.int
+    common_name: _builtins.str
+    """Only this common name's revocations; empty: all."""
+    def __init__(
+        self,
+        *,
+        common_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_name", b"common_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRevokedCertificatesRequest: _TypeAlias = ListRevokedCertificatesRequest  # noqa: Y015
+
+@_typing.final
+class RevokedCertificate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERIAL_FIELD_NUMBER: _builtins.int
+    COMMON_NAME_FIELD_NUMBER: _builtins.int
+    NOT_AFTER_FIELD_NUMBER: _builtins.int
+    REVOKED_AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    serial: _builtins.str
+    """Lowercase hex, as in CertificateInfo."""
+    common_name: _builtins.str
+    reason: _builtins.str
+    """"revoked" (by the operator) or "rotated" (a newer certificate replaced it)."""
+    @_builtins.property
+    def not_after(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def revoked_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        serial: _builtins.str = ...,
+        common_name: _builtins.str = ...,
+        not_after: _timestamp_pb2.Timestamp | None = ...,
+        revoked_at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["not_after", b"not_after", "revoked_at", b"revoked_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_name", b"common_name", "not_after", b"not_after", "reason", b"reason", "revoked_at", b"revoked_at", "serial", b"serial"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokedCertificate: _TypeAlias = RevokedCertificate  # noqa: Y015
+
+@_typing.final
+class ListRevokedCertificatesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOKED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def revoked(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevokedCertificate]: ...
+    def __init__(
+        self,
+        *,
+        revoked: _abc.Iterable[Global___RevokedCertificate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revoked", b"revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRevokedCertificatesResponse: _TypeAlias = ListRevokedCertificatesResponse  # noqa: Y015

@@ -64,6 +64,11 @@ class CertificateManagerStub:
                 request_serializer=trellis__api_dot_certmanager__pb2.GetCertificateRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_certmanager__pb2.CertificateInfo.FromString,
                 _registered_method=True)
+        self.ListRevokedCertificates = channel.unary_unary(
+                '/trellis.certmanager.v1.CertificateManager/ListRevokedCertificates',
+                request_serializer=trellis__api_dot_certmanager__pb2.ListRevokedCertificatesRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_certmanager__pb2.ListRevokedCertificatesResponse.FromString,
+                _registered_method=True)
 
 
 class CertificateManagerServicer:
@@ -113,6 +118,15 @@ class CertificateManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRevokedCertificates(self, request, context):
+        """The revoked proxy certificate serials (of one common name, if given), until each
+        certificate expires. Consumers call it when the signal `certificates` rings with kind
+        `revoked` (key: the common name), and on resync.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CertificateManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +159,11 @@ def add_CertificateManagerServicer_to_server(servicer, server):
                     servicer.GetCertificateInfo,
                     request_deserializer=trellis__api_dot_certmanager__pb2.GetCertificateRequest.FromString,
                     response_serializer=trellis__api_dot_certmanager__pb2.CertificateInfo.SerializeToString,
+            ),
+            'ListRevokedCertificates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevokedCertificates,
+                    request_deserializer=trellis__api_dot_certmanager__pb2.ListRevokedCertificatesRequest.FromString,
+                    response_serializer=trellis__api_dot_certmanager__pb2.ListRevokedCertificatesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +328,33 @@ class CertificateManager:
             '/trellis.certmanager.v1.CertificateManager/GetCertificateInfo',
             trellis__api_dot_certmanager__pb2.GetCertificateRequest.SerializeToString,
             trellis__api_dot_certmanager__pb2.CertificateInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevokedCertificates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.certmanager.v1.CertificateManager/ListRevokedCertificates',
+            trellis__api_dot_certmanager__pb2.ListRevokedCertificatesRequest.SerializeToString,
+            trellis__api_dot_certmanager__pb2.ListRevokedCertificatesResponse.FromString,
             options,
             channel_credentials,
             insecure,

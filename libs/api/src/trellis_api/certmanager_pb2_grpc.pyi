@@ -52,6 +52,11 @@ class CertificateManagerStub:
     """The metadata of the current certificate for a common name (no key); NOT_FOUND when
     there is none. Consumers call it when the Redis signal `certificates` rings.
     """
+    ListRevokedCertificates: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.ListRevokedCertificatesRequest, _certmanager_pb2.ListRevokedCertificatesResponse]
+    """The revoked proxy certificate serials (of one common name, if given), until each
+    certificate expires. Consumers call it when the signal `certificates` rings with kind
+    `revoked` (key: the common name), and on resync.
+    """
 
 @_typing.type_check_only
 class CertificateManagerAsyncStub(CertificateManagerStub):
@@ -71,6 +76,11 @@ class CertificateManagerAsyncStub(CertificateManagerStub):
     GetCertificateInfo: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.GetCertificateRequest, _certmanager_pb2.CertificateInfo]  # type: ignore[assignment]
     """The metadata of the current certificate for a common name (no key); NOT_FOUND when
     there is none. Consumers call it when the Redis signal `certificates` rings.
+    """
+    ListRevokedCertificates: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.ListRevokedCertificatesRequest, _certmanager_pb2.ListRevokedCertificatesResponse]  # type: ignore[assignment]
+    """The revoked proxy certificate serials (of one common name, if given), until each
+    certificate expires. Consumers call it when the signal `certificates` rings with kind
+    `revoked` (key: the common name), and on resync.
     """
 
 class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
@@ -124,6 +134,17 @@ class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_certmanager_pb2.CertificateInfo, _abc.Awaitable[_certmanager_pb2.CertificateInfo]]:
         """The metadata of the current certificate for a common name (no key); NOT_FOUND when
         there is none. Consumers call it when the Redis signal `certificates` rings.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRevokedCertificates(
+        self,
+        request: _certmanager_pb2.ListRevokedCertificatesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_certmanager_pb2.ListRevokedCertificatesResponse, _abc.Awaitable[_certmanager_pb2.ListRevokedCertificatesResponse]]:
+        """The revoked proxy certificate serials (of one common name, if given), until each
+        certificate expires. Consumers call it when the signal `certificates` rings with kind
+        `revoked` (key: the common name), and on resync.
         """
 
 def add_CertificateManagerServicer_to_server(servicer: CertificateManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,6 +1,10 @@
-"""``trellis proxy``: the proxies connected to proxy-cp, and the configuration each was sent.
+"""``trellis proxy``: the proxies connected to proxy-cp, the configuration each was sent, and
+revoking a proxy's certificate.
 
-Both commands read proxy-cp's admin API. Per type, ``list`` shows whether the proxy ACKed
+``list`` and ``config`` read proxy-cp's admin API. ``revoke`` asks certmanager (admin token)
+to revoke a proxy certificate, named by its common name or its proxy id (the UUID, looked
+up among certmanager's proxy certificates): proxy-cp then ends the proxy's open xDS streams
+within a second and refuses new ones. Per type, ``list`` shows whether the proxy ACKed
 what it was sent: ``cds ✓`` (ACKed), ``rds NACK(2)`` (the latest was rejected; 2 NACKs on
 this stream), ``eds sent`` (waiting for the ACK), ``lds -`` (asked for, nothing sent yet).
 ``config`` prints the resources as proxy-cp sent them, private keys already redacted by
@@ -17,6 +21,8 @@ import yaml
 
 from trellis_cli import output
 from trellis_cli.client import Mesh
+from trellis_cli.errors import CliError, NotFound
+from trellis_common.ids import InvalidIdentifier, ProxyCommonName, validate_proxy_id
 
 SERVICE = "proxy-cp"
 TYPES = ("cds", "eds", "lds", "rds", "sds")
@@ -104,3 +110,41 @@ def config(mesh: Mesh, proxy_id: str, types: tuple[str, ...], as_json: bool) -> 
         return
     print(f"# proxy {body['proxy']}, snapshot version {body['version']}")
     print(yaml.safe_dump(body["resources"], sort_keys=False, allow_unicode=True), end="")
+
+
+def proxy_common_name(mesh: Mesh, name: str) -> str:
+    """The common name of the proxy certificate ``name`` designates (a common name, or a
+    proxy id looked up among certmanager's proxy certificates)."""
+    try:
+        return ProxyCommonName.parse(name).format()
+    except InvalidIdentifier:
+        pass
+    try:
+        proxy_id = validate_proxy_id(name)
+    except InvalidIdentifier as exc:
+        raise CliError(
+            f"{name!r} is neither a proxy's common name (<proxy-uuid>.<service>.<namespace>) "
+            f"nor a proxy id (a UUID): {exc}"
+        ) from None
+    body = mesh.get_json("certmanager", "/v1/certificates", params={"kind": "proxy"})
+    found = [c["common_name"] for c in body["certificates"] if c.get("proxy_id") == proxy_id]
+    if not found:
+        raise NotFound(f"no proxy certificate with proxy id {proxy_id} is on record")
+    return str(found[0])
+
+
+@proxy.command(help="Revoke a proxy's certificate (by common name or proxy id); admin token.")
+@click.argument("proxy_name", metavar="COMMON_NAME_OR_PROXY_ID")
+@click.option("--json", "as_json", is_flag=True, help="Print certmanager's answer as JSON.")
+@click.pass_obj
+def revoke(mesh: Mesh, proxy_name: str, as_json: bool) -> None:
+    common_name = proxy_common_name(mesh, proxy_name)
+    path = f"/v1/certificates/{quote(common_name, safe='')}/revoke"
+    body = mesh.call("certmanager", "POST", path, auth=True)
+    if as_json:
+        output.emit_json(body)
+        return
+    output.console.print(
+        f"revoked {body['common_name']}: serial {body['serial'][:16]} refused from now on "
+        f"(revision {body['revision']}); onboard the proxy again to give it a new certificate"
+    )

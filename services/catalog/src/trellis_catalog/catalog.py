@@ -157,11 +157,11 @@ class Catalog:
         return self.reports.providers()
 
     def expect_proxy(
-        self, common_name: str, service_account: str = "", not_after: float = 0.0
+        self, common_name: str, service_account: str = "", not_after: float = 0.0, serial: str = ""
     ) -> ProxyRecord:
         """A proxy certificate was issued: the proxy may connect. Raises
         :class:`UnknownProxy` for a malformed common name or service account."""
-        return self.proxies.expect(common_name, service_account, not_after)
+        return self.proxies.expect(common_name, service_account, not_after, serial)
 
     def expect_only(self, common_names: Iterable[str]) -> None:
         """Certmanager's full list of proxy certificates (see :meth:`Proxies.expect_only`)."""

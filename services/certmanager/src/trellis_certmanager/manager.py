@@ -3,8 +3,8 @@
 It owns the design's Certificate Manager contract (issue, get, rotate, root, list) on top
 of the pure :mod:`trellis_certmanager.domain`, a durable
 :class:`~trellis_certmanager.store.CertificateStore` and a bell (``announce``) that signals
-every change on the topic ``certificates`` (kinds ``issued``, ``rotated``, ``root-changed``;
-key: the common name, ``root`` for the root). The bell is the service's outbox
+every change on the topic ``certificates`` (kinds ``issued``, ``rotated``, ``revoked``,
+``root-changed``; key: the common name, ``root`` for the root). The bell is the service's outbox
 (``docs/architecture.md``, "One event path"): a signal Redis does not take is kept and sent
 later, and consumers fetch what changed with ``GetCertificateInfo`` or ``IssueCertificate``.
 Requests for the same common name are serialized, so concurrent callers get one
@@ -14,6 +14,11 @@ Rotation: service certificates are re-issued once ``renew_fraction`` of their li
 passed, and immediately when they were not signed by the CA in force (the operator changed
 CAs). Proxy certificates live in bootstrap files on the proxy's host: they are rotated on
 demand only, and a log line warns when one passes its renewal point.
+
+Revocation (:mod:`trellis_certmanager.revocations`): revoking a proxy certificate records its
+serial as revoked and deletes the record (the proxy is no longer expected); rotating one
+revokes the old serial. Both signal ``revoked`` (key: the common name), on which proxy-cp
+closes the streams opened with a revoked serial.
 
 Pruning: a record ``prune_after`` past its expiry is deleted from the store and from
 memory by the same periodic pass (after rotation, so only records rotation did not renew:
@@ -50,11 +55,19 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
-from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound, StoreUnavailable
+from trellis_certmanager.domain.errors import (
+    CAError,
+    InvalidRequest,
+    NotFound,
+    NotRevocable,
+    StoreUnavailable,
+)
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord, past_expiry
+from trellis_certmanager.domain.revocation import Revocation, RevocationReason
 from trellis_certmanager.metrics import CertMetrics
+from trellis_certmanager.revocations import Revocations
 from trellis_certmanager.store import CertificateStore
 from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ProxyId
@@ -103,6 +116,7 @@ class CertificateManager:
         self._wanted: dict[str, dt.datetime] = {}  # service certificate -> last asked for
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # cn -> (lock, [users])
         self._issuer: Issuer | None = None
+        self.revocations = Revocations(store, metrics, rejections)
         self.revision = 0
         self.ready = asyncio.Event()
 
@@ -164,13 +178,15 @@ class CertificateManager:
         self._records = {r.common_name: r for r in loaded.records}
         for rejected in loaded.rejected:
             self._rejected.add(rejected)
+        revoked = await self.revocations.load()
         self._count()
         log.info(
-            "ca.ready origin=%s fingerprint=%s records=%d rejected=%d",
+            "ca.ready origin=%s fingerprint=%s records=%d rejected=%d revoked=%d",
             ca.origin,
             ca.fingerprint,
             len(self._records),
             len(loaded.rejected),
+            revoked,
         )
         self.ready.set()
         return ca
@@ -280,6 +296,9 @@ class CertificateManager:
                 raise NotFound(common_name)
             record = self._timed(current.kind, lambda: self._reissue(current))
             await self._commit(record, "rotated", reason)
+            if current.kind == CertificateKind.PROXY:  # the old one may not connect any more
+                await self.revocations.add(current, RevocationReason.ROTATED, self._clock())
+                await self._signal("revoked", common_name)
             log.log(
                 logging.INFO if reason == "on-demand" else logging.DEBUG,
                 "cert.rotated cn=%s kind=%s reason=%s old_serial=%x serial=%x not_after=%s",
@@ -291,6 +310,24 @@ class CertificateManager:
                 record.not_after.isoformat(),
             )
             return record
+
+    async def revoke(self, common_name: str) -> Revocation:
+        """Revoke a proxy certificate: its serial is refused from now on, and its record is
+        deleted (the proxy is no longer expected; onboarding it again issues a new one)."""
+        async with self._lock(common_name):
+            current = self._records.get(common_name)
+            if current is None:
+                raise NotFound(common_name)
+            if current.kind != CertificateKind.PROXY:
+                raise NotRevocable(common_name)
+            revocation = await self.revocations.add(
+                current, RevocationReason.REVOKED, self._clock()
+            )
+            await self._store.delete_many([common_name])
+            del self._records[common_name]
+            self._count()
+            await self._signal("revoked", common_name)
+            return revocation
 
     def list(
         self, kind: CertificateKind | None = None, namespace: str = ""
@@ -385,6 +422,7 @@ class CertificateManager:
         if pruned:
             self._count()
             log.info("cert.pruned_expired count=%d grace=%s", pruned, self._prune_after)
+        await self.revocations.prune(self._clock(), self._prune_after)
         return pruned
 
     async def guard_store(self, stop: asyncio.Event, interval: float = 5.0) -> None:
@@ -411,6 +449,7 @@ class CertificateManager:
         )
         await self._store.save_ca_if_absent(self.ca)
         await self._store.put_many(list(self._records.values()))
+        await self.revocations.restore()
         for common_name in self._rejected.fields():  # the store lost them with the rest
             self._rejected.overwritten(common_name)
         log.warning(

@@ -16,6 +16,10 @@ class CertMetrics:
             "certificates_issued", "Certificates issued (new subjects and re-issues)", "kind"
         )
         self.rotations = make.counter("rotations", "Certificates rotated", "kind", "reason")
+        self.revocations = make.counter(
+            "revocations", "Proxy certificate serials revoked", "reason"
+        )
+        self.revoked = make.gauge("revoked", "Revoked serials remembered (until they expire)")
         self.certificates = make.gauge("certificates", "Certificates on record", "kind")
         self.root_not_after = make.gauge(
             "root_not_after_seconds", "Expiry of the mesh root certificate (unix time)"

@@ -39,8 +39,9 @@ class CertManagerSettings(ServiceSettings):
         dt.timedelta(hours=48), description="service certificate lifetime (ISO 8601 or seconds)"
     )
     proxy_cert_validity: dt.timedelta = Field(
-        dt.timedelta(days=365),
-        description="proxy (xDS client) certificate lifetime (ISO 8601 or seconds)",
+        dt.timedelta(hours=24),
+        description="proxy (xDS client) certificate lifetime (ISO 8601 or seconds); short, "
+        "since a revoked serial is remembered until it expires",
     )
     root_validity: dt.timedelta = Field(
         dt.timedelta(days=3650),

@@ -34,10 +34,13 @@ from redis.exceptions import RedisError, ResponseError
 from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import CAError, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord, check
+from trellis_certmanager.domain.revocation import Revocation
 from trellis_common import stored
 
 #: What :meth:`CertificateStore.load_all` gives: the records, and those refused.
 Loaded = stored.Loaded[CertificateRecord]
+#: What :meth:`CertificateStore.load_revoked` gives.
+LoadedRevocations = stored.Loaded[Revocation]
 
 
 class CertificateStore(Protocol):
@@ -58,6 +61,12 @@ class CertificateStore(Protocol):
     async def delete_many(self, common_names: Sequence[str]) -> None: ...
 
     async def load_all(self) -> Loaded: ...
+
+    async def put_revoked(self, revocation: Revocation) -> None: ...
+
+    async def delete_revoked(self, serials: Sequence[int]) -> None: ...
+
+    async def load_revoked(self) -> LoadedRevocations: ...
 
 
 def parse_record(common_name: str, raw: bytes | str) -> CertificateRecord:
@@ -90,6 +99,7 @@ class RedisCertificateStore:
         self._redis = redis
         self.ca_key = f"{prefix}:certmanager:ca"
         self.records_key = f"{prefix}:certmanager:certs"
+        self.revoked_key = f"{prefix}:certmanager:revoked"  # hex serial -> revocation
 
     def location(self, common_name: str) -> str:
         """Where a record lives, as an operator would look for it."""
@@ -139,6 +149,24 @@ class RedisCertificateStore:
     async def load_all(self) -> Loaded:
         return await stored.load_hash(
             self._redis, self.records_key, parse_record, "certificate records"
+        )
+
+    async def put_revoked(self, revocation: Revocation) -> None:
+        try:
+            await self._redis.hset(self.revoked_key, f"{revocation.serial:x}", revocation.to_json())
+        except (RedisError, OSError) as exc:
+            raise _unavailable(exc) from exc
+
+    async def delete_revoked(self, serials: Sequence[int]) -> None:
+        if serials:
+            try:
+                await self._redis.hdel(self.revoked_key, *(f"{s:x}" for s in serials))
+            except (RedisError, OSError) as exc:
+                raise _unavailable(exc) from exc
+
+    async def load_revoked(self) -> LoadedRevocations:
+        return await stored.load_hash(
+            self._redis, self.revoked_key, Revocation.from_json, "revocations"
         )
 
 

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord
-from trellis_certmanager.store import Loaded
+from trellis_certmanager.domain.revocation import Revocation
+from trellis_certmanager.store import Loaded, LoadedRevocations
 from trellis_common.stored import Rejected
 
 
@@ -23,6 +24,7 @@ class InMemoryCertificateStore:
         self.ca: CertificateAuthority | None = None
         self.records: dict[str, CertificateRecord] = {}
         self.rejected: list[Rejected] = []
+        self.revoked: dict[int, Revocation] = {}
         self.down = False
 
     def _check(self) -> None:
@@ -60,3 +62,15 @@ class InMemoryCertificateStore:
 
     async def load_all(self) -> Loaded:
         return Loaded(list(self.records.values()), list(self.rejected))
+
+    async def put_revoked(self, revocation: Revocation) -> None:
+        self._check()
+        self.revoked[revocation.serial] = revocation
+
+    async def delete_revoked(self, serials: Sequence[int]) -> None:
+        self._check()
+        for serial in serials:
+            self.revoked.pop(serial, None)
+
+    async def load_revoked(self) -> LoadedRevocations:
+        return LoadedRevocations(list(self.revoked.values()), [])

@@ -2,9 +2,12 @@
 
 The TLS handshake already required a client certificate from the mesh CA (a foreign CA
 never reaches this code). Here: its common name must be a proxy certificate's
-(``<proxy-uuid>.<service>.<namespace>``), the catalog must expect that proxy (certmanager
-issued for it at onboarding), the Envoy node id must be that common name, and the node
-metadata must give valid per-proxy settings. Each refusal names what is wrong. Whether a
+(``<proxy-uuid>.<service>.<namespace>``), its serial must not be revoked
+(:mod:`.clients.revoked`), the catalog must expect that proxy (certmanager issued for it at
+onboarding) with that serial (the current one: a rotated-away certificate is stale), the
+Envoy node id must be that common name, and the node metadata must give valid per-proxy
+settings. A common name alone is never enough: the serial is read from the peer's
+certificate itself. Each refusal names what is wrong. Whether a
 proxy is expected is asked of ``expected`` (the catalog client's cache of ``ListProxies``);
 when the catalog cannot tell, the stream is refused UNAVAILABLE (retry), not PERMISSION_DENIED.
 """
@@ -16,17 +19,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from cryptography import x509
 from google.protobuf import json_format
 
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName
-from trellis_proxy_cp.clients.expected import ExpectationUnknown
+from trellis_proxy_cp.clients.expected import Expectation, ExpectationUnknown
+from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate.settings import InvalidNodeMetadata, from_metadata
-from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused
+from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused, StreamRunner
 
 log = logging.getLogger(__name__)
 
-Expected = Callable[[str], Awaitable[str | None]]
+Expected = Callable[[str, str], Awaitable[Expectation | None]]
 
 
 def peer_common_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:
@@ -34,10 +39,27 @@ def peer_common_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return values[0].decode() if values else ""
 
 
+def peer_serial(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The serial (lowercase hex) of the peer's certificate; empty if there is none."""
+    values = list(context.auth_context().get("x509_pem_cert") or [])
+    if not values:
+        return ""
+    try:
+        return f"{x509.load_pem_x509_certificate(bytes(values[0])).serial_number:x}"
+    except ValueError:
+        return ""
+
+
 class MeshAuthorizer:
-    def __init__(self, control_plane: ProxyControlPlane, expected: Expected) -> None:
+    def __init__(
+        self,
+        control_plane: ProxyControlPlane,
+        expected: Expected,
+        revoked: RevokedSerials | None = None,
+    ) -> None:
         self._control_plane = control_plane
         self._expected = expected
+        self._revoked = revoked if revoked is not None else RevokedSerials()
 
     async def authorize(
         self, context: grpc.aio.ServicerContext[Any, Any], node: Any
@@ -56,8 +78,22 @@ class MeshAuthorizer:
             raise StreamRefused(
                 grpc.StatusCode.PERMISSION_DENIED, str(exc), "not_a_proxy_certificate"
             ) from None
+        serial = peer_serial(context)
+        if not serial:
+            raise StreamRefused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"the client certificate of {common_name} could not be read for its serial",
+                "no_serial",
+            )
+        if serial in self._revoked:
+            raise StreamRefused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the certificate of proxy {common_name} (serial {serial}) is revoked: onboard "
+                f"the proxy again, or use its current certificate",
+                "revoked",
+            )
         try:
-            account = await self._expected(common_name)
+            expected = await self._expected(common_name, serial)
         except ExpectationUnknown as exc:
             raise StreamRefused(
                 grpc.StatusCode.UNAVAILABLE,
@@ -65,12 +101,19 @@ class MeshAuthorizer:
                 f"answer ({exc}); retry later",
                 "catalog_unavailable",
             ) from None
-        if account is None:
+        if expected is None:
             raise StreamRefused(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"proxy {common_name} is not expected: no proxy certificate was issued for it "
                 f"(onboard it with `trellis vm bootstrap` or the injector)",
                 "not_expected",
+            )
+        if not expected.fits(serial):
+            raise StreamRefused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the certificate of proxy {common_name} (serial {serial}) is not its current "
+                f"one (serial {expected.serial}): it was replaced; use the current certificate",
+                "stale_serial",
             )
         if node.id != common_name:
             raise StreamRefused(
@@ -85,5 +128,21 @@ class MeshAuthorizer:
                 grpc.StatusCode.INVALID_ARGUMENT, str(exc), "invalid_metadata"
             ) from None
         identity = f"{proxy.namespace}/{proxy.service}"
-        key = await self._control_plane.attach(common_name, identity, account, settings)
-        return ProxyStream(proxy_id=common_name, key=key, node_id=node.id, identity=identity)
+        key = await self._control_plane.attach(common_name, identity, expected.account, settings)
+        return ProxyStream(
+            proxy_id=common_name, key=key, node_id=node.id, identity=identity, serial=serial
+        )
+
+
+def end_revoked(runner: StreamRunner, common_name: str, serials: set[str]) -> int:
+    """End the open streams of ``common_name`` opened with a revoked serial (PERMISSION_DENIED,
+    reason ``revoked``: logged and counted as every refusal); returns how many."""
+    refused = StreamRefused(
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"the certificate of proxy {common_name} was revoked",
+        "revoked",
+    )
+    ended = runner.end(common_name, refused, lambda stream: stream.serial in serials)
+    if ended:
+        log.warning("ads.revoked_streams_ended proxy=%s streams=%d", common_name, ended)
+    return ended

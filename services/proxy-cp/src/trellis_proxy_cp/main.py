@@ -24,11 +24,12 @@ from trellis_common.grpcserver import DEFAULT_OPTIONS, GrpcServer
 from trellis_common.locate import OwnerUnavailable
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
-from trellis_proxy_cp.authorizer import MeshAuthorizer
+from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.clients.certs import CertClient
 from trellis_proxy_cp.clients.expected import ExpectationTiming
+from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.credentials import ServingCertificate
 from trellis_proxy_cp.hooks import ProxyHooks
@@ -96,6 +97,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
 
     control_plane: ProxyControlPlane
     serving: ServingCertificate
+    servicer: AdsServicer
 
     async def on_view(identity: str, view: Any) -> None:
         await control_plane.set_view(identity, view)
@@ -117,11 +119,19 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         runtime.health,
         expectation,
     )
+
+    def on_revoked(common_name: str, serials: set[str]) -> None:
+        catalog.expectations.revoked(common_name)
+        end_revoked(servicer.runner, common_name, serials)
+
+    revoked = RevokedSerials()
     certs = CertClient(
         runtime.locator("certmanager", settings.certmanager_address),
         on_material,
         runtime.health,
         catalog.expectations.learned,
+        on_revoked,
+        revoked,
     )
     runtime.signals.follow(catalog.follower)
     runtime.signals.follow(certs.follower)
@@ -153,7 +163,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     )
     servicer = AdsServicer(
         cache,
-        MeshAuthorizer(control_plane, catalog.expected),
+        MeshAuthorizer(control_plane, catalog.expected, revoked),
         hooks,
         registry=streams,
         stream_limits=stream_limits,

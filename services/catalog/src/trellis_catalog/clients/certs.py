@@ -7,10 +7,12 @@ that joins. Both parts reach certmanager through one :class:`~trellis_common.loc
 * :class:`CertificateFollower` is the catalog's follower of the ``certificates`` topic (one
   event path: certmanager signals, the catalog fetches). Its resync reads the root's
   fingerprint and lists the proxy certificates on record, and marks exactly those proxies
-  expected (which keeps "expected proxies" durable across catalog restarts, and forgets
-  proxies whose records certmanager pruned). On ``issued``/``rotated`` it fetches that
-  certificate's metadata: a proxy certificate makes its proxy expected, a service
-  certificate goes into its identity's view; ``root-changed`` resyncs.
+  expected, each with its current serial (which keeps "expected proxies" durable across
+  catalog restarts, and forgets proxies whose records certmanager pruned or revoked). On
+  ``issued``/``rotated`` it fetches that certificate's metadata: a proxy certificate makes
+  its proxy expected (with the new serial), a service certificate goes into its identity's
+  view; ``root-changed`` and ``revoked`` (rare: an operator's revocation, a proxy
+  certificate's rotation) resync.
 * :class:`CertificateIssuer` issues (idempotently) the service certificate of every identity
   with proxies, and puts its reference (common name, serial) in its view. It asks again
   every 30 s: certmanager keeps rotating a service certificate only while someone asks
@@ -44,7 +46,7 @@ log = logging.getLogger(__name__)
 SOURCE = "certmanager"
 #: certmanager's topic and the kinds of its signals (key: the certificate's common name).
 TOPIC = "certificates"
-ISSUED, ROTATED, ROOT_CHANGED = "issued", "rotated", "root-changed"
+ISSUED, ROTATED, REVOKED, ROOT_CHANGED = "issued", "rotated", "revoked", "root-changed"
 #: How often the issuer re-asks for every service certificate (see the module docstring).
 REISSUE_INTERVAL = 30.0
 
@@ -85,7 +87,7 @@ class CertificateFollower(Follower):
         log.info("certs.synced proxies=%d root=%s", len(listed), self.fingerprint[:16])
 
     async def changed(self, event: Event) -> None:
-        if event.kind == ROOT_CHANGED:
+        if event.kind in (ROOT_CHANGED, REVOKED):
             await self.resync(event.topic)
             return
         if event.kind not in (ISSUED, ROTATED):
@@ -127,7 +129,7 @@ class CertificateFollower(Follower):
         key = f"proxy {info.common_name}"
         try:
             self.catalog.expect_proxy(
-                info.common_name, info.service_account, info.not_after.ToSeconds()
+                info.common_name, info.service_account, info.not_after.ToSeconds(), info.serial
             )
         except UnknownProxy as exc:
             self._rejections.reject(SOURCE, key, str(exc))

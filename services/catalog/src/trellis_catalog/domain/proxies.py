@@ -39,6 +39,7 @@ class ProxyRecord:
     address: str = ""
     seq: int = 0  # onboarding order: the latest proxy's account is the identity's
     not_after: float = 0.0  # its certificate's expiry (epoch seconds), when known
+    serial: str = ""  # its current certificate's serial (hex), when known
 
 
 def _nothing() -> None:
@@ -77,14 +78,17 @@ class Proxies(Mapping[str, ProxyRecord]):
     # -- changes -----------------------------------------------------------------------
 
     def expect(
-        self, common_name: str, service_account: str = "", not_after: float = 0.0
+        self, common_name: str, service_account: str = "", not_after: float = 0.0, serial: str = ""
     ) -> ProxyRecord:
-        """A proxy certificate was issued: the proxy may connect. Raises
-        :class:`UnknownProxy` for a malformed common name or service account."""
+        """A proxy certificate was issued (or rotated: ``serial`` is the current one): the
+        proxy may connect with it. Raises :class:`UnknownProxy` for a malformed common name
+        or service account."""
         record = self._proxy(common_name, service_account)
         record.expected = True
         if not_after:
             record.not_after = not_after
+        if serial:
+            record.serial = serial
         return record
 
     def expect_only(self, common_names: Iterable[str]) -> None:

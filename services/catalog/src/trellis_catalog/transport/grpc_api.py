@@ -219,6 +219,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
                     connected=p.connected,
                     participant=self._catalog.participant(p),
                     proxy_cp=p.proxy_cp,
+                    serial=p.serial,
                 )
                 for p in sorted(self._catalog.proxies.values(), key=lambda p: p.common_name)
             ]

@@ -30,3 +30,14 @@ class CAError(CertificateError):
 
 class StoreUnavailable(CertificateError):
     """The durable store (Redis) did not take a write; nothing was changed. Retry later."""
+
+
+class NotRevocable(CertificateError):
+    """Only proxy certificates are revoked; a service certificate is rotated instead."""
+
+    def __init__(self, common_name: str) -> None:
+        super().__init__(
+            f"{common_name!r} is a service certificate: only proxy certificates are revoked "
+            "(rotate a service certificate instead: `trellis certs rotate`)"
+        )
+        self.common_name = common_name

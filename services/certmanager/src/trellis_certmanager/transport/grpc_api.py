@@ -6,7 +6,8 @@ field, or the domain's InvalidRequest, is refused through the service's
 :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the field,
 logged, counted and shown in ``/v1/status``. NotFound is NOT_FOUND. Keys leave only in the
 answer to the caller that asked for them: ``GetCertificateInfo``, which consumers call when
-the ``certificates`` signal rings, answers metadata only.
+the ``certificates`` signal rings, answers metadata only, as does
+``ListRevokedCertificates`` (called on the signal's kind ``revoked``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.domain.errors import InvalidRequest, NotFound, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
+from trellis_certmanager.domain.revocation import Revocation
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.transport import grpc_requests
 from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
@@ -65,6 +67,16 @@ def info(record: CertificateRecord) -> pb.CertificateInfo:
         proxy_id=record.proxy_id,
         issuer=record.issuer,
         fingerprint_sha256=record.fingerprint,
+    )
+
+
+def revoked(revocation: Revocation) -> pb.RevokedCertificate:
+    return pb.RevokedCertificate(
+        serial=f"{revocation.serial:x}",
+        common_name=revocation.common_name,
+        not_after=_ts(revocation.not_after),
+        revoked_at=_ts(revocation.revoked_at),
+        reason=revocation.reason.value,
     )
 
 
@@ -129,3 +141,11 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
     @rpc(grpc_requests.common_name, statuses=_STATUSES)
     async def GetCertificateInfo(self, common_name: str, context: Context) -> pb.CertificateInfo:
         return info(self._manager.peek(common_name))
+
+    @rpc(grpc_requests.revoked_filter)
+    async def ListRevokedCertificates(
+        self, common_name: str, context: Context
+    ) -> pb.ListRevokedCertificatesResponse:
+        return pb.ListRevokedCertificatesResponse(
+            revoked=[revoked(r) for r in self._manager.revocations.list(common_name)]
+        )

@@ -104,3 +104,10 @@ def list_filter(request: pb.ListCertificatesRequest) -> tuple[CertificateKind | 
     check.enum("kind", request.kind, _LISTED_KINDS)
     namespace = check.dns_label("namespace", request.namespace, optional=True)
     return _KINDS.get(request.kind), namespace
+
+
+def revoked_filter(request: pb.ListRevokedCertificatesRequest) -> str:
+    """A proxy's common name, or empty (all revocations)."""
+    if request.common_name:
+        check.common_name("common_name", request.common_name)
+    return request.common_name

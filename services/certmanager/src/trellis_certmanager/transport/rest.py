@@ -1,8 +1,9 @@
-"""certmanager's admin REST routes: certificate metadata, the root, rotation on demand.
+"""certmanager's admin REST routes: certificate metadata, the root, rotation and revocation.
 
 Answers carry metadata and public certificates only; no route returns a private key.
-Rotation changes state, so it needs the admin token, as does deleting a stored record that
-was refused at load (corrupt): the only records DELETE removes.
+Rotation and revocation change state, so they need the admin token, as does deleting a
+stored record that was refused at load (corrupt): the only records DELETE removes.
+Revoking a service certificate is refused with 409 (only proxy certificates are revoked).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
 from fastapi.responses import PlainTextResponse
 
-from trellis_certmanager.domain.errors import NotFound
+from trellis_certmanager.domain.errors import NotFound, NotRevocable, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.manager import CertificateManager
 
@@ -48,6 +49,22 @@ def add_routes(app: FastAPI, manager: CertificateManager, guard: Any) -> None:
         except NotFound as exc:
             raise HTTPException(404, str(exc)) from exc
         return {"rotated": True, "revision": manager.revision, "certificate": record.metadata()}
+
+    @router.post("/certificates/{common_name}/revoke", dependencies=[Depends(guard)])
+    async def revoke(common_name: str) -> dict[str, Any]:
+        try:
+            revocation = await manager.revoke(common_name)
+        except NotFound as exc:
+            raise HTTPException(404, str(exc)) from exc
+        except NotRevocable as exc:
+            raise HTTPException(409, str(exc)) from exc
+        except StoreUnavailable as exc:
+            raise HTTPException(503, str(exc)) from exc
+        return {"revoked": True, "revision": manager.revision, **revocation.metadata()}
+
+    @router.get("/revoked")
+    async def revoked(common_name: str = "") -> dict[str, Any]:
+        return {"revoked": [r.metadata() for r in manager.revocations.list(common_name)]}
 
     @router.delete("/certificates/{common_name}", dependencies=[Depends(guard)], status_code=204)
     async def delete_rejected(common_name: str) -> None:

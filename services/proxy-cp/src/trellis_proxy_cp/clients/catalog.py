@@ -35,7 +35,7 @@ from trellis_common.health import Health
 from trellis_common.locate import Locator, OwnerUnavailable
 from trellis_common.signaling import Event
 from trellis_proxy_cp.clients import owners
-from trellis_proxy_cp.clients.expected import ExpectationTiming, ExpectedProxies
+from trellis_proxy_cp.clients.expected import Expectation, ExpectationTiming, ExpectedProxies
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +83,20 @@ class CatalogClient:
 
     # -- proxies ---------------------------------------------------------------------
 
-    async def expected(self, common_name: str) -> str | None:
-        """The service account of an expected proxy, or None; raises
+    async def expected(self, common_name: str, serial: str = "") -> Expectation | None:
+        """What the catalog expects of a proxy presenting ``serial``, or None; raises
         :class:`~.expected.ExpectationUnknown` if the catalog cannot be asked."""
-        return await self.expectations.account(common_name)
+        return await self.expectations.account(common_name, serial)
 
-    async def _list_expected(self) -> dict[str, str]:
+    async def _list_expected(self) -> dict[str, Expectation | str]:
         listed = await self._call(
             lambda stub: stub.ListProxies(pb.ListProxiesRequest(), timeout=10)
         )
-        return {p.common_name: p.service_account for p in listed.proxies if p.expected}
+        return {
+            p.common_name: Expectation(p.service_account, p.serial)
+            for p in listed.proxies
+            if p.expected
+        }
 
     async def register(self, common_name: str, address: str) -> None:
         """Tell the catalog ``common_name`` is connected here (again after a failure, see

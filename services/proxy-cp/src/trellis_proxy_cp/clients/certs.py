@@ -6,15 +6,21 @@ in memory only, and sends it over SDS to that identity's proxies alone. proxy-cp
 serving certificate (for the xDS port) is issued the same way.
 
 Changes travel the one event path (``docs/architecture.md``): certmanager signals
-``certificates`` (kinds ``issued``, ``rotated``, ``root-changed``; key: the common name,
-``root`` for the root) and :class:`CertificateFollower` fetches what the signal names:
+``certificates`` (kinds ``issued``, ``rotated``, ``revoked``, ``root-changed``; key: the
+common name, ``root`` for the root) and :class:`CertificateFollower` fetches what the
+signal names:
 
-* a **proxy** certificate issued: its metadata (``GetCertificateInfo``, no key), and the
-  proxy is then expected without asking the catalog (:meth:`.ExpectedProxies.learned`);
+* a **proxy** certificate issued or rotated: its metadata (``GetCertificateInfo``, no key),
+  and the proxy is then expected with that serial without asking the catalog
+  (:meth:`.ExpectedProxies.learned`);
+* **revoked** (a proxy's certificate revoked, or rotated away): the common name's revoked
+  serials (``ListRevokedCertificates``) go into :class:`~.revoked.RevokedSerials`, and
+  ``on_revoked`` ends the streams opened with them (within the signal's delivery time);
 * a **service** certificate issued or rotated, of a wanted identity: its material again
   (``IssueCertificate``, idempotent), handed on only if it changed (the serial, or the
   trust bundle), so one rotation rebuilds each of the identity's snapshots once;
-* **root-changed**, and every resync: the material of every wanted identity.
+* **root-changed**, and every resync: the material of every wanted identity (and, on
+  resync, the whole revoked set; streams with a serial revoked meanwhile are ended).
 
 A key that is no common name is rejected (``Health.rejections``, source ``certificates
 signal``) and skipped.
@@ -38,6 +44,7 @@ from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ServiceCommon
 from trellis_common.locate import Locator
 from trellis_common.signaling import Event
 from trellis_proxy_cp.clients import owners
+from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 
 log = logging.getLogger(__name__)
@@ -49,7 +56,8 @@ TOPIC = "certificates"
 REJECTED_SIGNAL = "certificates signal"
 
 OnMaterial = Callable[[str, SecretMaterial], Awaitable[None]]
-OnProxyIssued = Callable[[str, str], None]  # (common name, service account)
+OnProxyIssued = Callable[[str, str, str], None]  # (common name, service account, serial)
+OnRevoked = Callable[[str, set[str]], None]  # (common name, its revoked serials)
 
 
 def material(certificate: pb.Certificate) -> SecretMaterial:
@@ -74,10 +82,14 @@ class CertClient:
         locator: Locator,
         on_material: OnMaterial,
         health: Health | None = None,
-        on_proxy_issued: OnProxyIssued = lambda common_name, account: None,
+        on_proxy_issued: OnProxyIssued = lambda common_name, account, serial: None,
+        on_revoked: OnRevoked = lambda common_name, serials: None,
+        revoked: RevokedSerials | None = None,
     ) -> None:
         self.locator = locator
         self.on_proxy_issued = on_proxy_issued
+        self.on_revoked = on_revoked
+        self.revoked = revoked if revoked is not None else RevokedSerials()
         self.health = health if health is not None else Health()
         self._on_material = on_material
         self.wanted: dict[str, str] = {}  # identity -> service account
@@ -109,6 +121,11 @@ class CertClient:
     async def info(self, common_name: str) -> pb.CertificateInfo:
         request = pb.GetCertificateRequest(common_name=common_name)
         return await self._call(lambda stub: stub.GetCertificateInfo(request, timeout=10))
+
+    async def list_revoked(self, common_name: str = "") -> list[pb.RevokedCertificate]:
+        request = pb.ListRevokedCertificatesRequest(common_name=common_name)
+        answer = await self._call(lambda stub: stub.ListRevokedCertificates(request, timeout=10))
+        return list(answer.revoked)
 
     async def want(self, identity: str, service_account: str) -> SecretMaterial:
         namespace, service = identity.split("/", 1)
@@ -154,6 +171,10 @@ class CertificateFollower(Follower):
         self.client = client
 
     async def resync(self, topic: str) -> None:
+        revoked = await self.client.list_revoked()
+        self.client.revoked.replace_all((r.serial, r.common_name) for r in revoked)
+        for name in sorted({r.common_name for r in revoked}):  # revoked while we were away
+            self.client.on_revoked(name, self.client.revoked.of(name))
         for identity in list(self.client.wanted):  # whatever rotated while we were away
             await self.client.refresh(identity)
 
@@ -162,7 +183,7 @@ class CertificateFollower(Follower):
             log.info("certs.root_changed action=refetch identities=%d", len(self.client.wanted))
             await self.resync(event.topic)
             return
-        if event.kind not in ("issued", "rotated"):
+        if event.kind not in ("issued", "rotated", "revoked"):
             self._reject(event, f"unknown kind {event.kind!r}")
             return
         try:
@@ -171,9 +192,14 @@ class CertificateFollower(Follower):
             self._reject(event, str(exc))
             return
         if isinstance(name, ProxyCommonName):
-            if event.kind == "issued":
+            if event.kind == "revoked":
+                await self._proxy_revoked(name.format())
+            else:
                 await self._proxy_issued(name.format())
-            return  # a proxy's rotated certificate is in its bootstrap file, not ours
+            return
+        if event.kind == "revoked":
+            self._reject(event, "only proxy certificates are revoked")
+            return
         identity = f"{name.namespace}/{name.service}"
         if identity in self.client.wanted:
             await self.client.refresh(identity)
@@ -186,7 +212,18 @@ class CertificateFollower(Follower):
                 raise
             log.info("certs.proxy_gone cn=%s", common_name)  # pruned since: nothing to learn
             return
-        self.client.on_proxy_issued(common_name, info.service_account)
+        self.client.on_proxy_issued(common_name, info.service_account, info.serial)
+
+    async def _proxy_revoked(self, common_name: str) -> None:
+        listed = await self.client.list_revoked(common_name)
+        new = self.client.revoked.add(common_name, (r.serial for r in listed))
+        log.info(
+            "certs.proxy_revoked cn=%s serials=%s new=%d",
+            common_name,
+            ",".join(sorted(r.serial for r in listed)) or "-",
+            len(new),
+        )
+        self.client.on_revoked(common_name, self.client.revoked.of(common_name))
 
     def _reject(self, event: Event, reason: str) -> None:
         log.warning(

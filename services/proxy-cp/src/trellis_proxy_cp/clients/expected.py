@@ -5,6 +5,12 @@ certificate). Asking the catalog once per stream makes a reconnect storm of N pr
 N listings of N proxies, O(N²); remembering a listing and answering from it makes it O(N).
 What a cached answer may be trusted for is what makes this correct:
 
+* **Serials.** An answer carries the proxy's current certificate serial when the catalog
+  knows it (empty from a catalog that does not). A listing (or event) whose serial is not
+  the one presented is a yes only if it started *after* the question: a proxy whose
+  certificate was just rotated is not refused on the strength of an older listing; a stale
+  serial is then answered as the listing says (the authorizer refuses it), and remembered
+  like a refusal for ``refused_for``.
 * **Yes** comes from any listing less than ``max_age`` old. A proxy the catalog stopped
   expecting is refused on its first connect after the listing that no longer names it, at
   most ``max_age`` after the change (a hit on an older listing waits for a new one).
@@ -43,8 +49,23 @@ from trellis_common.follow import describe
 
 log = logging.getLogger(__name__)
 
-#: Common name -> service account of every proxy the catalog expects.
-ListProxies = Callable[[], Awaitable[Mapping[str, str]]]
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """What the catalog says of an expected proxy."""
+
+    account: str
+    serial: str = ""
+    """Its current certificate's serial (lowercase hex); empty when the catalog does not say."""
+
+    def fits(self, serial: str) -> bool:
+        """Whether a certificate with ``serial`` is the one expected (or nothing is known)."""
+        return not serial or not self.serial or self.serial == serial
+
+
+#: Common name -> what the catalog says of every proxy it expects (a bare service account
+#: from a catalog that gives no serial).
+ListProxies = Callable[[], Awaitable[Mapping[str, Expectation | str]]]
 
 #: At most this many refused common names are remembered; the oldest go first.
 MAX_REMEMBERED_REFUSALS = 10_000
@@ -81,40 +102,43 @@ class ExpectedProxies:
         self.timing = timing if timing is not None else ExpectationTiming()
         self._clock = clock
         self._sleep = sleep
-        self._accounts: dict[str, str] = {}
+        self._accounts: dict[str, Expectation] = {}
         self._listed_at: float | None = None  # when the listing in force was asked for
         self._listed_number = 0  # and its number (listings are numbered as they start)
         self._last_start: float | None = None
         self._inflight: asyncio.Task[None] | None = None
         self._refused: OrderedDict[str, float] = OrderedDict()
-        self._learned: dict[str, tuple[str, float]] = {}  # from events: account, when
+        self._learned: dict[str, tuple[Expectation, float]] = {}  # from events, and when
         self.listings = 0
         """Listings started (successful or not); the latest one's number."""
 
-    async def account(self, common_name: str) -> str | None:
-        """The service account of ``common_name`` if the catalog expects it, else None.
+    async def account(self, common_name: str, serial: str = "") -> Expectation | None:
+        """What the catalog expects of ``common_name`` (presenting ``serial``), else None.
 
         Raises :class:`ExpectationUnknown` when the catalog could not be asked and no listing
         in force names the proxy.
         """
         learned = self._learned.get(common_name)
         if learned is not None:
-            account, at = learned
-            if self._clock() - at <= self.timing.max_age:
-                return account
-            del self._learned[common_name]
-        refused_at = self._refused.get(common_name)
-        if refused_at is not None and self._clock() - refused_at < self.timing.refused_for:
-            return None
+            expectation, at = learned
+            if self._clock() - at > self.timing.max_age:
+                del self._learned[common_name]
+            elif expectation.fits(serial):
+                return expectation
+        for key in (common_name, f"{common_name} {serial}"):
+            refused_at = self._refused.get(key)
+            if refused_at is not None and self._clock() - refused_at < self.timing.refused_for:
+                return self._accounts.get(common_name) if key != common_name else None
         asked = self.listings  # a listing numbered above this started after the question
         while True:
             listed_at = self._listed_at
             if listed_at is not None:
                 found = self._accounts.get(common_name)
-                if found is not None and self._clock() - listed_at <= self.timing.max_age:
+                fresh = self._clock() - listed_at <= self.timing.max_age
+                if found is not None and fresh and found.fits(serial):
                     return found
                 if self._listed_number > asked:
-                    return self._answer(common_name, found)
+                    return self._answer(common_name, serial, found)
             try:
                 await self._listing()
             except ExpectationUnknown:
@@ -123,18 +147,26 @@ class ExpectedProxies:
                     return found  # the last good listing stays in force during an outage
                 raise
 
-    def learned(self, common_name: str, account: str) -> None:
-        """certmanager issued ``common_name``'s proxy certificate: the catalog expects it."""
-        self._learned[common_name] = (account, self._clock())
+    def learned(self, common_name: str, account: str, serial: str = "") -> None:
+        """certmanager issued (or rotated) ``common_name``'s proxy certificate: the catalog
+        expects it, with ``serial``."""
+        self._learned[common_name] = (Expectation(account, serial), self._clock())
         self._refused.pop(common_name, None)
         now = self._clock()
         for name in [n for n, (_, at) in self._learned.items() if now - at > self.timing.max_age]:
             del self._learned[name]
 
-    def _answer(self, common_name: str, found: str | None) -> str | None:
-        if found is None:
-            self._refused[common_name] = self._clock()
-            self._refused.move_to_end(common_name)
+    def revoked(self, common_name: str) -> None:
+        """certmanager revoked a serial of ``common_name``: what events taught is void."""
+        self._learned.pop(common_name, None)
+
+    def _answer(
+        self, common_name: str, serial: str, found: Expectation | None
+    ) -> Expectation | None:
+        if found is None or not found.fits(serial):
+            key = common_name if found is None else f"{common_name} {serial}"
+            self._refused[key] = self._clock()
+            self._refused.move_to_end(key)
             while len(self._refused) > MAX_REMEMBERED_REFUSALS:
                 self._refused.popitem(last=False)
         else:
@@ -167,11 +199,22 @@ class ExpectedProxies:
                 reason = describe(exc)
                 log.warning("expected.listing_failed reason=%r listings=%d", reason, self.listings)
                 raise ExpectationUnknown(reason) from exc
-            self._accounts = dict(listed)
+            self._accounts = {
+                name: said if isinstance(said, Expectation) else Expectation(said)
+                for name, said in listed.items()
+            }
             self._listed_at, self._listed_number = started, number
             self._refused = OrderedDict(
-                (name, at) for name, at in self._refused.items() if name not in self._accounts
+                (key, at)
+                for key, at in self._refused.items()
+                if key not in self._accounts and not self._current(key)
             )
             log.debug("expected.listed proxies=%d listings=%d", len(listed), self.listings)
         finally:
             self._inflight = None
+
+    def _current(self, key: str) -> bool:
+        """``key`` is a stale-serial refusal whose serial the listing now expects."""
+        name, _, serial = key.partition(" ")
+        found = self._accounts.get(name)
+        return bool(serial) and found is not None and found.serial == serial

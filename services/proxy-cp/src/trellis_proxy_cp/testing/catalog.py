@@ -49,6 +49,7 @@ class FakeCatalog:
         self, expected: Mapping[str, str] | None = None, publisher: Publisher | None = None
     ) -> None:
         self.expected = dict(expected or {})
+        self.serials: dict[str, str] = {}  # common name -> current serial, when set
         self.calls = 0
         self.gate: asyncio.Event | None = None
         self.failing = False
@@ -102,7 +103,12 @@ class FakeCatalog:
         self.calls += 1
         listed = pb.ListProxiesResponse(
             proxies=[
-                pb.ProxyStatus(common_name=name, service_account=account, expected=True)
+                pb.ProxyStatus(
+                    common_name=name,
+                    service_account=account,
+                    expected=True,
+                    serial=self.serials.get(name, ""),
+                )
                 for name, account in self.expected.items()
             ]
             + [pb.ProxyStatus(common_name="connected-only.x.y", expected=False)]

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from envoy.config.core.v3 import base_pb2
 
 from trellis_api import catalog_pb2
@@ -211,3 +216,23 @@ def broken_view(identity: str = "bookstore/bookstore", version: str = "1") -> ca
     found = view(identity, version)
     found.clusters.append(found.clusters[0])
     return found
+
+
+def peer_certificate_pem(common_name: str, serial: int) -> bytes:
+    """A self-signed certificate for ``common_name`` with ``serial``: what gRPC puts in a
+    peer's auth context as ``x509_pem_cert`` after an mTLS handshake (the handshake, not
+    the authorizer, checks who signed it)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = dt.datetime.now(dt.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(serial)
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )

@@ -24,7 +24,9 @@
   RESOURCE_EXHAUSTED as Linkerd does rather than buffering without bound. Every request's
   names are checked against :mod:`.limits`. Nothing in one stream can affect another. Every
   refusal, before or after the stream opened, is logged with the proxy id and reported to
-  ``StreamHooks.on_refused``.
+  ``StreamHooks.on_refused``. :meth:`StreamRunner.end` ends open streams from outside (a
+  revoked certificate) the same way a newer stream replaces an old one: at once, with the
+  refusal's status.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class ProxyStream:
     node_id: str
     identity: str
     """The service identity the proxy acts for (e.g. its SPIFFE id)."""
+    serial: str = ""
+    """The serial of the certificate the proxy presented (lowercase hex)."""
     node: Any = dataclasses.field(default=None, repr=False)
     """The ``envoy.config.core.v3.Node`` of the first request (set by the server)."""
     protocol: str = ""
@@ -355,6 +359,19 @@ class StreamRunner:
         )
         self.hooks.on_refused(proxy_id, protocol, refused)
         await context.abort(refused.code, refused.message)
+
+    def end(
+        self, proxy_id: str, refused: StreamRefused, which: Callable[[ProxyStream], bool]
+    ) -> int:
+        """End the open streams of ``proxy_id`` that ``which`` picks with ``refused`` (each
+        logged and counted as it ends); returns how many."""
+        ended = 0
+        for stream in self.registry.of_proxy(proxy_id):
+            ending = self._replaced.get(stream.stream_id)
+            if ending is not None and not ending.done() and which(stream):
+                ending.set_exception(refused)
+                ended += 1
+        return ended
 
     def _replace_oldest(self, proxy_id: str, protocol: str) -> None:
         """Make room for one more stream of ``proxy_id``: end its oldest ones past the cap."""
