@@ -88,7 +88,7 @@ class Sealer:
                 f"{', '.join(sorted(self._keks))}: start it with the KEK file that sealed it"
             )
         try:
-            raw = base64.urlsafe_b64decode(body.encode())
+            raw = base64.b64decode(body.encode(), altchars=b"-_", validate=True)
         except (binascii.Error, ValueError):
             raise SealError("the sealed body is not base64url") from None
         if len(raw) < NONCE_BYTES + _TAG_BYTES:
