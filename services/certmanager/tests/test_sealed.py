@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from trellis_certmanager.domain.sealed import KEK_BYTES, Kek, SealError, Sealer, is_sealed
+from trellis_certmanager.domain.sealed import KEK_BYTES, Kek, Sealer, SealError, is_sealed
 
 KEY = b"-----BEGIN PRIVATE KEY-----\nnot really\n-----END PRIVATE KEY-----\n"
 HERE = "trellis:certmanager:certs[cart.shop.svc.cluster.local]"
@@ -31,7 +31,7 @@ def test_each_seal_takes_a_new_nonce(sealer: Sealer) -> None:
 
 def test_another_kek_is_refused_by_id(sealer: Sealer) -> None:
     sealed = Sealer(Kek.generate()).seal(KEY, HERE)
-    with pytest.raises(SealError, match="sealed under KEK .* start it with the KEK file"):
+    with pytest.raises(SealError, match=r"sealed under KEK .* start it with the KEK file"):
         sealer.unseal(sealed, HERE)
 
 
@@ -88,4 +88,5 @@ def test_a_kek_is_32_bytes_and_never_shown() -> None:
         Kek(b"x" * 16)
     kek = Kek(b"k" * KEK_BYTES)
     assert "kkkk" not in repr(kek)
-    assert kek.key.hex() not in kek.id and len(kek.id) == 16
+    assert kek.key.hex() not in kek.id
+    assert len(kek.id) == 16

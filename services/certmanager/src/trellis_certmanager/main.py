@@ -87,6 +87,8 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
             await manager.guard_store(stop)
         except PlantedCA as exc:  # another CA appeared in Redis while running
             fatal("ca.planted", exc)
+        except CAError as exc:  # the CA in Redis became unreadable, or does not chain
+            fatal("ca.fatal", exc)
 
     manager.revision = await runtime.publisher.current_revision(TOPIC)
     servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections)

@@ -409,7 +409,9 @@ class CertificateManager:
                 pass
             try:
                 await self.restore_if_lost()
-            except CAError:  # a planted CA: fatal, the process must not go on
+            except CAError as exc:  # not our CA, or none we can read: never adopted
+                if not isinstance(exc, PlantedCA):
+                    self._metrics.ca_refused.labels("unreadable").inc()
                 raise
             except Exception as exc:  # noqa: BLE001 (the store being down is retried next round)
                 log.warning("ca.guard_failed error=%r", exc)

@@ -100,7 +100,8 @@ return false
 """
 _SWAP_FIELD = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  return redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  return 1
 end
 return false
 """
