@@ -56,14 +56,19 @@ def cert_store(redis_client: redis.asyncio.Redis, sealer: Sealer) -> RedisCertif
     return RedisCertificateStore(redis_client, sealer)
 
 
+def raw(value: bytes | str | None) -> bytes:
+    assert isinstance(value, bytes)
+    return value
+
+
 async def everything_in(client: redis.asyncio.Redis) -> list[bytes]:
     values: list[bytes] = []
     async for key in client.scan_iter():
         kind = await client.type(key)
         if kind == b"string":
-            values.append(await client.get(key))
+            values.append(raw(await client.get(key)))
         elif kind == b"hash":
-            values += list((await client.hgetall(key)).values())
+            values += [raw(v) for v in (await client.hgetall(key)).values()]
         else:
             raise AssertionError(f"unexpected {kind!r} at {key!r}")
     return values
@@ -175,8 +180,8 @@ async def test_a_sealed_key_moved_to_another_record_is_refused(
     await manager.start()
     mine = await manager.issue_service(SHOP)
     theirs = await manager.issue_service(MeshService("shop", "books"))
-    stolen = json.loads(await redis_client.hget(RECORDS_KEY, theirs.common_name))["key_sealed"]
-    body = json.loads(await redis_client.hget(RECORDS_KEY, mine.common_name))
+    stolen = json.loads(raw(await redis_client.hget(RECORDS_KEY, theirs.common_name)))["key_sealed"]
+    body = json.loads(raw(await redis_client.hget(RECORDS_KEY, mine.common_name)))
     await redis_client.hset(
         RECORDS_KEY, mine.common_name, json.dumps({**body, "key_sealed": stolen})
     )
