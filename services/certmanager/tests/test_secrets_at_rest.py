@@ -199,13 +199,22 @@ def other_root() -> CertificateAuthority:
     return generate_root(KeyAlgorithm.ECDSA_P256, dt.timedelta(days=365), NOW, "cluster.local")
 
 
+@pytest.mark.parametrize("in_the_clear", [False, True], ids=["sealed", "in-the-clear"])
 async def test_a_ca_planted_while_stopped_is_refused_at_start(
-    cert_store: RedisCertificateStore, bell: Bell, tmp_path: Path
+    cert_store: RedisCertificateStore,
+    redis_client: redis.asyncio.Redis,
+    bell: Bell,
+    tmp_path: Path,
+    in_the_clear: bool,
 ) -> None:
     marker = tmp_path / "root-fingerprint"
     ours = await new_manager(cert_store, bell, FakeClock()).start(marker=marker)
     planted = other_root()
-    await cert_store.replace_ca(planted)  # with the KEK, or the store could not even read it
+    if in_the_clear:  # no KEK needed: the format of versions before sealing
+        await redis_client.set(CA_KEY, clear_ca_json(planted))
+    else:  # by someone holding the KEK
+        await cert_store.replace_ca(planted)
+    before = await redis_client.get(CA_KEY)
 
     manager = new_manager(cert_store, bell, FakeClock())
     with pytest.raises(PlantedCA) as caught:
@@ -216,9 +225,7 @@ async def test_a_ca_planted_while_stopped_is_refused_at_start(
     assert "Restore the CA key from a backup" in message
     assert not manager.ready.is_set()
     assert marker.read_text().strip() == ours.fingerprint  # the marker is not rewritten
-    stored = await cert_store.load_ca()
-    assert stored is not None
-    assert stored.fingerprint == planted.fingerprint  # left for the operator to look at
+    assert await redis_client.get(CA_KEY) == before  # left as it is for the operator
 
 
 async def test_a_ca_planted_while_running_stops_the_store_guard(

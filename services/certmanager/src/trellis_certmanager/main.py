@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import NoReturn
 
 from trellis_api import certmanager_pb2_grpc
@@ -83,12 +84,15 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         fatal("ca.fatal", exc)
 
     async def guard_store(stop: asyncio.Event) -> None:
+        """The store guard; a CA in Redis that is not ours stops the whole service (cleanly:
+        the other parts wind down on ``stop``), and the process then exits 1."""
         try:
             await manager.guard_store(stop)
-        except PlantedCA as exc:  # another CA appeared in Redis while running
-            fatal("ca.planted", exc)
-        except CAError as exc:  # the CA in Redis became unreadable, or does not chain
-            fatal("ca.fatal", exc)
+        except CAError as exc:  # planted, or unreadable: never adopted, never served over
+            event = "ca.planted" if isinstance(exc, PlantedCA) else "ca.fatal"
+            log.critical("%s error=%r action=exiting", event, str(exc))
+            EXIT.code = 1
+            stop.set()
 
     manager.revision = await runtime.publisher.current_revision(TOPIC)
     servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections)
@@ -109,8 +113,20 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
     )
 
 
+class ExitCode:
+    """The exit code a part asked for while the service ran (0: none did)."""
+
+    code = 0
+
+
+EXIT = ExitCode()
 service = Service(CertManagerSettings, "certmanager", build)
-main = service.main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script: the service's own exit code, else the one a part asked for."""
+    return service.main(argv) or EXIT.code
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -153,6 +153,7 @@ class CertificateManager:
         elif stored is not None:
             self._refuse_if_planted(stored, marker)
             ca = stored
+            await self._store.seal_ca(ca)  # ours: one an older version kept in the clear
         else:
             if marker is not None and marker.exists():
                 raise CAError(

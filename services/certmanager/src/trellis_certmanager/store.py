@@ -25,7 +25,8 @@ is given, with the place they are stored at as associated data: the CA's key wit
 Redis key, a record's key with ``<hash>[<common name>]``. Nothing in Redis is a key in the
 clear. A CA or record written in the clear by an older version is read, then written back
 sealed (only if it is still the value that was read: another certmanager may have replaced
-it meanwhile), and a log line says so.
+it meanwhile), and a log line says so; the CA only once the manager has accepted it
+(:meth:`RedisCertificateStore.seal_ca`), so a CA planted in the clear is not sealed over.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ class CertificateStore(Protocol):
         ...
 
     async def replace_ca(self, ca: CertificateAuthority) -> None: ...
+
+    async def seal_ca(self, ca: CertificateAuthority) -> bool:
+        """Write ``ca``, accepted as the mesh's, back sealed if it is stored in the clear."""
+        ...
 
     async def put(self, record: CertificateRecord) -> None: ...
 
@@ -123,7 +128,7 @@ class RedisCertificateStore:
             raw = await self._redis.get(self.ca_key)
             if raw is None:
                 return None
-            ca, clear = self._decode_ca(raw)
+            ca, _ = self._decode_ca(raw)
         except (CAError, ResponseError) as exc:
             raise CAError(
                 f"the CA stored in Redis key {self.ca_key!r} cannot be loaded ({exc}). "
@@ -132,15 +137,31 @@ class RedisCertificateStore:
                 f"(--ca-cert-file/--ca-key-file); only to start a new mesh root on purpose, "
                 f"delete the key and the root-fingerprint marker in the state directory"
             ) from exc
-        if clear:
-            swapped = await self._redis.eval(_SWAP_STRING, 1, self.ca_key, raw, self._encode_ca(ca))
-            log.warning(
-                "ca.key_sealed key=%s kek_id=%s migrated=%s",
-                self.ca_key,
-                self._sealer.current.id,
-                bool(swapped),
-            )
         return ca
+
+    async def seal_ca(self, ca: CertificateAuthority) -> bool:
+        """Write ``ca`` back sealed if the store holds it, in the clear (an older version
+        wrote it); the manager calls this once it has accepted the CA as this mesh's, so a
+        CA someone planted in the clear is never sealed over. ``True`` if it was."""
+        raw = await self._redis.get(self.ca_key)
+        if raw is None:
+            return False
+        try:
+            stored, clear = self._decode_ca(raw)
+        except CAError:
+            return False
+        if not clear or stored.cert != ca.cert:
+            return False
+        swapped = bool(
+            await self._redis.eval(_SWAP_STRING, 1, self.ca_key, raw, self._encode_ca(ca))
+        )
+        log.warning(
+            "ca.key_sealed key=%s kek_id=%s migrated=%s",
+            self.ca_key,
+            self._sealer.current.id,
+            swapped,
+        )
+        return swapped
 
     async def save_ca_if_absent(self, ca: CertificateAuthority) -> CertificateAuthority:
         if await self._redis.set(self.ca_key, self._encode_ca(ca), nx=True):
