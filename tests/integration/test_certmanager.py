@@ -281,3 +281,81 @@ async def test_corrupt_records_are_skipped_reported_and_re_issued_or_deleted(
         assert (await admin.get("/v1/status")).json()["rejections"] == []
     with redis.Redis.from_url(redis_server.url) as raw:
         assert sorted(k.decode() for k in raw.hkeys(RECORDS_KEY)) == sorted([proxy_cn, service_cn])
+
+
+# --- keys at rest and planted CAs ------------------------------------------------------------
+
+
+def plaintext_ca_json() -> str:
+    """A CA as someone without the KEK can write one: in the pre-sealing format, key in clear."""
+    import base64
+    import datetime as dt
+
+    from trellis_certmanager.domain.authority import generate_root
+    from trellis_certmanager.domain.keys import KeyAlgorithm
+
+    now = dt.datetime.now(dt.UTC)
+    ca = generate_root(KeyAlgorithm.ECDSA_P256, dt.timedelta(days=30), now, "cluster.local")
+    return json.dumps({k: base64.b64encode(v).decode() for k, v in ca.to_pems().items()})
+
+
+async def test_the_kek_is_a_0600_file_and_redis_holds_no_key_in_the_clear(
+    certmanager: ServiceProcess, redis_server: RedisServer, state_dir: Path
+) -> None:
+    await call(
+        certmanager,
+        "IssueCertificate",
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+    )
+    kek = state_dir / "certmanager" / "kek"
+    assert kek.stat().st_mode & 0o777 == 0o600
+    assert kek.parent.stat().st_mode & 0o777 == 0o700
+    with redis.Redis.from_url(redis_server.url) as raw:
+        stored = [raw.get(CA_KEY) or b"", *raw.hgetall(RECORDS_KEY).values()]
+    assert len(stored) == 2
+    assert not any(b"PRIVATE KEY" in value for value in stored)
+    assert "PRIVATE KEY" not in certmanager.logs()
+
+
+async def test_a_loose_kek_file_stops_certmanager_with_one_line(
+    certmanager: ServiceProcess, state_dir: Path
+) -> None:
+    certmanager.stop()
+    kek = state_dir / "certmanager" / "kek"
+    kek.chmod(0o644)
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        certmanager.start()
+    [fatal] = [line for line in certmanager.logs().splitlines() if "kek.fatal" in line]
+    assert f"chmod 600 {kek}" in fatal
+    kek.chmod(0o600)
+    certmanager.start()  # fixed as the line says, it starts
+
+
+async def test_a_ca_planted_while_stopped_is_refused_at_start(
+    certmanager: ServiceProcess, redis_server: RedisServer
+) -> None:
+    fingerprint = await root_fingerprint(certmanager)
+    certmanager.stop()
+    planted = plaintext_ca_json()
+    with redis.Redis.from_url(redis_server.url) as raw:
+        raw.set(CA_KEY, planted)
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        certmanager.start()
+    [line] = [line for line in certmanager.logs().splitlines() if "ca.planted" in line]
+    assert f"this mesh's root is {fingerprint}" in line
+    assert "never adopted" in line
+    with redis.Redis.from_url(redis_server.url) as raw:
+        assert raw.get(CA_KEY) == planted.encode()  # neither adopted nor sealed over
+
+
+async def test_a_ca_planted_while_running_stops_certmanager(
+    certmanager: ServiceProcess, redis_server: RedisServer
+) -> None:
+    fingerprint = await root_fingerprint(certmanager)
+    with redis.Redis.from_url(redis_server.url) as raw:
+        raw.set(CA_KEY, plaintext_ca_json())
+    assert certmanager.process is not None
+    code = await asyncio.to_thread(certmanager.process.wait, 30)  # the store guard's next round
+    assert code == 1
+    [line] = [line for line in certmanager.logs().splitlines() if "ca.planted" in line]
+    assert f"is not the one this certmanager serves (root {fingerprint})" in line

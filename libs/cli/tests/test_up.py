@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,3 +59,14 @@ async def test_the_local_redis_persists_every_write_and_rewrites_its_aof(
         "auto-aof-rewrite-min-size": str(64 * 1024 * 1024),
         "dir": str((tmp_path / "redis").resolve()),
     }
+
+
+@pytest.mark.parametrize("before", [None, 0o755], ids=["new", "made-by-an-older-version"])
+def test_the_redis_data_directory_is_0700(tmp_path: Path, before: int | None) -> None:
+    data = tmp_path / "redis"
+    if before is not None:
+        data.mkdir(mode=before)
+        data.chmod(before)
+    spec = redis_spec(tmp_path, port=free_port())
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert str(data.resolve()) in spec.argv

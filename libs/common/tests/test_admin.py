@@ -63,6 +63,27 @@ async def test_healthz(registry: CollectorRegistry) -> None:
     assert response.json() == {"status": "ok", "service": "catalog"}
 
 
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"])
+async def test_the_api_docs_are_not_served_by_default(
+    registry: CollectorRegistry, path: str
+) -> None:
+    app = admin.create_app("catalog", registry)
+    async with client_for(app) as client:
+        assert (await client.get(path)).status_code == 404
+    assert "/healthz" in app.openapi()["paths"]  # still built in-process, for the fuzz tests
+
+
+async def test_debug_endpoints_serve_the_api_docs(registry: CollectorRegistry) -> None:
+    app = admin.create_app("catalog", registry, debug_endpoints=True)
+    async with client_for(app) as client:
+        document = await client.get("/openapi.json")
+        docs = await client.get("/docs")
+        redoc = await client.get("/redoc")
+    assert "/healthz" in document.json()["paths"]
+    assert docs.status_code == 200
+    assert redoc.status_code == 200
+
+
 async def test_readyz_without_checks_is_ready(registry: CollectorRegistry) -> None:
     async with client_for(admin.create_app("catalog", registry)) as client:
         response = await client.get("/readyz")

@@ -38,7 +38,7 @@ def admin_app() -> FastAPI:
     return app
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", admin_app())
+schema = adminfuzz.schema_of(admin_app())
 
 
 @schema.parametrize()

@@ -42,9 +42,11 @@ class Running:
         return health_pb2_grpc.HealthStub(self.channel)
 
 
-@pytest.fixture
-async def running() -> AsyncIterator[Running]:
-    server = GrpcServer("127.0.0.1:0", [register_echo], [SERVICE], grace=0.5)
+@pytest.fixture(params=[True], ids=["reflection"])
+async def running(request: pytest.FixtureRequest) -> AsyncIterator[Running]:
+    # None: the constructor's default, which is what every service gets without the setting
+    asked = {} if request.param is None else {"reflection": request.param}
+    server = GrpcServer("127.0.0.1:0", [register_echo], [SERVICE], grace=0.5, **asked)
     stop = asyncio.Event()
     task = asyncio.create_task(server.run(stop))
     await asyncio.wait_for(server.started.wait(), 5)
@@ -91,6 +93,14 @@ async def test_health_of_an_unknown_service_is_not_found(running: Running) -> No
 
 async def test_reflection_lists_the_services(running: Running) -> None:
     assert sorted(await list_services(running.channel)) == sorted([SERVICE, HEALTH, REFLECTION])
+
+
+@pytest.mark.parametrize("running", [None], ids=["default"], indirect=True)
+async def test_reflection_is_off_unless_asked_for(running: Running) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await list_services(running.channel)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert await check(running.health, SERVICE) == SERVING  # health stays on
 
 
 async def test_registrations_are_served(running: Running) -> None:

@@ -20,6 +20,8 @@ ENV_NAMES = (
     "TRELLIS_LOG_LEVEL",
     "TRELLIS_ADMIN_TOKEN",
     "TRELLIS_INSTANCE",
+    "TRELLIS_DEBUG_ENDPOINTS",
+    "TRELLIS_X_DEBUG_ENDPOINTS",
     "TRELLIS_X_REDIS_URL",
     "TRELLIS_SPEC_DIR",
     "TRELLIS_W_SPEC_DIR",
@@ -64,6 +66,7 @@ def test_defaults() -> None:
     assert settings.grpc_port == 0
     assert settings.instance_name == "x"
     assert settings.grpc_address == "127.0.0.1:0"
+    assert settings.debug_endpoints is False  # no API docs, no gRPC reflection
 
 
 def test_reads_prefixed_and_shared_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,7 +164,7 @@ def test_every_field_is_a_flag() -> None:
         "--grpc-port", "5", "--admin-port", "6", "--bind-host", "0.0.0.0",
         "--state-dir", "/s", "--redis-url", "redis://flag:1/0", "--log-format", "json",
         "--log-level", "DEBUG", "--admin-token", "t", "--instance", "x-9",
-        "--registry-ttl", "2.5",
+        "--registry-ttl", "2.5", "--debug-endpoints",
     )  # fmt: skip
 
     assert settings.model_dump() == {
@@ -175,6 +178,7 @@ def test_every_field_is_a_flag() -> None:
         "admin_token": "t",
         "instance": "x-9",
         "registry_ttl": 2.5,
+        "debug_endpoints": True,
     }
 
 
@@ -275,3 +279,12 @@ def test_the_log_level_is_checked_with_the_settings() -> None:
     assert flags("--log-level", "debug").log_level == "DEBUG"
     with pytest.raises(ValidationError, match="not a log level"):
         flags("--log-level", "loud")
+
+
+def test_debug_endpoints_are_a_mesh_wide_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert flags().debug_endpoints is False
+    monkeypatch.setenv("TRELLIS_DEBUG_ENDPOINTS", "true")
+    assert flags().debug_endpoints is True
+    monkeypatch.setenv("TRELLIS_X_DEBUG_ENDPOINTS", "false")
+    assert flags().debug_endpoints is False
+    assert flags("--debug-endpoints").debug_endpoints is True

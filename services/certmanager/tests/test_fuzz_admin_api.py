@@ -56,7 +56,7 @@ def admin_app() -> FastAPI:
 
 
 KNOWN: list[dict[str, str]] = []  # the common names on record, filled by admin_app()
-schema = schemathesis.openapi.from_asgi("/openapi.json", admin_app())
+schema = adminfuzz.schema_of(admin_app())
 adminfuzz.steer(
     schema,
     paths={

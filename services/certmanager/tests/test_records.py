@@ -13,17 +13,55 @@ from trellis_certmanager.domain.records import (
     CertificateRecord,
     InvalidRecord,
     check,
+    in_the_clear,
     past_expiry,
 )
+from trellis_certmanager.domain.sealed import Kek, Sealer
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
 
+SEALER = Sealer(Kek.generate())
+WHERE = "trellis:certmanager:certs[svc.ns.svc.cluster.local]"
+
+
+def seal(pem: bytes) -> str:
+    return SEALER.seal(pem, WHERE)
+
+
+def unseal(value: str) -> bytes:
+    return SEALER.unseal(value, WHERE)
+
+
 def test_round_trip_keeps_everything(issuer: Issuer) -> None:
     record = issuer.issue_service(MeshService("ns", "svc"), "sa", NOW)
-    assert CertificateRecord.from_json(record.to_json()) == record
+    assert CertificateRecord.from_json(record.to_json(seal), unseal) == record
+
+
+def test_the_durable_form_holds_the_key_sealed_only(issuer: Issuer) -> None:
+    record = issuer.issue_service(MeshService("ns", "svc"), "sa", NOW)
+    durable = record.to_json(seal)
+    assert "PRIVATE KEY" not in durable
+    assert "key_pem" not in json.loads(durable)
+    assert not in_the_clear(json.loads(durable))
+
+
+def test_a_record_written_in_the_clear_by_an_older_version_is_read(issuer: Issuer) -> None:
+    record = issuer.issue_service(MeshService("ns", "svc"), "sa", NOW)
+    body = {**record.metadata(), "cert_chain_pem": record.cert_chain_pem.decode()}
+    body["key_pem"] = record.key_pem.decode()
+    assert in_the_clear(body)
+    assert CertificateRecord.from_json(json.dumps(body), unseal) == record
+
+
+def test_a_key_that_does_not_unseal_is_a_clear_error(issuer: Issuer) -> None:
+    record = issuer.issue_service(MeshService("ns", "svc"), "sa", NOW)
+    other = Sealer(Kek.generate())
+    durable = record.to_json(lambda pem: other.seal(pem, WHERE))
+    with pytest.raises(ValueError, match="the key cannot be unsealed: sealed under KEK"):
+        CertificateRecord.from_json(durable, unseal)
 
 
 def test_metadata_and_repr_never_carry_the_key(issuer: Issuer) -> None:
@@ -37,7 +75,7 @@ def test_metadata_and_repr_never_carry_the_key(issuer: Issuer) -> None:
 @pytest.mark.parametrize("payload", ["", "{}", '{"common_name": "x"}', "[1]"])
 def test_malformed_record_is_a_clear_error(payload: str) -> None:
     with pytest.raises(ValueError, match="malformed certificate record"):
-        CertificateRecord.from_json(payload)
+        CertificateRecord.from_json(payload, unseal)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +84,7 @@ def test_malformed_record_is_a_clear_error(payload: str) -> None:
 )
 def test_a_record_of_the_wrong_shape_is_a_clear_error(payload: str) -> None:
     with pytest.raises(ValueError, match="malformed certificate record"):
-        CertificateRecord.from_json(payload)
+        CertificateRecord.from_json(payload, unseal)
 
 
 # --- check: a stored record is held to what the issuer makes -------------------------------

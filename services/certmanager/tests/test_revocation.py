@@ -17,6 +17,7 @@ from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.domain.errors import NotFound, NotRevocable, StoreUnavailable
 from trellis_certmanager.domain.revocation import Revocation, RevocationReason
+from trellis_certmanager.domain.sealed import Kek, Sealer
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.testing import InMemoryCertificateStore
@@ -124,7 +125,7 @@ async def test_a_revocation_redis_does_not_take_changes_nothing(
 async def test_the_redis_store_keeps_revocations_and_refuses_corrupt_ones(
     redis_client: redis.asyncio.Redis, manager: CertificateManager
 ) -> None:
-    store = RedisCertificateStore(redis_client)
+    store = RedisCertificateStore(redis_client, Sealer(Kek.generate()))
     proxy = await manager.issue_proxy(BOOKSTORE)
     revocation = Revocation(
         proxy.serial, proxy.common_name, proxy.not_after, proxy.not_before, RevocationReason.REVOKED

@@ -12,6 +12,8 @@ import redis.asyncio
 from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import CAError, StoreUnavailable
 from trellis_certmanager.domain.issuer import Issuer
+from trellis_certmanager.domain.records import CertificateRecord
+from trellis_certmanager.domain.sealed import Kek, Sealer
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_common import redisconn
 from trellis_common.ids import ProxyCommonName
@@ -25,9 +27,18 @@ RECORDS_KEY = "trellis:certmanager:certs"
 BOOKSTORE = MeshService("bookstore", "bookstore")
 
 
+SEALER = Sealer(Kek.generate())
+
+
+def sealed_json(record: CertificateRecord) -> str:
+    """The durable form of ``record`` as the store writes it at its own location."""
+    where = f"{RECORDS_KEY}[{record.common_name}]"
+    return record.to_json(lambda pem: SEALER.seal(pem, where))
+
+
 @pytest.fixture
 def cert_store(redis_client: redis.asyncio.Redis) -> RedisCertificateStore:
-    return RedisCertificateStore(redis_client)
+    return RedisCertificateStore(redis_client, SEALER)
 
 
 async def test_the_ca_round_trips(
@@ -80,9 +91,9 @@ async def test_corrupt_records_are_skipped_and_named_the_rest_loads(
     bad_pem = issuer.issue_service(MeshService("bookstore", "pem"), "bookstore", NOW)
     await cert_store.put_many([good, bad_account, replace(bad_pem, cert_chain_pem=b"garbage")])
     await redis_client.hset(
-        RECORDS_KEY, "truncated.bookstore.svc.cluster.local", good.to_json()[:60]
+        RECORDS_KEY, "truncated.bookstore.svc.cluster.local", sealed_json(good)[:60]
     )
-    await redis_client.hset(RECORDS_KEY, "elsewhere", good.to_json())
+    await redis_client.hset(RECORDS_KEY, "elsewhere", sealed_json(good))
 
     loaded = await cert_store.load_all()
     assert loaded.records == [good]
@@ -121,7 +132,7 @@ async def test_a_frozen_redis_fails_a_write_with_a_clear_error_in_bounded_time(
     redis_server: RedisServer, issuer: Issuer
 ) -> None:
     client = redisconn.connect(redis_server.url, connect_timeout=0.3, socket_timeout=0.3)
-    store = RedisCertificateStore(client)
+    store = RedisCertificateStore(client, SEALER)
     record = issuer.issue_service(BOOKSTORE, "bookstore", NOW)
     try:
         await store.put(record)

@@ -55,7 +55,7 @@ def admin_app() -> FastAPI:
     return app
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", admin_app())
+schema = adminfuzz.schema_of(admin_app())
 KNOWN = [{"namespace": "shop", "name": "vm-1"}, {"namespace": "shop", "name": "vm-2"}]
 REGISTRATIONS = st.fixed_dictionaries(
     {

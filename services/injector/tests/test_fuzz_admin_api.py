@@ -34,7 +34,7 @@ def admin_app() -> FastAPI:
     return app
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", admin_app())
+schema = adminfuzz.schema_of(admin_app())
 BOOTSTRAPS = st.fixed_dictionaries(
     {
         "namespace": fuzz.mostly(st.sampled_from(["shop", "bookstore"]), fuzz.names()),

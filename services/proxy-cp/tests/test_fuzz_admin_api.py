@@ -51,7 +51,7 @@ def admin_app() -> FastAPI:
     return app
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", admin_app())
+schema = adminfuzz.schema_of(admin_app())
 PROXIES = [
     t.proxy_common_name("bookstore", "bookstore", 1),
     t.proxy_common_name("bookbuyer", "bookbuyer", 2),

@@ -2,8 +2,10 @@
 
 The Redis it starts persists every write (AOF, fsync always) and rewrites its append-only
 file once it has doubled since the last rewrite and is past ``AOF_REWRITE_MIN_SIZE``, so
-steady churn does not grow the file without bound. Each process's log file rotates by size
-(``--log-max-bytes``, ``--log-backups``); the terminal gets a summary (:mod:`trellis_cli.console`).
+steady churn does not grow the file without bound. Its data directory is 0700: what Redis
+holds (sealed keys, certificates, registrations) is for the mesh's processes only. Each
+process's log file rotates by size (``--log-max-bytes``, ``--log-backups``); the terminal
+gets a summary (:mod:`trellis_cli.console`).
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
             "or point TRELLIS_REDIS_URL at a Redis you run"
         )
     data = state_dir / "redis"
-    data.mkdir(parents=True, exist_ok=True)
+    data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data.chmod(0o700)  # one made by an older version is narrowed: it holds the mesh's state
     return ProcessSpec(
         name="redis",
         argv=[

@@ -155,14 +155,26 @@ def create_app(
     readiness: Mapping[str, ReadinessCheck] | None = None,
     health: Health | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    *,
+    debug_endpoints: bool = False,
 ) -> FastAPI:
     """The admin app of one service, with the standard endpoints.
 
     ``/readyz`` fails while a readiness check fails or one of ``health``'s loops is down, and
     says which and why; ``/v1/status`` lists the loops and the rejected records. A request
     body over ``max_body_bytes`` is answered 413 before any route parses it.
+
+    The docs pages and the OpenAPI document (``/docs``, ``/redoc``, ``/openapi.json``) are
+    served only with ``debug_endpoints``: they map the API for whoever reaches the port.
+    ``app.openapi()`` builds the document in-process either way (the fuzz tests use it).
     """
-    app = FastAPI(title=f"Trellis {title} admin API", version="0.1.0")
+    app = FastAPI(
+        title=f"Trellis {title} admin API",
+        version="0.1.0",
+        docs_url="/docs" if debug_endpoints else None,
+        redoc_url="/redoc" if debug_endpoints else None,
+        openapi_url="/openapi.json" if debug_endpoints else None,
+    )
     checks = dict(readiness or {})
     health = health if health is not None else Health()
     app.add_middleware(BodyLimit, limit=max_body_bytes, rejections=health.rejections)

@@ -1,9 +1,11 @@
 """gRPC scaffolding shared by every service: one ``grpc.aio`` server per process.
 
 A :class:`GrpcServer` carries the standard health service (one status per gRPC service name
-plus the overall ``""``) and server reflection, so ``grpcurl`` and Kubernetes probes work
-against any Trellis service. It runs as ``async def run(stop)``: it serves until ``stop`` is
-set, then marks itself NOT_SERVING and drains in-flight calls for ``grace`` seconds.
+plus the overall ``""``), so Kubernetes probes work against any Trellis service, and, only
+when asked (the ``debug_endpoints`` setting), server reflection for ``grpcurl``: it lists
+every service and message type to whoever can connect. It runs as ``async def run(stop)``:
+it serves until ``stop`` is set, then marks itself NOT_SERVING and drains in-flight calls
+for ``grace`` seconds.
 :mod:`trellis_common.tls` builds the credentials for mTLS.
 """
 
@@ -16,7 +18,8 @@ from collections.abc import Callable, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha.reflection import SERVICE_NAME as REFLECTION_SERVICE
+from grpc_reflection.v1alpha.reflection import enable_server_reflection as enable_reflection
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ DEFAULT_OPTIONS: tuple[tuple[str, int], ...] = (
 
 
 class GrpcServer:
-    """A grpc.aio server with health and reflection, started and stopped by ``run``."""
+    """A grpc.aio server with health (and reflection if asked), started and stopped by ``run``."""
 
     def __init__(
         self,
@@ -44,24 +47,27 @@ class GrpcServer:
         credentials: grpc.ServerCredentials | None = None,
         grace: float = 5.0,
         options: Sequence[tuple[str, int]] = DEFAULT_OPTIONS,
+        reflection: bool = False,
     ) -> None:
         self._address = address
         self._service_names = tuple(service_names)
         self._credentials = credentials
         self._grace = grace
+        self._reflection = reflection
         self.server = grpc.aio.server(options=list(options))
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for register in registrations:
             register(self.server)
-        reflection.enable_server_reflection(
-            (
-                *self._service_names,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self.server,
-        )
+        if reflection:
+            enable_reflection(
+                (
+                    *self._service_names,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    REFLECTION_SERVICE,
+                ),
+                self.server,
+            )
         self.port = 0
         self.started = asyncio.Event()
 
@@ -78,7 +84,11 @@ class GrpcServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         host = self._address.rsplit(":", 1)[0]
         log.info(
-            "grpc.listening address=%s:%d tls=%s", host, self.port, self._credentials is not None
+            "grpc.listening address=%s:%d tls=%s reflection=%s",
+            host,
+            self.port,
+            self._credentials is not None,
+            self._reflection,
         )
         self.started.set()
         return self.port

@@ -100,13 +100,17 @@ class ServiceRuntime:
             self.metrics,
             {"redis": self.redis_ready, **readiness},
             self.health,
+            debug_endpoints=self.settings.debug_endpoints,
         )
 
     def grpc_server(
         self, registrations: Sequence[Registration], service_names: Sequence[str]
     ) -> GrpcServer:
         return GrpcServer(
-            f"{self.settings.bind_host}:{self.settings.grpc_port}", registrations, service_names
+            f"{self.settings.bind_host}:{self.settings.grpc_port}",
+            registrations,
+            service_names,
+            reflection=self.settings.debug_endpoints,
         )
 
     async def serve(

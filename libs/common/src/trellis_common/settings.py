@@ -7,7 +7,7 @@ and names itself with ``service_name``. Every field is then, with nothing more w
   kebab case; its ``description`` is the ``--help`` text);
 - a ``TRELLIS_<SERVICE>_<FIELD>`` environment variable (``TRELLIS_CATALOG_GRPC_PORT``);
 - for the fields marked :data:`SHARED` (Redis URL, state directory, log format, admin
-  token, spec directory...), also the mesh-wide ``TRELLIS_<FIELD>``
+  token, spec directory, debug endpoints...), also the mesh-wide ``TRELLIS_<FIELD>``
   (``TRELLIS_REDIS_URL``), which ``trellis up`` sets once for every service.
 
 Precedence: flags (which reach the class as keyword arguments), then the service's
@@ -131,6 +131,11 @@ class ServiceSettings(BaseSettings):
     bind_host: str = Field(default="127.0.0.1", description="admin (and internal gRPC) address")
     grpc_port: int = grpc_port(0)
     admin_port: int = admin_port(0)
+    debug_endpoints: Annotated[bool, SHARED] = Field(
+        default=False,
+        description="serve the API docs (/docs, /redoc, /openapi.json) and gRPC server "
+        "reflection: they map every route and RPC for whoever can reach the port",
+    )
     registry_ttl: float = Field(
         default=10.0, gt=0, description="seconds the registry record outlives a silent process"
     )

@@ -1,17 +1,23 @@
 """certmanager's process: what it is made of; the skeleton (trellis_common.service) runs it.
 
-It loads or creates the CA, then serves the gRPC API and the admin REST API, and runs the
+It loads (or makes, on first start) the key-encryption key that seals every private key it
+stores, loads or creates the CA, then serves the gRPC API and the admin REST API, and runs the
 rotation loop and the store guard; its ``certificates`` signals go through the outbox.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
+from typing import NoReturn
 
 from trellis_api import certmanager_pb2_grpc
+from trellis_certmanager import kek
 from trellis_certmanager.domain.authority import CertificateAuthority, load_provided
-from trellis_certmanager.domain.errors import CAError
+from trellis_certmanager.domain.errors import CAError, PlantedCA
 from trellis_certmanager.domain.issuer import IssuancePolicy
+from trellis_certmanager.domain.sealed import Sealer
 from trellis_certmanager.manager import TOPIC, CertificateManager, utcnow
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.settings import CertManagerSettings
@@ -34,13 +40,25 @@ def provided_ca(settings: CertManagerSettings) -> CertificateAuthority | None:
     )
 
 
+def fatal(event: str, error: Exception) -> NoReturn:
+    """Stop the process with one critical line saying why and what to do; no traceback."""
+    log.critical("%s error=%r action=exiting", event, str(error))
+    raise SystemExit(1) from None
+
+
 async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts:
+    try:
+        sealer = Sealer(kek.load_or_create(settings.kek_path))
+    except kek.KekFileError as exc:
+        fatal("kek.fatal", exc)
+    log.info("kek.loaded path=%s kek_id=%s", settings.kek_path, sealer.current.id)
+
     async def announce(kind: str, key: str) -> int:
         # Through the outbox: a signal Redis does not take now is kept and sent later.
         return await runtime.outbox.signal(TOPIC, kind, key)
 
     manager = CertificateManager(
-        RedisCertificateStore(runtime.redis),
+        RedisCertificateStore(runtime.redis, sealer),
         announce,
         IssuancePolicy(
             service_validity=settings.service_cert_validity,
@@ -61,15 +79,28 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         await manager.start(
             provided_ca(settings), marker=settings.state_dir / "certmanager" / "root-fingerprint"
         )
+    except PlantedCA as exc:
+        fatal("ca.planted", exc)
     except CAError as exc:  # no CA we may use: say why and how to fix it, without a traceback
-        log.critical("ca.fatal error=%r action=exiting", str(exc))
-        raise SystemExit(1) from None
+        fatal("ca.fatal", exc)
+
+    async def guard_store(stop: asyncio.Event) -> None:
+        """The store guard; a CA in Redis that is not ours stops the whole service (cleanly:
+        the other parts wind down on ``stop``), and the process then exits 1."""
+        try:
+            await manager.guard_store(stop)
+        except CAError as exc:  # planted, or unreadable: never adopted, never served over
+            event = "ca.planted" if isinstance(exc, PlantedCA) else "ca.fatal"
+            log.critical("%s error=%r action=exiting", event, str(exc))
+            EXIT.code = 1
+            stop.set()
+
     manager.revision = await runtime.publisher.current_revision(TOPIC)
     servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections)
     return Parts(
         components={
             "rotation": lambda s: manager.run_rotation(s, settings.rotation_interval),
-            "store guard": manager.guard_store,
+            "store guard": guard_store,
         },
         grpc=[
             lambda server: certmanager_pb2_grpc.add_CertificateManagerServicer_to_server(
@@ -83,8 +114,20 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
     )
 
 
+class ExitCode:
+    """The exit code a part asked for while the service ran (0: none did)."""
+
+    code = 0
+
+
+EXIT = ExitCode()
 service = Service(CertManagerSettings, "certmanager", build)
-main = service.main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script: the service's own exit code, else the one a part asked for."""
+    return service.main(argv) or EXIT.code
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -33,6 +33,11 @@ from memory; a write Redis does not take fails with
 :class:`~trellis_certmanager.domain.errors.StoreUnavailable` and changes nothing, and a
 rotation pass that meets one stops until the next pass.
 
+Planted CA: a CA in the store that is not this mesh's (its root differs from the
+root-fingerprint marker at start, or from the CA in force while running, as the store
+guard sees it) is :class:`PlantedCA`: certmanager stops with a critical log line naming
+both roots and what to do, and never serves it or writes over it.
+
 Corrupt state: a CA that cannot be loaded stops certmanager with an error naming the Redis
 key and the remedy (the root-fingerprint marker is left as it is, so no new root is made in
 its place), unless the operator gave the CA files, which then replace it. Records refused
@@ -60,6 +65,7 @@ from trellis_certmanager.domain.errors import (
     InvalidRequest,
     NotFound,
     NotRevocable,
+    PlantedCA,
     StoreUnavailable,
 )
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
@@ -154,7 +160,9 @@ class CertificateManager:
                     root_changed = True
             ca = provided
         elif stored is not None:
+            self._refuse_if_planted(stored, marker)
             ca = stored
+            await self._store.seal_ca(ca)  # ours: one an older version kept in the clear
         else:
             if marker is not None and marker.exists():
                 raise CAError(
@@ -435,19 +443,28 @@ class CertificateManager:
                 pass
             try:
                 await self.restore_if_lost()
+            except CAError as exc:  # not our CA, or none we can read: never adopted
+                if not isinstance(exc, PlantedCA):
+                    self._metrics.ca_refused.labels("unreadable").inc()
+                raise
             except Exception as exc:  # noqa: BLE001 (the store being down is retried next round)
                 log.warning("ca.guard_failed error=%r", exc)
 
     async def restore_if_lost(self) -> bool:
+        """Put the CA and records back if the store lost them; :class:`PlantedCA` if the
+        store holds another CA than the one in force (it is never adopted)."""
         stored = await self._store.load_ca()
         if stored is not None:
+            self._refuse_if_not_ours(stored, "store guard")
             return False
         log.warning(
             "ca.store_lost action=restoring fingerprint=%s records=%d",
             self.ca.fingerprint,
             len(self._records),
         )
-        await self._store.save_ca_if_absent(self.ca)
+        # Another writer may have put a CA there since we looked: it wins the SET NX, and
+        # is refused here rather than served over.
+        self._refuse_if_not_ours(await self._store.save_ca_if_absent(self.ca), "refill")
         await self._store.put_many(list(self._records.values()))
         await self.revocations.restore()
         for common_name in self._rejected.fields():  # the store lost them with the rest
@@ -458,6 +475,33 @@ class CertificateManager:
         return True
 
     # -- helpers -------------------------------------------------------------------
+
+    def _refuse_if_planted(self, stored: CertificateAuthority, marker: Path | None) -> None:
+        """At start: a stored CA whose root is not the one in the fingerprint marker."""
+        if marker is None or not marker.exists():
+            return  # first start, or a state directory lost: the stored CA is all we know
+        expected = marker.read_text().strip()
+        if expected and stored.fingerprint != expected:
+            self._metrics.ca_refused.labels("planted").inc()
+            raise PlantedCA(
+                f"the CA in the store has root {stored.fingerprint} but this mesh's root is "
+                f"{expected} ({marker}): someone wrote another CA into Redis. It is refused, "
+                f"never adopted. Restore the CA key from a backup of Redis; to change the mesh "
+                f"root on purpose, start certmanager with the CA files "
+                f"(--ca-cert-file/--ca-key-file), or delete {marker}"
+            )
+
+    def _refuse_if_not_ours(self, stored: CertificateAuthority, path: str) -> None:
+        if stored.fingerprint == self.ca.fingerprint and stored.cert == self.ca.cert:
+            return
+        self._metrics.ca_refused.labels("planted").inc()
+        raise PlantedCA(
+            f"the CA in the store (root {stored.fingerprint}) is not the one this "
+            f"certmanager serves (root {self.ca.fingerprint}), found by the {path}: someone "
+            f"wrote another CA into Redis. It is refused, never adopted. Restore the CA key "
+            f"from a backup of Redis and find who can write to it; to change the mesh root "
+            f"on purpose, start certmanager with the CA files (--ca-cert-file/--ca-key-file)"
+        )
 
     @contextlib.asynccontextmanager
     async def _lock(self, key: str) -> AsyncIterator[None]:

@@ -59,7 +59,17 @@ class CertManagerSettings(ServiceSettings):
         dt.timedelta(days=1), description="records this long past expiry are deleted (not the CA)"
     )
 
+    kek_file: Path | None = Field(
+        None,
+        description="the key-encryption key (32 bytes, mode 0600) that seals the keys in "
+        "Redis; made on first start (unset: <state-dir>/certmanager/kek)",
+    )
+
     # The operator's own CA (root or intermediate): certificate, key, and chain to a root.
     ca_cert_file: Path | None = Field(None, description="your CA's certificate (PEM)")
     ca_key_file: Path | None = Field(None, description="your CA's private key (PEM)")
     ca_bundle_file: Path | None = Field(None, description="chain from your CA up to its root")
+
+    @property
+    def kek_path(self) -> Path:
+        return self.kek_file or self.state_dir / "certmanager" / "kek"

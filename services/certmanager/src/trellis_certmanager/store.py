@@ -12,12 +12,21 @@ What is stored is not trusted on the way back:
   a :class:`~trellis_certmanager.domain.errors.StoreUnavailable` naming Redis.
 * A CA that cannot be read is a :class:`~trellis_certmanager.domain.errors.CAError` naming
   the key and the remedy. It is never treated as absent: that would make a new root.
-* A record that does not parse, or fails :func:`~trellis_certmanager.domain.records.check`
+* A record that does not parse, whose key does not unseal (another KEK, altered, copied
+  from another record), or fails :func:`~trellis_certmanager.domain.records.check`
   (a bad PEM, a key that does not match, an invalid identity such as a service account
   ``Bad Name!`` stored by an older version), or sits under another common name, is left out
   of :attr:`Loaded.records` and listed in :attr:`Loaded.rejected` with where it lives
   (``<hash>[<common name>]``) and why. It stays in Redis until it is re-issued (overwritten)
   or deleted.
+
+Private keys are sealed (:mod:`trellis_certmanager.domain.sealed`) under the KEK the store
+is given, with the place they are stored at as associated data: the CA's key with the CA's
+Redis key, a record's key with ``<hash>[<common name>]``. Nothing in Redis is a key in the
+clear. A CA or record written in the clear by an older version is read, then written back
+sealed (only if it is still the value that was read: another certmanager may have replaced
+it meanwhile), and a log line says so; the CA only once the manager has accepted it
+(:meth:`RedisCertificateStore.seal_ca`), so a CA planted in the clear is not sealed over.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -33,9 +43,17 @@ from redis.exceptions import RedisError, ResponseError
 
 from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import CAError, StoreUnavailable
-from trellis_certmanager.domain.records import CertificateRecord, check
+from trellis_certmanager.domain.records import (
+    CertificateRecord,
+    check,
+    in_the_clear,
+    parse_body,
+)
 from trellis_certmanager.domain.revocation import Revocation
+from trellis_certmanager.domain.sealed import Sealer, SealError
 from trellis_common import stored
+
+log = logging.getLogger(__name__)
 
 #: What :meth:`CertificateStore.load_all` gives: the records, and those refused.
 Loaded = stored.Loaded[CertificateRecord]
@@ -54,6 +72,10 @@ class CertificateStore(Protocol):
 
     async def replace_ca(self, ca: CertificateAuthority) -> None: ...
 
+    async def seal_ca(self, ca: CertificateAuthority) -> bool:
+        """Write ``ca``, accepted as the mesh's, back sealed if it is stored in the clear."""
+        ...
+
     async def put(self, record: CertificateRecord) -> None: ...
 
     async def put_many(self, records: list[CertificateRecord]) -> None: ...
@@ -69,34 +91,40 @@ class CertificateStore(Protocol):
     async def load_revoked(self) -> LoadedRevocations: ...
 
 
-def parse_record(common_name: str, raw: bytes | str) -> CertificateRecord:
+def parse_record(
+    common_name: str, raw: bytes | str, unseal: Callable[[str], bytes]
+) -> CertificateRecord:
     """One stored record, checked; ``ValueError`` says what is wrong with it."""
-    record = check(CertificateRecord.from_json(raw))
-    if record.common_name != common_name:
+    body = parse_body(raw)
+    if body.get("common_name") != common_name:
         raise ValueError(
-            f"stored under {common_name!r} but the record is for {record.common_name!r}"
+            f"stored under {common_name!r} but the record is for {body.get('common_name')!r}"
         )
-    return record
+    return check(CertificateRecord.from_body(body, unseal))
 
 
-def _encode_ca(ca: CertificateAuthority) -> str:
-    return json.dumps({k: base64.b64encode(v).decode() for k, v in ca.to_pems().items()})
+#: The CA's fields in the durable form, each base64 of the PEM; the key is sealed instead.
+_SEALED_CA_KEY = "key_sealed"
+_CLEAR_CA_KEY = "key_pem"
 
-
-def _decode_ca(raw: bytes | str) -> CertificateAuthority:
-    try:
-        fields = json.loads(raw)
-        if not isinstance(fields, dict):
-            raise ValueError(f"expected a JSON object, got {type(fields).__name__}")
-        pems = {k: base64.b64decode(v, validate=True) for k, v in fields.items()}
-    except (ValueError, TypeError, binascii.Error) as exc:
-        raise CAError(f"stored CA is unreadable: {exc}") from exc
-    return CertificateAuthority.from_pems(pems)
+# Write ARGV[2] over a value only if it is still ARGV[1] (what was read and migrated).
+_SWAP_STRING = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2]) end
+return false
+"""
+_SWAP_FIELD = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  return 1
+end
+return false
+"""
 
 
 class RedisCertificateStore:
-    def __init__(self, redis: aioredis.Redis, prefix: str = "trellis") -> None:
+    def __init__(self, redis: aioredis.Redis, sealer: Sealer, prefix: str = "trellis") -> None:
         self._redis = redis
+        self._sealer = sealer
         self.ca_key = f"{prefix}:certmanager:ca"
         self.records_key = f"{prefix}:certmanager:certs"
         self.revoked_key = f"{prefix}:certmanager:revoked"  # hex serial -> revocation
@@ -108,7 +136,9 @@ class RedisCertificateStore:
     async def load_ca(self) -> CertificateAuthority | None:
         try:
             raw = await self._redis.get(self.ca_key)
-            return None if raw is None else _decode_ca(raw)
+            if raw is None:
+                return None
+            ca, _ = self._decode_ca(raw)
         except (CAError, ResponseError) as exc:
             raise CAError(
                 f"the CA stored in Redis key {self.ca_key!r} cannot be loaded ({exc}). "
@@ -117,15 +147,40 @@ class RedisCertificateStore:
                 f"(--ca-cert-file/--ca-key-file); only to start a new mesh root on purpose, "
                 f"delete the key and the root-fingerprint marker in the state directory"
             ) from exc
+        return ca
+
+    async def seal_ca(self, ca: CertificateAuthority) -> bool:
+        """Write ``ca`` back sealed if the store holds it, in the clear (an older version
+        wrote it); the manager calls this once it has accepted the CA as this mesh's, so a
+        CA someone planted in the clear is never sealed over. ``True`` if it was."""
+        raw = await self._redis.get(self.ca_key)
+        if raw is None:
+            return False
+        try:
+            stored, clear = self._decode_ca(raw)
+        except CAError:
+            return False
+        if not clear or stored.cert != ca.cert:
+            return False
+        swapped = bool(
+            await self._redis.eval(_SWAP_STRING, 1, self.ca_key, raw, self._encode_ca(ca))
+        )
+        log.warning(
+            "ca.key_sealed key=%s kek_id=%s migrated=%s",
+            self.ca_key,
+            self._sealer.current.id,
+            swapped,
+        )
+        return swapped
 
     async def save_ca_if_absent(self, ca: CertificateAuthority) -> CertificateAuthority:
-        if await self._redis.set(self.ca_key, _encode_ca(ca), nx=True):
+        if await self._redis.set(self.ca_key, self._encode_ca(ca), nx=True):
             return ca
         stored = await self.load_ca()
         return stored if stored is not None else ca
 
     async def replace_ca(self, ca: CertificateAuthority) -> None:
-        await self._redis.set(self.ca_key, _encode_ca(ca))
+        await self._redis.set(self.ca_key, self._encode_ca(ca))
 
     async def put(self, record: CertificateRecord) -> None:
         await self.put_many([record])
@@ -134,7 +189,7 @@ class RedisCertificateStore:
         if records:
             try:
                 await self._redis.hset(
-                    self.records_key, mapping={r.common_name: r.to_json() for r in records}
+                    self.records_key, mapping={r.common_name: self._encode(r) for r in records}
                 )
             except (RedisError, OSError) as exc:
                 raise _unavailable(exc) from exc
@@ -147,8 +202,40 @@ class RedisCertificateStore:
                 raise _unavailable(exc) from exc
 
     async def load_all(self) -> Loaded:
-        return await stored.load_hash(
-            self._redis, self.records_key, parse_record, "certificate records"
+        clear: dict[str, tuple[bytes | str, CertificateRecord]] = {}
+
+        def parse(common_name: str, raw: bytes | str) -> CertificateRecord:
+            where = self.location(common_name)
+            record = parse_record(
+                common_name, raw, lambda sealed: self._sealer.unseal(sealed, where)
+            )
+            if in_the_clear(parse_body(raw)):
+                clear[common_name] = (raw, record)
+            return record
+
+        loaded = await stored.load_hash(self._redis, self.records_key, parse, "certificate records")
+        if clear:
+            await self._seal_records(clear)
+        return loaded
+
+    async def _seal_records(self, clear: dict[str, tuple[bytes | str, CertificateRecord]]) -> None:
+        """Write back sealed the records read in the clear (those nobody changed since)."""
+        migrated = 0
+        for common_name, (raw, record) in clear.items():
+            try:
+                swapped = await self._redis.eval(
+                    _SWAP_FIELD, 1, self.records_key, common_name, raw, self._encode(record)
+                )
+            except (RedisError, OSError) as exc:  # the next load tries again
+                log.warning("cert.seal_deferred cn=%s error=%r", common_name, str(exc))
+                continue
+            migrated += 1 if swapped else 0
+        log.warning(
+            "cert.keys_sealed key=%s found_in_clear=%d migrated=%d kek_id=%s",
+            self.records_key,
+            len(clear),
+            migrated,
+            self._sealer.current.id,
         )
 
     async def put_revoked(self, revocation: Revocation) -> None:
@@ -168,6 +255,34 @@ class RedisCertificateStore:
         return await stored.load_hash(
             self._redis, self.revoked_key, Revocation.from_json, "revocations"
         )
+
+    def _encode(self, record: CertificateRecord) -> str:
+        where = self.location(record.common_name)
+        return record.to_json(lambda pem: self._sealer.seal(pem, where))
+
+    def _encode_ca(self, ca: CertificateAuthority) -> str:
+        pems = ca.to_pems()
+        body = {k: base64.b64encode(v).decode() for k, v in pems.items() if k != _CLEAR_CA_KEY}
+        body[_SEALED_CA_KEY] = self._sealer.seal(pems[_CLEAR_CA_KEY], self.ca_key)
+        return json.dumps(body)
+
+    def _decode_ca(self, raw: bytes | str) -> tuple[CertificateAuthority, bool]:
+        """The CA, and whether its key was stored in the clear (by an older version)."""
+        try:
+            fields = json.loads(raw)
+            if not isinstance(fields, dict):
+                raise ValueError(f"expected a JSON object, got {type(fields).__name__}")
+            sealed = fields.pop(_SEALED_CA_KEY, None)
+            pems = {k: base64.b64decode(v, validate=True) for k, v in fields.items()}
+            if sealed is not None:
+                if not isinstance(sealed, str):
+                    raise ValueError(f"{_SEALED_CA_KEY} is not a string")
+                pems[_CLEAR_CA_KEY] = self._sealer.unseal(sealed, self.ca_key)
+        except SealError as exc:
+            raise CAError(f"its key cannot be unsealed: {exc}") from exc
+        except (ValueError, TypeError, binascii.Error) as exc:
+            raise CAError(f"stored CA is unreadable: {exc}") from exc
+        return CertificateAuthority.from_pems(pems), sealed is None
 
 
 def _unavailable(exc: BaseException) -> StoreUnavailable:

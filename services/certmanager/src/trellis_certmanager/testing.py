@@ -42,6 +42,9 @@ class InMemoryCertificateStore:
     async def replace_ca(self, ca: CertificateAuthority) -> None:
         self.ca = ca
 
+    async def seal_ca(self, ca: CertificateAuthority) -> bool:
+        return False  # nothing here is ever in the clear at rest
+
     async def put(self, record: CertificateRecord) -> None:
         await self.put_many([record])
 

@@ -174,6 +174,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         [ADS_SERVICE],
         credentials=serving.credentials(),
         options=XDS_OPTIONS,
+        reflection=settings.debug_endpoints,
     )
     tune_garbage_collection()
     return Parts(

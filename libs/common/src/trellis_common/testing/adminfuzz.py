@@ -2,7 +2,8 @@
 
 Each service's ``test_fuzz_admin_api.py`` builds its real admin app (``admin.create_app``
 plus the service's routes, fakes behind them where a live backend would be needed), loads
-its OpenAPI with ``schemathesis.openapi.from_asgi`` and runs every operation through
+its OpenAPI in-process with :func:`schema_of` (services serve ``/openapi.json`` only with
+``debug_endpoints``, so the document is not fetched over HTTP) and runs every operation through
 :func:`exercise`: the request is sent with the admin token (so the routes that change state
 run, not only their 401), and the response must pass :data:`CHECKS`:
 
@@ -24,12 +25,14 @@ from typing import Any, Final
 
 import hypothesis
 import schemathesis
+from fastapi import FastAPI
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
 )
+from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 TOKEN: Final = "fuzz-admin-token"
 AUTH: Final = {"Authorization": f"Bearer {TOKEN}"}
@@ -62,6 +65,17 @@ CHECKS: Final = [
     content_type_conformance,
     explains_itself,
 ]
+
+
+def schema_of(app: FastAPI) -> OpenApiSchema:
+    """Schemathesis' schema of ``app``'s OpenAPI document, with calls going to ``app``.
+
+    The document is built by ``app.openapi()`` and copied through JSON, as a fetched one
+    would be, so nothing schemathesis does to it reaches the app's cached copy.
+    """
+    loaded = schemathesis.openapi.from_dict(json.loads(json.dumps(app.openapi())))
+    loaded.app = app
+    return loaded
 
 
 def steer(

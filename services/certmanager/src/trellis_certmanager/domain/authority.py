@@ -95,7 +95,27 @@ class CertificateAuthority:
             raise CAError("stored CA is unreadable: it has no root certificate")
         if _public_der(ca.cert.public_key()) != _public_der(ca.key.public_key()):
             raise CAError("stored CA is unreadable: its key does not match its certificate")
+        _check_chain(ca)
         return ca
+
+
+def _check_chain(ca: CertificateAuthority) -> None:
+    """The signer chains up to the first root: a stored CA that only *names* this mesh's
+    root (same roots, another signer) is not this mesh's CA."""
+    chain = [ca.cert, *ca.intermediates]
+    try:
+        for child, parent in itertools.pairwise(chain):
+            _verify_signed_by(child, parent)
+        top = chain[-1]
+        if _self_signed(top):
+            if top != ca.roots[0]:
+                raise CAError(f"{top.subject.rfc4514_string()} is not the CA's root")
+        else:
+            _verify_signed_by(top, ca.roots[0])
+    except CAError as exc:
+        raise CAError(
+            f"stored CA is unreadable: its signer does not chain to its root ({exc})"
+        ) from exc
 
 
 def _public_der(key: PublicKeyTypes) -> bytes:

@@ -28,6 +28,10 @@ class CAError(CertificateError):
     """The CA cannot be loaded or would be replaced without the operator saying so."""
 
 
+class PlantedCA(CAError):
+    """The store holds a CA that is not this mesh's: refused, never adopted."""
+
+
 class StoreUnavailable(CertificateError):
     """The durable store (Redis) did not take a write; nothing was changed. Retry later."""
 

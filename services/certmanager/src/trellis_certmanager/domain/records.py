@@ -1,8 +1,9 @@
 """What certmanager keeps per certificate: metadata, the PEM chain, and the key.
 
-A :class:`CertificateRecord` is the durable unit (JSON in the store). The key is held
-with ``repr=False`` and left out of :meth:`CertificateRecord.metadata`, the only form that
-goes to listings, REST answers, events and logs.
+A :class:`CertificateRecord` is the durable unit (JSON in the store, its key sealed by the
+function the store passes in). The key is held with ``repr=False`` and left out of
+:meth:`CertificateRecord.metadata`, the only form that goes to listings, REST answers,
+events and logs.
 
 A record read back from the store is not trusted: :func:`check` holds it to what the issuer
 would have produced (identities that validate, a certificate that parses and is the one the
@@ -15,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
+from trellis_certmanager.domain.sealed import SealError
 from trellis_common.ids import (
     InvalidIdentifier,
     ProxyCommonName,
@@ -83,17 +85,28 @@ class CertificateRecord:
             "fingerprint_sha256": self.fingerprint,
         }
 
-    def to_json(self) -> str:
-        """The durable form, key included: only the store sees it."""
+    def to_json(self, seal: Callable[[bytes], str]) -> str:
+        """The durable form: metadata, the chain, and the key as ``seal`` makes it
+        (:mod:`~trellis_certmanager.domain.sealed`); only the store sees it."""
         body = self.metadata()
         body["cert_chain_pem"] = self.cert_chain_pem.decode()
-        body["key_pem"] = self.key_pem.decode()
+        body[SEALED_KEY_FIELD] = seal(self.key_pem)
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> CertificateRecord:
+    def from_json(cls, text: str | bytes, unseal: Callable[[str], bytes]) -> CertificateRecord:
+        """The record of a durable form; its key goes through ``unseal`` (whose
+        ``ValueError`` says why it cannot), or is read as it is from a record an older
+        version wrote in the clear (:func:`in_the_clear`)."""
+        return cls.from_body(parse_body(text), unseal)
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any], unseal: Callable[[str], bytes]) -> CertificateRecord:
         try:
-            body = json.loads(text)
+            if LEGACY_KEY_FIELD in body:
+                key_pem = body[LEGACY_KEY_FIELD].encode()
+            else:
+                key_pem = unseal(body[SEALED_KEY_FIELD])
             return cls(
                 common_name=body["common_name"],
                 kind=CertificateKind(body["kind"]),
@@ -110,10 +123,34 @@ class CertificateRecord:
                 issuer=body["issuer"],
                 fingerprint=body["fingerprint_sha256"],
                 cert_chain_pem=body["cert_chain_pem"].encode(),
-                key_pem=body["key_pem"].encode(),
+                key_pem=key_pem,
             )
+        except SealError as exc:
+            raise ValueError(f"the key cannot be unsealed: {exc}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed certificate record: {exc!r}") from exc
+
+
+#: The field of the durable form that holds the sealed key.
+SEALED_KEY_FIELD = "key_sealed"
+#: The field in which versions before sealing kept the key in the clear.
+LEGACY_KEY_FIELD = "key_pem"
+
+
+def parse_body(text: str | bytes) -> dict[str, Any]:
+    """The JSON object of a durable form; ``ValueError`` if it is not one."""
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"malformed certificate record: {exc!r}") from exc
+    if not isinstance(body, dict):
+        raise ValueError(f"malformed certificate record: a JSON {type(body).__name__}")
+    return body
+
+
+def in_the_clear(body: dict[str, Any]) -> bool:
+    """Whether a durable form holds its key in the clear (written before sealing)."""
+    return LEGACY_KEY_FIELD in body
 
 
 def past_expiry(
