@@ -196,6 +196,8 @@ def test_json_output_and_outages(mesh: Mesh, tmp_path: Path) -> None:
         "-c",
         str(out.resolve() / "envoy.yaml"),
         "--disable-hot-restart",
+        "--drain-time-s",
+        "5",  # a TCP policy change closes old connections within seconds
     ]
     assert os.path.exists(result["files"]["key"])
 
