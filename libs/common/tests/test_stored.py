@@ -50,3 +50,22 @@ def test_a_refused_record_is_reported_until_it_is_overwritten() -> None:
     refused.overwritten("b")
     assert "b" not in refused
     assert health.rejections.items() == []
+
+
+async def test_handing_a_record_on_never_raises_and_reports_each_failure() -> None:
+    health = Health()
+    handed: list[str] = []
+
+    async def hand_on(key: str) -> None:
+        if key == "bad":
+            raise RuntimeError("the consumer choked")
+        handed.append(key)
+
+    assert await health.rejections.guarded("views", "bad", hand_on("bad")) is False
+    assert await health.rejections.guarded("views", "good", hand_on("good")) is True
+    assert handed == ["good"]
+    [rejection] = health.rejections.items()
+    assert (rejection.source, rejection.key) == ("views", "bad")
+    assert rejection.reason == "RuntimeError: the consumer choked"
+    assert await health.rejections.guarded("views", "bad", hand_on("fixed")) is True
+    assert health.rejections.items() == []  # the same key went through: accepted again

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,6 +216,20 @@ class Rejections:
         if self._items.pop((source, key), None) is not None:
             log.info("record.accepted source=%s key=%r", source, key)
             self._update_gauge(source)
+
+    async def guarded(self, source: str, key: str, call: Awaitable[None]) -> bool:
+        """Await ``call`` (handing one record on); a failure is logged with its traceback
+        and rejected, never raised: one record never stops the others. True if it went."""
+        try:
+            await call
+        except Exception as exc:
+            log.exception("record.handing_on_failed source=%s key=%s", source, key)
+            self.reject(
+                source, key, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            )
+            return False
+        self.accept(source, key)
+        return True
 
     def accept_all(self, source: str, keep: set[str] | frozenset[str] = frozenset()) -> None:
         """Forget every rejection of ``source`` except those of ``keep`` (after a resync)."""

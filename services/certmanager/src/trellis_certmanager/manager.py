@@ -33,10 +33,8 @@ from memory; a write Redis does not take fails with
 :class:`~trellis_certmanager.domain.errors.StoreUnavailable` and changes nothing, and a
 rotation pass that meets one stops until the next pass.
 
-Planted CA: a CA in the store that is not this mesh's (its root differs from the
-root-fingerprint marker at start, or from the CA in force while running, as the store
-guard sees it) is :class:`PlantedCA`: certmanager stops with a critical log line naming
-both roots and what to do, and never serves it or writes over it.
+Planted CA: which CA is in force, and refusing any other found in the store, is
+:mod:`trellis_certmanager.custody`.
 
 Corrupt state: a CA that cannot be loaded stops certmanager with an error naming the Redis
 key and the remedy (the root-fingerprint marker is left as it is, so no new root is made in
@@ -59,13 +57,13 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
+from trellis_certmanager.custody import CaCustody
+from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import (
     CAError,
     InvalidRequest,
     NotFound,
     NotRevocable,
-    PlantedCA,
     StoreUnavailable,
 )
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
@@ -117,7 +115,9 @@ class CertificateManager:
         self._algorithm = algorithm
         self._metrics = metrics
         self._clock = clock
-        self._root_validity = root_validity
+        self._custody = CaCustody(
+            store, metrics, algorithm, root_validity, policy.trust_domain, clock
+        )
         self._records: dict[str, CertificateRecord] = {}
         self._wanted: dict[str, dt.datetime] = {}  # service certificate -> last asked for
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # cn -> (lock, [users])
@@ -136,49 +136,8 @@ class CertificateManager:
         ``marker`` is a file holding the root fingerprint of this mesh: with it present and
         the store empty, certmanager refuses to make a new root (the store lost its data).
         """
-        root_changed = False  # the operator's CA replaced the one on record
-        try:
-            stored = await self._store.load_ca()
-        except CAError as exc:
-            if provided is None:
-                raise
-            log.error("ca.unreadable error=%r action=replacing-with-operator-ca", str(exc))
-            stored, root_changed = None, True
-        if provided is not None:
-            if (
-                stored is None
-                or stored.fingerprint != provided.fingerprint
-                or (stored.cert != provided.cert)
-            ):
-                await self._store.replace_ca(provided)
-                if stored is not None:
-                    log.warning(
-                        "ca.replaced_by_operator_ca previous=%s new=%s",
-                        stored.fingerprint,
-                        provided.fingerprint,
-                    )
-                    root_changed = True
-            ca = provided
-        elif stored is not None:
-            self._refuse_if_planted(stored, marker)
-            ca = stored
-            await self._store.seal_ca(ca)  # ours: one an older version kept in the clear
-        else:
-            if marker is not None and marker.exists():
-                raise CAError(
-                    f"the CA store is empty but this mesh's root is "
-                    f"{marker.read_text().strip()} ({marker}); restore the store's data, or "
-                    f"delete {marker} to create a new root on purpose"
-                )
-            ca = await self._store.save_ca_if_absent(
-                generate_root(
-                    self._algorithm, self._root_validity, self._clock(), self._policy.trust_domain
-                )
-            )
-            log.info("ca.created fingerprint=%s algorithm=%s", ca.fingerprint, self._algorithm)
-        if marker is not None:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(ca.fingerprint + "\n")
+        chosen = await self._custody.choose(provided, marker)
+        ca, root_changed = chosen.ca, chosen.root_changed
         self._install(ca)
         if root_changed:  # consumers running across the restart take the new trust bundle
             await self._signal("root-changed", ROOT_KEY)
@@ -434,37 +393,16 @@ class CertificateManager:
         return pruned
 
     async def guard_store(self, stop: asyncio.Event, interval: float = 5.0) -> None:
-        """Put the CA and records back if the store lost them (Redis came back empty)."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await self.restore_if_lost()
-            except CAError as exc:  # not our CA, or none we can read: never adopted
-                if not isinstance(exc, PlantedCA):
-                    self._metrics.ca_refused.labels("unreadable").inc()
-                raise
-            except Exception as exc:  # noqa: BLE001 (the store being down is retried next round)
-                log.warning("ca.guard_failed error=%r", exc)
+        """Put the CA and records back if the store lost them (Redis came back empty);
+        :class:`PlantedCA` if it holds another CA (see :mod:`trellis_certmanager.custody`)."""
+        await self._custody.guard(stop, interval, lambda: self.ca, self._refill)
 
     async def restore_if_lost(self) -> bool:
-        """Put the CA and records back if the store lost them; :class:`PlantedCA` if the
-        store holds another CA than the one in force (it is never adopted)."""
-        stored = await self._store.load_ca()
-        if stored is not None:
-            self._refuse_if_not_ours(stored, "store guard")
-            return False
-        log.warning(
-            "ca.store_lost action=restoring fingerprint=%s records=%d",
-            self.ca.fingerprint,
-            len(self._records),
-        )
-        # Another writer may have put a CA there since we looked: it wins the SET NX, and
-        # is refused here rather than served over.
-        self._refuse_if_not_ours(await self._store.save_ca_if_absent(self.ca), "refill")
+        """One round of :meth:`guard_store`: True if the store had lost its data."""
+        return await self._custody.restore_if_lost(self.ca, self._refill)
+
+    async def _refill(self) -> None:
+        """The store lost its data: write back the records and revocations held here."""
         await self._store.put_many(list(self._records.values()))
         await self.revocations.restore()
         for common_name in self._rejected.fields():  # the store lost them with the rest
@@ -472,36 +410,8 @@ class CertificateManager:
         log.warning(
             "ca.store_restored fingerprint=%s records=%d", self.ca.fingerprint, len(self._records)
         )
-        return True
 
     # -- helpers -------------------------------------------------------------------
-
-    def _refuse_if_planted(self, stored: CertificateAuthority, marker: Path | None) -> None:
-        """At start: a stored CA whose root is not the one in the fingerprint marker."""
-        if marker is None or not marker.exists():
-            return  # first start, or a state directory lost: the stored CA is all we know
-        expected = marker.read_text().strip()
-        if expected and stored.fingerprint != expected:
-            self._metrics.ca_refused.labels("planted").inc()
-            raise PlantedCA(
-                f"the CA in the store has root {stored.fingerprint} but this mesh's root is "
-                f"{expected} ({marker}): someone wrote another CA into Redis. It is refused, "
-                f"never adopted. Restore the CA key from a backup of Redis; to change the mesh "
-                f"root on purpose, start certmanager with the CA files "
-                f"(--ca-cert-file/--ca-key-file), or delete {marker}"
-            )
-
-    def _refuse_if_not_ours(self, stored: CertificateAuthority, path: str) -> None:
-        if stored.fingerprint == self.ca.fingerprint and stored.cert == self.ca.cert:
-            return
-        self._metrics.ca_refused.labels("planted").inc()
-        raise PlantedCA(
-            f"the CA in the store (root {stored.fingerprint}) is not the one this "
-            f"certmanager serves (root {self.ca.fingerprint}), found by the {path}: someone "
-            f"wrote another CA into Redis. It is refused, never adopted. Restore the CA key "
-            f"from a backup of Redis and find who can write to it; to change the mesh root "
-            f"on purpose, start certmanager with the CA files (--ca-cert-file/--ca-key-file)"
-        )
 
     @contextlib.asynccontextmanager
     async def _lock(self, key: str) -> AsyncIterator[None]:

@@ -30,7 +30,6 @@ import grpc
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_common.events import Follower
-from trellis_common.follow import describe
 from trellis_common.health import Health
 from trellis_common.locate import Locator, OwnerUnavailable
 from trellis_common.signaling import Event
@@ -159,13 +158,9 @@ class CatalogClient:
         if account is None:
             return
         view = await self.view(identity, account)
-        try:
-            await self._on_view(identity, view)
-        except Exception as exc:  # one identity's view never stops the others
-            log.exception("catalog.view_failed identity=%s", identity)
-            self.health.rejections.reject("catalog view", identity, describe(exc))
-            return
-        self.health.rejections.accept("catalog view", identity)
+        await self.health.rejections.guarded(
+            "catalog view", identity, self._on_view(identity, view)
+        )
 
 
 class ViewFollower(Follower):

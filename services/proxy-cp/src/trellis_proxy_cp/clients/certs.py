@@ -38,7 +38,6 @@ import grpc
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_common.events import Follower
-from trellis_common.follow import describe
 from trellis_common.health import Health
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ServiceCommonName
 from trellis_common.locate import Locator
@@ -152,13 +151,9 @@ class CertClient:
         ):
             return
         log.info("certs.material_changed identity=%s serial=%s", identity, found.serial)
-        try:
-            await self._on_material(identity, found)
-        except Exception as exc:  # one identity's material never stops the others
-            log.exception("certs.material_failed identity=%s", identity)
-            self.health.rejections.reject("certmanager material", identity, describe(exc))
-            return
-        self.health.rejections.accept("certmanager material", identity)
+        await self.health.rejections.guarded(
+            "certmanager material", identity, self._on_material(identity, found)
+        )
 
 
 class CertificateFollower(Follower):
