@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from trellis_certmanager.domain.authority import CertificateAuthority, fingerprint
+from trellis_certmanager.domain.csr import PublicKey
 from trellis_certmanager.domain.errors import InvalidRequest
 from trellis_certmanager.domain.keys import KeyAlgorithm, generate_key, key_to_pem
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
@@ -166,11 +167,16 @@ class Issuer:
         uris: tuple[str, ...],
         lifetime: dt.timedelta,
         now: dt.datetime,
+        public_key: PublicKey | None = None,
     ) -> CertificateRecord:
+        """Sign a leaf: for ``public_key`` (from a CSR: the record then has no key), else
+        for a key made here (service certificates, whose key proxy-cp serves over SDS)."""
         not_before = now - BACKDATE
         # A leaf never outlives its CA: clamp rather than hand out a chain that breaks.
         not_after = min(now + lifetime, self.ca.cert.not_valid_after_utc)
-        key = generate_key(self.algorithm)
+        key = generate_key(self.algorithm) if public_key is None else None
+        subject_key = key.public_key() if key is not None else public_key
+        assert subject_key is not None
         builder = (
             x509.CertificateBuilder()
             .subject_name(
@@ -183,7 +189,7 @@ class Issuer:
                 )
             )
             .issuer_name(self.ca.cert.subject)
-            .public_key(key.public_key())
+            .public_key(subject_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before)
             .not_valid_after(not_after)
@@ -214,7 +220,7 @@ class Issuer:
             issuer=self._issuer_text,
             fingerprint=fingerprint(cert),
             cert_chain_pem=cert.public_bytes(serialization.Encoding.PEM) + self._chain_pem,
-            key_pem=key_to_pem(key),
+            key_pem=b"" if key is None else key_to_pem(key),
         )
 
 
