@@ -12,8 +12,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
-import httpx
 import pytest
 
 from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmanager_pb2_grpc
@@ -102,8 +100,7 @@ def register(state_dir: Path, name: str, service: str, port: int) -> None:
 
 
 def view(catalog: ServiceProcess, identity: str) -> dict[str, Any]:
-    url = f"{catalog.endpoint.admin_url}/v1/views/{identity}"
-    body: dict[str, Any] = httpx.get(url, timeout=5).json()
+    body: dict[str, Any] = catalog.get(f"/v1/views/{identity}").json()
     return body
 
 
@@ -119,7 +116,7 @@ def endpoints(body: dict[str, Any], cluster: str) -> list[str]:
 
 async def onboard(certmanager: ServiceProcess, service: str, account: str) -> str:
     """What the injector does: issue a proxy certificate (the catalog then expects it)."""
-    async with grpc.aio.insecure_channel(certmanager.endpoint.grpc_address) as channel:
+    async with certmanager.channel("injector") as channel:
         stub = certmanager_pb2_grpc.CertificateManagerStub(channel)
         issued = await stub.IssueCertificate(
             certmanager_pb2.IssueCertificateRequest(
@@ -159,7 +156,7 @@ async def test_views_follow_providers_policies_and_certificates(
     )
     # MeshConfig (examples/bookstore) sets serviceCertValidityDuration: 24h, jitter 10 %
     assert timedelta(hours=21) < lifetime < timedelta(hours=27)
-    proxies = httpx.get(catalog.endpoint.admin_url + "/v1/proxies", timeout=5).json()["proxies"]
+    proxies = catalog.get("/v1/proxies").json()["proxies"]
     assert [p["common_name"] for p in proxies] == [cn]
     rotated = trellis(state_dir, "certs", "rotate", "bookbuyer.bookbuyer.svc.cluster.local")
     assert rotated.returncode == 0, rotated.stderr
@@ -183,9 +180,9 @@ async def test_views_follow_providers_policies_and_certificates(
     # the provider dies: its endpoints stay for the grace period (2 s here), then leave;
     # it comes back with its registrations
     provider.kill()
-    status = httpx.get(catalog.endpoint.admin_url + "/v1/status", timeout=5).json()
+    status = catalog.get("/v1/status").json()
     await eventually(
-        lambda: httpx.get(catalog.endpoint.admin_url + "/readyz", timeout=5).json()["reasons"],
+        lambda: catalog.get("/readyz").json()["reasons"],
         timeout=10,
         message="readyz names the provider's stream while it is down",
     )
@@ -206,9 +203,7 @@ async def test_views_follow_providers_policies_and_certificates(
     catalog.kill()
     catalog.start()
     await eventually(
-        lambda: (
-            httpx.get(catalog.endpoint.admin_url + "/v1/proxies", timeout=5).json()["proxies"] != []
-        ),
+        lambda: catalog.get("/v1/proxies").json()["proxies"] != [],
         timeout=10,
         message="expected proxies are durable",
     )
@@ -222,7 +217,7 @@ async def test_views_signal_their_cursor_and_the_policy_cli(
     mesh: dict[str, ServiceProcess], state_dir: Path, spec_dir: Path, redis_server: RedisServer
 ) -> None:
     catalog = mesh["catalog"]
-    async with grpc.aio.insecure_channel(catalog.endpoint.grpc_address) as channel:
+    async with catalog.channel("proxy-cp") as channel:
         stub = catalog_pb2_grpc.CatalogStub(channel)
         before = await stub.ListViewVersions(catalog_pb2.ListViewVersionsRequest())
         assert before.full

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 import redis
 from cryptography import x509
@@ -38,8 +37,11 @@ def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def call(process: ServiceProcess, method: str, request: object) -> object:
-    async with grpc.aio.insecure_channel(process.endpoint.grpc_address) as channel:
+async def call(
+    process: ServiceProcess, method: str, request: object, caller: str = "proxy-cp"
+) -> object:
+    """``method`` as ``caller`` would call it (proxy-cp: the root, service certificates)."""
+    async with process.channel(caller) as channel:
         stub = pb_grpc.CertificateManagerStub(channel)
         return await getattr(stub, method)(request, timeout=10)
 
@@ -253,10 +255,8 @@ async def test_corrupt_records_are_skipped_reported_and_re_issued_or_deleted(
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
     token = tokens.load_or_create_admin_token(state_dir)
-    async with httpx.AsyncClient(
-        base_url=certmanager.endpoint.admin_url,
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=10,
+    async with certmanager.async_client(
+        headers={"Authorization": f"Bearer {token}"}, timeout=10
     ) as admin:
         status = (await admin.get("/v1/status")).json()
         reasons = {r["key"]: r["reason"] for r in status["rejections"]}

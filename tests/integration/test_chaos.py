@@ -79,11 +79,11 @@ class Heartbeats(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.is_set():
-            base = self.mesh.processes["endpoints-vm"].endpoint.admin_url
+            endpoints_vm = self.mesh.processes["endpoints-vm"]
             for name in self.workloads:
                 try:
-                    response = httpx.post(
-                        f"{base}/v1/workloads/bookstore/{name}/heartbeat",
+                    response = endpoints_vm.post(
+                        f"/v1/workloads/bookstore/{name}/heartbeat",
                         headers={"authorization": f"Bearer {self.token}"},
                         timeout=2,
                     )
@@ -133,8 +133,7 @@ class Chaos:
         self.heartbeats.join(10)
 
     def registered(self) -> dict[str, bool]:
-        url = self.mesh.processes["endpoints-vm"].endpoint.admin_url + "/v1/workloads"
-        workloads = httpx.get(url, timeout=5).json()["workloads"]
+        workloads = self.mesh.processes["endpoints-vm"].get("/v1/workloads").json()["workloads"]
         return {w["name"]: bool(w["alive"]) for w in workloads}
 
     def in_envoy(self, address: str) -> bool:

@@ -103,7 +103,7 @@ def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def services(process: ServiceProcess) -> dict[str, Any]:
-    body = httpx.get(process.endpoint.admin_url + "/v1/services", timeout=5).json()
+    body = process.get("/v1/services").json()
     return {f"{s['namespace']}/{s['name']}": s for s in body["services"]}
 
 
@@ -208,12 +208,12 @@ async def test_spec_directory_is_watched_and_a_broken_file_keeps_the_last_good_v
     path.write_text(SERVICE_ENTRY.replace("10.9.0.1", "10.9.0.3")[:300] + "\n  ports: [")
 
     def reported() -> bool:
-        body = httpx.get(endpoints_vm.endpoint.admin_url + "/v1/documents", timeout=5).json()
+        body = endpoints_vm.get("/v1/documents").json()
         return any(d["status"] == "error" for d in body["documents"])
 
     await eventually(reported, timeout=5)
     assert addresses(endpoints_vm, "shop/db.shop.svc.cluster.local") == ["10.9.0.2"]
-    documents = httpx.get(endpoints_vm.endpoint.admin_url + "/v1/documents", timeout=5).json()
+    documents = endpoints_vm.get("/v1/documents").json()
     error = next(d for d in documents["documents"] if d["status"] == "error")
     assert error["source"].endswith("shop.yaml")
     assert "line" in error["reason"]
@@ -252,7 +252,7 @@ async def test_a_consumer_hears_each_change_from_the_provider_in_the_registry_an
         assert record is not None
         async with (
             admin(endpoints_vm, state_dir) as http,
-            grpc.aio.insecure_channel(record.grpc_address) as channel,
+            endpoints_vm.channel("catalog") as channel,
         ):
             stub = pb_grpc.EndpointsProviderStub(channel)
             request = pb.GetServiceRequest(service=pb.ServiceRef(namespace="shop", name="web"))
@@ -354,11 +354,7 @@ def registration(name: str, address: str, ttl: float | None = None) -> dict[str,
 
 def admin(process: ServiceProcess, state_dir: Path) -> httpx.AsyncClient:
     token = tokens.load_or_create_admin_token(state_dir)
-    return httpx.AsyncClient(
-        base_url=process.endpoint.admin_url,
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
+    return process.async_client(headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 
 def stored(redis_server: RedisServer) -> dict[str, dict[str, Any]]:

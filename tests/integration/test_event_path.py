@@ -15,7 +15,6 @@ import asyncio
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from trellis_common.testing import RedisServer, eventually
@@ -38,13 +37,14 @@ spec:
 
 
 def loops(mesh: Mesh, service: str) -> dict[str, dict[str, Any]]:
-    url = mesh.processes[service].endpoint.admin_url + "/v1/status"
-    return {loop["name"]: loop for loop in httpx.get(url, timeout=5).json()["loops"]}
+    return {
+        loop["name"]: loop for loop in mesh.processes[service].get("/v1/status").json()["loops"]
+    }
 
 
 def not_ready(mesh: Mesh, service: str) -> str:
     """The body of a 503 ``/readyz``, or "" while the service is ready."""
-    response = httpx.get(mesh.processes[service].endpoint.admin_url + "/readyz", timeout=5)
+    response = mesh.processes[service].get("/readyz")
     return response.text if response.status_code == 503 else ""
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 
 from trellis_api import (
@@ -51,8 +50,12 @@ def services(state_dir: Path, redis_server: RedisServer) -> Iterator[dict[str, S
             process.stop()
 
 
-async def refused(process: ServiceProcess, stub_class: Any, rpc: str, request: Any) -> str:
-    async with grpc.aio.insecure_channel(process.endpoint.grpc_address) as channel:
+async def refused(
+    process: ServiceProcess, stub_class: Any, rpc: str, request: Any, caller: str
+) -> str:
+    """Call as ``caller``, a component the policy lets call ``rpc``: the request itself is
+    what is refused."""
+    async with process.channel(caller) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await getattr(stub_class(channel), rpc)(request, timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -60,12 +63,11 @@ async def refused(process: ServiceProcess, stub_class: Any, rpc: str, request: A
 
 
 def seen_by_an_operator(process: ServiceProcess, rpc: str, details: str) -> None:
-    admin = process.endpoint.admin_url
-    status = httpx.get(f"{admin}/v1/status", timeout=5).json()
+    status = process.get("/v1/status").json()
     assert [(r["source"], r["key"], r["reason"]) for r in status["rejections"]] == [
         ("grpc", rpc, details)
     ]
-    metrics = httpx.get(f"{admin}/metrics", timeout=5).text
+    metrics = process.get("/metrics").text
     assert 'trellis_rejected_records_total{source="grpc"} 1.0' in metrics
 
 
@@ -82,10 +84,11 @@ async def test_each_service_refuses_a_bad_name_and_shows_it(
             service=certmanager_pb2.MeshService(namespace="shop", name="cart"),
             service_account=BAD,
         ),
+        "injector",
     )
     assert details.startswith("service_account: 'Bad Name!' is not a valid DNS-1123 subdomain")
     seen_by_an_operator(certmanager, "IssueCertificate", details)
-    listed = httpx.get(f"{certmanager.endpoint.admin_url}/v1/certificates", timeout=5).json()
+    listed = certmanager.get("/v1/certificates").json()
     assert listed["certificates"] == []
 
     provider = services["endpoints-vm"]
@@ -96,6 +99,7 @@ async def test_each_service_refuses_a_bad_name_and_shows_it(
         endpoints_pb2.GetServiceRequest(
             service=endpoints_pb2.ServiceRef(namespace=BAD, name="cart")
         ),
+        "catalog",
     )
     assert details.startswith("service.namespace: 'Bad Name!' is not a valid DNS-1123 label")
     seen_by_an_operator(provider, "GetService", details)
@@ -108,8 +112,9 @@ async def test_each_service_refuses_a_bad_name_and_shows_it(
         catalog_pb2.ExpectProxyRequest(
             common_name="00000000-0000-4000-8000-000000000001.cart.shop", service_account=BAD
         ),
+        "injector",
     )
     assert details.startswith("service_account: 'Bad Name!' is not a valid DNS-1123 subdomain")
     seen_by_an_operator(catalog, "ExpectProxy", details)
-    proxies = httpx.get(f"{catalog.endpoint.admin_url}/v1/proxies", timeout=5).json()
+    proxies = catalog.get("/v1/proxies").json()
     assert proxies["proxies"] == []

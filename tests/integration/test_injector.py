@@ -68,7 +68,7 @@ class Mesh:
             p.stop()
 
     def get(self, service: str, path: str) -> Any:
-        return httpx.get(self.processes[service].endpoint.admin_url + path, timeout=5).json()
+        return self.processes[service].get(path).json()
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

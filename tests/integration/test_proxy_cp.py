@@ -89,11 +89,7 @@ def test_traffic_split_policy_and_mtls(mesh: Mesh) -> None:
         for kind, state in proxies[proxy.common_name]["types"].items():
             assert state["acked_version"] == state["sent_version"], (kind, state)
             assert state["nacks"] == 0
-    config = httpx.get(
-        mesh.processes["proxy-cp"].endpoint.admin_url
-        + f"/v1/proxies/{v1.common_name}/config?type=sds",
-        timeout=5,
-    ).json()
+    config = mesh.processes["proxy-cp"].get(f"/v1/proxies/{v1.common_name}/config?type=sds").json()
     assert "PRIVATE KEY" not in json.dumps(config)
     assert "[redacted]" in json.dumps(config)
 

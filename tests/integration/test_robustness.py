@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 import redis
 
@@ -40,8 +39,7 @@ spec:
 
 
 def admin(mesh: Mesh, service: str, path: str) -> Any:
-    url = mesh.processes[service].endpoint.admin_url + path
-    return httpx.get(url, timeout=5).json()
+    return mesh.processes[service].get(path).json()
 
 
 @pytest.fixture
@@ -126,8 +124,9 @@ def test_a_bad_account_stored_by_an_older_certmanager_no_longer_crash_loops_the_
 
     # the operator removes it (re-issuing the name would overwrite it too)
     token = (mesh.state_dir / "admin-token").read_text().strip()
-    url = mesh.processes["certmanager"].endpoint.admin_url + f"/v1/certificates/{common_name}"
-    deleted = httpx.delete(url, headers={"authorization": f"Bearer {token}"}, timeout=5)
+    deleted = mesh.processes["certmanager"].delete(
+        f"/v1/certificates/{common_name}", headers={"authorization": f"Bearer {token}"}
+    )
     assert deleted.status_code == 204, deleted.text
     assert admin(mesh, "certmanager", "/v1/status")["rejections"] == []
 

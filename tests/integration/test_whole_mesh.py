@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from trellis_common import adminhttp
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +95,9 @@ class Up:
     def ready(self, service: str) -> bool:
         try:
             body = json.loads((self.state / "services" / f"{service}.json").read_text())
-            return httpx.get(body["admin_url"] + "/readyz", timeout=2).status_code == 200
+            url = body["admin_url"] + "/readyz"
+            answer = adminhttp.request(self.state, service, "GET", url, timeout=2)
+            return answer.status_code == 200
         except (OSError, ValueError, KeyError, httpx.HTTPError):
             return False
 

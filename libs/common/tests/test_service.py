@@ -16,6 +16,7 @@ from trellis_common import registry, statefile
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 from trellis_common.settings import ServiceSettings
+from trellis_common.testing.identities import local_identity
 from trellis_common.testing.redis_server import RedisServer
 from trellis_common.testing.waiting import eventually
 
@@ -42,6 +43,7 @@ class Demo:
 
     async def build(self, runtime: ServiceRuntime, settings: DemoSettings) -> Parts:
         self.runtime = runtime
+        runtime.identity = IDENTITY  # what joining (or certmanager itself) would give
 
         def routes(app: object) -> None:
             app.get("/v1/demo")(lambda: {"instance": settings.instance_name})  # type: ignore[attr-defined]
@@ -54,8 +56,11 @@ class Demo:
         )
 
 
+IDENTITY = local_identity("catalog")
+
+
 def demo_service(demo: Demo) -> Service[DemoSettings]:
-    return Service(DemoSettings, "demo-kind", demo.build)
+    return Service(DemoSettings, "demo-kind", demo.build, joins=False)
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +110,10 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
     endpoint = await eventually(lambda: statefile.read_endpoint(tmp_path, "demo"))
     assert endpoint is not None
     await eventually(demo.running.is_set)
-    async with httpx.AsyncClient(base_url=endpoint.admin_url) as client:
+    assert endpoint.admin_url.startswith("https://")
+    context = IDENTITY.client_ssl_context()
+    context.check_hostname = False  # the address is 127.0.0.1; the chain is what is checked
+    async with httpx.AsyncClient(base_url=endpoint.admin_url, verify=context) as client:
         not_ready = await client.get("/readyz")
         demo.ready.set()
         ready = await client.get("/readyz")
@@ -115,7 +123,9 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
     assert not_ready.status_code == 503
     assert ready.status_code == 200
     assert own.json() == {"instance": "demo-1"}
-    assert [(r.name, dict(r.attributes)) for r in records] == [("demo-1", {"flavour": "plain"})]
+    assert [(r.name, dict(r.attributes)) for r in records] == [
+        ("demo-1", {"flavour": "plain", "component": "demo"})
+    ]
     assert records[0].grpc_address == endpoint.grpc_address
 
     stop.set()
@@ -130,10 +140,11 @@ async def test_a_build_that_gives_up_ends_the_service_without_serving(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     async def give_up(runtime: ServiceRuntime, settings: DemoSettings) -> Parts | None:
+        runtime.identity = IDENTITY
         runtime.locator("elsewhere")
         return None
 
-    service = Service(DemoSettings, "demo-kind", give_up)
+    service = Service(DemoSettings, "demo-kind", give_up, joins=False)
     settings = DemoSettings(redis_url=redis_server.url, state_dir=tmp_path)
 
     await asyncio.wait_for(service.serve(settings, asyncio.Event()), timeout=10)
@@ -147,7 +158,7 @@ async def test_a_build_that_fails_fails_the_service(
     async def broken(runtime: ServiceRuntime, settings: DemoSettings) -> Parts:
         raise RuntimeError("no CA")
 
-    service = Service(DemoSettings, "demo-kind", broken)
+    service = Service(DemoSettings, "demo-kind", broken, joins=False)
     settings = DemoSettings(redis_url=redis_server.url, state_dir=tmp_path)
 
     with pytest.raises(RuntimeError, match="no CA"):

@@ -164,7 +164,9 @@ def test_every_field_is_a_flag() -> None:
         "--grpc-port", "5", "--admin-port", "6", "--bind-host", "0.0.0.0",
         "--state-dir", "/s", "--redis-url", "redis://flag:1/0", "--log-format", "json",
         "--log-level", "DEBUG", "--admin-token", "t", "--instance", "x-9",
-        "--registry-ttl", "2.5", "--debug-endpoints",
+        "--registry-ttl", "2.5", "--debug-endpoints", "--trust-bundle-file", "/b.pem",
+        "--join-token-file", "/j", "--service-account-token-file", "/sa",
+        "--certmanager-admin-address", "cm:1",
     )  # fmt: skip
 
     assert settings.model_dump() == {
@@ -179,6 +181,10 @@ def test_every_field_is_a_flag() -> None:
         "instance": "x-9",
         "registry_ttl": 2.5,
         "debug_endpoints": True,
+        "trust_bundle_file": Path("/b.pem"),
+        "join_token_file": Path("/j"),
+        "service_account_token_file": Path("/sa"),
+        "certmanager_admin_address": "cm:1",
     }
 
 

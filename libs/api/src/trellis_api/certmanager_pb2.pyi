@@ -415,3 +415,52 @@ class ListRevokedCertificatesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRevokedCertificatesResponse: _TypeAlias = ListRevokedCertificatesResponse  # noqa: Y015
+
+@_typing.final
+class RenewComponentCertificateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    csr_pem: _builtins.bytes
+    """PEM PKCS#10 request for the component's new key (only its public key is used)."""
+    def __init__(
+        self,
+        *,
+        csr_pem: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewComponentCertificateRequest: _TypeAlias = RenewComponentCertificateRequest  # noqa: Y015
+
+@_typing.final
+class ComponentCertificate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERT_CHAIN_PEM_FIELD_NUMBER: _builtins.int
+    TRUST_BUNDLE_PEM_FIELD_NUMBER: _builtins.int
+    NOT_AFTER_FIELD_NUMBER: _builtins.int
+    cert_chain_pem: _builtins.bytes
+    """Leaf first, then any intermediates; the leaf's URI SAN is
+    spiffe://<trust-domain>/ns/trellis-system/sa/<component>.
+    """
+    trust_bundle_pem: _builtins.bytes
+    @_builtins.property
+    def not_after(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        cert_chain_pem: _builtins.bytes = ...,
+        trust_bundle_pem: _builtins.bytes = ...,
+        not_after: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["not_after", b"not_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_chain_pem", b"cert_chain_pem", "not_after", b"not_after", "trust_bundle_pem", b"trust_bundle_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ComponentCertificate: _TypeAlias = ComponentCertificate  # noqa: Y015

@@ -69,6 +69,11 @@ class CertificateManagerStub:
                 request_serializer=trellis__api_dot_certmanager__pb2.ListRevokedCertificatesRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_certmanager__pb2.ListRevokedCertificatesResponse.FromString,
                 _registered_method=True)
+        self.RenewComponentCertificate = channel.unary_unary(
+                '/trellis.certmanager.v1.CertificateManager/RenewComponentCertificate',
+                request_serializer=trellis__api_dot_certmanager__pb2.RenewComponentCertificateRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_certmanager__pb2.ComponentCertificate.FromString,
+                _registered_method=True)
 
 
 class CertificateManagerServicer:
@@ -127,6 +132,15 @@ class CertificateManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewComponentCertificate(self, request, context):
+        """A component renews its own identity: the caller's certificate (mTLS) says which
+        component it is, the CSR carries its new public key. A component's first certificate
+        comes from the join exchange (certmanager's REST `POST /v1/join`) instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CertificateManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +178,11 @@ def add_CertificateManagerServicer_to_server(servicer, server):
                     servicer.ListRevokedCertificates,
                     request_deserializer=trellis__api_dot_certmanager__pb2.ListRevokedCertificatesRequest.FromString,
                     response_serializer=trellis__api_dot_certmanager__pb2.ListRevokedCertificatesResponse.SerializeToString,
+            ),
+            'RenewComponentCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewComponentCertificate,
+                    request_deserializer=trellis__api_dot_certmanager__pb2.RenewComponentCertificateRequest.FromString,
+                    response_serializer=trellis__api_dot_certmanager__pb2.ComponentCertificate.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +374,33 @@ class CertificateManager:
             '/trellis.certmanager.v1.CertificateManager/ListRevokedCertificates',
             trellis__api_dot_certmanager__pb2.ListRevokedCertificatesRequest.SerializeToString,
             trellis__api_dot_certmanager__pb2.ListRevokedCertificatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewComponentCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.certmanager.v1.CertificateManager/RenewComponentCertificate',
+            trellis__api_dot_certmanager__pb2.RenewComponentCertificateRequest.SerializeToString,
+            trellis__api_dot_certmanager__pb2.ComponentCertificate.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,11 @@ class CertificateManagerStub:
     certificate expires. Consumers call it when the signal `certificates` rings with kind
     `revoked` (key: the common name), and on resync.
     """
+    RenewComponentCertificate: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.RenewComponentCertificateRequest, _certmanager_pb2.ComponentCertificate]
+    """A component renews its own identity: the caller's certificate (mTLS) says which
+    component it is, the CSR carries its new public key. A component's first certificate
+    comes from the join exchange (certmanager's REST `POST /v1/join`) instead.
+    """
 
 @_typing.type_check_only
 class CertificateManagerAsyncStub(CertificateManagerStub):
@@ -81,6 +86,11 @@ class CertificateManagerAsyncStub(CertificateManagerStub):
     """The revoked proxy certificate serials (of one common name, if given), until each
     certificate expires. Consumers call it when the signal `certificates` rings with kind
     `revoked` (key: the common name), and on resync.
+    """
+    RenewComponentCertificate: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.RenewComponentCertificateRequest, _certmanager_pb2.ComponentCertificate]  # type: ignore[assignment]
+    """A component renews its own identity: the caller's certificate (mTLS) says which
+    component it is, the CSR carries its new public key. A component's first certificate
+    comes from the join exchange (certmanager's REST `POST /v1/join`) instead.
     """
 
 class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
@@ -145,6 +155,17 @@ class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
         """The revoked proxy certificate serials (of one common name, if given), until each
         certificate expires. Consumers call it when the signal `certificates` rings with kind
         `revoked` (key: the common name), and on resync.
+        """
+
+    @_abc_1.abstractmethod
+    def RenewComponentCertificate(
+        self,
+        request: _certmanager_pb2.RenewComponentCertificateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_certmanager_pb2.ComponentCertificate, _abc.Awaitable[_certmanager_pb2.ComponentCertificate]]:
+        """A component renews its own identity: the caller's certificate (mTLS) says which
+        component it is, the CSR carries its new public key. A component's first certificate
+        comes from the join exchange (certmanager's REST `POST /v1/join`) instead.
         """
 
 def add_CertificateManagerServicer_to_server(servicer: CertificateManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

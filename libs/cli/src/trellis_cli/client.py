@@ -17,7 +17,7 @@ import httpx
 
 from trellis_cli import errors
 from trellis_cli.errors import CliError
-from trellis_common import statefile, tokens
+from trellis_common import adminhttp, statefile, tokens
 from trellis_common.settings import Ports
 
 DEFAULT_ADMIN_PORTS = {
@@ -41,7 +41,7 @@ class Mesh:
         endpoint = statefile.read_endpoint(self.state_dir, service)
         if endpoint is not None:
             return endpoint.admin_url
-        return f"http://127.0.0.1:{DEFAULT_ADMIN_PORTS[service]}"
+        return f"https://127.0.0.1:{DEFAULT_ADMIN_PORTS[service]}"
 
     def token(self) -> str | None:
         configured = os.environ.get("TRELLIS_ADMIN_TOKEN")
@@ -64,7 +64,14 @@ class Mesh:
                 )
             headers["Authorization"] = f"Bearer {token}"
         try:
-            response = httpx.request(method, url, headers=headers, timeout=10.0, **kwargs)
+            response = adminhttp.request(
+                self.state_dir, service, method, url, headers=headers, timeout=10.0, **kwargs
+            )
+        except FileNotFoundError as exc:
+            raise CliError(
+                f"no trust bundle at {exc.filename}: certmanager writes it when it starts; "
+                f"is --state-dir (now {self.state_dir}) the mesh's?"
+            ) from exc
         except httpx.TransportError as exc:
             raise errors.unreachable(service, url, exc, self.state_dir) from exc
         if response.status_code >= 400:

@@ -18,13 +18,13 @@ from trellis_cli import output
 from trellis_cli.client import Mesh
 from trellis_cli.errors import NEGATIVE, CliError
 from trellis_cli.up import SERVICES
-from trellis_common import statefile
+from trellis_common import adminhttp, statefile
 
 
 def probe(mesh: Mesh, name: str) -> dict[str, Any]:
     url = mesh.admin_url(name)
     try:
-        response = httpx.get(url + "/readyz", timeout=2.0)
+        response = adminhttp.request(mesh.state_dir, name, "GET", url + "/readyz", timeout=2.0)
         body = response.json()
         status = _extra(mesh, name, "/v1/status") or {}
         return {
@@ -36,7 +36,7 @@ def probe(mesh: Mesh, name: str) -> dict[str, Any]:
             "loops": status.get("loops", []),
             "rejections": status.get("rejections", []),
         }
-    except (httpx.HTTPError, ValueError) as exc:
+    except (httpx.HTTPError, ValueError, OSError) as exc:  # OSError: no trust bundle
         return {"service": name, "admin_url": url, "healthy": False, "error": type(exc).__name__}
 
 
@@ -52,8 +52,9 @@ def _problems(result: dict[str, Any]) -> str:
 
 def _extra(mesh: Mesh, name: str, path: str) -> Any:
     try:
-        return httpx.get(mesh.admin_url(name) + path, timeout=2.0).json()
-    except (httpx.HTTPError, ValueError):
+        url = mesh.admin_url(name) + path
+        return adminhttp.request(mesh.state_dir, name, "GET", url, timeout=2.0).json()
+    except (httpx.HTTPError, ValueError, OSError):
         return None
 
 

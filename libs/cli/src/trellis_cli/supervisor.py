@@ -31,6 +31,7 @@ from typing import BinaryIO
 
 import httpx
 
+from trellis_common import adminhttp
 from trellis_common.backoff import Backoff, RetryCallState, failure, retrying, start_over
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,20 @@ def http_ready(url: str) -> ReadyCheck:
     return check
 
 
+def https_ready(url: str, state_dir: Path) -> ReadyCheck:
+    """A service's ``/readyz`` over TLS, its certificate checked against the mesh's CA."""
+
+    async def check() -> bool:
+        try:
+            context = adminhttp.mesh_context(state_dir, check_name=False)
+            async with httpx.AsyncClient(timeout=1.0, verify=context) as client:
+                return (await client.get(url)).status_code == 200
+        except (httpx.HTTPError, OSError):  # OSError: no trust bundle yet
+            return False
+
+    return check
+
+
 def tcp_ready(host: str, port: int) -> ReadyCheck:
     async def check() -> bool:
         try:
@@ -165,6 +180,8 @@ class ProcessSpec:
     ports: Sequence[int] = ()
     env: dict[str, str] = field(default_factory=dict)
     address: str = ""  # what the status table shows
+    #: Run before each start (and restart): ``trellis up`` leaves a fresh join token.
+    prepare: Callable[[], object] | None = None
     ready_timeout: float = 60.0
 
 
@@ -224,6 +241,8 @@ class Supervisor:
 
     async def _spawn(self, child: Child) -> None:
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        if child.spec.prepare is not None:
+            child.spec.prepare()
         env = {**os.environ, **child.spec.env, "PYTHONUNBUFFERED": "1"}
         child.process = await asyncio.create_subprocess_exec(
             *child.spec.argv,

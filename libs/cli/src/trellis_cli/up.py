@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import os
 import shutil
@@ -33,10 +34,11 @@ from trellis_cli.supervisor import (
     ProcessSpec,
     StartupError,
     Supervisor,
-    http_ready,
+    https_ready,
     port_free,
     tcp_ready,
 )
+from trellis_common import jointoken
 from trellis_common.envoybin import EnvoyNotFound
 from trellis_common.settings import Ports
 
@@ -108,15 +110,22 @@ def service_specs(state_dir: Path, redis_url: str, spec_dir: Path) -> list[Proce
             ProcessSpec(
                 name=name,
                 argv=[sys.executable, "-m", module],
-                ready=http_ready(f"http://127.0.0.1:{admin_port}/readyz"),
+                ready=https_ready(f"https://127.0.0.1:{admin_port}/readyz", state_dir),
                 ports=tuple(p for p in (grpc_port, admin_port) if p),
                 env={
                     "TRELLIS_REDIS_URL": redis_url,
                     "TRELLIS_STATE_DIR": str(state_dir),
                     "TRELLIS_SPEC_DIR": str(spec_dir),
+                    # gRPC reports refused TLS handshakes at info level: services count them
+                    "GRPC_VERBOSITY": "INFO",
                 },
                 address=(f"grpc :{grpc_port}  " if grpc_port else "")
-                + f"admin http://127.0.0.1:{admin_port}",
+                + f"admin https://127.0.0.1:{admin_port}",
+                # a fresh one-time join token before each start: the service trades it
+                # for its certificate (certmanager signs its own)
+                prepare=None
+                if name == "certmanager"
+                else functools.partial(jointoken.write_token, state_dir, name),
             )
         )
     return specs

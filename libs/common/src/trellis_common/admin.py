@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
@@ -254,15 +255,29 @@ class AdminServer:
     """Serve an ASGI app until ``stop`` is set."""
 
     def __init__(
-        self, app: Any, host: str, port: int, on_started: Callable[[int], None] | None = None
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        on_started: Callable[[int], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._app = app
+        self._ssl = ssl_context
         self._on_started = on_started
         self._host = host
         self._port = port
         self.port = port
         self.started = asyncio.Event()
         self._sock: socket.socket | None = None
+
+    def _context(self, config: Any, default: Any) -> ssl.SSLContext:
+        assert self._ssl is not None
+        return self._ssl
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self._ssl is None else "https"
 
     def bind(self) -> int:
         """Bind now (idempotent) and return the port, e.g. to announce it before serving."""
@@ -292,13 +307,16 @@ class AdminServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=3,
+            ssl_context_factory=None if self._ssl is None else self._context,
         )
         server = _QuietServer(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not serving.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.01)
         if server.started:
-            log.info("admin.listening address=%s:%d", self._host, self.port)
+            log.info(
+                "admin.listening address=%s:%d tls=%s", self._host, self.port, self._ssl is not None
+            )
             if self._on_started is not None:
                 self._on_started(self.port)
             self.started.set()

@@ -48,13 +48,14 @@ class GrpcServer:
         grace: float = 5.0,
         options: Sequence[tuple[str, int]] = DEFAULT_OPTIONS,
         reflection: bool = False,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
         self._address = address
         self._service_names = tuple(service_names)
         self._credentials = credentials
         self._grace = grace
         self._reflection = reflection
-        self.server = grpc.aio.server(options=list(options))
+        self.server = grpc.aio.server(options=list(options), interceptors=list(interceptors))
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for register in registrations:

@@ -75,11 +75,20 @@ class Locator:
             log.info("locate.lost kind=%s address=%s", self.kind, self.address)
             self.address = ""
         if self._channel is not None and not self.configured:
-            # calls still in flight on it get a moment to finish
-            task = asyncio.get_running_loop().create_task(self._channel.close(grace=1.0))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._retire(self._channel)  # calls still in flight on it get a moment to finish
             self._channel = None
+
+    def reset(self) -> None:
+        """Open a new channel at the next call (this component's certificate was renewed:
+        connections made from now on present the new one); calls in flight finish."""
+        if self._channel is not None:
+            self._retire(self._channel)
+            self._channel = None
+
+    def _retire(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.get_running_loop().create_task(channel.close(grace=1.0))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
         if self._channel is not None:

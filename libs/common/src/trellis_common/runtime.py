@@ -20,18 +20,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin, lifecycle, redisconn, statefile, tokens
+from trellis_api import certmanager_pb2, certmanager_pb2_grpc
+from trellis_common import admin, components, joining, lifecycle, redisconn, statefile, tokens
+from trellis_common.authz import Authorizer
 from trellis_common.events import Outbox, Signals
 from trellis_common.grpcserver import GrpcServer, Registration
 from trellis_common.health import Health
-from trellis_common.locate import Locator
+from trellis_common.identity import ComponentIdentity, Issued
+from trellis_common.locate import ChannelFactory, Locator
 from trellis_common.registry import Announcer, ServiceRecord
 from trellis_common.settings import ServiceSettings
 from trellis_common.signaling import Publisher
+
+#: The registry attribute naming the component a record's certificate is for.
+COMPONENT_ATTRIBUTE = "component"
 
 
 @dataclass
@@ -48,6 +55,10 @@ class ServiceRuntime:
     locators: list[Locator]
     #: Set on SIGTERM: what a service's build waits on (a peer, a certificate) ends with it.
     stop: asyncio.Event
+    #: The component's certificate (mTLS on its gRPC server and its calls, TLS on its admin
+    #: API): joined before ``build`` runs (certmanager signs its own in ``build``).
+    identity: ComponentIdentity | None = None
+    _certmanager: Locator | None = None
 
     @classmethod
     async def connect(
@@ -76,9 +87,49 @@ class ServiceRuntime:
             stop=stop,
         )
 
+    async def join(self) -> bool:
+        """Get this component's first certificate (:mod:`trellis_common.joining`); False
+        if ``stop`` came first."""
+        settings = self.settings
+        self.identity = await joining.join(
+            settings.service_name,
+            self.redis,
+            token_file=settings.join_token_path,
+            trust_bundle_file=settings.trust_bundle_path,
+            service_account_token_file=settings.service_account_token_file,
+            certmanager_address=settings.certmanager_admin_address,
+            renew=self._renew,
+            stop=self.stop,
+        )
+        return self.identity is not None
+
+    async def _renew(self, csr_pem: bytes) -> Issued:
+        """Renew over mTLS with the current certificate (certmanager's policy: any component,
+        for its own identity)."""
+        locator = self._certmanager or self.locator(components.CERTMANAGER)
+        self._certmanager = locator
+        request = certmanager_pb2.RenewComponentCertificateRequest(csr_pem=csr_pem)
+        try:
+            stub = certmanager_pb2_grpc.CertificateManagerStub(await locator.channel())
+            answer = await stub.RenewComponentCertificate(request, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            locator.failed(exc)
+            raise
+        return Issued(answer.cert_chain_pem, answer.trust_bundle_pem)
+
+    def channel_factory(self, kind: str) -> ChannelFactory:
+        """Channels to ``kind``: mTLS with this component's identity."""
+        identity = self.identity
+        if identity is None:
+            raise RuntimeError("no identity: join before making channels")
+        return lambda address: identity.channel(address, kind)
+
     def locator(self, kind: str, configured: str = "") -> Locator:
-        """Where the live ``kind`` is (``configured``, else the registry); closed at the end."""
-        found = Locator(self.redis, kind, configured)
+        """Where the live ``kind`` is (``configured``, else the registry); closed at the end.
+        Its channel is mTLS with this component's identity, and is replaced after a renewal."""
+        found = Locator(self.redis, kind, configured, channel_factory=self.channel_factory(kind))
+        assert self.identity is not None
+        self.identity.on_renewed(found.reset)
         self.locators.append(found)
         return found
 
@@ -106,11 +157,16 @@ class ServiceRuntime:
     def grpc_server(
         self, registrations: Sequence[Registration], service_names: Sequence[str]
     ) -> GrpcServer:
+        """The internal API: mTLS, and every call checked against the policy (``authz``)."""
+        identity = self.identity
+        assert identity is not None
         return GrpcServer(
             f"{self.settings.bind_host}:{self.settings.grpc_port}",
             registrations,
             service_names,
+            credentials=identity.server_credentials(),
             reflection=self.settings.debug_endpoints,
+            interceptors=[Authorizer(identity.trust_domain, self.metrics)],
         )
 
     async def serve(
@@ -128,25 +184,35 @@ class ServiceRuntime:
         if not grpc_server.started.is_set():
             await grpc_server.start()
 
+        identity = self.identity
+        assert identity is not None
+        admin_server = admin.AdminServer(
+            app,
+            host,
+            settings.admin_port,
+            lambda port: advertise(port),
+            ssl_context=identity.server_ssl_context(),
+        )
+
         def advertise(port: int) -> None:
             statefile.write_endpoint(
                 settings.state_dir,
                 statefile.ServiceEndpoint(
                     name=settings.service_name,
-                    admin_url=f"http://{host}:{port}",
+                    admin_url=f"{admin_server.scheme}://{host}:{port}",
                     grpc_address=f"{host}:{grpc_server.port}",
                     pid=os.getpid(),
                 ),
             )
 
-        admin_server = admin.AdminServer(app, host, settings.admin_port, advertise)
         admin_port = admin_server.bind()
         record = ServiceRecord.create(
             kind=self.kind,
             name=settings.instance_name,
             grpc_address=f"{host}:{grpc_server.port}",
             admin_address=f"{host}:{admin_port}",
-            attributes=dict(attributes or {}),
+            # the identity its certificate has: clients check the server is that component
+            attributes={**(attributes or {}), COMPONENT_ATTRIBUTE: settings.service_name},
             started_at=time.time(),
         )
         announcer = Announcer(self.redis, record, ttl=settings.registry_ttl)
@@ -159,6 +225,7 @@ class ServiceRuntime:
                     announcer.run,
                     self.outbox.run,
                     self.signals.run,
+                    lifecycle.supervised("identity", identity.run, self.health.loops),
                     *own,
                 ],
                 stop,

@@ -11,8 +11,11 @@ and whose docstring heads ``--help``), the kind it announces in the registry, an
 2. logging, configured once;
 3. SIGTERM and SIGINT set ``stop`` (:func:`trellis_common.lifecycle.main`);
 4. Redis, waited for (:meth:`ServiceRuntime.connect`);
-5. ``build``;
-6. the gRPC server, the admin app with the readiness checks and routes the parts add, the
+5. the component's identity: joined with certmanager (:mod:`trellis_common.joining`);
+   certmanager signs its own in its ``build``;
+6. ``build``;
+7. the gRPC server (mTLS, the policy of :mod:`trellis_common.authz`), the admin app
+   (TLS) with the readiness checks and routes the parts add, the
    registry announcement, the outbox, the signals hub and the parts' components, until
    ``stop`` (:meth:`ServiceRuntime.serve`).
 
@@ -31,7 +34,7 @@ from typing import Generic
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from trellis_common import lifecycle, logs
+from trellis_common import lifecycle, logs, tlstap
 from trellis_common.admin import ReadinessCheck
 from trellis_common.grpcserver import GrpcServer, Registration
 from trellis_common.runtime import ServiceRuntime
@@ -73,6 +76,9 @@ class Service(Generic[S]):
     settings: type[S]
     kind: str
     build: Build[S]
+    #: Join certmanager for the component's certificate before ``build``; certmanager,
+    #: which signs its own, does not (its ``build`` sets ``runtime.identity``).
+    joins: bool = True
 
     @property
     def name(self) -> str:
@@ -95,6 +101,7 @@ class Service(Generic[S]):
             return 2
         except SystemExit as done:  # --help (0) or a flag argparse refused (2)
             return done.code if isinstance(done.code, int) else 2
+        tlstap.TAP.install()  # before gRPC starts: its TLS refusals are written to stderr
         logs.configure(settings.log_format, settings.log_level, self.name)
         return lifecycle.main(lambda stop: self.serve(settings, stop))
 
@@ -103,8 +110,14 @@ class Service(Generic[S]):
         runtime = await ServiceRuntime.connect(settings, self.kind, stop)
         if runtime is None:
             return
+        runtime.metrics.register(tlstap.TAP)
         try:
+            if self.joins and not await runtime.join():
+                await runtime.close()
+                return
             parts = await self.build(runtime, settings)
+            if parts is not None and runtime.identity is None:
+                raise RuntimeError(f"{self.name} has no identity: its build must set one")
             if parts is not None:
                 grpc = parts.grpc_server or runtime.grpc_server(parts.grpc, parts.grpc_services)
                 app = runtime.admin_app(parts.readiness)

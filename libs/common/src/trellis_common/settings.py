@@ -39,6 +39,8 @@ from pydantic_settings import (
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:16379/0"
 SHARED_PREFIX = "TRELLIS_"
+#: Where certmanager writes the mesh's trust bundle in the state directory.
+TRUST_BUNDLE_FILE = "trust-bundle.pem"
 
 
 class Ports:
@@ -139,6 +141,25 @@ class ServiceSettings(BaseSettings):
     registry_ttl: float = Field(
         default=10.0, gt=0, description="seconds the registry record outlives a silent process"
     )
+    trust_bundle_file: Annotated[Path | None, SHARED] = Field(
+        default=None,
+        description="the mesh's trust bundle (PEM): services check certmanager's certificate "
+        "against it to join (unset: the one certmanager writes in the state directory)",
+    )
+    join_token_file: Path | None = Field(
+        default=None,
+        description="the one time join token this service trades for its certificate, deleted "
+        "once read (unset: join/<service> in the state directory)",
+    )
+    service_account_token_file: Path | None = Field(
+        default=None,
+        description="in Kubernetes: the projected ServiceAccount token to join with when there "
+        "is no join token",
+    )
+    certmanager_admin_address: Annotated[str, SHARED] = Field(
+        default="",
+        description="host:port of certmanager's admin API, to join (empty: from the registry)",
+    )
 
     @classmethod
     def env_prefix(cls) -> str:
@@ -170,6 +191,14 @@ class ServiceSettings(BaseSettings):
     @property
     def grpc_address(self) -> str:
         return f"{self.bind_host}:{self.grpc_port}"
+
+    @property
+    def trust_bundle_path(self) -> Path:
+        return self.trust_bundle_file or self.state_dir / TRUST_BUNDLE_FILE
+
+    @property
+    def join_token_path(self) -> Path:
+        return self.join_token_file or self.state_dir / "join" / self.service_name
 
 
 class SpecDirSettings(ServiceSettings):

@@ -40,13 +40,17 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
     )
     await source.load()
     await catalog.flush_and_announce()
+    identity = runtime.identity
+    assert identity is not None  # joined before build
     providers = ProviderFollower(
         catalog,
         runtime.redis,
         runtime.health,
         grace=settings.provider_grace,
         interval=settings.discovery_interval,
+        channel_factory=lambda address, kind: identity.channel(address, kind),
     )
+    identity.on_renewed(providers.renewed)
     certmanager = runtime.locator("certmanager", settings.certmanager_address)
     certificates = CertificateFollower(catalog, certmanager, runtime.health.rejections)
     issuer = CertificateIssuer(catalog, certmanager, runtime.health, certificates)

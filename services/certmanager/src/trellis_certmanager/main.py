@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from trellis_api import certmanager_pb2_grpc
@@ -18,11 +20,14 @@ from trellis_certmanager.domain.authority import CertificateAuthority, load_prov
 from trellis_certmanager.domain.errors import CAError, PlantedCA
 from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.sealed import Sealer
+from trellis_certmanager.identities import ComponentIssuer
 from trellis_certmanager.manager import TOPIC, CertificateManager, utcnow
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.transport import grpc_api, rest
+from trellis_common import components, jointoken
+from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 
@@ -44,6 +49,28 @@ def fatal(event: str, error: Exception) -> NoReturn:
     """Stop the process with one critical line saying why and what to do; no traceback."""
     log.critical("%s error=%r action=exiting", event, str(error))
     raise SystemExit(1) from None
+
+
+def own_identity(identities: ComponentIssuer) -> ComponentIdentity:
+    """certmanager's own certificate, for a key made here; renewed in-process."""
+
+    async def renew(csr_pem: bytes) -> Issued:
+        return identities.own(csr_pem)
+
+    key_pem, key = new_key()
+    issued = identities.own(csr_for(key, components.CERTMANAGER))
+    return ComponentIdentity(components.CERTMANAGER, Material.of(issued, key_pem), renew)
+
+
+def write_trust_bundle(path: Path, bundle: bytes) -> None:
+    """Where the other components (and the CLI) find the roots to check TLS servers against:
+    public, so 0644, replaced atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_bytes(bundle)
+    tmp.chmod(0o644)
+    tmp.replace(path)
+    log.info("trust_bundle.written path=%s", path)
 
 
 async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts:
@@ -95,8 +122,23 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
             EXIT.code = 1
             stop.set()
 
+    try:
+        join_key = jointoken.load_or_create_key(settings.join_key_path)
+    except jointoken.InvalidJoinToken as exc:
+        fatal("join_key.fatal", exc)
+    identities = ComponentIssuer(
+        lambda: manager.issuer,
+        runtime.redis,
+        join_key,
+        settings.component_cert_validity,
+        runtime.metrics,
+        utcnow,
+    )
+    runtime.identity = own_identity(identities)
+    write_trust_bundle(settings.trust_bundle_path, manager.ca.trust_bundle_pem)
+
     manager.revision = await runtime.publisher.current_revision(TOPIC)
-    servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections)
+    servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections, identities)
     return Parts(
         components={
             "rotation": lambda s: manager.run_rotation(s, settings.rotation_interval),
@@ -109,7 +151,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         ],
         grpc_services=[grpc_api.SERVICE_NAME],
         readiness={"ca": manager.ready.is_set},
-        routes=lambda app: rest.add_routes(app, manager, runtime.guard),
+        routes=lambda app: rest.add_routes(app, manager, runtime.guard, identities),
         attributes={"root": manager.ca.fingerprint},
     )
 
@@ -121,7 +163,7 @@ class ExitCode:
 
 
 EXIT = ExitCode()
-service = Service(CertManagerSettings, "certmanager", build)
+service = Service(CertManagerSettings, "certmanager", build, joins=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

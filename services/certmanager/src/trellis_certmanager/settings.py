@@ -12,6 +12,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from trellis_certmanager.domain.keys import KeyAlgorithm
+from trellis_common import jointoken
 from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_port
 
 
@@ -59,6 +60,17 @@ class CertManagerSettings(ServiceSettings):
         dt.timedelta(days=1), description="records this long past expiry are deleted (not the CA)"
     )
 
+    component_cert_validity: dt.timedelta = Field(
+        dt.timedelta(hours=24),
+        description="lifetime of a control plane component's certificate (ISO 8601 or "
+        "seconds); each component renews its own at two thirds of it",
+    )
+    join_key_file: Path | None = Field(
+        None,
+        description="the key join tokens are checked with (32 bytes, 0600; unset: "
+        "<state-dir>/join-key, made on first start)",
+    )
+
     kek_file: Path | None = Field(
         None,
         description="the key-encryption key (32 bytes, mode 0600) that seals the keys in "
@@ -69,6 +81,10 @@ class CertManagerSettings(ServiceSettings):
     ca_cert_file: Path | None = Field(None, description="your CA's certificate (PEM)")
     ca_key_file: Path | None = Field(None, description="your CA's private key (PEM)")
     ca_bundle_file: Path | None = Field(None, description="chain from your CA up to its root")
+
+    @property
+    def join_key_path(self) -> Path:
+        return self.join_key_file or jointoken.key_path(self.state_dir)
 
     @property
     def kek_path(self) -> Path:

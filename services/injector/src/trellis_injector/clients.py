@@ -48,13 +48,22 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+KindChannelFactory = Callable[[str, str], grpc.aio.Channel]
+
+
 class ServiceLocator:
     """gRPC addresses of other services: configured (``kind`` -> ``host:port``) or announced."""
 
     def __init__(
-        self, redis: redis.asyncio.Redis, configured: Mapping[str, str], timeout: float = 5.0
+        self,
+        redis: redis.asyncio.Redis,
+        configured: Mapping[str, str],
+        timeout: float = 5.0,
+        channel_factory: KindChannelFactory | None = None,
     ) -> None:
         self._redis = redis
+        #: (address, kind) -> a channel; mTLS with the injector's identity in the service
+        self.channel = channel_factory or (lambda address, kind: grpc.aio.insecure_channel(address))
         self._configured = {kind: address for kind, address in configured.items() if address}
         self._timeout = timeout
 
@@ -75,10 +84,13 @@ class ServiceLocator:
 
 
 async def _call(
-    dependency: str, address: str, rpc: Callable[[grpc.aio.Channel], Awaitable[T]]
+    services: ServiceLocator,
+    dependency: str,
+    address: str,
+    rpc: Callable[[grpc.aio.Channel], Awaitable[T]],
 ) -> T:
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with services.channel(address, dependency) as channel:
             return await rpc(channel)
     except grpc.aio.AioRpcError as exc:
         reason = f"{exc.code().name} at {address}: {exc.details()}"
@@ -110,7 +122,7 @@ class CertManagerClient:
             stub: cm_grpc.CertificateManagerAsyncStub = cm_grpc.CertificateManagerStub(channel)
             return await stub.IssueCertificate(request, timeout=self._timeout)
 
-        certificate = await _call(CERTMANAGER, address, issue)
+        certificate = await _call(self._services, CERTMANAGER, address, issue)
         if not certificate.private_key_pem or not certificate.info.common_name:
             raise Refused(CERTMANAGER, "the answer has no common name or no private key")
         return ProxyCertificate(
@@ -138,7 +150,7 @@ class CatalogClient:
             stub: catalog_pb2_grpc.CatalogAsyncStub = catalog_pb2_grpc.CatalogStub(channel)
             return await stub.ExpectProxy(request, timeout=self._timeout)
 
-        await _call(CATALOG, address, expect)
+        await _call(self._services, CATALOG, address, expect)
 
 
 class XdsLocator:

@@ -37,10 +37,13 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
     spiffe_id = proxy_cp_spiffe_id(
         settings.trust_domain, settings.proxy_cp_namespace, settings.proxy_cp_service_account
     )
+    identity = runtime.identity
+    assert identity is not None  # joined before build
     services = ServiceLocator(
         runtime.redis,
         {CERTMANAGER: settings.certmanager_address, CATALOG: settings.catalog_address},
         settings.call_timeout,
+        channel_factory=lambda address, kind: identity.channel(address, kind),
     )
     onboarding = onboarder(settings, services, spiffe_id)
     return Parts(

@@ -15,14 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
 from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
+from trellis_common.identity import ComponentIdentity
 from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
+from trellis_common.testing.identities import join_as
 from trellis_common.testing.redis_server import RedisServer, free_port
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.waiting import eventually
@@ -80,6 +81,7 @@ class Mesh:
             "proxy-cp": process("proxy-cp", "trellis_proxy_cp.main", "--xds-host", "127.0.0.1"),
         }
         self.sidecars: list[Sidecar] = []
+        self._identities: dict[str, ComponentIdentity] = {}
         self.apps: list[AppServer] = []
 
     def start(self) -> None:
@@ -98,10 +100,16 @@ class Mesh:
     def xds_port(self) -> int:
         return int(self.processes["proxy-cp"].endpoint.grpc_address.rsplit(":", 1)[1])
 
-    def certmanager(self, method: str, request: Any) -> Any:
+    def certmanager(self, method: str, request: Any, *, component: str = "injector") -> Any:
+        """Call certmanager's gRPC API as ``component`` (the injector issues proxy
+        certificates), over mTLS with an identity joined for it."""
+        identity = self._identities.get(component)
+        if identity is None:
+            identity = self._identities[component] = join_as(self.state_dir, component)
+
         async def call() -> Any:
             address = self.processes["certmanager"].endpoint.grpc_address
-            async with grpc.aio.insecure_channel(address) as channel:
+            async with identity.channel(address, "certmanager") as channel:
                 return await getattr(cm_grpc.CertificateManagerStub(channel), method)(request)
 
         return asyncio.run(call())
@@ -207,8 +215,7 @@ class Mesh:
         )
 
     def proxies(self) -> list[dict[str, Any]]:
-        url = self.processes["proxy-cp"].endpoint.admin_url + "/v1/proxies"
-        body: list[dict[str, Any]] = httpx.get(url, timeout=5).json()["proxies"]
+        body: list[dict[str, Any]] = self.processes["proxy-cp"].get("/v1/proxies").json()["proxies"]
         return body
 
 

@@ -7,16 +7,24 @@ terminate, SIGKILL and start it again, as an operator or a crash would.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import grpc
 import httpx
 
-from trellis_common import statefile
+from trellis_common import adminhttp, components, jointoken, statefile
+from trellis_common.identity import ComponentIdentity
+from trellis_common.testing.identities import join_as
+
+#: Identities tests call with, by (state directory, component).
+_CALLERS: dict[tuple[Path, str], ComponentIdentity] = {}
 
 
 class ServiceProcess:
@@ -43,11 +51,15 @@ class ServiceProcess:
     ) -> statefile.ServiceEndpoint:
         """Start (``ports``: gRPC and admin; 0 picks free ones) and wait until ready."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.name != components.CERTMANAGER:  # as `trellis up` does before each start
+            jointoken.write_token(self.state_dir, self.name)
         env = {
             **os.environ,
             "TRELLIS_REDIS_URL": self.redis_url,
             "TRELLIS_STATE_DIR": str(self.state_dir),
             "PYTHONUNBUFFERED": "1",
+            # gRPC reports refused TLS handshakes at info level: the service counts them
+            "GRPC_VERBOSITY": "INFO",
             **self.env,
         }
         log = self.log_path.open("ab")
@@ -79,13 +91,40 @@ class ServiceProcess:
                 )
             endpoint = statefile.read_endpoint(self.state_dir, self.name)
             if endpoint is not None and endpoint.pid == self.process.pid:
-                try:
-                    if httpx.get(endpoint.admin_url + "/readyz", timeout=1).status_code == 200:
+                with contextlib.suppress(httpx.HTTPError):
+                    if self.get("/readyz", timeout=1).status_code == 200:
                         return endpoint
-                except httpx.HTTPError:
-                    pass
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} not ready in {timeout}s:\n{self.logs()[-3000:]}")
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """A request to the service's admin API (TLS checked against the mesh's CA)."""
+        url = self.endpoint.admin_url + path
+        kwargs.setdefault("timeout", 5.0)
+        return adminhttp.request(self.state_dir, self.name, method, url, **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("POST", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("DELETE", path, **kwargs)
+
+    def channel(self, caller: str) -> grpc.aio.Channel:
+        """An mTLS channel to the service's gRPC API, calling as the component ``caller``
+        (joined with the mesh's certmanager once per state directory and component)."""
+        identity = _CALLERS.get((self.state_dir, caller))
+        if identity is None:
+            identity = _CALLERS[(self.state_dir, caller)] = join_as(self.state_dir, caller)
+        return identity.channel(self.endpoint.grpc_address, self.name)
+
+    def async_client(self, **kwargs: Any) -> httpx.AsyncClient:
+        """A client of the admin API; the server's certificate is checked against the
+        mesh's CA (its name is not: the address is the loopback's)."""
+        context = adminhttp.mesh_context(self.state_dir, check_name=False)
+        return httpx.AsyncClient(base_url=self.endpoint.admin_url, verify=context, **kwargs)
 
     def restart(self, timeout: float = 30.0) -> statefile.ServiceEndpoint:
         """Start again on the same ports, as a supervisor restarts a crashed service (its

@@ -47,7 +47,6 @@ from trellis_catalog.domain.services import ProvidedService
 from trellis_common.events import Follower
 from trellis_common.follow import describe
 from trellis_common.health import Health, Loop
-from trellis_common.locate import ChannelFactory
 from trellis_common.registry import REGISTRY_TOPIC, ServiceRecord, discover
 from trellis_common.signaling import Event
 
@@ -56,6 +55,24 @@ log = logging.getLogger(__name__)
 KIND = "endpoints-provider"
 #: The providers' topic (kinds ``changed``, ``removed``; key ``<namespace>/<service key>``).
 TOPIC = "endpoints"
+
+
+#: A channel to a provider: (address, its kind), so the server's certificate is checked.
+KindChannelFactory = Callable[[str, str], grpc.aio.Channel]
+
+
+def _plaintext(address: str, kind: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address)
+
+
+PROVIDER_COMPONENTS = ("endpoints-vm", "endpoints-k8s")
+
+
+def provider_component(record: ServiceRecord) -> str:
+    """The component a provider's server certificate must name: the one its record says,
+    if that is an endpoints provider (a record cannot make the catalog trust another)."""
+    named = record.attribute("component", "endpoints-vm") or "endpoints-vm"
+    return named if named in PROVIDER_COMPONENTS else "endpoints-vm"
 
 
 @dataclass
@@ -83,7 +100,7 @@ class ProviderFollower(Follower):
         grace: float = 30.0,
         interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
-        channel_factory: ChannelFactory = grpc.aio.insecure_channel,
+        channel_factory: KindChannelFactory = _plaintext,
     ) -> None:
         super().__init__("endpoints providers")
         self.catalog = catalog
@@ -94,6 +111,7 @@ class ProviderFollower(Follower):
         self._clock = clock
         self._factory = channel_factory
         self.providers: dict[str, _Provider] = {}
+        self._closing: set[asyncio.Task[None]] = set()
         # Signals, resyncs and the sweep each read then change ``providers``: one at a time.
         self._lock = asyncio.Lock()
 
@@ -285,10 +303,23 @@ class ProviderFollower(Follower):
         else:
             log.info("provider.found provider=%s address=%s", record.name, record.grpc_address)
             loop = self._health.loops.register(_source(record.name))
-        channel = self._factory(record.grpc_address)
+        channel = self._factory(record.grpc_address, provider_component(record))
         provider = _Provider(record, channel, pb_grpc.EndpointsProviderStub(channel), loop)
         self.providers[record.name] = provider
         return provider
+
+    def renewed(self) -> None:
+        """This component's certificate was renewed: new channels present the new one (the
+        old ones are closed once their calls had a moment to finish)."""
+        for provider in self.providers.values():
+            old = provider.channel
+            provider.channel = self._factory(
+                provider.record.grpc_address, provider_component(provider.record)
+            )
+            provider.stub = pb_grpc.EndpointsProviderStub(provider.channel)
+            closing = asyncio.get_running_loop().create_task(old.close(grace=1.0))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def _close(self, name: str) -> None:
         provider = self.providers.pop(name, None)

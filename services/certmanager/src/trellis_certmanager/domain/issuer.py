@@ -23,6 +23,7 @@ from trellis_certmanager.domain.csr import PublicKey
 from trellis_certmanager.domain.errors import InvalidRequest
 from trellis_certmanager.domain.keys import KeyAlgorithm, generate_key, key_to_pem
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
+from trellis_common import components
 from trellis_common.ids import (
     InvalidIdentifier,
     ProxyCommonName,
@@ -155,6 +156,66 @@ class Issuer:
             now=now,
         )
 
+    def issue_component(
+        self, component: str, public_key: PublicKey, now: dt.datetime, lifetime: dt.timedelta
+    ) -> x509.Certificate:
+        """A control plane component's certificate (for a CSR's key): its SPIFFE id, and the
+        DNS names clients check it by. Not a record: components renew their own."""
+        try:
+            spiffe = components.spiffe_id(self.policy.trust_domain, component)
+        except (components.UnknownComponent, InvalidIdentifier) as exc:
+            raise InvalidRequest("component", str(exc)) from exc
+        not_before = now - BACKDATE
+        return self._leaf(
+            f"{component}.{components.CONTROL_PLANE_NAMESPACE}",
+            components.CONTROL_PLANE_NAMESPACE,
+            components.dns_names(component, self.policy.cluster_domain),
+            (spiffe.uri,),
+            public_key,
+            not_before,
+            min(now + lifetime, self.ca.cert.not_valid_after_utc),
+        )
+
+    def _leaf(
+        self,
+        cn: str,
+        unit: str,
+        dns_names: tuple[str, ...],
+        uris: tuple[str, ...],
+        public_key: PublicKey,
+        not_before: dt.datetime,
+        not_after: dt.datetime,
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(
+                x509.Name(
+                    [
+                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Trellis"),
+                        x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, unit),
+                        x509.NameAttribute(NameOID.COMMON_NAME, cn),
+                    ]
+                )
+            )
+            .issuer_name(self.ca.cert.subject)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(self._key_usage, critical=True)
+            .add_extension(self._extended_usage, critical=False)
+            .add_extension(self._authority_key, critical=False)
+        )
+        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+        sans += [x509.UniformResourceIdentifier(u) for u in uris]
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return builder.sign(self.ca.key, hashes.SHA256())
+
+    def chain_pem(self, cert: x509.Certificate) -> bytes:
+        return cert.public_bytes(serialization.Encoding.PEM) + self._chain_pem
+
     def _sign(
         self,
         *,
@@ -177,32 +238,9 @@ class Issuer:
         key = generate_key(self.algorithm) if public_key is None else None
         subject_key = key.public_key() if key is not None else public_key
         assert subject_key is not None
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(
-                x509.Name(
-                    [
-                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Trellis"),
-                        x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, service.namespace),
-                        x509.NameAttribute(NameOID.COMMON_NAME, cn),
-                    ]
-                )
-            )
-            .issuer_name(self.ca.cert.subject)
-            .public_key(subject_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(not_before)
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(self._key_usage, critical=True)
-            .add_extension(self._extended_usage, critical=False)
-            .add_extension(self._authority_key, critical=False)
+        cert = self._leaf(
+            cn, service.namespace, dns_names, uris, subject_key, not_before, not_after
         )
-        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
-        sans += [x509.UniformResourceIdentifier(u) for u in uris]
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self.ca.key, hashes.SHA256())
         renew_after = not_before + (not_after - not_before) * self.policy.renew_fraction
         return CertificateRecord(
             common_name=cn,
@@ -219,7 +257,7 @@ class Issuer:
             uris=uris,
             issuer=self._issuer_text,
             fingerprint=fingerprint(cert),
-            cert_chain_pem=cert.public_bytes(serialization.Encoding.PEM) + self._chain_pem,
+            cert_chain_pem=self.chain_pem(cert),
             key_pem=b"" if key is None else key_to_pem(key),
         )
 

@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 import grpc
+from cryptography import x509
 from google.protobuf import timestamp_pb2
 
 from trellis_api import certmanager_pb2 as pb
@@ -24,8 +25,10 @@ from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.domain.errors import InvalidRequest, NotFound, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.domain.revocation import Revocation
+from trellis_certmanager.identities import ComponentIssuer
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.transport import grpc_requests
+from trellis_common.authz import caller
 from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier
@@ -80,9 +83,21 @@ def revoked(revocation: Revocation) -> pb.RevokedCertificate:
     )
 
 
+def _csr(request: pb.RenewComponentCertificateRequest) -> bytes:
+    if not request.csr_pem:
+        raise InvalidField("csr_pem", "a PEM certificate signing request is required")
+    return request.csr_pem
+
+
 class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
-    def __init__(self, manager: CertificateManager, rejections: Rejections | None = None) -> None:
+    def __init__(
+        self,
+        manager: CertificateManager,
+        rejections: Rejections | None = None,
+        identities: ComponentIssuer | None = None,
+    ) -> None:
         self._manager = manager
+        self._identities = identities
         self.gate = RequestGate(rejections)
 
     def _certificate(self, record: CertificateRecord, with_key: bool = True) -> pb.Certificate:
@@ -148,4 +163,22 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
     ) -> pb.ListRevokedCertificatesResponse:
         return pb.ListRevokedCertificatesResponse(
             revoked=[revoked(r) for r in self._manager.revocations.list(common_name)]
+        )
+
+    @rpc(_csr, refused=(InvalidField, InvalidRequest))
+    async def RenewComponentCertificate(
+        self, csr_pem: bytes, context: Context
+    ) -> pb.ComponentCertificate:
+        """The caller's own identity, renewed: which component it is comes from its
+        certificate (the policy let only components through), never from the request."""
+        _, component = caller(context, self._manager.issuer.policy.trust_domain)
+        if self._identities is None or not component:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a component identity")
+        assert self._identities is not None
+        issued = self._identities.renew(component, csr_pem)
+        leaf = x509.load_pem_x509_certificate(issued.cert_chain_pem)
+        return pb.ComponentCertificate(
+            cert_chain_pem=issued.cert_chain_pem,
+            trust_bundle_pem=issued.trust_bundle_pem,
+            not_after=_ts(leaf.not_valid_after_utc),
         )

@@ -10,16 +10,57 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
 
-from trellis_certmanager.domain.errors import NotFound, NotRevocable, StoreUnavailable
+from trellis_certmanager.domain.errors import (
+    InvalidRequest,
+    NotFound,
+    NotRevocable,
+    StoreUnavailable,
+)
 from trellis_certmanager.domain.records import CertificateKind
+from trellis_certmanager.identities import ComponentIssuer, JoinRefused
 from trellis_certmanager.manager import CertificateManager
 
 
-def add_routes(app: FastAPI, manager: CertificateManager, guard: Any) -> None:
+class JoinBody(BaseModel):
+    """A component's first certificate: its join token and a CSR for the key it made."""
+
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(min_length=1, max_length=8192, repr=False)
+    csr_pem: str = Field(min_length=1, max_length=16384)
+
+
+def add_routes(
+    app: FastAPI,
+    manager: CertificateManager,
+    guard: Any,
+    identities: ComponentIssuer | None = None,
+) -> None:
     router = APIRouter(prefix="/v1", tags=["certificates"])
+
+    if identities is not None:
+        joining = identities
+
+        @router.post("/join")
+        async def join(body: JoinBody, request: Request) -> dict[str, Any]:
+            """Trade a join token (once) and a CSR for the component's certificate; the
+            token is the authentication, no admin token."""
+            peer = request.client.host if request.client else "-"
+            try:
+                issued = await joining.join(body.token, body.csr_pem.encode(), peer)
+            except JoinRefused as exc:
+                raise HTTPException(401, str(exc)) from exc
+            except InvalidRequest as exc:
+                raise HTTPException(422, str(exc)) from exc
+            except StoreUnavailable as exc:
+                raise HTTPException(503, str(exc)) from exc
+            return {
+                "cert_chain_pem": issued.cert_chain_pem.decode(),
+                "trust_bundle_pem": issued.trust_bundle_pem.decode(),
+            }
 
     @router.get("/certificates")
     async def list_certificates(

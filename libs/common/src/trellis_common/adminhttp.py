@@ -1,0 +1,44 @@
+"""Calling a component's admin REST API over TLS, as the CLI and tools do.
+
+Every admin API is served over TLS with the component's certificate. A client checks it
+against the mesh's trust bundle (``<state-dir>/trust-bundle.pem``, which certmanager
+writes) and, by default, that it names the component it meant to reach
+(``<component>.trellis-system.svc``, sent as SNI whatever the address), so a process on
+another port cannot pose as certmanager to the CLI. ``check_name=False`` checks only that
+the certificate is the mesh's (readiness probes that do not know the component).
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trellis_common import components
+from trellis_common.identity import client_context
+from trellis_common.settings import TRUST_BUNDLE_FILE
+
+
+def trust_bundle_path(state_dir: Path) -> Path:
+    return state_dir / TRUST_BUNDLE_FILE
+
+
+def mesh_context(state_dir: Path, *, check_name: bool = True) -> ssl.SSLContext:
+    """Verifies servers against the mesh's trust bundle; ``OSError`` if there is none yet."""
+    context = client_context(trust_bundle_path(state_dir).read_bytes())
+    context.check_hostname = check_name
+    return context
+
+
+def request(
+    state_dir: Path, component: str, method: str, url: str, **kwargs: Any
+) -> httpx.Response:
+    """One request to ``component``'s admin API at ``url`` (plain ``http://`` is sent as is)."""
+    timeout = kwargs.pop("timeout", 10.0)
+    if not url.startswith("https://"):
+        return httpx.request(method, url, timeout=timeout, **kwargs)
+    extensions = {"sni_hostname": components.server_name(component)}
+    with httpx.Client(verify=mesh_context(state_dir), timeout=timeout) as client:
+        return client.request(method, url, extensions=extensions, **kwargs)

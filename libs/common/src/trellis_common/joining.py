@@ -1,0 +1,148 @@
+"""How a component gets its first certificate: the join exchange with certmanager.
+
+The component makes its key, then sends certmanager ``POST /v1/join`` over TLS with a CSR
+and a token that says which component it is: the join token ``trellis up`` left in the
+state directory (:mod:`trellis_common.jointoken`), or in Kubernetes the pod's projected
+ServiceAccount token (``service_account_token_file``), which certmanager checks with
+TokenReview. certmanager answers with the certificate of
+``spiffe://<td>/ns/trellis-system/sa/<component>``. A token works once.
+
+The component trusts certmanager's server certificate against the trust bundle file
+(``trust_bundle_file``: written by certmanager in the state directory, or mounted from a
+ConfigMap in Kubernetes), and checks it names certmanager. Where certmanager is comes from
+the registry (or ``certmanager_admin_address``). Until certmanager answers, the component
+waits with backoff (the token lasts ten minutes); a refused token ends the process with
+the reason, since retrying it cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import httpx
+import redis.asyncio
+
+from trellis_common import backoff, components, jointoken
+from trellis_common.identity import (
+    ComponentIdentity,
+    Issued,
+    Material,
+    Renew,
+    client_context,
+    csr_for,
+    new_key,
+)
+from trellis_common.registry import discover
+
+log = logging.getLogger(__name__)
+
+JOIN_PATH = "/v1/join"
+JOIN_BACKOFF = backoff.Backoff(initial=0.1, maximum=2.0)
+
+
+class JoinRefused(RuntimeError):
+    """certmanager refused the token (or the CSR); the message is certmanager's reason."""
+
+
+class NoJoinToken(RuntimeError):
+    """Neither a join token nor a ServiceAccount token is there to join with."""
+
+
+def read_token(token_file: Path, service_account_token_file: Path | None) -> str:
+    if token_file.exists():
+        return jointoken.take_token(token_file)
+    if service_account_token_file is not None and service_account_token_file.exists():
+        return service_account_token_file.read_text().strip()
+    where = f"{token_file}" + (
+        f" nor {service_account_token_file}" if service_account_token_file else ""
+    )
+    raise NoJoinToken(
+        f"no join token: neither {where} exists (`trellis up` writes one before it starts "
+        "each service; by hand: `trellis join-token <component>`)"
+    )
+
+
+async def wait_for_file(path: Path, stop: asyncio.Event, what: str) -> bytes | None:
+    """The contents of ``path`` once it exists; ``None`` if ``stop`` came first."""
+    logged = False
+    async for attempt in backoff.retrying(stop, JOIN_BACKOFF, on=FileNotFoundError):
+        with attempt:
+            return path.read_bytes()
+        if not logged:
+            log.info("join.waiting what=%s path=%s", what, path)
+            logged = True
+    return None
+
+
+async def certmanager_url(redis_client: redis.asyncio.Redis, configured: str) -> str:
+    if configured:
+        return f"https://{configured}"
+    found = await discover(redis_client, components.CERTMANAGER)
+    if not found:
+        raise ConnectionError("no live certmanager in the service registry")
+    return f"https://{max(found, key=lambda r: r.started_at).admin_address}"
+
+
+async def exchange(url: str, trust_bundle_pem: bytes, token: str, csr_pem: bytes) -> Issued:
+    """One ``POST /v1/join``; :class:`JoinRefused` on a 4xx, ``httpx`` errors otherwise."""
+    async with httpx.AsyncClient(verify=client_context(trust_bundle_pem), timeout=10) as client:
+        answer = await client.post(
+            url + JOIN_PATH,
+            json={"token": token, "csr_pem": csr_pem.decode()},
+            extensions={"sni_hostname": components.server_name(components.CERTMANAGER)},
+        )
+    if 400 <= answer.status_code < 500:
+        try:
+            reason = answer.json().get("detail", answer.text)
+        except ValueError:
+            reason = answer.text
+        raise JoinRefused(f"certmanager refused to join: {answer.status_code} {reason}")
+    answer.raise_for_status()
+    body = answer.json()
+    return Issued(body["cert_chain_pem"].encode(), body["trust_bundle_pem"].encode())
+
+
+async def join(
+    component: str,
+    redis_client: redis.asyncio.Redis,
+    *,
+    token_file: Path,
+    trust_bundle_file: Path,
+    service_account_token_file: Path | None,
+    certmanager_address: str,
+    renew: Renew,
+    stop: asyncio.Event,
+) -> ComponentIdentity | None:
+    """Join the mesh as ``component``; ``None`` if ``stop`` came first."""
+    token = read_token(token_file, service_account_token_file)
+    bundle = await wait_for_file(trust_bundle_file, stop, "trust bundle")
+    if bundle is None:
+        return None
+    key_pem, key = new_key()
+    csr = csr_for(key, component)
+
+    def report(state: backoff.RetryCallState) -> None:
+        log.info(
+            "join.retrying component=%s attempt=%d error=%r",
+            component,
+            state.attempt_number,
+            str(backoff.failure(state)),
+        )
+
+    async for attempt in backoff.retrying(
+        stop, JOIN_BACKOFF, on=(httpx.HTTPError, ConnectionError, OSError), before_sleep=report
+    ):
+        with attempt:
+            url = await certmanager_url(redis_client, certmanager_address)
+            issued = await exchange(url, bundle, token, csr)
+            identity = ComponentIdentity(component, Material.of(issued, key_pem), renew)
+            log.info(
+                "join.done component=%s identity=%s not_after=%s",
+                component,
+                identity.material.spiffe_id,
+                identity.material.leaf.not_valid_after_utc.isoformat(),
+            )
+            return identity
+    return None

@@ -1,0 +1,130 @@
+"""The control plane's own identities: the join exchange and renewals.
+
+A component joins with a token and a CSR (``POST /v1/join``, :meth:`ComponentIssuer.join`)
+and renews over mTLS with its current certificate and a new CSR
+(``RenewComponentCertificate``, :meth:`ComponentIssuer.renew`). Either way it gets the
+certificate of ``spiffe://<td>/ns/trellis-system/sa/<component>``, for
+``component_cert_validity``; its key never leaves it.
+
+A join token (:mod:`trellis_common.jointoken`) must verify under the join key, name a
+component, be unexpired, and not be spent: its nonce is written to Redis with ``SET NX``
+until the token expires, so a second use (or a replay by someone who saw it) is refused.
+Kubernetes ServiceAccount tokens (TokenReview) are not accepted yet: certmanager has no
+Kubernetes API access until the Kubernetes work lands, and says so.
+
+Every refusal is logged (``join.refused reason=...``) and counted
+(``trellis_certmanager_join_refused_total{reason}``); the token itself is never logged.
+certmanager's own certificate is signed in-process (:meth:`ComponentIssuer.own`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter
+from redis.exceptions import RedisError
+
+from trellis_certmanager.domain.csr import public_key_from_csr
+from trellis_certmanager.domain.errors import InvalidRequest, StoreUnavailable
+from trellis_certmanager.domain.issuer import Issuer
+from trellis_common import jointoken
+from trellis_common.identity import Issued
+
+log = logging.getLogger(__name__)
+
+SPENT_KEY = "trellis:certmanager:join-spent:{nonce}"
+
+
+class JoinRefused(Exception):
+    """The token does not let anyone join; ``reason`` is the counted label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ComponentIssuer:
+    def __init__(
+        self,
+        issuer: Callable[[], Issuer],
+        redis: aioredis.Redis,
+        join_key: bytes,
+        validity: dt.timedelta,
+        registry: CollectorRegistry,
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self._issuer = issuer
+        self._redis = redis
+        self._join_key = join_key
+        self._validity = validity
+        self._clock = clock
+        self.issued = Counter(
+            "trellis_certmanager_component_certificates_issued",
+            "Certificates issued to control plane components, by component and how "
+            "(join, renew, self)",
+            ["component", "via"],
+            registry=registry,
+        )
+        self.refused = Counter(
+            "trellis_certmanager_join_refused",
+            "Join requests refused, by reason",
+            ["reason"],
+            registry=registry,
+        )
+
+    def sign(self, component: str, csr_pem: bytes, via: str) -> Issued:
+        issuer = self._issuer()
+        public_key = public_key_from_csr(csr_pem)
+        cert = issuer.issue_component(component, public_key, self._clock(), self._validity)
+        self.issued.labels(component, via).inc()
+        log.info(
+            "identity.issued component=%s via=%s serial=%x not_after=%s",
+            component,
+            via,
+            cert.serial_number,
+            cert.not_valid_after_utc.isoformat(),
+        )
+        return Issued(issuer.chain_pem(cert), issuer.ca.trust_bundle_pem)
+
+    def own(self, csr_pem: bytes) -> Issued:
+        return self.sign("certmanager", csr_pem, "self")
+
+    async def join(self, token: str, csr_pem: bytes, peer: str) -> Issued:
+        """Trade a join token and a CSR for a component certificate (see the module)."""
+        try:
+            component = await self._admit(token)
+            if component == "certmanager":
+                raise JoinRefused("not_joinable", "certmanager signs its own certificate")
+            return self.sign(component, csr_pem, "join")
+        except (JoinRefused, InvalidRequest) as exc:
+            reason = exc.reason if isinstance(exc, JoinRefused) else "bad_csr"
+            self.refused.labels(reason).inc()
+            log.warning("join.refused reason=%s peer=%s error=%r", reason, peer, str(exc))
+            raise
+
+    def renew(self, component: str, csr_pem: bytes) -> Issued:
+        return self.sign(component, csr_pem, "renew")
+
+    async def _admit(self, token: str) -> str:
+        if not jointoken.is_join_token(token):
+            raise JoinRefused(
+                "service_account_token",
+                "not a join token; ServiceAccount tokens (TokenReview) are not accepted yet",
+            )
+        now = self._clock().timestamp()
+        try:
+            claim = jointoken.verify(self._join_key, token, now)
+        except jointoken.InvalidJoinToken as exc:
+            reason = "expired" if str(exc) == "expired" else "invalid_token"
+            raise JoinRefused(reason, f"join token refused: {exc}") from None
+        key = SPENT_KEY.format(nonce=claim.nonce)
+        try:
+            fresh = await self._redis.set(key, claim.component, nx=True, exat=claim.expires_at + 60)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"cannot record the join token as used: {exc}") from exc
+        if not fresh:
+            raise JoinRefused("spent", "join token already used: a token works once")
+        return claim.component

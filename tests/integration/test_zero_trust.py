@@ -1,0 +1,358 @@
+"""Zero trust inside the control plane: every internal call authenticated and authorized.
+
+certmanager (with an operator CA the test holds, so it can also make the certificates an
+attacker would bring), endpoints-vm and the catalog run as processes beside a real Redis,
+each with the identity it joined with. Each test is one attack; each asserts the refusal,
+and that the refused service logged and counted it. The first test walks the whole policy
+table: every cell, called by every component, is refused exactly where the table says.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from trellis_api import (
+    catalog_pb2,
+    catalog_pb2_grpc,
+    certmanager_pb2,
+    certmanager_pb2_grpc,
+    endpoints_pb2,
+    endpoints_pb2_grpc,
+)
+from trellis_common import authz, components, jointoken
+from trellis_common.identity import ComponentIdentity, csr_for, new_key
+from trellis_common.testing import RedisServer
+from trellis_common.testing.identities import LocalCA, join_as
+from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+CM = "/trellis.certmanager.v1.CertificateManager/"
+CATALOG = "/trellis.catalog.v1.Catalog/"
+PROVIDER = "/trellis.endpoints.v1.EndpointsProvider/"
+HEALTH = "/grpc.health.v1.Health/"
+
+
+@pytest.fixture
+def ca() -> LocalCA:
+    return LocalCA()
+
+
+@pytest.fixture
+def services(
+    state_dir: Path, redis_server: RedisServer, ca: LocalCA, tmp_path: Path
+) -> Iterator[dict[str, ServiceProcess]]:
+    cert, key = tmp_path / "ca.pem", tmp_path / "ca-key.pem"
+    cert.write_bytes(ca.bundle_pem)
+    key.write_bytes(
+        ca.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key.chmod(0o600)
+    processes = {
+        "certmanager": ServiceProcess(
+            "certmanager",
+            "trellis_certmanager.main",
+            state_dir,
+            redis_server.url,
+            args=("--ca-cert-file", str(cert), "--ca-key-file", str(key)),
+        ),
+        "endpoints-vm": ServiceProcess(
+            "endpoints-vm", "trellis_endpoints_vm.main", state_dir, redis_server.url
+        ),
+        "catalog": ServiceProcess("catalog", "trellis_catalog.main", state_dir, redis_server.url),
+    }
+    for process in processes.values():
+        process.start()
+    try:
+        yield processes
+    finally:
+        for process in reversed(list(processes.values())):
+            process.stop()
+
+
+# -- every cell of the policy ------------------------------------------------------------
+
+_SHOP = certmanager_pb2.MeshService(namespace="shop", name="cart")
+_CN = "00000000-0000-4000-8000-000000000001.cart.shop"
+
+
+def _cm(method: str, request: Any) -> tuple[str, Callable[[grpc.aio.Channel], Any], Any]:
+    return (
+        "certmanager",
+        lambda ch: getattr(certmanager_pb2_grpc.CertificateManagerStub(ch), method),
+        request,
+    )
+
+
+#: cell -> (service, stub method of a channel, a request). Requests are small, valid in
+#: shape where the cell depends on them, and need nothing to exist: an allowed call may
+#: answer NOT_FOUND or INVALID_ARGUMENT, never PERMISSION_DENIED.
+CALLS: dict[str, tuple[str, Callable[[grpc.aio.Channel], Any], Any]] = {
+    CM + "IssueCertificate[proxy]": _cm(
+        "IssueCertificate",
+        certmanager_pb2.IssueCertificateRequest(
+            kind=certmanager_pb2.CERTIFICATE_KIND_PROXY, service=_SHOP, service_account="Bad!"
+        ),
+    ),
+    CM + "IssueCertificate[service]": _cm(
+        "IssueCertificate",
+        certmanager_pb2.IssueCertificateRequest(
+            kind=certmanager_pb2.CERTIFICATE_KIND_SERVICE, service=_SHOP, service_account="Bad!"
+        ),
+    ),
+    CM + "IssueCertificate[service-info]": _cm(
+        "IssueCertificate",
+        certmanager_pb2.IssueCertificateRequest(
+            kind=certmanager_pb2.CERTIFICATE_KIND_SERVICE,
+            service=_SHOP,
+            service_account="Bad!",
+            omit_private_key=True,
+        ),
+    ),
+    CM + "GetCertificate": _cm(
+        "GetCertificate", certmanager_pb2.GetCertificateRequest(common_name="x")
+    ),
+    CM + "RotateCertificate": _cm(
+        "RotateCertificate", certmanager_pb2.RotateCertificateRequest(common_name="x")
+    ),
+    CM + "GetRoot": _cm("GetRoot", certmanager_pb2.GetRootRequest()),
+    CM + "ListCertificates": _cm("ListCertificates", certmanager_pb2.ListCertificatesRequest()),
+    CM + "GetCertificateInfo": _cm(
+        "GetCertificateInfo", certmanager_pb2.GetCertificateRequest(common_name="x")
+    ),
+    CM + "ListRevokedCertificates": _cm(
+        "ListRevokedCertificates", certmanager_pb2.ListRevokedCertificatesRequest()
+    ),
+    CM + "RenewComponentCertificate": _cm(
+        "RenewComponentCertificate", certmanager_pb2.RenewComponentCertificateRequest()
+    ),
+    **{
+        CATALOG + name: (
+            "catalog",
+            (lambda n: lambda ch: getattr(catalog_pb2_grpc.CatalogStub(ch), n))(name),
+            request,
+        )
+        for name, request in [
+            ("GetView", catalog_pb2.GetViewRequest()),
+            ("ListViewVersions", catalog_pb2.ListViewVersionsRequest()),
+            ("ListServices", catalog_pb2.ListServicesRequest()),
+            ("CheckPolicy", catalog_pb2.CheckPolicyRequest()),
+            ("ExpectProxy", catalog_pb2.ExpectProxyRequest(common_name="bad")),
+            ("RegisterProxy", catalog_pb2.RegisterProxyRequest()),
+            ("UnregisterProxy", catalog_pb2.UnregisterProxyRequest()),
+            ("ListProxies", catalog_pb2.ListProxiesRequest()),
+        ]
+    },
+    **{
+        PROVIDER + name: (
+            "endpoints-vm",
+            (lambda n: lambda ch: getattr(endpoints_pb2_grpc.EndpointsProviderStub(ch), n))(name),
+            request,
+        )
+        for name, request in [
+            ("ListServices", endpoints_pb2.ListServicesRequest()),
+            ("GetService", endpoints_pb2.GetServiceRequest()),
+        ]
+    },
+}
+
+
+def test_the_calls_cover_every_unary_cell_of_the_policy() -> None:
+    streaming = {HEALTH + "Watch", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"}
+    assert set(CALLS) | streaming | {HEALTH + "Check"} == set(authz.POLICY)
+
+
+async def call(
+    identity: ComponentIdentity,
+    process: ServiceProcess,
+    method: Callable[[grpc.aio.Channel], Any],
+    request: Any,
+) -> grpc.StatusCode:
+    async with identity.channel(process.endpoint.grpc_address, process.name) as channel:
+        try:
+            await method(channel)(request, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+def refusals(process: ServiceProcess) -> dict[tuple[str, str, str], float]:
+    text = process.get("/metrics").text
+    found = re.findall(
+        r'trellis_grpc_refusals_total\{caller="([^"]*)",method="([^"]*)",reason="([^"]*)"\} (\S+)',
+        text,
+    )
+    return {(method, who, reason): float(n) for who, method, reason, n in found}
+
+
+async def test_every_cell_refuses_exactly_the_components_it_does_not_name(
+    services: dict[str, ServiceProcess], state_dir: Path
+) -> None:
+    callers = {c: join_as(state_dir, c) for c in components.COMPONENTS if c != "certmanager"}
+    wrong: list[str] = []
+    for cell, (service, method, request) in CALLS.items():
+        for component, identity in callers.items():
+            code = await call(identity, services[service], method, request)
+            refused = code == grpc.StatusCode.PERMISSION_DENIED
+            if refused == authz.allowed(cell, component):
+                wrong.append(f"{component} -> {cell}: {code.name}")
+        health = await call(
+            callers["injector"],
+            services[service],
+            lambda ch: ch.unary_unary(
+                HEALTH + "Check",
+                request_serializer=lambda r: b"",
+                response_deserializer=lambda b: b,
+            ),
+            None,
+        )
+        assert health == grpc.StatusCode.OK
+    assert wrong == []
+    # each refusal was counted under the method and the caller, with its reason
+    counted = refusals(services["certmanager"])
+    assert counted[(CM + "GetCertificate", "catalog", "not_in_policy")] == 1.0
+    assert counted[(CM + "IssueCertificate", "catalog", "not_in_policy")] == 2.0  # proxy, key
+    assert "grpc.refused method=" + CM + "IssueCertificate[proxy]" in services["certmanager"].logs()
+
+
+# -- one test per attack --------------------------------------------------------------------
+
+
+async def never_renewed(csr_pem: bytes) -> Any:
+    raise AssertionError("a test identity is not renewed")
+
+
+async def test_a_component_certificate_outside_its_cell_is_refused_logged_and_counted(
+    services: dict[str, ServiceProcess], state_dir: Path
+) -> None:
+    certmanager = services["certmanager"]
+    catalog = join_as(state_dir, "catalog")  # the catalog may know certificates, not issue keys
+    request = certmanager_pb2.IssueCertificateRequest(
+        kind=certmanager_pb2.CERTIFICATE_KIND_SERVICE, service=_SHOP
+    )
+    async with catalog.channel(certmanager.endpoint.grpc_address, "certmanager") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await certmanager_pb2_grpc.CertificateManagerStub(channel).IssueCertificate(request)
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert caught.value.details() == (
+        f"catalog may not call {CM}IssueCertificate[service] (allowed: proxy-cp)"
+    )
+    assert refusals(certmanager)[(CM + "IssueCertificate", "catalog", "not_in_policy")] == 1.0
+    assert "reason=not_in_policy" in certmanager.logs()
+    assert certmanager.get("/v1/certificates").json()["certificates"] == []
+
+
+async def test_a_proxy_certificate_of_the_mesh_ca_is_no_control_plane_identity(
+    services: dict[str, ServiceProcess], ca: LocalCA
+) -> None:
+    catalog = services["catalog"]
+    # what a proxy holds: the mesh CA's certificate, CN only (or a workload's SPIFFE id)
+    for name, sans in [
+        (_CN, []),
+        (
+            "bookstore",
+            [x509.UniformResourceIdentifier("spiffe://cluster.local/ns/shop/sa/catalog")],
+        ),
+    ]:
+        proxy = ComponentIdentity("catalog", ca.issue(name, sans), never_renewed)
+        code = await call(
+            proxy,
+            catalog,
+            lambda ch: catalog_pb2_grpc.CatalogStub(ch).ExpectProxy,
+            catalog_pb2.ExpectProxyRequest(common_name=_CN, service_account="cart"),
+        )
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+    counted = refusals(catalog)
+    assert counted[(CATALOG + "ExpectProxy", "-", "not_a_component")] == 2.0
+    logs = catalog.logs()
+    assert logs.count("reason=not_a_component") == 2
+    assert "caller=spiffe://cluster.local/ns/shop/sa/catalog reason=not_a_component" in logs
+    assert catalog.get("/v1/proxies").json()["proxies"] == []
+
+
+def handshake_failures(process: ServiceProcess) -> dict[str, float]:
+    text = process.get("/metrics").text
+    found = re.findall(r'trellis_tls_handshake_failures_total\{reason="([^"]+)"\} (\S+)', text)
+    return {reason: float(n) for reason, n in found}
+
+
+@pytest.mark.parametrize(
+    ("who", "reason"),
+    [("no certificate", "no_certificate"), ("foreign CA", "unknown_ca"), ("expired", "expired")],
+)
+async def test_a_caller_without_a_valid_mesh_certificate_never_gets_past_tls(
+    services: dict[str, ServiceProcess], ca: LocalCA, who: str, reason: str
+) -> None:
+    certmanager = services["certmanager"]
+    address = certmanager.endpoint.grpc_address
+    options = [("grpc.ssl_target_name_override", components.server_name("certmanager"))]
+    if who == "no certificate":
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca.bundle_pem)
+    else:
+        material = (
+            LocalCA().identity("proxy-cp").material
+            if who == "foreign CA"
+            else ca.identity("proxy-cp", expired=True).material
+        )
+        credentials = grpc.ssl_channel_credentials(
+            ca.bundle_pem, material.key_pem, material.cert_chain_pem
+        )
+    async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await certmanager_pb2_grpc.CertificateManagerStub(channel).GetRoot(
+                certmanager_pb2.GetRootRequest(), timeout=5
+            )
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    await eventually(lambda: handshake_failures(certmanager).get(reason, 0) >= 1, timeout=10)
+    assert f"tls.handshake_failed reason={reason}" in certmanager.logs()
+
+
+async def test_a_join_token_works_once_and_a_forged_one_not_at_all(
+    services: dict[str, ServiceProcess], state_dir: Path
+) -> None:
+    certmanager = services["certmanager"]
+    key = jointoken.load_or_create_key(jointoken.key_path(state_dir))
+    token = jointoken.mint(key, "injector")
+    _, private = new_key()
+    body = {"token": token, "csr_pem": csr_for(private, "injector").decode()}
+
+    first = certmanager.post("/v1/join", json=body)
+    again = certmanager.post("/v1/join", json=body)
+    forged = certmanager.post(
+        "/v1/join", json={**body, "token": jointoken.mint(b"x" * 32, "injector")}
+    )
+    as_certmanager = certmanager.post(
+        "/v1/join", json={**body, "token": jointoken.mint(key, "certmanager")}
+    )
+
+    assert first.status_code == 200, first.text
+    issued = x509.load_pem_x509_certificate(first.json()["cert_chain_pem"].encode())
+    san = issued.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == [
+        "spiffe://cluster.local/ns/trellis-system/sa/injector"
+    ]
+    assert (again.status_code, again.json()["detail"]) == (
+        401,
+        "join token already used: a token works once",
+    )
+    assert forged.status_code == 401
+    assert "not made with this mesh's join key" in forged.json()["detail"]
+    assert as_certmanager.status_code == 401
+    metrics = certmanager.get("/metrics").text
+    for reason in ("spent", "invalid_token", "not_joinable"):
+        assert f'trellis_certmanager_join_refused_total{{reason="{reason}"}} 1.0' in metrics
+    assert certmanager.logs().count("join.refused") == 3
+    assert token not in certmanager.logs()
