@@ -70,8 +70,9 @@ def spec_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def endpoints_vm(
-    state_dir: Path, redis_server: RedisServer, spec_dir: Path
+    state_dir: Path, redis_server: RedisServer, spec_dir: Path, certmanager: ServiceProcess
 ) -> Iterator[ServiceProcess]:
+    """endpoints-vm, with the certmanager it joins the mesh through."""
     process = ServiceProcess(
         "endpoints-vm",
         "trellis_endpoints_vm.main",

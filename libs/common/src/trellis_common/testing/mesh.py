@@ -23,7 +23,7 @@ from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
 from trellis_common.identity import ComponentIdentity
 from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.identities import join_as
+from trellis_common.testing.identities import allowed_caller, join_as
 from trellis_common.testing.redis_server import RedisServer, free_port
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.waiting import eventually
@@ -100,9 +100,10 @@ class Mesh:
     def xds_port(self) -> int:
         return int(self.processes["proxy-cp"].endpoint.grpc_address.rsplit(":", 1)[1])
 
-    def certmanager(self, method: str, request: Any, *, component: str = "injector") -> Any:
-        """Call certmanager's gRPC API as ``component`` (the injector issues proxy
-        certificates), over mTLS with an identity joined for it."""
+    def certmanager(self, method: str, request: Any) -> Any:
+        """Call certmanager's gRPC API over mTLS as a component the policy lets make the
+        call (the injector issues proxy certificates, proxy-cp gets service keys)."""
+        component = allowed_caller(f"/trellis.certmanager.v1.CertificateManager/{method}", request)
         identity = self._identities.get(component)
         if identity is None:
             identity = self._identities[component] = join_as(self.state_dir, component)
