@@ -61,9 +61,7 @@ class Mesh:
         common = {**FAST, **(env or {})}
 
         def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
-            return ServiceProcess(
-                name, module, state_dir, redis.url, args=args, env={**common, **env}
-            )
+            return ServiceProcess(name, module, state_dir, redis, args=args, env={**common, **env})
 
         vm_args = ("--spec-dir", str(spec_dir)) if vm_spec_dir else ()
         self.processes = {

@@ -2,7 +2,10 @@
 
 :class:`ServiceProcess` starts ``python -m <module>`` with ports 0 (the service picks free
 ones and writes them to ``<state-dir>/services/<name>.json``), waits for ``/readyz``, and can
-terminate, SIGKILL and start it again, as an operator or a crash would.
+terminate, SIGKILL and start it again, as an operator or a crash would. Given the test's
+:class:`~trellis_common.testing.RedisServer`, it logs in to Redis as its own component's
+ACL user (``component``, by default its name), as under ``trellis up``; given a URL, it
+uses that URL as it is.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from trellis_common import statefile
+from trellis_common.testing.redis_server import RedisServer
 
 
 class ServiceProcess:
@@ -25,14 +29,19 @@ class ServiceProcess:
         name: str,
         module: str,
         state_dir: Path,
-        redis_url: str,
+        redis: RedisServer | str,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        component: str | None = None,
     ) -> None:
         self.name = name
         self.module = module
         self.state_dir = state_dir
-        self.redis_url = redis_url
+        self.redis_env = (
+            redis.service_env(component or name)
+            if isinstance(redis, RedisServer)
+            else {"TRELLIS_REDIS_URL": redis}
+        )
         self.args = args
         self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
@@ -45,7 +54,7 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
-            "TRELLIS_REDIS_URL": self.redis_url,
+            **self.redis_env,
             "TRELLIS_STATE_DIR": str(self.state_dir),
             "PYTHONUNBUFFERED": "1",
             **self.env,
