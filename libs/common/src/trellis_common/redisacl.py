@@ -150,10 +150,7 @@ def password_hash(password: str) -> str:
 
 def user_line(name: str, password: str, prefix: str = DEFAULT_PREFIX) -> str:
     """One ``user`` line of an aclfile (the password as its SHA-256 only)."""
-    if name == ADMIN:
-        rules = ["~*", "&*", "+@all"]
-    else:
-        rules = COMPONENTS[name].rules(prefix)
+    rules = ["~*", "&*", "+@all"] if name == ADMIN else COMPONENTS[name].rules(prefix)
     return " ".join(["user", name, "on", f"#{password_hash(password)}", *rules])
 
 
