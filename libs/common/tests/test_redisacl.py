@@ -107,9 +107,7 @@ async def _announce_and_withdraw(client: redis.asyncio.Redis, component: Compone
     assert not announcer.announced
 
 
-async def _follow(
-    server: RedisServer, admin: redis.asyncio.Redis, component: Component
-) -> None:
+async def _follow(server: RedisServer, admin: redis.asyncio.Redis, component: Component) -> None:
     receiver = RecordingReceiver()
     subscriber = Subscriber(
         lambda: redisconn.connect(server.target(component.name), retries=0),

@@ -143,9 +143,7 @@ def test_a_target_takes_its_password_from_the_file_and_never_shows_it(tmp_path: 
     assert RedisTarget.create(url).password is None  # the URL's credentials, if any
 
 
-@pytest.mark.parametrize(
-    ("content", "problem"), [(None, "cannot be read"), ("  \n", "is empty")]
-)
+@pytest.mark.parametrize(("content", "problem"), [(None, "cannot be read"), ("  \n", "is empty")])
 def test_a_password_file_that_cannot_serve_is_named(
     tmp_path: Path, content: str | None, problem: str
 ) -> None:

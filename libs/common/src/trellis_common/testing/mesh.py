@@ -58,6 +58,7 @@ class Mesh:
         self.tmp = tmp
         self.state_dir = state_dir
         self.spec_dir = spec_dir
+        self.redis = redis  # each service logs in as its own ACL user; tests may as admin
         common = {**FAST, **(env or {})}
 
         def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
@@ -74,6 +75,7 @@ class Mesh:
                 str(spec_dir),
                 TRELLIS_CATALOG_SPEC_POLL_INTERVAL="0.1",
                 TRELLIS_CATALOG_DISCOVERY_INTERVAL="0.2",
+                TRELLIS_CATALOG_REDIS_AUDIT_INTERVAL="0.2",
             ),
             "proxy-cp": process("proxy-cp", "trellis_proxy_cp.main", "--xds-host", "127.0.0.1"),
         }
