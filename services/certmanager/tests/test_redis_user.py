@@ -12,7 +12,7 @@ from trellis_common.redisacl import COMPONENTS
 def test_the_acl_table_row_matches_certmanager() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
-    assert row.publishes == (TOPIC,) and row.follows == () and row.discovers == ()
+    assert (row.publishes, row.follows, row.discovers) == ((TOPIC,), (), ())
     store = RedisCertificateStore(None, None)  # type: ignore[arg-type]  # only its keys
     for key in (store.ca_key, store.records_key, store.revoked_key):
         assert any(fnmatch(key, f"trellis:{p}") for p in row.keys), key
