@@ -172,7 +172,7 @@ async def test_no_component_announces_as_another_kind_or_runs_admin_commands(
                 await client.set(registry_key(kind, "impostor"), _record(kind).to_json())
         for command in (("FLUSHALL",), ("KEYS", "*"), ("CONFIG", "GET", "*"), ("ACL", "LIST")):
             with pytest.raises(NoPermissionError):
-                await client.execute_command(*command)
+                await client.execute_command(*command)  # type: ignore[no-untyped-call]
 
 
 async def test_a_connection_without_a_password_is_refused(redis_server: RedisServer) -> None:

@@ -30,11 +30,11 @@ async def audit(redis_server: RedisServer) -> AsyncIterator[RedisAudit]:
 
 
 def refusals(audit: RedisAudit, error: str) -> float:
-    return audit.refusals.labels(error)._value.get()
+    return float(audit.refusals.labels(error)._value.get())
 
 
 def denied(audit: RedisAudit, user: str, reason: str) -> float:
-    return audit.denied.labels(user, reason)._value.get()
+    return float(audit.denied.labels(user, reason)._value.get())
 
 
 def lines(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:

@@ -14,4 +14,4 @@ def test_the_acl_table_row_matches_the_catalog() -> None:
     assert {*ProviderFollower.topics, *CertificateFollower.topics} == set(row.follows)
     assert {KIND, "certmanager"} == set(row.discovers)  # providers, and its locator
     assert set(AUDIT_COMMANDS) <= set(row.commands)  # it runs the Redis audit
-    assert service.settings().redis_audit_interval > 0
+    assert service.settings.model_fields["redis_audit_interval"].default > 0
