@@ -62,8 +62,6 @@ class RedisTarget:
     url: str
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-    #: Where the password came from, for error messages (``file /x``, ``the URL``).
-    source: str = "the URL"
 
     @classmethod
     def create(
@@ -91,7 +89,7 @@ class RedisTarget:
                 stat.S_IMODE(mode),
             )
         user = username or unquote(urlsplit(url).username or "") or service or None
-        return cls(url, user, password, source=f"file {password_file}")
+        return cls(url, user, password)
 
     def describe(self) -> str:
         """``host:port/db user=name``: what a log line may say about this target."""

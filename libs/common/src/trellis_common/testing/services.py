@@ -4,7 +4,7 @@
 ones and writes them to ``<state-dir>/services/<name>.json``), waits for ``/readyz``, and can
 terminate, SIGKILL and start it again, as an operator or a crash would. Given the test's
 :class:`~trellis_common.testing.RedisServer`, it logs in to Redis as its own component's
-ACL user (``component``, by default its name), as under ``trellis up``; given a URL, it
+ACL user (its name is the component's), as under ``trellis up``; given a URL, it
 uses that URL as it is.
 """
 
@@ -32,13 +32,12 @@ class ServiceProcess:
         redis: RedisServer | str,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
-        component: str | None = None,
     ) -> None:
         self.name = name
         self.module = module
         self.state_dir = state_dir
         self.redis_env = (
-            redis.service_env(component or name)
+            redis.service_env(name)
             if isinstance(redis, RedisServer)
             else {"TRELLIS_REDIS_URL": redis}
         )
