@@ -77,7 +77,7 @@ def endpoints_vm(
         "endpoints-vm",
         "trellis_endpoints_vm.main",
         state_dir,
-        redis_server.url,
+        redis_server,
         args=("--spec-dir", str(spec_dir)),
         env={
             "TRELLIS_ENDPOINTS_VM_SPEC_POLL_INTERVAL": "0.1",

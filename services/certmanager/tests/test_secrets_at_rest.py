@@ -86,7 +86,7 @@ def forms_of(key_pem: bytes) -> list[bytes]:
 
 
 async def test_nothing_in_redis_is_a_key_in_the_clear(
-    cert_store: RedisCertificateStore, redis_client: redis.asyncio.Redis, bell: Bell
+    cert_store: RedisCertificateStore, redis_admin: redis.asyncio.Redis, bell: Bell
 ) -> None:
     manager = new_manager(cert_store, bell, FakeClock())
     ca = await manager.start()
@@ -95,7 +95,7 @@ async def test_nothing_in_redis_is_a_key_in_the_clear(
     await manager.rotate(service.common_name)
     rotated = manager.get(service.common_name)
 
-    values = await everything_in(redis_client)
+    values = await everything_in(redis_admin)  # every key: certmanager's user sees its own
     assert len(values) == 3  # the CA and two records
     for key_pem in (ca.key_pem, service.key_pem, proxy.key_pem, rotated.key_pem):
         for form in forms_of(key_pem):
@@ -119,6 +119,7 @@ def clear_ca_json(ca: CertificateAuthority) -> str:
 async def test_an_older_versions_clear_keys_are_read_then_sealed(
     cert_store: RedisCertificateStore,
     redis_client: redis.asyncio.Redis,
+    redis_admin: redis.asyncio.Redis,
     root_ca: CertificateAuthority,
     bell: Bell,
     caplog: pytest.LogCaptureFixture,
@@ -140,7 +141,7 @@ async def test_an_older_versions_clear_keys_are_read_then_sealed(
     assert manager.get(proxy.common_name) == proxy
     assert manager.rejected() == []
 
-    for value in await everything_in(redis_client):
+    for value in await everything_in(redis_admin):
         assert b"PRIVATE KEY" not in value
         assert b"tsv1:" in value
     assert "ca.key_sealed" in caplog.text

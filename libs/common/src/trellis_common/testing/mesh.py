@@ -59,12 +59,11 @@ class Mesh:
         self.tmp = tmp
         self.state_dir = state_dir
         self.spec_dir = spec_dir
+        self.redis = redis  # each service logs in as its own ACL user; tests may as admin
         common = {**FAST, **(env or {})}
 
         def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
-            return ServiceProcess(
-                name, module, state_dir, redis.url, args=args, env={**common, **env}
-            )
+            return ServiceProcess(name, module, state_dir, redis, args=args, env={**common, **env})
 
         vm_args = ("--spec-dir", str(spec_dir)) if vm_spec_dir else ()
         self.processes = {
@@ -77,6 +76,7 @@ class Mesh:
                 str(spec_dir),
                 TRELLIS_CATALOG_SPEC_POLL_INTERVAL="0.1",
                 TRELLIS_CATALOG_DISCOVERY_INTERVAL="0.2",
+                TRELLIS_CATALOG_REDIS_AUDIT_INTERVAL="0.2",
             ),
             "proxy-cp": process("proxy-cp", "trellis_proxy_cp.main", "--xds-host", "127.0.0.1"),
         }
