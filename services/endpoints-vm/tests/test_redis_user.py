@@ -12,6 +12,7 @@ from trellis_endpoints_vm.store import RedisWorkloadStore
 def test_the_acl_table_row_matches_endpoints_vm() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
-    assert (row.publishes, row.follows, row.discovers) == ((TOPIC,), (), ())
+    # certmanager: to join and renew its own identity
+    assert (row.publishes, row.follows, row.discovers) == ((TOPIC,), (), ("certmanager",))
     key = RedisWorkloadStore(None).key  # type: ignore[arg-type]  # only its key
     assert any(fnmatch(key, f"trellis:{p}") for p in row.keys), key
