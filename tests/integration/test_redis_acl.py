@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 def metric(mesh: Mesh, name: str, **labels: str) -> float:
     """A sample of the catalog's ``/metrics`` (0 if absent)."""
-    text = httpx.get(mesh.processes["catalog"].endpoint.admin_url + "/metrics", timeout=5).text
+    text = mesh.processes["catalog"].get("/metrics").text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and sample.labels == labels:
