@@ -87,7 +87,11 @@ class ServiceProcess:
             env=env,
         )
         log.close()
-        return self.wait_ready(timeout)
+        try:
+            return self.wait_ready(timeout)
+        except BaseException:  # a process that never got ready must not outlive the test
+            self.stop()
+            raise
 
     def wait_ready(self, timeout: float = 30.0) -> statefile.ServiceEndpoint:
         deadline = time.monotonic() + timeout
