@@ -12,8 +12,10 @@ certificate, not several.
 
 Rotation: service certificates are re-issued once ``renew_fraction`` of their lifetime has
 passed, and immediately when they were not signed by the CA in force (the operator changed
-CAs). Proxy certificates live in bootstrap files on the proxy's host: they are rotated on
-demand only, and a log line warns when one passes its renewal point.
+CAs). Proxy certificates live in bootstrap files on the proxy's host, with the key the proxy
+made there (they are issued for a CSR; certmanager never has the key): they are rotated on
+demand only, re-signed for the same public key, and a log line warns when one passes its
+renewal point.
 
 Revocation (:mod:`trellis_certmanager.revocations`): revoking a proxy certificate records its
 serial as revoked and deletes the record (the proxy is no longer expected); rotating one
@@ -59,6 +61,7 @@ from cryptography.exceptions import InvalidSignature
 
 from trellis_certmanager.custody import CaCustody
 from trellis_certmanager.domain.authority import CertificateAuthority
+from trellis_certmanager.domain.csr import PublicKey, leaf_public_key, same_key
 from trellis_certmanager.domain.errors import (
     CAError,
     InvalidRequest,
@@ -216,7 +219,12 @@ class CertificateManager:
         proxy_id: str = "",
         service_account: str = "",
         validity: dt.timedelta | None = None,
+        *,
+        public_key: PublicKey,
     ) -> CertificateRecord:
+        """A proxy certificate for ``public_key`` (the proxy's CSR). The current one of the
+        same proxy is returned if it is valid and for the same key; for another key a new
+        one is issued and the old serial revoked (reason ``rotated``): one key per proxy."""
         try:
             cn = (
                 ProxyCommonName(ProxyId(proxy_id), service.name, service.namespace)
@@ -227,14 +235,25 @@ class CertificateManager:
             raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
         async with self._lock(cn.format()):
             current = self._records.get(cn.format())
-            if current is not None and current.not_after > self._clock() and validity is None:
+            replaced = current is not None and current.not_after > self._clock()
+            if (
+                current is not None
+                and replaced
+                and validity is None
+                and same_key(leaf_public_key(current.cert_chain_pem), public_key)
+            ):
                 return current
             account = service_account or service.name
             record = self._timed(
                 CertificateKind.PROXY,
-                lambda: self.issuer.issue_proxy(cn, account, self._clock(), validity),
+                lambda: self.issuer.issue_proxy(
+                    cn, account, self._clock(), validity, public_key=public_key
+                ),
             )
             await self._commit(record, "issued", "reissue")
+            if current is not None and replaced:  # the old one may not connect any more
+                await self.revocations.add(current, RevocationReason.ROTATED, self._clock())
+                await self._signal("revoked", current.common_name)
             return record
 
     def get(self, common_name: str) -> CertificateRecord:
@@ -452,8 +471,11 @@ class CertificateManager:
         now = self._clock()
         if current.kind == CertificateKind.SERVICE:
             return self.issuer.issue_service(service, current.service_account, now)
+        # The proxy keeps its key: the new certificate is for the same public key.
         cn = ProxyCommonName(ProxyId(current.proxy_id), current.service, current.namespace)
-        return self.issuer.issue_proxy(cn, current.service_account, now)
+        return self.issuer.issue_proxy(
+            cn, current.service_account, now, public_key=leaf_public_key(current.cert_chain_pem)
+        )
 
     def _timed(
         self, kind: CertificateKind, make: Callable[[], CertificateRecord]
