@@ -114,7 +114,7 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-bench-")))
         redis_server = stack.enter_context(RedisServer(dir=tmp / "redis"))
         service = stack.enter_context(
-            ServiceProcess("endpoints-vm", "trellis_endpoints_vm.main", tmp, redis_server.url)
+            ServiceProcess("endpoints-vm", "trellis_endpoints_vm.main", tmp, redis_server)
         )
         endpoint = service.start()
         floor = stack.enter_context(http_floor.HttpFloor())

@@ -64,3 +64,6 @@ _.sidecar_log_level
 _.dns_lookup_family
 _.lb_policy
 _.forward_client_cert_details
+
+# grpc.aio calls a server interceptor's hook (trellis_common.authz.Authorizer).
+_.intercept_service

@@ -28,7 +28,7 @@ def certmanager(state_dir: Path, redis_server: RedisServer) -> Iterator[ServiceP
         "certmanager",
         "trellis_certmanager.main",
         state_dir,
-        redis_server.url,
+        redis_server,
         env={"TRELLIS_CERTMANAGER_ROTATION_INTERVAL": "0.2"},
     )
     process.start()

@@ -41,9 +41,7 @@ def mesh(
     state_dir: Path, redis_server: RedisServer, spec_dir: Path
 ) -> Iterator[dict[str, ServiceProcess]]:
     def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
-        return ServiceProcess(
-            name, module, state_dir, redis_server.url, args=args, env={**FAST, **env}
-        )
+        return ServiceProcess(name, module, state_dir, redis_server, args=args, env={**FAST, **env})
 
     processes = {
         "certmanager": process("certmanager", "trellis_certmanager.main"),

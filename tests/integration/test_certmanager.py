@@ -21,6 +21,7 @@ from trellis_common.identity import csr_for, new_key
 from trellis_common.signaling import Event
 from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.identities import allowed_caller
 from trellis_common.testing.services import ServiceProcess
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
@@ -28,6 +29,9 @@ PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanage
 pytestmark = pytest.mark.integration
 
 SERVICE = pb.MeshService(namespace="bookstore", name="bookstore-v1")
+
+
+CM = "/trellis.certmanager.v1.CertificateManager/"
 
 
 def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -40,11 +44,10 @@ def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def call(
-    process: ServiceProcess, method: str, request: object, caller: str = "proxy-cp"
-) -> object:
-    """``method`` as ``caller`` would call it (proxy-cp: the root, service certificates)."""
-    async with process.channel(caller) as channel:
+async def call(process: ServiceProcess, method: str, request: object) -> object:
+    """``method`` as a component the policy lets call it (the injector for proxy
+    certificates, proxy-cp for service keys, the catalog to list...)."""
+    async with process.channel(allowed_caller(CM + method, request)) as channel:
         stub = pb_grpc.CertificateManagerStub(channel)
         return await getattr(stub, method)(request, timeout=10)
 
@@ -70,10 +73,12 @@ async def test_root_and_certificates_survive_crashes_of_certmanager_and_redis(
     certmanager.start()
     assert await root_fingerprint(certmanager) == fingerprint
     got = await call(
-        certmanager, "GetCertificate", pb.GetCertificateRequest(common_name=issued.info.common_name)
+        certmanager,
+        "GetCertificateInfo",
+        pb.GetCertificateRequest(common_name=issued.info.common_name),
     )
-    assert isinstance(got, pb.Certificate)
-    assert got.info.serial == issued.info.serial
+    assert isinstance(got, pb.CertificateInfo)
+    assert got.serial == issued.info.serial
 
     redis_server.kill()
     redis_server.start()
@@ -259,7 +264,9 @@ async def test_corrupt_records_are_skipped_reported_and_re_issued_or_deleted(
     assert isinstance(listed, pb.ListCertificatesResponse)
     assert [c.common_name for c in listed.certificates] == [service_cn]  # the rest is served
     with pytest.raises(grpc.aio.AioRpcError) as missing:
-        await call(certmanager, "GetCertificate", pb.GetCertificateRequest(common_name=proxy_cn))
+        await call(
+            certmanager, "GetCertificateInfo", pb.GetCertificateRequest(common_name=proxy_cn)
+        )
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
     token = tokens.load_or_create_admin_token(state_dir)

@@ -70,13 +70,14 @@ def spec_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def endpoints_vm(
-    state_dir: Path, redis_server: RedisServer, spec_dir: Path
+    state_dir: Path, redis_server: RedisServer, spec_dir: Path, certmanager: ServiceProcess
 ) -> Iterator[ServiceProcess]:
+    """endpoints-vm, with the certmanager it joins the mesh through."""
     process = ServiceProcess(
         "endpoints-vm",
         "trellis_endpoints_vm.main",
         state_dir,
-        redis_server.url,
+        redis_server,
         args=("--spec-dir", str(spec_dir)),
         env={
             "TRELLIS_ENDPOINTS_VM_SPEC_POLL_INTERVAL": "0.1",

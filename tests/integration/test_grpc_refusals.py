@@ -37,7 +37,7 @@ BAD = "Bad Name!"
 @pytest.fixture
 def services(state_dir: Path, redis_server: RedisServer) -> Iterator[dict[str, ServiceProcess]]:
     processes = {
-        name: ServiceProcess(name, module, state_dir, redis_server.url)
+        name: ServiceProcess(name, module, state_dir, redis_server)
         for name, module in [
             ("certmanager", "trellis_certmanager.main"),
             ("endpoints-vm", "trellis_endpoints_vm.main"),

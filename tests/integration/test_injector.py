@@ -41,9 +41,7 @@ class Mesh:
         self.state_dir = state_dir
 
         def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
-            return ServiceProcess(
-                name, module, state_dir, redis.url, args=args, env={**FAST, **env}
-            )
+            return ServiceProcess(name, module, state_dir, redis, args=args, env={**FAST, **env})
 
         self.processes = {
             "certmanager": process("certmanager", "trellis_certmanager.main"),

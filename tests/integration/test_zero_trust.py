@@ -361,3 +361,29 @@ async def test_a_join_token_works_once_and_a_forged_one_not_at_all(
         assert f'trellis_certmanager_join_refused_total{{reason="{reason}"}} 1.0' in metrics
     assert certmanager.logs().count("join.refused") == 3
     assert token not in certmanager.logs()
+
+
+async def test_no_component_gets_a_certificate_with_another_components_identity(
+    services: dict[str, ServiceProcess], state_dir: Path
+) -> None:
+    certmanager = services["certmanager"]
+    proxy_cp = join_as(state_dir, "proxy-cp")  # the one component that may have service keys
+
+    def ask(account: str) -> certmanager_pb2.IssueCertificateRequest:
+        return certmanager_pb2.IssueCertificateRequest(
+            kind=certmanager_pb2.CERTIFICATE_KIND_SERVICE,
+            service=certmanager_pb2.MeshService(namespace="trellis-system", name=account),
+            service_account=account,
+        )
+
+    async with proxy_cp.channel(certmanager.endpoint.grpc_address, "certmanager") as channel:
+        stub = certmanager_pb2_grpc.CertificateManagerStub(channel)
+        own = await stub.IssueCertificate(ask("proxy-cp"))  # its xDS serving certificate
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.IssueCertificate(ask("certmanager"))
+    assert own.info.uris == ["spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"]
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "proxy-cp may not have it" in (caught.value.details() or "")
+    metrics = certmanager.get("/metrics").text
+    assert 'trellis_certmanager_component_identity_refused_total{caller="proxy-cp"} 1.0' in metrics
+    assert "cert.refused reason=another_component_identity" in certmanager.logs()

@@ -1,4 +1,5 @@
-"""The Redis `trellis up` starts: persistent, and configured to rewrite its AOF."""
+"""The Redis `trellis up` starts: persistent, configured to rewrite its AOF, with its ACL
+on (one user per service, each given a password file, never the password)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from trellis_cli.up import redis_spec
+from trellis_cli.up import redis_spec, service_specs
+from trellis_common import redisacl
 from trellis_common.testing.redis_server import free_port
 from trellis_common.testing.waiting import eventually
 
@@ -23,7 +25,8 @@ def up_redis(tmp_path: Path) -> Iterator[redis.Redis]:
     process = subprocess.Popen(
         list(spec.argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    client = redis.Redis(port=port)
+    admin = (tmp_path / "redis" / "users" / "admin").read_text().strip()
+    client = redis.Redis(port=port, username="admin", password=admin)
     try:
         yield client
     finally:
@@ -70,3 +73,67 @@ def test_the_redis_data_directory_is_0700(tmp_path: Path, before: int | None) ->
     spec = redis_spec(tmp_path, port=free_port())
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     assert str(data.resolve()) in spec.argv
+
+
+async def test_the_local_redis_has_the_default_user_off_and_one_user_per_service(
+    up_redis: redis.Redis, tmp_path: Path
+) -> None:
+    def answers() -> bool:
+        try:
+            return bool(up_redis.ping())
+        except redis.ConnectionError:
+            return False
+
+    await eventually(answers, timeout=10)
+    port = up_redis.connection_pool.connection_kwargs["port"]
+    with redis.Redis(port=port) as anonymous, pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    users = {str(line).split()[1]: str(line).split() for line in up_redis.acl_list()}
+    assert set(users) == {"default", "admin", *redisacl.COMPONENTS}
+    assert "off" in users["default"]
+    password = (tmp_path / "redis" / "users" / "catalog").read_text().strip()
+    with redis.Redis(port=port, username="catalog", password=password) as catalog:
+        assert catalog.ping()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            catalog.get("trellis:certmanager:ca")
+
+
+def test_passwords_are_files_of_their_own_and_the_aclfile_holds_only_their_hashes(
+    tmp_path: Path,
+) -> None:
+    spec = redis_spec(tmp_path, port=free_port())
+    users = tmp_path / "redis" / "users"
+    aclfile = tmp_path / "redis" / "users.acl"
+    assert stat.S_IMODE(users.stat().st_mode) == 0o700
+    assert stat.S_IMODE(aclfile.stat().st_mode) == 0o600
+    passwords = {}
+    for name in ("admin", *redisacl.COMPONENTS):
+        assert stat.S_IMODE((users / name).stat().st_mode) == 0o600
+        passwords[name] = (users / name).read_text().strip()
+    assert len(set(passwords.values())) == len(passwords), "each user has its own"
+    text = aclfile.read_text()
+    assert not [name for name, p in passwords.items() if p in text]
+    assert str(aclfile.resolve()) in spec.argv
+
+    redis_spec(tmp_path, port=free_port())  # a second start keeps them
+    assert {n: (users / n).read_text().strip() for n in passwords} == passwords
+
+
+def test_each_service_is_given_its_own_password_file_not_its_password(tmp_path: Path) -> None:
+    specs = service_specs(tmp_path, "redis://127.0.0.1:16379/0", tmp_path / "spec")
+    assert specs, "the services are installed in this workspace"
+    users = tmp_path / "redis" / "users"
+    for spec in specs:
+        password = (users / spec.name).read_text().strip()
+        assert spec.env["TRELLIS_REDIS_USERNAME"] == spec.name
+        assert spec.env["TRELLIS_REDIS_PASSWORD_FILE"] == str((users / spec.name).resolve())
+        assert password not in " ".join([*spec.argv, *spec.env.values()])
+
+
+def test_an_external_redis_keeps_the_credentials_of_its_url(tmp_path: Path) -> None:
+    url = "redis://ops:secret@redis.example:6379/0"
+    specs = service_specs(tmp_path, url, tmp_path / "spec", local_redis=False)
+    for spec in specs:
+        assert spec.env["TRELLIS_REDIS_URL"] == url
+        assert "TRELLIS_REDIS_PASSWORD_FILE" not in spec.env
+    assert not (tmp_path / "redis").exists(), "no users are made for a Redis we do not run"

@@ -3,12 +3,13 @@
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from trellis_common.redisconn import connect, wait_for_redis
+from trellis_common.redisconn import RedisRefused, RedisTarget, connect, wait_for_redis
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.redis_server import free_port
 
@@ -120,4 +121,74 @@ async def test_a_frozen_redis_fails_a_command_within_the_socket_timeout(
         assert await client.get("k") == b"v"
     finally:
         redis_server.resume()
+        await client.aclose()
+
+
+# --- credentials ----------------------------------------------------------------------------
+
+
+def test_a_target_takes_its_password_from_the_file_and_never_shows_it(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-value\n")
+    secret.chmod(0o600)
+    url = "redis://10.0.0.5:6380/2"
+
+    assert RedisTarget.create(url, "", secret, "catalog").username == "catalog"
+    assert RedisTarget.create("redis://ops@h:1/0", "", secret, "catalog").username == "ops"
+    target = RedisTarget.create(url, "proxy-cp", secret, "catalog")
+    assert (target.username, target.password) == ("proxy-cp", "s3cret-value")
+    assert target.describe() == "10.0.0.5:6380/2 user=proxy-cp"
+    assert "s3cret" not in repr(target)
+    assert RedisTarget.create("redis://u:p@h:1/0").describe() == "h:1/0 user=u"
+    assert RedisTarget.create(url).password is None  # the URL's credentials, if any
+
+
+@pytest.mark.parametrize(("content", "problem"), [(None, "cannot be read"), ("  \n", "is empty")])
+def test_a_password_file_that_cannot_serve_is_named(
+    tmp_path: Path, content: str | None, problem: str
+) -> None:
+    path = tmp_path / "pw"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=f"redis_password_file '{path}' {problem}"):
+        RedisTarget.create("redis://h:1/0", "", path, "catalog")
+
+
+def test_a_password_file_others_can_read_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "pw"
+    path.write_text("x")
+    path.chmod(0o644)
+    RedisTarget.create("redis://h:1/0", "", path, "catalog")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"redis.password_file_open path={path} mode=644 advice=chmod 600"
+    ]
+
+
+async def test_a_refused_login_stops_the_wait_with_the_user_and_no_password(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrong = tmp_path / "pw"
+    wrong.write_text("not-the-password")
+    client = connect(RedisTarget.create(redis_server.plain_url, "catalog", wrong), retries=0)
+    try:
+        with pytest.raises(RedisRefused, match="refused user 'catalog'"):
+            await asyncio.wait_for(wait_for_redis(client, asyncio.Event()), 5)
+    finally:
+        await client.aclose()
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "redis.refused user=catalog" in logged
+    assert "not-the-password" not in logged
+
+
+async def test_a_component_logs_in_as_its_own_user(
+    redis_server: RedisServer, redis_client: redis.asyncio.Redis
+) -> None:
+    client = connect(redis_server.target("endpoints-vm"))
+    try:
+        await wait_for_redis(client, asyncio.Event())
+        users = [c["user"] for c in await redis_client.client_list()]
+        assert sorted(users) == ["admin", "endpoints-vm"]  # the test's, and the component's
+    finally:
         await client.aclose()

@@ -23,6 +23,8 @@ ENV_NAMES = (
     "TRELLIS_DEBUG_ENDPOINTS",
     "TRELLIS_X_DEBUG_ENDPOINTS",
     "TRELLIS_X_REDIS_URL",
+    "TRELLIS_REDIS_USERNAME",
+    "TRELLIS_REDIS_PASSWORD_FILE",
     "TRELLIS_SPEC_DIR",
     "TRELLIS_W_SPEC_DIR",
     "SPEC_DIR",
@@ -166,7 +168,8 @@ def test_every_field_is_a_flag() -> None:
         "--log-level", "DEBUG", "--admin-token", "t", "--instance", "x-9",
         "--registry-ttl", "2.5", "--debug-endpoints", "--trust-bundle-file", "/b.pem",
         "--join-token-file", "/j", "--service-account-token-file", "/sa",
-        "--certmanager-admin-address", "cm:1",
+        "--certmanager-admin-address", "cm:1", "--redis-username", "u",
+        "--redis-password-file", "/p", "--redis-audit-interval", "3",
     )  # fmt: skip
 
     assert settings.model_dump() == {
@@ -175,6 +178,9 @@ def test_every_field_is_a_flag() -> None:
         "bind_host": "0.0.0.0",
         "state_dir": Path("/s"),
         "redis_url": "redis://flag:1/0",
+        "redis_username": "u",
+        "redis_password_file": Path("/p"),
+        "redis_audit_interval": 3.0,
         "log_format": "json",
         "log_level": "DEBUG",
         "admin_token": "t",
@@ -252,7 +258,7 @@ def test_help_lists_every_flag_with_its_description(capsys: pytest.CaptureFixtur
         assert f"--{name.replace('_', '-')} " in text
         assert " ".join(field.description.split()) in text
     assert "TRELLIS_X_SOME_NAME" in text
-    assert "--redis-url, --state-dir, --log-format" in text
+    assert "--redis-url, --redis-username, --redis-password-file, --state-dir" in text
 
 
 def test_a_bad_value_is_described_in_one_line_naming_where_it_is_set(

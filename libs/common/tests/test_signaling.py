@@ -332,7 +332,12 @@ async def test_client_that_reconnects_by_itself_still_resyncs(
     receiver = RecordingReceiver()
 
     def factory() -> redis.asyncio.Redis:
-        return redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)  # retries 10x
+        return redis.asyncio.Redis(  # retries 10x
+            host="127.0.0.1",
+            port=redis_server.port,
+            username="admin",
+            password=redis_server.password("admin"),
+        )
 
     subscriber = make_subscriber(factory, receiver)
     publisher = Publisher(redis_client, sender="cm-1")

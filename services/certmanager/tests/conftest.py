@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
+import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
@@ -15,7 +16,9 @@ from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_common.testing import RedisServer
 from trellis_common.testing.bell import Bell
+from trellis_common.testing.fixtures import component_client
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
@@ -73,3 +76,10 @@ async def manager(make_manager: Callable[..., CertificateManager]) -> Certificat
     manager = make_manager()
     await manager.start()
     return manager
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """The stores' client logs in as certmanager's own Redis user (see component_client)."""
+    async with component_client(redis_server, "certmanager") as client:
+        yield client

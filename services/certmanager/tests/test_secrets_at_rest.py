@@ -88,7 +88,7 @@ def forms_of(key_pem: bytes) -> list[bytes]:
 
 
 async def test_nothing_in_redis_is_a_key_in_the_clear(
-    cert_store: RedisCertificateStore, redis_client: redis.asyncio.Redis, bell: Bell
+    cert_store: RedisCertificateStore, redis_admin: redis.asyncio.Redis, bell: Bell
 ) -> None:
     manager = new_manager(cert_store, bell, FakeClock())
     ca = await manager.start()
@@ -97,7 +97,7 @@ async def test_nothing_in_redis_is_a_key_in_the_clear(
     await manager.rotate(service.common_name)
     rotated = manager.get(service.common_name)
 
-    values = await everything_in(redis_client)
+    values = await everything_in(redis_admin)  # every key: certmanager's user sees its own
     assert len(values) == 3  # the CA and two records
     assert proxy.key_pem == b""  # issued for a CSR: certmanager never had the proxy's key
     for key_pem in (ca.key_pem, service.key_pem, rotated.key_pem):
@@ -158,6 +158,7 @@ def clear_ca_json(ca: CertificateAuthority) -> str:
 async def test_an_older_versions_clear_keys_are_read_then_sealed(
     cert_store: RedisCertificateStore,
     redis_client: redis.asyncio.Redis,
+    redis_admin: redis.asyncio.Redis,
     root_ca: CertificateAuthority,
     bell: Bell,
     caplog: pytest.LogCaptureFixture,
@@ -179,7 +180,7 @@ async def test_an_older_versions_clear_keys_are_read_then_sealed(
     assert manager.get(proxy.common_name) == replace(proxy, key_pem=b"")  # the key dropped
     assert manager.rejected() == []
 
-    for value in await everything_in(redis_client):
+    for value in await everything_in(redis_admin):
         assert b"PRIVATE KEY" not in value
         assert (b"tsv1:" in value) == (b'"kind":"proxy"' not in value)  # a proxy's: no key
     assert "ca.key_sealed" in caplog.text

@@ -6,15 +6,18 @@ import from here: what they share are fixtures, typed with the package's own typ
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import redis.asyncio
 import yaml
 from prometheus_client import CollectorRegistry
 
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry, Origin
+from trellis_common.testing import RedisServer
+from trellis_common.testing.fixtures import component_client
 from trellis_endpoints_vm.domain.declarations import (
     DeclaredEndpoint,
     DeclaredEntry,
@@ -85,3 +88,10 @@ def metrics_registry() -> CollectorRegistry:
 @pytest.fixture
 def metrics(metrics_registry: CollectorRegistry) -> EndpointMetrics:
     return EndpointMetrics(metrics_registry)
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """The stores' client logs in as endpoints-vm's own Redis user (see component_client)."""
+    async with component_client(redis_server, "endpoints-vm") as client:
+        yield client

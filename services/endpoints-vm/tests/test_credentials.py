@@ -13,6 +13,8 @@ import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 from trellis_common import admin, onboarding
+from trellis_common.testing import RedisServer
+from trellis_common.testing.fixtures import component_client
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
@@ -52,7 +54,15 @@ def store() -> InMemoryWorkloadStore:
 
 @pytest.fixture
 def tokens(redis_client: redis.asyncio.Redis) -> onboarding.TokenStore:
+    """As endpoints-vm reads them: its own Redis user, which may only read them."""
     return onboarding.TokenStore(redis_client)
+
+
+@pytest.fixture
+async def issuer(redis_server: RedisServer) -> AsyncIterator[onboarding.TokenStore]:
+    """As the injector makes and revokes them, as its own Redis user."""
+    async with component_client(redis_server, "injector") as client:
+        yield onboarding.TokenStore(client)
 
 
 @pytest.fixture
@@ -170,11 +180,11 @@ async def test_a_stored_workload_without_a_token_is_refused_until_it_registers_a
 
 async def test_a_scoped_onboarding_token_registers_its_own_identity_only(
     client: httpx.AsyncClient,
-    tokens: onboarding.TokenStore,
+    issuer: onboarding.TokenStore,
     metrics: CollectorRegistry,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    token, made = await tokens.create("shop", "cart-sa", 600)
+    token, made = await issuer.create("shop", "cart-sa", 600)
     heartbeat_token = await register(client, token)
     beat = await client.post("/v1/workloads/shop/vm-1/heartbeat", headers=bearer(heartbeat_token))
     assert beat.status_code == 200
@@ -197,10 +207,10 @@ async def test_a_scoped_onboarding_token_registers_its_own_identity_only(
 
 
 async def test_a_scoped_token_cannot_take_over_another_account_s_workload(
-    client: httpx.AsyncClient, tokens: onboarding.TokenStore, metrics: CollectorRegistry
+    client: httpx.AsyncClient, issuer: onboarding.TokenStore, metrics: CollectorRegistry
 ) -> None:
     await register(client, service_account="payments")  # by the operator
-    token, _ = await tokens.create("shop", "cart-sa", 600)
+    token, _ = await issuer.create("shop", "cart-sa", 600)
     response = await client.post("/v1/workloads", json=body(), headers=bearer(token))
     assert response.status_code == 403
     assert response.json()["reason"] == "other-service-account"
@@ -208,10 +218,10 @@ async def test_a_scoped_token_cannot_take_over_another_account_s_workload(
 
 
 async def test_revoked_and_missing_tokens_are_refused(
-    client: httpx.AsyncClient, tokens: onboarding.TokenStore, metrics: CollectorRegistry
+    client: httpx.AsyncClient, issuer: onboarding.TokenStore, metrics: CollectorRegistry
 ) -> None:
-    token, made = await tokens.create("shop", "cart-sa", 600)
-    await tokens.revoke(made.id)
+    token, made = await issuer.create("shop", "cart-sa", 600)
+    await issuer.revoke(made.id)
     response = await client.post("/v1/workloads", json=body(), headers=bearer(token))
     assert response.status_code == 403
     assert response.json()["reason"] == "unknown-token"

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from trellis_common import admin, onboarding
 from trellis_common.identity import csr_for, new_key
+from trellis_common.testing import RedisServer
+from trellis_common.testing.fixtures import component_client
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Refused, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
@@ -62,8 +64,15 @@ def metrics() -> CollectorRegistry:
 
 
 @pytest.fixture
-def tokens(redis_client: redis.asyncio.Redis) -> onboarding.TokenStore:
-    return onboarding.TokenStore(redis_client)
+async def injector_redis(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """The injector's own Redis user: its token store does what the ACL table allows."""
+    async with component_client(redis_server, "injector") as client:
+        yield client
+
+
+@pytest.fixture
+def tokens(injector_redis: redis.asyncio.Redis) -> onboarding.TokenStore:
+    return onboarding.TokenStore(injector_redis)
 
 
 @pytest.fixture

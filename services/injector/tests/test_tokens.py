@@ -19,7 +19,9 @@ from trellis_injector.onboarder import Onboarder
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
 
-from .test_rest import AUTH, SPIFFE, TOKEN, body
+from .test_rest import AUTH, SPIFFE, TOKEN, body, injector_redis
+
+__all__ = ["injector_redis"]  # the fixture, shared with test_rest
 
 
 class Clock:
@@ -47,14 +49,14 @@ def metrics() -> CollectorRegistry:
 
 @pytest.fixture
 async def client(
-    redis_client: redis.asyncio.Redis,
+    injector_redis: redis.asyncio.Redis,
     certificates: FakeCertificates,
     metrics: CollectorRegistry,
     clock: Clock,
 ) -> AsyncIterator[httpx.AsyncClient]:
     app = admin.create_app("injector", metrics)
     onboarder = Onboarder(certificates, FakeCatalog(), FixedControlPlane(), SPIFFE)
-    store = onboarding.TokenStore(redis_client, clock=clock)
+    store = onboarding.TokenStore(injector_redis, clock=clock)
     rest.add_routes(
         app, onboarder, admin.token_guard(TOKEN), TOKEN, store, InjectorMetrics(metrics)
     )

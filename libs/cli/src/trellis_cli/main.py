@@ -24,6 +24,7 @@ from trellis_cli.supervisor import DEFAULT_LOG_BACKUPS, LogRotation, parse_size
 from trellis_cli.tokens import token
 from trellis_cli.up import up as run_up
 from trellis_cli.vm import vm
+from trellis_common import components, jointoken
 
 
 @click.group(
@@ -99,6 +100,26 @@ def up(
     raise SystemExit(
         asyncio.run(run_up(state_dir, echo, spec_dir, with_demo=not no_demo, rotation=rotation))
     )
+
+
+@cli.command("join-token")
+@click.argument("component", type=click.Choice(components.COMPONENTS))
+@click.option(
+    "--ttl", type=click.IntRange(10, 3600), default=600, show_default=True, help="Seconds."
+)
+@click.pass_obj
+def join_token(mesh: Mesh, component: str, ttl: int) -> None:
+    """Leave a one-time join token for COMPONENT where it looks for one.
+
+    `trellis up` does this before it starts each service; use it to start one by hand
+    (with the same --state-dir). The service trades the token with certmanager for its
+    certificate, and deletes the file.
+    """
+    try:
+        path = jointoken.write_token(mesh.state_dir, component, ttl)
+    except (OSError, jointoken.InvalidJoinToken) as exc:
+        raise errors.CliError(f"cannot write a join token: {exc}") from exc
+    click.echo(f"wrote {path} (mode 0600, valid {ttl} s, works once)")
 
 
 cli.add_command(certs)

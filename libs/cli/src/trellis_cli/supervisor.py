@@ -123,17 +123,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def http_ready(url: str) -> ReadyCheck:
-    async def check() -> bool:
-        try:
-            async with httpx.AsyncClient(timeout=1.0) as client:
-                return (await client.get(url)).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    return check
-
-
 def https_ready(url: str, state_dir: Path) -> ReadyCheck:
     """A service's ``/readyz`` over TLS, its certificate checked against the mesh's CA."""
 

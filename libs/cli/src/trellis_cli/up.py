@@ -6,6 +6,15 @@ steady churn does not grow the file without bound. Its data directory is 0700: w
 holds (sealed keys, certificates, registrations) is for the mesh's processes only. Each
 process's log file rotates by size (``--log-max-bytes``, ``--log-backups``); the terminal
 gets a summary (:mod:`trellis_cli.console`).
+
+Redis runs with its ACL on (:mod:`trellis_common.redisacl`): the default user is off, and
+each service logs in as its own user, limited to its own keys and channels. The passwords
+are made once, one file (0600) per user in ``<state>/redis/users/``, and each service is
+given the path of its own (``TRELLIS_REDIS_PASSWORD_FILE``), never the password itself;
+Redis reads the users from ``<state>/redis/users.acl`` (0600, written again at every start
+from the table, with the passwords' SHA-256 only). ``admin`` is the operator's user
+(``redis-cli -p 16379 --user admin --askpass``). A Redis of the operator's own
+(``TRELLIS_REDIS_URL``) is used with whatever credentials its URL carries.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from trellis_cli.supervisor import (
     port_free,
     tcp_ready,
 )
-from trellis_common import jointoken
+from trellis_common import jointoken, redisacl
 from trellis_common.envoybin import EnvoyNotFound
 from trellis_common.settings import Ports
 
@@ -68,6 +77,7 @@ def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
     data = state_dir / "redis"
     data.mkdir(mode=0o700, parents=True, exist_ok=True)
     data.chmod(0o700)  # one made by an older version is narrowed: it holds the mesh's state
+    aclfile = redisacl.write_aclfile(data / "users.acl", redis_users(state_dir))
     return ProcessSpec(
         name="redis",
         argv=[
@@ -94,6 +104,8 @@ def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
             "no",
             "--loglevel",
             "warning",
+            "--aclfile",
+            str(aclfile.resolve()),
         ],
         ready=tcp_ready("127.0.0.1", port),
         ports=(port,),
@@ -101,7 +113,16 @@ def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
     )
 
 
-def service_specs(state_dir: Path, redis_url: str, spec_dir: Path) -> list[ProcessSpec]:
+def redis_users(state_dir: Path) -> dict[str, Path]:
+    """The password file of each Redis user (made on first use, then kept)."""
+    return redisacl.ensure_passwords(state_dir / "redis" / "users")
+
+
+def service_specs(
+    state_dir: Path, redis_url: str, spec_dir: Path, local_redis: bool = True
+) -> list[ProcessSpec]:
+    """The services; with ``local_redis``, each logs in as its own user (its password file)."""
+    users = redis_users(state_dir) if local_redis else {}
     specs = []
     for name, module, grpc_port, admin_port in SERVICES:
         if importlib.util.find_spec(module.rsplit(".", 1)[0]) is None:
@@ -118,6 +139,14 @@ def service_specs(state_dir: Path, redis_url: str, spec_dir: Path) -> list[Proce
                     "TRELLIS_SPEC_DIR": str(spec_dir),
                     # gRPC reports refused TLS handshakes at info level: services count them
                     "GRPC_VERBOSITY": "INFO",
+                    **(
+                        {
+                            "TRELLIS_REDIS_USERNAME": name,
+                            "TRELLIS_REDIS_PASSWORD_FILE": str(users[name].resolve()),
+                        }
+                        if name in users
+                        else {}
+                    ),
                 },
                 address=(f"grpc :{grpc_port}  " if grpc_port else "")
                 + f"admin https://127.0.0.1:{admin_port}",
@@ -159,14 +188,15 @@ async def up(
     spec_dir = (spec_dir or default_spec_dir(state_dir, with_demo)).resolve()
     spec_dir.mkdir(parents=True, exist_ok=True)
     redis_url = os.environ.get("TRELLIS_REDIS_URL", "")
+    local_redis = not redis_url
     specs: list[ProcessSpec] = []
-    if not redis_url:
+    if local_redis:
         redis_url = f"redis://127.0.0.1:{LOCAL_REDIS_PORT}/0"
         specs.append(redis_spec(state_dir))
     else:
         parsed = urlparse(redis_url)
         output.console.print(f"using Redis at {parsed.hostname}:{parsed.port or 6379}")
-    specs += service_specs(state_dir, redis_url, spec_dir)
+    specs += service_specs(state_dir, redis_url, spec_dir, local_redis)
     log_dir = state_dir / "logs"
     supervisor = Supervisor(specs, log_dir, make_echo(echo), rotation=rotation)
     shows = {

@@ -36,6 +36,7 @@ from trellis_common.backoff import DEFAULT_BACKOFF, Backoff, RetryCallState, fai
 from trellis_common.follow import describe
 from trellis_common.health import Health, Loop
 from trellis_common.locate import OwnerUnavailable
+from trellis_common.redisconn import RedisTarget
 from trellis_common.signaling import DEFAULT_PREFIX, Event, Publisher
 from trellis_common.subscriber import RedisFactory, Subscriber
 
@@ -91,13 +92,15 @@ class Signals:
 
     def __init__(
         self,
-        redis: str | RedisFactory,
+        redis: str | RedisTarget | RedisFactory,
         health: Health,
         *,
         prefix: str = DEFAULT_PREFIX,
         health_check_interval: float = 1.0,
+        client: str = "",
     ) -> None:
         self._redis = redis
+        self._client = client  # names the subscriber's control channel (its ACL user's)
         self._health = health
         self._prefix = prefix
         self._interval = health_check_interval
@@ -143,6 +146,7 @@ class Signals:
             health_check_interval=self._interval,
             on_state=state,
             on_events=self._changed_all,
+            client=self._client,
         )
         try:
             await self.subscriber.run(stop)

@@ -192,6 +192,8 @@ class ComponentIdentity:
         key_pem, key = new_key()
         issued = await self._renew(csr_for(key, self.component))
         material = Material.of(issued, key_pem)
+        if material.leaf.public_key() != key.public_key():
+            raise ValueError("renewal returned a certificate for another key than the CSR's")
         if material.spiffe_id != self._material.spiffe_id:
             raise ValueError(
                 f"renewal returned {material.spiffe_id!r}, not {self._material.spiffe_id!r}"

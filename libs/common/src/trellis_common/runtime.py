@@ -9,11 +9,17 @@ to fetch from), the Prometheus registry, the admin token and app, and
 :meth:`ServiceRuntime.serve`, which runs the gRPC server, the admin server (recording its
 addresses in the state directory for the CLI), the registry announcement, the signals and
 the service's own components until ``stop`` (the skeleton calls it).
+
+Redis is reached as the service's own ACL user (:class:`~trellis_common.redisconn.RedisTarget`,
+from ``redis_url``, ``redis_username`` and ``redis_password_file``), by the command client
+and by every subscriber connection alike; with ``redis_audit_interval`` set, the service
+also reads what Redis refused (:mod:`trellis_common.redisaudit`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -26,16 +32,28 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from trellis_api import certmanager_pb2, certmanager_pb2_grpc
-from trellis_common import admin, components, joining, lifecycle, redisconn, statefile, tokens
+from trellis_common import (
+    admin,
+    components,
+    joining,
+    lifecycle,
+    redisacl,
+    redisconn,
+    statefile,
+    tokens,
+)
 from trellis_common.authz import Authorizer
 from trellis_common.events import Outbox, Signals
 from trellis_common.grpcserver import GrpcServer, Registration
 from trellis_common.health import Health
 from trellis_common.identity import ComponentIdentity, Issued
 from trellis_common.locate import ChannelFactory, Locator
+from trellis_common.redisaudit import RedisAudit
 from trellis_common.registry import Announcer, ServiceRecord
 from trellis_common.settings import ServiceSettings
 from trellis_common.signaling import Publisher
+
+log = logging.getLogger(__name__)
 
 #: The registry attribute naming the component a record's certificate is for.
 COMPONENT_ATTRIBUTE = "component"
@@ -64,9 +82,23 @@ class ServiceRuntime:
     async def connect(
         cls, settings: ServiceSettings, kind: str, stop: asyncio.Event
     ) -> ServiceRuntime | None:
-        """Connect to Redis (waiting for it); ``None`` if ``stop`` came first."""
-        redis = redisconn.connect(settings.redis_url)
-        await redisconn.wait_for_redis(redis, stop)
+        """Connect to Redis (waiting for it); ``None`` if ``stop`` came first.
+
+        Raises ``ValueError`` (an unreadable password file) or
+        :class:`~trellis_common.redisconn.RedisRefused` (Redis refused the user)."""
+        target = redisconn.RedisTarget.create(
+            settings.redis_url,
+            settings.redis_username,
+            settings.redis_password_file,
+            settings.service_name,
+        )
+        log.info("redis.target %s", target.describe())
+        redis = redisconn.connect(target)
+        try:
+            await redisconn.wait_for_redis(redis, stop)
+        except redisconn.RedisRefused:
+            await redis.aclose()
+            raise
         if stop.is_set():
             await redis.aclose()
             return None
@@ -82,7 +114,7 @@ class ServiceRuntime:
             token=tokens.load_or_create_admin_token(settings.state_dir, settings.admin_token),
             health=health,
             outbox=Outbox(publisher, health),
-            signals=Signals(settings.redis_url, health),
+            signals=Signals(target, health, client=settings.service_name),
             locators=[],
             stop=stop,
         )
@@ -217,6 +249,10 @@ class ServiceRuntime:
         )
         announcer = Announcer(self.redis, record, ttl=settings.registry_ttl)
         own = [lifecycle.supervised(n, c, self.health.loops) for n, c in components.items()]
+        if settings.redis_audit_interval > 0:
+            users = (redisacl.ADMIN, *redisacl.COMPONENTS)
+            audit = RedisAudit(self.redis, self.metrics, users, settings.redis_audit_interval)
+            own.append(lifecycle.supervised("redis-audit", audit.run, self.health.loops))
         try:
             await lifecycle.run_components(
                 [

@@ -111,7 +111,25 @@ class ServiceSettings(BaseSettings):
     )
 
     redis_url: Annotated[str, SHARED] = Field(
-        default=DEFAULT_REDIS_URL, description="Redis holding the registry, stores and signals"
+        default=DEFAULT_REDIS_URL,
+        description="Redis holding the registry, stores and signals (credentials may be in "
+        "it: redis://user:password@host:port/db)",
+    )
+    redis_username: Annotated[str, SHARED] = Field(
+        default="",
+        description="Redis ACL user (empty: the URL's, else the service's name); used with "
+        "--redis-password-file",
+    )
+    redis_password_file: Annotated[Path | None, SHARED] = Field(
+        default=None,
+        description="file holding this service's Redis password (0600; trellis up writes "
+        "one per component, a Kubernetes Secret can be mounted as one)",
+    )
+    redis_audit_interval: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds between reads of what Redis refused (ACL LOG, error counts), "
+        "logged and counted; 0: off (the catalog does it)",
     )
     state_dir: Annotated[Path, SHARED] = Field(
         default=Path(".trellis"), description="where the admin token and service addresses are kept"

@@ -23,6 +23,7 @@ from trellis_common.backoff import (
     retrying,
     start_over,
 )
+from trellis_common.redisconn import RedisTarget, as_target
 from trellis_common.signaling import DEFAULT_PREFIX, Event, _text, channel_name, revision_key
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ def _describe(exc: BaseException) -> str:
 class Subscriber:
     """Delivers the events of some topics, and says when to resync instead.
 
-    ``redis`` is a URL (the subscriber makes clients without redis-py's own retries: it
-    reconnects itself, and must know when it did) or a factory returning a new client for
+    ``redis`` is a URL or a :class:`~trellis_common.redisconn.RedisTarget` (the subscriber
+    makes clients without redis-py's own retries: it reconnects itself, and must know when
+    it did) or a factory returning a new client for
     each session (the subscriber closes it; a client that reconnects on its own is noticed
     and treated as a lost session).
 
@@ -71,12 +73,15 @@ class Subscriber:
     Besides its topics the subscriber listens on a private control channel. It publishes
     there (on its command connection) the barrier after reading the counters, and a probe
     after ``health_check_interval`` of silence; a probe that does not come back within
-    another interval means the subscription is dead.
+    another interval means the subscription is dead. The control channel is
+    ``{prefix}:subscriber:{client}:{random}``: with ``client`` set (the component's name),
+    the component's Redis user may publish there and on no other subscriber's
+    (:mod:`trellis_common.redisacl`).
     """
 
     def __init__(
         self,
-        redis: str | RedisFactory,
+        redis: str | RedisTarget | RedisFactory,
         topics: Iterable[str],
         on_event: EventHandler,
         on_resync: ResyncHandler,
@@ -87,13 +92,14 @@ class Subscriber:
         socket_timeout: float = 5.0,
         on_state: StateHandler = lambda connected, reason: None,
         on_events: BatchHandler | None = None,
+        client: str = "",
     ) -> None:
         self.topics = tuple(dict.fromkeys(topics))
         if not self.topics or not all(self.topics):
             raise ValueError("a subscriber needs at least one non-empty topic")
-        if isinstance(redis, str):
-            url = redis
-            self._factory: RedisFactory = lambda: redis_without_retries(url, socket_timeout)
+        if isinstance(redis, str | RedisTarget):
+            target = as_target(redis)
+            self._factory: RedisFactory = lambda: redis_without_retries(target, socket_timeout)
         else:
             self._factory = redis
         self.prefix = prefix
@@ -103,7 +109,9 @@ class Subscriber:
         self._on_events = on_events
         self._ready: list[Event] = []  # in order, not yet delivered
         self._channels = {channel_name(t, prefix): t for t in self.topics}
-        self._control = f"{prefix}:subscriber:{uuid.uuid4().hex}"
+        self._control = ":".join(
+            [prefix, "subscriber", *([client] if client else []), uuid.uuid4().hex]
+        )
         self._backoff = backoff
         self._failures = 0  # connection failures since the subscription was last up
         self._interval = health_check_interval
@@ -378,12 +386,16 @@ class Subscriber:
                 await self._resync(topic, "retry")
 
 
-def redis_without_retries(url: str, socket_timeout: float = 5.0) -> redis.asyncio.Redis:
+def redis_without_retries(
+    target: str | RedisTarget, socket_timeout: float = 5.0
+) -> redis.asyncio.Redis:
     """A client that reports connection errors instead of silently reconnecting."""
+    target = as_target(target)
     return redis.asyncio.Redis.from_url(
-        url,
+        target.url,
         retry=Retry(NoBackoff(), 0),
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_timeout,
         socket_keepalive=True,
+        **target.client_options(),  # type: ignore[arg-type]  # redis-py: typed **kwargs
     )

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from trellis_api import catalog_pb2_grpc
 from trellis_catalog import metrics
 from trellis_catalog.catalog import TOPIC, Catalog
 from trellis_catalog.clients.certs import CertificateFollower, CertificateIssuer
+from trellis_catalog.clients.providers import TOPIC as ENDPOINTS_TOPIC
 from trellis_catalog.clients.providers import ProviderFollower
 from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import DirectorySource, NoSource, SpecSource
 from trellis_catalog.transport import grpc_api, rest
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
+
+log = logging.getLogger(__name__)
+
+
+async def first_endpoints(providers: ProviderFollower, timeout: float) -> None:
+    """Hear from the providers alive now before the first views are made: a restarted
+    catalog must not serve views without the endpoints it had (proxies would lose routes
+    and endpoints until the providers answer). A provider that does not answer in
+    ``timeout`` seconds is left to the follower (its loop shows it down)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await providers.resync(ENDPOINTS_TOPIC)
+    except Exception as exc:  # noqa: BLE001 (views without it beat no views at all)
+        log.warning("catalog.providers_not_synced timeout_s=%s error=%r", timeout, str(exc))
 
 
 async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
@@ -39,7 +57,6 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
         else NoSource()
     )
     await source.load()
-    await catalog.flush_and_announce()
     identity = runtime.identity
     assert identity is not None  # joined before build
     providers = ProviderFollower(
@@ -51,6 +68,8 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
         channel_factory=lambda address, kind: identity.channel(address, kind),
     )
     identity.on_renewed(providers.renewed)
+    await first_endpoints(providers, settings.provider_sync_timeout)
+    await catalog.flush_and_announce()
     certmanager = runtime.locator("certmanager", settings.certmanager_address)
     certificates = CertificateFollower(catalog, certmanager, runtime.health.rejections)
     issuer = CertificateIssuer(catalog, certmanager, runtime.health, certificates)

@@ -25,4 +25,13 @@ class CatalogSettings(SpecDirSettings):
     debounce_quiet: float = Field(0.02, ge=0, description="quiet seconds before a recompute")
     debounce_max: float = Field(0.2, gt=0, description="longest a recompute waits (s)")
     discovery_interval: float = Field(1.0, gt=0, description="seconds between provider sweeps")
+    redis_audit_interval: float = Field(
+        5.0, ge=0, description="seconds between reads of what Redis refused; 0: off"
+    )
     provider_grace: float = Field(30.0, ge=0, description="seconds a lost provider keeps endpoints")
+    provider_sync_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="at start, seconds to wait for the live providers' endpoints before the "
+        "first views are made",
+    )

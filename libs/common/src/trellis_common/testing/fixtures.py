@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from trellis_common import redisconn
 from trellis_common.testing.bell import Bell
 from trellis_common.testing.redis_server import RedisServer
 
@@ -27,9 +29,35 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def redis_client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    """A client that retries like a service's would: it rides over a Redis restart."""
+    """A client (as ``admin``) that retries like a service's would: it rides over a Redis
+    restart. A service's tests override it with :func:`component_client`."""
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.01), 8)
     client = redis.asyncio.Redis.from_url(redis_server.url, retry=retry)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def redis_admin(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """The operator's client (``admin``): what a test inspects or breaks beside a component."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def component_client(
+    server: RedisServer, component: str
+) -> AsyncIterator[redis.asyncio.Redis]:
+    """A client logged in as ``component``'s own ACL user, retrying like a service's.
+
+    A service's store tests run on it: they then prove that the ACL table gives the
+    component what its store does, and fail the day one of them does more."""
+    client = redisconn.connect(server.target(component), retries=8)
     try:
         yield client
     finally:

@@ -12,14 +12,25 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from trellis_common import adminhttp, components, jointoken, statefile
+from trellis_common import adminhttp, authz, components, jointoken, statefile
 from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
+
+
+def allowed_caller(method: str, request: Any = None) -> str:
+    """A component the policy lets call ``method`` with ``request`` (tests that are not
+    about the policy call as whoever may)."""
+    cell = authz.cell(method, request)
+    allowed = sorted(authz.POLICY.get(cell, ()))
+    if not allowed:
+        raise ValueError(f"no component may call {cell}")
+    return allowed[0]
 
 
 async def _no_renewal(csr_pem: bytes) -> Issued:
@@ -80,36 +91,53 @@ class LocalCA:
         expired: bool = False,
     ) -> Material:
         """A leaf of this CA for a key made here (``expired``: it ended an hour ago)."""
+        key_pem, key = new_key()
+        leaf = self._leaf(common_name, sans, key.public_key(), expired)
+        issued = Issued(leaf.public_bytes(serialization.Encoding.PEM), self.bundle_pem)
+        return Material.of(issued, key_pem)
+
+    def sign_csr(self, component: str, csr_pem: bytes) -> Issued:
+        """What certmanager answers a component's renewal with."""
+        key = x509.load_pem_x509_csr(csr_pem).public_key()
+        assert isinstance(key, ec.EllipticCurvePublicKey)
+        leaf = self._leaf(component, self._sans(component), key, expired=False)
+        return Issued(leaf.public_bytes(serialization.Encoding.PEM), self.bundle_pem)
+
+    def _sans(self, component: str) -> list[x509.GeneralName]:
+        uri = components.spiffe_id(self.trust_domain, component).uri
+        names: list[x509.GeneralName] = [
+            x509.DNSName(n) for n in components.dns_names(component, "cluster.local")
+        ]
+        return [*names, x509.UniformResourceIdentifier(uri)]
+
+    def _leaf(
+        self,
+        common_name: str,
+        sans: Sequence[x509.GeneralName],
+        public_key: ec.EllipticCurvePublicKey,
+        expired: bool,
+    ) -> x509.Certificate:
         now = dt.datetime.now(dt.UTC)
         start, end = (
             (now - dt.timedelta(hours=2), now - dt.timedelta(hours=1))
             if expired
             else (now - dt.timedelta(minutes=1), now + dt.timedelta(hours=1))
         )
-        key_pem, key = new_key()
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
             .issuer_name(self.name)
-            .public_key(key.public_key())
+            .public_key(public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(start)
             .not_valid_after(end)
         )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
-        leaf = builder.sign(self.key, hashes.SHA256())
-        issued = Issued(leaf.public_bytes(serialization.Encoding.PEM), self.bundle_pem)
-        return Material.of(issued, key_pem)
+        return builder.sign(self.key, hashes.SHA256())
 
     def identity(self, component: str, *, expired: bool = False) -> ComponentIdentity:
-        uri = components.spiffe_id(self.trust_domain, component).uri
-        names: list[x509.GeneralName] = [
-            x509.DNSName(n) for n in components.dns_names(component, "cluster.local")
-        ]
-        material = self.issue(
-            component, [*names, x509.UniformResourceIdentifier(uri)], expired=expired
-        )
+        material = self.issue(component, self._sans(component), expired=expired)
         return ComponentIdentity(component, material, _no_renewal)
 
 

@@ -23,7 +23,7 @@ from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
 from trellis_common.identity import ComponentIdentity, csr_for, new_key
 from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.identities import join_as
+from trellis_common.testing.identities import allowed_caller, join_as
 from trellis_common.testing.redis_server import RedisServer, free_port
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.waiting import eventually
@@ -59,12 +59,11 @@ class Mesh:
         self.tmp = tmp
         self.state_dir = state_dir
         self.spec_dir = spec_dir
+        self.redis = redis  # each service logs in as its own ACL user; tests may as admin
         common = {**FAST, **(env or {})}
 
         def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
-            return ServiceProcess(
-                name, module, state_dir, redis.url, args=args, env={**common, **env}
-            )
+            return ServiceProcess(name, module, state_dir, redis, args=args, env={**common, **env})
 
         vm_args = ("--spec-dir", str(spec_dir)) if vm_spec_dir else ()
         self.processes = {
@@ -77,6 +76,7 @@ class Mesh:
                 str(spec_dir),
                 TRELLIS_CATALOG_SPEC_POLL_INTERVAL="0.1",
                 TRELLIS_CATALOG_DISCOVERY_INTERVAL="0.2",
+                TRELLIS_CATALOG_REDIS_AUDIT_INTERVAL="0.2",
             ),
             "proxy-cp": process("proxy-cp", "trellis_proxy_cp.main", "--xds-host", "127.0.0.1"),
         }
@@ -100,9 +100,10 @@ class Mesh:
     def xds_port(self) -> int:
         return int(self.processes["proxy-cp"].endpoint.grpc_address.rsplit(":", 1)[1])
 
-    def certmanager(self, method: str, request: Any, *, component: str = "injector") -> Any:
-        """Call certmanager's gRPC API as ``component`` (the injector issues proxy
-        certificates), over mTLS with an identity joined for it."""
+    def certmanager(self, method: str, request: Any) -> Any:
+        """Call certmanager's gRPC API over mTLS as a component the policy lets make the
+        call (the injector issues proxy certificates, proxy-cp gets service keys)."""
+        component = allowed_caller(f"/trellis.certmanager.v1.CertificateManager/{method}", request)
         identity = self._identities.get(component)
         if identity is None:
             identity = self._identities[component] = join_as(self.state_dir, component)

@@ -11,6 +11,13 @@ Like the Redis ``trellis up`` runs, it rewrites its append-only file once the fi
 grown by ``aof_rewrite_percentage`` since the last rewrite and is at least
 ``aof_rewrite_min_size`` (Redis' defaults, 100 and ``64mb``; tests of the rewrite pass a
 small size).
+
+Like that Redis too, it has the ACL on (:mod:`trellis_common.redisacl`): the default user
+is off and each component has its own user, with a password file in ``<dir>/users/``
+(kept across restarts and :meth:`RedisServer.wipe`). :attr:`RedisServer.url` logs in as
+``admin``, the operator's user, so a test can read and plant anything; a service process
+is given its own user (:meth:`RedisServer.service_env`), and :meth:`RedisServer.target`
+connects as one component, to see what it may and may not do.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from trellis_common import redisacl
+from trellis_common.redisconn import RedisTarget
 
 
 class RedisServerError(RuntimeError):
@@ -48,11 +58,19 @@ def free_port() -> int:
         return port
 
 
-def _answers_ping(port: int) -> bool:
+def _answers_ping(port: int, login: bytes = b"") -> bool:
+    """PING answered (after ``login``, an inline AUTH, whose +OK comes first)."""
+    expected = b"+OK\r\n+PONG" if login else b"+PONG"
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            sock.sendall(login + b"PING\r\n")
+            answer = b""
+            while len(answer) < len(expected):
+                chunk = sock.recv(64)
+                if not chunk:
+                    break
+                answer += chunk
+            return answer.startswith(expected)
     except OSError:
         return False
 
@@ -72,6 +90,7 @@ class RedisServer:
         startup_timeout: float = 10.0,
         aof_rewrite_percentage: int = 100,
         aof_rewrite_min_size: str = "64mb",
+        acl: bool = True,
     ) -> None:
         self._binary = find_redis_server()
         self._fixed_port = port is not None
@@ -82,10 +101,41 @@ class RedisServer:
         self.aof_rewrite_percentage = aof_rewrite_percentage
         self.aof_rewrite_min_size = aof_rewrite_min_size
         self._process: subprocess.Popen[bytes] | None = None
+        self.acl = acl
+        self.users_dir = self.dir / "users"
+        self.aclfile = self.dir / "users.acl"
+
+    @property
+    def plain_url(self) -> str:
+        """The URL without credentials (a client on it is refused: NOAUTH)."""
+        return f"redis://127.0.0.1:{self.port}/0"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL as ``admin`` (every key and command), or plain without the ACL."""
+        if not self.acl:
+            return self.plain_url
+        return f"redis://{redisacl.ADMIN}:{self.password(redisacl.ADMIN)}@127.0.0.1:{self.port}/0"
+
+    def password_file(self, user: str) -> Path:
+        return self.users_dir / user
+
+    def password(self, user: str) -> str:
+        return self.password_file(user).read_text().strip()
+
+    def target(self, user: str) -> RedisTarget:
+        """Where to connect as ``user`` (a component of the ACL table, or ``admin``)."""
+        return RedisTarget.create(self.plain_url, user, self.password_file(user))
+
+    def service_env(self, component: str) -> dict[str, str]:
+        """The environment a service process needs to log in as ``component``."""
+        if not self.acl:
+            return {"TRELLIS_REDIS_URL": self.plain_url}
+        return {
+            "TRELLIS_REDIS_URL": self.plain_url,
+            "TRELLIS_REDIS_USERNAME": component,
+            "TRELLIS_REDIS_PASSWORD_FILE": str(self.password_file(component)),
+        }
 
     @property
     def running(self) -> bool:
@@ -124,11 +174,17 @@ class RedisServer:
             "--logfile", str(self.log_path),
             "--daemonize", "no",
         ]  # fmt: skip
+        login = b""
+        if self.acl:
+            files = redisacl.ensure_passwords(self.users_dir)
+            redisacl.write_aclfile(self.aclfile, files)
+            args += ["--aclfile", str(self.aclfile)]
+            login = f"AUTH {redisacl.ADMIN} {self.password(redisacl.ADMIN)}\r\n".encode()
         self._process = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + self._startup_timeout
-        while not _answers_ping(self.port):
+        while not _answers_ping(self.port, login):
             code = self._process.poll()
             if code is not None or time.monotonic() > deadline:
                 self.kill()
@@ -180,6 +236,8 @@ class RedisServer:
         if self.running:
             raise RedisServerError("stop or kill the server before wiping its data")
         for entry in self.dir.iterdir():
+            if entry in (self.users_dir, self.aclfile):
+                continue  # the users are configuration, not data
             if entry.is_dir():
                 shutil.rmtree(entry)
             elif entry != self.log_path:

@@ -2,7 +2,10 @@
 
 :class:`ServiceProcess` starts ``python -m <module>`` with ports 0 (the service picks free
 ones and writes them to ``<state-dir>/services/<name>.json``), waits for ``/readyz``, and can
-terminate, SIGKILL and start it again, as an operator or a crash would.
+terminate, SIGKILL and start it again, as an operator or a crash would. Given the test's
+:class:`~trellis_common.testing.RedisServer`, it logs in to Redis as its own component's
+ACL user (its name is the component's), as under ``trellis up``; given a URL, it
+uses that URL as it is.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import httpx
 from trellis_common import adminhttp, components, jointoken, statefile
 from trellis_common.identity import ComponentIdentity
 from trellis_common.testing.identities import join_as
+from trellis_common.testing.redis_server import RedisServer
 
 #: Identities tests call with, by (state directory, component).
 _CALLERS: dict[tuple[Path, str], ComponentIdentity] = {}
@@ -33,14 +37,18 @@ class ServiceProcess:
         name: str,
         module: str,
         state_dir: Path,
-        redis_url: str,
+        redis: RedisServer | str,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.module = module
         self.state_dir = state_dir
-        self.redis_url = redis_url
+        self.redis_env = (
+            redis.service_env(name)
+            if isinstance(redis, RedisServer)
+            else {"TRELLIS_REDIS_URL": redis}
+        )
         self.args = args
         self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
@@ -55,7 +63,7 @@ class ServiceProcess:
             jointoken.write_token(self.state_dir, self.name)
         env = {
             **os.environ,
-            "TRELLIS_REDIS_URL": self.redis_url,
+            **self.redis_env,
             "TRELLIS_STATE_DIR": str(self.state_dir),
             "PYTHONUNBUFFERED": "1",
             # gRPC reports refused TLS handshakes at info level: the service counts them

@@ -119,6 +119,7 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         self, asked: grpc_requests.Issue, context: Context
     ) -> pb.Certificate:
         if asked.kind is CertificateKind.SERVICE:
+            await self._own_identity_only(asked, context)
             record = await self._manager.issue_service(
                 asked.service, asked.service_account, asked.validity
             )
@@ -132,6 +133,32 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
                 public_key=asked.public_key,
             )
         return self._certificate(record, with_key=not asked.omit_private_key)
+
+    async def _own_identity_only(self, asked: grpc_requests.Issue, context: Context) -> None:
+        """A service certificate in the control plane's namespace carries a component's
+        identity (``spiffe://<td>/ns/trellis-system/sa/<component>``): only that component
+        may have it (proxy-cp's serving certificate), or one component could pose as
+        another."""
+        policy = self._manager.issuer.policy
+        if asked.service.namespace != policy.control_plane_namespace:
+            return
+        account = asked.service_account or asked.service.name
+        uri, component = caller(context, policy.trust_domain)
+        if component == account:
+            return
+        if self._identities is not None:
+            self._identities.refused_other.labels(component or "-").inc()
+        log.warning(
+            "cert.refused reason=another_component_identity caller=%s service=%s account=%s",
+            uri,
+            asked.service,
+            account,
+        )
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"a service certificate for {policy.control_plane_namespace}/{account} is that "
+            f"component's identity: {component or uri} may not have it",
+        )
 
     @rpc(grpc_requests.common_name, statuses=_STATUSES)
     async def GetCertificate(self, common_name: str, context: Context) -> pb.Certificate:

@@ -1,0 +1,17 @@
+"""The catalog's row of the Redis ACL table says what the catalog's code does."""
+
+from trellis_catalog.catalog import TOPIC
+from trellis_catalog.clients.certs import CertificateFollower
+from trellis_catalog.clients.providers import KIND, ProviderFollower
+from trellis_catalog.main import service
+from trellis_common.redisacl import AUDIT_COMMANDS, COMPONENTS
+
+
+def test_the_acl_table_row_matches_the_catalog() -> None:
+    row = COMPONENTS[service.name]
+    assert row.kind == service.kind
+    assert row.publishes == (TOPIC,)
+    assert {*ProviderFollower.topics, *CertificateFollower.topics} == set(row.follows)
+    assert {KIND, "certmanager"} == set(row.discovers)  # providers, and its locator
+    assert set(AUDIT_COMMANDS) <= set(row.commands)  # it runs the Redis audit
+    assert service.settings.model_fields["redis_audit_interval"].default > 0

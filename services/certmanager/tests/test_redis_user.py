@@ -1,0 +1,18 @@
+"""certmanager's row of the Redis ACL table says what certmanager's code does (its store
+tests run as its user: see ``redis_client`` in conftest.py)."""
+
+from fnmatch import fnmatch
+
+from trellis_certmanager.main import service
+from trellis_certmanager.manager import TOPIC
+from trellis_certmanager.store import RedisCertificateStore
+from trellis_common.redisacl import COMPONENTS
+
+
+def test_the_acl_table_row_matches_certmanager() -> None:
+    row = COMPONENTS[service.name]
+    assert row.kind == service.kind
+    assert (row.publishes, row.follows, row.discovers) == ((TOPIC,), (), ())
+    store = RedisCertificateStore(None, None)  # type: ignore[arg-type]  # only its keys
+    for key in (store.ca_key, store.records_key, store.revoked_key):
+        assert any(fnmatch(key, f"trellis:{p}") for p in row.keys), key

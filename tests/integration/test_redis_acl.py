@@ -1,0 +1,137 @@
+"""Redis with users, in a running mesh: every service is its own ACL user, and what Redis
+refuses is logged and counted (by the catalog's Redis audit).
+
+The negative tests each check the refusal itself and that it shows where an operator looks:
+a ``redis.refused`` / ``redis.acl_denied`` line in the catalog's log and a count in its
+``/metrics``. The last test runs the bookstore through real Envoy sidecars, then greps
+everything the mesh wrote (every Redis value, every file of the state directory and of
+Redis's own directory, the CLI's output) for a private key and for the Redis passwords.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from trellis_common import redisacl
+from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.mesh import Mesh, bookstore
+
+pytestmark = pytest.mark.integration
+
+
+def metric(mesh: Mesh, name: str, **labels: str) -> float:
+    """A sample of the catalog's ``/metrics`` (0 if absent)."""
+    text = httpx.get(mesh.processes["catalog"].endpoint.admin_url + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0
+
+
+def catalog_log(mesh: Mesh) -> str:
+    return mesh.processes["catalog"].logs()
+
+
+def as_user(server: RedisServer, user: str) -> redis.Redis:
+    return redis.Redis(port=server.port, username=user, password=server.password(user))
+
+
+async def audit_started(mesh: Mesh) -> None:
+    await eventually(lambda: "redis.audit_started" in catalog_log(mesh), timeout=15)
+
+
+def test_every_service_is_logged_in_as_its_own_user(mesh: Mesh) -> None:
+    with as_user(mesh.redis, "admin") as admin:
+        users = {client["user"] for client in admin.client_list()}
+    assert users == {"admin", *mesh.processes}, "no service is default or admin"
+
+
+async def test_a_connection_without_a_password_is_refused_logged_and_counted(
+    mesh: Mesh,
+) -> None:
+    await audit_started(mesh)
+    with (
+        redis.Redis(port=mesh.redis.port, protocol=2) as stranger,
+        pytest.raises(redis.AuthenticationError, match="Authentication required"),
+    ):
+        stranger.get("trellis:certmanager:ca")
+
+    await eventually(
+        lambda: metric(mesh, "trellis_redis_refusals_total", error="NOAUTH") >= 1, timeout=15
+    )
+    assert "redis.refused error=NOAUTH count=1" in catalog_log(mesh)
+
+
+async def test_a_component_touching_anothers_keys_or_channels_is_refused_logged_and_counted(
+    mesh: Mesh,
+) -> None:
+    await audit_started(mesh)
+    with as_user(mesh.redis, "proxy-cp") as proxy_cp:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            proxy_cp.get("trellis:certmanager:ca")  # read the CA
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            proxy_cp.set("trellis:endpoints-vm:workloads", "{}")  # overwrite the VMs
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            proxy_cp.publish("trellis:events:certificates", "{}")  # ring certmanager's bell
+
+    def counted() -> bool:
+        return (
+            metric(mesh, "trellis_redis_acl_denied_total", user="proxy-cp", reason="key") == 2
+            and metric(mesh, "trellis_redis_acl_denied_total", user="proxy-cp", reason="channel")
+            == 1
+        )
+
+    await eventually(counted, timeout=15)
+    assert metric(mesh, "trellis_redis_refusals_total", error="NOPERM") >= 3
+    log = catalog_log(mesh)
+    for what in ("trellis:certmanager:ca", "trellis:endpoints-vm:workloads"):
+        assert f"redis.acl_denied user=proxy-cp reason=key object={what} " in log
+    assert "redis.acl_denied user=proxy-cp reason=channel object=trellis:events:certificates" in (
+        log
+    )
+
+
+PRIVATE_KEY = re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+
+
+def redis_values(server: RedisServer) -> list[bytes]:
+    values: list[bytes] = []
+    with as_user(server, "admin") as admin:
+        for key in admin.scan_iter(count=500):
+            kind = admin.type(key)
+            if kind == b"string":
+                values.append(admin.get(key) or b"")
+            elif kind == b"hash":
+                values += admin.hgetall(key).values()
+            else:
+                values += [repr(admin.dump(key)).encode()]
+    return values
+
+
+def test_no_private_key_or_redis_password_in_anything_the_mesh_wrote(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    bookstore(mesh)  # proxies onboarded, keys issued and served over SDS, traffic flowing
+    outputs = {f"redis value {i}": v for i, v in enumerate(redis_values(mesh.redis))}
+    assert len(outputs) >= 3, "the CA and the certificate records are in Redis"
+    users = mesh.redis.users_dir
+    for folder in (mesh.state_dir, mesh.redis.dir):
+        for path in folder.rglob("*"):
+            if path.is_file():
+                outputs[str(path)] = path.read_bytes()
+    for command in (("status", "--json"), ("certs", "list", "--json"), ("proxy", "list")):
+        done = mesh.trellis(*command)
+        outputs[" ".join(command)] = (done.stdout + done.stderr).encode()
+
+    assert [where for where, data in outputs.items() if PRIVATE_KEY.search(data)] == []
+    for user in ("admin", *redisacl.COMPONENTS):
+        password = mesh.redis.password(user).encode()
+        leaks = [w for w, data in outputs.items() if password in data and w != str(users / user)]
+        assert leaks == [], f"{user}'s Redis password is in {leaks}"
