@@ -56,12 +56,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-
 from trellis_certmanager.custody import CaCustody
 from trellis_certmanager.domain.authority import CertificateAuthority
-from trellis_certmanager.domain.csr import PublicKey, leaf_public_key, same_key
+from trellis_certmanager.domain.csr import PublicKey, leaf_public_key, signed_for
 from trellis_certmanager.domain.errors import (
     CAError,
     InvalidRequest,
@@ -200,10 +197,10 @@ class CertificateManager:
             current = self._records.get(cn)
             if (
                 current is not None
-                and self._lifetime_fits(current, validity)
+                and self._policy.lifetime_fits(current.lifetime, validity)
                 and current.service_account == account
                 and not current.due(self._clock())
-                and self._signed_by_ca(current)
+                and self.ca.signed(current.cert_chain_pem)
             ):
                 return current
             record = self._timed(
@@ -234,15 +231,15 @@ class CertificateManager:
         except InvalidIdentifier as exc:
             raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
         async with self._lock(cn.format()):
-            current = self._records.get(cn.format())
-            replaced = current is not None and current.not_after > self._clock()
+            live = self._records.get(cn.format())
+            if live is not None and live.not_after <= self._clock():
+                live = None  # expired: nothing to return or to revoke
             if (
-                current is not None
-                and replaced
+                live is not None
                 and validity is None
-                and same_key(leaf_public_key(current.cert_chain_pem), public_key)
+                and signed_for(live.cert_chain_pem, public_key)
             ):
-                return current
+                return live
             account = service_account or service.name
             record = self._timed(
                 CertificateKind.PROXY,
@@ -251,9 +248,8 @@ class CertificateManager:
                 ),
             )
             await self._commit(record, "issued", "reissue")
-            if current is not None and replaced:  # the old one may not connect any more
-                await self.revocations.add(current, RevocationReason.ROTATED, self._clock())
-                await self._signal("revoked", current.common_name)
+            if live is not None:
+                await self._retire(live)
             return record
 
     def get(self, common_name: str) -> CertificateRecord:
@@ -282,9 +278,8 @@ class CertificateManager:
                 raise NotFound(common_name)
             record = self._timed(current.kind, lambda: self._reissue(current))
             await self._commit(record, "rotated", reason)
-            if current.kind == CertificateKind.PROXY:  # the old one may not connect any more
-                await self.revocations.add(current, RevocationReason.ROTATED, self._clock())
-                await self._signal("revoked", common_name)
+            if current.kind == CertificateKind.PROXY:
+                await self._retire(current)
             log.log(
                 logging.INFO if reason == "on-demand" else logging.DEBUG,
                 "cert.rotated cn=%s kind=%s reason=%s old_serial=%x serial=%x not_after=%s",
@@ -360,7 +355,7 @@ class CertificateManager:
     async def _rotate_if_due(
         self, record: CertificateRecord, now: dt.datetime, warned: set[tuple[str, int]] | None
     ) -> int:
-        stale_ca = not self._signed_by_ca(record)
+        stale_ca = not self.ca.signed(record.cert_chain_pem)
         if record.kind == CertificateKind.PROXY and not stale_ca:
             if (
                 record.due(now)
@@ -445,27 +440,6 @@ class CertificateManager:
             if users[0] == 0:
                 del self._locks[key]
 
-    def _lifetime_fits(self, record: CertificateRecord, validity: dt.timedelta | None) -> bool:
-        """Whether ``record`` was issued for ``validity`` (within the jitter band).
-
-        Callers that pass the mesh's configured validity on every call (the catalog, from
-        MeshConfig) get the current certificate back, not a new one each time.
-        """
-        if validity is None:
-            return True
-        slack = dt.timedelta(minutes=2)
-        low = validity * (1 - self._policy.jitter) - slack
-        high = validity * (1 + self._policy.jitter) + slack
-        return low <= record.lifetime <= high
-
-    def _signed_by_ca(self, record: CertificateRecord) -> bool:
-        leaf = x509.load_pem_x509_certificate(record.cert_chain_pem)
-        try:
-            leaf.verify_directly_issued_by(self.ca.cert)
-        except (InvalidSignature, ValueError, TypeError):  # not issued by the CA in force
-            return False
-        return True
-
     def _reissue(self, current: CertificateRecord) -> CertificateRecord:
         service = MeshService(current.namespace, current.service)
         now = self._clock()
@@ -476,6 +450,11 @@ class CertificateManager:
         return self.issuer.issue_proxy(
             cn, current.service_account, now, public_key=leaf_public_key(current.cert_chain_pem)
         )
+
+    async def _retire(self, replaced: CertificateRecord) -> None:
+        """A proxy certificate replaced by a newer one may not connect any more."""
+        await self.revocations.add(replaced, RevocationReason.ROTATED, self._clock())
+        await self._signal("revoked", replaced.common_name)
 
     def _timed(
         self, kind: CertificateKind, make: Callable[[], CertificateRecord]

@@ -63,3 +63,8 @@ def same_key(first: PublicKey, second: PublicKey) -> bool:
     spki = serialization.PublicFormat.SubjectPublicKeyInfo
     der = serialization.Encoding.DER
     return first.public_bytes(der, spki) == second.public_bytes(der, spki)
+
+
+def signed_for(cert_chain_pem: bytes, public_key: PublicKey) -> bool:
+    """Whether the chain's leaf certifies ``public_key``."""
+    return same_key(leaf_public_key(cert_chain_pem), public_key)

@@ -61,6 +61,18 @@ class IssuancePolicy:
             if getattr(self, name) < MIN_VALIDITY:
                 raise InvalidRequest(name, f"must be at least {MIN_VALIDITY}")
 
+    def lifetime_fits(self, lifetime: dt.timedelta, validity: dt.timedelta | None) -> bool:
+        """Whether a certificate of ``lifetime`` was issued for ``validity`` (within the
+        jitter band). Callers that pass the mesh's configured validity on every call (the
+        catalog, from MeshConfig) get the current certificate back, not a new one each time.
+        """
+        if validity is None:
+            return True
+        slack = dt.timedelta(minutes=2)
+        low = validity * (1 - self.jitter) - slack
+        high = validity * (1 + self.jitter) + slack
+        return low <= lifetime <= high
+
 
 class Issuer:
     """Signs leaves with one CA. ``rng`` is injectable so jitter can be tested."""
