@@ -172,6 +172,9 @@ async def test_mutations_need_the_token(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v1/workloads", json=body(), headers=wrong)).status_code == 403
     assert (await client.post("/v1/workloads/bookstore/vm-1/heartbeat")).status_code == 401
     assert (await client.delete("/v1/workloads/bookstore/vm-1")).status_code == 401
+    # an invalid body without a token is refused for the token, not described
+    invalid = await client.post("/v1/workloads", json=body(address="nope"))
+    assert invalid.status_code == 401
     assert (await client.get("/v1/workloads")).status_code == 200  # reading is open
 
 

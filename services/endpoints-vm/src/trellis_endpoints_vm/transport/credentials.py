@@ -72,14 +72,23 @@ class Credentials:
         )
         return refused
 
-    async def may_register(
-        self, bearer: str | None, workload: Workload, existing: Workload | None
-    ) -> str:
-        """The admin token or a scoped onboarding token for the workload's identity;
-        returns who it is (``admin`` or the token's id), raises :class:`Refused`."""
+    async def registrant(self, bearer: str | None) -> onboarding.Caller:
+        """The admin token or a valid onboarding token, checked before the body is read (a
+        caller without one learns nothing about what it sent); :class:`Refused` otherwise."""
+        try:
+            return await onboarding.authenticate(bearer, self._admin.decode(), self._tokens)
+        except onboarding.TokenRefused as exc:
+            raise self._refuse(
+                "register", "-", Refused(exc.status, exc.reason.value, exc.detail, exc.token_id)
+            ) from None
+
+    def may_register(
+        self, caller: onboarding.Caller, workload: Workload, existing: Workload | None
+    ) -> None:
+        """A scoped token registers its own identity only, and does not take over a
+        workload registered under another service account; :class:`Refused` otherwise."""
         account = workload.service_account or "default"
         try:
-            caller = await onboarding.authenticate(bearer, self._admin.decode(), self._tokens)
             caller.check(workload.namespace, account)
         except onboarding.TokenRefused as exc:
             raise self._refuse(
@@ -100,7 +109,6 @@ class Credentials:
                     caller.token_id,
                 ),
             )
-        return caller.token_id
 
     def may_beat(self, bearer: str | None, workload: Workload) -> None:
         """Only the workload's own heartbeat token."""

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
+from trellis_common import onboarding
 from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload, new_heartbeat_token
 from trellis_endpoints_vm.manager import EndpointsManager, StoreUnavailable, UnknownWorkload
@@ -146,6 +147,11 @@ def add_routes(
     def bearer(given: HTTPAuthorizationCredentials | None) -> str | None:
         return given.credentials if given is not None else None
 
+    async def registrant(
+        given: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+    ) -> onboarding.Caller:
+        return await credentials.registrant(bearer(given))
+
     @app.exception_handler(InvalidWorkload)
     async def invalid(_: Any, exc: InvalidWorkload) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=422)
@@ -159,12 +165,12 @@ def add_routes(
     @router.post("/workloads", status_code=201, tags=["workloads"])
     async def register(
         body: RegistrationBody,
-        given: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+        caller: onboarding.Caller = Depends(registrant),  # noqa: B008
     ) -> JSONResponse:
         """Register a workload; the answer's ``heartbeat_token`` is the only credential its
         heartbeats are accepted with (a new one at each registration)."""
         asked = body.workload()
-        await credentials.may_register(bearer(given), asked, manager.workload(asked.id))
+        credentials.may_register(caller, asked, manager.workload(asked.id))
         token, digest = new_heartbeat_token()
         workload = await manager.register(replace(asked, heartbeat_digest=digest))
         return JSONResponse(
