@@ -8,11 +8,13 @@ this process could do; the rest is ours. So the floor, measured in the same run,
 * ``keygen_sign``: a fresh P-256 key and one signature, the crypto of one issuance.
 
 Against them: ``Issuer.issue_service`` and ``Issuer.issue_proxy`` in process (the pure
-domain, as the manager calls it), and ``grpc_proxy_certs``, the whole path of a real
-``IssueCertificate`` call over loopback gRPC (client stub, servicer, manager, issuer; the
-store is the in-memory fake, not Redis), one call in flight. Proxy certificates are used
-there because each request names a new proxy, so every call really signs; repeated
-service requests would be answered from the manager's records.
+domain, as the manager calls it; a proxy certificate is signed for the public key of the
+proxy's CSR, made on the proxy's host, so it costs no key generation here), and
+``grpc_proxy_certs``, the whole path of a real ``IssueCertificate`` call over loopback gRPC
+(client stub, servicer, manager, issuer; the store is the in-memory fake, not Redis), one
+call in flight. Proxy certificates are used there because each request names a new proxy,
+so every call really signs; repeated service requests would be answered from the
+manager's records.
 
 Everything runs single-process, one operation at a time: these are per-core rates.
 """
@@ -41,6 +43,7 @@ from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport import grpc_api
 from trellis_common.grpcserver import GrpcServer
+from trellis_common.identity import csr_for, new_key
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
 
@@ -62,9 +65,11 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
     def issue_service() -> object:
         return leaf_issuer.issue_service(service, SERVICE_ACCOUNT, now)
 
+    proxy_key = ec.generate_private_key(ec.SECP256R1()).public_key()  # made on the proxy's host
+
     def issue_proxy() -> object:
         return leaf_issuer.issue_proxy(
-            ProxyCommonName.new(SERVICE, NAMESPACE), SERVICE_ACCOUNT, now
+            ProxyCommonName.new(SERVICE, NAMESPACE), SERVICE_ACCOUNT, now, public_key=proxy_key
         )
 
     curve = ec.SECP256R1()
@@ -164,6 +169,7 @@ async def _measure(
                 kind=pb.CERTIFICATE_KIND_PROXY,
                 service=pb.MeshService(namespace=NAMESPACE, name=SERVICE),
                 service_account=SERVICE_ACCOUNT,
+                csr_pem=csr_for(new_key()[1], "bench proxy"),  # one CSR, a new proxy id each
             )
 
             async def issue() -> object:

@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 
 from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmanager_pb2_grpc
+from trellis_common.identity import csr_for, new_key
 from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.signaling import RecordingReceiver, running
+
+PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 
 pytestmark = pytest.mark.integration
 
@@ -121,6 +124,7 @@ async def onboard(certmanager: ServiceProcess, service: str, account: str) -> st
                 kind=certmanager_pb2.CERTIFICATE_KIND_PROXY,
                 service=certmanager_pb2.MeshService(namespace=service, name=service),
                 service_account=account,
+                csr_pem=PROXY_CSR,
             )
         )
     return issued.info.common_name

@@ -17,11 +17,14 @@ from cryptography import x509
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_common import tokens
+from trellis_common.identity import csr_for, new_key
 from trellis_common.signaling import Event
 from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.identities import allowed_caller
 from trellis_common.testing.services import ServiceProcess
+
+PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +89,9 @@ async def test_root_and_certificates_survive_crashes_of_certmanager_and_redis(
             await call(
                 certmanager,
                 "IssueCertificate",
-                pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE),
+                pb.IssueCertificateRequest(
+                    kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, csr_pem=PROXY_CSR
+                ),
             )
         except grpc.aio.AioRpcError:
             return False
@@ -228,7 +233,10 @@ async def test_corrupt_records_are_skipped_reported_and_re_issued_or_deleted(
         certmanager,
         "IssueCertificate",
         pb.IssueCertificateRequest(
-            kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, service_account="bookstore"
+            kind=pb.CERTIFICATE_KIND_PROXY,
+            service=SERVICE,
+            service_account="bookstore",
+            csr_pem=PROXY_CSR,
         ),
     )
     service = await call(
@@ -280,6 +288,7 @@ async def test_corrupt_records_are_skipped_reported_and_re_issued_or_deleted(
                 service=SERVICE,
                 proxy_id=proxy.info.proxy_id,
                 service_account="bookstore",
+                csr_pem=PROXY_CSR,
             ),
         )
         assert isinstance(reissued, pb.Certificate)

@@ -75,7 +75,9 @@ class Heartbeats(threading.Thread):
         self.workloads = workloads
         self.halt = threading.Event()
         self.failures: list[tuple[float, str]] = []
-        self.token = (mesh.state_dir / "admin-token").read_text().strip()
+        # each workload's own heartbeat token, kept by `trellis vm register`
+        tokens = mesh.state_dir / "heartbeat-tokens" / "bookstore"
+        self.tokens = {name: (tokens / name).read_text().strip() for name in workloads}
 
     def run(self) -> None:
         while not self.halt.is_set():
@@ -84,7 +86,7 @@ class Heartbeats(threading.Thread):
                 try:
                     response = endpoints_vm.post(
                         f"/v1/workloads/bookstore/{name}/heartbeat",
-                        headers={"authorization": f"Bearer {self.token}"},
+                        headers={"authorization": f"Bearer {self.tokens[name]}"},
                         timeout=2,
                     )
                     if response.status_code >= 300:

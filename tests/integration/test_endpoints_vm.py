@@ -378,6 +378,7 @@ async def test_a_frozen_redis_neither_hangs_calls_nor_expires_workloads_that_bea
     async with admin(endpoints_vm, state_dir) as client:
         created = await client.post("/v1/workloads", json=registration("web-1", "10.3.0.1", ttl))
         assert created.status_code == 201, created.text
+        own = {"Authorization": f"Bearer {created.json()['heartbeat_token']}"}
         loop = asyncio.get_running_loop()
         redis_server.pause()
         try:
@@ -385,7 +386,9 @@ async def test_a_frozen_redis_neither_hangs_calls_nor_expires_workloads_that_bea
             beats = 0
             # The workload's agent keeps its cadence through a pause of more than twice the TTL.
             while loop.time() - paused_at < 2.5 * ttl:
-                beat, took = await timed(client.post("/v1/workloads/shop/web-1/heartbeat"))
+                beat, took = await timed(
+                    client.post("/v1/workloads/shop/web-1/heartbeat", headers=own)
+                )
                 assert beat.status_code == 200, beat.text
                 assert took < 3.0, f"a heartbeat took {took:.1f}s on a frozen Redis"
                 beats += 1

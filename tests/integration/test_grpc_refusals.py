@@ -23,8 +23,11 @@ from trellis_api import (
     endpoints_pb2,
     endpoints_pb2_grpc,
 )
+from trellis_common.identity import csr_for, new_key
 from trellis_common.testing import RedisServer
 from trellis_common.testing.services import ServiceProcess
+
+PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 
 pytestmark = pytest.mark.integration
 
@@ -83,6 +86,7 @@ async def test_each_service_refuses_a_bad_name_and_shows_it(
             kind=certmanager_pb2.CERTIFICATE_KIND_PROXY,
             service=certmanager_pb2.MeshService(namespace="shop", name="cart"),
             service_account=BAD,
+            csr_pem=PROXY_CSR,
         ),
         "injector",
     )

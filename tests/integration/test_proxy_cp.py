@@ -57,7 +57,7 @@ def test_traffic_split_policy_and_mtls(mesh: Mesh) -> None:
             service_account="bookthief",
         ),
     )
-    files = mesh.write_files("thief-direct", stolen)
+    files = mesh.write_files("thief-direct", stolen, stolen.private_key_pem)
     context = ssl.create_default_context(cafile=str(files.trust_bundle))
     context.check_hostname = False
     context.load_cert_chain(str(files.cert_chain), str(files.key))
@@ -232,7 +232,11 @@ def test_proxies_the_mesh_did_not_onboard_are_refused(mesh: Mesh) -> None:
         ),
     )
     impostor = mesh.onboard(
-        "impostor", "bookthief", "bookthief", "bookthief", certificate=service_cert
+        "impostor",
+        "bookthief",
+        "bookthief",
+        "bookthief",
+        issued=(service_cert, service_cert.private_key_pem),
     )
 
     def refused_logged() -> bool:
@@ -248,19 +252,20 @@ def test_proxies_the_mesh_did_not_onboard_are_refused(mesh: Mesh) -> None:
 
     # a proxy certificate from a foreign CA never gets past the TLS handshake
     root = mesh.certmanager("GetRoot", cm.GetRootRequest())
-    foreign = mesh.onboard(
+    foreign = foreign_certificate(
+        "0b0e4a6e-1a2b-4c3d-8e9f-00000000abcd.bookbuyer.bookbuyer", root.trust_bundle_pem
+    )
+    sidecar = mesh.onboard(
         "foreign",
         "bookbuyer",
         "bookbuyer",
         "bookbuyer",
-        certificate=foreign_certificate(
-            "0b0e4a6e-1a2b-4c3d-8e9f-00000000abcd.bookbuyer.bookbuyer", root.trust_bundle_pem
-        ),
+        issued=(foreign, foreign.private_key_pem),
     )
 
     def failing() -> bool:
         try:
-            seen = foreign.envoy.stats("cluster.trellis-xds.")
+            seen = sidecar.envoy.stats("cluster.trellis-xds.")
         except httpx.HTTPError:
             return False  # still starting
         return (
@@ -271,8 +276,8 @@ def test_proxies_the_mesh_did_not_onboard_are_refused(mesh: Mesh) -> None:
         )
 
     asyncio.run(eventually(failing, timeout=20, interval=0.3, message="foreign proxy fails TLS"))
-    assert foreign.envoy.stat("control_plane.connected_state") == 0
-    assert not any(p["proxy"] == foreign.common_name for p in mesh.proxies())
+    assert sidecar.envoy.stat("control_plane.connected_state") == 0
+    assert not any(p["proxy"] == sidecar.common_name for p in mesh.proxies())
 
 
 def test_egress_follows_meshconfig(mesh: Mesh) -> None:

@@ -17,8 +17,11 @@ import pytest
 import redis
 
 from trellis_api import certmanager_pb2 as cm
+from trellis_common.identity import csr_for, new_key
 from trellis_common.testing import RedisServer
 from trellis_common.testing.mesh import Mesh, bookstore
+
+PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 
 pytestmark = pytest.mark.integration
 
@@ -136,4 +139,5 @@ def proxy_request(account: str) -> cm.IssueCertificateRequest:
         kind=cm.CERTIFICATE_KIND_PROXY,
         service=cm.MeshService(namespace="bookbuyer", name="bookbuyer"),
         service_account=account,
+        csr_pem=PROXY_CSR,
     )

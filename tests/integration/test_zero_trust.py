@@ -34,6 +34,8 @@ from trellis_common.testing.identities import LocalCA, join_as
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.waiting import eventually
 
+PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
+
 pytestmark = pytest.mark.integration
 
 CM = "/trellis.certmanager.v1.CertificateManager/"
@@ -104,7 +106,10 @@ CALLS: dict[str, tuple[str, Callable[[grpc.aio.Channel], Any], Any]] = {
     CM + "IssueCertificate[proxy]": _cm(
         "IssueCertificate",
         certmanager_pb2.IssueCertificateRequest(
-            kind=certmanager_pb2.CERTIFICATE_KIND_PROXY, service=_SHOP, service_account="Bad!"
+            kind=certmanager_pb2.CERTIFICATE_KIND_PROXY,
+            service=_SHOP,
+            service_account="Bad!",
+            csr_pem=PROXY_CSR,
         ),
     ),
     CM + "IssueCertificate[service]": _cm(

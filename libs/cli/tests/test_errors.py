@@ -88,6 +88,7 @@ FAMILIES = [
 def test_a_mesh_that_is_not_running_is_exit_2_in_one_line(
     stopped_mesh: Path, args: tuple[str, ...]
 ) -> None:
+    keep_heartbeat_token(stopped_mesh, "shop", "cart-1")
     result = trellis(stopped_mesh, *args)
 
     assert result.exit_code == 2, result.output
@@ -226,7 +227,26 @@ def test_certs_list_is_0(tmp_path: Path) -> None:
     assert "Certificates (revision 3)" in result.stdout
 
 
+def keep_heartbeat_token(state_dir: Path, namespace: str, name: str) -> None:
+    """As ``trellis vm register`` keeps it."""
+    path = state_dir / "heartbeat-tokens" / namespace / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("trellis-hb.a-heartbeat-token\n")
+
+
+def test_vm_heartbeat_without_a_heartbeat_token_is_2_naming_where_it_looked(
+    tmp_path: Path,
+) -> None:
+    with canned(tmp_path, {}):
+        result = trellis(tmp_path, "vm", "heartbeat", "-n", "shop", "--name", "cart-1")
+
+    assert result.exit_code == 2, result.output
+    assert "no heartbeat token for shop/cart-1 at " in result.stderr
+    assert "`trellis vm register` keeps it there" in result.stderr
+
+
 def test_vm_heartbeat_of_an_unknown_workload_is_1(tmp_path: Path) -> None:
+    keep_heartbeat_token(tmp_path, "shop", "nobody")
     with canned(tmp_path, {}):
         result = trellis(tmp_path, "vm", "heartbeat", "-n", "shop", "--name", "nobody")
 

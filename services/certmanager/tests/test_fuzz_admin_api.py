@@ -21,7 +21,7 @@ from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.manager import CertificateManager, utcnow
 from trellis_certmanager.metrics import CertMetrics
-from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport import rest
 from trellis_common import admin
 from trellis_common.health import Health
@@ -46,7 +46,7 @@ def admin_app() -> FastAPI:
     async def start() -> None:
         await manager.start()
         await manager.issue_service(MeshService("shop", "cart"))
-        await manager.issue_proxy(MeshService("shop", "cart"))
+        await manager.issue_proxy(MeshService("shop", "cart"), public_key=proxy_key())
 
     asyncio.run(start())
     KNOWN.extend({"common_name": record.common_name} for record in manager.list())

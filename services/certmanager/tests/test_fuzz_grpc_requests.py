@@ -25,6 +25,7 @@ from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport import grpc_requests
 from trellis_certmanager.transport.grpc_api import CertificateManagerServicer
 from trellis_common.health import Health
+from trellis_common.identity import csr_for, new_key
 from trellis_common.ids import ProxyCommonName, SpiffeId
 from trellis_common.model import MeshService
 from trellis_common.testing import strategies as fuzz
@@ -39,6 +40,7 @@ ISSUE_FIELDS = {
     "service_account",
     "proxy_id",
     "validity",
+    "csr_pem",
 }
 # The checks of each RPC, and the fields its refusals may name.
 CHECKS: Checks = {
@@ -58,6 +60,7 @@ CHECKS: Checks = {
 }
 
 
+CSR_PEM = csr_for(new_key()[1], "a proxy")
 CART_CN = "cart.shop.svc.cluster.local"  # issued before each servicer example
 STRINGS = fuzz.mostly(st.one_of(fuzz.plausible_names(), st.just(CART_CN)), fuzz.names())
 
@@ -88,6 +91,8 @@ ISSUES = st.builds(
         ),
     ),
     omit_private_key=st.booleans(),
+    # mostly a good CSR (proxy certificates need one; service certificates refuse one)
+    csr_pem=fuzz.mostly(st.sampled_from([CSR_PEM, b""]), st.binary(max_size=64)),
 )
 
 
@@ -115,7 +120,10 @@ def test_checks_return_or_name_a_field_of_the_request(asked: tuple[str, Message]
     asked=(
         "IssueCertificate",
         pb.IssueCertificateRequest(
-            kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, service_account="Bad Name!"
+            kind=pb.CERTIFICATE_KIND_PROXY,
+            service=SERVICE,
+            service_account="Bad Name!",
+            csr_pem=CSR_PEM,
         ),
     )
 )

@@ -17,10 +17,13 @@ from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
 from trellis_common.health import Health
+from trellis_common.identity import csr_for, new_key
 from trellis_common.testing.servicer import served
 
 SERVICE = pb.MeshService(namespace="bookstore", name="bookstore")
 PROXY_CN = "123e4567-e89b-42d3-a456-426614174000.bookstore.bookstore"
+KEY = new_key()[1]
+CSR = csr_for(KEY, "the proxy's own")
 
 
 @pytest.fixture
@@ -76,6 +79,7 @@ async def test_custom_validity_and_proxy_kind(stub: pb_grpc.CertificateManagerAs
             kind=pb.CERTIFICATE_KIND_PROXY,
             service=SERVICE,
             validity=duration_pb2.Duration(seconds=3600),
+            csr_pem=CSR,
         )
     )
     lifetime = issued.info.not_after.ToDatetime() - issued.info.not_before.ToDatetime()
@@ -85,12 +89,44 @@ async def test_custom_validity_and_proxy_kind(stub: pb_grpc.CertificateManagerAs
     assert issued.info.common_name.startswith(issued.info.proxy_id)
 
 
+async def test_a_proxy_certificate_is_for_the_csr_s_key_and_the_answer_has_no_key(
+    stub: pb_grpc.CertificateManagerAsyncStub, store: InMemoryCertificateStore
+) -> None:
+    issued = await stub.IssueCertificate(
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, csr_pem=CSR)
+    )
+    assert issued.private_key_pem == b""
+    leaf = x509.load_pem_x509_certificate(issued.cert_chain_pem)
+    assert leaf.public_key() == KEY.public_key()
+    assert store.records[issued.info.common_name].key_pem == b""  # never had it
+    got = await stub.GetCertificate(pb.GetCertificateRequest(common_name=issued.info.common_name))
+    assert got.private_key_pem == b""
+    rotated = await stub.RotateCertificate(
+        pb.RotateCertificateRequest(common_name=issued.info.common_name)
+    )
+    assert rotated.info.serial != issued.info.serial
+    assert x509.load_pem_x509_certificate(rotated.cert_chain_pem).public_key() == KEY.public_key()
+
+
+async def test_a_proxy_certificate_without_a_csr_is_refused_naming_csr_pem(
+    stub: pb_grpc.CertificateManagerAsyncStub, store: InMemoryCertificateStore, health: Health
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.IssueCertificate(
+            pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE)
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith("csr_pem: is required")
+    assert store.records == {}
+    assert any("csr_pem" in r.reason for r in health.rejections.items())
+
+
 async def test_list_carries_no_keys_and_filters(stub: pb_grpc.CertificateManagerAsyncStub) -> None:
     await stub.IssueCertificate(
         pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE)
     )
     await stub.IssueCertificate(
-        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE)
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, csr_pem=CSR)
     )
     listed = await stub.ListCertificates(pb.ListCertificatesRequest())
     assert len(listed.certificates) == 2
@@ -121,7 +157,7 @@ async def test_list_carries_no_keys_and_filters(stub: pb_grpc.CertificateManager
         ),
         (
             pb.IssueCertificateRequest(
-                kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, proxy_id="123"
+                kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, proxy_id="123", csr_pem=CSR
             ),
             "INVALID_ARGUMENT",
             "proxy",
@@ -174,7 +210,10 @@ async def test_certificate_info_is_the_metadata_without_the_key(
     )
     proxy = await stub.IssueCertificate(
         pb.IssueCertificateRequest(
-            kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, proxy_id=PROXY_CN.split(".")[0]
+            kind=pb.CERTIFICATE_KIND_PROXY,
+            service=SERVICE,
+            proxy_id=PROXY_CN.split(".")[0],
+            csr_pem=CSR,
         )
     )
     for certificate in (issued, proxy):
@@ -219,7 +258,7 @@ async def test_a_proxy_certificate_for_an_invalid_service_account_is_refused_and
     metrics: CollectorRegistry,
 ) -> None:
     request = pb.IssueCertificateRequest(
-        kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, service_account="Bad Name!"
+        kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, service_account="Bad Name!", csr_pem=CSR
     )
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.IssueCertificate(request)
@@ -268,6 +307,7 @@ def _issue(**fields: object) -> pb.IssueCertificateRequest:
             _issue(
                 kind=pb.CERTIFICATE_KIND_PROXY,
                 service=pb.MeshService(namespace="bookstore-ns", name="bookstore-service"),
+                csr_pem=CSR,
             ),
             "service: proxy common name '",
         ),
@@ -339,7 +379,7 @@ async def test_well_formed_requests_still_work_after_refusals(
     with pytest.raises(grpc.aio.AioRpcError):
         await stub.IssueCertificate(_issue(service_account="Bad Name!"))
     issued = await stub.IssueCertificate(
-        _issue(kind=pb.CERTIFICATE_KIND_PROXY, service_account="bookstore.sa")
+        _issue(kind=pb.CERTIFICATE_KIND_PROXY, service_account="bookstore.sa", csr_pem=CSR)
     )
     assert issued.info.service_account == "bookstore.sa"
     listed = await stub.ListCertificates(pb.ListCertificatesRequest(namespace="bookstore"))

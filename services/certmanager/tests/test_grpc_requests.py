@@ -11,10 +11,13 @@ from trellis_api import certmanager_pb2 as pb
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.transport import grpc_requests
 from trellis_common.grpcrequests import InvalidField
+from trellis_common.identity import csr_for, new_key
 from trellis_common.model import MeshService
 
 SERVICE = pb.MeshService(namespace="shop", name="cart")
 UUID = "123e4567-e89b-42d3-a456-426614174000"
+KEY = new_key()[1]
+CSR = csr_for(KEY, "the proxy's own")
 
 
 def test_a_service_certificate_request() -> None:
@@ -39,7 +42,7 @@ def test_a_service_certificate_request() -> None:
 
 def test_a_proxy_certificate_request_with_and_without_an_id() -> None:
     made = grpc_requests.issue(
-        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE)
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, csr_pem=CSR)
     )
     assert (made.kind, made.proxy_id, made.service_account, made.validity) == (
         CertificateKind.PROXY,
@@ -48,7 +51,9 @@ def test_a_proxy_certificate_request_with_and_without_an_id() -> None:
         None,
     )
     given = grpc_requests.issue(
-        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, proxy_id=UUID)
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, proxy_id=UUID, csr_pem=CSR
+        )
     )
     assert given.proxy_id == UUID
 
@@ -91,3 +96,29 @@ def test_list_filters() -> None:
     assert grpc_requests.list_filter(
         pb.ListCertificatesRequest(kind=pb.CERTIFICATE_KIND_PROXY, namespace="shop")
     ) == (CertificateKind.PROXY, "shop")
+
+
+def test_a_proxy_certificate_is_for_the_key_of_its_csr() -> None:
+    asked = grpc_requests.issue(
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, csr_pem=CSR)
+    )
+    assert asked.public_key is not None
+    assert asked.public_key.public_numbers() == KEY.public_key().public_numbers()
+
+
+@pytest.mark.parametrize(
+    ("kind", "csr_pem", "reason"),
+    [
+        (pb.CERTIFICATE_KIND_PROXY, b"", "is required for CERTIFICATE_KIND_PROXY"),
+        (pb.CERTIFICATE_KIND_PROXY, b"-----BEGIN JUNK-----", "not a PEM certificate signing"),
+        (pb.CERTIFICATE_KIND_PROXY, CSR.replace(b"A", b"B", 1), ""),  # altered: no longer valid
+        (pb.CERTIFICATE_KIND_SERVICE, CSR, "only proxy certificates are issued for a CSR"),
+    ],
+)
+def test_a_missing_bad_or_misplaced_csr_is_refused_naming_csr_pem(
+    kind: pb.CertificateKind.ValueType, csr_pem: bytes, reason: str
+) -> None:
+    with pytest.raises(InvalidField) as refused:
+        grpc_requests.issue(pb.IssueCertificateRequest(kind=kind, service=SERVICE, csr_pem=csr_pem))
+    assert refused.value.field == "csr_pem"
+    assert reason in refused.value.reason

@@ -16,6 +16,7 @@ from trellis_certmanager.domain.errors import InvalidRequest
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
 from trellis_certmanager.domain.keys import KeyAlgorithm, key_from_pem
 from trellis_certmanager.domain.records import CertificateKind
+from trellis_certmanager.testing import proxy_key
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
 
@@ -82,7 +83,7 @@ def test_proxy_certificate_is_long_lived_with_the_proxy_cn(
     issuer: Issuer, root_ca: CertificateAuthority
 ) -> None:
     cn = ProxyCommonName.new("bookbuyer", "bookbuyer")
-    record = issuer.issue_proxy(cn, "bookbuyer", NOW)
+    record = issuer.issue_proxy(cn, "bookbuyer", NOW, public_key=proxy_key())
     cert = leaf(record.cert_chain_pem)
     cert.verify_directly_issued_by(root_ca.cert)
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == str(cn)
@@ -94,7 +95,7 @@ def test_proxy_certificate_is_long_lived_with_the_proxy_cn(
 def test_leaf_never_outlives_its_ca(root_ca: CertificateAuthority) -> None:
     issuer = Issuer(root_ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy())
     later = root_ca.cert.not_valid_after_utc - dt.timedelta(days=1)
-    record = issuer.issue_proxy(ProxyCommonName.new("a", "b"), "a", later)
+    record = issuer.issue_proxy(ProxyCommonName.new("a", "b"), "a", later, public_key=proxy_key())
     assert record.not_after == root_ca.cert.not_valid_after_utc
 
 
@@ -144,9 +145,16 @@ def test_no_proxy_certificate_is_issued_in_the_control_plane_s_namespace(
 ) -> None:
     # a proxy there could pose as proxy-cp (trellis-system/proxy-cp) and be sent its key
     with pytest.raises(InvalidRequest, match="control plane's namespace") as refused:
-        issuer.issue_proxy(ProxyCommonName.new("proxy-cp", "trellis-system"), "proxy-cp", NOW)
+        issuer.issue_proxy(
+            ProxyCommonName.new("proxy-cp", "trellis-system"),
+            "proxy-cp",
+            NOW,
+            public_key=proxy_key(),
+        )
     assert refused.value.field == "service.namespace"
     custom = Issuer(issuer.ca, issuer.algorithm, IssuancePolicy(control_plane_namespace="mesh"))
     with pytest.raises(InvalidRequest, match="'mesh' is the control plane's namespace"):
-        custom.issue_proxy(ProxyCommonName.new("api", "mesh"), "api", NOW)
-    assert custom.issue_proxy(ProxyCommonName.new("api", "trellis-system"), "api", NOW)
+        custom.issue_proxy(ProxyCommonName.new("api", "mesh"), "api", NOW, public_key=proxy_key())
+    assert custom.issue_proxy(
+        ProxyCommonName.new("api", "trellis-system"), "api", NOW, public_key=proxy_key()
+    )

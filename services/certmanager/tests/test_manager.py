@@ -13,13 +13,14 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry
 
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
+from trellis_certmanager.domain.csr import leaf_public_key, same_key
 from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound, StoreUnavailable
 from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics
-from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_common.health import Rejections
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
@@ -103,17 +104,18 @@ async def test_unknown_and_bad_names(manager: CertificateManager) -> None:
     with pytest.raises(NotFound):
         await manager.rotate("nope")
     with pytest.raises(InvalidRequest) as caught:
-        await manager.issue_proxy(BOOKSTORE, proxy_id="not-a-uuid")
+        await manager.issue_proxy(BOOKSTORE, proxy_id="not-a-uuid", public_key=proxy_key())
     assert caught.value.field == "proxy_id"
 
 
 async def test_proxy_certificates(manager: CertificateManager) -> None:
-    record = await manager.issue_proxy(BOOKSTORE)
+    record = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     assert record.kind is CertificateKind.PROXY
     assert record.common_name.endswith(".bookstore.bookstore")
-    again = await manager.issue_proxy(BOOKSTORE, proxy_id=record.proxy_id)
-    assert again.serial == record.serial
-    other = await manager.issue_proxy(BOOKSTORE)
+    key = leaf_public_key(record.cert_chain_pem)
+    again = await manager.issue_proxy(BOOKSTORE, proxy_id=record.proxy_id, public_key=key)
+    assert again.serial == record.serial  # the same proxy, the same key: the same certificate
+    other = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     assert other.proxy_id != record.proxy_id
     assert [r.common_name for r in manager.list(CertificateKind.PROXY)] == sorted(
         [record.common_name, other.common_name]
@@ -122,11 +124,36 @@ async def test_proxy_certificates(manager: CertificateManager) -> None:
     assert manager.list(namespace="elsewhere") == []
 
 
+async def test_a_proxy_onboarded_again_with_another_key_gets_a_new_certificate(
+    manager: CertificateManager, bell: Bell
+) -> None:
+    """One key per proxy: the certificate for the old key is revoked, not left valid."""
+    record = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
+    new_key = proxy_key()
+    again = await manager.issue_proxy(BOOKSTORE, proxy_id=record.proxy_id, public_key=new_key)
+    assert again.serial != record.serial
+    assert same_key(leaf_public_key(again.cert_chain_pem), new_key)
+    assert again.key_pem == b""
+    assert record.serial in manager.revocations
+    assert bell.rung[-1] == ("revoked", record.common_name)
+
+
+async def test_rotating_a_proxy_certificate_keeps_the_proxy_s_key(
+    manager: CertificateManager,
+) -> None:
+    key = proxy_key()
+    record = await manager.issue_proxy(BOOKSTORE, public_key=key)
+    rotated = await manager.rotate(record.common_name)
+    assert rotated.serial != record.serial
+    assert same_key(leaf_public_key(rotated.cert_chain_pem), key)
+    assert rotated.key_pem == b""
+
+
 async def test_rotation_loop_renews_due_service_certs_and_only_warns_for_proxies(
     manager: CertificateManager, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     service = await manager.issue_service(BOOKSTORE)
-    proxy = await manager.issue_proxy(BOOKSTORE)
+    proxy = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     assert await manager.rotate_due() == 0
     clock.now = service.renew_after + dt.timedelta(seconds=1)
     assert await manager.rotate_due() == 1
@@ -279,7 +306,7 @@ async def test_records_refused_at_load_are_reported_never_served_and_can_go(
     )
 
     # re-issuing overwrites the bad record; the operator deletes the one nobody re-issues
-    proxy = await manager.issue_proxy(BOOKSTORE, proxy_id=proxy_cn.proxy_id)
+    proxy = await manager.issue_proxy(BOOKSTORE, proxy_id=proxy_cn.proxy_id, public_key=proxy_key())
     service = await manager.issue_service(BOOKSTORE)
     assert (proxy.common_name, service.common_name) == (proxy_cn.format(), service_cn)
     assert manager.rejected() == ["junk"]
@@ -327,9 +354,9 @@ async def test_records_past_expiry_and_grace_are_pruned_by_the_rotation_pass(
     manager = make_manager(proxy_validity=dt.timedelta(days=2))
     await manager.start()
     ca = store.ca
-    old = await manager.issue_proxy(BOOKSTORE)
+    old = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     clock.advance(dt.timedelta(days=1))
-    young = await manager.issue_proxy(BOOKSTORE)
+    young = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     service = await manager.issue_service(BOOKSTORE)
 
     clock.now = old.not_after + dt.timedelta(hours=23)  # expired, within the grace
@@ -358,9 +385,11 @@ async def test_a_record_re_issued_meanwhile_is_not_pruned(
 ) -> None:
     manager = make_manager(proxy_validity=dt.timedelta(days=2))
     await manager.start()
-    old = await manager.issue_proxy(BOOKSTORE)
+    old = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     clock.now = old.not_after + dt.timedelta(days=2)
-    fresh = await manager.issue_proxy(BOOKSTORE, proxy_id=old.proxy_id)  # expired: re-issued
+    fresh = await manager.issue_proxy(
+        BOOKSTORE, proxy_id=old.proxy_id, public_key=proxy_key()
+    )  # expired: re-issued
     assert await manager.prune_expired() == 0
     assert store.records[old.common_name] == fresh
 
@@ -381,7 +410,7 @@ async def test_while_the_store_is_down_reads_work_and_writes_change_nothing(
     assert await manager.issue_service(BOOKSTORE) == record  # still good: served from memory
     assert manager.get(record.common_name) == record
     with pytest.raises(StoreUnavailable, match="Redis"):
-        await manager.issue_proxy(BOOKSTORE)
+        await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     with pytest.raises(StoreUnavailable):
         await manager.rotate(record.common_name)
     assert manager.get(record.common_name) == record

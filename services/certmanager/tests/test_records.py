@@ -9,14 +9,17 @@ from dataclasses import replace
 import pytest
 
 from trellis_certmanager.domain.issuer import Issuer
+from trellis_certmanager.domain.keys import KeyAlgorithm, generate_key, key_to_pem
 from trellis_certmanager.domain.records import (
     CertificateRecord,
     InvalidRecord,
     check,
     in_the_clear,
     past_expiry,
+    without_proxy_key,
 )
 from trellis_certmanager.domain.sealed import Kek, Sealer
+from trellis_certmanager.testing import proxy_key
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
 
@@ -54,6 +57,43 @@ def test_a_record_written_in_the_clear_by_an_older_version_is_read(issuer: Issue
     body["key_pem"] = record.key_pem.decode()
     assert in_the_clear(body)
     assert CertificateRecord.from_json(json.dumps(body), unseal) == record
+
+
+def test_a_proxy_record_has_no_key_and_its_durable_form_no_key_field(issuer: Issuer) -> None:
+    proxy = issuer.issue_proxy(
+        ProxyCommonName.new("bookstore", "bookstore"), "bookstore", NOW, public_key=proxy_key()
+    )
+    assert proxy.key_pem == b""
+    durable = json.loads(proxy.to_json(seal))
+    assert "key_sealed" not in durable
+    assert "key_pem" not in durable
+    assert check(CertificateRecord.from_json(json.dumps(durable), unseal)) == proxy
+    assert without_proxy_key(proxy) is None
+
+
+def test_a_proxy_record_an_older_version_stored_with_its_key_loads(issuer: Issuer) -> None:
+    key = generate_key(KeyAlgorithm.ECDSA_P256)
+    cn = ProxyCommonName.new("bookstore", "bookstore")
+    old = replace(
+        issuer.issue_proxy(cn, "bookstore", NOW, public_key=key.public_key()),
+        key_pem=key_to_pem(key),
+    )
+    loaded = check(CertificateRecord.from_json(old.to_json(seal), unseal))
+    assert loaded == old  # the key is checked against the certificate like any other
+    assert without_proxy_key(loaded) == replace(old, key_pem=b"")
+    mismatched = replace(old, key_pem=key_to_pem(generate_key(KeyAlgorithm.ECDSA_P256)))
+    with pytest.raises(InvalidRecord, match="does not match the certificate"):
+        check(mismatched)
+
+
+def test_a_service_record_without_a_key_is_refused(issuer: Issuer) -> None:
+    service = issuer.issue_service(MeshService("ns", "svc"), "sa", NOW)
+    body = json.loads(service.to_json(seal))
+    del body["key_sealed"]
+    with pytest.raises(ValueError, match="key_sealed"):
+        CertificateRecord.from_json(json.dumps(body), unseal)
+    with pytest.raises(InvalidRecord, match="key_pem is empty"):
+        check(replace(service, key_pem=b""))
 
 
 def test_a_key_that_does_not_unseal_is_a_clear_error(issuer: Issuer) -> None:
@@ -94,14 +134,18 @@ BOOKSTORE = MeshService("bookstore", "bookstore")
 
 def test_records_the_issuer_makes_pass(issuer: Issuer) -> None:
     service = issuer.issue_service(BOOKSTORE, "bookstore", NOW)
-    proxy = issuer.issue_proxy(ProxyCommonName.new("bookstore", "bookstore"), "bookstore", NOW)
+    proxy = issuer.issue_proxy(
+        ProxyCommonName.new("bookstore", "bookstore"), "bookstore", NOW, public_key=proxy_key()
+    )
     assert check(service) is service
     assert check(proxy) is proxy
 
 
 def test_a_proxy_record_with_an_invalid_service_account_is_refused(issuer: Issuer) -> None:
     """As an older version, which did not validate accounts, may have stored it."""
-    proxy = issuer.issue_proxy(ProxyCommonName.new("bookstore", "bookstore"), "Bad Name!", NOW)
+    proxy = issuer.issue_proxy(
+        ProxyCommonName.new("bookstore", "bookstore"), "Bad Name!", NOW, public_key=proxy_key()
+    )
     with pytest.raises(InvalidRecord, match="service account 'Bad Name!' is not a valid"):
         check(proxy)
 
@@ -126,7 +170,9 @@ def test_damaged_records_are_refused_naming_the_fault(issuer: Issuer) -> None:
 
 
 def test_a_proxy_record_under_another_proxy_s_name_is_refused(issuer: Issuer) -> None:
-    proxy = issuer.issue_proxy(ProxyCommonName.new("bookstore", "bookstore"), "bookstore", NOW)
+    proxy = issuer.issue_proxy(
+        ProxyCommonName.new("bookstore", "bookstore"), "bookstore", NOW, public_key=proxy_key()
+    )
     with pytest.raises(InvalidRecord, match="does not match proxy_id"):
         check(replace(proxy, proxy_id="0" * 8 + "-0000-4000-8000-" + "0" * 12))
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from trellis_certmanager.manager import CertificateManager
-from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport import rest
 from trellis_common import admin
 from trellis_common.model import MeshService
@@ -32,7 +32,7 @@ async def test_list_and_get_never_return_keys(
     client: httpx.AsyncClient, manager: CertificateManager
 ) -> None:
     record = await manager.issue_service(MeshService("bookstore", "bookstore"))
-    await manager.issue_proxy(MeshService("bookstore", "bookstore"))
+    await manager.issue_proxy(MeshService("bookstore", "bookstore"), public_key=proxy_key())
     listed = await client.get("/v1/certificates")
     assert listed.status_code == 200
     assert len(listed.json()["certificates"]) == 2

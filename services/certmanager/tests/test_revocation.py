@@ -20,7 +20,7 @@ from trellis_certmanager.domain.revocation import Revocation, RevocationReason
 from trellis_certmanager.domain.sealed import Kek, Sealer
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.store import RedisCertificateStore
-from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport import rest
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
 from trellis_common import admin
@@ -41,7 +41,7 @@ def counted(manager: CertificateManager, reason: str) -> float:
 async def test_revoke_remembers_the_serial_deletes_the_record_and_signals(
     manager: CertificateManager, store: InMemoryCertificateStore, bell: Bell
 ) -> None:
-    proxy = await manager.issue_proxy(BOOKSTORE)
+    proxy = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     revocation = await manager.revoke(proxy.common_name)
     assert (revocation.serial, revocation.reason) == (proxy.serial, RevocationReason.REVOKED)
     assert revocation.not_after == proxy.not_after
@@ -52,7 +52,9 @@ async def test_revoke_remembers_the_serial_deletes_the_record_and_signals(
         manager.get(proxy.common_name)
     assert bell.rung[-1] == ("revoked", proxy.common_name)
     assert counted(manager, "revoked") == 1
-    again = await manager.issue_proxy(BOOKSTORE, proxy.proxy_id)  # onboarding it again
+    again = await manager.issue_proxy(
+        BOOKSTORE, proxy.proxy_id, public_key=proxy_key()
+    )  # onboarding it again
     assert again.serial != proxy.serial
     assert again.serial not in manager.revocations
 
@@ -72,7 +74,7 @@ async def test_only_proxy_certificates_on_record_are_revoked(
 async def test_rotating_a_proxy_certificate_revokes_the_old_serial(
     manager: CertificateManager, bell: Bell
 ) -> None:
-    first = await manager.issue_proxy(BOOKSTORE)
+    first = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     second = await manager.rotate(first.common_name)
     assert first.serial in manager.revocations
     assert second.serial not in manager.revocations
@@ -94,7 +96,7 @@ async def test_revocations_survive_a_restart_and_are_pruned_after_expiry(
     make_manager: Callable[..., CertificateManager],
     clock: FakeClock,
 ) -> None:
-    proxy = await manager.issue_proxy(BOOKSTORE)
+    proxy = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     await manager.revoke(proxy.common_name)
     restarted = make_manager()
     await restarted.start()
@@ -113,7 +115,7 @@ async def test_revocations_survive_a_restart_and_are_pruned_after_expiry(
 async def test_a_revocation_redis_does_not_take_changes_nothing(
     manager: CertificateManager, store: InMemoryCertificateStore, bell: Bell
 ) -> None:
-    proxy = await manager.issue_proxy(BOOKSTORE)
+    proxy = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     store.down = True
     with pytest.raises(StoreUnavailable):
         await manager.revoke(proxy.common_name)
@@ -126,7 +128,7 @@ async def test_the_redis_store_keeps_revocations_and_refuses_corrupt_ones(
     redis_client: redis.asyncio.Redis, manager: CertificateManager
 ) -> None:
     store = RedisCertificateStore(redis_client, Sealer(Kek.generate()))
-    proxy = await manager.issue_proxy(BOOKSTORE)
+    proxy = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     revocation = Revocation(
         proxy.serial, proxy.common_name, proxy.not_after, proxy.not_before, RevocationReason.REVOKED
     )
@@ -154,7 +156,7 @@ async def admin_client(manager: CertificateManager) -> AsyncIterator[httpx.Async
 async def test_rest_revoke_needs_the_token_and_answers_the_revocation(
     admin_client: httpx.AsyncClient, manager: CertificateManager
 ) -> None:
-    proxy = await manager.issue_proxy(BOOKSTORE)
+    proxy = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     path = f"/v1/certificates/{proxy.common_name}/revoke"
     assert (await admin_client.post(path)).status_code == 401
     assert proxy.serial not in manager.revocations
@@ -180,8 +182,8 @@ async def test_rest_revoke_needs_the_token_and_answers_the_revocation(
 
 
 async def test_grpc_lists_revoked_serials(manager: CertificateManager) -> None:
-    first = await manager.issue_proxy(BOOKSTORE)
-    other = await manager.issue_proxy(BOOKSTORE)
+    first = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
+    other = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     await manager.rotate(first.common_name)
     await manager.revoke(other.common_name)
     servicer = CertificateManagerServicer(manager)

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import datetime as dt
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,15 +16,16 @@ from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry
 
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
+from trellis_certmanager.domain.csr import leaf_public_key, same_key
 from trellis_certmanager.domain.errors import CAError, PlantedCA
 from trellis_certmanager.domain.issuer import IssuancePolicy
-from trellis_certmanager.domain.keys import KeyAlgorithm
+from trellis_certmanager.domain.keys import KeyAlgorithm, generate_key, key_to_pem
 from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.domain.sealed import Kek, Sealer
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.store import RedisCertificateStore
-from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
 from trellis_common.testing.bell import Bell
@@ -91,19 +93,56 @@ async def test_nothing_in_redis_is_a_key_in_the_clear(
     manager = new_manager(cert_store, bell, FakeClock())
     ca = await manager.start()
     service = await manager.issue_service(SHOP)
-    proxy = await manager.issue_proxy(SHOP)
+    proxy = await manager.issue_proxy(SHOP, public_key=proxy_key())
     await manager.rotate(service.common_name)
     rotated = manager.get(service.common_name)
 
     values = await everything_in(redis_admin)  # every key: certmanager's user sees its own
     assert len(values) == 3  # the CA and two records
-    for key_pem in (ca.key_pem, service.key_pem, proxy.key_pem, rotated.key_pem):
+    assert proxy.key_pem == b""  # issued for a CSR: certmanager never had the proxy's key
+    for key_pem in (ca.key_pem, service.key_pem, rotated.key_pem):
         for form in forms_of(key_pem):
             assert not any(form in value for value in values)
     # ...and it all reads back: a restart serves the same keys
     again = new_manager(cert_store, bell, FakeClock())
     assert (await again.start()).key_pem == ca.key_pem
-    assert again.get(proxy.common_name).key_pem == proxy.key_pem
+    assert again.get(rotated.common_name).key_pem == rotated.key_pem
+    assert again.get(proxy.common_name) == proxy
+
+
+def with_its_key(common_name: ProxyCommonName, root_ca: CertificateAuthority) -> CertificateRecord:
+    """A proxy record as versions before issuance by CSR made it: the key made here, kept."""
+    from trellis_certmanager.domain.issuer import Issuer
+
+    key = generate_key(KeyAlgorithm.ECDSA_P256)
+    issuer = Issuer(root_ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy())
+    record = issuer.issue_proxy(common_name, "cart", NOW, public_key=key.public_key())
+    return replace(record, key_pem=key_to_pem(key))
+
+
+async def test_a_proxy_record_stored_with_its_key_loads_and_the_key_is_dropped(
+    cert_store: RedisCertificateStore,
+    redis_client: redis.asyncio.Redis,
+    root_ca: CertificateAuthority,
+    bell: Bell,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    old = with_its_key(ProxyCommonName.new("cart", "shop"), root_ca)
+    await cert_store.save_ca_if_absent(root_ca)
+    await cert_store.put(old)  # sealed, as the previous version stored a proxy's key
+    assert b"key_sealed" in raw(await redis_client.hget(RECORDS_KEY, old.common_name))
+
+    manager = new_manager(cert_store, bell, FakeClock())
+    await manager.start()
+    assert manager.rejected() == []
+    assert manager.get(old.common_name) == replace(old, key_pem=b"")
+    stored = json.loads(raw(await redis_client.hget(RECORDS_KEY, old.common_name)))
+    assert "key_sealed" not in stored
+    assert "key_pem" not in stored
+    assert "proxy_keys_dropped=1" in caplog.text
+    rotated = await manager.rotate(old.common_name)  # re-signed for the key the proxy holds
+    assert rotated.key_pem == b""
+    assert same_key(leaf_public_key(rotated.cert_chain_pem), leaf_public_key(old.cert_chain_pem))
 
 
 def clear_json(record: CertificateRecord) -> str:
@@ -128,7 +167,7 @@ async def test_an_older_versions_clear_keys_are_read_then_sealed(
 
     issuer = Issuer(root_ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy())
     service = issuer.issue_service(SHOP, "cart", NOW)
-    proxy = issuer.issue_proxy(ProxyCommonName.new("cart", "shop"), "cart", NOW)
+    proxy = with_its_key(ProxyCommonName.new("cart", "shop"), root_ca)
     await redis_client.set(CA_KEY, clear_ca_json(root_ca))
     await redis_client.hset(
         RECORDS_KEY,
@@ -138,16 +177,17 @@ async def test_an_older_versions_clear_keys_are_read_then_sealed(
     manager = new_manager(cert_store, bell, FakeClock())
     assert (await manager.start()).fingerprint == root_ca.fingerprint
     assert manager.get(service.common_name) == service
-    assert manager.get(proxy.common_name) == proxy
+    assert manager.get(proxy.common_name) == replace(proxy, key_pem=b"")  # the key dropped
     assert manager.rejected() == []
 
     for value in await everything_in(redis_admin):
         assert b"PRIVATE KEY" not in value
-        assert b"tsv1:" in value
+        assert (b"tsv1:" in value) == (b'"kind":"proxy"' not in value)  # a proxy's: no key
     assert "ca.key_sealed" in caplog.text
     assert "cert.keys_sealed key=trellis:certmanager:certs found_in_clear=2 migrated=2" in (
         caplog.text
     )
+    assert "proxy_keys_dropped=1" in caplog.text
     caplog.clear()
     loaded = await cert_store.load_all()  # once sealed, nothing left to migrate
     assert sorted(r.common_name for r in loaded.records) == sorted(

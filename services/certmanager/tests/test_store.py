@@ -15,6 +15,7 @@ from trellis_certmanager.domain.issuer import Issuer
 from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.domain.sealed import Kek, Sealer
 from trellis_certmanager.store import RedisCertificateStore
+from trellis_certmanager.testing import proxy_key
 from trellis_common import redisconn
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
@@ -86,7 +87,7 @@ async def test_corrupt_records_are_skipped_and_named_the_rest_loads(
 ) -> None:
     good = issuer.issue_service(BOOKSTORE, "bookstore", NOW)
     bad_account = issuer.issue_proxy(
-        ProxyCommonName.new("bookstore", "bookstore"), "Bad Name!", NOW
+        ProxyCommonName.new("bookstore", "bookstore"), "Bad Name!", NOW, public_key=proxy_key()
     )
     bad_pem = issuer.issue_service(MeshService("bookstore", "pem"), "bookstore", NOW)
     await cert_store.put_many([good, bad_account, replace(bad_pem, cert_chain_pem=b"garbage")])

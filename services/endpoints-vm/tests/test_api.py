@@ -22,18 +22,25 @@ from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common import admin
 from trellis_common.events import Outbox
 from trellis_common.health import Health
+from trellis_common.onboarding import TokenStore
 from trellis_common.signaling import Event, Publisher
 from trellis_common.subscriber import Subscriber, redis_without_retries
 from trellis_common.testing import RedisServer
 from trellis_common.testing.bell import Bell
+from trellis_common.testing.onboarding import InMemoryTokenStore
 from trellis_common.testing.servicer import served
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
+from trellis_endpoints_vm.transport.credentials import Credentials
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
 
 
 def body(**overrides: Any) -> dict[str, Any]:
@@ -53,9 +60,14 @@ def body(**overrides: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def admin_client(manager: EndpointsManager) -> AsyncIterator[httpx.AsyncClient]:
-    app = admin.create_app("endpoints-vm", CollectorRegistry())
-    rest.add_routes(app, manager, admin.token_guard(TOKEN), lambda: {"documents": []})
+async def admin_client(
+    manager: EndpointsManager, tokens: TokenStore | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    registry = CollectorRegistry()
+    app = admin.create_app("endpoints-vm", registry)
+    credentials = Credentials(TOKEN, tokens or InMemoryTokenStore(), EndpointMetrics(registry))
+    rest.add_routes(app, manager, credentials, lambda: {"documents": []})
+    app.state.metrics = registry
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
         yield client
@@ -106,7 +118,9 @@ async def test_register_list_heartbeat_deregister(client: httpx.AsyncClient) -> 
     assert [e["address"] for e in service["endpoints"]] == ["10.0.0.1"]
     assert service["endpoints"][0]["ports"] == {"http": 8080}
     assert service["endpoints"][0]["locality"] == "eu/west"
-    beat = await client.post("/v1/workloads/bookstore/vm-1/heartbeat", headers=AUTH)
+    token = created.json()["heartbeat_token"]
+    assert token not in str(listed)  # shown once, at registration
+    beat = await client.post("/v1/workloads/bookstore/vm-1/heartbeat", headers=bearer(token))
     assert beat.status_code == 200
     gone = await client.delete("/v1/workloads/bookstore/vm-1", headers=AUTH)
     assert gone.status_code == 204
@@ -158,20 +172,25 @@ async def test_mutations_need_the_token(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v1/workloads", json=body(), headers=wrong)).status_code == 403
     assert (await client.post("/v1/workloads/bookstore/vm-1/heartbeat")).status_code == 401
     assert (await client.delete("/v1/workloads/bookstore/vm-1")).status_code == 401
+    # an invalid body without a token is refused for the token, not described
+    invalid = await client.post("/v1/workloads", json=body(address="nope"))
+    assert invalid.status_code == 401
     assert (await client.get("/v1/workloads")).status_code == 200  # reading is open
 
 
 async def test_while_redis_is_down_registrations_are_503_and_heartbeats_count(
     client: httpx.AsyncClient, api_store: InMemoryWorkloadStore
 ) -> None:
-    assert (await client.post("/v1/workloads", json=body(), headers=AUTH)).status_code == 201
+    created = await client.post("/v1/workloads", json=body(), headers=AUTH)
+    assert created.status_code == 201
+    token = created.json()["heartbeat_token"]
     api_store.down = True
     refused = await client.post("/v1/workloads", json=body(name="vm-2"), headers=AUTH)
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["store"] == "redis"
     assert refused.json()["detail"].startswith("Redis is unavailable (ConnectionError")
-    beat = await client.post("/v1/workloads/bookstore/vm-1/heartbeat", headers=AUTH)
+    beat = await client.post("/v1/workloads/bookstore/vm-1/heartbeat", headers=bearer(token))
     assert beat.status_code == 200
     assert beat.json()["persisted"] is False
     kept = await client.delete("/v1/workloads/bookstore/vm-1", headers=AUTH)

@@ -2,8 +2,8 @@
 
 The app is built once, at import: schemathesis generates one test per operation from it
 (its fixture-based loader does not work with pytest 9). One workload is registered, so
-the path parameters that name it can hit; the token lets register, heartbeat and
-deregister run.
+the path parameters that name it can hit; the admin token lets register and deregister
+run (a heartbeat with it is refused, 403: only the workload's own token beats).
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from trellis_common import admin
 from trellis_common.health import Health
 from trellis_common.testing import adminfuzz
 from trellis_common.testing import strategies as fuzz
+from trellis_common.testing.onboarding import InMemoryTokenStore
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import rest
+from trellis_endpoints_vm.transport.credentials import Credentials
 
 
 async def _bell(kind: str, key: str) -> int:
@@ -33,7 +35,8 @@ async def _bell(kind: str, key: str) -> int:
 
 def admin_app() -> FastAPI:
     metrics = CollectorRegistry()
-    manager = EndpointsManager(InMemoryWorkloadStore(), _bell, EndpointMetrics(metrics))
+    counted = EndpointMetrics(metrics)
+    manager = EndpointsManager(InMemoryWorkloadStore(), _bell, counted)
 
     async def start() -> None:
         await manager.start()
@@ -51,7 +54,8 @@ def admin_app() -> FastAPI:
     asyncio.run(start())
     app = admin.create_app("endpoints-vm", metrics, {"registry": manager.ready.is_set}, Health())
     documents: dict[str, Any] = {"spec_dir": None, "documents": [], "conflicts": []}
-    rest.add_routes(app, manager, admin.token_guard(adminfuzz.TOKEN), lambda: documents)
+    credentials = Credentials(adminfuzz.TOKEN, InMemoryTokenStore(), counted)
+    rest.add_routes(app, manager, credentials, lambda: documents)
     return app
 
 

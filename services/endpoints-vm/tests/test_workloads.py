@@ -16,6 +16,8 @@ from trellis_endpoints_vm.domain.workloads import (
     InvalidWorkload,
     Workload,
     from_json,
+    holds_token,
+    new_heartbeat_token,
     to_json,
     validate,
 )
@@ -220,7 +222,33 @@ RECORD_KEYS = [
 
 
 def test_the_record_has_every_field(make_workload: MakeWorkload) -> None:
-    assert sorted(json.loads(to_json(make_workload()))) == sorted(RECORD_KEYS)
+    assert sorted(json.loads(to_json(make_workload()))) == sorted(
+        [*RECORD_KEYS, "heartbeat_token_sha256"]
+    )
+
+
+def test_a_record_keeps_the_heartbeat_token_s_digest_only(make_workload: MakeWorkload) -> None:
+    token, digest = new_heartbeat_token()
+    workload = dataclasses.replace(make_workload(), heartbeat_digest=digest)
+    stored = to_json(workload)
+    assert token not in stored
+    assert from_json(stored) == workload
+    assert holds_token(workload, token)
+    assert not holds_token(workload, new_heartbeat_token()[0])
+    assert "heartbeat_digest" not in repr(workload)
+
+
+def test_a_record_stored_before_heartbeat_tokens_loads_without_one(
+    make_workload: MakeWorkload,
+) -> None:
+    record = json.loads(to_json(make_workload()))
+    del record["heartbeat_token_sha256"]
+    loaded = from_json(json.dumps(record))
+    assert loaded.heartbeat_digest == ""
+    assert not holds_token(loaded, "")  # no token matches a workload that has none
+    record["heartbeat_token_sha256"] = "not a digest"
+    with pytest.raises(ValueError, match="heartbeat_token_sha256 must be 64"):
+        from_json(json.dumps(record))
 
 
 @pytest.mark.parametrize("key", RECORD_KEYS)

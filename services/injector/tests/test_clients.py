@@ -67,7 +67,9 @@ async def test_unreachable_services_are_unavailable(redis_client: redis.asyncio.
     nobody = f"127.0.0.1:{free_port()}"
     services = ServiceLocator(redis_client, {"certmanager": nobody, "catalog": nobody})
     with pytest.raises(Unavailable) as caught:
-        await CertManagerClient(services, timeout=2).issue_proxy_certificate("shop", "cart", "cart")
+        await CertManagerClient(services, timeout=2).issue_proxy_certificate(
+            "shop", "cart", "cart", b"a CSR"
+        )
     assert caught.value.dependency == "certmanager"
     assert nobody in caught.value.reason
     with pytest.raises(Unavailable) as caught:

@@ -1,5 +1,6 @@
 """Schemathesis against the injector's admin API: the real route over the real Onboarder,
-with its seams (certmanager, catalog, proxy-cp's address) faked as in test_rest.py.
+with its seams (certmanager, catalog, proxy-cp's address) faked as in test_rest.py, and the
+onboarding token routes over a token store in memory.
 
 The app is built once, at import: schemathesis generates one test per operation from it
 (its fixture-based loader does not work with pytest 9). With the token, valid bodies
@@ -17,20 +18,31 @@ from prometheus_client import CollectorRegistry
 
 from trellis_common import admin
 from trellis_common.health import Health
+from trellis_common.identity import csr_for, new_key
 from trellis_common.testing import adminfuzz
 from trellis_common.testing import strategies as fuzz
+from trellis_common.testing.onboarding import InMemoryTokenStore
+from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
 
 SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
+CSR_PEM = csr_for(new_key()[1], "fuzzed proxy").decode()
 
 
 def admin_app() -> FastAPI:
     metrics = CollectorRegistry()
     app = admin.create_app("injector", metrics, {}, Health(metrics))
     onboarder = Onboarder(FakeCertificates(), FakeCatalog(), FixedControlPlane(), SPIFFE)
-    rest.add_routes(app, onboarder, admin.token_guard(adminfuzz.TOKEN))
+    rest.add_routes(
+        app,
+        onboarder,
+        admin.token_guard(adminfuzz.TOKEN),
+        adminfuzz.TOKEN,
+        InMemoryTokenStore(),
+        InjectorMetrics(metrics),
+    )
     return app
 
 
@@ -43,6 +55,7 @@ BOOTSTRAPS = st.fixed_dictionaries(
         "outbound_port": fuzz.mostly(st.just(15001), st.integers(0, 70_000)),
         "admin_port": fuzz.mostly(st.just(15000), st.integers(0, 70_000)),
         "output_dir": fuzz.mostly(st.just("/srv/proxy"), fuzz.names()),
+        "csr_pem": fuzz.mostly(st.just(CSR_PEM), fuzz.names()),
     },
     optional={
         "service_account": fuzz.mostly(fuzz.dns_subdomains(), fuzz.names()),
@@ -50,7 +63,14 @@ BOOTSTRAPS = st.fixed_dictionaries(
         "protocol": fuzz.mostly(st.sampled_from(["sotw", "delta"]), fuzz.names()),
     },
 )
-adminfuzz.steer(schema, bodies={"POST /v1/bootstrap": BOOTSTRAPS})
+TOKENS = st.fixed_dictionaries(
+    {
+        "namespace": fuzz.mostly(st.sampled_from(["shop", "trellis-system"]), fuzz.names()),
+        "service_account": fuzz.mostly(fuzz.dns_subdomains(), fuzz.names()),
+    },
+    optional={"ttl_seconds": fuzz.mostly(st.just(3600.0), st.floats(allow_nan=False))},
+)
+adminfuzz.steer(schema, bodies={"POST /v1/bootstrap": BOOTSTRAPS, "POST /v1/tokens": TOKENS})
 
 
 @schema.parametrize()

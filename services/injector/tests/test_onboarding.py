@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
+from trellis_common.identity import csr_for, new_key
 from trellis_injector.domain.onboarding import (
     ControlPlane,
     InvalidOnboarding,
@@ -14,9 +17,12 @@ from trellis_injector.domain.onboarding import (
     ProxyRequest,
     XdsEndpoint,
     build_bootstrap,
+    check_csr,
     onboarding,
     proxy_cp_spiffe_id,
 )
+from trellis_injector.onboarder import Onboarder
+from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 
 CN = "0b0e4a6e-1a2b-4c3d-8e9f-00000000abcd.cart.shop"
 SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
@@ -157,10 +163,36 @@ def test_bad_xds_addresses(address: str) -> None:
         XdsEndpoint.parse(address)
 
 
-def test_the_key_stays_out_of_reprs() -> None:
-    certificate = ProxyCertificate(CN, "CERT", "-----BEGIN PRIVATE KEY-----", "CA")
+def test_an_onboarding_carries_no_key() -> None:
+    certificate = ProxyCertificate(CN, "CERT", "CA")
     done = onboarding(proxy_request(), certificate, CONTROL_PLANE)
-    assert "PRIVATE KEY" not in repr(certificate)
-    assert "PRIVATE KEY" not in repr(done)
     assert done.common_name == CN
     assert done.bootstrap["node"]["id"] == CN
+    assert "PRIVATE KEY" not in repr(done)
+
+
+def test_a_csr_is_checked_naming_csr_pem() -> None:
+    good = csr_for(new_key()[1], "cart proxy")
+    assert check_csr(good.decode()) == good
+    for bad, words in [
+        ("", "is required"),
+        ("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n", "not a PEM"),
+        (good.decode().replace("A", "B", 3), ""),
+        ("x" * 20_000, "longer than"),
+    ]:
+        with pytest.raises(InvalidOnboarding) as refused:
+            check_csr(bad)
+        assert refused.value.field == "csr_pem"
+        assert words in refused.value.reason
+
+
+async def test_the_injector_makes_the_key_where_it_hands_the_files_over() -> None:
+    """For the Kubernetes Secrets to come: key and CSR made here, only the CSR sent."""
+    certificates = FakeCertificates()
+    onboarder = Onboarder(certificates, FakeCatalog(), FixedControlPlane(), SPIFFE)
+    done, key_pem = await onboarder.onboard_with_local_key(proxy_request())
+    (sent,) = certificates.csrs
+    assert b"PRIVATE KEY" not in sent
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    assert x509.load_pem_x509_csr(sent).public_key() == key.public_key()
+    assert done.common_name == certificates.issued[0][0]

@@ -8,9 +8,14 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin
+from trellis_common import admin, onboarding
+from trellis_common.identity import csr_for, new_key
+from trellis_common.testing import RedisServer
+from trellis_common.testing.fixtures import component_client
+from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Refused, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
@@ -18,6 +23,8 @@ from trellis_injector.transport import rest
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
+KEY_PEM, KEY = new_key()  # the proxy's, made on its host
+CSR_PEM = csr_for(KEY, "cart proxy").decode()
 
 
 def body(**overrides: Any) -> dict[str, Any]:
@@ -30,6 +37,7 @@ def body(**overrides: Any) -> dict[str, Any]:
         "outbound_port": 15001,
         "admin_port": 15000,
         "output_dir": "/srv/cart-proxy",
+        "csr_pem": CSR_PEM,
     }
     base.update(overrides)
     return base
@@ -51,12 +59,35 @@ def control_plane() -> FixedControlPlane:
 
 
 @pytest.fixture
+def metrics() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+async def injector_redis(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """The injector's own Redis user: its token store does what the ACL table allows."""
+    async with component_client(redis_server, "injector") as client:
+        yield client
+
+
+@pytest.fixture
+def tokens(injector_redis: redis.asyncio.Redis) -> onboarding.TokenStore:
+    return onboarding.TokenStore(injector_redis)
+
+
+@pytest.fixture
 async def client(
-    certificates: FakeCertificates, catalog: FakeCatalog, control_plane: FixedControlPlane
+    certificates: FakeCertificates,
+    catalog: FakeCatalog,
+    control_plane: FixedControlPlane,
+    metrics: CollectorRegistry,
+    tokens: onboarding.TokenStore,
 ) -> AsyncIterator[httpx.AsyncClient]:
-    app = admin.create_app("injector", CollectorRegistry())
+    app = admin.create_app("injector", metrics)
     onboarder = Onboarder(certificates, catalog, control_plane, SPIFFE)
-    rest.add_routes(app, onboarder, admin.token_guard(TOKEN))
+    rest.add_routes(
+        app, onboarder, admin.token_guard(TOKEN), TOKEN, tokens, InjectorMetrics(metrics)
+    )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
         yield client
@@ -80,7 +111,9 @@ async def test_onboarding_a_proxy(
     assert catalog.expected == {common_name: "cart-sa"}
     assert result["xds_address"] == "10.0.0.9:15128"
 
-    assert "BEGIN PRIVATE KEY" in result["files"]["private_key_pem"]
+    assert "PRIVATE KEY" not in response.text  # the proxy has its key; none travels
+    assert set(result["files"]) == {"cert_chain_pem", "trust_bundle_pem"}
+    assert certificates.csrs == [CSR_PEM.encode()]  # the proxy's CSR, as it sent it
     assert "BEGIN CERTIFICATE" in result["files"]["cert_chain_pem"]
     assert "BEGIN CERTIFICATE" in result["files"]["trust_bundle_pem"]
     assert result["paths"] == {
@@ -142,6 +175,9 @@ async def test_the_admin_token_is_required(
         ({"outbound_port": 15003}, "outbound_port"),
         ({"output_dir": "cart-proxy"}, "output_dir"),
         ({"colour": "blue"}, "colour"),
+        ({"csr_pem": ""}, "csr_pem"),
+        ({"csr_pem": "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n"}, "csr_pem"),
+        ({"csr_pem": CSR_PEM.replace("A", "B", 3)}, "csr_pem"),  # altered: does not verify
     ],
 )
 async def test_invalid_bodies_are_422_naming_the_field(
@@ -158,12 +194,13 @@ async def test_invalid_bodies_are_422_naming_the_field(
     assert certificates.issued == []
 
 
-async def test_a_missing_field_is_named(client: httpx.AsyncClient) -> None:
+@pytest.mark.parametrize("field", ["inbound_port", "csr_pem"])
+async def test_a_missing_field_is_named(client: httpx.AsyncClient, field: str) -> None:
     fields = body()
-    del fields["inbound_port"]
+    del fields[field]
     response = await client.post("/v1/bootstrap", json=fields, headers=AUTH)
     assert response.status_code == 422
-    assert response.json()["field"] == "inbound_port"
+    assert response.json()["field"] == field
 
 
 async def test_503_names_certmanager_when_it_is_down(
@@ -208,3 +245,11 @@ async def test_a_refusal_is_502_or_422(
     certificates.error = Refused("certmanager", "INVALID_ARGUMENT at x: no", invalid_argument=True)
     response = await client.post("/v1/bootstrap", json=body(), headers=AUTH)
     assert response.status_code == 422
+    certificates.error = Refused(
+        "certmanager",
+        "INVALID_ARGUMENT at x: csr_pem: curve secp521r1 is not allowed: use P-256",
+        invalid_argument=True,
+    )
+    response = await client.post("/v1/bootstrap", json=body(), headers=AUTH)
+    assert response.status_code == 422
+    assert response.json()["field"] == "csr_pem"

@@ -25,7 +25,7 @@ from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.manager import TOPIC, Announce, CertificateManager
 from trellis_certmanager.metrics import CertMetrics
-from trellis_certmanager.testing import InMemoryCertificateStore
+from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport.grpc_api import CertificateManagerServicer
 from trellis_common.events import Outbox, Signals
 from trellis_common.health import Health
@@ -127,7 +127,9 @@ async def test_an_issued_proxy_certificate_makes_its_proxy_expected(
     certmanager: tuple[CertificateManager, str], client: CertClient, recorded: Recorded
 ) -> None:
     manager, _ = certmanager
-    proxy = await manager.issue_proxy(BOOKSTORE, service_account="bookstore-v1")
+    proxy = await manager.issue_proxy(
+        BOOKSTORE, service_account="bookstore-v1", public_key=proxy_key()
+    )
 
     await client.follower.changed(signal("issued", proxy.common_name))
     rotated = await manager.rotate(proxy.common_name)
@@ -144,8 +146,8 @@ async def test_a_revoked_signal_adds_the_serials_and_ends_their_streams(
     certmanager: tuple[CertificateManager, str], client: CertClient, recorded: Recorded
 ) -> None:
     manager, _ = certmanager
-    proxy = await manager.issue_proxy(BOOKSTORE)
-    other = await manager.issue_proxy(BOOKSTORE)
+    proxy = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
+    other = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
     await manager.revoke(other.common_name)  # another proxy's: not handed on for this one
     await manager.rotate(proxy.common_name)  # revokes the old serial
 
@@ -295,7 +297,7 @@ async def test_each_rotation_signal_rebuilds_the_identity_s_snapshot_once(
                 serials.append(f"{rotated.serial:x}")
                 await eventually(lambda: control_plane.materials[IDENTITY].serial == serials[-1])
             # A barrier: certmanager's next signal is handled after every earlier one.
-            await manager.issue_proxy(BOOKSTORE)
+            await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
             await asyncio.wait_for(recorded.learned_one.wait(), 10)
         finally:
             stop.set()

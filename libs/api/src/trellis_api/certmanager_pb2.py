@@ -26,45 +26,45 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtrellis_api/certmanager.proto\x12\x16trellis.certmanager.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\".\n\x0bMeshService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xf8\x01\n\x17IssueCertificateRequest\x12\x35\n\x04kind\x18\x01 \x01(\x0e\x32\'.trellis.certmanager.v1.CertificateKind\x12\x34\n\x07service\x18\x02 \x01(\x0b\x32#.trellis.certmanager.v1.MeshService\x12\x17\n\x0fservice_account\x18\x03 \x01(\t\x12\x10\n\x08proxy_id\x18\x04 \x01(\t\x12+\n\x08validity\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10omit_private_key\x18\x06 \x01(\x08\",\n\x15GetCertificateRequest\x12\x13\n\x0b\x63ommon_name\x18\x01 \x01(\t\"/\n\x18RotateCertificateRequest\x12\x13\n\x0b\x63ommon_name\x18\x01 \x01(\t\"\x10\n\x0eGetRootRequest\"\x92\x01\n\nRootBundle\x12\x18\n\x10trust_bundle_pem\x18\x01 \x01(\x0c\x12\x1a\n\x12\x66ingerprint_sha256\x18\x02 \x01(\t\x12\x0f\n\x07subject\x18\x03 \x01(\t\x12-\n\tnot_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06origin\x18\x05 \x01(\t\"\xab\x03\n\x0f\x43\x65rtificateInfo\x12\x13\n\x0b\x63ommon_name\x18\x01 \x01(\t\x12\x35\n\x04kind\x18\x02 \x01(\x0e\x32\'.trellis.certmanager.v1.CertificateKind\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12.\n\nnot_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tnot_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brenew_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tdns_names\x18\x07 \x03(\t\x12\x0c\n\x04uris\x18\x08 \x03(\t\x12\x34\n\x07service\x18\t \x01(\x0b\x32#.trellis.certmanager.v1.MeshService\x12\x17\n\x0fservice_account\x18\n \x01(\t\x12\x10\n\x08proxy_id\x18\x0b \x01(\t\x12\x0e\n\x06issuer\x18\x0c \x01(\t\x12\x1a\n\x12\x66ingerprint_sha256\x18\r \x01(\t\"\x8f\x01\n\x0b\x43\x65rtificate\x12\x35\n\x04info\x18\x01 \x01(\x0b\x32\'.trellis.certmanager.v1.CertificateInfo\x12\x16\n\x0e\x63\x65rt_chain_pem\x18\x02 \x01(\x0c\x12\x17\n\x0fprivate_key_pem\x18\x03 \x01(\x0c\x12\x18\n\x10trust_bundle_pem\x18\x04 \x01(\x0c\"c\n\x17ListCertificatesRequest\x12\x35\n\x04kind\x18\x01 \x01(\x0e\x32\'.trellis.certmanager.v1.CertificateKind\x12\x11\n\tnamespace\x18\x02 \x01(\t\"k\n\x18ListCertificatesResponse\x12=\n\x0c\x63\x65rtificates\x18\x01 \x03(\x0b\x32\'.trellis.certmanager.v1.CertificateInfo\x12\x10\n\x08revision\x18\x02 \x01(\x03\"5\n\x1eListRevokedCertificatesRequest\x12\x13\n\x0b\x63ommon_name\x18\x01 \x01(\t\"\xa8\x01\n\x12RevokedCertificate\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x13\n\x0b\x63ommon_name\x18\x02 \x01(\t\x12-\n\tnot_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x05 \x01(\t\"^\n\x1fListRevokedCertificatesResponse\x12;\n\x07revoked\x18\x01 \x03(\x0b\x32*.trellis.certmanager.v1.RevokedCertificate\"3\n RenewComponentCertificateRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"w\n\x14\x43omponentCertificate\x12\x16\n\x0e\x63\x65rt_chain_pem\x18\x01 \x01(\x0c\x12\x18\n\x10trust_bundle_pem\x18\x02 \x01(\x0c\x12-\n\tnot_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*m\n\x0f\x43\x65rtificateKind\x12 \n\x1c\x43\x45RTIFICATE_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43\x45RTIFICATE_KIND_SERVICE\x10\x01\x12\x1a\n\x16\x43\x45RTIFICATE_KIND_PROXY\x10\x02\x32\x9f\x07\n\x12\x43\x65rtificateManager\x12h\n\x10IssueCertificate\x12/.trellis.certmanager.v1.IssueCertificateRequest\x1a#.trellis.certmanager.v1.Certificate\x12\x64\n\x0eGetCertificate\x12-.trellis.certmanager.v1.GetCertificateRequest\x1a#.trellis.certmanager.v1.Certificate\x12j\n\x11RotateCertificate\x12\x30.trellis.certmanager.v1.RotateCertificateRequest\x1a#.trellis.certmanager.v1.Certificate\x12U\n\x07GetRoot\x12&.trellis.certmanager.v1.GetRootRequest\x1a\".trellis.certmanager.v1.RootBundle\x12u\n\x10ListCertificates\x12/.trellis.certmanager.v1.ListCertificatesRequest\x1a\x30.trellis.certmanager.v1.ListCertificatesResponse\x12l\n\x12GetCertificateInfo\x12-.trellis.certmanager.v1.GetCertificateRequest\x1a\'.trellis.certmanager.v1.CertificateInfo\x12\x8a\x01\n\x17ListRevokedCertificates\x12\x36.trellis.certmanager.v1.ListRevokedCertificatesRequest\x1a\x37.trellis.certmanager.v1.ListRevokedCertificatesResponse\x12\x83\x01\n\x19RenewComponentCertificate\x12\x38.trellis.certmanager.v1.RenewComponentCertificateRequest\x1a,.trellis.certmanager.v1.ComponentCertificateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtrellis_api/certmanager.proto\x12\x16trellis.certmanager.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\".\n\x0bMeshService\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x89\x02\n\x17IssueCertificateRequest\x12\x35\n\x04kind\x18\x01 \x01(\x0e\x32\'.trellis.certmanager.v1.CertificateKind\x12\x34\n\x07service\x18\x02 \x01(\x0b\x32#.trellis.certmanager.v1.MeshService\x12\x17\n\x0fservice_account\x18\x03 \x01(\t\x12\x10\n\x08proxy_id\x18\x04 \x01(\t\x12+\n\x08validity\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10omit_private_key\x18\x06 \x01(\x08\x12\x0f\n\x07\x63sr_pem\x18\x07 \x01(\x0c\",\n\x15GetCertificateRequest\x12\x13\n\x0b\x63ommon_name\x18\x01 \x01(\t\"/\n\x18RotateCertificateRequest\x12\x13\n\x0b\x63ommon_name\x18\x01 \x01(\t\"\x10\n\x0eGetRootRequest\"\x92\x01\n\nRootBundle\x12\x18\n\x10trust_bundle_pem\x18\x01 \x01(\x0c\x12\x1a\n\x12\x66ingerprint_sha256\x18\x02 \x01(\t\x12\x0f\n\x07subject\x18\x03 \x01(\t\x12-\n\tnot_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06origin\x18\x05 \x01(\t\"\xab\x03\n\x0f\x43\x65rtificateInfo\x12\x13\n\x0b\x63ommon_name\x18\x01 \x01(\t\x12\x35\n\x04kind\x18\x02 \x01(\x0e\x32\'.trellis.certmanager.v1.CertificateKind\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12.\n\nnot_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tnot_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brenew_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tdns_names\x18\x07 \x03(\t\x12\x0c\n\x04uris\x18\x08 \x03(\t\x12\x34\n\x07service\x18\t \x01(\x0b\x32#.trellis.certmanager.v1.MeshService\x12\x17\n\x0fservice_account\x18\n \x01(\t\x12\x10\n\x08proxy_id\x18\x0b \x01(\t\x12\x0e\n\x06issuer\x18\x0c \x01(\t\x12\x1a\n\x12\x66ingerprint_sha256\x18\r \x01(\t\"\x8f\x01\n\x0b\x43\x65rtificate\x12\x35\n\x04info\x18\x01 \x01(\x0b\x32\'.trellis.certmanager.v1.CertificateInfo\x12\x16\n\x0e\x63\x65rt_chain_pem\x18\x02 \x01(\x0c\x12\x17\n\x0fprivate_key_pem\x18\x03 \x01(\x0c\x12\x18\n\x10trust_bundle_pem\x18\x04 \x01(\x0c\"c\n\x17ListCertificatesRequest\x12\x35\n\x04kind\x18\x01 \x01(\x0e\x32\'.trellis.certmanager.v1.CertificateKind\x12\x11\n\tnamespace\x18\x02 \x01(\t\"k\n\x18ListCertificatesResponse\x12=\n\x0c\x63\x65rtificates\x18\x01 \x03(\x0b\x32\'.trellis.certmanager.v1.CertificateInfo\x12\x10\n\x08revision\x18\x02 \x01(\x03\"5\n\x1eListRevokedCertificatesRequest\x12\x13\n\x0b\x63ommon_name\x18\x01 \x01(\t\"\xa8\x01\n\x12RevokedCertificate\x12\x0e\n\x06serial\x18\x01 \x01(\t\x12\x13\n\x0b\x63ommon_name\x18\x02 \x01(\t\x12-\n\tnot_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x05 \x01(\t\"^\n\x1fListRevokedCertificatesResponse\x12;\n\x07revoked\x18\x01 \x03(\x0b\x32*.trellis.certmanager.v1.RevokedCertificate\"3\n RenewComponentCertificateRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"w\n\x14\x43omponentCertificate\x12\x16\n\x0e\x63\x65rt_chain_pem\x18\x01 \x01(\x0c\x12\x18\n\x10trust_bundle_pem\x18\x02 \x01(\x0c\x12-\n\tnot_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*m\n\x0f\x43\x65rtificateKind\x12 \n\x1c\x43\x45RTIFICATE_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43\x45RTIFICATE_KIND_SERVICE\x10\x01\x12\x1a\n\x16\x43\x45RTIFICATE_KIND_PROXY\x10\x02\x32\x9f\x07\n\x12\x43\x65rtificateManager\x12h\n\x10IssueCertificate\x12/.trellis.certmanager.v1.IssueCertificateRequest\x1a#.trellis.certmanager.v1.Certificate\x12\x64\n\x0eGetCertificate\x12-.trellis.certmanager.v1.GetCertificateRequest\x1a#.trellis.certmanager.v1.Certificate\x12j\n\x11RotateCertificate\x12\x30.trellis.certmanager.v1.RotateCertificateRequest\x1a#.trellis.certmanager.v1.Certificate\x12U\n\x07GetRoot\x12&.trellis.certmanager.v1.GetRootRequest\x1a\".trellis.certmanager.v1.RootBundle\x12u\n\x10ListCertificates\x12/.trellis.certmanager.v1.ListCertificatesRequest\x1a\x30.trellis.certmanager.v1.ListCertificatesResponse\x12l\n\x12GetCertificateInfo\x12-.trellis.certmanager.v1.GetCertificateRequest\x1a\'.trellis.certmanager.v1.CertificateInfo\x12\x8a\x01\n\x17ListRevokedCertificates\x12\x36.trellis.certmanager.v1.ListRevokedCertificatesRequest\x1a\x37.trellis.certmanager.v1.ListRevokedCertificatesResponse\x12\x83\x01\n\x19RenewComponentCertificate\x12\x38.trellis.certmanager.v1.RenewComponentCertificateRequest\x1a,.trellis.certmanager.v1.ComponentCertificateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'trellis_api.certmanager_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CERTIFICATEKIND']._serialized_start=1965
-  _globals['_CERTIFICATEKIND']._serialized_end=2074
+  _globals['_CERTIFICATEKIND']._serialized_start=1982
+  _globals['_CERTIFICATEKIND']._serialized_end=2091
   _globals['_MESHSERVICE']._serialized_start=122
   _globals['_MESHSERVICE']._serialized_end=168
   _globals['_ISSUECERTIFICATEREQUEST']._serialized_start=171
-  _globals['_ISSUECERTIFICATEREQUEST']._serialized_end=419
-  _globals['_GETCERTIFICATEREQUEST']._serialized_start=421
-  _globals['_GETCERTIFICATEREQUEST']._serialized_end=465
-  _globals['_ROTATECERTIFICATEREQUEST']._serialized_start=467
-  _globals['_ROTATECERTIFICATEREQUEST']._serialized_end=514
-  _globals['_GETROOTREQUEST']._serialized_start=516
-  _globals['_GETROOTREQUEST']._serialized_end=532
-  _globals['_ROOTBUNDLE']._serialized_start=535
-  _globals['_ROOTBUNDLE']._serialized_end=681
-  _globals['_CERTIFICATEINFO']._serialized_start=684
-  _globals['_CERTIFICATEINFO']._serialized_end=1111
-  _globals['_CERTIFICATE']._serialized_start=1114
-  _globals['_CERTIFICATE']._serialized_end=1257
-  _globals['_LISTCERTIFICATESREQUEST']._serialized_start=1259
-  _globals['_LISTCERTIFICATESREQUEST']._serialized_end=1358
-  _globals['_LISTCERTIFICATESRESPONSE']._serialized_start=1360
-  _globals['_LISTCERTIFICATESRESPONSE']._serialized_end=1467
-  _globals['_LISTREVOKEDCERTIFICATESREQUEST']._serialized_start=1469
-  _globals['_LISTREVOKEDCERTIFICATESREQUEST']._serialized_end=1522
-  _globals['_REVOKEDCERTIFICATE']._serialized_start=1525
-  _globals['_REVOKEDCERTIFICATE']._serialized_end=1693
-  _globals['_LISTREVOKEDCERTIFICATESRESPONSE']._serialized_start=1695
-  _globals['_LISTREVOKEDCERTIFICATESRESPONSE']._serialized_end=1789
-  _globals['_RENEWCOMPONENTCERTIFICATEREQUEST']._serialized_start=1791
-  _globals['_RENEWCOMPONENTCERTIFICATEREQUEST']._serialized_end=1842
-  _globals['_COMPONENTCERTIFICATE']._serialized_start=1844
-  _globals['_COMPONENTCERTIFICATE']._serialized_end=1963
-  _globals['_CERTIFICATEMANAGER']._serialized_start=2077
-  _globals['_CERTIFICATEMANAGER']._serialized_end=3004
+  _globals['_ISSUECERTIFICATEREQUEST']._serialized_end=436
+  _globals['_GETCERTIFICATEREQUEST']._serialized_start=438
+  _globals['_GETCERTIFICATEREQUEST']._serialized_end=482
+  _globals['_ROTATECERTIFICATEREQUEST']._serialized_start=484
+  _globals['_ROTATECERTIFICATEREQUEST']._serialized_end=531
+  _globals['_GETROOTREQUEST']._serialized_start=533
+  _globals['_GETROOTREQUEST']._serialized_end=549
+  _globals['_ROOTBUNDLE']._serialized_start=552
+  _globals['_ROOTBUNDLE']._serialized_end=698
+  _globals['_CERTIFICATEINFO']._serialized_start=701
+  _globals['_CERTIFICATEINFO']._serialized_end=1128
+  _globals['_CERTIFICATE']._serialized_start=1131
+  _globals['_CERTIFICATE']._serialized_end=1274
+  _globals['_LISTCERTIFICATESREQUEST']._serialized_start=1276
+  _globals['_LISTCERTIFICATESREQUEST']._serialized_end=1375
+  _globals['_LISTCERTIFICATESRESPONSE']._serialized_start=1377
+  _globals['_LISTCERTIFICATESRESPONSE']._serialized_end=1484
+  _globals['_LISTREVOKEDCERTIFICATESREQUEST']._serialized_start=1486
+  _globals['_LISTREVOKEDCERTIFICATESREQUEST']._serialized_end=1539
+  _globals['_REVOKEDCERTIFICATE']._serialized_start=1542
+  _globals['_REVOKEDCERTIFICATE']._serialized_end=1710
+  _globals['_LISTREVOKEDCERTIFICATESRESPONSE']._serialized_start=1712
+  _globals['_LISTREVOKEDCERTIFICATESRESPONSE']._serialized_end=1806
+  _globals['_RENEWCOMPONENTCERTIFICATEREQUEST']._serialized_start=1808
+  _globals['_RENEWCOMPONENTCERTIFICATEREQUEST']._serialized_end=1859
+  _globals['_COMPONENTCERTIFICATE']._serialized_start=1861
+  _globals['_COMPONENTCERTIFICATE']._serialized_end=1980
+  _globals['_CERTIFICATEMANAGER']._serialized_start=2094
+  _globals['_CERTIFICATEMANAGER']._serialized_end=3021
 # @@protoc_insertion_point(module_scope)

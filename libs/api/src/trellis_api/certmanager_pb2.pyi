@@ -4,8 +4,10 @@ isort:skip_file
 The certmanager's internal API: the mesh CA, service and proxy certificates.
 
 Only internal Trellis services call this API (catalog, proxy-cp, injector). Private keys
-travel only in IssueCertificate/GetCertificate/RotateCertificate answers; listings and
-GetCertificateInfo carry metadata only.
+travel only in IssueCertificate/GetCertificate/RotateCertificate answers for service
+certificates (whose keys proxy-cp serves over SDS); proxy certificates are issued for a
+CSR, so certmanager never has their key. Listings and GetCertificateInfo carry metadata
+only.
 """
 
 from collections import abc as _abc
@@ -36,7 +38,9 @@ class _CertificateKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Certi
     CERTIFICATE_KIND_SERVICE: _CertificateKind.ValueType  # 1
     """Shared by the proxies of one service; proxy-to-proxy mTLS. Short-lived, jittered."""
     CERTIFICATE_KIND_PROXY: _CertificateKind.ValueType  # 2
-    """One per proxy; proxy-to-control-plane mTLS. 24 h by default; revocable."""
+    """One per proxy; proxy-to-control-plane mTLS. 365 days for now (24 h once proxies renew
+    their own); revocable. Issued for a CSR: the key never leaves the proxy's host.
+    """
 
 class CertificateKind(_CertificateKind, metaclass=_CertificateKindEnumTypeWrapper): ...
 
@@ -44,7 +48,9 @@ CERTIFICATE_KIND_UNSPECIFIED: CertificateKind.ValueType  # 0
 CERTIFICATE_KIND_SERVICE: CertificateKind.ValueType  # 1
 """Shared by the proxies of one service; proxy-to-proxy mTLS. Short-lived, jittered."""
 CERTIFICATE_KIND_PROXY: CertificateKind.ValueType  # 2
-"""One per proxy; proxy-to-control-plane mTLS. 24 h by default; revocable."""
+"""One per proxy; proxy-to-control-plane mTLS. 365 days for now (24 h once proxies renew
+their own); revocable. Issued for a CSR: the key never leaves the proxy's host.
+"""
 Global___CertificateKind: _TypeAlias = CertificateKind  # noqa: Y015
 
 @_typing.final
@@ -79,6 +85,7 @@ class IssueCertificateRequest(_message.Message):
     PROXY_ID_FIELD_NUMBER: _builtins.int
     VALIDITY_FIELD_NUMBER: _builtins.int
     OMIT_PRIVATE_KEY_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
     kind: Global___CertificateKind.ValueType
     service_account: _builtins.str
     """The service account whose SPIFFE id goes into the SANs (service certificates).
@@ -88,6 +95,11 @@ class IssueCertificateRequest(_message.Message):
     """Proxy certificates: the proxy's UUID; empty means "make one"."""
     omit_private_key: _builtins.bool
     """Callers that only need to know the certificate (the catalog) get no key."""
+    csr_pem: _builtins.bytes
+    """Proxy certificates (required): a PEM PKCS#10 request for the key the proxy made on its
+    own host. Only its public key is used, after its signature is checked; the subject and
+    SANs are certmanager's. Service certificates: must be empty.
+    """
     @_builtins.property
     def service(self) -> Global___MeshService:
         """The service the certificate is for (both kinds)."""
@@ -105,10 +117,11 @@ class IssueCertificateRequest(_message.Message):
         proxy_id: _builtins.str = ...,
         validity: _duration_pb2.Duration | None = ...,
         omit_private_key: _builtins.bool = ...,
+        csr_pem: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["service", b"service", "validity", b"validity"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "omit_private_key", b"omit_private_key", "proxy_id", b"proxy_id", "service", b"service", "service_account", b"service_account", "validity", b"validity"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem", "kind", b"kind", "omit_private_key", b"omit_private_key", "proxy_id", b"proxy_id", "service", b"service", "service_account", b"service_account", "validity", b"validity"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -277,6 +290,7 @@ class Certificate(_message.Message):
     cert_chain_pem: _builtins.bytes
     """Leaf first, then any intermediates; not the root."""
     private_key_pem: _builtins.bytes
+    """Service certificates only (unless omit_private_key); empty for proxy certificates."""
     trust_bundle_pem: _builtins.bytes
     @_builtins.property
     def info(self) -> Global___CertificateInfo: ...

@@ -88,14 +88,16 @@ class CertificateManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetCertificate(self, request, context):
-        """The current certificate for a common name, with its key.
+        """The current certificate for a common name, with its key (service certificates; a
+        proxy certificate has none on record).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RotateCertificate(self, request, context):
-        """Re-issue now: a new key and serial for the same subject.
+        """Re-issue now: a new serial for the same subject; a new key for a service certificate,
+        the same public key for a proxy certificate (its proxy holds the private key).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

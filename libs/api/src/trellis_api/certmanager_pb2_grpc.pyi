@@ -4,8 +4,10 @@ isort:skip_file
 The certmanager's internal API: the mesh CA, service and proxy certificates.
 
 Only internal Trellis services call this API (catalog, proxy-cp, injector). Private keys
-travel only in IssueCertificate/GetCertificate/RotateCertificate answers; listings and
-GetCertificateInfo carry metadata only.
+travel only in IssueCertificate/GetCertificate/RotateCertificate answers for service
+certificates (whose keys proxy-cp serves over SDS); proxy certificates are issued for a
+CSR, so certmanager never has their key. Listings and GetCertificateInfo carry metadata
+only.
 """
 
 from collections import abc as _abc
@@ -41,9 +43,13 @@ class CertificateManagerStub:
     valid and matches the request (idempotent for service certificates).
     """
     GetCertificate: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.GetCertificateRequest, _certmanager_pb2.Certificate]
-    """The current certificate for a common name, with its key."""
+    """The current certificate for a common name, with its key (service certificates; a
+    proxy certificate has none on record).
+    """
     RotateCertificate: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.RotateCertificateRequest, _certmanager_pb2.Certificate]
-    """Re-issue now: a new key and serial for the same subject."""
+    """Re-issue now: a new serial for the same subject; a new key for a service certificate,
+    the same public key for a proxy certificate (its proxy holds the private key).
+    """
     GetRoot: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.GetRootRequest, _certmanager_pb2.RootBundle]
     """The trust bundle: the root (and any intermediates of an operator CA)."""
     ListCertificates: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.ListCertificatesRequest, _certmanager_pb2.ListCertificatesResponse]
@@ -71,9 +77,13 @@ class CertificateManagerAsyncStub(CertificateManagerStub):
     valid and matches the request (idempotent for service certificates).
     """
     GetCertificate: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.GetCertificateRequest, _certmanager_pb2.Certificate]  # type: ignore[assignment]
-    """The current certificate for a common name, with its key."""
+    """The current certificate for a common name, with its key (service certificates; a
+    proxy certificate has none on record).
+    """
     RotateCertificate: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.RotateCertificateRequest, _certmanager_pb2.Certificate]  # type: ignore[assignment]
-    """Re-issue now: a new key and serial for the same subject."""
+    """Re-issue now: a new serial for the same subject; a new key for a service certificate,
+    the same public key for a proxy certificate (its proxy holds the private key).
+    """
     GetRoot: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.GetRootRequest, _certmanager_pb2.RootBundle]  # type: ignore[assignment]
     """The trust bundle: the root (and any intermediates of an operator CA)."""
     ListCertificates: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.ListCertificatesRequest, _certmanager_pb2.ListCertificatesResponse]  # type: ignore[assignment]
@@ -110,7 +120,9 @@ class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
         request: _certmanager_pb2.GetCertificateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_certmanager_pb2.Certificate, _abc.Awaitable[_certmanager_pb2.Certificate]]:
-        """The current certificate for a common name, with its key."""
+        """The current certificate for a common name, with its key (service certificates; a
+        proxy certificate has none on record).
+        """
 
     @_abc_1.abstractmethod
     def RotateCertificate(
@@ -118,7 +130,9 @@ class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
         request: _certmanager_pb2.RotateCertificateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_certmanager_pb2.Certificate, _abc.Awaitable[_certmanager_pb2.Certificate]]:
-        """Re-issue now: a new key and serial for the same subject."""
+        """Re-issue now: a new serial for the same subject; a new key for a service certificate,
+        the same public key for a proxy certificate (its proxy holds the private key).
+        """
 
     @_abc_1.abstractmethod
     def GetRoot(

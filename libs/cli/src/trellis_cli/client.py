@@ -51,11 +51,22 @@ class Mesh:
         return path.read_text().strip() if path.exists() else None
 
     def request(
-        self, service: str, method: str, path: str, *, auth: bool = False, **kwargs: Any
+        self,
+        service: str,
+        method: str,
+        path: str,
+        *,
+        auth: bool = False,
+        bearer: str | None = None,
+        **kwargs: Any,
     ) -> httpx.Response:
+        """``auth``: send the admin token; ``bearer``: send this token instead (an
+        onboarding or heartbeat token)."""
         url = self.admin_url(service) + path
         headers = {}
-        if auth:
+        if bearer is not None:
+            headers["Authorization"] = f"Bearer {bearer}"
+        elif auth:
             token = self.token()
             if token is None:
                 raise CliError(
@@ -79,7 +90,9 @@ class Mesh:
                 detail = response.json().get("detail", response.text)
             except (ValueError, AttributeError):
                 detail = response.text
-            raise errors.for_status(service, response.status_code, str(detail))
+            raise errors.for_status(
+                service, response.status_code, str(detail), token_sent=bearer is not None
+            )
         return response
 
     def call(self, service: str, method: str, path: str, **kwargs: Any) -> Any:

@@ -3,8 +3,9 @@
 bookstore-v1 and bookstore-v2 serve books; bookbuyer and bookthief call bookstore through
 their sidecars. The policies are ``examples/bookstore``: an 80/20 TrafficSplit between the
 versions, and a TrafficTarget that lets bookbuyer (and nobody else) buy books. Each sidecar
-is onboarded as a user would (the injector issues its proxy certificate and bootstrap;
-the stores are registered with endpoints-vm), and a previous run's onboarding is reused.
+is onboarded as a user would (its key made here, the injector issues its proxy certificate
+for the CSR and its bootstrap; the stores are registered with endpoints-vm, without a TTL,
+so they need no heartbeat token), and a previous run's onboarding is reused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 
 from trellis_cli.client import Mesh
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
+from trellis_common import identity
 from trellis_common.bootstrap import sidecar_args
 from trellis_common.envoybin import find_envoy
 
@@ -65,6 +67,7 @@ def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
     if config.exists() and (folder / "key.pem").exists():
         return config
     folder.mkdir(parents=True, exist_ok=True)
+    key_pem, key = identity.new_key()  # the proxy's key, made here: only the CSR is sent
     body = mesh.request(
         "injector",
         "POST",
@@ -79,6 +82,7 @@ def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
             "outbound_port": workload.outbound_port,
             "admin_port": workload.admin_port,
             "output_dir": str(folder.resolve()),
+            "csr_pem": identity.csr_for(key, workload.name).decode(),
         },
     ).json()
     files: dict[str, Any] = body["files"]
@@ -86,7 +90,7 @@ def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
     (folder / "ca.pem").write_text(files["trust_bundle_pem"])
     fd = os.open(folder / "key.pem", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(files["private_key_pem"])
+        fh.write(key_pem.decode())
     config.write_text(yaml.safe_dump(body["bootstrap"], sort_keys=False))
     return config
 

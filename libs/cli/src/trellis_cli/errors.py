@@ -66,10 +66,15 @@ def unreachable(service: str, url: str, exc: httpx.TransportError, state_dir: ob
     )
 
 
-def for_status(service: str, status: int, detail: str) -> click.ClickException:
-    """The error for an HTTP error answer: 404/409 are answers (1), anything else is not (2)."""
+def for_status(
+    service: str, status: int, detail: str, token_sent: bool = False
+) -> click.ClickException:
+    """The error for an HTTP error answer: 404/409 are answers (1), anything else is not (2).
+    ``token_sent``: the request carried an onboarding or heartbeat token, not the admin's."""
     if status in (404, 409):
         return NotFound(f"{service} answered {status}: {detail}")
+    if status in (401, 403) and token_sent:
+        return CliError(f"{service} answered {status}: {detail}")
     if status in (401, 403):
         return CliError(
             f"{service} answered {status}: {detail} (the admin token was refused: check "

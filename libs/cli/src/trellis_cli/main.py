@@ -21,6 +21,7 @@ from trellis_cli.proxy import proxy
 from trellis_cli.spec import spec
 from trellis_cli.status import status
 from trellis_cli.supervisor import DEFAULT_LOG_BACKUPS, LogRotation, parse_size
+from trellis_cli.tokens import token
 from trellis_cli.up import up as run_up
 from trellis_cli.vm import vm
 from trellis_common import components, jointoken
@@ -128,6 +129,7 @@ cli.add_command(spec)
 cli.add_command(policy)
 cli.add_command(proxy)
 cli.add_command(envoy)
+cli.add_command(token)
 
 
 def main() -> None:

@@ -28,14 +28,37 @@ class Answer:
     body: Any = field(default_factory=dict)  # JSON, or bytes sent as they are
 
 
+@dataclass(frozen=True)
+class Received:
+    """A request the canned server got: what the CLI sent."""
+
+    method: str
+    path: str
+    authorization: str
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
 class CannedAdmin:
     def __init__(self, answers: dict[tuple[str, str], Answer]) -> None:
         self.answers = answers
+        self.received: list[Received] = []
         canned = self
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
                 path = urlsplit(self.path).path
+                length = int(self.headers.get("Content-Length") or 0)
+                canned.received.append(
+                    Received(
+                        self.command,
+                        path,
+                        self.headers.get("Authorization", ""),
+                        self.rfile.read(length),
+                    )
+                )
                 answer = canned.answers.get(
                     (self.command, path), Answer(404, {"detail": f"no route {path}"})
                 )

@@ -1,5 +1,13 @@
 """``trellis vm``: onboard proxies of workloads outside Kubernetes, register the workloads,
-heartbeat, list, remove."""
+heartbeat, list, remove.
+
+Credentials: ``bootstrap`` and ``register`` send an onboarding token scoped to the
+workload's identity when one is given (``--token-file``, or ``TRELLIS_ONBOARDING_TOKEN``),
+else the admin token. ``bootstrap`` makes the proxy's key on this host and sends only a CSR.
+``register`` keeps the workload's heartbeat token (0600, ``--token-out`` or
+``<state-dir>/heartbeat-tokens/<namespace>/<name>``), which ``heartbeat`` sends: endpoints-vm
+accepts no other credential for it.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +22,37 @@ import yaml
 
 from trellis_cli import output
 from trellis_cli.client import CliError, Mesh
+from trellis_common import identity
 from trellis_common.bootstrap import sidecar_args
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
 
 SERVICE = "endpoints-vm"
 INJECTOR = "injector"
 BOOTSTRAP_FILE = "envoy.yaml"
+ONBOARDING_TOKEN_ENV = "TRELLIS_ONBOARDING_TOKEN"
+HEARTBEAT_TOKENS = "heartbeat-tokens"
+
+token_file_option = click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help=f"An onboarding token for this identity (`trellis token create`); or set "
+    f"{ONBOARDING_TOKEN_ENV}. Without either, the admin token is sent.",
+)
+
+
+def onboarding_token(token_file: Path | None) -> str | None:
+    """The onboarding token given, or ``None`` (the admin token is sent instead)."""
+    if token_file is not None:
+        token = token_file.read_text().strip()
+        if not token:
+            raise CliError(f"{token_file} is empty: it should hold an onboarding token")
+        return token
+    return os.environ.get(ONBOARDING_TOKEN_ENV) or None
+
+
+def heartbeat_token_path(state_dir: Path, namespace: str, name: str) -> Path:
+    """Where ``register`` keeps a workload's heartbeat token unless told otherwise."""
+    return state_dir / HEARTBEAT_TOKENS / namespace / name
 
 
 def parse_port(text: str) -> dict[str, Any]:
@@ -57,7 +90,14 @@ def vm() -> None:
 @click.option("--network", default="")
 @click.option("--weight", type=int, default=1, show_default=True)
 @click.option("--ttl", type=float, help="Seconds without a heartbeat before it is taken out.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@token_file_option
+@click.option(
+    "--token-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to keep the workload's heartbeat token (0600) [default: "
+    "<state-dir>/heartbeat-tokens/<namespace>/<name>].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (without the token).")
 @click.pass_obj
 def register(
     mesh: Mesh,
@@ -72,6 +112,8 @@ def register(
     network: str,
     weight: int,
     ttl: float | None,
+    token_file: Path | None,
+    token_out: Path | None,
     as_json: bool,
 ) -> None:
     body = {
@@ -87,23 +129,59 @@ def register(
         "weight": weight,
         "ttl": ttl,
     }
-    result = mesh.call(SERVICE, "POST", "/v1/workloads", auth=True, json=body)
+    token = onboarding_token(token_file)
+    result = mesh.call(SERVICE, "POST", "/v1/workloads", auth=True, bearer=token, json=body)
+    kept = token_out or heartbeat_token_path(mesh.state_dir, namespace, name)
+    try:
+        kept.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private(kept, result.pop("heartbeat_token") + "\n")
+    except OSError as exc:
+        raise CliError(
+            f"registered, but the heartbeat token cannot be kept at {kept}: {exc}"
+        ) from exc
     if as_json:
-        output.emit_json(result)
+        output.emit_json({**result, "heartbeat_token_file": str(kept)})
         return
     expiry = f", heartbeat within {ttl:g}s" if ttl else ""
     output.console.print(
-        f"registered {namespace}/{name} ({address}) in {', '.join(services)}{expiry}"
+        f"registered {namespace}/{name} ({address}) in {', '.join(services)}{expiry}; "
+        f"heartbeat token in {kept} (mode 0600)"
     )
+
+
+def heartbeat_token(mesh: Mesh, namespace: str, name: str, token_file: Path | None) -> str:
+    path = token_file or heartbeat_token_path(mesh.state_dir, namespace, name)
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise CliError(
+            f"no heartbeat token for {namespace}/{name} at {path} ({exc.strerror}): "
+            "`trellis vm register` keeps it there (or give --token-file)"
+        ) from exc
+    if not token:
+        raise CliError(f"{path} is empty: register the workload again for a heartbeat token")
+    return token
+
+
+heartbeat_token_option = click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The workload's heartbeat token [default: "
+    "<state-dir>/heartbeat-tokens/<namespace>/<name>, where `register` keeps it].",
+)
 
 
 @vm.command(help="Tell endpoints-vm the workload is alive (for workloads with --ttl).")
 @click.option("--namespace", "-n", required=True)
 @click.option("--name", required=True)
+@heartbeat_token_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
-def heartbeat(mesh: Mesh, namespace: str, name: str, as_json: bool) -> None:
-    result = mesh.call(SERVICE, "POST", f"/v1/workloads/{namespace}/{name}/heartbeat", auth=True)
+def heartbeat(
+    mesh: Mesh, namespace: str, name: str, token_file: Path | None, as_json: bool
+) -> None:
+    token = heartbeat_token(mesh, namespace, name, token_file)
+    result = mesh.call(SERVICE, "POST", f"/v1/workloads/{namespace}/{name}/heartbeat", bearer=token)
     if as_json:
         output.emit_json(result)
         return
@@ -112,12 +190,22 @@ def heartbeat(mesh: Mesh, namespace: str, name: str, as_json: bool) -> None:
     output.console.print(f"heartbeat recorded for {namespace}/{name}{left}")
 
 
-@vm.command(help="Remove a workload from the registry and from its services.")
+@vm.command(
+    help="Remove a workload from the registry and from its services (with its heartbeat "
+    "token if --token-file is given, else the admin token)."
+)
 @click.option("--namespace", "-n", required=True)
 @click.option("--name", required=True)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The workload's heartbeat token; without it, the admin token (operators).",
+)
 @click.pass_obj
-def deregister(mesh: Mesh, namespace: str, name: str) -> None:
-    mesh.request(SERVICE, "DELETE", f"/v1/workloads/{namespace}/{name}", auth=True)
+def deregister(mesh: Mesh, namespace: str, name: str, token_file: Path | None) -> None:
+    token = heartbeat_token(mesh, namespace, name, token_file) if token_file else None
+    mesh.request(SERVICE, "DELETE", f"/v1/workloads/{namespace}/{name}", auth=True, bearer=token)
+    heartbeat_token_path(mesh.state_dir, namespace, name).unlink(missing_ok=True)
     output.console.print(f"deregistered {namespace}/{name}")
 
 
@@ -188,8 +276,9 @@ def envoy_command(config: Path) -> list[str]:
 
 
 @vm.command(
-    help="Onboard a workload's proxy: the injector issues a proxy certificate and an Envoy "
-    "bootstrap; they are written to --out (envoy.yaml, cert.pem, key.pem, ca.pem)."
+    help="Onboard a workload's proxy: its key is made here (key.pem, 0600) and only a CSR is "
+    "sent; the injector answers with the proxy certificate and an Envoy bootstrap. All are "
+    "written to --out (envoy.yaml, cert.pem, key.pem, ca.pem)."
 )
 @click.option("--namespace", "-n", required=True)
 @click.option("--service", required=True, help="The service the workload belongs to.")
@@ -209,6 +298,7 @@ def envoy_command(config: Path) -> list[str]:
     type=click.Path(file_okay=False, path_type=Path),
     help="Directory for the proxy's files (created if missing), on the proxy's host.",
 )
+@token_file_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (without the private key).")
 @click.pass_obj
 def bootstrap(
@@ -222,9 +312,11 @@ def bootstrap(
     admin_port: int,
     protocol: str,
     out: Path,
+    token_file: Path | None,
     as_json: bool,
 ) -> None:
     folder = out.resolve()
+    key_pem, key = identity.new_key()  # the proxy's key: made here, never sent
     body = {
         "namespace": namespace,
         "service": service,
@@ -235,16 +327,18 @@ def bootstrap(
         "admin_port": admin_port,
         "protocol": protocol,
         "output_dir": str(folder),
+        "csr_pem": identity.csr_for(key, f"{namespace}/{service}").decode(),
     }
-    result = mesh.call(INJECTOR, "POST", "/v1/bootstrap", auth=True, json=body)
+    token = onboarding_token(token_file)
+    result = mesh.call(INJECTOR, "POST", "/v1/bootstrap", auth=True, bearer=token, json=body)
     files, paths = result["files"], result["paths"]
     cert_chain = _inside(folder, paths["cert_chain"], "the certificate")
-    key = _inside(folder, paths["key"], "the private key")
+    key_file = _inside(folder, paths["key"], "the private key")
     trust_bundle = _inside(folder, paths["trust_bundle"], "the trust bundle")
     config = folder / BOOTSTRAP_FILE
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        write_private(key, files["private_key_pem"])
+        write_private(key_file, key_pem.decode())
         cert_chain.write_text(files["cert_chain_pem"])
         trust_bundle.write_text(files["trust_bundle_pem"])
         # last: a folder with envoy.yaml in it is complete
@@ -262,7 +356,7 @@ def bootstrap(
                 "files": {
                     "bootstrap": str(config),
                     "cert_chain": str(cert_chain),
-                    "key": str(key),
+                    "key": str(key_file),
                     "trust_bundle": str(trust_bundle),
                 },
                 "envoy_command": command,
@@ -273,7 +367,7 @@ def bootstrap(
         f"onboarded proxy {result['common_name']} ({namespace}/{service}, "
         f"service account {account})"
     )
-    click.echo(f"wrote {config}, {cert_chain}, {key} (mode 0600), {trust_bundle}")
+    click.echo(f"wrote {config}, {cert_chain}, {key_file} (mode 0600), {trust_bundle}")
     click.echo(f"start the sidecar (it connects to proxy-cp at {result['xds_address']}, mTLS):")
     click.echo(f"  trellis envoy run {shlex.join(command[1:])}")
     q = shlex.quote

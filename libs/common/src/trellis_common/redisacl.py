@@ -71,6 +71,8 @@ class Component:
     kind: str
     #: Key patterns of its own store (read and write).
     keys: tuple[str, ...] = ()
+    #: Key patterns of another component's store it only reads.
+    reads: tuple[str, ...] = ()
     #: Signaling topics it owns (publishes).
     publishes: tuple[str, ...] = ()
     #: Signaling topics it follows (subscribes to).
@@ -91,6 +93,7 @@ class Component:
             "-@all",
             *(f"+{c}" for c in dict.fromkeys((*BASE_COMMANDS, *self.commands))),
             *(f"~{prefix}:{k}" for k in self.keys),
+            *(f"%R~{prefix}:{k}" for k in self.reads),
             f"~{prefix}:registry:{self.kind}:*",
             *(f"%R~{prefix}:registry:{k}:*" for k in self.discovers if k != self.kind),
             *(f"~{prefix}:rev:{t}" for t in dict.fromkeys(owned)),
@@ -119,6 +122,8 @@ COMPONENTS: Mapping[str, Component] = {
             "endpoints-vm",
             kind="endpoints-provider",
             keys=("endpoints-vm:*",),  # :workloads
+            # the injector's onboarding tokens: a scoped token registers a workload
+            reads=("injector:onboarding-tokens:*",),
             publishes=("endpoints",),
             discovers=("certmanager",),  # to join and renew its identity
             commands=HASH_COMMANDS,
@@ -140,6 +145,7 @@ COMPONENTS: Mapping[str, Component] = {
         Component(
             "injector",
             kind="injector",
+            keys=("injector:*",),  # :onboarding-tokens:<id> (SET PX NX, GET, SCAN, MGET, DEL)
             discovers=("certmanager", "catalog", "proxy-cp"),
         ),
     )

@@ -12,8 +12,10 @@ certificate, not several.
 
 Rotation: service certificates are re-issued once ``renew_fraction`` of their lifetime has
 passed, and immediately when they were not signed by the CA in force (the operator changed
-CAs). Proxy certificates live in bootstrap files on the proxy's host: they are rotated on
-demand only, and a log line warns when one passes its renewal point.
+CAs). Proxy certificates live in bootstrap files on the proxy's host, with the key the proxy
+made there (they are issued for a CSR; certmanager never has the key): they are rotated on
+demand only, re-signed for the same public key, and a log line warns when one passes its
+renewal point.
 
 Revocation (:mod:`trellis_certmanager.revocations`): revoking a proxy certificate records its
 serial as revoked and deletes the record (the proxy is no longer expected); rotating one
@@ -54,11 +56,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-
 from trellis_certmanager.custody import CaCustody
 from trellis_certmanager.domain.authority import CertificateAuthority
+from trellis_certmanager.domain.csr import PublicKey, leaf_public_key, signed_for
 from trellis_certmanager.domain.errors import (
     CAError,
     InvalidRequest,
@@ -197,10 +197,10 @@ class CertificateManager:
             current = self._records.get(cn)
             if (
                 current is not None
-                and self._lifetime_fits(current, validity)
+                and self._policy.lifetime_fits(current.lifetime, validity)
                 and current.service_account == account
                 and not current.due(self._clock())
-                and self._signed_by_ca(current)
+                and self.ca.signed(current.cert_chain_pem)
             ):
                 return current
             record = self._timed(
@@ -216,7 +216,12 @@ class CertificateManager:
         proxy_id: str = "",
         service_account: str = "",
         validity: dt.timedelta | None = None,
+        *,
+        public_key: PublicKey,
     ) -> CertificateRecord:
+        """A proxy certificate for ``public_key`` (the proxy's CSR). The current one of the
+        same proxy is returned if it is valid and for the same key; for another key a new
+        one is issued and the old serial revoked (reason ``rotated``): one key per proxy."""
         try:
             cn = (
                 ProxyCommonName(ProxyId(proxy_id), service.name, service.namespace)
@@ -226,15 +231,25 @@ class CertificateManager:
         except InvalidIdentifier as exc:
             raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
         async with self._lock(cn.format()):
-            current = self._records.get(cn.format())
-            if current is not None and current.not_after > self._clock() and validity is None:
-                return current
+            live = self._records.get(cn.format())
+            if live is not None and live.not_after <= self._clock():
+                live = None  # expired: nothing to return or to revoke
+            if (
+                live is not None
+                and validity is None
+                and signed_for(live.cert_chain_pem, public_key)
+            ):
+                return live
             account = service_account or service.name
             record = self._timed(
                 CertificateKind.PROXY,
-                lambda: self.issuer.issue_proxy(cn, account, self._clock(), validity),
+                lambda: self.issuer.issue_proxy(
+                    cn, account, self._clock(), validity, public_key=public_key
+                ),
             )
             await self._commit(record, "issued", "reissue")
+            if live is not None:
+                await self._retire(live)
             return record
 
     def get(self, common_name: str) -> CertificateRecord:
@@ -263,9 +278,8 @@ class CertificateManager:
                 raise NotFound(common_name)
             record = self._timed(current.kind, lambda: self._reissue(current))
             await self._commit(record, "rotated", reason)
-            if current.kind == CertificateKind.PROXY:  # the old one may not connect any more
-                await self.revocations.add(current, RevocationReason.ROTATED, self._clock())
-                await self._signal("revoked", common_name)
+            if current.kind == CertificateKind.PROXY:
+                await self._retire(current)
             log.log(
                 logging.INFO if reason == "on-demand" else logging.DEBUG,
                 "cert.rotated cn=%s kind=%s reason=%s old_serial=%x serial=%x not_after=%s",
@@ -341,7 +355,7 @@ class CertificateManager:
     async def _rotate_if_due(
         self, record: CertificateRecord, now: dt.datetime, warned: set[tuple[str, int]] | None
     ) -> int:
-        stale_ca = not self._signed_by_ca(record)
+        stale_ca = not self.ca.signed(record.cert_chain_pem)
         if record.kind == CertificateKind.PROXY and not stale_ca:
             if (
                 record.due(now)
@@ -426,34 +440,21 @@ class CertificateManager:
             if users[0] == 0:
                 del self._locks[key]
 
-    def _lifetime_fits(self, record: CertificateRecord, validity: dt.timedelta | None) -> bool:
-        """Whether ``record`` was issued for ``validity`` (within the jitter band).
-
-        Callers that pass the mesh's configured validity on every call (the catalog, from
-        MeshConfig) get the current certificate back, not a new one each time.
-        """
-        if validity is None:
-            return True
-        slack = dt.timedelta(minutes=2)
-        low = validity * (1 - self._policy.jitter) - slack
-        high = validity * (1 + self._policy.jitter) + slack
-        return low <= record.lifetime <= high
-
-    def _signed_by_ca(self, record: CertificateRecord) -> bool:
-        leaf = x509.load_pem_x509_certificate(record.cert_chain_pem)
-        try:
-            leaf.verify_directly_issued_by(self.ca.cert)
-        except (InvalidSignature, ValueError, TypeError):  # not issued by the CA in force
-            return False
-        return True
-
     def _reissue(self, current: CertificateRecord) -> CertificateRecord:
         service = MeshService(current.namespace, current.service)
         now = self._clock()
         if current.kind == CertificateKind.SERVICE:
             return self.issuer.issue_service(service, current.service_account, now)
+        # The proxy keeps its key: the new certificate is for the same public key.
         cn = ProxyCommonName(ProxyId(current.proxy_id), current.service, current.namespace)
-        return self.issuer.issue_proxy(cn, current.service_account, now)
+        return self.issuer.issue_proxy(
+            cn, current.service_account, now, public_key=leaf_public_key(current.cert_chain_pem)
+        )
+
+    async def _retire(self, replaced: CertificateRecord) -> None:
+        """A proxy certificate replaced by a newer one may not connect any more."""
+        await self.revocations.add(replaced, RevocationReason.ROTATED, self._clock())
+        await self._signal("revoked", replaced.common_name)
 
     def _timed(
         self, kind: CertificateKind, make: Callable[[], CertificateRecord]

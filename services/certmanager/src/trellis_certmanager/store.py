@@ -21,12 +21,15 @@ What is stored is not trusted on the way back:
   or deleted.
 
 Private keys are sealed (:mod:`trellis_certmanager.domain.sealed`) under the KEK the store
-is given, with the place they are stored at as associated data: the CA's key with the CA's
+is given (the CA's and service certificates'; proxy records have no key: proxies send a
+CSR), with the place they are stored at as associated data: the CA's key with the CA's
 Redis key, a record's key with ``<hash>[<common name>]``. Nothing in Redis is a key in the
 clear. A CA or record written in the clear by an older version is read, then written back
 sealed (only if it is still the value that was read: another certmanager may have replaced
 it meanwhile), and a log line says so; the CA only once the manager has accepted it
-(:meth:`RedisCertificateStore.seal_ca`), so a CA planted in the clear is not sealed over.
+(:meth:`RedisCertificateStore.seal_ca`), so a CA planted in the clear is not sealed over. A
+proxy record an older version wrote with the proxy's key is written back the same way,
+without the key.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from trellis_certmanager.domain.records import (
     check,
     in_the_clear,
     parse_body,
+    without_proxy_key,
 )
 from trellis_certmanager.domain.revocation import Revocation
 from trellis_certmanager.domain.sealed import Sealer, SealError
@@ -203,23 +207,37 @@ class RedisCertificateStore:
 
     async def load_all(self) -> Loaded:
         clear: dict[str, tuple[bytes | str, CertificateRecord]] = {}
+        proxy_keys: set[str] = set()
+        found_in_clear: set[str] = set()
 
         def parse(common_name: str, raw: bytes | str) -> CertificateRecord:
             where = self.location(common_name)
             record = parse_record(
                 common_name, raw, lambda sealed: self._sealer.unseal(sealed, where)
             )
+            keyless = without_proxy_key(record)
+            if keyless is not None:  # a proxy's key from before issuance by CSR: dropped
+                record = keyless
+                proxy_keys.add(common_name)
             if in_the_clear(parse_body(raw)):
+                found_in_clear.add(common_name)
+            if keyless is not None or common_name in found_in_clear:
                 clear[common_name] = (raw, record)
             return record
 
         loaded = await stored.load_hash(self._redis, self.records_key, parse, "certificate records")
         if clear:
-            await self._seal_records(clear)
+            await self._seal_records(clear, len(found_in_clear), len(proxy_keys))
         return loaded
 
-    async def _seal_records(self, clear: dict[str, tuple[bytes | str, CertificateRecord]]) -> None:
-        """Write back sealed the records read in the clear (those nobody changed since)."""
+    async def _seal_records(
+        self,
+        clear: dict[str, tuple[bytes | str, CertificateRecord]],
+        found_in_clear: int,
+        proxy_keys: int,
+    ) -> None:
+        """Write back the records read in the clear sealed, and the proxy records read with
+        a key without it (those nobody changed since)."""
         migrated = 0
         for common_name, (raw, record) in clear.items():
             try:
@@ -231,11 +249,12 @@ class RedisCertificateStore:
                 continue
             migrated += 1 if swapped else 0
         log.warning(
-            "cert.keys_sealed key=%s found_in_clear=%d migrated=%d kek_id=%s",
+            "cert.keys_sealed key=%s found_in_clear=%d migrated=%d kek_id=%s proxy_keys_dropped=%d",
             self.records_key,
-            len(clear),
+            found_in_clear,
             migrated,
             self._sealer.current.id,
+            proxy_keys,
         )
 
     async def put_revoked(self, revocation: Revocation) -> None:

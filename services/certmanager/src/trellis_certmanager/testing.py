@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from trellis_certmanager.domain.authority import CertificateAuthority
+from trellis_certmanager.domain.csr import PublicKey
 from trellis_certmanager.domain.errors import StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.domain.revocation import Revocation
@@ -77,3 +80,9 @@ class InMemoryCertificateStore:
 
     async def load_revoked(self) -> LoadedRevocations:
         return LoadedRevocations(list(self.revoked.values()), [])
+
+
+def proxy_key() -> PublicKey:
+    """The public half of a key a proxy made on its own host, as its CSR would carry it (a
+    proxy certificate is signed for it; the private half is not needed by these tests)."""
+    return ec.generate_private_key(ec.SECP256R1()).public_key()

@@ -9,6 +9,7 @@ from typing import Any
 from trellis_api import endpoints_pb2_grpc
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
+from trellis_common.onboarding import TokenStore
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 from trellis_common.specdir import SpecChange, SpecDirectory
@@ -18,6 +19,7 @@ from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.settings import EndpointsVmSettings
 from trellis_endpoints_vm.store import RedisWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
+from trellis_endpoints_vm.transport.credentials import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,12 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
         grpc=[lambda s: endpoints_pb2_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
         grpc_services=[grpc_api.SERVICE_NAME],
         readiness={"registry": manager.ready.is_set},
-        routes=lambda app: rest.add_routes(app, manager, runtime.guard, declarations.status),
+        routes=lambda app: rest.add_routes(
+            app,
+            manager,
+            Credentials(runtime.token, TokenStore(runtime.redis), metrics),
+            declarations.status,
+        ),
         attributes={"provider": grpc_api.PROVIDER},
     )
 

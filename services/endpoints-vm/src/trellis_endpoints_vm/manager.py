@@ -179,6 +179,10 @@ class EndpointsManager:
             log.debug("workload.deregistered workload=%s", workload_id)
         await self._send(signals)
 
+    def workload(self, workload_id: str) -> Workload | None:
+        """The registration of ``workload_id``, if there is one."""
+        return self.registry.workloads.get(workload_id)
+
     def workloads(self) -> list[tuple[Workload, bool]]:
         now = self._clock()
         return [

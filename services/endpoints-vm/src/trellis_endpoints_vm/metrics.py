@@ -32,6 +32,13 @@ class EndpointMetrics:
         self.store_available = make.gauge(
             "store_available", "1 while Redis takes the workload store's writes, else 0"
         )
+        self.credential_refusals = make.counter(
+            "credential_refusals",
+            "Registrations, heartbeats and deregistrations refused for their credential, by "
+            "operation and reason",
+            "operation",
+            "reason",
+        )
         self.store_refusals = make.counter(
             "store_refusals",
             "Registrations and deregistrations refused (503) because Redis was unavailable",

@@ -102,20 +102,21 @@ async def _call(
 
 
 class CertManagerClient:
-    """Issues proxy certificates (kind PROXY: a fresh proxy UUID each time)."""
+    """Issues proxy certificates (kind PROXY: a fresh proxy UUID each time, for a CSR)."""
 
     def __init__(self, services: ServiceLocator, timeout: float = 5.0) -> None:
         self._services = services
         self._timeout = timeout
 
     async def issue_proxy_certificate(
-        self, namespace: str, service: str, service_account: str
+        self, namespace: str, service: str, service_account: str, csr_pem: bytes
     ) -> ProxyCertificate:
         address = await self._services.address(CERTMANAGER)
         request = cm.IssueCertificateRequest(
             kind=cm.CERTIFICATE_KIND_PROXY,
             service=cm.MeshService(namespace=namespace, name=service),
             service_account=service_account,
+            csr_pem=csr_pem,
         )
 
         async def issue(channel: grpc.aio.Channel) -> cm.Certificate:
@@ -123,12 +124,11 @@ class CertManagerClient:
             return await stub.IssueCertificate(request, timeout=self._timeout)
 
         certificate = await _call(self._services, CERTMANAGER, address, issue)
-        if not certificate.private_key_pem or not certificate.info.common_name:
-            raise Refused(CERTMANAGER, "the answer has no common name or no private key")
+        if not certificate.cert_chain_pem or not certificate.info.common_name:
+            raise Refused(CERTMANAGER, "the answer has no common name or no certificate")
         return ProxyCertificate(
             common_name=certificate.info.common_name,
             cert_chain_pem=certificate.cert_chain_pem.decode(),
-            private_key_pem=certificate.private_key_pem.decode(),
             trust_bundle_pem=certificate.trust_bundle_pem.decode(),
         )
 

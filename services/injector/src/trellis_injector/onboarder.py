@@ -1,7 +1,11 @@
 """Onboarding a proxy end to end, behind three small seams.
 
-:class:`Onboarder` asks where proxy-cp is, has certmanager issue a fresh proxy certificate,
-tells the catalog to expect that proxy, and builds the bootstrap. The seams are
+:class:`Onboarder` asks where proxy-cp is, has certmanager issue a fresh proxy certificate
+for the proxy's CSR, tells the catalog to expect that proxy, and builds the bootstrap. The
+proxy's key never crosses the wire: a VM's proxy makes it on its host and sends a CSR
+(:meth:`Onboarder.onboard`); where the injector itself must hand a proxy its files (the
+Kubernetes Secrets to come), it makes the key here and signs the CSR itself
+(:meth:`Onboarder.onboard_with_local_key`), so certmanager never sees the key either. The seams are
 ``Protocol``s (:class:`CertificateIssuer`, :class:`ProxyExpectations`,
 :class:`ControlPlaneLocator`): ``clients`` implements them over gRPC and the service
 registry, ``testing`` in memory, and the REST route (and later the webhook) only sees the
@@ -9,11 +13,11 @@ Onboarder.
 
 Order matters: proxy-cp is looked up first, so that no certificate is issued for a proxy
 that could not be told where to connect. The catalog is told after the issue; if it is
-down the request fails (503) and the certificate is left unused, which is harmless: its
-key was never handed out (the catalog marks every proxy certificate on record as
-expected when it reconnects to certmanager, so it would be ready anyway).
+down the request fails (503) and the certificate is left unused, which is harmless: the
+caller got nothing and keeps its key (the catalog marks every proxy certificate on record
+as expected when it reconnects to certmanager, so it would be ready anyway).
 
-Only the proxy's CN is logged, never its key.
+Only the proxy's CN is logged, never a key.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from trellis_common import identity
 from trellis_common.ids import SpiffeId
 from trellis_injector.domain.onboarding import (
     ControlPlane,
@@ -29,6 +34,7 @@ from trellis_injector.domain.onboarding import (
     ProxyCertificate,
     ProxyRequest,
     XdsEndpoint,
+    check_csr,
     onboarding,
 )
 
@@ -56,9 +62,9 @@ class Refused(Exception):
 
 class CertificateIssuer(Protocol):
     async def issue_proxy_certificate(
-        self, namespace: str, service: str, service_account: str
+        self, namespace: str, service: str, service_account: str, csr_pem: bytes
     ) -> ProxyCertificate:
-        """A new proxy certificate (a fresh proxy UUID) with its key."""
+        """A new proxy certificate (a fresh proxy UUID) for the key of ``csr_pem``."""
         ...
 
 
@@ -89,9 +95,19 @@ class Onboarder:
         # proxy-cp's namespace is the control plane's: nothing is onboarded into it
         self.reserved_namespace = SpiffeId.parse(proxy_cp_spiffe_id).namespace
 
-    async def onboard(self, request: ProxyRequest) -> Onboarding:
-        """Raises :class:`Unavailable` or :class:`Refused` naming the service at fault, and
-        :class:`InvalidOnboarding` for the control plane's own namespace."""
+    async def onboard_with_local_key(self, request: ProxyRequest) -> tuple[Onboarding, bytes]:
+        """Onboard a proxy whose key the injector makes (ECDSA P-256, PEM): for the files
+        the injector itself hands over, such as Kubernetes Secrets. Returns the onboarding
+        and the key; the key goes only where the caller puts it."""
+        key_pem, key = identity.new_key()
+        done = await self.onboard(request, identity.csr_for(key, request.identity))
+        return done, key_pem
+
+    async def onboard(self, request: ProxyRequest, csr_pem: str | bytes) -> Onboarding:
+        """Onboard a proxy that made its own key and sent ``csr_pem``. Raises
+        :class:`Unavailable` or :class:`Refused` naming the service at fault, and
+        :class:`InvalidOnboarding` for the control plane's own namespace or a bad CSR."""
+        csr = check_csr(csr_pem)
         if request.namespace == self.reserved_namespace:
             raise InvalidOnboarding(
                 "namespace",
@@ -100,7 +116,7 @@ class Onboarder:
             )
         control_plane = ControlPlane(await self._locator.xds_endpoint(), self._spiffe_id)
         certificate = await self._certificates.issue_proxy_certificate(
-            request.namespace, request.service, request.service_account
+            request.namespace, request.service, request.service_account, csr
         )
         await self._catalog.expect_proxy(certificate.common_name, request.service_account)
         log.info(

@@ -10,7 +10,6 @@ import uuid
 
 from trellis_injector.domain.onboarding import ProxyCertificate, XdsEndpoint
 
-FAKE_KEY_PEM = "-----BEGIN PRIVATE KEY-----\nZmFrZSBrZXk=\n-----END PRIVATE KEY-----\n"
 FAKE_CERT_PEM = "-----BEGIN CERTIFICATE-----\nZmFrZSBjZXJ0\n-----END CERTIFICATE-----\n"
 FAKE_CA_PEM = "-----BEGIN CERTIFICATE-----\nZmFrZSBjYQ==\n-----END CERTIFICATE-----\n"
 
@@ -21,15 +20,17 @@ class FakeCertificates:
     def __init__(self) -> None:
         self.error: Exception | None = None
         self.issued: list[tuple[str, str]] = []  # (common name, service account)
+        self.csrs: list[bytes] = []  # what each issue was asked to sign
 
     async def issue_proxy_certificate(
-        self, namespace: str, service: str, service_account: str
+        self, namespace: str, service: str, service_account: str, csr_pem: bytes
     ) -> ProxyCertificate:
         if self.error is not None:
             raise self.error
         common_name = f"{uuid.uuid4()}.{service}.{namespace}"
         self.issued.append((common_name, service_account))
-        return ProxyCertificate(common_name, FAKE_CERT_PEM, FAKE_KEY_PEM, FAKE_CA_PEM)
+        self.csrs.append(csr_pem)
+        return ProxyCertificate(common_name, FAKE_CERT_PEM, FAKE_CA_PEM)
 
 
 class FakeCatalog:

@@ -20,7 +20,7 @@ import httpx
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
 from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
-from trellis_common.identity import ComponentIdentity
+from trellis_common.identity import ComponentIdentity, csr_for, new_key
 from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
 from trellis_common.testing.identities import allowed_caller, join_as
@@ -115,12 +115,27 @@ class Mesh:
 
         return asyncio.run(call())
 
-    def write_files(self, name: str, certificate: Any) -> ProxyFiles:
+    def proxy_certificate(self, namespace: str, service: str, account: str) -> tuple[Any, bytes]:
+        """A proxy certificate as onboarding issues it: for a CSR of a key made here (the
+        proxy's host); returns (the certificate, the key's PEM)."""
+        key_pem, key = new_key()
+        certificate = self.certmanager(
+            "IssueCertificate",
+            cm.IssueCertificateRequest(
+                kind=cm.CERTIFICATE_KIND_PROXY,
+                service=cm.MeshService(namespace=namespace, name=service),
+                service_account=account,
+                csr_pem=csr_for(key, f"{namespace}/{service}"),
+            ),
+        )
+        return certificate, key_pem
+
+    def write_files(self, name: str, certificate: Any, key_pem: bytes) -> ProxyFiles:
         folder = self.tmp / "proxies" / name
         folder.mkdir(parents=True)
         files = ProxyFiles(folder / "cert.pem", folder / "key.pem", folder / "ca.pem")
         files.cert_chain.write_bytes(certificate.cert_chain_pem)
-        files.key.write_bytes(certificate.private_key_pem)
+        files.key.write_bytes(key_pem)
         files.key.chmod(0o600)
         files.trust_bundle.write_bytes(certificate.trust_bundle_pem)
         return files
@@ -133,17 +148,11 @@ class Mesh:
         account: str,
         app_port: int = 0,
         protocol: str = "sotw",
-        certificate: Any = None,
+        issued: tuple[Any, bytes] | None = None,
     ) -> Sidecar:
-        if certificate is None:
-            certificate = self.certmanager(
-                "IssueCertificate",
-                cm.IssueCertificateRequest(
-                    kind=cm.CERTIFICATE_KIND_PROXY,
-                    service=cm.MeshService(namespace=namespace, name=service),
-                    service_account=account,
-                ),
-            )
+        """Onboard an Envoy sidecar; ``issued`` is a (certificate, key PEM) of
+        :meth:`proxy_certificate`, else one is issued."""
+        certificate, key_pem = issued or self.proxy_certificate(namespace, service, account)
         common_name = certificate.info.common_name
         inbound, outbound = free_port(), free_port()
         bootstrap = envoy_bootstrap(
@@ -151,7 +160,7 @@ class Mesh:
                 node_id=common_name,
                 namespace=namespace,
                 service=service,
-                files=self.write_files(name, certificate),
+                files=self.write_files(name, certificate, key_pem),
                 xds_port=self.xds_port,
                 outbound_port=outbound,
                 inbound_port=inbound,

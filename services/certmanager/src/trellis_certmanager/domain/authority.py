@@ -41,6 +41,15 @@ class CertificateAuthority:
     roots: tuple[x509.Certificate, ...]
     origin: str  # "generated" or "provided"
 
+    def signed(self, cert_chain_pem: bytes) -> bool:
+        """Whether the chain's leaf was signed by this CA (an operator may change CAs)."""
+        leaf = x509.load_pem_x509_certificate(cert_chain_pem)
+        try:
+            leaf.verify_directly_issued_by(self.cert)
+        except (InvalidSignature, ValueError, TypeError):
+            return False
+        return True
+
     @property
     def cert_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)

@@ -11,6 +11,7 @@ certificate are certmanager's to decide from the identity the caller is authoriz
 from __future__ import annotations
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from trellis_certmanager.domain.errors import InvalidRequest
@@ -46,3 +47,24 @@ def public_key_from_csr(pem: bytes, field: str = "csr_pem") -> PublicKey:
             raise InvalidRequest(field, f"RSA key of {key.key_size} bits: at least 2048")
         return key
     raise InvalidRequest(field, f"{type(key).__name__} keys are not allowed: use ECDSA P-256")
+
+
+def leaf_public_key(cert_chain_pem: bytes) -> PublicKey:
+    """The public key of a chain's leaf: what a proxy certificate is re-signed for on
+    rotation (the proxy keeps its key). ``ValueError`` for a key type the mesh does not use."""
+    key = x509.load_pem_x509_certificate(cert_chain_pem).public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey):
+        raise ValueError(f"the certificate's {type(key).__name__} is not ECDSA or RSA")
+    return key
+
+
+def same_key(first: PublicKey, second: PublicKey) -> bool:
+    """Whether two public keys are the same key (their SubjectPublicKeyInfo DER)."""
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    return first.public_bytes(der, spki) == second.public_bytes(der, spki)
+
+
+def signed_for(cert_chain_pem: bytes, public_key: PublicKey) -> bool:
+    """Whether the chain's leaf certifies ``public_key``."""
+    return same_key(leaf_public_key(cert_chain_pem), public_key)

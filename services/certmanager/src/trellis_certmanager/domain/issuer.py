@@ -5,7 +5,8 @@ Service certificates (seed: ~48 h) are shared by the proxies of one service: CN
 the service account, which is what TrafficTargets authorize. Each lifetime is randomly
 shortened or lengthened by up to ``jitter`` (a fraction) so a fleet issued together does
 not renew together: the seed's thundering-herd rule. Proxy certificates are long-lived and
-identify one proxy to proxy-cp: CN ``<proxy-uuid>.<service>.<namespace>``.
+identify one proxy to proxy-cp: CN ``<proxy-uuid>.<service>.<namespace>``; they are signed
+for the public key of the proxy's CSR, never for a key made here.
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ class IssuancePolicy:
         for name in ("service_validity", "proxy_validity"):
             if getattr(self, name) < MIN_VALIDITY:
                 raise InvalidRequest(name, f"must be at least {MIN_VALIDITY}")
+
+    def lifetime_fits(self, lifetime: dt.timedelta, validity: dt.timedelta | None) -> bool:
+        """Whether a certificate of ``lifetime`` was issued for ``validity`` (within the
+        jitter band). Callers that pass the mesh's configured validity on every call (the
+        catalog, from MeshConfig) get the current certificate back, not a new one each time.
+        """
+        if validity is None:
+            return True
+        slack = dt.timedelta(minutes=2)
+        low = validity * (1 - self.jitter) - slack
+        high = validity * (1 + self.jitter) + slack
+        return low <= lifetime <= high
 
 
 class Issuer:
@@ -136,7 +149,11 @@ class Issuer:
         service_account: str,
         now: dt.datetime,
         validity: dt.timedelta | None = None,
+        *,
+        public_key: PublicKey,
     ) -> CertificateRecord:
+        """A proxy certificate for ``public_key`` (from the proxy's CSR, or the current
+        certificate's on rotation): the record has no key, the proxy's host has it."""
         if common_name.namespace == self.policy.control_plane_namespace:
             raise InvalidRequest(
                 "service.namespace",
@@ -154,6 +171,7 @@ class Issuer:
             uris=(),
             lifetime=lifetime,
             now=now,
+            public_key=public_key,
         )
 
     def issue_component(

@@ -1,14 +1,21 @@
-"""What certmanager keeps per certificate: metadata, the PEM chain, and the key.
+"""What certmanager keeps per certificate: metadata, the PEM chain, and (service
+certificates only) the key.
 
 A :class:`CertificateRecord` is the durable unit (JSON in the store, its key sealed by the
 function the store passes in). The key is held with ``repr=False`` and left out of
 :meth:`CertificateRecord.metadata`, the only form that goes to listings, REST answers,
 events and logs.
 
+Proxy certificates are issued for a CSR: the proxy made its key on its own host, so their
+records have no key (``key_pem == b""``) and their durable form has no key field at all.
+Records written before that, with a proxy's key, still load (the key is checked against the
+certificate like any other); :func:`without_proxy_key` is how the store then drops the key.
+
 A record read back from the store is not trusted: :func:`check` holds it to what the issuer
 would have produced (identities that validate, a certificate that parses and is the one the
-metadata describes, a key that matches it), so a record written by an older version, or
-damaged at rest, is refused at load instead of being served or breaking a loop later.
+metadata describes, a key that matches it, which every service record has), so a record
+written by an older version, or damaged at rest, is refused at load instead of being
+served or breaking a loop later.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import datetime as dt
 import enum
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cryptography import x509
@@ -87,10 +94,12 @@ class CertificateRecord:
 
     def to_json(self, seal: Callable[[bytes], str]) -> str:
         """The durable form: metadata, the chain, and the key as ``seal`` makes it
-        (:mod:`~trellis_certmanager.domain.sealed`); only the store sees it."""
+        (:mod:`~trellis_certmanager.domain.sealed`); only the store sees it. A record
+        without a key (a proxy's) has no key field."""
         body = self.metadata()
         body["cert_chain_pem"] = self.cert_chain_pem.decode()
-        body[SEALED_KEY_FIELD] = seal(self.key_pem)
+        if self.key_pem:
+            body[SEALED_KEY_FIELD] = seal(self.key_pem)
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -105,8 +114,10 @@ class CertificateRecord:
         try:
             if LEGACY_KEY_FIELD in body:
                 key_pem = body[LEGACY_KEY_FIELD].encode()
-            else:
+            elif SEALED_KEY_FIELD in body or body.get("kind") != CertificateKind.PROXY:
                 key_pem = unseal(body[SEALED_KEY_FIELD])
+            else:  # a proxy certificate issued for a CSR: certmanager never had the key
+                key_pem = b""
             return cls(
                 common_name=body["common_name"],
                 kind=CertificateKind(body["kind"]),
@@ -151,6 +162,15 @@ def parse_body(text: str | bytes) -> dict[str, Any]:
 def in_the_clear(body: dict[str, Any]) -> bool:
     """Whether a durable form holds its key in the clear (written before sealing)."""
     return LEGACY_KEY_FIELD in body
+
+
+def without_proxy_key(record: CertificateRecord) -> CertificateRecord | None:
+    """A proxy record written before issuance by CSR, with its key dropped; ``None`` for
+    any other record. certmanager has no use for a proxy's key (rotation re-signs the
+    certificate's public key), so the store writes such a record back without it."""
+    if record.kind is CertificateKind.PROXY and record.key_pem:
+        return replace(record, key_pem=b"")
+    return None
 
 
 def past_expiry(
@@ -198,6 +218,10 @@ def check(record: CertificateRecord) -> CertificateRecord:
     subject = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if [a.value for a in subject] != [record.common_name] or leaf.serial_number != record.serial:
         raise InvalidRecord("cert_chain_pem holds another certificate than the record describes")
+    if not record.key_pem:
+        if record.kind is CertificateKind.PROXY:
+            return record  # issued for a CSR: the key is on the proxy's host only
+        raise InvalidRecord("key_pem is empty: a service certificate's key is kept")
     try:
         key = serialization.load_pem_private_key(record.key_pem, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:

@@ -5,9 +5,11 @@ errors onto status codes. Every request is checked first (:mod:`.grpc_requests`)
 field, or the domain's InvalidRequest, is refused through the service's
 :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the field,
 logged, counted and shown in ``/v1/status``. NotFound is NOT_FOUND. Keys leave only in the
-answer to the caller that asked for them: ``GetCertificateInfo``, which consumers call when
-the ``certificates`` signal rings, answers metadata only, as does
-``ListRevokedCertificates`` (called on the signal's kind ``revoked``).
+answer to the caller that asked for them, and only service keys: a proxy certificate is
+issued for the proxy's CSR, so its record has no key and ``private_key_pem`` is empty.
+``GetCertificateInfo``, which consumers call when the ``certificates`` signal rings,
+answers metadata only, as does ``ListRevokedCertificates`` (called on the signal's kind
+``revoked``).
 """
 
 from __future__ import annotations
@@ -122,8 +124,13 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
                 asked.service, asked.service_account, asked.validity
             )
         else:
+            assert asked.public_key is not None  # grpc_requests.issue requires the CSR
             record = await self._manager.issue_proxy(
-                asked.service, asked.proxy_id, asked.service_account, asked.validity
+                asked.service,
+                asked.proxy_id,
+                asked.service_account,
+                asked.validity,
+                public_key=asked.public_key,
             )
         return self._certificate(record, with_key=not asked.omit_private_key)
 

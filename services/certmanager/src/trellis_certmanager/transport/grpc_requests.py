@@ -3,7 +3,9 @@
 One pure function per RPC with fields, so the rules are read (and fuzzed) apart from the
 servicer. Names follow :mod:`trellis_common.ids`: namespaces and service names are DNS
 labels, service accounts DNS subdomains (as SMI TrafficTargets name them), proxy ids
-canonical UUIDs, common names a proxy's or a service's. Rules that need the CA's settings
+canonical UUIDs, common names a proxy's or a service's. A proxy certificate needs a CSR
+(``csr_pem``), whose signature and key type are checked here
+(:func:`~trellis_certmanager.domain.csr.public_key_from_csr`). Rules that need the CA's settings
 (the service CN's length with the trust domain) stay in the issuer, which raises
 ``InvalidRequest``; the servicer refuses those the same way.
 """
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from trellis_api import certmanager_pb2 as pb
+from trellis_certmanager.domain.csr import PublicKey, public_key_from_csr
+from trellis_certmanager.domain.errors import InvalidRequest
 from trellis_certmanager.domain.issuer import MIN_VALIDITY
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_common import grpcrequests as check
@@ -47,6 +51,7 @@ class Issue:
     proxy_id: str  # "" means "make one" (proxy certificates only)
     validity: dt.timedelta | None  # None means the default for the kind
     omit_private_key: bool
+    public_key: PublicKey | None = None  # the CSR's (proxy certificates); None: make a key
 
 
 def _validity(request: pb.IssueCertificateRequest) -> dt.timedelta | None:
@@ -75,14 +80,29 @@ def issue(request: pb.IssueCertificateRequest) -> Issue:
     namespace = check.dns_label("service.namespace", request.service.namespace)
     name = check.dns_label("service.name", request.service.name)
     account = check.service_account("service_account", request.service_account)
+    public_key: PublicKey | None = None
     if kind is CertificateKind.PROXY:
         proxy_id = check.proxy_id("proxy_id", request.proxy_id, optional=True)
         try:
             ProxyCommonName(_ANY_PROXY, name, namespace)
         except ValueError as exc:  # the CN's 64 characters: the names are too long together
             raise check.InvalidField("service", str(exc)) from None
+        if not request.csr_pem:
+            raise check.InvalidField(
+                "csr_pem",
+                "is required for CERTIFICATE_KIND_PROXY: the proxy makes its key on its own "
+                "host and sends a PEM certificate signing request",
+            )
+        try:
+            public_key = public_key_from_csr(request.csr_pem, "csr_pem")
+        except InvalidRequest as exc:
+            raise check.InvalidField(exc.field, exc.reason) from None
     elif request.proxy_id:
         raise check.InvalidField("proxy_id", "only proxy certificates have a proxy id")
+    elif request.csr_pem:
+        raise check.InvalidField(
+            "csr_pem", "only proxy certificates are issued for a CSR (service keys are made here)"
+        )
     else:
         proxy_id = ""
     return Issue(
@@ -92,6 +112,7 @@ def issue(request: pb.IssueCertificateRequest) -> Issue:
         proxy_id,
         _validity(request),
         request.omit_private_key,
+        public_key,
     )
 
 

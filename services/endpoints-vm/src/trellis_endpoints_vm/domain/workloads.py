@@ -3,13 +3,22 @@
 A workload with a TTL must heartbeat: once ``last_heartbeat + ttl`` has passed it is taken
 out of its services (its registration is kept) and comes back with the next heartbeat. A
 workload without a TTL stays until it is deregistered.
+
+Heartbeats are bound to the workload: each registration answers with a new random
+heartbeat token (:func:`new_heartbeat_token`), and only its SHA-256 is kept with the
+workload (``heartbeat_digest``, stored, never listed). A heartbeat or a deregistration
+must carry that token (:func:`holds_token`). A record stored before heartbeat tokens has
+none; it loads as it is and gets one at its next registration.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import json
-from dataclasses import dataclass, replace
+import secrets
+from dataclasses import dataclass, field, replace
 
 from trellis_common.ids import InvalidIdentifier, validate_dns_label, validate_dns_subdomain
 from trellis_endpoints_vm.domain.views import EndpointInfo, Pairs, PortMap
@@ -41,6 +50,9 @@ class Workload:
     ttl: float | None = None
     registered_at: float = 0.0
     last_heartbeat: float = 0.0
+    #: SHA-256 (hex) of the heartbeat token given at registration; "" for a record stored
+    #: before heartbeat tokens (it gets one when it registers again).
+    heartbeat_digest: str = field(default="", repr=False)
 
     @property
     def id(self) -> str:
@@ -71,6 +83,27 @@ class Workload:
             workload=self.id,
             source=source,
         )
+
+
+HEARTBEAT_TOKEN_PREFIX = "trellis-hb."
+
+
+def new_heartbeat_token() -> tuple[str, str]:
+    """A new heartbeat token and its digest: the token goes to the workload, once; the
+    digest is what is kept."""
+    token = HEARTBEAT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    return token, token_digest(token)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def holds_token(workload: Workload, token: str) -> bool:
+    """Whether ``token`` is ``workload``'s heartbeat token (constant-time compare)."""
+    if not workload.heartbeat_digest:
+        return False
+    return hmac.compare_digest(workload.heartbeat_digest, token_digest(token))
 
 
 def _label(value: str, field: str) -> str:
@@ -146,6 +179,7 @@ def to_json(workload: Workload) -> str:
             "ttl": workload.ttl,
             "registered_at": workload.registered_at,
             "last_heartbeat": workload.last_heartbeat,
+            "heartbeat_token_sha256": workload.heartbeat_digest,
         },
         separators=(",", ":"),
     )
@@ -190,9 +224,19 @@ def from_json(text: str | bytes) -> Workload:
             ttl=None if body["ttl"] is None else float(body["ttl"]),
             registered_at=float(body["registered_at"]),
             last_heartbeat=float(body["last_heartbeat"]),
+            heartbeat_digest=_digest(body.get("heartbeat_token_sha256", "")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"malformed workload record: {_describe(exc)}") from exc
+
+
+def _digest(value: object) -> str:
+    """A stored digest: 64 hex digits, or "" (a record from before heartbeat tokens)."""
+    if value == "":
+        return ""
+    if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
+        raise ValueError("heartbeat_token_sha256 must be 64 lowercase hex digits")
+    return value
 
 
 def _describe(exc: Exception) -> str:

@@ -1,7 +1,10 @@
 """endpoints-vm's REST API: register, heartbeat, deregister, list; services and documents.
 
-Routes that change state (register, heartbeat, deregister) need the admin token. A body
-that is not valid gets 422 with ``field`` and a reason; the registry is left as it was.
+Routes that change state need a credential (:mod:`.credentials`): registering, the admin
+token or an onboarding token scoped to the workload's identity, and the answer carries the
+workload's new heartbeat token (``heartbeat_token``, shown once, kept only as a digest);
+heartbeats, that token only; deregistering, that token or the admin token. A body that is
+not valid gets 422 with ``field`` and a reason; the registry is left as it was.
 
 While Redis is unavailable a registration or deregistration gets 503 naming Redis (nothing
 changed; retry), and a heartbeat is still accepted (``persisted: false``: it counts, and is
@@ -12,15 +15,21 @@ load (corrupt) deletes that record.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
+from trellis_common import onboarding
 from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
-from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
+from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload, new_heartbeat_token
 from trellis_endpoints_vm.manager import EndpointsManager, StoreUnavailable, UnknownWorkload
+from trellis_endpoints_vm.transport.credentials import Credentials, Refused
+
+_bearer = HTTPBearer(auto_error=False)
 
 
 class PortBody(BaseModel):
@@ -122,10 +131,26 @@ def view_json(view: ServiceView) -> dict[str, Any]:
 def add_routes(
     app: FastAPI,
     manager: EndpointsManager,
-    guard: Any,
+    credentials: Credentials,
     documents: Callable[[], dict[str, Any]],
 ) -> None:
     router = APIRouter(prefix="/v1")
+
+    @app.exception_handler(Refused)
+    async def refused(_: Any, exc: Refused) -> JSONResponse:
+        return JSONResponse(
+            {"detail": exc.detail, "reason": str(exc.reason), "token_id": exc.token_id},
+            status_code=exc.status,
+            headers={"WWW-Authenticate": "Bearer"} if exc.status == 401 else None,
+        )
+
+    def bearer(given: HTTPAuthorizationCredentials | None) -> str | None:
+        return given.credentials if given is not None else None
+
+    async def registrant(
+        given: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+    ) -> onboarding.Caller:
+        return await credentials.registrant(bearer(given))
 
     @app.exception_handler(InvalidWorkload)
     async def invalid(_: Any, exc: InvalidWorkload) -> JSONResponse:
@@ -137,18 +162,38 @@ def add_routes(
             {"detail": str(exc), "store": "redis"}, status_code=503, headers={"Retry-After": "1"}
         )
 
-    @router.post("/workloads", dependencies=[Depends(guard)], status_code=201, tags=["workloads"])
-    async def register(body: RegistrationBody) -> dict[str, Any]:
-        workload = await manager.register(body.workload())
-        return workload_json(workload, True)
+    @router.post("/workloads", status_code=201, tags=["workloads"])
+    async def register(
+        body: RegistrationBody,
+        caller: onboarding.Caller = Depends(registrant),  # noqa: B008
+    ) -> JSONResponse:
+        """Register a workload; the answer's ``heartbeat_token`` is the only credential its
+        heartbeats are accepted with (a new one at each registration)."""
+        asked = body.workload()
+        credentials.may_register(caller, asked, manager.workload(asked.id))
+        token, digest = new_heartbeat_token()
+        workload = await manager.register(replace(asked, heartbeat_digest=digest))
+        return JSONResponse(
+            {**workload_json(workload, True), "heartbeat_token": token},
+            status_code=201,
+            headers={"Cache-Control": "no-store"},
+        )
 
-    @router.post(
-        "/workloads/{namespace}/{name}/heartbeat", dependencies=[Depends(guard)], tags=["workloads"]
-    )
-    async def heartbeat(namespace: str, name: str) -> dict[str, Any]:
+    @router.post("/workloads/{namespace}/{name}/heartbeat", tags=["workloads"])
+    async def heartbeat(
+        namespace: str,
+        name: str,
+        given: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+    ) -> dict[str, Any]:
+        workload_id = f"{namespace}/{name}"
+        current = manager.workload(workload_id)
+        if current is None:
+            credentials.may_beat_unknown(bearer(given), workload_id)
+            raise HTTPException(404, f"{UnknownWorkload(workload_id)}; register it first")
+        credentials.may_beat(bearer(given), current)
         try:
-            workload = await manager.heartbeat(f"{namespace}/{name}")
-        except UnknownWorkload as exc:
+            workload = await manager.heartbeat(workload_id)
+        except UnknownWorkload as exc:  # deregistered meanwhile
             raise HTTPException(404, f"{exc}; register it first") from exc
         return {
             "workload": workload.id,
@@ -157,12 +202,17 @@ def add_routes(
             "persisted": workload.id not in manager.keeper.pending,
         }
 
-    @router.delete(
-        "/workloads/{namespace}/{name}", dependencies=[Depends(guard)], tags=["workloads"]
-    )
-    async def deregister(namespace: str, name: str) -> Response:
+    @router.delete("/workloads/{namespace}/{name}", tags=["workloads"])
+    async def deregister(
+        namespace: str,
+        name: str,
+        given: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+    ) -> Response:
+        """The workload's own heartbeat token, or the admin token (operators)."""
+        workload_id = f"{namespace}/{name}"
+        credentials.may_deregister(bearer(given), manager.workload(workload_id), workload_id)
         try:
-            await manager.deregister(f"{namespace}/{name}")
+            await manager.deregister(workload_id)
         except UnknownWorkload as exc:
             raise HTTPException(404, str(exc)) from exc
         return Response(status_code=204)

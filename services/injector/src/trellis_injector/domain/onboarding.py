@@ -1,8 +1,10 @@
 """Onboarding a proxy, as pure functions: the request, its checks, the bootstrap.
 
 Every onboarding path shares this module: ``POST /v1/bootstrap`` (``trellis vm bootstrap``)
-now, the Kubernetes webhook later. A :class:`ProxyRequest` is checked once, here, and a
-bad one raises :class:`InvalidOnboarding` naming the field as the REST body spells it.
+now, the Kubernetes webhook later. The proxy's key is made where the proxy runs and only a
+CSR travels (:func:`check_csr`): no private key is in any onboarding answer. A
+:class:`ProxyRequest` is checked once, here, and a bad one raises
+:class:`InvalidOnboarding` naming the field as the REST body spells it.
 :func:`build_bootstrap` turns a request, the proxy certificate's common name and where
 proxy-cp is into an Envoy bootstrap with :func:`trellis_common.bootstrap.envoy_bootstrap`.
 
@@ -17,6 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal, get_args
+
+from cryptography import x509
 
 from trellis_common import ids
 from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
@@ -34,6 +38,7 @@ KEY_FILE: Final = "key.pem"
 TRUST_BUNDLE_FILE: Final = "ca.pem"
 
 _ANY_PROXY_ID: Final = ids.ProxyId(str(uuid.UUID(int=0)))
+MAX_CSR_BYTES: Final = 16 * 1024
 
 
 class InvalidOnboarding(ValueError):
@@ -171,12 +176,33 @@ class ControlPlane:
 
 @dataclass(frozen=True, slots=True)
 class ProxyCertificate:
-    """A proxy certificate as issued: the key is kept out of ``repr`` (and so of logs)."""
+    """A proxy certificate as issued for the proxy's CSR: no key (the proxy has it)."""
 
     common_name: str
     cert_chain_pem: str
-    private_key_pem: str = field(repr=False)
     trust_bundle_pem: str
+
+
+def check_csr(pem: str | bytes) -> bytes:
+    """A PEM certificate signing request whose signature verifies, as bytes;
+    :class:`InvalidOnboarding` naming ``csr_pem`` otherwise. certmanager checks the key's
+    type and size itself; this check only names the field before anything is asked of it."""
+    data = pem.encode() if isinstance(pem, str) else pem
+    if not data.strip():
+        raise InvalidOnboarding(
+            "csr_pem",
+            "a PEM certificate signing request is required: the proxy makes its key on its "
+            "own host and sends only the request (`trellis vm bootstrap` does)",
+        )
+    if len(data) > MAX_CSR_BYTES:
+        raise InvalidOnboarding("csr_pem", f"longer than {MAX_CSR_BYTES} bytes")
+    try:
+        csr = x509.load_pem_x509_csr(data)
+    except ValueError:
+        raise InvalidOnboarding("csr_pem", "not a PEM certificate signing request") from None
+    if not csr.is_signature_valid:
+        raise InvalidOnboarding("csr_pem", "the request's signature does not verify")
+    return data
 
 
 def build_bootstrap(
@@ -203,7 +229,8 @@ def build_bootstrap(
 
 @dataclass(frozen=True, slots=True)
 class Onboarding:
-    """A proxy onboarded: its certificate (with the key) and the bootstrap that uses it."""
+    """A proxy onboarded: its certificate and the bootstrap that uses it (and the key the
+    proxy made, at the path the bootstrap names)."""
 
     request: ProxyRequest
     certificate: ProxyCertificate

@@ -1,10 +1,14 @@
 """The injector's REST API: ``POST /v1/bootstrap`` onboards one proxy.
 
-The answer carries the proxy's private key, so the route needs the admin token, the
-answer is marked ``Cache-Control: no-store``, and nothing here logs more than the CN.
-A body that is not acceptable gets 422 with ``field`` naming the first bad field (and
-``errors`` listing all that pydantic found); a service the injector needs that cannot be
-reached gets 503 with ``dependency`` naming it.
+The body carries the proxy's CSR (``csr_pem``): the proxy made its key on its own host, and
+the answer (certificate, trust bundle, bootstrap) carries no private key. The route needs
+the admin token, or an onboarding token scoped to the body's namespace and service account
+(:mod:`trellis_common.onboarding`); any other credential gets 401/403 naming why, and the
+refusal is logged (``onboard.refused reason=... token_id=...``, never the token) and
+counted (``trellis_injector_onboarding_refusals_total{reason}``). The answer is still
+marked ``Cache-Control: no-store``. A body that is not acceptable gets 422 with ``field``
+naming the first bad field (and ``errors`` listing all that pydantic found); a service the
+injector needs that cannot be reached gets 503 with ``dependency`` naming it.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
+from trellis_common import onboarding
 from trellis_injector.domain.onboarding import (
+    MAX_CSR_BYTES,
     PORT_MAX,
     PORT_MIN,
     AdsProtocol,
@@ -25,11 +32,14 @@ from trellis_injector.domain.onboarding import (
     Onboarding,
     ProxyRequest,
 )
+from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Refused, Unavailable
+from trellis_injector.transport import tokens as token_routes
 
 log = logging.getLogger(__name__)
 
 NO_STORE = {"Cache-Control": "no-store"}
+_bearer = HTTPBearer(auto_error=False)
 
 
 class BootstrapBody(BaseModel):
@@ -46,6 +56,10 @@ class BootstrapBody(BaseModel):
     admin_port: int = Field(ge=PORT_MIN, le=PORT_MAX, description="Envoy's admin API")
     protocol: AdsProtocol = Field("sotw", description="ADS flavour: state of the world or delta")
     output_dir: str = Field(description="absolute path of the files on the proxy's host")
+    csr_pem: str = Field(
+        max_length=MAX_CSR_BYTES,
+        description="PEM certificate signing request for the key the proxy made on its host",
+    )
 
     def request(self) -> ProxyRequest:
         return ProxyRequest(
@@ -70,7 +84,6 @@ def onboarding_json(done: Onboarding) -> dict[str, Any]:
         "bootstrap": done.bootstrap,
         "files": {
             "cert_chain_pem": certificate.cert_chain_pem,
-            "private_key_pem": certificate.private_key_pem,
             "trust_bundle_pem": certificate.trust_bundle_pem,
         },
         "paths": {
@@ -88,8 +101,48 @@ def _field(location: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
-def add_routes(app: FastAPI, onboarder: Onboarder, guard: Any) -> None:
+def add_routes(
+    app: FastAPI,
+    onboarder: Onboarder,
+    guard: Any,
+    admin_token: str,
+    tokens: onboarding.TokenStore,
+    metrics: InjectorMetrics,
+) -> None:
     router = APIRouter(prefix="/v1", tags=["onboarding"])
+    token_routes.add_routes(app, guard, tokens, metrics)
+
+    def refusing(exc: onboarding.TokenRefused, identity: str) -> onboarding.TokenRefused:
+        """Log and count a refused credential (never the token itself)."""
+        metrics.refusals.labels(exc.reason.value).inc()
+        log.warning(
+            "onboard.refused reason=%s token_id=%s identity=%s detail=%r",
+            exc.reason.value,
+            exc.token_id,
+            identity,
+            exc.detail,
+        )
+        return exc
+
+    async def authenticated(
+        credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+    ) -> onboarding.Caller:
+        """The admin token or a valid onboarding token, checked before the body is read (a
+        caller without one learns nothing about what it sent)."""
+        try:
+            return await onboarding.authenticate(
+                credentials.credentials if credentials else None, admin_token, tokens
+            )
+        except onboarding.TokenRefused as exc:
+            raise refusing(exc, "-") from None
+
+    @app.exception_handler(onboarding.TokenRefused)
+    async def refused(_: Request, exc: onboarding.TokenRefused) -> JSONResponse:
+        return JSONResponse(
+            {"detail": exc.detail, "reason": exc.reason.value, "token_id": exc.token_id},
+            status_code=exc.status,
+            headers={"WWW-Authenticate": "Bearer"} if exc.status == 401 else None,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -109,12 +162,19 @@ def add_routes(app: FastAPI, onboarder: Onboarder, guard: Any) -> None:
             status_code=422,
         )
 
-    @router.post("/bootstrap", dependencies=[Depends(guard)])
-    async def bootstrap(body: BootstrapBody) -> JSONResponse:
-        """Onboard a proxy: a fresh proxy certificate (with its key) and its bootstrap."""
+    @router.post("/bootstrap")
+    async def bootstrap(
+        body: BootstrapBody,
+        who: onboarding.Caller = Depends(authenticated),  # noqa: B008
+    ) -> JSONResponse:
+        """Onboard a proxy: a fresh proxy certificate for its CSR, and its bootstrap."""
         request = body.request()
+        try:  # a scoped token onboards its own namespace and service account only
+            who.check(request.namespace, request.service_account)
+        except onboarding.TokenRefused as exc:
+            raise refusing(exc, f"{request.namespace}/{request.service_account}") from None
         try:
-            done = await onboarder.onboard(request)
+            done = await onboarder.onboard(request, body.csr_pem)
         except Unavailable as exc:
             log.warning(
                 "injector.onboarding_failed identity=%s dependency=%s reason=%s",
@@ -134,10 +194,12 @@ def add_routes(app: FastAPI, onboarder: Onboarder, guard: Any) -> None:
                 exc.dependency,
                 exc.reason,
             )
-            return JSONResponse(
-                {"detail": str(exc), "dependency": exc.dependency},
-                status_code=422 if exc.invalid_argument else 502,
-            )
+            answer = {"detail": str(exc), "dependency": exc.dependency}
+            if exc.invalid_argument and "csr_pem: " in exc.reason:  # e.g. a key type refused
+                answer["field"] = "csr_pem"
+            return JSONResponse(answer, status_code=422 if exc.invalid_argument else 502)
+        metrics.onboarded.labels("admin" if who.token is None else "token").inc()
+        log.info("onboard.accepted proxy=%s token_id=%s", done.common_name, who.token_id)
         return JSONResponse(onboarding_json(done), headers=NO_STORE)
 
     app.include_router(router)
