@@ -34,6 +34,7 @@ from trellis_common.model import MeshService
 from trellis_common.registry import Announcer, ServiceRecord
 from trellis_common.signaling import Event, Publisher
 from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.identities import LocalCA
 from trellis_proxy_cp import main
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.snapshot import Snapshot
@@ -69,7 +70,11 @@ class Recorded:
 
 
 @asynccontextmanager
-async def served_certmanager(announce: Announce) -> AsyncIterator[tuple[CertificateManager, str]]:
+async def served_certmanager(
+    announce: Announce, tls: LocalCA | None = None
+) -> AsyncIterator[tuple[CertificateManager, str]]:
+    """certmanager's servicer on a port; with ``tls``, over mTLS as the service runs it
+    (what depends on the caller's identity needs it)."""
     manager = CertificateManager(
         InMemoryCertificateStore(),
         announce,
@@ -80,7 +85,11 @@ async def served_certmanager(announce: Announce) -> AsyncIterator[tuple[Certific
     await manager.start()
     server = grpc.aio.server()
     cm_grpc.add_CertificateManagerServicer_to_server(CertificateManagerServicer(manager), server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = (
+        server.add_secure_port("127.0.0.1:0", tls.identity("certmanager").server_credentials())
+        if tls is not None
+        else server.add_insecure_port("127.0.0.1:0")
+    )
     await server.start()
     try:
         yield manager, f"127.0.0.1:{port}"
@@ -311,10 +320,16 @@ async def test_each_rotation_signal_rebuilds_the_identity_s_snapshot_once(
 async def test_the_serving_certificate_is_asked_for_until_certmanager_is_found(
     redis_client: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    locator = Locator(redis_client, "certmanager")  # nothing configured: the registry
+    ca = LocalCA()
+    as_proxy_cp = ca.identity("proxy-cp")  # only proxy-cp may have proxy-cp's certificate
+    locator = Locator(  # nothing configured: the registry
+        redis_client,
+        "certmanager",
+        channel_factory=lambda address: as_proxy_cp.channel(address, "certmanager"),
+    )
     certs = CertClient(locator, Recorded().material)
     stop = asyncio.Event()
-    async with served_certmanager(unheard) as (manager, address):
+    async with served_certmanager(unheard, tls=ca) as (manager, address):
         own = asyncio.create_task(
             main.serving_material(certs, "trellis-system/proxy-cp", "proxy-cp", stop)
         )
