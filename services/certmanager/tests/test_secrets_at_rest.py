@@ -184,8 +184,9 @@ async def test_an_older_versions_clear_keys_are_read_then_sealed(
         assert b"PRIVATE KEY" not in value
         assert (b"tsv1:" in value) == (b'"kind":"proxy"' not in value)  # a proxy's: no key
     assert "ca.key_sealed" in caplog.text
-    assert "cert.keys_sealed key=trellis:certmanager:certs found_in_clear=2 migrated=2" in (
-        caplog.text
+    assert (
+        "cert.keys_sealed key=trellis:certmanager:certs found_in_clear=2 under_old_kek=0 "
+        "migrated=2" in caplog.text
     )
     assert "proxy_keys_dropped=1" in caplog.text
     caplog.clear()
@@ -212,6 +213,36 @@ async def test_keys_sealed_under_another_kek_are_refused_not_replaced(
     [rejected] = loaded.rejected
     assert rejected.key == f"{RECORDS_KEY}[{record.common_name}]"
     assert "the key cannot be unsealed: sealed under KEK" in rejected.reason
+
+
+async def test_a_kek_rotation_seals_everything_again_under_the_new_kek(
+    cert_store: RedisCertificateStore,
+    sealer: Sealer,
+    redis_client: redis.asyncio.Redis,
+    redis_admin: redis.asyncio.Redis,
+    bell: Bell,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manager = new_manager(cert_store, bell, FakeClock())
+    ca = await manager.start()
+    record = await manager.issue_service(SHOP)
+    new = Kek.generate()
+    # certmanager started with kek_file=<new> and previous_kek_files=[<old>]
+    rotated = RedisCertificateStore(redis_client, Sealer(new, [sealer.current]))
+    again = new_manager(rotated, bell, FakeClock())
+
+    assert (await again.start()).fingerprint == ca.fingerprint
+    assert again.get(record.common_name).key_pem == record.key_pem
+    assert "under_old_kek=1 migrated=1" in caplog.text
+    assert "ca.key_sealed" in caplog.text
+    sealed = [v for v in await everything_in(redis_admin) if b"tsv1:" in v]
+    assert len(sealed) == 2  # the CA and the service record
+    assert all(f"tsv1:{new.id}:".encode() in v for v in sealed)
+    assert not any(f"tsv1:{sealer.current.id}:".encode() in v for v in sealed)
+    # the old KEK can go: the new one alone reads everything
+    alone = RedisCertificateStore(redis_client, Sealer(new))
+    assert (await alone.load_ca()) is not None
+    assert [r.common_name for r in (await alone.load_all()).records] == [record.common_name]
 
 
 async def test_a_sealed_key_moved_to_another_record_is_refused(

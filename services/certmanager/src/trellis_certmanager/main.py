@@ -75,10 +75,18 @@ def write_trust_bundle(path: Path, bundle: bytes) -> None:
 
 async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts:
     try:
-        sealer = Sealer(kek.load_or_create(settings.kek_path))
+        sealer = Sealer(
+            kek.load_or_create(settings.kek_path),
+            [kek.load(path) for path in settings.previous_kek_files],
+        )
     except kek.KekFileError as exc:
         fatal("kek.fatal", exc)
-    log.info("kek.loaded path=%s kek_id=%s", settings.kek_path, sealer.current.id)
+    log.info(
+        "kek.loaded path=%s kek_id=%s previous=%d",
+        settings.kek_path,
+        sealer.current.id,
+        len(settings.previous_kek_files),
+    )
 
     async def announce(kind: str, key: str) -> int:
         # Through the outbox: a signal Redis does not take now is kept and sent later.

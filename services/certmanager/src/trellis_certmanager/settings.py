@@ -71,6 +71,12 @@ class CertManagerSettings(ServiceSettings):
         "<state-dir>/join-key, made on first start)",
     )
 
+    previous_kek_files: list[Path] = Field(
+        default_factory=list,
+        description="KEKs replaced by kek_file: values still sealed under one are read, then "
+        "sealed again under kek_file at start (a KEK rotation); drop them once the log says "
+        "cert.keys_sealed under_old_kek=0",
+    )
     kek_file: Path | None = Field(
         None,
         description="the key-encryption key (32 bytes, mode 0600) that seals the keys in "

@@ -47,6 +47,7 @@ from redis.exceptions import RedisError, ResponseError
 from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import CAError, StoreUnavailable
 from trellis_certmanager.domain.records import (
+    SEALED_KEY_FIELD,
     CertificateRecord,
     check,
     in_the_clear,
@@ -154,17 +155,20 @@ class RedisCertificateStore:
         return ca
 
     async def seal_ca(self, ca: CertificateAuthority) -> bool:
-        """Write ``ca`` back sealed if the store holds it, in the clear (an older version
-        wrote it); the manager calls this once it has accepted the CA as this mesh's, so a
-        CA someone planted in the clear is never sealed over. ``True`` if it was."""
+        """Write ``ca`` back sealed under the current KEK if the store holds it in the clear
+        (an older version wrote it) or sealed under a previous KEK (a KEK rotation); the
+        manager calls this once it has accepted the CA as this mesh's, so a CA someone
+        planted in the clear is never sealed over. ``True`` if it was."""
         raw = await self._redis.get(self.ca_key)
         if raw is None:
             return False
         try:
             stored, clear = self._decode_ca(raw)
-        except CAError:
+            fields = json.loads(raw)
+        except (CAError, ValueError):
             return False
-        if not clear or stored.cert != ca.cert:
+        old_kek = isinstance(fields, dict) and self._sealer.stale(fields.get(_SEALED_CA_KEY))
+        if not (clear or old_kek) or stored.cert != ca.cert:
             return False
         swapped = bool(
             await self._redis.eval(_SWAP_STRING, 1, self.ca_key, raw, self._encode_ca(ca))
@@ -209,6 +213,7 @@ class RedisCertificateStore:
         clear: dict[str, tuple[bytes | str, CertificateRecord]] = {}
         proxy_keys: set[str] = set()
         found_in_clear: set[str] = set()
+        resealed: set[str] = set()  # sealed under a previous KEK
 
         def parse(common_name: str, raw: bytes | str) -> CertificateRecord:
             where = self.location(common_name)
@@ -219,15 +224,18 @@ class RedisCertificateStore:
             if keyless is not None:  # a proxy's key from before issuance by CSR: dropped
                 record = keyless
                 proxy_keys.add(common_name)
-            if in_the_clear(parse_body(raw)):
+            body = parse_body(raw)
+            if in_the_clear(body):
                 found_in_clear.add(common_name)
-            if keyless is not None or common_name in found_in_clear:
+            if self._sealer.stale(body.get(SEALED_KEY_FIELD)):
+                resealed.add(common_name)
+            if keyless is not None or common_name in found_in_clear | resealed:
                 clear[common_name] = (raw, record)
             return record
 
         loaded = await stored.load_hash(self._redis, self.records_key, parse, "certificate records")
         if clear:
-            await self._seal_records(clear, len(found_in_clear), len(proxy_keys))
+            await self._seal_records(clear, len(found_in_clear), len(proxy_keys), len(resealed))
         return loaded
 
     async def _seal_records(
@@ -235,6 +243,7 @@ class RedisCertificateStore:
         clear: dict[str, tuple[bytes | str, CertificateRecord]],
         found_in_clear: int,
         proxy_keys: int,
+        old_kek: int = 0,
     ) -> None:
         """Write back the records read in the clear sealed, and the proxy records read with
         a key without it (those nobody changed since)."""
@@ -249,9 +258,11 @@ class RedisCertificateStore:
                 continue
             migrated += 1 if swapped else 0
         log.warning(
-            "cert.keys_sealed key=%s found_in_clear=%d migrated=%d kek_id=%s proxy_keys_dropped=%d",
+            "cert.keys_sealed key=%s found_in_clear=%d under_old_kek=%d migrated=%d kek_id=%s "
+            "proxy_keys_dropped=%d",
             self.records_key,
             found_in_clear,
+            old_kek,
             migrated,
             self._sealer.current.id,
             proxy_keys,

@@ -60,6 +60,12 @@ class Kek:
         return cls(os.urandom(KEK_BYTES))
 
 
+def kek_id_of(value: str) -> str:
+    """The id of the KEK that sealed ``value`` (``""`` if it is not a sealed value)."""
+    parts = value.split(":")
+    return parts[1] if len(parts) == 3 and parts[0] == SCHEME else ""
+
+
 def is_sealed(value: str) -> bool:
     """Whether ``value`` is in the sealed form (of any KEK), as opposed to a legacy PEM."""
     return value.startswith(SCHEME + ":")
@@ -71,6 +77,10 @@ class Sealer:
     def __init__(self, current: Kek, previous: Iterable[Kek] = ()) -> None:
         self.current = current
         self._keks = {k.id: k for k in (*previous, current)}
+
+    def stale(self, value: object) -> bool:
+        """Whether ``value`` is sealed under a previous KEK (to be sealed again)."""
+        return isinstance(value, str) and kek_id_of(value) not in ("", self.current.id)
 
     def seal(self, plaintext: bytes, context: str) -> str:
         header = f"{SCHEME}:{self.current.id}"
