@@ -28,16 +28,22 @@ class RenewRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CSR_PEM_FIELD_NUMBER: _builtins.int
+    COMMON_NAME_FIELD_NUMBER: _builtins.int
     csr_pem: _builtins.bytes
     """PEM PKCS#10 request; only its public key is used (subject and SANs are certmanager's)."""
+    common_name: _builtins.str
+    """The common name of the certificate to renew, as a check: empty means the caller's own;
+    any other is refused (PERMISSION_DENIED): a proxy renews only its own certificate.
+    """
     def __init__(
         self,
         *,
         csr_pem: _builtins.bytes = ...,
+        common_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_name", b"common_name", "csr_pem", b"csr_pem"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

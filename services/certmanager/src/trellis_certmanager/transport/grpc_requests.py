@@ -5,9 +5,9 @@ servicer. Names follow :mod:`trellis_common.ids`: namespaces and service names a
 labels, service accounts DNS subdomains (as SMI TrafficTargets name them), proxy ids
 canonical UUIDs, common names a proxy's or a service's. A proxy certificate needs a CSR
 (``csr_pem``), whose signature and key type are checked here
-(:func:`~trellis_certmanager.domain.csr.public_key_from_csr`), as is a proxy's renewal CSR. Rules that need the CA's settings
-(the service CN's length with the trust domain) stay in the issuer, which raises
-``InvalidRequest``; the servicer refuses those the same way.
+(:func:`~trellis_certmanager.domain.csr.public_key_from_csr`), as is a proxy's renewal CSR.
+Rules that need the CA's settings (the service CN's length with the trust domain) stay in
+the issuer, which raises ``InvalidRequest``; the servicer refuses those the same way.
 """
 
 from __future__ import annotations
