@@ -144,6 +144,9 @@ CALLS: dict[str, tuple[str, Callable[[grpc.aio.Channel], Any], Any]] = {
     CM + "RenewComponentCertificate": _cm(
         "RenewComponentCertificate", certmanager_pb2.RenewComponentCertificateRequest()
     ),
+    CM + "RenewProxyCertificate": _cm(
+        "RenewProxyCertificate", certmanager_pb2.RenewProxyCertificateRequest()
+    ),
     **{
         CATALOG + name: (
             "catalog",

@@ -104,7 +104,7 @@ class FakeCertmanager(cpb_grpc.CertificateManagerServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not used by the catalog's follower")
 
     IssueCertificate = GetCertificate = RotateCertificate = ListRevokedCertificates = _unused
-    RenewComponentCertificate = _unused
+    RenewComponentCertificate = RenewProxyCertificate = _unused
 
 
 @contextlib.asynccontextmanager

@@ -274,6 +274,92 @@ async def test_a_proxy_certificate_for_an_invalid_service_account_is_refused_and
     assert metrics.get_sample_value("trellis_rejected_records_total", {"source": "grpc"}) == 1
 
 
+async def _proxy(stub: pb_grpc.CertificateManagerAsyncStub) -> pb.Certificate:
+    issued: pb.Certificate = await stub.IssueCertificate(
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_PROXY, service=SERVICE, csr_pem=CSR)
+    )
+    return issued
+
+
+async def test_a_renewal_certifies_the_new_key_for_the_same_name_and_revokes_the_old_serial(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+) -> None:
+    issued = await _proxy(stub)
+    new_key_ = new_key()[1]
+    renewed = await stub.RenewProxyCertificate(
+        pb.RenewProxyCertificateRequest(
+            common_name=issued.info.common_name,
+            serial=issued.info.serial,
+            csr_pem=csr_for(new_key_, "renewal"),
+        )
+    )
+    leaf = x509.load_pem_x509_certificate(renewed.cert_chain_pem)
+    assert (renewed.info.common_name, renewed.private_key_pem) == (issued.info.common_name, b"")
+    assert leaf.public_key() == new_key_.public_key()
+    revoked = await stub.ListRevokedCertificates(
+        pb.ListRevokedCertificatesRequest(common_name=issued.info.common_name)
+    )
+    assert [(r.serial, r.reason) for r in revoked.revoked] == [(issued.info.serial, "rotated")]
+
+
+async def test_a_renewal_with_a_replaced_serial_is_failed_precondition_and_issues_nothing(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+) -> None:
+    issued = await _proxy(stub)
+    renew = pb.RenewProxyCertificateRequest(
+        common_name=issued.info.common_name, serial=issued.info.serial, csr_pem=CSR
+    )
+    current = await stub.RenewProxyCertificate(renew)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.RenewProxyCertificate(renew)  # the same, now stale, certificate again
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = await stub.GetCertificateInfo(
+        pb.GetCertificateRequest(common_name=issued.info.common_name)
+    )
+    assert info.serial == current.info.serial
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (pb.RenewProxyCertificateRequest(serial="1", csr_pem=CSR), "common_name: is required"),
+        (
+            pb.RenewProxyCertificateRequest(common_name="x.svc", serial="1", csr_pem=CSR),
+            "common_name: ",
+        ),
+        (
+            pb.RenewProxyCertificateRequest(common_name=PROXY_CN, serial="zz", csr_pem=CSR),
+            "serial: must be the presented certificate's serial in hex",
+        ),
+        (
+            pb.RenewProxyCertificateRequest(common_name=PROXY_CN, serial="1", csr_pem=b"junk"),
+            "csr_pem: not a PEM certificate signing request",
+        ),
+    ],
+)
+async def test_a_bad_renewal_request_is_refused_naming_the_field(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+    health: Health,
+    request_: pb.RenewProxyCertificateRequest,
+    message: str,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.RenewProxyCertificate(request_)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (caught.value.details() or "").startswith(message)
+    assert [r.key for r in health.rejections.items()] == ["RenewProxyCertificate"]
+
+
+async def test_renewing_an_unknown_proxy_is_not_found(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.RenewProxyCertificate(
+            pb.RenewProxyCertificateRequest(common_name=PROXY_CN, serial="1", csr_pem=CSR)
+        )
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def _issue(**fields: object) -> pb.IssueCertificateRequest:
     base: dict[str, object] = {"kind": pb.CERTIFICATE_KIND_SERVICE, "service": SERVICE}
     return pb.IssueCertificateRequest(**{**base, **fields})  # type: ignore[arg-type]

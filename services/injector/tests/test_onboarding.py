@@ -114,10 +114,17 @@ def test_the_bootstrap() -> None:
     assert address == {"address": "10.1.2.3", "port_value": 15999}
 
     tls = cluster["transport_socket"]["typed_config"]["common_tls_context"]
-    assert tls["tls_certificates"] == [
+    # the certificate comes over file-based SDS, so a renewal needs no restart
+    assert tls["tls_certificate_sds_secret_configs"] == [
         {
-            "certificate_chain": {"filename": "/etc/trellis/cart/cert.pem"},
-            "private_key": {"filename": "/etc/trellis/cart/key.pem"},
+            "name": "trellis-proxy-certificate",
+            "sds_config": {
+                "path_config_source": {
+                    "path": "/etc/trellis/cart/proxy-sds.yaml",
+                    "watched_directory": {"path": "/etc/trellis/cart"},
+                },
+                "resource_api_version": "V3",
+            },
         }
     ]
     validation = tls["validation_context"]

@@ -120,6 +120,7 @@ async def test_onboarding_a_proxy(
         "cert_chain": "/srv/cart-proxy/cert.pem",
         "key": "/srv/cart-proxy/key.pem",
         "trust_bundle": "/srv/cart-proxy/ca.pem",
+        "sds": "/srv/cart-proxy/proxy-sds.yaml",
     }
     bootstrap = result["bootstrap"]
     assert bootstrap["node"]["id"] == common_name

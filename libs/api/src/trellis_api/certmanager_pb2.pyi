@@ -38,8 +38,9 @@ class _CertificateKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Certi
     CERTIFICATE_KIND_SERVICE: _CertificateKind.ValueType  # 1
     """Shared by the proxies of one service; proxy-to-proxy mTLS. Short-lived, jittered."""
     CERTIFICATE_KIND_PROXY: _CertificateKind.ValueType  # 2
-    """One per proxy; proxy-to-control-plane mTLS. 365 days for now (24 h once proxies renew
-    their own); revocable. Issued for a CSR: the key never leaves the proxy's host.
+    """One per proxy; proxy-to-control-plane mTLS. 24 h by default, renewed by the proxy's
+    host (RenewProxyCertificate via proxy-cp); revocable. Issued for a CSR: the key never
+    leaves the proxy's host.
     """
 
 class CertificateKind(_CertificateKind, metaclass=_CertificateKindEnumTypeWrapper): ...
@@ -48,8 +49,9 @@ CERTIFICATE_KIND_UNSPECIFIED: CertificateKind.ValueType  # 0
 CERTIFICATE_KIND_SERVICE: CertificateKind.ValueType  # 1
 """Shared by the proxies of one service; proxy-to-proxy mTLS. Short-lived, jittered."""
 CERTIFICATE_KIND_PROXY: CertificateKind.ValueType  # 2
-"""One per proxy; proxy-to-control-plane mTLS. 365 days for now (24 h once proxies renew
-their own); revocable. Issued for a CSR: the key never leaves the proxy's host.
+"""One per proxy; proxy-to-control-plane mTLS. 24 h by default, renewed by the proxy's
+host (RenewProxyCertificate via proxy-cp); revocable. Issued for a CSR: the key never
+leaves the proxy's host.
 """
 Global___CertificateKind: _TypeAlias = CertificateKind  # noqa: Y015
 
@@ -478,3 +480,33 @@ class ComponentCertificate(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ComponentCertificate: _TypeAlias = ComponentCertificate  # noqa: Y015
+
+@_typing.final
+class RenewProxyCertificateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMON_NAME_FIELD_NUMBER: _builtins.int
+    SERIAL_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    common_name: _builtins.str
+    """The proxy certificate's common name (<proxy-uuid>.<service>.<namespace>)."""
+    serial: _builtins.str
+    """The serial (lowercase hex) of the certificate the proxy presented: the renewal is
+    refused (FAILED_PRECONDITION) unless it is still the current one.
+    """
+    csr_pem: _builtins.bytes
+    """PEM PKCS#10 request for the proxy's new key (only its public key is used)."""
+    def __init__(
+        self,
+        *,
+        common_name: _builtins.str = ...,
+        serial: _builtins.str = ...,
+        csr_pem: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["common_name", b"common_name", "csr_pem", b"csr_pem", "serial", b"serial"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewProxyCertificateRequest: _TypeAlias = RenewProxyCertificateRequest  # noqa: Y015

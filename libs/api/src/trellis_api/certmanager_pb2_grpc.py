@@ -74,6 +74,11 @@ class CertificateManagerStub:
                 request_serializer=trellis__api_dot_certmanager__pb2.RenewComponentCertificateRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_certmanager__pb2.ComponentCertificate.FromString,
                 _registered_method=True)
+        self.RenewProxyCertificate = channel.unary_unary(
+                '/trellis.certmanager.v1.CertificateManager/RenewProxyCertificate',
+                request_serializer=trellis__api_dot_certmanager__pb2.RenewProxyCertificateRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_certmanager__pb2.Certificate.FromString,
+                _registered_method=True)
 
 
 class CertificateManagerServicer:
@@ -143,6 +148,15 @@ class CertificateManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewProxyCertificate(self, request, context):
+        """A proxy renews its own certificate (through proxy-cp, which checked the proxy's current
+        certificate on its mTLS port): a new certificate of the same common name for the CSR's
+        key; the old serial is revoked (reason "rotated"), as RotateCertificate does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CertificateManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +199,11 @@ def add_CertificateManagerServicer_to_server(servicer, server):
                     servicer.RenewComponentCertificate,
                     request_deserializer=trellis__api_dot_certmanager__pb2.RenewComponentCertificateRequest.FromString,
                     response_serializer=trellis__api_dot_certmanager__pb2.ComponentCertificate.SerializeToString,
+            ),
+            'RenewProxyCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewProxyCertificate,
+                    request_deserializer=trellis__api_dot_certmanager__pb2.RenewProxyCertificateRequest.FromString,
+                    response_serializer=trellis__api_dot_certmanager__pb2.Certificate.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -403,6 +422,33 @@ class CertificateManager:
             '/trellis.certmanager.v1.CertificateManager/RenewComponentCertificate',
             trellis__api_dot_certmanager__pb2.RenewComponentCertificateRequest.SerializeToString,
             trellis__api_dot_certmanager__pb2.ComponentCertificate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewProxyCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.certmanager.v1.CertificateManager/RenewProxyCertificate',
+            trellis__api_dot_certmanager__pb2.RenewProxyCertificateRequest.SerializeToString,
+            trellis__api_dot_certmanager__pb2.Certificate.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,6 +68,11 @@ class CertificateManagerStub:
     component it is, the CSR carries its new public key. A component's first certificate
     comes from the join exchange (certmanager's REST `POST /v1/join`) instead.
     """
+    RenewProxyCertificate: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.RenewProxyCertificateRequest, _certmanager_pb2.Certificate]
+    """A proxy renews its own certificate (through proxy-cp, which checked the proxy's current
+    certificate on its mTLS port): a new certificate of the same common name for the CSR's
+    key; the old serial is revoked (reason "rotated"), as RotateCertificate does.
+    """
 
 @_typing.type_check_only
 class CertificateManagerAsyncStub(CertificateManagerStub):
@@ -101,6 +106,11 @@ class CertificateManagerAsyncStub(CertificateManagerStub):
     """A component renews its own identity: the caller's certificate (mTLS) says which
     component it is, the CSR carries its new public key. A component's first certificate
     comes from the join exchange (certmanager's REST `POST /v1/join`) instead.
+    """
+    RenewProxyCertificate: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.RenewProxyCertificateRequest, _certmanager_pb2.Certificate]  # type: ignore[assignment]
+    """A proxy renews its own certificate (through proxy-cp, which checked the proxy's current
+    certificate on its mTLS port): a new certificate of the same common name for the CSR's
+    key; the old serial is revoked (reason "rotated"), as RotateCertificate does.
     """
 
 class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
@@ -180,6 +190,17 @@ class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
         """A component renews its own identity: the caller's certificate (mTLS) says which
         component it is, the CSR carries its new public key. A component's first certificate
         comes from the join exchange (certmanager's REST `POST /v1/join`) instead.
+        """
+
+    @_abc_1.abstractmethod
+    def RenewProxyCertificate(
+        self,
+        request: _certmanager_pb2.RenewProxyCertificateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_certmanager_pb2.Certificate, _abc.Awaitable[_certmanager_pb2.Certificate]]:
+        """A proxy renews its own certificate (through proxy-cp, which checked the proxy's current
+        certificate on its mTLS port): a new certificate of the same common name for the CSR's
+        key; the old serial is revoked (reason "rotated"), as RotateCertificate does.
         """
 
 def add_CertificateManagerServicer_to_server(servicer: CertificateManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

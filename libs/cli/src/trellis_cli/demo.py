@@ -23,7 +23,7 @@ import yaml
 from trellis_cli.client import Mesh
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
 from trellis_common import identity
-from trellis_common.bootstrap import sidecar_args
+from trellis_common.bootstrap import SDS_FILE, proxy_secret_document, sidecar_args
 from trellis_common.envoybin import find_envoy
 
 HOST = "bookstore.bookstore:14001"
@@ -64,7 +64,7 @@ def ports() -> list[int]:
 def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
     """The sidecar's bootstrap and certificate files (kept from a previous run if present)."""
     config = folder / "envoy.yaml"
-    if config.exists() and (folder / "key.pem").exists():
+    if config.exists() and ((folder / SDS_FILE).exists() or (folder / "key.pem").exists()):
         return config
     folder.mkdir(parents=True, exist_ok=True)
     key_pem, key = identity.new_key()  # the proxy's key, made here: only the CSR is sent
@@ -91,6 +91,9 @@ def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
     fd = os.open(folder / "key.pem", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(key_pem.decode())
+    if "sds" in body["paths"]:  # the bootstrap takes the certificate from it (renewal swaps it)
+        document = proxy_secret_document(folder / "cert.pem", folder / "key.pem")
+        Path(body["paths"]["sds"]).write_text(yaml.safe_dump(document, sort_keys=False))
     config.write_text(yaml.safe_dump(body["bootstrap"], sort_keys=False))
     return config
 
@@ -158,6 +161,24 @@ def prepare(mesh: Mesh, state_dir: Path) -> list[ProcessSpec]:
                 ports=(workload.admin_port, workload.outbound_port, workload.inbound_port),
                 address=f"admin http://127.0.0.1:{workload.admin_port}  "
                 f"outbound :{workload.outbound_port}  inbound :{workload.inbound_port}",
+            )
+        )
+        # the sidecar's certificate is short-lived: its host renews it (no Envoy restart)
+        specs.append(
+            ProcessSpec(
+                name=f"{workload.name}-renewer",
+                argv=[
+                    sys.executable,
+                    "-m",
+                    "trellis_cli.main",
+                    "proxy",
+                    "renew",
+                    "--dir",
+                    str(demo / workload.name),
+                    "--watch",
+                ],
+                ready=_always,
+                address=f"renews {demo / workload.name} through proxy-cp",
             )
         )
         if not workload.client:

@@ -8,11 +8,14 @@ within a second and refuses new ones. Per type, ``list`` shows whether the proxy
 what it was sent: ``cds ✓`` (ACKed), ``rds NACK(2)`` (the latest was rejected; 2 NACKs on
 this stream), ``eds sent`` (waiting for the ACK), ``lds -`` (asked for, nothing sent yet).
 ``config`` prints the resources as proxy-cp sent them, private keys already redacted by
-proxy-cp (the admin API never returns a key).
+proxy-cp (the admin API never returns a key). ``renew`` runs on a proxy's host and renews
+its certificate through proxy-cp (:mod:`trellis_cli.renew`).
 """
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +23,7 @@ import click
 import yaml
 
 from trellis_cli import output
+from trellis_cli import renew as renewal
 from trellis_cli.client import Mesh
 from trellis_cli.errors import CliError, NotFound
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, validate_proxy_id
@@ -147,4 +151,49 @@ def revoke(mesh: Mesh, proxy_name: str, as_json: bool) -> None:
     output.console.print(
         f"revoked {body['common_name']}: serial {body['serial'][:16]} refused from now on "
         f"(revision {body['revision']}); onboard the proxy again to give it a new certificate"
+    )
+
+
+@proxy.command(
+    help="Renew this proxy's certificate through proxy-cp (run it on the proxy's host): a new "
+    "key is made here, only a CSR is sent, authenticated by the current certificate. Renews "
+    "once 2/3 of the lifetime has passed, or now with --force; --watch keeps doing so (a VM "
+    "agent). Envoy picks the new certificate up without a restart."
+)
+@click.option(
+    "--dir",
+    "folder",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="The proxy's folder, as `trellis vm bootstrap --out` wrote it.",
+)
+@click.option("--force", is_flag=True, help="Renew now, however young the certificate.")
+@click.option("--watch", is_flag=True, help="Keep renewing whenever due (runs until stopped).")
+@click.option(
+    "--server-name",
+    default="",
+    help="DNS name proxy-cp's certificate is checked for (default: <sa>.<namespace> of the "
+    "bootstrap's proxy-cp identity).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def renew(folder: Path, force: bool, watch: bool, server_name: str, as_json: bool) -> None:
+    proxy_folder = renewal.ProxyFolder.load(folder.resolve(), server_name)
+    if watch:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+        renewal.watch(proxy_folder)
+        return
+    done = renewal.renew_if_due(proxy_folder, force)
+    if done is None:
+        due = renewal.renew_at(renewal.current_certificate(proxy_folder))
+        if as_json:
+            output.emit_json({"renewed": False, "renew_at": due.isoformat()})
+        else:
+            click.echo(f"not due: renews after {due.isoformat()} (--force to renew now)")
+        return
+    if as_json:
+        output.emit_json(renewal.describe(done))
+        return
+    click.echo(
+        f"renewed: serial {done.serial} (was {done.old_serial}), valid until "
+        f"{done.not_after.isoformat()}; wrote {done.cert_chain}, {done.key} (mode 0600)"
     )

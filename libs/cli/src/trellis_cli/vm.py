@@ -23,7 +23,7 @@ import yaml
 from trellis_cli import output
 from trellis_cli.client import CliError, Mesh
 from trellis_common import identity
-from trellis_common.bootstrap import sidecar_args
+from trellis_common.bootstrap import proxy_secret_document, sidecar_args
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
 
 SERVICE = "endpoints-vm"
@@ -335,12 +335,16 @@ def bootstrap(
     cert_chain = _inside(folder, paths["cert_chain"], "the certificate")
     key_file = _inside(folder, paths["key"], "the private key")
     trust_bundle = _inside(folder, paths["trust_bundle"], "the trust bundle")
+    sds = _inside(folder, paths["sds"], "the SDS file") if "sds" in paths else None
     config = folder / BOOTSTRAP_FILE
     try:
         folder.mkdir(parents=True, exist_ok=True)
         write_private(key_file, key_pem.decode())
         cert_chain.write_text(files["cert_chain_pem"])
         trust_bundle.write_text(files["trust_bundle_pem"])
+        if sds is not None:  # the bootstrap takes the certificate from it (renewal swaps it)
+            document = proxy_secret_document(cert_chain, key_file)
+            sds.write_text(yaml.safe_dump(document, sort_keys=False))
         # last: a folder with envoy.yaml in it is complete
         config.write_text(yaml.safe_dump(result["bootstrap"], sort_keys=False))
     except OSError as exc:

@@ -58,6 +58,7 @@ POLICY: Mapping[str, frozenset[str]] = {
     _CM + "GetCertificateInfo": frozenset({CATALOG, PROXY_CP}),
     _CM + "ListRevokedCertificates": frozenset({PROXY_CP}),
     _CM + "RenewComponentCertificate": ANY_COMPONENT,  # for the caller's own identity only
+    _CM + "RenewProxyCertificate": frozenset({PROXY_CP}),  # for the proxy proxy-cp authenticated
     # catalog
     _CATALOG + "GetView": frozenset({PROXY_CP}),
     _CATALOG + "ListViewVersions": frozenset({PROXY_CP}),

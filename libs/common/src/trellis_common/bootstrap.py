@@ -4,6 +4,17 @@ One pure function used by every onboarding path (``trellis vm bootstrap``, the i
 Kubernetes webhook, tests). The node id is the proxy certificate's common name, the
 metadata carries the per-proxy settings proxy-cp reads, and the ADS cluster verifies
 proxy-cp's certificate by its SPIFFE id, not by host name.
+
+Renewal without a restart: when :class:`ProxyFiles` names an ``sds`` file, the ADS cluster
+takes its client certificate over file-based SDS (``path_config_source`` with a
+``watched_directory``: the proxy's folder). That file (:func:`proxy_secret_document`) names
+the certificate and key files; ``trellis proxy renew`` writes a new pair under new names,
+then moves a new SDS file into place, and Envoy reloads it on that move: the pair changes
+at once, never half. New connections to proxy-cp use it. The cluster allows one request per
+connection (ADS is one long stream), so when proxy-cp ends a stream opened with a revoked
+certificate, Envoy's next attempt is a new TLS handshake with the current certificate
+rather than a retry on the old connection. Without ``sds`` the certificate files are named
+directly, as bootstraps made before renewal existed do.
 """
 
 from __future__ import annotations
@@ -24,13 +35,52 @@ def sidecar_args() -> list[str]:
     return ["--disable-hot-restart", "--drain-time-s", str(SIDECAR_DRAIN_SECONDS)]
 
 
+#: The SDS secret of the proxy's own certificate (its name in the SDS file).
+PROXY_SECRET = "trellis-proxy-certificate"
+#: The SDS file's name in the proxy's folder.
+SDS_FILE = "proxy-sds.yaml"
+_SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyFiles:
-    """Where the proxy certificate, its key and the mesh CA are on the proxy's host."""
+    """Where the proxy certificate, its key and the mesh CA are on the proxy's host, and
+    the SDS file naming the certificate and key in use (None: the bootstrap names them)."""
 
     cert_chain: Path
     key: Path
     trust_bundle: Path
+    sds: Path | None = None
+
+
+def proxy_secret_document(cert_chain: Path, key: Path) -> dict[str, Any]:
+    """The SDS file's content: the proxy's certificate and key, by file name."""
+    return {
+        "resources": [
+            {
+                "@type": _SECRET_TYPE,
+                "name": PROXY_SECRET,
+                "tls_certificate": {
+                    "certificate_chain": _file(cert_chain),
+                    "private_key": _file(key),
+                },
+            }
+        ]
+    }
+
+
+def _client_certificate(files: ProxyFiles) -> dict[str, Any]:
+    if files.sds is None:
+        pair = {"certificate_chain": _file(files.cert_chain), "private_key": _file(files.key)}
+        return {"tls_certificates": [pair]}
+    source = {
+        "path_config_source": {
+            "path": str(files.sds),
+            "watched_directory": {"path": str(files.sds.parent)},
+        },
+        "resource_api_version": "V3",
+    }
+    return {"tls_certificate_sds_secret_configs": [{"name": PROXY_SECRET, "sds_config": source}]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +112,7 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
             "@type": "type.googleapis.com/"
             "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
             "common_tls_context": {
-                "tls_certificates": [
-                    {
-                        "certificate_chain": _file(spec.files.cert_chain),
-                        "private_key": _file(spec.files.key),
-                    }
-                ],
+                **_client_certificate(spec.files),
                 "validation_context": {
                     "trusted_ca": _file(spec.files.trust_bundle),
                     "match_typed_subject_alt_names": [
@@ -132,6 +177,7 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                             "@type": "type.googleapis.com/"
                             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                             "explicit_http_config": {"http2_protocol_options": {}},
+                            "common_http_protocol_options": {"max_requests_per_connection": 1},
                         }
                     },
                     "transport_socket": tls,

@@ -12,10 +12,10 @@ certificate, not several.
 
 Rotation: service certificates are re-issued once ``renew_fraction`` of their lifetime has
 passed, and immediately when they were not signed by the CA in force (the operator changed
-CAs). Proxy certificates live in bootstrap files on the proxy's host, with the key the proxy
-made there (they are issued for a CSR; certmanager never has the key): they are rotated on
-demand only, re-signed for the same public key, and a log line warns when one passes its
-renewal point.
+CAs). Proxy certificates live on the proxy's host with the key it made there (issued for a
+CSR; certmanager never has the key): the proxy renews its own through proxy-cp (a rotation
+for its new key, :meth:`rotate` with a ``renewal``), an operator's rotation re-signs the
+same key, and a log line warns when one passes its renewal point unrenewed.
 
 Revocation (:mod:`trellis_certmanager.revocations`): revoking a proxy certificate records its
 serial as revoked and deletes the record (the proxy is no longer expected); rotating one
@@ -69,6 +69,7 @@ from trellis_certmanager.domain.errors import (
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord, past_expiry
+from trellis_certmanager.domain.renewal import Renewal
 from trellis_certmanager.domain.revocation import Revocation, RevocationReason
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.revocations import Revocations
@@ -271,17 +272,21 @@ class CertificateManager:
         except KeyError:
             raise NotFound(common_name) from None
 
-    async def rotate(self, common_name: str, reason: str = "on-demand") -> CertificateRecord:
+    async def rotate(
+        self, common_name: str, reason: str = "on-demand", renewal: Renewal | None = None
+    ) -> CertificateRecord:
+        """Re-issue now; a proxy's ``renewal`` brings its new key (domain/renewal.py)."""
         async with self._lock(common_name):
             current = self._records.get(common_name)
             if current is None:
                 raise NotFound(common_name)
-            record = self._timed(current.kind, lambda: self._reissue(current))
+            key = renewal.checked(current) if renewal is not None else None
+            record = self._timed(current.kind, lambda: self._reissue(current, key))
             await self._commit(record, "rotated", reason)
             if current.kind == CertificateKind.PROXY:
                 await self._retire(current)
             log.log(
-                logging.INFO if reason == "on-demand" else logging.DEBUG,
+                logging.INFO if reason in ("on-demand", "renewed") else logging.DEBUG,
                 "cert.rotated cn=%s kind=%s reason=%s old_serial=%x serial=%x not_after=%s",
                 common_name,
                 current.kind,
@@ -357,14 +362,11 @@ class CertificateManager:
     ) -> int:
         stale_ca = not self.ca.signed(record.cert_chain_pem)
         if record.kind == CertificateKind.PROXY and not stale_ca:
-            if (
-                record.due(now)
-                and warned is not None
-                and (record.common_name, record.serial) not in warned
-            ):
-                warned.add((record.common_name, record.serial))
+            seen = (record.common_name, record.serial)
+            if record.due(now) and warned is not None and seen not in warned:
+                warned.add(seen)
                 log.warning(
-                    "cert.proxy_renewal_due cn=%s not_after=%s action='trellis certs rotate'",
+                    "cert.proxy_renewal_due cn=%s not_after=%s action='trellis proxy renew'",
                     record.common_name,
                     record.not_after.isoformat(),
                 )
@@ -440,16 +442,15 @@ class CertificateManager:
             if users[0] == 0:
                 del self._locks[key]
 
-    def _reissue(self, current: CertificateRecord) -> CertificateRecord:
+    def _reissue(self, current: CertificateRecord, key: PublicKey | None) -> CertificateRecord:
         service = MeshService(current.namespace, current.service)
         now = self._clock()
         if current.kind == CertificateKind.SERVICE:
             return self.issuer.issue_service(service, current.service_account, now)
-        # The proxy keeps its key: the new certificate is for the same public key.
+        # Rotation keeps the proxy's key; a renewal brings the proxy's new one.
         cn = ProxyCommonName(ProxyId(current.proxy_id), current.service, current.namespace)
-        return self.issuer.issue_proxy(
-            cn, current.service_account, now, public_key=leaf_public_key(current.cert_chain_pem)
-        )
+        key = key if key is not None else leaf_public_key(current.cert_chain_pem)
+        return self.issuer.issue_proxy(cn, current.service_account, now, public_key=key)
 
     async def _retire(self, replaced: CertificateRecord) -> None:
         """A proxy certificate replaced by a newer one may not connect any more."""

@@ -40,10 +40,10 @@ class CertManagerSettings(ServiceSettings):
         dt.timedelta(hours=48), description="service certificate lifetime (ISO 8601 or seconds)"
     )
     proxy_cert_validity: dt.timedelta = Field(
-        dt.timedelta(days=365),
+        dt.timedelta(hours=24),
         description="proxy (xDS client) certificate lifetime (ISO 8601 or seconds); a revoked "
-        "serial is remembered until it expires. Stays long until proxies renew their own "
-        "certificates (a 24 h default needs that first)",
+        "serial is remembered until it expires. Proxies' hosts renew theirs through proxy-cp "
+        "once 2/3 of it has passed (`trellis proxy renew --watch`)",
     )
     root_validity: dt.timedelta = Field(
         dt.timedelta(days=3650),

@@ -7,7 +7,8 @@ never reaches this code). Here: its common name must be a proxy certificate's
 onboarding) with that serial (the current one: a rotated-away certificate is stale), the
 Envoy node id must be that common name, and the node metadata must give valid per-proxy
 settings. A common name alone is never enough: the serial is read from the peer's
-certificate itself. Each refusal names what is wrong. Whether a
+certificate itself. Each refusal names what is wrong. Certificate renewals
+(:mod:`.transport.renewal`) are checked the same way (:meth:`MeshAuthorizer.identify`). Whether a
 proxy is expected is asked of ``expected`` (the catalog client's cache of ``ListProxies``);
 when the catalog cannot tell, the stream is refused UNAVAILABLE (retry), not PERMISSION_DENIED.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -50,6 +52,17 @@ def peer_serial(context: grpc.aio.ServicerContext[Any, Any]) -> str:
         return ""
 
 
+@dataclass(frozen=True, slots=True)
+class PresentedProxy:
+    """A proxy that presented its current, unrevoked certificate, and was expected."""
+
+    common_name: str
+    proxy: ProxyCommonName
+    serial: str
+    """Of the presented certificate, lowercase hex."""
+    expected: Expectation
+
+
 class MeshAuthorizer:
     def __init__(
         self,
@@ -61,9 +74,9 @@ class MeshAuthorizer:
         self._expected = expected
         self._revoked = revoked if revoked is not None else RevokedSerials()
 
-    async def authorize(
-        self, context: grpc.aio.ServicerContext[Any, Any], node: Any
-    ) -> ProxyStream:
+    async def identify(self, context: grpc.aio.ServicerContext[Any, Any]) -> PresentedProxy:
+        """The proxy presenting its certificate on this call, or :class:`StreamRefused`
+        naming what is wrong. xDS streams and certificate renewals check the same way."""
         common_name = peer_common_name(context)
         if not common_name:
             raise StreamRefused(
@@ -115,6 +128,14 @@ class MeshAuthorizer:
                 f"one (serial {expected.serial}): it was replaced; use the current certificate",
                 "stale_serial",
             )
+        return PresentedProxy(common_name, proxy, serial, expected)
+
+    async def authorize(
+        self, context: grpc.aio.ServicerContext[Any, Any], node: Any
+    ) -> ProxyStream:
+        presented = await self.identify(context)
+        common_name, proxy, serial = presented.common_name, presented.proxy, presented.serial
+        expected = presented.expected
         if node.id != common_name:
             raise StreamRefused(
                 grpc.StatusCode.PERMISSION_DENIED,

@@ -2,7 +2,8 @@
 
 Finds the catalog and certmanager through locators (settings, else the service registry),
 gets its own serving certificate (waiting for certmanager), then serves ADS (state of the
-world and delta, mTLS required) and the admin REST API. The catalog's views and
+world and delta, mTLS required), proxy certificate renewal on the same port
+(``transport/renewal.py``) and the admin REST API. The catalog's views and
 certmanager's certificates are followed on the one event path: two followers on the
 runtime's signals hub (``clients/catalog.py``, ``clients/certs.py``).
 """
@@ -39,6 +40,8 @@ from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport import rest
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.transport.limits import StreamLimits
+from trellis_proxy_cp.transport.renewal import SERVICE_NAME as RENEWAL_SERVICE
+from trellis_proxy_cp.transport.renewal import ProxyCertificatesServicer
 from trellis_proxy_cp.transport.streams import StreamRegistry
 
 log = logging.getLogger(__name__)
@@ -161,17 +164,22 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         max_resource_name_bytes=settings.max_resource_name_bytes,
         max_streams_per_proxy=settings.max_streams_per_proxy,
     )
+    authorizer = MeshAuthorizer(control_plane, catalog.expected, revoked)
     servicer = AdsServicer(
         cache,
-        MeshAuthorizer(control_plane, catalog.expected, revoked),
+        authorizer,
         hooks,
         registry=streams,
         stream_limits=stream_limits,
     )
+    renewal = ProxyCertificatesServicer(authorizer.identify, certs.renew_proxy, metrics.renewals)
     xds = GrpcServer(
         f"{settings.xds_host}:{settings.grpc_port}",
-        [lambda s: ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, s)],
-        [ADS_SERVICE],
+        [
+            lambda s: ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, s),
+            renewal.register,
+        ],
+        [ADS_SERVICE, RENEWAL_SERVICE],
         credentials=serving.credentials(),
         options=XDS_OPTIONS,
         reflection=settings.debug_endpoints,

@@ -33,3 +33,9 @@ class XdsMetrics:
             "code",
             "reason",
         )
+        self.renewals = make.counter(
+            "renewals",
+            "Proxy certificate renewals (ProxyCertificates/Renew), by outcome: renewed, or the "
+            "refusal's reason (revoked, stale_serial, other_proxy, invalid_csr, ...)",
+            "outcome",
+        )

@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
-from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
+from trellis_common.bootstrap import (
+    SDS_FILE,
+    BootstrapSpec,
+    ProxyFiles,
+    envoy_bootstrap,
+    proxy_secret_document,
+)
 from trellis_common.identity import ComponentIdentity, csr_for, new_key
 from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
@@ -133,11 +140,16 @@ class Mesh:
     def write_files(self, name: str, certificate: Any, key_pem: bytes) -> ProxyFiles:
         folder = self.tmp / "proxies" / name
         folder.mkdir(parents=True)
-        files = ProxyFiles(folder / "cert.pem", folder / "key.pem", folder / "ca.pem")
+        files = ProxyFiles(
+            folder / "cert.pem", folder / "key.pem", folder / "ca.pem", folder / SDS_FILE
+        )
         files.cert_chain.write_bytes(certificate.cert_chain_pem)
         files.key.write_bytes(key_pem)
         files.key.chmod(0o600)
         files.trust_bundle.write_bytes(certificate.trust_bundle_pem)
+        # as `trellis vm bootstrap` writes it: Envoy takes its certificate over file-based SDS
+        document = proxy_secret_document(files.cert_chain, files.key)
+        (folder / SDS_FILE).write_text(yaml.safe_dump(document, sort_keys=False))
         return files
 
     def onboard(
@@ -168,6 +180,8 @@ class Mesh:
                 protocol="delta" if protocol == "delta" else "sotw",
             )
         )
+        # beside the certificate, as `trellis vm bootstrap` leaves it (`trellis proxy renew`)
+        (self.tmp / "proxies" / name / "envoy.yaml").write_text(yaml.safe_dump(bootstrap))
         envoy = Envoy(bootstrap, self.tmp / "envoy", name).start()
         sidecar = Sidecar(envoy, common_name, inbound, outbound)
         self.sidecars.append(sidecar)

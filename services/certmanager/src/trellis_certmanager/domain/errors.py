@@ -45,3 +45,15 @@ class NotRevocable(CertificateError):
             "(rotate a service certificate instead: `trellis certs rotate`)"
         )
         self.common_name = common_name
+
+
+class StaleCertificate(CertificateError):
+    """A renewal named a serial that is no longer the common name's current certificate
+    (it was rotated or renewed meanwhile): gRPC FAILED_PRECONDITION."""
+
+    def __init__(self, common_name: str, serial: int, current: int) -> None:
+        super().__init__(
+            f"the certificate of {common_name} with serial {serial:x} is not its current one "
+            f"(serial {current:x}): renew with the current certificate"
+        )
+        self.common_name = common_name

@@ -43,7 +43,7 @@ class IssuancePolicy:
     """How long certificates live and when they are renewed."""
 
     service_validity: dt.timedelta = dt.timedelta(hours=48)
-    proxy_validity: dt.timedelta = dt.timedelta(days=365)  # 24 h once proxies renew
+    proxy_validity: dt.timedelta = dt.timedelta(hours=24)  # hosts renew (trellis proxy renew)
     jitter: float = 0.1  # +/- fraction of the service validity
     renew_fraction: float = 0.75  # renew once this share of the lifetime has passed
     trust_domain: str = "cluster.local"

@@ -24,8 +24,14 @@ from google.protobuf import timestamp_pb2
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
-from trellis_certmanager.domain.errors import InvalidRequest, NotFound, StoreUnavailable
+from trellis_certmanager.domain.errors import (
+    InvalidRequest,
+    NotFound,
+    StaleCertificate,
+    StoreUnavailable,
+)
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
+from trellis_certmanager.domain.renewal import Renewal
 from trellis_certmanager.domain.revocation import Revocation
 from trellis_certmanager.identities import ComponentIssuer
 from trellis_certmanager.manager import CertificateManager
@@ -42,8 +48,12 @@ Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CertificateManager"].full_name
 
 #: Domain errors that end a call: NotFound is the caller's, StoreUnavailable is "retry later"
-#: (nothing was issued or rotated).
-_STATUSES = {NotFound: grpc.StatusCode.NOT_FOUND, StoreUnavailable: grpc.StatusCode.UNAVAILABLE}
+#: (nothing was issued or rotated), StaleCertificate a renewal with a replaced certificate.
+_STATUSES = {
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    StaleCertificate: grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 _KINDS = {
     CertificateKind.SERVICE: pb.CERTIFICATE_KIND_SERVICE,
@@ -167,6 +177,17 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
     @rpc(grpc_requests.common_name, statuses=_STATUSES)
     async def RotateCertificate(self, common_name: str, context: Context) -> pb.Certificate:
         return self._certificate(await self._manager.rotate(common_name))
+
+    @rpc(grpc_requests.renew_proxy, refused=(InvalidField, InvalidRequest), statuses=_STATUSES)
+    async def RenewProxyCertificate(
+        self, asked: tuple[str, Renewal], context: Context
+    ) -> pb.Certificate:
+        """A proxy's own certificate, renewed for its new key. Only proxy-cp calls this
+        (the policy): it checked, on its mTLS port, that the proxy presented this common
+        name's certificate with this serial; the serial is checked again here, under the
+        common name's lock, against the current record."""
+        common_name, renewal = asked
+        return self._certificate(await self._manager.rotate(common_name, "renewed", renewal))
 
     async def GetRoot(self, request: pb.GetRootRequest, context: Context) -> pb.RootBundle:
         ca = self._manager.ca

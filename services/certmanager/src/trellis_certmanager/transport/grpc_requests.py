@@ -5,9 +5,9 @@ servicer. Names follow :mod:`trellis_common.ids`: namespaces and service names a
 labels, service accounts DNS subdomains (as SMI TrafficTargets name them), proxy ids
 canonical UUIDs, common names a proxy's or a service's. A proxy certificate needs a CSR
 (``csr_pem``), whose signature and key type are checked here
-(:func:`~trellis_certmanager.domain.csr.public_key_from_csr`). Rules that need the CA's settings
-(the service CN's length with the trust domain) stay in the issuer, which raises
-``InvalidRequest``; the servicer refuses those the same way.
+(:func:`~trellis_certmanager.domain.csr.public_key_from_csr`), as is a proxy's renewal CSR.
+Rules that need the CA's settings (the service CN's length with the trust domain) stay in
+the issuer, which raises ``InvalidRequest``; the servicer refuses those the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from trellis_certmanager.domain.csr import PublicKey, public_key_from_csr
 from trellis_certmanager.domain.errors import InvalidRequest
 from trellis_certmanager.domain.issuer import MIN_VALIDITY
 from trellis_certmanager.domain.records import CertificateKind
+from trellis_certmanager.domain.renewal import Renewal
 from trellis_common import grpcrequests as check
 from trellis_common.ids import ProxyCommonName, ProxyId
 from trellis_common.model import MeshService
@@ -119,6 +120,26 @@ def issue(request: pb.IssueCertificateRequest) -> Issue:
 def common_name(request: pb.GetCertificateRequest | pb.RotateCertificateRequest) -> str:
     check.common_name("common_name", request.common_name)
     return request.common_name
+
+
+def renew_proxy(request: pb.RenewProxyCertificateRequest) -> tuple[str, Renewal]:
+    """A proxy's common name and its renewal: the serial it presented, its CSR's key."""
+    check.common_name("common_name", request.common_name)
+    try:
+        ProxyCommonName.parse(request.common_name)
+    except ValueError as exc:
+        raise check.InvalidField("common_name", str(exc)) from None
+    try:
+        serial = int(request.serial, 16)
+    except ValueError:
+        raise check.InvalidField(
+            "serial", f"must be the presented certificate's serial in hex, got {request.serial!r}"
+        ) from None
+    try:
+        public_key = public_key_from_csr(request.csr_pem, "csr_pem")
+    except InvalidRequest as exc:
+        raise check.InvalidField(exc.field, exc.reason) from None
+    return request.common_name, Renewal(serial, public_key)
 
 
 def list_filter(request: pb.ListCertificatesRequest) -> tuple[CertificateKind | None, str]:

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, get_args
 from cryptography import x509
 
 from trellis_common import ids
-from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
+from trellis_common.bootstrap import SDS_FILE, BootstrapSpec, ProxyFiles, envoy_bootstrap
 
 AdsProtocol = Literal["sotw", "delta"]
 PROTOCOLS: Final[tuple[str, ...]] = get_args(AdsProtocol)
@@ -138,6 +138,7 @@ class ProxyRequest:
             cert_chain=folder / CERT_CHAIN_FILE,
             key=folder / KEY_FILE,
             trust_bundle=folder / TRUST_BUNDLE_FILE,
+            sds=folder / SDS_FILE,  # `trellis proxy renew` swaps it: Envoy reloads, no restart
         )
 
 

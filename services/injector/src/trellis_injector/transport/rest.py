@@ -90,6 +90,8 @@ def onboarding_json(done: Onboarding) -> dict[str, Any]:
             "cert_chain": str(files.cert_chain),
             "key": str(files.key),
             "trust_bundle": str(files.trust_bundle),
+            # the SDS file naming the certificate and key in use (renewal swaps it)
+            **({"sds": str(files.sds)} if files.sds is not None else {}),
         },
     }
 

@@ -126,6 +126,14 @@ class CertClient:
         answer = await self._call(lambda stub: stub.ListRevokedCertificates(request, timeout=10))
         return list(answer.revoked)
 
+    async def renew_proxy(self, common_name: str, serial: str, csr_pem: bytes) -> pb.Certificate:
+        """A proxy's own certificate renewed for its CSR's key (the proxy presented
+        ``serial``; certmanager refuses FAILED_PRECONDITION if that is no longer current)."""
+        request = pb.RenewProxyCertificateRequest(
+            common_name=common_name, serial=serial, csr_pem=csr_pem
+        )
+        return await self._call(lambda stub: stub.RenewProxyCertificate(request, timeout=30))
+
     async def want(self, identity: str, service_account: str) -> SecretMaterial:
         namespace, service = identity.split("/", 1)
         self.wanted[identity] = service_account

@@ -37,6 +37,7 @@ def stream_json(stream: ProxyStream) -> dict[str, Any]:
         "proxy": stream.proxy_id,
         "identity": stream.identity,
         "node_id": stream.node_id,
+        "serial": stream.serial,  # of the certificate the stream was opened with
         "envoy_version": _envoy_version(node),
         "protocol": stream.protocol,
         "opened_at": stream.opened_at,
