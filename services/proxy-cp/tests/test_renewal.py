@@ -22,7 +22,7 @@ from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.authorizer import PresentedProxy
 from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.metrics import XdsMetrics
-from trellis_proxy_cp.transport.renewal import ProxyCertificatesServicer
+from trellis_proxy_cp.renewal import ProxyCertificatesServicer
 from trellis_proxy_cp.transport.streams import StreamRefused
 
 PROXY = t.proxy_common_name("bookstore", "bookstore", 1)

@@ -3,7 +3,7 @@
 Finds the catalog and certmanager through locators (settings, else the service registry),
 gets its own serving certificate (waiting for certmanager), then serves ADS (state of the
 world and delta, mTLS required), proxy certificate renewal on the same port
-(``transport/renewal.py``) and the admin REST API. The catalog's views and
+(``renewal.py``) and the admin REST API. The catalog's views and
 certmanager's certificates are followed on the one event path: two followers on the
 runtime's signals hub (``clients/catalog.py``, ``clients/certs.py``).
 """
@@ -35,13 +35,13 @@ from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.credentials import ServingCertificate
 from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
+from trellis_proxy_cp.renewal import SERVICE_NAME as RENEWAL_SERVICE
+from trellis_proxy_cp.renewal import ProxyCertificatesServicer
 from trellis_proxy_cp.settings import ProxyCpSettings
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport import rest
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.transport.limits import StreamLimits
-from trellis_proxy_cp.transport.renewal import SERVICE_NAME as RENEWAL_SERVICE
-from trellis_proxy_cp.transport.renewal import ProxyCertificatesServicer
 from trellis_proxy_cp.transport.streams import StreamRegistry
 
 log = logging.getLogger(__name__)
