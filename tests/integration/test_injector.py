@@ -129,10 +129,13 @@ def test_a_vm_proxy_onboarded_with_the_cli_connects(mesh: Mesh, tmp_path: Path) 
     assert "BEGIN PRIVATE KEY" in key.read_text()
     assert "BEGIN CERTIFICATE" in (out / "cert.pem").read_text()
     assert "BEGIN CERTIFICATE" in (out / "ca.pem").read_text()
+    # Envoy takes its client certificate from the SDS file, which renewal swaps
     tls = config["static_resources"]["clusters"][0]["transport_socket"]["typed_config"]
-    assert tls["common_tls_context"]["tls_certificates"][0]["private_key"] == {
-        "filename": str(out.resolve() / "key.pem")
-    }
+    [sds] = tls["common_tls_context"]["tls_certificate_sds_secret_configs"]
+    sds_file = out.resolve() / "proxy-sds.yaml"
+    assert sds["sds_config"]["path_config_source"]["path"] == str(sds_file)
+    [secret] = yaml.safe_load(sds_file.read_text())["resources"]
+    assert secret["tls_certificate"]["private_key"] == {"filename": str(out.resolve() / "key.pem")}
     assert "PRIVATE KEY" not in mesh.processes["injector"].logs()
 
     # the catalog expects it before it ever connects
