@@ -105,7 +105,11 @@ def test_the_bootstrap() -> None:
     }
     ads = bootstrap["dynamic_resources"]["ads_config"]
     assert ads["api_type"] == "GRPC"
-    assert ads["grpc_services"] == [{"envoy_grpc": {"cluster_name": "trellis-xds"}}]
+    (grpc_service,) = ads["grpc_services"]
+    assert grpc_service["envoy_grpc"]["cluster_name"] == "trellis-xds"
+    # Envoy's own default waits up to 30 s before retrying a broken ADS stream
+    back_off = grpc_service["envoy_grpc"]["retry_policy"]["retry_back_off"]
+    assert back_off == {"base_interval": "0.25s", "max_interval": "3s"}
 
     (cluster,) = bootstrap["static_resources"]["clusters"]
     assert cluster["name"] == "trellis-xds"

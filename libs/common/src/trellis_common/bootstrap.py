@@ -29,6 +29,14 @@ from typing import Any, Literal
 #: for a revoked permission). HTTP rules live in the routes and apply on the next request.
 SIDECAR_DRAIN_SECONDS = 5
 
+#: How soon Envoy retries its ADS stream after proxy-cp went away. Envoy's default is a
+#: jittered exponential backoff from 500 ms up to 30 s, with full jitter: a sidecar whose
+#: stream broke while proxy-cp restarted (a couple of seconds) could wait half a minute
+#: more before it asks again, running on stale configuration all that time. A mesh proxy
+#: should be back within seconds; the full jitter over up to 3 s still spreads a reconnect
+#: storm, and proxy-cp sheds what it cannot take (the proxy then waits again).
+ADS_RETRY_BACK_OFF = {"base_interval": "0.25s", "max_interval": "3s"}
+
 
 def sidecar_args() -> list[str]:
     """The Envoy flags every mesh sidecar runs with (after ``-c <bootstrap>``)."""
@@ -142,7 +150,14 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                 "api_type": "DELTA_GRPC" if spec.protocol == "delta" else "GRPC",
                 "transport_api_version": "V3",
                 "set_node_on_first_message_only": True,
-                "grpc_services": [{"envoy_grpc": {"cluster_name": "trellis-xds"}}],
+                "grpc_services": [
+                    {
+                        "envoy_grpc": {
+                            "cluster_name": "trellis-xds",
+                            "retry_policy": {"retry_back_off": ADS_RETRY_BACK_OFF},
+                        }
+                    }
+                ],
             },
             "cds_config": ads,
             "lds_config": ads,
