@@ -67,3 +67,11 @@ _.forward_client_cert_details
 
 # grpc.aio calls a server interceptor's hook (trellis_common.authz.Authorizer).
 _.intercept_service
+
+# kmock's emulator calls its fallbacks by name (trellis_common.testing.kubeserver overrides them).
+_._serve_create
+_._serve_fetch
+_._serve_update
+_._serve_delete
+_._serve_list
+_._serve_watch

@@ -1,0 +1,1 @@
+"""Kubernetes: reaching the API server, and watching what the mesh reads from it."""

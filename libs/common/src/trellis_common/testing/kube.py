@@ -1,0 +1,126 @@
+"""The test Kubernetes API server (:mod:`trellis_common.testing.kubeserver`) on its own thread.
+
+Synchronous tests, blocking watches and services in other processes all reach it over
+plain ``http://`` through a kubeconfig (:meth:`KubeApi.write_kubeconfig`), as they would a
+local emulator. Faults: :meth:`KubeApi.drop_watches` (a dropped connection) and
+:meth:`KubeApi.expire` (etcd compaction: the next watch from an old revision gets 410).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import kmock
+import yaml
+from kmock._internal import references
+
+from trellis_common.testing.kubeserver import ApiServer, Selector
+
+__all__ = ["ApiServer", "KubeApi", "Selector"]
+
+
+class KubeApi:
+    """:class:`ApiServer` on its own thread and loop, for synchronous tests and services."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.server: ApiServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kube-api", daemon=True)
+
+    def start(self) -> KubeApi:
+        self._thread.start()
+        if not self._ready.wait(10) or self.server is None:
+            raise RuntimeError("the Kubernetes API emulator did not start") from self._failure
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def __enter__(self) -> KubeApi:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001  # surfaced by start()
+            self._failure = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with ApiServer() as server, kmock.Server(server, host="127.0.0.1") as http:
+            server.resources.load_bundled()
+            self.server = server
+            self.url = str(http.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def _call(self, action: Callable[[ApiServer], Any]) -> Any:
+        assert self._loop is not None
+        assert self.server is not None
+        server = self.server
+
+        async def run() -> Any:
+            return await action(server)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def drop_watches(self) -> None:
+        """End every open watch, as a dropped connection does."""
+        self._call(lambda server: server.drop_watches())
+
+    def expire(self) -> None:
+        """Compact the history: a watch from any resourceVersion so far gets 410 Gone."""
+        self._call(lambda server: server.expire())
+
+    def declare(self, resource: str, **info: Any) -> None:
+        """Declare a resource (``group/version/plural``) for discovery, e.g. a CRD's."""
+        assert self.server is not None
+        self.server.resources[resource] = references.ResourceInfo(**info)
+
+    def objects(self, group: str, plural: str) -> list[dict[str, Any]]:
+        """What the server stores, as it stores it (a copy)."""
+
+        async def read(server: ApiServer) -> list[dict[str, Any]]:
+            return [
+                copy.deepcopy(obj)
+                for (g, p, _, _), obj in server.store.items()
+                if (g, p) == (group, plural)
+            ]
+
+        return cast(list[dict[str, Any]], self._call(read))
+
+    def watches(self) -> int:
+        """How many watch requests the server has had so far."""
+        assert self.server is not None
+        return self.server.watch_count
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig for this server (plain ``http://``, as a local emulator is)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": "emulator-ignores-it"}}],
+            "contexts": [
+                {"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}
+            ],
+            "current-context": "emulator",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path

@@ -1,0 +1,415 @@
+"""A Kubernetes API server for tests: kmock's emulator, made to keep the API's promises.
+
+Our code talks to the API server through the official ``kubernetes`` client, and tests run
+that real client against kmock's ``KubernetesEmulator`` (there is no cluster here). As
+shipped, the emulator leaves out what a watcher depends on (see
+``shared/notes/kubernetes-testing-facts.md``): no resourceVersion, uid or creation time, no
+generateName, every watch replays everything, no 410 Gone, selectors ignored, namespaces
+unreadable. :class:`ApiServer` keeps kmock's HTTP server, request parsing, discovery and
+error bodies, and its own store takes over the objects:
+
+* create fills ``uid``, ``creationTimestamp``, ``generation``, ``resourceVersion`` (one
+  counter for all objects), the namespace from the URL and a name from ``generateName``,
+  and answers 201; a duplicate is 409 ``AlreadyExists``;
+* patches: a JSON list is RFC 6902, a dict is a JSON merge patch (RFC 7386; strategic
+  merge's per-list keys are not emulated); ``/status`` changes only the status, the main
+  resource bumps ``generation`` when anything but metadata and status changes, and a patch
+  that changes nothing changes no resourceVersion and sends no event; PUT replaces, with
+  the resourceVersion precondition (409 ``Conflict``);
+* delete honours finalizers (``deletionTimestamp`` first, gone once they are cleared);
+* list and watch honour ``labelSelector`` (equality, ``!=``, ``in``, ``notin``, exists)
+  and ``fieldSelector`` on ``metadata.name``/``metadata.namespace``; a list carries the
+  current resourceVersion; a watch from a resourceVersion sends only what changed after it
+  (an object that stops matching a selector arrives as DELETED, one that starts as ADDED),
+  a watch with none starts with every object as ADDED, ``timeoutSeconds`` ends it, and a
+  resourceVersion from before :meth:`KubeApi.expire` gets the ERROR event with 410
+  ``Expired``, as after etcd compaction;
+* Namespaces are served as the cluster-scoped resource they are.
+
+Faults for tests: :meth:`ApiServer.drop_watches` ends every open watch (a dropped
+connection: the client resumes from its last resourceVersion) and :meth:`ApiServer.expire`
+compacts the history and drops the watches (the client must list again).
+:mod:`trellis_common.testing.kube` runs it on its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import jsonpatch
+import kmock
+from kmock._internal import k8s, parsing, rendering
+
+Key = tuple[str, str, str, str]  # group, plural, namespace ("" for cluster scope), name
+
+_CLUSTER_SCOPED = {("", "namespaces"), ("", "nodes")}
+
+
+def _parse_path(path: str) -> parsing.ParsedPath:
+    """kmock reads ``/api/v1/namespaces/NAME`` as a namespace prefix with no resource."""
+    parts = path.strip("/").split("/")
+    own = len(parts) <= 4 or (len(parts) == 5 and parts[4] in ("status", "finalize"))
+    if parts[:3] == ["api", "v1", "namespaces"] and own:
+        name = parts[3] if len(parts) > 3 else None
+        sub = parts[4] if len(parts) > 4 else None
+        return parsing.ParsedPath("", "v1", "namespaces", None, name, sub)
+    return _original_parse_path(path)
+
+
+_original_parse_path = parsing.parse_path
+parsing.parse_path = _parse_path  # kmock is pinned (==0.8): this is its private parser
+
+
+def _error(status: int, reason: str, message: str) -> k8s.KubernetesError:
+    return k8s.KubernetesError(status=status, reason=reason, message=message, details={})
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge(result.get(key), value)
+    return result
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A label selector as ``labelSelector=`` spells it."""
+
+    terms: tuple[tuple[str, str, frozenset[str]], ...]
+
+    @classmethod
+    def parse(cls, text: str | None) -> Selector:
+        terms: list[tuple[str, str, frozenset[str]]] = []
+        for raw in _split_terms(text or ""):
+            term = raw.strip()
+            if not term:
+                continue
+            for op in (" notin ", " in "):
+                if op in term:
+                    key, values = term.split(op, 1)
+                    names = frozenset(v.strip() for v in values.strip().strip("()").split(","))
+                    terms.append((key.strip(), op.strip(), names))
+                    break
+            else:
+                if "!=" in term:
+                    key, value = term.split("!=", 1)
+                    terms.append((key.strip(), "!=", frozenset([value.strip()])))
+                elif "=" in term:
+                    key, value = term.replace("==", "=").split("=", 1)
+                    terms.append((key.strip(), "=", frozenset([value.strip()])))
+                elif term.startswith("!"):
+                    terms.append((term[1:].strip(), "!", frozenset()))
+                else:
+                    terms.append((term, "exists", frozenset()))
+        return cls(tuple(terms))
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        for key, op, values in self.terms:
+            present = key in labels
+            if op in ("=", "in") and not (present and labels[key] in values):
+                return False
+            if op in ("!=", "notin") and present and labels[key] in values:
+                return False
+            if (op == "exists" and not present) or (op == "!" and present):
+                return False
+        return True
+
+
+def _split_terms(text: str) -> Iterator[str]:
+    """Split on commas outside ``in (a,b)`` parentheses."""
+    depth, start = 0, 0
+    for index, char in enumerate(text):
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            yield text[start:index]
+            start = index + 1
+    yield text[start:]
+
+
+@dataclass(frozen=True)
+class _Event:
+    rv: int
+    group: str
+    plural: str
+    type: str
+    obj: dict[str, Any]
+    old: dict[str, Any] | None
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    return cast(dict[str, Any], obj.setdefault("metadata", {}))
+
+
+class ApiServer(k8s.KubernetesEmulator):
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.store: dict[Key, dict[str, Any]] = {}
+        self.history: list[_Event] = []
+        self.revision = 0
+        self.compacted = 0
+        self.epoch = 0
+        self.watch_count = 0
+        self.changed = asyncio.Condition()
+        self.fallback[kmock.method.PUT] << self._serve_replace
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        # the emulator's own bookkeeping is replaced by this class's store
+        return await k8s.KubernetesScaffold._handle(self, request)
+
+    # -- the store -------------------------------------------------------------------------
+
+    def _key(self, request: rendering.Request, name: str | None = None) -> Key:
+        resource = request.resource
+        assert resource is not None  # only Kubernetes requests reach the fallbacks
+        group, plural = resource.group or "", resource.plural or ""
+        namespace = "" if (group, plural) in _CLUSTER_SCOPED else (request.namespace or "")
+        return group, plural, namespace, name if name is not None else (request.name or "")
+
+    def _known(self, request: rendering.Request) -> None:
+        """A resource is served once declared (as installing its CRD does) or written."""
+        group, plural = self._key(request)[:2]
+        declared = any((r.group, r.plural) == (group, plural) for r in self.resources)
+        if not declared and not any(k[:2] == (group, plural) for k in self.store):
+            raise _error(404, "NotFound", f"the server could not find the resource {plural}")
+
+    def _existing(self, request: rendering.Request) -> tuple[Key, dict[str, Any]]:
+        self._known(request)
+        key = self._key(request)
+        if key not in self.store:
+            raise _error(404, "NotFound", f'{key[1]} "{key[3]}" not found')
+        return key, self.store[key]
+
+    async def _record(self, key: Key, kind: str, obj: dict[str, Any], old: Any) -> None:
+        self.revision += 1
+        _meta(obj)["resourceVersion"] = str(self.revision)
+        if kind == "DELETED":
+            self.store.pop(key, None)
+        else:
+            self.store[key] = obj
+        event = _Event(self.revision, key[0], key[1], kind, copy.deepcopy(obj), old)
+        self.history.append(event)
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _serve_create(self, request: rendering.Request) -> Any:
+        self._known(request)
+        body = request.data
+        if not isinstance(body, dict):
+            raise _error(400, "BadRequest", "the body must be a JSON object")
+        obj = copy.deepcopy(body)
+        meta = _meta(obj)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        if not meta.get("name"):
+            raise _error(422, "Invalid", "metadata.name: Required value: name or generateName")
+        key = self._key(request, meta["name"])
+        if key[2]:
+            meta["namespace"] = key[2]
+        if key in self.store:
+            raise _error(409, "AlreadyExists", f'{key[1]} "{key[3]}" already exists')
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        meta.update(
+            uid=str(uuid.uuid4()),
+            creationTimestamp=now.isoformat().replace("+00:00", "Z"),
+            generation=1,
+        )
+        await self._record(key, "ADDED", obj, None)
+        return rendering.Response(status=201, payload=copy.deepcopy(obj))
+
+    async def _serve_fetch(self, request: rendering.Request) -> Any:
+        return copy.deepcopy(self._existing(request)[1])
+
+    async def _serve_update(self, request: rendering.Request) -> Any:
+        key, current = self._existing(request)
+        patch = request.data
+        if isinstance(patch, list):
+            try:
+                patched = jsonpatch.apply_patch(current, patch)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                raise _error(422, "Invalid", f"the JSON patch does not apply: {exc}") from exc
+        elif isinstance(patch, dict):
+            patched = _merge(current, patch)
+        else:
+            raise _error(400, "BadRequest", "a patch is a JSON object or a JSON list")
+        return await self._write(request, key, current, patched)
+
+    async def _serve_replace(self, request: rendering.Request) -> Any:
+        if request.resource is None or not request.name or not isinstance(request.data, dict):
+            raise _error(404, "NotFound", "PUT names one object and sends it whole")
+        key, current = self._existing(request)
+        wanted = _meta(request.data).get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise _error(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {key[1]} "{key[3]}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+            )
+        return await self._write(request, key, current, copy.deepcopy(request.data))
+
+    async def _write(
+        self, request: rendering.Request, key: Key, current: dict[str, Any], new: dict[str, Any]
+    ) -> Any:
+        if request.subresource == "status":
+            new = {**copy.deepcopy(current), "status": new.get("status")}
+        else:
+            # identity and bookkeeping stay the server's, whatever the writer sent
+            meta, old_meta = _meta(new), current["metadata"]
+            for field in ("uid", "creationTimestamp", "generation", "name", "namespace"):
+                if field in old_meta:
+                    meta[field] = old_meta[field]
+            body = {k: v for k, v in new.items() if k not in ("metadata", "status")}
+            before = {k: v for k, v in current.items() if k not in ("metadata", "status")}
+            if body != before:
+                meta["generation"] = old_meta.get("generation", 1) + 1
+        _meta(new)["resourceVersion"] = current["metadata"]["resourceVersion"]
+        if new == current:
+            return copy.deepcopy(current)  # no change: no new resourceVersion, no event
+        meta = _meta(new)
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            await self._record(key, "DELETED", new, current)
+        else:
+            await self._record(key, "MODIFIED", new, current)
+        return copy.deepcopy(new)
+
+    async def _serve_delete(self, request: rendering.Request) -> Any:
+        key, current = self._existing(request)
+        obj = copy.deepcopy(current)
+        meta = _meta(obj)
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = datetime.datetime.now(datetime.UTC).isoformat()
+                await self._record(key, "MODIFIED", obj, current)
+        else:
+            await self._record(key, "DELETED", obj, current)
+        return copy.deepcopy(obj)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _wanted(self, request: rendering.Request) -> Callable[[dict[str, Any]], bool]:
+        labels = Selector.parse(request.params.get("labelSelector"))
+        fields = dict(
+            term.replace("==", "=").split("=", 1)
+            for term in (request.params.get("fieldSelector") or "").split(",")
+            if "=" in term
+        )
+        namespace = self._key(request)[2]
+
+        def wanted(obj: dict[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            if namespace and meta.get("namespace") != namespace:
+                return False
+            if request.name and meta.get("name") != request.name:
+                return False
+            for field, value in fields.items():
+                if meta.get(field.removeprefix("metadata.")) != value:
+                    return False
+            return labels.matches(meta.get("labels") or {})
+
+        return wanted
+
+    def _matching(self, request: rendering.Request) -> list[dict[str, Any]]:
+        self._known(request)
+        group, plural = self._key(request)[:2]
+        wanted = self._wanted(request)
+        return [
+            copy.deepcopy(obj)
+            for (g, p, _, _), obj in sorted(self.store.items())
+            if (g, p) == (group, plural) and wanted(obj)
+        ]
+
+    async def _serve_list(self, request: rendering.Request) -> Any:
+        return {
+            "kind": "List",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self.revision)},
+            "items": self._matching(request),
+        }
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
+        yield b""  # headers first, so the client's watch starts even when nothing happens
+        self.watch_count += 1
+        group, plural = self._key(request)[:2]
+        wanted = self._wanted(request)
+        since = request.params.get("resourceVersion") or "0"
+        timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        epoch = self.epoch
+        if since == "0":
+            for obj in self._matching(request):
+                yield {"type": "ADDED", "object": obj}
+            position = len(self.history)
+        else:
+            if int(since) < self.compacted:
+                yield {"type": "ERROR", "object": _expired(since, self.compacted)}
+                return
+            position = next(
+                (i for i, e in enumerate(self.history) if e.rv > int(since)), len(self.history)
+            )
+        while self.epoch == epoch:
+            while position < len(self.history):
+                event = self.history[position]
+                position += 1
+                if (event.group, event.plural) == (group, plural):
+                    kind = _as_seen(event, wanted)
+                    if kind is not None:
+                        yield {"type": kind, "object": copy.deepcopy(event.obj)}
+            remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if remaining is not None and remaining <= 0:
+                return
+            async with self.changed:
+                try:
+                    await asyncio.wait_for(self.changed.wait(), remaining)
+                except TimeoutError:
+                    return
+
+    async def drop_watches(self) -> None:
+        self.epoch += 1
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def expire(self) -> None:
+        # as if other writes moved the revision on and etcd compacted everything before it
+        self.revision += 1
+        self.compacted = self.revision
+        await self.drop_watches()
+
+
+def _as_seen(event: _Event, wanted: Callable[[dict[str, Any]], bool]) -> str | None:
+    """The event as a watch with a selector sees it (the watch cache's translation)."""
+    now = event.type != "DELETED" and wanted(event.obj)
+    before = event.old is not None and wanted(event.old)
+    if event.type == "DELETED":
+        return "DELETED" if wanted(event.obj) else None
+    if now and before:
+        return "MODIFIED"
+    if now:
+        return "ADDED"
+    if before:
+        return "DELETED"
+    return None
+
+
+def _expired(since: str, oldest: int) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f"too old resource version: {since} ({oldest})",
+        "reason": "Expired",
+        "code": 410,
+    }
