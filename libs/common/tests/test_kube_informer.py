@@ -12,8 +12,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trellis_common.kube.client import NoKubernetes, api_client, monitored_selector
+from trellis_common.kube.client import NoKubernetes, api_client
 from trellis_common.kube.informer import Informer, Object
+from trellis_common.kube.namespaces import MonitoredNamespaces
 from trellis_common.testing.kube import KubeApi
 
 
@@ -144,25 +145,30 @@ async def test_after_410_a_new_list_delivers_what_happened_in_the_gap(
     assert set(informer.objects) == {("shop", "changed"), ("shop", "kept"), ("shop", "new")}
 
 
-async def test_a_label_selector_sees_namespaces_join_and_leave(kube: Any, running: Any) -> None:
+async def test_namespaces_join_and_leave_the_mesh_with_their_label(
+    kube: Any, running: Any
+) -> None:
     _, api = kube
     core: Any = client.CoreV1Api(api)
     await call(core.create_namespace, {"metadata": {"name": "shop"}})
-    informer = Informer(
-        "namespaces",
-        core.list_namespace,
-        label_selector=monitored_selector("trellis"),
-        watch_timeout=5,
+    await call(
+        core.create_namespace,
+        {"metadata": {"name": "other", "labels": {"trellis.dev/monitored-by": "another-mesh"}}},
     )
-    run = running(informer)
-    await asyncio.wait_for(informer.synced.wait(), 10)
-    assert informer.objects == {}
+    monitored = MonitoredNamespaces(core, "trellis", watch_timeout=5)
+    flips: list[tuple[str, bool]] = []
+    monitored.on_change(lambda name, joined: flips.append((name, joined)))
+    run = running(monitored.informer)
+    await asyncio.wait_for(monitored.synced.wait(), 10)
+    assert monitored.names() == set()
     label = {"metadata": {"labels": {"trellis.dev/monitored-by": "trellis"}}}
     await call(core.patch_namespace, "shop", label)
-    await run.until(lambda: ("", "shop") in informer.objects)
+    await run.until(lambda: monitored.monitors("shop"))
+    await call(core.patch_namespace, "shop", {"metadata": {"labels": {"team": "a"}}})
     await call(core.patch_namespace, "shop", {"metadata": {"labels": None}})
-    await run.until(lambda: ("", "shop") not in informer.objects)
-    assert run.seen == [("ADDED", "shop"), ("DELETED", "shop")]
+    await run.until(lambda: not monitored.monitors("shop"))
+    assert flips == [("shop", True), ("shop", False)]
+    assert not monitored.monitors("other")
 
 
 async def test_a_resource_the_server_does_not_serve_fails_the_run(kube: Any) -> None:

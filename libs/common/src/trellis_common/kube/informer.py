@@ -154,9 +154,10 @@ class _Worker:
         try:
             self._loop()
         except BaseException as exc:  # noqa: BLE001  # handed to the supervisor
-            self._post(self._fail, exc)
-        else:
-            self._post(self._done)
+            if not self.stopped.is_set():  # else: the socket was shut under it, on purpose
+                self._post(self._fail, exc)
+                return
+        self._post(self._done)
 
     def _done(self) -> None:
         if not self.finished.done():
