@@ -145,9 +145,7 @@ async def test_after_410_a_new_list_delivers_what_happened_in_the_gap(
     assert set(informer.objects) == {("shop", "changed"), ("shop", "kept"), ("shop", "new")}
 
 
-async def test_namespaces_join_and_leave_the_mesh_with_their_label(
-    kube: Any, running: Any
-) -> None:
+async def test_namespaces_join_and_leave_the_mesh_with_their_label(kube: Any, running: Any) -> None:
     _, api = kube
     core: Any = client.CoreV1Api(api)
     await call(core.create_namespace, {"metadata": {"name": "shop"}})

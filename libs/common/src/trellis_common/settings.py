@@ -169,7 +169,7 @@ class ServiceSettings(BaseSettings):
         description="the one time join token this service trades for its certificate, deleted "
         "once read (unset: join/<service> in the state directory)",
     )
-    service_account_token_file: Path | None = Field(
+    service_account_token_file: Annotated[Path | None, SHARED] = Field(
         default=None,
         description="in Kubernetes: the projected ServiceAccount token to join with when there "
         "is no join token",

@@ -9,8 +9,10 @@ certificate of ``spiffe://<td>/ns/trellis-system/sa/<component>``, for
 A join token (:mod:`trellis_common.jointoken`) must verify under the join key, name a
 component, be unexpired, and not be spent: its nonce is written to Redis with ``SET NX``
 until the token expires, so a second use (or a replay by someone who saw it) is refused.
-Kubernetes ServiceAccount tokens (TokenReview) are not accepted yet: certmanager has no
-Kubernetes API access until the Kubernetes work lands, and says so.
+A Kubernetes ServiceAccount token is checked by the API server instead
+(:mod:`trellis_certmanager.tokenreview`) when certmanager has Kubernetes access (in a pod,
+or with ``kubeconfig``), and is spent the same way; without it, such a token is refused
+with the reason ``service_account_token``.
 
 Every refusal is logged (``join.refused reason=...``) and counted
 (``trellis_certmanager_join_refused_total{reason}``); the token itself is never logged.
@@ -30,6 +32,11 @@ from redis.exceptions import RedisError
 from trellis_certmanager.domain.csr import public_key_from_csr
 from trellis_certmanager.domain.errors import InvalidRequest, StoreUnavailable
 from trellis_certmanager.domain.issuer import Issuer
+from trellis_certmanager.tokenreview import (
+    ReviewRefused,
+    ServiceAccountReviewer,
+    spent_key_and_expiry,
+)
 from trellis_common import jointoken
 from trellis_common.identity import Issued
 
@@ -55,8 +62,10 @@ class ComponentIssuer:
         validity: dt.timedelta,
         registry: CollectorRegistry,
         clock: Callable[[], dt.datetime],
+        reviewer: ServiceAccountReviewer | None = None,
     ) -> None:
         self._issuer = issuer
+        self._reviewer = reviewer
         self._redis = redis
         self._join_key = join_key
         self._validity = validity
@@ -117,21 +126,36 @@ class ComponentIssuer:
 
     async def _admit(self, token: str) -> str:
         if not jointoken.is_join_token(token):
-            raise JoinRefused(
-                "service_account_token",
-                "not a join token; ServiceAccount tokens (TokenReview) are not accepted yet",
-            )
+            return await self._admit_service_account(token)
         now = self._clock().timestamp()
         try:
             claim = jointoken.verify(self._join_key, token, now)
         except jointoken.InvalidJoinToken as exc:
             reason = "expired" if str(exc) == "expired" else "invalid_token"
             raise JoinRefused(reason, f"join token refused: {exc}") from None
-        key = SPENT_KEY.format(nonce=claim.nonce)
+        await self._spend(claim.nonce, claim.component, claim.expires_at + 60)
+        return claim.component
+
+    async def _admit_service_account(self, token: str) -> str:
+        if self._reviewer is None:
+            raise JoinRefused(
+                "service_account_token",
+                "not a join token, and certmanager has no Kubernetes API to review a "
+                "ServiceAccount token with (it runs outside a pod and without kubeconfig)",
+            )
         try:
-            fresh = await self._redis.set(key, claim.component, nx=True, exat=claim.expires_at + 60)
+            component = await self._reviewer.component(token)
+        except ReviewRefused as exc:
+            raise JoinRefused(exc.reason, str(exc)) from None
+        nonce, expires_at = spent_key_and_expiry(token)
+        await self._spend(nonce, component, expires_at + 60)
+        return component
+
+    async def _spend(self, nonce: str, component: str, until: int) -> None:
+        key = SPENT_KEY.format(nonce=nonce)
+        try:
+            fresh = await self._redis.set(key, component, nx=True, exat=until)
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"cannot record the join token as used: {exc}") from exc
         if not fresh:
             raise JoinRefused("spent", "join token already used: a token works once")
-        return claim.component

@@ -25,9 +25,11 @@ from trellis_certmanager.manager import TOPIC, CertificateManager, utcnow
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
+from trellis_certmanager.tokenreview import ServiceAccountReviewer
 from trellis_certmanager.transport import grpc_api, rest
 from trellis_common import components, jointoken
 from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
+from trellis_common.kube import client as kube
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 
@@ -141,6 +143,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         settings.component_cert_validity,
         runtime.metrics,
         utcnow,
+        reviewer(settings),
     )
     runtime.identity = own_identity(identities)
     write_trust_bundle(settings.trust_bundle_path, manager.ca.trust_bundle_pem)
@@ -162,6 +165,22 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         routes=lambda app: rest.add_routes(app, manager, runtime.guard, identities),
         attributes={"root": manager.ca.fingerprint},
     )
+
+
+def reviewer(settings: CertManagerSettings) -> ServiceAccountReviewer | None:
+    """Who reviews ServiceAccount tokens at join: the API server, when there is one."""
+    if settings.kubeconfig is None and not kube.in_cluster():
+        return None
+    try:
+        api = kube.api_client(settings.kubeconfig)
+    except kube.NoKubernetes as exc:
+        fatal("kubernetes.fatal", exc)
+    log.info(
+        "join.service_accounts audience=%s namespace=%s",
+        settings.join_audience,
+        settings.control_plane_namespace,
+    )
+    return ServiceAccountReviewer(api, settings.join_audience, settings.control_plane_namespace)
 
 
 class ExitCode:

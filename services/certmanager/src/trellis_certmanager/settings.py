@@ -83,6 +83,16 @@ class CertManagerSettings(ServiceSettings):
         "Redis; made on first start (unset: <state-dir>/certmanager/kek)",
     )
 
+    kubeconfig: Path | None = Field(
+        None,
+        description="a kubeconfig for the API server that reviews ServiceAccount tokens at "
+        "join (in a pod: in-cluster; neither: only join tokens)",
+    )
+    join_audience: str = Field(
+        "trellis",
+        min_length=1,
+        description="the audience of the ServiceAccount tokens to join with",
+    )
     # The operator's own CA (root or intermediate): certificate, key, and chain to a root.
     ca_cert_file: Path | None = Field(None, description="your CA's certificate (PEM)")
     ca_key_file: Path | None = Field(None, description="your CA's private key (PEM)")

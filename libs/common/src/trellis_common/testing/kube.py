@@ -93,6 +93,20 @@ class KubeApi:
         assert self.server is not None
         self.server.resources[resource] = references.ResourceInfo(**info)
 
+    def service_account_token(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        audiences: tuple[str, ...] = ("trellis",),
+        lifetime: float = 600.0,
+    ) -> str:
+        """A projected ServiceAccount token this server's TokenReview accepts."""
+        assert self.server is not None
+        return self.server.tokens.issue(
+            namespace, service_account, audiences=audiences, lifetime=lifetime
+        )
+
     def objects(self, group: str, plural: str) -> list[dict[str, Any]]:
         """What the server stores, as it stores it (a copy)."""
 

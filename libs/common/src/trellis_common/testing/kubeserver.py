@@ -24,7 +24,8 @@ error bodies, and its own store takes over the objects:
   a watch with none starts with every object as ADDED, ``timeoutSeconds`` ends it, and a
   resourceVersion from before :meth:`KubeApi.expire` gets the ERROR event with 410
   ``Expired``, as after etcd compaction;
-* Namespaces are served as the cluster-scoped resource they are.
+* Namespaces are served as the cluster-scoped resource they are; TokenReview answers about
+  the ServiceAccount tokens it issued (:mod:`trellis_common.testing.kubeauth`).
 
 Faults for tests: :meth:`ApiServer.drop_watches` ends every open watch (a dropped
 connection: the client resumes from its last resourceVersion) and :meth:`ApiServer.expire`
@@ -45,6 +46,8 @@ from typing import Any, cast
 import jsonpatch
 import kmock
 from kmock._internal import k8s, parsing, rendering
+
+from trellis_common.testing.kubeauth import TokenAuthority
 
 Key = tuple[str, str, str, str]  # group, plural, namespace ("" for cluster scope), name
 
@@ -163,6 +166,7 @@ class ApiServer(k8s.KubernetesEmulator):
         self.epoch = 0
         self.watch_count = 0
         self.changed = asyncio.Condition()
+        self.tokens = TokenAuthority()
         self.fallback[kmock.method.PUT] << self._serve_replace
 
     async def _handle(self, request: rendering.Request) -> Any:
@@ -205,10 +209,12 @@ class ApiServer(k8s.KubernetesEmulator):
             self.changed.notify_all()
 
     async def _serve_create(self, request: rendering.Request) -> Any:
-        self._known(request)
         body = request.data
         if not isinstance(body, dict):
             raise _error(400, "BadRequest", "the body must be a JSON object")
+        if self._key(request)[:2] == ("authentication.k8s.io", "tokenreviews"):
+            return rendering.Response(status=201, payload=self.tokens.review(body))
+        self._known(request)
         obj = copy.deepcopy(body)
         meta = _meta(obj)
         if not meta.get("name") and meta.get("generateName"):

@@ -40,8 +40,13 @@ class ServiceProcess:
         redis: RedisServer | str,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        *,
+        join_token: bool = True,
     ) -> None:
         self.name = name
+        #: write a join token before each start, as `trellis up` does (False: the service
+        #: joins with what its env names, a ServiceAccount token)
+        self.join_token = join_token
         self.module = module
         self.state_dir = state_dir
         self.redis_env = (
@@ -59,7 +64,7 @@ class ServiceProcess:
     ) -> statefile.ServiceEndpoint:
         """Start (``ports``: gRPC and admin; 0 picks free ones) and wait until ready."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.name != components.CERTMANAGER:  # as `trellis up` does before each start
+        if self.name != components.CERTMANAGER and self.join_token:  # as `trellis up` does
             jointoken.write_token(self.state_dir, self.name)
         env = {
             **os.environ,
