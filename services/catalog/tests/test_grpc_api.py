@@ -47,7 +47,7 @@ class Api:
 @pytest.fixture
 async def api() -> AsyncIterator[Api]:
     documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
-    catalog = Catalog(Bell(), quiet=0.01, max_delay=0.05)
+    catalog = Catalog(Bell())
     catalog.set_documents(documents, errors)
     catalog.set_provider_services(
         "vm",

@@ -1,14 +1,16 @@
-"""The mesh catalog: inputs in, per-identity views out, incrementally and debounced.
+"""The mesh catalog: inputs in, per-identity views out, incrementally and in batches.
 
 Inputs: the specification (documents), what each endpoints provider reports, the proxies
 expected (a proxy certificate was issued) and connected, and the service certificates.
-Every input marks what it touches as dirty and wakes one recompute loop, which waits for a
-quiet period (with a hard maximum) and then flushes: the recompute rebuilds what the dirty
-inputs touched (services, clusters, policies), the view store gives a new version to each
-identity whose policy or referenced clusters changed, and the batch is signalled once on
-the ``views`` topic with the cursor after it (consumers ask :meth:`Catalog.views_since`
-what moved). A certificate rotation does not re-version a view: certificates reach
-proxy-cp from certmanager, on one path.
+Every input marks what it touches as dirty and wakes one recompute loop, which flushes at
+once (the leading edge: a lone change never waits for a quiet period), and coalesces what
+arrives while a flush is built and announced into the next flush, which follows at once:
+under churn a change waits for at most one flush and one announce, however steady the
+stream. The recompute rebuilds what the dirty inputs touched (services, clusters,
+policies), the view store gives a new version to each identity whose policy or referenced
+clusters changed, and the batch is signalled once on the ``views`` topic with the cursor
+after it (consumers ask :meth:`Catalog.views_since` what moved). A certificate rotation
+does not re-version a view: certificates reach proxy-cp from certmanager, on one path.
 
 :class:`Catalog` is the façade over the parts, each its own domain module:
 :class:`~trellis_catalog.domain.reports.ProviderReports` (the provider merge),
@@ -20,7 +22,6 @@ clusters and policies) and :class:`~trellis_catalog.domain.viewstore.ViewStore` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -64,7 +65,7 @@ class CertificateRef:
 
 
 class Catalog:
-    """The façade: takes the inputs, answers the queries, runs the debounce loop and
+    """The façade: takes the inputs, answers the queries, runs the batching loop and
     flushes; the work is the parts' (see the module's docstring)."""
 
     def __init__(
@@ -72,15 +73,11 @@ class Catalog:
         announce: Announce,
         trust_domain: str = "cluster.local",
         cluster_domain: str = "cluster.local",
-        quiet: float = 0.02,
-        max_delay: float = 0.2,
         health: Health | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._announce = announce
         self.health = health if health is not None else Health()
-        self._quiet = quiet
-        self._max_delay = max_delay
         self.reports = ProviderReports()
         self.proxies = Proxies(clock, self._proxies_changed, self._onboarded)
         self._recompute = Recompute(
@@ -252,7 +249,8 @@ class Catalog:
         return batch
 
     async def run(self, stop: asyncio.Event) -> None:
-        """The debounce loop: wait for inputs, let them settle, flush, announce.
+        """The batching loop: flush on the first input, announce, and go again at once if
+        more came meanwhile (see the module's docstring).
 
         A flush that fails is reported (a rejection ``catalog/flush`` with the reason, in
         ``/v1/status``) and retried on the next input; the last good views stay in force.
@@ -265,13 +263,9 @@ class Catalog:
             stopper.cancel()
             if stop.is_set():
                 return
-            deadline = time.monotonic() + self._max_delay
-            while time.monotonic() < deadline:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self._quiet)
-                    continue
-                break
+            # one turn of the loop, no timer: the inputs of the same moment (a provider's
+            # fetch delivering several services) go out together
+            await asyncio.sleep(0)
             try:
                 await self.flush_and_announce()
                 self.health.rejections.accept("catalog", "flush")

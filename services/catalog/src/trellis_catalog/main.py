@@ -42,8 +42,6 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
         announce,
         trust_domain=settings.trust_domain,
         cluster_domain=settings.cluster_domain,
-        quiet=settings.debounce_quiet,
-        max_delay=settings.debounce_max,
         health=runtime.health,
     )
     source: SpecSource = (

@@ -21,9 +21,6 @@ class CatalogSettings(SpecDirSettings):
     certmanager_address: str = Field(
         "", description="certmanager's host:port; empty: from the service registry"
     )
-    # Views are recomputed once changes pause for debounce_quiet, or after debounce_max.
-    debounce_quiet: float = Field(0.02, ge=0, description="quiet seconds before a recompute")
-    debounce_max: float = Field(0.2, gt=0, description="longest a recompute waits (s)")
     discovery_interval: float = Field(1.0, gt=0, description="seconds between provider sweeps")
     redis_audit_interval: float = Field(
         5.0, ge=0, description="seconds between reads of what Redis refused; 0: off"
