@@ -52,6 +52,7 @@ class Ports:
     ENDPOINTS_VM = (15040, 15041)
     PROXY_CP = (15128, 15051)
     INJECTOR_ADMIN = 15061
+    INJECTOR_WEBHOOK = 9443
 
 
 class Shared:

@@ -2,13 +2,22 @@
 
 It serves the onboarding REST API on the admin port (proxies onboarded for their CSR, with
 the admin token or a scoped onboarding token; the tokens themselves, kept in Redis as
-digests) and announces itself in the service
-registry with the identity bootstraps expect of proxy-cp. It has no gRPC API of its own
-yet; the gRPC server carries health and reflection only.
+digests), the Kubernetes mutating webhook on its own TLS port (``webhook``, supervised),
+and, given a Kubernetes API, keeps the webhook configuration's caBundle current
+(``ca-bundle``, supervised), and announces itself in the service registry with the identity
+bootstraps expect of proxy-cp. It has no gRPC API of its own yet; the gRPC server carries
+health and reflection only.
 """
 
 from __future__ import annotations
 
+import logging
+
+from fastapi import FastAPI
+from kubernetes.client import ApiClient
+
+from trellis_common import lifecycle
+from trellis_common.kube import client as kube_client
 from trellis_common.onboarding import TokenStore
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
@@ -20,11 +29,16 @@ from trellis_injector.clients import (
     ServiceLocator,
     XdsLocator,
 )
+from trellis_injector.domain.injection import Sidecar
 from trellis_injector.domain.onboarding import proxy_cp_spiffe_id
+from trellis_injector.kube import CaBundleSync, KubeSecrets
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
 from trellis_injector.settings import InjectorSettings
-from trellis_injector.transport import rest
+from trellis_injector.sidecars import SidecarInjector
+from trellis_injector.transport import rest, webhook
+
+log = logging.getLogger(__name__)
 
 
 def onboarder(settings: InjectorSettings, services: ServiceLocator, spiffe_id: str) -> Onboarder:
@@ -52,12 +66,65 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
     onboarding = onboarder(settings, services, spiffe_id)
     tokens = TokenStore(runtime.redis)
     metrics = InjectorMetrics(runtime.metrics)
+    webhook.WebhookServer.check_name(identity, settings.webhook_service)
+    components: dict[str, lifecycle.Component] = {}
+    api = kube_api(settings)
+    secrets = None
+    if api is not None:
+        secrets = KubeSecrets(api, settings.kube_timeout)
+        sync = CaBundleSync(
+            api,
+            settings.webhook_configuration,
+            lambda: identity.trust_bundle_pem,
+            metrics,
+            timeout=settings.kube_timeout,
+            resync=settings.ca_bundle_resync,
+        )
+        identity.on_renewed(sync.renewed)
+        components["ca-bundle"] = sync.run
+    injector = SidecarInjector(
+        onboarding,
+        secrets,
+        sidecar(settings),
+        metrics,
+        failure_policy=settings.failure_policy,
+        timeout=settings.webhook_timeout,
+    )
+    server = webhook.WebhookServer(
+        webhook.create_app(injector, metrics), identity, settings.bind_host, settings.webhook_port
+    )
+    components["webhook"] = server.run
+
+    def routes(app: FastAPI) -> None:
+        rest.add_routes(app, onboarding, runtime.guard, runtime.token, tokens, metrics)
+        webhook.add_status_route(app, server, injector, settings.webhook_configuration, api)
+
     return Parts(
-        routes=lambda app: rest.add_routes(
-            app, onboarding, runtime.guard, runtime.token, tokens, metrics
-        ),
+        components=components,
+        routes=routes,
         attributes={"proxy_cp_identity": spiffe_id},
     )
+
+
+def sidecar(settings: InjectorSettings) -> Sidecar:
+    return Sidecar(
+        envoy_image=settings.envoy_image,
+        init_image=settings.init_image,
+        mount_path=settings.proxy_mount_path,
+    )
+
+
+def kube_api(settings: InjectorSettings) -> ApiClient | None:
+    """The API client, or None without a kubeconfig outside a pod (a local run: the
+    webhook still answers, and stores no Secrets). A kubeconfig named but missing stops
+    the service (a typo must not silently turn the Secrets off)."""
+    if settings.kubeconfig is None and not kube_client.in_cluster():
+        log.warning(
+            "webhook.no_kubernetes reason='no kubeconfig and not in a pod' "
+            "effect='patches are made, proxy Secrets are not stored'"
+        )
+        return None
+    return kube_client.api_client(settings.kubeconfig)
 
 
 service = Service(InjectorSettings, "injector", build)

@@ -26,3 +26,27 @@ class InjectorMetrics:
             "Onboarding tokens created, revoked, and refused at creation",
             "event",
         )
+        self.admissions = make.counter(
+            "admissions",
+            "AdmissionReviews answered, by outcome (injected, skipped_opt_out, "
+            "skipped_already, skipped_host_network, ignored, denied_invalid, error)",
+            "outcome",
+        )
+        self.malformed = make.counter(
+            "admission_malformed", "Webhook requests refused with 400: not an AdmissionReview"
+        )
+        self.admission_seconds = make.histogram(
+            "admission_seconds",
+            "Time to answer an AdmissionReview",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.proxy_secrets = make.counter(
+            "proxy_secrets",
+            "Proxy Secrets of injected pods: created, failed, skipped (no Kubernetes API)",
+            "outcome",
+        )
+        self.ca_bundle_patches = make.counter(
+            "ca_bundle_patches",
+            "caBundle updates of the MutatingWebhookConfiguration: patched, unchanged, failed",
+            "outcome",
+        )

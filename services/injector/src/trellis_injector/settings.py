@@ -9,15 +9,24 @@ from the registry.
 proxy-cp's identity, which bootstraps verify its serving certificate against, is
 ``spiffe://<trust_domain>/ns/<proxy_cp_namespace>/sa/<proxy_cp_service_account>``; each
 part is checked here, so a bad one stops the service before it starts, naming the setting.
+
+The mutating webhook listens on ``webhook_port`` (9443; 0 picks a free port, for tests)
+with the injector's component certificate, which must name ``webhook_service`` (the
+API server dials ``<service>.<namespace>.svc``; the component certificate names
+``injector.trellis-system.svc``). With a Kubernetes API (``kubeconfig``, or in a pod) it
+stores proxies' Secrets and keeps the caBundle of the MutatingWebhookConfiguration
+``webhook_configuration`` current.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field
 
 from trellis_common import ids
+from trellis_common.kube.injection import WEBHOOK_CONFIGURATION
 from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_port
 
 
@@ -27,6 +36,10 @@ def _namespace(value: str) -> str:
 
 def _service_account(value: str) -> str:
     return ids.validate_dns_subdomain(value, "service account")
+
+
+def _webhook_service(value: str) -> str:
+    return ids.validate_dns_subdomain(value, "webhook service name")
 
 
 class InjectorSettings(ServiceSettings):
@@ -64,4 +77,41 @@ class InjectorSettings(ServiceSettings):
 
     call_timeout: float = Field(
         3.0, gt=0, description="deadline of each call to certmanager or the catalog (s)"
+    )
+
+    webhook_port: int = Field(
+        Ports.INJECTOR_WEBHOOK, ge=0, le=65535, description="the webhook's TLS port; 0: any"
+    )
+    webhook_service: Annotated[str, AfterValidator(_webhook_service)] = Field(
+        "injector.trellis-system.svc",
+        description="the name the API server dials the webhook by (its certificate must name it)",
+    )
+    webhook_configuration: str = Field(
+        WEBHOOK_CONFIGURATION,
+        description="the MutatingWebhookConfiguration whose caBundle the injector keeps current",
+    )
+    failure_policy: Literal["Fail", "Ignore"] = Field(
+        "Fail",
+        description="when a proxy cannot be onboarded in time: Fail denies the pod, Ignore "
+        "admits it without a sidecar (match the webhook configuration's failurePolicy)",
+    )
+    webhook_timeout: float = Field(
+        8.0, gt=0, description="most time spent on one review (s); the API server's is less"
+    )
+    kubeconfig: Path | None = Field(
+        None,
+        description="a kubeconfig for the API server; default: in-cluster when in a pod, "
+        "else none (the webhook then makes patches but stores no Secrets)",
+    )
+    kube_timeout: float = Field(5.0, gt=0, description="deadline of each Kubernetes API call (s)")
+    ca_bundle_resync: float = Field(
+        300.0, gt=0, description="how often the caBundle is checked even without a renewal (s)"
+    )
+    envoy_image: str = Field("envoyproxy/envoy:v1.40.0", description="the sidecar's image")
+    init_image: str = Field(
+        "ghcr.io/trellis-mesh/trellis:0.1.0",
+        description="the init container's image (needs sh and iptables-restore)",
+    )
+    proxy_mount_path: str = Field(
+        "/etc/trellis/proxy", description="where the proxy's Secret is mounted in the sidecar"
     )

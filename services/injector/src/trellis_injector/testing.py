@@ -6,7 +6,9 @@ and the next calls raise it, as an outage would.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from typing import Any
 
 from trellis_injector.domain.onboarding import ProxyCertificate, XdsEndpoint
 
@@ -19,12 +21,18 @@ class FakeCertificates:
 
     def __init__(self) -> None:
         self.error: Exception | None = None
+        #: set to an unset Event and calls hang until it is set (a stalled certmanager)
+        self.hold: asyncio.Event | None = None
+        self.calls = 0
         self.issued: list[tuple[str, str]] = []  # (common name, service account)
         self.csrs: list[bytes] = []  # what each issue was asked to sign
 
     async def issue_proxy_certificate(
         self, namespace: str, service: str, service_account: str, csr_pem: bytes
     ) -> ProxyCertificate:
+        self.calls += 1
+        if self.hold is not None:
+            await self.hold.wait()
         if self.error is not None:
             raise self.error
         common_name = f"{uuid.uuid4()}.{service}.{namespace}"
@@ -57,3 +65,16 @@ class FixedControlPlane:
         if self.error is not None:
             raise self.error
         return self.endpoint
+
+
+class FakeSecrets:
+    """A :class:`~trellis_injector.sidecars.SecretStore` in a dict, by (namespace, name)."""
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+        self.created: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def create_secret(self, namespace: str, body: dict[str, Any]) -> None:
+        if self.error is not None:
+            raise self.error
+        self.created[(namespace, body["metadata"]["name"])] = body

@@ -73,6 +73,8 @@ class ServiceProcess:
             "PYTHONUNBUFFERED": "1",
             # gRPC reports refused TLS handshakes at info level: the service counts them
             "GRPC_VERBOSITY": "INFO",
+            # the injector's webhook on a free port too: tests run side by side
+            "TRELLIS_INJECTOR_WEBHOOK_PORT": "0",
             **self.env,
         }
         log = self.log_path.open("ab")

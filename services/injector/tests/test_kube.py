@@ -1,0 +1,146 @@
+"""The injector's writes, through the real ``kubernetes`` client against the test API server:
+proxy Secrets, and the caBundle of the MutatingWebhookConfiguration."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from prometheus_client import CollectorRegistry
+
+from trellis_common.testing import eventually
+from trellis_common.testing.kube import KubeApi
+from trellis_injector.kube import CaBundleSync, KubeSecrets, ca_bundle_patch
+from trellis_injector.metrics import InjectorMetrics
+from trellis_injector.sidecars import SecretFailed
+
+GROUP = "admissionregistration.k8s.io"
+PLURAL = "mutatingwebhookconfigurations"
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[tuple[KubeApi, client.ApiClient]]:
+    with KubeApi() as api:
+        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        )
+        yield api, api_client
+        api_client.close()
+
+
+def configuration(*hooks: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "trellis-injector"},
+        "webhooks": list(hooks),
+    }
+
+
+def webhook(name: str, ca_bundle: str | None = None) -> dict[str, Any]:
+    client_config: dict[str, Any] = {
+        "service": {"name": "injector", "namespace": "trellis-system", "path": "/mutate"}
+    }
+    if ca_bundle is not None:
+        client_config["caBundle"] = ca_bundle
+    return {
+        "name": name,
+        "clientConfig": client_config,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "NoneOnDryRun",
+        "failurePolicy": "Fail",
+        "namespaceSelector": {"matchLabels": {"trellis.dev/monitored-by": "trellis"}},
+    }
+
+
+def secret(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": "shop"},
+        "data": {"key.pem": base64.b64encode(b"k").decode()},
+    }
+
+
+async def test_a_secret_is_created_in_the_pods_namespace(kube: Any) -> None:
+    api, api_client = kube
+    secrets = KubeSecrets(api_client, timeout=5)
+    await secrets.create_secret("shop", secret("trellis-proxy-1"))
+    [stored] = api.objects("", "secrets")
+    assert stored["metadata"]["namespace"] == "shop"
+    assert stored["data"]["key.pem"] == base64.b64encode(b"k").decode()
+
+    with pytest.raises(SecretFailed, match="409"):  # the API server's answer is named
+        await secrets.create_secret("shop", secret("trellis-proxy-1"))
+
+
+async def test_an_unreachable_api_server_is_a_secret_failure(tmp_path: Path) -> None:
+    with KubeApi() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    with pytest.raises(SecretFailed, match="did not create Secret shop/x"):
+        await KubeSecrets(api_client, timeout=2).create_secret("shop", secret("x"))
+
+
+def test_the_patch_sets_only_what_differs() -> None:
+    current = configuration(webhook("a.trellis.dev", "QUJD"), webhook("b.trellis.dev"))
+    ops = ca_bundle_patch(current, "QUJD")
+    assert ops == [
+        {"op": "test", "path": "/webhooks/1/name", "value": "b.trellis.dev"},
+        {"op": "add", "path": "/webhooks/1/clientConfig/caBundle", "value": "QUJD"},
+    ]
+    assert ca_bundle_patch(current | {"webhooks": []}, "QUJD") == []
+
+
+async def test_the_ca_bundle_follows_the_trust_bundle(kube: Any) -> None:
+    api, api_client = kube
+    admission: Any = client.AdmissionregistrationV1Api(api_client)
+    admission.create_mutating_webhook_configuration(
+        configuration(webhook("pods.trellis.dev"), webhook("other.trellis.dev", "b2xk"))
+    )
+    registry = CollectorRegistry()
+    bundle = [b"-----BEGIN CERTIFICATE-----\nfirst\n"]
+    sync = CaBundleSync(
+        api_client, "trellis-injector", lambda: bundle[0], InjectorMetrics(registry), resync=60
+    )
+
+    def bundles() -> list[str]:
+        [stored] = api.objects(GROUP, PLURAL)
+        return [h["clientConfig"].get("caBundle", "") for h in stored["webhooks"]]
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(sync.run(stop))
+    try:
+        first = base64.b64encode(bundle[0]).decode()
+        await eventually(lambda: bundles() == [first, first], timeout=10)
+        # the CA rotated: the identity's renewal brings the new bundle, and the sync follows
+        bundle[0] = b"-----BEGIN CERTIFICATE-----\nsecond\n"
+        sync.renewed()
+        second = base64.b64encode(bundle[0]).decode()
+        await eventually(lambda: bundles() == [second, second], timeout=10)
+    finally:
+        stop.set()
+        await task
+    assert (
+        registry.get_sample_value(
+            "trellis_injector_ca_bundle_patches_total", {"outcome": "patched"}
+        )
+        or 0
+    ) >= 2
+
+
+async def test_a_missing_configuration_fails_the_sync(kube: Any) -> None:
+    _, api_client = kube
+    registry = CollectorRegistry()
+    sync = CaBundleSync(api_client, "nope", lambda: b"x", InjectorMetrics(registry))
+    with pytest.raises(client.exceptions.ApiException):
+        await sync.sync()
+    assert (
+        registry.get_sample_value("trellis_injector_ca_bundle_patches_total", {"outcome": "failed"})
+        == 1
+    )

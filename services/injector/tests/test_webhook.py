@@ -1,0 +1,399 @@
+"""POST /mutate over TLS with real AdmissionReview JSON; the returned JSONPatch is applied
+with ``jsonpatch`` to the pod as the API server sent it, and the result is checked."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import jsonpatch
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from trellis_common.kube import injection
+from trellis_common.testing import eventually
+from trellis_common.testing.identities import LocalCA
+from trellis_injector.domain.injection import VOLUME, Sidecar
+from trellis_injector.metrics import InjectorMetrics
+from trellis_injector.onboarder import Onboarder, Unavailable
+from trellis_injector.sidecars import SidecarInjector
+from trellis_injector.testing import (
+    FakeCatalog,
+    FakeCertificates,
+    FakeSecrets,
+    FixedControlPlane,
+)
+from trellis_injector.transport import webhook
+from trellis_injector.transport.webhook import WebhookServer
+
+SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
+SIDECAR = Sidecar(envoy_image="envoyproxy/envoy:v1.40.0", init_image="trellis:test")
+
+
+def deployment_pod(**metadata: Any) -> dict[str, Any]:
+    """A pod as the API server sends it for a Deployment's ReplicaSet: no name, no
+    annotations, no init containers; its own volume (the projected token)."""
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "generateName": "cart-7c9f8d-",
+            "namespace": "shop",
+            "labels": {"app": "cart", "pod-template-hash": "7c9f8d"},
+            **metadata,
+        },
+        "spec": {
+            "serviceAccountName": "cart-sa",
+            "containers": [
+                {
+                    "name": "cart",
+                    "image": "shop/cart:1",
+                    "ports": [{"containerPort": 8080}],
+                    "volumeMounts": [
+                        {
+                            "name": "kube-api-access-x1",
+                            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                        }
+                    ],
+                }
+            ],
+            "volumes": [{"name": "kube-api-access-x1", "projected": {"sources": []}}],
+        },
+    }
+
+
+def review(pod: dict[str, Any], uid: str | None = None, **request: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid or str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+            **request,
+        },
+    }
+
+
+class Harness:
+    """The webhook served over TLS on a free port, with the onboarder's seams faked."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.certificates = FakeCertificates()
+        self.catalog = FakeCatalog()
+        self.secrets = FakeSecrets()
+        self.metrics = InjectorMetrics(self.registry)
+        self.injector = self.make_injector()
+        ca = LocalCA()
+        self.identity = ca.identity("injector")
+        self.server = WebhookServer(
+            webhook.create_app(self.injector, self.metrics), self.identity, "127.0.0.1", 0
+        )
+        self.client = httpx.AsyncClient(verify=self.identity.client_ssl_context(), timeout=10)
+
+    def make_injector(self) -> SidecarInjector:
+        onboarder = Onboarder(
+            self.certificates, self.catalog, FixedControlPlane("10.0.0.9"), SPIFFE
+        )
+        return SidecarInjector(onboarder, self.secrets, SIDECAR, self.metrics)
+
+    async def post(self, body: Any, query: str = "?timeout=10s") -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return await self.client.post(
+            f"https://127.0.0.1:{self.server.port}/mutate{query}",
+            content=content,
+            headers={"Content-Type": "application/json"},
+            # the name the API server dials: the serving certificate must name it
+            extensions={"sni_hostname": "injector.trellis-system.svc"},
+        )
+
+    async def answer(self, body: Any, query: str = "?timeout=10s") -> dict[str, Any]:
+        response = await self.post(body, query)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["apiVersion"] == "admission.k8s.io/v1"
+        assert answer["kind"] == "AdmissionReview"
+        assert answer["response"]["uid"] == body["request"]["uid"]
+        result: dict[str, Any] = answer["response"]
+        return result
+
+    def count(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(f"trellis_injector_{name}_total", labels) or 0.0
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[Harness]:
+    harness = Harness()
+    stop = asyncio.Event()
+    task = asyncio.create_task(harness.server.run(stop))
+    await eventually(lambda: harness.server.port, timeout=10, message="the webhook listens")
+    try:
+        yield harness
+    finally:
+        await harness.client.aclose()
+        stop.set()
+        await task
+
+
+def patched(pod: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    assert response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(response["patch"]))
+    result: dict[str, Any] = jsonpatch.apply_patch(pod, ops)
+    return result
+
+
+def containers(pod: dict[str, Any], key: str = "containers") -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in pod["spec"].get(key, [])}
+
+
+def check_well_formed(pod: dict[str, Any]) -> None:
+    """What the API server would refuse: duplicate names, no image, a mount of no volume."""
+    every = [*pod["spec"]["containers"], *pod["spec"].get("initContainers", [])]
+    names = [c["name"] for c in every]
+    assert len(names) == len(set(names)), names
+    assert all(c.get("image") for c in every)
+    volumes = [v["name"] for v in pod["spec"].get("volumes", [])]
+    assert len(volumes) == len(set(volumes))
+    for c in every:
+        for mount in c.get("volumeMounts", []):
+            assert mount["name"] in volumes, (c["name"], mount)
+
+
+async def test_a_deployments_pod_is_injected(hook: Harness) -> None:
+    pod = deployment_pod()
+    body = review(pod)
+    response = await hook.answer(body)
+    result = patched(pod, response)
+
+    check_well_formed(result)
+    assert "name" not in result["metadata"]  # generateName is the API server's business
+    assert containers(result)["cart"] == pod["spec"]["containers"][0]  # kept as it was
+    assert result["spec"]["volumes"][0] == pod["spec"]["volumes"][0]
+    envoy = containers(result)["envoy"]
+    assert envoy["image"] == "envoyproxy/envoy:v1.40.0"
+    assert envoy["args"][:2] == ["-c", "/etc/trellis/proxy/envoy.yaml"]
+    assert envoy["securityContext"]["runAsUser"] == 1337
+    [init] = result["spec"]["initContainers"]
+    assert init["name"] == "trellis-init"
+    assert init["image"] == "trellis:test"
+    assert "NET_ADMIN" in init["securityContext"]["capabilities"]["add"]
+    assert "REDIRECT --to-ports 15001" in init["command"][2]
+
+    # the pod's UUID label is its proxy certificate's, and the Secret holds its files
+    [(common_name, account)] = hook.certificates.issued
+    proxy_id = common_name.split(".")[0]
+    assert common_name == f"{proxy_id}.cart.shop"  # the service from the `app` label
+    assert account == "cart-sa"
+    assert result["metadata"]["labels"][injection.PROXY_UUID_LABEL] == proxy_id
+    assert result["metadata"]["labels"]["app"] == "cart"
+    assert hook.catalog.expected == {common_name: "cart-sa"}
+    [volume] = [v for v in result["spec"]["volumes"] if v["name"] == VOLUME]
+    secret_name = volume["secret"]["secretName"]
+    secret = hook.secrets.created[("shop", secret_name)]
+    files = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert set(files) == {"envoy.yaml", "cert.pem", "key.pem", "ca.pem", "proxy-sds.yaml"}
+    assert "PRIVATE KEY" in files["key.pem"]
+    bootstrap = yaml.safe_load(files["envoy.yaml"])
+    assert bootstrap["node"]["id"] == common_name
+    sds = yaml.safe_load(files["proxy-sds.yaml"])
+    key_file = sds["resources"][0]["tls_certificate"]["private_key"]["filename"]
+    assert key_file == "/etc/trellis/proxy/key.pem"
+    assert secret["metadata"]["labels"][injection.PROXY_UUID_LABEL] == proxy_id
+    assert hook.count("admissions", outcome="injected") == 1
+    assert hook.count("proxy_secrets", outcome="created") == 1
+
+
+async def test_a_bare_pod_gets_its_lists_and_maps_created(hook: Harness) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "job-"},
+        "spec": {"containers": [{"name": "job", "image": "busybox"}]},
+    }
+    result = patched(pod, await hook.answer(review(pod)))
+    check_well_formed(result)
+    assert set(result["metadata"]["labels"]) == {injection.PROXY_UUID_LABEL}
+    assert [v["name"] for v in result["spec"]["volumes"]] == [VOLUME]
+    # without a label or annotation naming it, the service is the service account's
+    [(common_name, account)] = hook.certificates.issued
+    assert common_name.endswith(".default.shop")
+    assert account == "default"
+
+
+async def test_existing_init_containers_run_first(hook: Harness) -> None:
+    pod = deployment_pod()
+    pod["spec"]["initContainers"] = [{"name": "migrate", "image": "shop/migrate:1"}]
+    result = patched(pod, await hook.answer(review(pod)))
+    check_well_formed(result)
+    assert [c["name"] for c in result["spec"]["initContainers"]] == ["migrate", "trellis-init"]
+
+
+async def test_opt_out_and_already_injected_are_left_alone(hook: Harness) -> None:
+    opted_out = deployment_pod(annotations={"trellis.dev/sidecar-injection": "disabled"})
+    response = await hook.answer(review(opted_out))
+    assert response["allowed"] is True
+    assert "patch" not in response
+
+    injected = deployment_pod()
+    injected["spec"]["containers"].append({"name": "envoy", "image": "envoyproxy/envoy:v1"})
+    response = await hook.answer(review(injected))
+    assert response["allowed"] is True
+    assert "patch" not in response
+
+    host = deployment_pod()
+    host["spec"]["hostNetwork"] = True
+    assert "patch" not in await hook.answer(review(host))
+
+    assert hook.certificates.issued == []  # nothing onboarded for them
+    assert hook.count("admissions", outcome="skipped_opt_out") == 1
+    assert hook.count("admissions", outcome="skipped_already") == 1
+    assert hook.count("admissions", outcome="skipped_host_network") == 1
+
+
+async def test_exclusions_reach_the_init_containers_rules(hook: Harness) -> None:
+    pod = deployment_pod(
+        annotations={
+            "trellis.dev/sidecar-injection": "enabled",
+            "trellis.dev/outbound-port-exclusion-list": "5432, 6379",
+            "trellis.dev/inbound-port-exclusion-list": "9090",
+            "trellis.dev/outbound-ip-range-exclusion-list": "10.0.0.0/8,169.254.169.254",
+        }
+    )
+    result = patched(pod, await hook.answer(review(pod)))
+    script = containers(result, "initContainers")["trellis-init"]["command"][2]
+    assert "-A TRELLIS_OUTPUT -p tcp --dport 5432 -j RETURN" in script
+    assert "-A TRELLIS_OUTPUT -p tcp --dport 6379 -j RETURN" in script
+    assert "-A TRELLIS_INBOUND -p tcp --dport 9090 -j RETURN" in script
+    assert "-A TRELLIS_OUTPUT -d 10.0.0.0/8 -j RETURN" in script
+    assert "-A TRELLIS_OUTPUT -d 169.254.169.254/32 -j RETURN" in script
+    # the pod's own annotations are kept
+    assert result["metadata"]["annotations"] == pod["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    ("annotation", "value"),
+    [
+        ("trellis.dev/outbound-port-exclusion-list", "5432,http"),
+        ("trellis.dev/inbound-port-exclusion-list", "70000"),
+        ("trellis.dev/outbound-ip-range-exclusion-list", "10.0.0.0/33"),
+        ("trellis.dev/sidecar-injection", "maybe"),
+    ],
+)
+async def test_a_bad_annotation_is_denied_naming_it(
+    hook: Harness, annotation: str, value: str
+) -> None:
+    response = await hook.answer(review(deployment_pod(annotations={annotation: value})))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 400
+    assert annotation in response["status"]["message"]
+    assert hook.certificates.issued == []
+    assert hook.count("admissions", outcome="denied_invalid") == 1
+
+
+async def test_a_clashing_container_name_is_denied(hook: Harness) -> None:
+    pod = deployment_pod()
+    pod["spec"]["initContainers"] = [{"name": "trellis-init", "image": "mine"}]
+    response = await hook.answer(review(pod))
+    assert response["allowed"] is False
+    assert "'trellis-init'" in response["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "JSON object"),
+        ({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}, "apiVersion"),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "request"),
+        (
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}},
+            "request.uid",
+        ),
+    ],
+)
+async def test_a_malformed_body_gets_400_with_a_message(
+    hook: Harness, body: Any, named: str
+) -> None:
+    response = await hook.post(body)
+    assert response.status_code == 400
+    assert named in response.json()["error"]
+    assert hook.count("admission_malformed") == 1
+
+
+async def test_other_kinds_and_operations_are_allowed_untouched(hook: Harness) -> None:
+    body = review(deployment_pod(), operation="UPDATE")
+    response = await hook.answer(body, query="")  # no ?timeout= either
+    assert response == {"uid": body["request"]["uid"], "allowed": True}
+    assert hook.count("admissions", outcome="ignored") == 1
+
+
+async def test_dry_run_onboards_nothing(hook: Harness) -> None:
+    pod = deployment_pod()
+    result = patched(pod, await hook.answer(review(pod, dryRun=True)))
+    check_well_formed(result)
+    assert hook.certificates.issued == []
+    assert hook.secrets.created == {}
+
+
+async def test_certmanager_down_follows_the_failure_policy(hook: Harness) -> None:
+    hook.certificates.error = Unavailable("certmanager", "connection refused")
+    response = await hook.answer(review(deployment_pod()))
+    assert response["allowed"] is False  # Fail (the default)
+    assert response["status"]["code"] == 500
+    assert "certmanager is unavailable" in response["status"]["message"]
+
+    hook.injector.failure_policy = "Ignore"
+    response = await hook.answer(review(deployment_pod()))
+    assert response["allowed"] is True
+    assert "patch" not in response
+    assert "certmanager is unavailable" in response["warnings"][0]
+    assert hook.count("admissions", outcome="error") == 2
+
+
+async def test_a_stalled_certmanager_is_answered_within_the_api_servers_timeout(
+    hook: Harness,
+) -> None:
+    stalled = hook.certificates
+    stalled.hold = asyncio.Event()
+    started = time.monotonic()
+    response = await hook.answer(review(deployment_pod()), query="?timeout=2s")
+    elapsed = time.monotonic() - started
+    assert stalled.calls == 1
+    assert response["allowed"] is False
+    assert "not done within 1.5s" in response["status"]["message"]
+    assert elapsed < 2.0
+    stalled.hold.set()
+
+
+async def test_no_secret_store_still_patches_and_says_so(hook: Harness) -> None:
+    hook.injector.secrets = None  # a local run: no Kubernetes API
+    pod = deployment_pod()
+    response = await hook.answer(review(pod))
+    result = patched(pod, response)
+    check_well_formed(result)
+    assert "was not created" in response["warnings"][0]
+    assert hook.count("proxy_secrets", outcome="skipped") == 1
+
+
+async def test_the_serving_certificate_must_name_the_service() -> None:
+    identity = LocalCA().identity("injector")
+    with pytest.raises(ValueError, match=r"injector\.mesh\.svc"):
+        WebhookServer.check_name(identity, "injector.mesh.svc")
