@@ -111,6 +111,9 @@ def sidecar(settings: InjectorSettings) -> Sidecar:
         envoy_image=settings.envoy_image,
         init_image=settings.init_image,
         mount_path=settings.proxy_mount_path,
+        inbound_port=settings.sidecar_inbound_port,
+        outbound_port=settings.sidecar_outbound_port,
+        admin_port=settings.sidecar_admin_port,
     )
 
 

@@ -43,7 +43,7 @@ def _webhook_service(value: str) -> str:
 
 
 class InjectorSettings(ServiceSettings):
-    """Trellis injector: onboarding of proxies (Envoy bootstraps)."""
+    """Trellis injector: onboarding of proxies (Envoy bootstraps for VMs, the sidecar webhook)."""
 
     service_name: ClassVar[str] = "injector"
 
@@ -110,8 +110,15 @@ class InjectorSettings(ServiceSettings):
     envoy_image: str = Field("envoyproxy/envoy:v1.40.0", description="the sidecar's image")
     init_image: str = Field(
         "ghcr.io/trellis-mesh/trellis:0.1.0",
-        description="the init container's image (needs sh and iptables-restore)",
+        description="the init container's image (it needs sh and iptables)",
     )
     proxy_mount_path: str = Field(
         "/etc/trellis/proxy", description="where the proxy's Secret is mounted in the sidecar"
+    )
+    sidecar_inbound_port: int = Field(15003, ge=1, le=65535, description="Envoy's inbound port")
+    sidecar_outbound_port: int = Field(
+        15001, ge=1, le=65535, description="Envoy's outbound port (redirected calls out)"
+    )
+    sidecar_admin_port: int = Field(
+        15000, ge=1, le=65535, description="Envoy's admin port (on 127.0.0.1)"
     )

@@ -1,0 +1,282 @@
+"""An injected pod's proxy, started from what the webhook made, joins the mesh.
+
+Everything but the cluster is real: Redis, certmanager, the catalog, proxy-cp and the
+injector as processes, the injector writing to the test API server
+(:mod:`trellis_common.testing.kube`) through a kubeconfig, an AdmissionReview posted over
+TLS as the API server posts it, and Envoy 1.40. The kubelet's part is played by the test:
+it writes the Secret's files into the directory the pod would mount them at (the
+injector's ``proxy_mount_path`` points there, so the bootstrap is used as it was made) and
+starts Envoy with the ``envoy`` container's arguments from the patched pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+import pytest
+from kubernetes import client, config
+
+from trellis_common import adminhttp, components
+from trellis_common.kube import injection
+from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.envoy import find_envoy
+from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.services import ServiceProcess
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = {"TRELLIS_REGISTRY_TTL": "2"}
+
+
+class Mesh:
+    def __init__(self, tmp: Path, state_dir: Path, redis: RedisServer, kube: KubeApi) -> None:
+        spec_dir = tmp / "spec"
+        shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
+        self.state_dir = state_dir
+        self.mount = tmp / "pod" / "etc" / "trellis" / "proxy"  # the pod's mount, here
+        self.ports = {"inbound": free_port(), "outbound": free_port(), "admin": free_port()}
+        kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig")
+
+        def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
+            return ServiceProcess(name, module, state_dir, redis, args=args, env={**FAST, **env})
+
+        self.processes = {
+            "certmanager": process("certmanager", "trellis_certmanager.main"),
+            "catalog": process(
+                "catalog",
+                "trellis_catalog.main",
+                "--spec-dir",
+                str(spec_dir),
+                TRELLIS_CATALOG_SPEC_POLL_INTERVAL="0.1",
+                TRELLIS_CATALOG_DISCOVERY_INTERVAL="0.2",
+            ),
+            "proxy-cp": process("proxy-cp", "trellis_proxy_cp.main", "--xds-host", "127.0.0.1"),
+            "injector": process(
+                "injector",
+                "trellis_injector.main",
+                TRELLIS_INJECTOR_KUBECONFIG=str(kubeconfig),
+                TRELLIS_INJECTOR_PROXY_MOUNT_PATH=str(self.mount),
+                TRELLIS_INJECTOR_SIDECAR_INBOUND_PORT=str(self.ports["inbound"]),
+                TRELLIS_INJECTOR_SIDECAR_OUTBOUND_PORT=str(self.ports["outbound"]),
+                TRELLIS_INJECTOR_SIDECAR_ADMIN_PORT=str(self.ports["admin"]),
+            ),
+        }
+
+    def start(self) -> None:
+        for p in self.processes.values():
+            p.start()
+
+    def stop(self) -> None:
+        for p in reversed(list(self.processes.values())):
+            p.stop()
+
+    def get(self, service: str, path: str) -> Any:
+        return self.processes[service].get(path).json()
+
+    def post_review(self, body: Any, query: str = "?timeout=10s") -> httpx.Response:
+        """As the API server does: TLS, checked against the caBundle, to the Service name."""
+        address = self.get("injector", "/v1/webhook")["address"]
+        context = adminhttp.mesh_context(self.state_dir)
+        with httpx.Client(verify=context, timeout=15) as http:
+            return http.post(
+                f"https://{address}/mutate{query}",
+                content=body if isinstance(body, bytes) else json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+                extensions={"sni_hostname": components.server_name(components.INJECTOR)},
+            )
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeApi]:
+    with KubeApi() as api:
+        yield api
+
+
+@pytest.fixture
+def mesh(
+    tmp_path: Path, state_dir: Path, redis_server: RedisServer, kube: KubeApi
+) -> Iterator[Mesh]:
+    api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kube.write_kubeconfig(tmp_path / "setup-kubeconfig"))
+    )
+    admission: Any = client.AdmissionregistrationV1Api(api_client)
+    admission.create_mutating_webhook_configuration(
+        {
+            "metadata": {"name": injection.WEBHOOK_CONFIGURATION},
+            "webhooks": [
+                {
+                    "name": "pods.trellis.dev",
+                    "clientConfig": {
+                        "service": {
+                            "name": "injector",
+                            "namespace": "trellis-system",
+                            "path": "/mutate",
+                        }
+                    },
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "NoneOnDryRun",
+                    "failurePolicy": "Fail",
+                    "namespaceSelector": {"matchLabels": {"trellis.dev/monitored-by": "trellis"}},
+                }
+            ],
+        }
+    )
+    api_client.close()
+    mesh = Mesh(tmp_path, state_dir, redis_server, kube)
+    try:
+        mesh.start()
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+def pod_review(pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "bookbuyer",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }
+
+
+BOOKBUYER = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"generateName": "bookbuyer-5d4f7-", "labels": {"app": "bookbuyer"}},
+    "spec": {
+        "serviceAccountName": "bookbuyer",
+        "containers": [{"name": "bookbuyer", "image": "openservicemesh/bookbuyer:v1.2.0"}],
+    },
+}
+
+
+def test_an_injected_pods_envoy_joins_the_mesh(mesh: Mesh, kube: KubeApi, tmp_path: Path) -> None:
+    # the caBundle the API server checks the webhook with is the mesh's trust bundle
+    trust_bundle = (mesh.state_dir / "trust-bundle.pem").read_bytes()
+
+    def ca_bundles() -> list[str]:
+        [stored] = kube.objects("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
+        return [h["clientConfig"].get("caBundle", "") for h in stored["webhooks"]]
+
+    asyncio.run(
+        eventually(lambda: ca_bundles() == [base64.b64encode(trust_bundle).decode()], timeout=10)
+    )
+
+    body = pod_review(BOOKBUYER)
+    answer = mesh.post_review(body)
+    assert answer.status_code == 200, answer.text
+    response = answer.json()["response"]
+    assert response["uid"] == body["request"]["uid"]
+    assert response["allowed"] is True, response
+    pod = jsonpatch.apply_patch(BOOKBUYER, json.loads(base64.b64decode(response["patch"])))
+    proxy_id = pod["metadata"]["labels"][injection.PROXY_UUID_LABEL]
+    common_name = f"{proxy_id}.bookbuyer.bookbuyer"
+
+    # the Secret, in the pod's namespace, named in the pod's volume
+    [volume] = [v for v in pod["spec"]["volumes"] if "secret" in v]
+    [stored] = [s for s in kube.objects("", "secrets") if s["metadata"]["namespace"] == "bookbuyer"]
+    assert stored["metadata"]["name"] == volume["secret"]["secretName"]
+    assert "PRIVATE KEY" not in mesh.processes["injector"].logs()
+
+    # the catalog expects the proxy before it connects
+    proxies = {p["common_name"]: p for p in mesh.get("catalog", "/v1/proxies")["proxies"]}
+    assert proxies[common_name]["expected"] is True
+    assert proxies[common_name]["service_account"] == "bookbuyer"
+
+    # the kubelet's part: the Secret's files at the mount path, then the envoy container
+    mesh.mount.mkdir(parents=True)
+    for name, data in stored["data"].items():
+        (mesh.mount / name).write_bytes(base64.b64decode(data))
+    [envoy_container] = [c for c in pod["spec"]["containers"] if c["name"] == "envoy"]
+    log = tmp_path / "envoy.log"
+    with log.open("wb") as sink:
+        envoy = subprocess.Popen(
+            [
+                find_envoy(),
+                *envoy_container["args"],
+                "--base-id",
+                str(random.randrange(1000, 60000)),
+                "--concurrency",
+                "1",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def connected() -> bool:
+            listed = mesh.get("proxy-cp", "/v1/proxies")["proxies"]
+            return any(p["proxy"] == common_name for p in listed)
+
+        def configured() -> bool:
+            stats = httpx.get(
+                f"http://127.0.0.1:{mesh.ports['admin']}/stats?filter=lds.update_success",
+                timeout=5,
+            ).text
+            return (
+                "listener_manager.lds.update_success: 0" not in stats and "update_success" in stats
+            )
+
+        try:
+            asyncio.run(
+                eventually(connected, timeout=20, interval=0.2, message="proxy-cp lists it")
+            )
+            asyncio.run(eventually(configured, timeout=20, interval=0.2, message="Envoy has LDS"))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; envoy's log:\n{log.read_text()[-4000:]}") from None
+        stats = httpx.get(
+            f"http://127.0.0.1:{mesh.ports['admin']}/stats?filter=control_plane.connected_state",
+            timeout=5,
+        )
+        assert "control_plane.connected_state: 1" in stats.text
+    finally:
+        envoy.terminate()
+        try:
+            envoy.wait(10)
+        except subprocess.TimeoutExpired:
+            envoy.kill()
+            envoy.wait()
+
+    metrics = mesh.processes["injector"].get("/metrics").text
+    assert 'trellis_injector_admissions_total{outcome="injected"} 1.0' in metrics
+    assert 'trellis_injector_proxy_secrets_total{outcome="created"} 1.0' in metrics
+
+
+def test_opt_out_malformed_and_certmanager_down(mesh: Mesh, kube: KubeApi) -> None:
+    opted_out = json.loads(json.dumps(BOOKBUYER))
+    opted_out["metadata"]["annotations"] = {injection.INJECTION_ANNOTATION: "disabled"}
+    response = mesh.post_review(pod_review(opted_out)).json()["response"]
+    assert response["allowed"] is True
+    assert "patch" not in response
+
+    malformed = mesh.post_review(b'{"apiVersion": "admission.k8s.io/v1"}')
+    assert malformed.status_code == 400
+    assert "AdmissionReview" in malformed.json()["error"]
+
+    mesh.processes["certmanager"].stop()
+    response = mesh.post_review(pod_review(BOOKBUYER), query="?timeout=5s").json()["response"]
+    assert response["allowed"] is False  # failure policy Fail
+    assert "certmanager" in response["status"]["message"]
+    assert kube.objects("", "secrets") == []
