@@ -138,7 +138,7 @@ async def test_a_missing_configuration_fails_the_sync(kube: Any) -> None:
     _, api_client = kube
     registry = CollectorRegistry()
     sync = CaBundleSync(api_client, "nope", lambda: b"x", InjectorMetrics(registry))
-    with pytest.raises(client.exceptions.ApiException):
+    with pytest.raises(LookupError, match="'nope' does not exist"):
         await sync.sync()
     assert (
         registry.get_sample_value("trellis_injector_ca_bundle_patches_total", {"outcome": "failed"})

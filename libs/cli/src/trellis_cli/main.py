@@ -16,6 +16,7 @@ from trellis_cli.certs import certs
 from trellis_cli.client import Mesh
 from trellis_cli.console import Echo
 from trellis_cli.envoyrun import envoy
+from trellis_cli.inject import inject
 from trellis_cli.policy import policy
 from trellis_cli.proxy import proxy
 from trellis_cli.spec import spec
@@ -130,6 +131,7 @@ cli.add_command(policy)
 cli.add_command(proxy)
 cli.add_command(envoy)
 cli.add_command(token)
+cli.add_command(inject)
 
 
 def main() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +30,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from trellis_common.kube import objects
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.sidecars import SecretFailed
 
@@ -102,6 +102,7 @@ class CaBundleSync:
         timeout: float = 5.0,
         resync: float = 300.0,
     ) -> None:
+        self._client = api
         self._api = client.AdmissionregistrationV1Api(api)
         self.name = name
         self._trust_bundle = trust_bundle
@@ -116,10 +117,13 @@ class CaBundleSync:
 
     def _sync(self) -> int:
         bundle = base64.b64encode(self._trust_bundle()).decode()
-        answer: Any = self._api.read_mutating_webhook_configuration(
-            self.name, _preload_content=False, _request_timeout=self._timeout
-        )
-        ops = ca_bundle_patch(json.loads(answer.data), bundle)
+        found = objects.read_mutating_webhook_configuration(self._client, self.name, self._timeout)
+        if found is None:
+            raise LookupError(
+                f"MutatingWebhookConfiguration {self.name!r} does not exist (the Helm chart "
+                "makes it; the webhook_configuration setting names it)"
+            )
+        ops = ca_bundle_patch(found, bundle)
         if ops:
             self._api.patch_mutating_webhook_configuration(
                 self.name, ops, _request_timeout=self._timeout, _preload_content=False
@@ -130,7 +134,7 @@ class CaBundleSync:
         """One sync; raises (and counts) if the API server did not take it."""
         try:
             patched = await asyncio.to_thread(self._sync)
-        except (ApiException, HTTPError, OSError, ValueError) as exc:
+        except (ApiException, objects.ApiError, HTTPError, OSError, ValueError, LookupError) as exc:
             self._metrics.ca_bundle_patches.labels("failed").inc()
             log.error(
                 "webhook.ca_bundle_failed configuration=%s reason=%r", self.name, _reason(exc)

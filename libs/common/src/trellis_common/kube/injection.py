@@ -187,3 +187,26 @@ def decide(pod: Mapping[str, Any]) -> Decision:
 def namespace_selected(labels: Mapping[str, str], label: str, mesh_name: str) -> bool:
     """Whether a namespace with ``labels`` matches the webhook's namespaceSelector."""
     return labels.get(label) == mesh_name
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A Kubernetes LabelSelector (``matchLabels``, ``matchExpressions``) against ``labels``;
+    an absent or empty selector matches everything, as in a webhook configuration."""
+    if not selector:
+        return True
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression.get("key", ""), expression.get("operator", "")
+        values = expression.get("values") or []
+        present = key in labels
+        matched = {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels.get(key) not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }.get(operator, False)
+        if not matched:
+            return False
+    return True
