@@ -137,3 +137,10 @@ def test_an_external_redis_keeps_the_credentials_of_its_url(tmp_path: Path) -> N
         assert spec.env["TRELLIS_REDIS_URL"] == url
         assert "TRELLIS_REDIS_PASSWORD_FILE" not in spec.env
     assert not (tmp_path / "redis").exists(), "no users are made for a Redis we do not run"
+
+
+def test_the_injector_serves_its_webhook_locally(tmp_path: Path) -> None:
+    specs = {s.name: s for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec")}
+    injector = specs["injector"]
+    assert 9443 in injector.ports  # checked free before anything starts
+    assert "webhook https://127.0.0.1:9443/mutate" in injector.address

@@ -65,6 +65,9 @@ SERVICES = (
     ("proxy-cp", "trellis_proxy_cp.main", *Ports.PROXY_CP),
     ("injector", "trellis_injector.main", 0, Ports.INJECTOR_ADMIN),
 )
+# Ports a service serves besides gRPC and admin: the injector's mutating webhook (TLS), so
+# pods can be injected locally without a cluster (patches made, no Secrets stored).
+OTHER_PORTS = {"injector": (Ports.INJECTOR_WEBHOOK, "webhook https://127.0.0.1:{}/mutate")}
 
 
 def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
@@ -127,12 +130,13 @@ def service_specs(
     for name, module, grpc_port, admin_port in SERVICES:
         if importlib.util.find_spec(module.rsplit(".", 1)[0]) is None:
             continue
+        other_port, other_address = OTHER_PORTS.get(name, (0, ""))
         specs.append(
             ProcessSpec(
                 name=name,
                 argv=[sys.executable, "-m", module],
                 ready=https_ready(f"https://127.0.0.1:{admin_port}/readyz", state_dir),
-                ports=tuple(p for p in (grpc_port, admin_port) if p),
+                ports=tuple(p for p in (grpc_port, admin_port, other_port) if p),
                 env={
                     "TRELLIS_REDIS_URL": redis_url,
                     "TRELLIS_STATE_DIR": str(state_dir),
@@ -149,7 +153,8 @@ def service_specs(
                     ),
                 },
                 address=(f"grpc :{grpc_port}  " if grpc_port else "")
-                + f"admin https://127.0.0.1:{admin_port}",
+                + f"admin https://127.0.0.1:{admin_port}"
+                + (f"  {other_address.format(other_port)}" if other_port else ""),
                 # a fresh one-time join token before each start: the service trades it
                 # for its certificate (certmanager signs its own)
                 prepare=None
