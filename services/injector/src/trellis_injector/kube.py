@@ -28,7 +28,6 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
 
 from trellis_common.kube import objects
 from trellis_injector.metrics import InjectorMetrics
@@ -56,7 +55,9 @@ class KubeSecrets:
             # a dict body is sent as it is (the client's models would drop nothing here)
             create: Any = self._core.create_namespaced_secret
             await asyncio.to_thread(create, namespace, body, _request_timeout=self._timeout)
-        except (ApiException, HTTPError, OSError) as exc:
+        except Exception as exc:
+            if not isinstance(exc, ApiException) and not objects.transport_error(exc):
+                raise
             log.error(
                 "webhook.secret_failed namespace=%s secret=%s reason=%r",
                 namespace,
@@ -134,7 +135,7 @@ class CaBundleSync:
         """One sync; raises (and counts) if the API server did not take it."""
         try:
             patched = await asyncio.to_thread(self._sync)
-        except (ApiException, objects.ApiError, HTTPError, OSError, ValueError, LookupError) as exc:
+        except Exception as exc:  # counted and raised: the supervisor retries, /readyz shows it
             self._metrics.ca_bundle_patches.labels("failed").inc()
             log.error(
                 "webhook.ca_bundle_failed configuration=%s reason=%r", self.name, _reason(exc)

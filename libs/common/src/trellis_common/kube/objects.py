@@ -14,7 +14,14 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
+
+
+def transport_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the client's transport failing (urllib3: refused, timed out, cut
+    off). urllib3 is the client's own dependency, so it is recognised, not imported."""
+    return isinstance(exc, OSError) or any(
+        cls.__module__.split(".")[0] == "urllib3" for cls in type(exc).__mro__
+    )
 
 
 class ApiError(RuntimeError):
@@ -28,7 +35,9 @@ def _read(call: Any, name: str, timeout: float) -> dict[str, Any] | None:
         if exc.status == 404:
             return None
         raise ApiError(f"{exc.status} {exc.reason}") from exc
-    except (HTTPError, OSError) as exc:
+    except Exception as exc:
+        if not transport_error(exc):
+            raise
         raise ApiError(f"{type(exc).__name__}: {exc}") from exc
     found: dict[str, Any] = json.loads(answer.data)
     return found

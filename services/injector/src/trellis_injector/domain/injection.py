@@ -22,11 +22,10 @@ else its service account. Identity for policy is always the service account.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-
-import yaml
 
 from trellis_common import ids
 from trellis_common.bootstrap import proxy_secret_document, sidecar_args
@@ -123,11 +122,12 @@ def secret(onboarded: Onboarding, key_pem: bytes) -> dict[str, Any]:
     sds = files.sds
     assert sds is not None  # every ProxyRequest names its SDS file
     content = {
-        BOOTSTRAP_FILE: yaml.safe_dump(onboarded.bootstrap, sort_keys=False),
+        # JSON is YAML: Envoy reads the .yaml files, and the injector needs no YAML writer
+        BOOTSTRAP_FILE: json.dumps(onboarded.bootstrap, indent=1),
         files.cert_chain.name: onboarded.certificate.cert_chain_pem,
         files.key.name: key_pem.decode(),
         files.trust_bundle.name: onboarded.certificate.trust_bundle_pem,
-        sds.name: yaml.safe_dump(proxy_secret_document(files.cert_chain, files.key)),
+        sds.name: json.dumps(proxy_secret_document(files.cert_chain, files.key), indent=1),
     }
     return {
         "apiVersion": "v1",
