@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import jsonpatch
 import pytest
+from cryptography import x509
 from kubernetes import client, config
 
 from trellis_common import adminhttp, components
@@ -42,7 +43,15 @@ FAST = {"TRELLIS_REGISTRY_TTL": "2"}
 
 
 class Mesh:
-    def __init__(self, tmp: Path, state_dir: Path, redis: RedisServer, kube: KubeApi) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        state_dir: Path,
+        redis: RedisServer,
+        kube: KubeApi,
+        extra: dict[str, dict[str, str]] | None = None,
+    ) -> None:
+        extra = extra or {}
         spec_dir = tmp / "spec"
         shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
         self.state_dir = state_dir
@@ -54,7 +63,9 @@ class Mesh:
             return ServiceProcess(name, module, state_dir, redis, args=args, env={**FAST, **env})
 
         self.processes = {
-            "certmanager": process("certmanager", "trellis_certmanager.main"),
+            "certmanager": process(
+                "certmanager", "trellis_certmanager.main", **extra.get("certmanager", {})
+            ),
             "catalog": process(
                 "catalog",
                 "trellis_catalog.main",
@@ -72,6 +83,7 @@ class Mesh:
                 TRELLIS_INJECTOR_SIDECAR_INBOUND_PORT=str(self.ports["inbound"]),
                 TRELLIS_INJECTOR_SIDECAR_OUTBOUND_PORT=str(self.ports["outbound"]),
                 TRELLIS_INJECTOR_SIDECAR_ADMIN_PORT=str(self.ports["admin"]),
+                **extra.get("injector", {}),
             ),
         }
 
@@ -106,8 +118,18 @@ def kube() -> Iterator[KubeApi]:
 
 
 @pytest.fixture
+def extra_env() -> dict[str, dict[str, str]]:
+    """Settings of one process or another, per test (see the renewal test)."""
+    return {}
+
+
+@pytest.fixture
 def mesh(
-    tmp_path: Path, state_dir: Path, redis_server: RedisServer, kube: KubeApi
+    tmp_path: Path,
+    state_dir: Path,
+    redis_server: RedisServer,
+    kube: KubeApi,
+    extra_env: dict[str, dict[str, str]],
 ) -> Iterator[Mesh]:
     api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
         config_file=str(kube.write_kubeconfig(tmp_path / "setup-kubeconfig"))
@@ -135,7 +157,7 @@ def mesh(
         }
     )
     api_client.close()
-    mesh = Mesh(tmp_path, state_dir, redis_server, kube)
+    mesh = Mesh(tmp_path, state_dir, redis_server, kube, extra_env)
     try:
         mesh.start()
         yield mesh
@@ -280,3 +302,63 @@ def test_opt_out_malformed_and_certmanager_down(mesh: Mesh, kube: KubeApi) -> No
     assert response["allowed"] is False  # failure policy Fail
     assert "certmanager" in response["status"]["message"]
     assert kube.objects("", "secrets") == []
+
+
+@pytest.mark.parametrize(
+    "extra_env",
+    [
+        {
+            # proxy certificates of 120 s (180 s with the minute certmanager backdates
+            # them by), due 0.35 into that: 3 s after issue; sweeps twice a second
+            "certmanager": {"TRELLIS_CERTMANAGER_PROXY_CERT_VALIDITY": "PT120S"},
+            "injector": {
+                "TRELLIS_INJECTOR_SECRET_RENEW_FRACTION": "0.35",
+                "TRELLIS_INJECTOR_SECRET_UPKEEP_INTERVAL": "0.5",
+                "TRELLIS_INJECTOR_ORPHAN_SECRET_GRACE": "3",
+            },
+        }
+    ],
+)
+def test_an_injected_proxys_secret_is_renewed_and_deleted_with_its_pod(
+    mesh: Mesh, kube: KubeApi, tmp_path: Path
+) -> None:
+    answer = mesh.post_review(pod_review(BOOKBUYER))
+    response = answer.json()["response"]
+    assert response["allowed"] is True, response
+    pod = jsonpatch.apply_patch(BOOKBUYER, json.loads(base64.b64decode(response["patch"])))
+    proxy_id = pod["metadata"]["labels"][injection.PROXY_UUID_LABEL]
+    common_name = f"{proxy_id}.bookbuyer.bookbuyer"
+    api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kube.write_kubeconfig(tmp_path / "test-kubeconfig"))
+    )
+    core: Any = client.CoreV1Api(api_client)
+    core.create_namespaced_pod("bookbuyer", {**pod, "metadata": {**pod["metadata"], "name": "b"}})
+
+    def secret() -> dict[str, Any] | None:
+        found = [
+            s for s in kube.objects("", "secrets") if s["metadata"]["namespace"] == "bookbuyer"
+        ]
+        return found[0] if found else None
+
+    def pem(name: str) -> bytes:
+        stored = secret()
+        assert stored is not None
+        return base64.b64decode(stored["data"][name])
+
+    first_cert, first_key = pem("cert.pem"), pem("key.pem")
+    first = x509.load_pem_x509_certificate(first_cert)
+    asyncio.run(eventually(lambda: pem("cert.pem") != first_cert, timeout=30, message="renewed"))
+    renewed = x509.load_pem_x509_certificate(pem("cert.pem"))
+    assert renewed.subject == first.subject  # the same proxy
+    assert renewed.serial_number != first.serial_number
+    assert pem("key.pem") != first_key  # a new key with it, in the same patch
+    revoked = mesh.get("certmanager", f"/v1/revoked?common_name={common_name}")["revoked"]
+    assert f"{first.serial_number:x}" in {r["serial"] for r in revoked}
+    metrics = mesh.processes["injector"].get("/metrics").text
+    assert 'trellis_injector_proxy_secret_upkeep_total{outcome="renewed"}' in metrics
+    assert "PRIVATE KEY" not in mesh.processes["injector"].logs()
+
+    # the pod goes: its Secret is an orphan, and is deleted
+    core.delete_namespaced_pod("b", "bookbuyer")
+    asyncio.run(eventually(lambda: secret() is None, timeout=10, message="orphan deleted"))
+    api_client.close()

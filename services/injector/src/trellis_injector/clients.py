@@ -109,7 +109,12 @@ class CertManagerClient:
         self._timeout = timeout
 
     async def issue_proxy_certificate(
-        self, namespace: str, service: str, service_account: str, csr_pem: bytes
+        self,
+        namespace: str,
+        service: str,
+        service_account: str,
+        csr_pem: bytes,
+        proxy_id: str = "",
     ) -> ProxyCertificate:
         address = await self._services.address(CERTMANAGER)
         request = cm.IssueCertificateRequest(
@@ -117,6 +122,7 @@ class CertManagerClient:
             service=cm.MeshService(namespace=namespace, name=service),
             service_account=service_account,
             csr_pem=csr_pem,
+            proxy_id=proxy_id,
         )
 
         async def issue(channel: grpc.aio.Channel) -> cm.Certificate:

@@ -34,6 +34,7 @@ from trellis_injector.domain.onboarding import proxy_cp_spiffe_id
 from trellis_injector.kube import CaBundleSync, KubeSecrets
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
+from trellis_injector.proxysecrets import ProxySecrets
 from trellis_injector.settings import InjectorSettings
 from trellis_injector.sidecars import SidecarInjector
 from trellis_injector.transport import rest, webhook
@@ -82,6 +83,16 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
         )
         identity.on_renewed(sync.renewed)
         components["ca-bundle"] = sync.run
+        upkeep = ProxySecrets(
+            api,
+            onboarding.certificates,
+            metrics,
+            renew_fraction=settings.secret_renew_fraction,
+            interval=settings.secret_upkeep_interval,
+            orphan_grace=settings.orphan_secret_grace,
+            timeout=settings.kube_timeout,
+        )
+        components["proxy-secrets"] = upkeep.run
     injector = SidecarInjector(
         onboarding,
         secrets,

@@ -45,6 +45,11 @@ class InjectorMetrics:
             "Proxy Secrets of injected pods: created, failed, skipped (no Kubernetes API)",
             "outcome",
         )
+        self.secret_upkeep = make.counter(
+            "proxy_secret_upkeep",
+            "Proxy Secrets kept after admission: renewed, orphan_deleted, failed",
+            "outcome",
+        )
         self.ca_bundle_patches = make.counter(
             "ca_bundle_patches",
             "caBundle updates of the MutatingWebhookConfiguration: patched, unchanged, failed",

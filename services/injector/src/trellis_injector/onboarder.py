@@ -62,9 +62,15 @@ class Refused(Exception):
 
 class CertificateIssuer(Protocol):
     async def issue_proxy_certificate(
-        self, namespace: str, service: str, service_account: str, csr_pem: bytes
+        self,
+        namespace: str,
+        service: str,
+        service_account: str,
+        csr_pem: bytes,
+        proxy_id: str = "",
     ) -> ProxyCertificate:
-        """A new proxy certificate (a fresh proxy UUID) for the key of ``csr_pem``."""
+        """A proxy certificate for the key of ``csr_pem``: of a new proxy (a fresh UUID),
+        or a renewal for ``proxy_id`` (its old serial is revoked)."""
         ...
 
 
@@ -88,7 +94,7 @@ class Onboarder:
         locator: ControlPlaneLocator,
         proxy_cp_spiffe_id: str,
     ) -> None:
-        self._certificates = certificates
+        self.certificates = certificates
         self._catalog = catalog
         self._locator = locator
         self._spiffe_id = proxy_cp_spiffe_id
@@ -115,7 +121,7 @@ class Onboarder:
                 "cannot be onboarded",
             )
         control_plane = ControlPlane(await self._locator.xds_endpoint(), self._spiffe_id)
-        certificate = await self._certificates.issue_proxy_certificate(
+        certificate = await self.certificates.issue_proxy_certificate(
             request.namespace, request.service, request.service_account, csr
         )
         await self._catalog.expect_proxy(certificate.common_name, request.service_account)

@@ -107,6 +107,15 @@ class InjectorSettings(ServiceSettings):
     ca_bundle_resync: float = Field(
         300.0, gt=0, description="how often the caBundle is checked even without a renewal (s)"
     )
+    secret_upkeep_interval: float = Field(
+        60.0, gt=0, description="seconds between sweeps that renew and clean proxy Secrets"
+    )
+    secret_renew_fraction: float = Field(
+        2 / 3, gt=0, lt=1, description="share of a proxy certificate's life before its renewal"
+    )
+    orphan_secret_grace: float = Field(
+        600.0, ge=0, description="age (s) before a proxy Secret with no pod of its UUID is deleted"
+    )
     envoy_image: str = Field("envoyproxy/envoy:v1.40.0", description="the sidecar's image")
     init_image: str = Field(
         "ghcr.io/trellis-mesh/trellis:0.1.0",

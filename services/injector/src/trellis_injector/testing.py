@@ -28,14 +28,19 @@ class FakeCertificates:
         self.csrs: list[bytes] = []  # what each issue was asked to sign
 
     async def issue_proxy_certificate(
-        self, namespace: str, service: str, service_account: str, csr_pem: bytes
+        self,
+        namespace: str,
+        service: str,
+        service_account: str,
+        csr_pem: bytes,
+        proxy_id: str = "",
     ) -> ProxyCertificate:
         self.calls += 1
         if self.hold is not None:
             await self.hold.wait()
         if self.error is not None:
             raise self.error
-        common_name = f"{uuid.uuid4()}.{service}.{namespace}"
+        common_name = f"{proxy_id or uuid.uuid4()}.{service}.{namespace}"
         self.issued.append((common_name, service_account))
         self.csrs.append(csr_pem)
         return ProxyCertificate(common_name, FAKE_CERT_PEM, FAKE_CA_PEM)

@@ -137,7 +137,11 @@ def secret(onboarded: Onboarding, key_pem: bytes) -> dict[str, Any]:
             "name": secret_name(proxy_id),
             "namespace": onboarded.request.namespace,
             "labels": {injection.PROXY_UUID_LABEL: proxy_id, **MANAGED_BY},
-            "annotations": {"trellis.dev/proxy-common-name": onboarded.common_name},
+            "annotations": {
+                "trellis.dev/proxy-common-name": onboarded.common_name,
+                # what a renewal of the certificate asks certmanager for again
+                "trellis.dev/proxy-service-account": onboarded.request.service_account,
+            },
         },
         "data": {name: base64.b64encode(text.encode()).decode() for name, text in content.items()},
     }
