@@ -184,6 +184,31 @@ def test_bookstore_http_route_group(registry: KindRegistry, version: str) -> Non
     assert group.match_by_name("nothing") is None
 
 
+OSM_DEMO_HEADERS = """
+  - name: books-bought
+    pathRegex: /books-bought
+    methods:
+    - GET
+    headers:
+    - "user-agent": ".*-http-client/*.*"
+    - "client-app": "bookbuyer"
+"""
+
+
+@pytest.mark.parametrize("version", smi.SPECS_API_VERSIONS)
+def test_headers_as_a_list_of_single_header_maps_as_osms_demo_writes_them(
+    registry: KindRegistry, version: str
+) -> None:
+    head, _, rest = BOOKSTORE_ROUTES.partition("  - name: books-bought")
+    tail = rest[rest.index("  - name: buy-a-book") :]
+    text = head + OSM_DEMO_HEADERS.lstrip("\n") + tail
+    group = parse(registry, load(text, version)).resource
+    assert isinstance(group, smi.HTTPRouteGroup)
+    bought = group.match_by_name("books-bought")
+    assert bought is not None
+    assert bought.headers == {"user-agent": ".*-http-client/*.*", "client-app": "bookbuyer"}
+
+
 def test_source_without_namespace_is_in_the_targets_namespace(registry: KindRegistry) -> None:
     raw = changed(
         load(BOOKSTORE_TARGET, "access.smi-spec.io/v1alpha3"),
@@ -313,7 +338,22 @@ SA = {"kind": "ServiceAccount", "name": "bookbuyer"}
         (ROUTES, "spec.matches[0].pathRegex", "(?<!x)/books", None, "negative lookbehind"),
         (ROUTES, "spec.matches[0].methods", ["get"], "spec.matches[0].methods[0]", "'GET'"),
         (ROUTES, "spec.matches[0].methods", ["GET", "FETCH"], "spec.matches[0].methods[1]", "'*'"),
-        (ROUTES, "spec.matches[0].headers", [{"a": "b"}], None, "mapping of header name"),
+        (ROUTES, "spec.matches[0].headers", ["a"], "spec.matches[0].headers[0]", "one header"),
+        (
+            ROUTES,
+            "spec.matches[0].headers",
+            [{"a": "b", "c": "d"}],
+            "spec.matches[0].headers[0]",
+            "one header",
+        ),
+        (
+            ROUTES,
+            "spec.matches[0].headers",
+            [{"a": "b"}, {"a": "c"}],
+            "spec.matches[0].headers[1]",
+            "listed twice",
+        ),
+        (ROUTES, "spec.matches[0].headers", [{"x y": "a"}], "spec.matches[0].headers.x y", "token"),
         (ROUTES, "spec.matches[0].headers", {"x": "(?=a)"}, "spec.matches[0].headers.x", "RE2"),
         (ROUTES, "spec.matches[0].headers", {"x y": "a"}, "spec.matches[0].headers.x y", "token"),
         (ROUTES, "spec.matches[1].name", "books-bought", None, "also the name of matches[0]"),

@@ -304,10 +304,23 @@ class HTTPMatch(StrictModel):
     @field_validator("headers", mode="before")
     @classmethod
     def _headers_shape(cls, value: object) -> object:
-        if isinstance(value, list):
-            reason = "must be a mapping of header name to value regex, not a list"
-            raise ValueError(f"{reason}, e.g. {{user-agent: '.*Firefox.*'}}")
-        return value
+        """A mapping, or a list of one-entry mappings: the form of smi-sdk-go's v1alpha3
+        and of OSM's demo manifests (``- user-agent: '.*'``), merged into one."""
+        if not isinstance(value, list):
+            return value
+        merged: dict[object, object] = {}
+        for index, item in enumerate(value):
+            if not isinstance(item, dict) or len(item) != 1:
+                _invalid(
+                    (index,),
+                    "each list entry must be one header, e.g. {user-agent: '.*Firefox.*'}",
+                    item,
+                )
+            ((name, regex),) = item.items()
+            if name in merged:
+                _invalid((index,), f"header {name!r} is listed twice", item)
+            merged[name] = regex
+        return merged
 
     @field_validator("headers")
     @classmethod
