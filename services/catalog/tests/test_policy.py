@@ -564,6 +564,33 @@ def test_split_of_a_root_without_ports(mesh: Mesh, backend: list[str], expected:
     assert names(builder.build(WEB, "web")) == expected
 
 
+def test_a_split_backend_without_the_roots_port_is_skipped_and_the_rest_share_it(
+    mesh: Mesh,
+) -> None:
+    # OSM skips such a backend; the others' weights are relative, so they take its share
+    builder = mesh(
+        docs(
+            service("api"),
+            service("web"),
+            service("api-v1"),
+            service("api-v2"),
+            service("api-v3", "[{name: http, port: 8080}]"),  # not the root's 80
+            split(
+                "[{service: api-v1, weight: 50}, {service: api-v2, weight: 25},"
+                " {service: api-v3, weight: 25}]"
+            ),
+            PERMISSIVE,
+        )
+    )
+
+    [root] = [o for o in builder.build(WEB, "web").outbound if o.name == "api"]
+    [route] = root.routes
+    assert [(c.cluster, c.weight) for c in route.clusters] == [
+        ("shop/api-v1|80", 50),
+        ("shop/api-v2|80", 25),
+    ]
+
+
 # -- explain ------------------------------------------------------------------------------
 
 EXPLAIN_MESH = docs(

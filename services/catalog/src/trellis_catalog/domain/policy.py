@@ -3,8 +3,9 @@
 - Deny by default: a destination appears in ``outbound`` only if a TrafficTarget lets the
   identity's service account call the destination's account, or the mesh is permissive.
 - A TrafficSplit on a root service turns its routes into weighted clusters over the
-  backends the caller may reach (weights of the others are dropped, not re-spread), and
-  that have endpoints, unless none has: traffic leaves a backend whose workloads are gone.
+  backends the caller may reach (weights of the others are dropped, not re-spread), that
+  have the root's port (else skipped on that port, as OSM does), and that have endpoints,
+  unless none has: traffic leaves a backend whose workloads are gone.
   Its ``matches`` (v1alpha3+) split only matching requests; the rest go to the root when
   the caller may reach it, else to the split as well.
 - ServiceEntries: MESH_INTERNAL hosts are destinations like any service; MESH_EXTERNAL
@@ -53,11 +54,15 @@ def hostnames(
 
 
 def _same_port(known: KnownService, port: PortSpec) -> PortSpec | None:
-    """The backend's port that carries the root's ``port``: same number, else its only one."""
+    """The backend's port that carries the root's ``port``: the same number, or none.
+
+    A backend without the root's port is left out of the split on that port, and the other
+    backends' weights then share all of it (Envoy's weights are relative), as OSM does;
+    ``docs/osm-compatibility.md``."""
     for candidate in known.ports:
         if candidate.port == port.port:
             return candidate
-    return known.ports[0] if len(known.ports) == 1 else None
+    return None
 
 
 class PolicyBuilder:
