@@ -147,6 +147,10 @@ CALLS: dict[str, tuple[str, Callable[[grpc.aio.Channel], Any], Any]] = {
     CM + "RenewProxyCertificate": _cm(
         "RenewProxyCertificate", certmanager_pb2.RenewProxyCertificateRequest()
     ),
+    CM + "ListRevokedComponentCertificates": _cm(
+        "ListRevokedComponentCertificates",
+        certmanager_pb2.ListRevokedComponentCertificatesRequest(),
+    ),
     **{
         CATALOG + name: (
             "catalog",

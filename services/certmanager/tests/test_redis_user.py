@@ -3,16 +3,18 @@ tests run as its user: see ``redis_client`` in conftest.py)."""
 
 from fnmatch import fnmatch
 
+from trellis_certmanager.componentcerts import ISSUED_KEY, REVOKED_KEY
 from trellis_certmanager.main import service
 from trellis_certmanager.manager import TOPIC
 from trellis_certmanager.store import RedisCertificateStore
+from trellis_common.identityrevocation import IDENTITIES_TOPIC
 from trellis_common.redisacl import COMPONENTS
 
 
 def test_the_acl_table_row_matches_certmanager() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
-    assert (row.publishes, row.follows, row.discovers) == ((TOPIC,), (), ())
+    assert (row.publishes, row.follows, row.discovers) == ((TOPIC, IDENTITIES_TOPIC), (), ())
     store = RedisCertificateStore(None, None)  # type: ignore[arg-type]  # only its keys
-    for key in (store.ca_key, store.records_key, store.revoked_key):
+    for key in (store.ca_key, store.records_key, store.revoked_key, ISSUED_KEY, REVOKED_KEY):
         assert any(fnmatch(key, f"trellis:{p}") for p in row.keys), key

@@ -2,6 +2,7 @@
 
 from fnmatch import fnmatch
 
+from trellis_common.identityrevocation import RevokedIdentities
 from trellis_common.onboarding import TokenStore
 from trellis_common.redisacl import COMPONENTS
 from trellis_injector.clients import CATALOG, CERTMANAGER, PROXY_CP
@@ -11,7 +12,8 @@ from trellis_injector.main import service
 def test_the_acl_table_row_matches_the_injector() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
-    assert (row.publishes, row.follows) == ((), ())
+    assert row.publishes == ()
+    assert row.follows == RevokedIdentities.topics  # the runtime's, in every component
     assert set(row.discovers) == {CERTMANAGER, CATALOG, PROXY_CP}
     # its onboarding tokens (the token store's tests run as the injector's user)
     key = TokenStore(None).key("0123456789abcdef")  # type: ignore[arg-type]  # only its key

@@ -1,5 +1,6 @@
 """proxy-cp's row of the Redis ACL table says what proxy-cp's code does."""
 
+from trellis_common.identityrevocation import RevokedIdentities
 from trellis_common.redisacl import COMPONENTS
 from trellis_proxy_cp.clients.catalog import ViewFollower
 from trellis_proxy_cp.clients.certs import CertificateFollower
@@ -10,6 +11,7 @@ def test_the_acl_table_row_matches_proxy_cp() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
     assert row.publishes == ()  # it only listens (and announces itself)
-    assert {*ViewFollower.topics, *CertificateFollower.topics} == set(row.follows)
+    topics = {*ViewFollower.topics, *CertificateFollower.topics, *RevokedIdentities.topics}
+    assert topics == set(row.follows)
     assert set(row.discovers) == {"catalog", "certmanager"}  # its two locators
     assert row.keys == ()

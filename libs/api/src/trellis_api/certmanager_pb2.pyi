@@ -510,3 +510,69 @@ class RenewProxyCertificateRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RenewProxyCertificateRequest: _TypeAlias = RenewProxyCertificateRequest  # noqa: Y015
+
+@_typing.final
+class ListRevokedComponentCertificatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRevokedComponentCertificatesRequest: _TypeAlias = ListRevokedComponentCertificatesRequest  # noqa: Y015
+
+@_typing.final
+class RevokedComponentCertificate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMPONENT_FIELD_NUMBER: _builtins.int
+    SERIAL_FIELD_NUMBER: _builtins.int
+    NOT_AFTER_FIELD_NUMBER: _builtins.int
+    REVOKED_AT_FIELD_NUMBER: _builtins.int
+    component: _builtins.str
+    serial: _builtins.str
+    """Lowercase hex."""
+    @_builtins.property
+    def not_after(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def revoked_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        component: _builtins.str = ...,
+        serial: _builtins.str = ...,
+        not_after: _timestamp_pb2.Timestamp | None = ...,
+        revoked_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["not_after", b"not_after", "revoked_at", b"revoked_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "not_after", b"not_after", "revoked_at", b"revoked_at", "serial", b"serial"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokedComponentCertificate: _TypeAlias = RevokedComponentCertificate  # noqa: Y015
+
+@_typing.final
+class ListRevokedComponentCertificatesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOKED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def revoked(self) -> _containers.RepeatedCompositeFieldContainer[Global___RevokedComponentCertificate]: ...
+    def __init__(
+        self,
+        *,
+        revoked: _abc.Iterable[Global___RevokedComponentCertificate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revoked", b"revoked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRevokedComponentCertificatesResponse: _TypeAlias = ListRevokedComponentCertificatesResponse  # noqa: Y015

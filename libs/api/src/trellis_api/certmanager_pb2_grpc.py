@@ -79,6 +79,11 @@ class CertificateManagerStub:
                 request_serializer=trellis__api_dot_certmanager__pb2.RenewProxyCertificateRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_certmanager__pb2.Certificate.FromString,
                 _registered_method=True)
+        self.ListRevokedComponentCertificates = channel.unary_unary(
+                '/trellis.certmanager.v1.CertificateManager/ListRevokedComponentCertificates',
+                request_serializer=trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesResponse.FromString,
+                _registered_method=True)
 
 
 class CertificateManagerServicer:
@@ -157,6 +162,16 @@ class CertificateManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRevokedComponentCertificates(self, request, context):
+        """The component certificates an operator revoked (`trellis identity revoke`), until each
+        expires. Every component follows them (signal `identities`, kind `revoked`, key: the
+        component) and refuses calls made with one; a component finding its own exits, to join
+        again with a new key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CertificateManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +219,11 @@ def add_CertificateManagerServicer_to_server(servicer, server):
                     servicer.RenewProxyCertificate,
                     request_deserializer=trellis__api_dot_certmanager__pb2.RenewProxyCertificateRequest.FromString,
                     response_serializer=trellis__api_dot_certmanager__pb2.Certificate.SerializeToString,
+            ),
+            'ListRevokedComponentCertificates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRevokedComponentCertificates,
+                    request_deserializer=trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesRequest.FromString,
+                    response_serializer=trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -449,6 +469,33 @@ class CertificateManager:
             '/trellis.certmanager.v1.CertificateManager/RenewProxyCertificate',
             trellis__api_dot_certmanager__pb2.RenewProxyCertificateRequest.SerializeToString,
             trellis__api_dot_certmanager__pb2.Certificate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRevokedComponentCertificates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.certmanager.v1.CertificateManager/ListRevokedComponentCertificates',
+            trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesRequest.SerializeToString,
+            trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesResponse.FromString,
             options,
             channel_credentials,
             insecure,

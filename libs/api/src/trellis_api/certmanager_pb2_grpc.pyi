@@ -73,6 +73,12 @@ class CertificateManagerStub:
     certificate on its mTLS port): a new certificate of the same common name for the CSR's
     key; the old serial is revoked (reason "rotated"), as RotateCertificate does.
     """
+    ListRevokedComponentCertificates: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.ListRevokedComponentCertificatesRequest, _certmanager_pb2.ListRevokedComponentCertificatesResponse]
+    """The component certificates an operator revoked (`trellis identity revoke`), until each
+    expires. Every component follows them (signal `identities`, kind `revoked`, key: the
+    component) and refuses calls made with one; a component finding its own exits, to join
+    again with a new key.
+    """
 
 @_typing.type_check_only
 class CertificateManagerAsyncStub(CertificateManagerStub):
@@ -111,6 +117,12 @@ class CertificateManagerAsyncStub(CertificateManagerStub):
     """A proxy renews its own certificate (through proxy-cp, which checked the proxy's current
     certificate on its mTLS port): a new certificate of the same common name for the CSR's
     key; the old serial is revoked (reason "rotated"), as RotateCertificate does.
+    """
+    ListRevokedComponentCertificates: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.ListRevokedComponentCertificatesRequest, _certmanager_pb2.ListRevokedComponentCertificatesResponse]  # type: ignore[assignment]
+    """The component certificates an operator revoked (`trellis identity revoke`), until each
+    expires. Every component follows them (signal `identities`, kind `revoked`, key: the
+    component) and refuses calls made with one; a component finding its own exits, to join
+    again with a new key.
     """
 
 class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
@@ -201,6 +213,18 @@ class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
         """A proxy renews its own certificate (through proxy-cp, which checked the proxy's current
         certificate on its mTLS port): a new certificate of the same common name for the CSR's
         key; the old serial is revoked (reason "rotated"), as RotateCertificate does.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRevokedComponentCertificates(
+        self,
+        request: _certmanager_pb2.ListRevokedComponentCertificatesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_certmanager_pb2.ListRevokedComponentCertificatesResponse, _abc.Awaitable[_certmanager_pb2.ListRevokedComponentCertificatesResponse]]:
+        """The component certificates an operator revoked (`trellis identity revoke`), until each
+        expires. Every component follows them (signal `identities`, kind `revoked`, key: the
+        component) and refuses calls made with one; a component finding its own exits, to join
+        again with a new key.
         """
 
 def add_CertificateManagerServicer_to_server(servicer: CertificateManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -16,6 +16,7 @@ from trellis_cli.certs import certs
 from trellis_cli.client import Mesh
 from trellis_cli.console import Echo
 from trellis_cli.envoyrun import envoy
+from trellis_cli.identity import identity
 from trellis_cli.inject import inject
 from trellis_cli.policy import policy
 from trellis_cli.proxy import proxy
@@ -124,6 +125,7 @@ def join_token(mesh: Mesh, component: str, ttl: int) -> None:
 
 
 cli.add_command(certs)
+cli.add_command(identity)
 cli.add_command(status)
 cli.add_command(vm)
 cli.add_command(spec)

@@ -12,6 +12,9 @@ Anything not in the table is refused: a new RPC is closed until someone writes i
 a service certificate with its key (``[service]``, proxy-cp serving it over SDS), or
 without it (``[service-info]``, the catalog, which only needs to know it).
 
+A caller whose certificate certmanager revoked (:mod:`trellis_common.identityrevocation`)
+is refused whatever the cell says (reason ``revoked``).
+
 A refusal answers ``PERMISSION_DENIED`` with who was refused what, is logged
 (``grpc.refused``) and counted in ``trellis_grpc_refusals_total{method, caller, reason}``.
 """
@@ -33,6 +36,7 @@ from trellis_common.components import (
     PROXY_CP,
     component_of,
 )
+from trellis_common.identityrevocation import serial_of
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,7 @@ POLICY: Mapping[str, frozenset[str]] = {
     _CM + "ListRevokedCertificates": frozenset({PROXY_CP}),
     _CM + "RenewComponentCertificate": ANY_COMPONENT,  # for the caller's own identity only
     _CM + "RenewProxyCertificate": frozenset({PROXY_CP}),  # for the proxy proxy-cp authenticated
+    _CM + "ListRevokedComponentCertificates": ANY_COMPONENT,  # each refuses revoked callers
     # catalog
     _CATALOG + "GetView": frozenset({PROXY_CP}),
     _CATALOG + "ListViewVersions": frozenset({PROXY_CP}),
@@ -76,6 +81,11 @@ POLICY: Mapping[str, frozenset[str]] = {
     _HEALTH + "Watch": ANY_COMPONENT,
     _REFLECTION + "ServerReflectionInfo": ANY_COMPONENT,  # served only with debug_endpoints
 }
+
+
+#: What a caller whose certificate was revoked may still call: the list that tells it so
+#: (it then exits to join again; the list holds serials and names, nothing secret).
+REVOKED_MAY_CALL = frozenset({_CM + "ListRevokedComponentCertificates"})
 
 
 def _issue_power(request: Any) -> str:
@@ -111,8 +121,15 @@ Behavior = Callable[..., Any]
 class Authorizer(grpc.aio.ServerInterceptor):
     """Checks every call against :data:`POLICY` (see the module docstring)."""
 
-    def __init__(self, trust_domain: str, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        trust_domain: str,
+        registry: CollectorRegistry,
+        revoked: Callable[[str], bool] | None = None,
+    ) -> None:
         self._trust_domain = trust_domain
+        #: serial (lowercase hex) -> whether certmanager revoked that component certificate
+        self._revoked = revoked
         self.refusals = Counter(
             "trellis_grpc_refusals",
             "Internal gRPC calls refused by the component policy, by method, caller and reason",
@@ -162,9 +179,14 @@ class Authorizer(grpc.aio.ServerInterceptor):
         """Abort the call with PERMISSION_DENIED unless the caller's cell allows it."""
         uri, component = caller(context, self._trust_domain)
         name = cell(method, request)
-        if allowed(name, component):
+        exempt = self._revoked is None or method in REVOKED_MAY_CALL
+        serial = "" if exempt else self._serial(context)
+        if serial and self._revoked is not None and self._revoked(serial):
+            reason = "revoked"
+            detail = f"the certificate {serial} of {component or uri} was revoked"
+        elif allowed(name, component):
             return
-        if not component:
+        elif not component:
             reason = "not_a_component"
             detail = f"{uri} is not a control plane identity of {self._trust_domain}"
         else:
@@ -180,6 +202,11 @@ class Authorizer(grpc.aio.ServerInterceptor):
             context.peer(),
         )
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, detail)
+
+    @staticmethod
+    def _serial(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        pems = list(context.auth_context().get("x509_pem_cert") or ())
+        return serial_of(pems[0]) if pems else ""
 
     def _unary(self, method: str, behavior: Behavior) -> Behavior:
         async def checked(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:

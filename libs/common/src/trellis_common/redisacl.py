@@ -115,7 +115,7 @@ COMPONENTS: Mapping[str, Component] = {
             "certmanager",
             kind="certmanager",
             keys=("certmanager:*",),  # :ca, :certs, :revoked, :join-spent:<nonce>
-            publishes=("certificates",),
+            publishes=("certificates", "identities"),
             commands=(*HASH_COMMANDS, "eval"),  # eval: the swap scripts sealing old records
         ),
         Component(
@@ -125,6 +125,7 @@ COMPONENTS: Mapping[str, Component] = {
             # the injector's onboarding tokens: a scoped token registers a workload
             reads=("injector:onboarding-tokens:*",),
             publishes=("endpoints",),
+            follows=("identities",),
             discovers=("certmanager",),  # to join and renew its identity
             commands=HASH_COMMANDS,
         ),
@@ -132,20 +133,21 @@ COMPONENTS: Mapping[str, Component] = {
             "catalog",
             kind="catalog",
             publishes=("views",),
-            follows=("endpoints", "registry", "certificates"),
+            follows=("endpoints", "registry", "certificates", "identities"),
             discovers=("endpoints-provider", "certmanager"),
             commands=AUDIT_COMMANDS,  # the catalog runs the Redis audit
         ),
         Component(
             "proxy-cp",
             kind="proxy-cp",
-            follows=("views", "certificates"),
+            follows=("views", "certificates", "identities"),
             discovers=("catalog", "certmanager"),
         ),
         Component(
             "injector",
             kind="injector",
             keys=("injector:*",),  # :onboarding-tokens:<id> (SET PX NX, GET, SCAN, MGET, DEL)
+            follows=("identities",),
             discovers=("certmanager", "catalog", "proxy-cp"),
         ),
     )

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,7 @@ from trellis_common.events import Outbox, Signals
 from trellis_common.grpcserver import GrpcServer, Registration
 from trellis_common.health import Health
 from trellis_common.identity import ComponentIdentity, Issued
+from trellis_common.identityrevocation import RevokedIdentities
 from trellis_common.locate import ChannelFactory, Locator
 from trellis_common.redisaudit import RedisAudit
 from trellis_common.registry import Announcer, ServiceRecord
@@ -76,6 +77,9 @@ class ServiceRuntime:
     #: The component's certificate (mTLS on its gRPC server and its calls, TLS on its admin
     #: API): joined before ``build`` runs (certmanager signs its own in ``build``).
     identity: ComponentIdentity | None = None
+    #: serial (lowercase hex) -> revoked by an operator: certmanager sets its own list;
+    #: the others follow it (``serve``, :mod:`trellis_common.identityrevocation`)
+    revoked_serial: Callable[[str], bool] | None = None
     _certmanager: Locator | None = None
 
     @classmethod
@@ -165,6 +169,30 @@ class ServiceRuntime:
         self.locators.append(found)
         return found
 
+    def _is_revoked(self, serial: str) -> bool:
+        return self.revoked_serial is not None and self.revoked_serial(serial)
+
+    def _follow_revocations(self, identity: ComponentIdentity) -> lifecycle.Component:
+        """Follow certmanager's revoked component certificates; the part that exits when
+        this component's own is among them."""
+        locator = self._certmanager or self.locator(components.CERTMANAGER)
+        self._certmanager = locator
+
+        async def fetch() -> dict[str, str]:
+            stub = certmanager_pb2_grpc.CertificateManagerStub(await locator.channel())
+            request = certmanager_pb2.ListRevokedComponentCertificatesRequest()
+            try:
+                answer = await stub.ListRevokedComponentCertificates(request, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                locator.failed(exc)
+                raise
+            return {r.serial: r.component for r in answer.revoked}
+
+        revoked = RevokedIdentities(fetch, lambda: f"{identity.material.leaf.serial_number:x}")
+        self.signals.follow(revoked)
+        self.revoked_serial = revoked.__contains__
+        return revoked.exit_when_revoked
+
     @property
     def guard(self) -> Any:
         return admin.token_guard(self.token)
@@ -198,7 +226,7 @@ class ServiceRuntime:
             service_names,
             credentials=identity.server_credentials(),
             reflection=self.settings.debug_endpoints,
-            interceptors=[Authorizer(identity.trust_domain, self.metrics)],
+            interceptors=[Authorizer(identity.trust_domain, self.metrics, self._is_revoked)],
         )
 
     async def serve(
@@ -249,6 +277,8 @@ class ServiceRuntime:
         )
         announcer = Announcer(self.redis, record, ttl=settings.registry_ttl)
         own = [lifecycle.supervised(n, c, self.health.loops) for n, c in components.items()]
+        if self.revoked_serial is None:  # certmanager keeps its own list
+            own.append(self._follow_revocations(identity))
         if settings.redis_audit_interval > 0:
             users = (redisacl.ADMIN, *redisacl.COMPONENTS)
             audit = RedisAudit(self.redis, self.metrics, users, settings.redis_audit_interval)

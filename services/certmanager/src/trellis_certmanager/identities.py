@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
+from trellis_certmanager.componentcerts import ComponentCertificates
 from trellis_certmanager.domain.csr import public_key_from_csr
 from trellis_certmanager.domain.errors import InvalidRequest, StoreUnavailable
 from trellis_certmanager.domain.issuer import Issuer
@@ -63,9 +64,13 @@ class ComponentIssuer:
         registry: CollectorRegistry,
         clock: Callable[[], dt.datetime],
         reviewer: ServiceAccountReviewer | None = None,
+        certs: ComponentCertificates | None = None,
     ) -> None:
         self._issuer = issuer
         self._reviewer = reviewer
+        #: what was issued to whom, and what an operator revoked (componentcerts.py)
+        self.certs = certs
+        self.last_issued: tuple[str, int, dt.datetime] | None = None
         self._redis = redis
         self._join_key = join_key
         self._validity = validity
@@ -103,7 +108,14 @@ class ComponentIssuer:
             cert.serial_number,
             cert.not_valid_after_utc.isoformat(),
         )
+        self.last_issued = (component, cert.serial_number, cert.not_valid_after_utc)
         return Issued(issuer.chain_pem(cert), issuer.ca.trust_bundle_pem)
+
+    async def _recorded(self, issued: Issued) -> Issued:
+        """Remember the certificate just signed, so it can be revoked."""
+        if self.certs is not None and self.last_issued is not None:
+            await self.certs.issued_now(*self.last_issued)
+        return issued
 
     def own(self, csr_pem: bytes) -> Issued:
         return self.sign("certmanager", csr_pem, "self")
@@ -114,15 +126,15 @@ class ComponentIssuer:
             component = await self._admit(token)
             if component == "certmanager":
                 raise JoinRefused("not_joinable", "certmanager signs its own certificate")
-            return self.sign(component, csr_pem, "join")
+            return await self._recorded(self.sign(component, csr_pem, "join"))
         except (JoinRefused, InvalidRequest) as exc:
             reason = exc.reason if isinstance(exc, JoinRefused) else "bad_csr"
             self.refused.labels(reason).inc()
             log.warning("join.refused reason=%s peer=%s error=%r", reason, peer, str(exc))
             raise
 
-    def renew(self, component: str, csr_pem: bytes) -> Issued:
-        return self.sign(component, csr_pem, "renew")
+    async def renew(self, component: str, csr_pem: bytes) -> Issued:
+        return await self._recorded(self.sign(component, csr_pem, "renew"))
 
     async def _admit(self, token: str) -> str:
         if not jointoken.is_join_token(token):

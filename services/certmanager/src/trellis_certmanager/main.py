@@ -14,10 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from fastapi import FastAPI
+
 from trellis_api import certmanager_pb2_grpc
 from trellis_certmanager import kek
+from trellis_certmanager.componentcerts import ComponentCertificates
 from trellis_certmanager.domain.authority import CertificateAuthority, load_provided
-from trellis_certmanager.domain.errors import CAError, PlantedCA
+from trellis_certmanager.domain.errors import CAError, PlantedCA, StoreUnavailable
 from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.sealed import Sealer
 from trellis_certmanager.identities import ComponentIssuer
@@ -29,6 +32,7 @@ from trellis_certmanager.tokenreview import ServiceAccountReviewer
 from trellis_certmanager.transport import grpc_api, rest
 from trellis_common import components, jointoken
 from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
+from trellis_common.identityrevocation import IDENTITIES_TOPIC
 from trellis_common.kube import client as kube
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
@@ -136,6 +140,11 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         join_key = jointoken.load_or_create_key(settings.join_key_path)
     except jointoken.InvalidJoinToken as exc:
         fatal("join_key.fatal", exc)
+    certs = ComponentCertificates(runtime.redis, utcnow)
+    try:
+        await certs.load()
+    except StoreUnavailable as exc:
+        fatal("identities.fatal", exc)
     identities = ComponentIssuer(
         lambda: manager.issuer,
         runtime.redis,
@@ -144,7 +153,9 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         runtime.metrics,
         utcnow,
         reviewer(settings),
+        certs,
     )
+    runtime.revoked_serial = certs.is_revoked
     runtime.identity = own_identity(identities)
     write_trust_bundle(settings.trust_bundle_path, manager.ca.trust_bundle_pem)
 
@@ -162,9 +173,23 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         ],
         grpc_services=[grpc_api.SERVICE_NAME],
         readiness={"ca": manager.ready.is_set},
-        routes=lambda app: rest.add_routes(app, manager, runtime.guard, identities),
+        routes=lambda app: routes(app, runtime, manager, identities),
         attributes={"root": manager.ca.fingerprint},
     )
+
+
+def routes(
+    app: FastAPI,
+    runtime: ServiceRuntime,
+    manager: CertificateManager,
+    identities: ComponentIssuer,
+) -> None:
+    rest.add_routes(app, manager, runtime.guard, identities)
+
+    async def announce(component: str) -> object:
+        return await runtime.outbox.signal(IDENTITIES_TOPIC, "revoked", component)
+
+    rest.add_identity_routes(app, identities, runtime.guard, announce)
 
 
 def reviewer(settings: CertManagerSettings) -> ServiceAccountReviewer | None:

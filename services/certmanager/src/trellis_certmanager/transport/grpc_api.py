@@ -95,6 +95,10 @@ def revoked(revocation: Revocation) -> pb.RevokedCertificate:
     )
 
 
+def _nothing(request: pb.ListRevokedComponentCertificatesRequest) -> None:
+    return None
+
+
 def _csr(request: pb.RenewComponentCertificateRequest) -> bytes:
     if not request.csr_pem:
         raise InvalidField("csr_pem", "a PEM certificate signing request is required")
@@ -220,6 +224,24 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
             revoked=[revoked(r) for r in self._manager.revocations.list(common_name)]
         )
 
+    @rpc(_nothing)
+    async def ListRevokedComponentCertificates(
+        self, asked: None, context: Context
+    ) -> pb.ListRevokedComponentCertificatesResponse:
+        certs = self._identities.certs if self._identities is not None else None
+        revoked = list(certs.revoked.values()) if certs is not None else []
+        return pb.ListRevokedComponentCertificatesResponse(
+            revoked=[
+                pb.RevokedComponentCertificate(
+                    component=c.component,
+                    serial=c.serial,
+                    not_after=_ts(dt.datetime.fromtimestamp(c.not_after, dt.UTC)),
+                    revoked_at=_ts(dt.datetime.fromtimestamp(c.revoked_at, dt.UTC)),
+                )
+                for c in sorted(revoked, key=lambda c: c.serial)
+            ]
+        )
+
     @rpc(_csr, refused=(InvalidField, InvalidRequest))
     async def RenewComponentCertificate(
         self, csr_pem: bytes, context: Context
@@ -230,7 +252,7 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         if self._identities is None or not component:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a component identity")
         assert self._identities is not None
-        issued = self._identities.renew(component, csr_pem)
+        issued = await self._identities.renew(component, csr_pem)
         leaf = x509.load_pem_x509_certificate(issued.cert_chain_pem)
         return pb.ComponentCertificate(
             cert_chain_pem=issued.cert_chain_pem,

@@ -4,16 +4,21 @@ Answers carry metadata and public certificates only; no route returns a private 
 Rotation and revocation change state, so they need the admin token, as does deleting a
 stored record that was refused at load (corrupt): the only records DELETE removes.
 Revoking a service certificate is refused with 409 (only proxy certificates are revoked).
+The control plane's own certificates are listed and revoked per component under
+``/v1/identities`` (:mod:`trellis_certmanager.componentcerts`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from trellis_certmanager.componentcerts import ComponentCert
 from trellis_certmanager.domain.errors import (
     InvalidRequest,
     NotFound,
@@ -23,6 +28,7 @@ from trellis_certmanager.domain.errors import (
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.identities import ComponentIssuer, JoinRefused
 from trellis_certmanager.manager import CertificateManager
+from trellis_common import components
 
 
 class JoinBody(BaseModel):
@@ -132,3 +138,45 @@ def add_routes(
         return manager.ca.trust_bundle_pem.decode()
 
     app.include_router(router)
+
+
+def add_identity_routes(
+    app: FastAPI,
+    identities: ComponentIssuer,
+    guard: Any,
+    announce: Callable[[str], Awaitable[object]],
+) -> None:
+    """The control plane's own certificates: listed, and revoked per component."""
+    certs = identities.certs
+    assert certs is not None
+    router = APIRouter(prefix="/v1/identities", tags=["identities"])
+
+    @router.get("")
+    async def listed() -> dict[str, Any]:
+        """Who holds which control plane certificate, and which are revoked (no keys)."""
+        await certs.prune()
+        return {
+            "issued": [asdict(c) for c in sorted(certs.issued.values(), key=_by_component)],
+            "revoked": [asdict(c) for c in sorted(certs.revoked.values(), key=_by_component)],
+        }
+
+    @router.post("/{component}/revoke", dependencies=[Depends(guard)])
+    async def revoke(component: str) -> dict[str, Any]:
+        """Revoke every unexpired certificate of ``component``: every service refuses it
+        from now on, and the component joins again with a new key."""
+        if component not in components.COMPONENTS or component == components.CERTMANAGER:
+            who = ", ".join(c for c in components.COMPONENTS if c != components.CERTMANAGER)
+            raise HTTPException(404, f"no component {component!r} to revoke (one of: {who})")
+        try:
+            fresh = await certs.revoke(component)
+        except StoreUnavailable as exc:
+            raise HTTPException(503, str(exc)) from exc
+        if fresh:
+            await announce(component)
+        return {"component": component, "revoked": [c.serial for c in fresh]}
+
+    app.include_router(router)
+
+
+def _by_component(cert: ComponentCert) -> tuple[str, float]:
+    return cert.component, cert.issued_at

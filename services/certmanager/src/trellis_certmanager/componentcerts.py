@@ -1,0 +1,123 @@
+"""The control plane's own certificates: which were issued, and which an operator revoked.
+
+Component certificates live 24 h and renew themselves, but a key that leaked must not
+stay good for a day: ``trellis identity revoke <component>`` (``POST
+/v1/identities/{component}/revoke``) revokes every unexpired certificate certmanager issued
+to that component. Each component follows the revoked list (``ListRevokedComponentCertificates``,
+signal ``identities``/``revoked``) and its authorizer refuses a call made with a revoked
+serial (reason ``revoked``); the component whose certificate it is finds its own serial in
+the list and exits, so its supervisor starts it again with a new join token and a new key.
+
+Both lists are kept in Redis (``trellis:certmanager:identities:issued`` and
+``...:revoked``, serial -> JSON; no key material, only who, which serial, until when), so a
+restarted certmanager still knows what it issued, and an entry is dropped once its
+certificate has expired (the TLS handshake refuses it then anyway).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from trellis_certmanager.domain.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+ISSUED_KEY = "trellis:certmanager:identities:issued"
+REVOKED_KEY = "trellis:certmanager:identities:revoked"
+
+
+@dataclass(frozen=True)
+class ComponentCert:
+    component: str
+    serial: str  # lowercase hex
+    not_after: float  # epoch seconds
+    issued_at: float
+    revoked_at: float = 0.0
+
+
+def _load(raw: dict[bytes | str, bytes | str]) -> dict[str, ComponentCert]:
+    found = {}
+    for serial, body in raw.items():
+        try:
+            key = serial.decode() if isinstance(serial, bytes) else serial
+            found[key] = ComponentCert(**json.loads(body))
+        except (ValueError, TypeError) as exc:  # never fatal: one bad entry is skipped
+            log.warning("identities.entry_refused serial=%r error=%r", serial, str(exc))
+    return found
+
+
+class ComponentCertificates:
+    def __init__(self, redis: aioredis.Redis, clock: Callable[[], dt.datetime]) -> None:
+        self._redis = redis
+        self._clock = clock
+        self.issued: dict[str, ComponentCert] = {}
+        self.revoked: dict[str, ComponentCert] = {}
+
+    async def load(self) -> None:
+        try:
+            self.issued = _load(await self._redis.hgetall(ISSUED_KEY))
+            self.revoked = _load(await self._redis.hgetall(REVOKED_KEY))
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"cannot read the component certificates: {exc}") from exc
+        await self.prune()
+
+    def is_revoked(self, serial: str) -> bool:
+        return serial in self.revoked
+
+    async def issued_now(self, component: str, serial: int, not_after: dt.datetime) -> None:
+        cert = ComponentCert(
+            component, f"{serial:x}", not_after.timestamp(), self._clock().timestamp()
+        )
+        self.issued[cert.serial] = cert
+        try:
+            await self._redis.hset(ISSUED_KEY, cert.serial, json.dumps(asdict(cert)))
+        except (RedisError, OSError) as exc:  # revocable while this process runs
+            log.warning("identities.not_recorded serial=%s error=%r", cert.serial, str(exc))
+
+    async def revoke(self, component: str) -> list[ComponentCert]:
+        """Revoke every unexpired certificate of ``component``; the newly revoked ones."""
+        await self.prune()
+        now = self._clock().timestamp()
+        fresh = [
+            ComponentCert(c.component, c.serial, c.not_after, c.issued_at, revoked_at=now)
+            for c in self.issued.values()
+            if c.component == component and c.serial not in self.revoked
+        ]
+        if not fresh:
+            return []
+        try:
+            await self._redis.hset(
+                REVOKED_KEY, mapping={c.serial: json.dumps(asdict(c)) for c in fresh}
+            )
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"cannot record the revocation: {exc}") from exc
+        for cert in fresh:
+            self.revoked[cert.serial] = cert
+            log.warning(
+                "identity.revoked component=%s serial=%s not_after=%s",
+                component,
+                cert.serial,
+                dt.datetime.fromtimestamp(cert.not_after, dt.UTC).isoformat(),
+            )
+        return fresh
+
+    async def prune(self) -> None:
+        """Forget certificates that have expired (both lists)."""
+        now = self._clock().timestamp()
+        for key, entries in ((ISSUED_KEY, self.issued), (REVOKED_KEY, self.revoked)):
+            gone = [serial for serial, cert in entries.items() if cert.not_after < now]
+            if not gone:
+                continue
+            for serial in gone:
+                del entries[serial]
+            try:
+                await self._redis.hdel(key, *gone)
+            except (RedisError, OSError) as exc:  # the next prune tries again
+                log.warning("identities.prune_failed error=%r", str(exc))
