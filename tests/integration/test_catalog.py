@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,7 +16,7 @@ from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmana
 from trellis_common.identity import csr_for, new_key
 from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, trellis
 from trellis_common.testing.signaling import RecordingReceiver, running
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
@@ -67,16 +65,6 @@ def mesh(
     finally:
         for p in reversed(list(processes.values())):
             p.stop()
-
-
-def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 def register(state_dir: Path, name: str, service: str, port: int) -> None:

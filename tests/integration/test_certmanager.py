@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -22,7 +20,7 @@ from trellis_common.signaling import Event
 from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.identities import allowed_caller
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, trellis
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 
@@ -32,16 +30,6 @@ SERVICE = pb.MeshService(namespace="bookstore", name="bookstore-v1")
 
 
 CM = "/trellis.certmanager.v1.CertificateManager/"
-
-
-def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 async def call(process: ServiceProcess, method: str, request: object) -> object:

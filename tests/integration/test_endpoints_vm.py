@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from trellis_common.registry import ServiceRecord, discover
 from trellis_common.signaling import Event
 from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, trellis
 
 pytestmark = pytest.mark.integration
 
@@ -91,16 +89,6 @@ def endpoints_vm(
         yield process
     finally:
         process.stop()
-
-
-def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 def services(process: ServiceProcess) -> dict[str, Any]:

@@ -11,8 +11,6 @@ and a fresh join being accepted again.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from trellis_api import certmanager_pb2, certmanager_pb2_grpc, endpoints_pb2, en
 from trellis_common.identity import ComponentIdentity
 from trellis_common.testing import RedisServer
 from trellis_common.testing.identities import join_as
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, running, trellis
 from trellis_common.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -39,23 +37,8 @@ def services(state_dir: Path, redis_server: RedisServer) -> Iterator[dict[str, S
             ("catalog", "trellis_catalog.main"),
         )
     }
-    for process in processes.values():
-        process.start()
-    try:
+    with running(processes):
         yield processes
-    finally:
-        for process in reversed(list(processes.values())):
-            process.stop()
-
-
-def trellis(state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 def revoked_refusals(process: ServiceProcess) -> float:

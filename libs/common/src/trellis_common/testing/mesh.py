@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
 from trellis_common.testing.identities import allowed_caller, join_as
 from trellis_common.testing.redis_server import RedisServer, free_port
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, trellis
 from trellis_common.testing.waiting import eventually
 
 FAST = {"TRELLIS_REGISTRY_TTL": "2"}
@@ -223,20 +222,7 @@ class Mesh:
 
     def trellis(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run the CLI against this mesh."""
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "trellis_cli.main",
-                "--state-dir",
-                str(self.state_dir),
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        return trellis(self.state_dir, *args)
 
     def proxies(self) -> list[dict[str, Any]]:
         body: list[dict[str, Any]] = self.processes["proxy-cp"].get("/v1/proxies").json()["proxies"]

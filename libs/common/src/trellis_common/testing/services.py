@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,28 @@ class ServiceProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def trellis(state_dir: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """The CLI, run as a user would, against the mesh of ``state_dir``."""
+    return subprocess.run(
+        [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@contextlib.contextmanager
+def running(processes: dict[str, ServiceProcess]) -> Iterator[dict[str, ServiceProcess]]:
+    """Start each (in order, each ready before the next), stop them in reverse."""
+    started = []
+    try:
+        for process in processes.values():
+            process.start()
+            started.append(process)
+        yield processes
+    finally:
+        for process in reversed(started):
+            process.stop()
