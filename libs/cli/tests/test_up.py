@@ -144,3 +144,20 @@ def test_the_injector_serves_its_webhook_locally(tmp_path: Path) -> None:
     injector = specs["injector"]
     assert 9443 in injector.ports  # checked free before anything starts
     assert "webhook https://127.0.0.1:9443/mutate" in injector.address
+
+
+def test_a_kubeconfig_adds_endpoints_k8s_and_is_given_to_who_reads_the_api(
+    tmp_path: Path,
+) -> None:
+    without = {s.name for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec")}
+    assert "endpoints-k8s" not in without
+    kubeconfig = tmp_path / "kubeconfig"
+    specs = {
+        s.name: s
+        for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec", kubeconfig=kubeconfig)
+    }
+    k8s = specs["endpoints-k8s"]
+    assert k8s.env["TRELLIS_ENDPOINTS_K8S_KUBECONFIG"] == str(kubeconfig)
+    assert k8s.ports == (15030, 15031)
+    assert specs["injector"].env["TRELLIS_INJECTOR_KUBECONFIG"] == str(kubeconfig)
+    assert "TRELLIS_ENDPOINTS_K8S_KUBECONFIG" not in specs["catalog"].env

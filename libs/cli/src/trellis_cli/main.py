@@ -62,6 +62,12 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
 )
 @click.option("--no-demo", is_flag=True, help="Only the control plane, no bookstore demo.")
 @click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Also run endpoints-k8s against this cluster (an emulator's http:// server is "
+    "fine); the injector stores proxy Secrets there.",
+)
+@click.option(
     "--state-dir",
     "up_state_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -87,6 +93,7 @@ def up(
     verbose: bool,
     spec_dir: Path | None,
     no_demo: bool,
+    kubeconfig: Path | None,
     up_state_dir: Path | None,
     log_max_bytes: str,
     log_backups: int,
@@ -100,7 +107,16 @@ def up(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--log-max-bytes") from exc
     raise SystemExit(
-        asyncio.run(run_up(state_dir, echo, spec_dir, with_demo=not no_demo, rotation=rotation))
+        asyncio.run(
+            run_up(
+                state_dir,
+                echo,
+                spec_dir,
+                with_demo=not no_demo,
+                rotation=rotation,
+                kubeconfig=kubeconfig.resolve() if kubeconfig else None,
+            )
+        )
     )
 
 

@@ -61,6 +61,7 @@ AOF_REWRITE_MIN_SIZE = "64mb"
 SERVICES = (
     ("certmanager", "trellis_certmanager.main", *Ports.CERTMANAGER),
     ("endpoints-vm", "trellis_endpoints_vm.main", *Ports.ENDPOINTS_VM),
+    ("endpoints-k8s", "trellis_endpoints_k8s.main", *Ports.ENDPOINTS_K8S),
     ("catalog", "trellis_catalog.main", *Ports.CATALOG),
     ("proxy-cp", "trellis_proxy_cp.main", *Ports.PROXY_CP),
     ("injector", "trellis_injector.main", 0, Ports.INJECTOR_ADMIN),
@@ -121,15 +122,34 @@ def redis_users(state_dir: Path) -> dict[str, Path]:
     return redisacl.ensure_passwords(state_dir / "redis" / "users")
 
 
+#: The services that talk to the Kubernetes API, and the setting that says where it is.
+KUBERNETES_USERS = {
+    "endpoints-k8s": "TRELLIS_ENDPOINTS_K8S_KUBECONFIG",
+    "injector": "TRELLIS_INJECTOR_KUBECONFIG",
+}
+
+
 def service_specs(
-    state_dir: Path, redis_url: str, spec_dir: Path, local_redis: bool = True
+    state_dir: Path,
+    redis_url: str,
+    spec_dir: Path,
+    local_redis: bool = True,
+    kubeconfig: Path | None = None,
 ) -> list[ProcessSpec]:
-    """The services; with ``local_redis``, each logs in as its own user (its password file)."""
+    """The services; with ``local_redis``, each logs in as its own user (its password file).
+    endpoints-k8s runs only with a ``kubeconfig``, which the injector also gets."""
     users = redis_users(state_dir) if local_redis else {}
     specs = []
     for name, module, grpc_port, admin_port in SERVICES:
         if importlib.util.find_spec(module.rsplit(".", 1)[0]) is None:
             continue
+        if name == "endpoints-k8s" and kubeconfig is None:
+            continue
+        kube_env = (
+            {KUBERNETES_USERS[name]: str(kubeconfig)}
+            if kubeconfig is not None and name in KUBERNETES_USERS
+            else {}
+        )
         other_port, other_address = OTHER_PORTS.get(name, (0, ""))
         specs.append(
             ProcessSpec(
@@ -143,6 +163,7 @@ def service_specs(
                     "TRELLIS_SPEC_DIR": str(spec_dir),
                     # gRPC reports refused TLS handshakes at info level: services count them
                     "GRPC_VERBOSITY": "INFO",
+                    **kube_env,
                     **(
                         {
                             "TRELLIS_REDIS_USERNAME": name,
@@ -188,6 +209,7 @@ async def up(
     spec_dir: Path | None = None,
     with_demo: bool = True,
     rotation: LogRotation = DEFAULT_ROTATION,
+    kubeconfig: Path | None = None,
 ) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     spec_dir = (spec_dir or default_spec_dir(state_dir, with_demo)).resolve()
@@ -201,7 +223,7 @@ async def up(
     else:
         parsed = urlparse(redis_url)
         output.console.print(f"using Redis at {parsed.hostname}:{parsed.port or 6379}")
-    specs += service_specs(state_dir, redis_url, spec_dir, local_redis)
+    specs += service_specs(state_dir, redis_url, spec_dir, local_redis, kubeconfig)
     log_dir = state_dir / "logs"
     supervisor = Supervisor(specs, log_dir, make_echo(echo), rotation=rotation)
     shows = {

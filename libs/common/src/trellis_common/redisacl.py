@@ -130,6 +130,13 @@ COMPONENTS: Mapping[str, Component] = {
             commands=HASH_COMMANDS,
         ),
         Component(
+            "endpoints-k8s",
+            kind="endpoints-provider",  # the registry kind the catalog discovers providers by
+            publishes=("endpoints",),
+            follows=("identities",),
+            discovers=("certmanager",),  # to join and renew its identity
+        ),
+        Component(
             "catalog",
             kind="catalog",
             publishes=("views",),

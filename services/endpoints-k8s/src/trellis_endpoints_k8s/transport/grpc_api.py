@@ -1,0 +1,91 @@
+"""The ``trellis.endpoints.v1.EndpointsProvider`` servicer over endpoints-k8s's services.
+
+The same API as endpoints-vm's, so the catalog takes either provider in with no
+configuration: ``ListServices`` when it resyncs, ``GetService`` when the signal
+``endpoints`` names a service (NOT_FOUND once the service is gone, or its namespace left
+the mesh).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from trellis_api import endpoints_pb2 as pb
+from trellis_api import endpoints_pb2_grpc as pb_grpc
+from trellis_common import grpcrequests as check
+from trellis_common.grpcrequests import RequestGate, rpc
+from trellis_common.health import Rejections
+from trellis_endpoints_k8s.domain.services import PROVIDER, ServiceView
+from trellis_endpoints_k8s.watcher import Key, Watcher
+
+Context = grpc.aio.ServicerContext[Any, Any]
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EndpointsProvider"].full_name
+
+
+def to_proto(found: ServiceView, revision: int) -> pb.ServiceEndpoints:
+    return pb.ServiceEndpoints(
+        info=pb.ServiceInfo(
+            service=pb.ServiceRef(namespace=found.namespace, name=found.name),
+            ports=[
+                pb.ServicePort(
+                    name=p.name, number=p.number, protocol=p.protocol, target_port=p.target_port
+                )
+                for p in found.ports
+            ],
+            addresses=found.addresses,
+            location=pb.MESH_INTERNAL,
+            resolution=pb.STATIC,
+            source="kubernetes",
+        ),
+        endpoints=[
+            pb.Endpoint(
+                address=e.address,
+                ports=dict(e.ports),
+                labels=dict(e.labels),
+                locality=e.locality,
+                service_account=e.service_account,
+                workload=e.workload,
+                source="kubernetes",
+            )
+            for e in found.endpoints
+        ],
+        revision=revision,
+    )
+
+
+def namespace_filter(request: pb.ListServicesRequest) -> str:
+    return check.dns_label("namespace", request.namespace, optional=True)
+
+
+def service_key(request: pb.GetServiceRequest) -> Key:
+    if not request.HasField("service"):
+        raise check.InvalidField("service", "is required")
+    namespace = check.dns_label("service.namespace", request.service.namespace)
+    return namespace, check.dns_label("service.name", request.service.name)
+
+
+class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
+    def __init__(self, watcher: Watcher, rejections: Rejections | None = None) -> None:
+        self._watcher = watcher
+        self.gate = RequestGate(rejections)
+
+    @rpc(namespace_filter)
+    async def ListServices(self, namespace: str, context: Context) -> pb.ListServicesResponse:
+        revision = self._watcher.revision
+        return pb.ListServicesResponse(
+            services=[to_proto(v, revision) for v in self._watcher.list(namespace)],
+            revision=revision,
+            provider=PROVIDER,
+        )
+
+    @rpc(service_key)
+    async def GetService(self, key: Key, context: Context) -> pb.ServiceEndpoints:
+        found = self._watcher.views.get(key)
+        if found is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no service {key[0]}/{key[1]} in a monitored namespace"
+            )
+        assert found is not None
+        return to_proto(found, self._watcher.revision)

@@ -1,0 +1,247 @@
+"""endpoints-k8s against the test API server, with the catalog taking it in unconfigured.
+
+Everything but the cluster is real: Redis, certmanager, endpoints-k8s and the catalog as
+processes; the official ``kubernetes`` client writes the objects a cluster would hold
+(namespaces, Services, EndpointSlices, Pods) to the test API server
+(:mod:`trellis_common.testing.kube`), which endpoints-k8s lists and watches through a
+kubeconfig. Each test changes the cluster and waits for the catalog (or endpoints-k8s) to
+show it; the watch faults are the server's (a dropped watch, a compacted history).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from trellis_common.kube.client import api_client
+from trellis_common.testing import RedisServer
+from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.services import ServiceProcess, running
+from trellis_common.testing.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+MONITORED = {"trellis.dev/monitored-by": "trellis"}
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeApi]:
+    with KubeApi() as api:
+        yield api
+
+
+@pytest.fixture
+def core(kube: KubeApi, tmp_path: Path) -> Iterator[Any]:
+    api = api_client(kube.write_kubeconfig(tmp_path / "test-kubeconfig"))
+    yield client.CoreV1Api(api), client.DiscoveryV1Api(api)
+    api.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def services(
+    state_dir: Path, redis_server: RedisServer, kube: KubeApi, tmp_path: Path
+) -> Iterator[dict[str, ServiceProcess]]:
+    kubeconfig = str(kube.write_kubeconfig(tmp_path / "kubeconfig"))
+    processes = {
+        "certmanager": ServiceProcess(
+            "certmanager", "trellis_certmanager.main", state_dir, redis_server
+        ),
+        "endpoints-k8s": ServiceProcess(
+            "endpoints-k8s",
+            "trellis_endpoints_k8s.main",
+            state_dir,
+            redis_server,
+            env={
+                "TRELLIS_ENDPOINTS_K8S_KUBECONFIG": kubeconfig,
+                "TRELLIS_ENDPOINTS_K8S_WATCH_TIMEOUT": "5",
+            },
+        ),
+        "catalog": ServiceProcess(
+            "catalog",
+            "trellis_catalog.main",
+            state_dir,
+            redis_server,
+            env={"TRELLIS_CATALOG_DISCOVERY_INTERVAL": "0.2"},
+        ),
+    }
+    with running(processes):
+        yield processes
+
+
+def cart_service() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "cart", "namespace": "shop"},
+        "spec": {
+            "clusterIP": "10.96.0.10",
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
+        },
+    }
+
+
+def pod(name: str, ip: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "shop",
+            "labels": {"app": "cart", **(labels or {})},
+        },
+        "spec": {"serviceAccountName": "cart", "containers": [{"name": "app", "image": "cart"}]},
+        "status": {"podIP": ip},
+    }
+
+
+def endpoint_slice(name: str, endpoints: list[tuple[str, str, bool]]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "shop",
+            "labels": {"kubernetes.io/service-name": "cart"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [
+            {
+                "addresses": [ip],
+                "conditions": {"ready": ready},
+                "zone": "zone-a",
+                "targetRef": {"kind": "Pod", "name": pod_name, "namespace": "shop"},
+            }
+            for pod_name, ip, ready in endpoints
+        ],
+    }
+
+
+def catalog_cart(catalog: ServiceProcess) -> dict[str, Any] | None:
+    listed = catalog.get("/v1/services").json()["services"]
+    found = [s for s in listed if (s["namespace"], s["name"]) == ("shop", "cart")]
+    return found[0] if found else None
+
+
+def provider_cart(provider: ServiceProcess) -> dict[str, Any] | None:
+    listed = provider.get("/v1/services", params={"namespace": "shop"}).json()["services"]
+    return listed[0] if listed else None
+
+
+async def call(function: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(function, *args)
+
+
+async def test_a_ready_slice_reaches_the_catalog_and_leaves_it_within_a_second(
+    services: dict[str, ServiceProcess], core: Any
+) -> None:
+    v1, discovery = core
+    provider, catalog = services["endpoints-k8s"], services["catalog"]
+    await call(v1.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
+    await call(v1.create_namespaced_service, "shop", cart_service())
+    await call(v1.create_namespaced_pod, "shop", pod("cart-1", "10.1.0.1", {"version": "v1"}))
+    await call(v1.create_namespaced_pod, "shop", pod("cart-2", "10.1.0.2"))
+    slice_ = endpoint_slice(
+        "cart-abc", [("cart-1", "10.1.0.1", True), ("cart-2", "10.1.0.2", False)]
+    )
+    await call(discovery.create_namespaced_endpoint_slice, "shop", slice_)
+
+    def in_catalog() -> bool:
+        found = catalog_cart(catalog)
+        return found is not None and found["endpoints"] == 1
+
+    await eventually(in_catalog, timeout=15, message="cart's ready endpoint in the catalog")
+    found = catalog_cart(catalog)
+    assert found is not None
+    # the provider's registry name: swapped in by running it, no catalog setting
+    assert found["providers"] == ["endpoints-k8s"]
+    cart = provider_cart(provider)
+    assert cart is not None
+    [endpoint] = cart["endpoints"]  # the not-ready one is left out
+    assert endpoint["address"] == "10.1.0.1"
+    assert endpoint["ports"] == {"http": 8080}
+    assert (endpoint["service_account"], endpoint["locality"]) == ("cart", "zone-a")
+    assert endpoint["labels"] == {"app": "cart", "version": "v1"}
+    assert cart["ports"] == [
+        {"name": "http", "number": 80, "protocol": "http", "target_port": 8080}
+    ]
+
+    await call(discovery.delete_namespaced_endpoint_slice, "cart-abc", "shop")
+    deleted = time.monotonic()
+    await eventually(lambda: catalog_cart(catalog)["endpoints"] == 0, timeout=5)  # type: ignore[index]
+    assert time.monotonic() - deleted < 1.0, "the issue's bar: gone from the catalog within 1 s"
+
+
+async def test_watches_that_break_resume_and_namespaces_join_and_leave(
+    services: dict[str, ServiceProcess], core: Any, kube: KubeApi
+) -> None:
+    v1, discovery = core
+    provider = services["endpoints-k8s"]
+    await call(v1.create_namespace, {"metadata": {"name": "shop"}})  # not monitored yet
+    await call(v1.create_namespaced_service, "shop", cart_service())
+    await call(v1.create_namespaced_pod, "shop", pod("cart-1", "10.1.0.1"))
+    await call(
+        discovery.create_namespaced_endpoint_slice,
+        "shop",
+        endpoint_slice("cart-abc", [("cart-1", "10.1.0.1", True)]),
+    )
+    await eventually(
+        lambda: provider.get("/v1/kubernetes").json()["informers"]["endpointslices"]["objects"] == 1
+    )
+    assert provider_cart(provider) is None  # its namespace is not in the mesh
+
+    await call(v1.patch_namespace, "shop", {"metadata": {"labels": MONITORED}})
+    await eventually(lambda: provider_cart(provider) is not None, timeout=10, message="joined")
+
+    # a dropped watch resumes from its revision: the next change is not lost
+    await call(kube.drop_watches)
+    await call(v1.create_namespaced_pod, "shop", pod("cart-2", "10.1.0.2"))
+    await call(
+        discovery.create_namespaced_endpoint_slice,
+        "shop",
+        endpoint_slice("cart-def", [("cart-2", "10.1.0.2", True)]),
+    )
+
+    def addresses() -> list[str]:
+        cart = provider_cart(provider)
+        return [e["address"] for e in cart["endpoints"]] if cart else []
+
+    await eventually(lambda: addresses() == ["10.1.0.1", "10.1.0.2"], timeout=10)
+
+    # a compacted history (410): the informers list again, and what changed meanwhile shows
+    await call(kube.expire)
+    await call(discovery.delete_namespaced_endpoint_slice, "cart-abc", "shop")
+    await eventually(lambda: addresses() == ["10.1.0.2"], timeout=10, message="after 410")
+    status = provider.get("/v1/kubernetes").json()["informers"]
+    assert status["endpointslices"]["lists"] >= 2 or status["endpointslices"]["expired"] >= 1
+
+    await call(v1.patch_namespace, "shop", {"metadata": {"labels": None}})
+    await eventually(lambda: provider_cart(provider) is None, timeout=10, message="left")
+
+
+async def test_a_proxy_uuid_resolves_to_its_pod(
+    services: dict[str, ServiceProcess], core: Any
+) -> None:
+    v1, _ = core
+    provider = services["endpoints-k8s"]
+    await call(v1.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
+    proxy = "5f0c1c9e-8a1b-4c5d-9e2f-0123456789ab"
+    await call(
+        v1.create_namespaced_pod,
+        "shop",
+        pod("cart-1", "10.1.0.1", {"trellis.dev/proxy-uuid": proxy}),
+    )
+
+    def resolved() -> dict[str, Any] | None:
+        answer = provider.get(f"/v1/proxies/{proxy}")
+        return answer.json() if answer.status_code == 200 else None
+
+    found = await eventually(resolved, timeout=10, message="the pod of the proxy UUID")
+    assert found is not None
+    assert (found["namespace"], found["pod"], found["service_account"]) == (
+        "shop",
+        "cart-1",
+        "cart",
+    )
+    assert found["pod_ip"] == "10.1.0.1"
+    assert provider.get("/v1/proxies/00000000-0000-4000-8000-000000000000").status_code == 404
