@@ -116,14 +116,12 @@ class CaBundleSync:
         """The identity was renewed (its trust bundle may be new): sync now."""
         self._wake.set()
 
-    def _sync(self) -> int:
+    def _sync(self) -> int | None:
+        """Webhooks patched; None when the configuration does not exist."""
         bundle = base64.b64encode(self._trust_bundle()).decode()
         found = objects.read_mutating_webhook_configuration(self._client, self.name, self._timeout)
         if found is None:
-            raise LookupError(
-                f"MutatingWebhookConfiguration {self.name!r} does not exist (the Helm chart "
-                "makes it; the webhook_configuration setting names it)"
-            )
+            return None
         ops = ca_bundle_patch(found, bundle)
         if ops:
             self._api.patch_mutating_webhook_configuration(
@@ -141,6 +139,17 @@ class CaBundleSync:
                 "webhook.ca_bundle_failed configuration=%s reason=%r", self.name, _reason(exc)
             )
             raise
+        if patched is None:
+            # nothing to keep in step: a cluster without the chart's configuration, or a
+            # local API server; said and counted each time, not a failure of the injector
+            self._metrics.ca_bundle_patches.labels("missing").inc()
+            log.warning(
+                "webhook.ca_bundle_missing configuration=%s reason='the "
+                "MutatingWebhookConfiguration does not exist (the Helm chart makes it; the "
+                "webhook_configuration setting names it)'",
+                self.name,
+            )
+            return
         self._metrics.ca_bundle_patches.labels("patched" if patched else "unchanged").inc()
         log.info(
             "webhook.ca_bundle_synced configuration=%s webhooks_patched=%d", self.name, patched

@@ -52,6 +52,7 @@ class InjectorMetrics:
         )
         self.ca_bundle_patches = make.counter(
             "ca_bundle_patches",
-            "caBundle updates of the MutatingWebhookConfiguration: patched, unchanged, failed",
+            "caBundle updates of the MutatingWebhookConfiguration: patched, unchanged, "
+            "missing, failed",
             "outcome",
         )
