@@ -11,6 +11,10 @@ show it; the watch faults are the server's (a dropped watch, a compacted history
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from trellis_common import adminhttp, statefile
 from trellis_common.kube.client import api_client
 from trellis_common.testing import RedisServer
 from trellis_common.testing.kube import KubeApi
@@ -245,3 +250,57 @@ async def test_a_proxy_uuid_resolves_to_its_pod(
     )
     assert found["pod_ip"] == "10.1.0.1"
     assert provider.get("/v1/proxies/00000000-0000-4000-8000-000000000000").status_code == 404
+
+
+@pytest.mark.timeout(300)
+async def test_trellis_up_with_a_kubeconfig_runs_endpoints_k8s_for_the_catalog(
+    kube: KubeApi, core: Any, tmp_path: Path
+) -> None:
+    v1, discovery = core
+    state = tmp_path / "state"
+    log = tmp_path / "up.log"
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    with log.open("wb") as sink:
+        up = subprocess.Popen(  # noqa: ASYNC220  # returns at once: nothing blocks
+            [
+                sys.executable, "-m", "trellis_cli.main", "--state-dir", str(state), "up",
+                "--no-demo", "--quiet", "--kubeconfig", str(kubeconfig),
+            ],
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+    try:
+        await eventually(
+            lambda: "Trellis is up" in log.read_text(errors="replace") or up.poll() is not None,
+            timeout=180,
+            message="trellis up is up",
+        )
+        assert up.poll() is None, log.read_text(errors="replace")
+        assert "endpoints-k8s" in log.read_text(errors="replace")
+        await call(v1.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
+        await call(v1.create_namespaced_service, "shop", cart_service())
+        await call(v1.create_namespaced_pod, "shop", pod("cart-1", "10.1.0.1"))
+        slice_ = endpoint_slice("cart-abc", [("cart-1", "10.1.0.1", True)])
+        await call(discovery.create_namespaced_endpoint_slice, "shop", slice_)
+
+        catalog = statefile.read_endpoint(state, "catalog")
+        assert catalog is not None
+
+        def catalog_endpoints() -> int | None:
+            url = catalog.admin_url + "/v1/services"
+            listed = adminhttp.request(state, "catalog", "GET", url, timeout=2).json()["services"]
+            found = [s for s in listed if (s["namespace"], s["name"]) == ("shop", "cart")]
+            return int(found[0]["endpoints"]) if found else None
+
+        await eventually(lambda: catalog_endpoints() == 1, timeout=30, message="in the catalog")
+        await call(discovery.delete_namespaced_endpoint_slice, "cart-abc", "shop")
+        deleted = time.monotonic()
+        await eventually(lambda: catalog_endpoints() == 0, timeout=10, message="slice gone")
+        assert time.monotonic() - deleted < 1.0, "the issue's bar: gone within a second"
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
