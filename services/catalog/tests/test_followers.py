@@ -80,6 +80,11 @@ class FakeCertmanager(cpb_grpc.CertificateManagerServicer):
         self.fingerprint = "ab"
         self.calls: Counter[str] = Counter()
 
+    async def ListRevokedComponentCertificates(
+        self, request: cpb.ListRevokedComponentCertificatesRequest, context: object
+    ) -> cpb.ListRevokedComponentCertificatesResponse:
+        return cpb.ListRevokedComponentCertificatesResponse()  # none revoked
+
     async def GetRoot(self, request: cpb.GetRootRequest, context: object) -> cpb.RootBundle:
         self.calls["GetRoot"] += 1
         return cpb.RootBundle(fingerprint_sha256=self.fingerprint)
