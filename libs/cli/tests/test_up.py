@@ -160,4 +160,5 @@ def test_a_kubeconfig_adds_endpoints_k8s_and_is_given_to_who_reads_the_api(
     assert k8s.env["TRELLIS_ENDPOINTS_K8S_KUBECONFIG"] == str(kubeconfig)
     assert k8s.ports == (15030, 15031)
     assert specs["injector"].env["TRELLIS_INJECTOR_KUBECONFIG"] == str(kubeconfig)
-    assert "TRELLIS_ENDPOINTS_K8S_KUBECONFIG" not in specs["catalog"].env
+    assert specs["catalog"].env["TRELLIS_CATALOG_KUBECONFIG"] == str(kubeconfig)
+    assert not any("KUBECONFIG" in name for name in specs["proxy-cp"].env)

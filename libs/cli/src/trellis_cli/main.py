@@ -65,7 +65,8 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
     "--kubeconfig",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="Also run endpoints-k8s against this cluster (an emulator's http:// server is "
-    "fine); the injector stores proxy Secrets there.",
+    "fine); the catalog reads mesh documents there too, and the injector stores proxy "
+    "Secrets there.",
 )
 @click.option(
     "--state-dir",

@@ -124,6 +124,7 @@ def redis_users(state_dir: Path) -> dict[str, Path]:
 
 #: The services that talk to the Kubernetes API, and the setting that says where it is.
 KUBERNETES_USERS = {
+    "catalog": "TRELLIS_CATALOG_KUBECONFIG",  # the mesh specification from the API server too
     "endpoints-k8s": "TRELLIS_ENDPOINTS_K8S_KUBECONFIG",
     "injector": "TRELLIS_INJECTOR_KUBECONFIG",
 }
@@ -137,7 +138,8 @@ def service_specs(
     kubeconfig: Path | None = None,
 ) -> list[ProcessSpec]:
     """The services; with ``local_redis``, each logs in as its own user (its password file).
-    endpoints-k8s runs only with a ``kubeconfig``, which the injector also gets."""
+    endpoints-k8s runs only with a ``kubeconfig``, which the catalog and the injector also
+    get."""
     users = redis_users(state_dir) if local_redis else {}
     specs = []
     for name, module, grpc_port, admin_port in SERVICES:

@@ -11,9 +11,11 @@ from trellis_catalog.catalog import TOPIC, Catalog
 from trellis_catalog.clients.certs import CertificateFollower, CertificateIssuer
 from trellis_catalog.clients.providers import TOPIC as ENDPOINTS_TOPIC
 from trellis_catalog.clients.providers import ProviderFollower
+from trellis_catalog.kubesource import KubeSource, Sources
 from trellis_catalog.settings import CatalogSettings
-from trellis_catalog.sources import DirectorySource, NoSource, SpecSource
+from trellis_catalog.sources import BothSources, DirectorySource, NoSource, SpecSource
 from trellis_catalog.transport import grpc_api, rest
+from trellis_common.kube import client as kube
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 
@@ -44,16 +46,7 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
         cluster_domain=settings.cluster_domain,
         health=runtime.health,
     )
-    source: SpecSource = (
-        DirectorySource(
-            catalog,
-            settings.spec_dir,
-            rescan=settings.spec_rescan_interval,
-            poll=settings.spec_poll_interval,
-        )
-        if settings.spec_dir
-        else NoSource()
-    )
+    source = spec_source(settings, catalog)
     await source.load()
     identity = runtime.identity
     assert identity is not None  # joined before build
@@ -87,6 +80,35 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
         readiness={"catalog": catalog.ready.is_set},
         routes=lambda app: rest.add_routes(app, catalog, source.describe),
     )
+
+
+def spec_source(settings: CatalogSettings, catalog: Catalog) -> SpecSource:
+    """The spec directory, the API server (with a kubeconfig, or in a pod), or both."""
+    sources = Sources(catalog)
+    parts: list[SpecSource] = []
+    if settings.spec_dir:
+        parts.append(
+            DirectorySource(
+                catalog,
+                settings.spec_dir,
+                rescan=settings.spec_rescan_interval,
+                poll=settings.spec_poll_interval,
+                sink=lambda docs, errors: sources.set("directory", docs, errors),
+            )
+        )
+    if settings.kubeconfig is not None or kube.in_cluster():
+        parts.append(
+            KubeSource(
+                kube.api_client(settings.kubeconfig),
+                settings.mesh_name,
+                settings.control_plane_namespace,
+                catalog,
+                sources,
+            )
+        )
+    if not parts:
+        return NoSource()
+    return parts[0] if len(parts) == 1 else BothSources(*parts)
 
 
 service = Service(CatalogSettings, "catalog", build)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field
 
+from trellis_common.kube.client import DEFAULT_MESH_NAME
 from trellis_common.settings import Ports, SpecDirSettings, admin_port, grpc_port
 
 
@@ -22,6 +24,18 @@ class CatalogSettings(SpecDirSettings):
         "", description="certmanager's host:port; empty: from the service registry"
     )
     discovery_interval: float = Field(1.0, gt=0, description="seconds between provider sweeps")
+    kubeconfig: Path | None = Field(
+        None,
+        description="read the mesh specification from this cluster too (in a pod: in-cluster)",
+    )
+    mesh_name: str = Field(
+        DEFAULT_MESH_NAME,
+        min_length=1,
+        description="namespaces labelled trellis.dev/monitored-by=<mesh name> are read",
+    )
+    control_plane_namespace: str = Field(
+        "trellis-system", description="where a MeshConfig is read besides monitored namespaces"
+    )
     redis_audit_interval: float = Field(
         5.0, ge=0, description="seconds between reads of what Redis refused; 0: off"
     )

@@ -9,13 +9,15 @@ plugs into the same protocol.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.spec import KINDS
 from trellis_common.documents import all_kinds
-from trellis_common.documents.base import KindRegistry
+from trellis_common.documents.base import Document, DocumentError, KindRegistry
+from trellis_common.lifecycle import run_components
 from trellis_common.specdir import SpecChange, SpecDirectory
 
 
@@ -33,9 +35,17 @@ class SpecSource(Protocol):
 
 class DirectorySource:
     def __init__(
-        self, catalog: Catalog, path: Path, *, rescan: float = 30.0, poll: float = 0.5
+        self,
+        catalog: Catalog,
+        path: Path,
+        *,
+        rescan: float = 30.0,
+        poll: float = 0.5,
+        sink: Callable[[list[Document], list[DocumentError]], None] | None = None,
     ) -> None:
         self.catalog = catalog
+        #: where the documents go: the catalog, or the union with another source's
+        self._sink = sink or catalog.set_documents
         self.directory = SpecDirectory(path, kinds(), KINDS, report_unread=True)
         self.rescan = rescan
         self.poll = poll
@@ -45,7 +55,7 @@ class DirectorySource:
         self._apply()
 
     def _apply(self) -> None:
-        self.catalog.set_documents(self.directory.current().values(), self.directory.errors())
+        self._sink(list(self.directory.current().values()), list(self.directory.errors()))
 
     async def _on_change(self, change: SpecChange) -> None:
         self._apply()
@@ -72,3 +82,20 @@ class NoSource:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "none"}
+
+
+class BothSources:
+    """The spec directory and the API server at once (see :class:`Sources`)."""
+
+    def __init__(self, *parts: SpecSource) -> None:
+        self.parts = parts
+
+    async def load(self) -> None:
+        for part in self.parts:
+            await part.load()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await run_components([part.run for part in self.parts], stop)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "both", "sources": [part.describe() for part in self.parts]}

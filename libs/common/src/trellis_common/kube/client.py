@@ -26,22 +26,28 @@ def in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
+#: Connections kept to the API server: every informer holds one for its watch (the client's
+#: default, 10, would make the others wait and drop connections).
+POOL_SIZE = 64
+
+
 def api_client(kubeconfig: str | Path | None) -> client.ApiClient:
+    configuration = client.Configuration()
     if kubeconfig:
         path = Path(kubeconfig)
         if not path.is_file():
             raise NoKubernetes(f"kubeconfig {path} does not exist")
-        loaded: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(path)
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(path), client_configuration=configuration
         )
-        return loaded
-    if in_cluster():
-        configuration = client.Configuration()
+    elif in_cluster():
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return client.ApiClient(configuration)
-    raise NoKubernetes(
-        "no kubeconfig given and not running in a pod (KUBERNETES_SERVICE_HOST is unset)"
-    )
+    else:
+        raise NoKubernetes(
+            "no kubeconfig given and not running in a pod (KUBERNETES_SERVICE_HOST is unset)"
+        )
+    configuration.connection_pool_maxsize = POOL_SIZE
+    return client.ApiClient(configuration)
 
 
 def monitored_selector(mesh_name: str) -> str:

@@ -185,8 +185,13 @@ class ApiServer(k8s.KubernetesEmulator):
     def _known(self, request: rendering.Request) -> None:
         """A resource is served once declared (as installing its CRD does) or written."""
         group, plural = self._key(request)[:2]
-        declared = any((r.group, r.plural) == (group, plural) for r in self.resources)
-        if not declared and not any(k[:2] == (group, plural) for k in self.store):
+        assert request.resource is not None
+        version = request.resource.version
+        # a declared resource is served in its declared versions only, as a CRD's are
+        versions = {r.version for r in self.resources if (r.group, r.plural) == (group, plural)}
+        if versions and version not in versions:
+            raise _error(404, "NotFound", f"the server could not find {plural} in {version}")
+        if not versions and not any(k[:2] == (group, plural) for k in self.store):
             raise _error(404, "NotFound", f"the server could not find the resource {plural}")
 
     def _existing(self, request: rendering.Request) -> tuple[Key, dict[str, Any]]:

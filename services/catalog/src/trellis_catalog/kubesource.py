@@ -1,0 +1,316 @@
+"""The mesh specification from the API server, next to (or instead of) the spec directory.
+
+Every kind the catalog reads (SMI, MeshConfig, Istio ServiceEntry/WorkloadEntry, core
+Services and ServiceAccounts: the kind registry's table, one row per ``apiVersion``) is
+watched by an informer across all namespaces (``trellis_common.kube.informer``: list, then
+watch from its resourceVersion, 410 relists and diffs). Documents come from the monitored
+namespaces (``trellis.dev/monitored-by=<mesh name>``, live) and, for MeshConfig, from the
+control plane's namespace too. A resource the server does not serve (its CRD is not
+installed: 404) is not an error: it is listed again every ``absent_retry`` seconds and
+shown as absent in ``describe()``; the source is ready without it.
+
+Each object is parsed by the same models as a file (an object's source is
+``k8s:<apiVersion>/<kind>/<namespace>/<name>``, which is what status shows), and the catalog
+gets the union of this source's documents and the directory's (:class:`Sources`).
+
+Status is written back to the objects whose kind has one (every CRD here; not core
+Services): an ``Accepted`` condition, ``True`` (reason ``Accepted``) for a valid or warned
+document, ``False`` (``Invalid``, or ``Ignored`` for a kind no service reads) with the
+catalog's reason as the message, and ``observedGeneration``. It is written only when it
+differs from what the object has (the transition time kept when the status did not
+change), so an unchanged document costs no write; a failed write is logged and retried on
+the next change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain.spec import Status
+from trellis_common.documents import all_kinds
+from trellis_common.documents.base import Document, DocumentError, Origin
+from trellis_common.kube.informer import Informer, Object
+from trellis_common.kube.namespaces import MonitoredNamespaces
+from trellis_common.lifecycle import run_components
+
+log = logging.getLogger(__name__)
+
+NOT_FOUND = 404
+
+
+@dataclass(frozen=True)
+class Resource:
+    api_version: str
+    kind: str
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    @property
+    def plural(self) -> str:
+        lower = self.kind.lower()
+        return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
+
+    @property
+    def core(self) -> bool:
+        return self.group == ""
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group or 'core'}/{self.version}"
+
+
+def _priority(version: str) -> tuple[int, int, int]:
+    """Kubernetes' version order: GA over beta over alpha, then the higher number."""
+    match = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
+    if match is None:
+        return (-1, 0, 0)
+    major, stage, minor = match.groups()
+    return ({"alpha": 0, "beta": 1, None: 2}[stage], int(major), int(minor or 0))
+
+
+def resources() -> dict[tuple[str, str], list[Resource]]:
+    """(group, kind) -> the versions the catalog reads, the preferred first."""
+    registry = all_kinds()
+    table: dict[tuple[str, str], list[Resource]] = {}
+    for kind in sorted(registry.kinds()):
+        for api_version in registry.versions(kind):
+            found = Resource(api_version, kind)
+            table.setdefault((found.group, kind), []).append(found)
+    for versions in table.values():
+        versions.sort(key=lambda r: _priority(r.version), reverse=True)
+    return table
+
+
+class KubeSource:
+    """One informer per kind, on the newest version the server serves: a CRD serves every
+    object under each of its versions, so reading two would read each object twice."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        mesh_name: str,
+        control_plane_namespace: str,
+        catalog: Catalog,
+        sources: Sources,
+        *,
+        watch_timeout: int = 60,
+        absent_retry: float = 30.0,
+    ) -> None:
+        self._core: Any = client.CoreV1Api(api)
+        self._custom: Any = client.CustomObjectsApi(api)
+        self._control_plane = control_plane_namespace
+        self._catalog = catalog
+        self._sources = sources
+        self._wake = asyncio.Event()
+        self._absent_retry = absent_retry
+        self.namespaces = MonitoredNamespaces(self._core, mesh_name, watch_timeout=watch_timeout)
+        self.namespaces.on_change(lambda *_: self._wake.set())
+        self.candidates = resources()
+        #: (group, kind) -> the version in use (the newest the server serves)
+        self.active = {key: versions[0] for key, versions in self.candidates.items()}
+        self.informers: dict[tuple[str, str], Informer] = {}
+        self.absent: set[tuple[str, str]] = set()
+        self.status_writes = 0
+        #: the last condition written per object (without its time): a write's own watch
+        #: event can come after the next evaluation, which must not write it again
+        self._written: dict[tuple[Resource, str, str], dict[str, Any]] = {}
+        for key in self.candidates:
+            informer = Informer(
+                f"{key[1]}.{key[0] or 'core'}",
+                functools.partial(self._list, key),
+                watch_timeout=watch_timeout,
+            )
+            informer.subscribe(lambda *_: self._wake.set())
+            self.informers[key] = informer
+
+    def _list(self, key: tuple[str, str], **kwargs: Any) -> Any:
+        resource = self.active[key]
+        if resource.core:
+            snake = re.sub(r"(?<!^)(?=[A-Z])", "_", resource.kind).lower()  # service_account
+            return getattr(self._core, f"list_{snake}_for_all_namespaces")(**kwargs)
+        return self._custom.list_cluster_custom_object(
+            resource.group, resource.version, resource.plural, **kwargs
+        )
+
+    async def load(self) -> None:
+        """Nothing to read before the service starts: the informers list in ``run``."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        parts = [self.namespaces.run, self._applying] + [
+            functools.partial(self._follow, key, informer)
+            for key, informer in self.informers.items()
+        ]
+        await run_components(parts, stop)
+
+    async def _applying(self, stop: asyncio.Event) -> None:
+        """Hand the catalog the documents on every change, then write the statuses back."""
+        while not stop.is_set():
+            waits = {asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
+            if stop.is_set() or not self.synced:
+                continue
+            self._wake.clear()
+            documents, errors = self.documents()
+            self._sources.set("kubernetes", documents, errors)
+            await self._catalog.flush_and_announce()
+            await self.write_statuses(self._catalog.spec.statuses)
+
+    async def _follow(self, key: tuple[str, str], informer: Informer, stop: asyncio.Event) -> None:
+        """The informer on the newest served version; while none is served (no CRD), the
+        versions are tried again now and then."""
+        while not stop.is_set():
+            for resource in self.candidates[key]:
+                self.active[key] = resource
+                try:
+                    await informer.run(stop)
+                    return
+                except ApiException as exc:
+                    if exc.status != NOT_FOUND:
+                        raise
+            if key not in self.absent:
+                log.info("kube_source.absent kind=%s retry_s=%s", key[1], self._absent_retry)
+            self.absent.add(key)
+            informer.synced.set()  # nothing to wait for: the source is ready without it
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._absent_retry)
+        self.absent.discard(key)
+
+    @property
+    def synced(self) -> bool:
+        return self.namespaces.synced.is_set() and all(
+            i.synced.is_set() for i in self.informers.values()
+        )
+
+    def documents(self) -> tuple[list[Document], list[DocumentError]]:
+        registry = all_kinds()
+        documents, errors = [], []
+        for key, informer in self.informers.items():
+            resource = self.active[key]
+            for (namespace, name), obj in sorted(informer.objects.items()):
+                wanted = self.namespaces.monitors(namespace) or (
+                    resource.kind == "MeshConfig" and namespace == self._control_plane
+                )
+                if not wanted:
+                    continue
+                raw = {**obj, "apiVersion": resource.api_version, "kind": resource.kind}
+                origin = Origin(f"k8s:{resource.api_version}/{resource.kind}/{namespace}/{name}")
+                try:
+                    documents.append(registry.parse(raw, origin))
+                except DocumentError as exc:
+                    errors.append(exc)
+        return documents, errors
+
+    async def write_statuses(self, statuses: dict[str, Status]) -> None:
+        """Write each CRD object's Accepted condition where it differs (module docstring)."""
+        by_source = {s.source: s for s in statuses.values()}
+        for key, informer in self.informers.items():
+            resource = self.active[key]
+            if resource.core:
+                continue
+            for (namespace, name), obj in list(informer.objects.items()):
+                source = f"k8s:{resource.api_version}/{resource.kind}/{namespace}/{name}"
+                found = by_source.get(source)
+                if found is None:
+                    continue
+                wanted = condition(found, obj)
+                written = (resource, namespace, name)
+                if wanted is None or _timeless(wanted) == self._written.get(written):
+                    continue
+                try:
+                    await asyncio.to_thread(
+                        self._custom.patch_namespaced_custom_object_status,
+                        resource.group, resource.version, namespace, resource.plural, name,
+                        {"status": {"conditions": [wanted]}},
+                    )  # fmt: skip
+                    self.status_writes += 1
+                    self._written[written] = _timeless(wanted)
+                    log.info(
+                        "kube_source.status_written resource=%s object=%s/%s accepted=%s "
+                        "generation=%s",
+                        resource, namespace, name, wanted["status"], wanted["observedGeneration"],
+                    )  # fmt: skip
+                except Exception as exc:  # noqa: BLE001  # retried on the next change
+                    log.warning(
+                        "kube_source.status_failed resource=%s object=%s/%s error=%r",
+                        resource, namespace, name, str(exc),
+                    )  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "kubernetes",
+            "mesh": self.namespaces.mesh_name,
+            "monitored_namespaces": sorted(self.namespaces.names()),
+            "reading": sorted(str(self.active[k]) for k in self.informers if k not in self.absent),
+            "absent": sorted(f"{kind}.{group or 'core'}" for group, kind in self.absent),
+            "status_writes": self.status_writes,
+        }
+
+
+def _timeless(found: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in found.items() if k != "lastTransitionTime"}
+
+
+def condition(status: Status, obj: Object) -> dict[str, Any] | None:
+    """The Accepted condition ``obj`` should have; None if it has it already."""
+    accepted = status.state in ("valid", "warning")
+    reason = "Accepted" if accepted else ("Ignored" if status.state == "ignored" else "Invalid")
+    generation = (obj.get("metadata") or {}).get("generation") or 0
+    wanted = {
+        "type": "Accepted",
+        "status": "True" if accepted else "False",
+        "reason": reason,
+        "message": (f"{status.field}: " if status.field else "")
+        + (status.reason or "accepted by the catalog"),
+        "observedGeneration": generation,
+    }
+    current = [
+        c
+        for c in ((obj.get("status") or {}).get("conditions") or [])
+        if isinstance(c, dict) and c.get("type") == "Accepted"
+    ]
+    if current and {k: current[0].get(k) for k in wanted} == wanted:
+        return None
+    same = current and current[0].get("status") == wanted["status"]
+    now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    wanted["lastTransitionTime"] = current[0].get("lastTransitionTime", now) if same else now
+    return wanted
+
+
+class Sources:
+    """Documents from several sources at once: the catalog gets their union, in order of
+    the sources (a document key two sources both have: the first one's)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._parts: dict[str, tuple[list[Document], list[DocumentError]]] = {}
+
+    def set(
+        self, name: str, documents: Iterable[Document], errors: Iterable[DocumentError]
+    ) -> None:
+        self._parts[name] = (list(documents), list(errors))
+        merged: dict[Any, Document] = {}
+        all_errors: list[DocumentError] = []
+        for docs, errs in self._parts.values():
+            for document in docs:
+                merged.setdefault(document.key, document)
+            all_errors.extend(errs)
+        self.catalog.set_documents(merged.values(), all_errors)

@@ -1,0 +1,148 @@
+"""The catalog's Kubernetes spec source against the test API server (the real client)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from trellis_catalog.catalog import Catalog
+from trellis_catalog.kubesource import KubeSource, Sources
+from trellis_common.kube.client import api_client
+from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.waiting import eventually
+
+SPLITS = ("split.smi-spec.io", "v1alpha2", "trafficsplits")
+GROUPS = ("specs.smi-spec.io", "v1alpha4", "httproutegroups")
+MONITORED = {"trellis.dev/monitored-by": "trellis"}
+
+
+async def announce(kind: str, key: str) -> int:
+    return 0
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[tuple[KubeApi, client.ApiClient]]:
+    with KubeApi() as api:
+        api.declare(
+            "split.smi-spec.io/v1alpha2/trafficsplits", kind="TrafficSplit", namespaced=True
+        )
+        api.declare(
+            "specs.smi-spec.io/v1alpha4/httproutegroups", kind="HTTPRouteGroup", namespaced=True
+        )
+        api_client_ = api_client(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        yield api, api_client_
+        api_client_.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+async def source(kube: Any) -> AsyncIterator[tuple[Catalog, KubeSource]]:
+    _, api = kube
+    catalog = Catalog(announce)
+    found = KubeSource(api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(found.run(stop))
+    yield catalog, found
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+def split(name: str, service: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "split.smi-spec.io/v1alpha2",
+        "kind": "TrafficSplit",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"service": service, "backends": [{"service": "cart-v1", "weight": 100}]},
+    }
+
+
+async def call(function: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(function, *args)
+
+
+async def create(custom: Any, namespace: str, body: dict[str, Any]) -> None:
+    group, version, plural = SPLITS
+    await call(custom.create_namespaced_custom_object, group, version, namespace, plural, body)
+
+
+def accepted(kube: KubeApi, name: str) -> dict[str, Any] | None:
+    for obj in kube.objects("split.smi-spec.io", "trafficsplits"):
+        if obj["metadata"]["name"] == name:
+            for found in (obj.get("status") or {}).get("conditions") or []:
+                if found["type"] == "Accepted":
+                    return dict(found)
+    return None
+
+
+async def test_documents_of_monitored_namespaces_reach_the_catalog_with_their_status(
+    kube: Any, source: Any
+) -> None:
+    api_server, api = kube
+    catalog, kube_source = source
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    await call(core.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
+    await call(core.create_namespace, {"metadata": {"name": "elsewhere"}})
+    await call(
+        custom.create_namespaced_custom_object,
+        *SPLITS[:2],
+        "shop",
+        SPLITS[2],
+        split("good", "cart"),
+    )
+    bad = split("bad", "Not A Name!")
+    await create(custom, "shop", bad)
+    other = {**split("ignored", "cart"), "metadata": {"name": "ignored", "namespace": "elsewhere"}}
+    await create(custom, "elsewhere", other)
+
+    await eventually(lambda: accepted(api_server, "bad") is not None, timeout=10)
+    await eventually(lambda: accepted(api_server, "good") is not None, timeout=10)
+    good, broken = accepted(api_server, "good"), accepted(api_server, "bad")
+    assert good is not None
+    assert broken is not None
+    assert (good["status"], good["reason"], good["observedGeneration"]) == ("True", "Accepted", 1)
+    assert (broken["status"], broken["reason"]) == ("False", "Invalid")
+    assert "spec.service" in broken["message"]
+    sources = {s.source for s in catalog.spec.statuses.values()}
+    assert "k8s:split.smi-spec.io/v1alpha2/TrafficSplit/shop/good" in sources
+    assert not any("elsewhere" in s for s in sources)  # not a monitored namespace
+    # the HTTPRouteGroup CRD is installed but empty; other kinds' CRDs are not: absent, fine
+    described = kube_source.describe()
+    assert "httproutegroups.specs.smi-spec.io/v1alpha4" in described["reading"]
+    assert "trafficsplits.split.smi-spec.io/v1alpha2" in described["reading"]  # the one served
+    assert "TrafficTarget.access.smi-spec.io" in described["absent"]
+
+    # a change elsewhere re-evaluates everything: an unchanged status is not written again
+    await eventually(lambda: kube_source.status_writes == 2, timeout=10)
+    writes = kube_source.status_writes
+    revision = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+                for o in api_server.objects(*SPLITS[::2])}  # fmt: skip
+    await call(
+        custom.create_namespaced_custom_object,
+        *SPLITS[:2],
+        "shop",
+        SPLITS[2],
+        split("third", "cart"),
+    )
+    await eventually(lambda: accepted(api_server, "third") is not None, timeout=10)
+    assert kube_source.status_writes == writes + 1
+    after = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+             for o in api_server.objects(*SPLITS[::2])}  # fmt: skip
+    assert after["good"] == revision["good"]
+    assert after["bad"] == revision["bad"]
+
+    # a spec change (generation 2) is written once more, with the new observedGeneration
+    await call(
+        custom.patch_namespaced_custom_object, *SPLITS[:2], "shop", SPLITS[2], "bad",
+        {"spec": {"service": "cart"}},
+    )  # fmt: skip
+    await eventually(
+        lambda: (accepted(api_server, "bad") or {}).get("status") == "True", timeout=10
+    )
+    fixed = accepted(api_server, "bad")
+    assert fixed is not None
+    assert (fixed["reason"], fixed["observedGeneration"]) == ("Accepted", 2)
