@@ -8,7 +8,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PY_SRC := libs services tests bench tools
 PROTO_OUT := libs/api/src
 
-.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check pytest unit integration fuzz bench clean
+.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check pytest unit integration fuzz bench image clean
 
 help:
 	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/)"
@@ -16,6 +16,7 @@ help:
 	@echo "make fuzz   - the fuzz suite (hypothesis, schemathesis) with a large budget; make test runs it small"
 	@echo "make bench  - benchmarks with figures and ratios against baselines measured in the same run"
 	@echo "make proto  - regenerate libs/api from proto/"
+	@echo "make image  - build the container image (deploy/Dockerfile) where a Docker engine exists"
 
 # System packages: redis-server (tests and local runs need a real one).
 system-deps:
@@ -99,3 +100,10 @@ bench: bootstrap
 
 clean:
 	rm -rf .venv $(TOOLS) .mypy_cache .ruff_cache
+
+# The container image: one for every service (deploy/Dockerfile). It needs a Docker engine,
+# which CI here does not have: tests/deploy checks the build context instead.
+IMAGE ?= trellis:dev
+image:
+	@command -v docker >/dev/null || { echo "make image needs docker (a Docker engine): none here"; exit 1; }
+	docker build -f deploy/Dockerfile -t $(IMAGE) .
