@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from kubernetes import client, config, watch
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from trellis_common.testing.kube import KubeApi, Selector
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[tuple[KubeApi, client.ApiClient]]:
-    with KubeApi() as api:
-        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(api.write_kubeconfig(tmp_path / "kubeconfig"))
-        )
-        yield api, api_client
-        api_client.close()
+from trellis_common.testing.kube import Selector
 
 
 def service(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +15,6 @@ from kubernetes.client.exceptions import ApiException
 from trellis_common.kube.client import NoKubernetes, api_client
 from trellis_common.kube.informer import Informer, Object
 from trellis_common.kube.namespaces import MonitoredNamespaces
-from trellis_common.testing.kube import KubeApi
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[tuple[KubeApi, client.ApiClient]]:
-    with KubeApi() as api:
-        api_client_ = api_client(api.write_kubeconfig(tmp_path / "kubeconfig"))
-        yield api, api_client_
-        api_client_.close()  # type: ignore[no-untyped-call]
 
 
 def service(name: str, port: int = 80) -> dict[str, Any]:

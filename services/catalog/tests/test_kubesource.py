@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ from kubernetes import client
 
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.kubesource import KubeSource, Sources
-from trellis_common.kube.client import api_client
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.waiting import eventually
 
@@ -26,22 +24,18 @@ async def announce(kind: str, key: str) -> int:
 
 
 @pytest.fixture
-def kube(tmp_path: Path) -> Iterator[tuple[KubeApi, client.ApiClient]]:
-    with KubeApi() as api:
-        api.declare(
-            "split.smi-spec.io/v1alpha2/trafficsplits", kind="TrafficSplit", namespaced=True
-        )
-        api.declare(
-            "specs.smi-spec.io/v1alpha4/httproutegroups", kind="HTTPRouteGroup", namespaced=True
-        )
-        api_client_ = api_client(api.write_kubeconfig(tmp_path / "kubeconfig"))
-        yield api, api_client_
-        api_client_.close()  # type: ignore[no-untyped-call]
+def crds(kube: Any) -> Any:
+    api, api_client = kube  # the CRDs a cluster with SMI installed serves
+    api.declare("split.smi-spec.io/v1alpha2/trafficsplits", kind="TrafficSplit", namespaced=True)
+    api.declare(
+        "specs.smi-spec.io/v1alpha4/httproutegroups", kind="HTTPRouteGroup", namespaced=True
+    )
+    return api, api_client
 
 
 @pytest.fixture
-async def source(kube: Any) -> AsyncIterator[tuple[Catalog, KubeSource]]:
-    _, api = kube
+async def source(crds: Any) -> AsyncIterator[tuple[Catalog, KubeSource]]:
+    _, api = crds
     catalog = Catalog(announce)
     found = KubeSource(api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5)
     stop = asyncio.Event()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +20,6 @@ from trellis_injector.sidecars import SecretFailed
 
 GROUP = "admissionregistration.k8s.io"
 PLURAL = "mutatingwebhookconfigurations"
-
-
-@pytest.fixture
-def kube(tmp_path: Path) -> Iterator[tuple[KubeApi, client.ApiClient]]:
-    with KubeApi() as api:
-        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(api.write_kubeconfig(tmp_path / "kubeconfig"))
-        )
-        yield api, api_client
-        api_client.close()
 
 
 def configuration(*hooks: dict[str, Any]) -> dict[str, Any]:

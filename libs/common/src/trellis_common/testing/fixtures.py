@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -12,7 +13,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from trellis_common import redisconn
+from trellis_common.kube import client as kube_client
 from trellis_common.testing.bell import Bell
+from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.redis_server import RedisServer
 
 
@@ -68,3 +71,15 @@ async def component_client(
 def bell() -> Bell:
     """Records the signals a manager sends (:class:`~trellis_common.testing.bell.Bell`)."""
     return Bell()
+
+
+@pytest.fixture
+def kube(tmp_path: Path) -> Iterator[tuple[KubeApi, Any]]:
+    """The test Kubernetes API server, and an API client of the official ``kubernetes``
+    client for it (through a kubeconfig, as a service would have one)."""
+    with KubeApi() as api:
+        client = kube_client.api_client(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        try:
+            yield api, client
+        finally:
+            client.close()  # type: ignore[no-untyped-call]
