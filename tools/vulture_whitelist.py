@@ -75,3 +75,6 @@ _._serve_update
 _._serve_delete
 _._serve_list
 _._serve_watch
+
+# The kubernetes client's Configuration reads its pool size when the ApiClient is made.
+_.connection_pool_maxsize
