@@ -80,6 +80,8 @@ class ServiceRuntime:
     #: serial (lowercase hex) -> revoked by an operator: certmanager sets its own list;
     #: the others follow it (``serve``, :mod:`trellis_common.identityrevocation`)
     revoked_serial: Callable[[str], bool] | None = None
+    #: joined certmanager (every component but certmanager): follows its revoked list
+    joined: bool = False
     _certmanager: Locator | None = None
 
     @classmethod
@@ -137,7 +139,8 @@ class ServiceRuntime:
             renew=self._renew,
             stop=self.stop,
         )
-        return self.identity is not None
+        self.joined = self.identity is not None
+        return self.joined
 
     async def _renew(self, csr_pem: bytes) -> Issued:
         """Renew over mTLS with the current certificate (certmanager's policy: any component,
@@ -277,7 +280,7 @@ class ServiceRuntime:
         )
         announcer = Announcer(self.redis, record, ttl=settings.registry_ttl)
         own = [lifecycle.supervised(n, c, self.health.loops) for n, c in components.items()]
-        if self.revoked_serial is None:  # certmanager keeps its own list
+        if self.joined and self.revoked_serial is None:  # certmanager keeps its own list
             own.append(self._follow_revocations(identity))
         if settings.redis_audit_interval > 0:
             users = (redisacl.ADMIN, *redisacl.COMPONENTS)
