@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.kubesource import KubeSource, Sources
+from trellis_catalog.kubesource import MESHCONFIG_KEY, KubeSource, Sources, meshconfig_of_configmap
+from trellis_common.documents.base import DocumentError, Origin
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.waiting import eventually
 
@@ -140,3 +141,78 @@ async def test_documents_of_monitored_namespaces_reach_the_catalog_with_their_st
     fixed = accepted(api_server, "bad")
     assert fixed is not None
     assert (fixed["reason"], fixed["observedGeneration"]) == ("Accepted", 2)
+
+
+MESH_CONFIG = """
+apiVersion: config.trellis.io/v1alpha1
+kind: MeshConfig
+metadata:
+  name: mesh
+spec:
+  traffic:
+    enablePermissiveTrafficPolicyMode: true
+"""
+
+
+async def test_a_meshconfig_configmap_is_read_and_a_bad_one_named(kube: Any) -> None:
+    _, api = kube
+    core: Any = client.CoreV1Api(api)
+    await call(core.create_namespace, {"metadata": {"name": "trellis-system"}})
+    configmap = {"metadata": {"name": "trellis-mesh-config"}, "data": {MESHCONFIG_KEY: MESH_CONFIG}}
+    await call(core.create_namespaced_config_map, "trellis-system", configmap)
+    other = {"metadata": {"name": "unrelated"}, "data": {MESHCONFIG_KEY: "kind: Nonsense"}}
+    await call(core.create_namespaced_config_map, "trellis-system", other)
+    catalog = Catalog(announce)
+    found = KubeSource(
+        api, "trellis", "trellis-system", catalog, Sources(catalog),
+        watch_timeout=5, meshconfig_configmap="trellis-mesh-config",
+    )  # fmt: skip
+    stop = asyncio.Event()
+    task = asyncio.create_task(found.run(stop))
+    try:
+        await eventually(lambda: catalog.spec.permissive, timeout=10)
+        sources = {s.source for s in catalog.spec.statuses.values()}
+        assert "k8s:v1/ConfigMap/trellis-system/trellis-mesh-config" in sources
+        assert not any("unrelated" in s for s in sources)  # only the named ConfigMap is read
+        assert found.describe()["meshconfig_configmap"].endswith("trellis-mesh-config")
+
+        # a broken edit: the error names the key, and the last good MeshConfig stays
+        broken = {"data": {MESHCONFIG_KEY: "kind: [unclosed"}}
+        await call(
+            core.patch_namespaced_config_map, "trellis-mesh-config", "trellis-system", broken
+        )
+
+        def errors() -> list[str]:
+            statuses = catalog.spec.statuses.values()
+            return [f"{s.field}: {s.reason}" for s in statuses if s.state == "error"]
+
+        await eventually(lambda: any("data.meshconfig.yaml" in e for e in errors()), timeout=10)
+        assert catalog.spec.permissive
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def test_a_configmap_without_a_meshconfig_is_an_error_naming_the_key() -> None:
+    origin = Origin("k8s:v1/ConfigMap/trellis-system/mesh")
+    cases: dict[str, dict[str, Any]] = {
+        "is missing": {"data": {}},
+        "exactly one document": {"data": {MESHCONFIG_KEY: "a: 1\n---\nb: 2\n"}},
+        "must be MeshConfig, got 'TrafficSplit'": {
+            "data": {MESHCONFIG_KEY: "kind: TrafficSplit\napiVersion: split.smi-spec.io/v1alpha2"}
+        },
+    }
+    for reason, obj in cases.items():
+        with pytest.raises(DocumentError, match=reason) as caught:
+            meshconfig_of_configmap({"metadata": {"name": "mesh"}, **obj}, origin)
+        assert "data.meshconfig.yaml" in str(caught.value)
+    parsed = meshconfig_of_configmap(
+        {
+            "metadata": {"name": "cm", "namespace": "trellis-system"},
+            "data": {MESHCONFIG_KEY: MESH_CONFIG},
+        },
+        origin,
+    )
+    assert (parsed.key.kind, parsed.key.namespace, parsed.key.name) == (
+        "MeshConfig", "trellis-system", "mesh",
+    )  # fmt: skip

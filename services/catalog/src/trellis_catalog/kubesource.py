@@ -5,7 +5,10 @@ Services and ServiceAccounts: the kind registry's table, one row per ``apiVersio
 watched by an informer across all namespaces (``trellis_common.kube.informer``: list, then
 watch from its resourceVersion, 410 relists and diffs). Documents come from the monitored
 namespaces (``trellis.dev/monitored-by=<mesh name>``, live) and, for MeshConfig, from the
-control plane's namespace too. A resource the server does not serve (its CRD is not
+control plane's namespace too, and also from a ConfigMap there (``meshconfig_configmap``,
+its ``data["meshconfig.yaml"]``), for clusters where the operator would rather not install
+the MeshConfig CRD; it is one more source of the same document, and two MeshConfigs get the
+catalog's usual "a second MeshConfig" error. A resource the server does not serve (its CRD is not
 installed: 404) is not an error: it is listed again every ``absent_retry`` seconds and
 shown as absent in ``describe()``; the source is ready without it.
 
@@ -29,17 +32,18 @@ import contextlib
 import functools
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.spec import Status
-from trellis_common.documents import all_kinds
+from trellis_common.documents import all_kinds, yamlfile
 from trellis_common.documents.base import Document, DocumentError, Origin
 from trellis_common.kube.informer import Informer, Object
 from trellis_common.kube.namespaces import MonitoredNamespaces
@@ -48,6 +52,8 @@ from trellis_common.lifecycle import run_components
 log = logging.getLogger(__name__)
 
 NOT_FOUND = 404
+#: The key of the MeshConfig ConfigMap's data that holds the document (YAML).
+MESHCONFIG_KEY = "meshconfig.yaml"
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,7 @@ class KubeSource:
         *,
         watch_timeout: int = 60,
         absent_retry: float = 30.0,
+        meshconfig_configmap: str = "",
     ) -> None:
         self._core: Any = client.CoreV1Api(api)
         self._custom: Any = client.CustomObjectsApi(api)
@@ -131,6 +138,8 @@ class KubeSource:
         #: the last condition written per object (without its time): a write's own watch
         #: event can come after the next evaluation, which must not write it again
         self._written: dict[tuple[Resource, str, str], dict[str, Any]] = {}
+        #: the last document each object parsed to (its source: the origin's)
+        self._good: dict[str, Document] = {}
         for key in self.candidates:
             informer = Informer(
                 f"{key[1]}.{key[0] or 'core'}",
@@ -139,6 +148,19 @@ class KubeSource:
             )
             informer.subscribe(lambda *_: self._wake.set())
             self.informers[key] = informer
+        #: the MeshConfig ConfigMap's informer (one object: its name is the field selector)
+        self.configmap: Informer | None = None
+        if meshconfig_configmap:
+            self.configmap = Informer(
+                f"ConfigMap.core/{control_plane_namespace}/{meshconfig_configmap}",
+                functools.partial(
+                    self._core.list_namespaced_config_map,
+                    control_plane_namespace,
+                    field_selector=f"metadata.name={meshconfig_configmap}",
+                ),
+                watch_timeout=watch_timeout,
+            )
+            self.configmap.subscribe(lambda *_: self._wake.set())
 
     def _list(self, key: tuple[str, str], **kwargs: Any) -> Any:
         resource = self.active[key]
@@ -157,6 +179,8 @@ class KubeSource:
             functools.partial(self._follow, key, informer)
             for key, informer in self.informers.items()
         ]
+        if self.configmap is not None:
+            parts.append(self.configmap.run)
         await run_components(parts, stop)
 
     async def _applying(self, stop: asyncio.Event) -> None:
@@ -196,13 +220,15 @@ class KubeSource:
 
     @property
     def synced(self) -> bool:
-        return self.namespaces.synced.is_set() and all(
-            i.synced.is_set() for i in self.informers.values()
-        )
+        informers = [*self.informers.values(), *([self.configmap] if self.configmap else [])]
+        return self.namespaces.synced.is_set() and all(i.synced.is_set() for i in informers)
 
     def documents(self) -> tuple[list[Document], list[DocumentError]]:
+        """The documents of the objects in scope. An object whose edit does not parse keeps
+        its last good version in force beside the error, as a file of the spec directory
+        does; a deleted object is gone."""
         registry = all_kinds()
-        documents, errors = [], []
+        parsers: list[tuple[Origin, Callable[[], Document]]] = []
         for key, informer in self.informers.items():
             resource = self.active[key]
             for (namespace, name), obj in sorted(informer.objects.items()):
@@ -213,10 +239,24 @@ class KubeSource:
                     continue
                 raw = {**obj, "apiVersion": resource.api_version, "kind": resource.kind}
                 origin = Origin(f"k8s:{resource.api_version}/{resource.kind}/{namespace}/{name}")
-                try:
-                    documents.append(registry.parse(raw, origin))
-                except DocumentError as exc:
-                    errors.append(exc)
+                parsers.append((origin, functools.partial(registry.parse, raw, origin)))
+        configmaps = self.configmap.objects if self.configmap else {}
+        for (namespace, name), obj in sorted(configmaps.items()):
+            origin = Origin(f"k8s:v1/ConfigMap/{namespace}/{name}")
+            parsers.append((origin, functools.partial(meshconfig_of_configmap, obj, origin)))
+        documents: list[Document] = []
+        errors: list[DocumentError] = []
+        good: dict[str, Document] = {}
+        for origin, parse in parsers:
+            try:
+                good[origin.source] = parse()
+            except DocumentError as exc:
+                errors.append(exc)
+                if origin.source in self._good:
+                    good[origin.source] = self._good[origin.source]
+            if origin.source in good:
+                documents.append(good[origin.source])
+        self._good = good
         return documents, errors
 
     async def write_statuses(self, statuses: dict[str, Status]) -> None:
@@ -262,7 +302,37 @@ class KubeSource:
             "reading": sorted(str(self.active[k]) for k in self.informers if k not in self.absent),
             "absent": sorted(f"{kind}.{group or 'core'}" for group, kind in self.absent),
             "status_writes": self.status_writes,
+            "meshconfig_configmap": self.configmap.name if self.configmap else None,
         }
+
+
+def meshconfig_of_configmap(obj: Object, origin: Origin) -> Document:
+    """The MeshConfig a ConfigMap holds under :data:`MESHCONFIG_KEY`, parsed as a file's
+    would be (bounded YAML, the same models); its namespace is the ConfigMap's."""
+    field = f"data.{MESHCONFIG_KEY}"
+    text = (obj.get("data") or {}).get(MESHCONFIG_KEY)
+    if not isinstance(text, str):
+        raise DocumentError(origin, field, "is missing: put the MeshConfig document (YAML) there")
+    try:
+        loaded = yamlfile.load_bytes(text.encode(), yamlfile.DEFAULT_LIMITS.max_alias_nodes)
+    except (yaml.YAMLError, yamlfile.TooCostly, RecursionError) as exc:
+        raise DocumentError(origin, field, f"is not YAML: {exc}") from None
+    if len(loaded) != 1 or not isinstance(loaded[0], dict):
+        raise DocumentError(origin, field, "must hold exactly one document, a MeshConfig")
+    raw = dict(loaded[0])
+    if raw.get("kind") != "MeshConfig":
+        raise DocumentError(
+            origin, f"{field}: kind", f"must be MeshConfig, got {raw.get('kind')!r}"
+        )
+    found = raw.get("metadata")
+    metadata: dict[str, Any] = found if isinstance(found, dict) else {}
+    namespace = (obj.get("metadata") or {}).get("namespace")
+    raw["metadata"] = {
+        "name": (obj.get("metadata") or {}).get("name"),
+        **metadata,
+        "namespace": namespace,
+    }
+    return all_kinds().parse(raw, origin)
 
 
 def _timeless(found: dict[str, Any]) -> dict[str, Any]:

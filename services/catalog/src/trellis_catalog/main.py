@@ -104,6 +104,7 @@ def spec_source(settings: CatalogSettings, catalog: Catalog) -> SpecSource:
                 settings.control_plane_namespace,
                 catalog,
                 sources,
+                meshconfig_configmap=settings.meshconfig_configmap,
             )
         )
     if not parts:

@@ -36,6 +36,11 @@ class CatalogSettings(SpecDirSettings):
     control_plane_namespace: str = Field(
         "trellis-system", description="where a MeshConfig is read besides monitored namespaces"
     )
+    meshconfig_configmap: str = Field(
+        "",
+        description="a ConfigMap in the control plane's namespace whose data[meshconfig.yaml] "
+        "is the MeshConfig (instead of the CRD; empty: none)",
+    )
     redis_audit_interval: float = Field(
         5.0, ge=0, description="seconds between reads of what Redis refused; 0: off"
     )
