@@ -55,6 +55,20 @@ def test_a_file_group_or_others_may_read_is_refused(tmp_path: Path, loose: int) 
     assert "\n" not in message
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving the file to another user needs root")
+def test_a_secret_mounted_with_the_pods_fsgroup_is_accepted(tmp_path: Path) -> None:
+    """The kubelet's shape for a non-root pod: root's file, 0440, group = the fsGroup."""
+    path = tmp_path / "kek"
+    key = os.urandom(32)
+    path.write_bytes(key)
+    os.chown(path, 65532, os.getegid())
+    path.chmod(0o440)
+    assert kek.load_or_create(path).key == key
+    path.chmod(0o444)  # others too: refused
+    with pytest.raises(kek.KekFileError, match="has mode 0444"):
+        kek.load_or_create(path)
+
+
 def test_a_read_only_secret_mount_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "kek"
     path.write_bytes(os.urandom(32))

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trellis_common import filemode
 from trellis_common.components import checked
 
 SCHEME = "tjt1"
@@ -75,8 +76,9 @@ def load_or_create_key(path: Path) -> bytes:
         else:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(secrets.token_bytes(KEY_BYTES))
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
+    info = path.stat()
+    mode = info.st_mode & 0o777
+    if filemode.loose_bits(info):
         raise InvalidJoinToken(f"{path} is readable by others (mode {mode:o}): chmod 600 {path}")
     key = path.read_bytes()
     if len(key) != KEY_BYTES:

@@ -40,6 +40,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from trellis_common import filemode
 from trellis_common.backoff import Backoff, RetryCallState, failure, retrying
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class RedisTarget:
         if password_file is None:
             return cls(url)
         try:
-            mode = password_file.stat().st_mode
+            info = password_file.stat()
             password = password_file.read_text().strip()
         except OSError as exc:
             raise ValueError(
@@ -82,11 +83,11 @@ class RedisTarget:
             ) from exc
         if not password:
             raise ValueError(f"redis_password_file {str(password_file)!r} is empty")
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        if filemode.loose_bits(info):
             log.warning(
                 "redis.password_file_open path=%s mode=%o advice=chmod 600",
                 password_file,
-                stat.S_IMODE(mode),
+                stat.S_IMODE(info.st_mode),
             )
         user = username or unquote(urlsplit(url).username or "") or service or None
         return cls(url, user, password)

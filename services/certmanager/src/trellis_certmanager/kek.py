@@ -9,7 +9,9 @@ On first start (no file) certmanager makes it: mode 0600, in a directory it make
 narrows to 0700, written to a temporary file and linked into place, so two certmanagers
 starting together end up with the same KEK and neither ever reads a half-written one.
 
-A file that exists is checked, never repaired: readable or writable by group or others,
+A file that exists is checked, never repaired: readable or writable by group or others
+(:mod:`trellis_common.filemode`: group read alone is accepted on a Secret mounted with the
+pod's fsGroup, the only way a non-root pod can read one),
 not a regular file, or of another length, certmanager refuses to start with a
 :class:`KekFileError` that names the file, what is wrong and the command that fixes it.
 Loosening the mode is how a key leaks; a wrong length is a file that is not a KEK, and
@@ -25,6 +27,7 @@ import stat
 from pathlib import Path
 
 from trellis_certmanager.domain.sealed import KEK_BYTES, Kek
+from trellis_common import filemode
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,7 @@ def load(path: Path) -> Kek:
         raise KekFileError(f"KEK file {path} cannot be read: {exc.strerror}") from None
     if not stat.S_ISREG(info.st_mode):
         raise KekFileError(f"KEK file {path} is not a regular file")
-    loose = stat.S_IMODE(info.st_mode) & 0o077
-    if loose:
+    if filemode.loose_bits(info):
         raise KekFileError(
             f"KEK file {path} has mode {stat.S_IMODE(info.st_mode):04o}: group or others "
             f"may read or write it; run `chmod 600 {path}` (or mount the Secret with "
