@@ -8,7 +8,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PY_SRC := libs services tests bench tools
 PROTO_OUT := libs/api/src
 
-.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check pytest unit integration fuzz bench image clean
+.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check chart pytest unit integration fuzz bench image clean
 
 help:
 	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/)"
@@ -16,6 +16,7 @@ help:
 	@echo "make fuzz   - the fuzz suite (hypothesis, schemathesis) with a large budget; make test runs it small"
 	@echo "make bench  - benchmarks with figures and ratios against baselines measured in the same run"
 	@echo "make proto  - regenerate libs/api from proto/"
+	@echo "make chart  - regenerate the Helm chart's CRDs and Redis ACL rules from the code"
 	@echo "make image  - build the container image (deploy/Dockerfile) where a Docker engine exists"
 
 # System packages: redis-server (tests and local runs need a real one).
@@ -94,6 +95,11 @@ proto:
 
 proto-check:
 	$(UV) run python tools/protogen.py --check proto $(PROTO_OUT)
+
+# deploy/helm/trellis restates the catalog's kinds (crds/) and the Redis ACL table
+# (files/redis-acl.yaml); tools/chartgen.py writes them, tests/deploy checks they are current.
+chart:
+	$(UV) run python tools/chartgen.py
 
 pytest:
 	$(UV) run pytest -q -p no:cacheprovider

@@ -190,11 +190,15 @@ def generate_root(
 def load_provided(
     cert_pem: bytes, key_pem: bytes, chain_pem: bytes, now: dt.datetime
 ) -> CertificateAuthority:
-    """The operator's CA; ``cert_pem`` may itself hold the chain after the signer."""
+    """The operator's CA; ``cert_pem`` may itself hold the chain after the signer.
+
+    A certificate given twice counts once: a Kubernetes TLS Secret of a root has it in both
+    ``tls.crt`` and ``ca.crt``."""
     try:
-        certs = _load_many(cert_pem) + _load_many(chain_pem)
+        loaded = _load_many(cert_pem) + _load_many(chain_pem)
     except ValueError as exc:
         raise CAError(f"CA certificate file is not PEM: {exc}") from exc
+    certs = list({c.fingerprint(hashes.SHA256()): c for c in loaded}.values())
     if not certs:
         raise CAError("CA certificate file holds no certificate")
     try:

@@ -1,0 +1,219 @@
+"""The Helm chart ``deploy/helm/trellis``: ``helm lint`` and ``helm template``, offline.
+
+Each rule of the chart is checked on the rendered objects, with default values and with
+others (a provider disabled, replicas, an external Redis, the operator's CA, another
+image). Where the chart restates what the code does (RBAC, the CRDs, the Redis ACL,
+settings, the MeshConfig), the check is against the code itself, in test_chart_wiring.py.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.helmchart import CHART, HelmFailed, Rendered, helm, render
+
+COMPONENTS = ("certmanager", "catalog", "endpoints-k8s", "endpoints-vm", "proxy-cp", "injector")
+ADMIN_PORTS = {
+    "certmanager": 15021,
+    "catalog": 15011,
+    "endpoints-k8s": 15031,
+    "endpoints-vm": 15041,
+    "proxy-cp": 15051,
+    "injector": 15061,
+}
+MONITORED = "trellis.dev/monitored-by"
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("helm")
+
+
+@pytest.fixture(scope="module")
+def default(scratch: Path) -> Rendered:
+    return render(scratch)
+
+
+def test_lint_passes_strict(scratch: Path) -> None:
+    out = helm("lint", "--strict", str(CHART), "--namespace", "trellis-system", scratch=scratch)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_each_component_has_a_deployment_service_and_account_of_its_name(
+    default: Rendered,
+) -> None:
+    for kind in ("Deployment", "Service", "ServiceAccount"):
+        assert set(COMPONENTS) <= default.names(kind), kind
+    for obj in default.objects:
+        namespace = obj["metadata"].get("namespace")
+        assert namespace in (None, "trellis-system"), obj["metadata"]
+    for name in COMPONENTS:
+        pod = default.pod(name)
+        assert pod["serviceAccountName"] == name
+        service = default.get("Service", name)
+        labels = default.get("Deployment", name)["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= labels.items()
+        assert labels["app.kubernetes.io/component"] == name
+
+
+def test_probes_resources_and_no_privilege(default: Rendered) -> None:
+    for name, pod in default.pods():
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod.get("hostNetwork") is not True
+        assert pod.get("hostPID") is not True
+        assert "initContainers" not in pod  # only injected pods have trellis-init
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, name
+            assert context["runAsNonRoot"] is True
+            assert context.get("privileged") is not True
+            assert context["capabilities"] == {"drop": ["ALL"]}  # nothing added
+            assert container["resources"]["requests"]["cpu"], name
+            assert container["resources"]["requests"]["memory"], name
+            assert container["livenessProbe"]
+            assert container["readinessProbe"]
+        if name == "trellis-redis":
+            continue
+        container = pod["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["admin"] == ADMIN_PORTS[name]
+        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            check = container[probe]["httpGet"]
+            assert (check["path"], check["port"], check["scheme"]) == (path, "admin", "HTTPS")
+
+
+def test_webhook_configuration_is_what_a_v1_api_server_requires(default: Rendered) -> None:
+    configuration = default.get("MutatingWebhookConfiguration", "trellis-injector")
+    assert configuration["apiVersion"] == "admissionregistration.k8s.io/v1"
+    [webhook] = configuration["webhooks"]
+    assert webhook["name"].count(".") >= 2  # a fully qualified name
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["sideEffects"] == "None"
+    assert webhook["namespaceSelector"] == {"matchLabels": {MONITORED: "trellis"}}
+    assert webhook["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert webhook["failurePolicy"] == "Fail"
+    assert 1 <= webhook["timeoutSeconds"] <= 30
+    service = webhook["clientConfig"]["service"]
+    assert service == {"name": "injector", "namespace": "trellis-system", "path": "/mutate",
+                       "port": 443}  # fmt: skip
+    # the Service's 443 reaches the injector's webhook port, 9443
+    ports = {
+        p["port"]: p["targetPort"] for p in default.get("Service", "injector")["spec"]["ports"]
+    }
+    container = default.container("injector")
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named[ports[443]] == 9443
+    # the caBundle is the mesh root the chart made, which the injector's certificate chains to
+    bundle = base64.b64decode(webhook["clientConfig"]["caBundle"])
+    assert bundle == default.secret("trellis-ca")["tls.crt"]
+
+
+def test_a_provider_is_swapped_by_disabling_its_deployment(scratch: Path) -> None:
+    rendered = render(scratch, "endpointsVm.enabled=false")
+    for kind in ("Deployment", "Service", "ServiceAccount"):
+        assert "endpoints-vm" not in rendered.names(kind)
+        assert "endpoints-k8s" in rendered.names(kind)
+    without_injector = render(scratch, "injector.enabled=false")
+    assert not without_injector.all("MutatingWebhookConfiguration")
+    assert "trellis-injector" not in without_injector.names("ClusterRole")
+
+
+def test_replicas_and_image(scratch: Path, default: Rendered) -> None:
+    rendered = render(
+        scratch, "proxyCp.replicas=3", "image.repository=registry.example/mesh/trellis",
+        "image.tag=1.2.3", "catalog.replicas=5",
+    )  # fmt: skip
+    proxy_cp = rendered.get("Deployment", "proxy-cp")
+    assert proxy_cp["spec"]["replicas"] == 3
+    assert rendered.env("proxy-cp")["TRELLIS_INSTANCE"] == "$(POD_NAME)"  # a record each
+    assert rendered.get("Deployment", "catalog")["spec"]["replicas"] == 1  # a singleton
+    for _, pod in rendered.pods():
+        image = pod["containers"][0]["image"]
+        assert image.startswith("registry.example/mesh/trellis:1.2.3") or "redis" in image
+    assert rendered.env("injector")["TRELLIS_INJECTOR_INIT_IMAGE"] == (
+        "registry.example/mesh/trellis:1.2.3"
+    )
+    assert default.container("catalog")["image"] == "ghcr.io/trellis-mesh/trellis:0.1.0"
+
+
+def test_an_external_redis_with_credentials_from_a_secret(scratch: Path) -> None:
+    url = "rediss://redis.example.org:6380/2"
+    rendered = render(scratch, f"redis.externalUrl={url}", "redis.existingSecret=my-redis")
+    assert "trellis-redis" not in rendered.names("Deployment")
+    assert "trellis-redis-users" not in rendered.names("Secret")
+    assert "trellis-redis-acl" not in rendered.names("Secret")
+    for name in COMPONENTS:
+        env = rendered.env(name)
+        assert env["TRELLIS_REDIS_URL"] == url
+        assert env["TRELLIS_REDIS_USERNAME"] == name
+        volumes = {v["name"]: v for v in rendered.pod(name)["volumes"]}
+        secret = volumes["redis-password"]["secret"]
+        assert secret["secretName"] == "my-redis"
+        assert secret["items"] == [{"key": name, "path": "password"}]
+    with pytest.raises(HelmFailed, match=r"redis\.externalUrl needs redis\.existingSecret"):
+        render(scratch, f"redis.externalUrl={url}")
+
+
+def test_the_operators_own_ca(scratch: Path) -> None:
+    rendered = render(scratch, "ca.existingSecret=corp-ca")
+    assert "trellis-ca" not in rendered.names("Secret")
+    [webhook] = rendered.get("MutatingWebhookConfiguration", "trellis-injector")["webhooks"]
+    assert "caBundle" not in webhook["clientConfig"]  # the injector sets it from certmanager
+    volumes = {
+        v["name"]: v["secret"] for v in rendered.pod("certmanager")["volumes"] if "secret" in v
+    }
+    assert volumes["ca"]["secretName"] == "corp-ca"
+    trust = {v["name"]: v["secret"] for v in rendered.pod("catalog")["volumes"] if "secret" in v}
+    assert trust["trust"] == {"secretName": "corp-ca", "defaultMode": 0o444,
+                              "items": [{"key": "ca.crt", "path": "ca.crt"}]}  # fmt: skip
+
+
+def test_failure_policy_is_the_same_in_the_webhook_and_the_injector(scratch: Path) -> None:
+    rendered = render(scratch, "injector.failurePolicy=Ignore")
+    [webhook] = rendered.get("MutatingWebhookConfiguration", "trellis-injector")["webhooks"]
+    assert webhook["failurePolicy"] == "Ignore"
+    assert rendered.env("injector")["TRELLIS_INJECTOR_FAILURE_POLICY"] == "Ignore"
+
+
+def test_another_namespace_is_refused_with_the_reason(scratch: Path) -> None:
+    with pytest.raises(HelmFailed, match="install Trellis into the namespace trellis-system"):
+        render(scratch, namespace="mesh")
+
+
+def test_secrets_are_kept_and_never_in_plain_values(default: Rendered) -> None:
+    for name in ("trellis-ca", "trellis-kek"):
+        annotations = default.get("Secret", name)["metadata"]["annotations"]
+        assert annotations["helm.sh/resource-policy"] == "keep"
+    assert len(default.secret("trellis-kek")["kek"]) == 32
+    secret_values = {v for n in default.names("Secret") for v in default.secret(n).values()}
+    for _, pod in default.pods():
+        for container in pod["containers"]:
+            for item in container.get("env", []):
+                value = item.get("value", "")
+                assert value.encode() not in secret_values or not value, item["name"]
+
+
+def test_notes_say_how_to_label_a_namespace(scratch: Path) -> None:
+    out = helm(
+        "install", "trellis", str(CHART), "--namespace", "trellis-system", "--dry-run=client",
+        "--set", "endpointsVm.enabled=false", scratch=scratch,
+    )  # fmt: skip
+    assert f"kubectl label namespace <namespace> {MONITORED}=trellis" in out
+    assert "endpoints-vm   disabled" in out
+
+
+def test_crds_are_installed_before_the_templates(default: Rendered) -> None:
+    crds = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    assert "trafficsplits.split.smi-spec.io.yaml" in crds
+    assert not default.all("CustomResourceDefinition")  # crds/, not templates/
