@@ -39,7 +39,7 @@ async def ads(cache: SnapshotCache, hooks: t.RecordingHooks) -> AsyncIterator[t.
 
 def with_cluster_timeout(snapshot: Snapshot, version: str, millis: int) -> Snapshot:
     """The same snapshot with cluster c0 changed (so only CDS changes)."""
-    changed = t.cluster("c0", cert="cert", ca="ca")
+    changed = t.cluster("c0", cert=t.CERT, ca=t.CA)
     changed.connect_timeout.FromMilliseconds(millis)
     kept = [r for by_name in snapshot.resources.values() for r in by_name.values()]
     return t.snapshot(
@@ -84,13 +84,13 @@ async def test_envoy_walk_cds_eds_lds_rds_sds(
     await envoy.send(type_url=ROUTE, resource_names=["r0"])
     rds = await envoy.recv()
     assert names_of(rds) == ["r0"]
-    await envoy.send(type_url=SECRET, resource_names=["cert", "ca"])
+    await envoy.send(type_url=SECRET, resource_names=[t.CERT, t.CA])
     sds = await envoy.recv()
-    assert names_of(sds) == ["ca", "cert"]
+    assert names_of(sds) == sorted([t.CA, t.CERT])
     await envoy.ack(eds, ["c0", "c1"])
     await envoy.ack(lds)
     await envoy.ack(rds, ["r0"])
-    await envoy.ack(sds, ["ca", "cert"])
+    await envoy.ack(sds, sorted([t.CA, t.CERT]))
     await envoy.quiet()
 
     responses = [cds, eds, lds, rds, sds]

@@ -14,7 +14,7 @@ from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import ProxyStream
-from trellis_proxy_cp.types import CLUSTER, ENDPOINT
+from trellis_proxy_cp.types import CLUSTER, ENDPOINT, SECRET
 
 LIMITS = StreamLimits(
     max_node_metadata_bytes=1024,
@@ -196,3 +196,27 @@ async def test_one_stream_too_many_replaces_the_proxys_oldest(
     assert ("refused", "envoy-1", "sotw", "RESOURCE_EXHAUSTED", "replaced") in hooks.calls
     assert len(ads.servicer.registry.of_proxy("envoy-1")) == 2
     assert len(ads.servicer.registry.of_proxy("envoy-2")) == 1
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+async def test_sds_serves_only_the_proxys_own_secrets_and_refuses_any_other_name(
+    ads: t.AdsHarness, hooks: t.RecordingHooks, delta: bool
+) -> None:
+    envoy = await ads.open(delta=delta)
+    await opened(envoy)
+    field = "resource_names_subscribe" if delta else "resource_names"
+    await envoy.send(type_url=SECRET, **{field: [t.CERT, t.CA]})  # its own: served
+    assert (await envoy.recv()).type_url == SECRET
+
+    other = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
+    await envoy.send(type_url=SECRET, **{field: [t.CERT, t.CA, other]})
+    code, details = await refused(envoy)
+
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert details == (
+        "SDS serves this proxy's own secrets only (mesh-trust-bundle, service-cert); "
+        f"refused: {other!r}"
+    )
+    protocol = "delta" if delta else "sotw"
+    assert ("refused", "envoy-1", protocol, "PERMISSION_DENIED", "foreign_secret") in hooks.calls
+    assert hooks.of("close") == [("close", "envoy-1")]

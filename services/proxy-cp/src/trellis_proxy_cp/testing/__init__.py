@@ -42,6 +42,8 @@ from trellis_proxy_cp.testing.control import (
     view,
 )
 from trellis_proxy_cp.testing.resources import (
+    CA,
+    CERT,
     api_listener,
     cluster,
     listener,
@@ -54,6 +56,8 @@ from trellis_proxy_cp.testing.resources import (
 )
 
 __all__ = [
+    "CA",
+    "CERT",
     "KEY_PEM",
     "PROBE_PREFIX",
     "SPIFFE_PREFIX",

@@ -20,9 +20,13 @@ from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from trellis_proxy_cp.cache.snapshot import Resource, Snapshot, make_resource
+from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.types import TypeUrl
 
 _PREFIX = "type.googleapis.com/"
+
+#: The SDS names a proxy may ask for (proxy-cp refuses any other: limits.check_secrets).
+CERT, CA = names.SERVICE_CERT, names.MESH_CA
 
 
 def _ads() -> config_source_pb2.ConfigSource:
@@ -179,7 +183,7 @@ def mesh(version: str, *, ports: tuple[int, ...] = (8080,), clusters: int = 2) -
     route r0, secrets ``cert`` and ``ca``."""
     items: list[Message] = []
     for i in range(clusters):
-        items += [cluster(f"c{i}", cert="cert", ca="ca"), load_assignment(f"c{i}", *ports)]
-    items += [listener("l0", "r0", cert="cert"), route_config("r0", "c0")]
-    items += [secret("cert"), secret("ca")]
+        items += [cluster(f"c{i}", cert=CERT, ca=CA), load_assignment(f"c{i}", *ports)]
+    items += [listener("l0", "r0", cert=CERT), route_config("r0", "c0")]
+    items += [secret(CERT), secret(CA)]
     return snapshot(version, *items)

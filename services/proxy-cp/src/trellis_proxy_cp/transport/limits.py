@@ -20,6 +20,13 @@ status whose message names the limit, the value found and the setting:
   Envoy out until the dead stream times out; a duplicate with a stolen certificate gains
   nothing from either rule, since it can always reconnect.
 
+Besides the caps, one rule on what is asked: **SDS names only the proxy's own secrets.** Its
+identity's certificate and the trust bundle have fixed names (``service-cert``,
+``mesh-trust-bundle``), served from the material of the identity its certificate proves,
+so no name can reach another identity's key. A Secret request naming anything else (another
+identity, a guessed key name) is a proxy probing for what is not its own: the stream ends
+(PERMISSION_DENIED, reason ``foreign_secret``), logged and counted like every refusal.
+
 Refusals are :class:`~.streams.StreamRefused` with a short ``reason`` word, which the
 stream runner logs with the proxy id and reports to ``StreamHooks.on_refused`` (metrics and
 the service's rejected records).
@@ -33,6 +40,9 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from trellis_proxy_cp.translate import names as resource_names
+from trellis_proxy_cp.types import SECRET
+
 SETTING_PREFIX = "TRELLIS_PROXY_CP_"
 
 
@@ -42,6 +52,10 @@ class StreamLimits:
     max_resource_names: int = 1024
     max_resource_name_bytes: int = 512
     max_streams_per_proxy: int = 4
+
+
+#: The SDS names a proxy may ask for: its own identity's (see the module docstring).
+OWN_SECRETS = frozenset({resource_names.SERVICE_CERT, resource_names.MESH_CA})
 
 
 class LimitExceeded(Exception):
@@ -80,6 +94,8 @@ def check_request(request: Any, limits: StreamLimits) -> None:
         ]
     else:
         names = request.resource_names
+    if request.type_url == SECRET:
+        check_secrets(names)
     if len(names) > limits.max_resource_names:
         raise LimitExceeded(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -107,6 +123,19 @@ def check_subscription(type_url: str, count: int, limits: StreamLimits) -> None:
             f"subscribed to {count} resource names of {type_url}, over the limit of "
             f"{limits.max_resource_names} ({setting('max_resource_names')})",
             "too_many_names",
+        )
+
+
+def check_secrets(names: Any) -> None:
+    """Refuse a Secret request that names anything but the proxy's own secrets."""
+    foreign = sorted(set(names) - OWN_SECRETS)
+    if foreign:
+        raise LimitExceeded(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"SDS serves this proxy's own secrets only ({', '.join(sorted(OWN_SECRETS))}); "
+            f"refused: {', '.join(repr(n[:64]) for n in foreign[:4])}"
+            + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else ""),
+            "foreign_secret",
         )
 
 
