@@ -8,7 +8,8 @@ import statistics
 
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from trellis_certmanager.domain.authority import CertificateAuthority
@@ -158,3 +159,27 @@ def test_no_proxy_certificate_is_issued_in_the_control_plane_s_namespace(
     assert custom.issue_proxy(
         ProxyCommonName.new("api", "trellis-system"), "api", NOW, public_key=proxy_key()
     )
+
+
+def test_leaves_name_their_issuer_by_the_cas_own_key_identifier() -> None:
+    """An operator's CA whose subjectKeyIdentifier is not the SHA-1 of its key (Go 1.25
+    writes truncated SHA-256: Helm's genCA, cert-manager): leaves carry that identifier as
+    their authorityKeyIdentifier, or verifiers cannot find their issuer."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "operator root")])
+    skid = x509.SubjectKeyIdentifier(bytes(range(20)))  # not the key's SHA-1
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(1)
+        .not_valid_before(NOW - dt.timedelta(days=1)).not_valid_after(NOW + dt.timedelta(days=900))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(skid, critical=False)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    ca = CertificateAuthority(cert, key, (), (cert,), "provided")
+    issued = leaf(Issuer(ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy()).issue_service(
+        BOOKSTORE, "sa", NOW
+    ).cert_chain_pem)  # fmt: skip
+    aki = issued.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    assert aki.key_identifier == skid.digest
+    assert x509.SubjectKeyIdentifier.from_public_key(key.public_key()).digest != skid.digest

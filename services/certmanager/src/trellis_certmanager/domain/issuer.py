@@ -38,6 +38,18 @@ BACKDATE = dt.timedelta(minutes=1)  # tolerate small clock skew between hosts
 MIN_VALIDITY = dt.timedelta(minutes=1)
 
 
+def authority_key_identifier(ca_cert: x509.Certificate) -> x509.AuthorityKeyIdentifier:
+    """What leaves name their issuer's key by: the CA's own subjectKeyIdentifier when it has
+    one (RFC 5280 4.2.1.1), which is how verifiers find the issuer. It is not always the
+    SHA-1 of the key: Go 1.25 (Helm's genCA, cert-manager) writes truncated SHA-256, and a
+    leaf with a recomputed one fails with "unable to get local issuer certificate"."""
+    try:
+        found = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key())  # type: ignore[arg-type]
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(found)
+
+
 @dataclass(frozen=True, slots=True)
 class IssuancePolicy:
     """How long certificates live and when they are renewed."""
@@ -91,9 +103,7 @@ class Issuer:
         # The same for every leaf this CA signs: computed once.
         self._chain_pem = ca.chain_pem
         self._issuer_text = ca.cert.subject.rfc4514_string()
-        self._authority_key = x509.AuthorityKeyIdentifier.from_issuer_public_key(
-            ca.key.public_key()
-        )
+        self._authority_key = authority_key_identifier(ca.cert)
         self._key_usage = x509.KeyUsage(
             digital_signature=True,
             key_encipherment=True,
