@@ -1,5 +1,11 @@
 """Generate ``libs/api/src/trellis_api`` from ``proto/`` (or check that it is up to date).
 
+Our own protos live under ``proto/trellis_api/``. Other projects' APIs that Trellis serves
+are vendored byte for byte under ``proto/vendor/<project>/`` (their own import paths, e.g.
+``import "net.proto"``), generated into ``trellis_api.<module>`` (:data:`VENDORED`): their
+top-level imports (``import net_pb2``) are rewritten into that package, which is all that
+differs from what upstream's own generator makes.
+
 The generated modules are committed, so a fresh clone imports them without a build step;
 ``make test`` runs this with ``--check`` and fails when a ``.proto`` changed without
 ``make proto``. Uses grpcio-tools' bundled protoc and mypy-protobuf for typed stubs.
@@ -10,16 +16,49 @@ from __future__ import annotations
 import argparse
 import filecmp
 import importlib.resources
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+VENDOR = "vendor"
+#: vendored folder under proto/vendor/ -> the package (under trellis_api) it is generated into
+VENDORED = {"linkerd2-proxy-api": "linkerd"}
 
 
 def generate(proto_root: Path, out: Path) -> None:
-    protos = sorted(str(p.relative_to(proto_root)) for p in proto_root.rglob("*.proto"))
+    protos = sorted(
+        str(p.relative_to(proto_root))
+        for p in proto_root.rglob("*.proto")
+        if p.relative_to(proto_root).parts[0] != VENDOR
+    )
+    _protoc(proto_root, out, protos)
+    for folder, module in VENDORED.items():
+        root = proto_root / VENDOR / folder
+        package = out / "trellis_api" / module
+        package.mkdir(parents=True, exist_ok=True)
+        vendored = sorted(str(p.relative_to(root)) for p in root.glob("*.proto"))
+        _protoc(root, package, vendored)
+        _into_package(package, f"trellis_api.{module}")
+
+
+def _into_package(package: Path, dotted: str) -> None:
+    """Rewrite the generated top-level imports of sibling modules into ``dotted``."""
+    siblings = {p.name.split(".")[0] for p in package.iterdir() if p.name.endswith("_pb2.py")}
+    pattern = re.compile(r"^import (\w+_pb2)\b", re.MULTILINE)
+
+    def rewrite(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return f"from {dotted} import {name}" if name in siblings else match.group(0)
+
+    for path in sorted(package.iterdir()):
+        if path.name.endswith(GENERATED_SUFFIXES):
+            path.write_text(pattern.sub(rewrite, path.read_text()))
+
+
+def _protoc(proto_root: Path, out: Path, protos: list[str]) -> None:
     include = importlib.resources.files("grpc_tools") / "_proto"
     cmd = [
         sys.executable,
