@@ -25,7 +25,7 @@ from pathlib import Path
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
 VENDOR = "vendor"
 #: vendored folder under proto/vendor/ -> the package (under trellis_api) it is generated into
-VENDORED = {"linkerd2-proxy-api": "linkerd"}
+VENDORED = {"linkerd2-proxy-api": "linkerd", "linkerd2-conduit": "conduit"}
 
 
 def generate(proto_root: Path, out: Path) -> None:
@@ -39,23 +39,42 @@ def generate(proto_root: Path, out: Path) -> None:
         root = proto_root / VENDOR / folder
         package = out / "trellis_api" / module
         package.mkdir(parents=True, exist_ok=True)
-        vendored = sorted(str(p.relative_to(root)) for p in root.glob("*.proto"))
+        vendored = sorted(str(p.relative_to(root)) for p in root.rglob("*.proto"))
         _protoc(root, package, vendored)
         _into_package(package, f"trellis_api.{module}")
 
 
 def _into_package(package: Path, dotted: str) -> None:
-    """Rewrite the generated top-level imports of sibling modules into ``dotted``."""
-    siblings = {p.name.split(".")[0] for p in package.iterdir() if p.name.endswith("_pb2.py")}
-    pattern = re.compile(r"^import (\w+_pb2)\b", re.MULTILINE)
+    """Rewrite the generated imports of the vendored set's own modules into ``dotted``:
+    ``import net_pb2`` (a top-level file) and ``from common import common_pb2`` (a nested
+    one, whose folders become packages)."""
+    generated = [p for p in package.rglob("*") if p.name.endswith(GENERATED_SUFFIXES)]
+    for folder in {p.parent for p in generated} - {package}:
+        while folder != package:
+            (folder / "__init__.py").touch()
+            folder = folder.parent
+    modules = {
+        ".".join(p.relative_to(package).with_name(p.name.split(".")[0]).parts)
+        for p in generated
+        if p.name.endswith("_pb2.py")
+    }
+    top = re.compile(r"^import (\w+_pb2)\b", re.MULTILINE)
+    nested = re.compile(r"^(from|import) ([\w.]+?)(\.(\w+_pb2)| import (\w+_pb2))\b", re.MULTILINE)
 
-    def rewrite(match: re.Match[str]) -> str:
+    def rewrite_top(match: re.Match[str]) -> str:
         name = match.group(1)
-        return f"from {dotted} import {name}" if name in siblings else match.group(0)
+        return f"from {dotted} import {name}" if name in modules else match.group(0)
 
-    for path in sorted(package.iterdir()):
-        if path.name.endswith(GENERATED_SUFFIXES):
-            path.write_text(pattern.sub(rewrite, path.read_text()))
+    def rewrite_nested(match: re.Match[str]) -> str:
+        keyword, parent, rest, dotted_name, from_name = match.groups()
+        name = dotted_name or from_name
+        if f"{parent}.{name}" not in modules:
+            return match.group(0)
+        return f"{keyword} {dotted}.{parent}{rest}"
+
+    for path in sorted(generated):
+        text = top.sub(rewrite_top, path.read_text())
+        path.write_text(nested.sub(rewrite_nested, text))
 
 
 def _protoc(proto_root: Path, out: Path, protos: list[str]) -> None:
