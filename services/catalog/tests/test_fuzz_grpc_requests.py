@@ -35,6 +35,7 @@ CHECKS: Checks = {
     "GetView": (pb.GetViewRequest, grpc_requests.view, {"identity", "service_account"}),
     "ListServices": (pb.ListServicesRequest, grpc_requests.namespace_filter, {"namespace"}),
     "ListViewVersions": (pb.ListViewVersionsRequest, grpc_requests.view_cursor, {"since"}),
+    "ListDestinations": (pb.ListDestinationsRequest, grpc_requests.view_cursor, {"since"}),
     "CheckPolicy": (
         pb.CheckPolicyRequest,
         grpc_requests.policy_question,
@@ -68,6 +69,9 @@ STRINGS = fuzz.mostly(st.one_of(fuzz.plausible_names(), st.sampled_from(NAMES)),
 LABELS = fuzz.mostly(st.sampled_from(["bookstore", "bookbuyer", "bookstore-v1"]), fuzz.names())
 ACCOUNTS = fuzz.mostly(st.one_of(st.just(""), fuzz.dns_subdomains()), fuzz.names())
 PROXIES = fuzz.mostly(st.one_of(st.just(PROXY), fuzz.proxy_common_names()), fuzz.names())
+CURSORS = fuzz.mostly(
+    st.builds("{:x}-{}".format, st.integers(0, 2**48), st.integers(0, 10)), fuzz.names()
+)
 # Each RPC's fields, mostly valid: whole valid requests, to reach what is behind the checks.
 FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "GetView": {
@@ -75,11 +79,8 @@ FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "service_account": ACCOUNTS,
     },
     "ListServices": {"namespace": fuzz.mostly(st.one_of(st.just(""), LABELS), fuzz.names())},
-    "ListViewVersions": {
-        "since": fuzz.mostly(
-            st.builds("{:x}-{}".format, st.integers(0, 2**48), st.integers(0, 10)), fuzz.names()
-        )
-    },
+    "ListViewVersions": {"since": CURSORS},
+    "ListDestinations": {"since": CURSORS},
     "CheckPolicy": {
         "source_namespace": LABELS,
         "source_service_account": ACCOUNTS,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -122,6 +122,56 @@ async def test_view_versions_are_listed_since_a_cursor(api: Api) -> None:
         answer = await api.stub.ListViewVersions(pb.ListViewVersionsRequest(since=junk))
         assert answer.full
         assert len(answer.identities) == len(api.catalog.versions)
+    assert api.health.rejections.items() == []
+
+
+async def test_destinations_are_listed_whole_then_since_a_cursor(api: Api) -> None:
+    first = await api.stub.ListDestinations(pb.ListDestinationsRequest())
+    assert first.full
+    by_name = {f"{d.namespace}/{d.name}": d for d in first.destinations}
+    assert set(by_name) == {str(s) for s in api.catalog.services}
+    v1 = by_name["bookstore/bookstore-v1"]
+    [port] = v1.ports
+    assert (port.port, [(e.address, e.port) for e in port.endpoints]) == (
+        14001,
+        [("10.0.0.1", 8081)],
+    )
+    assert [e.service_account for e in port.endpoints] == ["bookstore"]
+    # the bookstore example's TrafficTarget to bookstore allows HTTPRouteGroup matches
+    assert [(r.name, r.match.path_regex, list(r.match.methods)) for r in v1.routes] == [
+        ("books-bought", "/books-bought", ["GET"]),
+        ("buy-a-book", ".*a-book.*new", ["GET"]),
+    ]
+    split = by_name["bookstore/bookstore"]
+    assert split.split == "bookstore/bookstore-split"
+    assert {(b.name, b.weight) for b in split.splits} == {
+        ("bookstore-v1", 80),
+        ("bookstore-v2", 20),
+    }
+
+    same = await api.stub.ListDestinations(pb.ListDestinationsRequest(since=first.cursor))
+    assert (same.cursor, same.full, list(same.destinations)) == (first.cursor, False, [])
+
+    api.catalog.update_provider_service("vm", "bookstore", "bookstore-v1", V1_MOVED)
+    api.catalog.flush()
+    moved = await api.stub.ListDestinations(pb.ListDestinationsRequest(since=first.cursor))
+    assert not moved.full
+    assert [d.name for d in moved.destinations] == ["bookstore-v1"]
+    assert [e.address for e in moved.destinations[0].ports[0].endpoints] == ["10.0.0.9"]
+    assert moved.destinations[0].version != v1.version
+
+    api.catalog.remove_provider_service("vm", "bookstore", "bookstore-v1")
+    api.catalog.flush()
+    gone = await api.stub.ListDestinations(pb.ListDestinationsRequest(since=moved.cursor))
+    # a declared Service without endpoints still exists; one nobody knows is removed
+    assert [(d.name, len(d.ports[0].endpoints)) for d in gone.destinations] == [("bookstore-v1", 0)]
+    vm_only = replace(V1_MOVED, name="reports")
+    api.catalog.update_provider_service("vm", "bookstore", "reports", vm_only)
+    api.catalog.flush()
+    api.catalog.remove_provider_service("vm", "bookstore", "reports")
+    api.catalog.flush()
+    removed = await api.stub.ListDestinations(pb.ListDestinationsRequest(since=gone.cursor))
+    assert (list(removed.destinations), list(removed.removed)) == ([], ["bookstore/reports"])
     assert api.health.rejections.items() == []
 
 

@@ -473,12 +473,15 @@ class ClusterEndpoint(_message.Message):
     SERVICE_ACCOUNT_FIELD_NUMBER: _builtins.int
     PROVIDER_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    WORKLOAD_FIELD_NUMBER: _builtins.int
     address: _builtins.str
     port: _builtins.int
     weight: _builtins.int
     locality: _builtins.str
     service_account: _builtins.str
     provider: _builtins.str
+    workload: _builtins.str
+    """"<namespace>/<name>" of the workload (a pod, a registered VM), when the provider knows."""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -491,10 +494,11 @@ class ClusterEndpoint(_message.Message):
         service_account: _builtins.str = ...,
         provider: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        workload: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "labels", b"labels", "locality", b"locality", "port", b"port", "provider", b"provider", "service_account", b"service_account", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "labels", b"labels", "locality", b"locality", "port", b"port", "provider", b"provider", "service_account", b"service_account", "weight", b"weight", "workload", b"workload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -912,3 +916,172 @@ class ListProxiesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListProxiesResponse: _TypeAlias = ListProxiesResponse  # noqa: Y015
+
+@_typing.final
+class ListDestinationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    since: _builtins.str
+    """The cursor of an earlier answer; empty: every destination."""
+    def __init__(
+        self,
+        *,
+        since: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDestinationsRequest: _TypeAlias = ListDestinationsRequest  # noqa: Y015
+
+@_typing.final
+class ListDestinationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CURSOR_FIELD_NUMBER: _builtins.int
+    FULL_FIELD_NUMBER: _builtins.int
+    DESTINATIONS_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    cursor: _builtins.str
+    full: _builtins.bool
+    """True when `destinations` lists every destination: one missing from it is gone."""
+    @_builtins.property
+    def destinations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Destination]:
+        """New or changed destinations, whole."""
+
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"<namespace>/<name>" of destinations that stopped existing since the cursor."""
+
+    def __init__(
+        self,
+        *,
+        cursor: _builtins.str = ...,
+        full: _builtins.bool = ...,
+        destinations: _abc.Iterable[Global___Destination] | None = ...,
+        removed: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "destinations", b"destinations", "full", b"full", "removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDestinationsResponse: _TypeAlias = ListDestinationsResponse  # noqa: Y015
+
+@_typing.final
+class Destination(_message.Message):
+    """A service as service discovery answers it: its ports with their endpoints, and the
+    profile a client applies to requests for it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ADDRESSES_FIELD_NUMBER: _builtins.int
+    HOSTS_FIELD_NUMBER: _builtins.int
+    PORTS_FIELD_NUMBER: _builtins.int
+    ROUTES_FIELD_NUMBER: _builtins.int
+    SPLITS_FIELD_NUMBER: _builtins.int
+    SPLIT_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    name: _builtins.str
+    version: _builtins.str
+    split: _builtins.str
+    """Where the split comes from ("<namespace>/<name>"), when there is one."""
+    @_builtins.property
+    def addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Addresses clients may dial instead of a name: a Service's clusterIP, a
+        ServiceEntry's addresses.
+        """
+
+    @_builtins.property
+    def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """A ServiceEntry's hosts (a Kubernetes Service is found by its DNS names)."""
+
+    @_builtins.property
+    def ports(self) -> _containers.RepeatedCompositeFieldContainer[Global___Cluster]:
+        """One cluster per service port (Cluster.port), endpoints included."""
+
+    @_builtins.property
+    def routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProfileRoute]:
+        """The profile: the HTTP routes the mesh's policies name for this service..."""
+
+    @_builtins.property
+    def splits(self) -> _containers.RepeatedCompositeFieldContainer[Global___SplitBackend]:
+        """...and the TrafficSplit whose root it is."""
+
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        name: _builtins.str = ...,
+        version: _builtins.str = ...,
+        addresses: _abc.Iterable[_builtins.str] | None = ...,
+        hosts: _abc.Iterable[_builtins.str] | None = ...,
+        ports: _abc.Iterable[Global___Cluster] | None = ...,
+        routes: _abc.Iterable[Global___ProfileRoute] | None = ...,
+        splits: _abc.Iterable[Global___SplitBackend] | None = ...,
+        split: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "hosts", b"hosts", "name", b"name", "namespace", b"namespace", "ports", b"ports", "routes", b"routes", "split", b"split", "splits", b"splits", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Destination: _TypeAlias = Destination  # noqa: Y015
+
+@_typing.final
+class ProfileRoute(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MATCH_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """"<HTTPRouteGroup>/<match>"."""
+    @_builtins.property
+    def match(self) -> Global___HttpMatch: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        match: Global___HttpMatch | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["match", b"match"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["match", b"match", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProfileRoute: _TypeAlias = ProfileRoute  # noqa: Y015
+
+@_typing.final
+class SplitBackend(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    name: _builtins.str
+    weight: _builtins.int
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        name: _builtins.str = ...,
+        weight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "namespace", b"namespace", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SplitBackend: _TypeAlias = SplitBackend  # noqa: Y015

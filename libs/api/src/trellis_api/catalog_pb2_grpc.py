@@ -49,6 +49,11 @@ class CatalogStub:
                 request_serializer=trellis__api_dot_catalog__pb2.ListServicesRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_catalog__pb2.ListServicesResponse.FromString,
                 _registered_method=True)
+        self.ListDestinations = channel.unary_unary(
+                '/trellis.catalog.v1.Catalog/ListDestinations',
+                request_serializer=trellis__api_dot_catalog__pb2.ListDestinationsRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_catalog__pb2.ListDestinationsResponse.FromString,
+                _registered_method=True)
         self.CheckPolicy = channel.unary_unary(
                 '/trellis.catalog.v1.Catalog/CheckPolicy',
                 request_serializer=trellis__api_dot_catalog__pb2.CheckPolicyRequest.SerializeToString,
@@ -98,6 +103,15 @@ class CatalogServicer:
 
     def ListServices(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDestinations(self, request, context):
+        """Every known service as a discovery client sees it (its ports' endpoints and its
+        profile), the ones changed since a cursor; proxy-cp serves the Linkerd Destination API
+        from it. The catalog signals `views`/`destinations` with its cursor when any changed.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -152,6 +166,11 @@ def add_CatalogServicer_to_server(servicer, server):
                     servicer.ListServices,
                     request_deserializer=trellis__api_dot_catalog__pb2.ListServicesRequest.FromString,
                     response_serializer=trellis__api_dot_catalog__pb2.ListServicesResponse.SerializeToString,
+            ),
+            'ListDestinations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDestinations,
+                    request_deserializer=trellis__api_dot_catalog__pb2.ListDestinationsRequest.FromString,
+                    response_serializer=trellis__api_dot_catalog__pb2.ListDestinationsResponse.SerializeToString,
             ),
             'CheckPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.CheckPolicy,
@@ -260,6 +279,33 @@ class Catalog:
             '/trellis.catalog.v1.Catalog/ListServices',
             trellis__api_dot_catalog__pb2.ListServicesRequest.SerializeToString,
             trellis__api_dot_catalog__pb2.ListServicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDestinations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.catalog.v1.Catalog/ListDestinations',
+            trellis__api_dot_catalog__pb2.ListDestinationsRequest.SerializeToString,
+            trellis__api_dot_catalog__pb2.ListDestinationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,11 @@ class CatalogStub:
     Redis signal `views` rings (docs/architecture.md, "One event path").
     """
     ListServices: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.ListServicesRequest, _catalog_pb2.ListServicesResponse]
+    ListDestinations: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.ListDestinationsRequest, _catalog_pb2.ListDestinationsResponse]
+    """Every known service as a discovery client sees it (its ports' endpoints and its
+    profile), the ones changed since a cursor; proxy-cp serves the Linkerd Destination API
+    from it. The catalog signals `views`/`destinations` with its cursor when any changed.
+    """
     CheckPolicy: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.CheckPolicyRequest, _catalog_pb2.CheckPolicyResponse]
     """Is a call from a service account to a service allowed, and by what?"""
     ExpectProxy: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.ExpectProxyRequest, _catalog_pb2.ProxyAck]
@@ -72,6 +77,11 @@ class CatalogAsyncStub(CatalogStub):
     Redis signal `views` rings (docs/architecture.md, "One event path").
     """
     ListServices: _aio.UnaryUnaryMultiCallable[_catalog_pb2.ListServicesRequest, _catalog_pb2.ListServicesResponse]  # type: ignore[assignment]
+    ListDestinations: _aio.UnaryUnaryMultiCallable[_catalog_pb2.ListDestinationsRequest, _catalog_pb2.ListDestinationsResponse]  # type: ignore[assignment]
+    """Every known service as a discovery client sees it (its ports' endpoints and its
+    profile), the ones changed since a cursor; proxy-cp serves the Linkerd Destination API
+    from it. The catalog signals `views`/`destinations` with its cursor when any changed.
+    """
     CheckPolicy: _aio.UnaryUnaryMultiCallable[_catalog_pb2.CheckPolicyRequest, _catalog_pb2.CheckPolicyResponse]  # type: ignore[assignment]
     """Is a call from a service account to a service allowed, and by what?"""
     ExpectProxy: _aio.UnaryUnaryMultiCallable[_catalog_pb2.ExpectProxyRequest, _catalog_pb2.ProxyAck]  # type: ignore[assignment]
@@ -110,6 +120,17 @@ class CatalogServicer(metaclass=_abc_1.ABCMeta):
         request: _catalog_pb2.ListServicesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_catalog_pb2.ListServicesResponse, _abc.Awaitable[_catalog_pb2.ListServicesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListDestinations(
+        self,
+        request: _catalog_pb2.ListDestinationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_catalog_pb2.ListDestinationsResponse, _abc.Awaitable[_catalog_pb2.ListDestinationsResponse]]:
+        """Every known service as a discovery client sees it (its ports' endpoints and its
+        profile), the ones changed since a cursor; proxy-cp serves the Linkerd Destination API
+        from it. The catalog signals `views`/`destinations` with its cursor when any changed.
+        """
 
     @_abc_1.abstractmethod
     def CheckPolicy(

@@ -68,6 +68,7 @@ POLICY: Mapping[str, frozenset[str]] = {
     _CATALOG + "GetView": frozenset({PROXY_CP}),
     _CATALOG + "ListViewVersions": frozenset({PROXY_CP}),
     _CATALOG + "ListServices": frozenset({PROXY_CP}),
+    _CATALOG + "ListDestinations": frozenset({PROXY_CP}),
     _CATALOG + "CheckPolicy": frozenset({PROXY_CP}),
     _CATALOG + "ExpectProxy": frozenset({INJECTOR}),
     _CATALOG + "RegisterProxy": frozenset({PROXY_CP}),

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
+from trellis_catalog.domain.destinations import Destination, DestinationStore
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
 from trellis_catalog.domain.recompute import Recompute
@@ -84,11 +85,13 @@ class Catalog:
             self.reports, self.proxies, trust_domain, cluster_domain, self._verdict
         )
         self._views = ViewStore()
+        self.destinations = DestinationStore(self._views.epoch)
         self.certificates: dict[Identity, CertificateRef] = {}
         self._wake = asyncio.Event()
         self.ready = asyncio.Event()
         self.last_flush_seconds = 0.0
         self.certs_wanted = asyncio.Event()
+        self._destinations_moved = False
 
     # -- the parts' state, read-only -------------------------------------------------
 
@@ -244,6 +247,12 @@ class Catalog:
             self._views.index_references(self.policies)
         touched = result.identities | self._views.referencing(result.clusters)
         batch = self._views.stamp(touched, self.policies, self.clusters)
+        scope = result.services
+        if scope is None:
+            scope = set(self.services) | set(self.destinations.records)
+        self._destinations_moved = bool(
+            self.destinations.update(scope, self.services, self.clusters, self._destination)
+        )
         self.last_flush_seconds = time.perf_counter() - started
         self.ready.set()
         return batch
@@ -273,16 +282,22 @@ class Catalog:
                 log.exception("catalog.flush_failed")
                 self.health.rejections.reject("catalog", "flush", describe(exc))
 
+    def _destination(self, known: svc.KnownService) -> Destination:
+        return self._recompute.destination(known)
+
     async def flush_and_announce(self) -> ViewBatch | None:
-        """Flush, then signal ``views``/``changed`` with the cursor after the flush."""
+        """Flush, then signal ``views``/``changed`` with the views' cursor after the flush
+        when any view or any destination moved (consumers of either ask what moved)."""
         batch = self.flush()
-        if batch is None:
+        if batch is None and not self._destinations_moved:
             return None
         cursor = self._views.cursor
         try:
             await self._announce("changed", cursor)
         except Exception as exc:  # noqa: BLE001 (a lost bell costs consumers a resync)
             log.warning("catalog.announce_failed cursor=%s error=%r", cursor, exc)
+        if batch is None:
+            return None
         log.info(
             "catalog.views_changed cursor=%s identities=%d took_ms=%.1f",
             cursor,

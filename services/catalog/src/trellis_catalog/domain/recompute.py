@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trellis_catalog.domain import destinations
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
@@ -64,6 +65,7 @@ class Recomputed:
     identities: set[Identity]  # whose policy changed or went away
     clusters: set[str]  # the names of the clusters that changed
     policies: bool  # policies were recomputed: the views' references may have moved
+    services: set[MeshService] | None = None  # re-indexed services; None: the spec moved
 
 
 def _accept(identity: Identity, error: Exception | None) -> None:
@@ -179,7 +181,9 @@ class Recompute:
         if recompute_policies:
             targeted = None if dirty.policies or changed_shape else self._concerned(dirty)
             touched = self._recompute_policies(targeted)
-        return Recomputed(touched, changed_clusters, recompute_policies)
+        return Recomputed(
+            touched, changed_clusters, recompute_policies, None if dirty.spec else scope
+        )
 
     def _scope(self, dirty: Dirty) -> set[MeshService]:
         if dirty.services:
@@ -260,6 +264,9 @@ class Recompute:
             bool(known.endpoints),
             self.account_of(service),
         )
+
+    def destination(self, known: svc.KnownService) -> destinations.Destination:
+        return destinations.build(known, self.spec, self.account_of(known.service))
 
     def _trust(self) -> str:
         settings = self.spec.settings

@@ -209,6 +209,7 @@ def cluster(
                 service_account=endpoint.service_account,
                 provider=endpoint.provider,
                 labels=endpoint.labels,
+                workload=endpoint.workload,
             )
         )
         if endpoint.service_account:

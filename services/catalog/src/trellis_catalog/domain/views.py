@@ -123,6 +123,7 @@ class ClusterEndpoint:
     service_account: str = ""
     provider: str = ""
     labels: Headers = ()
+    workload: str = ""
 
 
 @dataclass(frozen=True, slots=True)

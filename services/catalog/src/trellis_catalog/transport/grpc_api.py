@@ -21,6 +21,7 @@ from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain.access import explain
+from trellis_catalog.domain.destinations import Destination
 from trellis_catalog.domain.views import ClusterState, HttpMatch, IdentityPolicy, Route
 from trellis_catalog.transport import grpc_requests
 from trellis_common import messages
@@ -61,6 +62,29 @@ def _cluster(state: ClusterState) -> pb.Cluster:
         mesh_tls=ref.mesh_tls,
         version=str(state.version),
         subject_alt_names=ref.subject_alt_names,
+    )
+
+
+def destination_proto(catalog: Catalog, record: Destination) -> pb.Destination:
+    service = record.service
+    ports = []
+    for name in record.clusters:
+        state = catalog.clusters.get(name)
+        if state is not None:
+            ports.append(_cluster(state))
+    return pb.Destination(
+        namespace=service.namespace,
+        name=service.name,
+        version=catalog.destinations.versions.get(service, ""),
+        addresses=record.addresses,
+        hosts=record.hosts,
+        ports=ports,
+        routes=[pb.ProfileRoute(name=r.name, match=_match(r.match)) for r in record.routes],
+        splits=[
+            pb.SplitBackend(namespace=b.service.namespace, name=b.service.name, weight=b.weight)
+            for b in record.splits
+        ],
+        split=record.split,
     )
 
 
@@ -154,6 +178,18 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             cursor=cursor,
             full=full,
             identities=[pb.IdentityVersion(identity=i, version=v) for i, v in changed],
+        )
+
+    async def ListDestinations(
+        self, request: pb.ListDestinationsRequest, context: Context
+    ) -> pb.ListDestinationsResponse:
+        store = self._catalog.destinations
+        cursor, full, changed, removed = store.since(grpc_requests.view_cursor(request))
+        return pb.ListDestinationsResponse(
+            cursor=cursor,
+            full=full,
+            destinations=[destination_proto(self._catalog, store.records[s]) for s in changed],
+            removed=[str(s) for s in removed],
         )
 
     @rpc(grpc_requests.namespace_filter)

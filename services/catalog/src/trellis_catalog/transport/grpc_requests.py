@@ -50,7 +50,7 @@ def view(request: pb.GetViewRequest) -> ViewRequest:
     return ViewRequest(Identity(namespace, service), account)
 
 
-def view_cursor(request: pb.ListViewVersionsRequest) -> str:
+def view_cursor(request: pb.ListViewVersionsRequest | pb.ListDestinationsRequest) -> str:
     """The cursor to list changes after; "" (list everything) for anything not a cursor.
 
     A cursor is the catalog's own ``<epoch>-<revision>``, handed back as it was. One that

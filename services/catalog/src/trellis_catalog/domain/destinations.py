@@ -1,0 +1,150 @@
+"""Destinations: every known service as a discovery client sees it, versioned.
+
+A discovery client (the Linkerd Destination API that proxy-cp serves) asks for a service by
+name, not for an identity's view: what are its endpoints, and what profile applies to
+requests for it. A :class:`Destination` is that answer's source: the service's addresses
+and hosts, the clusters of its ports (their endpoints live in the shared clusters), the HTTP
+routes the mesh's policies name for it, and the TrafficSplit whose root it is.
+
+:class:`DestinationStore` versions them as the view store versions views: a destination's
+version moves when its record or one of its clusters does, one revision per flush, with a
+cursor (``"<epoch>-<revision>"``) a consumer passes back to learn what moved since.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from trellis_catalog.domain.inbound import http_match
+from trellis_catalog.domain.services import KnownService
+from trellis_catalog.domain.spec import MeshSpec
+from trellis_catalog.domain.views import ClusterState, HttpMatch
+from trellis_common.model import MeshService, ServiceAccount, WeightedService
+
+__all__ = ["Destination", "DestinationStore", "ProfileRoute", "build"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRoute:
+    name: str
+    match: HttpMatch
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    service: MeshService
+    addresses: tuple[str, ...]
+    hosts: tuple[str, ...]
+    clusters: tuple[str, ...]  # one per service port, in port order
+    routes: tuple[ProfileRoute, ...]
+    splits: tuple[WeightedService, ...]
+    split: str  # "<namespace>/<name>" of the TrafficSplit, or ""
+
+
+def _addresses(known: KnownService, spec: MeshSpec) -> tuple[str, ...]:
+    found = list(known.addresses)
+    declared = spec.services.get(known.service)
+    if declared is not None:
+        cluster_ip = declared.spec.cluster_ip
+        if cluster_ip and cluster_ip != "None":
+            found.append(cluster_ip)
+    return tuple(dict.fromkeys(found))
+
+
+def _routes(known: KnownService, spec: MeshSpec, account: str) -> tuple[ProfileRoute, ...]:
+    """The HTTP matches of every TrafficTarget to an account the service runs as, then those
+    of its TrafficSplit; the first of equal names wins."""
+    namespace = known.service.namespace
+    accounts = {account} | {e.service_account for e in known.endpoints if e.service_account}
+    found: dict[str, ProfileRoute] = {}
+    ports = {p.port for p in known.ports}
+    for name in sorted(accounts):
+        for grant in spec.grants_to(ServiceAccount(namespace, name)):
+            if grant.port is not None and ports and grant.port not in ports:
+                continue
+            for rule in grant.rules:
+                for match in rule.http:
+                    found.setdefault(match.name, ProfileRoute(match.name, http_match(match)))
+    split = spec.splits.get(known.service)
+    for group_name in [m.name for m in split.spec.matches] if split else ():
+        group = spec.route_groups.get((namespace, group_name))
+        for match in group.spec.matches if group else ():
+            found.setdefault(match.name, ProfileRoute(match.name, http_match(match)))
+    return tuple(found[name] for name in sorted(found))
+
+
+def build(known: KnownService, spec: MeshSpec, account: str) -> Destination:
+    split = spec.splits.get(known.service)
+    backends = split.weighted_services() if split is not None else ()
+    return Destination(
+        service=known.service,
+        addresses=_addresses(known, spec),
+        hosts=known.hosts,
+        clusters=tuple(known.cluster_name(p.port) for p in known.ports),
+        routes=_routes(known, spec, account),
+        splits=backends,
+        split=spec.split_names.get(known.service, ""),
+    )
+
+
+class DestinationStore:
+    def __init__(self, epoch: str | None = None) -> None:
+        self.epoch = epoch if epoch is not None else format(int(time.time() * 1000), "x")
+        self.revision = 0
+        self.records: dict[MeshService, Destination] = {}
+        self.versions: dict[MeshService, str] = {}
+        self._keys: dict[MeshService, tuple[object, ...]] = {}
+        self._changed_at: dict[MeshService, int] = {}
+
+    @property
+    def cursor(self) -> str:
+        return f"{self.epoch}-{self.revision}"
+
+    def update(
+        self,
+        scope: Iterable[MeshService],
+        services: Mapping[MeshService, KnownService],
+        clusters: Mapping[str, ClusterState],
+        record_of: Callable[[KnownService], Destination],
+    ) -> list[MeshService]:
+        """Rebuild the destinations of ``scope``; returns those that changed (new, moved or
+        gone), all stamped with one new revision."""
+        changed = []
+        for service in sorted(set(scope), key=str):
+            known = services.get(service)
+            if known is None:
+                if self.records.pop(service, None) is not None:
+                    self._keys.pop(service, None)
+                    self.versions.pop(service, None)
+                    changed.append(service)
+                continue
+            record = record_of(known)
+            key = (
+                record,
+                tuple(clusters[c].version if c in clusters else 0 for c in record.clusters),
+            )
+            if self._keys.get(service) != key:
+                self._keys[service] = key
+                self.records[service] = record
+                changed.append(service)
+        if changed:
+            self.revision += 1
+            for service in changed:
+                self._changed_at[service] = self.revision
+                if service in self.records:
+                    self.versions[service] = self.cursor
+        return changed
+
+    def since(self, cursor: str) -> tuple[str, bool, list[MeshService], list[MeshService]]:
+        """(next cursor, full?, changed, removed) after ``cursor``; an empty, malformed,
+        foreign-epoch or future cursor gets every destination (``full``)."""
+        epoch, _, revision = cursor.rpartition("-")
+        since = int(revision) if revision.isascii() and revision.isdigit() else -1
+        if epoch != self.epoch or not 0 <= since <= self.revision:
+            return self.cursor, True, sorted(self.records, key=str), []
+        moved = [s for s, at in self._changed_at.items() if at > since]
+        changed = sorted((s for s in moved if s in self.records), key=str)
+        removed = sorted((s for s in moved if s not in self.records), key=str)
+        return self.cursor, False, changed, removed
