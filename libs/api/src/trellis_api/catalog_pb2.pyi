@@ -989,11 +989,14 @@ class Destination(_message.Message):
     ROUTES_FIELD_NUMBER: _builtins.int
     SPLITS_FIELD_NUMBER: _builtins.int
     SPLIT_FIELD_NUMBER: _builtins.int
+    TRUST_DOMAIN_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     name: _builtins.str
     version: _builtins.str
     split: _builtins.str
     """Where the split comes from ("<namespace>/<name>"), when there is one."""
+    trust_domain: _builtins.str
+    """Of the SPIFFE identities of its endpoints (spiffe://<trust_domain>/ns/<ns>/sa/<sa>)."""
     @_builtins.property
     def addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Addresses clients may dial instead of a name: a Service's clusterIP, a
@@ -1028,10 +1031,11 @@ class Destination(_message.Message):
         routes: _abc.Iterable[Global___ProfileRoute] | None = ...,
         splits: _abc.Iterable[Global___SplitBackend] | None = ...,
         split: _builtins.str = ...,
+        trust_domain: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "hosts", b"hosts", "name", b"name", "namespace", b"namespace", "ports", b"ports", "routes", b"routes", "split", b"split", "splits", b"splits", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "hosts", b"hosts", "name", b"name", "namespace", b"namespace", "ports", b"ports", "routes", b"routes", "split", b"split", "splits", b"splits", "trust_domain", b"trust_domain", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
+from fastapi import FastAPI
 from redis.exceptions import RedisError
 
 from trellis_common.backoff import Backoff, RetryCallState, failure, retrying
@@ -29,15 +30,26 @@ from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.clients.certs import CertClient
+from trellis_proxy_cp.clients.destinations import DestinationFollower, DestinationTable
 from trellis_proxy_cp.clients.expected import ExpectationTiming
 from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.credentials import ServingCertificate
+from trellis_proxy_cp.discovery import rest as discovery_rest
+from trellis_proxy_cp.discovery.server import (
+    CONDUIT_SERVICE,
+    LINKERD_SERVICE,
+    Discovery,
+    DiscoveryMetrics,
+    DiscoveryOptions,
+)
+from trellis_proxy_cp.discovery.server import register as register_discovery
 from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
 from trellis_proxy_cp.renewal import SERVICE_NAME as RENEWAL_SERVICE
 from trellis_proxy_cp.renewal import ProxyCertificatesServicer
 from trellis_proxy_cp.settings import ProxyCpSettings
+from trellis_proxy_cp.translate.linkerd import RetryBudget
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport import rest
 from trellis_proxy_cp.transport.ads import AdsServicer
@@ -138,6 +150,9 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     )
     runtime.signals.follow(catalog.follower)
     runtime.signals.follow(certs.follower)
+    table = DestinationTable()
+    destinations = DestinationFollower(catalog.locator, table)
+    runtime.signals.follow(destinations)
 
     def forget(identity: str) -> None:
         catalog.forget(identity)
@@ -184,11 +199,51 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         options=XDS_OPTIONS,
         reflection=settings.debug_endpoints,
     )
+    discovery = Discovery(
+        table,
+        DiscoveryOptions(
+            cluster_domain=settings.cluster_domain,
+            queue_capacity=settings.destination_queue_capacity,
+            update_interval=settings.destination_update_interval,
+            budget=RetryBudget(
+                settings.retry_budget_ratio,
+                settings.retry_budget_min_per_second,
+                settings.retry_budget_ttl,
+            ),
+        ),
+        DiscoveryMetrics(metrics.make),
+        revoked,
+        runtime.health.rejections,
+    )
+    components = {}
+    attributes = {}
+    if settings.destination_port >= 0:
+        destination_server = GrpcServer(
+            f"{settings.xds_host}:{settings.destination_port}",
+            register_discovery(discovery),
+            [LINKERD_SERVICE, CONDUIT_SERVICE],
+            credentials=serving.credentials(),
+            reflection=settings.debug_endpoints,
+        )
+        port = await destination_server.start()
+        components["destination"] = destination_server.run
+        attributes["destination_port"] = str(port)
+
+    def routes(app: FastAPI) -> None:
+        rest.add_routes(app, streams, cache, control_plane)
+        discovery_rest.add_routes(app, discovery)
+
     tune_garbage_collection()
     return Parts(
+        components=components,
         grpc_server=xds,
-        readiness={"catalog": catalog.connected.is_set, "certmanager": certs.connected.is_set},
-        routes=lambda app: rest.add_routes(app, streams, cache, control_plane),
+        readiness={
+            "catalog": catalog.connected.is_set,
+            "certmanager": certs.connected.is_set,
+            "destinations": destinations.synced.is_set,
+        },
+        routes=routes,
+        attributes=attributes,
     )
 
 

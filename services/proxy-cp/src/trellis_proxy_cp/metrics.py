@@ -12,6 +12,7 @@ class XdsMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         make = MetricFactory(registry, "trellis_proxy_cp")
+        self.make = make
         self.connected = make.gauge("connected_proxies", "Open ADS streams", "protocol")
         self.streams = make.counter("streams", "ADS streams opened", "protocol")
         self.pushes = make.counter("pushes", "xDS responses sent", "type")

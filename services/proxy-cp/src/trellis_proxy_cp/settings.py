@@ -41,3 +41,22 @@ class ProxyCpSettings(ServiceSettings):
     max_resource_names: int = Field(1024, ge=1, description="most resource names in one request")
     max_resource_name_bytes: int = Field(512, ge=1, description="longest resource name")
     max_streams_per_proxy: int = Field(4, ge=1, description="most open xDS streams per proxy")
+    # The Linkerd Destination API (discovery.py), on its own mTLS port beside xDS.
+    destination_port: int = Field(
+        Ports.PROXY_CP_DESTINATION,
+        ge=-1,
+        le=65535,
+        description="Linkerd Destination API port (mTLS; 0: any free port; -1: not served)",
+    )
+    destination_queue_capacity: int = Field(
+        100, ge=1, description="updates one Destination stream may have waiting before it ends"
+    )
+    destination_update_interval: float = Field(
+        10.0, gt=0, description="conduit API's ADDRESS_UPDATE_INTERVAL: an empty add this often"
+    )
+    cluster_domain: str = Field("cluster.local", description="DNS suffix of service names")
+    retry_budget_ratio: float = Field(0.2, ge=0, description="profiles' retry budget: ratio")
+    retry_budget_min_per_second: int = Field(
+        10, ge=0, description="profiles' retry budget: retries per second always allowed"
+    )
+    retry_budget_ttl: float = Field(10.0, gt=0, description="profiles' retry budget: window (s)")

@@ -76,6 +76,7 @@ class ServiceProcess:
             "GRPC_VERBOSITY": "INFO",
             # the injector's webhook on a free port too: tests run side by side
             "TRELLIS_INJECTOR_WEBHOOK_PORT": "0",
+            "TRELLIS_PROXY_CP_DESTINATION_PORT": "0",
             **self.env,
         }
         log = self.log_path.open("ab")

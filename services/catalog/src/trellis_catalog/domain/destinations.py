@@ -41,6 +41,7 @@ class Destination:
     routes: tuple[ProfileRoute, ...]
     splits: tuple[WeightedService, ...]
     split: str  # "<namespace>/<name>" of the TrafficSplit, or ""
+    trust_domain: str
 
 
 def _addresses(known: KnownService, spec: MeshSpec) -> tuple[str, ...]:
@@ -75,7 +76,7 @@ def _routes(known: KnownService, spec: MeshSpec, account: str) -> tuple[ProfileR
     return tuple(found[name] for name in sorted(found))
 
 
-def build(known: KnownService, spec: MeshSpec, account: str) -> Destination:
+def build(known: KnownService, spec: MeshSpec, account: str, trust_domain: str) -> Destination:
     split = spec.splits.get(known.service)
     backends = split.weighted_services() if split is not None else ()
     return Destination(
@@ -86,6 +87,7 @@ def build(known: KnownService, spec: MeshSpec, account: str) -> Destination:
         routes=_routes(known, spec, account),
         splits=backends,
         split=spec.split_names.get(known.service, ""),
+        trust_domain=trust_domain,
     )
 
 

@@ -266,7 +266,8 @@ class Recompute:
         )
 
     def destination(self, known: svc.KnownService) -> destinations.Destination:
-        return destinations.build(known, self.spec, self.account_of(known.service))
+        account = self.account_of(known.service)
+        return destinations.build(known, self.spec, account, self._trust())
 
     def _trust(self) -> str:
         settings = self.spec.settings

@@ -85,6 +85,7 @@ def destination_proto(catalog: Catalog, record: Destination) -> pb.Destination:
             for b in record.splits
         ],
         split=record.split,
+        trust_domain=record.trust_domain,
     )
 
 

@@ -1,0 +1,1 @@
+"""The Linkerd Destination API (server.py) and its admin routes (rest.py)."""

@@ -1,0 +1,69 @@
+"""Admin routes of the Destination API: what a client asking for a name would receive now.
+
+``GET /v1/destinations`` sums up the table and the open streams; ``GET
+/v1/destinations/get?path=NAME`` and ``/v1/destinations/profile?path=NAME`` answer with the
+messages a new ``Get`` or ``GetProfile`` stream for ``NAME`` would start with, as JSON
+(``trellis dst get|profile`` prints them). A path that names nothing is answered 422 with
+the reason a stream would get.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, HTTPException
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from trellis_proxy_cp.discovery.server import Discovery, get_updates
+from trellis_proxy_cp.translate import linkerd
+
+
+def _json(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def readable(update: dict[str, Any]) -> dict[str, Any]:
+    """Addresses as ``ip:port`` next to their wire form, for people."""
+    for kind in ("add", "remove"):
+        for addr in update.get(kind, {}).get("addrs", []):
+            holder = addr.get("addr", addr)
+            ip = holder.get("ip", {})
+            if "ipv4" in ip:
+                holder["text"] = f"{linkerd.ipv4_text(int(ip['ipv4']))}:{holder.get('port', 0)}"
+    return update
+
+
+def add_routes(app: FastAPI, discovery: Discovery) -> None:
+    router = APIRouter(prefix="/v1/destinations", tags=["destinations"])
+
+    def target(path: str) -> linkerd.Authority:
+        try:
+            return linkerd.parse_authority(path, discovery.options.cluster_domain)
+        except linkerd.InvalidAuthority as exc:
+            raise HTTPException(422, str(exc)) from None
+
+    @router.get("")
+    async def summary() -> dict[str, Any]:
+        return {
+            "destinations": len(discovery.table.by_name),
+            "watchers": discovery.table.watching,
+            "names": sorted(discovery.table.by_name),
+        }
+
+    @router.get("/get")
+    async def get(path: str) -> dict[str, Any]:
+        asked = target(path)
+        now = discovery.resolve(asked)
+        updates = get_updates(None, now, discovery.labels(asked))
+        return {
+            "path": path,
+            "exists": now.exists,
+            "updates": [readable(_json(u)) for u in updates],
+        }
+
+    @router.get("/profile")
+    async def profile(path: str) -> dict[str, Any]:
+        return {"path": path, "profile": _json(discovery.profile(target(path)))}
+
+    app.include_router(router)

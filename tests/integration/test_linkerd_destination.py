@@ -1,0 +1,282 @@
+"""The Linkerd Destination API against running services, with upstream's generated client.
+
+Redis, certmanager, endpoints-vm, catalog and proxy-cp run as processes on the bookstore
+example. The client is Python generated from upstream's own protos (``dst.py``), in a
+process of its own, holding a proxy certificate as ``trellis vm bootstrap`` writes it (CN
+only). Workloads come and go through endpoints-vm's REST API, as VM agents do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.dst import ClientFiles, DstClient, Endpoints, generate_upstream
+from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.mesh import Mesh
+from trellis_common.testing.redis_server import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+V1 = "bookstore-v1.bookstore.svc.cluster.local:14001"
+SPIFFE = "spiffe://cluster.local/ns/bookstore/sa/bookstore"
+
+
+class DstMesh(Mesh):
+    def __init__(self, tmp: Path, state_dir: Path, redis: RedisServer, spec_dir: Path) -> None:
+        self.dst_port = free_port()
+        super().__init__(
+            tmp,
+            state_dir,
+            redis,
+            spec_dir,
+            env={
+                "TRELLIS_PROXY_CP_DESTINATION_PORT": str(self.dst_port),
+                "TRELLIS_PROXY_CP_DESTINATION_UPDATE_INTERVAL": "0.5",
+            },
+        )
+        self.generated = generate_upstream(tmp / "upstream")
+        self._files: ClientFiles | None = None
+        self.clients: list[DstClient] = []
+
+    @property
+    def files(self) -> ClientFiles:
+        if self._files is None:
+            certificate, key = self.proxy_certificate("bookbuyer", "bookbuyer", "bookbuyer")
+            written = self.write_files("dst-client", certificate, key)
+            self._files = ClientFiles(written.cert_chain, written.key, written.trust_bundle)
+        return self._files
+
+    def client(self, path: str, **kwargs: Any) -> DstClient:
+        client = DstClient(self.generated, self.files, f"127.0.0.1:{self.dst_port}", path, **kwargs)
+        self.clients.append(client)
+        return client
+
+    def workload(self, name: str, service: str, port: int, address: str = "127.0.0.1") -> None:
+        body = {
+            "namespace": "bookstore",
+            "name": name,
+            "services": [service],
+            "address": address,
+            "ports": [{"name": "http", "number": port}],
+            "service_account": "bookstore",
+            "ttl": 600,
+        }
+        response = self.processes["endpoints-vm"].post(
+            "/v1/workloads", json=body, headers=self.admin()
+        )
+        assert response.status_code == 201, response.text
+
+    def gone(self, name: str) -> None:
+        response = self.processes["endpoints-vm"].delete(
+            f"/v1/workloads/bookstore/{name}", headers=self.admin()
+        )
+        assert response.status_code in (200, 204), response.text
+
+    def admin(self) -> dict[str, str]:
+        token = (self.state_dir / "admin-token").read_text().strip()
+        return {"Authorization": f"Bearer {token}"}
+
+    def stop(self) -> None:
+        for client in self.clients:
+            client.close()
+        super().stop()
+
+
+@pytest.fixture
+def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[DstMesh]:
+    spec_dir = tmp_path / "spec"
+    shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
+    mesh = DstMesh(tmp_path, state_dir, redis_server, spec_dir)
+    mesh.start()
+    try:
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+def test_get_follows_each_rule_of_the_seed(mesh: DstMesh) -> None:
+    # a service that does not exist: no_endpoints{exists:false}, the seed's answer
+    missing = mesh.client("reports.bookstore.svc.cluster.local:8080")
+    assert missing.next() == {"no_endpoints": {}}  # exists=false: proto3 leaves it out
+    # a declared Service with no endpoint yet: no_endpoints{exists:true}
+    v1 = mesh.client(V1)
+    assert v1.next() == {"no_endpoints": {"exists": True}}
+
+    mesh.workload("v1-a", "bookstore-v1", 8081)
+    added = v1.next()["add"]
+    assert added["metric_labels"] == {"namespace": "bookstore", "service": "bookstore-v1"}
+    [addr] = added["addrs"]
+    assert addr["addr"] == {"ip": {"ipv4": 0x7F000001}, "port": 8081}
+    assert addr["weight"] == 10000
+    assert addr["tls_identity"] == {
+        "uri_like_identity": {"uri": SPIFFE},
+        "server_name": {"name": "bookstore-v1.bookstore.svc.cluster.local"},
+    }
+    assert addr["metric_labels"]["serviceaccount"] == "bookstore"
+    assert addr["metric_labels"]["workload"] == "v1-a"
+    assert addr["resource_ref"] == {
+        "resource": {"kind": "Workload", "name": "v1-a", "namespace": "bookstore"}
+    }
+
+    # a stream opened on a service with endpoints starts with add, never no_endpoints
+    late = mesh.client(V1)
+    assert list(late.next()) == ["add"]
+
+    # diffs: a second endpoint is one add; a removal is one remove
+    state = Endpoints()
+    state.apply({"add": added})
+    mesh.workload("v1-b", "bookstore-v1", 8082)
+    state.follow(v1, {"127.0.0.1:8081", "127.0.0.1:8082"})
+    mesh.gone("v1-a")
+    state.follow(v1, {"127.0.0.1:8082"})
+    assert state.kinds == ["add", "add", "remove"]
+    # the last endpoint going is no_endpoints{exists:true}: the service still exists
+    mesh.gone("v1-b")
+    assert v1.next() == {"no_endpoints": {"exists": True}}
+
+    # a service known only from VM registrations resolves like any other, and stops
+    # existing when its last workload goes
+    mesh.workload("reports-1", "reports", 8080)
+    assert [a["addr"]["port"] for a in missing.next()["add"]["addrs"]] == [8080]
+    mesh.gone("reports-1")
+    assert missing.next() == {"no_endpoints": {}}
+
+
+def test_lookups_by_ip_and_port_and_malformed_names(mesh: DstMesh) -> None:
+    mesh.workload("v1-a", "bookstore-v1", 8081)
+    by_ip = mesh.client("127.0.0.1:8081")
+    [addr] = by_ip.next()["add"]["addrs"]
+    assert addr["tls_identity"]["uri_like_identity"]["uri"] == SPIFFE
+    assert mesh.client("10.255.0.1:80").next() == {"no_endpoints": {}}
+    for path, reason in (
+        ("Bad_Name.bookstore:80", "not a valid DNS-1123 label"),
+        ("bookstore-v1.bookstore:99999", "not a number in 1..65535"),
+        ("bookstore-v1", "names no namespace"),
+    ):
+        ended = mesh.client(path).end()
+        assert ended["status"] == "INVALID_ARGUMENT", ended
+        assert reason in ended["details"]
+    metrics = mesh.processes["proxy-cp"].get("/metrics").text
+    assert (
+        'trellis_proxy_cp_destination_refused_total{code="INVALID_ARGUMENT",'
+        'reason="invalid_authority"} 3.0' in metrics
+    )
+
+
+def test_get_profile_routes_split_overrides_and_updates(mesh: DstMesh) -> None:
+    profile = mesh.client("bookstore.bookstore.svc.cluster.local:14001", rpc="GetProfile")
+    first = profile.next()
+    assert first["fully_qualified_name"] == "bookstore.bookstore.svc.cluster.local"
+    assert first["retry_budget"] == {
+        "retry_ratio": pytest.approx(0.2),
+        "min_retries_per_second": 10,
+        "ttl": "10s",
+    }
+    assert [(d["authority"], d["weight"]) for d in first["dst_overrides"]] == [
+        ("bookstore-v1.bookstore.svc.cluster.local:14001", 8000),
+        ("bookstore-v2.bookstore.svc.cluster.local:14001", 2000),
+    ]
+    assert first["profile_ref"]["resource"]["kind"] == "TrafficSplit"
+    routes = {r["metrics_labels"]["route"]: r for r in first["routes"]}
+    assert routes["books-bought"]["condition"] == {
+        "all": {
+            "matches": [
+                {"path": {"regex": "/books-bought"}},
+                {"method": {"registered": "GET"}},
+            ]
+        }
+    }
+    assert routes["books-bought"]["response_classes"] == [
+        {"condition": {"status": {"min": 500, "max": 599}}, "is_failure": True}
+    ]
+
+    # an edit of the split reaches the open stream
+    split = mesh.spec_dir / "traffic-split.yaml"
+    split.write_text(
+        split.read_text().replace("weight: 80", "weight: 50").replace("weight: 20", "weight: 50")
+    )
+    updated = profile.next()
+    assert [d["weight"] for d in updated["dst_overrides"]] == [5000, 5000]
+
+    # an endpoint's own profile, asked by IP
+    mesh.workload("v1-a", "bookstore-v1", 8081)
+    endpoint = mesh.client("127.0.0.1:8081", rpc="GetProfile")
+    answer = endpoint.next()
+    assert answer["endpoint"]["addr"] == {"ip": {"ipv4": 0x7F000001}, "port": 8081}
+    assert "fully_qualified_name" not in answer
+    unknown = mesh.client("nothing.bookstore.svc.cluster.local:80", rpc="GetProfile").next()
+    assert "fully_qualified_name" not in unknown
+    assert "retry_budget" in unknown
+
+
+def test_the_conduit_api_sees_the_same_endpoints_and_hears_from_us_every_interval(
+    mesh: DstMesh,
+) -> None:
+    mesh.workload("v1-a", "bookstore-v1", 8081)
+    new = mesh.client(V1)
+    old = mesh.client(V1, api="conduit")
+    assert [a["addr"] for a in old.next()["add"]["addrs"]] == [
+        a["addr"] for a in new.next()["add"]["addrs"]
+    ]
+    # nothing changes: the conduit stream still gets an empty add every interval (0.5 s
+    # here), the new API none
+    assert old.next(timeout=3) == {"add": {}}
+    assert old.next(timeout=3) == {"add": {}}
+    assert new.quiet(1.0)
+    mesh.workload("v1-b", "bookstore-v1", 8082)
+    state = Endpoints()
+    state.apply({"add": {"addrs": [{"addr": {"ip": {"ipv4": 0x7F000001}, "port": 8081}}]}})
+    state.follow(old, {"127.0.0.1:8081", "127.0.0.1:8082"})
+
+
+def test_a_reconnecting_client_gets_the_whole_set_again(mesh: DstMesh) -> None:
+    mesh.workload("v1-a", "bookstore-v1", 8081)
+    mesh.workload("v1-b", "bookstore-v1", 8082)
+    before = mesh.client(V1)
+    state = Endpoints()
+    state.follow(before, {"127.0.0.1:8081", "127.0.0.1:8082"})
+    proxy_cp = mesh.processes["proxy-cp"]
+    proxy_cp.stop()
+    assert before.end()["status"] in ("UNAVAILABLE", "CANCELLED", "OK")
+    proxy_cp.start(ports=(0, 0))
+    after = mesh.client(V1)
+    first = after.next()
+    assert sorted(a["addr"]["port"] for a in first["add"]["addrs"]) == [8081, 8082]
+
+
+def test_diffs_under_rapid_churn_always_rebuild_the_catalogs_set(mesh: DstMesh) -> None:
+    client = mesh.client(V1)
+    state = Endpoints()
+    state.apply(client.next())
+    rng = random.Random(15)
+    live: set[int] = set()
+    for change in range(1, 1001):
+        port = 9000 + rng.randrange(40)
+        if port in live:
+            mesh.gone(f"w-{port}")
+            live.discard(port)
+        else:
+            mesh.workload(f"w-{port}", "bookstore-v1", port)
+            live.add(port)
+        if change % 100 == 0:
+            wanted = {f"127.0.0.1:{p}" for p in live}
+            asyncio.run(eventually(lambda: catalog_set(mesh) == wanted, timeout=20))  # noqa: B023
+            state.follow(client, wanted, timeout=20)
+            assert set(state.addresses) == catalog_set(mesh), change
+    assert state.kinds.count("remove") > 100
+    assert all(not k.startswith("no_endpoints(false") for k in state.kinds)
+
+
+def catalog_set(mesh: DstMesh) -> set[str]:
+    """The endpoints of bookstore-v1's port as the catalog has them (in a client's view)."""
+    view = mesh.processes["catalog"].get("/v1/views/bookbuyer/bookbuyer").json()
+    [cluster] = [c for c in view["clusters"] if c["name"] == "bookstore/bookstore-v1|14001"]
+    return {f"{e['address']}:{e['port']}" for e in cluster.get("endpoints", [])}
