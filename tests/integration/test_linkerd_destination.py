@@ -9,6 +9,7 @@ only). Workloads come and go through endpoints-vm's REST API, as VM agents do.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 from collections.abc import Iterator
@@ -215,6 +216,34 @@ def test_get_profile_routes_split_overrides_and_updates(mesh: DstMesh) -> None:
     unknown = mesh.client("nothing.bookstore.svc.cluster.local:80", rpc="GetProfile").next()
     assert "fully_qualified_name" not in unknown
     assert "retry_budget" in unknown
+
+
+def test_trellis_dst_prints_what_a_client_would_receive(mesh: DstMesh) -> None:
+    mesh.workload("v1-a", "bookstore-v1", 8081)
+    mesh.workload("v1-b", "bookstore-v1", 8082)
+    client = mesh.client(V1)
+    streamed = client.next()
+    shown = mesh.trellis("dst", "get", V1, "--json")
+    assert shown.returncode == 0, shown.stderr
+    [update] = json.loads(shown.stdout)["updates"]
+    assert [a["addr"]["text"] for a in update["add"]["addrs"]] == [
+        "127.0.0.1:8081",
+        "127.0.0.1:8082",
+    ]
+    for addr in update["add"]["addrs"]:
+        del addr["addr"]["text"]
+    assert update == streamed  # what the stream sent, field for field
+    table = mesh.trellis("dst", "get", V1)
+    assert "127.0.0.1:8081" in table.stdout
+    assert SPIFFE in table.stdout
+    profile = mesh.trellis("dst", "profile", "bookstore.bookstore.svc.cluster.local:14001")
+    assert profile.returncode == 0, profile.stderr
+    assert "bookstore-v1.bookstore.svc.cluster.local:14001" in profile.stdout
+    assert "80.00%" in profile.stdout
+    assert "books-bought" in profile.stdout
+    bad = mesh.trellis("dst", "get", "no_such:1")
+    assert bad.returncode != 0
+    assert "not a valid DNS-1123 label" in bad.stderr
 
 
 def test_the_conduit_api_sees_the_same_endpoints_and_hears_from_us_every_interval(

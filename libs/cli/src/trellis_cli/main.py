@@ -15,6 +15,7 @@ from trellis_cli import errors
 from trellis_cli.certs import certs
 from trellis_cli.client import Mesh
 from trellis_cli.console import Echo
+from trellis_cli.dst import dst
 from trellis_cli.envoyrun import envoy
 from trellis_cli.identity import identity
 from trellis_cli.inject import inject
@@ -147,6 +148,7 @@ cli.add_command(status)
 cli.add_command(vm)
 cli.add_command(spec)
 cli.add_command(policy)
+cli.add_command(dst)
 cli.add_command(proxy)
 cli.add_command(envoy)
 cli.add_command(token)

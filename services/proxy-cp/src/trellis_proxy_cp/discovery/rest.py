@@ -15,6 +15,7 @@ from fastapi import APIRouter, FastAPI, HTTPException
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from trellis_api.linkerd import destination_pb2 as dpb
 from trellis_proxy_cp.discovery.server import Discovery, get_updates
 from trellis_proxy_cp.translate import linkerd
 
@@ -23,15 +24,13 @@ def _json(message: Message) -> dict[str, Any]:
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
 
-def readable(update: dict[str, Any]) -> dict[str, Any]:
-    """Addresses as ``ip:port`` next to their wire form, for people."""
-    for kind in ("add", "remove"):
-        for addr in update.get(kind, {}).get("addrs", []):
-            holder = addr.get("addr", addr)
-            ip = holder.get("ip", {})
-            if "ipv4" in ip:
-                holder["text"] = f"{linkerd.ipv4_text(int(ip['ipv4']))}:{holder.get('port', 0)}"
-    return update
+def readable(update: dpb.Update) -> dict[str, Any]:
+    """The update as JSON, each address also as ``text`` (``ip:port``), for people."""
+    body = _json(update)
+    if update.WhichOneof("update") == "add":
+        for addr, json_addr in zip(update.add.addrs, body["add"].get("addrs", []), strict=True):
+            json_addr.setdefault("addr", {})["text"] = linkerd.address_text(addr.addr)
+    return body
 
 
 def add_routes(app: FastAPI, discovery: Discovery) -> None:
@@ -59,7 +58,7 @@ def add_routes(app: FastAPI, discovery: Discovery) -> None:
         return {
             "path": path,
             "exists": now.exists,
-            "updates": [readable(_json(u)) for u in updates],
+            "updates": [readable(u) for u in updates],
         }
 
     @router.get("/profile")

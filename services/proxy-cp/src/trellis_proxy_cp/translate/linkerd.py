@@ -156,10 +156,6 @@ def address_text(address: net_pb2.TcpAddress | conduit_common.TcpAddress) -> str
     return f"{ipaddress.IPv4Address(address.ip.ipv4)}:{address.port}"
 
 
-def ipv4_text(value: int) -> str:
-    return str(ipaddress.IPv4Address(value))
-
-
 def set_labels(namespace: str, service: str) -> dict[str, str]:
     return {"namespace": namespace, "service": service}
 
