@@ -78,3 +78,9 @@ _._serve_watch
 
 # The kubernetes client's Configuration reads its pool size when the ApiClient is made.
 _.connection_pool_maxsize
+
+# The Linkerd Destination API: gRPC calls the servicer's methods by name; profile fields are
+# set by attribute (read by the client).
+_.GetProfile
+_.fully_qualified_name
+_.opaque_protocol

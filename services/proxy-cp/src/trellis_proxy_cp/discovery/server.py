@@ -350,7 +350,13 @@ class LinkerdDestination(dpb_grpc.DestinationServicer):
         discovery = self.discovery
         target = await discovery.admit(context, request.path)
         token = ContextToken.parse(request.context_token)
-        log.debug("destination.get path=%s ns=%s pod=%s", request.path, token.ns, token.pod)
+        log.debug(
+            "destination.get path=%s ns=%s pod=%s node=%s",
+            request.path,
+            token.ns,
+            token.pod,
+            token.node_name,
+        )
         sent: list[Resolved] = []
 
         def step() -> list[dpb.Update]:

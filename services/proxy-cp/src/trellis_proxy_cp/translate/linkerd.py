@@ -144,10 +144,6 @@ def tcp_address(ip: str, port: int) -> net_pb2.TcpAddress:
     return net_pb2.TcpAddress(ip=net_pb2.IPAddress(ipv6=six), port=port)
 
 
-def conduit_address(ip: str, port: int) -> conduit_common.TcpAddress:
-    return conduit_common.TcpAddress.FromString(tcp_address(ip, port).SerializeToString())
-
-
 def address_text(address: net_pb2.TcpAddress | conduit_common.TcpAddress) -> str:
     """``ip:port`` of a wire address (for clients, the CLI and tests)."""
     if address.ip.WhichOneof("ip") == "ipv6":
