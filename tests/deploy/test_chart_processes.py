@@ -92,6 +92,8 @@ def environment(
         env["TRELLIS_CERTMANAGER_ADMIN_ADDRESS"] = certmanager_admin
     if component == "injector":
         env["TRELLIS_INJECTOR_WEBHOOK_PORT"] = "0"  # tests run side by side
+    if component == "proxy-cp":
+        env["TRELLIS_PROXY_CP_DESTINATION_PORT"] = "0"
     if component in KUBE:
         prefix = "TRELLIS_" + component.upper().replace("-", "_") + "_"
         env[prefix + "KUBECONFIG"] = str(kubeconfig)

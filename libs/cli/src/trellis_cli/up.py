@@ -67,8 +67,13 @@ SERVICES = (
     ("injector", "trellis_injector.main", 0, Ports.INJECTOR_ADMIN),
 )
 # Ports a service serves besides gRPC and admin: the injector's mutating webhook (TLS), so
-# pods can be injected locally without a cluster (patches made, no Secrets stored).
-OTHER_PORTS = {"injector": (Ports.INJECTOR_WEBHOOK, "webhook https://127.0.0.1:{}/mutate")}
+# pods can be injected locally without a cluster (patches made, no Secrets stored), and
+# proxy-cp's Linkerd Destination API.
+OTHER_PORTS = {
+    "injector": (Ports.INJECTOR_WEBHOOK, "webhook https://127.0.0.1:{}/mutate"),
+    # the Linkerd Destination API (mTLS; docs/linkerd.md)
+    "proxy-cp": (Ports.PROXY_CP_DESTINATION, "linkerd-destination :{}"),
+}
 
 
 def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
