@@ -11,13 +11,14 @@ import os
 import platform
 import sys
 
-from bench import catalog, certs, endpoints, report, xds
+from bench import catalog, certs, destination, endpoints, report, xds
 
 BENCHMARKS: dict[str, report.Benchmark] = {
     "certs": certs.run,
     "endpoints": endpoints.run,
     "catalog": catalog.run,
     "xds": xds.run,
+    "destination": destination.run,
 }
 
 

@@ -54,6 +54,8 @@ Context = grpc.aio.ServicerContext[Any, Any]
 LINKERD_SERVICE = dpb.DESCRIPTOR.services_by_name["Destination"].full_name
 CONDUIT_SERVICE = conduit.DESCRIPTOR.services_by_name["Destination"].full_name
 Addresses = dict[tuple[str, int], dpb.WeightedAddr]
+#: Names whose resolution is kept for the streams of the same table generation.
+RESOLVED_CACHE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +200,7 @@ class Discovery:
         self.metrics = metrics
         self.revoked = revoked if revoked is not None else RevokedSerials()
         self.rejections = rejections
+        self._resolved: dict[linkerd.Authority, tuple[int, Resolved]] = {}
 
     # -- checks --------------------------------------------------------------------------
 
@@ -244,6 +247,19 @@ class Discovery:
         return EVERYTHING  # an IP, or a host that may resolve to any destination
 
     def resolve(self, target: linkerd.Authority) -> Resolved:
+        """What ``target`` names now; computed once per table change for all the streams
+        that ask for the same name (a change wakes them together)."""
+        generation = self.table.changes
+        cached = self._resolved.get(target)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        if len(self._resolved) > RESOLVED_CACHE:
+            self._resolved.clear()
+        resolved = self._resolve(target)
+        self._resolved[target] = (generation, resolved)
+        return resolved
+
+    def _resolve(self, target: linkerd.Authority) -> Resolved:
         domain = self.options.cluster_domain
         found = self.destination(target)
         if found is not None:
