@@ -202,3 +202,17 @@ async def test_a_client_that_stops_reading_loses_its_stream_and_no_other_waits()
     )
     assert overflowed == 1
     assert table.watching == 0  # both streams stopped watching
+
+
+def test_a_profile_marks_routes_retryable_when_a_retry_policy_names_the_service() -> None:
+    service = destination(1, range(1, 2))
+    service.routes.append(
+        cpb.ProfileRoute(name="items", match=cpb.HttpMatch(path_regex="/items", methods=["GET"]))
+    )
+    budget = linkerd.RetryBudget()
+    [plain] = linkerd.profile(service, 80, budget, "cluster.local").routes
+    assert not plain.is_retryable
+    service.retried = True
+    [retried] = linkerd.profile(service, 80, budget, "cluster.local").routes
+    assert retried.is_retryable
+    assert retried.metrics_labels == {"route": "items"}

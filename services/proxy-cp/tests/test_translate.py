@@ -238,6 +238,38 @@ def test_outbound_routes_hosts_and_weights() -> None:
     assert [item["name"] for item in map(as_dict, resources.listeners)] == [names.OUTBOUND_LISTENER]
 
 
+def test_an_osm_retry_policy_is_on_every_route_of_its_service(
+    real_material: SecretMaterial,
+) -> None:
+    view = buyer_view()
+    [root] = [o for o in view.outbound if o.name == "bookstore"]
+    root.retry.CopyFrom(
+        pb.RetryPolicy(
+            policy="bookbuyer/retry",
+            retry_on="5xx,reset",
+            num_retries=0,
+            per_try_timeout=1.5,
+            backoff_base_interval=0.01,
+        )
+    )
+    resources = translate(view, ProxySettings(), real_material)
+    (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.OUTBOUND_ROUTES)
+    hosts = {h["name"]: h for h in routes["virtual_hosts"]}
+    retried = [r["route"]["retry_policy"] for r in hosts["bookstore/bookstore|14001"]["routes"]]
+    assert retried == [
+        {
+            "retry_on": "5xx,reset",
+            "num_retries": 0,  # set, so no retry at all: not Envoy's default of one
+            "per_try_timeout": "1.500s",
+            "retry_back_off": {"base_interval": "0.010s"},
+        }
+    ] * len(retried)
+    other = hosts["bookstore/bookstore-v1|14001"]["routes"][0]["route"]
+    assert "retry_policy" not in other
+    result = envoy.validate(static_bootstrap(resources))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_clusters_by_discovery_and_tls() -> None:
     found = {
         c["name"]: c

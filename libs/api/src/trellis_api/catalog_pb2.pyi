@@ -252,6 +252,7 @@ class OutboundService(_message.Message):
     HOSTNAMES_FIELD_NUMBER: _builtins.int
     ROUTES_FIELD_NUMBER: _builtins.int
     SPIFFE_IDS_FIELD_NUMBER: _builtins.int
+    RETRY_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     name: _builtins.str
     port: _builtins.int
@@ -269,6 +270,10 @@ class OutboundService(_message.Message):
     def spiffe_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The SPIFFE ids the destination's proxies present (upstream verification)."""
 
+    @_builtins.property
+    def retry(self) -> Global___RetryPolicy:
+        """The OSM Retry policy this identity's calls to the service follow, on every route."""
+
     def __init__(
         self,
         *,
@@ -279,14 +284,62 @@ class OutboundService(_message.Message):
         hostnames: _abc.Iterable[_builtins.str] | None = ...,
         routes: _abc.Iterable[Global___Route] | None = ...,
         spiffe_ids: _abc.Iterable[_builtins.str] | None = ...,
+        retry: Global___RetryPolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retry", b"retry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hostnames", b"hostnames", "name", b"name", "namespace", b"namespace", "port", b"port", "protocol", b"protocol", "routes", b"routes", "spiffe_ids", b"spiffe_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hostnames", b"hostnames", "name", b"name", "namespace", b"namespace", "port", b"port", "protocol", b"protocol", "retry", b"retry", "routes", b"routes", "spiffe_ids", b"spiffe_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OutboundService: _TypeAlias = OutboundService  # noqa: Y015
+
+@_typing.final
+class RetryPolicy(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    RETRY_ON_FIELD_NUMBER: _builtins.int
+    NUM_RETRIES_FIELD_NUMBER: _builtins.int
+    PER_TRY_TIMEOUT_FIELD_NUMBER: _builtins.int
+    BACKOFF_BASE_INTERVAL_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """"<namespace>/<name>" of the Retry."""
+    retry_on: _builtins.str
+    """Envoy's retry_on conditions, comma-separated."""
+    num_retries: _builtins.int
+    """Unset: Envoy's default (1 retry)."""
+    per_try_timeout: _builtins.float
+    """Seconds; unset: the route's timeout."""
+    backoff_base_interval: _builtins.float
+    """Seconds; unset: Envoy's 25 ms."""
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        retry_on: _builtins.str = ...,
+        num_retries: _builtins.int | None = ...,
+        per_try_timeout: _builtins.float | None = ...,
+        backoff_base_interval: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backoff_base_interval", b"_backoff_base_interval", "_num_retries", b"_num_retries", "_per_try_timeout", b"_per_try_timeout", "backoff_base_interval", b"backoff_base_interval", "num_retries", b"num_retries", "per_try_timeout", b"per_try_timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backoff_base_interval", b"_backoff_base_interval", "_num_retries", b"_num_retries", "_per_try_timeout", b"_per_try_timeout", "backoff_base_interval", b"backoff_base_interval", "num_retries", b"num_retries", "per_try_timeout", b"per_try_timeout", "policy", b"policy", "retry_on", b"retry_on"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__backoff_base_interval: _TypeAlias = _typing.Literal["backoff_base_interval"]  # noqa: Y015
+    _WhichOneofArgType__backoff_base_interval: _TypeAlias = _typing.Literal["_backoff_base_interval", b"_backoff_base_interval"]  # noqa: Y015
+    _WhichOneofReturnType__num_retries: _TypeAlias = _typing.Literal["num_retries"]  # noqa: Y015
+    _WhichOneofArgType__num_retries: _TypeAlias = _typing.Literal["_num_retries", b"_num_retries"]  # noqa: Y015
+    _WhichOneofReturnType__per_try_timeout: _TypeAlias = _typing.Literal["per_try_timeout"]  # noqa: Y015
+    _WhichOneofArgType__per_try_timeout: _TypeAlias = _typing.Literal["_per_try_timeout", b"_per_try_timeout"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__backoff_base_interval) -> _WhichOneofReturnType__backoff_base_interval | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__num_retries) -> _WhichOneofReturnType__num_retries | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__per_try_timeout) -> _WhichOneofReturnType__per_try_timeout | None: ...
+
+Global___RetryPolicy: _TypeAlias = RetryPolicy  # noqa: Y015
 
 @_typing.final
 class Route(_message.Message):
@@ -990,6 +1043,7 @@ class Destination(_message.Message):
     SPLITS_FIELD_NUMBER: _builtins.int
     SPLIT_FIELD_NUMBER: _builtins.int
     TRUST_DOMAIN_FIELD_NUMBER: _builtins.int
+    RETRIED_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     name: _builtins.str
     version: _builtins.str
@@ -997,6 +1051,8 @@ class Destination(_message.Message):
     """Where the split comes from ("<namespace>/<name>"), when there is one."""
     trust_domain: _builtins.str
     """Of the SPIFFE identities of its endpoints (spiffe://<trust_domain>/ns/<ns>/sa/<sa>)."""
+    retried: _builtins.bool
+    """Some source's calls to it are retried by an OSM Retry policy (profiles: is_retryable)."""
     @_builtins.property
     def addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Addresses clients may dial instead of a name: a Service's clusterIP, a
@@ -1032,10 +1088,11 @@ class Destination(_message.Message):
         splits: _abc.Iterable[Global___SplitBackend] | None = ...,
         split: _builtins.str = ...,
         trust_domain: _builtins.str = ...,
+        retried: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "hosts", b"hosts", "name", b"name", "namespace", b"namespace", "ports", b"ports", "routes", b"routes", "split", b"split", "splits", b"splits", "trust_domain", b"trust_domain", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "hosts", b"hosts", "name", b"name", "namespace", b"namespace", "ports", b"ports", "retried", b"retried", "routes", b"routes", "split", b"split", "splits", b"splits", "trust_domain", b"trust_domain", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,10 +10,10 @@ from trellis_common.documents.base import KindRegistry
 
 
 def all_kinds() -> KindRegistry:
-    """A registry of every kind Trellis reads (core, SMI, Istio, MeshConfig)."""
-    from trellis_common.documents import core, istio, meshconfig, smi
+    """A registry of every kind Trellis reads (core, SMI, Istio, MeshConfig, OSM policy)."""
+    from trellis_common.documents import core, istio, meshconfig, osm, smi
 
     registry = KindRegistry()
-    for module in (core, smi, istio, meshconfig):
+    for module in (core, smi, istio, meshconfig, osm):
         module.register(registry)
     return registry

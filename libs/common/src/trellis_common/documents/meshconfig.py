@@ -168,7 +168,12 @@ class ObservabilityConfig(StrictModel):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
 
 
+class FeatureFlags(StrictModel):
+    enable_retry_policy: Bool = Field(default=False, alias="enableRetryPolicy")
+
+
 class _SpecFields(StrictModel):
+    feature_flags: FeatureFlags = Field(default_factory=FeatureFlags, alias="featureFlags")
     traffic: TrafficConfig = Field(default_factory=TrafficConfig)
     certificate: CertificateConfig = Field(default_factory=CertificateConfig)
     sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
@@ -210,6 +215,10 @@ class _OsmTracing(TracingConfig):
     model_config = _LENIENT
 
 
+class _OsmFeatureFlags(FeatureFlags):
+    model_config = _LENIENT
+
+
 class _OsmObservability(ObservabilityConfig):
     model_config = _LENIENT
     tracing: _OsmTracing = Field(default_factory=_OsmTracing)
@@ -219,6 +228,7 @@ class OsmMeshConfigSpec(_SpecFields):
     """``config.openservicemesh.io/v1alpha2``: the fields Trellis uses; the rest is ignored."""
 
     model_config = _LENIENT
+    feature_flags: _OsmFeatureFlags = Field(default_factory=_OsmFeatureFlags, alias="featureFlags")
     traffic: _OsmTraffic = Field(default_factory=_OsmTraffic)
     certificate: _OsmCertificate = Field(default_factory=_OsmCertificate)
     sidecar: _OsmSidecar = Field(default_factory=_OsmSidecar)
@@ -248,6 +258,7 @@ class MeshConfigSettings:
     trust_domain: str | None = None
     sidecar_log_level: LogLevel | None = None
     tracing: TracingSettings | None = None
+    retry_policy: bool = False  # featureFlags.enableRetryPolicy: OSM Retry policies apply
 
 
 def _settings(spec: _SpecFields, trust_domain: str | None) -> MeshConfigSettings:
@@ -263,6 +274,7 @@ def _settings(spec: _SpecFields, trust_domain: str | None) -> MeshConfigSettings
             if tracing.enable and tracing.address
             else None
         ),
+        retry_policy=spec.feature_flags.enable_retry_policy,
     )
 
 

@@ -15,6 +15,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.requests += 1
+        if self.server.take_failure():
+            self.send_response(503)
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
         body = json.dumps(
             {
                 "app": self.server.name,
@@ -39,7 +44,16 @@ class AppServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
         self.name = name
         self.requests = 0
+        self.fail_next = 0  # answer this many of the next requests 503 (retry tests)
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    def take_failure(self) -> bool:
+        with self._lock:
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                return True
+            return False
 
     @property
     def port(self) -> int:

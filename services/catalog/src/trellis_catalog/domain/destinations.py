@@ -42,6 +42,7 @@ class Destination:
     splits: tuple[WeightedService, ...]
     split: str  # "<namespace>/<name>" of the TrafficSplit, or ""
     trust_domain: str
+    retried: bool = False  # an OSM Retry policy (in force) names it
 
 
 def _addresses(known: KnownService, spec: MeshSpec) -> tuple[str, ...]:
@@ -88,6 +89,7 @@ def build(known: KnownService, spec: MeshSpec, account: str, trust_domain: str) 
         splits=backends,
         split=spec.split_names.get(known.service, ""),
         trust_domain=trust_domain,
+        retried=spec.retried(known.service),
     )
 
 

@@ -19,6 +19,8 @@ Why a call is allowed or denied, in words (CheckPolicy), is :mod:`.access`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import timedelta
 
 from trellis_catalog.domain import inbound
 from trellis_catalog.domain.inbound import http_match
@@ -32,6 +34,7 @@ from trellis_catalog.domain.views import (
     IdentityPolicy,
     MeshSettings,
     OutboundService,
+    RetryPolicy,
     Route,
     WeightedCluster,
 )
@@ -39,6 +42,10 @@ from trellis_common.documents import smi
 from trellis_common.model import MeshService, ServiceAccount, WeightedService
 
 AccountOf = Callable[[MeshService], str]
+
+
+def _seconds(duration: timedelta | None) -> float | None:
+    return duration.total_seconds() if duration is not None else None
 
 
 def hostnames(
@@ -134,6 +141,7 @@ class PolicyBuilder:
             outbound += self._direct(known, clusters)
         for root, split, backends in self._splits:
             outbound += self._split(root, split, backends, source, clusters)
+        outbound = [self._retried(o, source) for o in outbound]
         external = self._external(identity.namespace, clusters)
         return IdentityPolicy(
             identity=identity,
@@ -147,6 +155,24 @@ class PolicyBuilder:
         )
 
     # -- outbound ---------------------------------------------------------------------
+
+    def _retried(self, outbound: OutboundService, source: ServiceAccount) -> OutboundService:
+        """``outbound`` with the Retry policy for ``source``'s calls to it, if one applies
+        (on every route: OSM applies it per upstream service); TCP has no retries."""
+        if outbound.protocol == "tcp":
+            return outbound
+        found = self.spec.retry_for(source, MeshService(outbound.namespace, outbound.name))
+        if found is None:
+            return outbound
+        name, policy = found
+        retry = RetryPolicy(
+            policy=name,
+            retry_on=policy.retry_on,
+            num_retries=policy.num_retries,
+            per_try_timeout=_seconds(policy.per_try_timeout),
+            backoff_base_interval=_seconds(policy.retry_backoff_base_interval),
+        )
+        return replace(outbound, retry=retry)
 
     def _spiffe(self, services: list[MeshService]) -> tuple[str, ...]:
         found = set()

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from trellis_common.documents import core, istio, meshconfig, smi
+from trellis_common.documents import core, istio, meshconfig, osm, smi
 from trellis_common.documents.base import Document, DocumentError, DocumentKey, UnreadKind
 from trellis_common.model import MeshService, ServiceAccount
 
@@ -27,6 +27,7 @@ KINDS = (
     "TCPRoute",
     "ServiceEntry",
     "MeshConfig",
+    "Retry",
 )
 
 
@@ -75,6 +76,7 @@ class MeshSpec:
     service_entries: list[tuple[DocumentKey, istio.ServiceEntrySpec]] = field(default_factory=list)
     settings: meshconfig.MeshConfigSettings | None = None
     statuses: dict[str, Status] = field(default_factory=dict)
+    retries: list[tuple[str, osm.Retry]] = field(default_factory=list)  # by "<ns>/<name>"
 
     @property
     def permissive(self) -> bool:
@@ -83,6 +85,29 @@ class MeshSpec:
     @property
     def egress(self) -> bool:
         return self.settings.egress if self.settings else False
+
+    @property
+    def retry_enabled(self) -> bool:
+        return self.settings.retry_policy if self.settings else False
+
+    def retry_for(
+        self, source: ServiceAccount, destination: MeshService
+    ) -> tuple[str, osm.RetryPolicySpec] | None:
+        """The Retry policy (its name and spec) for calls from ``source`` to
+        ``destination``: the first by namespace/name, and none while MeshConfig's
+        ``featureFlags.enableRetryPolicy`` is off (OSM's ``getRetryPolicy``)."""
+        if not self.retry_enabled:
+            return None
+        for name, retry in self.retries:
+            if retry.source_account() == source and destination in retry.destination_services():
+                return name, retry.spec.retry_policy
+        return None
+
+    def retried(self, destination: MeshService) -> bool:
+        """Some source's calls to ``destination`` are retried (a profile's view of it)."""
+        return self.retry_enabled and any(
+            destination in retry.destination_services() for _, retry in self.retries
+        )
 
     def grants_to(self, account: ServiceAccount) -> list[Grant]:
         return self.grants.get(account, [])
@@ -162,6 +187,10 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
             tcp_routes[(key.namespace, key.name)] = resource
         elif isinstance(resource, istio.ServiceEntry):
             spec.service_entries.append((key, resource.spec))
+        elif isinstance(resource, osm.Retry):
+            spec.retries.append((f"{key.namespace}/{key.name}", resource))
+            if resource.skipped():
+                status = _status(document, "warning", "; ".join(resource.skipped()))
         elif isinstance(resource, meshconfig.MeshConfig | meshconfig.OsmMeshConfig):
             if spec.settings is not None:
                 status = _status(
@@ -177,6 +206,15 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
         if problems:
             state = "warning" if grant.rules else "error"
             spec.statuses[str(document.key)] = _status(document, state, "; ".join(problems))
+    if not spec.retry_enabled:
+        for name, _ in spec.retries:
+            retry_key = f"Retry {name}"
+            if spec.statuses[retry_key].state == "valid":
+                spec.statuses[retry_key] = replace(
+                    spec.statuses[retry_key],
+                    state="warning",
+                    reason="has no effect: MeshConfig spec.featureFlags.enableRetryPolicy is off",
+                )
     for root, split in spec.splits.items():
         missing = [
             b.service

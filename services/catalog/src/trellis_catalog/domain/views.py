@@ -62,6 +62,17 @@ class Route:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """An OSM Retry policy as the client's routes to one service apply it."""
+
+    policy: str  # "<namespace>/<name>" of the Retry
+    retry_on: str
+    num_retries: int | None = None  # None: Envoy's default (1)
+    per_try_timeout: float | None = None  # seconds; None: the route's timeout
+    backoff_base_interval: float | None = None  # seconds; None: Envoy's 25 ms
+
+
+@dataclass(frozen=True, slots=True)
 class OutboundService:
     namespace: str
     name: str
@@ -70,6 +81,7 @@ class OutboundService:
     hostnames: tuple[str, ...]
     routes: tuple[Route, ...]
     spiffe_ids: tuple[str, ...]
+    retry: RetryPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)

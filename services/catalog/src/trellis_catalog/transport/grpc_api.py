@@ -22,7 +22,13 @@ from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.destinations import Destination
-from trellis_catalog.domain.views import ClusterState, HttpMatch, IdentityPolicy, Route
+from trellis_catalog.domain.views import (
+    ClusterState,
+    HttpMatch,
+    IdentityPolicy,
+    RetryPolicy,
+    Route,
+)
 from trellis_catalog.transport import grpc_requests
 from trellis_common import messages
 from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
@@ -43,6 +49,18 @@ def _route(route: Route) -> pb.Route:
         name=route.name,
         match=_match(route.match),
         clusters=[pb.WeightedCluster(cluster=c.cluster, weight=c.weight) for c in route.clusters],
+    )
+
+
+def _retry(retry: RetryPolicy | None) -> pb.RetryPolicy | None:
+    if retry is None:
+        return None
+    return pb.RetryPolicy(
+        policy=retry.policy,
+        retry_on=retry.retry_on,
+        num_retries=retry.num_retries,
+        per_try_timeout=retry.per_try_timeout,
+        backoff_base_interval=retry.backoff_base_interval,
     )
 
 
@@ -86,6 +104,7 @@ def destination_proto(catalog: Catalog, record: Destination) -> pb.Destination:
         ],
         split=record.split,
         trust_domain=record.trust_domain,
+        retried=record.retried,
     )
 
 
@@ -117,6 +136,7 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
                 hostnames=o.hostnames,
                 routes=[_route(r) for r in o.routes],
                 spiffe_ids=o.spiffe_ids,
+                retry=_retry(o.retry),
             )
             for o in policy.outbound
         ],

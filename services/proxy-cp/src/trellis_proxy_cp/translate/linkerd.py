@@ -350,7 +350,7 @@ def profile(
                 condition=request_match(route.match),
                 response_classes=[_server_errors()],
                 metrics_labels={"route": route.name},
-                is_retryable=False,
+                is_retryable=destination.retried,
             )
         )
     answer.dst_overrides.extend(overrides(destination, port, cluster_domain))

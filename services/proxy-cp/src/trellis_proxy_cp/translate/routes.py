@@ -50,7 +50,31 @@ def route_match(match: catalog_pb2.HttpMatch) -> rc.RouteMatch:
     return route
 
 
-def _action(route: catalog_pb2.Route) -> rc.RouteAction:
+def retry_policy(retry: catalog_pb2.RetryPolicy) -> rc.RetryPolicy:
+    """An OSM Retry policy as Envoy's (OSM's ``buildRetryPolicy``): what is unset keeps
+    Envoy's default (1 retry, the route's timeout per try, 25 ms backoff base)."""
+    policy = rc.RetryPolicy(retry_on=retry.retry_on)
+    if retry.HasField("num_retries"):
+        policy.num_retries.value = retry.num_retries
+    if retry.HasField("per_try_timeout"):
+        policy.per_try_timeout.FromNanoseconds(round(retry.per_try_timeout * 1e9))
+    if retry.HasField("backoff_base_interval") and retry.backoff_base_interval > 0:
+        policy.retry_back_off.base_interval.FromNanoseconds(
+            round(retry.backoff_base_interval * 1e9)
+        )
+    return policy
+
+
+def _action(
+    route: catalog_pb2.Route, retry: catalog_pb2.RetryPolicy | None = None
+) -> rc.RouteAction:
+    action = _destination(route)
+    if retry is not None:
+        action.retry_policy.CopyFrom(retry_policy(retry))
+    return action
+
+
+def _destination(route: catalog_pb2.Route) -> rc.RouteAction:
     clusters = [c for c in route.clusters if c.weight > 0]
     if len(clusters) == 1:
         return rc.RouteAction(cluster=clusters[0].cluster)
@@ -76,8 +100,9 @@ def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
         if not domains:
             continue
         taken.update(domains)
+        retry = service.retry if service.HasField("retry") else None
         routes = [
-            rc.Route(name=route.name, match=route_match(route.match), route=_action(route))
+            rc.Route(name=route.name, match=route_match(route.match), route=_action(route, retry))
             for route in service.routes
             if any(c.weight > 0 for c in route.clusters)
         ]

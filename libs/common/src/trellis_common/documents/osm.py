@@ -1,0 +1,145 @@
+"""OSM's policy API (``policy.openservicemesh.io/v1alpha1``): ``Retry``.
+
+Field names, requirements and meanings are OSM v1.2's (``pkg/apis/policy/v1alpha1``, its CRD
+``retries.policy.openservicemesh.io`` and ``pkg/catalog/retry.go``):
+
+- ``spec.source`` is a ServiceAccount (kind, name and namespace are all required);
+- ``spec.destinations`` are Services; OSM's code skips a destination of another kind with an
+  error log, so it is reported here as the document's warning and skipped, not fatal;
+- ``spec.retryPolicy.retryOn`` (required) is Envoy's ``retry_on`` list, comma-separated;
+  ``numRetries`` counts retries (a request runs at most numRetries + 1 times; Envoy's default,
+  1, when unset), ``perTryTimeout`` and ``retryBackoffBaseInterval`` are Go durations.
+
+A policy applies only while MeshConfig ``spec.featureFlags.enableRetryPolicy`` is on (the
+catalog checks that, as OSM does).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Final
+
+from pydantic import Field, Strict, field_validator
+
+from trellis_common import model
+from trellis_common.documents.base import KindRegistry, Resource, StrictModel
+from trellis_common.documents.meshconfig import parse_go_duration
+from trellis_common.documents.smi import Namespace, ObjectName
+
+POLICY_API_VERSIONS: Final = ("policy.openservicemesh.io/v1alpha1",)
+#: Envoy's retry_on conditions for HTTP (router filter docs, x-envoy-retry-on and
+#: x-envoy-retry-grpc-on).
+RETRY_ON: Final = frozenset(
+    {
+        "5xx",
+        "gateway-error",
+        "reset",
+        "reset-before-request",
+        "connect-failure",
+        "envoy-ratelimited",
+        "retriable-4xx",
+        "refused-stream",
+        "retriable-status-codes",
+        "retriable-headers",
+        "http3-post-connect-failure",
+        "cancelled",
+        "deadline-exceeded",
+        "internal",
+        "resource-exhausted",
+        "unavailable",
+    }
+)
+
+
+class RetrySource(StrictModel):
+    kind: str
+    name: ObjectName
+    namespace: Namespace
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if value != "ServiceAccount":
+            raise ValueError(f"must be 'ServiceAccount' (a Retry's source is one), got {value!r}")
+        return value
+
+
+class RetryDestination(StrictModel):
+    kind: str
+    name: ObjectName
+    namespace: Namespace
+
+
+def _duration(value: object) -> timedelta | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"must be a Go duration string such as '1s', got {value!r}")
+    duration = parse_go_duration(value)
+    if duration < timedelta(0):
+        raise ValueError(f"must not be negative, got {value!r}")
+    return duration
+
+
+class RetryPolicySpec(StrictModel):
+    retry_on: str = Field(alias="retryOn")
+    num_retries: Annotated[int, Strict()] | None = Field(
+        default=None, alias="numRetries", ge=0, le=2**32 - 1
+    )
+    per_try_timeout: timedelta | None = Field(default=None, alias="perTryTimeout")
+    retry_backoff_base_interval: timedelta | None = Field(
+        default=None, alias="retryBackoffBaseInterval"
+    )
+
+    @field_validator("retry_on")
+    @classmethod
+    def _retry_on(cls, value: str) -> str:
+        conditions = [c.strip() for c in value.split(",")]
+        if not value.strip() or any(not c for c in conditions):
+            raise ValueError(f"must list Envoy retry conditions separated by commas, got {value!r}")
+        unknown = [c for c in conditions if c not in RETRY_ON]
+        if unknown:
+            raise ValueError(
+                f"unknown retry condition(s) {', '.join(map(repr, unknown))}; Envoy knows "
+                + ", ".join(sorted(RETRY_ON))
+            )
+        return ",".join(conditions)
+
+    @field_validator("per_try_timeout", "retry_backoff_base_interval", mode="plain")
+    @classmethod
+    def _durations(cls, value: object) -> timedelta | None:
+        return _duration(value)
+
+
+class RetrySpec(StrictModel):
+    source: RetrySource
+    destinations: tuple[RetryDestination, ...] = Field(min_length=1)
+    retry_policy: RetryPolicySpec = Field(alias="retryPolicy")
+
+
+class Retry(Resource[RetrySpec]):
+    """An OSM Retry policy: retries of outbound requests from one service account to some
+    services."""
+
+    def source_account(self) -> model.ServiceAccount:
+        return model.ServiceAccount(self.spec.source.namespace, self.spec.source.name)
+
+    def destination_services(self) -> tuple[model.MeshService, ...]:
+        """The destinations of kind Service (OSM skips the others)."""
+        return tuple(
+            model.MeshService(d.namespace, d.name)
+            for d in self.spec.destinations
+            if d.kind == "Service"
+        )
+
+    def skipped(self) -> tuple[str, ...]:
+        """Why some destinations are skipped (not Services), for the document's status."""
+        return tuple(
+            f"spec.destinations[{i}]: kind {d.kind!r} is not 'Service'; skipped, as OSM does"
+            for i, d in enumerate(self.spec.destinations)
+            if d.kind != "Service"
+        )
+
+
+def register(registry: KindRegistry) -> None:
+    registry.register("Retry", POLICY_API_VERSIONS, Retry)
