@@ -291,6 +291,21 @@ class Discovery:
         found = self.destination(target)
         return linkerd.set_labels(found.namespace, found.name) if found is not None else {}
 
+    def endpoint_steps(
+        self, target: linkerd.Authority, convert: Callable[[dpb.Update], Any] = lambda u: u
+    ) -> Callable[[], list[Any]]:
+        """A ``Get`` stream's step: the updates from what it sent last to what is true now,
+        each passed through ``convert`` (the conduit API's messages)."""
+        sent: list[Resolved] = []
+
+        def step() -> list[Any]:
+            now = self.resolve(target)
+            updates = get_updates(sent[-1] if sent else None, now, self.labels(target))
+            sent[:] = [now]
+            return [convert(u) for u in updates]
+
+        return step
+
     # -- the stream loop -----------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -373,15 +388,7 @@ class LinkerdDestination(dpb_grpc.DestinationServicer):
             token.pod,
             token.node_name,
         )
-        sent: list[Resolved] = []
-
-        def step() -> list[dpb.Update]:
-            now = discovery.resolve(target)
-            updates = get_updates(sent[-1] if sent else None, now, discovery.labels(target))
-            sent[:] = [now]
-            return updates
-
-        await discovery.stream(context, "Get", target, step)
+        await discovery.stream(context, "Get", target, discovery.endpoint_steps(target))
 
     async def GetProfile(self, request: dpb.GetDestination, context: Context) -> None:  # type: ignore[override]
         discovery = self.discovery
@@ -405,13 +412,7 @@ class ConduitDestination(conduit_grpc.DestinationServicer):
     async def Get(self, request: conduit_common.Destination, context: Context) -> None:  # type: ignore[override]
         discovery = self.discovery
         target = await discovery.admit(context, request.path)
-        sent: list[Resolved] = []
-
-        def step() -> list[conduit.Update]:
-            now = discovery.resolve(target)
-            updates = get_updates(sent[-1] if sent else None, now, discovery.labels(target))
-            sent[:] = [now]
-            return [to_conduit(u) for u in updates]
+        step = discovery.endpoint_steps(target, to_conduit)
 
         def heartbeat() -> conduit.Update:
             return conduit.Update(add=conduit.WeightedAddrSet())
