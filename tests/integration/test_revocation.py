@@ -128,12 +128,15 @@ def test_narrowing_a_route_refuses_the_next_request_on_a_pooled_connection(
     )
     push = pushed(mesh, (v1, v2), rds)
 
-    assert judged_by_new_rules(load, push) == [403, 403, 403], load.seen
+    # no allowed route matches any more: 404 from the destination's sidecar, as in OSM
+    assert judged_by_new_rules(load, push) == [404, 404, 404], load.seen
     assert load.errors == []
     # the listeners stayed as they were, and the pooled connections stayed open
     assert {s.common_name: listener_state(mesh, s) for s in (v1, v2)} == listeners
     assert closed_upstream(buyer) == closed
-    assert v1.envoy.stat("http.inbound.rbac.denied") + v2.envoy.stat("http.inbound.rbac.denied")
+    assert v1.envoy.stat("http.inbound.rq_direct_response") + v2.envoy.stat(
+        "http.inbound.rq_direct_response"
+    )  # the inbound 404 route answered them
 
 
 def test_permissive_off_refuses_the_next_request_outside_the_traffic_target(
@@ -161,7 +164,7 @@ def test_permissive_off_refuses_the_next_request_outside_the_traffic_target(
     )
     push = pushed(mesh, (v1, v2), rds)
 
-    assert judged_by_new_rules(load, push) == [403, 403, 403], load.seen
+    assert judged_by_new_rules(load, push) == [404, 404, 404], load.seen  # no route allows it
     assert load.errors == []
     assert {s.common_name: listener_state(mesh, s) for s in (v1, v2)} == listeners
     assert closed_upstream(buyer) == closed

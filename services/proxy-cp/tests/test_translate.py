@@ -309,14 +309,32 @@ def test_endpoints_by_locality_with_weights() -> None:
     ] == ["10.0.0.1", "10.0.0.2"]
 
 
-def inbound_route_rbac(resources: Resources) -> dict[str, Any]:
-    """The RBAC rules the inbound route carries (its ``RBACPerRoute``)."""
+METHOD_GET = [{"name": ":method", "string_match": {"exact": "GET"}}]
+FIREFOX = {"safe_regex": {"regex": ".*Firefox.*"}}
+
+
+def inbound_routes(resources: Resources) -> list[dict[str, Any]]:
+    """The inbound routes before the last, which answers 404 itself (checked here)."""
     routes = {r["name"]: r for r in map(as_dict, resources.routes)}
     (host,) = routes[names.INBOUND_ROUTES]["virtual_hosts"]
-    (route,) = host["routes"]
-    per_route: dict[str, Any] = route["typed_per_filter_config"]["envoy.filters.http.rbac"]
-    assert per_route["@type"].endswith("rbac.v3.RBACPerRoute")
-    rules: dict[str, Any] = per_route["rbac"]["rules"]
+    *found, unrouted = host["routes"]
+    assert unrouted["direct_response"] == {"status": 404}
+    assert unrouted["match"] == {"prefix": "/"}
+    per_route = unrouted["typed_per_filter_config"]["envoy.filters.http.rbac"]
+    assert set(per_route) == {"@type"}  # no rbac: RBAC is off for the 404 route only
+    return found
+
+
+def inbound_route_rbac(resources: Resources) -> dict[str, Any]:
+    """The RBAC rules the inbound routes carry (their ``RBACPerRoute``): the same on each."""
+    carried = []
+    for route in inbound_routes(resources):
+        per_route = route["typed_per_filter_config"]["envoy.filters.http.rbac"]
+        assert per_route["@type"].endswith("rbac.v3.RBACPerRoute")
+        carried.append(per_route["rbac"]["rules"])
+    assert carried, "no inbound route"
+    assert all(rules == carried[0] for rules in carried)
+    rules: dict[str, Any] = carried[0]
     return rules
 
 
@@ -340,17 +358,22 @@ def test_inbound_mtls_and_rbac_from_traffic_targets() -> None:
         first["and_rules"]["rules"][0]["url_path"]["path"]["safe_regex"]["regex"] == "/books-bought"
     )
     assert second["and_rules"]["rules"][0]["header"]["name"] == "user-agent"
+    # one route per allowed match (OSM: no route, 404; a route not allowed, 403)
+    assert [r["match"] for r in inbound_routes(resources)] == [
+        {"safe_regex": {"regex": "/books-bought"}, "headers": METHOD_GET},
+        {"prefix": "/", "headers": [{"name": "user-agent", "string_match": FIREFOX}]},
+    ]
     app = {c["name"]: c for c in map(as_dict, resources.clusters)}["inbound|14001"]
     assert app["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
         "socket_address"
     ] == {"address": "127.0.0.1", "port_value": 8081}
 
 
-def test_no_rule_means_a_route_rbac_with_no_policy_and_permissive_allows_any() -> None:
+def test_no_rule_means_no_route_and_permissive_allows_any_request() -> None:
     denied = translate(store_view(rules=False), ProxySettings(), MATERIAL)
-    # ALLOW with no policy, and present: an RBACPerRoute without rules would allow anything
-    assert inbound_route_rbac(denied) == {}
+    assert inbound_routes(denied) == []  # every request finds no route: 404, as in OSM
     allowed = translate(store_view(rules=False, permissive=True), ProxySettings(), MATERIAL)
+    assert [r["match"] for r in inbound_routes(allowed)] == [{"prefix": "/"}]
     assert "permissive" in inbound_route_rbac(allowed)["policies"]
 
 
@@ -370,7 +393,7 @@ def test_a_policy_change_keeps_the_http_listener_byte_identical(changed: pb.View
     assert [m.SerializeToString(deterministic=True) for m in before.listeners] == [
         m.SerializeToString(deterministic=True) for m in after.listeners
     ]
-    assert inbound_route_rbac(before) != inbound_route_rbac(after)
+    assert inbound_routes(before) != inbound_routes(after)
 
 
 def test_a_tcp_policy_change_replaces_only_the_filter_chain() -> None:

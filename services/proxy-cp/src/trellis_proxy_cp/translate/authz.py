@@ -14,7 +14,9 @@ now"):
   configuration only: the listener stays byte-identical (its LDS version does not move), no
   connection is drained, and Envoy judges the next request on every pooled connection by
   the new rules, since each HTTP stream takes the route configuration current when it
-  starts. A request that somehow matches no route meets the deny-all base rules.
+  starts. A request that matches no allowed route lands on the last route, which answers
+  404 itself (OSM's code for it) and switches RBAC off for itself only: there is nothing
+  behind it to protect.
 - **TCP**: RBAC is a network filter, judged once per connection, so the rules must be in
   the listener's filter chain and a change replaces that chain. Envoy updates the listener
   in place ("filter chain only update"): new connections meet the new chain at once, and the
@@ -122,3 +124,10 @@ def per_route(port: catalog_pb2.InboundPort) -> dict[str, any_pb2.Any]:
     """
     override = http_rbac_pb2.RBACPerRoute(rbac=http_rbac_pb2.RBAC(rules=rules(port, http=True)))
     return {HTTP_RBAC: pack(override)}
+
+
+def unrouted() -> dict[str, any_pb2.Any]:
+    """The ``typed_per_filter_config`` of the inbound 404 route (a ``direct_response``, no
+    upstream): an ``RBACPerRoute`` without ``rbac`` turns RBAC off for that route, so the
+    answer is OSM's 404, not the listener's deny-all 403."""
+    return {HTTP_RBAC: pack(http_rbac_pb2.RBACPerRoute())}

@@ -144,28 +144,51 @@ def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
 def inbound(
     view: catalog_pb2.View, ports: list[catalog_pb2.InboundPort]
 ) -> route_pb2.RouteConfiguration:
-    """One route to the local application, carrying the port's RBAC rules.
+    """The routes to the local application: one per distinct HTTP match the port's rules
+    allow (a catch-all in permissive mode or for a rule of whole routes), each carrying all
+    of the port's RBAC rules.
 
-    The rules are the route's ``typed_per_filter_config`` (``authz.per_route``), so a
-    policy change is an RDS update that the next request already sees; the listener's own
-    RBAC filter denies everything and never changes.
+    OSM's status codes follow (docs/osm-compatibility.md): a request that matches no
+    allowed route finds no route, 404; one that matches a route its source is not allowed
+    on is refused by RBAC, 403. Every route carries the whole rule set, so which route a
+    request lands on never changes who is allowed. The rules ride on the routes
+    (``authz.per_route``), so a policy change is an RDS update that the next request already
+    sees; the listener's own RBAC filter denies everything and never changes.
     """
-    return route_pb2.RouteConfiguration(
-        name=names.INBOUND_ROUTES,
-        virtual_hosts=[
-            rc.VirtualHost(
-                name=f"inbound|{port.port}",
-                domains=["*"],
-                routes=[
-                    rc.Route(
-                        name=f"inbound|{port.port}",
-                        match=rc.RouteMatch(prefix="/"),
-                        route=rc.RouteAction(cluster=names.inbound_cluster(port.port)),
-                        typed_per_filter_config=authz.per_route(port),
-                    )
-                ],
+    hosts = []
+    for port in ports[:1]:
+        if port.protocol not in HTTP_PROTOCOLS:
+            continue
+        rbac = authz.per_route(port)
+        action = rc.RouteAction(cluster=names.inbound_cluster(port.port))
+        routes = [
+            rc.Route(
+                name=f"inbound|{port.port}|{index}",
+                match=route_match(match),
+                route=action,
+                typed_per_filter_config=rbac,
             )
-            for port in ports[:1]
-            if port.protocol in HTTP_PROTOCOLS
-        ],
-    )
+            for index, match in enumerate(_allowed_matches(port))
+        ]
+        routes.append(
+            rc.Route(
+                name=f"inbound|{port.port}|no-route",
+                match=rc.RouteMatch(prefix="/"),
+                direct_response=rc.DirectResponseAction(status=404),
+                typed_per_filter_config=authz.unrouted(),
+            )
+        )
+        hosts.append(rc.VirtualHost(name=f"inbound|{port.port}", domains=["*"], routes=routes))
+    return route_pb2.RouteConfiguration(name=names.INBOUND_ROUTES, virtual_hosts=hosts)
+
+
+def _allowed_matches(port: catalog_pb2.InboundPort) -> list[catalog_pb2.HttpMatch]:
+    """The distinct matches of the port's rules, in order; one catch-all when any rule (or
+    permissive mode) allows every request."""
+    if port.allow_any or any(not rule.http for rule in port.rules):
+        return [catalog_pb2.HttpMatch()]
+    found: dict[bytes, catalog_pb2.HttpMatch] = {}
+    for rule in port.rules:
+        for match in rule.http:
+            found.setdefault(match.SerializeToString(deterministic=True), match)
+    return list(found.values())
