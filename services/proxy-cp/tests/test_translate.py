@@ -317,7 +317,8 @@ def inbound_routes(resources: Resources) -> list[dict[str, Any]]:
     """The inbound routes before the last, which answers 404 itself (checked here)."""
     routes = {r["name"]: r for r in map(as_dict, resources.routes)}
     (host,) = routes[names.INBOUND_ROUTES]["virtual_hosts"]
-    *found, unrouted = host["routes"]
+    routes_of_host: list[dict[str, Any]] = host["routes"]
+    *found, unrouted = routes_of_host
     assert unrouted["direct_response"] == {"status": 404}
     assert unrouted["match"] == {"prefix": "/"}
     per_route = unrouted["typed_per_filter_config"]["envoy.filters.http.rbac"]
