@@ -17,7 +17,7 @@ from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.domain.views import Identity
 from trellis_catalog.sources import kinds
-from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer
+from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer, to_proto
 from trellis_common.health import Health
 from trellis_common.specdir import load_paths
 from trellis_common.testing.bell import Bell
@@ -276,3 +276,23 @@ async def test_every_rpc_refuses_invalid_requests_naming_the_field_and_counts_th
     assert api.metrics.get_sample_value("trellis_rejected_records_total", {"source": "grpc"}) == 1
     assert api.catalog.proxies == proxies
     assert not api.catalog.proxies[BUYER_PROXY].connected
+
+
+def test_a_view_carries_only_the_endpoints_its_identity_may_reach(api: Api) -> None:
+    two_accounts = replace(
+        V1_MOVED,
+        endpoints=(
+            ProvidedEndpoint("10.0.0.9", (("http", 8081),), service_account="bookstore"),
+            ProvidedEndpoint("10.0.0.8", (("http", 8081),), service_account="bookstore-canary"),
+        ),
+    )
+    api.catalog.update_provider_service("vm", "bookstore", "bookstore-v1", two_accounts)
+    api.catalog.flush()
+    view = to_proto(api.catalog, api.catalog.policy_for(BUYER))
+    [cluster] = [c for c in view.clusters if c.name == "bookstore/bookstore-v1|14001"]
+    # the example's TrafficTarget lets bookbuyer call the account bookstore only
+    assert [e.address for e in cluster.endpoints] == ["10.0.0.9"]
+    assert list(cluster.spiffe_ids) == ["spiffe://cluster.local/ns/bookstore/sa/bookstore"]
+    # the cluster itself keeps both, for views that may reach both
+    state = api.catalog.clusters["bookstore/bookstore-v1|14001"]
+    assert sorted(e.address for e in state.endpoints) == ["10.0.0.8", "10.0.0.9"]

@@ -656,3 +656,33 @@ def test_explain_in_permissive_mode(mesh: Mesh) -> None:
     assert "permissive traffic policy mode is on" in decision.reason
     unknown = explain(builder, ServiceAccount("shop", "thief"), MeshService("shop", "ghost"))
     assert not unknown.allowed  # permissive mode does not invent services
+
+
+# -- endpoints by service account (OSM) --------------------------------------------------
+
+
+def test_a_client_reaches_only_the_endpoints_whose_account_it_may_call(
+    mesh: Mesh, report: Report, endpoint: Endpoint
+) -> None:
+    """api's workloads run as two accounts; the TrafficTarget allows web to call one of
+    them. OSM sends web only that account's endpoints (else a share of its requests would
+    meet the other account's RBAC)."""
+    api = report(
+        "shop/api",
+        endpoint("10.0.0.1", {"http": 8080}, service_account="api"),
+        endpoint("10.0.0.2", {"http": 8080}, service_account="api-canary"),
+        endpoint("10.0.0.3", {"http": 8080}),
+    )
+    builder = mesh(docs(SHOP, WEB_TO_API), api, accounts={"shop/api": "api"})
+    web = builder.build(WEB, "web")
+    [ref] = [c for c in web.clusters if c.name == "shop/api|80"]
+    assert ref.accounts == ("", "api")  # "": the endpoint naming none runs as the service's
+    canary = target("web-to-canary", "api-canary", WEB_SOURCE)
+    both = mesh(docs(SHOP, WEB_TO_API, canary), api, accounts={"shop/api": "api"})
+    [ref] = [c for c in both.build(WEB, "web").clusters if c.name == "shop/api|80"]
+    assert ref.accounts == ()  # all of them: no filter
+    only_canary = mesh(docs(SHOP, canary), api, accounts={"shop/api": "api"})
+    [ref] = [c for c in only_canary.build(WEB, "web").clusters if c.name == "shop/api|80"]
+    assert ref.accounts == ("api-canary",)  # callable through a minority account too
+    permissive = mesh(docs(SHOP, PERMISSIVE), api, accounts={"shop/api": "api"})
+    assert all(c.accounts == () for c in permissive.build(WEB, "web").clusters)

@@ -99,7 +99,8 @@ class PolicyBuilder:
         self._by_account: dict[ServiceAccount, list[MeshService]] = {}
         for service, known in services.items():
             if not known.external:
-                self._by_account.setdefault(self.account(service), []).append(service)
+                for account in self.accounts(service):
+                    self._by_account.setdefault(account, []).append(service)
         self._external_services = [k for k in services.values() if k.external]
         self._splits = [
             (root, split, split.weighted_services()) for root, split in spec.splits.items()
@@ -114,18 +115,54 @@ class PolicyBuilder:
             )
         return found
 
+    def accounts(self, service: MeshService) -> tuple[ServiceAccount, ...]:
+        """Every account the service's workloads run as (an endpoint without one runs as
+        the service's account), the service's account first."""
+        main = self.account(service)
+        known = self.services.get(service)
+        found = dict.fromkeys([main])
+        for endpoint in known.endpoints if known is not None else ():
+            if endpoint.service_account:
+                found[ServiceAccount(service.namespace, endpoint.service_account)] = None
+        return tuple(found)
+
     def may_call(self, source: ServiceAccount, destination: MeshService) -> bool:
+        """Some workload of ``destination`` runs as an account ``source`` may call."""
         if self.spec.permissive:
             return True
-        return self.account(destination) in self._allowed.get(source, ())
+        allowed = self._allowed.get(source, set())
+        return any(a in allowed for a in self.accounts(destination))
+
+    def reachable(self, source: ServiceAccount, destination: MeshService) -> tuple[str, ...]:
+        """The accounts of ``destination``'s workloads that ``source`` may call, when not all
+        of them (empty: every endpoint). OSM sends a client only those endpoints; "" stands
+        for endpoints that name no account (they run as the service's)."""
+        if self.spec.permissive:
+            return ()
+        allowed = self._allowed.get(source, set())
+        accounts = self.accounts(destination)
+        reachable = [a for a in accounts if a in allowed]
+        if len(reachable) == len(accounts):
+            return ()
+        names = {a.name for a in reachable}
+        if self.account(destination) in reachable:
+            names.add("")
+        return tuple(sorted(names))
 
     def _callable(self, source: ServiceAccount) -> list[MeshService]:
         if self.spec.permissive:
             return list(self.services)
-        found: list[MeshService] = []
+        found: dict[MeshService, None] = {}
         for account in self._allowed.get(source, ()):
-            found += self._by_account.get(account, ())
-        return found
+            found.update(dict.fromkeys(self._by_account.get(account, ())))
+        return list(found)
+
+    def _cluster_ref(
+        self, known: KnownService, port: PortSpec, source: ServiceAccount
+    ) -> ClusterRef:
+        ref = known.cluster_ref(port)
+        accounts = self.reachable(source, known.service)
+        return replace(ref, accounts=accounts) if accounts else ref
 
     def build(self, identity: Identity, service_account: str) -> IdentityPolicy:
         me = MeshService(identity.namespace, identity.service)
@@ -138,7 +175,7 @@ class PolicyBuilder:
                 continue
             if service in self.spec.splits:
                 continue  # handled with its root below
-            outbound += self._direct(known, clusters)
+            outbound += self._direct(known, source, clusters)
         for root, split, backends in self._splits:
             outbound += self._split(root, split, backends, source, clusters)
         outbound = [self._retried(o, source) for o in outbound]
@@ -187,11 +224,11 @@ class PolicyBuilder:
         return tuple(sorted(found))
 
     def _direct(
-        self, known: KnownService, clusters: dict[str, ClusterRef]
+        self, known: KnownService, source: ServiceAccount, clusters: dict[str, ClusterRef]
     ) -> list[OutboundService]:
         found = []
         for port in known.ports:
-            ref = known.cluster_ref(port)
+            ref = self._cluster_ref(known, port, source)
             clusters[ref.name] = ref
             found.append(
                 OutboundService(
@@ -239,7 +276,7 @@ class PolicyBuilder:
                 backend_port = _same_port(known, port)
                 if backend_port is None:
                     continue
-                ref = known.cluster_ref(backend_port)
+                ref = self._cluster_ref(known, backend_port, source)
                 clusters[ref.name] = ref
                 weighted.append(WeightedCluster(ref.name, backend.weight))
             if not weighted:
@@ -253,7 +290,7 @@ class PolicyBuilder:
             if not routes or port.protocol == "tcp":  # HTTP matches cannot select TCP
                 routes = [Route("split", MATCH_ALL, tuple(weighted))]
             elif root_known is not None and self.may_call(source, root):
-                ref = root_known.cluster_ref(port)
+                ref = self._cluster_ref(root_known, port, source)
                 clusters[ref.name] = ref
                 routes.append(Route("default", MATCH_ALL, (WeightedCluster(ref.name, 100),)))
             else:

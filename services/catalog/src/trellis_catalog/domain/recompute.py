@@ -263,6 +263,7 @@ class Recompute:
             known.hosts,
             bool(known.endpoints),
             self.account_of(service),
+            frozenset(e.service_account for e in known.endpoints),
         )
 
     def destination(self, known: svc.KnownService) -> destinations.Destination:

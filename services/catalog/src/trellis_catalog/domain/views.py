@@ -124,6 +124,9 @@ class ClusterRef:
     discovery: str  # STATIC, DNS, PASSTHROUGH
     mesh_tls: bool
     subject_alt_names: tuple[str, ...] = ()
+    # The service accounts of the endpoints this view's identity may reach, when not all
+    # (empty: all). "" stands for endpoints that name no account.
+    accounts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -23,6 +24,7 @@ from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.destinations import Destination
 from trellis_catalog.domain.views import (
+    ClusterRef,
     ClusterState,
     HttpMatch,
     IdentityPolicy,
@@ -50,6 +52,18 @@ def _route(route: Route) -> pb.Route:
         match=_match(route.match),
         clusters=[pb.WeightedCluster(cluster=c.cluster, weight=c.weight) for c in route.clusters],
     )
+
+
+def reachable(state: ClusterState, ref: ClusterRef) -> ClusterState:
+    """The cluster as one view sees it: only the endpoints of the accounts its identity may
+    reach when the policy's reference limits them (OSM sends a client no other endpoint),
+    and only those accounts' SPIFFE ids to verify."""
+    if not ref.accounts:
+        return state
+    accounts = set(ref.accounts)
+    endpoints = tuple(e for e in state.endpoints if e.service_account in accounts)
+    spiffe = tuple(i for i in state.spiffe_ids if i.rpartition("/sa/")[2] in accounts)
+    return replace(state, endpoints=endpoints, spiffe_ids=spiffe)
 
 
 def _retry(retry: RetryPolicy | None) -> pb.RetryPolicy | None:
@@ -112,7 +126,8 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
     identity = policy.identity
     certificate = catalog.certificates.get(identity)
     clusters = [
-        catalog.clusters.get(ref.name, ClusterState(ref, (), (), 0)) for ref in policy.clusters
+        reachable(catalog.clusters.get(ref.name, ClusterState(ref, (), (), 0)), ref)
+        for ref in policy.clusters
     ]
     return pb.View(
         identity=str(identity),
