@@ -686,3 +686,43 @@ def test_a_client_reaches_only_the_endpoints_whose_account_it_may_call(
     assert ref.accounts == ("api-canary",)  # callable through a minority account too
     permissive = mesh(docs(SHOP, PERMISSIVE), api, accounts={"shop/api": "api"})
     assert all(c.accounts == () for c in permissive.build(WEB, "web").clusters)
+
+
+# -- TCP services on one port (OSM) ------------------------------------------------------
+
+
+def test_a_split_root_takes_a_shared_tcp_port_and_the_others_are_marked(mesh: Mesh) -> None:
+    tcp = "[{name: tcp-db, port: 5432}]"
+    builder = mesh(
+        docs(
+            service("store", tcp),
+            service("db-v1", tcp),
+            service("cache", tcp),
+            split("[{service: db-v1, weight: 100}]", root="store"),
+            PERMISSIVE,
+        )
+    )
+    outbound = {o.name: o for o in builder.build(WEB, "web").outbound if o.port == 5432}
+    # "cache" and "db-v1" come first by name, yet the split root takes the port
+    assert {name: o.shadowed_by for name, o in outbound.items()} == {
+        "cache": "shop/store",
+        "db-v1": "shop/store",
+        "store": "",
+    }
+    decision = explain(builder, ServiceAccount("shop", "web"), MeshService("shop", "cache"))
+    assert decision.allowed
+    assert decision.conflicts == (
+        "TCP port 5432: shop/web reaches shop/store on it, not shop/cache (shop/store takes "
+        "precedence: a TrafficSplit root first, then by name)",
+    )
+    assert (
+        explain(builder, ServiceAccount("shop", "web"), MeshService("shop", "store")).conflicts
+        == ()
+    )
+
+
+def test_without_a_split_the_first_tcp_service_by_name_takes_the_port(mesh: Mesh) -> None:
+    tcp = "[{name: tcp-db, port: 5432}]"
+    builder = mesh(docs(service("b-db", tcp), service("a-db", tcp), PERMISSIVE))
+    outbound = {o.name: o.shadowed_by for o in builder.build(WEB, "web").outbound if o.port == 5432}
+    assert outbound == {"a-db": "", "b-db": "shop/a-db"}

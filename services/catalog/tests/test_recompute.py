@@ -166,3 +166,24 @@ def test_a_proxys_identity_gets_a_policy_without_a_service(
     assert batch in result.identities
     assert outbound(recompute, batch) == {"api"}  # it runs as web, which may call api
     assert recompute.policy_for(batch, "db").outbound == ()  # asked as another account
+
+
+def test_a_tcp_port_lost_to_another_service_shows_in_the_services_status(
+    recompute: Recompute, docs: Docs, report: Report, reports: ProviderReports
+) -> None:
+    tcp = "spec: {ports: [{name: tcp-db, port: 5432}]}"
+    moved = [s.replace("spec: {ports: [{name: http, port: 80}]}", tcp) for s in SERVICES[2:]]
+    recompute.set_documents(docs(shop(*SERVICES[:2], *moved, ROUTES, target("web"))), [])
+    recompute.apply()
+    cache = recompute.spec.statuses["Service shop/cache"]
+    assert (cache.state, cache.reason) == (
+        "valid",
+        "",
+    )  # "cache" is first by name: it takes the port
+    db = recompute.spec.statuses["Service shop/db"]
+    assert db.state == "warning"
+    assert db.reason.startswith("TCP port 5432 is also shop/cache's: a client that may reach")
+    # the conflict goes with the shared port
+    recompute.set_documents(docs(shop(*SERVICES, ROUTES, target("web"))), [])
+    recompute.apply()
+    assert recompute.spec.statuses["Service shop/db"].state == "valid"

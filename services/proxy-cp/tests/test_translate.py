@@ -552,6 +552,18 @@ def test_tcp_destinations_get_local_listeners_on_their_port() -> None:
     assert names.outbound_tcp_listener("shop", "clash", 15001) not in by_name
 
 
+def test_a_tcp_destination_the_catalog_marks_shadowed_gets_no_listener() -> None:
+    view = egress_tcp_view()
+    [db] = [o for o in view.outbound if o.name == "db"]
+    loser = view.outbound.add()
+    loser.CopyFrom(db)
+    loser.name, loser.shadowed_by = "a-cache", "shop/db"  # first by name, yet it loses
+    resources = translate(view, ProxySettings(outbound_port=15001), MATERIAL)
+    names_made = [item["name"] for item in map(as_dict, resources.listeners)]
+    assert names.outbound_tcp_listener("shop", "db", 5432) in names_made
+    assert names.outbound_tcp_listener("shop", "a-cache", 5432) not in names_made
+
+
 def test_envoy_accepts_egress_and_tcp_listeners(real_material: SecretMaterial) -> None:
     resources = translate(egress_tcp_view(), ProxySettings(app_port=8081), real_material)
     result = envoy.validate(static_bootstrap(resources))

@@ -253,11 +253,16 @@ class OutboundService(_message.Message):
     ROUTES_FIELD_NUMBER: _builtins.int
     SPIFFE_IDS_FIELD_NUMBER: _builtins.int
     RETRY_FIELD_NUMBER: _builtins.int
+    SHADOWED_BY_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     name: _builtins.str
     port: _builtins.int
     protocol: _builtins.str
     """http, http2, grpc or tcp."""
+    shadowed_by: _builtins.str
+    """TCP: "<ns>/<name>" of the destination that takes this port instead (a client of TCP
+    services tells them apart by port alone); no listener is made for this one.
+    """
     @_builtins.property
     def hostnames(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Every name a client may use: svc, svc.ns, svc.ns.svc, svc.ns.svc.<domain>, each also
@@ -285,10 +290,11 @@ class OutboundService(_message.Message):
         routes: _abc.Iterable[Global___Route] | None = ...,
         spiffe_ids: _abc.Iterable[_builtins.str] | None = ...,
         retry: Global___RetryPolicy | None = ...,
+        shadowed_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["retry", b"retry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hostnames", b"hostnames", "name", b"name", "namespace", b"namespace", "port", b"port", "protocol", b"protocol", "retry", b"retry", "routes", b"routes", "spiffe_ids", b"spiffe_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hostnames", b"hostnames", "name", b"name", "namespace", b"namespace", "port", b"port", "protocol", b"protocol", "retry", b"retry", "routes", b"routes", "shadowed_by", b"shadowed_by", "spiffe_ids", b"spiffe_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -779,6 +785,7 @@ class CheckPolicyResponse(_message.Message):
     POLICIES_FIELD_NUMBER: _builtins.int
     ROUTES_FIELD_NUMBER: _builtins.int
     PERMISSIVE_FIELD_NUMBER: _builtins.int
+    CONFLICTS_FIELD_NUMBER: _builtins.int
     allowed: _builtins.bool
     reason: _builtins.str
     permissive: _builtins.bool
@@ -786,6 +793,10 @@ class CheckPolicyResponse(_message.Message):
     def policies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___HttpMatch]: ...
+    @_builtins.property
+    def conflicts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """TCP ports of the destination that another service the caller may reach takes."""
+
     def __init__(
         self,
         *,
@@ -794,10 +805,11 @@ class CheckPolicyResponse(_message.Message):
         policies: _abc.Iterable[_builtins.str] | None = ...,
         routes: _abc.Iterable[Global___HttpMatch] | None = ...,
         permissive: _builtins.bool = ...,
+        conflicts: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "permissive", b"permissive", "policies", b"policies", "reason", b"reason", "routes", b"routes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "conflicts", b"conflicts", "permissive", b"permissive", "policies", b"policies", "reason", b"reason", "routes", b"routes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

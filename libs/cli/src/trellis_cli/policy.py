@@ -30,5 +30,7 @@ def check(mesh: Mesh, source: str, destination: str, as_json: bool) -> None:
             methods = ",".join(route["methods"]) or "*"
             headers = " ".join(f"{k}~{v}" for k, v in route["headers"])
             output.console.print(f"  route {methods} {route['path_regex']} {headers}".rstrip())
+        for conflict in body.get("conflicts", []):
+            output.console.print(f"  [yellow]conflict[/] {conflict}")
     if not body["allowed"]:
         raise SystemExit(NEGATIVE)

@@ -8,11 +8,11 @@ A TrafficSplit root is allowed when any of its weighted backends is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import MATCH_ALL, HttpMatch
+from trellis_catalog.domain.views import MATCH_ALL, HttpMatch, Identity
 from trellis_common.model import MeshService, ServiceAccount
 
 
@@ -23,10 +23,26 @@ class Decision:
     policies: tuple[str, ...] = ()
     routes: tuple[HttpMatch, ...] = ()
     permissive: bool = False
+    conflicts: tuple[str, ...] = ()  # TCP ports another destination takes from this one
 
 
 def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshService) -> Decision:
-    """Whether ``source`` may call ``destination``, and by which TrafficTargets and routes."""
+    """Whether ``source`` may call ``destination``, by which TrafficTargets and routes, and
+    which of its TCP ports another destination of ``source`` takes."""
+    decision = _explain(builder, source, destination)
+    if not decision.allowed:
+        return decision
+    caller = builder.build(Identity(source.namespace, source.name), source.name)
+    conflicts = tuple(
+        f"TCP port {o.port}: {source} reaches {o.shadowed_by} on it, not {destination} "
+        f"({o.shadowed_by} takes precedence: a TrafficSplit root first, then by name)"
+        for o in caller.outbound
+        if o.shadowed_by and MeshService(o.namespace, o.name) == destination
+    )
+    return replace(decision, conflicts=conflicts) if conflicts else decision
+
+
+def _explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshService) -> Decision:
     spec = builder.spec
     known = builder.services.get(destination)
     if known is None and destination not in spec.splits:
@@ -35,7 +51,7 @@ def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshSer
         return Decision(True, "permissive traffic policy mode is on (MeshConfig)", permissive=True)
     if destination in spec.splits:
         backends = [b.service for b in spec.splits[destination].weighted_services() if b.weight]
-        decisions = [explain(builder, source, backend) for backend in backends]
+        decisions = [_explain(builder, source, backend) for backend in backends]
         allowed = [d for d in decisions if d.allowed]
         if not allowed:
             return Decision(
@@ -49,13 +65,15 @@ def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshSer
             tuple(dict.fromkeys(p for d in allowed for p in d.policies)),
             tuple(dict.fromkeys(r for d in allowed for r in d.routes)),
         )
-    account = builder.account(destination)
-    grants = [g for g in spec.grants_to(account) if source in g.sources]
+    accounts = builder.accounts(destination)
+    grants = [g for a in accounts for g in spec.grants_to(a) if source in g.sources]
+    account = ", ".join(str(a) for a in accounts)
     if not grants:
         return Decision(
             False,
             f"no TrafficTarget lets service account {source} call {account} "
-            f"(the account of {destination}); traffic is denied by default",
+            f"(the account{'s' if len(accounts) > 1 else ''} of {destination}); traffic is "
+            "denied by default",
         )
     routes: list[HttpMatch] = []
     for grant in grants:
@@ -65,7 +83,8 @@ def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshSer
                 routes.append(MATCH_ALL)
     return Decision(
         True,
-        f"allowed to {account} by TrafficTarget " + ", ".join(g.policy for g in grants),
+        f"allowed to {', '.join(str(a) for a in dict.fromkeys(g.destination for g in grants))} "
+        "by TrafficTarget " + ", ".join(g.policy for g in grants),
         tuple(g.policy for g in grants),
         tuple(dict.fromkeys(routes)),
     )

@@ -22,14 +22,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from trellis_catalog.domain import destinations
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
-from trellis_catalog.domain.policy import PolicyBuilder
+from trellis_catalog.domain.policy import PolicyBuilder, tcp_port_conflicts
 from trellis_catalog.domain.reports import ProviderReports
 from trellis_catalog.domain.views import Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
@@ -91,6 +91,7 @@ class Recompute:
         self._resources: dict[DocumentKey, Any] = {}
         self.dirty = Dirty(spec=True)
         self.spec = meshspec.build([])
+        self._document_statuses: dict[str, meshspec.Status] = {}
         self.services: dict[MeshService, svc.KnownService] = {}
         self.clusters = Clusters()
         self.policies: dict[Identity, IdentityPolicy] = {}
@@ -161,6 +162,7 @@ class Recompute:
         changed_shape = False
         if dirty.spec:
             self.spec = meshspec.build(self._documents, self._errors)
+            self._document_statuses = dict(self.spec.statuses)
         changed_clusters: set[str] = set()
         scope = self._scope(dirty)
         if scope or dirty.spec:
@@ -177,6 +179,8 @@ class Recompute:
                 recompute_policies = True  # ports, accounts or reachability moved
                 changed_shape = True
             changed_clusters = self.clusters.rebuild(scope, self.services, self._trust())
+        if dirty.spec or changed_shape:
+            self.spec.statuses = self._with_port_conflicts()
         touched: set[Identity] = set()
         if recompute_policies:
             targeted = None if dirty.policies or changed_shape else self._concerned(dirty)
@@ -265,6 +269,24 @@ class Recompute:
             self.account_of(service),
             frozenset(e.service_account for e in known.endpoints),
         )
+
+    def _with_port_conflicts(self) -> dict[str, meshspec.Status]:
+        """The documents' statuses, each Service that loses a TCP port to another (for
+        clients that may reach both) marked with a warning that names the winner."""
+        statuses = dict(self._document_statuses)
+        for service, lost in tcp_port_conflicts(self.services, self.spec).items():
+            key = f"Service {service}"
+            status = statuses.get(key)
+            if status is None or status.state != "valid":
+                continue
+            reason = "; ".join(
+                f"TCP port {port} is also {winner}'s: a client that may reach both connects "
+                f"to {winner} on it (a TrafficSplit root first, then by name; see "
+                "`trellis policy check`)"
+                for port, winner in lost
+            )
+            statuses[key] = replace(status, state="warning", reason=reason)
+        return statuses
 
     def destination(self, known: svc.KnownService) -> destinations.Destination:
         account = self.account_of(known.service)

@@ -82,6 +82,10 @@ class OutboundService:
     routes: tuple[Route, ...]
     spiffe_ids: tuple[str, ...]
     retry: RetryPolicy | None = None
+    # A TCP destination whose port another destination of this client takes (a client of a
+    # TCP service connects to the port, with no name to tell them apart): "<ns>/<name>" of
+    # the one it gets there. Its listener is not made.
+    shadowed_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)

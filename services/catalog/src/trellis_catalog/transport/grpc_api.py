@@ -152,6 +152,7 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
                 routes=[_route(r) for r in o.routes],
                 spiffe_ids=o.spiffe_ids,
                 retry=_retry(o.retry),
+                shadowed_by=o.shadowed_by,
             )
             for o in policy.outbound
         ],
@@ -257,6 +258,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             policies=decision.policies,
             routes=[_match(r) for r in decision.routes],
             permissive=decision.permissive,
+            conflicts=decision.conflicts,
         )
 
     @rpc(grpc_requests.expected_proxy)

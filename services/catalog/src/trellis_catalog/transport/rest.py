@@ -98,6 +98,7 @@ def add_routes(app: FastAPI, catalog: Catalog, source: Callable[[], dict[str, An
             "policies": list(decision.policies),
             "routes": [asdict(r) for r in decision.routes],
             "permissive": decision.permissive,
+            "conflicts": list(decision.conflicts),
         }
 
     app.include_router(router)

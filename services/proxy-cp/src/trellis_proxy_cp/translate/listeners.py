@@ -107,11 +107,15 @@ def outbound_tcp(
 
     Without traffic redirection (a VM) a TCP client has no Host header to route on, so it
     connects to ``<outbound address>:<service port>``, as with Consul's and Linkerd's local
-    upstreams. A port already used by the proxy (or by another destination) is skipped.
+    upstreams. A destination the catalog marks ``shadowed_by`` another (two TCP services on
+    one port: the split root wins, then the first by name) gets none; a port the proxy
+    itself uses is skipped.
     """
     found = []
     for service in view.outbound:
         if service.protocol in HTTP_PROTOCOLS or service.port in taken or not service.routes:
+            continue
+        if service.shadowed_by:
             continue
         taken.add(service.port)
         clusters = [c for c in service.routes[0].clusters if c.weight > 0]
