@@ -1,8 +1,10 @@
-"""Tiny HTTP applications for mesh tests: answer who they are and who called them."""
+"""Tiny applications for mesh tests: HTTP ones answer who they are and who called them; TCP
+ones say their name."""
 
 from __future__ import annotations
 
 import json
+import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -60,6 +62,39 @@ class AppServer(ThreadingHTTPServer):
         return int(self.server_address[1])
 
     def start(self) -> AppServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _NameHandler(socketserver.BaseRequestHandler):
+    server: TcpApp
+
+    def handle(self) -> None:
+        self.server.connections += 1
+        self.request.sendall(f"{self.server.name}\n".encode())
+
+
+class TcpApp(socketserver.ThreadingTCPServer):
+    """A TCP application: each connection gets the app's name and a newline."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, name: str, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _NameHandler)
+        self.name = name
+        self.connections = 0
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def start(self) -> TcpApp:
         self._thread.start()
         return self
 
