@@ -43,6 +43,9 @@ spec:
 
 
 def read_name(port: int) -> str:
+    """Connect to the client sidecars' outbound TCP listener of ``port`` (every sidecar on
+    this host has one, all permissive clients: Envoy binds with SO_REUSEPORT, so the kernel
+    picks one; each applies the same precedence)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
         return connection.makefile().readline().strip()
 
@@ -54,7 +57,7 @@ def test_a_split_root_takes_a_shared_tcp_port_and_the_conflict_is_shown(mesh: Me
             "enablePermissiveTrafficPolicyMode: false", "enablePermissiveTrafficPolicyMode: true"
         )
     )
-    _v1, _v2, buyer = bookstore(mesh)
+    bookstore(mesh)
     port = free_port()
     (mesh.spec_dir / "databases.yaml").write_text(documents(port))
     for name in ("db-v1", "db-v2"):
