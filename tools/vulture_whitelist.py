@@ -84,3 +84,11 @@ _.connection_pool_maxsize
 _.GetProfile
 _.fully_qualified_name
 _.opaque_protocol
+
+# OSM's UpstreamTrafficSetting: rateLimit (local and global) is read and checked, so manifests
+# load and typos are named, but not applied yet; the setting's status says so.
+_.global_
+_.response_status_code
+_.response_headers_to_add
+# socketserver calls a request handler's handle() (trellis_common.testing.apps.TcpApp).
+_.handle

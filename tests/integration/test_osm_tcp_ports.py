@@ -60,8 +60,9 @@ def test_a_split_root_takes_a_shared_tcp_port_and_the_conflict_is_shown(mesh: Me
     bookstore(mesh)
     port = free_port()
     (mesh.spec_dir / "databases.yaml").write_text(documents(port))
+    apps = {}
     for name in ("db-v1", "db-v2"):
-        app = TcpApp(name).start()
+        app = apps[name] = TcpApp(name).start()
         mesh.apps.append(app)  # type: ignore[arg-type]  # stopped with the others
         sidecar = mesh.onboard(name, "bookstore", name, "db", app_port=app.port)
         sidecar.envoy.wait_ready()
@@ -84,6 +85,8 @@ def test_a_split_root_takes_a_shared_tcp_port_and_the_conflict_is_shown(mesh: Me
         )
     )
     assert {read_name(port) for _ in range(10)} == {"db-v2"}
+    assert apps["db-v1"].connections == 0
+    assert apps["db-v2"].connections >= 10
 
     checked = mesh.trellis(
         "policy", "check", "--from", "bookbuyer/bookbuyer", "--to", "bookstore/db-v1"

@@ -270,6 +270,45 @@ def test_an_osm_retry_policy_is_on_every_route_of_its_service(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_circuit_breakers_are_off_unless_an_upstream_setting_sets_them(
+    real_material: SecretMaterial,
+) -> None:
+    view = buyer_view()
+    [limited] = [c for c in view.clusters if c.name == "bookstore/bookstore-v1|14001"]
+    limited.connection.CopyFrom(
+        pb.ConnectionSettings(
+            policy="bookstore/v1",
+            max_connections=5,
+            connect_timeout=0.25,
+            max_pending_requests=2,
+            max_requests_per_connection=3,
+        )
+    )
+    resources = translate(view, ProxySettings(), real_material)
+    clusters = {c["name"]: c for c in map(as_dict, resources.clusters)}
+    unlimited = 2**32 - 1
+    [plain] = clusters["bookstore/bookstore-v2|14001"]["circuit_breakers"]["thresholds"]
+    assert plain == {
+        "max_connections": unlimited,
+        "max_pending_requests": unlimited,
+        "max_requests": unlimited,
+        "max_retries": unlimited,
+        "track_remaining": True,
+    }
+    v1 = clusters["bookstore/bookstore-v1|14001"]
+    [threshold] = v1["circuit_breakers"]["thresholds"]
+    assert (threshold["max_connections"], threshold["max_pending_requests"]) == (5, 2)
+    assert (threshold["max_requests"], threshold["max_retries"]) == (unlimited, unlimited)
+    assert v1["connect_timeout"] == "0.250s"
+    options = v1["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    assert options["common_http_protocol_options"] == {"max_requests_per_connection": 3}
+    assert "http_protocol_options" in options["explicit_http_config"]
+    result = envoy.validate(static_bootstrap(resources))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_clusters_by_discovery_and_tls() -> None:
     found = {
         c["name"]: c

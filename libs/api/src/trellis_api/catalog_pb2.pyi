@@ -462,6 +462,7 @@ class Cluster(_message.Message):
     MESH_TLS_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     SUBJECT_ALT_NAMES_FIELD_NUMBER: _builtins.int
+    CONNECTION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     namespace: _builtins.str
     service: _builtins.str
@@ -478,6 +479,10 @@ class Cluster(_message.Message):
     def spiffe_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def subject_alt_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def connection(self) -> Global___ConnectionSettings:
+        """An OSM UpstreamTrafficSetting's connectionSettings for this service (unset: none)."""
+
     def __init__(
         self,
         *,
@@ -492,14 +497,77 @@ class Cluster(_message.Message):
         mesh_tls: _builtins.bool = ...,
         version: _builtins.str = ...,
         subject_alt_names: _abc.Iterable[_builtins.str] | None = ...,
+        connection: Global___ConnectionSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["discovery", b"discovery", "endpoints", b"endpoints", "mesh_tls", b"mesh_tls", "name", b"name", "namespace", b"namespace", "port", b"port", "protocol", b"protocol", "service", b"service", "spiffe_ids", b"spiffe_ids", "subject_alt_names", b"subject_alt_names", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection", "discovery", b"discovery", "endpoints", b"endpoints", "mesh_tls", b"mesh_tls", "name", b"name", "namespace", b"namespace", "port", b"port", "protocol", b"protocol", "service", b"service", "spiffe_ids", b"spiffe_ids", "subject_alt_names", b"subject_alt_names", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Cluster: _TypeAlias = Cluster  # noqa: Y015
+
+@_typing.final
+class ConnectionSettings(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    MAX_CONNECTIONS_FIELD_NUMBER: _builtins.int
+    CONNECT_TIMEOUT_FIELD_NUMBER: _builtins.int
+    MAX_REQUESTS_FIELD_NUMBER: _builtins.int
+    MAX_REQUESTS_PER_CONNECTION_FIELD_NUMBER: _builtins.int
+    MAX_PENDING_REQUESTS_FIELD_NUMBER: _builtins.int
+    MAX_RETRIES_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """"<namespace>/<name>" of the UpstreamTrafficSetting."""
+    max_connections: _builtins.int
+    connect_timeout: _builtins.float
+    """Seconds."""
+    max_requests: _builtins.int
+    max_requests_per_connection: _builtins.int
+    max_pending_requests: _builtins.int
+    max_retries: _builtins.int
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        max_connections: _builtins.int | None = ...,
+        connect_timeout: _builtins.float | None = ...,
+        max_requests: _builtins.int | None = ...,
+        max_requests_per_connection: _builtins.int | None = ...,
+        max_pending_requests: _builtins.int | None = ...,
+        max_retries: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_connect_timeout", b"_connect_timeout", "_max_connections", b"_max_connections", "_max_pending_requests", b"_max_pending_requests", "_max_requests", b"_max_requests", "_max_requests_per_connection", b"_max_requests_per_connection", "_max_retries", b"_max_retries", "connect_timeout", b"connect_timeout", "max_connections", b"max_connections", "max_pending_requests", b"max_pending_requests", "max_requests", b"max_requests", "max_requests_per_connection", b"max_requests_per_connection", "max_retries", b"max_retries"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_connect_timeout", b"_connect_timeout", "_max_connections", b"_max_connections", "_max_pending_requests", b"_max_pending_requests", "_max_requests", b"_max_requests", "_max_requests_per_connection", b"_max_requests_per_connection", "_max_retries", b"_max_retries", "connect_timeout", b"connect_timeout", "max_connections", b"max_connections", "max_pending_requests", b"max_pending_requests", "max_requests", b"max_requests", "max_requests_per_connection", b"max_requests_per_connection", "max_retries", b"max_retries", "policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__connect_timeout: _TypeAlias = _typing.Literal["connect_timeout"]  # noqa: Y015
+    _WhichOneofArgType__connect_timeout: _TypeAlias = _typing.Literal["_connect_timeout", b"_connect_timeout"]  # noqa: Y015
+    _WhichOneofReturnType__max_connections: _TypeAlias = _typing.Literal["max_connections"]  # noqa: Y015
+    _WhichOneofArgType__max_connections: _TypeAlias = _typing.Literal["_max_connections", b"_max_connections"]  # noqa: Y015
+    _WhichOneofReturnType__max_pending_requests: _TypeAlias = _typing.Literal["max_pending_requests"]  # noqa: Y015
+    _WhichOneofArgType__max_pending_requests: _TypeAlias = _typing.Literal["_max_pending_requests", b"_max_pending_requests"]  # noqa: Y015
+    _WhichOneofReturnType__max_requests: _TypeAlias = _typing.Literal["max_requests"]  # noqa: Y015
+    _WhichOneofArgType__max_requests: _TypeAlias = _typing.Literal["_max_requests", b"_max_requests"]  # noqa: Y015
+    _WhichOneofReturnType__max_requests_per_connection: _TypeAlias = _typing.Literal["max_requests_per_connection"]  # noqa: Y015
+    _WhichOneofArgType__max_requests_per_connection: _TypeAlias = _typing.Literal["_max_requests_per_connection", b"_max_requests_per_connection"]  # noqa: Y015
+    _WhichOneofReturnType__max_retries: _TypeAlias = _typing.Literal["max_retries"]  # noqa: Y015
+    _WhichOneofArgType__max_retries: _TypeAlias = _typing.Literal["_max_retries", b"_max_retries"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__connect_timeout) -> _WhichOneofReturnType__connect_timeout | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_connections) -> _WhichOneofReturnType__max_connections | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_pending_requests) -> _WhichOneofReturnType__max_pending_requests | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_requests) -> _WhichOneofReturnType__max_requests | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_requests_per_connection) -> _WhichOneofReturnType__max_requests_per_connection | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_retries) -> _WhichOneofReturnType__max_retries | None: ...
+
+Global___ConnectionSettings: _TypeAlias = ConnectionSettings  # noqa: Y015
 
 @_typing.final
 class ClusterEndpoint(_message.Message):

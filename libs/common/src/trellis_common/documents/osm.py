@@ -1,4 +1,5 @@
-"""OSM's policy API (``policy.openservicemesh.io/v1alpha1``): ``Retry``.
+"""OSM's policy API (``policy.openservicemesh.io/v1alpha1``): ``Retry`` and
+``UpstreamTrafficSetting``.
 
 Field names, requirements and meanings are OSM v1.2's (``pkg/apis/policy/v1alpha1``, its CRD
 ``retries.policy.openservicemesh.io`` and ``pkg/catalog/retry.go``):
@@ -12,12 +13,18 @@ Field names, requirements and meanings are OSM v1.2's (``pkg/apis/policy/v1alpha
 
 A policy applies only while MeshConfig ``spec.featureFlags.enableRetryPolicy`` is on (the
 catalog checks that, as OSM does).
+
+An ``UpstreamTrafficSetting`` (``pkg/apis/policy/v1alpha1/upstreamtrafficsetting.go``) names
+its service by ``spec.host``; OSM's code (``GetUpstreamTrafficSettingByService``) matches only
+``<service>.<namespace>.svc.<domain>`` of a service in the setting's own namespace, although
+its doc comment also allows the bare name: the code is followed. Its ``connectionSettings``
+become circuit breakers and timeouts on every client's cluster of that service.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, Strict, field_validator
 
@@ -141,5 +148,109 @@ class Retry(Resource[RetrySpec]):
         )
 
 
+UInt32 = Annotated[int, Strict(), Field(ge=0, le=2**32 - 1)]
+
+
+class TCPConnectionSettings(StrictModel):
+    max_connections: UInt32 | None = Field(default=None, alias="maxConnections")
+    connect_timeout: timedelta | None = Field(default=None, alias="connectTimeout")
+
+    @field_validator("connect_timeout", mode="plain")
+    @classmethod
+    def _timeout(cls, value: object) -> timedelta | None:
+        duration = _duration(value)
+        if duration is not None and duration <= timedelta(0):
+            raise ValueError(f"must be positive, got {value!r}")
+        return duration
+
+
+class HTTPConnectionSettings(StrictModel):
+    max_requests: UInt32 | None = Field(default=None, alias="maxRequests")
+    max_requests_per_connection: UInt32 | None = Field(
+        default=None, alias="maxRequestsPerConnection"
+    )
+    max_pending_requests: UInt32 | None = Field(default=None, alias="maxPendingRequests")
+    max_retries: UInt32 | None = Field(default=None, alias="maxRetries")
+
+
+class ConnectionSettings(StrictModel):
+    tcp: TCPConnectionSettings | None = None
+    http: HTTPConnectionSettings | None = None
+
+
+class HeaderValue(StrictModel):
+    name: str = Field(min_length=1)
+    value: str
+
+
+class LocalRateLimit(StrictModel):
+    """Local rate limits, read as OSM writes them (not applied yet: the status says so)."""
+
+    requests: UInt32 | None = None
+    connections: UInt32 | None = None
+    unit: Literal["second", "minute", "hour"]
+    burst: UInt32 = 0
+    response_status_code: Annotated[int, Strict(), Field(ge=400, le=599)] | None = Field(
+        default=None, alias="responseStatusCode"
+    )
+    response_headers_to_add: tuple[HeaderValue, ...] = Field(
+        default=(), alias="responseHeadersToAdd"
+    )
+
+
+class LocalRateLimits(StrictModel):
+    tcp: LocalRateLimit | None = None
+    http: LocalRateLimit | None = None
+
+
+class RateLimit(StrictModel):
+    local: LocalRateLimits | None = None
+    global_: dict[str, object] | None = Field(default=None, alias="global")
+
+
+class RouteRateLimit(StrictModel):
+    local: LocalRateLimit | None = None
+    global_: dict[str, object] | None = Field(default=None, alias="global")
+
+
+class HTTPRouteSetting(StrictModel):
+    path: str = Field(min_length=1)
+    rate_limit: RouteRateLimit | None = Field(default=None, alias="rateLimit")
+
+
+class UpstreamTrafficSettingSpec(StrictModel):
+    host: str = Field(min_length=1)
+    connection_settings: ConnectionSettings | None = Field(
+        default=None, alias="connectionSettings"
+    )
+    rate_limit: RateLimit | None = Field(default=None, alias="rateLimit")
+    http_routes: tuple[HTTPRouteSetting, ...] = Field(default=(), alias="httpRoutes")
+
+
+class UpstreamTrafficSetting(Resource[UpstreamTrafficSettingSpec]):
+    """Settings of the traffic to one service, applied by its clients' sidecars."""
+
+    def service(self) -> model.MeshService | None:
+        """The service ``spec.host`` names (OSM: ``<service>.<namespace>.svc.<domain>`` in
+        this setting's namespace), or None."""
+        labels = self.spec.host.lower().rstrip(".").split(".")
+        if len(labels) < 4 or labels[2] != "svc" or labels[1] != self.metadata.namespace:
+            return None
+        try:
+            return model.MeshService(labels[1], labels[0])
+        except ValueError:
+            return None
+
+    def not_applied(self) -> tuple[str, ...]:
+        """What this setting has that Trellis reads but does not apply yet."""
+        found = []
+        if self.spec.rate_limit is not None:
+            found.append("spec.rateLimit")
+        if self.spec.http_routes:
+            found.append("spec.httpRoutes")
+        return tuple(found)
+
+
 def register(registry: KindRegistry) -> None:
     registry.register("Retry", POLICY_API_VERSIONS, Retry)
+    registry.register("UpstreamTrafficSetting", POLICY_API_VERSIONS, UpstreamTrafficSetting)

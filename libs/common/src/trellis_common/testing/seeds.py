@@ -190,6 +190,53 @@ SEEDS: Final[tuple[Mapping[str, Any], ...]] = (
             "certificate": {"serviceCertValidityDuration": "1h30m"},
             "sidecar": {"logLevel": "debug"},
             "observability": {"tracing": {"enable": False, "endpoint": "/api/v2/spans"}},
+            "featureFlags": {"enableRetryPolicy": True},
+        },
+    },
+    {
+        "apiVersion": "policy.openservicemesh.io/v1alpha1",
+        "kind": "Retry",
+        "metadata": {"name": "retry", "namespace": "buyers"},
+        "spec": {
+            "source": {"kind": "ServiceAccount", "name": "buyer", "namespace": "buyers"},
+            "destinations": [{"kind": "Service", "name": "bookstore", "namespace": "bookstore"}],
+            "retryPolicy": {
+                "retryOn": "5xx,reset",
+                "perTryTimeout": "1s",
+                "numRetries": 3,
+                "retryBackoffBaseInterval": "10ms",
+            },
+        },
+    },
+    {
+        "apiVersion": "policy.openservicemesh.io/v1alpha1",
+        "kind": "UpstreamTrafficSetting",
+        "metadata": {"name": "bookstore", "namespace": "bookstore"},
+        "spec": {
+            "host": "bookstore.bookstore.svc.cluster.local",
+            "connectionSettings": {
+                "tcp": {"maxConnections": 100, "connectTimeout": "5s"},
+                "http": {
+                    "maxRequests": 200,
+                    "maxRequestsPerConnection": 10,
+                    "maxPendingRequests": 50,
+                    "maxRetries": 3,
+                },
+            },
+            "rateLimit": {
+                "local": {
+                    "tcp": {"connections": 10, "unit": "second", "burst": 5},
+                    "http": {
+                        "requests": 100,
+                        "unit": "minute",
+                        "responseStatusCode": 429,
+                        "responseHeadersToAdd": [{"name": "x-limited", "value": "yes"}],
+                    },
+                }
+            },
+            "httpRoutes": [
+                {"path": "/books", "rateLimit": {"local": {"requests": 10, "unit": "second"}}}
+            ],
         },
     },
 )

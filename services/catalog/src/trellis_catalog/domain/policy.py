@@ -29,6 +29,7 @@ from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import (
     MATCH_ALL,
     ClusterRef,
+    ConnectionSettings,
     ExternalService,
     Identity,
     IdentityPolicy,
@@ -38,10 +39,26 @@ from trellis_catalog.domain.views import (
     Route,
     WeightedCluster,
 )
-from trellis_common.documents import smi
+from trellis_common.documents import osm, smi
 from trellis_common.model import MeshService, ServiceAccount, WeightedService
 
 AccountOf = Callable[[MeshService], str]
+
+
+def connection_settings(name: str, spec: osm.UpstreamTrafficSettingSpec) -> ConnectionSettings:
+    """An UpstreamTrafficSetting's connectionSettings as the clients' clusters apply them."""
+    settings = spec.connection_settings or osm.ConnectionSettings()
+    tcp = settings.tcp or osm.TCPConnectionSettings()
+    http = settings.http or osm.HTTPConnectionSettings()
+    return ConnectionSettings(
+        policy=name,
+        max_connections=tcp.max_connections,
+        connect_timeout=_seconds(tcp.connect_timeout),
+        max_requests=http.max_requests,
+        max_requests_per_connection=http.max_requests_per_connection,
+        max_pending_requests=http.max_pending_requests,
+        max_retries=http.max_retries,
+    )
 
 
 def shadow_tcp(outbound: list[OutboundService], spec: MeshSpec) -> list[OutboundService]:
@@ -218,7 +235,12 @@ class PolicyBuilder:
     ) -> ClusterRef:
         ref = known.cluster_ref(port)
         accounts = self.reachable(source, known.service)
-        return replace(ref, accounts=accounts) if accounts else ref
+        if accounts:
+            ref = replace(ref, accounts=accounts)
+        setting = self.spec.upstream_settings.get(known.service)
+        if setting is not None:
+            ref = replace(ref, connection=connection_settings(*setting))
+        return ref
 
     def build(self, identity: Identity, service_account: str) -> IdentityPolicy:
         me = MeshService(identity.namespace, identity.service)

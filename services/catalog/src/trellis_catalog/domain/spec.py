@@ -28,6 +28,7 @@ KINDS = (
     "ServiceEntry",
     "MeshConfig",
     "Retry",
+    "UpstreamTrafficSetting",
 )
 
 
@@ -77,6 +78,10 @@ class MeshSpec:
     settings: meshconfig.MeshConfigSettings | None = None
     statuses: dict[str, Status] = field(default_factory=dict)
     retries: list[tuple[str, osm.Retry]] = field(default_factory=list)  # by "<ns>/<name>"
+    # the service each UpstreamTrafficSetting names -> ("<ns>/<name>", its spec)
+    upstream_settings: dict[MeshService, tuple[str, osm.UpstreamTrafficSettingSpec]] = field(
+        default_factory=dict
+    )
 
     @property
     def permissive(self) -> bool:
@@ -191,6 +196,8 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
             spec.retries.append((f"{key.namespace}/{key.name}", resource))
             if resource.skipped():
                 status = _status(document, "warning", "; ".join(resource.skipped()))
+        elif isinstance(resource, osm.UpstreamTrafficSetting):
+            status = _upstream_setting(spec, document, resource)
         elif isinstance(resource, meshconfig.MeshConfig | meshconfig.OsmMeshConfig):
             if spec.settings is not None:
                 status = _status(
@@ -237,6 +244,39 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
             status = replace(status, key=f"{status.key} (rejected edit)")
         spec.statuses.setdefault(status.key, status)
     return spec
+
+
+def _upstream_setting(
+    spec: MeshSpec, document: Document, setting: osm.UpstreamTrafficSetting
+) -> Status:
+    """Index one UpstreamTrafficSetting by the service its host names; its status."""
+    name = f"{document.key.namespace}/{document.key.name}"
+    service = setting.service()
+    if service is None:
+        return _status(
+            document,
+            "error",
+            f"spec.host {setting.spec.host!r} names no service of namespace "
+            f"{document.key.namespace!r}: OSM matches '<service>.{document.key.namespace}"
+            ".svc.cluster.local' only",
+        )
+    taken = spec.upstream_settings.get(service)
+    if taken is not None:
+        return _status(
+            document,
+            "error",
+            f"conflicts with UpstreamTrafficSetting {taken[0]}, which already sets {service}; "
+            "this one is ignored",
+        )
+    spec.upstream_settings[service] = (name, setting.spec)
+    if setting.not_applied():
+        return _status(
+            document,
+            "warning",
+            f"{' and '.join(setting.not_applied())} read but not applied yet; "
+            "connectionSettings apply",
+        )
+    return _status(document)
 
 
 def _grant(

@@ -117,6 +117,20 @@ class InboundPort:
 
 
 @dataclass(frozen=True, slots=True)
+class ConnectionSettings:
+    """An OSM UpstreamTrafficSetting's connectionSettings, for the clients' clusters (None:
+    Envoy's/OSM's default)."""
+
+    policy: str  # "<namespace>/<name>" of the UpstreamTrafficSetting
+    max_connections: int | None = None
+    connect_timeout: float | None = None  # seconds
+    max_requests: int | None = None
+    max_requests_per_connection: int | None = None
+    max_pending_requests: int | None = None
+    max_retries: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterRef:
     """What a policy needs to know of a cluster before its endpoints are known."""
 
@@ -131,6 +145,7 @@ class ClusterRef:
     # The service accounts of the endpoints this view's identity may reach, when not all
     # (empty: all). "" stands for endpoints that name no account.
     accounts: tuple[str, ...] = ()
+    connection: ConnectionSettings | None = None
 
 
 @dataclass(frozen=True, slots=True, order=True)

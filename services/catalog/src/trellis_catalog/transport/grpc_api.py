@@ -57,7 +57,9 @@ def _route(route: Route) -> pb.Route:
 def reachable(state: ClusterState, ref: ClusterRef) -> ClusterState:
     """The cluster as one view sees it: only the endpoints of the accounts its identity may
     reach when the policy's reference limits them (OSM sends a client no other endpoint),
-    and only those accounts' SPIFFE ids to verify."""
+    and only those accounts' SPIFFE ids to verify; with the policy's connection settings."""
+    if ref.connection != state.ref.connection:
+        state = replace(state, ref=replace(state.ref, connection=ref.connection))
     if not ref.accounts:
         return state
     accounts = set(ref.accounts)
@@ -94,6 +96,9 @@ def _cluster(state: ClusterState) -> pb.Cluster:
         mesh_tls=ref.mesh_tls,
         version=str(state.version),
         subject_alt_names=ref.subject_alt_names,
+        connection=pb.ConnectionSettings(**messages.fields(ref.connection))
+        if ref.connection is not None
+        else None,
     )
 
 

@@ -5,12 +5,15 @@
 - ServiceEntry ``resolution: DNS``: STRICT_DNS with the hostnames inline (Envoy resolves).
 - ServiceEntry ``resolution: NONE``: ORIGINAL_DST (the address the caller dialed).
 - HTTP/2 and gRPC ports speak HTTP/2 upstream.
+- Circuit breakers as OSM sets them: thresholds at their maximum (circuit breaking off)
+  unless an UpstreamTrafficSetting's ``connectionSettings`` for the service sets them, with
+  its connect timeout and requests per connection.
 - ``inbound|<port>``: the local application, behind the inbound listener.
 """
 
 from __future__ import annotations
 
-from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
 from envoy.config.core.v3 import protocol_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
@@ -22,15 +25,46 @@ from trellis_proxy_cp.translate.settings import ProxySettings
 
 CONNECT_TIMEOUT = 1.0
 HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+UNLIMITED = 2**32 - 1  # OSM's default thresholds: circuit breaking off
+
+
+def _http_options(
+    cluster: cluster_pb2.Cluster, http2: bool, max_requests_per_connection: int | None = None
+) -> None:
+    config = http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig()
+    if http2:
+        config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
+    else:
+        config.http_protocol_options.CopyFrom(protocol_pb2.Http1ProtocolOptions())
+    options = http_protocol_options_pb2.HttpProtocolOptions(explicit_http_config=config)
+    if max_requests_per_connection is not None:
+        options.common_http_protocol_options.max_requests_per_connection.value = (
+            max_requests_per_connection
+        )
+    cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(pack(options))
 
 
 def _http2(cluster: cluster_pb2.Cluster) -> None:
-    options = http_protocol_options_pb2.HttpProtocolOptions(
-        explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
-            http2_protocol_options=protocol_pb2.Http2ProtocolOptions()
-        )
-    )
-    cluster.typed_extension_protocol_options[HTTP_OPTIONS].CopyFrom(pack(options))
+    _http_options(cluster, http2=True)
+
+
+def _connection_settings(cluster: cluster_pb2.Cluster, source: catalog_pb2.Cluster) -> None:
+    """OSM's ``applyUpstreamConnectionSettings``: thresholds at their maximum unless set."""
+    settings = source.connection if source.HasField("connection") else None
+    threshold = circuit_breaker_pb2.CircuitBreakers.Thresholds(track_remaining=True)
+    for field in ("max_connections", "max_requests", "max_pending_requests", "max_retries"):
+        value = UNLIMITED
+        if settings is not None and settings.HasField(field):
+            value = getattr(settings, field)
+        getattr(threshold, field).value = value
+    cluster.circuit_breakers.thresholds.append(threshold)
+    if settings is None:
+        return
+    if settings.HasField("connect_timeout"):
+        cluster.connect_timeout.CopyFrom(seconds(settings.connect_timeout))
+    if settings.HasField("max_requests_per_connection") and source.protocol != "tcp":
+        http2 = source.protocol in ("http2", "grpc")
+        _http_options(cluster, http2, settings.max_requests_per_connection)
 
 
 def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
@@ -72,6 +106,7 @@ def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
         cluster.transport_socket.CopyFrom(upstream_tls(sni, list(source.spiffe_ids)))
     if source.protocol in ("http2", "grpc"):
         _http2(cluster)
+    _connection_settings(cluster, source)
     return cluster
 
 

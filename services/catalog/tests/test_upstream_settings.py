@@ -1,0 +1,86 @@
+"""OSM's UpstreamTrafficSetting in the catalog: which service its host names (OSM's code:
+``<service>.<namespace>.svc.<domain>`` in its own namespace), conflicts, what is not applied
+yet, and the connection settings every client's cluster of the service gets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trellis_catalog.domain.policy import PolicyBuilder
+from trellis_catalog.domain.views import ConnectionSettings, Identity
+
+Mesh = Callable[..., PolicyBuilder]
+
+SHOP = """apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: shop}
+spec: {ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {ports: [{name: http, port: 80}]}
+---
+apiVersion: config.openservicemesh.io/v1alpha2
+kind: MeshConfig
+metadata: {name: osm-mesh-config, namespace: trellis-system}
+spec: {traffic: {enablePermissiveTrafficPolicyMode: true}}
+"""
+
+
+def setting(name: str = "api", host: str = "api.shop.svc.cluster.local", extra: str = "") -> str:
+    return f"""---
+apiVersion: policy.openservicemesh.io/v1alpha1
+kind: UpstreamTrafficSetting
+metadata: {{name: {name}, namespace: shop}}
+spec:
+  host: {host}
+  connectionSettings:
+    tcp: {{maxConnections: 5, connectTimeout: 250ms}}
+    http: {{maxRequests: 7, maxPendingRequests: 2, maxRequestsPerConnection: 3, maxRetries: 1}}
+{extra}"""
+
+
+def test_every_client_cluster_of_the_service_gets_its_connection_settings(mesh: Mesh) -> None:
+    builder = mesh(SHOP + setting())
+    clusters = {c.name: c for c in builder.build(Identity("shop", "web"), "web").clusters}
+    assert clusters["shop/api|80"].connection == ConnectionSettings(
+        policy="shop/api",
+        max_connections=5,
+        connect_timeout=0.25,
+        max_requests=7,
+        max_requests_per_connection=3,
+        max_pending_requests=2,
+        max_retries=1,
+    )
+    assert clusters["shop/web|80"].connection is None
+    assert builder.spec.statuses["UpstreamTrafficSetting shop/api"].state == "valid"
+
+
+def test_a_host_of_another_namespace_or_a_bare_name_matches_nothing_as_in_osm(mesh: Mesh) -> None:
+    for host in ("api", "api.other.svc.cluster.local", "api.shop"):
+        builder = mesh(SHOP + setting(host=host))
+        status = builder.spec.statuses["UpstreamTrafficSetting shop/api"]
+        assert status.state == "error", host
+        assert "names no service of namespace 'shop'" in status.reason
+        clusters = builder.build(Identity("shop", "web"), "web").clusters
+        assert all(c.connection is None for c in clusters)
+
+
+def test_a_second_setting_for_one_service_is_refused_and_rate_limits_are_not_applied_yet(
+    mesh: Mesh,
+) -> None:
+    limits = "  rateLimit: {local: {http: {requests: 10, unit: second}}}\n"
+    builder = mesh(SHOP + setting("a-first", extra=limits) + setting("b-second"))
+    first = builder.spec.statuses["UpstreamTrafficSetting shop/a-first"]
+    assert (first.state, first.reason) == (
+        "warning",
+        "spec.rateLimit read but not applied yet; connectionSettings apply",
+    )
+    second = builder.spec.statuses["UpstreamTrafficSetting shop/b-second"]
+    assert second.state == "error"
+    assert "conflicts with UpstreamTrafficSetting shop/a-first" in second.reason
+    clusters = {c.name: c for c in builder.build(Identity("shop", "web"), "web").clusters}
+    connection = clusters["shop/api|80"].connection
+    assert connection is not None
+    assert connection.policy == "shop/a-first"
