@@ -220,9 +220,7 @@ class HTTPRouteSetting(StrictModel):
 
 class UpstreamTrafficSettingSpec(StrictModel):
     host: str = Field(min_length=1)
-    connection_settings: ConnectionSettings | None = Field(
-        default=None, alias="connectionSettings"
-    )
+    connection_settings: ConnectionSettings | None = Field(default=None, alias="connectionSettings")
     rate_limit: RateLimit | None = Field(default=None, alias="rateLimit")
     http_routes: tuple[HTTPRouteSetting, ...] = Field(default=(), alias="httpRoutes")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socketserver
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -17,6 +18,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.requests += 1
+        if self.server.delay:
+            time.sleep(self.server.delay)
         if self.server.take_failure():
             self.send_response(503)
             self.send_header("content-length", "0")
@@ -47,6 +50,7 @@ class AppServer(ThreadingHTTPServer):
         self.name = name
         self.requests = 0
         self.fail_next = 0  # answer this many of the next requests 503 (retry tests)
+        self.delay = 0.0  # seconds each request waits before its answer (load tests)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
 
