@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 from cryptography.hazmat.primitives import serialization
 
 from trellis_common.identity import csr_for, new_key
@@ -128,6 +129,7 @@ def bootstrap(mesh: Mesh, out: Path, service_account: str, token_file: Path) -> 
         *("--service-account", service_account, "--app-port", "0"),
         *("--inbound-port", str(free_port()), "--outbound-port", str(free_port())),
         *("--admin-port", str(free_port()), "--out", str(out), "--token-file", str(token_file)),
+        *("--stats-port", "15010"),
     )
 
 
@@ -184,6 +186,9 @@ def test_an_onboarding_token_used_for_another_identity_is_refused_logged_and_cou
     out = tmp_path / "bookbuyer-proxy"
     done = bootstrap(mesh, out, "bookbuyer", token_file)
     assert done.returncode == 0, done.stderr
+    written = yaml.safe_load((out / "envoy.yaml").read_text())
+    [stats] = written["static_resources"]["listeners"]  # --stats-port: Prometheus' listener
+    assert stats["address"]["socket_address"]["port_value"] == 15010
     accepted = 'trellis_injector_proxies_onboarded_total{caller="token"}'
     assert mesh.metric("injector", accepted) == 1
 
@@ -303,6 +308,9 @@ def test_no_private_key_in_any_output(
     out = tmp_path / "bookbuyer-proxy"
     done = bootstrap(mesh, out, "bookbuyer", token_file)
     assert done.returncode == 0, done.stderr
+    written = yaml.safe_load((out / "envoy.yaml").read_text())
+    [stats] = written["static_resources"]["listeners"]  # --stats-port: Prometheus' listener
+    assert stats["address"]["socket_address"]["port_value"] == 15010
     proxy_key = (out / "key.pem").read_bytes()
     answer = mesh["injector"].post(
         "/v1/bootstrap", json=bootstrap_body(), headers=bearer(mesh.admin_token())

@@ -284,7 +284,32 @@ async def test_exclusions_reach_the_init_containers_rules(hook: Harness) -> None
     assert "-A TRELLIS_INBOUND -p tcp --dport 9090 -j RETURN" in script
     assert "-A TRELLIS_OUTPUT -d 10.0.0.0/8 -j RETURN" in script
     assert "-A TRELLIS_OUTPUT -d 169.254.169.254/32 -j RETURN" in script
-    # the pod's own annotations are kept
+    # the sidecar's statistics port is reached directly, not through the inbound redirect
+    assert "-A TRELLIS_INBOUND -p tcp --dport 15010 -j RETURN" in script
+    # the pod's own annotations are kept, and Prometheus is pointed at the sidecar
+    assert result["metadata"]["annotations"] == {
+        **pod["metadata"]["annotations"],
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "15010",
+        "prometheus.io/path": "/stats/prometheus",
+    }
+    ports = containers(result, "containers")["envoy"]["ports"]
+    assert {"name": "trellis-stats", "containerPort": 15010, "protocol": "TCP"} in ports
+    [secret] = hook.secrets.created.values()
+    bootstrap = json.loads(base64.b64decode(secret["data"]["envoy.yaml"]))
+    [listener] = bootstrap["static_resources"]["listeners"]
+    assert listener["address"]["socket_address"]["port_value"] == 15010
+
+
+async def test_a_pod_that_sets_its_own_scrape_annotations_keeps_them(hook: Harness) -> None:
+    pod = deployment_pod(
+        annotations={
+            "trellis.dev/sidecar-injection": "enabled",
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": "8080",
+        }
+    )
+    result = patched(pod, await hook.answer(review(pod)))
     assert result["metadata"]["annotations"] == pod["metadata"]["annotations"]
 
 

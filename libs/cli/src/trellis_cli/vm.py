@@ -291,6 +291,13 @@ def envoy_command(config: Path) -> list[str]:
 )
 @click.option("--outbound-port", type=int, required=True, help="Where the app sends its calls.")
 @click.option("--admin-port", type=int, required=True, help="Envoy's admin API (127.0.0.1).")
+@click.option(
+    "--stats-port",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Serve Envoy's statistics for Prometheus on this port (/stats/prometheus); 0: no.",
+)
 @click.option("--protocol", type=click.Choice(["sotw", "delta"]), default="sotw", show_default=True)
 @click.option(
     "--out",
@@ -310,6 +317,7 @@ def bootstrap(
     inbound_port: int,
     outbound_port: int,
     admin_port: int,
+    stats_port: int,
     protocol: str,
     out: Path,
     token_file: Path | None,
@@ -325,6 +333,7 @@ def bootstrap(
         "inbound_port": inbound_port,
         "outbound_port": outbound_port,
         "admin_port": admin_port,
+        "stats_port": stats_port,
         "protocol": protocol,
         "output_dir": str(folder),
         "csr_pem": identity.csr_for(key, f"{namespace}/{service}").decode(),

@@ -107,10 +107,81 @@ class BootstrapSpec:
     admin_address: str = "127.0.0.1"
     protocol: Literal["sotw", "delta"] = "sotw"
     extra_metadata: dict[str, Any] = field(default_factory=dict)
+    # Envoy's statistics in Prometheus' format on <stats_address>:<stats_port>/stats/prometheus
+    # (nothing else of the admin API); 0: not served.
+    stats_port: int = 0
+    stats_address: str = "0.0.0.0"
 
 
 def _file(path: Path) -> dict[str, str]:
     return {"filename": str(path)}
+
+
+STATS_PATH = "/stats/prometheus"
+STATS_LISTENER = "trellis-prometheus"
+ADMIN_CLUSTER = "trellis-admin"
+
+
+def _socket(address: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": address, "port_value": port}}
+
+
+def stats_listener(spec: BootstrapSpec) -> dict[str, Any]:
+    """A listener that serves the admin API's ``/stats/prometheus`` and nothing else (the
+    admin API itself stays on loopback: it can change and dump the proxy), as OSM's
+    sidecars do on 15010."""
+    routes = {
+        "virtual_hosts": [
+            {
+                "name": "prometheus",
+                "domains": ["*"],
+                "routes": [
+                    {
+                        "match": {"path": STATS_PATH},
+                        "route": {"cluster": ADMIN_CLUSTER, "prefix_rewrite": STATS_PATH},
+                    },
+                    {"match": {"prefix": "/"}, "direct_response": {"status": 404}},
+                ],
+            }
+        ]
+    }
+    manager = {
+        "@type": "type.googleapis.com/"
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "prometheus",
+        "route_config": routes,
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            }
+        ],
+    }
+    return {
+        "name": STATS_LISTENER,
+        "address": _socket(spec.stats_address, spec.stats_port),
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                          "typed_config": manager}]}
+        ],
+    }  # fmt: skip
+
+
+def admin_cluster(spec: BootstrapSpec) -> dict[str, Any]:
+    return {
+        "name": ADMIN_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": ADMIN_CLUSTER,
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _socket(spec.admin_address,
+                                                                      spec.admin_port)}}]}
+            ],
+        },
+    }  # fmt: skip
 
 
 def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
@@ -141,6 +212,7 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                     "inbound_port": spec.inbound_port,
                     "app_port": spec.app_port,
                     "admin_port": spec.admin_port,
+                    **({"stats_port": spec.stats_port} if spec.stats_port else {}),
                 },
                 **spec.extra_metadata,
             },
@@ -196,8 +268,10 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                         }
                     },
                     "transport_socket": tls,
-                }
-            ]
+                },
+                *([admin_cluster(spec)] if spec.stats_port else []),
+            ],
+            **({"listeners": [stats_listener(spec)]} if spec.stats_port else {}),
         },
         "admin": {
             "address": {

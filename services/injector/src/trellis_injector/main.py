@@ -125,6 +125,7 @@ def sidecar(settings: InjectorSettings) -> Sidecar:
         inbound_port=settings.sidecar_inbound_port,
         outbound_port=settings.sidecar_outbound_port,
         admin_port=settings.sidecar_admin_port,
+        stats_port=settings.sidecar_stats_port,
     )
 
 

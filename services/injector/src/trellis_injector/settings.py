@@ -131,3 +131,9 @@ class InjectorSettings(ServiceSettings):
     sidecar_admin_port: int = Field(
         15000, ge=1, le=65535, description="Envoy's admin port (on 127.0.0.1)"
     )
+    sidecar_stats_port: int = Field(
+        15010,
+        ge=0,
+        le=65535,
+        description="port of the sidecar's Prometheus statistics (/stats/prometheus); 0: none",
+    )

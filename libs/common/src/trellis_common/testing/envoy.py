@@ -7,6 +7,7 @@ Several Envoys run side by side (``--disable-hot-restart``), each with its own a
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from trellis_common.bootstrap import ADMIN_CLUSTER
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
 from trellis_common.testing.redis_server import free_port
 
@@ -47,14 +49,13 @@ class Envoy:
         self.name = name
         self.workdir = workdir
         self.admin_port = free_port()
-        bootstrap = {
-            **bootstrap,
-            "admin": {
-                "address": {
-                    "socket_address": {"address": "127.0.0.1", "port_value": self.admin_port}
-                }
-            },
-        }
+        admin = {"socket_address": {"address": "127.0.0.1", "port_value": self.admin_port}}
+        bootstrap = {**copy.deepcopy(bootstrap), "admin": {"address": admin}}
+        for cluster in bootstrap.get("static_resources", {}).get("clusters", []):
+            if cluster["name"] == ADMIN_CLUSTER:  # the stats listener's way to the admin API
+                [group] = cluster["load_assignment"]["endpoints"]
+                [endpoint] = group["lb_endpoints"]
+                endpoint["endpoint"]["address"] = admin
         workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / f"{name}.json"
         self.config.write_text(json.dumps(bootstrap, indent=1))

@@ -160,6 +160,7 @@ class Mesh:
         app_port: int = 0,
         protocol: str = "sotw",
         issued: tuple[Any, bytes] | None = None,
+        stats_port: int = 0,
     ) -> Sidecar:
         """Onboard an Envoy sidecar; ``issued`` is a (certificate, key PEM) of
         :meth:`proxy_certificate`, else one is issued."""
@@ -177,6 +178,8 @@ class Mesh:
                 inbound_port=inbound,
                 app_port=app_port,
                 protocol="delta" if protocol == "delta" else "sotw",
+                stats_port=stats_port,
+                stats_address="127.0.0.1",
             )
         )
         # beside the certificate, as `trellis vm bootstrap` leaves it (`trellis proxy renew`)

@@ -24,11 +24,11 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from trellis_common import ids
-from trellis_common.bootstrap import proxy_secret_document, sidecar_args
+from trellis_common.bootstrap import STATS_PATH, proxy_secret_document, sidecar_args
 from trellis_common.kube import injection
 from trellis_injector.domain import iptables
 from trellis_injector.domain.onboarding import (
@@ -59,6 +59,7 @@ class Sidecar:
     outbound_port: int = 15001
     admin_port: int = 15000
     proxy_uid: int = iptables.PROXY_UID
+    stats_port: int = 15010  # Envoy's Prometheus statistics (OSM's port); 0: none
 
 
 def _escape(key: str) -> str:
@@ -97,6 +98,7 @@ def proxy_request(pod: Mapping[str, Any], namespace: str, sidecar: Sidecar) -> P
             outbound_port=sidecar.outbound_port,
             admin_port=sidecar.admin_port,
             output_dir=sidecar.mount_path,
+            stats_port=sidecar.stats_port,
         )
     except InvalidOnboarding as exc:
         if exc.field == "service":
@@ -174,6 +176,11 @@ def check_pod(pod: Mapping[str, Any]) -> None:
 
 
 def init_container(sidecar: Sidecar, exclusions: injection.Exclusions) -> dict[str, Any]:
+    if sidecar.stats_port and sidecar.stats_port not in exclusions.inbound_ports:
+        # Prometheus scrapes the stats listener itself, not through the inbound redirect
+        exclusions = replace(
+            exclusions, inbound_ports=(*exclusions.inbound_ports, sidecar.stats_port)
+        )
     redirection = iptables.Redirection(
         sidecar.inbound_port, sidecar.outbound_port, sidecar.proxy_uid, exclusions
     )
@@ -197,7 +204,12 @@ def envoy_container(sidecar: Sidecar) -> dict[str, Any]:
         "command": ["envoy"],
         "args": ["-c", bootstrap, *sidecar_args()],
         "ports": [
-            {"name": "trellis-inbound", "containerPort": sidecar.inbound_port, "protocol": "TCP"}
+            {"name": "trellis-inbound", "containerPort": sidecar.inbound_port, "protocol": "TCP"},
+            *(
+                [{"name": "trellis-stats", "containerPort": sidecar.stats_port, "protocol": "TCP"}]
+                if sidecar.stats_port
+                else []
+            ),
         ],
         "securityContext": {
             "runAsUser": sidecar.proxy_uid,  # the init container's rules let this uid out
@@ -214,6 +226,27 @@ def _add(pod: Mapping[str, Any], parent: str, key: str, item: Any) -> dict[str, 
     if isinstance(holder, dict) and isinstance(holder.get(key), list):
         return {"op": "add", "path": f"/{parent}/{key}/-", "value": item}
     return {"op": "add", "path": f"/{parent}/{key}", "value": [item]}
+
+
+#: Where Prometheus finds a pod's metrics, the annotations its usual scrape configuration reads.
+SCRAPE_ANNOTATIONS: Final = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+
+
+def _scrape_annotations(metadata: Mapping[str, Any], sidecar: Sidecar) -> list[dict[str, Any]]:
+    """Annotations that point Prometheus at the sidecar's statistics; a pod that sets any of
+    them itself keeps its own (its application may be what it wants scraped)."""
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, dict) and any(k in annotations for k in SCRAPE_ANNOTATIONS):
+        return []
+    values = dict(
+        zip(SCRAPE_ANNOTATIONS, ("true", str(sidecar.stats_port), STATS_PATH), strict=True)
+    )
+    if isinstance(annotations, dict):
+        return [
+            {"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v}
+            for k, v in values.items()
+        ]
+    return [{"op": "add", "path": "/metadata/annotations", "value": values}]
 
 
 def pod_patch(
@@ -238,6 +271,8 @@ def pod_patch(
     # Readable by Envoy's uid: only the envoy container mounts it, so the key is not in
     # the application's containers at all.
     volume = {"name": VOLUME, "secret": {"secretName": secret_name(proxy_id), "defaultMode": 0o444}}
+    if sidecar.stats_port:
+        ops += _scrape_annotations(metadata if isinstance(metadata, dict) else {}, sidecar)
     ops.append(_add(pod, "spec", "initContainers", init_container(sidecar, exclusions)))
     ops.append(_add(pod, "spec", "containers", envoy_container(sidecar)))
     ops.append(_add(pod, "spec", "volumes", volume))

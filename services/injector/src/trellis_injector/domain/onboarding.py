@@ -87,6 +87,7 @@ class ProxyRequest:
     app_port: int = 0
     service_account: str = ""
     protocol: AdsProtocol = "sotw"
+    stats_port: int = 0  # Envoy's Prometheus statistics; 0: not served
 
     def __post_init__(self) -> None:
         _check_name("namespace", self.namespace)
@@ -99,6 +100,7 @@ class ProxyRequest:
             object.__setattr__(self, "service_account", self.service)
         _check_name("service_account", self.service_account, subdomain=True)
         _check_port("app_port", self.app_port, zero_ok=True)
+        _check_port("stats_port", self.stats_port, zero_ok=True)
         ports = [
             ("inbound_port", self.inbound_port),
             ("outbound_port", self.outbound_port),
@@ -108,6 +110,8 @@ class ProxyRequest:
             _check_port(name, value)
         if self.app_port:
             ports.insert(0, ("app_port", self.app_port))
+        if self.stats_port:
+            ports.append(("stats_port", self.stats_port))
         seen: dict[int, str] = {}
         for name, value in ports:
             if value in seen:
@@ -224,6 +228,7 @@ def build_bootstrap(
             app_port=request.app_port,
             admin_port=request.admin_port,
             protocol=request.protocol,
+            stats_port=request.stats_port,
         )
     )
 

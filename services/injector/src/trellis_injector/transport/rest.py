@@ -54,6 +54,9 @@ class BootstrapBody(BaseModel):
     inbound_port: int = Field(ge=PORT_MIN, le=PORT_MAX, description="mTLS from peers")
     outbound_port: int = Field(ge=PORT_MIN, le=PORT_MAX, description="the app's calls out")
     admin_port: int = Field(ge=PORT_MIN, le=PORT_MAX, description="Envoy's admin API")
+    stats_port: int = Field(
+        0, ge=0, le=PORT_MAX, description="Envoy's Prometheus statistics; 0: not served"
+    )
     protocol: AdsProtocol = Field("sotw", description="ADS flavour: state of the world or delta")
     output_dir: str = Field(description="absolute path of the files on the proxy's host")
     csr_pem: str = Field(
@@ -72,6 +75,7 @@ class BootstrapBody(BaseModel):
             admin_port=self.admin_port,
             protocol=self.protocol,
             output_dir=self.output_dir,
+            stats_port=self.stats_port,
         )
 
 
