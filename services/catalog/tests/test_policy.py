@@ -25,6 +25,7 @@ from trellis_catalog.domain.views import (
     InboundRule,
     OutboundService,
     Route,
+    Tracing,
     WeightedCluster,
 )
 from trellis_common.documents import smi
@@ -726,3 +727,16 @@ def test_without_a_split_the_first_tcp_service_by_name_takes_the_port(mesh: Mesh
     builder = mesh(docs(service("b-db", tcp), service("a-db", tcp), PERMISSIVE))
     outbound = {o.name: o.shadowed_by for o in builder.build(WEB, "web").outbound if o.port == 5432}
     assert outbound == {"a-db": "", "b-db": "shop/a-db"}
+
+
+def test_meshconfig_tracing_reaches_every_view(mesh: Mesh) -> None:
+    traced = PERMISSIVE.replace(
+        "featureFlags: {ignored: true}}",
+        "featureFlags: {ignored: true}, observability: {tracing: {enable: true, "
+        "address: zipkin.tracing, port: 9411, endpoint: /api/v2/spans}}}",
+    )
+    builder = mesh(docs(SHOP, traced))
+    assert builder.build(WEB, "web").mesh.tracing == Tracing(
+        "zipkin.tracing", 9411, "/api/v2/spans"
+    )
+    assert mesh(docs(SHOP, PERMISSIVE)).build(WEB, "web").mesh.tracing is None

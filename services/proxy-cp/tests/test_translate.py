@@ -607,3 +607,42 @@ def test_envoy_accepts_egress_and_tcp_listeners(real_material: SecretMaterial) -
     resources = translate(egress_tcp_view(), ProxySettings(app_port=8081), real_material)
     result = envoy.validate(static_bootstrap(resources))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_meshconfig_tracing_makes_every_http_manager_report_tagged_zipkin_spans(
+    real_material: SecretMaterial,
+) -> None:
+    view = store_view()
+    view.mesh.tracing.CopyFrom(
+        pb.Tracing(address="zipkin.tracing", port=9411, endpoint="/api/v2/spans")
+    )
+    resources = translate(view, ProxySettings(app_port=8081), real_material)
+    listeners = {item["name"]: item for item in map(as_dict, resources.listeners)}
+    for name, direction in (
+        (names.OUTBOUND_LISTENER, "outbound"),
+        (names.INBOUND_LISTENER, "inbound"),
+    ):
+        manager = listeners[name]["filter_chains"][0]["filters"][0]["typed_config"]
+        traced = manager["tracing"]
+        assert traced["provider"]["name"] == "envoy.tracers.zipkin"
+        zipkin = traced["provider"]["typed_config"]
+        assert (zipkin["collector_cluster"], zipkin["collector_endpoint"]) == (
+            "trellis-tracing",
+            "/api/v2/spans",
+        )
+        assert zipkin["collector_endpoint_version"] == "HTTP_JSON"
+        assert {t["tag"]: t["literal"]["value"] for t in traced["custom_tags"]} == {
+            "service": "bookstore/bookstore-v1",
+            "direction": direction,
+        }
+    clusters = {c["name"]: c for c in map(as_dict, resources.clusters)}
+    address = clusters["trellis-tracing"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    assert address["endpoint"]["address"]["socket_address"] == {
+        "address": "zipkin.tracing",
+        "port_value": 9411,
+    }
+    result = envoy.validate(static_bootstrap(resources))
+    assert result.returncode == 0, result.stdout + result.stderr
+    untraced = translate(store_view(), ProxySettings(app_port=8081), real_material)
+    assert "trellis-tracing" not in {c["name"] for c in map(as_dict, untraced.clusters)}
+    assert all("tracing" not in json_format.MessageToJson(item) for item in untraced.listeners)

@@ -195,23 +195,55 @@ class MeshSettings(_message.Message):
     TRUST_DOMAIN_FIELD_NUMBER: _builtins.int
     PERMISSIVE_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
+    TRACING_FIELD_NUMBER: _builtins.int
     trust_domain: _builtins.str
     permissive: _builtins.bool
     egress: _builtins.bool
+    @_builtins.property
+    def tracing(self) -> Global___Tracing:
+        """MeshConfig observability.tracing, when enabled: the Zipkin collector."""
+
     def __init__(
         self,
         *,
         trust_domain: _builtins.str = ...,
         permissive: _builtins.bool = ...,
         egress: _builtins.bool = ...,
+        tracing: Global___Tracing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["tracing", b"tracing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "permissive", b"permissive", "trust_domain", b"trust_domain"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "permissive", b"permissive", "tracing", b"tracing", "trust_domain", b"trust_domain"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MeshSettings: _TypeAlias = MeshSettings  # noqa: Y015
+
+@_typing.final
+class Tracing(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    port: _builtins.int
+    endpoint: _builtins.str
+    """The collector's path, such as /api/v2/spans."""
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+        port: _builtins.int = ...,
+        endpoint: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "endpoint", b"endpoint", "port", b"port"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Tracing: _TypeAlias = Tracing  # noqa: Y015
 
 @_typing.final
 class CertificateRef(_message.Message):

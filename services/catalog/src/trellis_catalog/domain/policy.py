@@ -37,6 +37,7 @@ from trellis_catalog.domain.views import (
     OutboundService,
     RetryPolicy,
     Route,
+    Tracing,
     WeightedCluster,
 )
 from trellis_common.documents import osm, smi
@@ -164,7 +165,9 @@ class PolicyBuilder:
             settings.trust_domain if settings and settings.trust_domain else trust_domain
         )
         self.cluster_domain = cluster_domain
-        self.mesh = MeshSettings(self.trust_domain, spec.permissive, spec.egress)
+        traced = settings.tracing if settings else None
+        tracing = Tracing(traced.address, traced.port, traced.endpoint) if traced else None
+        self.mesh = MeshSettings(self.trust_domain, spec.permissive, spec.egress, tracing)
         self._allowed = spec.allowed_accounts()
         # Computed once per builder, not once per (identity, destination): a build walks
         # only the accounts a source may call, so it grows with the policies, not N².

@@ -169,10 +169,20 @@ class ClusterState:
 
 
 @dataclass(frozen=True, slots=True)
+class Tracing:
+    """MeshConfig ``observability.tracing``: where sidecars send Zipkin v2 spans."""
+
+    address: str
+    port: int
+    endpoint: str
+
+
+@dataclass(frozen=True, slots=True)
 class MeshSettings:
     trust_domain: str = "cluster.local"
     permissive: bool = False
     egress: bool = False
+    tracing: Tracing | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,6 +146,9 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
             trust_domain=policy.mesh.trust_domain,
             permissive=policy.mesh.permissive,
             egress=policy.mesh.egress,
+            tracing=pb.Tracing(**messages.fields(policy.mesh.tracing))
+            if policy.mesh.tracing is not None
+            else None,
         ),
         outbound=[
             pb.OutboundService(

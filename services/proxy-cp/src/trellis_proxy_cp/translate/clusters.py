@@ -19,7 +19,7 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import egress, names
+from trellis_proxy_cp.translate import egress, names, tracing
 from trellis_proxy_cp.translate.common import ads, pack, seconds, socket_address, upstream_tls
 from trellis_proxy_cp.translate.settings import ProxySettings
 
@@ -141,6 +141,9 @@ def clusters(view: catalog_pb2.View, settings: ProxySettings) -> list[cluster_pb
     found += [inbound_cluster(p, settings) for p in inbound_ports(view, settings)]
     if view.mesh.egress:
         found.append(egress.cluster())
+    collector = tracing.cluster(view)
+    if collector is not None:
+        found.append(collector)
     return found
 
 

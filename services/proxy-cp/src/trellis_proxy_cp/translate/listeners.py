@@ -19,7 +19,7 @@ from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import authz, egress, names
+from trellis_proxy_cp.translate import authz, egress, names, tracing
 from trellis_proxy_cp.translate.common import ads, downstream_mtls, pack, socket_address
 from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 
@@ -27,19 +27,23 @@ ROUTER = hcm.HttpFilter(name="envoy.filters.http.router", typed_config=pack(rout
 
 
 def _manager(
-    stat_prefix: str, route_config: str, filters: list[hcm.HttpFilter]
+    view: catalog_pb2.View, stat_prefix: str, route_config: str, filters: list[hcm.HttpFilter]
 ) -> hcm.HttpConnectionManager:
-    return hcm.HttpConnectionManager(
+    manager = hcm.HttpConnectionManager(
         stat_prefix=stat_prefix,
         codec_type=hcm.HttpConnectionManager.AUTO,
         rds=hcm.Rds(config_source=ads(), route_config_name=route_config),
         http_filters=[*filters, ROUTER],
     )
+    traced = tracing.tracing(view, stat_prefix)
+    if traced is not None:
+        manager.tracing.CopyFrom(traced)
+    return manager
 
 
 def outbound(view: catalog_pb2.View, address: str, port: int) -> listener_pb2.Listener:
     filters = [egress.http_filter()] if view.mesh.egress else []
-    manager = _manager("outbound", names.OUTBOUND_ROUTES, filters)
+    manager = _manager(view, "outbound", names.OUTBOUND_ROUTES, filters)
     return listener_pb2.Listener(
         name=names.OUTBOUND_LISTENER,
         address=socket_address(address, port),
@@ -64,7 +68,7 @@ def inbound(
     served = ports[0]
     if served.protocol in HTTP_PROTOCOLS:
         # the rules are in the route configuration (authz.per_route): no policy in here
-        manager = _manager("inbound", names.INBOUND_ROUTES, [authz.http_filter()])
+        manager = _manager(view, "inbound", names.INBOUND_ROUTES, [authz.http_filter()])
         manager.forward_client_cert_details = hcm.HttpConnectionManager.SANITIZE_SET
         manager.set_current_client_cert_details.uri = True
         filters = [
