@@ -8,7 +8,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PY_SRC := libs services tests bench tools
 PROTO_OUT := libs/api/src
 
-.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check chart pytest unit integration fuzz bench image clean
+.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench image clean
 
 help:
 	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/)"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench  - benchmarks with figures and ratios against baselines measured in the same run"
 	@echo "make proto  - regenerate libs/api from proto/"
 	@echo "make chart  - regenerate the Helm chart's CRDs and Redis ACL rules from the code"
+	@echo "make dashboards - regenerate the Grafana dashboards in deploy/grafana"
 	@echo "make image  - build the container image (deploy/Dockerfile) where a Docker engine exists"
 
 # System packages: redis-server (tests and local runs need a real one).
@@ -100,6 +101,9 @@ proto-check:
 # (files/redis-acl.yaml); tools/chartgen.py writes them, tests/deploy checks they are current.
 chart:
 	$(UV) run python tools/chartgen.py
+
+dashboards:
+	$(UV) run python tools/dashboards.py
 
 pytest:
 	$(UV) run pytest -q -p no:cacheprovider
