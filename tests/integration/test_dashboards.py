@@ -62,7 +62,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def exported(text: str) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):
             base = line.split()[2]

@@ -49,7 +49,13 @@ def test_connection_settings_cap_what_clients_send(mesh: Mesh) -> None:
         dump = buyer.envoy.get("/config_dump?resource=dynamic_active_clusters").text
         return '"max_pending_requests": 1' in dump
 
-    asyncio.run(eventually(capped, timeout=15, interval=0.2, message="thresholds reach Envoy"))
+    try:
+        # a changed EDS cluster warms (its load assignment again) before it is active
+        asyncio.run(eventually(capped, timeout=40, interval=0.2, message="thresholds active"))
+    except AssertionError:
+        warming = buyer.envoy.get("/config_dump?resource=dynamic_warming_clusters").text
+        proxies = mesh.proxies()
+        raise AssertionError(f"warming: {warming[:3000]}\nproxies: {proxies}") from None
     before = v1_app.requests
     answers = burst(buyer, 8)
     codes = sorted(r.status_code for r in answers)
