@@ -50,8 +50,10 @@ def test_connection_settings_cap_what_clients_send(mesh: Mesh) -> None:
         return '"max_pending_requests": 1' in dump
 
     try:
-        # a changed EDS cluster warms (its load assignment again) before it is active
-        asyncio.run(eventually(capped, timeout=40, interval=0.2, message="thresholds active"))
+        # the updated cluster is active once its load assignment follows the CDS update
+        # (proxy-cp re-sends it: Envoy's delta stream does not ask), well before the 15 s
+        # initial fetch timeout would make it active with no endpoints
+        asyncio.run(eventually(capped, timeout=10, interval=0.2, message="thresholds active"))
     except AssertionError:
         warming = buyer.envoy.get("/config_dump?resource=dynamic_warming_clusters").text
         proxies = mesh.proxies()

@@ -117,6 +117,41 @@ async def test_only_changed_resources_are_sent_and_removals_named(
     await envoy.quiet()
 
 
+async def test_an_updated_eds_cluster_gets_its_load_assignment_again(
+    ads: t.AdsHarness, cache: SnapshotCache
+) -> None:
+    """Envoy warms an updated EDS cluster until its assignment arrives, and over delta it does
+    not ask again (the name stays subscribed): the assignment follows the CDS response."""
+    cache.set_snapshot("mesh", endpoints((1,), (2,)))
+    envoy = await ads.open(delta=True)
+    await envoy.send(node=t.node(), type_url=CLUSTER)
+    await envoy.ack(await envoy.recv())
+    await envoy.send(type_url=ENDPOINT, resource_names_subscribe=["c0", "c1"])
+    await envoy.ack(await envoy.recv())
+
+    changed = t.cluster("c0")
+    changed.connect_timeout.FromMilliseconds(900)  # the cluster moves, its endpoints do not
+    cache.set_snapshot(
+        "mesh",
+        t.snapshot(
+            "v2", changed, t.load_assignment("c0", 1), t.cluster("c1"), t.load_assignment("c1", 2)
+        ),
+    )
+    cds = await envoy.recv()
+    assert (cds.type_url, names_of(cds)) == (CLUSTER, ["c0"])
+    eds = await envoy.recv()
+    assert (eds.type_url, names_of(eds)) == (ENDPOINT, ["c0"])  # the same assignment, again
+    await envoy.ack(cds)
+    await envoy.ack(eds)
+    await envoy.quiet()
+
+    cache.set_snapshot("mesh", endpoints((1,), (2,), (3,)))  # a new cluster: Envoy asks itself
+    cds = await envoy.recv()
+    assert names_of(cds) == ["c0", "c2"]  # c0 back to its old timeout, c2 new
+    eds = await envoy.recv()
+    assert names_of(eds) == ["c0"]
+
+
 async def test_initial_resource_versions_suppress_what_the_proxy_holds(
     ads: t.AdsHarness, cache: SnapshotCache
 ) -> None:

@@ -22,6 +22,11 @@ The rules, from Envoy's xDS protocol doc:
   as held, so they are not sent again until they change.
 * The first request of a type is always answered, if need be with an empty response, so a
   proxy with nothing to fetch still completes its initial fetch.
+* An EDS cluster the proxy already had, updated over CDS, warms until its load assignment
+  arrives, and Envoy (1.40, delta) does not ask for it again: the name stays subscribed by
+  the old cluster. So its ClusterLoadAssignment is sent again right after the CDS response,
+  or the updated cluster would warm until ``initial_fetch_timeout`` (15 s) and then serve
+  with no endpoints.
 
 Subscriptions accumulate over requests, so the names subscribed to per type are capped
 (``max_resource_names``, :mod:`.limits`) after each request, besides the cap per request.
@@ -52,7 +57,8 @@ from trellis_proxy_cp.transport.streams import (
     TypeState,
     short,
 )
-from trellis_proxy_cp.types import TypeUrl
+from trellis_proxy_cp.cache.references import eds_service_name
+from trellis_proxy_cp.types import CLUSTER, ENDPOINT, TypeUrl
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +182,7 @@ class DeltaMachine:
             ],
             removed_resources=removed,
         )
+        rewarm = self._rewarming(type_url, held, changed)
         for resource in changed:
             held.versions[resource.name] = resource.version
         for name in removed:
@@ -193,6 +200,25 @@ class DeltaMachine:
             len(removed),
         )
         self._send(Outgoing(response, type_url, version))
+        if rewarm:
+            endpoints = self._held[ENDPOINT]
+            endpoints.force |= rewarm
+            self._flush(ENDPOINT, self._stream.state(ENDPOINT), endpoints, snapshot)
+
+    def _rewarming(self, type_url: TypeUrl, held: _Held, changed: list[Any]) -> set[str]:
+        """The load assignments of EDS clusters this CDS response updates (not adds) and the
+        proxy subscribes to: they must follow (see the module docstring)."""
+        if type_url != CLUSTER or ENDPOINT not in self._held:
+            return set()
+        subscribed = self._stream.state(ENDPOINT).names
+        found = set()
+        for resource in changed:
+            if held.versions.get(resource.name) is None:
+                continue  # a new cluster: Envoy subscribes to its assignment itself
+            name = eds_service_name(resource.body)
+            if name is not None and name in subscribed:
+                found.add(name)
+        return found
 
     def _ack(self, type_url: TypeUrl, state: TypeState) -> None:
         version = state.sent_version or ""
