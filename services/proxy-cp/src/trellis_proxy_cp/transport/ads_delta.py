@@ -43,6 +43,7 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from trellis_proxy_cp.cache.references import eds_service_name
 from trellis_proxy_cp.cache.snapshot import Snapshot, push_order
 from trellis_proxy_cp.cache.store import SnapshotSource
 from trellis_proxy_cp.transport import limits
@@ -57,7 +58,6 @@ from trellis_proxy_cp.transport.streams import (
     TypeState,
     short,
 )
-from trellis_proxy_cp.cache.references import eds_service_name
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, TypeUrl
 
 log = logging.getLogger(__name__)
