@@ -20,7 +20,14 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from trellis_api import catalog_pb2
 from trellis_proxy_cp.translate import egress, names, tracing
-from trellis_proxy_cp.translate.common import ads, pack, seconds, socket_address, upstream_tls
+from trellis_proxy_cp.translate.common import (
+    ads,
+    one_endpoint,
+    pack,
+    seconds,
+    socket_address,
+    upstream_tls,
+)
 from trellis_proxy_cp.translate.settings import ProxySettings
 
 CONNECT_TIMEOUT = 1.0
@@ -112,24 +119,12 @@ def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
 
 def inbound_cluster(port: catalog_pb2.InboundPort, settings: ProxySettings) -> cluster_pb2.Cluster:
     app_port = settings.app_port or port.target_port or port.port
+    name = names.inbound_cluster(port.port)
     cluster = cluster_pb2.Cluster(
-        name=names.inbound_cluster(port.port),
+        name=name,
         type=cluster_pb2.Cluster.STATIC,
         connect_timeout=seconds(CONNECT_TIMEOUT),
-        load_assignment=endpoint_pb2.ClusterLoadAssignment(
-            cluster_name=names.inbound_cluster(port.port),
-            endpoints=[
-                endpoint_components_pb2.LocalityLbEndpoints(
-                    lb_endpoints=[
-                        endpoint_components_pb2.LbEndpoint(
-                            endpoint=endpoint_components_pb2.Endpoint(
-                                address=socket_address(settings.app_address, app_port)
-                            )
-                        )
-                    ]
-                )
-            ],
-        ),
+        load_assignment=one_endpoint(name, settings.app_address, app_port),
     )
     if port.protocol in ("http2", "grpc"):
         _http2(cluster)

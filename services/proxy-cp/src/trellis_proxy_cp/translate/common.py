@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
@@ -23,6 +24,24 @@ def seconds(value: float) -> duration_pb2.Duration:
     duration = duration_pb2.Duration()
     duration.FromNanoseconds(int(value * 1e9))
     return duration
+
+
+def one_endpoint(cluster_name: str, address: str, port: int) -> endpoint_pb2.ClusterLoadAssignment:
+    """A load assignment of one address (the local application, a collector)."""
+    return endpoint_pb2.ClusterLoadAssignment(
+        cluster_name=cluster_name,
+        endpoints=[
+            endpoint_components_pb2.LocalityLbEndpoints(
+                lb_endpoints=[
+                    endpoint_components_pb2.LbEndpoint(
+                        endpoint=endpoint_components_pb2.Endpoint(
+                            address=socket_address(address, port)
+                        )
+                    )
+                ]
+            )
+        ],
+    )
 
 
 def socket_address(address: str, port: int) -> address_pb2.Address:

@@ -10,7 +10,6 @@ do. Without a collector nothing is traced and no cluster is made.
 from __future__ import annotations
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.trace.v3 import http_tracer_pb2, zipkin_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm,
@@ -18,7 +17,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.type.tracing.v3 import custom_tag_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate.common import pack, seconds, socket_address
+from trellis_proxy_cp.translate.common import one_endpoint, pack, seconds
 
 CLUSTER = "trellis-tracing"
 
@@ -59,18 +58,5 @@ def cluster(view: catalog_pb2.View) -> cluster_pb2.Cluster | None:
         name=CLUSTER,
         type=cluster_pb2.Cluster.STRICT_DNS,
         connect_timeout=seconds(1.0),
-        load_assignment=endpoint_pb2.ClusterLoadAssignment(
-            cluster_name=CLUSTER,
-            endpoints=[
-                endpoint_components_pb2.LocalityLbEndpoints(
-                    lb_endpoints=[
-                        endpoint_components_pb2.LbEndpoint(
-                            endpoint=endpoint_components_pb2.Endpoint(
-                                address=socket_address(found.address, found.port)
-                            )
-                        )
-                    ]
-                )
-            ],
-        ),
+        load_assignment=one_endpoint(CLUSTER, found.address, found.port),
     )
