@@ -92,3 +92,17 @@ _.response_status_code
 _.response_headers_to_add
 # socketserver calls a request handler's handle() (trellis_common.testing.apps.TcpApp).
 _.handle
+
+# Envoy route fields set on protobuf messages: the proxy reads them from the wire.
+_.path_separated_prefix
+_.scheme_redirect
+_.host_redirect
+_.port_redirect
+_.path_redirect
+_.prefix_rewrite
+_.host_rewrite_literal
+_.cluster_not_found_response_code
+
+# Gateway API filter fields: pydantic fills them, _filter_field reads them by name.
+_.request_redirect
+_.url_rewrite

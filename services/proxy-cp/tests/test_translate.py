@@ -7,15 +7,14 @@ validate``, so a field Envoy rejects fails here rather than as a NACK in product
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import json_format
-from google.protobuf.message import Message
 
 from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
+from trellis_proxy_cp.testing.static import as_dict, self_signed_material, static_bootstrap
 from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.proxy import Resources, translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
@@ -144,73 +143,9 @@ def store_view(protocol: str = "http", rules: bool = True, permissive: bool = Fa
     )
 
 
-def as_dict(message: Message) -> dict[str, Any]:
-    body: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    return body
-
-
-def static_bootstrap(resources: Resources) -> dict[str, Any]:
-    """Fold dynamic references into a static configuration Envoy validates offline."""
-    routes = {r["name"]: r for r in map(as_dict, resources.routes)}
-    loads = {e["cluster_name"]: e for e in map(as_dict, resources.endpoints)}
-
-    def fold(node: Any) -> Any:
-        if isinstance(node, dict):
-            if "rds" in node:
-                name = node.pop("rds")["route_config_name"]
-                node["route_config"] = routes[name]
-            node.pop("sds_config", None)
-            return {k: fold(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [fold(v) for v in node]
-        return node
-
-    clusters = []
-    for item in map(as_dict, resources.clusters):
-        if item.get("type") == "EDS":
-            item.pop("eds_cluster_config")
-            item["type"] = "STATIC"
-            item["load_assignment"] = loads[item["name"]]
-        clusters.append(fold(item))
-    secrets = [as_dict(s) for s in resources.secrets]
-    return {
-        "static_resources": {
-            "listeners": [fold(as_dict(item)) for item in resources.listeners],
-            "clusters": clusters,
-            "secrets": secrets,
-        }
-    }
-
-
 @pytest.fixture
-def real_material(tmp_path: Path) -> SecretMaterial:
-    """A real certificate and key: validate mode loads secrets."""
-    import datetime as dt
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now)
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return SecretMaterial(pem, key_pem, pem)
+def real_material() -> SecretMaterial:
+    return self_signed_material()
 
 
 def test_outbound_routes_hosts_and_weights() -> None:

@@ -386,25 +386,249 @@ class Route(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     MATCH_FIELD_NUMBER: _builtins.int
     CLUSTERS_FIELD_NUMBER: _builtins.int
+    HOSTNAMES_FIELD_NUMBER: _builtins.int
+    REQUEST_HEADERS_FIELD_NUMBER: _builtins.int
+    RESPONSE_HEADERS_FIELD_NUMBER: _builtins.int
+    MIRRORS_FIELD_NUMBER: _builtins.int
+    REDIRECT_FIELD_NUMBER: _builtins.int
+    REWRITE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    BACKEND_TIMEOUT_FIELD_NUMBER: _builtins.int
+    DIRECT_STATUS_FIELD_NUMBER: _builtins.int
+    INVALID_STATUS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    timeout: _builtins.float
+    """Seconds; unset: no deadline."""
+    backend_timeout: _builtins.float
+    direct_status: _builtins.int
+    """Answer every matching request with this status instead of forwarding (404: no route,
+    UNIMPLEMENTED for gRPC; 500: a filter that cannot be applied; 503: no backend).
+    """
+    invalid_status: _builtins.int
+    """The status of a weighted cluster that names no cluster (an invalid backend's share):
+    503 (gRPC UNAVAILABLE) for GRPCRoute, 500 for HTTPRoute.
+    """
+    source: _builtins.str
+    """"<Kind> <namespace>/<name> rule <n>" of the Gateway API route this comes from."""
     @_builtins.property
     def match(self) -> Global___HttpMatch: ...
     @_builtins.property
     def clusters(self) -> _containers.RepeatedCompositeFieldContainer[Global___WeightedCluster]: ...
+    @_builtins.property
+    def hostnames(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Gateway API routes (HTTPRoute, GRPCRoute) add the rest; SMI routes leave it unset.
+        The route applies only to requests for these names (empty: every name of the service).
+        """
+
+    @_builtins.property
+    def request_headers(self) -> Global___HeaderEdits: ...
+    @_builtins.property
+    def response_headers(self) -> Global___HeaderEdits: ...
+    @_builtins.property
+    def mirrors(self) -> _containers.RepeatedCompositeFieldContainer[Global___Mirror]: ...
+    @_builtins.property
+    def redirect(self) -> Global___Redirect: ...
+    @_builtins.property
+    def rewrite(self) -> Global___Rewrite: ...
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         match: Global___HttpMatch | None = ...,
         clusters: _abc.Iterable[Global___WeightedCluster] | None = ...,
+        hostnames: _abc.Iterable[_builtins.str] | None = ...,
+        request_headers: Global___HeaderEdits | None = ...,
+        response_headers: Global___HeaderEdits | None = ...,
+        mirrors: _abc.Iterable[Global___Mirror] | None = ...,
+        redirect: Global___Redirect | None = ...,
+        rewrite: Global___Rewrite | None = ...,
+        timeout: _builtins.float | None = ...,
+        backend_timeout: _builtins.float | None = ...,
+        direct_status: _builtins.int = ...,
+        invalid_status: _builtins.int = ...,
+        source: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["match", b"match"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_backend_timeout", b"_backend_timeout", "_timeout", b"_timeout", "backend_timeout", b"backend_timeout", "match", b"match", "redirect", b"redirect", "request_headers", b"request_headers", "response_headers", b"response_headers", "rewrite", b"rewrite", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clusters", b"clusters", "match", b"match", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_backend_timeout", b"_backend_timeout", "_timeout", b"_timeout", "backend_timeout", b"backend_timeout", "clusters", b"clusters", "direct_status", b"direct_status", "hostnames", b"hostnames", "invalid_status", b"invalid_status", "match", b"match", "mirrors", b"mirrors", "name", b"name", "redirect", b"redirect", "request_headers", b"request_headers", "response_headers", b"response_headers", "rewrite", b"rewrite", "source", b"source", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__backend_timeout: _TypeAlias = _typing.Literal["backend_timeout"]  # noqa: Y015
+    _WhichOneofArgType__backend_timeout: _TypeAlias = _typing.Literal["_backend_timeout", b"_backend_timeout"]  # noqa: Y015
+    _WhichOneofReturnType__timeout: _TypeAlias = _typing.Literal["timeout"]  # noqa: Y015
+    _WhichOneofArgType__timeout: _TypeAlias = _typing.Literal["_timeout", b"_timeout"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__backend_timeout) -> _WhichOneofReturnType__backend_timeout | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout) -> _WhichOneofReturnType__timeout | None: ...
+
+Global___Route: _TypeAlias = Route  # noqa: Y015
+
+@_typing.final
+class HeaderEdits(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SET_FIELD_NUMBER: _builtins.int
+    ADD_FIELD_NUMBER: _builtins.int
+    REMOVE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def set(self) -> _containers.RepeatedCompositeFieldContainer[Global___Header]: ...
+    @_builtins.property
+    def add(self) -> _containers.RepeatedCompositeFieldContainer[Global___Header]: ...
+    @_builtins.property
+    def remove(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        set: _abc.Iterable[Global___Header] | None = ...,
+        add: _abc.Iterable[Global___Header] | None = ...,
+        remove: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "remove", b"remove", "set", b"set"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Route: _TypeAlias = Route  # noqa: Y015
+Global___HeaderEdits: _TypeAlias = HeaderEdits  # noqa: Y015
+
+@_typing.final
+class Header(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Header: _TypeAlias = Header  # noqa: Y015
+
+@_typing.final
+class Mirror(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    NUMERATOR_FIELD_NUMBER: _builtins.int
+    DENOMINATOR_FIELD_NUMBER: _builtins.int
+    cluster: _builtins.str
+    numerator: _builtins.int
+    denominator: _builtins.int
+    def __init__(
+        self,
+        *,
+        cluster: _builtins.str = ...,
+        numerator: _builtins.int = ...,
+        denominator: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "denominator", b"denominator", "numerator", b"numerator"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Mirror: _TypeAlias = Mirror  # noqa: Y015
+
+@_typing.final
+class Redirect(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEME_FIELD_NUMBER: _builtins.int
+    HOSTNAME_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    STATUS_CODE_FIELD_NUMBER: _builtins.int
+    FULL_PATH_FIELD_NUMBER: _builtins.int
+    PREFIX_PATH_FIELD_NUMBER: _builtins.int
+    MATCHED_PREFIX_FIELD_NUMBER: _builtins.int
+    scheme: _builtins.str
+    hostname: _builtins.str
+    port: _builtins.int
+    status_code: _builtins.int
+    full_path: _builtins.str
+    prefix_path: _builtins.str
+    matched_prefix: _builtins.str
+    """the matched prefix a prefix_path replaces"""
+    def __init__(
+        self,
+        *,
+        scheme: _builtins.str = ...,
+        hostname: _builtins.str = ...,
+        port: _builtins.int = ...,
+        status_code: _builtins.int = ...,
+        full_path: _builtins.str = ...,
+        prefix_path: _builtins.str = ...,
+        matched_prefix: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["full_path", b"full_path", "hostname", b"hostname", "matched_prefix", b"matched_prefix", "port", b"port", "prefix_path", b"prefix_path", "scheme", b"scheme", "status_code", b"status_code"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Redirect: _TypeAlias = Redirect  # noqa: Y015
+
+@_typing.final
+class Rewrite(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOSTNAME_FIELD_NUMBER: _builtins.int
+    FULL_PATH_FIELD_NUMBER: _builtins.int
+    PREFIX_PATH_FIELD_NUMBER: _builtins.int
+    MATCHED_PREFIX_FIELD_NUMBER: _builtins.int
+    hostname: _builtins.str
+    full_path: _builtins.str
+    prefix_path: _builtins.str
+    matched_prefix: _builtins.str
+    def __init__(
+        self,
+        *,
+        hostname: _builtins.str = ...,
+        full_path: _builtins.str = ...,
+        prefix_path: _builtins.str = ...,
+        matched_prefix: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["full_path", b"full_path", "hostname", b"hostname", "matched_prefix", b"matched_prefix", "prefix_path", b"prefix_path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Rewrite: _TypeAlias = Rewrite  # noqa: Y015
+
+@_typing.final
+class ValueMatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    REGEX_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.str
+    regex: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str = ...,
+        regex: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "regex", b"regex", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ValueMatch: _TypeAlias = ValueMatch  # noqa: Y015
 
 @_typing.final
 class HttpMatch(_message.Message):
@@ -433,21 +657,40 @@ class HttpMatch(_message.Message):
     PATH_REGEX_FIELD_NUMBER: _builtins.int
     METHODS_FIELD_NUMBER: _builtins.int
     HEADERS_FIELD_NUMBER: _builtins.int
+    PATH_EXACT_FIELD_NUMBER: _builtins.int
+    PATH_PREFIX_FIELD_NUMBER: _builtins.int
+    HEADER_MATCHES_FIELD_NUMBER: _builtins.int
+    QUERY_PARAMS_FIELD_NUMBER: _builtins.int
     path_regex: _builtins.str
+    path_exact: _builtins.str
+    """Gateway API matches: a path exactly, or by whole segments; headers and query
+    parameters exactly or by regex (path_regex then stays empty or ".*").
+    """
+    path_prefix: _builtins.str
     @_builtins.property
     def methods(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
-    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """SMI header matches: name -> regex"""
+
+    @_builtins.property
+    def header_matches(self) -> _containers.RepeatedCompositeFieldContainer[Global___ValueMatch]: ...
+    @_builtins.property
+    def query_params(self) -> _containers.RepeatedCompositeFieldContainer[Global___ValueMatch]: ...
     def __init__(
         self,
         *,
         path_regex: _builtins.str = ...,
         methods: _abc.Iterable[_builtins.str] | None = ...,
         headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        path_exact: _builtins.str = ...,
+        path_prefix: _builtins.str = ...,
+        header_matches: _abc.Iterable[Global___ValueMatch] | None = ...,
+        query_params: _abc.Iterable[Global___ValueMatch] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "methods", b"methods", "path_regex", b"path_regex"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header_matches", b"header_matches", "headers", b"headers", "methods", b"methods", "path_exact", b"path_exact", "path_prefix", b"path_prefix", "path_regex", b"path_regex", "query_params", b"query_params"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -459,17 +702,28 @@ class WeightedCluster(_message.Message):
 
     CLUSTER_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    REQUEST_HEADERS_FIELD_NUMBER: _builtins.int
+    RESPONSE_HEADERS_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
+    """empty: an invalid backend, its share answered with the route's invalid_status"""
     weight: _builtins.int
+    @_builtins.property
+    def request_headers(self) -> Global___HeaderEdits:
+        """a Gateway API backendRef's own filters"""
+
+    @_builtins.property
+    def response_headers(self) -> Global___HeaderEdits: ...
     def __init__(
         self,
         *,
         cluster: _builtins.str = ...,
         weight: _builtins.int = ...,
+        request_headers: Global___HeaderEdits | None = ...,
+        response_headers: Global___HeaderEdits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request_headers", b"request_headers", "response_headers", b"response_headers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "request_headers", b"request_headers", "response_headers", b"response_headers", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

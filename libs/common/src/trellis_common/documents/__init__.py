@@ -10,10 +10,11 @@ from trellis_common.documents.base import KindRegistry
 
 
 def all_kinds() -> KindRegistry:
-    """A registry of every kind Trellis reads (core, SMI, Istio, MeshConfig, OSM policy)."""
-    from trellis_common.documents import core, istio, meshconfig, osm, smi
+    """A registry of every kind Trellis reads (core, SMI, Istio, MeshConfig, OSM policy,
+    Gateway API routes)."""
+    from trellis_common.documents import core, gateway, istio, meshconfig, osm, smi
 
     registry = KindRegistry()
-    for module in (core, smi, istio, meshconfig, osm):
+    for module in (core, smi, istio, meshconfig, osm, gateway):
         module.register(registry)
     return registry

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -30,6 +31,8 @@ class ObjectMeta(StrictModel):
     namespace: str = "default"
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+    # when the API server created the object; Gateway API routes use it for precedence
+    creation_timestamp: datetime | None = Field(default=None, alias="creationTimestamp")
 
     @field_validator("name")
     @classmethod

@@ -167,6 +167,14 @@ class ServicePort(StrictModel):
                 return protocol
         return "http"
 
+    def protocol_is_declared(self) -> bool:
+        """The protocol comes from ``appProtocol`` or the port's name, not the HTTP default
+        (a GRPCRoute's backend port without either is gRPC)."""
+        if self.protocol != "TCP" or self.app_protocol is not None:
+            return True
+        name = (self.name or "").lower()
+        return any(name == p or name.startswith(p + "-") for p, _ in _NAME_PREFIXES)
+
 
 class ServiceSpec(StrictModel):
     ports: tuple[ServicePort, ...] = ()

@@ -239,5 +239,103 @@ SEEDS: Final[tuple[Mapping[str, Any], ...]] = (
             ],
         },
     },
+    *(
+        {
+            "apiVersion": version,
+            "kind": "GRPCRoute",
+            "metadata": {
+                "name": "hello",
+                "namespace": "shop",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {
+                "parentRefs": [{"group": "", "kind": "Service", "name": "hello", "port": 9000}],
+                "hostnames": ["hello.shop.svc.cluster.local", "*.shop"],
+                "rules": [
+                    {
+                        "matches": [
+                            {
+                                "method": {"service": "helloworld.Greeter", "method": "SayHello"},
+                                "headers": [{"name": "x-version", "value": "2"}],
+                            },
+                            {
+                                "method": {"type": "RegularExpression", "method": "Say.*"},
+                                "headers": [
+                                    {"type": "RegularExpression", "name": "env", "value": "a|b"}
+                                ],
+                            },
+                        ],
+                        "filters": [
+                            {
+                                "type": "RequestHeaderModifier",
+                                "requestHeaderModifier": {
+                                    "set": [{"name": "x-a", "value": "1"}],
+                                    "add": [{"name": "x-b", "value": "2"}],
+                                    "remove": ["x-c"],
+                                },
+                            },
+                            {
+                                "type": "RequestMirror",
+                                "requestMirror": {
+                                    "backendRef": {"name": "hello-shadow", "port": 9000},
+                                    "percent": 10,
+                                },
+                            },
+                        ],
+                        "backendRefs": [
+                            {"name": "hello-v1", "port": 9000, "weight": 80},
+                            {"name": "hello-v2", "port": 9000, "weight": 20},
+                        ],
+                    }
+                ],
+            },
+        }
+        for version in ("gateway.networking.k8s.io/v1alpha2", "gateway.networking.k8s.io/v1")
+    ),
+    *(
+        {
+            "apiVersion": version,
+            "kind": "HTTPRoute",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {
+                "parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
+                "hostnames": ["web.shop"],
+                "rules": [
+                    {
+                        "matches": [
+                            {
+                                "path": {"type": "PathPrefix", "value": "/api"},
+                                "headers": [{"name": "x-env", "value": "canary"}],
+                                "queryParams": [{"name": "debug", "value": "1"}],
+                                "method": "GET",
+                            }
+                        ],
+                        "filters": [
+                            {
+                                "type": "URLRewrite",
+                                "urlRewrite": {
+                                    "hostname": "web.internal",
+                                    "path": {
+                                        "type": "ReplacePrefixMatch",
+                                        "replacePrefixMatch": "/v2",
+                                    },
+                                },
+                            },
+                            {
+                                "type": "ResponseHeaderModifier",
+                                "responseHeaderModifier": {"set": [{"name": "x-r", "value": "1"}]},
+                            },
+                        ],
+                        "backendRefs": [
+                            {"name": "web-v1", "port": 80, "weight": 90},
+                            {"name": "web-v2", "port": 80, "weight": 10},
+                        ],
+                        "timeouts": {"request": "10s", "backendRequest": "2s"},
+                    }
+                ],
+            },
+        }
+        for version in ("gateway.networking.k8s.io/v1beta1", "gateway.networking.k8s.io/v1")
+    ),
 )
 """One valid document per kind and apiVersion Trellis reads, using most of each schema."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 
-from trellis_catalog.domain import inbound
+from trellis_catalog.domain import gamma, gateway, inbound
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService, PortSpec, spiffe_id
 from trellis_catalog.domain.spec import MeshSpec
@@ -125,12 +125,7 @@ def _seconds(duration: timedelta | None) -> float | None:
 def hostnames(
     service: MeshService, port: int, cluster_domain: str, hosts: tuple[str, ...]
 ) -> tuple[str, ...]:
-    names = list(hosts) or [
-        service.name,
-        f"{service.name}.{service.namespace}",
-        f"{service.name}.{service.namespace}.svc",
-        f"{service.name}.{service.namespace}.svc.{cluster_domain}",
-    ]
+    names = gateway.service_names(service, cluster_domain, hosts)
     return tuple(names + [f"{name}:{port}" for name in names])
 
 
@@ -156,6 +151,7 @@ class PolicyBuilder:
         account_of: AccountOf,
         trust_domain: str,
         cluster_domain: str = "cluster.local",
+        routes: gateway.Resolved | None = None,
     ) -> None:
         self.spec = spec
         self.services = services
@@ -182,6 +178,7 @@ class PolicyBuilder:
             (root, split, split.weighted_services()) for root, split in spec.splits.items()
         ]
         self._spiffe_ids: dict[MeshService, str] = {}
+        self.routes = routes or gateway.resolve(spec.gateway_routes, services, {}, cluster_domain)
 
     def account(self, service: MeshService) -> ServiceAccount:
         found = self._accounts.get(service)
@@ -225,6 +222,10 @@ class PolicyBuilder:
             names.add("")
         return tuple(sorted(names))
 
+    def names(self, known: KnownService, port: int) -> tuple[str, ...]:
+        """Every name a client may use for ``known`` on ``port``."""
+        return hostnames(known.service, port, self.cluster_domain, known.hosts)
+
     def _callable(self, source: ServiceAccount) -> list[MeshService]:
         if self.spec.permissive:
             return list(self.services)
@@ -233,7 +234,7 @@ class PolicyBuilder:
             found.update(dict.fromkeys(self._by_account.get(account, ())))
         return list(found)
 
-    def _cluster_ref(
+    def cluster_ref(
         self, known: KnownService, port: PortSpec, source: ServiceAccount
     ) -> ClusterRef:
         ref = known.cluster_ref(port)
@@ -250,15 +251,25 @@ class PolicyBuilder:
         source = ServiceAccount(identity.namespace, service_account)
         clusters: dict[str, ClusterRef] = {}
         outbound: list[OutboundService] = []
+        routed = {
+            parent: rules
+            for parent in self.routes.rules
+            if (rules := self.routes.for_client(parent, identity.namespace))
+        }
         for service in self._callable(source):
             known = self.services[service]
             if known.external or not known.exported_to(identity.namespace):
                 continue
-            if service in self.spec.splits:
-                continue  # handled with its root below
+            if service in self.spec.splits or service in routed:
+                continue  # handled with its root or its Gateway API routes below
             outbound += self._direct(known, source, clusters)
         for root, split, backends in self._splits:
-            outbound += self._split(root, split, backends, source, clusters)
+            if root not in routed:  # Gateway API routes on a root take over from its split
+                outbound += self._split(root, split, backends, source, clusters)
+        for parent, rules in routed.items():
+            known = self.services[parent]
+            if known.exported_to(identity.namespace):
+                outbound += gamma.outbound(self, known, rules, source, clusters)
         outbound = shadow_tcp([self._retried(o, source) for o in outbound], self.spec)
         external = self._external(identity.namespace, clusters)
         return IdentityPolicy(
@@ -292,7 +303,7 @@ class PolicyBuilder:
         )
         return replace(outbound, retry=retry)
 
-    def _spiffe(self, services: list[MeshService]) -> tuple[str, ...]:
+    def spiffe(self, services: list[MeshService]) -> tuple[str, ...]:
         found = set()
         for service in services:
             spiffe = self._spiffe_ids.get(service)
@@ -309,7 +320,7 @@ class PolicyBuilder:
     ) -> list[OutboundService]:
         found = []
         for port in known.ports:
-            ref = self._cluster_ref(known, port, source)
+            ref = self.cluster_ref(known, port, source)
             clusters[ref.name] = ref
             found.append(
                 OutboundService(
@@ -317,9 +328,9 @@ class PolicyBuilder:
                     name=known.service.name,
                     port=port.port,
                     protocol=port.protocol,
-                    hostnames=hostnames(known.service, port.port, self.cluster_domain, known.hosts),
+                    hostnames=self.names(known, port.port),
                     routes=(Route("default", MATCH_ALL, (WeightedCluster(ref.name, 100),)),),
-                    spiffe_ids=self._spiffe([known.service]),
+                    spiffe_ids=self.spiffe([known.service]),
                 )
             )
         return found
@@ -357,7 +368,7 @@ class PolicyBuilder:
                 backend_port = _same_port(known, port)
                 if backend_port is None:
                     continue
-                ref = self._cluster_ref(known, backend_port, source)
+                ref = self.cluster_ref(known, backend_port, source)
                 clusters[ref.name] = ref
                 weighted.append(WeightedCluster(ref.name, backend.weight))
             if not weighted:
@@ -371,7 +382,7 @@ class PolicyBuilder:
             if not routes or port.protocol == "tcp":  # HTTP matches cannot select TCP
                 routes = [Route("split", MATCH_ALL, tuple(weighted))]
             elif root_known is not None and self.may_call(source, root):
-                ref = self._cluster_ref(root_known, port, source)
+                ref = self.cluster_ref(root_known, port, source)
                 clusters[ref.name] = ref
                 routes.append(Route("default", MATCH_ALL, (WeightedCluster(ref.name, 100),)))
             else:
@@ -384,7 +395,7 @@ class PolicyBuilder:
                     protocol=port.protocol,
                     hostnames=hostnames(root, port.port, self.cluster_domain, ()),
                     routes=tuple(routes),
-                    spiffe_ids=self._spiffe(
+                    spiffe_ids=self.spiffe(
                         [b.service for b, _ in reachable]
                         + ([root] if root_known is not None and self.may_call(source, root) else [])
                     ),

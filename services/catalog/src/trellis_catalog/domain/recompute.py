@@ -23,9 +23,10 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from trellis_catalog.domain import destinations
+from trellis_catalog.domain import destinations, gateway
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
@@ -89,6 +90,9 @@ class Recompute:
         self._documents: list[Document] = []
         self._errors: list[DocumentError] = []
         self._resources: dict[DocumentKey, Any] = {}
+        self._first_seen: dict[DocumentKey, datetime] = {}  # a route's age without a timestamp
+        self._grpc_ports: dict[MeshService, frozenset[int]] = {}
+        self.routes = gateway.Resolved()
         self.dirty = Dirty(spec=True)
         self.spec = meshspec.build([])
         self._document_statuses: dict[str, meshspec.Status] = {}
@@ -105,6 +109,8 @@ class Recompute:
         self._documents = list(documents)
         self._errors = list(errors)
         resources = {d.key: d.resource for d in self._documents}
+        now = datetime.now(UTC)
+        self._first_seen = {k: self._first_seen.get(k, now) for k in resources}
         for key in resources.keys() | self._resources.keys():
             if resources.get(key) != self._resources.get(key):
                 self.dirty.documents.setdefault(key, self._resources.get(key))
@@ -142,7 +148,12 @@ class Recompute:
 
     def builder(self) -> PolicyBuilder:
         return PolicyBuilder(
-            self.spec, self.services, self.account_of, self._trust_domain, self._cluster_domain
+            self.spec,
+            self.services,
+            self.account_of,
+            self._trust_domain,
+            self._cluster_domain,
+            self.routes,
         )
 
     def policy_for(self, identity: Identity, service_account: str = "") -> IdentityPolicy:
@@ -160,16 +171,24 @@ class Recompute:
         dirty, self.dirty = self.dirty, Dirty()
         recompute_policies = dirty.spec or dirty.policies
         changed_shape = False
+        scope: set[MeshService] = set()
         if dirty.spec:
             self.spec = meshspec.build(self._documents, self._errors)
             self._document_statuses = dict(self.spec.statuses)
+            grpc_ports, self._grpc_ports = self._grpc_ports, self.spec.grpc_backends()
+            # a port that became (or stopped being) a GRPCRoute's backend changes protocol
+            scope = {s for s in grpc_ports.keys() | self._grpc_ports.keys()
+                     if grpc_ports.get(s) != self._grpc_ports.get(s)}  # fmt: skip
         changed_clusters: set[str] = set()
-        scope = self._scope(dirty)
+        scope |= self._scope(dirty)
         if scope or dirty.spec:
             before = {s: self._shape(s) for s in scope}
             for service in scope:
                 known = svc.known_service(
-                    service, self.spec.services.get(service), self._reports.of(service).values()
+                    service,
+                    self.spec.services.get(service),
+                    self._reports.of(service).values(),
+                    self._grpc_ports.get(service, frozenset()),
                 )
                 if known is None:
                     self.services.pop(service, None)
@@ -180,6 +199,9 @@ class Recompute:
                 changed_shape = True
             changed_clusters = self.clusters.rebuild(scope, self.services, self._trust())
         if dirty.spec or changed_shape:
+            self.routes = gateway.resolve(
+                self.spec.gateway_routes, self.services, self._first_seen, self._cluster_domain
+            )
             self.spec.statuses = self._with_port_conflicts()
         touched: set[Identity] = set()
         if recompute_policies:
@@ -274,6 +296,7 @@ class Recompute:
         """The documents' statuses, each Service that loses a TCP port to another (for
         clients that may reach both) marked with a warning that names the winner."""
         statuses = dict(self._document_statuses)
+        statuses.update(self.routes.statuses)  # Gateway API routes: resolved against services
         for service, lost in tcp_port_conflicts(self.services, self.spec).items():
             key = f"Service {service}"
             status = statuses.get(key)

@@ -67,6 +67,7 @@ class PortSpec:
     target: int | str
     name: str
     protocol: str  # http, http2, grpc, tcp
+    declared: bool = True  # False: HTTP by default (no appProtocol, no protocol name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ class KnownService:
 
 def _declared_ports(service: core.Service) -> tuple[PortSpec, ...]:
     return tuple(
-        PortSpec(p.port, p.target, p.name or "", p.resolved_protocol())
+        PortSpec(p.port, p.target, p.name or "", p.resolved_protocol(), p.protocol_is_declared())
         for p in service.spec.ports
         if p.protocol == "TCP"
     )
@@ -125,24 +126,39 @@ def _provided_ports(reports: list[ProvidedService]) -> tuple[PortSpec, ...]:
     for report in reports:
         for name, number, protocol, target in report.ports:
             proto = _PROTOCOLS.get(protocol.upper(), "tcp" if protocol else "http")
+            declared = bool(protocol)
             if not protocol and name:
-                proto = core.ServicePort(name=name, port=number).resolved_protocol()
-            found.setdefault(number, PortSpec(number, target or name or number, name, proto))
+                port = core.ServicePort(name=name, port=number)
+                proto, declared = port.resolved_protocol(), port.protocol_is_declared()
+            found.setdefault(
+                number, PortSpec(number, target or name or number, name, proto, declared)
+            )
     return tuple(found[n] for n in sorted(found))
 
 
 def known_service(
-    service: MeshService, declared: core.Service | None, reports: Iterable[ProvidedService]
+    service: MeshService,
+    declared: core.Service | None,
+    reports: Iterable[ProvidedService],
+    grpc_ports: frozenset[int] = frozenset(),
 ) -> KnownService | None:
-    """One service from its declaration and its providers' reports (None: nobody knows it)."""
+    """One service from its declaration and its providers' reports (None: nobody knows it).
+
+    ``grpc_ports`` are the ports GRPCRoutes send to: gRPC unless the port declares its
+    protocol (``appProtocol`` or its name), as Gateway API says."""
     found = sorted(reports, key=lambda r: r.provider)
     if declared is None and not found:
         return None
     first = found[0] if found else None
-    ports = _declared_ports(declared) if declared is not None else ()
+    ports = (_declared_ports(declared) if declared is not None else ()) or _provided_ports(found)
+    if grpc_ports:
+        ports = tuple(
+            replace(p, protocol="grpc") if p.port in grpc_ports and not p.declared else p
+            for p in ports
+        )
     return KnownService(
         service=service,
-        ports=ports or _provided_ports(found),
+        ports=ports,
         location=first.location if first else "MESH_INTERNAL",
         discovery=_DISCOVERY.get(first.resolution, "STATIC") if first else "STATIC",
         hosts=first.hosts if first else (),
@@ -160,14 +176,19 @@ def known_service(
 
 
 def index(
-    declared: Mapping[MeshService, core.Service], provided: Iterable[ProvidedService]
+    declared: Mapping[MeshService, core.Service],
+    provided: Iterable[ProvidedService],
+    grpc_ports: Mapping[MeshService, frozenset[int]] | None = None,
 ) -> dict[MeshService, KnownService]:
     reports: dict[MeshService, list[ProvidedService]] = {}
     for report in provided:
         reports.setdefault(report.service, []).append(report)
     known: dict[MeshService, KnownService] = {}
+    grpc = grpc_ports or {}
     for service in sorted(set(declared) | set(reports), key=str):
-        entry = known_service(service, declared.get(service), reports.get(service, []))
+        entry = known_service(
+            service, declared.get(service), reports.get(service, []), grpc.get(service, frozenset())
+        )
         if entry is not None:
             known[service] = entry
     return known

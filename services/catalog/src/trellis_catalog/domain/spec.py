@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from trellis_common.documents import core, istio, meshconfig, osm, smi
+from trellis_common.documents import core, gateway, istio, meshconfig, osm, smi
 from trellis_common.documents.base import Document, DocumentError, DocumentKey, UnreadKind
 from trellis_common.model import MeshService, ServiceAccount
 
@@ -29,7 +29,31 @@ KINDS = (
     "MeshConfig",
     "Retry",
     "UpstreamTrafficSetting",
+    "GRPCRoute",
+    "HTTPRoute",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A Gateway API condition (``Accepted``, ``ResolvedRefs``) as upstream spells it."""
+
+    type: str
+    status: str  # "True" or "False"
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParentStatus:
+    """A route's status for one of its parents (a Service, in the mesh)."""
+
+    group: str
+    kind: str
+    namespace: str
+    name: str
+    port: int | None
+    conditions: tuple[Condition, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +68,7 @@ class Status:
     source: str = ""
     document: int = 0
     api_version: str = ""
+    parents: tuple[ParentStatus, ...] = ()  # Gateway API routes: per parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +107,21 @@ class MeshSpec:
     upstream_settings: dict[MeshService, tuple[str, osm.UpstreamTrafficSettingSpec]] = field(
         default_factory=dict
     )
+    gateway_routes: list[Document] = field(default_factory=list)  # GRPCRoute, HTTPRoute
+
+    def grpc_backends(self) -> dict[MeshService, frozenset[int]]:
+        """The Service ports GRPCRoutes send to: gRPC (h2c) unless they say otherwise."""
+        found: dict[MeshService, set[int]] = defaultdict(set)
+        for document in self.gateway_routes:
+            resource = document.resource
+            if not isinstance(resource, gateway.GRPCRoute):
+                continue
+            for rule in resource.spec.rules:
+                for ref in rule.backend_refs:
+                    if ref.is_service and ref.port is not None:
+                        namespace = ref.namespace or document.key.namespace
+                        found[MeshService(namespace, ref.name)].add(ref.port)
+        return {service: frozenset(ports) for service, ports in found.items()}
 
     @property
     def permissive(self) -> bool:
@@ -192,6 +232,8 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
             tcp_routes[(key.namespace, key.name)] = resource
         elif isinstance(resource, istio.ServiceEntry):
             spec.service_entries.append((key, resource.spec))
+        elif isinstance(resource, gateway.GRPCRoute | gateway.HTTPRoute):
+            spec.gateway_routes.append(document)  # resolved against the services later
         elif isinstance(resource, osm.Retry):
             spec.retries.append((f"{key.namespace}/{key.name}", resource))
             if resource.skipped():

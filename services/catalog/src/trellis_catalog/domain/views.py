@@ -33,32 +33,103 @@ class Identity(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class ValueMatch:
+    """A Gateway API header or query parameter match: exactly, or by an RE2 regex."""
+
+    name: str
+    value: str
+    regex: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class HttpMatch:
-    """Which requests a route or rule takes; the defaults take every request."""
+    """Which requests a route or rule takes; the defaults take every request.
+
+    SMI matches set ``path_regex``, ``methods`` and ``headers`` (regexes); Gateway API
+    matches may instead set ``path_exact`` or ``path_prefix`` (whole segments), and exact or
+    regex ``header_matches`` and ``query_params``."""
 
     path_regex: str = ".*"
     methods: tuple[str, ...] = ()
     headers: Headers = ()
+    path_exact: str = ""
+    path_prefix: str = ""
+    header_matches: tuple[ValueMatch, ...] = ()
+    query_params: tuple[ValueMatch, ...] = ()
 
 
 MATCH_ALL = HttpMatch()
 
 
 @dataclass(frozen=True, slots=True)
+class HeaderEdits:
+    """A Gateway API header modifier: headers to set, to add, and names to remove."""
+
+    set: Headers = ()
+    add: Headers = ()
+    remove: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class WeightedCluster:
-    """A route's share of traffic to one cluster (a TrafficSplit backend's weight)."""
+    """A route's share of traffic to one cluster (a TrafficSplit backend's weight); an empty
+    ``cluster`` is an invalid backend's share, answered with the route's error status."""
 
     cluster: str
     weight: int
+    request_headers: HeaderEdits | None = None
+    response_headers: HeaderEdits | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Mirror:
+    """Copies of a share (numerator/denominator) of the requests go to ``cluster``."""
+
+    cluster: str
+    numerator: int = 100
+    denominator: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    scheme: str = ""
+    hostname: str = ""
+    port: int = 0
+    status_code: int = 302
+    full_path: str = ""
+    prefix_path: str = ""
+    matched_prefix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    hostname: str = ""
+    full_path: str = ""
+    prefix_path: str = ""
+    matched_prefix: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Requests matching ``match`` go to ``clusters``, split by their weights."""
+    """Requests matching ``match`` go to ``clusters``, split by their weights.
+
+    A Gateway API route also carries its filters, timeouts and error statuses, and the
+    names it applies to (``hostnames``; empty: all of the service's)."""
 
     name: str
     match: HttpMatch
     clusters: tuple[WeightedCluster, ...]
+    hostnames: tuple[str, ...] = ()
+    request_headers: HeaderEdits | None = None
+    response_headers: HeaderEdits | None = None
+    mirrors: tuple[Mirror, ...] = ()
+    redirect: Redirect | None = None
+    rewrite: Rewrite | None = None
+    timeout: float | None = None
+    backend_timeout: float | None = None
+    direct_status: int = 0
+    invalid_status: int = 0
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from trellis_catalog.domain.destinations import Destination
 from trellis_catalog.domain.views import (
     ClusterRef,
     ClusterState,
+    HeaderEdits,
     HttpMatch,
     IdentityPolicy,
     RetryPolicy,
@@ -42,7 +43,23 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Catalog"].full_name
 
 def _match(match: HttpMatch) -> pb.HttpMatch:
     return pb.HttpMatch(
-        path_regex=match.path_regex, methods=match.methods, headers=dict(match.headers)
+        path_regex=match.path_regex,
+        methods=match.methods,
+        headers=dict(match.headers),
+        path_exact=match.path_exact,
+        path_prefix=match.path_prefix,
+        header_matches=[pb.ValueMatch(**messages.fields(m)) for m in match.header_matches],
+        query_params=[pb.ValueMatch(**messages.fields(m)) for m in match.query_params],
+    )
+
+
+def _edits(edits: HeaderEdits | None) -> pb.HeaderEdits | None:
+    if edits is None:
+        return None
+    return pb.HeaderEdits(
+        set=[pb.Header(name=n, value=v) for n, v in edits.set],
+        add=[pb.Header(name=n, value=v) for n, v in edits.add],
+        remove=edits.remove,
     )
 
 
@@ -50,7 +67,26 @@ def _route(route: Route) -> pb.Route:
     return pb.Route(
         name=route.name,
         match=_match(route.match),
-        clusters=[pb.WeightedCluster(cluster=c.cluster, weight=c.weight) for c in route.clusters],
+        clusters=[
+            pb.WeightedCluster(
+                cluster=c.cluster,
+                weight=c.weight,
+                request_headers=_edits(c.request_headers),
+                response_headers=_edits(c.response_headers),
+            )
+            for c in route.clusters
+        ],
+        hostnames=route.hostnames,
+        request_headers=_edits(route.request_headers),
+        response_headers=_edits(route.response_headers),
+        mirrors=[pb.Mirror(**messages.fields(m)) for m in route.mirrors],
+        redirect=pb.Redirect(**messages.fields(route.redirect)) if route.redirect else None,
+        rewrite=pb.Rewrite(**messages.fields(route.rewrite)) if route.rewrite else None,
+        timeout=route.timeout,
+        backend_timeout=route.backend_timeout,
+        direct_status=route.direct_status,
+        invalid_status=route.invalid_status,
+        source=route.source,
     )
 
 

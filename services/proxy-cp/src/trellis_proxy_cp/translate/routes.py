@@ -16,7 +16,7 @@ from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import authz, egress, names
+from trellis_proxy_cp.translate import authz, egress, gateway, names
 
 HTTP_PROTOCOLS = ("http", "http2", "grpc")
 
@@ -27,7 +27,9 @@ def _regex(pattern: str) -> regex_pb2.RegexMatcher:
 
 def route_match(match: catalog_pb2.HttpMatch) -> rc.RouteMatch:
     route = rc.RouteMatch()
-    if match.path_regex in ("", ".*"):
+    if gateway.apply_match(match, route):
+        pass  # an exact path or a segment prefix (Gateway API)
+    elif match.path_regex in ("", ".*"):
         route.prefix = "/"
     else:
         route.safe_regex.CopyFrom(_regex(match.path_regex))
@@ -101,19 +103,24 @@ def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
             continue
         taken.update(domains)
         retry = service.retry if service.HasField("retry") else None
-        routes = [
-            rc.Route(name=route.name, match=route_match(route.match), route=_action(route, retry))
-            for route in service.routes
-            if any(c.weight > 0 for c in route.clusters)
-        ]
-        if routes:
-            hosts.append(
-                rc.VirtualHost(
-                    name=f"{service.namespace}/{service.name}|{service.port}",
-                    domains=domains,
-                    routes=routes,
+        routes = []
+        for route in service.routes:
+            if route.source or route.direct_status:  # a Gateway API rule, or its last route
+                envoy_retry = retry_policy(retry) if retry is not None else None
+                routes.append((route, gateway.route(route, route_match(route.match), envoy_retry)))
+            elif any(c.weight > 0 for c in route.clusters):
+                routes.append(
+                    (
+                        route,
+                        rc.Route(
+                            name=route.name,
+                            match=route_match(route.match),
+                            route=_action(route, retry),
+                        ),
+                    )
                 )
-            )
+        name = f"{service.namespace}/{service.name}|{service.port}"
+        hosts += gateway.virtual_hosts(name, domains, routes)
     for external in view.external:
         if external.protocol not in HTTP_PROTOCOLS:
             continue

@@ -1,0 +1,81 @@
+"""Envoy resources folded into a static bootstrap that ``envoy --mode validate`` judges
+offline (RDS inlined, EDS made static, SDS secrets made static), and real key material for
+it: the translation tests' way of letting Envoy itself reject a field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from trellis_proxy_cp.translate.proxy import Resources
+from trellis_proxy_cp.translate.secrets import SecretMaterial
+
+
+def as_dict(message: Message) -> dict[str, Any]:
+    body: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return body
+
+
+def static_bootstrap(resources: Resources) -> dict[str, Any]:
+    """Fold dynamic references into a static configuration Envoy validates offline."""
+    routes = {r["name"]: r for r in map(as_dict, resources.routes)}
+    loads = {e["cluster_name"]: e for e in map(as_dict, resources.endpoints)}
+
+    def fold(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "rds" in node:
+                name = node.pop("rds")["route_config_name"]
+                node["route_config"] = routes[name]
+            node.pop("sds_config", None)
+            return {k: fold(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [fold(v) for v in node]
+        return node
+
+    clusters = []
+    for item in map(as_dict, resources.clusters):
+        if item.get("type") == "EDS":
+            item.pop("eds_cluster_config")
+            item["type"] = "STATIC"
+            item["load_assignment"] = loads[item["name"]]
+        clusters.append(fold(item))
+    secrets = [as_dict(s) for s in resources.secrets]
+    return {
+        "static_resources": {
+            "listeners": [fold(as_dict(item)) for item in resources.listeners],
+            "clusters": clusters,
+            "secrets": secrets,
+        }
+    }
+
+
+def self_signed_material() -> SecretMaterial:
+    """A real certificate and key: validate mode loads secrets."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return SecretMaterial(pem, key_pem, pem)

@@ -1,0 +1,201 @@
+"""Gateway API rules (GRPCRoute, HTTPRoute) as Envoy routes: structure, and Envoy's verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trellis_api import catalog_pb2 as pb
+from trellis_common.testing import envoy
+from trellis_proxy_cp.testing.static import as_dict, self_signed_material, static_bootstrap
+from trellis_proxy_cp.translate import names
+from trellis_proxy_cp.translate.gateway import INVALID_BACKEND
+from trellis_proxy_cp.translate.proxy import translate
+from trellis_proxy_cp.translate.settings import ProxySettings
+
+V1, V2 = "shop/hello-v1|9000", "shop/hello-v2|9000"
+NAMES = ["hello", "hello.shop", "hello.shop.svc", "hello.shop.svc.cluster.local"]
+
+
+def _cluster(name: str) -> pb.Cluster:
+    namespace, rest = name.split("/")
+    service, port = rest.split("|")
+    return pb.Cluster(
+        name=name,
+        namespace=namespace,
+        service=service,
+        port=int(port),
+        protocol="grpc",
+        discovery="STATIC",
+        mesh_tls=True,
+        spiffe_ids=[f"spiffe://cluster.local/ns/shop/sa/{service}"],
+        endpoints=[pb.ClusterEndpoint(address="10.0.0.1", port=9000, weight=1)],
+    )
+
+
+def gateway_view() -> pb.View:
+    edits = pb.HeaderEdits(
+        set=[pb.Header(name="X-Set", value="1")],
+        add=[pb.Header(name="x-add", value="2")],
+        remove=["x-gone"],
+    )
+    routes = [
+        pb.Route(
+            name="GRPCRoute shop/hello rule 0 match 0",
+            source="GRPCRoute shop/hello rule 0",
+            match=pb.HttpMatch(
+                path_exact="/helloworld.Greeter/SayHello",
+                header_matches=[
+                    pb.ValueMatch(name="x-version", value="2"),
+                    pb.ValueMatch(name="env", value="prod|stage", regex=True),
+                ],
+            ),
+            clusters=[
+                pb.WeightedCluster(cluster=V1, weight=70, request_headers=edits),
+                pb.WeightedCluster(cluster="", weight=30),
+            ],
+            request_headers=edits,
+            response_headers=pb.HeaderEdits(set=[pb.Header(name="x-r", value="3")]),
+            mirrors=[pb.Mirror(cluster=V2, numerator=1, denominator=3)],
+            invalid_status=503,
+        ),
+        pb.Route(
+            name="GRPCRoute shop/hello rule 1 match 0",
+            source="GRPCRoute shop/hello rule 1",
+            hostnames=["hello.shop"],
+            match=pb.HttpMatch(path_prefix="/helloworld.Greeter"),
+            clusters=[pb.WeightedCluster(cluster=V2, weight=1)],
+            invalid_status=503,
+        ),
+        pb.Route(
+            name="HTTPRoute shop/web rule 0 match 0",
+            source="HTTPRoute shop/web rule 0",
+            match=pb.HttpMatch(
+                path_prefix="/old",
+                methods=["GET"],
+                query_params=[pb.ValueMatch(name="q", value="1")],
+            ),
+            redirect=pb.Redirect(
+                scheme="https", status_code=301, prefix_path="/", matched_prefix="/old"
+            ),
+            invalid_status=500,
+        ),
+        pb.Route(
+            name="HTTPRoute shop/web rule 1 match 0",
+            source="HTTPRoute shop/web rule 1",
+            match=pb.HttpMatch(path_regex="/api/.*"),
+            clusters=[pb.WeightedCluster(cluster=V1, weight=1)],
+            rewrite=pb.Rewrite(hostname="api.internal", full_path="/v2"),
+            timeout=90.0,
+            backend_timeout=0.5,
+            invalid_status=500,
+        ),
+        pb.Route(
+            name="GRPCRoute shop/hello rule 2 match 0",
+            source="GRPCRoute shop/hello rule 2",
+            match=pb.HttpMatch(path_prefix="/ext.E"),
+            direct_status=500,
+        ),
+        pb.Route(name="no-route", match=pb.HttpMatch(), direct_status=404),
+    ]
+    return pb.View(
+        identity="shop/client",
+        namespace="shop",
+        service="client",
+        service_account="client",
+        spiffe_id="spiffe://cluster.local/ns/shop/sa/client",
+        version="1",
+        mesh=pb.MeshSettings(trust_domain="cluster.local"),
+        outbound=[
+            pb.OutboundService(
+                namespace="shop",
+                name="hello",
+                port=9000,
+                protocol="grpc",
+                hostnames=NAMES + [f"{n}:9000" for n in NAMES],
+                routes=routes,
+                spiffe_ids=["spiffe://cluster.local/ns/shop/sa/hello-v1"],
+            )
+        ],
+        clusters=[_cluster(V1), _cluster(V2)],
+    )
+
+
+def _hosts() -> dict[str, dict[str, Any]]:
+    resources = translate(gateway_view(), ProxySettings(), self_signed_material())
+    (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.OUTBOUND_ROUTES)
+    return {h["name"]: h for h in routes["virtual_hosts"]}
+
+
+def test_a_rule_restricted_to_some_names_gets_their_own_virtual_host() -> None:
+    hosts = _hosts()
+    assert sorted(hosts) == ["shop/hello|9000", "shop/hello|9000|1"]
+    restricted = next(h for h in hosts.values() if "hello.shop" in h["domains"])
+    assert sorted(restricted["domains"]) == ["hello.shop", "hello.shop:9000"]
+    assert len(restricted["routes"]) == 6
+    other = next(h for h in hosts.values() if "hello" in h["domains"])
+    assert len(other["domains"]) == 6
+    assert [r["name"] for r in other["routes"]] == [
+        "GRPCRoute shop/hello rule 0 match 0",
+        "HTTPRoute shop/web rule 0 match 0",
+        "HTTPRoute shop/web rule 1 match 0",
+        "GRPCRoute shop/hello rule 2 match 0",
+        "no-route",
+    ]
+
+
+def test_matches_weights_invalid_shares_and_filters() -> None:
+    first = _hosts()["shop/hello|9000"]["routes"][0]
+    assert first["match"]["path"] == "/helloworld.Greeter/SayHello"
+    assert first["match"]["headers"] == [
+        {"name": "x-version", "string_match": {"exact": "2"}},
+        {"name": "env", "string_match": {"safe_regex": {"regex": "prod|stage"}}},
+    ]
+    action = first["route"]
+    assert [(c["name"], c["weight"]) for c in action["weighted_clusters"]["clusters"]] == [
+        (V1, 70),
+        (INVALID_BACKEND, 30),
+    ]
+    # SERVICE_UNAVAILABLE is the enum's zero: gRPC UNAVAILABLE for the invalid share
+    assert action.get("cluster_not_found_response_code", "SERVICE_UNAVAILABLE") == (
+        "SERVICE_UNAVAILABLE"
+    )
+    assert action["timeout"] == "0s"  # no deadline unless the route sets one: streams live
+    backend = action["weighted_clusters"]["clusters"][0]
+    assert [h["header"]["key"] for h in backend["request_headers_to_add"]] == ["x-set", "x-add"]
+    assert backend["request_headers_to_remove"] == ["x-gone"]
+    # APPEND_IF_EXISTS_OR_ADD is the enum's zero (absent from the dict)
+    assert [h.get("append_action", "APPEND") for h in first["request_headers_to_add"]] == [
+        "OVERWRITE_IF_EXISTS_OR_ADD",
+        "APPEND",
+    ]
+    assert first["response_headers_to_add"][0]["header"] == {"key": "x-r", "value": "3"}
+    [mirror] = action["request_mirror_policies"]
+    assert mirror["cluster"] == V2
+    assert mirror["runtime_fraction"]["default_value"] == {
+        "numerator": 333333,
+        "denominator": "MILLION",
+    }
+
+
+def test_redirects_rewrites_timeouts_and_direct_responses() -> None:
+    routes = {r["name"]: r for r in _hosts()["shop/hello|9000"]["routes"]}
+    redirect = routes["HTTPRoute shop/web rule 0 match 0"]
+    assert redirect["match"]["path_separated_prefix"] == "/old"
+    assert redirect["match"]["query_parameters"] == [{"name": "q", "string_match": {"exact": "1"}}]
+    assert redirect["redirect"]["scheme_redirect"] == "https"
+    assert redirect["redirect"].get("response_code", "MOVED_PERMANENTLY") == "MOVED_PERMANENTLY"
+    assert redirect["redirect"]["regex_rewrite"]["substitution"] == "/"  # "/old/x" -> "/x"
+    rewrite = routes["HTTPRoute shop/web rule 1 match 0"]["route"]
+    assert rewrite["host_rewrite_literal"] == "api.internal"
+    assert rewrite["regex_rewrite"]["substitution"] == "/v2"
+    assert (rewrite["timeout"], rewrite["retry_policy"]["per_try_timeout"]) == ("90s", "0.500s")
+    assert rewrite["retry_policy"]["num_retries"] == 0
+    assert rewrite["cluster_not_found_response_code"] == "INTERNAL_SERVER_ERROR"
+    assert routes["GRPCRoute shop/hello rule 2 match 0"]["direct_response"] == {"status": 500}
+    assert routes["no-route"]["direct_response"] == {"status": 404}
+
+
+def test_envoy_accepts_gateway_routes() -> None:
+    resources = translate(gateway_view(), ProxySettings(), self_signed_material())
+    result = envoy.validate(static_bootstrap(resources))
+    assert result.returncode == 0, result.stdout + result.stderr
