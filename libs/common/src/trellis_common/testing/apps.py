@@ -30,6 +30,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "app": self.server.name,
                 "path": self.path,
                 "caller": self.headers.get("x-forwarded-client-cert", ""),
+                "headers": {k.lower(): v for k, v in self.headers.items()},
             }
         ).encode()
         self.send_response(200)

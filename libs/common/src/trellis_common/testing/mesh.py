@@ -203,6 +203,7 @@ class Mesh:
         namespace: str = "bookstore",
         address: str = "127.0.0.1",
         ttl: float | None = None,
+        port_name: str = "http",
     ) -> None:
         done = self.trellis(
             "vm",
@@ -216,7 +217,7 @@ class Mesh:
             "--address",
             address,
             "--port",
-            f"http={port}",
+            f"{port_name}={port}",
             "--service-account",
             account,
             *(("--ttl", str(ttl)) if ttl else ()),

@@ -1,0 +1,241 @@
+"""Gateway API routes on Services, through real Envoy sidecars.
+
+A GRPCRoute on ``shop/hello`` sends calls to grpcio servers behind sidecars (``hello-v1``,
+``hello-v2``: ports without ``appProtocol``, so gRPC for a GRPCRoute) by method and header,
+with weights, header modifiers, an invalid backend (UNAVAILABLE) and no match
+(UNIMPLEMENTED). An HTTPRoute on ``shop/web`` routes HTTP by path, header and weight. The
+routes' statuses are in the catalog's ``/v1/resources`` and ``trellis spec list``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.grpcapp import GrpcApp, call
+from trellis_common.testing.mesh import Mesh, Sidecar
+
+pytestmark = pytest.mark.integration
+
+SERVICES = """
+apiVersion: v1
+kind: Service
+metadata: {name: hello, namespace: shop}
+spec: {ports: [{name: api, port: 9000}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hello-v1, namespace: shop}
+spec: {ports: [{name: api, port: 9000}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hello-v2, namespace: shop}
+spec: {ports: [{name: api, port: 9000}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {ports: [{name: http, port: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-v1, namespace: shop}
+spec: {ports: [{name: http, port: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-v2, namespace: shop}
+spec: {ports: [{name: http, port: 8080}]}
+---
+apiVersion: config.openservicemesh.io/v1alpha2
+kind: MeshConfig
+metadata: {name: osm-mesh-config, namespace: trellis-system}
+spec: {traffic: {enablePermissiveTrafficPolicyMode: true}}
+"""
+
+GRPC_ROUTE = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: hello, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: hello, port: 9000}]
+  rules:
+  - matches:
+    - method: {service: helloworld.Greeter, method: SayHello}
+      headers: [{name: x-version, value: "2"}]
+    backendRefs: [{name: hello-v2, port: 9000}]
+  - matches:
+    - method: {service: helloworld.Greeter}
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {set: [{name: x-routed-by, value: grpcroute}]}
+    backendRefs:
+    - {name: hello-v1, port: 9000, weight: 80}
+    - {name: hello-v2, port: 9000, weight: 20}
+  - matches:
+    - method: {type: RegularExpression, service: "broken\\\\..*"}
+    backendRefs: [{name: hello-v1, port: 9000, weight: 1}, {name: missing, port: 9000, weight: 1}]
+"""
+
+HTTP_ROUTE = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web, port: 8080}]
+  rules:
+  - matches:
+    - path: {type: PathPrefix, value: /v2}
+    - headers: [{name: x-canary, value: "yes"}]
+    backendRefs: [{name: web-v2, port: 8080}]
+  - matches:
+    - path: {type: Exact, value: /split}
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {add: [{name: x-split, value: "1"}]}
+    backendRefs:
+    - {name: web-v1, port: 8080, weight: 50}
+    - {name: web-v2, port: 8080, weight: 50}
+  - matches:
+    - path: {type: PathPrefix, value: /}
+    backendRefs: [{name: web-v1, port: 8080}]
+"""
+
+
+@pytest.fixture
+def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[Mesh]:
+    spec_dir = tmp_path / "spec"
+    spec_dir.mkdir()
+    (spec_dir / "services.yaml").write_text(SERVICES)
+    mesh = Mesh(tmp_path, state_dir, redis_server, spec_dir)
+    mesh.start()
+    try:
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+def grpc_backend(mesh: Mesh, name: str) -> tuple[GrpcApp, Sidecar]:
+    app = GrpcApp(name).start()
+    sidecar = mesh.onboard(name, "shop", name, name, app_port=app.port)
+    mesh.register(f"{name}-a", name, sidecar.inbound_port, name, "shop", port_name="api")
+    return app, sidecar
+
+
+def status_of(mesh: Mesh, key: str) -> dict[str, Any]:
+    listed = mesh.processes["catalog"].get("/v1/resources").json()["resources"]
+    found: list[dict[str, Any]] = [s for s in listed if s["key"] == key]
+    return found[0] if found else {}
+
+
+def test_a_grpc_route_routes_by_method_and_header_with_weights(mesh: Mesh) -> None:
+    apps = []
+    for name in ("hello-v1", "hello-v2"):
+        app, sidecar = grpc_backend(mesh, name)
+        apps.append(app)
+        sidecar.envoy.wait_ready()
+    client = mesh.onboard("client", "shop", "client", "client")
+    client.envoy.wait_ready()
+    (mesh.spec_dir / "grpcroute.yaml").write_text(GRPC_ROUTE)
+    channel = grpc.insecure_channel(
+        f"127.0.0.1:{client.outbound_port}", options=[("grpc.default_authority", "hello.shop:9000")]
+    )
+    try:
+
+        def routed() -> bool:
+            try:
+                reply = call(channel, "/helloworld.Greeter/SayHello", (("x-version", "2"),), 2)
+            except grpc.RpcError:
+                return False
+            return bool(reply["app"] == "hello-v2")
+
+        asyncio.run(eventually(routed, timeout=40, interval=0.3, message="the GRPCRoute routes"))
+
+        # by method and header: always v2
+        for _ in range(10):
+            assert call(channel, "/helloworld.Greeter/SayHello", (("x-version", "2"),))["app"] == (
+                "hello-v2"
+            )
+        # by service, weighted 80/20, with the rule's header set for the backend
+        replies = [call(channel, "/helloworld.Greeter/SayGoodbye") for _ in range(300)]
+        shares = Counter(r["app"] for r in replies)
+        assert 195 <= shares["hello-v1"] <= 285, shares  # 240 expected; p(outside) < 1e-5
+        assert all(r["metadata"]["x-routed-by"] == "grpcroute" for r in replies)
+        assert all(r["method"] == "/helloworld.Greeter/SayGoodbye" for r in replies)
+
+        # an invalid backend's share is UNAVAILABLE; the valid one still answers
+        codes: Counter[str] = Counter()
+        for _ in range(60):
+            try:
+                codes[call(channel, "/broken.Thing/Do")["app"]] += 1
+            except grpc.RpcError as exc:
+                codes[exc.code().name] += 1
+        assert set(codes) == {"hello-v1", "UNAVAILABLE"}, codes
+        assert 12 <= codes["UNAVAILABLE"] <= 48, codes
+
+        # no rule matches: UNIMPLEMENTED
+        with pytest.raises(grpc.RpcError) as failed:
+            call(channel, "/other.Service/Method")
+        assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        channel.close()
+        for app in apps:
+            app.stop()
+
+    status = status_of(mesh, "GRPCRoute shop/hello")
+    [parent] = status["parents"]
+    conditions = {c["type"]: c for c in parent["conditions"]}
+    assert (conditions["Accepted"]["status"], conditions["Accepted"]["reason"]) == (
+        "True",
+        "Accepted",
+    )
+    assert conditions["ResolvedRefs"]["reason"] == "BackendNotFound"
+    assert "Service shop/missing not found" in conditions["ResolvedRefs"]["message"]
+    listed = mesh.trellis("spec", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert "BackendNotFound" in listed.stdout
+
+
+def test_an_http_route_routes_by_path_header_and_weight(mesh: Mesh) -> None:
+    for name in ("web-v1", "web-v2"):
+        sidecar = mesh.onboard(name, "shop", name, name, app_port=mesh.app(name).port)
+        mesh.register(f"{name}-a", name, sidecar.inbound_port, name, "shop")
+        sidecar.envoy.wait_ready()
+    client = mesh.onboard("web-client", "shop", "client", "client")
+    client.envoy.wait_ready()
+    (mesh.spec_dir / "httproute.yaml").write_text(HTTP_ROUTE)
+    host = "web.shop:8080"
+
+    def routed() -> bool:
+        try:
+            return bool(client.get(host, "/v2/items", timeout=2).json()["app"] == "web-v2")
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+
+    asyncio.run(eventually(routed, timeout=40, interval=0.3, message="the HTTPRoute routes"))
+    assert client.get(host, "/v2").json()["app"] == "web-v2"
+    assert client.get(host, "/v2x").json()["app"] == "web-v1"  # a prefix is whole segments
+    canary = httpx.get(
+        f"http://127.0.0.1:{client.outbound_port}/anything",
+        headers={"host": host, "x-canary": "yes"},
+        timeout=5,
+    )
+    assert canary.json()["app"] == "web-v2"
+    assert client.get(host, "/anything").json()["app"] == "web-v1"
+    replies = [client.get(host, "/split").json() for _ in range(200)]
+    shares = Counter(r["app"] for r in replies)
+    assert 65 <= shares["web-v1"] <= 135, shares  # 100 expected
+    assert all(r["headers"].get("x-split") == "1" for r in replies)
+    assert client.get(host, "/split/more").json()["app"] == "web-v1"  # Exact is exact
+    status = status_of(mesh, "HTTPRoute shop/web")
+    assert status["state"] == "valid", json.dumps(status)
