@@ -17,6 +17,7 @@ from trellis_cli.client import Mesh
 from trellis_cli.console import Echo
 from trellis_cli.dst import dst
 from trellis_cli.envoyrun import envoy
+from trellis_cli.grpcworkload import grpc_group
 from trellis_cli.identity import identity
 from trellis_cli.inject import inject
 from trellis_cli.policy import policy
@@ -151,6 +152,7 @@ cli.add_command(policy)
 cli.add_command(dst)
 cli.add_command(proxy)
 cli.add_command(envoy)
+cli.add_command(grpc_group)
 cli.add_command(token)
 cli.add_command(inject)
 

@@ -109,6 +109,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
             trust_domain=settings.trust_domain,
             cluster_domain=settings.cluster_domain,
             control_plane_namespace=settings.control_plane_namespace,
+            proxy_cp_extra_sans=settings.proxy_cp_extra_sans,
         ),
         settings.key_algorithm,
         CertMetrics(runtime.metrics),

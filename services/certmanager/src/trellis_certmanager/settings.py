@@ -32,6 +32,12 @@ class CertManagerSettings(ServiceSettings):
         "cluster.local", description="SPIFFE trust domain: spiffe://<td>/ns/<ns>/sa/<sa>"
     )
     cluster_domain: str = Field("cluster.local", description="DNS suffix of service names")
+    proxy_cp_extra_sans: tuple[str, ...] = Field(
+        ("localhost", "127.0.0.1", "::1"),
+        description="names and IP addresses proxy-cp's serving certificate carries besides "
+        "its Service names (proxyless gRPC clients check their server_uri's host against "
+        "it); a JSON list",
+    )
     control_plane_namespace: str = Field(
         "trellis-system",
         description="the control plane's namespace: no proxy certificate is issued in it",

@@ -61,6 +61,7 @@ class Mesh:
         *,
         vm_spec_dir: bool = False,
         env: dict[str, str] | None = None,
+        injector: bool = False,
     ) -> None:
         self.tmp = tmp
         self.state_dir = state_dir
@@ -86,6 +87,8 @@ class Mesh:
             ),
             "proxy-cp": process("proxy-cp", "trellis_proxy_cp.main", "--xds-host", "127.0.0.1"),
         }
+        if injector:  # onboarding through the CLI: `trellis vm|grpc bootstrap`
+            self.processes["injector"] = process("injector", "trellis_injector.main")
         self.sidecars: list[Sidecar] = []
         self._identities: dict[str, ComponentIdentity] = {}
         self.apps: list[AppServer] = []

@@ -12,6 +12,7 @@ for the public key of the proxy's CSR, never for a key made here.
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import random
 from dataclasses import dataclass
 
@@ -50,6 +51,14 @@ def authority_key_identifier(ca_cert: x509.Certificate) -> x509.AuthorityKeyIden
     return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(found)
 
 
+def _general_name(name: str) -> x509.GeneralName:
+    """A DNS name, or an IP address SAN for a name that is one."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
 @dataclass(frozen=True, slots=True)
 class IssuancePolicy:
     """How long certificates live and when they are renewed."""
@@ -63,6 +72,10 @@ class IssuancePolicy:
     # The control plane's own identities live here: no proxy may be onboarded into it
     # (a proxy there could pose as proxy-cp and be sent proxy-cp's own key over SDS).
     control_plane_namespace: str = "trellis-system"
+    # Names (or IP addresses) proxy-cp's serving certificate carries besides its Service
+    # names: proxyless gRPC clients check the host of their bootstrap's server_uri against
+    # it, with no override (a local run dials localhost).
+    proxy_cp_extra_sans: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
 
     def __post_init__(self) -> None:
         if not 0 <= self.jitter < 0.5:
@@ -138,6 +151,8 @@ class Issuer:
             dns = service_dns_names(service, self.policy.cluster_domain)
         except InvalidIdentifier as exc:
             raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
+        if service == MeshService(self.policy.control_plane_namespace, components.PROXY_CP):
+            dns += tuple(n for n in self.policy.proxy_cp_extra_sans if n not in dns)
         base = _checked_validity(validity, self.policy.service_validity)
         spread = self._rng.uniform(-self.policy.jitter, self.policy.jitter)
         lifetime = base * (1 + spread)
@@ -235,7 +250,7 @@ class Issuer:
             .add_extension(self._extended_usage, critical=False)
             .add_extension(self._authority_key, critical=False)
         )
-        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+        sans: list[x509.GeneralName] = [_general_name(n) for n in dns_names]
         sans += [x509.UniformResourceIdentifier(u) for u in uris]
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)

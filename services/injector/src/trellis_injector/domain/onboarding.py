@@ -24,6 +24,7 @@ from cryptography import x509
 
 from trellis_common import ids
 from trellis_common.bootstrap import SDS_FILE, BootstrapSpec, ProxyFiles, envoy_bootstrap
+from trellis_common.grpc_bootstrap import GrpcFolder, grpc_bootstrap
 
 AdsProtocol = Literal["sotw", "delta"]
 PROTOCOLS: Final[tuple[str, ...]] = get_args(AdsProtocol)
@@ -88,6 +89,8 @@ class ProxyRequest:
     service_account: str = ""
     protocol: AdsProtocol = "sotw"
     stats_port: int = 0  # Envoy's Prometheus statistics; 0: not served
+    # a proxyless gRPC workload (`trellis grpc bootstrap`): no Envoy, so no ports of its own
+    proxyless: bool = False
 
     def __post_init__(self) -> None:
         _check_name("namespace", self.namespace)
@@ -99,6 +102,9 @@ class ProxyRequest:
         if not self.service_account:
             object.__setattr__(self, "service_account", self.service)
         _check_name("service_account", self.service_account, subdomain=True)
+        self._check_output_dir()
+        if self.proxyless:
+            return
         _check_port("app_port", self.app_port, zero_ok=True)
         _check_port("stats_port", self.stats_port, zero_ok=True)
         ports = [
@@ -123,6 +129,8 @@ class ProxyRequest:
             raise InvalidOnboarding(
                 "protocol", f"must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}"
             )
+
+    def _check_output_dir(self) -> None:
         if not self.output_dir or "\0" in self.output_dir:
             raise InvalidOnboarding("output_dir", "must be a path on the proxy's host")
         if not PurePosixPath(self.output_dir).is_absolute():
@@ -138,6 +146,9 @@ class ProxyRequest:
     @property
     def files(self) -> ProxyFiles:
         folder = Path(self.output_dir)
+        if self.proxyless:  # the proxy certificate is for the xDS channel only
+            grpc = GrpcFolder(folder)
+            return ProxyFiles(grpc.proxy_cert, grpc.proxy_key, grpc.ca)
         return ProxyFiles(
             cert_chain=folder / CERT_CHAIN_FILE,
             key=folder / KEY_FILE,
@@ -213,7 +224,17 @@ def check_csr(pem: str | bytes) -> bytes:
 def build_bootstrap(
     request: ProxyRequest, common_name: str, control_plane: ControlPlane
 ) -> dict[str, Any]:
-    """The Envoy bootstrap of one proxy: node id = its certificate's CN, ADS to proxy-cp."""
+    """The Envoy bootstrap of one proxy (node id = its certificate's CN, ADS to proxy-cp), or
+    a proxyless workload's ``GRPC_XDS_BOOTSTRAP`` document."""
+    if request.proxyless:
+        return grpc_bootstrap(
+            common_name,
+            request.namespace,
+            request.service,
+            control_plane.xds.host,
+            control_plane.xds.port,
+            GrpcFolder(Path(request.output_dir)),
+        )
     return envoy_bootstrap(
         BootstrapSpec(
             node_id=common_name,

@@ -14,7 +14,7 @@ injector needs that cannot be reached gets 503 with ``dependency`` naming it.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,7 +26,6 @@ from trellis_common import onboarding
 from trellis_injector.domain.onboarding import (
     MAX_CSR_BYTES,
     PORT_MAX,
-    PORT_MIN,
     AdsProtocol,
     InvalidOnboarding,
     Onboarding,
@@ -51,9 +50,12 @@ class BootstrapBody(BaseModel):
     app_port: int = Field(
         0, ge=0, le=PORT_MAX, description="the application's port; 0: it only calls out"
     )
-    inbound_port: int = Field(ge=PORT_MIN, le=PORT_MAX, description="mTLS from peers")
-    outbound_port: int = Field(ge=PORT_MIN, le=PORT_MAX, description="the app's calls out")
-    admin_port: int = Field(ge=PORT_MIN, le=PORT_MAX, description="Envoy's admin API")
+    kind: Literal["envoy", "grpc"] = Field(
+        "envoy", description="an Envoy sidecar, or a proxyless gRPC workload (no ports)"
+    )
+    inbound_port: int = Field(0, ge=0, le=PORT_MAX, description="mTLS from peers (Envoy)")
+    outbound_port: int = Field(0, ge=0, le=PORT_MAX, description="the app's calls out (Envoy)")
+    admin_port: int = Field(0, ge=0, le=PORT_MAX, description="Envoy's admin API (Envoy)")
     stats_port: int = Field(
         0, ge=0, le=PORT_MAX, description="Envoy's Prometheus statistics; 0: not served"
     )
@@ -76,6 +78,7 @@ class BootstrapBody(BaseModel):
             protocol=self.protocol,
             output_dir=self.output_dir,
             stats_port=self.stats_port,
+            proxyless=self.kind == "grpc",
         )
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from trellis_common.grpc_bootstrap import SERVICE_SECRET, TRUST_BUNDLE_SECRET
+
 OUTBOUND_LISTENER = "outbound"
 INBOUND_LISTENER = "inbound"
 OUTBOUND_ROUTES = "outbound-http"
 INBOUND_ROUTES = "inbound-http"
-SERVICE_CERT = "service-cert"  # the identity's certificate and key (SDS)
-MESH_CA = "mesh-trust-bundle"  # the mesh CA (SDS validation context)
+SERVICE_CERT = SERVICE_SECRET  # the identity's certificate and key (SDS)
+MESH_CA = TRUST_BUNDLE_SECRET  # the mesh CA (SDS validation context)
 EGRESS = "egress"  # the dynamic forward proxy, when MeshConfig allows egress
 
 

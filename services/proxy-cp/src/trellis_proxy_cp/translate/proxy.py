@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from google.protobuf.message import Message
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import clusters, endpoints, listeners, routes, secrets
+from trellis_proxy_cp.translate import (
+    clusters,
+    endpoints,
+    listeners,
+    proxyless,
+    routes,
+    secrets,
+)
 from trellis_proxy_cp.translate.settings import ProxySettings
 
 
@@ -23,6 +30,10 @@ class Resources:
 def translate(
     view: catalog_pb2.View, settings: ProxySettings, material: secrets.SecretMaterial | None
 ) -> Resources:
+    found_secrets = list(secrets.secrets(material)) if material is not None else []
+    if settings.proxyless:
+        listeners_, routes_, clusters_, endpoints_ = proxyless.resources(view)
+        return Resources(listeners_, routes_, clusters_, endpoints_, found_secrets)
     inbound_ports = clusters.inbound_ports(view, settings)
     found_listeners: list[Message] = [
         listeners.outbound(view, settings.outbound_address, settings.outbound_port)
@@ -42,5 +53,5 @@ def translate(
         routes=found_routes,
         clusters=list(clusters.clusters(view, settings)),
         endpoints=list(endpoints.load_assignments(view)),
-        secrets=list(secrets.secrets(material)) if material is not None else [],
+        secrets=found_secrets,
     )

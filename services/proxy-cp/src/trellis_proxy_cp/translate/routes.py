@@ -92,6 +92,24 @@ def _destination(route: catalog_pb2.Route) -> rc.RouteAction:
     )
 
 
+def service_hosts(service: catalog_pb2.OutboundService, domains: list[str]) -> list[rc.VirtualHost]:
+    """One destination's virtual hosts (one unless Gateway API rules hold for only some of
+    its names), with its routes in order."""
+    retry = service.retry if service.HasField("retry") else None
+    routes = []
+    for route in service.routes:
+        if route.source or route.direct_status:  # a Gateway API rule, or its last route
+            envoy_retry = retry_policy(retry) if retry is not None else None
+            routes.append((route, gateway.route(route, route_match(route.match), envoy_retry)))
+        elif any(c.weight > 0 for c in route.clusters):
+            action = _action(route, retry)
+            routes.append(
+                (route, rc.Route(name=route.name, match=route_match(route.match), route=action))
+            )
+    name = f"{service.namespace}/{service.name}|{service.port}"
+    return gateway.virtual_hosts(name, domains, routes)
+
+
 def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
     taken: set[str] = set()
     hosts = []
@@ -102,25 +120,7 @@ def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
         if not domains:
             continue
         taken.update(domains)
-        retry = service.retry if service.HasField("retry") else None
-        routes = []
-        for route in service.routes:
-            if route.source or route.direct_status:  # a Gateway API rule, or its last route
-                envoy_retry = retry_policy(retry) if retry is not None else None
-                routes.append((route, gateway.route(route, route_match(route.match), envoy_retry)))
-            elif any(c.weight > 0 for c in route.clusters):
-                routes.append(
-                    (
-                        route,
-                        rc.Route(
-                            name=route.name,
-                            match=route_match(route.match),
-                            route=_action(route, retry),
-                        ),
-                    )
-                )
-        name = f"{service.namespace}/{service.name}|{service.port}"
-        hosts += gateway.virtual_hosts(name, domains, routes)
+        hosts += service_hosts(service, domains)
     for external in view.external:
         if external.protocol not in HTTP_PROTOCOLS:
             continue

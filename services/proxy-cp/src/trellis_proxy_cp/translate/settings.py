@@ -13,6 +13,7 @@ Node metadata (``node.metadata``)::
       inbound_address: 0.0.0.0
       outbound_address: 127.0.0.1
       app_address: 127.0.0.1
+      proxyless: true           # a gRPC client's own xDS client, not an Envoy
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ class ProxySettings:
     inbound_address: str = "0.0.0.0"
     outbound_address: str = "127.0.0.1"
     app_address: str = "127.0.0.1"
+    proxyless: bool = False
 
     def key(self) -> str:
         """The part of the snapshot key these settings make."""
+        if self.proxyless:
+            return "proxyless"  # no listener of its own: the ports mean nothing
         return (
             f"{self.outbound_address}:{self.outbound_port}|{self.inbound_address}:"
             f"{self.inbound_port}|{self.app_address}:{self.app_port}"
@@ -87,6 +91,12 @@ def from_metadata(metadata: dict[str, Any] | None) -> ProxySettings:
                     f"node.metadata.trellis.{name}: {raw!r} is not an IP address"
                 ) from None
             values[name] = str(raw)
+    if "proxyless" in section:
+        if not isinstance(section["proxyless"], bool):
+            raise InvalidNodeMetadata(
+                f"node.metadata.trellis.proxyless: {section['proxyless']!r} is not true or false"
+            )
+        values["proxyless"] = section["proxyless"]
     settings = ProxySettings(**values)
     wildcard = {"0.0.0.0", "::"}
     if settings.inbound_port == settings.outbound_port and (
