@@ -216,3 +216,87 @@ def test_a_configmap_without_a_meshconfig_is_an_error_naming_the_key() -> None:
     assert (parsed.key.kind, parsed.key.namespace, parsed.key.name) == (
         "MeshConfig", "trellis-system", "mesh",
     )  # fmt: skip
+
+
+ROUTES = ("gateway.networking.k8s.io", "v1", "grpcroutes")
+
+
+def route_parents(kube: KubeApi, name: str) -> list[dict[str, Any]]:
+    for obj in kube.objects(ROUTES[0], ROUTES[2]):
+        if obj["metadata"]["name"] == name:
+            return list((obj.get("status") or {}).get("parents") or [])
+    return []
+
+
+async def test_a_grpc_route_gets_status_parents_and_other_controllers_entries_stay(
+    crds: Any,
+) -> None:
+    api_server, api = crds
+    api_server.declare(f"{ROUTES[0]}/v1/{ROUTES[2]}", kind="GRPCRoute", namespaced=True)
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    await call(core.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
+    for name in ("hello", "hello-v1"):
+        service = {"metadata": {"name": name}, "spec": {"ports": [{"name": "api", "port": 9000}]}}
+        await call(core.create_namespaced_service, "shop", service)
+    gateway_entry = {
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "edge"},
+        "controllerName": "example.com/gateway",
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted"}],
+    }
+
+    def route(name: str, backend: str, parent: str = "hello") -> dict[str, Any]:
+        return {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "GRPCRoute",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {
+                "parentRefs": [
+                    {"group": "", "kind": "Service", "name": parent, "port": 9000},
+                    {"name": "edge"},
+                ],
+                "rules": [{"backendRefs": [{"name": backend, "port": 9000}]}],
+            },
+            "status": {"parents": [gateway_entry]},
+        }
+
+    catalog = Catalog(announce)
+    kube_source = KubeSource(
+        api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(kube_source.run(stop))
+    try:
+        for body in (
+            route("good", "hello-v1"),
+            route("missing", "nowhere"),
+            route("bad", "Not A Name!"),
+        ):
+            await call(custom.create_namespaced_custom_object, *ROUTES[:2], "shop", ROUTES[2], body)
+
+        def ours(name: str) -> dict[str, Any]:
+            found = [p for p in route_parents(api_server, name) if "trellis" in p["controllerName"]]
+            return found[0] if found else {}
+
+        await eventually(lambda: all(ours(n) for n in ("good", "missing", "bad")), timeout=10)
+        good = {c["type"]: c for c in ours("good")["conditions"]}
+        assert ours("good")["parentRef"] == {
+            "group": "", "kind": "Service", "namespace": "shop", "name": "hello", "port": 9000
+        }  # fmt: skip
+        assert (good["Accepted"]["status"], good["ResolvedRefs"]["status"]) == ("True", "True")
+        missing = {c["type"]: c for c in ours("missing")["conditions"]}
+        assert (missing["ResolvedRefs"]["status"], missing["ResolvedRefs"]["reason"]) == (
+            "False",
+            "BackendNotFound",
+        )
+        bad = {c["type"]: c for c in ours("bad")["conditions"]}
+        assert (bad["Accepted"]["status"], bad["Accepted"]["reason"]) == (
+            "False",
+            "UnsupportedValue",
+        )
+        assert "backendRefs[0].name" in bad["Accepted"]["message"]
+        for name in ("good", "missing", "bad"):  # the Gateway controller's entry is kept
+            assert gateway_entry in route_parents(api_server, name)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

@@ -17,12 +17,12 @@ Each object is parsed by the same models as a file (an object's source is
 gets the union of this source's documents and the directory's (:class:`Sources`).
 
 Status is written back to the objects whose kind has one (every CRD here; not core
-Services): an ``Accepted`` condition, ``True`` (reason ``Accepted``) for a valid or warned
-document, ``False`` (``Invalid``, or ``Ignored`` for a kind no service reads) with the
-catalog's reason as the message, and ``observedGeneration``. It is written only when it
-differs from what the object has (the transition time kept when the status did not
-change), so an unchanged document costs no write; a failed write is logged and retried on
-the next change.
+Services). Gateway API routes get ``status.parents`` (:mod:`.routestatus`); the others an
+``Accepted`` condition, ``True`` (reason ``Accepted``) for a valid or warned document,
+``False`` (``Invalid``, or ``Ignored`` for a kind no service reads) with the catalog's
+reason as the message, and ``observedGeneration``. It is written only when it differs from
+what the object has (the transition time kept when the status did not change), so an
+unchanged document costs no write; a failed write is logged and retried on the next change.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from trellis_catalog import routestatus
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.spec import Status
 from trellis_common.documents import all_kinds, yamlfile
@@ -271,22 +272,33 @@ class KubeSource:
                 found = by_source.get(source)
                 if found is None:
                     continue
-                wanted = condition(found, obj)
                 written = (resource, namespace, name)
-                if wanted is None or _timeless(wanted) == self._written.get(written):
-                    continue
+                if resource.kind in routestatus.ROUTE_KINDS:  # Gateway API: per parent
+                    entries = routestatus.parents(found, obj)
+                    body = {"status": {"parents": entries}}
+                    summary = f"parents={len(found.parents)} state={found.state}"
+                    if entries is None or body == self._written.get(written):
+                        continue
+                    remembered: dict[str, Any] = body
+                else:
+                    wanted = condition(found, obj)
+                    if wanted is None or _timeless(wanted) == self._written.get(written):
+                        continue
+                    body = {"status": {"conditions": [wanted]}}
+                    summary = (
+                        f"accepted={wanted['status']} generation={wanted['observedGeneration']}"
+                    )
+                    remembered = _timeless(wanted)
                 try:
                     await asyncio.to_thread(
                         self._custom.patch_namespaced_custom_object_status,
-                        resource.group, resource.version, namespace, resource.plural, name,
-                        {"status": {"conditions": [wanted]}},
+                        resource.group, resource.version, namespace, resource.plural, name, body,
                     )  # fmt: skip
                     self.status_writes += 1
-                    self._written[written] = _timeless(wanted)
+                    self._written[written] = remembered
                     log.info(
-                        "kube_source.status_written resource=%s object=%s/%s accepted=%s "
-                        "generation=%s",
-                        resource, namespace, name, wanted["status"], wanted["observedGeneration"],
+                        "kube_source.status_written resource=%s object=%s/%s %s",
+                        resource, namespace, name, summary,
                     )  # fmt: skip
                 except Exception as exc:  # noqa: BLE001  # retried on the next change
                     log.warning(
