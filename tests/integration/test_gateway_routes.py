@@ -239,3 +239,77 @@ def test_an_http_route_routes_by_path_header_and_weight(mesh: Mesh) -> None:
     assert client.get(host, "/split/more").json()["app"] == "web-v1"  # Exact is exact
     status = status_of(mesh, "HTTPRoute shop/web")
     assert status["state"] == "valid", json.dumps(status)
+
+
+GRPC_ACCESS = """
+apiVersion: access.smi-spec.io/v1alpha3
+kind: TrafficTarget
+metadata: {name: client-greets, namespace: shop}
+spec:
+  destination: {kind: ServiceAccount, name: hello-v1, namespace: shop}
+  sources: [{kind: ServiceAccount, name: client, namespace: shop}]
+  rules: [{kind: GRPCRoute, name: hello-access, matches: [greet]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: hello-access, namespace: shop}
+spec:
+  rules:
+  - name: greet
+    matches: [{method: {service: helloworld.Greeter, method: SayHello}}]
+"""
+
+
+def test_a_traffic_target_allows_grpc_methods_by_a_grpc_route(mesh: Mesh) -> None:
+    """The server's sidecar enforces it (RBAC on the inbound routes), as OSM answers: a
+    method no rule allows finds no route (404: UNIMPLEMENTED); a caller the rule does not
+    name is refused (403: PERMISSION_DENIED)."""
+    services = mesh.spec_dir / "services.yaml"
+    declared = services.read_text().split("---\napiVersion: config.openservicemesh")[0]
+    # no GRPCRoute sends to hello-v1 here: its port says it speaks gRPC (not permissive)
+    declared = declared.replace(
+        "metadata: {name: hello-v1, namespace: shop}\nspec: {ports: [{name: api, port: 9000}]}",
+        "metadata: {name: hello-v1, namespace: shop}\n"
+        "spec: {ports: [{name: api, port: 9000, appProtocol: grpc}]}",
+    )
+    services.write_text(declared)
+    (mesh.spec_dir / "access.yaml").write_text(GRPC_ACCESS)
+    app, sidecar = grpc_backend(mesh, "hello-v1")
+    client = mesh.onboard("client", "shop", "client", "client")
+    stranger = mesh.onboard("stranger", "shop", "web", "web")
+    for proxy in (sidecar, client, stranger):
+        proxy.envoy.wait_ready()
+
+    def channel_of(proxy: Sidecar) -> grpc.Channel:
+        return grpc.insecure_channel(
+            f"127.0.0.1:{proxy.outbound_port}",
+            options=[("grpc.default_authority", "hello-v1.shop:9000")],
+        )
+
+    mine, theirs = channel_of(client), channel_of(stranger)
+    try:
+
+        def allowed() -> bool:
+            try:
+                return bool(call(mine, "/helloworld.Greeter/SayHello", timeout=2)["app"])
+            except grpc.RpcError:
+                return False
+
+        asyncio.run(eventually(allowed, timeout=40, interval=0.3, message="SayHello allowed"))
+        served = app.calls
+        with pytest.raises(grpc.RpcError) as unrouted:
+            call(mine, "/helloworld.Greeter/SayGoodbye")
+        assert unrouted.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with pytest.raises(grpc.RpcError) as refused:
+            call(theirs, "/helloworld.Greeter/SayHello")
+        assert refused.value.code() in (
+            grpc.StatusCode.PERMISSION_DENIED,  # web may not call hello-v1 at all: its own
+            grpc.StatusCode.UNIMPLEMENTED,  # sidecar has no route to it (deny by default)
+        )
+        assert app.calls == served  # neither reached the application
+    finally:
+        mine.close()
+        theirs.close()
+        app.stop()
+    status = status_of(mesh, "TrafficTarget shop/client-greets")
+    assert status["state"] == "valid", json.dumps(status)

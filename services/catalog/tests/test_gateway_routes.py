@@ -500,3 +500,47 @@ def test_routes_send_only_where_traffic_targets_allow(mesh: Mesh) -> None:
     assert found.spiffe_ids == ("spiffe://cluster.local/ns/shop/sa/hello-v1",)
     stranger = builder.build(Identity("shop", "web"), "web")
     assert all(o.name != "hello" for o in stranger.outbound)  # may call no backend, nor hello
+
+
+GRPC_ACCESS = """
+---
+apiVersion: access.smi-spec.io/v1alpha3
+kind: TrafficTarget
+metadata: {name: client-greets, namespace: shop}
+spec:
+  destination: {kind: ServiceAccount, name: hello-v1, namespace: shop}
+  sources: [{kind: ServiceAccount, name: client, namespace: shop}]
+  rules: [{kind: GRPCRoute, name: hello, matches: [greet]}]
+"""
+
+
+def test_a_traffic_target_allows_by_the_methods_of_a_grpc_route(mesh: Mesh) -> None:
+    rules = (
+        "[{name: greet, matches: [{method: {service: helloworld.Greeter, method: SayHello},"
+        " headers: [{name: x-tenant, value: a}]}], backendRefs: [{name: hello-v1, port: 9000}]},"
+        " {name: other, matches: [{method: {service: admin.Admin}}],"
+        " backendRefs: [{name: hello-v1, port: 9000}]}]"
+    )
+    builder = mesh(SERVICES + grpc_route(rules=rules) + GRPC_ACCESS)
+    assert builder.spec.statuses["TrafficTarget shop/client-greets"].state == "valid"
+    [port] = builder.build(Identity("shop", "hello-v1"), "hello-v1").inbound
+    [rule] = port.rules
+    assert rule.source_spiffe_ids == ("spiffe://cluster.local/ns/shop/sa/client",)
+    assert rule.http == (
+        HttpMatch(
+            path_exact="/helloworld.Greeter/SayHello",
+            header_matches=(ValueMatch("x-tenant", "a"),),
+        ),
+    )
+    assert outbound(builder, "hello", 9000).routes[0].clusters[0].cluster == "shop/hello-v1|9000"
+
+
+def test_a_traffic_target_naming_a_missing_grpc_route_or_rule_says_which(mesh: Mesh) -> None:
+    missing = GRPC_ACCESS.replace("name: hello, matches: [greet]", "name: nowhere")
+    found = mesh(SERVICES + missing).spec.statuses["TrafficTarget shop/client-greets"]
+    assert found.state == "error"
+    assert "GRPCRoute shop/nowhere not found" in found.reason
+    unnamed = mesh(SERVICES + grpc_route() + GRPC_ACCESS).spec.statuses[
+        "TrafficTarget shop/client-greets"
+    ]
+    assert "has no rule named 'greet'" in unnamed.reason

@@ -226,9 +226,13 @@ class IdentityBindingSubject(StrictModel):
 
 
 class TrafficTargetRule(StrictModel):
-    """Routes a TrafficTarget allows: all of ``kind``/``name``, or the ``matches`` named."""
+    """Routes a TrafficTarget allows: all of ``kind``/``name``, or the ``matches`` named.
 
-    kind: Literal["HTTPRouteGroup", "TCPRoute"]
+    Beyond SMI, a rule may name a Gateway API ``GRPCRoute`` (``apiGroup``
+    ``gateway.networking.k8s.io``): it allows the gRPC methods (and headers) the route's
+    matches take; ``matches`` then names the route's rules (their ``name``)."""
+
+    kind: Literal["HTTPRouteGroup", "TCPRoute", "GRPCRoute"]
     name: ObjectName
     matches: tuple[str, ...] = ()
 

@@ -78,7 +78,7 @@ def _explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshSe
     routes: list[HttpMatch] = []
     for grant in grants:
         for rule in grant.rules:
-            routes += [http_match(m) for m in rule.http]
+            routes += [http_match(m) for m in rule.http] + list(rule.grpc)
             if rule.tcp_all or rule.tcp_ports:
                 routes.append(MATCH_ALL)
     return Decision(

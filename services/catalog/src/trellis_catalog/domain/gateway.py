@@ -32,21 +32,15 @@ for clients in its own namespace, and instead of the producer's routes there.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from trellis_catalog.domain.gateway_matches import grpc_match, http_match
 from trellis_catalog.domain.services import KnownService
 from trellis_catalog.domain.spec import Condition, ParentStatus, Status
-from trellis_catalog.domain.views import (
-    HeaderEdits,
-    HttpMatch,
-    Redirect,
-    Rewrite,
-    ValueMatch,
-)
+from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
 from trellis_common.documents import gateway
 from trellis_common.documents.base import Document, DocumentKey
 from trellis_common.model import MeshService
@@ -137,59 +131,6 @@ def _edits(modifier: gateway.HeaderModifier | None) -> HeaderEdits | None:
         add=tuple((h.name, h.value) for h in modifier.add),
         remove=tuple(modifier.remove),
     )
-
-
-def _values(matches: Iterable[gateway.HeaderMatch], lower: bool) -> tuple[ValueMatch, ...]:
-    return tuple(
-        ValueMatch(m.name.lower() if lower else m.name, m.value, m.type == "RegularExpression")
-        for m in matches
-    )
-
-
-def grpc_match(match: gateway.GRPCRouteMatch | None) -> HttpMatch:
-    """A GRPCRoute match as an HTTP/2 match on ``/service/method`` (GEP-1016's table):
-
-    ============  =======  ======  ===========================================
-    type          service  method  path
-    ============  =======  ======  ===========================================
-    Exact         yes      yes     exactly ``/service/method``
-    Exact         yes      no      the segment prefix ``/service``
-    Exact         no       yes     regex ``/[^/]+/method``
-    RegularExp.   either   either  regex ``/(service|[^/]+)/(method|[^/]+)``
-    ============  =======  ======  ===========================================
-    """
-    if match is None:
-        return HttpMatch()
-    headers = _values(match.effective_headers(), lower=True)
-    method = match.method
-    if method is None:
-        return HttpMatch(header_matches=headers)
-    service, name = method.service or "", method.method or ""
-    if method.type == "Exact":
-        if service and name:
-            return HttpMatch(path_exact=f"/{service}/{name}", header_matches=headers)
-        if service:
-            return HttpMatch(path_prefix=f"/{service}", header_matches=headers)
-        return HttpMatch(path_regex=f"/[^/]+/{re.escape(name)}", header_matches=headers)
-    pattern = f"/(?:{service or '[^/]+'})/(?:{name or '[^/]+'})"
-    return HttpMatch(path_regex=pattern, header_matches=headers)
-
-
-def http_match(match: gateway.HTTPRouteMatch) -> HttpMatch:
-    """An HTTPRoute match: the path (``PathPrefix`` by whole segments, a trailing ``/``
-    ignored), headers, query parameters and method."""
-    path = match.path
-    found = HttpMatch(
-        methods=(match.method,) if match.method else (),
-        header_matches=_values(match.effective_headers(), lower=True),
-        query_params=_values(match.effective_query_params(), lower=False),
-    )
-    if path.type == "Exact":
-        return replace(found, path_exact=path.value)
-    if path.type == "RegularExpression":
-        return replace(found, path_regex=path.value)
-    prefix = path.value.rstrip("/")
-    return replace(found, path_prefix=prefix) if prefix else found
 
 
 def _grpc_precedence(match: gateway.GRPCRouteMatch | None) -> tuple[int, ...]:
@@ -331,8 +272,9 @@ def _status(document: Document, parents: tuple[ParentStatus, ...]) -> Status:
         return _replace(
             base,
             state="ignored",
-            reason="no Service parent: Trellis applies mesh routes (parentRefs of kind "
-            "Service, group \"\"); a Gateway's routes are its controller's",
+            reason="no Service parent: it routes no mesh traffic (Trellis applies parentRefs "
+            "of kind Service, group \"\"; a Gateway's routes are its controller's); "
+            "TrafficTarget rules may still name it",
         )
     problems = [
         f"{p.kind} {p.namespace}/{p.name}: {c.type}={c.status} {c.reason}: {c.message}"

@@ -70,8 +70,8 @@ def _rule(grant: Grant, port: PortSpec, target: int, trust_domain: str) -> Inbou
     http: list[HttpMatch] = []
     tcp: list[int] = []
     for rule in grant.rules:
-        if rule.http and port.protocol != "tcp":
-            http += [http_match(m) for m in rule.http]
+        if (rule.http or rule.grpc) and port.protocol != "tcp":
+            http += [http_match(m) for m in rule.http] + list(rule.grpc)
         elif rule.tcp_all or port.port in rule.tcp_ports or target in rule.tcp_ports:
             if port.protocol == "tcp":
                 tcp.append(target)

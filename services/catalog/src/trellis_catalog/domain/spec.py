@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from trellis_catalog.domain.gateway_matches import grpc_match
+from trellis_catalog.domain.views import HttpMatch
 from trellis_common.documents import core, gateway, istio, meshconfig, osm, smi
 from trellis_common.documents.base import Document, DocumentError, DocumentKey, UnreadKind
 from trellis_common.model import MeshService, ServiceAccount
@@ -78,6 +80,7 @@ class AllowedRule:
     http: tuple[smi.HTTPMatch, ...] = ()
     tcp_ports: tuple[int, ...] = ()
     tcp_all: bool = False
+    grpc: tuple[HttpMatch, ...] = ()  # a GRPCRoute's matches (methods, headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,8 +251,13 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
             else:
                 spec.settings = resource.settings()
         spec.statuses[str(key)] = status
+    grpc_routes = {
+        (d.key.namespace, d.key.name): d.resource
+        for d in spec.gateway_routes
+        if isinstance(d.resource, gateway.GRPCRoute)
+    }
     for document in targets:
-        grant, problems = _grant(document, spec.route_groups, tcp_routes)
+        grant, problems = _grant(document, spec.route_groups, tcp_routes, grpc_routes)
         if grant.rules:
             spec.grants[grant.destination].append(grant)
         if problems:
@@ -321,10 +329,32 @@ def _upstream_setting(
     return _status(document)
 
 
+def _grpc_rule(
+    route: gateway.GRPCRoute, names: tuple[str, ...], where: str, problems: list[str]
+) -> AllowedRule | None:
+    """What a TrafficTarget rule naming a GRPCRoute allows: its rules' matches (those
+    ``names`` names, else all); a rule without matches allows every method."""
+    rules = route.spec.rules
+    if names:
+        known = {r.name for r in rules if r.name}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            problems.append(
+                f"{where}: GRPCRoute {route.metadata.namespace}/{route.metadata.name} has no "
+                "rule named " + ", ".join(repr(u) for u in unknown)
+            )
+        rules = tuple(r for r in rules if r.name in names)
+    if not rules:
+        return None
+    matches = tuple(grpc_match(m) for r in rules for m in (r.matches or (None,)))
+    return AllowedRule(grpc=tuple(dict.fromkeys(matches)))
+
+
 def _grant(
     document: Document,
     route_groups: dict[tuple[str, str], smi.HTTPRouteGroup],
     tcp_routes: dict[tuple[str, str], smi.TCPRoute],
+    grpc_routes: dict[tuple[str, str], gateway.GRPCRoute],
 ) -> tuple[Grant, list[str]]:
     target: smi.TrafficTarget = document.resource
     namespace = document.key.namespace
@@ -351,6 +381,14 @@ def _grant(
             else:
                 matches = group.spec.matches
             rules.append(AllowedRule(http=matches))
+        elif rule.kind == "GRPCRoute":
+            grpc_route = grpc_routes.get((namespace, rule.name))
+            if grpc_route is None:
+                problems.append(f"{where}: GRPCRoute {namespace}/{rule.name} not found")
+                continue
+            allowed = _grpc_rule(grpc_route, rule.matches, where, problems)
+            if allowed is not None:
+                rules.append(allowed)
         else:
             route = tcp_routes.get((namespace, rule.name))
             if route is None:

@@ -26,6 +26,8 @@ now"):
 
 from __future__ import annotations
 
+import re
+
 from envoy.config.rbac.v3 import rbac_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
@@ -59,7 +61,13 @@ def _regex(pattern: str) -> string_pb2.StringMatcher:
 
 def _permission(match: catalog_pb2.HttpMatch) -> rbac_pb2.Permission:
     rules = []
-    if match.path_regex not in ("", ".*"):
+    if match.path_exact:
+        exact = string_pb2.StringMatcher(exact=match.path_exact)
+        rules.append(rbac_pb2.Permission(url_path=path_pb2.PathMatcher(path=exact)))
+    elif match.path_prefix:  # whole segments, as the route matches them
+        prefix = _regex(f"{re.escape(match.path_prefix)}(/.*)?")
+        rules.append(rbac_pb2.Permission(url_path=path_pb2.PathMatcher(path=prefix)))
+    elif match.path_regex not in ("", ".*"):
         rules.append(
             rbac_pb2.Permission(url_path=path_pb2.PathMatcher(path=_regex(match.path_regex)))
         )
@@ -77,6 +85,13 @@ def _permission(match: catalog_pb2.HttpMatch) -> rbac_pb2.Permission:
             rbac_pb2.Permission(
                 header=rc.HeaderMatcher(name=name.lower(), string_match=_regex(pattern))
             )
+        )
+    for header in match.header_matches:  # Gateway API: exactly, or by regex
+        value = (
+            _regex(header.value) if header.regex else string_pb2.StringMatcher(exact=header.value)
+        )
+        rules.append(
+            rbac_pb2.Permission(header=rc.HeaderMatcher(name=header.name, string_match=value))
         )
     if not rules:
         return rbac_pb2.Permission(any=True)
