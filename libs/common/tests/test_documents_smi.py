@@ -328,7 +328,7 @@ SA = {"kind": "ServiceAccount", "name": "bookbuyer"}
             "lower case",
         ),
         (TARGET, "spec.rules", [], None, "at least one rule"),
-        (TARGET, "spec.rules[0].kind", "UDPRoute", None, "'HTTPRouteGroup' or 'TCPRoute'"),
+        (TARGET, "spec.rules[0].kind", "UDPRoute", None, "'HTTPRouteGroup', 'TCPRoute' or 'GRPCRoute'"),
         (TARGET, "spec.destination", DELETE, None, "Field required"),
         (ROUTES, "spec.matches[0].pathRegex", "/books(", None, "does not compile"),
         (ROUTES, "spec.matches[0].pathRegex", r"/(a)\1", None, "backreference"),
