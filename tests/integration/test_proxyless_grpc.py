@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
 
 from trellis_common.grpc_bootstrap import GrpcFolder
 from trellis_common.testing import RedisServer, eventually
@@ -84,6 +87,20 @@ def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator
         yield mesh
     finally:
         mesh.stop()
+
+
+def certificate(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def common_name(cert: x509.Certificate) -> str:
+    return str(cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+
+
+def key_matches(files: GrpcFolder, cert: x509.Certificate) -> bool:
+    key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+    pem = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    return key.public_key().public_bytes(*pem) == cert.public_key().public_bytes(*pem)
 
 
 def bootstrap(mesh: Mesh, service: str, folder: Path) -> GrpcFolder:
@@ -166,6 +183,31 @@ def test_a_proxyless_client_follows_weighted_and_header_routes_and_live_changes(
         assert client.calls("/helloworld.Greeter/SayGoodbye", 50) == {"hello-v2": 50}
         # gRPC's xDS client has no direct responses: no rule matches, UNAVAILABLE
         assert client.calls("/other.Service/Method") == {"UNAVAILABLE": 1}
+
+        # the agent keeps the workload certificate fresh across a rotation
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(mesh.state_dir),
+             "grpc", "agent", "--out", str(files.folder)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            before = certificate(files.cert)
+            rotated = mesh.trellis("certs", "rotate", common_name(before))
+            assert rotated.returncode == 0, rotated.stderr
+
+            def renewed() -> bool:
+                return certificate(files.cert).serial_number != before.serial_number
+
+            asyncio.run(eventually(renewed, timeout=20, interval=0.1, message="cert.pem renewed"))
+            after = certificate(files.cert)
+            assert after.subject == before.subject
+            assert key_matches(files, after)
+            assert oct(files.key.stat().st_mode & 0o777) == "0o600"
+            assert client.calls("/helloworld.Greeter/SayGoodbye", 20) == {"hello-v2": 20}
+        finally:
+            agent.terminate()
+            _, errors = agent.communicate(timeout=10)
+        assert "grpc_agent.installed" in errors
     finally:
         client.stop()
         v1.stop()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import as_dict, self_signed_material, static_bootstrap
@@ -199,3 +201,39 @@ def test_envoy_accepts_gateway_routes() -> None:
     resources = translate(gateway_view(), ProxySettings(), self_signed_material())
     result = envoy.validate(static_bootstrap(resources))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_proxyless_client_gets_api_listeners_per_name_and_certificate_provider_tls() -> None:
+    resources = translate(gateway_view(), ProxySettings(proxyless=True), self_signed_material())
+    listeners = {item["name"]: item for item in map(as_dict, resources.listeners)}
+    assert sorted(listeners) == sorted(NAMES + [f"{n}:9000" for n in NAMES])
+    manager = listeners["hello.shop:9000"]["api_listener"]["api_listener"]
+    assert manager["rds"]["route_config_name"] == "proxyless|shop/hello|9000"
+    [config] = map(as_dict, resources.routes)
+    routes = {r["name"]: r for h in config["virtual_hosts"] for r in h["routes"]}
+    prefix = routes["GRPCRoute shop/hello rule 1 match 0"]["match"]
+    assert prefix == {"safe_regex": {"regex": "/helloworld\\.Greeter(/.*)?"}}  # not gRPC's
+    timed = routes["HTTPRoute shop/web rule 1 match 0"]["route"]
+    assert timed["max_stream_duration"]["max_stream_duration"] == "90s"
+    assert "retry_policy" not in timed
+    clusters = {c["name"]: c for c in map(as_dict, resources.clusters)}
+    tls = clusters[V1]["transport_socket"]["typed_config"]["common_tls_context"]
+    assert tls["tls_certificate_provider_instance"]["instance_name"] == "trellis"
+    validation = tls["validation_context"]
+    assert validation["ca_certificate_provider_instance"]["instance_name"] == "trellis"
+    assert validation["match_subject_alt_names"] == [
+        {"exact": "spiffe://cluster.local/ns/shop/sa/hello-v1"}
+    ]
+    assert "typed_extension_protocol_options" not in clusters[V1]
+    assert {e["cluster_name"] for e in map(as_dict, resources.endpoints)} == {V1, V2}
+    # no inbound side, but the identity's secrets are there for `trellis grpc agent`
+    assert {s.name for s in resources.secrets} == {names.SERVICE_CERT, names.MESH_CA}
+
+
+def test_proxyless_settings_come_from_node_metadata() -> None:
+    from trellis_proxy_cp.translate.settings import InvalidNodeMetadata, from_metadata
+
+    assert from_metadata({"trellis": {"proxyless": True}}).key() == "proxyless"
+    assert from_metadata({"trellis": {}}).proxyless is False
+    with pytest.raises(InvalidNodeMetadata, match="proxyless: 'yes' is not true or false"):
+        from_metadata({"trellis": {"proxyless": "yes"}})
