@@ -227,7 +227,7 @@ def test_a_proxyless_client_gets_api_listeners_per_name_and_certificate_provider
     assert "typed_extension_protocol_options" not in clusters[V1]
     assert {e["cluster_name"] for e in map(as_dict, resources.endpoints)} == {V1, V2}
     # no inbound side, but the identity's secrets are there for `trellis grpc agent`
-    assert {s.name for s in resources.secrets} == {names.SERVICE_CERT, names.MESH_CA}
+    assert {as_dict(s)["name"] for s in resources.secrets} == {names.SERVICE_CERT, names.MESH_CA}
 
 
 def test_proxyless_settings_come_from_node_metadata() -> None:
