@@ -31,6 +31,8 @@ from trellis_common.testing.mesh import Mesh
 
 pytestmark = pytest.mark.integration
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpc"
+
 
 SERVICES = """
 apiVersion: v1
@@ -101,6 +103,15 @@ def key_matches(files: GrpcFolder, cert: x509.Certificate) -> bool:
     key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
     pem = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     return key.public_key().public_bytes(*pem) == cert.public_key().public_bytes(*pem)
+
+
+def test_the_example_is_valid(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "trellis_cli.main", "spec", "validate", str(EXAMPLE)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 with errors" in done.stdout
 
 
 def bootstrap(mesh: Mesh, service: str, folder: Path) -> GrpcFolder:
@@ -208,6 +219,15 @@ def test_a_proxyless_client_follows_weighted_and_header_routes_and_live_changes(
             agent.terminate()
             _, errors = agent.communicate(timeout=10)
         assert "grpc_agent.installed" in errors
+
+        # the README's third command: the example's client, on the same bootstrap
+        env = {**os.environ, "GRPC_XDS_BOOTSTRAP": str(files.bootstrap)}
+        example = subprocess.run(
+            [sys.executable, str(EXAMPLE / "greeter.py"), "call", "xds:///hello.shop:9000", "20"],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+        assert example.returncode == 0, example.stderr
+        assert example.stdout.strip() == "{'hello-v2': 20}"
     finally:
         client.stop()
         v1.stop()

@@ -7,6 +7,7 @@ watches), edits the mesh documents, uses the CLI, and kills processes.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ class Up:
     def __init__(self, tmp: Path) -> None:
         self.state = tmp / "state"
         self.spec = tmp / "spec"
-        shutil.copytree(ROOT / "examples" / "bookstore", self.spec)
+        shutil.copytree(ROOT / "examples", self.spec)  # bookstore/ and grpc/, as `make run`
         self.log = tmp / "up.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -154,7 +155,24 @@ def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
 
     status = mesh.cli("status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
-    assert json.loads(status.stdout)["mesh"]["connected_proxies"] == 4
+    assert json.loads(status.stdout)["mesh"]["connected_proxies"] == 6  # 4 + the greeters
+
+    # the README's proxyless gRPC client, against the demo's greeters
+    client = mesh.spec.parent / "client-grpc"
+    onboarded = mesh.cli(
+        "grpc", "bootstrap", "-n", "shop", "--service", "client", "--out", str(client)
+    )
+    assert onboarded.returncode == 0, onboarded.stderr
+    called = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "grpc" / "greeter.py"), "call",
+         "xds:///hello.shop:9000", "100"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "GRPC_XDS_BOOTSTRAP": str(client / "bootstrap.json")},
+    )  # fmt: skip
+    assert called.returncode == 0, called.stderr
+    greeted = ast.literal_eval(called.stdout.strip())
+    assert set(greeted) == {"hello-v1", "hello-v2"}, greeted  # 80/20
+    assert greeted["hello-v1"] > greeted["hello-v2"], greeted
     assert (
         mesh.cli(
             "policy", "check", "--from", "bookthief/bookthief", "--to", "bookstore/bookstore"
@@ -163,7 +181,7 @@ def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
     )
 
     # weights edited live
-    split = mesh.spec / "traffic-split.yaml"
+    split = mesh.spec / "bookstore" / "traffic-split.yaml"
     split.write_text(
         split.read_text().replace("weight: 80", "weight: 50").replace("weight: 20", "weight: 50")
     )
@@ -229,7 +247,9 @@ def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
         == (json.loads(root.stdout)["fingerprint_sha256"])
     )
     workloads = json.loads(mesh.cli("vm", "list", "--json").stdout)["workloads"]
-    assert {w["name"] for w in workloads} == {"bookstore-v1-demo", "bookstore-v2-demo"}
+    assert {w["name"] for w in workloads} == {
+        "bookstore-v1-demo", "bookstore-v2-demo", "hello-v1-demo", "hello-v2-demo"
+    }  # fmt: skip
 
     # converged: the mesh still follows the documents
     split.write_text(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.services import ProvidedService
 from trellis_catalog.domain.spec import Status
@@ -544,3 +545,29 @@ def test_a_traffic_target_naming_a_missing_grpc_route_or_rule_says_which(mesh: M
         "TrafficTarget shop/client-greets"
     ]
     assert "has no rule named 'greet'" in unnamed.reason
+
+
+def test_a_route_on_a_split_root_takes_over_and_the_split_says_so(
+    mesh: Mesh, docs: Callable[[str], list[Any]]
+) -> None:
+    split = """
+---
+apiVersion: split.smi-spec.io/v1alpha2
+kind: TrafficSplit
+metadata: {name: hello-split, namespace: shop}
+spec: {service: hello, backends: [{service: hello-v1, weight: 1}, {service: hello-v2, weight: 1}]}
+"""
+    text = SERVICES + PERMISSIVE + split + grpc_route()
+    routes = outbound(mesh(text), "hello", 9000).routes
+    assert routes[0].source == "GRPCRoute shop/hello rule 0"
+    assert [c.cluster for c in routes[0].clusters] == ["shop/hello-v1|9000"]
+    catalog = Catalog(_announce)
+    catalog.set_documents(docs(text), [])
+    catalog.flush()
+    status = catalog.spec.statuses["TrafficSplit shop/hello-split"]
+    assert status.state == "warning"
+    assert "GRPCRoute shop/hello attached to shop/hello: its rules take over" in status.reason
+
+
+async def _announce(kind: str, key: str) -> int:
+    return 0

@@ -1,7 +1,9 @@
-"""The bookstore demo ``trellis up`` runs: four workloads, each with a real Envoy sidecar.
+"""The demo ``trellis up`` runs: six workloads, each with a real Envoy sidecar.
 
 bookstore-v1 and bookstore-v2 serve books; bookbuyer and bookthief call bookstore through
-their sidecars. The policies are ``examples/bookstore``: an 80/20 TrafficSplit between the
+their sidecars. hello-v1 and hello-v2 are ``examples/grpc``'s greeter (gRPC), for a
+proxyless client to call (README: "a proxyless gRPC client in 3 commands"). The bookstore
+policies are ``examples/bookstore``: an 80/20 TrafficSplit between the
 versions, and a TrafficTarget that lets bookbuyer (and nobody else) buy books. Each sidecar
 is onboarded as a user would (its key made here, the injector issues its proxy certificate
 for the CSR and its bootstrap; the stores are registered with endpoints-vm, without a TTL,
@@ -38,10 +40,15 @@ class Workload:
     admin_port: int
     outbound_port: int
     inbound_port: int
+    grpc: bool = False  # examples/grpc's greeter; its Service port is named "api"
 
     @property
     def client(self) -> bool:
         return self.app_port == 0
+
+    @property
+    def port_name(self) -> str:
+        return "api" if self.grpc else "http"
 
 
 WORKLOADS = (
@@ -49,6 +56,8 @@ WORKLOADS = (
     Workload("bookstore-v2", "bookstore", "bookstore", 14082, 15120, 15121, 15123),
     Workload("bookbuyer", "bookbuyer", "bookbuyer", 0, 15130, 15131, 15133),
     Workload("bookthief", "bookthief", "bookthief", 0, 15140, 15141, 15143),
+    Workload("hello-v1", "shop", "hello-v1", 14091, 15150, 15151, 15153, grpc=True),
+    Workload("hello-v2", "shop", "hello-v2", 14092, 15160, 15161, 15163, grpc=True),
 )
 
 
@@ -109,7 +118,7 @@ def register(mesh: Mesh, workload: Workload) -> None:
             "name": f"{workload.name}-demo",
             "services": [workload.name],
             "address": "127.0.0.1",
-            "ports": [{"name": "http", "number": workload.inbound_port}],
+            "ports": [{"name": workload.port_name, "number": workload.inbound_port}],
             "service_account": workload.account,
         },
     )
@@ -129,7 +138,7 @@ def prepare(mesh: Mesh, state_dir: Path) -> list[ProcessSpec]:
                         sys.executable,
                         "-m",
                         "trellis_cli.demoapps",
-                        "app",
+                        "greeter" if workload.grpc else "app",
                         "--name",
                         workload.name,
                         "--port",

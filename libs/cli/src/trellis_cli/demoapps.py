@@ -1,10 +1,11 @@
-"""The bookstore demo's programs, each run as its own process by ``trellis up``.
+"""The demo's programs, each run as its own process by ``trellis up``.
 
-``app``: a bookstore version answering who it is and who called it (the caller's SPIFFE id
-from the sidecar's ``x-forwarded-client-cert``). ``client``: bookbuyer or bookthief,
-calling bookstore through its own sidecar a few times a second and counting what comes
-back (which version answered, or denied, or errors) in a small JSON file that ``trellis
-up`` prints as a live counter.
+``app``: a bookstore version answering who it is and who called it (the caller's SPIFFE id from the
+sidecar's ``x-forwarded-client-cert``). ``greeter``: a gRPC server (examples/grpc's greeter)
+whose every method answers who it is and which method was called. ``client``: bookbuyer or
+bookthief, calling bookstore through its own sidecar a few times a second and counting what
+comes back (which version answered, or denied, or errors) in a small JSON file that
+``trellis up`` prints as a live counter.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import signal
 import threading
 import time
 from collections import Counter
+from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 
 
@@ -61,6 +64,21 @@ def run_app(name: str, port: int) -> None:
     )
     print(f"{name} listening on 127.0.0.1:{port}", flush=True)
     server.serve_forever()
+
+
+def run_greeter(name: str, port: int) -> None:
+    class Greeter(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes]:
+            reply = json.dumps({"app": name, "method": details.method}).encode()
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: reply)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((Greeter(),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    signal.signal(signal.SIGTERM, lambda *_: server.stop(grace=1))
+    print(f"{name} (gRPC) listening on 127.0.0.1:{port}", flush=True)
+    server.wait_for_termination()
 
 
 def outcome(response: httpx.Response) -> str:
@@ -111,6 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     app = sub.add_parser("app")
     app.add_argument("--name", required=True)
     app.add_argument("--port", type=int, required=True)
+    greeter = sub.add_parser("greeter")
+    greeter.add_argument("--name", required=True)
+    greeter.add_argument("--port", type=int, required=True)
     client = sub.add_parser("client")
     client.add_argument("--name", required=True)
     client.add_argument("--proxy-port", type=int, required=True)
@@ -121,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.program == "app":
         run_app(args.name, args.port)
+    elif args.program == "greeter":
+        run_greeter(args.name, args.port)
     else:
         run_client(args.name, args.proxy_port, args.host, args.path, args.counter, args.rate)
 

@@ -194,9 +194,10 @@ def service_specs(
 
 
 def default_spec_dir(state_dir: Path, with_demo: bool) -> Path:
-    """The demo watches examples/bookstore itself: editing its weights changes the split."""
-    example = Path("examples/bookstore")
-    if with_demo and example.is_dir():
+    """The demo watches examples/ itself (bookstore/ and grpc/; the catalog reads
+    subdirectories): editing the weights there changes the split and the routes."""
+    example = Path("examples")
+    if with_demo and (example / "bookstore").is_dir():
         return example
     return state_dir / "spec"
 
@@ -273,7 +274,8 @@ async def up(
     )
     if with_demo:
         output.console.print(
-            f"demo: edit the weights in {spec_dir / 'traffic-split.yaml'} and watch the counters"
+            f"demo: edit the weights in {spec_dir / 'bookstore' / 'traffic-split.yaml'} and "
+            "watch the counters; a proxyless gRPC client: README, 'in 3 commands'"
         )
         await asyncio.gather(supervisor.run(stop), print_counters(state_dir, stop))
     else:

@@ -297,6 +297,16 @@ class Recompute:
         clients that may reach both) marked with a warning that names the winner."""
         statuses = dict(self._document_statuses)
         statuses.update(self.routes.statuses)  # Gateway API routes: resolved against services
+        for root, name in self.spec.split_names.items():
+            routed = sorted(
+                {r.source.rsplit(" rule ", 1)[0] for r in self.routes.rules.get(root, ())}
+            )
+            key = f"TrafficSplit {name}"
+            if routed and key in statuses and statuses[key].state in ("valid", "warning"):
+                reason = (
+                    f"{', '.join(routed)} attached to {root}: its rules take over from this split"
+                )
+                statuses[key] = replace(statuses[key], state="warning", reason=reason)
         for service, lost in tcp_port_conflicts(self.services, self.spec).items():
             key = f"Service {service}"
             status = statuses.get(key)
