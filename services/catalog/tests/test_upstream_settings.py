@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import ConnectionSettings, Identity
+from trellis_catalog.domain.views import ConnectionSettings, Identity, LocalRateLimit
 
 Mesh = Callable[..., PolicyBuilder]
 
@@ -67,16 +67,14 @@ def test_a_host_of_another_namespace_or_a_bare_name_matches_nothing_as_in_osm(me
         assert all(c.connection is None for c in clusters)
 
 
-def test_a_second_setting_for_one_service_is_refused_and_rate_limits_are_not_applied_yet(
+def test_a_second_setting_for_one_service_is_refused_and_a_global_limit_is_not_applied(
     mesh: Mesh,
 ) -> None:
-    limits = "  rateLimit: {local: {http: {requests: 10, unit: second}}}\n"
+    limits = "  rateLimit: {local: {http: {requests: 10, unit: second}}, global: {domain: x}}\n"
     builder = mesh(SHOP + setting("a-first", extra=limits) + setting("b-second"))
     first = builder.spec.statuses["UpstreamTrafficSetting shop/a-first"]
-    assert (first.state, first.reason) == (
-        "warning",
-        "spec.rateLimit read but not applied yet; connectionSettings apply",
-    )
+    assert first.state == "warning"
+    assert first.reason.startswith("spec.rateLimit.global read but not applied")
     second = builder.spec.statuses["UpstreamTrafficSetting shop/b-second"]
     assert second.state == "error"
     assert "conflicts with UpstreamTrafficSetting shop/a-first" in second.reason
@@ -84,3 +82,31 @@ def test_a_second_setting_for_one_service_is_refused_and_rate_limits_are_not_app
     connection = clusters["shop/api|80"].connection
     assert connection is not None
     assert connection.policy == "shop/a-first"
+
+
+def test_local_rate_limits_go_to_the_destinations_inbound_ports(mesh: Mesh) -> None:
+    limits = (
+        "  rateLimit:\n"
+        "    local:\n"
+        "      http: {requests: 10, unit: minute, burst: 5, responseStatusCode: 503,\n"
+        "             responseHeadersToAdd: [{name: x-limited, value: 'yes'}]}\n"
+        "      tcp: {connections: 3, unit: second}\n"
+        "  httpRoutes:\n"
+        "  - {path: /books.*, rateLimit: {local: {requests: 2, unit: hour}}}\n"
+    )
+    builder = mesh(SHOP + setting("limits", extra=limits))
+    status = builder.spec.statuses["UpstreamTrafficSetting shop/limits"]
+    assert status.state == "valid", status.reason
+    [port] = builder.build(Identity("shop", "api"), "api").inbound
+    assert port.rate_limit == LocalRateLimit(
+        policy="shop/limits",
+        tokens_per_fill=10,
+        max_tokens=15,
+        fill_interval=60.0,
+        status=503,
+        response_headers=(("x-limited", "yes"),),
+    )
+    assert port.route_limits == (("/books.*", LocalRateLimit("shop/limits", 2, 2, 3600.0)),)
+    # the clients are not limited: only the destination's own sidecars enforce it
+    [client_port] = builder.build(Identity("shop", "web"), "web").inbound
+    assert client_port.rate_limit is None

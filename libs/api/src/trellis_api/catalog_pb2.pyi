@@ -962,6 +962,8 @@ class InboundPort(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     RULES_FIELD_NUMBER: _builtins.int
     ALLOW_ANY_FIELD_NUMBER: _builtins.int
+    RATE_LIMIT_FIELD_NUMBER: _builtins.int
+    ROUTE_LIMITS_FIELD_NUMBER: _builtins.int
     port: _builtins.int
     target_port: _builtins.int
     protocol: _builtins.str
@@ -972,6 +974,16 @@ class InboundPort(_message.Message):
     def rules(self) -> _containers.RepeatedCompositeFieldContainer[Global___InboundRule]:
         """Empty with permissive false: nothing may call this port."""
 
+    @_builtins.property
+    def rate_limit(self) -> Global___LocalRateLimit:
+        """An OSM UpstreamTrafficSetting's rateLimit.local for this service: requests (HTTP
+        ports) or connections (TCP ports), enforced here, on the destination's inbound.
+        """
+
+    @_builtins.property
+    def route_limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteRateLimit]:
+        """Its httpRoutes: a limit for the inbound routes whose path regex is exactly `path`."""
+
     def __init__(
         self,
         *,
@@ -981,14 +993,80 @@ class InboundPort(_message.Message):
         name: _builtins.str = ...,
         rules: _abc.Iterable[Global___InboundRule] | None = ...,
         allow_any: _builtins.bool = ...,
+        rate_limit: Global___LocalRateLimit | None = ...,
+        route_limits: _abc.Iterable[Global___RouteRateLimit] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rate_limit", b"rate_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_any", b"allow_any", "name", b"name", "port", b"port", "protocol", b"protocol", "rules", b"rules", "target_port", b"target_port"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_any", b"allow_any", "name", b"name", "port", b"port", "protocol", b"protocol", "rate_limit", b"rate_limit", "route_limits", b"route_limits", "rules", b"rules", "target_port", b"target_port"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InboundPort: _TypeAlias = InboundPort  # noqa: Y015
+
+@_typing.final
+class LocalRateLimit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_FILL_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    FILL_INTERVAL_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    RESPONSE_HEADERS_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """"<namespace>/<name>" of the UpstreamTrafficSetting"""
+    tokens_per_fill: _builtins.int
+    """Envoy's token bucket: OSM fills `requests` (or `connections`) per unit, and holds at
+    most that plus the burst.
+    """
+    max_tokens: _builtins.int
+    fill_interval: _builtins.float
+    """seconds: the unit"""
+    status: _builtins.int
+    """the status of a limited request; 0: Envoy's (429)"""
+    @_builtins.property
+    def response_headers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Header]: ...
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        tokens_per_fill: _builtins.int = ...,
+        max_tokens: _builtins.int = ...,
+        fill_interval: _builtins.float = ...,
+        status: _builtins.int = ...,
+        response_headers: _abc.Iterable[Global___Header] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fill_interval", b"fill_interval", "max_tokens", b"max_tokens", "policy", b"policy", "response_headers", b"response_headers", "status", b"status", "tokens_per_fill", b"tokens_per_fill"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LocalRateLimit: _TypeAlias = LocalRateLimit  # noqa: Y015
+
+@_typing.final
+class RouteRateLimit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    @_builtins.property
+    def limit(self) -> Global___LocalRateLimit: ...
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        limit: Global___LocalRateLimit | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteRateLimit: _TypeAlias = RouteRateLimit  # noqa: Y015
 
 @_typing.final
 class InboundRule(_message.Message):

@@ -26,12 +26,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Final, Literal
 
-from pydantic import Field, Strict, field_validator
+from pydantic import Field, Strict, field_validator, model_validator
 
 from trellis_common import model
 from trellis_common.documents.base import KindRegistry, Resource, StrictModel
 from trellis_common.documents.meshconfig import parse_go_duration
-from trellis_common.documents.smi import Namespace, ObjectName
+from trellis_common.documents.smi import Namespace, ObjectName, _invalid
 
 POLICY_API_VERSIONS: Final = ("policy.openservicemesh.io/v1alpha1",)
 #: Envoy's retry_on conditions for HTTP (router filter docs, x-envoy-retry-on and
@@ -184,7 +184,9 @@ class HeaderValue(StrictModel):
 
 
 class LocalRateLimit(StrictModel):
-    """Local rate limits, read as OSM writes them (not applied yet: the status says so)."""
+    """A local rate limit as OSM writes it: ``requests`` (HTTP) or ``connections`` (TCP) per
+    ``unit``, plus ``burst``; a limited request gets ``responseStatusCode`` (429 by default)
+    and ``responseHeadersToAdd``. The destination's own sidecars enforce it (inbound)."""
 
     requests: UInt32 | None = None
     connections: UInt32 | None = None
@@ -198,9 +200,20 @@ class LocalRateLimit(StrictModel):
     )
 
 
+def _needs(limit: LocalRateLimit | None, field: str, where: tuple[str, ...]) -> None:
+    if limit is not None and getattr(limit, field) is None:
+        _invalid((*where, field), "is required", None)
+
+
 class LocalRateLimits(StrictModel):
     tcp: LocalRateLimit | None = None
     http: LocalRateLimit | None = None
+
+    @model_validator(mode="after")
+    def _counted(self) -> LocalRateLimits:
+        _needs(self.tcp, "connections", ("tcp",))  # OSM's CRD requires them
+        _needs(self.http, "requests", ("http",))
+        return self
 
 
 class RateLimit(StrictModel):
@@ -211,6 +224,11 @@ class RateLimit(StrictModel):
 class RouteRateLimit(StrictModel):
     local: LocalRateLimit | None = None
     global_: dict[str, object] | None = Field(default=None, alias="global")
+
+    @model_validator(mode="after")
+    def _counted(self) -> RouteRateLimit:
+        _needs(self.local, "requests", ("local",))
+        return self
 
 
 class HTTPRouteSetting(StrictModel):
@@ -240,12 +258,14 @@ class UpstreamTrafficSetting(Resource[UpstreamTrafficSettingSpec]):
             return None
 
     def not_applied(self) -> tuple[str, ...]:
-        """What this setting has that Trellis reads but does not apply yet."""
+        """What this setting has that Trellis reads but does not apply: global rate limits
+        (an external rate limit service; OSM v1.2 had none either)."""
         found = []
-        if self.spec.rate_limit is not None:
-            found.append("spec.rateLimit")
-        if self.spec.http_routes:
-            found.append("spec.httpRoutes")
+        if self.spec.rate_limit is not None and self.spec.rate_limit.global_ is not None:
+            found.append("spec.rateLimit.global")
+        for index, route in enumerate(self.spec.http_routes):
+            if route.rate_limit is not None and route.rate_limit.global_ is not None:
+                found.append(f"spec.httpRoutes[{index}].rateLimit.global")
         return tuple(found)
 
 

@@ -4,6 +4,8 @@ Each port of the identity's own service gets the rules of the TrafficTargets tha
 its service account: their sources as SPIFFE ids, with HTTP matches on HTTP ports and the
 TCPRoute ports on TCP ports (a TCPRoute on an HTTP port allows every request). A port no
 grant covers keeps no rule, so it is denied unless the mesh is permissive (``allow_any``).
+An OSM UpstreamTrafficSetting of the service adds its local rate limits (:func:`rate_limits`),
+which the service's own sidecars enforce, as OSM does.
 
 Kept apart from :mod:`.policy` because it reads only the grants *to* one account, while
 the outbound half walks every destination the account may call; :mod:`.access` shares
@@ -14,9 +16,15 @@ from __future__ import annotations
 
 from trellis_catalog.domain.services import KnownService, PortSpec, endpoint_port, spiffe_id
 from trellis_catalog.domain.spec import Grant, MeshSpec
-from trellis_catalog.domain.views import MATCH_ALL, HttpMatch, InboundPort, InboundRule
-from trellis_common.documents import smi
-from trellis_common.model import ServiceAccount
+from trellis_catalog.domain.views import (
+    MATCH_ALL,
+    HttpMatch,
+    InboundPort,
+    InboundRule,
+    LocalRateLimit,
+)
+from trellis_common.documents import osm, smi
+from trellis_common.model import MeshService, ServiceAccount
 
 
 def http_match(match: smi.HTTPMatch) -> HttpMatch:
@@ -42,6 +50,7 @@ def ports(
             for rule in [_rule(grant, port, target, trust_domain)]
             if rule is not None
         )
+        limit, route_limits = rate_limits(spec, known.service, port.protocol)
         found.append(
             InboundPort(
                 port=port.port,
@@ -50,9 +59,50 @@ def ports(
                 name=port.name,
                 rules=rules,
                 allow_any=spec.permissive,
+                rate_limit=limit,
+                route_limits=route_limits,
             )
         )
     return tuple(found)
+
+
+_UNITS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
+
+
+def _bucket(policy: str, limit: osm.LocalRateLimit, count: int) -> LocalRateLimit:
+    """OSM's token bucket: ``count`` per unit, at most ``count + burst`` at once."""
+    return LocalRateLimit(
+        policy=policy,
+        tokens_per_fill=count,
+        max_tokens=count + limit.burst,
+        fill_interval=_UNITS[limit.unit],
+        status=limit.response_status_code or 0,
+        response_headers=tuple((h.name, h.value) for h in limit.response_headers_to_add),
+    )
+
+
+def rate_limits(
+    spec: MeshSpec, service: MeshService, protocol: str
+) -> tuple[LocalRateLimit | None, tuple[tuple[str, LocalRateLimit], ...]]:
+    """The UpstreamTrafficSetting's local limits for one of ``service``'s ports: requests
+    on an HTTP port (and its httpRoutes' per-route limits), connections on a TCP port."""
+    found = spec.upstream_settings.get(service)
+    if found is None:
+        return None, ()
+    policy, setting = found
+    local = setting.rate_limit.local if setting.rate_limit else None
+    if protocol == "tcp":
+        tcp = local.tcp if local else None
+        limit = _bucket(policy, tcp, tcp.connections or 0) if tcp is not None else None
+        return limit, ()
+    http = local.http if local else None
+    limit = _bucket(policy, http, http.requests or 0) if http is not None else None
+    routes = tuple(
+        (route.path, _bucket(policy, route.rate_limit.local, route.rate_limit.local.requests or 0))
+        for route in setting.http_routes
+        if route.rate_limit is not None and route.rate_limit.local is not None
+    )
+    return limit, routes
 
 
 def target_port(known: KnownService, port: PortSpec) -> int:

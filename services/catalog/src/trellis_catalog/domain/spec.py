@@ -323,8 +323,8 @@ def _upstream_setting(
         return _status(
             document,
             "warning",
-            f"{' and '.join(setting.not_applied())} read but not applied yet; "
-            "connectionSettings apply",
+            f"{' and '.join(setting.not_applied())} read but not applied (a global limit needs "
+            "an external rate limit service); the rest applies",
         )
     return _status(document)
 

@@ -178,6 +178,18 @@ class InboundRule:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalRateLimit:
+    """An OSM local rate limit as Envoy's token bucket (the destination's inbound)."""
+
+    policy: str  # "<namespace>/<name>" of the UpstreamTrafficSetting
+    tokens_per_fill: int
+    max_tokens: int
+    fill_interval: float  # seconds
+    status: int = 0  # 0: Envoy's 429
+    response_headers: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
 class InboundPort:
     port: int
     target_port: int
@@ -185,6 +197,8 @@ class InboundPort:
     name: str
     rules: tuple[InboundRule, ...]
     allow_any: bool = False
+    rate_limit: LocalRateLimit | None = None
+    route_limits: tuple[tuple[str, LocalRateLimit], ...] = ()  # (path regex, limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from trellis_catalog.domain.views import (
     HeaderEdits,
     HttpMatch,
     IdentityPolicy,
+    LocalRateLimit,
     RetryPolicy,
     Route,
 )
@@ -50,6 +51,19 @@ def _match(match: HttpMatch) -> pb.HttpMatch:
         path_prefix=match.path_prefix,
         header_matches=[pb.ValueMatch(**messages.fields(m)) for m in match.header_matches],
         query_params=[pb.ValueMatch(**messages.fields(m)) for m in match.query_params],
+    )
+
+
+def _rate_limit(limit: LocalRateLimit | None) -> pb.LocalRateLimit | None:
+    if limit is None:
+        return None
+    return pb.LocalRateLimit(
+        policy=limit.policy,
+        tokens_per_fill=limit.tokens_per_fill,
+        max_tokens=limit.max_tokens,
+        fill_interval=limit.fill_interval,
+        status=limit.status,
+        response_headers=[pb.Header(name=n, value=v) for n, v in limit.response_headers],
     )
 
 
@@ -208,6 +222,11 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
                 protocol=i.protocol,
                 name=i.name,
                 allow_any=i.allow_any,
+                rate_limit=_rate_limit(i.rate_limit),
+                route_limits=[
+                    pb.RouteRateLimit(path=path, limit=_rate_limit(limit))
+                    for path, limit in i.route_limits
+                ],
                 rules=[
                     pb.InboundRule(
                         policy=r.policy,

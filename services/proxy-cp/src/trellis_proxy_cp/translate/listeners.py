@@ -19,7 +19,7 @@ from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import authz, egress, names, tracing
+from trellis_proxy_cp.translate import authz, egress, names, ratelimit, tracing
 from trellis_proxy_cp.translate.common import ads, downstream_mtls, pack, socket_address
 from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 
@@ -68,7 +68,9 @@ def inbound(
     served = ports[0]
     if served.protocol in HTTP_PROTOCOLS:
         # the rules are in the route configuration (authz.per_route): no policy in here
-        manager = _manager(view, "inbound", names.INBOUND_ROUTES, [authz.http_filter()])
+        manager = _manager(
+            view, "inbound", names.INBOUND_ROUTES, [authz.http_filter(), ratelimit.http_filter()]
+        )
         manager.forward_client_cert_details = hcm.HttpConnectionManager.SANITIZE_SET
         manager.set_current_client_cert_details.uri = True
         filters = [
@@ -95,6 +97,8 @@ def inbound(
                 ),
             ),
         ]
+        if served.HasField("rate_limit"):  # OSM: connections per unit, before the proxy
+            filters.insert(1, ratelimit.tcp_filter(served.rate_limit))
     return listener_pb2.Listener(
         name=names.INBOUND_LISTENER,
         address=socket_address(address, port),

@@ -16,7 +16,7 @@ from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import authz, egress, gateway, names
+from trellis_proxy_cp.translate import authz, egress, gateway, names, ratelimit
 
 HTTP_PROTOCOLS = ("http", "http2", "grpc")
 
@@ -173,7 +173,7 @@ def inbound(
                 name=f"inbound|{port.port}|{index}",
                 match=route_match(match),
                 route=action,
-                typed_per_filter_config=rbac,
+                typed_per_filter_config={**rbac, **ratelimit.route_limit(port, match)},
             )
             for index, match in enumerate(_allowed_matches(port))
         ]
@@ -185,7 +185,11 @@ def inbound(
                 typed_per_filter_config=authz.unrouted(),
             )
         )
-        hosts.append(rc.VirtualHost(name=f"inbound|{port.port}", domains=["*"], routes=routes))
+        host = rc.VirtualHost(name=f"inbound|{port.port}", domains=["*"], routes=routes)
+        if port.HasField("rate_limit"):  # OSM: the service's limit, on its virtual host
+            for key, value in ratelimit.http_limit(port.rate_limit).items():
+                host.typed_per_filter_config[key].CopyFrom(value)
+        hosts.append(host)
     return route_pb2.RouteConfiguration(name=names.INBOUND_ROUTES, virtual_hosts=hosts)
 
 
