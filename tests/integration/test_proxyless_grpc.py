@@ -34,27 +34,16 @@ pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpc"
 
 
-SERVICES = """
-apiVersion: v1
-kind: Service
-metadata: {name: hello, namespace: shop}
-spec: {ports: [{name: api, port: 9000}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: hello-v1, namespace: shop}
-spec: {ports: [{name: api, port: 9000}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: hello-v2, namespace: shop}
-spec: {ports: [{name: api, port: 9000}]}
+SERVICES = (
+    (EXAMPLE / "services.yaml").read_text()
+    + """
 ---
 apiVersion: config.openservicemesh.io/v1alpha2
 kind: MeshConfig
 metadata: {name: osm-mesh-config, namespace: trellis-system}
 spec: {traffic: {enablePermissiveTrafficPolicyMode: true}}
 """
+)
 
 
 def grpc_route(v1: int, v2: int) -> str:

@@ -14,40 +14,20 @@ from google.protobuf import json_format
 
 from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
-from trellis_proxy_cp.testing.static import as_dict, self_signed_material, static_bootstrap
+from trellis_proxy_cp.testing.static import (
+    BOOKSTORE_SPIFFE,
+    as_dict,
+    cluster,
+    self_signed_material,
+    static_bootstrap,
+)
 from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.proxy import Resources, translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import InvalidNodeMetadata, ProxySettings, from_metadata
 
 MATERIAL = SecretMaterial(b"-----BEGIN CERTIFICATE-----\n", b"key", b"ca")
-BOOKSTORE_SPIFFE = "spiffe://cluster.local/ns/bookstore/sa/bookstore"
 BUYER_SPIFFE = "spiffe://cluster.local/ns/bookbuyer/sa/bookbuyer"
-
-
-def cluster(
-    name: str,
-    *endpoints: tuple[str, int],
-    discovery: str = "STATIC",
-    protocol: str = "http",
-    mesh_tls: bool = True,
-) -> pb.Cluster:
-    namespace, rest = name.split("/")
-    service, port = rest.split("|")
-    return pb.Cluster(
-        name=name,
-        namespace=namespace,
-        service=service,
-        port=int(port),
-        protocol=protocol,
-        discovery=discovery,
-        mesh_tls=mesh_tls,
-        spiffe_ids=[BOOKSTORE_SPIFFE] if mesh_tls else [],
-        endpoints=[
-            pb.ClusterEndpoint(address=a, port=p, weight=1, locality="eu/west")
-            for a, p in endpoints
-        ],
-    )
 
 
 def buyer_view() -> pb.View:

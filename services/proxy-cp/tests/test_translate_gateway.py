@@ -8,30 +8,15 @@ import pytest
 
 from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
-from trellis_proxy_cp.testing.static import as_dict, self_signed_material, static_bootstrap
+from trellis_proxy_cp.testing.static import as_dict, cluster, self_signed_material, static_bootstrap
 from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.gateway import INVALID_BACKEND
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.settings import ProxySettings
 
 V1, V2 = "shop/hello-v1|9000", "shop/hello-v2|9000"
+SHOP = "spiffe://cluster.local/ns/shop/sa"
 NAMES = ["hello", "hello.shop", "hello.shop.svc", "hello.shop.svc.cluster.local"]
-
-
-def _cluster(name: str) -> pb.Cluster:
-    namespace, rest = name.split("/")
-    service, port = rest.split("|")
-    return pb.Cluster(
-        name=name,
-        namespace=namespace,
-        service=service,
-        port=int(port),
-        protocol="grpc",
-        discovery="STATIC",
-        mesh_tls=True,
-        spiffe_ids=[f"spiffe://cluster.local/ns/shop/sa/{service}"],
-        endpoints=[pb.ClusterEndpoint(address="10.0.0.1", port=9000, weight=1)],
-    )
 
 
 def gateway_view() -> pb.View:
@@ -118,7 +103,10 @@ def gateway_view() -> pb.View:
                 spiffe_ids=["spiffe://cluster.local/ns/shop/sa/hello-v1"],
             )
         ],
-        clusters=[_cluster(V1), _cluster(V2)],
+        clusters=[
+            cluster(V1, ("10.0.0.1", 9000), protocol="grpc", spiffe=f"{SHOP}/hello-v1"),
+            cluster(V2, ("10.0.0.1", 9000), protocol="grpc", spiffe=f"{SHOP}/hello-v2"),
+        ],
     )
 
 

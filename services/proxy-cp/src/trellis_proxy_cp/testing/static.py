@@ -9,6 +9,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from trellis_api import catalog_pb2 as pb
 from trellis_proxy_cp.translate.proxy import Resources
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 
@@ -79,3 +80,34 @@ def self_signed_material() -> SecretMaterial:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     return SecretMaterial(pem, key_pem, pem)
+
+
+BOOKSTORE_SPIFFE = "spiffe://cluster.local/ns/bookstore/sa/bookstore"
+
+
+def cluster(
+    name: str,
+    *endpoints: tuple[str, int],
+    discovery: str = "STATIC",
+    protocol: str = "http",
+    mesh_tls: bool = True,
+    spiffe: str = BOOKSTORE_SPIFFE,
+) -> pb.Cluster:
+    """A view's cluster ``<namespace>/<service>|<port>`` with ``endpoints`` (locality
+    eu/west) whose workloads run as ``spiffe``."""
+    namespace, rest = name.split("/")
+    service, port = rest.split("|")
+    return pb.Cluster(
+        name=name,
+        namespace=namespace,
+        service=service,
+        port=int(port),
+        protocol=protocol,
+        discovery=discovery,
+        mesh_tls=mesh_tls,
+        spiffe_ids=[spiffe] if mesh_tls else [],
+        endpoints=[
+            pb.ClusterEndpoint(address=a, port=p, weight=1, locality="eu/west")
+            for a, p in endpoints
+        ],
+    )

@@ -143,17 +143,25 @@ def _rewrite(rewrite: catalog_pb2.Rewrite, action: rc.RouteAction) -> None:
         action.prefix_rewrite = rewrite.prefix_path
 
 
+def _edit_headers(
+    source: catalog_pb2.Route | catalog_pb2.WeightedCluster,
+    target: rc.Route | rc.WeightedCluster.ClusterWeight,
+) -> None:
+    """A header modifier's edits on an Envoy route or weighted cluster (same field names)."""
+    if source.HasField("request_headers"):
+        target.request_headers_to_add.extend(_header_options(source.request_headers))
+        target.request_headers_to_remove.extend(_removed(source.request_headers))
+    if source.HasField("response_headers"):
+        target.response_headers_to_add.extend(_header_options(source.response_headers))
+        target.response_headers_to_remove.extend(_removed(source.response_headers))
+
+
 def _cluster_weight(cluster: catalog_pb2.WeightedCluster) -> rc.WeightedCluster.ClusterWeight:
     weight = rc.WeightedCluster.ClusterWeight(
         name=cluster.cluster or INVALID_BACKEND,
         weight=wrappers_pb2.UInt32Value(value=cluster.weight),
     )
-    if cluster.HasField("request_headers"):
-        weight.request_headers_to_add.extend(_header_options(cluster.request_headers))
-        weight.request_headers_to_remove.extend(_removed(cluster.request_headers))
-    if cluster.HasField("response_headers"):
-        weight.response_headers_to_add.extend(_header_options(cluster.response_headers))
-        weight.response_headers_to_remove.extend(_removed(cluster.response_headers))
+    _edit_headers(cluster, weight)
     return weight
 
 
@@ -205,12 +213,7 @@ def route(
         found.redirect.CopyFrom(_redirect(source.redirect))
     else:
         found.route.CopyFrom(_action(source, retry))
-    if source.HasField("request_headers"):
-        found.request_headers_to_add.extend(_header_options(source.request_headers))
-        found.request_headers_to_remove.extend(_removed(source.request_headers))
-    if source.HasField("response_headers"):
-        found.response_headers_to_add.extend(_header_options(source.response_headers))
-        found.response_headers_to_remove.extend(_removed(source.response_headers))
+    _edit_headers(source, found)
     return found
 
 
