@@ -126,6 +126,25 @@ def test_osm_preset_is_read_as_it_is(registry: KindRegistry) -> None:
     )
 
 
+def test_osm_fields_trellis_does_not_apply_are_listed(registry: KindRegistry) -> None:
+    document = registry.parse(yaml.safe_load(OSM_PRESET), Origin("osm.yaml"))
+    unapplied = document.resource.not_applied()
+    assert "spec.sidecar.envoyImage" in unapplied
+    assert "spec.sidecar.logLevel" in unapplied  # read, not passed to sidecars yet
+    assert "spec.traffic.inboundExternalAuthorization" in unapplied
+    assert "spec.observability.osmLogLevel" in unapplied
+    assert "spec.certificate.certKeyBitSize" in unapplied
+    # what Trellis applies is not listed
+    for applied in (
+        "spec.traffic.enableEgress",
+        "spec.traffic.enablePermissiveTrafficPolicyMode",
+        "spec.observability.tracing",
+        "spec.certificate.serviceCertValidityDuration",
+    ):
+        assert not any(u.startswith(applied) for u in unapplied), applied
+    assert unapplied == tuple(sorted(unapplied))
+
+
 def test_trellis_meshconfig(registry: KindRegistry) -> None:
     assert settings(registry, TRELLIS) == MeshConfigSettings(
         permissive=False,

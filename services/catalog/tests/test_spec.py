@@ -394,3 +394,26 @@ spec: {}
     future = statuses["TrafficSplit shop/future"]
     assert (future.state, future.field) == ("error", "apiVersion")
     assert "v1alpha2" in future.reason
+
+
+def test_osm_meshconfig_fields_trellis_does_not_apply_are_listed_never_refused(
+    docs_and_errors: DocsAndErrors,
+) -> None:
+    documents, errors = docs_and_errors(
+        """
+apiVersion: config.openservicemesh.io/v1alpha2
+kind: MeshConfig
+metadata: {name: osm-mesh-config, namespace: osm-system}
+spec:
+  sidecar: {envoyImage: "envoyproxy/envoy:v1.22", logLevel: debug}
+  traffic: {enablePermissiveTrafficPolicyMode: true, outboundPortExclusionList: [6379]}
+"""
+    )
+    spec = meshspec.build(documents, errors)
+    status = spec.statuses["MeshConfig osm-system/osm-mesh-config"]
+    assert status.state == "valid"
+    assert status.reason == (
+        "accepted; not applied by Trellis: spec.sidecar.envoyImage, spec.sidecar.logLevel, "
+        "spec.traffic.outboundPortExclusionList"
+    )
+    assert spec.permissive

@@ -22,7 +22,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Any, Final, Literal, NoReturn
 
-from pydantic import ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from trellis_common import ids
@@ -224,8 +233,24 @@ class _OsmObservability(ObservabilityConfig):
     tracing: _OsmTracing = Field(default_factory=_OsmTracing)
 
 
+def unread_paths(raw: object, model: type[BaseModel], prefix: str) -> list[str]:
+    """The paths of ``raw``'s keys that no field of ``model`` reads (into sub-models)."""
+    if not isinstance(raw, dict):
+        return []
+    fields = {(f.alias or name): f for name, f in model.model_fields.items()}
+    found = []
+    for key, value in raw.items():
+        field = fields.get(key)
+        if field is None:
+            found.append(f"{prefix}.{key}")
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            found += unread_paths(value, field.annotation, f"{prefix}.{key}")
+    return found
+
+
 class OsmMeshConfigSpec(_SpecFields):
-    """``config.openservicemesh.io/v1alpha2``: the fields Trellis uses; the rest is ignored."""
+    """``config.openservicemesh.io/v1alpha2``: the fields Trellis uses; the rest is accepted
+    and listed as not applied (:meth:`OsmMeshConfig.not_applied`)."""
 
     model_config = _LENIENT
     feature_flags: _OsmFeatureFlags = Field(default_factory=_OsmFeatureFlags, alias="featureFlags")
@@ -233,6 +258,14 @@ class OsmMeshConfigSpec(_SpecFields):
     certificate: _OsmCertificate = Field(default_factory=_OsmCertificate)
     sidecar: _OsmSidecar = Field(default_factory=_OsmSidecar)
     observability: _OsmObservability = Field(default_factory=_OsmObservability)
+    _unread: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_unread(cls, data: Any, handler: Any) -> Any:
+        spec = handler(data)
+        spec._unread = tuple(unread_paths(data, cls, "spec"))
+        return spec
 
 
 # --- what consumers read ----------------------------------------------------------------------
@@ -294,6 +327,15 @@ class OsmMeshConfig(Resource[OsmMeshConfigSpec]):
 
     def settings(self) -> MeshConfigSettings:
         return _settings(self.spec, None)
+
+    def not_applied(self) -> tuple[str, ...]:
+        """The fields this MeshConfig sets that Trellis accepts but does not apply: OSM's
+        that Trellis has no use for (sidecar images, ...), and ``sidecar.logLevel``, which
+        the injector does not pass to sidecars yet."""
+        found = list(self.spec._unread)
+        if self.spec.sidecar.log_level is not None:
+            found.append("spec.sidecar.logLevel")
+        return tuple(sorted(found))
 
 
 def register(registry: KindRegistry) -> None:

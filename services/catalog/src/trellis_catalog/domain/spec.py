@@ -250,6 +250,13 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
                 )
             else:
                 spec.settings = resource.settings()
+                unapplied = (
+                    resource.not_applied() if isinstance(resource, meshconfig.OsmMeshConfig) else ()
+                )
+                if unapplied:  # accepted, never rejected: listed so nobody expects them
+                    status = _status(
+                        document, reason="accepted; not applied by Trellis: " + ", ".join(unapplied)
+                    )
         spec.statuses[str(key)] = status
     grpc_routes = {
         (d.key.namespace, d.key.name): d.resource
