@@ -59,10 +59,10 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
 @click.option(
     "--spec-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory of mesh documents (YAML) to watch [default: examples/bookstore with the "
-    "demo, else <state-dir>/spec].",
+    help="Directory of mesh documents (YAML, subdirectories too) to watch [default: examples/ "
+    "with the demo, else <state-dir>/spec].",
 )
-@click.option("--no-demo", is_flag=True, help="Only the control plane, no bookstore demo.")
+@click.option("--no-demo", is_flag=True, help="Only the control plane, no demo.")
 @click.option(
     "--kubeconfig",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
