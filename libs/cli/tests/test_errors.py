@@ -194,6 +194,32 @@ def test_policy_check(tmp_path: Path, answer: Answer, code: int) -> None:
         assert result.stderr == "Error: catalog failed to answer (503): catalog not ready\n"
 
 
+def test_policy_check_prints_grpc_routes_and_what_shapes_the_calls(tmp_path: Path) -> None:
+    grpc_route = {
+        "path_regex": ".*",
+        "methods": [],
+        "headers": [],
+        "path_exact": "/helloworld.Greeter/SayHello",
+        "path_prefix": "",
+        "header_matches": [{"name": "x-tenant", "value": "a|b", "regex": True}],
+        "query_params": [],
+    }
+    body = {
+        "allowed": True,
+        "reason": "allowed by TrafficTarget shop/t",
+        "routes": [grpc_route, {**grpc_route, "path_exact": "", "path_prefix": "/admin.A"}],
+        "shaped_by": ["GRPCRoute shop/hello (routes)", "Retry shop/r (retryOn 5xx)"],
+    }
+    with canned(tmp_path, {("GET", "/v1/policy/check"): Answer(200, body)}):
+        result = trellis(tmp_path, "policy", "check", "--from", "shop/client", "--to", "shop/hello")
+
+    assert result.exit_code == 0, result.output
+    assert "route * /helloworld.Greeter/SayHello x-tenant~a|b" in result.stdout
+    assert "route * /admin.A[/...] x-tenant~a|b" in result.stdout
+    assert "shaped by GRPCRoute shop/hello (routes)" in result.stdout
+    assert "shaped by Retry shop/r (retryOn 5xx)" in result.stdout
+
+
 ROTATE = ("POST", f"/v1/certificates/{CN}/rotate")
 CERT = {"common_name": CN, "serial": "ab" * 16, "not_after": "2030-01-01T00:00:00"}
 

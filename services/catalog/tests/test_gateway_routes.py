@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.services import ProvidedService
 from trellis_catalog.domain.spec import Status
 from trellis_catalog.domain.views import HttpMatch, Identity, OutboundService, Route, ValueMatch
+from trellis_common.model import MeshService, ServiceAccount
 
 Mesh = Callable[..., PolicyBuilder]
 
@@ -571,3 +573,35 @@ spec: {service: hello, backends: [{service: hello-v1, weight: 1}, {service: hell
 
 async def _announce(kind: str, key: str) -> int:
     return 0
+
+
+def test_policy_check_says_what_shapes_the_calls(mesh: Mesh) -> None:
+    retry = """
+---
+apiVersion: policy.openservicemesh.io/v1alpha1
+kind: Retry
+metadata: {name: client-retry, namespace: shop}
+spec:
+  source: {kind: ServiceAccount, name: client, namespace: shop}
+  destinations: [{kind: Service, name: hello, namespace: shop}]
+  retryPolicy: {retryOn: "5xx"}
+---
+apiVersion: policy.openservicemesh.io/v1alpha1
+kind: UpstreamTrafficSetting
+metadata: {name: hello-limits, namespace: shop}
+spec:
+  host: hello.shop.svc.cluster.local
+  rateLimit: {local: {http: {requests: 10, unit: second}}}
+"""
+    flags = PERMISSIVE.replace(
+        "{enablePermissiveTrafficPolicyMode: true}}",
+        "{enablePermissiveTrafficPolicyMode: true}, featureFlags: {enableRetryPolicy: true}}",
+    )
+    builder = mesh(SERVICES + flags + grpc_route() + retry)
+    decision = explain(builder, ServiceAccount("shop", "client"), MeshService("shop", "hello"))
+    assert decision.allowed
+    assert decision.shaped_by == (
+        "GRPCRoute shop/hello (routes)",
+        "Retry shop/client-retry (retryOn 5xx)",
+        "UpstreamTrafficSetting shop/hello-limits (rateLimit.local)",
+    )

@@ -1218,6 +1218,7 @@ class CheckPolicyResponse(_message.Message):
     ROUTES_FIELD_NUMBER: _builtins.int
     PERMISSIVE_FIELD_NUMBER: _builtins.int
     CONFLICTS_FIELD_NUMBER: _builtins.int
+    SHAPED_BY_FIELD_NUMBER: _builtins.int
     allowed: _builtins.bool
     reason: _builtins.str
     permissive: _builtins.bool
@@ -1229,6 +1230,12 @@ class CheckPolicyResponse(_message.Message):
     def conflicts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """TCP ports of the destination that another service the caller may reach takes."""
 
+    @_builtins.property
+    def shaped_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What shapes the calls besides access: Gateway API routes, a TrafficSplit, a Retry, an
+        UpstreamTrafficSetting ("<Kind> <namespace>/<name> (what it sets)").
+        """
+
     def __init__(
         self,
         *,
@@ -1238,10 +1245,11 @@ class CheckPolicyResponse(_message.Message):
         routes: _abc.Iterable[Global___HttpMatch] | None = ...,
         permissive: _builtins.bool = ...,
         conflicts: _abc.Iterable[_builtins.str] | None = ...,
+        shaped_by: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "conflicts", b"conflicts", "permissive", b"permissive", "policies", b"policies", "reason", b"reason", "routes", b"routes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "conflicts", b"conflicts", "permissive", b"permissive", "policies", b"policies", "reason", b"reason", "routes", b"routes", "shaped_by", b"shaped_by"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

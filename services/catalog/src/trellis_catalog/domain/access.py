@@ -24,6 +24,7 @@ class Decision:
     routes: tuple[HttpMatch, ...] = ()
     permissive: bool = False
     conflicts: tuple[str, ...] = ()  # TCP ports another destination takes from this one
+    shaped_by: tuple[str, ...] = ()  # the routing and OSM policies that shape these calls
 
 
 def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshService) -> Decision:
@@ -32,6 +33,7 @@ def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshSer
     decision = _explain(builder, source, destination)
     if not decision.allowed:
         return decision
+    decision = replace(decision, shaped_by=shaped_by(builder, source, destination))
     caller = builder.build(Identity(source.namespace, source.name), source.name)
     conflicts = tuple(
         f"TCP port {o.port}: {source} reaches {o.shadowed_by} on it, not {destination} "
@@ -40,6 +42,35 @@ def explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshSer
         if o.shadowed_by and MeshService(o.namespace, o.name) == destination
     )
     return replace(decision, conflicts=conflicts) if conflicts else decision
+
+
+def shaped_by(
+    builder: PolicyBuilder, source: ServiceAccount, destination: MeshService
+) -> tuple[str, ...]:
+    """Which documents shape ``source``'s calls to ``destination`` (beyond access): its
+    Gateway API routes (those that hold for ``source``'s namespace), its TrafficSplit, the
+    Retry for the pair, the destination's UpstreamTrafficSetting."""
+    spec = builder.spec
+    found = list(
+        dict.fromkeys(
+            f"{rule.source.rsplit(' rule ', 1)[0]} (routes)"
+            for rule in builder.routes.for_client(destination, source.namespace)
+        )
+    )
+    if destination in spec.splits and not found:  # routes take over from a split
+        found.append(f"TrafficSplit {spec.split_names[destination]} (weights)")
+    retry = spec.retry_for(source, destination)
+    if retry is not None:
+        found.append(f"Retry {retry[0]} (retryOn {retry[1].retry_on})")
+    setting = spec.upstream_settings.get(destination)
+    if setting is not None:
+        name, settings = setting
+        parts = ["connectionSettings"] if settings.connection_settings else []
+        local = settings.rate_limit.local if settings.rate_limit else None
+        parts += ["rateLimit.local"] if local else []
+        parts += ["httpRoutes"] if settings.http_routes else []
+        found.append(f"UpstreamTrafficSetting {name} ({', '.join(parts) or 'nothing set'})")
+    return tuple(found)
 
 
 def _explain(builder: PolicyBuilder, source: ServiceAccount, destination: MeshService) -> Decision:

@@ -322,6 +322,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             routes=[_match(r) for r in decision.routes],
             permissive=decision.permissive,
             conflicts=decision.conflicts,
+            shaped_by=decision.shaped_by,
         )
 
     @rpc(grpc_requests.expected_proxy)

@@ -99,6 +99,7 @@ def add_routes(app: FastAPI, catalog: Catalog, source: Callable[[], dict[str, An
             "routes": [asdict(r) for r in decision.routes],
             "permissive": decision.permissive,
             "conflicts": list(decision.conflicts),
+            "shaped_by": list(decision.shaped_by),
         }
 
     app.include_router(router)
