@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from trellis_catalog.domain.gateway import GRPC_UNAVAILABLE, HTTP_INVALID, NO_ROUTE, AttachedRule
+from trellis_catalog.domain.gateway import AttachedRule
+from trellis_catalog.domain.gateway_rules import GRPC_UNAVAILABLE, HTTP_INVALID, NO_ROUTE
 from trellis_catalog.domain.services import KnownService, PortSpec
 from trellis_catalog.domain.views import (
     MATCH_ALL,

@@ -37,7 +37,15 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from trellis_catalog.domain.gateway_matches import grpc_match, http_match
+from trellis_catalog.domain.gateway_rules import (
+    Backend,
+    MirrorTo,
+    Refs,
+    Rule,
+    redirect_of,
+    rewrite_of,
+    route_rules,
+)
 from trellis_catalog.domain.services import KnownService
 from trellis_catalog.domain.spec import Condition, ParentStatus, Status
 from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
@@ -46,28 +54,6 @@ from trellis_common.documents.base import Document, DocumentKey
 from trellis_common.model import MeshService
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-GRPC_UNAVAILABLE = 503  # Envoy answers a gRPC request's 503 with UNAVAILABLE (14)
-HTTP_INVALID = 500
-NO_ROUTE = 404  # gRPC: UNIMPLEMENTED (12)
-
-
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """A backendRef as the rules use it: a service port, or a problem (an invalid share)."""
-
-    service: MeshService | None
-    port: int
-    weight: int
-    request_headers: HeaderEdits | None = None
-    response_headers: HeaderEdits | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MirrorTo:
-    service: MeshService
-    port: int
-    numerator: int
-    denominator: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,82 +109,6 @@ def host_matches(pattern: str, name: str) -> bool:
     return pattern == name
 
 
-def _edits(modifier: gateway.HeaderModifier | None) -> HeaderEdits | None:
-    if modifier is None:
-        return None
-    return HeaderEdits(
-        set=tuple((h.name, h.value) for h in modifier.set),
-        add=tuple((h.name, h.value) for h in modifier.add),
-        remove=tuple(modifier.remove),
-    )
-
-
-def _grpc_precedence(match: gateway.GRPCRouteMatch | None) -> tuple[int, ...]:
-    method = match.method if match else None
-    return (
-        -len(method.service or "") if method else 0,
-        -len(method.method or "") if method else 0,
-        -len(match.effective_headers()) if match else 0,
-    )
-
-
-def _http_precedence(match: gateway.HTTPRouteMatch) -> tuple[int, ...]:
-    path = match.path
-    rank = {"Exact": 0, "RegularExpression": 1, "PathPrefix": 2}[path.type]
-    return (
-        rank,
-        -len(path.value.rstrip("/") or "/"),
-        0 if match.method else 1,
-        -len(match.effective_headers()),
-        -len(match.effective_query_params()),
-    )
-
-
-class _Refs:
-    """The ResolvedRefs findings of one route."""
-
-    def __init__(self) -> None:
-        self.problems: list[tuple[str, str]] = []  # (reason, message)
-
-    def add(self, reason: str, message: str) -> None:
-        self.problems.append((reason, message))
-
-    def condition(self) -> Condition:
-        if not self.problems:
-            return Condition("ResolvedRefs", "True", "ResolvedRefs", "all references resolved")
-        return Condition(
-            "ResolvedRefs", "False", self.problems[0][0], "; ".join(m for _, m in self.problems)
-        )
-
-
-def _backend(
-    ref: gateway.BackendObjectReference,
-    namespace: str,
-    services: Mapping[MeshService, KnownService],
-    where: str,
-    refs: _Refs,
-) -> MeshService | None:
-    if not ref.is_service:
-        refs.add("InvalidKind", f"{where}: {ref.kind} ({ref.group or 'core'}) is not a Service")
-        return None
-    if ref.namespace and ref.namespace != namespace:
-        refs.add(
-            "RefNotPermitted",
-            f"{where}: Service {ref.namespace}/{ref.name} is in another namespace "
-            "(ReferenceGrant is not read: keep backends in the route's namespace)",
-        )
-        return None
-    service = MeshService(namespace, ref.name)
-    known = services.get(service)
-    if known is None:
-        refs.add("BackendNotFound", f"{where}: Service {service} not found")
-        return None
-    if ref.port not in {p.port for p in known.ports}:
-        refs.add("BackendNotFound", f"{where}: Service {service} has no port {ref.port}")
-        return None
-    return service
-
-
 @dataclass
 class _Attachment:
     route: str
@@ -227,8 +137,8 @@ def resolve(
         route = document.resource
         grpc = isinstance(route, gateway.GRPCRoute)
         key = document.key
-        refs = _Refs()
-        rules = _rules(document, grpc, services, refs)
+        refs = Refs()
+        rules = route_rules(document, grpc, services, refs)
         parents = []
         for parent_ref in route.spec.parent_refs:
             if not parent_ref.is_service:
@@ -294,127 +204,11 @@ def _replace(status: Status, **changes: Any) -> Status:
     return replace(status, **changes)
 
 
-@dataclass(frozen=True, slots=True)
-class _Rule:
-    """A rule of a route before it attaches: its matches and what it does."""
-
-    index: int
-    matches: tuple[tuple[HttpMatch, tuple[int, ...], str], ...]  # match, precedence, prefix
-    backends: tuple[Backend, ...]
-    mirrors: tuple[MirrorTo, ...]
-    request_headers: HeaderEdits | None
-    response_headers: HeaderEdits | None
-    redirect: gateway.RequestRedirect | None
-    rewrite: gateway.URLRewrite | None
-    timeout: float | None
-    backend_timeout: float | None
-    direct_status: int
-
-
-def _rules(
-    document: Document, grpc: bool, services: Mapping[MeshService, KnownService], refs: _Refs
-) -> list[_Rule]:
-    route = document.resource
-    namespace = document.key.namespace
-    found = []
-    for index, rule in enumerate(route.spec.rules):
-        where = f"spec.rules[{index}]"
-        if grpc:
-            matches = tuple(
-                (grpc_match(m), _grpc_precedence(m), "") for m in rule.matches or (None,)
-            )
-        else:
-            matches = tuple(
-                (http_match(m), _http_precedence(m), http_match(m).path_prefix)
-                for m in rule.matches
-            )
-        backends = []
-        for b_index, ref in enumerate(rule.backend_refs):
-            b_where = f"{where}.backendRefs[{b_index}]"
-            service = _backend(ref, namespace, services, b_where, refs)
-            unsupported = [f.type for f in ref.filters if f.type not in _HEADER_FILTERS]
-            if unsupported:
-                refs.add(
-                    "InvalidKind",
-                    f"{b_where}.filters: {', '.join(unsupported)} is not supported on a "
-                    "backendRef: this backend's share is answered with an error",
-                )
-                service = None
-            if ref.weight > 0:
-                backends.append(
-                    Backend(
-                        service,
-                        ref.port or 0,
-                        ref.weight,
-                        _filter_edits(ref.filters, "RequestHeaderModifier"),
-                        _filter_edits(ref.filters, "ResponseHeaderModifier"),
-                    )
-                )
-        mirrors = []
-        direct = 0
-        for f_index, item in enumerate(rule.filters):
-            if item.type == "RequestMirror" and item.request_mirror is not None:
-                mirror = item.request_mirror
-                f_where = f"{where}.filters[{f_index}].requestMirror.backendRef"
-                target = _backend(mirror.backend_ref, namespace, services, f_where, refs)
-                if target is not None:
-                    numerator, denominator = mirror.share()
-                    mirrors.append(
-                        MirrorTo(target, mirror.backend_ref.port or 0, numerator, denominator)
-                    )
-            elif item.type == "ExtensionRef" and item.extension_ref is not None:
-                ext = item.extension_ref
-                refs.add(
-                    "InvalidKind",
-                    f"{where}.filters[{f_index}]: ExtensionRef {ext.kind} {ext.name} "
-                    f"({ext.group}) is not a filter Trellis knows: requests matching this "
-                    "rule are answered with 500",
-                )
-                direct = HTTP_INVALID
-        timeouts = getattr(rule, "timeouts", None)
-        request = timeouts.request_timeout() if timeouts else None
-        backend = timeouts.backend_timeout() if timeouts else None
-        found.append(
-            _Rule(
-                index=index,
-                matches=matches,
-                backends=tuple(backends),
-                mirrors=tuple(mirrors),
-                request_headers=_filter_edits(rule.filters, "RequestHeaderModifier"),
-                response_headers=_filter_edits(rule.filters, "ResponseHeaderModifier"),
-                redirect=_filter_field(rule.filters, "request_redirect"),
-                rewrite=_filter_field(rule.filters, "url_rewrite"),
-                timeout=request.total_seconds() if request else None,
-                backend_timeout=backend.total_seconds() if backend else None,
-                direct_status=direct,
-            )
-        )
-    return found
-
-
-_HEADER_FILTERS = ("RequestHeaderModifier", "ResponseHeaderModifier")
-
-
-def _filter_edits(filters: Iterable[gateway.HTTPRouteFilter], kind: str) -> HeaderEdits | None:
-    for item in filters:
-        if item.type == kind:
-            return _edits(item.request_header_modifier or item.response_header_modifier)
-    return None
-
-
-def _filter_field(filters: Iterable[gateway.HTTPRouteFilter], name: str) -> Any:
-    for item in filters:
-        value = getattr(item, name)
-        if value is not None:
-            return value
-    return None
-
-
 def _attach(
     document: Document,
     parent_ref: gateway.ParentReference,
     grpc: bool,
-    rules: list[_Rule],
+    rules: list[Rule],
     services: Mapping[MeshService, KnownService],
     attached: dict[MeshService, list[_Attachment]],
     cluster_domain: str,
@@ -492,7 +286,7 @@ def _attach(
 
 
 def _attached(
-    rule: _Rule,
+    rule: Rule,
     document: Document,
     grpc: bool,
     port: int | None,
@@ -516,34 +310,11 @@ def _attached(
         mirrors=rule.mirrors,
         request_headers=rule.request_headers,
         response_headers=rule.response_headers,
-        redirect=_redirect(redirect, prefix) if redirect is not None else None,
-        rewrite=_rewrite(rewrite, prefix) if rewrite is not None else None,
+        redirect=redirect_of(redirect, prefix) if redirect is not None else None,
+        rewrite=rewrite_of(rewrite, prefix) if rewrite is not None else None,
         timeout=rule.timeout,
         backend_timeout=rule.backend_timeout,
         direct_status=rule.direct_status,
-    )
-
-
-def _redirect(redirect: gateway.RequestRedirect, prefix: str) -> Redirect:
-    path = redirect.path
-    return Redirect(
-        scheme=redirect.scheme or "",
-        hostname=redirect.hostname or "",
-        port=redirect.port or 0,
-        status_code=redirect.status_code,
-        full_path=(path.replace_full_path or "") if path else "",
-        prefix_path=(path.replace_prefix_match or "") if path else "",
-        matched_prefix=prefix or "/",
-    )
-
-
-def _rewrite(rewrite: gateway.URLRewrite, prefix: str) -> Rewrite:
-    path = rewrite.path
-    return Rewrite(
-        hostname=rewrite.hostname or "",
-        full_path=(path.replace_full_path or "") if path else "",
-        prefix_path=(path.replace_prefix_match or "") if path else "",
-        matched_prefix=prefix or "/",
     )
 
 
