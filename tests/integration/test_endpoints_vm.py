@@ -123,7 +123,7 @@ async def test_cli_registration_expiry_and_heartbeat(
         "--port",
         "metrics=9090",
         "--ttl",
-        "1",
+        "3",  # long enough to read the endpoints back after the CLI returns, under load
         "--label",
         "app=cart",
         "--service-account",
@@ -139,7 +139,7 @@ async def test_cli_registration_expiry_and_heartbeat(
     assert endpoint["service_account"] == "cart"
 
     # no heartbeat for longer than the TTL: taken out of both services, registration kept
-    await eventually(lambda: addresses(endpoints_vm, "shop/cart") == [], timeout=5)
+    await eventually(lambda: addresses(endpoints_vm, "shop/cart") == [], timeout=8)
     assert addresses(endpoints_vm, "shop/cart-v1") == []
     listed = await asyncio.to_thread(trellis, state_dir, "vm", "list", "--json")
     workload = json.loads(listed.stdout)["workloads"][0]

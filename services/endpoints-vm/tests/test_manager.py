@@ -600,3 +600,23 @@ async def test_a_signal_redis_does_not_take_is_kept_and_sent_when_it_is_back(
         return outbox.pending == 0 and await redis_client.get(revision_key(TOPIC)) == b"3"
 
     await eventually(sent, timeout=10, message="the kept signal published once Redis is back")
+
+
+async def test_a_restart_does_not_expire_workloads_whose_heartbeats_it_missed(
+    store: InMemoryWorkloadStore,
+    bell: Bell,
+    clock: FakeClock,
+    metrics: EndpointMetrics,
+    make_workload: MakeWorkload,
+) -> None:
+    first = EndpointsManager(store, bell, metrics, clock=clock)
+    await first.start()
+    await first.register(make_workload(ttl=3.0))
+    clock.now = NOW + 5  # down for longer than the TTL: no heartbeat could arrive
+    second = EndpointsManager(store, bell, EndpointMetrics(CollectorRegistry()), clock=clock)
+    await second.start()
+    assert addresses(second, API) == ["10.0.0.1"]
+    assert await second.expire_once() == 0
+    clock.now = NOW + 8  # one TTL after the restart, still no heartbeat: out
+    assert await second.expire_once() == 1
+    assert addresses(second, API) == []

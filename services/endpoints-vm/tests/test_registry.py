@@ -783,3 +783,23 @@ def test_a_reload_changes_only_the_services_it_touches(
     added = service_entry("new", "hosts: [new.example.com]\nports: [{number: 80, name: http}]")
     changes = registry.declare(*declarations(documents(moved, CARRIED, added)), NOW)
     assert [c.key for c in changes] == [key("new.example.com")]
+
+
+def test_after_a_restart_every_ttl_workload_gets_one_ttl_from_then(
+    registry: EndpointRegistry, make_workload: MakeWorkload
+) -> None:
+    """Heartbeats could not arrive while endpoints-vm restarted: that time is not held
+    against a workload that beat within two TTLs; one that really stopped leaves one TTL
+    after the restart."""
+    registry.upsert(make_workload("vm-1", ttl=10.0, last_heartbeat=NOW), NOW + 15)
+    registry.upsert(make_workload("vm-2", address="10.0.0.2", ttl=None), NOW + 15)
+    silent = make_workload("vm-3", address="10.0.0.3", ttl=10.0, last_heartbeat=NOW - 10)
+    registry.upsert(silent, NOW + 15)
+    assert addresses(registry.views[key("api")]) == ["10.0.0.2"]  # past their TTL when loaded
+
+    granted, changes = registry.restarted(NOW + 15)
+    assert granted == 1  # vm-3 was silent for more than two TTLs: its heartbeats decide
+    assert summary(changes) == [("shop/api", ["10.0.0.1", "10.0.0.2"])]
+    assert registry.grace_until("shop/vm-1") == NOW + 25
+    assert registry.expire(NOW + 24.9) == ([], [])
+    assert registry.expire(NOW + 25)[1] == ["shop/vm-1"]

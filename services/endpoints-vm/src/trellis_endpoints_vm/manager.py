@@ -112,11 +112,13 @@ class EndpointsManager:
             self.registry.upsert(workload, now)
         for rejected in loaded.rejected:
             self._rejected.add(rejected)
+        granted, _ = self.registry.restarted(now)  # no signals yet: consumers resync
         log.info(
-            "endpoints.loaded workloads=%d services=%d rejected=%d",
+            "endpoints.loaded workloads=%d services=%d rejected=%d grace=%d until=one-ttl",
             len(self.registry.workloads),
             len(self.registry.views),
             len(loaded.rejected),
+            granted,
         )
         self.ready.set()
 

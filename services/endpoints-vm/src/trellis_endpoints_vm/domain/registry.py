@@ -6,12 +6,14 @@ touch are recomputed: a workload touches the services it names and the ServiceEn
 its namespace whose selector matches its labels (before or after the change); a reload of
 declarations touches every service an entry names, before and after.
 
-A workload with a TTL is alive while its heartbeats keep coming, or while the control
-plane owes it a *grace*: when its heartbeats cannot be persisted (Redis is down), the
-manager :meth:`~EndpointRegistry.hold`-s it, and on recovery :meth:`~EndpointRegistry.release`
-gives it one more TTL from then. A workload never expires because the control plane could
-not write. Every liveness check here goes through :meth:`~EndpointRegistry.is_alive`, so
-views, expiry and listings agree.
+A workload with a TTL is alive while its heartbeats keep coming, or while the control plane
+owes it a *grace*: when its heartbeats cannot be persisted (Redis is down), the manager
+:meth:`~EndpointRegistry.hold`-s it, and on recovery :meth:`~EndpointRegistry.release` gives
+it one more TTL from then; and after endpoints-vm's own restart every workload gets one TTL
+from then (:meth:`~EndpointRegistry.restarted`), since its heartbeats could not arrive
+meanwhile (if it had beaten within two TTLs). A workload never expires because the control
+plane could not write or was not there to hear it. Every liveness check here goes through
+:meth:`~EndpointRegistry.is_alive`, so views, expiry and listings agree.
 """
 
 from __future__ import annotations
@@ -146,6 +148,25 @@ class EndpointRegistry:
                 self._grace[workload_id] = now + workload.ttl
                 released += 1
         return released
+
+    def restarted(self, now: float) -> tuple[int, list[Change]]:
+        """After endpoints-vm's own restart, a workload with a TTL that beat within the last
+        two TTLs stays alive one more TTL from ``now``: the heartbeats it sent while
+        endpoints-vm was restarting could not arrive, and that time is not held against it
+        (one that really stopped is taken out one TTL later). A workload silent for longer
+        is judged by its heartbeats alone: a long outage cannot be told from its death.
+        Returns how many got the grace, and the views that changed."""
+        touched: set[ServiceKey] = set()
+        granted = 0
+        for workload in self.workloads.values():
+            if workload.ttl is not None and now - workload.last_heartbeat < 2 * workload.ttl:
+                until = now + workload.ttl
+                self._grace[workload.id] = max(self._grace.get(workload.id, until), until)
+                if not self._alive.get(workload.id):
+                    touched |= self._touched_by(workload)
+                self._alive[workload.id] = True
+                granted += 1
+        return granted, self._recompute(touched, now)
 
     def grace_until(self, workload_id: str) -> float | None:
         """The end of a workload's grace (``inf`` while held), or ``None``."""
