@@ -140,6 +140,7 @@ class View(_message.Message):
     INBOUND_FIELD_NUMBER: _builtins.int
     CLUSTERS_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
+    EGRESS_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     namespace: _builtins.str
     service: _builtins.str
@@ -163,6 +164,12 @@ class View(_message.Message):
         not change the view's version: proxy-cp takes certificates from certmanager.
         """
 
+    @_builtins.property
+    def egress(self) -> _containers.RepeatedCompositeFieldContainer[Global___EgressRoute]:
+        """What OSM Egress policies let this identity reach outside the mesh (only while
+        MeshConfig traffic.enableEgress is off).
+        """
+
     def __init__(
         self,
         *,
@@ -179,14 +186,69 @@ class View(_message.Message):
         inbound: _abc.Iterable[Global___InboundPort] | None = ...,
         clusters: _abc.Iterable[Global___Cluster] | None = ...,
         certificate: Global___CertificateRef | None = ...,
+        egress: _abc.Iterable[Global___EgressRoute] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "mesh", b"mesh"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "clusters", b"clusters", "external", b"external", "identity", b"identity", "inbound", b"inbound", "mesh", b"mesh", "namespace", b"namespace", "outbound", b"outbound", "revision", b"revision", "service", b"service", "service_account", b"service_account", "spiffe_id", b"spiffe_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "clusters", b"clusters", "egress", b"egress", "external", b"external", "identity", b"identity", "inbound", b"inbound", "mesh", b"mesh", "namespace", b"namespace", "outbound", b"outbound", "revision", b"revision", "service", b"service", "service_account", b"service_account", "spiffe_id", b"spiffe_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___View: _TypeAlias = View  # noqa: Y015
+
+@_typing.final
+class EgressRoute(_message.Message):
+    """One (protocol, host, port) outside the mesh that Egress policies allow."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICIES_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    IP_RANGES_FIELD_NUMBER: _builtins.int
+    MATCHES_FIELD_NUMBER: _builtins.int
+    CONNECTION_FIELD_NUMBER: _builtins.int
+    protocol: _builtins.str
+    """http (by Host), https (by the CONNECT authority's host; any host when empty) or tcp
+    (by the CONNECT authority's address).
+    """
+    port: _builtins.int
+    host: _builtins.str
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"<namespace>/<name>" of each Egress that allows it."""
+
+    @_builtins.property
+    def ip_ranges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """tcp and https without a host: the destination CIDRs (empty: any address)."""
+
+    @_builtins.property
+    def matches(self) -> _containers.RepeatedCompositeFieldContainer[Global___HttpMatch]:
+        """http: the requests allowed (empty: every request)."""
+
+    @_builtins.property
+    def connection(self) -> Global___ConnectionSettings:
+        """An UpstreamTrafficSetting the Egress names (unset: none)."""
+
+    def __init__(
+        self,
+        *,
+        policies: _abc.Iterable[_builtins.str] | None = ...,
+        protocol: _builtins.str = ...,
+        port: _builtins.int = ...,
+        host: _builtins.str = ...,
+        ip_ranges: _abc.Iterable[_builtins.str] | None = ...,
+        matches: _abc.Iterable[Global___HttpMatch] | None = ...,
+        connection: Global___ConnectionSettings | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection", "host", b"host", "ip_ranges", b"ip_ranges", "matches", b"matches", "policies", b"policies", "port", b"port", "protocol", b"protocol"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressRoute: _TypeAlias = EgressRoute  # noqa: Y015
 
 @_typing.final
 class MeshSettings(_message.Message):
@@ -964,6 +1026,7 @@ class InboundPort(_message.Message):
     ALLOW_ANY_FIELD_NUMBER: _builtins.int
     RATE_LIMIT_FIELD_NUMBER: _builtins.int
     ROUTE_LIMITS_FIELD_NUMBER: _builtins.int
+    INGRESS_FIELD_NUMBER: _builtins.int
     port: _builtins.int
     target_port: _builtins.int
     protocol: _builtins.str
@@ -984,6 +1047,10 @@ class InboundPort(_message.Message):
     def route_limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouteRateLimit]:
         """Its httpRoutes: a limit for the inbound routes whose path regex is exactly `path`."""
 
+    @_builtins.property
+    def ingress(self) -> Global___IngressRule:
+        """An OSM IngressBackend's admission from outside the mesh (unset: none)."""
+
     def __init__(
         self,
         *,
@@ -995,14 +1062,55 @@ class InboundPort(_message.Message):
         allow_any: _builtins.bool = ...,
         rate_limit: Global___LocalRateLimit | None = ...,
         route_limits: _abc.Iterable[Global___RouteRateLimit] | None = ...,
+        ingress: Global___IngressRule | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["rate_limit", b"rate_limit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ingress", b"ingress", "rate_limit", b"rate_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_any", b"allow_any", "name", b"name", "port", b"port", "protocol", b"protocol", "rate_limit", b"rate_limit", "route_limits", b"route_limits", "rules", b"rules", "target_port", b"target_port"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_any", b"allow_any", "ingress", b"ingress", "name", b"name", "port", b"port", "protocol", b"protocol", "rate_limit", b"rate_limit", "route_limits", b"route_limits", "rules", b"rules", "target_port", b"target_port"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InboundPort: _TypeAlias = InboundPort  # noqa: Y015
+
+@_typing.final
+class IngressRule(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
+    SOURCE_RANGES_FIELD_NUMBER: _builtins.int
+    PRINCIPALS_FIELD_NUMBER: _builtins.int
+    SNI_HOSTS_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """"<namespace>/<name>" of the IngressBackend."""
+    protocol: _builtins.str
+    """http: plaintext from source_ranges; https: mTLS from a client certificate naming one
+    of principals (and from source_ranges, when there are any).
+    """
+    @_builtins.property
+    def source_ranges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def principals(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def sni_hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """https: the TLS server names admitted (empty: any)."""
+
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        protocol: _builtins.str = ...,
+        source_ranges: _abc.Iterable[_builtins.str] | None = ...,
+        principals: _abc.Iterable[_builtins.str] | None = ...,
+        sni_hosts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "principals", b"principals", "protocol", b"protocol", "sni_hosts", b"sni_hosts", "source_ranges", b"source_ranges"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IngressRule: _TypeAlias = IngressRule  # noqa: Y015
 
 @_typing.final
 class LocalRateLimit(_message.Message):

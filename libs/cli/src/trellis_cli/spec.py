@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from trellis_catalog.domain import edge
 from trellis_catalog.domain import spec as meshspec
 from trellis_cli import output
 from trellis_cli.client import Mesh
@@ -41,7 +42,9 @@ def spec() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def validate(paths: tuple[Path, ...], as_json: bool) -> None:
     documents, errors = load_paths(list(paths), all_kinds())
-    statuses = [asdict(s) for s in meshspec.build(documents, errors).statuses.values()]
+    built = meshspec.build(documents, errors)
+    built.statuses.update(edge.egress_statuses(built, dict(built.statuses)))
+    statuses = [asdict(s) for s in built.statuses.values()]
     statuses.sort(key=lambda s: (s["source"], s["document"]))
     failed = [s for s in statuses if s["state"] == "error"]
     if as_json:

@@ -73,7 +73,9 @@ class Resource:
     @property
     def plural(self) -> str:
         lower = self.kind.lower()
-        return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
+        if lower.endswith("y"):
+            return lower[:-1] + "ies"
+        return lower + "es" if lower.endswith("s") else lower + "s"  # egresses
 
     @property
     def core(self) -> bool:

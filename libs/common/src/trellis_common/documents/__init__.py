@@ -12,9 +12,9 @@ from trellis_common.documents.base import KindRegistry
 def all_kinds() -> KindRegistry:
     """A registry of every kind Trellis reads (core, SMI, Istio, MeshConfig, OSM policy,
     Gateway API routes)."""
-    from trellis_common.documents import core, gateway, istio, meshconfig, osm, smi
+    from trellis_common.documents import core, gateway, istio, meshconfig, osm, osm_access, smi
 
     registry = KindRegistry()
-    for module in (core, smi, istio, meshconfig, osm, gateway):
+    for module in (core, smi, istio, meshconfig, osm, osm_access, gateway):
         module.register(registry)
     return registry

@@ -239,6 +239,39 @@ SEEDS: Final[tuple[Mapping[str, Any], ...]] = (
             ],
         },
     },
+    {
+        "apiVersion": "policy.openservicemesh.io/v1alpha1",
+        "kind": "Egress",
+        "metadata": {"name": "httpbin", "namespace": "curl"},
+        "spec": {
+            "sources": [{"kind": "ServiceAccount", "name": "curl", "namespace": "curl"}],
+            "hosts": ["httpbin.org"],
+            "ipAddresses": ["10.0.0.0/24"],
+            "ports": [{"number": 80, "protocol": "http"}, {"number": 5432, "protocol": "tcp"}],
+            "matches": [
+                {"apiGroup": "specs.smi-spec.io/v1alpha4", "kind": "HTTPRouteGroup", "name": "get"}
+            ],
+        },
+    },
+    {
+        "apiVersion": "policy.openservicemesh.io/v1alpha1",
+        "kind": "IngressBackend",
+        "metadata": {"name": "httpbin", "namespace": "httpbin"},
+        "spec": {
+            "backends": [
+                {
+                    "name": "httpbin",
+                    "port": {"number": 14001, "protocol": "https"},
+                    "tls": {"skipClientCertValidation": False, "sniHosts": ["httpbin.local"]},
+                }
+            ],
+            "sources": [
+                {"kind": "Service", "name": "nginx", "namespace": "ingress-nginx"},
+                {"kind": "AuthenticatedPrincipal", "name": "nginx.ingress-nginx.cluster.local"},
+                {"kind": "IPRange", "name": "10.0.0.0/8"},
+            ],
+        },
+    },
     *(
         {
             "apiVersion": version,

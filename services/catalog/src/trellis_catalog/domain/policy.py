@@ -20,19 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import timedelta
 
-from trellis_catalog.domain import gamma, gateway, inbound
+from trellis_catalog.domain import edge, gamma, gateway, inbound
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService, PortSpec, spiffe_id
 from trellis_catalog.domain.spec import MeshSpec
+from trellis_catalog.domain.upstream import connection_settings, seconds
 from trellis_catalog.domain.views import (
     MATCH_ALL,
     ClusterRef,
-    ConnectionSettings,
     ExternalService,
     Identity,
     IdentityPolicy,
+    InboundPort,
     MeshSettings,
     OutboundService,
     RetryPolicy,
@@ -40,26 +40,10 @@ from trellis_catalog.domain.views import (
     Tracing,
     WeightedCluster,
 )
-from trellis_common.documents import osm, smi
+from trellis_common.documents import smi
 from trellis_common.model import MeshService, ServiceAccount, WeightedService
 
 AccountOf = Callable[[MeshService], str]
-
-
-def connection_settings(name: str, spec: osm.UpstreamTrafficSettingSpec) -> ConnectionSettings:
-    """An UpstreamTrafficSetting's connectionSettings as the clients' clusters apply them."""
-    settings = spec.connection_settings or osm.ConnectionSettings()
-    tcp = settings.tcp or osm.TCPConnectionSettings()
-    http = settings.http or osm.HTTPConnectionSettings()
-    return ConnectionSettings(
-        policy=name,
-        max_connections=tcp.max_connections,
-        connect_timeout=_seconds(tcp.connect_timeout),
-        max_requests=http.max_requests,
-        max_requests_per_connection=http.max_requests_per_connection,
-        max_pending_requests=http.max_pending_requests,
-        max_retries=http.max_retries,
-    )
 
 
 def shadow_tcp(outbound: list[OutboundService], spec: MeshSpec) -> list[OutboundService]:
@@ -116,10 +100,6 @@ def tcp_port_conflicts(
 def tcp_precedence(namespace: str, name: str, spec: MeshSpec) -> tuple[bool, str, str]:
     """Sorts first the service that takes a shared TCP port: a split root, then by name."""
     return (MeshService(namespace, name) not in spec.splits, namespace, name)
-
-
-def _seconds(duration: timedelta | None) -> float | None:
-    return duration.total_seconds() if duration is not None else None
 
 
 def hostnames(
@@ -279,8 +259,25 @@ class PolicyBuilder:
             mesh=self.mesh,
             outbound=tuple(sorted(outbound, key=lambda o: (o.namespace, o.name, o.port))),
             external=tuple(external),
-            inbound=inbound.ports(self.spec, self.services.get(me), source, self.trust_domain),
+            inbound=self._admitted(
+                me, inbound.ports(self.spec, self.services.get(me), source, self.trust_domain)
+            ),
             clusters=tuple(clusters[name] for name in sorted(clusters)),
+            egress=edge.egress_routes(self.spec, source),
+        )
+
+    def _admitted(self, me: MeshService, ports: tuple[InboundPort, ...]) -> tuple[InboundPort, ...]:
+        """``ports`` with what IngressBackends admit to them from outside the mesh."""
+        if not self.spec.ingress_backends:
+            return ports
+        return tuple(
+            replace(
+                port,
+                ingress=edge.ingress_rule(
+                    self.spec, self.services, me, port.port, port.target_port
+                ),
+            )
+            for port in ports
         )
 
     # -- outbound ---------------------------------------------------------------------
@@ -298,8 +295,8 @@ class PolicyBuilder:
             policy=name,
             retry_on=policy.retry_on,
             num_retries=policy.num_retries,
-            per_try_timeout=_seconds(policy.per_try_timeout),
-            backoff_base_interval=_seconds(policy.retry_backoff_base_interval),
+            per_try_timeout=seconds(policy.per_try_timeout),
+            backoff_base_interval=seconds(policy.retry_backoff_base_interval),
         )
         return replace(outbound, retry=retry)
 

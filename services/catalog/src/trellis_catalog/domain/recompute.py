@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from trellis_catalog.domain import destinations, gateway
+from trellis_catalog.domain import destinations, edge, gateway
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
@@ -202,7 +202,7 @@ class Recompute:
             self.routes = gateway.resolve(
                 self.spec.gateway_routes, self.services, self._first_seen, self._cluster_domain
             )
-            self.spec.statuses = self._with_port_conflicts()
+            self.spec.statuses = self._resolved_statuses()
         touched: set[Identity] = set()
         if recompute_policies:
             targeted = None if dirty.policies or changed_shape else self._concerned(dirty)
@@ -278,11 +278,14 @@ class Recompute:
         ]
 
     def _shape(self, service: MeshService) -> tuple[object, ...] | None:
-        """What a policy depends on of a service (not its endpoints' addresses)."""
+        """What a policy depends on of a service: not its endpoints' addresses, unless an
+        IngressBackend admits traffic from them."""
         known = self.services.get(service)
         if known is None:
             return None
+        sources = {s for _, p in self.spec.ingress_backends for s in p.source_services()}
         return (
+            tuple(sorted(e.address for e in known.endpoints)) if service in sources else (),
             known.ports,
             known.location,
             known.export_to,
@@ -292,11 +295,14 @@ class Recompute:
             frozenset(e.service_account for e in known.endpoints),
         )
 
-    def _with_port_conflicts(self) -> dict[str, meshspec.Status]:
-        """The documents' statuses, each Service that loses a TCP port to another (for
-        clients that may reach both) marked with a warning that names the winner."""
+    def _resolved_statuses(self) -> dict[str, meshspec.Status]:
+        """The documents' statuses once resolved against the known services: Gateway API
+        routes, OSM Egress and IngressBackend, TrafficSplits that routes take over, and each
+        Service that loses a TCP port to another (for clients that may reach both), marked
+        with a warning that names the winner."""
         statuses = dict(self._document_statuses)
         statuses.update(self.routes.statuses)  # Gateway API routes: resolved against services
+        statuses.update(edge.statuses(self.spec, self.services, self._document_statuses))
         for root, name in self.spec.split_names.items():
             routed = sorted(
                 {r.source.rsplit(" rule ", 1)[0] for r in self.routes.rules.get(root, ())}

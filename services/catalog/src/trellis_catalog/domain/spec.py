@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from trellis_catalog.domain.gateway_matches import grpc_match
 from trellis_catalog.domain.views import HttpMatch
-from trellis_common.documents import core, gateway, istio, meshconfig, osm, smi
+from trellis_common.documents import core, gateway, istio, meshconfig, osm, osm_access, smi
 from trellis_common.documents.base import Document, DocumentError, DocumentKey, UnreadKind
 from trellis_common.model import MeshService, ServiceAccount
 
@@ -33,6 +33,8 @@ KINDS = (
     "UpstreamTrafficSetting",
     "GRPCRoute",
     "HTTPRoute",
+    "Egress",
+    "IngressBackend",
 )
 
 
@@ -111,6 +113,12 @@ class MeshSpec:
         default_factory=dict
     )
     gateway_routes: list[Document] = field(default_factory=list)  # GRPCRoute, HTTPRoute
+    # every UpstreamTrafficSetting by (namespace, name): an Egress names one that way
+    traffic_settings: dict[tuple[str, str], osm.UpstreamTrafficSettingSpec] = field(
+        default_factory=dict
+    )
+    egresses: list[tuple[str, osm_access.Egress]] = field(default_factory=list)
+    ingress_backends: list[tuple[str, osm_access.IngressBackend]] = field(default_factory=list)
 
     def grpc_backends(self) -> dict[MeshService, frozenset[int]]:
         """The Service ports GRPCRoutes send to: gRPC (h2c) unless they say otherwise."""
@@ -242,7 +250,12 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
             if resource.skipped():
                 status = _status(document, "warning", "; ".join(resource.skipped()))
         elif isinstance(resource, osm.UpstreamTrafficSetting):
+            spec.traffic_settings[(key.namespace, key.name)] = resource.spec
             status = _upstream_setting(spec, document, resource)
+        elif isinstance(resource, osm_access.Egress):
+            spec.egresses.append((f"{key.namespace}/{key.name}", resource))
+        elif isinstance(resource, osm_access.IngressBackend):
+            spec.ingress_backends.append((f"{key.namespace}/{key.name}", resource))
         elif isinstance(resource, meshconfig.MeshConfig | meshconfig.OsmMeshConfig):
             if spec.settings is not None:
                 status = _status(

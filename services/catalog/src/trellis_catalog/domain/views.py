@@ -190,6 +190,19 @@ class LocalRateLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class IngressRule:
+    """An OSM IngressBackend's admission to one inbound port, from outside the mesh."""
+
+    policy: str  # "<namespace>/<name>" of the IngressBackend
+    protocol: str  # http: plaintext; https: mTLS
+    # the client addresses admitted (CIDRs); empty: any address
+    source_ranges: tuple[str, ...] = ()
+    # https: the names a client certificate must carry (URI or DNS SAN, or subject)
+    principals: tuple[str, ...] = ()
+    sni_hosts: tuple[str, ...] = ()  # https: the TLS server names admitted; empty: any
+
+
+@dataclass(frozen=True, slots=True)
 class InboundPort:
     port: int
     target_port: int
@@ -199,6 +212,7 @@ class InboundPort:
     allow_any: bool = False
     rate_limit: LocalRateLimit | None = None
     route_limits: tuple[tuple[str, LocalRateLimit], ...] = ()  # (path regex, limit)
+    ingress: IngressRule | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +227,21 @@ class ConnectionSettings:
     max_requests_per_connection: int | None = None
     max_pending_requests: int | None = None
     max_retries: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EgressRoute:
+    """What OSM Egress policies let an identity reach outside the mesh on one port: an
+    ``http`` host (its requests narrowed by ``matches``), an ``https`` host (any host when
+    empty), or ``tcp`` addresses (``ip_ranges``; any when empty)."""
+
+    policies: tuple[str, ...]  # "<namespace>/<name>" of each Egress that allows it
+    protocol: str  # http, https, tcp
+    port: int
+    host: str = ""
+    ip_ranges: tuple[str, ...] = ()
+    matches: tuple[HttpMatch, ...] = ()  # http: the requests allowed; empty: all
+    connection: ConnectionSettings | None = None  # an UpstreamTrafficSetting the Egress names
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +309,7 @@ class IdentityPolicy:
     external: tuple[ExternalService, ...]
     inbound: tuple[InboundPort, ...]
     clusters: tuple[ClusterRef, ...] = field(default=())
+    egress: tuple[EgressRoute, ...] = ()
 
     @property
     def cluster_names(self) -> tuple[str, ...]:

@@ -236,8 +236,23 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
                     )
                     for r in i.rules
                 ],
+                ingress=pb.IngressRule(**messages.fields(i.ingress)) if i.ingress else None,
             )
             for i in policy.inbound
+        ],
+        egress=[
+            pb.EgressRoute(
+                policies=e.policies,
+                protocol=e.protocol,
+                port=e.port,
+                host=e.host,
+                ip_ranges=e.ip_ranges,
+                matches=[_match(m) for m in e.matches],
+                connection=pb.ConnectionSettings(**messages.fields(e.connection))
+                if e.connection
+                else None,
+            )
+            for e in policy.egress
         ],
         clusters=[_cluster(c) for c in clusters],
         certificate=pb.CertificateRef(

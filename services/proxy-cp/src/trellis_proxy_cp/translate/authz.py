@@ -38,6 +38,7 @@ from envoy.type.matcher.v3 import path_pb2, regex_pb2, string_pb2
 from google.protobuf import any_pb2
 
 from trellis_api import catalog_pb2
+from trellis_proxy_cp.translate import ingress
 from trellis_proxy_cp.translate.common import pack
 
 HTTP_RBAC = "envoy.filters.http.rbac"
@@ -114,6 +115,9 @@ def rules(port: catalog_pb2.InboundPort, http: bool) -> rbac_pb2.RBAC:
         policies[f"{rule.policy}#{index}"] = rbac_pb2.Policy(
             permissions=permissions, principals=_principals(rule)
         )
+    admitted = ingress.rbac_policy(port)
+    if admitted is not None:  # an https IngressBackend: every route, to its principals
+        policies[f"ingress:{port.ingress.policy}"] = admitted
     return rbac_pb2.RBAC(action=rbac_pb2.RBAC.ALLOW, policies=policies)
 
 

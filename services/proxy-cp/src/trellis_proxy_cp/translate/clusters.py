@@ -28,6 +28,7 @@ from trellis_proxy_cp.translate.common import (
     socket_address,
     upstream_tls,
 )
+from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 from trellis_proxy_cp.translate.settings import ProxySettings
 
 CONNECT_TIMEOUT = 1.0
@@ -55,9 +56,12 @@ def _http2(cluster: cluster_pb2.Cluster) -> None:
     _http_options(cluster, http2=True)
 
 
-def _connection_settings(cluster: cluster_pb2.Cluster, source: catalog_pb2.Cluster) -> None:
+def _connection_settings(
+    cluster: cluster_pb2.Cluster,
+    settings: catalog_pb2.ConnectionSettings | None,
+    protocol: str,
+) -> None:
     """OSM's ``applyUpstreamConnectionSettings``: thresholds at their maximum unless set."""
-    settings = source.connection if source.HasField("connection") else None
     threshold = circuit_breaker_pb2.CircuitBreakers.Thresholds(track_remaining=True)
     for field in ("max_connections", "max_requests", "max_pending_requests", "max_retries"):
         value = UNLIMITED
@@ -69,8 +73,8 @@ def _connection_settings(cluster: cluster_pb2.Cluster, source: catalog_pb2.Clust
         return
     if settings.HasField("connect_timeout"):
         cluster.connect_timeout.CopyFrom(seconds(settings.connect_timeout))
-    if settings.HasField("max_requests_per_connection") and source.protocol != "tcp":
-        http2 = source.protocol in ("http2", "grpc")
+    if settings.HasField("max_requests_per_connection") and protocol in HTTP_PROTOCOLS:
+        http2 = protocol in ("http2", "grpc")
         _http_options(cluster, http2, settings.max_requests_per_connection)
 
 
@@ -113,7 +117,9 @@ def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
         cluster.transport_socket.CopyFrom(upstream_tls(sni, list(source.spiffe_ids)))
     if source.protocol in ("http2", "grpc"):
         _http2(cluster)
-    _connection_settings(cluster, source)
+    _connection_settings(
+        cluster, source.connection if source.HasField("connection") else None, source.protocol
+    )
     return cluster
 
 
@@ -136,6 +142,11 @@ def clusters(view: catalog_pb2.View, settings: ProxySettings) -> list[cluster_pb
     found += [inbound_cluster(p, settings) for p in inbound_ports(view, settings)]
     if view.mesh.egress:
         found.append(egress.cluster())
+    for route in view.egress:
+        cluster = egress.route_cluster(route)
+        connection = route.connection if route.HasField("connection") else None
+        _connection_settings(cluster, connection, route.protocol)
+        found.append(cluster)
     collector = tracing.cluster(view)
     if collector is not None:
         found.append(collector)

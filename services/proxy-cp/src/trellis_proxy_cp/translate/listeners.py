@@ -19,7 +19,7 @@ from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import authz, egress, names, ratelimit, tracing
+from trellis_proxy_cp.translate import authz, egress, ingress, names, ratelimit, tracing
 from trellis_proxy_cp.translate.common import ads, downstream_mtls, pack, socket_address
 from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 
@@ -42,7 +42,7 @@ def _manager(
 
 
 def outbound(view: catalog_pb2.View, address: str, port: int) -> listener_pb2.Listener:
-    filters = [egress.http_filter()] if view.mesh.egress else []
+    filters = [egress.http_filter()] if egress.forward_proxy(view) else []
     manager = _manager(view, "outbound", names.OUTBOUND_ROUTES, filters)
     return listener_pb2.Listener(
         name=names.OUTBOUND_LISTENER,
@@ -99,13 +99,17 @@ def inbound(
         ]
         if served.HasField("rate_limit"):  # OSM: connections per unit, before the proxy
             filters.insert(1, ratelimit.tcp_filter(served.rate_limit))
-    return listener_pb2.Listener(
+    listener = listener_pb2.Listener(
         name=names.INBOUND_LISTENER,
         address=socket_address(address, port),
         filter_chains=[
             listener_components_pb2.FilterChain(filters=filters, transport_socket=downstream_mtls())
         ],
     )
+    if ingress.plaintext(served):  # an http IngressBackend: plaintext from its sources
+        listener.listener_filters.append(ingress.tls_inspector())
+        listener.filter_chains.insert(0, ingress.filter_chain(served, ROUTER))
+    return listener
 
 
 def outbound_tcp(

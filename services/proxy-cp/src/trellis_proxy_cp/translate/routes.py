@@ -16,7 +16,7 @@ from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import authz, egress, gateway, names, ratelimit
+from trellis_proxy_cp.translate import authz, egress, gateway, ingress, names, ratelimit
 
 HTTP_PROTOCOLS = ("http", "http2", "grpc")
 
@@ -139,6 +139,7 @@ def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
                     ],
                 )
             )
+    hosts += _egress_hosts(view, taken)
     if view.mesh.egress:
         hosts.append(egress.virtual_host())  # last: mesh destinations match first
     return route_pb2.RouteConfiguration(
@@ -146,6 +147,39 @@ def outbound(view: catalog_pb2.View) -> route_pb2.RouteConfiguration:
         virtual_hosts=hosts,
         validate_clusters=wrappers_pb2.BoolValue(value=False),
     )
+
+
+def _egress_hosts(view: catalog_pb2.View, taken: set[str]) -> list[rc.VirtualHost]:
+    """The hosts OSM Egress policies allow: a name a mesh destination or ServiceEntry
+    already has stays theirs (they come first); routes sharing a name share its host."""
+    grouped: dict[str, rc.VirtualHost] = {}
+    claimed: dict[str, str] = {}  # domain -> its host's key
+    for route in view.egress:
+        domains = [d for d in egress.domains(route) if d not in taken]
+        if not domains:
+            continue
+        key = claimed.get(domains[0], domains[0])
+        host = grouped.get(key)
+        if host is None:
+            host = grouped[key] = rc.VirtualHost(name=f"egress/{key}")
+        for domain in domains:
+            if domain not in claimed:
+                claimed[domain] = key
+                host.domains.append(domain)
+        cluster = egress.cluster_name(route)
+        if route.protocol == "http":
+            for index, match in enumerate(route.matches or [catalog_pb2.HttpMatch()]):
+                host.routes.append(
+                    rc.Route(
+                        name=f"{cluster}|{index}",
+                        match=route_match(match),
+                        route=rc.RouteAction(cluster=cluster),
+                    )
+                )
+        else:
+            host.routes.append(egress.connect_route(cluster, cluster, egress.authority(route)))
+    taken.update(claimed)
+    return list(grouped.values())
 
 
 def inbound(
@@ -196,7 +230,8 @@ def inbound(
 def _allowed_matches(port: catalog_pb2.InboundPort) -> list[catalog_pb2.HttpMatch]:
     """The distinct matches of the port's rules, in order; one catch-all when any rule (or
     permissive mode) allows every request."""
-    if port.allow_any or any(not rule.http for rule in port.rules):
+    admitted = ingress.rbac_policy(port) is not None  # an https IngressBackend: every route
+    if port.allow_any or admitted or any(not rule.http for rule in port.rules):
         return [catalog_pb2.HttpMatch()]
     found: dict[bytes, catalog_pb2.HttpMatch] = {}
     for rule in port.rules:
