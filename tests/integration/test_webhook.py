@@ -54,6 +54,15 @@ class Mesh:
         extra = extra or {}
         spec_dir = tmp / "spec"
         shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
+        # MeshConfig's sidecar settings, which the injector takes from the catalog
+        config = spec_dir / "meshconfig.yaml"
+        config.write_text(
+            config.read_text().replace(
+                "    enableEgress: false\n",
+                "    enableEgress: false\n    outboundPortExclusionList: [5432]\n"
+                "  sidecar: {logLevel: debug}\n",
+            )
+        )
         self.state_dir = state_dir
         self.mount = tmp / "pod" / "etc" / "trellis" / "proxy"  # the pod's mount, here
         self.ports = {"inbound": free_port(), "outbound": free_port(), "admin": free_port()}
@@ -213,6 +222,8 @@ def test_an_injected_pods_envoy_joins_the_mesh(mesh: Mesh, kube: KubeApi, tmp_pa
     assert response["uid"] == body["request"]["uid"]
     assert response["allowed"] is True, response
     pod = jsonpatch.apply_patch(BOOKBUYER, json.loads(base64.b64decode(response["patch"])))
+    [init] = pod["spec"]["initContainers"]  # MeshConfig's exclusion list
+    assert "-A TRELLIS_OUTPUT -p tcp --dport 5432 -j RETURN" in init["command"][2]
     proxy_id = pod["metadata"]["labels"][injection.PROXY_UUID_LABEL]
     common_name = f"{proxy_id}.bookbuyer.bookbuyer"
 
@@ -273,6 +284,8 @@ def test_an_injected_pods_envoy_joins_the_mesh(mesh: Mesh, kube: KubeApi, tmp_pa
             timeout=5,
         )
         assert "control_plane.connected_state: 1" in stats.text
+        assert envoy_container["args"][-2:] == ["--log-level", "debug"]
+        assert "][debug][" in log.read_text()  # Envoy runs at MeshConfig's level
     finally:
         envoy.terminate()
         try:

@@ -130,7 +130,7 @@ def test_osm_fields_trellis_does_not_apply_are_listed(registry: KindRegistry) ->
     document = registry.parse(yaml.safe_load(OSM_PRESET), Origin("osm.yaml"))
     unapplied = document.resource.not_applied()
     assert "spec.sidecar.envoyImage" in unapplied
-    assert "spec.sidecar.logLevel" in unapplied  # read, not passed to sidecars yet
+    assert "spec.traffic.networkInterfaceExclusionList" in unapplied
     assert "spec.traffic.inboundExternalAuthorization" in unapplied
     assert "spec.observability.osmLogLevel" in unapplied
     assert "spec.certificate.certKeyBitSize" in unapplied
@@ -140,9 +140,38 @@ def test_osm_fields_trellis_does_not_apply_are_listed(registry: KindRegistry) ->
         "spec.traffic.enablePermissiveTrafficPolicyMode",
         "spec.observability.tracing",
         "spec.certificate.serviceCertValidityDuration",
+        "spec.sidecar.logLevel",  # the injector passes it to Envoy
+        "spec.traffic.inboundPortExclusionList",  # the injector's init container applies them
+        "spec.traffic.outboundPortExclusionList",
+        "spec.traffic.outboundIPRangeExclusionList",
     ):
         assert not any(u.startswith(applied) for u in unapplied), applied
     assert unapplied == tuple(sorted(unapplied))
+
+
+def test_exclusion_lists_are_read_and_checked(registry: KindRegistry) -> None:
+    traffic = {
+        "inboundPortExclusionList": [8080, 9090],
+        "outboundPortExclusionList": [5432],
+        "outboundIPRangeExclusionList": ["10.0.0.1/8", "169.254.169.254/32", "10.0.0.0/8"],
+    }
+    for version in (meshconfig.OSM_API_VERSION, meshconfig.TRELLIS_API_VERSION):
+        read = registry.parse(with_spec(version, {"traffic": traffic}), Origin("m.yaml"))
+        settings = read.resource.settings()
+        assert settings.inbound_port_exclusions == (8080, 9090)
+        assert settings.outbound_port_exclusions == (5432,)
+        assert settings.outbound_ip_range_exclusions == ("10.0.0.0/8", "169.254.169.254/32")
+    for field, value, reason in (
+        ("outboundIPRangeExclusionList", ["fd00::/8"], "is IPv6"),
+        ("outboundIPRangeExclusionList", ["somewhere"], "must be an IPv4 CIDR"),
+        ("inboundPortExclusionList", [0], "greater than or equal to 1"),
+        ("outboundPortExclusionList", ["80"], "valid integer"),
+    ):
+        raw = with_spec(meshconfig.OSM_API_VERSION, {"traffic": {field: value}})
+        with pytest.raises(DocumentError) as caught:
+            registry.parse(raw, Origin("m.yaml"))
+        assert caught.value.field == f"spec.traffic.{field}[0]", field
+        assert reason in caught.value.reason, (field, caught.value.reason)
 
 
 def test_trellis_meshconfig(registry: KindRegistry) -> None:

@@ -18,9 +18,11 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from trellis_common.kube import injection
+from trellis_common.kube.injection import Exclusions
 from trellis_common.testing import eventually
 from trellis_common.testing.identities import LocalCA
 from trellis_injector.domain.injection import VOLUME, Sidecar
+from trellis_injector.domain.onboarding import MeshSidecar
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Unavailable
 from trellis_injector.sidecars import SidecarInjector
@@ -299,6 +301,36 @@ async def test_exclusions_reach_the_init_containers_rules(hook: Harness) -> None
     bootstrap = json.loads(base64.b64decode(secret["data"]["envoy.yaml"]))
     [listener] = bootstrap["static_resources"]["listeners"]
     assert listener["address"]["socket_address"]["port_value"] == 15010
+
+
+async def test_mesh_config_exclusions_and_log_level_join_the_pods_own(hook: Harness) -> None:
+    hook.catalog.sidecar = MeshSidecar(
+        log_level="debug",
+        exclusions=Exclusions(
+            inbound_ports=(8443,), outbound_ports=(5432,), outbound_ranges=("10.0.0.0/8",)
+        ),
+    )
+    pod = deployment_pod(
+        annotations={
+            "trellis.dev/outbound-port-exclusion-list": "5432, 6379",
+            "trellis.dev/outbound-ip-range-exclusion-list": "192.168.0.0/16",
+        }
+    )
+    result = patched(pod, await hook.answer(review(pod)))
+    script = containers(result, "initContainers")["trellis-init"]["command"][2]
+    assert script.count("--dport 5432 -j RETURN") == 1  # in both lists, excluded once
+    for rule in (
+        "-A TRELLIS_OUTPUT -p tcp --dport 6379 -j RETURN",  # the pod's
+        "-A TRELLIS_INBOUND -p tcp --dport 8443 -j RETURN",  # MeshConfig's
+        "-A TRELLIS_OUTPUT -d 10.0.0.0/8 -j RETURN",
+        "-A TRELLIS_OUTPUT -d 192.168.0.0/16 -j RETURN",
+    ):
+        assert rule in script, rule
+    assert containers(result)["envoy"]["args"][-2:] == ["--log-level", "debug"]
+
+    hook.catalog.sidecar = MeshSidecar()  # no MeshConfig: Envoy's default level
+    result = patched(pod, await hook.answer(review(pod)))
+    assert "--log-level" not in containers(result)["envoy"]["args"]
 
 
 async def test_a_pod_that_sets_its_own_scrape_annotations_keeps_them(hook: Harness) -> None:

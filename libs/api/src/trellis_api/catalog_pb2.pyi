@@ -1435,21 +1435,61 @@ class ProxyAck(_message.Message):
 
     IDENTITY_FIELD_NUMBER: _builtins.int
     EXPECTED_FIELD_NUMBER: _builtins.int
+    SIDECAR_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     expected: _builtins.bool
+    @_builtins.property
+    def sidecar(self) -> Global___SidecarSettings:
+        """ExpectProxy: what MeshConfig says of every sidecar, for the injector to apply."""
+
     def __init__(
         self,
         *,
         identity: _builtins.str = ...,
         expected: _builtins.bool = ...,
+        sidecar: Global___SidecarSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sidecar", b"sidecar"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected", b"expected", "identity", b"identity"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected", b"expected", "identity", b"identity", "sidecar", b"sidecar"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProxyAck: _TypeAlias = ProxyAck  # noqa: Y015
+
+@_typing.final
+class SidecarSettings(_message.Message):
+    """MeshConfig's sidecar settings (OSM's sidecar.logLevel and traffic.*ExclusionList)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOG_LEVEL_FIELD_NUMBER: _builtins.int
+    INBOUND_PORT_EXCLUSIONS_FIELD_NUMBER: _builtins.int
+    OUTBOUND_PORT_EXCLUSIONS_FIELD_NUMBER: _builtins.int
+    OUTBOUND_IP_RANGE_EXCLUSIONS_FIELD_NUMBER: _builtins.int
+    log_level: _builtins.str
+    """Envoy's --log-level (empty: the injector's default)."""
+    @_builtins.property
+    def inbound_port_exclusions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def outbound_port_exclusions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def outbound_ip_range_exclusions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        log_level: _builtins.str = ...,
+        inbound_port_exclusions: _abc.Iterable[_builtins.int] | None = ...,
+        outbound_port_exclusions: _abc.Iterable[_builtins.int] | None = ...,
+        outbound_ip_range_exclusions: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inbound_port_exclusions", b"inbound_port_exclusions", "log_level", b"log_level", "outbound_ip_range_exclusions", b"outbound_ip_range_exclusions", "outbound_port_exclusions", b"outbound_port_exclusions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SidecarSettings: _TypeAlias = SidecarSettings  # noqa: Y015
 
 @_typing.final
 class ListProxiesRequest(_message.Message):

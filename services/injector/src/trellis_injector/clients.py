@@ -25,8 +25,9 @@ from redis.exceptions import RedisError
 from trellis_api import catalog_pb2, catalog_pb2_grpc
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
+from trellis_common.kube.injection import Exclusions
 from trellis_common.registry import discover
-from trellis_injector.domain.onboarding import ProxyCertificate, XdsEndpoint
+from trellis_injector.domain.onboarding import MeshSidecar, ProxyCertificate, XdsEndpoint
 from trellis_injector.onboarder import Refused, Unavailable
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class CatalogClient:
         self._services = services
         self._timeout = timeout
 
-    async def expect_proxy(self, common_name: str, service_account: str) -> None:
+    async def expect_proxy(self, common_name: str, service_account: str) -> MeshSidecar:
         address = await self._services.address(CATALOG)
         request = catalog_pb2.ExpectProxyRequest(
             common_name=common_name, service_account=service_account
@@ -156,7 +157,16 @@ class CatalogClient:
             stub: catalog_pb2_grpc.CatalogAsyncStub = catalog_pb2_grpc.CatalogStub(channel)
             return await stub.ExpectProxy(request, timeout=self._timeout)
 
-        await _call(self._services, CATALOG, address, expect)
+        ack = await _call(self._services, CATALOG, address, expect)
+        sidecar = ack.sidecar
+        return MeshSidecar(
+            log_level=sidecar.log_level,
+            exclusions=Exclusions(
+                inbound_ports=tuple(sidecar.inbound_port_exclusions),
+                outbound_ports=tuple(sidecar.outbound_port_exclusions),
+                outbound_ranges=tuple(sidecar.outbound_ip_range_exclusions),
+            ),
+        )
 
 
 class XdsLocator:

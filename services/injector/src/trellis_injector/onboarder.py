@@ -30,6 +30,7 @@ from trellis_common.ids import SpiffeId
 from trellis_injector.domain.onboarding import (
     ControlPlane,
     InvalidOnboarding,
+    MeshSidecar,
     Onboarding,
     ProxyCertificate,
     ProxyRequest,
@@ -75,8 +76,9 @@ class CertificateIssuer(Protocol):
 
 
 class ProxyExpectations(Protocol):
-    async def expect_proxy(self, common_name: str, service_account: str) -> None:
-        """Tell the catalog the proxy with this CN may connect to proxy-cp."""
+    async def expect_proxy(self, common_name: str, service_account: str) -> MeshSidecar:
+        """Tell the catalog the proxy with this CN may connect to proxy-cp; its answer
+        carries MeshConfig's sidecar settings."""
         ...
 
 
@@ -124,7 +126,7 @@ class Onboarder:
         certificate = await self.certificates.issue_proxy_certificate(
             request.namespace, request.service, request.service_account, csr
         )
-        await self._catalog.expect_proxy(certificate.common_name, request.service_account)
+        mesh = await self._catalog.expect_proxy(certificate.common_name, request.service_account)
         log.info(
             "injector.onboarded proxy=%s identity=%s service_account=%s xds=%s protocol=%s",
             certificate.common_name,
@@ -133,4 +135,4 @@ class Onboarder:
             control_plane.xds,
             request.protocol,
         )
-        return onboarding(request, certificate, control_plane)
+        return onboarding(request, certificate, control_plane, mesh)

@@ -128,7 +128,10 @@ class SidecarInjector:
         if review.dry_run:
             patch = pod_patch(pod, self._sidecar, str(uuid.uuid4()), decision.exclusions)
             log.info("webhook.dry_run %s", where)
-            return "injected", admission.allow(uid, patch, ["dry run: no proxy was onboarded"])
+            warning = (
+                "dry run: no proxy was onboarded, and MeshConfig's sidecar settings were not read"
+            )
+            return "injected", admission.allow(uid, patch, [warning])
         try:
             async with asyncio.timeout(budget):
                 onboarded, key_pem = await self._onboarder.onboard_with_local_key(request)
@@ -138,7 +141,9 @@ class SidecarInjector:
             return self._invalid(uid, where, str(exc))
         except (Unavailable, Refused, SecretFailed, TimeoutError) as exc:
             return self._failed(uid, where, exc, budget)
-        patch = pod_patch(pod, self._sidecar, proxy_id, decision.exclusions)
+        mesh = onboarded.sidecar  # MeshConfig's, merged with the pod's own (as OSM does)
+        exclusions = mesh.exclusions.union(decision.exclusions)
+        patch = pod_patch(pod, self._sidecar, proxy_id, exclusions, mesh.log_level)
         log.info(
             "webhook.injected %s proxy=%s identity=%s",
             where,

@@ -10,7 +10,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from trellis_injector.domain.onboarding import ProxyCertificate, XdsEndpoint
+from trellis_injector.domain.onboarding import MeshSidecar, ProxyCertificate, XdsEndpoint
 
 FAKE_CERT_PEM = "-----BEGIN CERTIFICATE-----\nZmFrZSBjZXJ0\n-----END CERTIFICATE-----\n"
 FAKE_CA_PEM = "-----BEGIN CERTIFICATE-----\nZmFrZSBjYQ==\n-----END CERTIFICATE-----\n"
@@ -52,11 +52,13 @@ class FakeCatalog:
     def __init__(self) -> None:
         self.error: Exception | None = None
         self.expected: dict[str, str] = {}  # common name -> service account
+        self.sidecar = MeshSidecar()  # what MeshConfig says of sidecars
 
-    async def expect_proxy(self, common_name: str, service_account: str) -> None:
+    async def expect_proxy(self, common_name: str, service_account: str) -> MeshSidecar:
         if self.error is not None:
             raise self.error
         self.expected[common_name] = service_account
+        return self.sidecar
 
 
 class FixedControlPlane:

@@ -17,6 +17,7 @@ them on. Durations are Go duration strings (``"24h"``, ``"1h30m"``), see
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -109,11 +110,40 @@ def _invalid(loc: tuple[str | int, ...], reason: str, value: object) -> NoReturn
 # --- the spec, strict (Trellis) ---------------------------------------------------------------
 
 
+Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
+
+
 class TrafficConfig(StrictModel):
     enable_permissive_traffic_policy_mode: Bool = Field(
         default=False, alias="enablePermissiveTrafficPolicyMode"
     )
     enable_egress: Bool = Field(default=False, alias="enableEgress")
+    # left out of every injected pod's traffic redirection (OSM's global exclusion lists)
+    inbound_port_exclusion_list: tuple[Port, ...] = Field(
+        default=(), alias="inboundPortExclusionList"
+    )
+    outbound_port_exclusion_list: tuple[Port, ...] = Field(
+        default=(), alias="outboundPortExclusionList"
+    )
+    outbound_ip_range_exclusion_list: tuple[str, ...] = Field(
+        default=(), alias="outboundIPRangeExclusionList"
+    )
+
+    @field_validator("outbound_ip_range_exclusion_list")
+    @classmethod
+    def _ranges(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """IPv4 CIDRs (the init container writes IPv4 rules only), normalised."""
+        found: list[str] = []
+        for index, text in enumerate(value):
+            try:
+                network = ipaddress.ip_network(text, strict=False)
+            except ValueError:
+                _invalid((index,), f"must be an IPv4 CIDR such as '10.0.0.0/8', got {text!r}", text)
+            if network.version != 4:
+                _invalid((index,), f"{text!r} is IPv6: only IPv4 traffic is redirected", text)
+            if str(network) not in found:
+                found.append(str(network))
+        return tuple(found)
 
 
 class CertificateConfig(StrictModel):
@@ -292,6 +322,10 @@ class MeshConfigSettings:
     sidecar_log_level: LogLevel | None = None
     tracing: TracingSettings | None = None
     retry_policy: bool = False  # featureFlags.enableRetryPolicy: OSM Retry policies apply
+    # traffic.*ExclusionList: the injector leaves these out of every pod's redirection
+    inbound_port_exclusions: tuple[int, ...] = ()
+    outbound_port_exclusions: tuple[int, ...] = ()
+    outbound_ip_range_exclusions: tuple[str, ...] = ()
 
 
 def _settings(spec: _SpecFields, trust_domain: str | None) -> MeshConfigSettings:
@@ -308,6 +342,9 @@ def _settings(spec: _SpecFields, trust_domain: str | None) -> MeshConfigSettings
             else None
         ),
         retry_policy=spec.feature_flags.enable_retry_policy,
+        inbound_port_exclusions=spec.traffic.inbound_port_exclusion_list,
+        outbound_port_exclusions=spec.traffic.outbound_port_exclusion_list,
+        outbound_ip_range_exclusions=spec.traffic.outbound_ip_range_exclusion_list,
     )
 
 
@@ -330,12 +367,8 @@ class OsmMeshConfig(Resource[OsmMeshConfigSpec]):
 
     def not_applied(self) -> tuple[str, ...]:
         """The fields this MeshConfig sets that Trellis accepts but does not apply: OSM's
-        that Trellis has no use for (sidecar images, ...), and ``sidecar.logLevel``, which
-        the injector does not pass to sidecars yet."""
-        found = list(self.spec._unread)
-        if self.spec.sidecar.log_level is not None:
-            found.append("spec.sidecar.logLevel")
-        return tuple(sorted(found))
+        that Trellis has no use for (sidecar images, ...)."""
+        return tuple(sorted(self.spec._unread))
 
 
 def register(registry: KindRegistry) -> None:

@@ -64,6 +64,15 @@ class Exclusions:
     outbound_ports: tuple[int, ...] = ()
     outbound_ranges: tuple[str, ...] = ()
 
+    def union(self, other: Exclusions) -> Exclusions:
+        """Both sets of exclusions (MeshConfig's lists and a pod's annotations, as OSM
+        merges them), each item once, in order."""
+        return Exclusions(
+            tuple(dict.fromkeys(self.inbound_ports + other.inbound_ports)),
+            tuple(dict.fromkeys(self.outbound_ports + other.outbound_ports)),
+            tuple(dict.fromkeys(self.outbound_ranges + other.outbound_ranges)),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

@@ -23,6 +23,7 @@ from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.destinations import Destination
+from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import (
     ClusterRef,
     ClusterState,
@@ -127,6 +128,19 @@ def _retry(retry: RetryPolicy | None) -> pb.RetryPolicy | None:
         num_retries=retry.num_retries,
         per_try_timeout=retry.per_try_timeout,
         backoff_base_interval=retry.backoff_base_interval,
+    )
+
+
+def _sidecar(spec: MeshSpec) -> pb.SidecarSettings:
+    """MeshConfig's settings of every sidecar (the injector applies them to a new pod)."""
+    settings = spec.settings
+    if settings is None:
+        return pb.SidecarSettings()
+    return pb.SidecarSettings(
+        log_level=settings.sidecar_log_level or "",
+        inbound_port_exclusions=settings.inbound_port_exclusions,
+        outbound_port_exclusions=settings.outbound_port_exclusions,
+        outbound_ip_range_exclusions=settings.outbound_ip_range_exclusions,
     )
 
 
@@ -344,7 +358,9 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     async def ExpectProxy(self, asked: grpc_requests.ProxyRequest, context: Context) -> pb.ProxyAck:
         with _named_proxy():
             record = self._catalog.expect_proxy(asked.common_name, asked.service_account)
-        return pb.ProxyAck(identity=str(record.identity), expected=True)
+        return pb.ProxyAck(
+            identity=str(record.identity), expected=True, sidecar=_sidecar(self._catalog.spec)
+        )
 
     @rpc(grpc_requests.registered_proxy)
     async def RegisterProxy(

@@ -196,13 +196,16 @@ def init_container(sidecar: Sidecar, exclusions: injection.Exclusions) -> dict[s
     }
 
 
-def envoy_container(sidecar: Sidecar) -> dict[str, Any]:
+def envoy_container(sidecar: Sidecar, log_level: str = "") -> dict[str, Any]:
+    """The ``envoy`` container; ``log_level``: MeshConfig's ``sidecar.logLevel`` (OSM passes
+    it as Envoy's ``--log-level``), or "" for Envoy's default."""
     bootstrap = f"{sidecar.mount_path.rstrip('/')}/{BOOTSTRAP_FILE}"
+    levels = ["--log-level", log_level] if log_level else []
     return {
         "name": injection.SIDECAR_CONTAINER,
         "image": sidecar.envoy_image,
         "command": ["envoy"],
-        "args": ["-c", bootstrap, *sidecar_args()],
+        "args": ["-c", bootstrap, *sidecar_args(), *levels],
         "ports": [
             {"name": "trellis-inbound", "containerPort": sidecar.inbound_port, "protocol": "TCP"},
             *(
@@ -254,6 +257,7 @@ def pod_patch(
     sidecar: Sidecar,
     proxy_id: str,
     exclusions: injection.Exclusions,
+    log_level: str = "",
 ) -> list[dict[str, Any]]:
     """The RFC 6902 operations that inject ``pod``; :class:`InvalidPod` if they cannot."""
     check_pod(pod)
@@ -274,6 +278,6 @@ def pod_patch(
     if sidecar.stats_port:
         ops += _scrape_annotations(metadata if isinstance(metadata, dict) else {}, sidecar)
     ops.append(_add(pod, "spec", "initContainers", init_container(sidecar, exclusions)))
-    ops.append(_add(pod, "spec", "containers", envoy_container(sidecar)))
+    ops.append(_add(pod, "spec", "containers", envoy_container(sidecar, log_level)))
     ops.append(_add(pod, "spec", "volumes", volume))
     return ops

@@ -25,6 +25,7 @@ from cryptography import x509
 from trellis_common import ids
 from trellis_common.bootstrap import SDS_FILE, BootstrapSpec, ProxyFiles, envoy_bootstrap
 from trellis_common.grpc_bootstrap import GrpcFolder, grpc_bootstrap
+from trellis_common.kube.injection import Exclusions
 
 AdsProtocol = Literal["sotw", "delta"]
 PROTOCOLS: Final[tuple[str, ...]] = get_args(AdsProtocol)
@@ -255,14 +256,24 @@ def build_bootstrap(
 
 
 @dataclass(frozen=True, slots=True)
+class MeshSidecar:
+    """What MeshConfig says of every sidecar, as the catalog answered ExpectProxy: Envoy's
+    log level ("" for Envoy's default) and the traffic left out of the redirection."""
+
+    log_level: str = ""
+    exclusions: Exclusions = field(default_factory=Exclusions)
+
+
+@dataclass(frozen=True, slots=True)
 class Onboarding:
     """A proxy onboarded: its certificate and the bootstrap that uses it (and the key the
-    proxy made, at the path the bootstrap names)."""
+    proxy made, at the path the bootstrap names), and MeshConfig's sidecar settings."""
 
     request: ProxyRequest
     certificate: ProxyCertificate
     control_plane: ControlPlane
     bootstrap: dict[str, Any] = field(repr=False)
+    sidecar: MeshSidecar = field(default_factory=MeshSidecar)
 
     @property
     def common_name(self) -> str:
@@ -274,11 +285,15 @@ class Onboarding:
 
 
 def onboarding(
-    request: ProxyRequest, certificate: ProxyCertificate, control_plane: ControlPlane
+    request: ProxyRequest,
+    certificate: ProxyCertificate,
+    control_plane: ControlPlane,
+    sidecar: MeshSidecar | None = None,
 ) -> Onboarding:
     return Onboarding(
         request,
         certificate,
         control_plane,
         build_bootstrap(request, certificate.common_name, control_plane),
+        sidecar or MeshSidecar(),
     )
