@@ -1,9 +1,14 @@
-"""OSM's UpstreamTrafficSetting connection settings against real Envoy sidecars.
+"""OSM's UpstreamTrafficSetting connection settings (and outlier detection) against real
+Envoy sidecars.
 
 bookstore-v1 answers slowly; an UpstreamTrafficSetting caps its clients at one request in
 flight and one waiting. Eight requests at once from bookbuyer: the ones over the cap are
 refused by bookbuyer's own sidecar (503, ``x-envoy-overloaded``) without reaching the app,
 and Envoy counts the overflow. Without the setting, all eight pass.
+
+With ``outlierDetection`` (Istio's field names: OSM has none), a second bookstore-v1
+workload that fails every request is ejected after two 5xx in a row, and the healthy one
+takes every request after that.
 """
 
 from __future__ import annotations
@@ -73,3 +78,47 @@ def test_connection_settings_cap_what_clients_send(mesh: Mesh) -> None:
         for kind in ("active", "pending")
     )
     assert refused == codes.count(503)
+
+
+OUTLIERS = """
+apiVersion: policy.openservicemesh.io/v1alpha1
+kind: UpstreamTrafficSetting
+metadata: {name: bookstore-v1, namespace: bookstore}
+spec:
+  host: bookstore-v1.bookstore.svc.cluster.local
+  outlierDetection: {consecutive5xxErrors: 2, baseEjectionTime: 5m, maxEjectionPercent: 50}
+"""
+
+
+def test_outlier_detection_ejects_the_failing_workload(mesh: Mesh) -> None:
+    _v1, _v2, buyer = bookstore(mesh)
+    broken_app = mesh.app("v1-broken")
+    broken = mesh.onboard(
+        "bookstore-v1-b", "bookstore", "bookstore-v1", "bookstore", app_port=broken_app.port
+    )
+    mesh.register("v1-b", "bookstore-v1", broken.inbound_port)
+    broken.envoy.wait_ready()
+
+    def two_endpoints() -> bool:
+        clusters = buyer.envoy.get("/clusters").text
+        return (
+            clusters.count(f"{CLUSTER}::127.0.0.1:") >= 2 * 1
+            and clusters.count(f"{CLUSTER}::127.0.0.1:{broken.inbound_port}::health_flags::healthy")
+            == 1
+        )
+
+    asyncio.run(eventually(two_endpoints, timeout=20, interval=0.2, message="both endpoints"))
+    (mesh.spec_dir / "outliers.yaml").write_text(OUTLIERS)
+
+    def detecting() -> bool:
+        dump = buyer.envoy.get("/config_dump?resource=dynamic_active_clusters").text
+        return '"consecutive_5xx": 2' in dump
+
+    asyncio.run(eventually(detecting, timeout=10, interval=0.2, message="outlier detection on"))
+    broken_app.fail_next = 1000  # every request to this workload fails from now on
+    codes = [buyer.get(V1, "/books-bought").status_code for _ in range(30)]
+    # two failures in a row eject it; round robin may send another before the second one
+    assert codes.count(503) <= 3, codes
+    assert codes[-20:] == [200] * 20, codes  # ejected: only the healthy workload answers
+    assert buyer.envoy.stat(f"cluster.{CLUSTER}.outlier_detection.ejections_enforced_total") == 1
+    assert broken_app.requests == codes.count(503)

@@ -7,7 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import ConnectionSettings, Identity, LocalRateLimit
+from trellis_catalog.domain.views import (
+    ConnectionSettings,
+    Identity,
+    LocalRateLimit,
+    OutlierDetection,
+)
+from trellis_common.documents.base import Document, DocumentError
 
 Mesh = Callable[..., PolicyBuilder]
 
@@ -110,3 +116,34 @@ def test_local_rate_limits_go_to_the_destinations_inbound_ports(mesh: Mesh) -> N
     # the clients are not limited: only the destination's own sidecars enforce it
     [client_port] = builder.build(Identity("shop", "web"), "web").inbound
     assert client_port.rate_limit is None
+
+
+def test_outlier_detection_rides_with_the_connection_settings(mesh: Mesh) -> None:
+    extra = (
+        "  outlierDetection: {consecutive5xxErrors: 2, interval: 5s, baseEjectionTime: 1m,"
+        " maxEjectionPercent: 100}\n"
+    )
+    builder = mesh(SHOP + setting(extra=extra))
+    clusters = {c.name: c for c in builder.build(Identity("shop", "web"), "web").clusters}
+    connection = clusters["shop/api|80"].connection
+    assert connection is not None
+    assert connection.outlier == OutlierDetection(
+        consecutive_5xx=2, interval=5.0, base_ejection_time=60.0, max_ejection_percent=100
+    )
+
+
+def test_outlier_detection_names_the_field_in_every_error(
+    docs_and_errors: Callable[[str], tuple[list[Document], list[DocumentError]]],
+) -> None:
+    for detection, field, reason in (
+        ("{interval: 5s}", "spec.outlierDetection.consecutive5xxErrors", "nothing would eject"),
+        ("{consecutive5xxErrors: 1, interval: 0s}", "spec.outlierDetection.interval", "positive"),
+        (
+            "{consecutive5xxErrors: 1, maxEjectionPercent: 101}",
+            "spec.outlierDetection.maxEjectionPercent",
+            "less than or equal to 100",
+        ),
+    ):
+        _, errors = docs_and_errors(setting(extra=f"  outlierDetection: {detection}\n"))
+        assert [e.field for e in errors] == [field], detection
+        assert reason in errors[0].reason, detection

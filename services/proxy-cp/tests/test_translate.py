@@ -16,9 +16,10 @@ from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import (
     BOOKSTORE_SPIFFE,
+    BUYER_SPIFFE,
     as_dict,
+    buyer_view,
     cluster,
-    self_signed_material,
     static_bootstrap,
 )
 from trellis_proxy_cp.translate import names
@@ -27,74 +28,6 @@ from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import InvalidNodeMetadata, ProxySettings, from_metadata
 
 MATERIAL = SecretMaterial(b"-----BEGIN CERTIFICATE-----\n", b"key", b"ca")
-BUYER_SPIFFE = "spiffe://cluster.local/ns/bookbuyer/sa/bookbuyer"
-
-
-def buyer_view() -> pb.View:
-    v1, v2 = "bookstore/bookstore-v1|14001", "bookstore/bookstore-v2|14001"
-    return pb.View(
-        identity="bookbuyer/bookbuyer",
-        namespace="bookbuyer",
-        service="bookbuyer",
-        service_account="bookbuyer",
-        spiffe_id=BUYER_SPIFFE,
-        outbound=[
-            pb.OutboundService(
-                namespace="bookstore",
-                name="bookstore",
-                port=14001,
-                protocol="http",
-                hostnames=["bookstore", "bookstore.bookstore", "bookstore:14001"],
-                routes=[
-                    pb.Route(
-                        name="split",
-                        match=pb.HttpMatch(path_regex=".*"),
-                        clusters=[
-                            pb.WeightedCluster(cluster=v1, weight=80),
-                            pb.WeightedCluster(cluster=v2, weight=20),
-                        ],
-                    )
-                ],
-            ),
-            pb.OutboundService(
-                namespace="bookstore",
-                name="bookstore-v1",
-                port=14001,
-                protocol="http",
-                hostnames=["bookstore-v1", "bookstore:14001"],  # a domain taken above
-                routes=[
-                    pb.Route(
-                        name="default",
-                        match=pb.HttpMatch(
-                            path_regex="/books.*",
-                            methods=["GET", "POST"],
-                            headers={"X-Tenant": "a.*"},
-                        ),
-                        clusters=[pb.WeightedCluster(cluster=v1, weight=100)],
-                    )
-                ],
-            ),
-        ],
-        external=[
-            pb.ExternalService(
-                host="api.example.com", port=80, protocol="http", cluster="shop/api.example.com|80"
-            )
-        ],
-        clusters=[
-            cluster(v1, ("10.0.0.1", 8081), ("10.0.0.2", 8081)),
-            cluster(v2, ("10.0.0.3", 8082)),
-            cluster(
-                "shop/api.example.com|80", ("api.example.com", 80), discovery="DNS", mesh_tls=False
-            ),
-            cluster(
-                "shop/passthrough.example|443",
-                discovery="PASSTHROUGH",
-                protocol="tcp",
-                mesh_tls=False,
-            ),
-            cluster("grpc/echo|9000", ("10.0.0.9", 9000), protocol="grpc"),
-        ],
-    )
 
 
 def store_view(protocol: str = "http", rules: bool = True, permissive: bool = False) -> pb.View:
@@ -123,11 +56,6 @@ def store_view(protocol: str = "http", rules: bool = True, permissive: bool = Fa
     )
 
 
-@pytest.fixture
-def real_material() -> SecretMaterial:
-    return self_signed_material()
-
-
 def test_outbound_routes_hosts_and_weights() -> None:
     resources = translate(buyer_view(), ProxySettings(), MATERIAL)
     (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.OUTBOUND_ROUTES)
@@ -151,77 +79,6 @@ def test_outbound_routes_hosts_and_weights() -> None:
         "api.example.com:80",
     ]
     assert [item["name"] for item in map(as_dict, resources.listeners)] == [names.OUTBOUND_LISTENER]
-
-
-def test_an_osm_retry_policy_is_on_every_route_of_its_service(
-    real_material: SecretMaterial,
-) -> None:
-    view = buyer_view()
-    [root] = [o for o in view.outbound if o.name == "bookstore"]
-    root.retry.CopyFrom(
-        pb.RetryPolicy(
-            policy="bookbuyer/retry",
-            retry_on="5xx,reset",
-            num_retries=0,
-            per_try_timeout=1.5,
-            backoff_base_interval=0.01,
-        )
-    )
-    resources = translate(view, ProxySettings(), real_material)
-    (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.OUTBOUND_ROUTES)
-    hosts = {h["name"]: h for h in routes["virtual_hosts"]}
-    retried = [r["route"]["retry_policy"] for r in hosts["bookstore/bookstore|14001"]["routes"]]
-    assert retried == [
-        {
-            "retry_on": "5xx,reset",
-            "num_retries": 0,  # set, so no retry at all: not Envoy's default of one
-            "per_try_timeout": "1.500s",
-            "retry_back_off": {"base_interval": "0.010s"},
-        }
-    ] * len(retried)
-    other = hosts["bookstore/bookstore-v1|14001"]["routes"][0]["route"]
-    assert "retry_policy" not in other
-    result = envoy.validate(static_bootstrap(resources))
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_circuit_breakers_are_off_unless_an_upstream_setting_sets_them(
-    real_material: SecretMaterial,
-) -> None:
-    view = buyer_view()
-    [limited] = [c for c in view.clusters if c.name == "bookstore/bookstore-v1|14001"]
-    limited.connection.CopyFrom(
-        pb.ConnectionSettings(
-            policy="bookstore/v1",
-            max_connections=5,
-            connect_timeout=0.25,
-            max_pending_requests=2,
-            max_requests_per_connection=3,
-        )
-    )
-    resources = translate(view, ProxySettings(), real_material)
-    clusters = {c["name"]: c for c in map(as_dict, resources.clusters)}
-    unlimited = 2**32 - 1
-    [plain] = clusters["bookstore/bookstore-v2|14001"]["circuit_breakers"]["thresholds"]
-    assert plain == {
-        "max_connections": unlimited,
-        "max_pending_requests": unlimited,
-        "max_requests": unlimited,
-        "max_retries": unlimited,
-        "track_remaining": True,
-    }
-    v1 = clusters["bookstore/bookstore-v1|14001"]
-    [threshold] = v1["circuit_breakers"]["thresholds"]
-    assert (threshold["max_connections"], threshold["max_pending_requests"]) == (5, 2)
-    assert (threshold["max_requests"], threshold["max_retries"]) == (unlimited, unlimited)
-    assert v1["connect_timeout"] == "0.250s"
-    options = v1["typed_extension_protocol_options"][
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-    ]
-    assert options["common_http_protocol_options"] == {"max_requests_per_connection": 3}
-    assert "http_protocol_options" in options["explicit_http_config"]
-    result = envoy.validate(static_bootstrap(resources))
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_clusters_by_discovery_and_tls() -> None:

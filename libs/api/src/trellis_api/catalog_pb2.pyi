@@ -866,6 +866,7 @@ class ConnectionSettings(_message.Message):
     MAX_REQUESTS_PER_CONNECTION_FIELD_NUMBER: _builtins.int
     MAX_PENDING_REQUESTS_FIELD_NUMBER: _builtins.int
     MAX_RETRIES_FIELD_NUMBER: _builtins.int
+    OUTLIER_DETECTION_FIELD_NUMBER: _builtins.int
     policy: _builtins.str
     """"<namespace>/<name>" of the UpstreamTrafficSetting."""
     max_connections: _builtins.int
@@ -875,6 +876,10 @@ class ConnectionSettings(_message.Message):
     max_requests_per_connection: _builtins.int
     max_pending_requests: _builtins.int
     max_retries: _builtins.int
+    @_builtins.property
+    def outlier_detection(self) -> Global___OutlierDetection:
+        """Its outlierDetection (unset: none)."""
+
     def __init__(
         self,
         *,
@@ -885,10 +890,11 @@ class ConnectionSettings(_message.Message):
         max_requests_per_connection: _builtins.int | None = ...,
         max_pending_requests: _builtins.int | None = ...,
         max_retries: _builtins.int | None = ...,
+        outlier_detection: Global___OutlierDetection | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_connect_timeout", b"_connect_timeout", "_max_connections", b"_max_connections", "_max_pending_requests", b"_max_pending_requests", "_max_requests", b"_max_requests", "_max_requests_per_connection", b"_max_requests_per_connection", "_max_retries", b"_max_retries", "connect_timeout", b"connect_timeout", "max_connections", b"max_connections", "max_pending_requests", b"max_pending_requests", "max_requests", b"max_requests", "max_requests_per_connection", b"max_requests_per_connection", "max_retries", b"max_retries"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_connect_timeout", b"_connect_timeout", "_max_connections", b"_max_connections", "_max_pending_requests", b"_max_pending_requests", "_max_requests", b"_max_requests", "_max_requests_per_connection", b"_max_requests_per_connection", "_max_retries", b"_max_retries", "connect_timeout", b"connect_timeout", "max_connections", b"max_connections", "max_pending_requests", b"max_pending_requests", "max_requests", b"max_requests", "max_requests_per_connection", b"max_requests_per_connection", "max_retries", b"max_retries", "outlier_detection", b"outlier_detection"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_connect_timeout", b"_connect_timeout", "_max_connections", b"_max_connections", "_max_pending_requests", b"_max_pending_requests", "_max_requests", b"_max_requests", "_max_requests_per_connection", b"_max_requests_per_connection", "_max_retries", b"_max_retries", "connect_timeout", b"connect_timeout", "max_connections", b"max_connections", "max_pending_requests", b"max_pending_requests", "max_requests", b"max_requests", "max_requests_per_connection", b"max_requests_per_connection", "max_retries", b"max_retries", "policy", b"policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_connect_timeout", b"_connect_timeout", "_max_connections", b"_max_connections", "_max_pending_requests", b"_max_pending_requests", "_max_requests", b"_max_requests", "_max_requests_per_connection", b"_max_requests_per_connection", "_max_retries", b"_max_retries", "connect_timeout", b"connect_timeout", "max_connections", b"max_connections", "max_pending_requests", b"max_pending_requests", "max_requests", b"max_requests", "max_requests_per_connection", b"max_requests_per_connection", "max_retries", b"max_retries", "outlier_detection", b"outlier_detection", "policy", b"policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__connect_timeout: _TypeAlias = _typing.Literal["connect_timeout"]  # noqa: Y015
     _WhichOneofArgType__connect_timeout: _TypeAlias = _typing.Literal["_connect_timeout", b"_connect_timeout"]  # noqa: Y015
@@ -916,6 +922,57 @@ class ConnectionSettings(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_retries) -> _WhichOneofReturnType__max_retries | None: ...
 
 Global___ConnectionSettings: _TypeAlias = ConnectionSettings  # noqa: Y015
+
+@_typing.final
+class OutlierDetection(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSECUTIVE_5XX_FIELD_NUMBER: _builtins.int
+    CONSECUTIVE_GATEWAY_ERRORS_FIELD_NUMBER: _builtins.int
+    INTERVAL_FIELD_NUMBER: _builtins.int
+    BASE_EJECTION_TIME_FIELD_NUMBER: _builtins.int
+    MAX_EJECTION_PERCENT_FIELD_NUMBER: _builtins.int
+    consecutive_5xx: _builtins.int
+    consecutive_gateway_errors: _builtins.int
+    interval: _builtins.float
+    """Seconds."""
+    base_ejection_time: _builtins.float
+    max_ejection_percent: _builtins.int
+    def __init__(
+        self,
+        *,
+        consecutive_5xx: _builtins.int | None = ...,
+        consecutive_gateway_errors: _builtins.int | None = ...,
+        interval: _builtins.float | None = ...,
+        base_ejection_time: _builtins.float | None = ...,
+        max_ejection_percent: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_base_ejection_time", b"_base_ejection_time", "_consecutive_5xx", b"_consecutive_5xx", "_consecutive_gateway_errors", b"_consecutive_gateway_errors", "_interval", b"_interval", "_max_ejection_percent", b"_max_ejection_percent", "base_ejection_time", b"base_ejection_time", "consecutive_5xx", b"consecutive_5xx", "consecutive_gateway_errors", b"consecutive_gateway_errors", "interval", b"interval", "max_ejection_percent", b"max_ejection_percent"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_base_ejection_time", b"_base_ejection_time", "_consecutive_5xx", b"_consecutive_5xx", "_consecutive_gateway_errors", b"_consecutive_gateway_errors", "_interval", b"_interval", "_max_ejection_percent", b"_max_ejection_percent", "base_ejection_time", b"base_ejection_time", "consecutive_5xx", b"consecutive_5xx", "consecutive_gateway_errors", b"consecutive_gateway_errors", "interval", b"interval", "max_ejection_percent", b"max_ejection_percent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__base_ejection_time: _TypeAlias = _typing.Literal["base_ejection_time"]  # noqa: Y015
+    _WhichOneofArgType__base_ejection_time: _TypeAlias = _typing.Literal["_base_ejection_time", b"_base_ejection_time"]  # noqa: Y015
+    _WhichOneofReturnType__consecutive_5xx: _TypeAlias = _typing.Literal["consecutive_5xx"]  # noqa: Y015
+    _WhichOneofArgType__consecutive_5xx: _TypeAlias = _typing.Literal["_consecutive_5xx", b"_consecutive_5xx"]  # noqa: Y015
+    _WhichOneofReturnType__consecutive_gateway_errors: _TypeAlias = _typing.Literal["consecutive_gateway_errors"]  # noqa: Y015
+    _WhichOneofArgType__consecutive_gateway_errors: _TypeAlias = _typing.Literal["_consecutive_gateway_errors", b"_consecutive_gateway_errors"]  # noqa: Y015
+    _WhichOneofReturnType__interval: _TypeAlias = _typing.Literal["interval"]  # noqa: Y015
+    _WhichOneofArgType__interval: _TypeAlias = _typing.Literal["_interval", b"_interval"]  # noqa: Y015
+    _WhichOneofReturnType__max_ejection_percent: _TypeAlias = _typing.Literal["max_ejection_percent"]  # noqa: Y015
+    _WhichOneofArgType__max_ejection_percent: _TypeAlias = _typing.Literal["_max_ejection_percent", b"_max_ejection_percent"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__base_ejection_time) -> _WhichOneofReturnType__base_ejection_time | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__consecutive_5xx) -> _WhichOneofReturnType__consecutive_5xx | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__consecutive_gateway_errors) -> _WhichOneofReturnType__consecutive_gateway_errors | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__interval) -> _WhichOneofReturnType__interval | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_ejection_percent) -> _WhichOneofReturnType__max_ejection_percent | None: ...
+
+Global___OutlierDetection: _TypeAlias = OutlierDetection  # noqa: Y015
 
 @_typing.final
 class ClusterEndpoint(_message.Message):

@@ -236,9 +236,50 @@ class HTTPRouteSetting(StrictModel):
     rate_limit: RouteRateLimit | None = Field(default=None, alias="rateLimit")
 
 
+Percent = Annotated[int, Strict(), Field(ge=0, le=100)]
+
+
+class OutlierDetection(StrictModel):
+    """Passive health checking of the service's endpoints, by each client's sidecar.
+
+    OSM v1.2 has no such field; Trellis takes Istio's ``DestinationRule`` names for it
+    (``consecutive5xxErrors``, ``consecutiveGatewayErrors``, ``interval``,
+    ``baseEjectionTime``, ``maxEjectionPercent``), so a field an Istio user knows means
+    what it means there. An endpoint that answers that many 5xx (or 502/503/504, or fails
+    to connect) in a row is ejected for ``baseEjectionTime`` times the number of its
+    ejections; at most ``maxEjectionPercent`` of the endpoints are out at once."""
+
+    consecutive_5xx_errors: UInt32 | None = Field(default=None, alias="consecutive5xxErrors")
+    consecutive_gateway_errors: UInt32 | None = Field(
+        default=None, alias="consecutiveGatewayErrors"
+    )
+    interval: timedelta | None = None
+    base_ejection_time: timedelta | None = Field(default=None, alias="baseEjectionTime")
+    max_ejection_percent: Percent | None = Field(default=None, alias="maxEjectionPercent")
+
+    @field_validator("interval", "base_ejection_time", mode="plain")
+    @classmethod
+    def _positive(cls, value: object) -> timedelta | None:
+        duration = _duration(value)
+        if duration is not None and duration <= timedelta(0):
+            raise ValueError(f"must be positive, got {value!r}")
+        return duration
+
+    @model_validator(mode="after")
+    def _something(self) -> OutlierDetection:
+        if self.consecutive_5xx_errors is None and self.consecutive_gateway_errors is None:
+            _invalid(
+                ("consecutive5xxErrors",),
+                "set consecutive5xxErrors or consecutiveGatewayErrors: nothing would eject",
+                None,
+            )
+        return self
+
+
 class UpstreamTrafficSettingSpec(StrictModel):
     host: str = Field(min_length=1)
     connection_settings: ConnectionSettings | None = Field(default=None, alias="connectionSettings")
+    outlier_detection: OutlierDetection | None = Field(default=None, alias="outlierDetection")
     rate_limit: RateLimit | None = Field(default=None, alias="rateLimit")
     http_routes: tuple[HTTPRouteSetting, ...] = Field(default=(), alias="httpRoutes")
 

@@ -237,6 +237,13 @@ SEEDS: Final[tuple[Mapping[str, Any], ...]] = (
             "httpRoutes": [
                 {"path": "/books", "rateLimit": {"local": {"requests": 10, "unit": "second"}}}
             ],
+            "outlierDetection": {
+                "consecutive5xxErrors": 5,
+                "consecutiveGatewayErrors": 3,
+                "interval": "10s",
+                "baseEjectionTime": "30s",
+                "maxEjectionPercent": 50,
+            },
         },
     },
     {

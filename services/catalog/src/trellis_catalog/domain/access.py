@@ -66,6 +66,7 @@ def shaped_by(
     if setting is not None:
         name, settings = setting
         parts = ["connectionSettings"] if settings.connection_settings else []
+        parts += ["outlierDetection"] if settings.outlier_detection else []
         local = settings.rate_limit.local if settings.rate_limit else None
         parts += ["rateLimit.local"] if local else []
         parts += ["httpRoutes"] if settings.http_routes else []

@@ -1,11 +1,12 @@
-"""An OSM UpstreamTrafficSetting's connectionSettings, as the clusters that lead to its host
-apply them: a mesh service's clients' clusters, or the clusters of an Egress that names it."""
+"""An OSM UpstreamTrafficSetting's connectionSettings (and outlierDetection), as the clusters
+that lead to its host apply them: a mesh service's clients' clusters, or the clusters of an
+Egress that names it."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from trellis_catalog.domain.views import ConnectionSettings
+from trellis_catalog.domain.views import ConnectionSettings, OutlierDetection
 from trellis_common.documents import osm
 
 
@@ -26,4 +27,17 @@ def connection_settings(name: str, spec: osm.UpstreamTrafficSettingSpec) -> Conn
         max_requests_per_connection=http.max_requests_per_connection,
         max_pending_requests=http.max_pending_requests,
         max_retries=http.max_retries,
+        outlier=_outlier(spec.outlier_detection),
+    )
+
+
+def _outlier(detection: osm.OutlierDetection | None) -> OutlierDetection | None:
+    if detection is None:
+        return None
+    return OutlierDetection(
+        consecutive_5xx=detection.consecutive_5xx_errors,
+        consecutive_gateway_errors=detection.consecutive_gateway_errors,
+        interval=seconds(detection.interval),
+        base_ejection_time=seconds(detection.base_ejection_time),
+        max_ejection_percent=detection.max_ejection_percent,
     )

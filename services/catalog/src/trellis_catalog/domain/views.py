@@ -216,6 +216,17 @@ class InboundPort:
 
 
 @dataclass(frozen=True, slots=True)
+class OutlierDetection:
+    """An UpstreamTrafficSetting's outlierDetection, for the clients' clusters."""
+
+    consecutive_5xx: int | None = None
+    consecutive_gateway_errors: int | None = None
+    interval: float | None = None  # seconds
+    base_ejection_time: float | None = None  # seconds
+    max_ejection_percent: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionSettings:
     """An OSM UpstreamTrafficSetting's connectionSettings, for the clients' clusters (None:
     Envoy's/OSM's default)."""
@@ -227,6 +238,7 @@ class ConnectionSettings:
     max_requests_per_connection: int | None = None
     max_pending_requests: int | None = None
     max_retries: int | None = None
+    outlier: OutlierDetection | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import (
     ClusterRef,
     ClusterState,
+    ConnectionSettings,
     HeaderEdits,
     HttpMatch,
     IdentityPolicy,
@@ -131,6 +132,15 @@ def _retry(retry: RetryPolicy | None) -> pb.RetryPolicy | None:
     )
 
 
+def _connection(settings: ConnectionSettings) -> pb.ConnectionSettings:
+    fields = messages.fields(settings)
+    outlier = fields.pop("outlier")
+    message = pb.ConnectionSettings(**fields)
+    if outlier is not None:
+        message.outlier_detection.CopyFrom(pb.OutlierDetection(**messages.fields(outlier)))
+    return message
+
+
 def _sidecar(spec: MeshSpec) -> pb.SidecarSettings:
     """MeshConfig's settings of every sidecar (the injector applies them to a new pod)."""
     settings = spec.settings
@@ -160,9 +170,7 @@ def _cluster(state: ClusterState) -> pb.Cluster:
         mesh_tls=ref.mesh_tls,
         version=str(state.version),
         subject_alt_names=ref.subject_alt_names,
-        connection=pb.ConnectionSettings(**messages.fields(ref.connection))
-        if ref.connection is not None
-        else None,
+        connection=_connection(ref.connection) if ref.connection is not None else None,
     )
 
 
@@ -262,9 +270,7 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
                 host=e.host,
                 ip_ranges=e.ip_ranges,
                 matches=[_match(m) for m in e.matches],
-                connection=pb.ConnectionSettings(**messages.fields(e.connection))
-                if e.connection
-                else None,
+                connection=_connection(e.connection) if e.connection else None,
             )
             for e in policy.egress
         ],

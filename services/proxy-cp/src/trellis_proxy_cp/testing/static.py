@@ -111,3 +111,75 @@ def cluster(
             for a, p in endpoints
         ],
     )
+
+
+BUYER_SPIFFE = "spiffe://cluster.local/ns/bookbuyer/sa/bookbuyer"
+
+
+def buyer_view() -> pb.View:
+    """bookbuyer's view: the bookstore split (80/20), bookstore-v1 by route, an external
+    host, a passthrough and a gRPC cluster."""
+    v1, v2 = "bookstore/bookstore-v1|14001", "bookstore/bookstore-v2|14001"
+    return pb.View(
+        identity="bookbuyer/bookbuyer",
+        namespace="bookbuyer",
+        service="bookbuyer",
+        service_account="bookbuyer",
+        spiffe_id=BUYER_SPIFFE,
+        outbound=[
+            pb.OutboundService(
+                namespace="bookstore",
+                name="bookstore",
+                port=14001,
+                protocol="http",
+                hostnames=["bookstore", "bookstore.bookstore", "bookstore:14001"],
+                routes=[
+                    pb.Route(
+                        name="split",
+                        match=pb.HttpMatch(path_regex=".*"),
+                        clusters=[
+                            pb.WeightedCluster(cluster=v1, weight=80),
+                            pb.WeightedCluster(cluster=v2, weight=20),
+                        ],
+                    )
+                ],
+            ),
+            pb.OutboundService(
+                namespace="bookstore",
+                name="bookstore-v1",
+                port=14001,
+                protocol="http",
+                hostnames=["bookstore-v1", "bookstore:14001"],  # a domain taken above
+                routes=[
+                    pb.Route(
+                        name="default",
+                        match=pb.HttpMatch(
+                            path_regex="/books.*",
+                            methods=["GET", "POST"],
+                            headers={"X-Tenant": "a.*"},
+                        ),
+                        clusters=[pb.WeightedCluster(cluster=v1, weight=100)],
+                    )
+                ],
+            ),
+        ],
+        external=[
+            pb.ExternalService(
+                host="api.example.com", port=80, protocol="http", cluster="shop/api.example.com|80"
+            )
+        ],
+        clusters=[
+            cluster(v1, ("10.0.0.1", 8081), ("10.0.0.2", 8081)),
+            cluster(v2, ("10.0.0.3", 8082)),
+            cluster(
+                "shop/api.example.com|80", ("api.example.com", 80), discovery="DNS", mesh_tls=False
+            ),
+            cluster(
+                "shop/passthrough.example|443",
+                discovery="PASSTHROUGH",
+                protocol="tcp",
+                mesh_tls=False,
+            ),
+            cluster("grpc/echo|9000", ("10.0.0.9", 9000), protocol="grpc"),
+        ],
+    )

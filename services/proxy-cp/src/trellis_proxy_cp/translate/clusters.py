@@ -7,16 +7,17 @@
 - HTTP/2 and gRPC ports speak HTTP/2 upstream.
 - Circuit breakers as OSM sets them: thresholds at their maximum (circuit breaking off)
   unless an UpstreamTrafficSetting's ``connectionSettings`` for the service sets them, with
-  its connect timeout and requests per connection.
+  its connect timeout and requests per connection; its ``outlierDetection`` as Envoy's.
 - ``inbound|<port>``: the local application, behind the inbound listener.
 """
 
 from __future__ import annotations
 
-from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import protocol_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
 from trellis_proxy_cp.translate import egress, names, tracing
@@ -71,11 +72,41 @@ def _connection_settings(
     cluster.circuit_breakers.thresholds.append(threshold)
     if settings is None:
         return
+    if settings.HasField("outlier_detection"):
+        cluster.outlier_detection.CopyFrom(_outlier_detection(settings.outlier_detection))
     if settings.HasField("connect_timeout"):
         cluster.connect_timeout.CopyFrom(seconds(settings.connect_timeout))
     if settings.HasField("max_requests_per_connection") and protocol in HTTP_PROTOCOLS:
         http2 = protocol in ("http2", "grpc")
         _http_options(cluster, http2, settings.max_requests_per_connection)
+
+
+def _outlier_detection(
+    source: catalog_pb2.OutlierDetection,
+) -> outlier_detection_pb2.OutlierDetection:
+    """Istio's mapping of its outlierDetection fields: a consecutive count that is unset or 0
+    is not enforced, and success-rate ejection is off; Envoy's defaults fill the rest
+    (interval 10 s, base ejection time 30 s, at most 10% ejected)."""
+    found = outlier_detection_pb2.OutlierDetection(
+        enforcing_success_rate=wrappers_pb2.UInt32Value(value=0)
+    )
+    five = source.consecutive_5xx if source.HasField("consecutive_5xx") else 0
+    if five:
+        found.consecutive_5xx.value = five
+    found.enforcing_consecutive_5xx.value = 100 if five else 0
+    gateway = (
+        source.consecutive_gateway_errors if source.HasField("consecutive_gateway_errors") else 0
+    )
+    if gateway:
+        found.consecutive_gateway_failure.value = gateway
+    found.enforcing_consecutive_gateway_failure.value = 100 if gateway else 0
+    if source.HasField("interval"):
+        found.interval.CopyFrom(seconds(source.interval))
+    if source.HasField("base_ejection_time"):
+        found.base_ejection_time.CopyFrom(seconds(source.base_ejection_time))
+    if source.HasField("max_ejection_percent"):
+        found.max_ejection_percent.value = source.max_ejection_percent
+    return found
 
 
 def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
