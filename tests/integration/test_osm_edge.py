@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 
 import httpx
 import pytest
@@ -179,3 +180,47 @@ def test_plaintext_is_admitted_only_by_an_ingress_backend_and_only_from_its_sour
         eventually(lambda: _plaintext(v1) == 0, timeout=20, interval=0.2, message="refused again")
     )
     assert not _ingress_chain(v1)
+
+
+SKIPPING = """
+apiVersion: policy.openservicemesh.io/v1alpha1
+kind: IngressBackend
+metadata: {name: nginx, namespace: bookstore}
+spec:
+  backends:
+  - name: bookstore-v1
+    port: {number: 14001, protocol: https}
+    tls: {skipClientCertValidation: true, sniHosts: [books.example.com]}
+  sources: [{kind: IPRange, name: 127.0.0.1/32}]
+"""
+
+
+def _tls(sidecar: Sidecar, server_name: str) -> int:
+    """HTTPS from outside the mesh, with no client certificate, to the inbound port."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the test checks admission, not the server's name
+    try:
+        with httpx.Client(verify=context, timeout=3) as client:
+            url = f"https://127.0.0.1:{sidecar.inbound_port}/books"
+            extensions = {"sni_hostname": server_name}
+            return client.get(url, extensions=extensions).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def test_tls_without_a_client_certificate_only_when_the_backend_skips_validation(
+    mesh: Mesh,
+) -> None:
+    v1, _v2, _buyer = bookstore(mesh)
+    assert _tls(v1, "books.example.com") == 0  # the mesh's chain wants a client certificate
+    (mesh.spec_dir / "ingress.yaml").write_text(SKIPPING)
+    asyncio.run(
+        eventually(
+            lambda: _tls(v1, "books.example.com") == 200,
+            timeout=20,
+            interval=0.2,
+            message="admitted without a client certificate",
+        )
+    )
+    assert _tls(v1, "other.example.com") == 0  # another server name meets the mesh's chain

@@ -325,3 +325,28 @@ def test_ingress_documents_name_the_field_in_every_error(
         _, errors = docs_and_errors(text)
         assert [e.field for e in errors] == [field], text
         assert reason in errors[0].reason, text
+
+
+def test_skipping_client_certificates_needs_something_to_tell_them_from_the_mesh(
+    mesh: Mesh, report: Report, endpoint: Endpoint
+) -> None:
+    tls = "  backends: [{name: api, port: {number: 8080, protocol: https},"
+    skipping = " tls: {skipClientCertValidation: true}}]\n"
+    sources = "  - {kind: AuthenticatedPrincipal, name: nginx}\n"
+    text = SHOP + backend(sources=sources).replace(
+        "  backends: [{name: api, port: {number: 8080, protocol: http}}]\n", tls + skipping
+    )
+    api = report("shop/api", endpoint("10.0.0.1", {"http": 8080}))
+    builder = mesh(text, api)
+    (port,) = builder.build(Identity("shop", "api"), "api").inbound
+    assert port.ingress is not None
+    assert not port.ingress.skip_client_cert_validation
+    statuses = edge.statuses(builder.spec, builder.services, builder.spec.statuses)
+    assert "tls.skipClientCertValidation is not applied" in (
+        statuses["IngressBackend shop/httpbin"].reason
+    )
+
+    ranged = text.replace(sources, sources + "  - {kind: IPRange, name: 10.0.0.0/8}\n")
+    (port,) = mesh(ranged, api).build(Identity("shop", "api"), "api").inbound
+    assert port.ingress is not None
+    assert port.ingress.skip_client_cert_validation

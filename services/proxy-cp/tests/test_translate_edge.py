@@ -3,7 +3,9 @@ chains, and Envoy's verdict on them."""
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
@@ -16,6 +18,11 @@ CONNECT = {
     "upgrade_configs": [{"upgrade_type": "CONNECT", "connect_config": {}}],
     "timeout": "0s",
 }
+
+
+def policies(*names: str) -> dict[str, Any]:
+    """The metadata naming the Egress policies that allow a route."""
+    return {"filter_metadata": {"trellis": {"policies": list(names)}}}
 
 
 def egress_view() -> pb.View:
@@ -60,6 +67,7 @@ def test_egress_routes_are_virtual_hosts_per_host_and_port() -> None:
                         "headers": [{"name": ":method", "string_match": {"exact": "GET"}}],
                     },
                     "route": {"cluster": "egress|http|httpbin.org:80"},
+                    "metadata": policies("curl/httpbin"),
                 }
             ],
         },
@@ -71,6 +79,7 @@ def test_egress_routes_are_virtual_hosts_per_host_and_port() -> None:
                     "name": "egress|https|example.com:443",
                     "match": {"connect_matcher": {}},
                     "route": {"cluster": "egress|https|example.com:443", **CONNECT},
+                    "metadata": policies("curl/tls"),
                 }
             ],
         },
@@ -92,6 +101,7 @@ def test_egress_routes_are_virtual_hosts_per_host_and_port() -> None:
                         ],
                     },
                     "route": {"cluster": "egress|tcp|*:5432", **CONNECT},
+                    "metadata": policies("curl/db"),
                 }
             ],
         },
@@ -213,4 +223,27 @@ def test_an_https_ingress_backend_is_an_rbac_policy_on_every_inbound_route() -> 
             }
         }
     ]
+    _valid(resources)
+
+
+def test_skipping_client_certificate_validation_is_a_tls_chain_of_its_own() -> None:
+    view = ingress_view("https")
+    rule = view.inbound[0].ingress
+    rule.skip_client_cert_validation = True
+    rule.sni_hosts.append("bookstore.example.com")
+    resources = translate(view, ProxySettings(), self_signed_material())
+    inbound = next(
+        x for x in map(as_dict, resources.listeners) if x["name"] == names.INBOUND_LISTENER
+    )
+    ingress, mesh = inbound["filter_chains"]
+    assert ingress["filter_chain_match"]["transport_protocol"] == "tls"
+    assert ingress["filter_chain_match"]["server_names"] == ["bookstore.example.com"]
+    context = ingress["transport_socket"]["typed_config"]
+    assert context["require_client_certificate"] is False
+    assert "validation_context_sds_secret_config" not in context["common_tls_context"]
+    assert mesh["transport_socket"]["typed_config"]["require_client_certificate"] is True
+    (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.INBOUND_ROUTES)
+    for route in routes["virtual_hosts"][0]["routes"]:  # its chain admits it, not RBAC
+        rbac = route["typed_per_filter_config"]["envoy.filters.http.rbac"]
+        assert "ingress:bookstore/ingress" not in json.dumps(rbac)
     _valid(resources)

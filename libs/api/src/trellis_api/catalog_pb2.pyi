@@ -1138,11 +1138,16 @@ class IngressRule(_message.Message):
     SOURCE_RANGES_FIELD_NUMBER: _builtins.int
     PRINCIPALS_FIELD_NUMBER: _builtins.int
     SNI_HOSTS_FIELD_NUMBER: _builtins.int
+    SKIP_CLIENT_CERT_VALIDATION_FIELD_NUMBER: _builtins.int
     policy: _builtins.str
     """"<namespace>/<name>" of the IngressBackend."""
     protocol: _builtins.str
     """http: plaintext from source_ranges; https: mTLS from a client certificate naming one
     of principals (and from source_ranges, when there are any).
+    """
+    skip_client_cert_validation: _builtins.bool
+    """https: any client certificate, unverified (tls.skipClientCertValidation); set only with
+    source_ranges or sni_hosts, which tell such clients from the mesh's.
     """
     @_builtins.property
     def source_ranges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -1160,10 +1165,11 @@ class IngressRule(_message.Message):
         source_ranges: _abc.Iterable[_builtins.str] | None = ...,
         principals: _abc.Iterable[_builtins.str] | None = ...,
         sni_hosts: _abc.Iterable[_builtins.str] | None = ...,
+        skip_client_cert_validation: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "principals", b"principals", "protocol", b"protocol", "sni_hosts", b"sni_hosts", "source_ranges", b"source_ranges"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "principals", b"principals", "protocol", b"protocol", "skip_client_cert_validation", b"skip_client_cert_validation", "sni_hosts", b"sni_hosts", "source_ranges", b"source_ranges"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -249,13 +249,7 @@ class IngressBackend(Resource[IngressBackendSpec]):
 
     def not_applied(self) -> tuple[str, ...]:
         """What Trellis reads but does not apply, for the status."""
-        found = [
-            f"spec.backends[{index}].tls.skipClientCertValidation"
-            for index, backend in enumerate(self.spec.backends)
-            if backend.tls is not None and backend.tls.skip_client_cert_validation
-        ]
-        found += [f"spec.matches[{index}]" for index in range(len(self.spec.matches))]
-        return tuple(found)
+        return tuple(f"spec.matches[{index}]" for index in range(len(self.spec.matches)))
 
 
 def register(registry: KindRegistry) -> None:

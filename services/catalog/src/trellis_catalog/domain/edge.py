@@ -17,8 +17,10 @@ IngressBackend (OSM's ``GetIngressTrafficMatchesForSvc``)
     CIDRs and each endpoint address of a ``Service`` source. A Service source without
     endpoints makes OSM skip the whole policy (an empty range list would admit everyone),
     and so does Trellis. ``https`` admits mTLS clients whose certificate names an
-    ``AuthenticatedPrincipal`` source, from the source ranges when there are any. The first
-    policy by namespace/name that names a backend port takes it.
+    ``AuthenticatedPrincipal`` source, from the source ranges when there are any; with
+    ``tls.skipClientCertValidation``, any client from the source ranges or for the
+    ``sniHosts`` (without either it cannot be told from the mesh's traffic, and is not
+    applied). The first policy by namespace/name that names a backend port takes it.
 """
 
 from __future__ import annotations
@@ -161,12 +163,14 @@ def ingress_rule(
         if ranges is None:
             return None
         https = backend.port.protocol == "https"
+        sni = backend.tls.sni_hosts if https and backend.tls is not None else ()
         return IngressRule(
             policy=name,
             protocol=backend.port.protocol,
             source_ranges=ranges,
             principals=policy.principals() if https else (),
-            sni_hosts=backend.tls.sni_hosts if https and backend.tls is not None else (),
+            sni_hosts=sni,
+            skip_client_cert_validation=https and _skips(backend) and bool(ranges or sni),
         )
     return None
 
@@ -284,7 +288,19 @@ def _ingress_statuses(
                     f"{where}: IngressBackend {owner} already admits traffic to "
                     f"{backend.name}:{backend.port.number}; this one does not"
                 )
-            if backend.port.protocol == "https" and not policy.principals():
+            https = backend.port.protocol == "https"
+            if https and _skips(backend):
+                if (
+                    not policy.source_ranges()
+                    and not policy.source_services()
+                    and not (backend.tls and backend.tls.sni_hosts)
+                ):
+                    problems.append(
+                        f"{where}.tls.skipClientCertValidation is not applied: without a "
+                        "Service or IPRange source or sniHosts, such clients cannot be told "
+                        "from the mesh's; clients must present a mesh certificate"
+                    )
+            elif https and not policy.principals():
                 problems.append(
                     f"{where}: https with no AuthenticatedPrincipal source admits no client"
                 )
@@ -310,6 +326,10 @@ def _ingress_statuses(
         if status is not None:
             found[key] = status
     return found
+
+
+def _skips(backend: osm_access.Backend) -> bool:
+    return backend.tls is not None and backend.tls.skip_client_cert_validation
 
 
 def _target(port: PortSpec) -> int:

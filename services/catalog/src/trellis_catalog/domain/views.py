@@ -200,6 +200,9 @@ class IngressRule:
     # https: the names a client certificate must carry (URI or DNS SAN, or subject)
     principals: tuple[str, ...] = ()
     sni_hosts: tuple[str, ...] = ()  # https: the TLS server names admitted; empty: any
+    # https: any client certificate (tls.skipClientCertValidation), told apart from the
+    # mesh's traffic by source_ranges or sni_hosts
+    skip_client_cert_validation: bool = False
 
 
 @dataclass(frozen=True, slots=True)

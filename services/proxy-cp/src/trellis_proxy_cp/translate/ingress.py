@@ -10,13 +10,18 @@
   mesh CA (the mesh's chain verifies it, as OSM's ingress gateway certificate does) and
   name one of the policy's principals; an RBAC policy on the port says so, together with
   the source ranges and TLS server names when there are any (:func:`rbac_policy`).
+- ``https`` with ``tls.skipClientCertValidation``: TLS from the source ranges (or for the
+  TLS server names) with any client certificate, unverified: a chain of its own like the
+  plaintext one, whose TLS context asks for no client certificate. OSM tells such clients
+  from the mesh's by ALPN; here the source ranges or server names do, and without either
+  the catalog does not set it (the policy's status says so).
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-from envoy.config.core.v3 import address_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import listener_components_pb2
 from envoy.config.rbac.v3 import rbac_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
@@ -25,16 +30,21 @@ from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm,
 )
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
 from trellis_proxy_cp.translate import names
-from trellis_proxy_cp.translate.common import pack
+from trellis_proxy_cp.translate.common import TLS_SOCKET, pack, sds
 
 
-def plaintext(port: catalog_pb2.InboundPort) -> bool:
-    return port.HasField("ingress") and port.ingress.protocol == "http"
+def chained(port: catalog_pb2.InboundPort) -> bool:
+    """The port's IngressBackend needs a filter chain of its own (plaintext, or TLS without
+    client certificate validation)."""
+    if not port.HasField("ingress"):
+        return False
+    return port.ingress.protocol == "http" or port.ingress.skip_client_cert_validation
 
 
 def _cidr(text: str) -> address_pb2.CidrRange:
@@ -52,11 +62,24 @@ def tls_inspector() -> listener_components_pb2.ListenerFilter:
     )
 
 
+def _server_tls() -> base_pb2.TransportSocket:
+    """TLS with the identity's certificate, asking for no client certificate."""
+    context = tls_pb2.DownstreamTlsContext(
+        require_client_certificate=wrappers_pb2.BoolValue(value=False),
+        common_tls_context=tls_pb2.CommonTlsContext(
+            tls_certificate_sds_secret_configs=[sds(names.SERVICE_CERT)],
+            alpn_protocols=["h2", "http/1.1"],
+        ),
+    )
+    return base_pb2.TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
+
+
 def filter_chain(
     port: catalog_pb2.InboundPort, router: hcm.HttpFilter
 ) -> listener_components_pb2.FilterChain:
-    """The plaintext chain of an ``http`` IngressBackend: its sources, to the application."""
+    """The chain of an IngressBackend that is not mTLS: its sources, to the application."""
     rule = port.ingress
+    tls = rule.protocol == "https"
     routes = route_pb2.RouteConfiguration(
         name=f"ingress|{port.port}",
         virtual_hosts=[
@@ -79,11 +102,12 @@ def filter_chain(
         route_config=routes,
         http_filters=[router],  # forward_client_cert_details: SANITIZE, the default
     )
-    return listener_components_pb2.FilterChain(
+    chain = listener_components_pb2.FilterChain(
         name=f"ingress|{rule.policy}",
         filter_chain_match=listener_components_pb2.FilterChainMatch(
-            transport_protocol="raw_buffer",
+            transport_protocol="tls" if tls else "raw_buffer",
             source_prefix_ranges=[_cidr(r) for r in rule.source_ranges],
+            server_names=list(rule.sni_hosts) if tls else [],
         ),
         filters=[
             listener_components_pb2.Filter(
@@ -91,6 +115,9 @@ def filter_chain(
             )
         ],
     )
+    if tls:
+        chain.transport_socket.CopyFrom(_server_tls())
+    return chain
 
 
 def _any(ids: list[rbac_pb2.Principal]) -> rbac_pb2.Principal:
@@ -103,6 +130,8 @@ def rbac_policy(port: catalog_pb2.InboundPort) -> rbac_pb2.Policy | None:
     """The RBAC policy of an ``https`` IngressBackend (None: it admits no one)."""
     if not port.HasField("ingress") or port.ingress.protocol != "https":
         return None
+    if port.ingress.skip_client_cert_validation:
+        return None  # its own chain admits it
     rule = port.ingress
     if not rule.principals:
         return None

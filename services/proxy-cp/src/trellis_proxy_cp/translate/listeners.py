@@ -106,7 +106,7 @@ def inbound(
             listener_components_pb2.FilterChain(filters=filters, transport_socket=downstream_mtls())
         ],
     )
-    if ingress.plaintext(served):  # an http IngressBackend: plaintext from its sources
+    if ingress.chained(served):  # plaintext (or unverified TLS) from an IngressBackend
         listener.listener_filters.append(ingress.tls_inspector())
         listener.filter_chains.insert(0, ingress.filter_chain(served, ROUTER))
     return listener

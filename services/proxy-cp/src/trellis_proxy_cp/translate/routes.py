@@ -178,6 +178,9 @@ def _egress_hosts(view: catalog_pb2.View, taken: set[str]) -> list[rc.VirtualHos
                 )
         else:
             host.routes.append(egress.connect_route(cluster, cluster, egress.authority(route)))
+        for added in host.routes:
+            if not added.HasField("metadata"):  # which Egress policies allow it, for operators
+                added.metadata.filter_metadata["trellis"].update({"policies": list(route.policies)})
     taken.update(claimed)
     return list(grouped.values())
 
