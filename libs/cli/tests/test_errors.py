@@ -7,6 +7,7 @@ whose services all point at a closed port: a mesh that is not running.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,46 @@ def test_spec_validate_valid_is_0_invalid_is_1(tmp_path: Path) -> None:
     assert "0 with errors" in valid.stdout
     assert invalid.exit_code == 1, invalid.output
     assert "1 with errors" in invalid.stdout
+
+
+def test_spec_validate_names_the_field_of_osm_edge_policies_offline(tmp_path: Path) -> None:
+    (tmp_path / "edge.yaml").write_text(
+        """apiVersion: policy.openservicemesh.io/v1alpha1
+kind: Egress
+metadata: {name: httpbin, namespace: curl}
+spec:
+  sources: [{kind: ServiceAccount, name: curl, namespace: curl}]
+  hosts: [httpbin.org]
+  ports: [{number: 80, protocol: gopher}]
+---
+apiVersion: policy.openservicemesh.io/v1alpha1
+kind: IngressBackend
+metadata: {name: httpbin, namespace: httpbin}
+spec:
+  backends: [{name: httpbin, port: {number: 14001, protocol: http}}]
+  sources: [{kind: IPRange, name: everywhere}]
+---
+apiVersion: policy.openservicemesh.io/v1alpha1
+kind: Egress
+metadata: {name: limited, namespace: curl}
+spec:
+  sources: [{kind: ServiceAccount, name: curl, namespace: curl}]
+  hosts: [httpbin.org]
+  ports: [{number: 443, protocol: https}]
+  matches:
+  - {apiGroup: policy.openservicemesh.io/v1alpha1, kind: UpstreamTrafficSetting, name: gone}
+"""
+    )
+    done = trellis(tmp_path, "spec", "validate", "--json", str(tmp_path / "edge.yaml"))
+    assert done.exit_code == 1, done.output
+    found = {d["key"]: d for d in json.loads(done.stdout)["documents"]}
+    assert found["Egress curl/httpbin"]["field"] == "spec.ports[0].protocol"
+    assert "gopher" in found["Egress curl/httpbin"]["reason"]
+    assert found["IngressBackend httpbin/httpbin"]["field"] == "spec.sources[0].name"
+    assert "IPv4 CIDR" in found["IngressBackend httpbin/httpbin"]["reason"]
+    # a reference checked offline too: the Egress is ignored until the setting exists
+    assert found["Egress curl/limited"]["state"] == "error"
+    assert (
+        "UpstreamTrafficSetting curl/gone (spec.matches) not found"
+        in (found["Egress curl/limited"]["reason"])
+    )
