@@ -8,7 +8,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PY_SRC := libs services tests bench tools
 PROTO_OUT := libs/api/src
 
-.PHONY: help bootstrap system-deps env run test lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench image clean
+.PHONY: help bootstrap system-deps env run test test-replicas lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench image clean
 
 help:
 	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/)"
@@ -123,6 +123,16 @@ fuzz: bootstrap
 
 bench: bootstrap
 	$(UV) run python -m bench
+
+# The end-to-end tests with two proxy-cp processes on the one xDS port (the harness starts
+# proxy-cp-2 beside proxy-cp); `make test` runs them with one, and tests the replicas
+# themselves (test_proxy_cp_replicas.py, and `trellis up --proxy-cp-replicas 2` in
+# test_whole_mesh.py). REPLICA_ARGS passes more to pytest.
+REPLICA_ARGS ?=
+
+test-replicas: bootstrap
+	TRELLIS_TEST_PROXY_CP_REPLICAS=2 $(UV) run pytest -q -p no:cacheprovider -m integration \
+	  $(REPLICA_ARGS) tests/integration
 
 clean:
 	rm -rf .venv $(TOOLS) .mypy_cache .ruff_cache

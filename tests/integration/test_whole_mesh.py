@@ -27,7 +27,7 @@ from trellis_common import adminhttp
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("certmanager", "endpoints-vm", "catalog", "proxy-cp", "injector")
+SERVICES = ("certmanager", "endpoints-vm", "catalog", "proxy-cp", "proxy-cp-2", "injector")
 
 
 class Up:
@@ -51,6 +51,10 @@ class Up:
                     "--spec-dir",
                     str(self.spec),
                     "--quiet",
+                    # two proxy-cp processes on the one xDS port: the demo's proxies are
+                    # spread over them, and everything below holds as with one
+                    "--proxy-cp-replicas",
+                    "2",
                 ],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
@@ -155,7 +159,10 @@ def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
 
     status = mesh.cli("status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
-    assert json.loads(status.stdout)["mesh"]["connected_proxies"] == 6  # 4 + the greeters
+    reported = json.loads(status.stdout)
+    assert reported["mesh"]["connected_proxies"] == 6  # 4 + the greeters, on either replica
+    healthy = {s["service"]: s["healthy"] for s in reported["services"]}
+    assert healthy["proxy-cp"] is healthy["proxy-cp-2"] is True, healthy
 
     # the README's proxyless gRPC client, against the demo's greeters
     client = mesh.spec.parent / "client-grpc"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from trellis_cli import demo
 from trellis_cli.up import redis_spec, service_specs
 from trellis_common import redisacl
 from trellis_common.testing.redis_server import free_port
@@ -162,3 +163,27 @@ def test_a_kubeconfig_adds_endpoints_k8s_and_is_given_to_who_reads_the_api(
     assert specs["injector"].env["TRELLIS_INJECTOR_KUBECONFIG"] == str(kubeconfig)
     assert specs["catalog"].env["TRELLIS_CATALOG_KUBECONFIG"] == str(kubeconfig)
     assert not any("KUBECONFIG" in name for name in specs["proxy-cp"].env)
+
+
+def test_proxy_cp_replicas_share_its_ports_identity_and_redis_user(tmp_path: Path) -> None:
+    specs = {
+        s.name: s
+        for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec", proxy_cp_replicas=3)
+    }
+    first, second, third = specs["proxy-cp"], specs["proxy-cp-2"], specs["proxy-cp-3"]
+    names = list(specs)
+    assert names.index("proxy-cp") < names.index("proxy-cp-2") < names.index("proxy-cp-3")
+    assert first.ports == (15128, 15051, 8086)  # checked free before anything starts
+    assert (second.ports, third.ports) == ((15072,), (15073,))  # the rest is shared
+    assert not {*second.ports, *third.ports} & set(demo.ports())
+    assert second.env["TRELLIS_INSTANCE"] == "proxy-cp-2"
+    assert second.env["TRELLIS_PROXY_CP_ADMIN_PORT"] == "15072"
+    assert second.env["TRELLIS_REDIS_USERNAME"] == "proxy-cp"
+    assert second.env["TRELLIS_REDIS_PASSWORD_FILE"] == first.env["TRELLIS_REDIS_PASSWORD_FILE"]
+    assert second.argv == first.argv
+    assert second.prepare is not None
+    second.prepare()  # its join token is proxy-cp's: the same component identity
+    assert (tmp_path / "join" / "proxy-cp").exists()
+    assert "proxy-cp-1" not in specs
+    default = {s.name for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec")}
+    assert "proxy-cp-2" not in default  # one on a small machine

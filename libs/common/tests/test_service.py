@@ -107,7 +107,7 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
     stop = asyncio.Event()
     serving = asyncio.create_task(demo_service(demo).serve(settings, stop))
 
-    endpoint = await eventually(lambda: statefile.read_endpoint(tmp_path, "demo"))
+    endpoint = await eventually(lambda: statefile.read_endpoint(tmp_path, "demo-1"))
     assert endpoint is not None
     await eventually(demo.running.is_set)
     assert endpoint.admin_url.startswith("https://")

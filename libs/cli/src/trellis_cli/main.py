@@ -71,6 +71,14 @@ def cli(ctx: click.Context, state_dir: Path) -> None:
     "Secrets there.",
 )
 @click.option(
+    "--proxy-cp-replicas",
+    type=click.IntRange(min=1, max=16),
+    default=1,
+    show_default=True,
+    help="proxy-cp processes on the one xDS port (SO_REUSEPORT: the kernel spreads new "
+    "proxy streams over them; one dying moves its proxies to the others).",
+)
+@click.option(
     "--state-dir",
     "up_state_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -97,6 +105,7 @@ def up(
     spec_dir: Path | None,
     no_demo: bool,
     kubeconfig: Path | None,
+    proxy_cp_replicas: int,
     up_state_dir: Path | None,
     log_max_bytes: str,
     log_backups: int,
@@ -118,6 +127,7 @@ def up(
                 with_demo=not no_demo,
                 rotation=rotation,
                 kubeconfig=kubeconfig.resolve() if kubeconfig else None,
+                proxy_cp_replicas=proxy_cp_replicas,
             )
         )
     )

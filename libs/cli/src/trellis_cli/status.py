@@ -18,7 +18,7 @@ from trellis_cli import output
 from trellis_cli.client import Mesh
 from trellis_cli.errors import NEGATIVE, CliError
 from trellis_cli.up import SERVICES
-from trellis_common import adminhttp, statefile
+from trellis_common import adminhttp, components, statefile
 
 
 def probe(mesh: Mesh, name: str) -> dict[str, Any]:
@@ -38,6 +38,13 @@ def probe(mesh: Mesh, name: str) -> dict[str, Any]:
         }
     except (httpx.HTTPError, ValueError, OSError) as exc:  # OSError: no trust bundle
         return {"service": name, "admin_url": url, "healthy": False, "error": type(exc).__name__}
+
+
+def _replica(name: str) -> bool:
+    try:
+        return components.of_instance(name) != name
+    except components.UnknownComponent:
+        return False
 
 
 def _problems(result: dict[str, Any]) -> str:
@@ -60,14 +67,14 @@ def _extra(mesh: Mesh, name: str, path: str) -> Any:
 
 def details(mesh: Mesh, names: list[str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    if "proxy-cp" in names:
-        body = _extra(mesh, "proxy-cp", "/v1/proxies")
-        if body is not None:
-            proxies = body.get("proxies", [])
-            found["connected_proxies"] = len(proxies)
-            found["proxies_with_nacks"] = sum(
-                1 for p in proxies if any(t.get("nacks") for t in p.get("types", {}).values())
-            )
+    proxy_cps = [n for n in names if n == "proxy-cp" or _replica(n)]
+    bodies = [b for n in proxy_cps if (b := _extra(mesh, n, "/v1/proxies")) is not None]
+    if bodies:  # each replica lists the proxies connected to it
+        proxies = [p for body in bodies for p in body.get("proxies", [])]
+        found["connected_proxies"] = len(proxies)
+        found["proxies_with_nacks"] = sum(
+            1 for p in proxies if any(t.get("nacks") for t in p.get("types", {}).values())
+        )
     if "catalog" in names:
         body = _extra(mesh, "catalog", "/v1/views")
         if body is not None:
@@ -94,6 +101,7 @@ def details(mesh: Mesh, names: list[str]) -> dict[str, Any]:
 def status(mesh: Mesh, as_json: bool) -> None:
     known = statefile.read_endpoints(mesh.state_dir)
     names = [name for name, *_ in SERVICES if name in known] or [name for name, *_ in SERVICES]
+    names += sorted(n for n in known if n not in names and _replica(n))  # proxy-cp-2, ...
     results = [probe(mesh, name) for name in names]
     if all("error" in r for r in results):
         raise CliError(

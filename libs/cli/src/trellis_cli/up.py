@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -135,16 +136,52 @@ KUBERNETES_USERS = {
 }
 
 
+REPLICA_ADMIN_BASE = 15070  # 15072..15086: clear of the services' and the demo's ports
+
+
+def replica_admin_port(number: int) -> int:
+    """The admin port of proxy-cp replica ``number`` (2..16): each has its own, while the
+    xDS and Destination ports are shared."""
+    return REPLICA_ADMIN_BASE + number
+
+
+def _replicas(spec: ProcessSpec, state_dir: Path, count: int) -> list[ProcessSpec]:
+    """proxy-cp's replicas 2..count, beside ``spec`` (the first): the same component (its
+    identity, Redis user and join token), on the same xDS and Destination ports, which
+    grpcio binds with SO_REUSEPORT so that the kernel spreads new streams over them; each
+    announces itself as ``proxy-cp-<n>`` and serves its admin API on a port of its own."""
+    found = []
+    for number in range(2, count + 1):
+        admin = replica_admin_port(number)
+        instance = f"proxy-cp-{number}"
+        found.append(
+            replace(
+                spec,
+                name=instance,
+                ready=https_ready(f"https://127.0.0.1:{admin}/readyz", state_dir),
+                ports=(admin,),  # the shared ports are the first one's
+                env={
+                    **spec.env,
+                    "TRELLIS_INSTANCE": instance,
+                    "TRELLIS_PROXY_CP_ADMIN_PORT": str(admin),
+                },
+                address=f"grpc :{Ports.PROXY_CP[0]} (shared)  admin https://127.0.0.1:{admin}",
+            )
+        )
+    return found
+
+
 def service_specs(
     state_dir: Path,
     redis_url: str,
     spec_dir: Path,
     local_redis: bool = True,
     kubeconfig: Path | None = None,
+    proxy_cp_replicas: int = 1,
 ) -> list[ProcessSpec]:
     """The services; with ``local_redis``, each logs in as its own user (its password file).
     endpoints-k8s runs only with a ``kubeconfig``, which the catalog and the injector also
-    get."""
+    get. proxy-cp runs ``proxy_cp_replicas`` times."""
     users = redis_users(state_dir) if local_redis else {}
     specs = []
     for name, module, grpc_port, admin_port in SERVICES:
@@ -190,6 +227,8 @@ def service_specs(
                 else functools.partial(jointoken.write_token, state_dir, name),
             )
         )
+        if name == "proxy-cp":
+            specs += _replicas(specs[-1], state_dir, proxy_cp_replicas)
     return specs
 
 
@@ -218,6 +257,7 @@ async def up(
     with_demo: bool = True,
     rotation: LogRotation = DEFAULT_ROTATION,
     kubeconfig: Path | None = None,
+    proxy_cp_replicas: int = 1,
 ) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     spec_dir = (spec_dir or default_spec_dir(state_dir, with_demo)).resolve()
@@ -231,7 +271,9 @@ async def up(
     else:
         parsed = urlparse(redis_url)
         output.console.print(f"using Redis at {parsed.hostname}:{parsed.port or 6379}")
-    specs += service_specs(state_dir, redis_url, spec_dir, local_redis, kubeconfig)
+    specs += service_specs(
+        state_dir, redis_url, spec_dir, local_redis, kubeconfig, proxy_cp_replicas
+    )
     log_dir = state_dir / "logs"
     supervisor = Supervisor(specs, log_dir, make_echo(echo), rotation=rotation)
     shows = {

@@ -35,10 +35,11 @@ def mesh_context(state_dir: Path, *, check_name: bool = True) -> ssl.SSLContext:
 def request(
     state_dir: Path, component: str, method: str, url: str, **kwargs: Any
 ) -> httpx.Response:
-    """One request to ``component``'s admin API at ``url`` (plain ``http://`` is sent as is)."""
+    """One request to ``component``'s admin API at ``url`` (plain ``http://`` is sent as is);
+    a replica's instance name (``proxy-cp-2``) stands for its component."""
     timeout = kwargs.pop("timeout", 10.0)
     if not url.startswith("https://"):
         return httpx.request(method, url, timeout=timeout, **kwargs)
-    extensions = {"sni_hostname": components.server_name(component)}
+    extensions = {"sni_hostname": components.server_name(components.of_instance(component))}
     with httpx.Client(verify=mesh_context(state_dir), timeout=timeout) as client:
         return client.request(method, url, extensions=extensions, **kwargs)

@@ -37,6 +37,17 @@ def checked(component: str) -> str:
     return component
 
 
+def of_instance(name: str) -> str:
+    """The component an instance name belongs to: a component's own name, or a replica's
+    ``<component>-<n>`` (``proxy-cp-2``), as ``trellis up --proxy-cp-replicas`` names them."""
+    if name in COMPONENTS:
+        return name
+    base, _, number = name.rpartition("-")
+    if number.isdigit() and base in COMPONENTS:
+        return base
+    raise UnknownComponent(name)
+
+
 def spiffe_id(trust_domain: str, component: str) -> SpiffeId:
     return SpiffeId(trust_domain, CONTROL_PLANE_NAMESPACE, checked(component))
 

@@ -261,7 +261,7 @@ class ServiceRuntime:
             statefile.write_endpoint(
                 settings.state_dir,
                 statefile.ServiceEndpoint(
-                    name=settings.service_name,
+                    name=settings.instance_name,  # a replica has a file of its own
                     admin_url=f"{admin_server.scheme}://{host}:{port}",
                     grpc_address=f"{host}:{grpc_server.port}",
                     pid=os.getpid(),
@@ -300,7 +300,7 @@ class ServiceRuntime:
                 stop,
             )
         finally:
-            statefile.remove_endpoint(settings.state_dir, settings.service_name, os.getpid())
+            statefile.remove_endpoint(settings.state_dir, settings.instance_name, os.getpid())
             await self.close()
 
     async def close(self) -> None:

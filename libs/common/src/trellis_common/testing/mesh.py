@@ -9,6 +9,7 @@ demo on it. Tests of proxy-cp, of robustness and of chaos share it.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,9 @@ class Sidecar:
         )
 
 
+REPLICAS_VARIABLE = "TRELLIS_TEST_PROXY_CP_REPLICAS"
+
+
 class Mesh:
     def __init__(
         self,
@@ -62,6 +66,7 @@ class Mesh:
         vm_spec_dir: bool = False,
         env: dict[str, str] | None = None,
         injector: bool = False,
+        proxy_cp_replicas: int | None = None,
     ) -> None:
         self.tmp = tmp
         self.state_dir = state_dir
@@ -69,8 +74,12 @@ class Mesh:
         self.redis = redis  # each service logs in as its own ACL user; tests may as admin
         common = {**FAST, **(env or {})}
 
-        def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
-            return ServiceProcess(name, module, state_dir, redis, args=args, env={**common, **env})
+        def process(
+            name: str, module: str, *args: str, instance: str = "", **env: str
+        ) -> ServiceProcess:
+            return ServiceProcess(
+                name, module, state_dir, redis, args=args, env={**common, **env}, instance=instance
+            )
 
         vm_args = ("--spec-dir", str(spec_dir)) if vm_spec_dir else ()
         self.processes = {
@@ -89,6 +98,19 @@ class Mesh:
         }
         if injector:  # onboarding through the CLI: `trellis vm|grpc bootstrap`
             self.processes["injector"] = process("injector", "trellis_injector.main")
+        # more proxy-cp processes on the same xDS port (SO_REUSEPORT), as `trellis up
+        # --proxy-cp-replicas N` runs them; TRELLIS_TEST_PROXY_CP_REPLICAS sets the default
+        replicas = proxy_cp_replicas or int(os.environ.get(REPLICAS_VARIABLE, "1"))
+        self.replicas = [
+            process(
+                "proxy-cp",
+                "trellis_proxy_cp.main",
+                "--xds-host",
+                "127.0.0.1",
+                instance=f"proxy-cp-{n}",
+            )
+            for n in range(2, replicas + 1)
+        ]
         self.sidecars: list[Sidecar] = []
         self._identities: dict[str, ComponentIdentity] = {}
         self.apps: list[AppServer] = []
@@ -96,13 +118,15 @@ class Mesh:
     def start(self) -> None:
         for p in self.processes.values():
             p.start()
+        for replica in self.replicas:
+            replica.start(ports=(self.xds_port, 0))
 
     def stop(self) -> None:
         for sidecar in self.sidecars:
             sidecar.envoy.stop()
         for app in self.apps:
             app.stop()
-        for p in reversed(list(self.processes.values())):
+        for p in [*reversed(self.replicas), *reversed(list(self.processes.values()))]:
             p.stop()
 
     @property
@@ -232,8 +256,17 @@ class Mesh:
         return trellis(self.state_dir, *args)
 
     def proxies(self) -> list[dict[str, Any]]:
-        body: list[dict[str, Any]] = self.processes["proxy-cp"].get("/v1/proxies").json()["proxies"]
-        return body
+        """The proxies connected to proxy-cp (to any of its replicas)."""
+        found: list[dict[str, Any]] = []
+        for replica in self.proxy_cps:
+            if replica.process is not None and replica.process.poll() is None:
+                found += replica.get("/v1/proxies").json()["proxies"]
+        return found
+
+    @property
+    def proxy_cps(self) -> list[ServiceProcess]:
+        """proxy-cp and its replicas."""
+        return [self.processes["proxy-cp"], *self.replicas]
 
 
 def bookstore(mesh: Mesh, ttl: float | None = None) -> tuple[Sidecar, Sidecar, Sidecar]:

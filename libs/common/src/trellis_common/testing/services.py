@@ -43,8 +43,11 @@ class ServiceProcess:
         env: dict[str, str] | None = None,
         *,
         join_token: bool = True,
+        instance: str = "",
     ) -> None:
-        self.name = name
+        self.name = name  # the component
+        #: the name it announces and advertises itself by: a replica's (``proxy-cp-2``)
+        self.instance = instance or name
         #: write a join token before each start, as `trellis up` does (False: the service
         #: joins with what its env names, a ServiceAccount token)
         self.join_token = join_token
@@ -58,7 +61,7 @@ class ServiceProcess:
         self.args = args
         self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = state_dir / "logs" / f"{name}.log"
+        self.log_path = state_dir / "logs" / f"{self.instance}.log"
 
     def start(
         self, timeout: float = 30.0, ports: tuple[int, int] = (0, 0)
@@ -77,6 +80,7 @@ class ServiceProcess:
             # the injector's webhook on a free port too: tests run side by side
             "TRELLIS_INJECTOR_WEBHOOK_PORT": "0",
             "TRELLIS_PROXY_CP_DESTINATION_PORT": "0",
+            **({"TRELLIS_INSTANCE": self.instance} if self.instance != self.name else {}),
             **self.env,
         }
         log = self.log_path.open("ab")
@@ -108,15 +112,15 @@ class ServiceProcess:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"{self.name} exited with {self.process.returncode}:\n{self.logs()[-3000:]}"
+                    f"{self.instance} exited with {self.process.returncode}:\n{self.logs()[-3000:]}"
                 )
-            endpoint = statefile.read_endpoint(self.state_dir, self.name)
+            endpoint = statefile.read_endpoint(self.state_dir, self.instance)
             if endpoint is not None and endpoint.pid == self.process.pid:
                 with contextlib.suppress(httpx.HTTPError):
                     if self.get("/readyz", timeout=1).status_code == 200:
                         return endpoint
             time.sleep(0.05)
-        raise TimeoutError(f"{self.name} not ready in {timeout}s:\n{self.logs()[-3000:]}")
+        raise TimeoutError(f"{self.instance} not ready in {timeout}s:\n{self.logs()[-3000:]}")
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A request to the service's admin API (TLS checked against the mesh's CA)."""
@@ -159,8 +163,8 @@ class ServiceProcess:
 
     @property
     def endpoint(self) -> statefile.ServiceEndpoint:
-        endpoint = statefile.read_endpoint(self.state_dir, self.name)
-        assert endpoint is not None, f"{self.name} has not advertised itself"
+        endpoint = statefile.read_endpoint(self.state_dir, self.instance)
+        assert endpoint is not None, f"{self.instance} has not advertised itself"
         return endpoint
 
     def logs(self) -> str:
