@@ -318,7 +318,7 @@ def test_ingress_documents_name_the_field_in_every_error(
             "spec.sources[0].namespace",
             "is required for a source of kind Service",
         ),
-        backend(protocol="grpc"): ("spec.backends[0].port.protocol", "must be 'http' or 'https'"),
+        backend(protocol="grpc"): ("spec.backends[0].port.protocol", "must be one of http, https"),
         backend(sources="  - {kind: Pod, name: x}"): ("spec.sources[0].kind", "Service"),
     }
     for text, (field, reason) in cases.items():

@@ -73,6 +73,14 @@ class SourceAccount(StrictModel):
     namespace: Namespace
 
 
+def _known_protocol(value: str, known: tuple[str, ...]) -> str:
+    """A port's protocol, lower-cased as OSM compares it; one OSM would skip is an error."""
+    lower = value.lower()
+    if lower not in known:
+        raise ValueError(f"must be one of {', '.join(known)} (OSM applies no other), got {value!r}")
+    return lower
+
+
 class EgressPort(StrictModel):
     number: Port
     protocol: str
@@ -80,13 +88,7 @@ class EgressPort(StrictModel):
     @field_validator("protocol")
     @classmethod
     def _protocol(cls, value: str) -> str:
-        lower = value.lower()
-        if lower not in EGRESS_PROTOCOLS:
-            raise ValueError(
-                f"must be one of {', '.join(EGRESS_PROTOCOLS)} (OSM applies no other), "
-                f"got {value!r}"
-            )
-        return lower
+        return _known_protocol(value, EGRESS_PROTOCOLS)
 
 
 class TypedReference(StrictModel):
@@ -182,10 +184,7 @@ class BackendPort(StrictModel):
     @field_validator("protocol")
     @classmethod
     def _protocol(cls, value: str) -> str:
-        lower = value.lower()
-        if lower not in INGRESS_PROTOCOLS:
-            raise ValueError(f"must be 'http' or 'https', got {value!r}")
-        return lower
+        return _known_protocol(value, INGRESS_PROTOCOLS)
 
 
 class BackendTLS(StrictModel):
