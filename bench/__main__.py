@@ -10,8 +10,9 @@ import argparse
 import os
 import platform
 import sys
+from pathlib import Path
 
-from bench import catalog, certs, destination, endpoints, report, xds
+from bench import catalog, certs, destination, endpoints, figures, report, xds
 
 BENCHMARKS: dict[str, report.Benchmark] = {
     "certs": certs.run,
@@ -59,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="unmeasured warm-up before each figure, in seconds (default: 0.2)",
     )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="also write every figure, ratio (with its floor) and target to FILE as JSON",
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BENCHMARKS]
     if unknown:
@@ -79,9 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         f"python {platform.python_version()} on {platform.machine()}, "
         f"{os.cpu_count()} cpus; --seconds {args.seconds:g} --warmup {args.warmup:g}"
     )
+    results = {}
     for name in names:
         print()
-        BENCHMARKS[name](seconds=args.seconds, warmup=args.warmup)
+        results[name] = BENCHMARKS[name](seconds=args.seconds, warmup=args.warmup)
+    if args.json is not None:
+        figures.write(args.json, results, args.seconds, args.warmup)
+        print(f"\nfigures, ratios and targets written to {args.json}")
     return 0
 
 

@@ -33,7 +33,7 @@ spec:
 
 
 def eds_addresses(mesh: Mesh, common_name: str, cluster: str) -> list[int]:
-    body = mesh.processes["proxy-cp"].get(f"/v1/proxies/{common_name}/config?type=eds").json()
+    body = mesh.proxy_cp_of(common_name).get(f"/v1/proxies/{common_name}/config?type=eds").json()
     [assignment] = [a for a in body["resources"]["eds"] if a["cluster_name"] == cluster]
     return sorted(
         e["endpoint"]["address"]["socket_address"]["port_value"]

@@ -90,7 +90,9 @@ def test_traffic_split_policy_and_mtls(mesh: Mesh) -> None:
         for kind, state in proxies[proxy.common_name]["types"].items():
             assert state["acked_version"] == state["sent_version"], (kind, state)
             assert state["nacks"] == 0
-    config = mesh.processes["proxy-cp"].get(f"/v1/proxies/{v1.common_name}/config?type=sds").json()
+    config = (
+        mesh.proxy_cp_of(v1.common_name).get(f"/v1/proxies/{v1.common_name}/config?type=sds").json()
+    )
     assert "PRIVATE KEY" not in json.dumps(config)
     assert "[redacted]" in json.dumps(config)
 

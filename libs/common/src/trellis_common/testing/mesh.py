@@ -268,6 +268,15 @@ class Mesh:
         """proxy-cp and its replicas."""
         return [self.processes["proxy-cp"], *self.replicas]
 
+    def proxy_cp_of(self, common_name: str) -> ServiceProcess:
+        """The proxy-cp replica the proxy ``common_name`` is connected to."""
+        for replica in self.proxy_cps:
+            if replica.process is not None and replica.process.poll() is None:
+                listed = replica.get("/v1/proxies").json()["proxies"]
+                if any(p["proxy"] == common_name for p in listed):
+                    return replica
+        raise AssertionError(f"{common_name} is connected to no proxy-cp replica")
+
 
 def bookstore(mesh: Mesh, ttl: float | None = None) -> tuple[Sidecar, Sidecar, Sidecar]:
     """bookstore-v1 and -v2 behind sidecars (registered), bookbuyer (delta ADS) calling."""

@@ -1,0 +1,103 @@
+"""``python -m bench --json FILE``: every figure of a run, each ratio with its floor, and the
+issue's targets (issue 14) checked against them, as JSON a machine can read.
+
+A benchmark returns its figures by name and its ratios by ``"<subject>/<floor>"`` (with
+``@<size>`` when it measures several sizes): that key is where the floor comes from, so the
+file names the floor's own figure and value beside each ratio. :data:`TARGETS` says what
+the issue asks of each figure; a target whose figure this run did not measure (a benchmark
+not run, a smaller size) is listed as ``"measured": false``, never as met.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import platform
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Results = Mapping[str, Mapping[str, float]]  # benchmark -> its figures and ratios
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    benchmark: str
+    key: str  # a figure's name or a ratio's key, as the benchmark returns it
+    op: str  # "<=" or ">="
+    value: float
+    what: str
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge}
+
+#: What issue 14 asks, where a benchmark measures it.
+TARGETS = (
+    Target("xds", "trellis_p99_ms@5000", "<=", 1000.0, "5,000 streams: p99 time to ACK"),
+    Target(
+        "xds",
+        "trellis_sync_s/floor_sync_s@5000",
+        "<=",
+        1.5,
+        "reconnect storm: time to sync against the bare-grpcio floor",
+    ),
+    Target("catalog", "build_ms@1000", "<=", 300.0, "full build, 1,000 services"),
+    Target(
+        "certs",
+        "proxy_certs/raw_sign",
+        ">=",
+        0.30,
+        "issuance for a CSR (the requester made the key) against raw ECDSA sign",
+    ),
+)
+
+
+def _ratio(key: str, figures: Mapping[str, float], value: float) -> dict[str, Any]:
+    pair, at, size = key.partition("@")
+    subject, _, floor = pair.partition("/")
+    suffix = f"{at}{size}"
+    return {
+        "key": key,
+        "ratio": value,
+        "figure": subject + suffix,
+        "value": figures.get(subject + suffix),
+        "floor": floor + suffix,
+        "floor_value": figures.get(floor + suffix),
+    }
+
+
+def document(results: Results, seconds: float, warmup: float) -> dict[str, Any]:
+    benchmarks = {}
+    for name, found in results.items():
+        figures = {k: v for k, v in found.items() if "/" not in k}
+        ratios = [_ratio(k, figures, v) for k, v in found.items() if "/" in k]
+        benchmarks[name] = {"figures": figures, "ratios": ratios}
+    targets = []
+    for target in TARGETS:
+        value = results.get(target.benchmark, {}).get(target.key)
+        entry: dict[str, Any] = {
+            "benchmark": target.benchmark,
+            "key": target.key,
+            "what": target.what,
+            "target": f"{target.op} {target.value:g}",
+            "measured": value is not None,
+        }
+        if value is not None:
+            entry |= {"value": value, "met": _OPS[target.op](value, target.value)}
+        targets.append(entry)
+    return {
+        "machine": {
+            "python": platform.python_version(),
+            "arch": platform.machine(),
+            "cpus": os.cpu_count(),
+        },
+        "run": {"seconds": seconds, "warmup": warmup},
+        "benchmarks": benchmarks,
+        "targets": targets,
+    }
+
+
+def write(path: Path, results: Results, seconds: float, warmup: float) -> None:
+    path.write_text(json.dumps(document(results, seconds, warmup), indent=2) + "\n")

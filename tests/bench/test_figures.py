@@ -1,0 +1,59 @@
+"""``python -m bench --json``: the document a machine reads, from a run's results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# bench/ is run as `python -m bench` from the repository, not installed: load the module
+_spec = importlib.util.spec_from_file_location("bench_figures", ROOT / "bench" / "figures.py")
+assert _spec is not None
+assert _spec.loader is not None
+figures = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = figures  # its dataclasses look their module up there
+_spec.loader.exec_module(figures)
+
+RESULTS = {
+    "certs": {
+        "proxy_certs": 900.0,
+        "raw_sign": 3000.0,
+        "proxy_certs/raw_sign": 0.3,
+    },
+    "xds": {
+        "trellis_p99_ms@5000": 1200.0,
+        "floor_p99_ms@5000": 1000.0,
+        "trellis_p99_ms/floor_p99_ms@5000": 1.2,
+    },
+}
+
+
+def test_each_ratio_names_its_floor_and_each_target_says_whether_it_is_met(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "figures.json"
+    figures.write(path, RESULTS, seconds=2.0, warmup=0.2)
+    document = json.loads(path.read_text())
+    [ratio] = document["benchmarks"]["xds"]["ratios"]
+    assert ratio == {
+        "key": "trellis_p99_ms/floor_p99_ms@5000",
+        "ratio": 1.2,
+        "figure": "trellis_p99_ms@5000",
+        "value": 1200.0,
+        "floor": "floor_p99_ms@5000",
+        "floor_value": 1000.0,
+    }
+    assert document["benchmarks"]["certs"]["figures"] == {"proxy_certs": 900.0, "raw_sign": 3000.0}
+    targets = {t["key"]: t for t in document["targets"]}
+    assert targets["trellis_p99_ms@5000"]["met"] is False  # 1.2 s over the 1 s target
+    assert targets["proxy_certs/raw_sign"]["met"] is True  # exactly the 0.30x target
+    assert targets["build_ms@1000"] == {
+        "benchmark": "catalog",
+        "key": "build_ms@1000",
+        "what": "full build, 1,000 services",
+        "target": "<= 300",
+        "measured": False,  # not run: never reported as met
+    }
+    assert document["run"] == {"seconds": 2.0, "warmup": 0.2}
