@@ -102,9 +102,6 @@ def rest_outputs(mesh: Mesh) -> Iterator[tuple[str, bytes]]:
     }
     certificates = mesh.processes["certmanager"].get("/v1/certificates").json()["certificates"]
     paths["certmanager"] += [f"/v1/certificates/{c['common_name']}" for c in certificates]
-    for proxy in mesh.proxies():
-        for kind in ("lds", "cds", "rds", "eds", "sds"):
-            paths["proxy-cp"].append(f"/v1/proxies/{proxy['proxy']}/config?type={kind}")
     for view in mesh.processes["catalog"].get("/v1/views").json()["views"]:
         paths["catalog"].append(f"/v1/views/{view['identity']}")
     for service, routes in paths.items():
@@ -112,6 +109,16 @@ def rest_outputs(mesh: Mesh) -> Iterator[tuple[str, bytes]]:
         for path in [*routes, "/v1/status", "/metrics", "/readyz", "/healthz"]:
             answer = process.get(path)
             yield f"{service} GET {path} ({answer.status_code})", answer.content
+    for replica in mesh.proxy_cps[1:]:  # with replicas (make test-replicas): theirs too
+        for path in ["/v1/proxies", "/v1/status", "/metrics"]:
+            answer = replica.get(path)
+            yield f"{replica.instance} GET {path} ({answer.status_code})", answer.content
+    for proxy in mesh.proxies():  # each proxy's configuration, where it is connected
+        replica = mesh.proxy_cp_of(proxy["proxy"])
+        for kind in ("lds", "cds", "rds", "eds", "sds"):
+            path = f"/v1/proxies/{proxy['proxy']}/config?type={kind}"
+            answer = replica.get(path)
+            yield f"{replica.instance} GET {path} ({answer.status_code})", answer.content
 
 
 def test_no_private_key_in_any_output_after_a_full_run(

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from trellis_cli import output
 from trellis_cli.main import cli
+from trellis_cli.testing import Answer, CannedAdmin
 from trellis_common import admin, statefile
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -238,3 +239,34 @@ def test_an_unreachable_proxy_cp_is_named(tmp_path: Path) -> None:
 
     assert result.exit_code == 2  # no answer: not "no proxies"
     assert "proxy-cp is not reachable at http://127.0.0.1:9/v1/proxies" in result.stderr
+
+
+def _proxy(name: str) -> dict[str, object]:
+    return {"proxy": name, "identity": "bookstore/bookstore", "protocol": "sotw",
+            "envoy_version": "1.40.0", "types": {}}  # fmt: skip
+
+
+def test_list_joins_every_replica_and_config_asks_the_one_serving_the_proxy(
+    tmp_path: Path,
+) -> None:
+    config = f"/v1/proxies/{BUYER}/config"
+    with (
+        CannedAdmin({("GET", "/v1/proxies"): Answer(200, {"proxies": [_proxy(STORE)]})}) as first,
+        CannedAdmin(
+            {
+                ("GET", "/v1/proxies"): Answer(200, {"proxies": [_proxy(BUYER)], "groups": []}),
+                ("GET", config): Answer(200, {"proxy": BUYER, "version": "7", "resources": {}}),
+            }
+        ) as second,
+    ):
+        first.serve(tmp_path, "proxy-cp")
+        second.serve(tmp_path, "proxy-cp-2")  # as `trellis up --proxy-cp-replicas 2` runs it
+        listed = CliRunner().invoke(cli, ["--state-dir", str(tmp_path), "proxy", "list", "--json"])
+        shown = CliRunner().invoke(
+            cli, ["--state-dir", str(tmp_path), "proxy", "config", BUYER, "--json"]
+        )
+    assert listed.exit_code == 0, listed.output
+    assert [p["proxy"] for p in json.loads(listed.stdout)["proxies"]] == [STORE, BUYER]
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["version"] == "7"  # proxy-cp answered 404, proxy-cp-2 had it
+    assert ("GET", config) in {(r.method, r.path) for r in first.received}

@@ -109,3 +109,13 @@ class Mesh:
 
     def get_json(self, service: str, path: str, **kwargs: Any) -> Any:
         return self.call(service, "GET", path, **kwargs)
+
+    def instances(self, service: str) -> list[str]:
+        """``service`` and its running replicas (``proxy-cp-2``...), as they advertised
+        themselves in the state directory."""
+        known = statefile.read_endpoints(self.state_dir)
+        replicas = sorted(
+            (n for n in known if n != service and n.rpartition("-")[0] == service),
+            key=lambda n: int(n.rpartition("-")[2]) if n.rpartition("-")[2].isdigit() else 0,
+        )
+        return [service, *replicas]

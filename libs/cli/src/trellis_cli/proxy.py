@@ -68,11 +68,39 @@ def last_error(proxy: dict[str, Any], refusals: dict[str, str]) -> str:
     return "; ".join(errors) or "-"
 
 
+def _every_replica(mesh: Mesh, path: str) -> dict[str, Any]:
+    """``/v1/proxies`` of proxy-cp and of each replica (``trellis up --proxy-cp-replicas``),
+    joined: each lists the proxies connected to it."""
+    joined: dict[str, Any] = {"proxies": [], "groups": []}
+    for index, name in enumerate(mesh.instances(SERVICE)):
+        try:
+            body = mesh.get_json(name, path)
+        except (CliError, NotFound):
+            if index == 0:
+                raise
+            continue  # a replica that went away: its proxies are reconnecting elsewhere
+        joined["proxies"] += body.get("proxies", [])
+        joined["groups"] += body.get("groups", [])
+    return joined
+
+
+def _serving_replica(mesh: Mesh, path: str, **kwargs: Any) -> Any:
+    """The answer of the proxy-cp replica the proxy is connected to (the others answer 404)."""
+    first: click.ClickException | None = None
+    for name in mesh.instances(SERVICE):
+        try:
+            return mesh.get_json(name, path, **kwargs)
+        except (CliError, NotFound) as exc:  # not connected there (404), or gone
+            first = first or exc
+    assert first is not None
+    raise first
+
+
 @proxy.command("list", help="Connected proxies and, per type, whether they ACKed what was sent.")
 @click.option("--json", "as_json", is_flag=True, help="Print proxy-cp's answer as JSON.")
 @click.pass_obj
 def list_(mesh: Mesh, as_json: bool) -> None:
-    body = mesh.get_json(SERVICE, "/v1/proxies")
+    body = _every_replica(mesh, "/v1/proxies")
     if as_json:
         output.emit_json(body)
         return
@@ -108,7 +136,7 @@ def list_(mesh: Mesh, as_json: bool) -> None:
 @click.pass_obj
 def config(mesh: Mesh, proxy_id: str, types: tuple[str, ...], as_json: bool) -> None:
     path = f"/v1/proxies/{quote(proxy_id, safe='')}/config"
-    body = mesh.get_json(SERVICE, path, params={"type": list(types)})
+    body = _serving_replica(mesh, path, params={"type": list(types)})
     if as_json:
         output.emit_json(body)
         return

@@ -106,7 +106,9 @@ def tune_garbage_collection() -> None:
 
 
 async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | None:
-    own_identity = f"{settings.namespace}/{settings.instance_name}"
+    # the xDS port's certificate is the component's, whichever replica serves it: clients
+    # check one name (proxy-cp.trellis-system...), as for a Kubernetes Service's pods
+    own_identity = f"{settings.namespace}/{settings.service_name}"
     cache = SnapshotCache()
     metrics = XdsMetrics(runtime.metrics)
 

@@ -268,6 +268,18 @@ class Mesh:
         """proxy-cp and its replicas."""
         return [self.processes["proxy-cp"], *self.replicas]
 
+    def proxy_cp_counter(self, sample: str) -> float:
+        """A counter of proxy-cp's ``/metrics`` (``sample``: its name and labels, as the line
+        starts), summed over the live replicas: each counts what it served."""
+        total = 0.0
+        for replica in self.proxy_cps:
+            if replica.process is not None and replica.process.poll() is None:
+                text = replica.get("/metrics").text
+                total += sum(
+                    float(row.split()[-1]) for row in text.splitlines() if row.startswith(sample)
+                )
+        return total
+
     def proxy_cp_of(self, common_name: str) -> ServiceProcess:
         """The proxy-cp replica the proxy ``common_name`` is connected to."""
         for replica in self.proxy_cps:
