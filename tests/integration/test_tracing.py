@@ -66,7 +66,7 @@ class Collector(ThreadingHTTPServer):
 def test_sidecars_report_tagged_spans_to_the_meshconfigs_collector(mesh: Mesh) -> None:
     collector = Collector()
     try:
-        _v1, _v2, buyer = bookstore(mesh)
+        v1, v2, buyer = bookstore(mesh)
         config = mesh.spec_dir / "meshconfig.yaml"
         config.write_text(
             config.read_text()
@@ -74,9 +74,12 @@ def test_sidecars_report_tagged_spans_to_the_meshconfigs_collector(mesh: Mesh) -
             + f"      port: {collector.port}\n      endpoint: /api/v2/spans\n"
         )
 
-        def traced() -> bool:
-            dump = buyer.envoy.get("/config_dump?resource=dynamic_listeners").text
-            return "envoy.tracers.zipkin" in dump
+        def traced() -> bool:  # on both sides: the destinations' inbound listeners too
+            return all(
+                "envoy.tracers.zipkin"
+                in sidecar.envoy.get("/config_dump?resource=dynamic_listeners").text
+                for sidecar in (buyer, v1, v2)
+            )
 
         asyncio.run(eventually(traced, timeout=15, interval=0.2, message="tracing reaches Envoy"))
         for _ in range(10):

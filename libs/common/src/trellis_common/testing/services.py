@@ -46,8 +46,9 @@ class ServiceProcess:
         instance: str = "",
     ) -> None:
         self.name = name  # the component
-        #: the name it announces and advertises itself by: a replica's (``proxy-cp-2``)
-        self.instance = instance or name
+        #: the name it announces and advertises itself by: a replica's (``proxy-cp-2``), or
+        #: the one its environment gives (a rendered pod's ``TRELLIS_INSTANCE``)
+        self.instance = instance or (env or {}).get("TRELLIS_INSTANCE") or name
         #: write a join token before each start, as `trellis up` does (False: the service
         #: joins with what its env names, a ServiceAccount token)
         self.join_token = join_token
