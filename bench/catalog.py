@@ -35,15 +35,21 @@ otherwise change the growth table more than the catalog does. Each size prints t
 of a core the process had; well below 100% means the machine was busy.
 
 The growth table divides each figure at N by the one at the first size, next to how much
-N grew, and fits the exponent k of N**k between the first and the last size: k near 1 is
-linear, near 2 quadratic. ``--seconds`` below :data:`QUICK_SECONDS` skips N=1,000 (its
-build alone takes tens of seconds); ``TRELLIS_BENCH_CATALOG_SIZES=100,250`` picks sizes.
-``--warmup`` seconds of unmeasured builds (first size only) and of endpoint changes (every
-size) run first.
+N grew, and fits the exponent k of N**k between the first and the last size (k near 1 is
+linear, near 2 quadratic), and again between the last two sizes (``*_exponent_top``: the
+top of the range, where fixed costs no longer hide the growth). ``--seconds`` below
+:data:`QUICK_SECONDS` keeps the first :data:`QUICK_SIZES` sizes (no 1,000 and 5,000);
+``TRELLIS_BENCH_CATALOG_SIZES=100,250`` picks sizes. ``--warmup`` seconds of unmeasured
+builds (first size only) and of endpoint changes (every size) run first.
+
+``stall_ms``: the same full build as the service meets it, on an event loop (see
+:func:`_worst_stall`): the longest the loop was held, against the issue's 50 ms.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import math
 import os
 import random
@@ -60,7 +66,8 @@ from trellis_catalog.domain import spec as meshspec
 from trellis_common.documents.base import Document, KindRegistry, Origin
 from trellis_common.model import MeshService
 
-SIZES = (100, 250, 500, 1_000)
+SIZES = (100, 250, 500, 1_000, 5_000)
+QUICK_SIZES = 3  # the first three
 MIN_SIZE = 10  # a TrafficTarget needs other accounts to allow
 QUICK_SECONDS = 1.0  # --seconds below this skips the largest size
 MAX_REPEATS = 5  # builds and policy changes per size, while under --seconds
@@ -72,6 +79,7 @@ CHANGE_BUDGET = 5.0  # endpoint changes per size stop after this many times --se
 TRUST_DOMAIN = "cluster.local"
 ORIGIN = "bench/mesh.yaml"
 MOVED_FROM = 1 << 23  # moved endpoints get addresses from 10.128.0.0 on
+STALL_PROBE = 0.001  # seconds the loop probe sleeps between two looks
 CLOCK = time.process_time  # CPU seconds of this process: see the module's docstring
 BUSY_BELOW = 0.9  # a smaller share of a core means other processes were busy
 
@@ -91,6 +99,7 @@ class Measured:
     touched: list[int] = field(default_factory=list)
     policy_changes: list[float] = field(default_factory=list)
     policy_touched: list[int] = field(default_factory=list)
+    stall: float = 0.0  # the event loop's worst stall over a full build, in steps
 
 
 def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
@@ -118,7 +127,7 @@ def sizes(seconds: float, env: Mapping[str, str] = os.environ) -> tuple[int, ...
             reason = f"must be numbers >= {MIN_SIZE}, separated by commas"
             raise ValueError(f"TRELLIS_BENCH_CATALOG_SIZES {reason}, got {text!r}")
         return chosen
-    return SIZES if seconds >= QUICK_SECONDS else SIZES[:-1]
+    return SIZES if seconds >= QUICK_SECONDS else SIZES[:QUICK_SIZES]
 
 
 def _measure(
@@ -159,6 +168,7 @@ def _measure(
         measured.builds.append(CLOCK() - start)
         if len(measured.builds) == 1:
             _check(catalog, synthetic)
+    measured.stall = _worst_stall(documents, synthetic)
     # the endpoint and policy changes run against the last catalog built
 
     changer = _EndpointChanger(catalog, synthetic, random.Random(mesh.SEED + size))
@@ -179,6 +189,47 @@ def _measure(
         measured.policy_changes.append(elapsed)
         measured.policy_touched.append(touched)
     return measured
+
+
+def _worst_stall(documents: Sequence[Document], synthetic: mesh.Mesh) -> float:
+    """A full build as the service meets it, on an event loop: the documents in one call
+    (the spec source's), the provider's full list in one, each proxy's onboarding in one,
+    then :meth:`Catalog.flush_in_steps`. A probe task asks for a 1 ms sleep, over and over;
+    the worst lateness of its wake-ups is the longest the loop was held (seconds)."""
+
+    async def build() -> float:
+        worst, done = 0.0, False
+
+        async def probe() -> None:
+            nonlocal worst
+            while not done:
+                asked = time.perf_counter()
+                await asyncio.sleep(STALL_PROBE)
+                worst = max(worst, time.perf_counter() - asked - STALL_PROBE)
+
+        # as in the service after its first flush (Catalog.flush_in_steps freezes what
+        # survives a flush): what exists already is out of the collector's sight
+        gc.freeze()
+        prober = asyncio.create_task(probe())
+        await asyncio.sleep(STALL_PROBE * 5)
+        catalog = Catalog(_announce, trust_domain=TRUST_DOMAIN)
+        catalog.set_documents(documents, [])
+        await asyncio.sleep(0)
+        catalog.set_provider_services(mesh.PROVIDER, synthetic.reports)
+        for proxy in synthetic.proxies:
+            await asyncio.sleep(0)
+            catalog.expect_proxy(proxy.common_name, proxy.service_account)
+        await catalog.flush_in_steps()
+        if len(catalog.policies) != len(synthetic.proxies):
+            raise RuntimeError(f"{len(catalog.policies)} policies after the stepped build")
+        done = True
+        await prober
+        return worst
+
+    try:
+        return asyncio.run(build())
+    finally:
+        gc.unfreeze()
 
 
 def _parse(registry: KindRegistry, raws: Sequence[mesh.Raw]) -> list[Document]:
@@ -328,6 +379,12 @@ def _report(m: Measured) -> dict[str, float]:
             f"1 TrafficTarget's sources edited, set_documents + flush(): median of {edits}",
         ),
         report.Figure(
+            "stall_ms",
+            m.stall * 1000,
+            "ms",
+            "event loop's worst stall over a full build: inputs, then flush_in_steps (wall)",
+        ),
+        report.Figure(
             "policy_identities",
             statistics.median(m.policy_touched),
             "views",
@@ -379,4 +436,13 @@ def _growth(everything: Sequence[Measured]) -> dict[str, float]:
             results[f"{name}_exponent"] = exponent
             fits.append(f"{name} ~ N^{exponent:.2f}")
         print(f"  from N={base.mesh.services:,} to N={last.mesh.services:,}: " + ", ".join(fits))
+    if len(everything) > 2:  # the top of the range, where fixed costs no longer hide growth
+        before = everything[-2]
+        span = math.log(last.mesh.services / before.mesh.services)
+        fits = []
+        for name, value in columns.items():
+            exponent = math.log(value(last) / value(before)) / span
+            results[f"{name}_exponent_top"] = exponent
+            fits.append(f"{name} ~ N^{exponent:.2f}")
+        print(f"  from N={before.mesh.services:,} to N={last.mesh.services:,}: " + ", ".join(fits))
     return results

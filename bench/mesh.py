@@ -210,6 +210,7 @@ def _report(ns: str, name: str, account: str, index: int) -> ProvidedService:
             labels=(("app", name),),
             service_account=account,
             workload=f"{name}-{j}",
+            provider=PROVIDER,  # as the catalog's provider client stamps each endpoint
         )
         for j in range(ENDPOINTS_PER_SERVICE)
     )

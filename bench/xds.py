@@ -47,9 +47,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from bench import load, report, xds_client, xds_server
@@ -61,7 +62,9 @@ QUICK_SECONDS = 1.0
 GROUPS = 10
 PER_CHANNEL = 50
 ROUNDS = report.ROUNDS
-KINDS = ("trellis", "floor")
+KINDS = ("trellis", "replicas", "floor")
+SUBJECTS = ("trellis", "replicas")  # each measured against the floor
+REPLICAS = 2
 START_TIMEOUT = 60.0
 SYNC_TIMEOUT = 600.0
 PUSH_TIMEOUT = 120.0
@@ -83,14 +86,24 @@ def _per_channel(env: Mapping[str, str] = os.environ) -> int:
     return int(text) if text else PER_CHANNEL
 
 
-class ServerProcess:
-    """``python -m bench.xds_server KIND GROUPS`` as an async context manager."""
+def _replicas(env: Mapping[str, str] = os.environ) -> int:
+    text = env.get("TRELLIS_BENCH_XDS_REPLICAS", "").strip()
+    count = int(text) if text else REPLICAS
+    if count < 1:
+        raise ValueError(f"TRELLIS_BENCH_XDS_REPLICAS must be >= 1, got {count}")
+    return count
 
-    def __init__(self, kind: str, groups: int, log_dir: Path) -> None:
+
+class ServerProcess:
+    """``python -m bench.xds_server KIND GROUPS [PORT]`` as an async context manager."""
+
+    def __init__(
+        self, kind: str, groups: int, log_dir: Path, port: int = 0, label: str = ""
+    ) -> None:
         self.kind = kind
         self.groups = groups
-        self.log_path = log_dir / f"{kind}.log"
-        self.port = 0
+        self.log_path = log_dir / f"{label or kind}.log"
+        self.port = port
         self._process: asyncio.subprocess.Process | None = None
 
     @property
@@ -107,6 +120,7 @@ class ServerProcess:
                     "bench.xds_server",
                     self.kind,
                     str(self.groups),
+                    str(self.port),
                     cwd=ROOT,
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
@@ -146,13 +160,7 @@ class ServerProcess:
         return answer
 
     async def until(self, stat: str, value: int, timeout: float = 30.0) -> dict[str, Any]:
-        """Poll ``stats`` until ``stat`` reaches ``value``; return the last answer."""
-        deadline = time.monotonic() + timeout
-        while (stats := await self.command("stats"))[stat] < value:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.kind} server: {stat} {stats[stat]}, expected {value}")
-            await asyncio.sleep(0.01)
-        return stats
+        return await _until(self, stat, value, timeout)
 
     def cpu(self) -> float:
         seconds = load.cpu_seconds(self.pid)
@@ -182,6 +190,85 @@ class ServerProcess:
                 return
             except TimeoutError:
                 continue
+
+
+class Replicas:
+    """``count`` trellis server processes on one port (SO_REUSEPORT), as proxy-cp replicas:
+    each follows the changes on its own (every command goes to all of them), and the
+    kernel spreads the client's connections over them. Stats, CPU and RSS are summed; a
+    push's ``set_s`` is the slowest replica's."""
+
+    kind = "replicas"
+
+    def __init__(self, count: int, groups: int, log_dir: Path) -> None:
+        self._count, self._groups, self._log_dir = count, groups, log_dir
+        self._stack = AsyncExitStack()
+        self.members: list[ServerProcess] = []
+        self.port = 0
+
+    async def __aenter__(self) -> Replicas:
+        async with AsyncExitStack() as stack:
+            for index in range(self._count):
+                member = ServerProcess(
+                    "trellis", self._groups, self._log_dir, self.port, f"replica-{index + 1}"
+                )
+                self.members.append(await stack.enter_async_context(member))
+                self.port = self.port or member.port
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self._stack.__aexit__(kind, error, trace)
+
+    async def command(self, line: str, timeout: float = 60.0) -> dict[str, Any]:
+        lines = [line] * len(self.members)
+        if line.startswith("profile stop "):  # a profile file per replica
+            lines = [f"{line}.{index + 1}" for index in range(len(self.members))]
+        answers = await asyncio.gather(
+            *(m.command(text, timeout) for m, text in zip(self.members, lines, strict=True))
+        )
+        merged: dict[str, Any] = {}
+        for answer in answers:
+            for key, value in answer.items():
+                merged[key] = (
+                    max(merged.get(key, 0), value)
+                    if key == "set_s"
+                    else (merged.get(key, 0) + value)
+                )
+        return merged
+
+    async def until(self, stat: str, value: int, timeout: float = 30.0) -> dict[str, Any]:
+        return await _until(self, stat, value, timeout)
+
+    def cpu(self) -> float:
+        return sum(m.cpu() for m in self.members)
+
+    def rss(self) -> int:
+        return sum(m.rss() for m in self.members)
+
+
+Server = ServerProcess | Replicas
+
+
+async def _until(server: Server, stat: str, value: int, timeout: float) -> dict[str, Any]:
+    """Poll ``stats`` until ``stat`` reaches ``value``; return the last answer."""
+    deadline = time.monotonic() + timeout
+    while (stats := await server.command("stats"))[stat] < value:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{server.kind} server: {stat} {stats[stat]}, expected {value}")
+        await asyncio.sleep(0.01)
+    return stats
+
+
+def _server(kind: str, log_dir: Path) -> AbstractAsyncContextManager[Server]:
+    if kind == "replicas":
+        return Replicas(_replicas(), GROUPS, log_dir)
+    return ServerProcess(kind, GROUPS, log_dir)
 
 
 @dataclass
@@ -222,10 +309,10 @@ async def _measure(n: int, per_channel: int, warm: bool, profile: str) -> dict[s
     sides = {kind: Side() for kind in KINDS}
     async with AsyncExitStack() as stack:
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-xds-")))
-        servers = {}
+        servers: dict[str, Server] = {}
         fleets = {}
         for kind in KINDS:
-            server = await stack.enter_async_context(ServerProcess(kind, GROUPS, log_dir))
+            server = await stack.enter_async_context(_server(kind, log_dir))
             fleet = xds_client.Fleet(f"127.0.0.1:{server.port}", n, GROUPS, per_channel)
             stack.push_async_callback(fleet.close)
             await fleet.connect(GROUPS, SYNC_TIMEOUT)  # one per group: the snapshots exist
@@ -251,7 +338,7 @@ async def _measure(n: int, per_channel: int, warm: bool, profile: str) -> dict[s
 
 
 async def _push(
-    server: ServerProcess, fleet: xds_client.Fleet, change: int, side: Side, profile: str
+    server: Server, fleet: xds_client.Fleet, change: int, side: Side, profile: str
 ) -> None:
     """One change on ``server``; add its figures to ``side``."""
     await server.command(f"prepare {change}")
@@ -282,8 +369,10 @@ def _report(n: int, per_channel: int, sides: dict[str, Side]) -> dict[str, float
     ms = 1000.0
     rounds = len(sides["trellis"].all_acked)
     figures: dict[str, dict[str, report.Figure]] = {}
+    replicas = _replicas()
+    names = {"trellis": "proxy-cp", "replicas": f"{replicas} proxy-cp replicas", "floor": "floor"}
     for kind, side in sides.items():
-        what = "proxy-cp" if kind == "trellis" else "floor"
+        what = names[kind]
         cpu = statistics.mean(side.cpu)
         figures[kind] = {
             "p50": report.Figure(
@@ -322,39 +411,54 @@ def _report(n: int, per_channel: int, sides: dict[str, Side]) -> dict[str, float
                 "s",
                 f"{n - GROUPS:,} new streams at once until all synced (CDS..SDS ACKed); "
                 f"server CPU {side.sync_cpu:.2f} s; {side.retries:,} refused and retried"
-                + (f"; {side.list_proxies:,} ListProxies calls" if kind == "trellis" else "")
+                + (f"; {side.list_proxies:,} ListProxies calls" if kind != "floor" else "")
                 + (f"; the first refusal: {side.retry_reason}" if side.retries else ""),
             ),
         }
-    trellis, floor = figures["trellis"], figures["floor"]
-    set_ms = statistics.median(sides["trellis"].set_s) * ms
-    ordered = [trellis[k] for k in ("p50", "p99", "all", "cpu", "rss", "sync")]
-    ordered.insert(
-        3,
-        report.Figure(
-            "trellis_set_ms",
-            set_ms,
-            "ms",
-            f"set_view for the {GROUPS} groups (translate, serialize, set), median",
-        ),
-    )
-    ordered.append(
-        report.Figure(
-            "trellis_sync_list_proxies",
-            sides["trellis"].list_proxies,
-            "calls",
-            f"catalog ListProxies calls to authorize the {n - GROUPS:,} new streams",
+    floor = figures["floor"]
+    ordered: list[report.Figure] = []
+    for kind in SUBJECTS:
+        set_ms = statistics.median(sides[kind].set_s) * ms
+        ordered += [figures[kind][k] for k in ("p50", "p99", "all")]
+        ordered.append(
+            report.Figure(
+                f"{kind}_set_ms",
+                set_ms,
+                "ms",
+                f"set_view for the {GROUPS} groups (translate, serialize, set), median"
+                + (" (the slowest replica's)" if kind == "replicas" else ""),
+            )
         )
-    )
+        ordered += [figures[kind][k] for k in ("cpu", "rss", "sync")]
+        ordered.append(
+            report.Figure(
+                f"{kind}_sync_refused",
+                sides[kind].retries,
+                "streams",
+                "refused by the server while they synced, and retried after a backoff",
+            )
+        )
+        ordered.append(
+            report.Figure(
+                f"{kind}_sync_list_proxies",
+                sides[kind].list_proxies,
+                "calls",
+                f"catalog ListProxies calls to authorize the {n - GROUPS:,} new streams",
+            )
+        )
     ordered += [floor[k] for k in ("p50", "p99", "all", "cpu", "rss", "sync")]
     report.print_table(
         f"xds N={n:,}: SotW ADS streams over {-(-n // per_channel)} connections "
         f"({per_channel} per connection), {GROUPS} groups of {n // GROUPS:,}; one EDS change "
-        f"touching every group, {rounds} rounds; servers in their own processes",
+        f"touching every group, {rounds} rounds; servers in their own processes "
+        f"(replicas: {replicas} on one port; CPU and RSS summed over them)",
         ordered,
     )
     ratios = {
-        f"{trellis[k].name}/{floor[k].name}@{n}": report.ratio_line(trellis[k], floor[k])
+        f"{figures[kind][k].name}/{floor[k].name}@{n}": report.ratio_line(
+            figures[kind][k], floor[k]
+        )
+        for kind in SUBJECTS
         for k in ("p50", "p99", "all", "cpu", "rss", "sync")
     }
     print()

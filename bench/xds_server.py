@@ -1,6 +1,7 @@
 """The server side of the xDS benchmark, in its own process: proxy-cp, or the floor.
 
-``python -m bench.xds_server trellis|floor GROUPS`` serves ADS on 127.0.0.1:0 (insecure,
+``python -m bench.xds_server trellis|floor GROUPS [PORT]`` serves ADS on 127.0.0.1:PORT
+(default 0: any; a replica names the first one's port, shared with SO_REUSEPORT; insecure,
 grpc.aio, the options of :data:`trellis_common.grpcserver.DEFAULT_OPTIONS`) for the groups
 of :mod:`bench.xds_mesh`. Running apart from the client
 keeps the two processes' CPU time apart (``/proc/<pid>/stat`` of this process is the
@@ -360,12 +361,14 @@ def _answer(payload: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-async def serve(kind: str, groups: int) -> None:
+async def serve(kind: str, groups: int, port: int = 0) -> None:
     raise_open_files(65536)
     subject: Subject = Trellis(groups) if kind == "trellis" else Floor(groups)
     server = grpc.aio.server(options=list(grpcserver.DEFAULT_OPTIONS))
     subject.register(server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    # A replica binds the port of the first (grpcio sets SO_REUSEPORT): the kernel spreads
+    # the client's connections over them, as over proxy-cp replicas.
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     subject.serving(port)
     loop = asyncio.get_running_loop()
@@ -406,10 +409,13 @@ async def serve(kind: str, groups: int) -> None:
 
 def main(argv: list[str]) -> int:
     kind, groups = argv[0], int(argv[1])
+    port = int(argv[2]) if len(argv) > 2 else 0
     if kind not in ("trellis", "floor"):
-        raise SystemExit(f"usage: python -m bench.xds_server trellis|floor GROUPS (not {kind!r})")
+        raise SystemExit(
+            f"usage: python -m bench.xds_server trellis|floor GROUPS [PORT] (not {kind!r})"
+        )
     logs.configure("kv", "INFO", f"bench-xds-{kind}")
-    asyncio.run(serve(kind, groups))
+    asyncio.run(serve(kind, groups, port))
     return 0
 
 

@@ -20,6 +20,7 @@ round: functions that need a service take anything with ``namespace`` and ``name
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections.abc import Iterator
@@ -84,39 +85,50 @@ class NamespacedName(Protocol):
 
 def validate_dns_label(value: str, field: str) -> str:
     """Return ``value`` if it is an RFC 1123 label, else raise ``InvalidIdentifier``."""
-    kind = "DNS-1123 label"
-    if not value:
-        raise InvalidIdentifier(field, value, "must not be empty", kind)
-    if len(value) > DNS_LABEL_MAX_LENGTH:
-        reason = f"must be no more than {DNS_LABEL_MAX_LENGTH} characters, got {len(value)}"
-        raise InvalidIdentifier(field, value, reason, kind)
-    if _DNS_LABEL.fullmatch(value) is None:
-        reason = (
-            "must consist of lower case alphanumeric characters or '-', "
-            "and must start and end with an alphanumeric character"
-        )
-        raise InvalidIdentifier(field, value, reason, kind)
+    reason = _label_problem(value)
+    if reason is not None:
+        raise InvalidIdentifier(field, value, reason, "DNS-1123 label")
     return value
 
 
 def validate_dns_subdomain(value: str, field: str) -> str:
     """Return ``value`` if it is an RFC 1123 subdomain (dot-separated labels), else raise."""
-    kind = "DNS-1123 subdomain"
+    reason = _subdomain_problem(value)
+    if reason is not None:
+        raise InvalidIdentifier(field, value, reason, "DNS-1123 subdomain")
+    return value
+
+
+# Every model object checks its names when it is made, and a catalog build makes tens of
+# thousands from a few thousand distinct names: the verdicts are cached (bounded).
+@functools.lru_cache(maxsize=16384)
+def _label_problem(value: str) -> str | None:
     if not value:
-        raise InvalidIdentifier(field, value, "must not be empty", kind)
+        return "must not be empty"
+    if len(value) > DNS_LABEL_MAX_LENGTH:
+        return f"must be no more than {DNS_LABEL_MAX_LENGTH} characters, got {len(value)}"
+    if _DNS_LABEL.fullmatch(value) is None:
+        return (
+            "must consist of lower case alphanumeric characters or '-', "
+            "and must start and end with an alphanumeric character"
+        )
+    return None
+
+
+@functools.lru_cache(maxsize=16384)
+def _subdomain_problem(value: str) -> str | None:
+    if not value:
+        return "must not be empty"
     if len(value) > DNS_SUBDOMAIN_MAX_LENGTH:
-        reason = f"must be no more than {DNS_SUBDOMAIN_MAX_LENGTH} characters, got {len(value)}"
-        raise InvalidIdentifier(field, value, reason, kind)
+        return f"must be no more than {DNS_SUBDOMAIN_MAX_LENGTH} characters, got {len(value)}"
     if _DNS_SUBDOMAIN.fullmatch(value) is None:
-        reason = (
+        return (
             "must consist of lower case alphanumeric characters, '-' or '.', "
             "and each dot-separated label must start and end with an alphanumeric character"
         )
-        raise InvalidIdentifier(field, value, reason, kind)
     if any(len(label) > DNS_LABEL_MAX_LENGTH for label in value.split(".")):
-        reason = f"each dot-separated label must be no more than {DNS_LABEL_MAX_LENGTH} characters"
-        raise InvalidIdentifier(field, value, reason, kind)
-    return value
+        return f"each dot-separated label must be no more than {DNS_LABEL_MAX_LENGTH} characters"
+    return None
 
 
 def validate_trust_domain(value: str, field: str = "trust domain") -> str:

@@ -11,6 +11,8 @@ policies), the view store gives a new version to each identity whose policy or r
 clusters changed, and the batch is signalled once on the ``views`` topic with the cursor
 after it (consumers ask :meth:`Catalog.views_since` what moved). A certificate rotation
 does not re-version a view: certificates reach proxy-cp from certmanager, on one path.
+A flush runs in steps (between services and between identities) and gives the event loop
+back every :data:`STEP_SECONDS` of work, so a full build never stalls the APIs.
 
 :class:`Catalog` is the façade over the parts, each its own domain module:
 :class:`~trellis_catalog.domain.reports.ProviderReports` (the provider merge),
@@ -22,6 +24,7 @@ clusters and policies) and :class:`~trellis_catalog.domain.viewstore.ViewStore` 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -34,6 +37,7 @@ from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
 from trellis_catalog.domain.recompute import Recompute
 from trellis_catalog.domain.reports import ProviderReports
+from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 from trellis_catalog.domain.viewstore import ViewBatch, ViewStore
 from trellis_common.documents.base import Document, DocumentError
@@ -56,6 +60,7 @@ log = logging.getLogger(__name__)
 #: Signals (kind, key) on the ``views`` topic; an owner's ``Outbox.signal`` bound to it.
 Announce = Callable[[str, str], Awaitable[int]]
 TOPIC = "views"
+STEP_SECONDS = 0.01  # the longest a flush holds the event loop between two steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +81,10 @@ class Catalog:
         cluster_domain: str = "cluster.local",
         health: Health | None = None,
         clock: Callable[[], float] = time.time,
+        freeze_heap: bool = False,
     ) -> None:
         self._announce = announce
+        self._freeze_heap = freeze_heap  # the service's: see flush_in_steps
         self.health = health if health is not None else Health()
         self.reports = ProviderReports()
         self.proxies = Proxies(clock, self._proxies_changed, self._onboarded)
@@ -88,6 +95,7 @@ class Catalog:
         self.destinations = DestinationStore(self._views.epoch)
         self.certificates: dict[Identity, CertificateRef] = {}
         self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()  # one flush at a time: a flush yields in steps
         self.ready = asyncio.Event()
         self.last_flush_seconds = 0.0
         self.certs_wanted = asyncio.Event()
@@ -240,9 +248,43 @@ class Catalog:
 
     def flush(self) -> ViewBatch | None:
         """Apply every pending input now; returns the batch of changed identities."""
-        started = time.perf_counter()
+        return drain(self._flush_steps())
+
+    async def flush_in_steps(self) -> ViewBatch | None:
+        """:meth:`flush`, giving the event loop back every :data:`STEP_SECONDS` of work, so
+        that a big recompute (a full build takes hundreds of milliseconds at a thousand
+        services) never holds up the gRPC API, the admin server or the followers."""
+        async with self._flushing:
+            steps = self._flush_steps()
+            resumed = time.perf_counter()
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    batch: ViewBatch | None = done.value
+                    if self._freeze_heap:
+                        # What survives a flush lives long: out of the collector's sight,
+                        # so a full collection (a pause that grows with the heap: 150 ms
+                        # and more at a thousand services) scans only what is newer than
+                        # the last flush. Refcounting still frees frozen objects; only a
+                        # cycle among them is never collected.
+                        gc.freeze()
+                    return batch
+                if time.perf_counter() - resumed > STEP_SECONDS:
+                    await asyncio.sleep(0)
+                    resumed = time.perf_counter()
+
+    async def settled(self) -> None:
+        """Wait for the flush in progress, if any: a reader of views, clusters or
+        destinations then sees one flush's whole result, never a half-built one."""
+        if self._flushing.locked():
+            async with self._flushing:
+                return
+
+    def _flush_steps(self) -> Steps[ViewBatch | None]:
+        started = time.process_time()
         self._wake.clear()
-        result = self._recompute.apply()
+        result = yield from self._recompute.apply_steps()
         if result.policies:
             self._views.index_references(self.policies)
         touched = result.identities | self._views.referencing(result.clusters)
@@ -250,10 +292,11 @@ class Catalog:
         scope = result.services
         if scope is None:
             scope = set(self.services) | set(self.destinations.records)
-        self._destinations_moved = bool(
-            self.destinations.update(scope, self.services, self.clusters, self._destination)
+        moved = yield from self.destinations.update_steps(
+            scope, self.services, self.clusters, self._destination
         )
-        self.last_flush_seconds = time.perf_counter() - started
+        self._destinations_moved = bool(moved)
+        self.last_flush_seconds = time.process_time() - started  # work, not waits
         self.ready.set()
         return batch
 
@@ -288,7 +331,7 @@ class Catalog:
     async def flush_and_announce(self) -> ViewBatch | None:
         """Flush, then signal ``views``/``changed`` with the views' cursor after the flush
         when any view or any destination moved (consumers of either ask what moved)."""
-        batch = self.flush()
+        batch = await self.flush_in_steps()
         if batch is None and not self._destinations_moved:
             return None
         cursor = self._views.cursor

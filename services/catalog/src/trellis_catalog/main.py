@@ -45,6 +45,7 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
         trust_domain=settings.trust_domain,
         cluster_domain=settings.cluster_domain,
         health=runtime.health,
+        freeze_heap=True,
     )
     source = spec_source(settings, catalog)
     await source.load()

@@ -52,7 +52,7 @@ def service_name(namespace: str, key: str, source: str) -> str:
         raise InvalidReport(f"service {namespace}/{key}: {exc}") from None
 
 
-def _endpoint(message: pb.Endpoint, where: str) -> ProvidedEndpoint:
+def _endpoint(message: pb.Endpoint, where: str, provider: str) -> ProvidedEndpoint:
     if message.service_account:
         try:
             ids.validate_dns_subdomain(message.service_account, "endpoint.service_account")
@@ -73,6 +73,7 @@ def _endpoint(message: pb.Endpoint, where: str) -> ProvidedEndpoint:
         weight=message.weight,
         service_account=message.service_account,
         workload=message.workload,
+        provider=provider,
     )
 
 
@@ -97,7 +98,7 @@ def from_proto(
     endpoints = []
     for message_endpoint in message.endpoints:
         try:
-            endpoints.append(_endpoint(message_endpoint, where))
+            endpoints.append(_endpoint(message_endpoint, where, provider))
         except InvalidReport as exc:
             on_bad_endpoint(str(exc))
     return ProvidedService(

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from trellis_catalog.domain import services as svc
+from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState
 from trellis_common.model import MeshService
 
@@ -35,17 +36,34 @@ class Clusters:
         """Rebuild the clusters of the services in ``scope`` from ``services`` (the index);
         returns the names that changed (new, moved or gone). A new trust domain changes
         every SPIFFE id, so it rebuilds every cluster."""
-        changed: set[str] = set()
+        return drain(self.rebuild_steps(scope, services, trust_domain))
+
+    def rebuild_steps(
+        self,
+        scope: Iterable[MeshService],
+        services: Mapping[MeshService, svc.KnownService],
+        trust_domain: str,
+    ) -> Steps[set[str]]:
+        """:meth:`rebuild` in steps: the clusters are computed first, a step per service,
+        and committed at the end in one go, so a reader never sees half of a rebuild."""
         if trust_domain != self._trust_domain:
             scope = set(services) | set(self._of)
-            self._trust_domain = trust_domain
+        computed: dict[MeshService, dict[str, ClusterState]] = {}
         for service in scope:
+            yield
             wanted: dict[str, ClusterState] = {}
             known = services.get(service)
             if known is not None:
                 for port in known.ports:
                     state = svc.cluster(known, port, trust_domain)
                     wanted[state.ref.name] = state
+            computed[service] = wanted
+        self._trust_domain = trust_domain
+        return self._commit(computed)
+
+    def _commit(self, computed: Mapping[MeshService, dict[str, ClusterState]]) -> set[str]:
+        changed: set[str] = set()
+        for service, wanted in computed.items():
             for name in self._of.get(service, set()) - set(wanted):
                 del self._clusters[name]
                 changed.add(name)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService
 from trellis_catalog.domain.spec import MeshSpec
+from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState, HttpMatch
 from trellis_common.model import MeshService, ServiceAccount, WeightedService
 
@@ -115,16 +116,30 @@ class DestinationStore:
     ) -> list[MeshService]:
         """Rebuild the destinations of ``scope``; returns those that changed (new, moved or
         gone), all stamped with one new revision."""
-        changed = []
+        return drain(self.update_steps(scope, services, clusters, record_of))
+
+    def update_steps(
+        self,
+        scope: Iterable[MeshService],
+        services: Mapping[MeshService, KnownService],
+        clusters: Mapping[str, ClusterState],
+        record_of: Callable[[KnownService], Destination],
+    ) -> Steps[list[MeshService]]:
+        """:meth:`update` in steps: records are computed a step per service, then
+        committed under one revision in one go."""
+        computed: list[tuple[MeshService, Destination | None]] = []
         for service in sorted(set(scope), key=str):
+            yield
             known = services.get(service)
-            if known is None:
+            computed.append((service, None if known is None else record_of(known)))
+        changed = []
+        for service, record in computed:
+            if record is None:
                 if self.records.pop(service, None) is not None:
                     self._keys.pop(service, None)
                     self.versions.pop(service, None)
                     changed.append(service)
                 continue
-            record = record_of(known)
             key = (
                 record,
                 tuple(clusters[c].version if c in clusters else 0 for c in record.clusters),

@@ -148,6 +148,7 @@ class PolicyBuilder:
         # Computed once per builder, not once per (identity, destination): a build walks
         # only the accounts a source may call, so it grows with the policies, not N².
         self._accounts: dict[MeshService, ServiceAccount] = {}
+        self._workload_accounts: dict[MeshService, tuple[ServiceAccount, ...]] = {}
         self._by_account: dict[ServiceAccount, list[MeshService]] = {}
         for service, known in services.items():
             if not known.external:
@@ -157,7 +158,20 @@ class PolicyBuilder:
         self._splits = [
             (root, split, split.weighted_services()) for root, split in spec.splits.items()
         ]
+        # Which splits an account's callers may reach (through the root or a backend), so a
+        # build looks only at those: a split no allowed account touches yields nothing.
+        self._splits_by_account: dict[ServiceAccount, list[int]] = {}
+        for position, (root, _, backends) in enumerate(self._splits):
+            touched = [root, *(b.service for b in backends if b.weight > 0)]
+            for account in {a for service in touched for a in self.accounts(service)}:
+                self._splits_by_account.setdefault(account, []).append(position)
         self._spiffe_ids: dict[MeshService, str] = {}
+        # What does not depend on the caller but on what of the service it may reach is
+        # built once per builder and shared by every identity's policy (frozen values).
+        self._refs: dict[tuple[MeshService, PortSpec, tuple[str, ...]], ClusterRef] = {}
+        self._directs: dict[
+            tuple[MeshService, tuple[str, ...]], tuple[list[ClusterRef], list[OutboundService]]
+        ] = {}
         self.routes = routes or gateway.resolve(spec.gateway_routes, services, {}, cluster_domain)
 
     def account(self, service: MeshService) -> ServiceAccount:
@@ -171,11 +185,17 @@ class PolicyBuilder:
     def accounts(self, service: MeshService) -> tuple[ServiceAccount, ...]:
         """Every account the service's workloads run as (an endpoint without one runs as
         the service's account), the service's account first."""
+        found = self._workload_accounts.get(service)
+        if found is None:
+            found = self._workload_accounts[service] = self._find_accounts(service)
+        return found
+
+    def _find_accounts(self, service: MeshService) -> tuple[ServiceAccount, ...]:
         main = self.account(service)
         known = self.services.get(service)
         found = dict.fromkeys([main])
         for endpoint in known.endpoints if known is not None else ():
-            if endpoint.service_account:
+            if endpoint.service_account and endpoint.service_account != main.name:
                 found[ServiceAccount(service.namespace, endpoint.service_account)] = None
         return tuple(found)
 
@@ -214,16 +234,34 @@ class PolicyBuilder:
             found.update(dict.fromkeys(self._by_account.get(account, ())))
         return list(found)
 
+    def _reachable_splits(
+        self, source: ServiceAccount
+    ) -> list[tuple[MeshService, smi.TrafficSplit, tuple[WeightedService, ...]]]:
+        if self.spec.permissive:
+            return self._splits
+        positions: set[int] = set()
+        for account in self._allowed.get(source, ()):
+            positions.update(self._splits_by_account.get(account, ()))
+        return [self._splits[p] for p in sorted(positions)]
+
     def cluster_ref(
         self, known: KnownService, port: PortSpec, source: ServiceAccount
     ) -> ClusterRef:
-        ref = known.cluster_ref(port)
-        accounts = self.reachable(source, known.service)
-        if accounts:
-            ref = replace(ref, accounts=accounts)
-        setting = self.spec.upstream_settings.get(known.service)
-        if setting is not None:
-            ref = replace(ref, connection=connection_settings(*setting))
+        return self._cluster_ref(known, port, self.reachable(source, known.service))
+
+    def _cluster_ref(
+        self, known: KnownService, port: PortSpec, accounts: tuple[str, ...]
+    ) -> ClusterRef:
+        key = (known.service, port, accounts)
+        ref = self._refs.get(key)
+        if ref is None:
+            ref = known.cluster_ref(port)
+            if accounts:
+                ref = replace(ref, accounts=accounts)
+            setting = self.spec.upstream_settings.get(known.service)
+            if setting is not None:
+                ref = replace(ref, connection=connection_settings(*setting))
+            self._refs[key] = ref
         return ref
 
     def build(self, identity: Identity, service_account: str) -> IdentityPolicy:
@@ -243,7 +281,7 @@ class PolicyBuilder:
             if service in self.spec.splits or service in routed:
                 continue  # handled with its root or its Gateway API routes below
             outbound += self._direct(known, source, clusters)
-        for root, split, backends in self._splits:
+        for root, split, backends in self._reachable_splits(source):
             if root not in routed:  # Gateway API routes on a root take over from its split
                 outbound += self._split(root, split, backends, source, clusters)
         for parent, rules in routed.items():
@@ -315,10 +353,22 @@ class PolicyBuilder:
     def _direct(
         self, known: KnownService, source: ServiceAccount, clusters: dict[str, ClusterRef]
     ) -> list[OutboundService]:
-        found = []
-        for port in known.ports:
-            ref = self.cluster_ref(known, port, source)
+        accounts = self.reachable(source, known.service)
+        shared = self._directs.get((known.service, accounts))
+        if shared is None:
+            shared = self._directs[known.service, accounts] = self._direct_to(known, accounts)
+        refs, found = shared
+        for ref in refs:
             clusters[ref.name] = ref
+        return list(found)
+
+    def _direct_to(
+        self, known: KnownService, accounts: tuple[str, ...]
+    ) -> tuple[list[ClusterRef], list[OutboundService]]:
+        refs, found = [], []
+        for port in known.ports:
+            ref = self._cluster_ref(known, port, accounts)
+            refs.append(ref)
             found.append(
                 OutboundService(
                     namespace=known.service.namespace,
@@ -330,7 +380,7 @@ class PolicyBuilder:
                     spiffe_ids=self.spiffe([known.service]),
                 )
             )
-        return found
+        return refs, found
 
     def _split(
         self,

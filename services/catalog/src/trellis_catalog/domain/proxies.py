@@ -63,6 +63,7 @@ class Proxies(Mapping[str, ProxyRecord]):
         self._records: dict[str, ProxyRecord] = {}
         self._seq = 0
         self._accounts: dict[Identity, str] = {}  # the latest onboarded proxy's
+        self._by_identity: dict[Identity, dict[str, ProxyRecord]] = {}
 
     # -- the mapping -------------------------------------------------------------------
 
@@ -111,12 +112,13 @@ class Proxies(Mapping[str, ProxyRecord]):
         ]
         for record in gone:
             del self._records[record.common_name]
+            same = self._by_identity[record.identity]
+            del same[record.common_name]
+            if not same:
+                del self._by_identity[record.identity]
+                self._accounts.pop(record.identity, None)
             log.debug("proxy.pruned proxy=%s", record.common_name)
         if gone:
-            identities = self.identities()
-            for record in gone:
-                if record.identity not in identities:
-                    self._accounts.pop(record.identity, None)
             self._changed()
         return len(gone)
 
@@ -143,7 +145,7 @@ class Proxies(Mapping[str, ProxyRecord]):
         return self._accounts.get(identity)
 
     def identities(self) -> set[Identity]:
-        return {r.identity for r in self._records.values()}
+        return set(self._by_identity)
 
     def accounts(self) -> dict[Identity, str]:
         """Each identity with a proxy, and one of its proxies' accounts."""
@@ -164,11 +166,9 @@ class Proxies(Mapping[str, ProxyRecord]):
                 common_name, identity, service_account or cn.service, seq=self._seq
             )
             self._accounts[identity] = record.service_account
-            others = {
-                r.service_account
-                for r in self._records.values()
-                if r.identity == identity and r is not record
-            }
+            same = self._by_identity.setdefault(identity, {})
+            others = {r.service_account for r in same.values()}
+            same[common_name] = record
             if others - {record.service_account}:
                 log.warning(
                     "proxy.account_conflict identity=%s proxy=%s account=%s others=%s "
@@ -182,9 +182,7 @@ class Proxies(Mapping[str, ProxyRecord]):
             self._onboarded(record)
         elif service_account and service_account != record.service_account:
             record.service_account = service_account
-            latest = max(
-                (r for r in self._records.values() if r.identity == identity), key=lambda r: r.seq
-            )
+            latest = max(self._by_identity[identity].values(), key=lambda r: r.seq)
             self._accounts[identity] = latest.service_account
             self._changed()
         return record

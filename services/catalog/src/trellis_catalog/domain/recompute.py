@@ -32,6 +32,7 @@ from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
 from trellis_catalog.domain.policy import PolicyBuilder, tcp_port_conflicts
 from trellis_catalog.domain.reports import ProviderReports
+from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.model import MeshService, ServiceAccount
@@ -168,12 +169,18 @@ class Recompute:
 
     def apply(self) -> Recomputed:
         """Apply every pending input; the dirty marks start over."""
+        return drain(self.apply_steps())
+
+    def apply_steps(self) -> Steps[Recomputed]:
+        """:meth:`apply` in steps: it yields between services and between identities, so an
+        event loop can serve others meanwhile (:meth:`Catalog.flush_in_steps`). Inputs that
+        arrive between steps mark the next round: the marks were taken at the start."""
         dirty, self.dirty = self.dirty, Dirty()
         recompute_policies = dirty.spec or dirty.policies
         changed_shape = False
         scope: set[MeshService] = set()
         if dirty.spec:
-            self.spec = meshspec.build(self._documents, self._errors)
+            self.spec = yield from meshspec.build_steps(self._documents, self._errors)
             self._document_statuses = dict(self.spec.statuses)
             grpc_ports, self._grpc_ports = self._grpc_ports, self.spec.grpc_backends()
             # a port that became (or stopped being) a GRPCRoute's backend changes protocol
@@ -184,6 +191,7 @@ class Recompute:
         if scope or dirty.spec:
             before = {s: self._shape(s) for s in scope}
             for service in scope:
+                yield
                 known = svc.known_service(
                     service,
                     self.spec.services.get(service),
@@ -197,7 +205,9 @@ class Recompute:
             if any(before[s] != self._shape(s) for s in scope):
                 recompute_policies = True  # ports, accounts or reachability moved
                 changed_shape = True
-            changed_clusters = self.clusters.rebuild(scope, self.services, self._trust())
+            changed_clusters = yield from self.clusters.rebuild_steps(
+                scope, self.services, self._trust()
+            )
         if dirty.spec or changed_shape:
             self.routes = gateway.resolve(
                 self.spec.gateway_routes, self.services, self._first_seen, self._cluster_domain
@@ -206,7 +216,7 @@ class Recompute:
         touched: set[Identity] = set()
         if recompute_policies:
             targeted = None if dirty.policies or changed_shape else self._concerned(dirty)
-            touched = self._recompute_policies(targeted)
+            touched = yield from self._recompute_policies(targeted)
         return Recomputed(
             touched, changed_clusters, recompute_policies, None if dirty.spec else scope
         )
@@ -221,7 +231,7 @@ class Recompute:
             }
         return dirty.changed
 
-    def _recompute_policies(self, targeted: list[Identity] | None) -> set[Identity]:
+    def _recompute_policies(self, targeted: list[Identity] | None) -> Steps[set[Identity]]:
         """Recompute the policies of ``targeted`` (None: everyone's, and forget the
         identities that are gone); returns the identities whose policy changed."""
         touched: set[Identity] = set()
@@ -233,6 +243,7 @@ class Recompute:
                 touched.add(identity)
         self.last_recomputed = len(identities)
         for identity in identities:
+            yield
             try:
                 account = self.account_of(MeshService(*identity))
                 policy = builder.build(identity, account)

@@ -15,10 +15,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from trellis_catalog.domain.gateway_matches import grpc_match
+from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import HttpMatch
 from trellis_common.documents import core, gateway, istio, meshconfig, osm, osm_access, smi
 from trellis_common.documents.base import Document, DocumentError, DocumentKey, UnreadKind
 from trellis_common.model import MeshService, ServiceAccount
+
+STEP = 200  # documents between two steps of a build
 
 KINDS = (
     "Service",
@@ -211,11 +214,20 @@ def error_status(error: DocumentError) -> Status:
 
 
 def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -> MeshSpec:
+    return drain(build_steps(documents, errors))
+
+
+def build_steps(
+    documents: Iterable[Document], errors: Iterable[DocumentError] = ()
+) -> Steps[MeshSpec]:
+    """:func:`build` in steps (a new spec: nothing shared is touched until it returns)."""
     spec = MeshSpec()
     ordered = sorted(documents, key=lambda d: d.key)
     targets: list[Document] = []
     tcp_routes: dict[tuple[str, str], smi.TCPRoute] = {}
-    for document in ordered:
+    for position, document in enumerate(ordered):
+        if position % STEP == 0:
+            yield
         resource = document.resource
         key = document.key
         status = _status(document)
@@ -276,7 +288,9 @@ def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -
         for d in spec.gateway_routes
         if isinstance(d.resource, gateway.GRPCRoute)
     }
-    for document in targets:
+    for position, document in enumerate(targets):
+        if position % STEP == 0:
+            yield
         grant, problems = _grant(document, spec.route_groups, tcp_routes, grpc_routes)
         if grant.rules:
             spec.grants[grant.destination].append(grant)

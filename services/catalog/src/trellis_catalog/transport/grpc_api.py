@@ -301,6 +301,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
 
     @rpc(grpc_requests.view)
     async def GetView(self, asked: grpc_requests.ViewRequest, context: Context) -> pb.View:
+        await self._catalog.settled()
         return to_proto(
             self._catalog, self._catalog.policy_for(asked.identity, asked.service_account)
         )
@@ -308,6 +309,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     async def ListViewVersions(
         self, request: pb.ListViewVersionsRequest, context: Context
     ) -> pb.ListViewVersionsResponse:
+        await self._catalog.settled()
         cursor, full, changed = self._catalog.views_since(grpc_requests.view_cursor(request))
         return pb.ListViewVersionsResponse(
             cursor=cursor,
@@ -318,6 +320,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     async def ListDestinations(
         self, request: pb.ListDestinationsRequest, context: Context
     ) -> pb.ListDestinationsResponse:
+        await self._catalog.settled()
         store = self._catalog.destinations
         cursor, full, changed, removed = store.since(grpc_requests.view_cursor(request))
         return pb.ListDestinationsResponse(
@@ -329,6 +332,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
 
     @rpc(grpc_requests.namespace_filter)
     async def ListServices(self, namespace: str, context: Context) -> pb.ListServicesResponse:
+        await self._catalog.settled()
         return pb.ListServicesResponse(
             services=[
                 pb.ServiceSummary(
@@ -349,6 +353,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     async def CheckPolicy(
         self, question: grpc_requests.PolicyQuestion, context: Context
     ) -> pb.CheckPolicyResponse:
+        await self._catalog.settled()
         decision = explain(self._catalog.builder(), question.source, question.destination)
         return pb.CheckPolicyResponse(
             allowed=decision.allowed,

@@ -1,0 +1,114 @@
+"""A flush in steps: the event loop is given back during a recompute, a reader waits for
+the whole result, and an input that arrives meanwhile goes into the next flush."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trellis_catalog import catalog as catalog_module
+from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.sources import kinds
+from trellis_common.specdir import load_paths
+
+ROOT = Path(__file__).resolve().parents[3]
+V1, V2 = "bookstore/bookstore-v1|14001", "bookstore/bookstore-v2|14001"
+
+
+def provided(name: str, address: str) -> ProvidedService:
+    return ProvidedService(
+        provider="vm",
+        namespace="bookstore",
+        name=name,
+        ports=(("http", 8080, "", 0),),
+        endpoints=(ProvidedEndpoint(address, (("http", 8081),), service_account="bookstore"),),
+    )
+
+
+async def _announce(kind: str, key: str) -> int:
+    return 1
+
+
+@pytest.fixture
+def every_step_yields(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog_module, "STEP_SECONDS", 0.0)
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    yield
+    gc.unfreeze()
+
+
+def _catalog(freeze_heap: bool = False) -> Catalog:
+    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+    catalog = Catalog(_announce, freeze_heap=freeze_heap)
+    catalog.set_documents(documents, errors)
+    catalog.set_provider_services(
+        "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
+    )
+    catalog.flush()
+    return catalog
+
+
+@pytest.mark.usefixtures("every_step_yields")
+async def test_a_flush_gives_the_loop_back_and_readers_wait_for_the_whole_result() -> None:
+    catalog = _catalog()
+    catalog.update_provider_service(
+        "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.2.2")
+    )
+    flush = asyncio.create_task(catalog.flush_in_steps())
+    reader = asyncio.create_task(catalog.settled())
+    turns = 0
+    while not flush.done():
+        turns += 1
+        await asyncio.sleep(0)
+        if not flush.done():
+            assert not reader.done(), "a reader went ahead of the flush in progress"
+        if turns == 1:  # an input in the middle of the flush
+            catalog.update_provider_service(
+                "vm", "bookstore", "bookstore-v1", provided("bookstore-v1", "10.0.1.1")
+            )
+    await reader
+    assert turns > 3, "the flush held the loop from start to end"
+    assert catalog.clusters[V2].endpoints[0].address == "10.0.2.2"
+    # the input that came meanwhile was marked for the next flush, not lost
+    assert catalog.clusters[V1].endpoints[0].address == "10.0.0.1"
+    await catalog.flush_in_steps()
+    assert catalog.clusters[V1].endpoints[0].address == "10.0.1.1"
+
+
+@pytest.mark.usefixtures("every_step_yields")
+async def test_flushes_in_steps_take_turns() -> None:
+    catalog = _catalog()
+    catalog.update_provider_service(
+        "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.2.3")
+    )
+    first = asyncio.create_task(catalog.flush_in_steps())
+    await asyncio.sleep(0)
+    catalog.update_provider_service(
+        "vm", "bookstore", "bookstore-v1", provided("bookstore-v1", "10.0.1.3")
+    )
+    second = asyncio.create_task(catalog.flush_in_steps())
+    await asyncio.gather(first, second)
+    assert catalog.clusters[V2].endpoints[0].address == "10.0.2.3"
+    assert catalog.clusters[V1].endpoints[0].address == "10.0.1.3"
+
+
+@pytest.mark.usefixtures("unfrozen")
+async def test_the_service_catalog_freezes_what_survives_a_flush() -> None:
+    gc.unfreeze()
+    plain = _catalog()
+    await plain.flush_in_steps()
+    assert gc.get_freeze_count() == 0
+    service = _catalog(freeze_heap=True)
+    service.update_provider_service(
+        "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.2.4")
+    )
+    await service.flush_in_steps()
+    assert gc.get_freeze_count() > 0
