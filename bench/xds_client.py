@@ -90,14 +90,38 @@ class _Names:
         return sorted(refs), sorted(secrets)
 
 
-class Fleet:
-    """N streams to one server; see the module docstring."""
+ChannelOf = Callable[[int], grpc.aio.Channel]  # stream index -> a new channel for it
+Watcher = Callable[[int, Any], None]  # (stream index, a response it received)
 
-    def __init__(self, target: str, streams: int, groups: int, per_channel: int) -> None:
+
+class Fleet:
+    """N streams to one server; see the module docstring.
+
+    By default a stream is the benchmark's proxy ``i`` (:func:`bench.xds_mesh.node_id`) on
+    insecure channels; ``node_id`` and ``channel_of`` make it another (the soak's proxies
+    each have a certificate and a connection of their own), and ``watch`` sees every
+    response a synced stream receives, before it is ACKed."""
+
+    def __init__(
+        self,
+        target: str,
+        streams: int,
+        groups: int,
+        per_channel: int,
+        *,
+        node_id: Callable[[int], str] | None = None,
+        channel_of: ChannelOf | None = None,
+        watch: Watcher | None = None,
+    ) -> None:
         self.target = target
         self.size = streams
         self.groups = groups
         self.per_channel = per_channel
+        self._node_id = node_id or (lambda i: xds_mesh.node_id(i, groups))
+        self._channel_of = channel_of or (
+            lambda i: grpc.aio.insecure_channel(target, CHANNEL_OPTIONS)
+        )
+        self._watch = watch
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -123,7 +147,7 @@ class Fleet:
         opened = len(self._tasks)
         for i in range(opened, min(opened + count, self.size)):
             if i // self.per_channel == len(self._channels):
-                channel = grpc.aio.insecure_channel(self.target, CHANNEL_OPTIONS)
+                channel = self._channel_of(i)
                 self._channels.append(channel)
                 self._stubs.append(ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel))
             self._tasks.append(asyncio.create_task(self._stream(i)))
@@ -132,6 +156,11 @@ class Fleet:
             self._all_synced.set()
         await self._until(self._all_synced, timeout, lambda: f"{self._synced} synced")
         return time.monotonic() - start
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The first failure of a stream after it was synced (streams are not reopened)."""
+        return self._failure
 
     def begin(self, round_: int) -> None:
         """Start round ``round_`` now (call right before triggering the change)."""
@@ -200,7 +229,7 @@ class Fleet:
 
     async def _sync(self, index: int, call: Any) -> dict[str, list[str]]:
         """Walk the protocol up to the SDS ACK; return the names subscribed to, by type."""
-        node = base_pb2.Node(id=xds_mesh.node_id(index, self.groups), cluster="bench")
+        node = base_pb2.Node(id=self._node_id(index), cluster="bench")
         await call.write(discovery_pb2.DiscoveryRequest(node=node, type_url=CLUSTER))
         cds = await _read(call, CLUSTER)
         eds_names, cluster_secrets = self._names.of(cds)
@@ -226,6 +255,8 @@ class Fleet:
             response = await call.read()
             if response is grpc.aio.EOF:
                 raise RuntimeError(f"stream {index} ended by the server")
+            if self._watch is not None:
+                self._watch(index, response)
             await _ack(call, response, names.get(response.type_url, []))
             now = time.monotonic()
             self.responses[response.type_url] += 1

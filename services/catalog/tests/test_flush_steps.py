@@ -101,14 +101,22 @@ async def test_flushes_in_steps_take_turns() -> None:
 
 
 @pytest.mark.usefixtures("unfrozen")
-async def test_the_service_catalog_freezes_what_survives_a_flush() -> None:
+async def test_the_service_catalog_freezes_what_a_big_flush_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     gc.unfreeze()
+    v2 = "bookstore-v2"
     plain = _catalog()
+    plain.update_provider_service("vm", "bookstore", v2, provided(v2, "10.0.2.4"))
+    monkeypatch.setattr(catalog_module, "FREEZE_AFTER", 0.0)  # every flush counts as big
     await plain.flush_in_steps()
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0  # only the service's catalog freezes
     service = _catalog(freeze_heap=True)
-    service.update_provider_service(
-        "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.2.4")
-    )
+    service.update_provider_service("vm", "bookstore", v2, provided(v2, "10.0.2.5"))
+    monkeypatch.setattr(catalog_module, "FREEZE_AFTER", 3600.0)  # a small flush: churn
+    await service.flush_in_steps()
+    assert gc.get_freeze_count() == 0  # its garbage stays the collector's
+    service.update_provider_service("vm", "bookstore", v2, provided(v2, "10.0.2.6"))
+    monkeypatch.setattr(catalog_module, "FREEZE_AFTER", 0.0)
     await service.flush_in_steps()
     assert gc.get_freeze_count() > 0

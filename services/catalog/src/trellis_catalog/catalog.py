@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 Announce = Callable[[str, str], Awaitable[int]]
 TOPIC = "views"
 STEP_SECONDS = 0.01  # the longest a flush holds the event loop between two steps
+FREEZE_AFTER = 0.05  # CPU seconds: a flush this big freezes what it built (flush_in_steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +263,14 @@ class Catalog:
                     next(steps)
                 except StopIteration as done:
                     batch: ViewBatch | None = done.value
-                    if self._freeze_heap:
-                        # What survives a flush lives long: out of the collector's sight,
-                        # so a full collection (a pause that grows with the heap: 150 ms
-                        # and more at a thousand services) scans only what is newer than
-                        # the last flush. Refcounting still frees frozen objects; only a
-                        # cycle among them is never collected.
+                    if self._freeze_heap and self.last_flush_seconds >= FREEZE_AFTER:
+                        # What a big flush built lives long: out of the collector's sight
+                        # (after the young garbage is collected), so a full collection (a
+                        # pause that grows with the heap: 150 ms and more at a thousand
+                        # services) scans only what is newer. Refcounting still frees
+                        # frozen objects; a cycle among them would wait, so small flushes
+                        # (churn) never freeze: their garbage is the collector's.
+                        gc.collect(1)
                         gc.freeze()
                     return batch
                 if time.perf_counter() - resumed > STEP_SECONDS:
