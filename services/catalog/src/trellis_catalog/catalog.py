@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 #: Signals (kind, key) on the ``views`` topic; an owner's ``Outbox.signal`` bound to it.
 Announce = Callable[[str, str], Awaitable[int]]
 TOPIC = "views"
-STEP_SECONDS = 0.01  # the longest a flush holds the event loop between two steps
+STEP_SECONDS = 0.005  # the longest a flush holds the event loop between two steps
 FREEZE_AFTER = 0.05  # CPU seconds: a flush this big freezes what it built (flush_in_steps)
 
 
@@ -290,6 +290,7 @@ class Catalog:
         result = yield from self._recompute.apply_steps()
         if result.policies:
             self._views.index_references(self.policies)
+            yield
         touched = result.identities | self._views.referencing(result.clusters)
         batch = self._views.stamp(touched, self.policies, self.clusters)
         scope = result.services

@@ -30,9 +30,10 @@ from trellis_catalog.domain import destinations, edge, gateway
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
-from trellis_catalog.domain.policy import PolicyBuilder, tcp_port_conflicts
+from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.reports import ProviderReports
 from trellis_catalog.domain.steps import Steps, drain
+from trellis_catalog.domain.tcpports import tcp_port_conflicts
 from trellis_catalog.domain.views import Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.model import MeshService, ServiceAccount
@@ -212,7 +213,9 @@ class Recompute:
             self.routes = gateway.resolve(
                 self.spec.gateway_routes, self.services, self._first_seen, self._cluster_domain
             )
+            yield
             self.spec.statuses = self._resolved_statuses()
+            yield
         touched: set[Identity] = set()
         if recompute_policies:
             targeted = None if dirty.policies or changed_shape else self._concerned(dirty)
@@ -236,6 +239,7 @@ class Recompute:
         identities that are gone); returns the identities whose policy changed."""
         touched: set[Identity] = set()
         builder = self.builder()
+        yield
         identities = self.identities() if targeted is None else targeted
         if targeted is None:
             for identity in set(self.policies) - set(identities):

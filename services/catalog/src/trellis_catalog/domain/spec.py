@@ -222,7 +222,8 @@ def build_steps(
 ) -> Steps[MeshSpec]:
     """:func:`build` in steps (a new spec: nothing shared is touched until it returns)."""
     spec = MeshSpec()
-    ordered = sorted(documents, key=lambda d: d.key)
+    # the keys' order, compared as plain tuples (in C, not by the dataclass' __lt__)
+    ordered = sorted(documents, key=lambda d: (d.key.kind, d.key.namespace, d.key.name))
     targets: list[Document] = []
     tcp_routes: dict[tuple[str, str], smi.TCPRoute] = {}
     for position, document in enumerate(ordered):
