@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,53 @@ def test_a_service_edit_still_recomputes_everyone(catalog: Catalog) -> None:
     catalog.set_documents(kept, errors)
     catalog.flush()
     assert catalog.last_recomputed == len(catalog.identities())
+
+
+SPLIT_ROUTES = """
+apiVersion: specs.smi-spec.io/v1alpha4
+kind: HTTPRouteGroup
+metadata: {name: split-routes, namespace: bookstore}
+spec:
+  matches:
+  - {name: canary, pathRegex: /canary, methods: [GET]}
+---
+apiVersion: split.smi-spec.io/v1alpha4
+kind: TrafficSplit
+metadata: {name: bookstore-split, namespace: bookstore}
+spec:
+  service: bookstore
+  matches: [{kind: HTTPRouteGroup, name: split-routes}]
+  backends:
+  - {service: bookstore-v1, weight: 80}
+  - {service: bookstore-v2, weight: 20}
+"""
+
+
+def test_a_route_group_that_only_a_split_matches_reaches_the_roots_callers(
+    tmp_path: Path, bell: Bell
+) -> None:
+    """No TrafficTarget names split-routes: its edit still moves every caller's routes."""
+    spec = tmp_path / "spec"
+    shutil.copytree(ROOT / "examples" / "bookstore", spec)
+    (spec / "traffic-split.yaml").write_text(SPLIT_ROUTES)
+    documents, errors = load_paths([spec], kinds())
+    assert not errors
+    catalog = Catalog(bell)
+    catalog.set_documents(documents, errors)
+    catalog.set_provider_services(
+        "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
+    )
+    catalog.expect_proxy(PROXY.format(1, "bookbuyer", "bookbuyer"), "bookbuyer")
+    catalog.flush()
+
+    def regexes() -> set[str]:
+        [root] = [o for o in catalog.policies[BUYER].outbound if o.name == "bookstore"]
+        return {route.match.path_regex for route in root.routes}
+
+    assert "/canary" in regexes()
+    (spec / "traffic-split.yaml").write_text(SPLIT_ROUTES.replace("/canary", "/canary-2"))
+    documents, errors = load_paths([spec], kinds())
+    catalog.set_documents(documents, errors)
+    assert catalog.flush() is not None
+    assert "/canary-2" in regexes()
+    assert "/canary" not in regexes()

@@ -30,6 +30,11 @@ def provided(name: str, address: str) -> ProvidedService:
     )
 
 
+def move(catalog: Catalog, service: str, address: str) -> None:
+    """A provider's new report: ``service``'s one endpoint is at ``address`` now."""
+    catalog.update_provider_service("vm", "bookstore", service, provided(service, address))
+
+
 async def _announce(kind: str, key: str) -> int:
     return 1
 
@@ -59,9 +64,7 @@ def _catalog(freeze_heap: bool = False) -> Catalog:
 @pytest.mark.usefixtures("every_step_yields")
 async def test_a_flush_gives_the_loop_back_and_readers_wait_for_the_whole_result() -> None:
     catalog = _catalog()
-    catalog.update_provider_service(
-        "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.2.2")
-    )
+    move(catalog, "bookstore-v2", "10.0.2.2")
     flush = asyncio.create_task(catalog.flush_in_steps())
     reader = asyncio.create_task(catalog.settled())
     turns = 0
@@ -71,9 +74,7 @@ async def test_a_flush_gives_the_loop_back_and_readers_wait_for_the_whole_result
         if not flush.done():
             assert not reader.done(), "a reader went ahead of the flush in progress"
         if turns == 1:  # an input in the middle of the flush
-            catalog.update_provider_service(
-                "vm", "bookstore", "bookstore-v1", provided("bookstore-v1", "10.0.1.1")
-            )
+            move(catalog, "bookstore-v1", "10.0.1.1")
     await reader
     assert turns > 3, "the flush held the loop from start to end"
     assert catalog.clusters[V2].endpoints[0].address == "10.0.2.2"
@@ -86,14 +87,10 @@ async def test_a_flush_gives_the_loop_back_and_readers_wait_for_the_whole_result
 @pytest.mark.usefixtures("every_step_yields")
 async def test_flushes_in_steps_take_turns() -> None:
     catalog = _catalog()
-    catalog.update_provider_service(
-        "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.2.3")
-    )
+    move(catalog, "bookstore-v2", "10.0.2.3")
     first = asyncio.create_task(catalog.flush_in_steps())
     await asyncio.sleep(0)
-    catalog.update_provider_service(
-        "vm", "bookstore", "bookstore-v1", provided("bookstore-v1", "10.0.1.3")
-    )
+    move(catalog, "bookstore-v1", "10.0.1.3")
     second = asyncio.create_task(catalog.flush_in_steps())
     await asyncio.gather(first, second)
     assert catalog.clusters[V2].endpoints[0].address == "10.0.2.3"
@@ -107,16 +104,16 @@ async def test_the_service_catalog_freezes_what_a_big_flush_built(
     gc.unfreeze()
     v2 = "bookstore-v2"
     plain = _catalog()
-    plain.update_provider_service("vm", "bookstore", v2, provided(v2, "10.0.2.4"))
+    move(plain, v2, "10.0.2.4")
     monkeypatch.setattr(catalog_module, "FREEZE_AFTER", 0.0)  # every flush counts as big
     await plain.flush_in_steps()
     assert gc.get_freeze_count() == 0  # only the service's catalog freezes
     service = _catalog(freeze_heap=True)
-    service.update_provider_service("vm", "bookstore", v2, provided(v2, "10.0.2.5"))
+    move(service, v2, "10.0.2.5")
     monkeypatch.setattr(catalog_module, "FREEZE_AFTER", 3600.0)  # a small flush: churn
     await service.flush_in_steps()
     assert gc.get_freeze_count() == 0  # its garbage stays the collector's
-    service.update_provider_service("vm", "bookstore", v2, provided(v2, "10.0.2.6"))
+    move(service, v2, "10.0.2.6")
     monkeypatch.setattr(catalog_module, "FREEZE_AFTER", 0.0)
     await service.flush_in_steps()
     assert gc.get_freeze_count() > 0

@@ -266,12 +266,21 @@ class Recompute:
 
         When only TrafficTargets, HTTPRouteGroups and TCPRoutes changed, only the accounts
         they name (old and new versions) can see their policy change: sources gain or lose
-        destinations, destinations gain or lose inbound rules. Anything else (Services,
+        destinations, destinations gain or lose inbound rules. An HTTPRouteGroup that a
+        TrafficSplit's ``matches`` names shapes the routes of every caller of the split's
+        root: its edit concerns everyone. Anything else (Services,
         splits, ServiceEntries, MeshConfig) may move every identity's view.
         """
         if not dirty.documents or any(k.kind not in POLICY_KINDS for k in dirty.documents):
             return None
         routes = {(k.namespace, k.kind, k.name) for k in dirty.documents if k.kind != TARGET}
+        split_groups = {
+            (root.namespace, "HTTPRouteGroup", match.name)
+            for root, split in self.spec.splits.items()
+            for match in split.spec.matches
+        }
+        if routes & split_groups:  # a split's matches: the routes of every caller of its root
+            return None
         targets: list[Any] = [old for k, old in dirty.documents.items() if k.kind == TARGET]
         for key, resource in self._resources.items():
             if key.kind != TARGET:
