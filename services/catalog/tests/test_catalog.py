@@ -56,9 +56,10 @@ def bell() -> Bell:
     return Bell()
 
 
-@pytest.fixture
-def catalog(bell: Bell) -> Catalog:
-    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+def bookstore_catalog(bell: Bell, spec: Path = ROOT / "examples" / "bookstore") -> Catalog:
+    """The bookstore's documents (from ``spec``), both bookstore versions reported,
+    bookbuyer's and bookthief's proxies expected, flushed."""
+    documents, errors = load_paths([spec], kinds())
     assert not errors
     catalog = Catalog(bell)
     catalog.set_documents(documents, errors)
@@ -69,6 +70,11 @@ def catalog(bell: Bell) -> Catalog:
     catalog.expect_proxy(PROXY.format(2, "bookthief", "bookthief"), "bookthief")
     catalog.flush()
     return catalog
+
+
+@pytest.fixture
+def catalog(bell: Bell) -> Catalog:
+    return bookstore_catalog(bell)
 
 
 def test_first_flush_versions_every_identity(catalog: Catalog) -> None:
@@ -348,15 +354,7 @@ def test_a_route_group_that_only_a_split_matches_reaches_the_roots_callers(
     spec = tmp_path / "spec"
     shutil.copytree(ROOT / "examples" / "bookstore", spec)
     (spec / "traffic-split.yaml").write_text(SPLIT_ROUTES)
-    documents, errors = load_paths([spec], kinds())
-    assert not errors
-    catalog = Catalog(bell)
-    catalog.set_documents(documents, errors)
-    catalog.set_provider_services(
-        "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
-    )
-    catalog.expect_proxy(PROXY.format(1, "bookbuyer", "bookbuyer"), "bookbuyer")
-    catalog.flush()
+    catalog = bookstore_catalog(bell, spec)
 
     def regexes() -> set[str]:
         [root] = [o for o in catalog.policies[BUYER].outbound if o.name == "bookstore"]
