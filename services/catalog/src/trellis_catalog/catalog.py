@@ -37,7 +37,7 @@ from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
 from trellis_catalog.domain.recompute import Recompute
 from trellis_catalog.domain.reports import ProviderReports
-from trellis_catalog.domain.steps import Steps, drain
+from trellis_catalog.domain.steps import Steps, drain, run_in_steps
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 from trellis_catalog.domain.viewstore import ViewBatch, ViewStore
 from trellis_common.documents.base import Document, DocumentError
@@ -256,26 +256,16 @@ class Catalog:
         that a big recompute (a full build takes hundreds of milliseconds at a thousand
         services) never holds up the gRPC API, the admin server or the followers."""
         async with self._flushing:
-            steps = self._flush_steps()
-            resumed = time.perf_counter()
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    batch: ViewBatch | None = done.value
-                    if self._freeze_heap and self.last_flush_seconds >= FREEZE_AFTER:
-                        # What a big flush built lives long: out of the collector's sight
-                        # (after the young garbage is collected), so a full collection (a
-                        # pause that grows with the heap: 150 ms and more at a thousand
-                        # services) scans only what is newer. Refcounting still frees
-                        # frozen objects; a cycle among them would wait, so small flushes
-                        # (churn) never freeze: their garbage is the collector's.
-                        gc.collect(1)
-                        gc.freeze()
-                    return batch
-                if time.perf_counter() - resumed > STEP_SECONDS:
-                    await asyncio.sleep(0)
-                    resumed = time.perf_counter()
+            batch = await run_in_steps(self._flush_steps(), STEP_SECONDS)
+        if self._freeze_heap and self.last_flush_seconds >= FREEZE_AFTER:
+            # What a big flush built lives long: out of the collector's sight (after the
+            # young garbage is collected), so a full collection (a pause that grows with
+            # the heap: 150 ms and more at a thousand services) scans only what is newer.
+            # Refcounting still frees frozen objects; a cycle among them would wait, so
+            # small flushes (churn) never freeze: their garbage is the collector's.
+            gc.collect(1)
+            gc.freeze()
+        return batch
 
     async def settled(self) -> None:
         """Wait for the flush in progress, if any: a reader of views, clusters or
