@@ -47,3 +47,5 @@ spec: {ports: [{name: http, port: 80}]}
     assert 'trellis_catalog_documents{state="ignored"} 1.0' in text
     assert 'trellis_catalog_documents{state="error"} 1.0' in text
     assert "trellis_catalog_services 1.0" in text
+    assert 'trellis_catalog_spec_updates_total{how="built"} 1.0' in text
+    assert 'trellis_catalog_spec_updates_total{how="patched"} 0.0' in text

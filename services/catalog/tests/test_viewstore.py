@@ -59,12 +59,25 @@ def test_a_cluster_version_re_versions_the_views_that_reference_it() -> None:
     views = ViewStore(epoch="e")
     policies = {BUYER: policy(BUYER, STORE), THIEF: policy(THIEF)}
     views.stamp(policies, policies, {STORE.name: cluster(STORE, 1)})
-    views.index_references(policies)
+    views.index_references(policies, policies)
     touched = views.referencing([STORE.name, "shop/other|80"])
     assert touched == {BUYER}
     batch = views.stamp(touched, policies, {STORE.name: cluster(STORE, 2)})
     assert batch == ViewBatch(2, (("shop/buyer", "e-2"),))
     assert views.versions == {BUYER: "e-2", THIEF: "e-1"}
+
+
+def test_references_move_only_for_the_identities_named() -> None:
+    views = ViewStore(epoch="e")
+    policies = {BUYER: policy(BUYER, STORE), THIEF: policy(THIEF)}
+    views.index_references(policies, policies)
+    moved = {BUYER: policy(BUYER), THIEF: policy(THIEF, STORE)}
+    views.index_references(moved, [THIEF])  # buyer's change not told yet: still indexed
+    assert views.referencing([STORE.name]) == {BUYER, THIEF}
+    views.index_references(moved, [BUYER])
+    assert views.referencing([STORE.name]) == {THIEF}
+    views.index_references({}, [THIEF])  # gone
+    assert views.referencing([STORE.name]) == set()
 
 
 def test_a_view_without_a_policy_is_removed_once() -> None:

@@ -126,8 +126,18 @@ class Catalog:
         return self._recompute.last_recomputed
 
     @property
+    def spec_updates(self) -> Mapping[str, int]:
+        """How often the spec was ``built`` from every document or ``patched`` (an edit of
+        access policy alone, at the cost of what it touches)."""
+        return self._recompute.spec_updates
+
+    @property
     def versions(self) -> Mapping[Identity, str]:
         return self._views.versions
+
+    def referencing(self, clusters: Iterable[str]) -> set[Identity]:
+        """The identities whose views reference any of ``clusters``."""
+        return self._views.referencing(clusters)
 
     @property
     def revision(self) -> int:
@@ -293,7 +303,7 @@ class Catalog:
         self._wake.clear()
         result = yield from self._recompute.apply_steps()
         if result.policies:
-            self._views.index_references(self.policies)
+            self._views.index_references(self.policies, result.identities)
             yield
         touched = result.identities | self._views.referencing(result.clusters)
         batch = self._views.stamp(touched, self.policies, self.clusters)

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from trellis_catalog.catalog import Catalog
@@ -24,7 +24,7 @@ class CatalogCollector(Collector):
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         catalog = self._catalog
         documents = GaugeMetricFamily(
             "trellis_catalog_documents",
@@ -50,6 +50,14 @@ class CatalogCollector(Collector):
             "How long the last recompute took",
             value=catalog.last_flush_seconds,
         )
+        updates = CounterMetricFamily(
+            "trellis_catalog_spec_updates",
+            "Spec updates: built from every document, or patched (access policy edits alone)",
+            labels=["how"],
+        )
+        for how in ("built", "patched"):
+            updates.add_metric([how], catalog.spec_updates.get(how, 0))
+        yield updates
 
 
 def register(registry: CollectorRegistry, catalog: Catalog) -> None:

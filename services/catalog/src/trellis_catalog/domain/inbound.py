@@ -14,8 +14,9 @@ the outbound half walks every destination the account may call; :mod:`.access` s
 
 from __future__ import annotations
 
+from trellis_catalog.domain.grants import Grant
 from trellis_catalog.domain.services import KnownService, PortSpec, endpoint_port, spiffe_id
-from trellis_catalog.domain.spec import Grant, MeshSpec
+from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import (
     MATCH_ALL,
     HttpMatch,

@@ -18,7 +18,8 @@ Why a call is allowed or denied, in words (CheckPolicy), is :mod:`.access`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import copy
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 
 from trellis_catalog.domain import edge, gamma, gateway, inbound
@@ -89,7 +90,6 @@ class PolicyBuilder:
         traced = settings.tracing if settings else None
         tracing = Tracing(traced.address, traced.port, traced.endpoint) if traced else None
         self.mesh = MeshSettings(self.trust_domain, spec.permissive, spec.egress, tracing)
-        self._allowed = spec.allowed_accounts()
         # Computed once per builder, not once per (identity, destination): a build walks
         # only the accounts a source may call, so it grows with the policies, not N².
         self._accounts: dict[MeshService, ServiceAccount] = {}
@@ -99,7 +99,8 @@ class PolicyBuilder:
             if not known.external:
                 for account in self.accounts(service):
                     self._by_account.setdefault(account, []).append(service)
-        self._external_services = [k for k in services.values() if k.external]
+        # by name: a builder outlives endpoint changes (see respec), so looked up when used
+        self._external_services = [s for s, k in services.items() if k.external]
         self._splits = [
             (root, split, split.weighted_services()) for root, split in spec.splits.items()
         ]
@@ -118,6 +119,22 @@ class PolicyBuilder:
             tuple[MeshService, tuple[str, ...]], tuple[list[ClusterRef], list[OutboundService]]
         ] = {}
         self.routes = routes or gateway.resolve(spec.gateway_routes, services, {}, cluster_domain)
+
+    def respec(self, spec: MeshSpec) -> PolicyBuilder:
+        """A builder for ``spec``, which differs from this one's only in its TrafficTargets,
+        HTTPRouteGroups and TCPRoutes, against the same services and accounts: it shares
+        what this one learned of the services (which reads none of those)."""
+        respecced = copy.copy(self)
+        respecced.spec = spec
+        return respecced
+
+    def running_as(self, accounts: Collection[ServiceAccount]) -> set[MeshService]:
+        """The services some of whose workloads run as one of ``accounts``."""
+        found = {s for account in accounts for s in self._by_account.get(account, ())}
+        found.update(
+            s for s in self._external_services if any(a in accounts for a in self.accounts(s))
+        )
+        return found
 
     def account(self, service: MeshService) -> ServiceAccount:
         found = self._accounts.get(service)
@@ -148,7 +165,7 @@ class PolicyBuilder:
         """Some workload of ``destination`` runs as an account ``source`` may call."""
         if self.spec.permissive:
             return True
-        allowed = self._allowed.get(source, set())
+        allowed = self.spec.grants.allowed(source)
         return any(a in allowed for a in self.accounts(destination))
 
     def reachable(self, source: ServiceAccount, destination: MeshService) -> tuple[str, ...]:
@@ -157,7 +174,7 @@ class PolicyBuilder:
         for endpoints that name no account (they run as the service's)."""
         if self.spec.permissive:
             return ()
-        allowed = self._allowed.get(source, set())
+        allowed = self.spec.grants.allowed(source)
         accounts = self.accounts(destination)
         reachable = [a for a in accounts if a in allowed]
         if len(reachable) == len(accounts):
@@ -175,7 +192,7 @@ class PolicyBuilder:
         if self.spec.permissive:
             return list(self.services)
         found: dict[MeshService, None] = {}
-        for account in self._allowed.get(source, ()):
+        for account in self.spec.grants.allowed(source):
             found.update(dict.fromkeys(self._by_account.get(account, ())))
         return list(found)
 
@@ -185,7 +202,7 @@ class PolicyBuilder:
         if self.spec.permissive:
             return self._splits
         positions: set[int] = set()
-        for account in self._allowed.get(source, ()):
+        for account in self.spec.grants.allowed(source):
             positions.update(self._splits_by_account.get(account, ()))
         return [self._splits[p] for p in sorted(positions)]
 
@@ -397,8 +414,9 @@ class PolicyBuilder:
 
     def _external(self, namespace: str, clusters: dict[str, ClusterRef]) -> list[ExternalService]:
         found = []
-        for known in self._external_services:
-            if not known.exported_to(namespace):
+        for service in self._external_services:
+            known = self.services.get(service)
+            if known is None or not known.exported_to(namespace):
                 continue
             for port in known.ports:
                 ref = known.cluster_ref(port)

@@ -3,14 +3,21 @@
 Inputs only mark what they touch (:class:`Dirty`); :meth:`Recompute.apply` then does the
 least work that keeps every answer equal to a computation from scratch:
 
-1. the specification is rebuilt only when documents changed;
+1. the specification is rebuilt only when documents changed, and only patched when the
+   edit is of access policy alone (TrafficTargets, HTTPRouteGroups, TCPRoutes): the
+   edited documents and the targets naming an edited route, nothing else;
 2. only the services in scope are re-indexed: all of them when a provider sent a full list,
    the ones a provider changed, and the ones a Service document names;
 3. the clusters of those services are rebuilt (:class:`~trellis_catalog.domain.clusters.Clusters`);
 4. policies are recomputed only when the specification, the proxies, or a service's shape
    (ports, location, hosts, reachability, account: not its endpoints' addresses) changed,
    and then only for the identities an access-policy edit concerns when that is all that
-   changed; an equal new policy keeps the old object, so its view keeps its version.
+   changed (found through an index of who runs as which account, with a builder that keeps
+   what it learned of the services); an equal new policy keeps the old object, so its
+   view keeps its version;
+5. destinations are rebuilt for the services re-indexed, all of them when the spec was
+   built, and for an access-policy edit only those running as a touched target's
+   destination account (and the roots of splits whose matches name an edited group).
 
 An identity's service account is the latest onboarded proxy's, else the one most of its
 service's endpoints run as, else the last one known (so policies do not flip while
@@ -41,7 +48,8 @@ from trellis_common.model import MeshService, ServiceAccount
 log = logging.getLogger(__name__)
 
 TARGET = "TrafficTarget"
-POLICY_KINDS = frozenset({TARGET, "HTTPRouteGroup", "TCPRoute"})
+GROUP = "HTTPRouteGroup"
+POLICY_KINDS = meshspec.PATCHED_KINDS  # access policy: TrafficTargets and their routes
 
 Verdict = Callable[[Identity, Exception | None], None]  # a view built, or why it was not
 
@@ -61,6 +69,8 @@ class Dirty:
     policies: bool = False
     changed: set[MeshService] = field(default_factory=set)  # only these services
     documents: dict[DocumentKey, Any] = field(default_factory=dict)  # changed: old resource
+    errors: bool = False  # the document errors changed
+    moved: bool = False  # a document moved (its source or position) but did not change
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +78,8 @@ class Recomputed:
     identities: set[Identity]  # whose policy changed or went away
     clusters: set[str]  # the names of the clusters that changed
     policies: bool  # policies were recomputed: the views' references may have moved
-    services: set[MeshService] | None = None  # re-indexed services; None: the spec moved
+    # the services whose destination may have moved; None: every one (the spec moved)
+    services: set[MeshService] | None = None
 
 
 def _accept(identity: Identity, error: Exception | None) -> None:
@@ -90,8 +101,10 @@ class Recompute:
         self._cluster_domain = cluster_domain
         self._verdict = verdict
         self._documents: list[Document] = []
+        self._current: dict[DocumentKey, Document] = {}
+        self._by_id: dict[int, Document] = {}  # the same documents, by identity
         self._errors: list[DocumentError] = []
-        self._resources: dict[DocumentKey, Any] = {}
+        self._error_statuses: list[meshspec.Status] = []
         self._first_seen: dict[DocumentKey, datetime] = {}  # a route's age without a timestamp
         self._grpc_ports: dict[MeshService, frozenset[int]] = {}
         self.routes = gateway.Resolved()
@@ -102,21 +115,48 @@ class Recompute:
         self.clusters = Clusters()
         self.policies: dict[Identity, IdentityPolicy] = {}
         self._last_accounts: dict[MeshService, str] = {}
+        # who runs as which account, as of the last recompute of every policy (accounts
+        # move only with what recomputes every policy: a service's shape, the proxies)
+        self._by_account: dict[ServiceAccount, set[Identity]] = {}
+        self._builder: PolicyBuilder | None = None  # the last recompute's
         self.last_recomputed = 0  # identities whose policy the last apply recomputed
+        self.spec_updates: Counter[str] = Counter()  # "built" or "patched": how often
 
     # -- inputs: they only mark -------------------------------------------------------
 
     def set_documents(self, documents: Iterable[Document], errors: Iterable[DocumentError]) -> None:
-        """The whole specification; remembers each changed document's old resource."""
+        """The whole specification; remembers each changed document's old resource.
+
+        Documents are told apart by identity first: a source that lists everything again
+        after one edit (the same objects but the edited one) costs a pass over the list,
+        not a comparison, nor even a hash of every key."""
         self._documents = list(documents)
         self._errors = list(errors)
-        resources = {d.key: d.resource for d in self._documents}
+        error_statuses = [meshspec.error_status(e) for e in self._errors]
+        self.dirty.errors |= error_statuses != self._error_statuses
+        self._error_statuses = error_statuses
+        # the previous documents stay referenced until here: no new one can share an id
+        by_id, previous = {id(d): d for d in self._documents}, self._by_id
+        gone = {previous[i].key: previous[i] for i in previous.keys() - by_id.keys()}
+        fresh = [by_id[i] for i in by_id.keys() - previous.keys()]
+        self._by_id = by_id
         now = datetime.now(UTC)
-        self._first_seen = {k: self._first_seen.get(k, now) for k in resources}
-        for key in resources.keys() | self._resources.keys():
-            if resources.get(key) != self._resources.get(key):
-                self.dirty.documents.setdefault(key, self._resources.get(key))
-        self._resources = resources
+        for document in fresh:
+            key = document.key
+            old = gone.pop(key, None) or self._current.get(key)
+            self._current[key] = document
+            if old is None:
+                self._first_seen[key] = now
+                self.dirty.documents.setdefault(key, None)
+            elif old.resource != document.resource:
+                self.dirty.documents.setdefault(key, old.resource)
+            elif (old.origin, old.api_version) != (document.origin, document.api_version):
+                self.dirty.moved = True  # the same, elsewhere: only its status moves
+        for key, old in gone.items():
+            if self._current.get(key) is old:
+                del self._current[key]
+                self._first_seen.pop(key, None)
+                self.dirty.documents.setdefault(key, old.resource)
         self.dirty.spec = True
 
     def mark(self, *, spec: bool = False, services: bool = False, policies: bool = False) -> None:
@@ -180,9 +220,17 @@ class Recompute:
         recompute_policies = dirty.spec or dirty.policies
         changed_shape = False
         scope: set[MeshService] = set()
-        if dirty.spec:
+        before = self.spec
+        changes = self._patchable(dirty) if dirty.spec else None
+        if changes is not None:  # access policy only: patched, at the cost of the edit
+            self.spec, moved = meshspec.patch(before, self._document_statuses, changes)
+            self._document_statuses = self.spec.statuses
+            self.spec_updates["patched"] += 1
+            yield
+        elif dirty.spec:
             self.spec = yield from meshspec.build_steps(self._documents, self._errors)
-            self._document_statuses = dict(self.spec.statuses)
+            self._document_statuses = self.spec.statuses
+            self.spec_updates["built"] += 1
             grpc_ports, self._grpc_ports = self._grpc_ports, self.spec.grpc_backends()
             # a port that became (or stopped being) a GRPCRoute's backend changes protocol
             scope = {s for s in grpc_ports.keys() | self._grpc_ports.keys()
@@ -190,7 +238,7 @@ class Recompute:
         changed_clusters: set[str] = set()
         scope |= self._scope(dirty)
         if scope or dirty.spec:
-            before = {s: self._shape(s) for s in scope}
+            shapes = {s: self._shape(s) for s in scope}
             for service in scope:
                 yield
                 known = svc.known_service(
@@ -203,26 +251,40 @@ class Recompute:
                     self.services.pop(service, None)
                 else:
                     self.services[service] = known
-            if any(before[s] != self._shape(s) for s in scope):
+            if any(shapes[s] != self._shape(s) for s in scope):
                 recompute_policies = True  # ports, accounts or reachability moved
                 changed_shape = True
             changed_clusters = yield from self.clusters.rebuild_steps(
                 scope, self.services, self._trust()
             )
-        if dirty.spec or changed_shape:
+        if (dirty.spec and changes is None) or changed_shape:
             self.routes = gateway.resolve(
                 self.spec.gateway_routes, self.services, self._first_seen, self._cluster_domain
             )
             yield
             self.spec.statuses = self._resolved_statuses()
             yield
+        elif changes is not None:
+            # no resolved status reads access policy: only the patched documents' move
+            statuses = dict(before.statuses)
+            for key in moved:
+                statuses.pop(key, None)
+                if key in self._document_statuses:
+                    statuses[key] = self._document_statuses[key]
+            self.spec.statuses = statuses
         touched: set[Identity] = set()
+        destinations: set[MeshService] | None = None if dirty.spec else scope
         if recompute_policies:
+            fresh = changes is None or dirty.policies or dirty.services or changed_shape
+            if fresh or self._builder is None:
+                builder = self.builder()
+            else:  # what it learned of the services holds: only access policy moved
+                builder = self._builder.respec(self.spec)
             targeted = None if dirty.policies or changed_shape else self._concerned(dirty)
-            touched = yield from self._recompute_policies(targeted)
-        return Recomputed(
-            touched, changed_clusters, recompute_policies, None if dirty.spec else scope
-        )
+            touched = yield from self._recompute_policies(targeted, builder)
+            if changes is not None:
+                destinations = scope | self._destinations(dirty, builder)
+        return Recomputed(touched, changed_clusters, recompute_policies, destinations)
 
     def _scope(self, dirty: Dirty) -> set[MeshService]:
         if dirty.services:
@@ -234,13 +296,16 @@ class Recompute:
             }
         return dirty.changed
 
-    def _recompute_policies(self, targeted: list[Identity] | None) -> Steps[set[Identity]]:
+    def _recompute_policies(
+        self, targeted: list[Identity] | None, builder: PolicyBuilder
+    ) -> Steps[set[Identity]]:
         """Recompute the policies of ``targeted`` (None: everyone's, and forget the
         identities that are gone); returns the identities whose policy changed."""
         touched: set[Identity] = set()
-        builder = self.builder()
+        self._builder = builder
         yield
         identities = self.identities() if targeted is None else targeted
+        by_account: dict[ServiceAccount, set[Identity]] = {}
         if targeted is None:
             for identity in set(self.policies) - set(identities):
                 del self.policies[identity]
@@ -250,6 +315,9 @@ class Recompute:
             yield
             try:
                 account = self.account_of(MeshService(*identity))
+                by_account.setdefault(ServiceAccount(identity.namespace, account), set()).add(
+                    identity
+                )
                 policy = builder.build(identity, account)
             except Exception as exc:  # one identity's bad input never stops the others
                 log.exception("catalog.view_failed identity=%s", identity)
@@ -259,47 +327,74 @@ class Recompute:
             if policy != self.policies.get(identity):
                 self.policies[identity] = policy
                 touched.add(identity)
+        if targeted is None:
+            self._by_account = by_account
         return touched
+
+    def _patchable(self, dirty: Dirty) -> dict[DocumentKey, Document | None] | None:
+        """The changed documents, each new one or None, when the spec can be patched
+        (:func:`~.spec.patch`) rather than built again; else None.
+
+        Patched: edits of TrafficTargets, HTTPRouteGroups and TCPRoutes alone, with the
+        document errors as they were and none of them naming an edited document (errors
+        are laid over statuses by key), and no edited HTTPRouteGroup an Egress names (an
+        Egress's status says whether its groups exist)."""
+        if dirty.errors or dirty.moved or not dirty.documents:
+            return None
+        if any(k.kind not in POLICY_KINDS for k in dirty.documents):
+            return None
+        edited = {str(k) for k in dirty.documents}
+        if any(s.key.removesuffix(" (rejected edit)") in edited for s in self._error_statuses):
+            return None
+        groups = self.spec.egress_route_groups()
+        if any((k.namespace, k.name) in groups for k in dirty.documents if k.kind == GROUP):
+            return None
+        return {key: self._current.get(key) for key in dirty.documents}
+
+    def _affected(self, dirty: Dirty) -> list[Any]:
+        """The TrafficTargets (old and new versions) an edit of access policy touches: those
+        edited, and those whose rules name an edited HTTPRouteGroup or TCPRoute."""
+        edited = {(k.namespace, k.kind, k.name) for k in dirty.documents if k.kind != TARGET}
+        keys = {k for k in dirty.documents if k.kind == TARGET} | self.spec.grants.naming(edited)
+        found = [dirty.documents.get(key) for key in keys]
+        found += [self._current[key].resource for key in keys if key in self._current]
+        return [target for target in found if target is not None]
 
     def _concerned(self, dirty: Dirty) -> list[Identity] | None:
         """The identities an edit of access policy concerns, or None for "all of them".
 
         When only TrafficTargets, HTTPRouteGroups and TCPRoutes changed, only the accounts
-        they name (old and new versions) can see their policy change: sources gain or lose
-        destinations, destinations gain or lose inbound rules. An HTTPRouteGroup that a
-        TrafficSplit's ``matches`` names shapes the routes of every caller of the split's
-        root: its edit concerns everyone. Anything else (Services,
-        splits, ServiceEntries, MeshConfig) may move every identity's view.
+        the touched targets name (old and new versions) can see their policy change:
+        sources gain or lose destinations, destinations gain or lose inbound rules. An
+        HTTPRouteGroup that a TrafficSplit's ``matches`` names shapes the routes of every
+        caller of the split's root, and one an Egress names the routes of its sources:
+        their edit concerns everyone. Anything else (Services, splits, ServiceEntries,
+        MeshConfig) may move every identity's view.
         """
         if not dirty.documents or any(k.kind not in POLICY_KINDS for k in dirty.documents):
             return None
-        routes = {(k.namespace, k.kind, k.name) for k in dirty.documents if k.kind != TARGET}
-        split_groups = {
-            (root.namespace, "HTTPRouteGroup", match.name)
-            for root, split in self.spec.splits.items()
-            for match in split.spec.matches
-        }
-        if routes & split_groups:  # a split's matches: the routes of every caller of its root
+        groups = {(k.namespace, k.name) for k in dirty.documents if k.kind == GROUP}
+        if groups & (self.spec.split_route_groups() | self.spec.egress_route_groups()):
             return None
-        targets: list[Any] = [old for k, old in dirty.documents.items() if k.kind == TARGET]
-        for key, resource in self._resources.items():
-            if key.kind != TARGET:
-                continue
-            if key in dirty.documents or any(
-                (key.namespace, rule.kind, rule.name) in routes for rule in resource.spec.rules
-            ):
-                targets.append(resource)
         accounts: set[ServiceAccount] = set()
-        for target in targets:
-            if target is not None:
-                accounts.add(target.destination_account())
-                accounts.update(target.source_accounts())
-        return [
-            identity
-            for identity in self.identities()
-            if ServiceAccount(identity.namespace, self.account_of(MeshService(*identity)))
-            in accounts
-        ]
+        for target in self._affected(dirty):
+            accounts.add(target.destination_account())
+            accounts.update(target.source_accounts())
+        return sorted({i for account in accounts for i in self._by_account.get(account, ())})
+
+    def _destinations(self, dirty: Dirty, builder: PolicyBuilder) -> set[MeshService]:
+        """The services whose destination an edit of access policy may move: those running
+        as a touched target's destination account (their routes are its HTTP matches), and
+        the roots of the splits whose ``matches`` name an edited HTTPRouteGroup."""
+        found = builder.running_as({t.destination_account() for t in self._affected(dirty)})
+        groups = {(k.namespace, k.name) for k in dirty.documents if k.kind == GROUP}
+        if groups:
+            found.update(
+                root
+                for root, split in self.spec.splits.items()
+                if any((root.namespace, m.name) in groups for m in split.spec.matches)
+            )
+        return found
 
     def _shape(self, service: MeshService) -> tuple[object, ...] | None:
         """What a policy depends on of a service: not its endpoints' addresses, unless an

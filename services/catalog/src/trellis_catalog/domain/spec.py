@@ -11,12 +11,11 @@ reason); an error never breaks the rest, and the broken part is left out: deny b
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from trellis_catalog.domain.gateway_matches import grpc_match
+from trellis_catalog.domain.grants import Grant, Grants, Routes
 from trellis_catalog.domain.steps import Steps, drain
-from trellis_catalog.domain.views import HttpMatch
 from trellis_common.documents import core, gateway, istio, meshconfig, osm, osm_access, smi
 from trellis_common.documents.base import Document, DocumentError, DocumentKey, UnreadKind
 from trellis_common.model import MeshService, ServiceAccount
@@ -78,35 +77,16 @@ class Status:
     parents: tuple[ParentStatus, ...] = ()  # Gateway API routes: per parent
 
 
-@dataclass(frozen=True, slots=True)
-class AllowedRule:
-    """A TrafficTarget rule resolved to what it allows (references checked)."""
-
-    http: tuple[smi.HTTPMatch, ...] = ()
-    tcp_ports: tuple[int, ...] = ()
-    tcp_all: bool = False
-    grpc: tuple[HttpMatch, ...] = ()  # a GRPCRoute's matches (methods, headers)
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """One TrafficTarget, resolved: who may call which account on what."""
-
-    policy: str  # "<namespace>/<name>"
-    destination: ServiceAccount
-    sources: tuple[ServiceAccount, ...]
-    port: int | None
-    rules: tuple[AllowedRule, ...]
-
-
 @dataclass
 class MeshSpec:
     services: dict[MeshService, core.Service] = field(default_factory=dict)
     service_accounts: set[ServiceAccount] = field(default_factory=set)
     splits: dict[MeshService, smi.TrafficSplit] = field(default_factory=dict)
     split_names: dict[MeshService, str] = field(default_factory=dict)
-    grants: dict[ServiceAccount, list[Grant]] = field(default_factory=lambda: defaultdict(list))
+    grants: Grants = field(default_factory=Grants)
+    targets: dict[DocumentKey, Document] = field(default_factory=dict)  # TrafficTargets
     route_groups: dict[tuple[str, str], smi.HTTPRouteGroup] = field(default_factory=dict)
+    tcp_routes: dict[tuple[str, str], smi.TCPRoute] = field(default_factory=dict)
     service_entries: list[tuple[DocumentKey, istio.ServiceEntrySpec]] = field(default_factory=list)
     settings: meshconfig.MeshConfigSettings | None = None
     statuses: dict[str, Status] = field(default_factory=dict)
@@ -169,17 +149,27 @@ class MeshSpec:
         )
 
     def grants_to(self, account: ServiceAccount) -> list[Grant]:
-        return self.grants.get(account, [])
+        return self.grants.to(account)
 
     def allowed_accounts(self) -> dict[ServiceAccount, set[ServiceAccount]]:
         """source account -> destination accounts it may call (by any grant)."""
-        allowed: dict[ServiceAccount, set[ServiceAccount]] = defaultdict(set)
-        for grants in self.grants.values():
-            for grant in grants:
-                if grant.rules:
-                    for source in grant.sources:
-                        allowed[source].add(grant.destination)
-        return allowed
+        return {source: set(self.grants.allowed(source)) for source in self.grants.callers()}
+
+    def split_route_groups(self) -> set[tuple[str, str]]:
+        """The HTTPRouteGroups (namespace, name) a TrafficSplit's ``matches`` names."""
+        return {
+            (root.namespace, match.name)
+            for root, split in self.splits.items()
+            for match in split.spec.matches
+        }
+
+    def egress_route_groups(self) -> set[tuple[str, str]]:
+        """The HTTPRouteGroups (namespace, name) an Egress's ``matches`` names."""
+        return {
+            (name.partition("/")[0], group)
+            for name, egress in self.egresses
+            for group in egress.route_groups()
+        }
 
 
 def _status(document: Document, state: str = "valid", reason: str = "") -> Status:
@@ -225,7 +215,6 @@ def build_steps(
     # the keys' order, compared as plain tuples (in C, not by the dataclass' __lt__)
     ordered = sorted(documents, key=lambda d: (d.key.kind, d.key.namespace, d.key.name))
     targets: list[Document] = []
-    tcp_routes: dict[tuple[str, str], smi.TCPRoute] = {}
     for position, document in enumerate(ordered):
         if position % STEP == 0:
             yield
@@ -253,7 +242,7 @@ def build_steps(
         elif isinstance(resource, smi.HTTPRouteGroup):
             spec.route_groups[(key.namespace, key.name)] = resource
         elif isinstance(resource, smi.TCPRoute):
-            tcp_routes[(key.namespace, key.name)] = resource
+            spec.tcp_routes[(key.namespace, key.name)] = resource
         elif isinstance(resource, istio.ServiceEntry):
             spec.service_entries.append((key, resource.spec))
         elif isinstance(resource, gateway.GRPCRoute | gateway.HTTPRoute):
@@ -284,20 +273,12 @@ def build_steps(
                         document, reason="accepted; not applied by Trellis: " + ", ".join(unapplied)
                     )
         spec.statuses[str(key)] = status
-    grpc_routes = {
-        (d.key.namespace, d.key.name): d.resource
-        for d in spec.gateway_routes
-        if isinstance(d.resource, gateway.GRPCRoute)
-    }
+    routes = _routes(spec)
     for position, document in enumerate(targets):
         if position % STEP == 0:
             yield
-        grant, problems = _grant(document, spec.route_groups, tcp_routes, grpc_routes)
-        if grant.rules:
-            spec.grants[grant.destination].append(grant)
-        if problems:
-            state = "warning" if grant.rules else "error"
-            spec.statuses[str(document.key)] = _status(document, state, "; ".join(problems))
+        spec.targets[document.key] = document
+        spec.statuses[str(document.key)] = _target_status(spec, document, routes)
     if not spec.retry_enabled:
         for name, _ in spec.retries:
             retry_key = f"Retry {name}"
@@ -364,80 +345,78 @@ def _upstream_setting(
     return _status(document)
 
 
-def _grpc_rule(
-    route: gateway.GRPCRoute, names: tuple[str, ...], where: str, problems: list[str]
-) -> AllowedRule | None:
-    """What a TrafficTarget rule naming a GRPCRoute allows: its rules' matches (those
-    ``names`` names, else all); a rule without matches allows every method."""
-    rules = route.spec.rules
-    if names:
-        known = {r.name for r in rules if r.name}
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            problems.append(
-                f"{where}: GRPCRoute {route.metadata.namespace}/{route.metadata.name} has no "
-                "rule named " + ", ".join(repr(u) for u in unknown)
-            )
-        rules = tuple(r for r in rules if r.name in names)
-    if not rules:
-        return None
-    matches = tuple(grpc_match(m) for r in rules for m in (r.matches or (None,)))
-    return AllowedRule(grpc=tuple(dict.fromkeys(matches)))
+def _routes(spec: MeshSpec) -> Routes:
+    grpc_routes = {
+        (d.key.namespace, d.key.name): d.resource
+        for d in spec.gateway_routes
+        if isinstance(d.resource, gateway.GRPCRoute)
+    }
+    return Routes(spec.route_groups, spec.tcp_routes, grpc_routes)
 
 
-def _grant(
-    document: Document,
-    route_groups: dict[tuple[str, str], smi.HTTPRouteGroup],
-    tcp_routes: dict[tuple[str, str], smi.TCPRoute],
-    grpc_routes: dict[tuple[str, str], gateway.GRPCRoute],
-) -> tuple[Grant, list[str]]:
-    target: smi.TrafficTarget = document.resource
-    namespace = document.key.namespace
-    rules: list[AllowedRule] = []
-    problems: list[str] = []
-    for index, rule in enumerate(target.spec.rules):
-        where = f"spec.rules[{index}]"
-        if rule.kind == "HTTPRouteGroup":
-            group = route_groups.get((namespace, rule.name))
-            if group is None:
-                problems.append(f"{where}: HTTPRouteGroup {namespace}/{rule.name} not found")
-                continue
-            if rule.matches:
-                found = [group.match_by_name(name) for name in rule.matches]
-                unknown = [n for n, m in zip(rule.matches, found, strict=True) if m is None]
-                if unknown:
-                    problems.append(
-                        f"{where}: HTTPRouteGroup {namespace}/{rule.name} has no match named "
-                        + ", ".join(repr(u) for u in unknown)
-                    )
-                matches = tuple(m for m in found if m is not None)
-                if not matches:
-                    continue
-            else:
-                matches = group.spec.matches
-            rules.append(AllowedRule(http=matches))
-        elif rule.kind == "GRPCRoute":
-            grpc_route = grpc_routes.get((namespace, rule.name))
-            if grpc_route is None:
-                problems.append(f"{where}: GRPCRoute {namespace}/{rule.name} not found")
-                continue
-            allowed = _grpc_rule(grpc_route, rule.matches, where, problems)
-            if allowed is not None:
-                rules.append(allowed)
-        else:
-            route = tcp_routes.get((namespace, rule.name))
-            if route is None:
-                problems.append(f"{where}: TCPRoute {namespace}/{rule.name} not found")
-                continue
-            ports = route.spec.matches.ports
-            rules.append(AllowedRule(tcp_ports=tuple(ports), tcp_all=not ports))
-    grant = Grant(
-        policy=f"{namespace}/{document.key.name}",
-        destination=target.destination_account(),
-        sources=target.source_accounts(),
-        port=target.spec.destination.port,
-        rules=tuple(rules),
+def _target_status(spec: MeshSpec, document: Document, routes: Routes) -> Status:
+    """Index the TrafficTarget ``document``'s grant; its status."""
+    problems = spec.grants.add(document, routes)
+    if not problems:
+        return _status(document)
+    grant = spec.grants.of(document.key)
+    state = "warning" if grant is not None and grant.rules else "error"
+    return _status(document, state, "; ".join(problems))
+
+
+PATCHED_KINDS = frozenset({"TrafficTarget", "HTTPRouteGroup", "TCPRoute"})
+
+
+def patch(
+    built: MeshSpec, statuses: Mapping[str, Status], changes: Mapping[DocumentKey, Document | None]
+) -> tuple[MeshSpec, set[str]]:
+    """``built`` (a spec as :func:`build` made it, with its documents' ``statuses``) with
+    the TrafficTargets, HTTPRouteGroups and TCPRoutes of ``changes`` (each one's new
+    document, or None when it is gone) applied, and the keys of the statuses that moved.
+
+    It equals a build from scratch of the documents the changes leave, as long as no
+    document error names a changed key (errors are laid over the statuses by key), and
+    costs what the changes touch: the edited documents and the targets naming an edited
+    route. ``built`` is not changed (its grants are copied on write)."""
+    if any(key.kind not in PATCHED_KINDS for key in changes):
+        raise ValueError("only TrafficTargets, HTTPRouteGroups and TCPRoutes are patched")
+    spec = replace(
+        built,
+        grants=built.grants.copy(),
+        targets=dict(built.targets),
+        route_groups=dict(built.route_groups),
+        tcp_routes=dict(built.tcp_routes),
+        statuses=dict(statuses),
     )
-    if not rules:
-        problems.append("no rule can be applied: this TrafficTarget allows nothing")
-    return grant, problems
+    moved = {str(key) for key in changes}
+    edited_routes = set()
+    for key, document in changes.items():
+        if key.kind == "TrafficTarget":
+            continue
+        edited_routes.add((key.namespace, key.kind, key.name))
+        named = (key.namespace, key.name)
+        if key.kind == "HTTPRouteGroup":
+            spec.route_groups.pop(named, None)
+        else:
+            spec.tcp_routes.pop(named, None)
+        spec.statuses.pop(str(key), None)
+        if document is None:
+            continue
+        if isinstance(document.resource, smi.HTTPRouteGroup):
+            spec.route_groups[named] = document.resource
+        else:
+            spec.tcp_routes[named] = document.resource
+        spec.statuses[str(key)] = _status(document)
+    routes = _routes(spec)
+    targets = {key for key in changes if key.kind == "TrafficTarget"}
+    for key in targets | spec.grants.naming(edited_routes):
+        spec.grants.remove(key)
+        target = changes[key] if key in changes else spec.targets[key]
+        moved.add(str(key))
+        if target is None:
+            spec.targets.pop(key, None)
+            spec.statuses.pop(str(key), None)
+        else:
+            spec.targets[key] = target
+            spec.statuses[str(key)] = _target_status(spec, target, routes)
+    return spec, moved

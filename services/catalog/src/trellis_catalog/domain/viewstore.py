@@ -34,6 +34,7 @@ class ViewStore:
         # the versions of the clusters it references
         self._view_key: dict[Identity, tuple[object, ...]] = {}
         self._referenced_by: dict[str, set[Identity]] = {}
+        self._references: dict[Identity, tuple[str, ...]] = {}  # the clusters each view names
         # the revision at which each identity's view last changed (removals too)
         self._changed_at: dict[str, int] = {}
 
@@ -63,13 +64,22 @@ class ViewStore:
     def version_of(self, identity: Identity) -> str:
         return self.versions.get(identity, "0")
 
-    def index_references(self, policies: Mapping[Identity, IdentityPolicy]) -> None:
-        """Learn which views reference each cluster (after the policies changed)."""
-        referenced: dict[str, set[Identity]] = {}
-        for identity, policy in policies.items():
-            for name in policy.cluster_names:
-                referenced.setdefault(name, set()).add(identity)
-        self._referenced_by = referenced
+    def index_references(
+        self, policies: Mapping[Identity, IdentityPolicy], identities: Iterable[Identity]
+    ) -> None:
+        """Learn which clusters the views of ``identities`` (whose policies changed or went
+        away) reference now; the others' references stay as they were."""
+        for identity in identities:
+            for name in self._references.pop(identity, ()):
+                viewers = self._referenced_by[name]
+                viewers.discard(identity)
+                if not viewers:
+                    del self._referenced_by[name]
+            policy = policies.get(identity)
+            if policy is not None:
+                self._references[identity] = policy.cluster_names
+                for name in policy.cluster_names:
+                    self._referenced_by.setdefault(name, set()).add(identity)
 
     def referencing(self, clusters: Iterable[str]) -> set[Identity]:
         """The identities whose views reference any of ``clusters``."""
