@@ -212,7 +212,7 @@ def _worst_stall(documents: Sequence[Document], synthetic: mesh.Mesh) -> float:
         gc.freeze()
         prober = asyncio.create_task(probe())
         await asyncio.sleep(STALL_PROBE * 5)
-        catalog = Catalog(_announce, trust_domain=TRUST_DOMAIN)
+        catalog = Catalog(_announce, trust_domain=TRUST_DOMAIN, freeze_heap=True)
         catalog.set_documents(documents, [])
         await asyncio.sleep(0)
         catalog.set_provider_services(mesh.PROVIDER, synthetic.reports)

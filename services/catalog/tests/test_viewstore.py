@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trellis_catalog.domain.steps import drain
 from trellis_catalog.domain.views import (
     ClusterRef,
     ClusterState,
@@ -59,7 +60,7 @@ def test_a_cluster_version_re_versions_the_views_that_reference_it() -> None:
     views = ViewStore(epoch="e")
     policies = {BUYER: policy(BUYER, STORE), THIEF: policy(THIEF)}
     views.stamp(policies, policies, {STORE.name: cluster(STORE, 1)})
-    views.index_references(policies, policies)
+    drain(views.index_references_steps(policies, policies))
     touched = views.referencing([STORE.name, "shop/other|80"])
     assert touched == {BUYER}
     batch = views.stamp(touched, policies, {STORE.name: cluster(STORE, 2)})
@@ -70,13 +71,15 @@ def test_a_cluster_version_re_versions_the_views_that_reference_it() -> None:
 def test_references_move_only_for_the_identities_named() -> None:
     views = ViewStore(epoch="e")
     policies = {BUYER: policy(BUYER, STORE), THIEF: policy(THIEF)}
-    views.index_references(policies, policies)
+    drain(views.index_references_steps(policies, policies))
     moved = {BUYER: policy(BUYER), THIEF: policy(THIEF, STORE)}
-    views.index_references(moved, [THIEF])  # buyer's change not told yet: still indexed
+    drain(
+        views.index_references_steps(moved, [THIEF])
+    )  # buyer's change not told yet: still indexed
     assert views.referencing([STORE.name]) == {BUYER, THIEF}
-    views.index_references(moved, [BUYER])
+    drain(views.index_references_steps(moved, [BUYER]))
     assert views.referencing([STORE.name]) == {THIEF}
-    views.index_references({}, [THIEF])  # gone
+    drain(views.index_references_steps({}, [THIEF]))  # gone
     assert views.referencing([STORE.name]) == set()
 
 

@@ -37,7 +37,7 @@ from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
 from trellis_catalog.domain.recompute import Recompute
 from trellis_catalog.domain.reports import ProviderReports
-from trellis_catalog.domain.steps import Steps, drain, run_in_steps
+from trellis_catalog.domain.steps import Steps, drain, full_collections_paused, run_in_steps
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 from trellis_catalog.domain.viewstore import ViewBatch, ViewStore
 from trellis_common.documents.base import Document, DocumentError
@@ -266,7 +266,11 @@ class Catalog:
         that a big recompute (a full build takes hundreds of milliseconds at a thousand
         services) never holds up the gRPC API, the admin server or the followers."""
         async with self._flushing:
-            batch = await run_in_steps(self._flush_steps(), STEP_SECONDS)
+            if self._freeze_heap:  # the service's: the collector is its own
+                with full_collections_paused():
+                    batch = await run_in_steps(self._flush_steps(), STEP_SECONDS)
+            else:
+                batch = await run_in_steps(self._flush_steps(), STEP_SECONDS)
         if self._freeze_heap and self.last_flush_seconds >= FREEZE_AFTER:
             # What a big flush built lives long: out of the collector's sight (after the
             # young garbage is collected), so a full collection (a pause that grows with
@@ -303,10 +307,9 @@ class Catalog:
         self._wake.clear()
         result = yield from self._recompute.apply_steps()
         if result.policies:
-            self._views.index_references(self.policies, result.identities)
-            yield
+            yield from self._views.index_references_steps(self.policies, result.identities)
         touched = result.identities | self._views.referencing(result.clusters)
-        batch = self._views.stamp(touched, self.policies, self.clusters)
+        batch = yield from self._views.stamp_steps(touched, self.policies, self.clusters)
         scope = result.services
         if scope is None:
             scope = set(self.services) | set(self.destinations.records)

@@ -48,7 +48,7 @@ class Clusters:
         and committed at the end in one go, so a reader never sees half of a rebuild."""
         if trust_domain != self._trust_domain:
             scope = set(services) | set(self._of)
-        computed: dict[MeshService, dict[str, ClusterState]] = {}
+        computed: list[tuple[MeshService, set[str], list[ClusterState]]] = []
         for service in scope:
             yield
             wanted: dict[str, ClusterState] = {}
@@ -57,30 +57,35 @@ class Clusters:
                 for port in known.ports:
                     state = svc.cluster(known, port, trust_domain)
                     wanted[state.ref.name] = state
-            computed[service] = wanted
+            # compared here, in steps; the commit only writes what moved
+            moved = [state for name, state in wanted.items() if self._moved(name, state)]
+            computed.append((service, set(wanted), moved))
         self._trust_domain = trust_domain
         return self._commit(computed)
 
-    def _commit(self, computed: Mapping[MeshService, dict[str, ClusterState]]) -> set[str]:
+    def _moved(self, name: str, state: ClusterState) -> bool:
+        old = self._clusters.get(name)
+        return old is None or (old.ref, old.endpoints, old.spiffe_ids) != (
+            state.ref,
+            state.endpoints,
+            state.spiffe_ids,
+        )
+
+    def _commit(self, computed: list[tuple[MeshService, set[str], list[ClusterState]]]) -> set[str]:
         changed: set[str] = set()
-        for service, wanted in computed.items():
-            for name in self._of.get(service, set()) - set(wanted):
+        for service, wanted, moved in computed:
+            for name in self._of.get(service, set()) - wanted:
                 del self._clusters[name]
                 changed.add(name)
-            for name, state in wanted.items():
-                old = self._clusters.get(name)
-                if old is None or (old.ref, old.endpoints, old.spiffe_ids) != (
-                    state.ref,
-                    state.endpoints,
-                    state.spiffe_ids,
-                ):
-                    version = (old.version + 1) if old else 1
-                    self._clusters[name] = ClusterState(
-                        state.ref, state.endpoints, state.spiffe_ids, version
-                    )
-                    changed.add(name)
+            for state in moved:
+                old = self._clusters.get(state.ref.name)
+                version = (old.version + 1) if old else 1
+                self._clusters[state.ref.name] = ClusterState(
+                    state.ref, state.endpoints, state.spiffe_ids, version
+                )
+                changed.add(state.ref.name)
             if wanted:
-                self._of[service] = set(wanted)
+                self._of[service] = wanted
             else:
                 self._of.pop(service, None)
         return changed

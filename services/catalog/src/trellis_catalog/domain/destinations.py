@@ -125,35 +125,40 @@ class DestinationStore:
         clusters: Mapping[str, ClusterState],
         record_of: Callable[[KnownService], Destination],
     ) -> Steps[list[MeshService]]:
-        """:meth:`update` in steps: records are computed a step per service, then
-        committed under one revision in one go."""
-        computed: list[tuple[MeshService, Destination | None]] = []
+        """:meth:`update` in steps: records are computed and compared a step per service,
+        then those that moved are committed under one revision in one go."""
+        moved: list[tuple[MeshService, Destination | None, tuple[object, ...]]] = []
         for service in sorted(set(scope), key=str):
             yield
             known = services.get(service)
-            computed.append((service, None if known is None else record_of(known)))
-        changed = []
-        for service, record in computed:
-            if record is None:
-                if self.records.pop(service, None) is not None:
-                    self._keys.pop(service, None)
-                    self.versions.pop(service, None)
-                    changed.append(service)
+            if known is None:
+                if service in self.records:
+                    moved.append((service, None, ()))
                 continue
+            record = record_of(known)
             key = (
                 record,
                 tuple(clusters[c].version if c in clusters else 0 for c in record.clusters),
             )
             if self._keys.get(service) != key:
-                self._keys[service] = key
-                self.records[service] = record
-                changed.append(service)
+                moved.append((service, record, key))
+        changed = []
+        for service, new_record, new_key in moved:
+            changed.append(service)
+            if new_record is None:
+                del self.records[service]
+                self._keys.pop(service, None)
+                self.versions.pop(service, None)
+            else:
+                self._keys[service] = new_key
+                self.records[service] = new_record
         if changed:
             self.revision += 1
+            cursor = self.cursor
             for service in changed:
                 self._changed_at[service] = self.revision
                 if service in self.records:
-                    self.versions[service] = self.cursor
+                    self.versions[service] = cursor
         return changed
 
     def since(self, cursor: str) -> tuple[str, bool, list[MeshService], list[MeshService]]:

@@ -26,6 +26,7 @@ from trellis_catalog.domain import edge, gamma, gateway, inbound
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService, PortSpec, spiffe_id
 from trellis_catalog.domain.spec import MeshSpec
+from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.tcpports import shadow_tcp
 from trellis_catalog.domain.upstream import connection_settings, seconds
 from trellis_catalog.domain.views import (
@@ -46,6 +47,7 @@ from trellis_common.documents import smi
 from trellis_common.model import MeshService, ServiceAccount, WeightedService
 
 AccountOf = Callable[[MeshService], str]
+STEP = 500  # services indexed between two steps
 
 
 def hostnames(
@@ -78,6 +80,8 @@ class PolicyBuilder:
         trust_domain: str,
         cluster_domain: str = "cluster.local",
         routes: gateway.Resolved | None = None,
+        *,
+        index: bool = True,
     ) -> None:
         self.spec = spec
         self.services = services
@@ -95,22 +99,14 @@ class PolicyBuilder:
         self._accounts: dict[MeshService, ServiceAccount] = {}
         self._workload_accounts: dict[MeshService, tuple[ServiceAccount, ...]] = {}
         self._by_account: dict[ServiceAccount, list[MeshService]] = {}
-        for service, known in services.items():
-            if not known.external:
-                for account in self.accounts(service):
-                    self._by_account.setdefault(account, []).append(service)
         # by name: a builder outlives endpoint changes (see respec), so looked up when used
-        self._external_services = [s for s, k in services.items() if k.external]
+        self._external_services: list[MeshService] = []
         self._splits = [
             (root, split, split.weighted_services()) for root, split in spec.splits.items()
         ]
         # Which splits an account's callers may reach (through the root or a backend), so a
         # build looks only at those: a split no allowed account touches yields nothing.
         self._splits_by_account: dict[ServiceAccount, list[int]] = {}
-        for position, (root, _, backends) in enumerate(self._splits):
-            touched = [root, *(b.service for b in backends if b.weight > 0)]
-            for account in {a for service in touched for a in self.accounts(service)}:
-                self._splits_by_account.setdefault(account, []).append(position)
         self._spiffe_ids: dict[MeshService, str] = {}
         # What does not depend on the caller but on what of the service it may reach is
         # built once per builder and shared by every identity's policy (frozen values).
@@ -119,6 +115,26 @@ class PolicyBuilder:
             tuple[MeshService, tuple[str, ...]], tuple[list[ClusterRef], list[OutboundService]]
         ] = {}
         self.routes = routes or gateway.resolve(spec.gateway_routes, services, {}, cluster_domain)
+        if index:
+            drain(self.index_steps())
+
+    def index_steps(self) -> Steps[None]:
+        """Index the services by the accounts they run as, and the splits by the accounts
+        they reach, in steps (a builder made with ``index=False`` needs it before use)."""
+        for position, (service, known) in enumerate(self.services.items()):
+            if position % STEP == 0:
+                yield
+            if known.external:
+                self._external_services.append(service)
+            else:
+                for account in self.accounts(service):
+                    self._by_account.setdefault(account, []).append(service)
+        for position, (root, _, backends) in enumerate(self._splits):
+            if position % STEP == 0:
+                yield
+            touched = [root, *(b.service for b in backends if b.weight > 0)]
+            for account in {a for service in touched for a in self.accounts(service)}:
+                self._splits_by_account.setdefault(account, []).append(position)
 
     def respec(self, spec: MeshSpec) -> PolicyBuilder:
         """A builder for ``spec``, which differs from this one's only in its TrafficTargets,

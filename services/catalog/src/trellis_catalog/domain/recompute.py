@@ -189,14 +189,20 @@ class Recompute:
         return sorted(found)
 
     def builder(self) -> PolicyBuilder:
-        return PolicyBuilder(
+        return drain(self._builder_steps())
+
+    def _builder_steps(self) -> Steps[PolicyBuilder]:
+        builder = PolicyBuilder(
             self.spec,
             self.services,
             self.account_of,
             self._trust_domain,
             self._cluster_domain,
             self.routes,
+            index=False,
         )
+        yield from builder.index_steps()
+        return builder
 
     def policy_for(self, identity: Identity, service_account: str = "") -> IdentityPolicy:
         """The policy of ``identity``, computed on demand if it is not known yet."""
@@ -277,7 +283,7 @@ class Recompute:
         if recompute_policies:
             fresh = changes is None or dirty.policies or dirty.services or changed_shape
             if fresh or self._builder is None:
-                builder = self.builder()
+                builder = yield from self._builder_steps()
             else:  # what it learned of the services holds: only access policy moved
                 builder = self._builder.respec(self.spec)
             targeted = None if dirty.policies or changed_shape else self._concerned(dirty)

@@ -11,7 +11,7 @@ reason); an error never breaks the rest, and the broken part is left out: deny b
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from trellis_catalog.domain.grants import Grant, Grants, Routes
@@ -21,6 +21,7 @@ from trellis_common.documents.base import Document, DocumentError, DocumentKey, 
 from trellis_common.model import MeshService, ServiceAccount
 
 STEP = 200  # documents between two steps of a build
+TARGET_STEP = 50  # TrafficTargets resolved between two steps
 
 KINDS = (
     "Service",
@@ -212,10 +213,8 @@ def build_steps(
 ) -> Steps[MeshSpec]:
     """:func:`build` in steps (a new spec: nothing shared is touched until it returns)."""
     spec = MeshSpec()
-    # the keys' order, compared as plain tuples (in C, not by the dataclass' __lt__)
-    ordered = sorted(documents, key=lambda d: (d.key.kind, d.key.namespace, d.key.name))
     targets: list[Document] = []
-    for position, document in enumerate(ordered):
+    for position, document in enumerate(_in_key_order(documents)):
         if position % STEP == 0:
             yield
         resource = document.resource
@@ -275,7 +274,7 @@ def build_steps(
         spec.statuses[str(key)] = status
     routes = _routes(spec)
     for position, document in enumerate(targets):
-        if position % STEP == 0:
+        if position % TARGET_STEP == 0:
             yield
         spec.targets[document.key] = document
         spec.statuses[str(document.key)] = _target_status(spec, document, routes)
@@ -310,6 +309,17 @@ def build_steps(
             status = replace(status, key=f"{status.key} (rejected edit)")
         spec.statuses.setdefault(status.key, status)
     return spec
+
+
+def _in_key_order(documents: Iterable[Document]) -> Iterator[Document]:
+    """``documents`` by kind, namespace and name: one kind at a time (a sort of tens of
+    thousands of documents at once would hold an event loop for tens of milliseconds),
+    compared as plain tuples (in C, not by the dataclass' ``__lt__``)."""
+    by_kind: dict[str, list[Document]] = defaultdict(list)
+    for document in documents:
+        by_kind[document.key.kind].append(document)
+    for kind in sorted(by_kind):
+        yield from sorted(by_kind[kind], key=lambda d: (d.key.namespace, d.key.name))
 
 
 def _upstream_setting(

@@ -12,8 +12,10 @@ coroutines read is consistent: what it computes is kept aside and committed in o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -43,3 +45,22 @@ async def run_in_steps(steps: Steps[T], budget: float) -> T:
         if time.perf_counter() - resumed > budget:
             await asyncio.sleep(0)
             resumed = time.perf_counter()
+
+
+@contextlib.contextmanager
+def full_collections_paused() -> Iterator[None]:
+    """No full (generation 2) collection while inside: the young generations are still
+    collected, as often as ever.
+
+    A full collection walks every object the collector tracks. While a big flush builds
+    (millions of objects at five thousand services) it would run several times, each
+    holding the event loop for hundreds of milliseconds between two steps; young
+    collections take a few milliseconds. Outside, the thresholds are as they were, so the
+    full collections the flush put off come after it (or nothing is left for them, once
+    the flush's survivors are frozen)."""
+    young, middle, full = gc.get_threshold()
+    gc.set_threshold(young, middle, 2**30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(young, middle, full)

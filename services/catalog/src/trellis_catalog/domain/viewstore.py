@@ -16,7 +16,10 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
+
+STEP = 500  # identities between two steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +67,14 @@ class ViewStore:
     def version_of(self, identity: Identity) -> str:
         return self.versions.get(identity, "0")
 
-    def index_references(
+    def index_references_steps(
         self, policies: Mapping[Identity, IdentityPolicy], identities: Iterable[Identity]
-    ) -> None:
+    ) -> Steps[None]:
         """Learn which clusters the views of ``identities`` (whose policies changed or went
-        away) reference now; the others' references stay as they were."""
-        for identity in identities:
+        away) reference now, in steps; the others' references stay as they were."""
+        for position, identity in enumerate(identities):
+            if position % STEP == 0:
+                yield
             for name in self._references.pop(identity, ()):
                 viewers = self._referenced_by[name]
                 viewers.discard(identity)
@@ -96,13 +101,24 @@ class ViewStore:
     ) -> ViewBatch | None:
         """Give a new version to each ``touched`` identity whose view really changed (and
         drop the version of one with no policy any more); None when none did."""
-        changed: list[tuple[str, str]] = []
-        for identity in sorted(touched):
+        return drain(self.stamp_steps(touched, policies, clusters))
+
+    def stamp_steps(
+        self,
+        touched: Iterable[Identity],
+        policies: Mapping[Identity, IdentityPolicy],
+        clusters: Mapping[str, ClusterState],
+    ) -> Steps[ViewBatch | None]:
+        """:meth:`stamp` in steps (of :data:`STEP` identities)."""
+        changed: list[Identity] = []
+        for position, identity in enumerate(sorted(touched)):
+            if position % STEP == 0:
+                yield
             policy = policies.get(identity)
             if policy is None:
                 if self.versions.pop(identity, None) is not None:
                     self._view_key.pop(identity, None)
-                    changed.append((str(identity), ""))
+                    changed.append(identity)
                 continue
             key = (
                 id(policy),
@@ -110,18 +126,18 @@ class ViewStore:
             )
             if self._view_key.get(identity) != key:
                 self._view_key[identity] = key
-                changed.append((str(identity), ""))
+                changed.append(identity)
         if not changed:
             return None
         self.revision += 1
+        version = f"{self.epoch}-{self.revision}"
         stamped = []
-        for identity_text, _ in changed:
-            self._changed_at[identity_text] = self.revision
-            identity = Identity.parse(identity_text)
+        for identity in changed:
+            text = str(identity)
+            self._changed_at[text] = self.revision
             if identity in policies:
-                version = f"{self.epoch}-{self.revision}"
                 self.versions[identity] = version
-                stamped.append((identity_text, version))
+                stamped.append((text, version))
             else:
-                stamped.append((identity_text, ""))
+                stamped.append((text, ""))
         return ViewBatch(self.revision, tuple(stamped))
