@@ -12,7 +12,7 @@ import platform
 import sys
 from pathlib import Path
 
-from bench import catalog, certs, destination, endpoints, figures, report, xds
+from bench import catalog, certs, destination, endpoints, figures, propagation, report, xds
 
 BENCHMARKS: dict[str, report.Benchmark] = {
     "certs": certs.run,
@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, report.Benchmark] = {
     "catalog": catalog.run,
     "xds": xds.run,
     "destination": destination.run,
+    "propagation": propagation.run,
 }
 
 

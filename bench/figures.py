@@ -73,6 +73,62 @@ TARGETS = (
         0.30,
         "issuance for a CSR (the requester made the key) against raw ECDSA sign",
     ),
+    Target(
+        "propagation",
+        "add_p50_ms",
+        "<=",
+        15.0,
+        "VM endpoint added over REST until a real Envoy serves it: p50",
+    ),
+    Target(
+        "propagation",
+        "add_p99_ms",
+        "<=",
+        50.0,
+        "VM endpoint added over REST until a real Envoy serves it: p99",
+    ),
+    Target(
+        "propagation",
+        "add_p50_ms@1000",
+        "<=",
+        15.0,
+        "the same with 1,000 other proxies connected: p50",
+    ),
+    Target(
+        "propagation",
+        "add_p99_ms@1000",
+        "<=",
+        50.0,
+        "the same with 1,000 other proxies connected: p99",
+    ),
+    Target(
+        "propagation",
+        "spec_p50_ms",
+        "<=",
+        100.0,
+        "spec edit (a file in the spec directory) until a real Envoy serves it: p50",
+    ),
+    Target(
+        "propagation",
+        "churn_add_p50_ms/add_p50_ms",
+        "<=",
+        2.0,
+        "VM endpoint added during 100 endpoint changes/s, against idle: p50",
+    ),
+    Target(
+        "propagation",
+        "churn_add_p99_ms/add_p99_ms",
+        "<=",
+        2.0,
+        "VM endpoint added during 100 endpoint changes/s, against idle: p99",
+    ),
+    Target(
+        "propagation",
+        "churn_spec_p50_ms/spec_p50_ms",
+        "<=",
+        2.0,
+        "spec edit during 100 endpoint changes/s, against idle: p50",
+    ),
 )
 
 

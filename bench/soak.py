@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -45,21 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 from envoy.config.endpoint.v3 import endpoint_pb2
 
-from bench import load, xds_client, xds_server
-from trellis_api import certmanager_pb2 as cm
-from trellis_api import certmanager_pb2_grpc as cm_grpc
-from trellis_common import components, tokens
-from trellis_common.identity import csr_for, new_key
-from trellis_common.testing.identities import allowed_caller, join_as
-from trellis_common.testing.mesh import Mesh, bookstore
-from trellis_common.testing.redis_server import RedisServer
+from bench import fullmesh, load, xds_client, xds_server
+from trellis_common import tokens
+from trellis_common.testing.mesh import Mesh
 from trellis_proxy_cp.types import ENDPOINT
 
-ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 100  # of the streams, bookbuyer's: every change reaches them
 KEEP = 200  # extra bookstore-v1 workloads alive at any time: each lives KEEP / (rate / 2) s
 WINDOW = 30.0  # seconds per report line
@@ -68,10 +59,8 @@ RSS_GROWTH = 0.05
 LAG_GROWTH = 1.25
 LOST_AFTER = 30.0  # seconds: a change not seen by then is lost
 IN_FLIGHT = 16  # REST calls in flight at most
-ISSUE_IN_FLIGHT = 16
 CLUSTER = "bookstore/bookstore-v1|"  # the prefix of the EDS cluster the churn moves
 SYNC_TIMEOUT = 600.0
-ISSUE = "/trellis.certmanager.v1.CertificateManager/IssueCertificate"
 PROCESSES = ("certmanager", "endpoints-vm", "catalog", "proxy-cp")
 
 
@@ -126,10 +115,11 @@ class Probe:
 
 @dataclass
 class Churn:
-    """``rate`` changes per second to bookstore-v1's workloads (see the module's docstring)."""
+    """``rate`` changes per second to bookstore-v1's workloads (see the module's docstring);
+    ``probe``, when given, times each change."""
 
     client: httpx.AsyncClient
-    probe: Probe
+    probe: Probe | None
     live: deque[tuple[str, str]] = field(default_factory=deque)  # (name, address), oldest first
     made: int = 0
     failures: int = 0
@@ -138,10 +128,15 @@ class Churn:
     rest_reported: int = 0  # how many of them a window has reported
     _slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(IN_FLIGHT))
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _stopped: bool = False
+
+    def stop(self) -> None:
+        """End :meth:`run` before ``until``; it still awaits the calls in flight."""
+        self._stopped = True
 
     async def run(self, rate: float, until: float) -> None:
         interval, tick = 1.0 / rate, time.monotonic()
-        while tick < until:
+        while tick < until and not self._stopped:
             await self._slots.acquire()  # a slow control plane slows the churn, it never piles up
             task = asyncio.create_task(self._change())
             self._tasks.add(task)
@@ -154,13 +149,16 @@ class Churn:
         try:
             if len(self.live) >= KEEP:  # only workloads whose registration was answered
                 name, address = self.live.popleft()
-                self.probe.removing(address)
+                if self.probe is not None:
+                    self.probe.removing(address)
                 response = await self.client.delete(f"/v1/workloads/bookstore/{name}")
                 load.expect_status(response, 204)
             else:
                 self.made += 1
                 name, address = f"soak-{self.made}", load.address(self.made, network=200)
-                sent = self.probe.adds[address] = time.monotonic()
+                sent = time.monotonic()
+                if self.probe is not None:
+                    self.probe.adds[address] = sent
                 response = await self.client.post("/v1/workloads", json=_body(name, address))
                 load.expect_status(response, 201)
                 self.rest.append(time.monotonic() - sent)
@@ -183,38 +181,6 @@ def _body(name: str, address: str) -> dict[str, Any]:
     }
 
 
-async def _issue(mesh: Mesh, count: int, clients: int) -> list[tuple[str, bytes, bytes, bytes]]:
-    """``count`` proxy certificates, each for a key made here: (common name, certificate
-    chain, key, trust bundle); the first ``clients`` are bookbuyer's, the rest bookthief's."""
-    example = cm.IssueCertificateRequest(kind=cm.CERTIFICATE_KIND_PROXY)
-    identity = join_as(mesh.state_dir, allowed_caller(ISSUE, example))
-    address = mesh.processes["certmanager"].endpoint.grpc_address
-    slots = asyncio.Semaphore(ISSUE_IN_FLIGHT)
-    async with identity.channel(address, components.CERTMANAGER) as channel:
-        stub = cm_grpc.CertificateManagerStub(channel)
-
-        async def one(index: int) -> tuple[str, bytes, bytes, bytes]:
-            name = "bookbuyer" if index < clients else "bookthief"
-            async with slots:
-                key_pem, key = new_key()
-                issued = await stub.IssueCertificate(
-                    cm.IssueCertificateRequest(
-                        kind=cm.CERTIFICATE_KIND_PROXY,
-                        service=cm.MeshService(namespace=name, name=name),
-                        service_account=name,
-                        csr_pem=csr_for(key, f"{name}/{name}"),
-                    )
-                )
-                return (
-                    issued.info.common_name,
-                    issued.cert_chain_pem,
-                    key_pem,
-                    issued.trust_bundle_pem,
-                )
-
-        return list(await asyncio.gather(*(one(i) for i in range(count))))
-
-
 def _rss(mesh: Mesh) -> dict[str, int]:
     found = {}
     for name in PROCESSES:
@@ -234,31 +200,14 @@ def _p(values: Sequence[float], q: float) -> float:
 async def soak(mesh: Mesh, args: argparse.Namespace) -> dict[str, Any]:
     xds_server.raise_open_files(65536)
     clients = min(args.clients, args.streams)
-    issued = await _issue(mesh, args.streams, clients)
+    issued = await fullmesh.issue(mesh.state_dir, args.streams, clients)
     print(
         f"issued {len(issued):,} proxy certificates: {clients:,} bookbuyer, "
         f"{len(issued) - clients:,} bookthief",
         flush=True,
     )
-    target = f"127.0.0.1:{mesh.xds_port}"
-    server_name = components.server_name(components.PROXY_CP)
-
-    def channel_of(index: int) -> grpc.aio.Channel:
-        _, chain, key, bundle = issued[index]
-        credentials = grpc.ssl_channel_credentials(bundle, key, chain)
-        options = [*xds_client.CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", server_name)]
-        return grpc.aio.secure_channel(target, credentials, options)
-
     probe = Probe()
-    fleet = xds_client.Fleet(
-        target,
-        args.streams,
-        1,
-        1,
-        node_id=lambda i: issued[i][0],
-        channel_of=channel_of,
-        watch=probe.watch,
-    )
+    fleet = fullmesh.fleet(mesh.state_dir, issued, watch=probe.watch)
     token = tokens.load_or_create_admin_token(mesh.state_dir)
     windows: list[dict[str, Any]] = []
     try:
@@ -422,22 +371,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load.fail_fast_sniffio_import()
-    with tempfile.TemporaryDirectory(prefix="trellis-soak-") as folder:
-        tmp = Path(folder)
-        state, spec = tmp / "state", tmp / "spec"
-        state.mkdir()
-        shutil.copytree(ROOT / "examples" / "bookstore", spec)
-        redis = RedisServer(dir=tmp / "redis")
-        redis.start()
-        mesh = Mesh(tmp, state, redis, spec)
-        try:
-            mesh.start()
-            bookstore(mesh)
-            print("control plane up, bookstore served through its Envoys", flush=True)
-            result = asyncio.run(soak(mesh, args))
-        finally:
-            mesh.stop()
-            redis.close()
+    with fullmesh.running("trellis-soak-") as (mesh, _):
+        result = asyncio.run(soak(mesh, args))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0 if result["verdict"]["passed"] else 1

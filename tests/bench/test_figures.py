@@ -57,3 +57,23 @@ def test_each_ratio_names_its_floor_and_each_target_says_whether_it_is_met(
         "measured": False,  # not run: never reported as met
     }
     assert document["run"] == {"seconds": 2.0, "warmup": 0.2}
+
+
+def test_a_ratio_to_an_idle_figure_names_it_as_its_floor(tmp_path: Path) -> None:
+    results = {
+        "propagation": {
+            "add_p50_ms": 20.0,
+            "churn_add_p50_ms": 30.0,
+            "churn_add_p50_ms/add_p50_ms": 1.5,
+        }
+    }
+    path = tmp_path / "figures.json"
+    figures.write(path, results, seconds=0.5, warmup=0.0)
+    document = json.loads(path.read_text())
+    [ratio] = document["benchmarks"]["propagation"]["ratios"]
+    assert (ratio["figure"], ratio["value"]) == ("churn_add_p50_ms", 30.0)
+    assert (ratio["floor"], ratio["floor_value"]) == ("add_p50_ms", 20.0)
+    targets = {t["key"]: t for t in document["targets"]}
+    assert targets["churn_add_p50_ms/add_p50_ms"]["met"] is True  # 1.5x, at most 2x
+    assert targets["add_p50_ms"]["met"] is False  # 20 ms over 15 ms
+    assert targets["add_p50_ms@1000"]["measured"] is False  # a smaller fleet, or none

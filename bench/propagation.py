@@ -1,0 +1,284 @@
+"""A change, from the API that makes it until a real Envoy serves it (issue 14's lags).
+
+The issue's targets: a VM endpoint added over REST (endpoints-vm ``POST /v1/workloads``)
+until a real Envoy serves it, p50 <= 15 ms and p99 <= 50 ms, also with 1,000 other proxies
+connected; a spec edit (a document written into the spec directory the catalog watches)
+until Envoy serves it, p50 <= 100 ms; and the same during 100 endpoint changes per second,
+at most 2x the idle figures.
+
+Everything runs for real (:func:`bench.fullmesh.running`: Redis, certmanager,
+endpoints-vm, the catalog and proxy-cp as processes, the bookstore demo with its three Envoy
+sidecars). The observed Envoy is bookbuyer's sidecar (delta ADS). This process makes one
+change at a time and polls that Envoy's admin API until it shows the change
+(:class:`bench.envoy_admin.Poller`, every 2 ms), then waits :data:`GAP` before the next:
+
+* **add**: ``POST /v1/workloads`` of a new bookstore-v2 workload at a new address, until
+  the address is in the active load assignment of bookbuyer's bookstore-v2 cluster;
+  **remove**: its ``DELETE``, until the address is gone from it. ``post`` is the POST's
+  own round trip, the first hop of an add;
+* **spec**: the bookstore TrafficSplit's weights changed (the file replaced, as editors
+  save), until bookbuyer's route configuration has the new weights;
+* **observe**, the floor of the method: a logger's level set through the same admin API
+  (applied at once), until the same poll loop sees it: two admin round trips.
+
+A figure is the time from the call (or the file's write) to the arrival of the first poll
+answer that shows the change, so it is late by up to one poll interval plus one poll's round
+trip (about 3 ms here): the resolution. "Served" means in the Envoy's active configuration:
+no request is sent to the new endpoint (a workload at a made-up address takes no traffic).
+
+Three phases, each with the same interleaved rounds (add, remove, observe; a spec edit
+every few rounds): idle; with N simulated proxies connected, each its own mTLS ADS stream,
+a tenth of them bookbuyer's (every bookstore change is pushed to them too), the rest
+bookthief's (``@N`` on the figures); and during churn, 100 changes per second to
+bookstore-v1's workloads (``churn_``), as the soak makes them. The streams and the churn
+run in a process of their own (:mod:`bench.background`), so the poll loop never waits
+behind them.
+
+Size: fixed work, not fixed time. ``--seconds`` 2 (the default) gives each phase 100 adds
+and as many removes, and 20 spec edits; a shorter run scales both by ``(seconds / 2)²`` (at
+least 10 and 3). N is 1,000 at ``--seconds`` 2 and above, ``500 * seconds`` below (at least
+100), or ``TRELLIS_BENCH_PROPAGATION_STREAMS``. ``--warmup`` W runs unmeasured rounds for
+W seconds before each phase.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench import envoy_admin, fullmesh, load
+from bench.background import Background
+from bench.report import Figure, print_table, ratio_line, results
+
+CHANGES, EDITS = 100, 20  # adds (and as many removes), spec edits per phase at --seconds 2
+MIN_CHANGES, MIN_EDITS = 10, 3
+STREAMS = 1_000  # at --seconds 2 and above
+MIN_STREAMS = 100
+STREAMS_VARIABLE = "TRELLIS_BENCH_PROPAGATION_STREAMS"
+RATE = 100.0  # background endpoint changes per second in the churn phase
+GAP = 0.02  # seconds between a change seen and the next change made
+SERVICE = "bookstore-v2"  # the measured workloads' (the churn moves bookstore-v1's)
+CLUSTER = f"bookstore/{SERVICE}|"
+SPLIT = "traffic-split.yaml"
+SPLIT_CLUSTER = "bookstore/bookstore-v1|14001"  # the backend whose weight an edit sets
+NETWORK = 201  # the measured workloads' addresses: 201.x.y.z
+LOGGER = "lua"  # a logger the observed Envoy has and does not use
+LEVELS = ("warning", "error")
+
+
+@dataclass
+class Samples:
+    """Seconds per kind of change, over one phase."""
+
+    add: list[float] = field(default_factory=list)
+    remove: list[float] = field(default_factory=list)
+    spec: list[float] = field(default_factory=list)
+    observe: list[float] = field(default_factory=list)
+    post: list[float] = field(default_factory=list)
+
+
+class Observer:
+    """Makes one change at a time and times it until the observed Envoy serves it."""
+
+    def __init__(self, state_dir: Path, spec_dir: Path, admin_url: str) -> None:
+        self._rest = httpx.Client(**fullmesh.endpoints_vm(state_dir))
+        self._poller = envoy_admin.Poller(admin_url)
+        self._eds = envoy_admin.eds_path(CLUSTER)
+        self._split = spec_dir / SPLIT
+        self._document: dict[str, Any] = yaml.safe_load(self._split.read_text())
+        self._made = 0
+        self._edits = 0
+        self._level = envoy_admin.logger_level(
+            self._poller.fetch(envoy_admin.LOGGING_PATH, "POST"), LOGGER
+        )
+        if self._level is None:
+            raise RuntimeError(f"the observed Envoy has no logger {LOGGER!r}")
+
+    def round(self, samples: Samples, edit: bool) -> None:
+        name, address = self._add(samples)
+        time.sleep(GAP)
+        samples.remove.append(self._remove(name, address))
+        time.sleep(GAP)
+        samples.observe.append(self._observe())
+        time.sleep(GAP)
+        if edit:
+            samples.spec.append(self._edit())
+            time.sleep(GAP)
+
+    def _add(self, samples: Samples) -> tuple[str, str]:
+        self._made += 1
+        name, address = f"propagation-{self._made}", load.address(self._made, NETWORK)
+        body = {
+            "namespace": "bookstore",
+            "name": name,
+            "services": [SERVICE],
+            "address": address,
+            "ports": [{"name": "http", "number": 14001}],
+            "service_account": "bookstore",
+        }
+        start = time.perf_counter()
+        load.expect_status(self._rest.post("/v1/workloads", json=body), 201)
+        samples.post.append(time.perf_counter() - start)
+        samples.add.append(
+            self._poller.until(self._eds, lambda b: address in envoy_admin.eds_addresses(b), start)
+        )
+        return name, address
+
+    def _remove(self, name: str, address: str) -> float:
+        start = time.perf_counter()
+        load.expect_status(self._rest.delete(f"/v1/workloads/bookstore/{name}"), 204)
+        return self._poller.until(
+            self._eds, lambda b: address not in envoy_admin.eds_addresses(b), start
+        )
+
+    def _observe(self) -> float:
+        level = self._level = LEVELS[1] if self._level == LEVELS[0] else LEVELS[0]
+        start = time.perf_counter()
+        self._poller.fetch(f"{envoy_admin.LOGGING_PATH}?{LOGGER}={level}", "POST")
+        return self._poller.until(
+            envoy_admin.LOGGING_PATH,
+            lambda b: envoy_admin.logger_level(b, LOGGER) == level,
+            start,
+            "POST",
+        )
+
+    def _edit(self) -> float:
+        """The split's weights changed: the file replaced, as an editor saves it."""
+        self._edits += 1
+        weight = 50 + self._edits % 30  # never the weight before it (nor the example's 80)
+        for backend in self._document["spec"]["backends"]:
+            backend["weight"] = weight if backend["service"] == "bookstore-v1" else 100 - weight
+        text = yaml.safe_dump(self._document, sort_keys=False)
+        temporary = self._split.with_name(f".{SPLIT}.tmp")
+        start = time.perf_counter()
+        temporary.write_text(text)
+        os.replace(temporary, self._split)
+        return self._poller.until(
+            envoy_admin.ROUTES_PATH,
+            lambda b: envoy_admin.split_weights(b).get(SPLIT_CLUSTER) == weight,
+            start,
+        )
+
+    def close(self) -> None:
+        self._rest.close()
+        self._poller.close()
+
+
+def _phase(observer: Observer, label: str, changes: int, edits: int, warmup: float) -> Samples:
+    """``warmup`` seconds of unmeasured rounds, then ``changes`` measured rounds, a spec
+    edit in ``edits`` of them, spread out."""
+    deadline, scratch = time.perf_counter() + warmup, Samples()
+    while time.perf_counter() < deadline:
+        observer.round(scratch, edit=bool(edits) and not scratch.spec)
+    samples, start = Samples(), time.perf_counter()
+    for index in range(changes):
+        observer.round(samples, edit=index * edits // changes != (index + 1) * edits // changes)
+    print(
+        f"  {label}: {changes} adds and removes, {len(samples.spec)} spec edits "
+        f"in {time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
+    return samples
+
+
+def _figures(samples: Samples, prefix: str = "", suffix: str = "") -> list[Figure]:
+    def ms(values: list[float], q: float) -> float:
+        return load.percentile(values, q) * 1000
+
+    found = []
+    for kind in ("add", "remove", "spec", "observe"):
+        values: list[float] = getattr(samples, kind)
+        if not values:
+            continue
+        note = f"{len(values)} changes" + ("; floor: the observation itself" * (kind == "observe"))
+        for q, tag in ((0.5, "p50"), (0.99, "p99")):
+            found.append(Figure(f"{prefix}{kind}_{tag}_ms{suffix}", ms(values, q), "ms", note))
+    after = [add - post for add, post in zip(samples.add, samples.post, strict=True)]
+    found += [
+        Figure(f"{prefix}post_p50_ms{suffix}", ms(samples.post, 0.5), "ms", "an add's POST"),
+        Figure(f"{prefix}after_post_p50_ms{suffix}", ms(after, 0.5), "ms", "its answer → served"),
+    ]
+    return found
+
+
+def _report(
+    phases: tuple[Samples, Samples, Samples], streams: int, rate: float, load_notes: list[str]
+) -> dict[str, float]:
+    idle, connected, churning = phases
+    at = f"@{streams}"
+    figures = [*_figures(idle), *_figures(connected, suffix=at), *_figures(churning, "churn_")]
+    figures.append(
+        Figure("churn_rate", rate, "/s", f"background changes while measured ({RATE:g}/s asked)")
+    )
+    print_table(
+        "propagation: a change until bookbuyer's Envoy serves it (admin API polled every "
+        f"{envoy_admin.INTERVAL * 1000:g} ms); idle, with {streams:,} proxies connected ({at}), "
+        f"during {RATE:g} endpoint changes/s (churn_)",
+        figures,
+    )
+    for note in load_notes:
+        print(f"  {note}")
+    by = {f.name: f for f in figures}
+    ratios = {}
+    for prefix, suffix in (("", ""), ("", at), ("churn_", "")):
+        floor = by[f"{prefix}observe_p50_ms{suffix}"]
+        for kind in ("add", "remove", "spec"):
+            subject = by.get(f"{prefix}{kind}_p50_ms{suffix}")
+            if subject is not None:
+                key = f"{prefix}{kind}_p50_ms/{prefix}observe_p50_ms{suffix}"
+                ratios[key] = ratio_line(subject, floor)
+    for kind in ("add", "remove", "spec"):
+        for tag in ("p50", "p99"):
+            idle_figure = by[f"{kind}_{tag}_ms"]
+            ratios[f"churn_{kind}_{tag}_ms/{idle_figure.name}"] = ratio_line(
+                by[f"churn_{kind}_{tag}_ms"], idle_figure, "idle figure"
+            )
+    for tag in ("p50", "p99"):  # a ratio the JSON cannot key (two sizes): printed only
+        ratio_line(by[f"add_{tag}_ms{at}"], by[f"add_{tag}_ms"], "idle figure")
+    return results(figures, ratios)
+
+
+def _streams(seconds: float) -> int:
+    configured = os.environ.get(STREAMS_VARIABLE)
+    if configured:
+        return int(configured)
+    return max(MIN_STREAMS, round(STREAMS * min(1.0, seconds / 2)))
+
+
+def run(*, seconds: float, warmup: float) -> dict[str, float]:
+    load.fail_fast_sniffio_import()
+    scale = (seconds / 2) ** 2  # as the endpoints benchmark: --seconds 0.5 is a quick look
+    changes = max(MIN_CHANGES, round(CHANGES * scale))
+    edits = max(MIN_EDITS, round(EDITS * scale))
+    streams = _streams(seconds)
+    started = time.perf_counter()
+    notes = []
+    with fullmesh.running("trellis-propagation-") as (mesh, buyer):
+        observer = Observer(mesh.state_dir, mesh.spec_dir, buyer.envoy.admin)
+        try:
+            idle = _phase(observer, "idle", changes, edits, warmup)
+            log = mesh.tmp / "background.log"
+            with Background(mesh.state_dir, log, streams=streams, clients=streams // 10) as fleet:
+                notes.append(
+                    f"{streams:,} streams ({streams // 10:,} bookbuyer's) synced in "
+                    f"{fleet.ready['sync_s']:.1f} s, {fleet.ready['refused']} refused and retried"
+                )
+                connected = _phase(observer, f"{streams:,} streams", changes, 0, warmup)
+            with Background(mesh.state_dir, log, rate=RATE) as churn:
+                churning = _phase(observer, "churn", changes, edits, warmup)
+        finally:
+            observer.close()
+    for name, summary in (("streams", fleet.summary), ("churn", churn.summary)):
+        if summary["rest_failures"] or summary["stream_failure"]:
+            raise RuntimeError(f"the background load ({name}) failed: {summary}")
+    notes.append(
+        f"churn: {churn.summary['changes']:,} changes while measured; the whole run took "
+        f"{time.perf_counter() - started:.0f} s"
+    )
+    return _report((idle, connected, churning), streams, churn.summary["rate"], notes)
