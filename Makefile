@@ -107,7 +107,7 @@ dashboards:
 	$(UV) run python tools/dashboards.py
 
 pytest:
-	$(UV) run pytest -q -p no:cacheprovider
+	$(UV) run pytest -q -p no:cacheprovider --durations=25
 
 test: bootstrap lint typecheck imports proto-check pytest
 

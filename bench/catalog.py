@@ -11,6 +11,10 @@ calling ``flush()`` directly (no debounce, no announce):
 * ``build_ms``: a new Catalog, ``set_documents``, ``set_provider_services``,
   ``expect_proxy`` for every proxy, then ``flush()``: every view from scratch (median of up
   to :data:`MAX_REPEATS`, repeated while under ``--seconds``);
+* ``service_build_ms``: the same build as the service runs it (interleaved with the
+  above): no full (generation 2) collection during the flush, as
+  :meth:`~trellis_catalog.catalog.Catalog.flush_in_steps` pauses them, and the young
+  collection the service does before freezing what the flush built, included;
 * ``change_median_ms``/``change_p99_ms``: on that catalog, ``update_provider_service`` for
   one random service with one endpoint moved to a new address, then ``flush()``; up to
   :data:`CHANGES` changes (in proportion fewer for ``--seconds`` below 2), and fewer when
@@ -63,6 +67,7 @@ from trellis_catalog import sources
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
+from trellis_catalog.domain.steps import full_collections_paused
 from trellis_common.documents.base import Document, KindRegistry, Origin
 from trellis_common.model import MeshService
 
@@ -93,6 +98,7 @@ class Measured:
     wall: float = 0.0  # the whole size, generation included: wall and CPU seconds
     cpu: float = 0.0
     builds: list[float] = field(default_factory=list)
+    service_builds: list[float] = field(default_factory=list)  # full collections paused
     index_floor: list[float] = field(default_factory=list)
     changes: list[float] = field(default_factory=list)
     cluster_floor: list[float] = field(default_factory=list)
@@ -168,6 +174,12 @@ def _measure(
         measured.builds.append(CLOCK() - start)
         if len(measured.builds) == 1:
             _check(catalog, synthetic)
+        catalog = None  # its garbage is not the next build's
+        start = CLOCK()
+        with full_collections_paused():  # as flush_in_steps runs it in the service
+            catalog = build()
+        gc.collect(1)  # the service's, before it freezes what the flush built
+        measured.service_builds.append(CLOCK() - start)
     measured.stall = _worst_stall(documents, synthetic)
     # the endpoint and policy changes run against the last catalog built
 
@@ -335,6 +347,12 @@ def _report(m: Measured) -> dict[str, float]:
         "ms",
         f"new Catalog, set every input, flush(): median of {builds}",
     )
+    service_build = report.Figure(
+        "service_build_ms",
+        _ms(m.service_builds),
+        "ms",
+        "the same as the service runs it: no full collection during a flush (then gen 1)",
+    )
     index_floor = report.Figure(
         "index_floor_ms",
         _ms(m.index_floor),
@@ -362,6 +380,7 @@ def _report(m: Measured) -> dict[str, float]:
             f"KindRegistry.parse of {len(m.mesh.documents):,} documents",
         ),
         build,
+        service_build,
         index_floor,
         change,
         p99,
@@ -400,6 +419,7 @@ def _report(m: Measured) -> dict[str, float]:
     )
     ratios = {
         f"build_ms/index_floor_ms@{n}": report.ratio_line(build, index_floor),
+        f"service_build_ms/index_floor_ms@{n}": report.ratio_line(service_build, index_floor),
         f"change_median_ms/cluster_floor_ms@{n}": report.ratio_line(change, cluster_floor),
     }
     print()
@@ -411,6 +431,7 @@ def _growth(everything: Sequence[Measured]) -> dict[str, float]:
     base = everything[0]
     columns: dict[str, Callable[[Measured], float]] = {
         "build_ms": lambda m: _ms(m.builds),
+        "service_build_ms": lambda m: _ms(m.service_builds),
         "index_floor_ms": lambda m: _ms(m.index_floor),
         "change_median_ms": lambda m: _ms(m.changes),
         "policy_change_ms": lambda m: _ms(m.policy_changes),

@@ -188,10 +188,10 @@ class PolicyBuilder:
         """The accounts of ``destination``'s workloads that ``source`` may call, when not all
         of them (empty: every endpoint). OSM sends a client only those endpoints; "" stands
         for endpoints that name no account (they run as the service's)."""
-        if self.spec.permissive:
-            return ()
-        allowed = self.spec.grants.allowed(source)
         accounts = self.accounts(destination)
+        if self.spec.permissive or len(accounts) == 1:
+            return ()  # all of one account, or none (then it is not called at all)
+        allowed = self.spec.grants.allowed(source)
         reachable = [a for a in accounts if a in allowed]
         if len(reachable) == len(accounts):
             return ()
@@ -301,7 +301,7 @@ class PolicyBuilder:
     def _retried(self, outbound: OutboundService, source: ServiceAccount) -> OutboundService:
         """``outbound`` with the Retry policy for ``source``'s calls to it, if one applies
         (on every route: OSM applies it per upstream service); TCP has no retries."""
-        if outbound.protocol == "tcp":
+        if outbound.protocol == "tcp" or not self.spec.retry_enabled:
             return outbound
         found = self.spec.retry_for(source, MeshService(outbound.namespace, outbound.name))
         if found is None:
