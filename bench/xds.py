@@ -112,6 +112,7 @@ class Side:
     set_s: list[float] = field(default_factory=list)
     gc_s: list[float] = field(default_factory=list)
     gc_full: int = 0
+    stall_s: list[float] = field(default_factory=list)  # the loop's worst stall per change
 
 
 def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
@@ -176,6 +177,7 @@ async def _push(
     side.cpu.append(server.cpu() - cpu)
     side.gc_s.append(float(stats["gc_s"]))
     side.gc_full += int(stats["gc_full"])
+    side.stall_s.append(float(stats["lag_max_s"]))
     side.client_cpu.append(time.process_time() - client_cpu)
     if profile:
         await server.command(f"profile stop {profile}")
@@ -223,6 +225,13 @@ def _report(n: int, per_channel: int, sides: dict[str, Side]) -> dict[str, float
                 f"{statistics.mean(side.gc_s) * ms:,.0f} ms ({side.gc_full} full collections "
                 f"in {rounds} changes); client CPU {statistics.mean(side.client_cpu) * ms:,.0f} ms",
             ),
+            "stall": report.Figure(
+                f"{kind}_loop_stall_ms",
+                max(side.stall_s) * ms,
+                "ms",
+                f"the server's event loop held, worst over the {rounds} changes (its lag probe"
+                + ("; the slowest replica's)" if kind == "replicas" else ")"),
+            ),
             "rss": report.Figure(
                 f"{kind}_rss_per_stream_kb",
                 side.rss_per_stream / 1024,
@@ -253,7 +262,7 @@ def _report(n: int, per_channel: int, sides: dict[str, Side]) -> dict[str, float
                 + (" (the slowest replica's)" if kind == "replicas" else ""),
             )
         )
-        ordered += [figures[kind][k] for k in ("cpu", "rss", "sync")]
+        ordered += [figures[kind][k] for k in ("stall", "cpu", "rss", "sync")]
         ordered.append(
             report.Figure(
                 f"{kind}_sync_refused",
@@ -270,7 +279,7 @@ def _report(n: int, per_channel: int, sides: dict[str, Side]) -> dict[str, float
                 f"catalog ListProxies calls to authorize the {n - GROUPS:,} new streams",
             )
         )
-    ordered += [floor[k] for k in ("p50", "p99", "all", "cpu", "rss", "sync")]
+    ordered += [floor[k] for k in ("p50", "p99", "all", "stall", "cpu", "rss", "sync")]
     report.print_table(
         f"xds N={n:,}: SotW ADS streams over {-(-n // per_channel)} connections "
         f"({per_channel} per connection), {GROUPS} groups of {n // GROUPS:,}; one EDS change "

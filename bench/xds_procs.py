@@ -165,7 +165,7 @@ class Replicas:
             for key, value in answer.items():
                 merged[key] = (
                     max(merged.get(key, 0), value)
-                    if key == "set_s"
+                    if key in ("set_s", "lag_max_s")  # the slowest replica's
                     else (merged.get(key, 0) + value)
                 )
         return merged

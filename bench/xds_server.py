@@ -33,6 +33,8 @@ Commands on stdin, one per line; each answer is one JSON line on stdout, the fir
 * ``push K``: make change ``K``; answers ``{"set_s": S}``, the seconds spent making it;
 * ``stats``: ``{"streams": open streams, "acks": EDS ACKs of the latest change, "gc_s":
   seconds in the garbage collector since that change, "gc_full": full collections,
+  "lag_max_s": the event loop's worst stall since that change (the services' probe,
+  :class:`~trellis_common.looplag.LoopLag`),
   "list_proxies": ListProxies calls the catalog stand-in answered (trellis only)}``;
 * ``profile start`` / ``profile stop PATH``: cProfile this process's event loop thread
   (the file holds every interval profiled so far).
@@ -59,6 +61,7 @@ from prometheus_client import CollectorRegistry
 
 from bench import xds_mesh
 from trellis_common import grpcserver, logs
+from trellis_common.looplag import LoopLag
 from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
@@ -377,6 +380,8 @@ async def serve(kind: str, groups: int, port: int = 0) -> None:
     _answer({"port": port})
     profiler: cProfile.Profile | None = None
     collector = GcClock()
+    probe = LoopLag(CollectorRegistry())  # as every service runs it (ServiceRuntime.serve)
+    lag = asyncio.create_task(probe.run(asyncio.Event()))
     try:
         while line := (await commands.readline()).decode().strip():
             command, *args = line.split()
@@ -388,11 +393,13 @@ async def serve(kind: str, groups: int, port: int = 0) -> None:
                 _answer({})
             elif command == "push":
                 collector.reset()
+                probe.peak = 0.0
                 start = time.perf_counter()
                 await subject.push(int(args[0]))
                 _answer({"set_s": time.perf_counter() - start})
             elif command == "stats":
-                _answer({**subject.stats(), "gc_s": collector.seconds, "gc_full": collector.full})
+                stats = {"gc_s": collector.seconds, "gc_full": collector.full}
+                _answer({**subject.stats(), **stats, "lag_max_s": probe.peak})
             elif command == "profile" and args[0] == "start":
                 profiler = profiler or cProfile.Profile()
                 profiler.enable()
@@ -404,6 +411,7 @@ async def serve(kind: str, groups: int, port: int = 0) -> None:
             else:
                 _answer({"error": f"unknown command {line!r}"})
     finally:
+        lag.cancel()
         await server.stop(None)
 
 

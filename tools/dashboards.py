@@ -8,7 +8,8 @@ Three dashboards, each a Grafana JSON model with a Prometheus data source variab
 - **Trellis service**: the golden signals of one service (``$cluster``, a destination
   cluster ``<namespace>/<service>|<port>``) as its clients see it.
 - **Trellis control plane**: the services' own ``/metrics``: connected proxies, pushes,
-  ACK/NACK, push latency, refusals, certificates, loops down, rejected records.
+  ACK/NACK, push latency, refusals, certificates, loops down, rejected records, and
+  how long each service's event loop was held.
 
 ``tests/deploy/test_dashboards.py`` checks every metric an expression names against what a
 running mesh really exports. ``make dashboards`` writes them; ``make test`` checks they match.
@@ -251,6 +252,11 @@ def control_plane() -> dict[str, Any]:
             panel(
                 "Destination API streams",
                 {"{{rpc}}": per("rpc", "trellis_proxy_cp_destination_streams")},
+            ),
+            panel(
+                "Event loop held, worst over a minute",
+                {"{{instance}}": per("instance", "trellis_event_loop_lag_max_seconds")},
+                "s",
             ),
         ],
     )

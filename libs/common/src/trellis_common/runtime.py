@@ -49,6 +49,7 @@ from trellis_common.health import Health
 from trellis_common.identity import ComponentIdentity, Issued
 from trellis_common.identityrevocation import RevokedIdentities
 from trellis_common.locate import ChannelFactory, Locator
+from trellis_common.looplag import LoopLag
 from trellis_common.redisaudit import RedisAudit
 from trellis_common.registry import Announcer, ServiceRecord
 from trellis_common.settings import ServiceSettings
@@ -280,6 +281,7 @@ class ServiceRuntime:
         )
         announcer = Announcer(self.redis, record, ttl=settings.registry_ttl)
         own = [lifecycle.supervised(n, c, self.health.loops) for n, c in components.items()]
+        own.append(lifecycle.supervised("loop-lag", LoopLag(self.metrics).run, self.health.loops))
         if self.joined and self.revoked_serial is None:  # certmanager keeps its own list
             own.append(self._follow_revocations(identity))
         if settings.redis_audit_interval > 0:
