@@ -5,11 +5,14 @@ certificate and its key. The first two are OpenSSL's work and bound what any iss
 this process could do; the rest is ours. So the floor, measured in the same run, is:
 
 * ``raw_sign``: ECDSA P-256 signatures of a 200-byte message with SHA-256, one fixed key;
-* ``keygen_sign``: a fresh P-256 key and one signature, the crypto of one issuance.
+* ``keygen_sign``: a fresh P-256 key and one signature, the crypto of one issuance;
+* ``raw_verify``: ECDSA P-256 verifications of such a signature, what checking a CSR costs.
 
 Against them: ``Issuer.issue_service`` and ``Issuer.issue_proxy`` in process (the pure
 domain, as the manager calls it; a proxy certificate is signed for the public key of the
-proxy's CSR, made on the proxy's host, so it costs no key generation here), and
+proxy's CSR, made on the proxy's host, so it costs no key generation here),
+``csr_proxy_certs``, the same with the CSR read and its signature checked first
+(``public_key_from_csr``, as the servicer does before the manager is called), and
 ``grpc_proxy_certs``, the whole path of a real ``IssueCertificate`` call over loopback gRPC
 (client stub, servicer, manager, issuer; the store is the in-memory fake, not Redis), one
 call in flight. Proxy certificates are used there because each request names a new proxy,
@@ -36,6 +39,7 @@ from bench import report
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.domain import authority, issuer
+from trellis_certmanager.domain.csr import public_key_from_csr
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.manager import CertificateManager
@@ -72,10 +76,21 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
             ProxyCommonName.new(SERVICE, NAMESPACE), SERVICE_ACCOUNT, now, public_key=proxy_key
         )
 
+    proxy_csr = csr_for(new_key()[1], "bench proxy")
+
+    def issue_proxy_for_csr() -> object:
+        return leaf_issuer.issue_proxy(
+            ProxyCommonName.new(SERVICE, NAMESPACE),
+            SERVICE_ACCOUNT,
+            now,
+            public_key=public_key_from_csr(proxy_csr),
+        )
+
     curve = ec.SECP256R1()
     algorithm = ec.ECDSA(hashes.SHA256())
     message = os.urandom(MESSAGE_SIZE)
     key = ec.generate_private_key(curve)
+    signature, public_key = key.sign(message, algorithm), key.public_key()
 
     def raw_sign() -> object:
         return key.sign(message, algorithm)
@@ -83,11 +98,16 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
     def keygen_sign() -> object:
         return ec.generate_private_key(curve).sign(message, algorithm)
 
+    def raw_verify() -> None:
+        public_key.verify(signature, message, algorithm)  # raises if it does not verify
+
     ops = {
         "service_certs": issue_service,
         "proxy_certs": issue_proxy,
+        "csr_proxy_certs": issue_proxy_for_csr,
         "raw_sign": raw_sign,
         "keygen_sign": keygen_sign,
+        "raw_verify": raw_verify,
     }
     rates = asyncio.run(_measure(ops, seconds, warmup))
     service_certs = report.Figure(
@@ -102,8 +122,20 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
         "signs/s",
         f"floor: ECDSA P-256 sign of {MESSAGE_SIZE} bytes, SHA-256",
     )
+    csr_proxy_certs = report.Figure(
+        "csr_proxy_certs",
+        rates["csr_proxy_certs"],
+        "certs/s",
+        "public_key_from_csr, then Issuer.issue_proxy, in process",
+    )
     keygen_signs = report.Figure(
         "keygen_sign", rates["keygen_sign"], "ops/s", "floor: generate a P-256 key and sign once"
+    )
+    raw_verifies = report.Figure(
+        "raw_verify",
+        rates["raw_verify"],
+        "verifies/s",
+        f"floor: ECDSA P-256 verify of {MESSAGE_SIZE} bytes, SHA-256",
     )
     grpc_certs = report.Figure(
         "grpc_proxy_certs",
@@ -111,7 +143,15 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
         "certs/s",
         "IssueCertificate over loopback gRPC, 1 in flight",
     )
-    figures = [service_certs, proxy_certs, raw_signs, keygen_signs, grpc_certs]
+    figures = [
+        service_certs,
+        proxy_certs,
+        csr_proxy_certs,
+        raw_signs,
+        keygen_signs,
+        raw_verifies,
+        grpc_certs,
+    ]
     report.print_table(
         f"certs: leaf issuance, ECDSA P-256 ({openssl_backend.openssl_version_text()}), "
         f"{seconds:g} s per figure in {report.ROUNDS} interleaved rounds, single process",
@@ -123,6 +163,9 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
         "proxy_certs/keygen_sign": report.ratio_line(proxy_certs, keygen_signs),
         # the proxy made its key (a CSR): the server's side is a signature and encoding
         "proxy_certs/raw_sign": report.ratio_line(proxy_certs, raw_signs),
+        # checking the CSR's signature is a verify, itself slower than a sign
+        "csr_proxy_certs/raw_sign": report.ratio_line(csr_proxy_certs, raw_signs),
+        "csr_proxy_certs/raw_verify": report.ratio_line(csr_proxy_certs, raw_verifies),
         "grpc_proxy_certs/proxy_certs": report.ratio_line(grpc_certs, proxy_certs, "baseline"),
     }
     return report.results(figures, ratios)

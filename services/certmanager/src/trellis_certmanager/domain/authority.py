@@ -134,7 +134,12 @@ def _public_der(key: PublicKeyTypes) -> bytes:
 
 
 def fingerprint(cert: x509.Certificate) -> str:
-    return hashlib.sha256(cert.public_bytes(serialization.Encoding.DER)).hexdigest()
+    return fingerprint_der(cert.public_bytes(serialization.Encoding.DER))
+
+
+def fingerprint_der(cert_der: bytes) -> str:
+    """SHA-256 of a certificate's DER, in hex: how records and the CA name certificates."""
+    return hashlib.sha256(cert_der).hexdigest()
 
 
 def _self_signed(cert: x509.Certificate) -> bool:
