@@ -7,6 +7,7 @@ handshake; the node is a real ``envoy.config.core.v3.Node``; the control plane i
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any, cast
 
 import grpc
@@ -29,26 +30,30 @@ STRANGER = t.proxy_common_name("bookstore", "bookstore", 9)
 
 
 CURRENT, OLD = 0xC0FFEE, 0xDEAD
+AGE = dt.timedelta(minutes=5)  # how long ago a peer certificate was issued
 
 
 class FakeContext:
     """What the authorizer reads of a ``grpc.aio.ServicerContext``."""
 
-    def __init__(self, common_name: str | None, serial: int | None) -> None:
+    def __init__(
+        self, common_name: str | None, serial: int | None, age: dt.timedelta = AGE
+    ) -> None:
         self._auth: dict[str, list[bytes]] = {}
         if common_name is not None:
             self._auth["x509_common_name"] = [common_name.encode()]
             if serial is not None:
-                self._auth["x509_pem_cert"] = [t.peer_certificate_pem(common_name, serial)]
+                pem = t.peer_certificate_pem(common_name, serial, age)
+                self._auth["x509_pem_cert"] = [pem]
 
     def auth_context(self) -> dict[str, list[bytes]]:
         return self._auth
 
 
 def context(
-    common_name: str | None, serial: int | None = CURRENT
+    common_name: str | None, serial: int | None = CURRENT, age: dt.timedelta = AGE
 ) -> grpc.aio.ServicerContext[Any, Any]:
-    return cast("grpc.aio.ServicerContext[Any, Any]", FakeContext(common_name, serial))
+    return cast("grpc.aio.ServicerContext[Any, Any]", FakeContext(common_name, serial, age))
 
 
 def node(node_id: str = PROXY, trellis: dict[str, Any] | None = None) -> base_pb2.Node:
@@ -65,9 +70,13 @@ class Expectations:
     def __init__(self, expected: dict[str, str]) -> None:
         self.expected = expected
         self.asked: list[str] = []
+        self.onboarding: list[bool] = []
 
-    async def __call__(self, common_name: str, serial: str = "") -> Expectation | None:
+    async def __call__(
+        self, common_name: str, serial: str = "", *, onboarding: bool = False
+    ) -> Expectation | None:
         self.asked.append(common_name)
+        self.onboarding.append(onboarding)
         account = self.expected.get(common_name)
         return None if account is None else Expectation(account, f"{CURRENT:x}")
 
@@ -290,3 +299,12 @@ async def test_the_stream_carries_the_serial_it_was_opened_with(
 
 async def ignore_view(identity: str, view: object) -> None:
     return None
+
+
+async def test_a_certificate_issued_moments_ago_is_asked_about_as_onboarding(
+    authorizer: MeshAuthorizer, expectations: Expectations
+) -> None:
+    """certmanager backdates notBefore by a minute: issued just now reads as 60 s old."""
+    await authorizer.authorize(context(PROXY, age=dt.timedelta(seconds=60)), node())
+    await authorizer.authorize(context(PROXY), node())  # five minutes old
+    assert expectations.onboarding == [True, False]

@@ -186,7 +186,9 @@ async def test_the_client_certificates_common_name_reaches_the_authorizer(
     sources = t.FakeSources()
     cache = SnapshotCache()
 
-    async def expected(common_name: str, serial: str = "") -> Expectation | None:
+    async def expected(
+        common_name: str, serial: str = "", *, onboarding: bool = False
+    ) -> Expectation | None:
         return Expectation("bookstore") if common_name == PROXY else None
 
     servicer = AdsServicer(cache, MeshAuthorizer(sources.control_plane(cache), expected))
@@ -230,7 +232,9 @@ async def test_a_revoked_serial_ends_its_open_stream_within_a_second_and_is_refu
     serial = f"{x509.load_pem_x509_certificate(issued.cert_pem).serial_number:x}"
     credentials = tls.channel_credentials(mesh_ca.pem, issued.cert_pem, issued.key_pem)
 
-    async def expected(common_name: str, presented: str = "") -> Expectation | None:
+    async def expected(
+        common_name: str, presented: str = "", *, onboarding: bool = False
+    ) -> Expectation | None:
         assert presented == serial  # what the handshake presented
         return Expectation("bookstore", serial) if common_name == PROXY else None
 

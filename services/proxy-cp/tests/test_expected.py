@@ -276,3 +276,43 @@ async def test_a_revocation_voids_what_an_event_taught(
 
     assert await proxies.account(LATER, "0a") is None  # the listing does not name it
     assert len(listings.at) == 1
+
+
+async def test_an_onboarding_proxy_is_waited_for_until_certmanager_tells(
+    listings: Listings, clock: t.FakeClock
+) -> None:
+    """Its certificate was just issued: a listing that does not name it yet is not the
+    last word; certmanager's event of it, a moment later, is."""
+    never = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        clock.slept.append(seconds)
+        if seconds == TIMING.onboarding_grace:
+            await never.wait()  # the grace does not run out in this test
+        await clock.sleep(seconds)
+
+    proxies = ExpectedProxies(listings, TIMING, clock=clock, sleep=sleep)
+    answer = asyncio.ensure_future(proxies.account(LATER, onboarding=True))
+    await eventually(lambda: TIMING.onboarding_grace in clock.slept)
+    assert not answer.done()
+    proxies.learned(LATER, "later-sa")
+    assert await answer == Expectation("later-sa")
+    assert len(listings.at) == 1
+
+
+async def test_an_onboarding_proxy_nobody_tells_of_is_refused_after_the_grace(
+    proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
+) -> None:
+    assert await proxies.account(STRANGER, onboarding=True) is None
+    assert TIMING.onboarding_grace in clock.slept
+    assert len(listings.at) == 2  # asked once more, after the grace
+    assert await proxies.account(STRANGER, onboarding=True) is None  # now remembered
+    assert len(listings.at) == 2
+
+
+async def test_a_proxy_that_is_not_onboarding_is_refused_at_once(
+    proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
+) -> None:
+    assert await proxies.account(STRANGER) is None
+    assert TIMING.onboarding_grace not in clock.slept
+    assert len(listings.at) == 1

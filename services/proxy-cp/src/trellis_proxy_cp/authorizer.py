@@ -15,10 +15,10 @@ when the catalog cannot tell, the stream is refused UNAVAILABLE (retry), not PER
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from cryptography import x509
@@ -33,7 +33,17 @@ from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused, Strea
 
 log = logging.getLogger(__name__)
 
-Expected = Callable[[str, str], Awaitable[Expectation | None]]
+#: A certificate whose notBefore is less than this ago was issued moments ago (certmanager
+#: backdates notBefore by a minute, for clock skew between hosts).
+ONBOARDING_WINDOW = dt.timedelta(seconds=90)
+
+
+class Expected(Protocol):
+    """What the catalog expects of a proxy (its client's cache of ``ListProxies``)."""
+
+    async def __call__(
+        self, common_name: str, serial: str = "", /, *, onboarding: bool = False
+    ) -> Expectation | None: ...
 
 
 def peer_common_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:
@@ -41,15 +51,30 @@ def peer_common_name(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return values[0].decode() if values else ""
 
 
-def peer_serial(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    """The serial (lowercase hex) of the peer's certificate; empty if there is none."""
+def peer_certificate(context: grpc.aio.ServicerContext[Any, Any]) -> x509.Certificate | None:
+    """The peer's certificate, if it presented one that can be read."""
     values = list(context.auth_context().get("x509_pem_cert") or [])
     if not values:
-        return ""
+        return None
     try:
-        return f"{x509.load_pem_x509_certificate(bytes(values[0])).serial_number:x}"
+        return x509.load_pem_x509_certificate(bytes(values[0]))
     except ValueError:
-        return ""
+        return None
+
+
+def peer_serial(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The serial (lowercase hex) of the peer's certificate; empty if there is none."""
+    certificate = peer_certificate(context)
+    return f"{certificate.serial_number:x}" if certificate is not None else ""
+
+
+def onboarding(certificate: x509.Certificate | None, now: dt.datetime | None = None) -> bool:
+    """Whether ``certificate`` was issued moments ago: its proxy may be connecting before the
+    catalog heard of it (see :class:`~.clients.expected.ExpectedProxies`)."""
+    if certificate is None:
+        return False
+    now = now or dt.datetime.now(dt.UTC)
+    return now - certificate.not_valid_before_utc < ONBOARDING_WINDOW
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +116,8 @@ class MeshAuthorizer:
             raise StreamRefused(
                 grpc.StatusCode.PERMISSION_DENIED, str(exc), "not_a_proxy_certificate"
             ) from None
-        serial = peer_serial(context)
+        certificate = peer_certificate(context)
+        serial = f"{certificate.serial_number:x}" if certificate is not None else ""
         if not serial:
             raise StreamRefused(
                 grpc.StatusCode.UNAUTHENTICATED,
@@ -106,7 +132,7 @@ class MeshAuthorizer:
                 "revoked",
             )
         try:
-            expected = await self._expected(common_name, serial)
+            expected = await self._expected(common_name, serial, onboarding=onboarding(certificate))
         except ExpectationUnknown as exc:
             raise StreamRefused(
                 grpc.StatusCode.UNAVAILABLE,

@@ -82,10 +82,13 @@ class CatalogClient:
 
     # -- proxies ---------------------------------------------------------------------
 
-    async def expected(self, common_name: str, serial: str = "") -> Expectation | None:
+    async def expected(
+        self, common_name: str, serial: str = "", *, onboarding: bool = False
+    ) -> Expectation | None:
         """What the catalog expects of a proxy presenting ``serial``, or None; raises
-        :class:`~.expected.ExpectationUnknown` if the catalog cannot be asked."""
-        return await self.expectations.account(common_name, serial)
+        :class:`~.expected.ExpectationUnknown` if the catalog cannot be asked.
+        ``onboarding``: its certificate was just issued (see :class:`.ExpectedProxies`)."""
+        return await self.expectations.account(common_name, serial, onboarding=onboarding)
 
     async def _list_expected(self) -> dict[str, Expectation | str]:
         listed = await self._call(

@@ -28,6 +28,10 @@ What a cached answer may be trusted for is what makes this correct:
   which proxy-cp follows anyway) is :meth:`~ExpectedProxies.learned`: the catalog expects
   that proxy too, so it is a yes for ``max_age`` with no listing at all. A proxy that
   connects right after onboarding costs the catalog nothing.
+* **Onboarding.** A proxy that connects the moment its certificate is issued may beat
+  certmanager's event to this process and the catalog both. So a "no" for a certificate
+  issued moments ago (the authorizer tells, from its validity) waits up to
+  ``onboarding_grace`` for that event, then asks once more, before it is final.
 * **Outages.** If the catalog cannot be asked, a proxy the last good listing named is still
   accepted (that listing stays in force, however old) and any other question fails with
   :class:`ExpectationUnknown`, which the authorizer turns into UNAVAILABLE: retry later,
@@ -85,6 +89,10 @@ class ExpectationTiming:
     """A listing older than this no longer says yes without a new listing."""
     refused_for: float = 5.0
     """A common name a listing did not name is refused without asking, for this long."""
+    onboarding_grace: float = 2.0
+    """A proxy onboarding right now (its certificate just issued) that a listing does not
+    name yet is waited for this long before it is refused: for certmanager's event of its
+    certificate, else for one more listing."""
 
 
 class ExpectedProxies:
@@ -109,11 +117,19 @@ class ExpectedProxies:
         self._inflight: asyncio.Task[None] | None = None
         self._refused: OrderedDict[str, float] = OrderedDict()
         self._learned: dict[str, tuple[Expectation, float]] = {}  # from events, and when
+        self._onboarding: dict[str, asyncio.Event] = {}  # waited for: set when learned
         self.listings = 0
         """Listings started (successful or not); the latest one's number."""
 
-    async def account(self, common_name: str, serial: str = "") -> Expectation | None:
+    async def account(
+        self, common_name: str, serial: str = "", *, onboarding: bool = False
+    ) -> Expectation | None:
         """What the catalog expects of ``common_name`` (presenting ``serial``), else None.
+
+        ``onboarding``: the certificate was issued moments ago. The proxy may then connect
+        before the catalog (and this process) heard of its certificate, so a listing that
+        does not name it is not the last word: it is waited for, ``onboarding_grace`` at
+        most (see :meth:`_onboarded`), before the answer is no.
 
         Raises :class:`ExpectationUnknown` when the catalog could not be asked and no listing
         in force names the proxy.
@@ -138,6 +154,13 @@ class ExpectedProxies:
                 if found is not None and fresh and found.fits(serial):
                     return found
                 if self._listed_number > asked:
+                    if found is None and onboarding:
+                        onboarding = False  # waited for once
+                        heard = await self._onboarded(common_name)
+                        if heard is not None and heard.fits(serial):
+                            return heard
+                        asked = self.listings  # and a listing that starts after the wait
+                        continue
                     return self._answer(common_name, serial, found)
             try:
                 await self._listing()
@@ -152,9 +175,31 @@ class ExpectedProxies:
         expects it, with ``serial``."""
         self._learned[common_name] = (Expectation(account, serial), self._clock())
         self._refused.pop(common_name, None)
+        waiter = self._onboarding.pop(common_name, None)
+        if waiter is not None:
+            waiter.set()
         now = self._clock()
         for name in [n for n, (_, at) in self._learned.items() if now - at > self.timing.max_age]:
             del self._learned[name]
+
+    async def _onboarded(self, common_name: str) -> Expectation | None:
+        """Wait for certmanager's event of ``common_name``'s certificate (``learned``), at
+        most ``onboarding_grace``; what it taught, if it came."""
+        learned = self._learned.get(common_name)
+        if learned is not None:  # it came while the listing was on its way
+            return learned[0]
+        waiter = self._onboarding.setdefault(common_name, asyncio.Event())
+        heard = asyncio.ensure_future(waiter.wait())
+        timer = asyncio.ensure_future(self._sleep(self.timing.onboarding_grace))
+        try:
+            await asyncio.wait({heard, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            heard.cancel()
+            timer.cancel()
+            if self._onboarding.get(common_name) is waiter and not waiter.is_set():
+                del self._onboarding[common_name]
+        learned = self._learned.get(common_name)
+        return learned[0] if learned is not None else None
 
     def revoked(self, common_name: str) -> None:
         """certmanager revoked a serial of ``common_name``: what events taught is void."""

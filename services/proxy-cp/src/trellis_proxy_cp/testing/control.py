@@ -218,10 +218,12 @@ def broken_view(identity: str = "bookstore/bookstore", version: str = "1") -> ca
     return found
 
 
-def peer_certificate_pem(common_name: str, serial: int) -> bytes:
-    """A self-signed certificate for ``common_name`` with ``serial``: what gRPC puts in a
-    peer's auth context as ``x509_pem_cert`` after an mTLS handshake (the handshake, not
-    the authorizer, checks who signed it)."""
+def peer_certificate_pem(
+    common_name: str, serial: int, age: dt.timedelta = dt.timedelta(minutes=5)
+) -> bytes:
+    """A self-signed certificate for ``common_name`` with ``serial``, valid since ``age``
+    ago: what gRPC puts in a peer's auth context as ``x509_pem_cert`` after an mTLS
+    handshake (the handshake, not the authorizer, checks who signed it)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = dt.datetime.now(dt.UTC)
@@ -231,7 +233,7 @@ def peer_certificate_pem(common_name: str, serial: int) -> bytes:
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(serial)
-        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_before(now - age)
         .not_valid_after(now + dt.timedelta(hours=1))
         .sign(key, hashes.SHA256())
         .public_bytes(serialization.Encoding.PEM)
