@@ -83,7 +83,8 @@ class Background:
         assert self._process.stdin is not None
         self._process.stdin.close()  # the process stops its load
         try:
-            self.summary = self._line()
+            if error is None:
+                self.summary = self._line()
         finally:
             self._end()
 
@@ -101,6 +102,8 @@ class Background:
         process, self._process = self._process, None
         if process is None:
             return
+        if process.stdin is not None and not process.stdin.closed:
+            process.stdin.close()  # the process stops its load and exits
         for signal in (None, process.terminate, process.kill):
             if signal is not None:
                 signal()
