@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 
 from trellis_proxy_cp import testing as t
-from trellis_proxy_cp.cache.snapshot import EMPTY_VERSION, Snapshot, make_resource
+from trellis_proxy_cp.cache.snapshot import EMPTY_VERSION, Snapshot, make_resource, with_nonce
 from trellis_proxy_cp.cache.store import InconsistentSnapshot, SnapshotCache
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, TypeUrl
 
@@ -30,6 +32,28 @@ def test_snapshots_built_from_one_resource_share_its_any() -> None:
     one = t.snapshot("1", shared, t.secret("ca"))
     two = t.snapshot("2", shared)
     assert one.of_type(SECRET)["cert"].any is two.of_type(SECRET)["cert"].any is shared.any
+
+
+def test_a_response_is_serialized_once_and_each_stream_adds_its_nonce() -> None:
+    snapshot = t.snapshot("1", t.load_assignment("c0", 8080), t.load_assignment("c1", 8081))
+    body, count = snapshot.response(ENDPOINT, ("c1", "gone"))
+    assert count == 1
+    assert snapshot.response(ENDPOINT, ("c1", "gone"))[0] is body  # shared, not rebuilt
+    for nonce in ("7", "n" * 200):  # a nonce of 200 bytes: a length of two varint bytes
+        parsed = discovery_pb2.DiscoveryResponse.FromString(with_nonce(body, nonce))
+        assert parsed == discovery_pb2.DiscoveryResponse(
+            version_info=snapshot.version_of(ENDPOINT),
+            resources=[snapshot.of_type(ENDPOINT)["c1"].any],
+            type_url=ENDPOINT,
+            nonce=nonce,
+        )
+    every, count = snapshot.response(ENDPOINT, None)  # every resource, by name
+    assert count == 2
+    names = [
+        endpoint_pb2.ClusterLoadAssignment.FromString(r.value).cluster_name
+        for r in discovery_pb2.DiscoveryResponse.FromString(every).resources
+    ]
+    assert names == ["c0", "c1"]
 
 
 def test_make_resource_refuses_a_wrong_type_url_or_no_name() -> None:

@@ -16,7 +16,6 @@ import logging
 from typing import Any
 
 import grpc
-from envoy.service.discovery.v3 import ads_pb2_grpc
 from fastapi import FastAPI
 from redis.exceptions import RedisError
 
@@ -52,13 +51,13 @@ from trellis_proxy_cp.settings import ProxyCpSettings
 from trellis_proxy_cp.translate.linkerd import RetryBudget
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport import rest
+from trellis_proxy_cp.transport.ads import SERVICE as ADS_SERVICE
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import StreamRegistry
 
 log = logging.getLogger(__name__)
 
-ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 # When thousands of Envoys reconnect at once (proxy-cp restarted), gRPC's core queues the
 # new streams the server has not picked up yet; past ~1,000 it refuses them ("Too many
 # pending requests"). bench/xds measured the storm; these let it through.
@@ -193,7 +192,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     xds = GrpcServer(
         f"{settings.xds_host}:{settings.grpc_port}",
         [
-            lambda s: ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, s),
+            servicer.register,
             renewal.register,
         ],
         [ADS_SERVICE, RENEWAL_SERVICE],

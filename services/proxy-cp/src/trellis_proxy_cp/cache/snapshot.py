@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
@@ -96,6 +97,10 @@ class Snapshot:
     version: str
     resources: Mapping[TypeUrl, Mapping[str, Resource]]
     _versions: Mapping[TypeUrl, str] = dataclasses.field(init=False, repr=False)
+    # serialized responses (see response): built once per type and names, shared by streams
+    _responses: dict[tuple[TypeUrl, tuple[str, ...] | None], tuple[bytes, int]] = dataclasses.field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         frozen: dict[TypeUrl, Mapping[str, Resource]] = {}
@@ -131,6 +136,26 @@ class Snapshot:
         """The resources of one type by name (empty if there are none)."""
         return self.resources.get(type_url, _NO_RESOURCES)
 
+    def response(self, type_url: TypeUrl, names: tuple[str, ...] | None) -> tuple[bytes, int]:
+        """The state-of-the-world ``DiscoveryResponse`` of ``type_url`` for ``names`` (sorted;
+        None: every resource of the type) serialized, without its nonce, and how many
+        resources it holds. Built once per snapshot, type and names: the streams of one
+        group (and most of them ask for the same names) share the bytes, and each adds only
+        its nonce (:func:`with_nonce`)."""
+        key = (type_url, names)
+        found = self._responses.get(key)
+        if found is None:
+            available = self.of_type(type_url)
+            chosen = [available[n] for n in (sorted(available) if names is None else names)
+                      if n in available]  # fmt: skip
+            response = discovery_pb2.DiscoveryResponse(
+                version_info=self.version_of(type_url),
+                resources=[resource.any for resource in chosen],
+                type_url=type_url,
+            )
+            found = self._responses[key] = (response.SerializeToString(), len(chosen))
+        return found
+
     def type_urls(self) -> list[TypeUrl]:
         """Type URLs with resources, in push order (:data:`ORDER` first, then the rest)."""
         return sorted(self.resources, key=_push_rank)
@@ -160,6 +185,22 @@ class Snapshot:
                 if secret not in secrets:
                     problems.append(f"listener {name!r} names missing secret {secret!r}")
         return problems
+
+
+_NONCE = 5  # DiscoveryResponse.nonce
+
+
+def with_nonce(response: bytes, nonce: str) -> bytes:
+    """A serialized message with field 5 (``nonce``, a string) set: its bytes appended (a
+    field not in ``response`` yet, so appending it is setting it, per the protobuf wire
+    format)."""
+    encoded = nonce.encode()
+    size, length = len(encoded), bytearray()
+    while size > 0x7F:  # varint
+        length.append(size & 0x7F | 0x80)
+        size >>= 7
+    length.append(size)
+    return b"".join((response, bytes(((_NONCE << 3) | 2,)), bytes(length), encoded))
 
 
 def _push_rank(type_url: TypeUrl) -> tuple[int, str]:

@@ -9,7 +9,8 @@ admin API sees the streams of both protocols in one registry.
 from __future__ import annotations
 
 import grpc
-from envoy.service.discovery.v3 import ads_pb2_grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf.message import Message
 
 from trellis_proxy_cp.cache.store import SnapshotSource
 from trellis_proxy_cp.transport.ads_delta import DeltaServer
@@ -22,6 +23,8 @@ from trellis_proxy_cp.transport.streams import (
     StreamRegistry,
     StreamRunner,
 )
+
+SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 
 
 class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignore[misc]
@@ -50,5 +53,25 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ign
         self.DeltaAggregatedResources = delta.DeltaAggregatedResources
 
     def register(self, server: grpc.aio.Server) -> None:
-        """Add this servicer to ``server`` (a ``trellis_common.grpcserver`` registration)."""
-        ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, server)
+        """Add this servicer to ``server`` (a ``trellis_common.grpcserver`` registration):
+        as the generated code does, except that a response may also be bytes, already
+        serialized (the state-of-the-world streams share a type's serialized response,
+        :meth:`~trellis_proxy_cp.cache.snapshot.Snapshot.response`)."""
+        handlers = {
+            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self.StreamAggregatedResources,
+                request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+                response_serializer=_serialized,
+            ),
+            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self.DeltaAggregatedResources,
+                request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+                response_serializer=_serialized,
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        server.add_registered_method_handlers(SERVICE, handlers)
+
+
+def _serialized(response: Message | bytes) -> bytes:
+    return response if isinstance(response, bytes) else response.SerializeToString()

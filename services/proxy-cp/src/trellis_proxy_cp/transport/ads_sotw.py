@@ -39,9 +39,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from envoy.service.discovery.v3 import discovery_pb2
 
-from trellis_proxy_cp.cache.snapshot import Snapshot, push_order
+from trellis_proxy_cp.cache.snapshot import Snapshot, push_order, with_nonce
 from trellis_proxy_cp.cache.store import SnapshotSource
 from trellis_proxy_cp.transport.streams import (
     Outgoing,
@@ -156,19 +155,10 @@ class SotwMachine:
     def _respond(
         self, type_url: TypeUrl, state: TypeState, progress: _Progress, snapshot: Snapshot
     ) -> None:
-        available = snapshot.of_type(type_url)
-        if state.wildcard:
-            chosen = [available[name] for name in sorted(available)]
-        else:
-            chosen = [available[name] for name in sorted(state.names) if name in available]
+        names = None if state.wildcard else tuple(sorted(state.names))
+        response, count = snapshot.response(type_url, names)  # serialized once, shared
         version = snapshot.version_of(type_url)
         nonce = str(next(self._nonces))
-        response = discovery_pb2.DiscoveryResponse(
-            version_info=version,
-            resources=[resource.any for resource in chosen],
-            type_url=type_url,
-            nonce=nonce,
-        )
         state.sent_version, state.nonce = version, nonce
         progress.answered, progress.pending = False, False
         progress.sent_for = (state.wildcard, state.names)
@@ -178,9 +168,9 @@ class SotwMachine:
             short(type_url),
             version,
             nonce,
-            len(chosen),
+            count,
         )
-        self._send(Outgoing(response, type_url, version))
+        self._send(Outgoing(with_nonce(response, nonce), type_url, version))
 
     def _ack(self, type_url: TypeUrl, state: TypeState, request: Any) -> None:
         state.acked_version = request.version_info
