@@ -117,3 +117,32 @@ async def test_the_service_catalog_freezes_what_a_big_flush_built(
     monkeypatch.setattr(catalog_module, "FREEZE_AFTER", 0.0)
     await service.flush_in_steps()
     assert gc.get_freeze_count() > 0
+
+
+@pytest.mark.usefixtures("every_step_yields")
+async def test_documents_set_during_a_flush_are_the_next_flushs() -> None:
+    catalog = _catalog()
+    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+    kept = [d for d in documents if d.key.kind != "TrafficTarget"]
+    catalog.set_documents(documents, errors)  # the same again: compared in the flush's steps
+    flush = asyncio.create_task(catalog.flush_in_steps())
+    await asyncio.sleep(0)
+    catalog.set_documents(kept, errors)  # while the flush compares the first list
+    await flush
+    assert any(key.startswith("TrafficTarget ") for key in catalog.spec.statuses)
+    await catalog.flush_in_steps()
+    assert not any(key.startswith("TrafficTarget ") for key in catalog.spec.statuses)
+
+
+@pytest.mark.usefixtures("every_step_yields", "unfrozen")
+async def test_the_service_catalog_pauses_full_collections_while_it_flushes() -> None:
+    service = _catalog(freeze_heap=True)
+    before = gc.get_threshold()
+    move(service, "bookstore-v2", "10.0.2.7")
+    flush = asyncio.create_task(service.flush_in_steps())
+    seen = []
+    while not flush.done():
+        seen.append(gc.get_threshold()[2])
+        await asyncio.sleep(0)
+    assert max(seen) > before[2] * 1000  # the oldest generation's threshold, out of reach
+    assert gc.get_threshold() == before

@@ -47,6 +47,8 @@ from trellis_common.model import MeshService, ServiceAccount
 
 log = logging.getLogger(__name__)
 
+DOCUMENT_STEP = 2000  # documents compared between two steps
+
 TARGET = "TrafficTarget"
 GROUP = "HTTPRouteGroup"
 POLICY_KINDS = meshspec.PATCHED_KINDS  # access policy: TrafficTargets and their routes
@@ -101,6 +103,7 @@ class Recompute:
         self._cluster_domain = cluster_domain
         self._verdict = verdict
         self._documents: list[Document] = []
+        self._pending: tuple[list[Document], list[DocumentError]] | None = None
         self._current: dict[DocumentKey, Document] = {}
         self._by_id: dict[int, Document] = {}  # the same documents, by identity
         self._errors: list[DocumentError] = []
@@ -125,13 +128,21 @@ class Recompute:
     # -- inputs: they only mark -------------------------------------------------------
 
     def set_documents(self, documents: Iterable[Document], errors: Iterable[DocumentError]) -> None:
-        """The whole specification; remembers each changed document's old resource.
+        """The whole specification. It is compared with the last one by the next apply, in
+        steps (tens of thousands of documents are tens of milliseconds of work)."""
+        self._pending = (list(documents), list(errors))
+        self.dirty.spec = True
+
+    def _take_documents(self) -> Steps[None]:
+        """Compare the pending documents with the last ones, in steps: each changed
+        document's old resource is remembered (``dirty.documents``).
 
         Documents are told apart by identity first: a source that lists everything again
         after one edit (the same objects but the edited one) costs a pass over the list,
         not a comparison, nor even a hash of every key."""
-        self._documents = list(documents)
-        self._errors = list(errors)
+        if self._pending is None:
+            return
+        (self._documents, self._errors), self._pending = self._pending, None
         error_statuses = [meshspec.error_status(e) for e in self._errors]
         self.dirty.errors |= error_statuses != self._error_statuses
         self._error_statuses = error_statuses
@@ -141,7 +152,9 @@ class Recompute:
         fresh = [by_id[i] for i in by_id.keys() - previous.keys()]
         self._by_id = by_id
         now = datetime.now(UTC)
-        for document in fresh:
+        for position, document in enumerate(fresh):
+            if position % DOCUMENT_STEP == 0:
+                yield
             key = document.key
             old = gone.pop(key, None) or self._current.get(key)
             self._current[key] = document
@@ -157,7 +170,6 @@ class Recompute:
                 del self._current[key]
                 self._first_seen.pop(key, None)
                 self.dirty.documents.setdefault(key, old.resource)
-        self.dirty.spec = True
 
     def mark(self, *, spec: bool = False, services: bool = False, policies: bool = False) -> None:
         self.dirty.spec |= spec
@@ -222,7 +234,10 @@ class Recompute:
         """:meth:`apply` in steps: it yields between services and between identities, so an
         event loop can serve others meanwhile (:meth:`Catalog.flush_in_steps`). Inputs that
         arrive between steps mark the next round: the marks were taken at the start."""
+        yield from self._take_documents()
         dirty, self.dirty = self.dirty, Dirty()
+        # documents set while the ones taken above were compared are the next round's
+        self.dirty.spec = self._pending is not None
         recompute_policies = dirty.spec or dirty.policies
         changed_shape = False
         scope: set[MeshService] = set()
