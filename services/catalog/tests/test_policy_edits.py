@@ -207,3 +207,19 @@ def test_policy_edits_patch_the_spec_to_what_a_build_from_scratch_makes(
         assert all(catalog.versions[i] != versions.get(i) for i in changed)
     assert catalog.spec_updates["patched"] > STEPS // 2, catalog.spec_updates
     assert catalog.spec_updates["built"] > 1, catalog.spec_updates
+
+
+def test_the_same_documents_again_build_nothing(
+    docs: Docs, report: Report, endpoint: Endpoint
+) -> None:
+    """A source that lists the same documents again (a rescan, a resync) costs no build."""
+    mesh = Mesh(random.Random(1), docs)
+    catalog = catalog_of(mesh.documents(), reports(report, endpoint, 1))
+    versions = dict(catalog.versions)
+    catalog.set_documents(mesh.documents(), [])
+    assert catalog.flush() is None
+    mesh.parsed.clear()  # parsed again: equal documents, new objects
+    catalog.set_documents(mesh.documents(), [])
+    assert catalog.flush() is None
+    assert catalog.spec_updates == {"built": 1}
+    assert dict(catalog.versions) == versions

@@ -238,6 +238,8 @@ class Recompute:
         dirty, self.dirty = self.dirty, Dirty()
         # documents set while the ones taken above were compared are the next round's
         self.dirty.spec = self._pending is not None
+        if dirty.spec and not (dirty.documents or dirty.errors or dirty.moved):
+            dirty.spec = False  # the same documents again (a rescan, a resync): nothing moved
         recompute_policies = dirty.spec or dirty.policies
         changed_shape = False
         scope: set[MeshService] = set()
