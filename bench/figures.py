@@ -51,10 +51,16 @@ TARGETS = (
         "5,000 streams over proxy-cp replicas: p99 time to ACK",
     ),
     Target("xds", "trellis_sync_refused@5000", "<=", 0.0, "reconnect storm: streams refused"),
-    Target("catalog", "build_ms@1000", "<=", 300.0, "full build, 1,000 services"),
     Target(
         "catalog",
-        "build_ms_exponent_top",
+        "service_build_ms@1000",
+        "<=",
+        300.0,
+        "full build, 1,000 services, as the service runs it",
+    ),
+    Target(
+        "catalog",
+        "service_build_ms_exponent_top",
         "<=",
         1.1,
         "full build growth, 1,000 to 5,000 services (the exponent k of N^k)",
@@ -65,6 +71,13 @@ TARGETS = (
         "<=",
         50.0,
         "event loop's worst stall over a full build, 1,000 services",
+    ),
+    Target(
+        "catalog",
+        "stall_ms@5000",
+        "<=",
+        50.0,
+        "event loop's worst stall over a full build, 5,000 services",
     ),
     Target(
         "certs",
