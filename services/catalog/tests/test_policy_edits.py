@@ -14,8 +14,10 @@ import random
 from collections.abc import Callable
 
 from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_common.documents.base import Document
+from trellis_common.model import MeshService, ServiceAccount
 
 Docs = Callable[[str], list[Document]]
 Report = Callable[..., ProvidedService]
@@ -223,3 +225,34 @@ def test_the_same_documents_again_build_nothing(
     assert catalog.flush() is None
     assert catalog.spec_updates == {"built": 1}
     assert dict(catalog.versions) == versions
+
+
+def test_a_policy_question_uses_the_last_builder_and_sees_the_last_edit(
+    docs: Docs, report: Report, endpoint: Endpoint
+) -> None:
+    """CheckPolicy's builder is the last recompute's (no index of every service per
+    question), and it answers for the edit just flushed."""
+    mesh = Mesh(random.Random(2), docs)
+    rule = "{kind: HTTPRouteGroup, name: rg0}"
+    target = f"""apiVersion: access.smi-spec.io/v1alpha3
+kind: TrafficTarget
+metadata: {{name: to-s5, namespace: shop}}
+spec:
+  destination: {{kind: ServiceAccount, name: s5, namespace: shop}}
+  sources: [{{kind: ServiceAccount, name: b2, namespace: back}}]
+  rules: [{rule}]"""
+    catalog = catalog_of(mesh.documents(), reports(report, endpoint, 1))
+    caller, callee = ServiceAccount("back", "b2"), MeshService("shop", "s5")
+    builder = catalog.builder()
+    assert catalog.builder() is builder
+    assert not explain(builder, caller, callee).allowed  # no target lets b2 call s5 yet
+    mesh.texts["tt to-s5"] = target
+    catalog.set_documents(mesh.documents(), [])
+    catalog.flush()
+    assert catalog.spec_updates["patched"] == 1
+    assert catalog.builder() is not builder  # the edit's, sharing what it learned
+    assert explain(catalog.builder(), caller, callee).allowed
+    del mesh.texts["tt to-s5"]
+    catalog.set_documents(mesh.documents(), [])
+    catalog.flush()
+    assert not explain(catalog.builder(), caller, callee).allowed
