@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import os
 import random
 import statistics
@@ -428,7 +427,6 @@ def _report(m: Measured) -> dict[str, float]:
 
 def _growth(everything: Sequence[Measured]) -> dict[str, float]:
     """The growth table: each figure at N over the same at the first size, and N**k fits."""
-    base = everything[0]
     columns: dict[str, Callable[[Measured], float]] = {
         "build_ms": lambda m: _ms(m.builds),
         "service_build_ms": lambda m: _ms(m.service_builds),
@@ -436,34 +434,5 @@ def _growth(everything: Sequence[Measured]) -> dict[str, float]:
         "change_median_ms": lambda m: _ms(m.changes),
         "policy_change_ms": lambda m: _ms(m.policy_changes),
     }
-    header = f"  {'N':>6} {'N growth':>9}" + "".join(f" {c:>17} {'growth':>8}" for c in columns)
-    print(f"catalog growth, against N={base.mesh.services:,} measured in this run")
-    print(header)
-    results: dict[str, float] = {}
-    for m in everything:
-        n = m.mesh.services
-        row = f"  {n:>6,} {n / base.mesh.services:>8.2f}x"
-        for name, value in columns.items():
-            growth = value(m) / value(base) if value(base) else float("inf")
-            results[f"{name}_growth@{n}"] = growth
-            row += f" {report.format_value(value(m)):>17} {growth:>7.2f}x"
-        print(row)
-    last = everything[-1]
-    if last.mesh.services != base.mesh.services:
-        fits = []
-        span = math.log(last.mesh.services / base.mesh.services)
-        for name, value in columns.items():
-            exponent = math.log(value(last) / value(base)) / span
-            results[f"{name}_exponent"] = exponent
-            fits.append(f"{name} ~ N^{exponent:.2f}")
-        print(f"  from N={base.mesh.services:,} to N={last.mesh.services:,}: " + ", ".join(fits))
-    if len(everything) > 2:  # the top of the range, where fixed costs no longer hide growth
-        before = everything[-2]
-        span = math.log(last.mesh.services / before.mesh.services)
-        fits = []
-        for name, value in columns.items():
-            exponent = math.log(value(last) / value(before)) / span
-            results[f"{name}_exponent_top"] = exponent
-            fits.append(f"{name} ~ N^{exponent:.2f}")
-        print(f"  from N={before.mesh.services:,} to N={last.mesh.services:,}: " + ", ".join(fits))
-    return results
+    series = {name: [value(m) for m in everything] for name, value in columns.items()}
+    return report.growth("catalog", [m.mesh.services for m in everything], series)

@@ -15,6 +15,7 @@ keyed by stable names, so a test can call it with tiny durations and check the s
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -152,3 +153,36 @@ def ratio_line(subject: Figure, reference: Figure, kind: str = "floor") -> float
 def results(figures: Sequence[Figure], ratios: dict[str, float]) -> dict[str, float]:
     """What a benchmark returns: each figure by name, then each ratio by its key."""
     return {f.name: f.value for f in figures} | ratios
+
+
+def growth(
+    what: str, sizes: Sequence[int], series: Mapping[str, Sequence[float]]
+) -> dict[str, float]:
+    """Print how each of ``series`` (one value per size) grows with N against the first
+    size, and fit the exponent k of N**k between the first and the last size
+    (``<name>_exponent``: k near 1 is linear, near 2 quadratic) and between the last two
+    (``<name>_exponent_top``: the top of the range, where fixed costs no longer hide the
+    growth); returns those and each ``<name>_growth@<N>``."""
+    base = sizes[0]
+    print(f"{what} growth, against N={base:,} measured in this run")
+    print(f"  {'N':>6} {'N growth':>9}" + "".join(f" {c:>17} {'growth':>8}" for c in series))
+    results: dict[str, float] = {}
+    for index, n in enumerate(sizes):
+        row = f"  {n:>6,} {n / base:>8.2f}x"
+        for name, values in series.items():
+            ratio = values[index] / values[0] if values[0] else float("inf")
+            results[f"{name}_growth@{n}"] = ratio
+            row += f" {format_value(values[index]):>17} {ratio:>7.2f}x"
+        print(row)
+    spans = [("_exponent", 0)] if len(sizes) > 1 and sizes[-1] != base else []
+    if len(sizes) > 2:
+        spans.append(("_exponent_top", len(sizes) - 2))
+    for suffix, start in spans:
+        span = math.log(sizes[-1] / sizes[start])
+        fits = []
+        for name, values in series.items():
+            exponent = math.log(values[-1] / values[start]) / span
+            results[f"{name}{suffix}"] = exponent
+            fits.append(f"{name} ~ N^{exponent:.2f}")
+        print(f"  from N={sizes[start]:,} to N={sizes[-1]:,}: " + ", ".join(fits))
+    return results

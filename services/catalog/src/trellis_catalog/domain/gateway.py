@@ -101,6 +101,15 @@ def service_names(service: MeshService, cluster_domain: str, hosts: Iterable[str
     ]
 
 
+def hostnames(
+    service: MeshService, port: int, cluster_domain: str, hosts: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Every name a client may use for ``service`` on ``port``: each name, then each with
+    the port."""
+    names = service_names(service, cluster_domain, hosts)
+    return tuple(names + [f"{name}:{port}" for name in names])
+
+
 def host_matches(pattern: str, name: str) -> bool:
     """A route hostname (``*.example.com`` matches one or more leading labels) against one
     of the parent's names."""

@@ -50,13 +50,6 @@ AccountOf = Callable[[MeshService], str]
 STEP = 500  # services indexed between two steps
 
 
-def hostnames(
-    service: MeshService, port: int, cluster_domain: str, hosts: tuple[str, ...]
-) -> tuple[str, ...]:
-    names = gateway.service_names(service, cluster_domain, hosts)
-    return tuple(names + [f"{name}:{port}" for name in names])
-
-
 def _same_port(known: KnownService, port: PortSpec) -> PortSpec | None:
     """The backend's port that carries the root's ``port``: the same number, or none.
 
@@ -202,7 +195,7 @@ class PolicyBuilder:
 
     def names(self, known: KnownService, port: int) -> tuple[str, ...]:
         """Every name a client may use for ``known`` on ``port``."""
-        return hostnames(known.service, port, self.cluster_domain, known.hosts)
+        return gateway.hostnames(known.service, port, self.cluster_domain, known.hosts)
 
     def _callable(self, source: ServiceAccount) -> list[MeshService]:
         if self.spec.permissive:
@@ -418,7 +411,7 @@ class PolicyBuilder:
                     name=root.name,
                     port=port.port,
                     protocol=port.protocol,
-                    hostnames=hostnames(root, port.port, self.cluster_domain, ()),
+                    hostnames=gateway.hostnames(root, port.port, self.cluster_domain, ()),
                     routes=tuple(routes),
                     spiffe_ids=self.spiffe(
                         [b.service for b, _ in reachable]

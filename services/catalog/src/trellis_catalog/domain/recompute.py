@@ -30,13 +30,14 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from trellis_catalog.domain import destinations, edge, gateway
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
+from trellis_catalog.domain.documents import SpecDocuments
+from trellis_catalog.domain.edits import AccessEdit
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.reports import ProviderReports
 from trellis_catalog.domain.steps import Steps, drain
@@ -47,11 +48,6 @@ from trellis_common.model import MeshService, ServiceAccount
 
 log = logging.getLogger(__name__)
 
-DOCUMENT_STEP = 2000  # documents compared between two steps
-
-TARGET = "TrafficTarget"
-GROUP = "HTTPRouteGroup"
-POLICY_KINDS = meshspec.PATCHED_KINDS  # access policy: TrafficTargets and their routes
 
 Verdict = Callable[[Identity, Exception | None], None]  # a view built, or why it was not
 
@@ -102,13 +98,7 @@ class Recompute:
         self._trust_domain = trust_domain
         self._cluster_domain = cluster_domain
         self._verdict = verdict
-        self._documents: list[Document] = []
-        self._pending: tuple[list[Document], list[DocumentError]] | None = None
-        self._current: dict[DocumentKey, Document] = {}
-        self._by_id: dict[int, Document] = {}  # the same documents, by identity
-        self._errors: list[DocumentError] = []
-        self._error_statuses: list[meshspec.Status] = []
-        self._first_seen: dict[DocumentKey, datetime] = {}  # a route's age without a timestamp
+        self._documents = SpecDocuments()
         self._grpc_ports: dict[MeshService, frozenset[int]] = {}
         self.routes = gateway.Resolved()
         self.dirty = Dirty(spec=True)
@@ -130,46 +120,16 @@ class Recompute:
     def set_documents(self, documents: Iterable[Document], errors: Iterable[DocumentError]) -> None:
         """The whole specification. It is compared with the last one by the next apply, in
         steps (tens of thousands of documents are tens of milliseconds of work)."""
-        self._pending = (list(documents), list(errors))
+        self._documents.set(documents, errors)
         self.dirty.spec = True
 
     def _take_documents(self) -> Steps[None]:
-        """Compare the pending documents with the last ones, in steps: each changed
-        document's old resource is remembered (``dirty.documents``).
-
-        Documents are told apart by identity first: a source that lists everything again
-        after one edit (the same objects but the edited one) costs a pass over the list,
-        not a comparison, nor even a hash of every key."""
-        if self._pending is None:
-            return
-        (self._documents, self._errors), self._pending = self._pending, None
-        error_statuses = [meshspec.error_status(e) for e in self._errors]
-        self.dirty.errors |= error_statuses != self._error_statuses
-        self._error_statuses = error_statuses
-        # the previous documents stay referenced until here: no new one can share an id
-        by_id, previous = {id(d): d for d in self._documents}, self._by_id
-        gone = {previous[i].key: previous[i] for i in previous.keys() - by_id.keys()}
-        fresh = [by_id[i] for i in by_id.keys() - previous.keys()]
-        self._by_id = by_id
-        now = datetime.now(UTC)
-        for position, document in enumerate(fresh):
-            if position % DOCUMENT_STEP == 0:
-                yield
-            key = document.key
-            old = gone.pop(key, None) or self._current.get(key)
-            self._current[key] = document
-            if old is None:
-                self._first_seen[key] = now
-                self.dirty.documents.setdefault(key, None)
-            elif old.resource != document.resource:
-                self.dirty.documents.setdefault(key, old.resource)
-            elif (old.origin, old.api_version) != (document.origin, document.api_version):
-                self.dirty.moved = True  # the same, elsewhere: only its status moves
-        for key, old in gone.items():
-            if self._current.get(key) is old:
-                del self._current[key]
-                self._first_seen.pop(key, None)
-                self.dirty.documents.setdefault(key, old.resource)
+        """Compare the pending documents with the last ones (in steps), into the marks."""
+        changes = yield from self._documents.take_steps()
+        for key, old in changes.documents.items():
+            self.dirty.documents.setdefault(key, old)
+        self.dirty.errors |= changes.errors
+        self.dirty.moved |= changes.moved
 
     def mark(self, *, spec: bool = False, services: bool = False, policies: bool = False) -> None:
         self.dirty.spec |= spec
@@ -244,21 +204,26 @@ class Recompute:
         yield from self._take_documents()
         dirty, self.dirty = self.dirty, Dirty()
         # documents set while the ones taken above were compared are the next round's
-        self.dirty.spec = self._pending is not None
+        self.dirty.spec = self._documents.pending
         if dirty.spec and not (dirty.documents or dirty.errors or dirty.moved):
             dirty.spec = False  # the same documents again (a rescan, a resync): nothing moved
         recompute_policies = dirty.spec or dirty.policies
         changed_shape = False
         scope: set[MeshService] = set()
         before = self.spec
-        changes = self._patchable(dirty) if dirty.spec else None
+        edit = AccessEdit(dirty.documents, self._documents.current)
+        changes = None
+        if dirty.spec and not (dirty.errors or dirty.moved):
+            changes = edit.patch(before, self._documents.error_statuses)
         if changes is not None:  # access policy only: patched, at the cost of the edit
             self.spec, moved = meshspec.patch(before, self._document_statuses, changes)
             self._document_statuses = self.spec.statuses
             self.spec_updates["patched"] += 1
             yield
         elif dirty.spec:
-            self.spec = yield from meshspec.build_steps(self._documents, self._errors)
+            self.spec = yield from meshspec.build_steps(
+                self._documents.documents, self._documents.errors
+            )
             self._document_statuses = self.spec.statuses
             self.spec_updates["built"] += 1
             grpc_ports, self._grpc_ports = self._grpc_ports, self.spec.grpc_backends()
@@ -289,7 +254,10 @@ class Recompute:
             )
         if (dirty.spec and changes is None) or changed_shape:
             self.routes = gateway.resolve(
-                self.spec.gateway_routes, self.services, self._first_seen, self._cluster_domain
+                self.spec.gateway_routes,
+                self.services,
+                self._documents.first_seen,
+                self._cluster_domain,
             )
             yield
             self.spec.statuses = self._resolved_statuses()
@@ -310,10 +278,14 @@ class Recompute:
                 builder = yield from self._builder_steps()
             else:  # what it learned of the services holds: only access policy moved
                 builder = self._builder.respec(self.spec)
-            targeted = None if dirty.policies or changed_shape else self._concerned(dirty)
+            targeted = (
+                None
+                if dirty.policies or changed_shape
+                else edit.concerned(self.spec, self._by_account)
+            )
             touched = yield from self._recompute_policies(targeted, builder)
             if changes is not None:
-                destinations = scope | self._destinations(dirty, builder)
+                destinations = scope | edit.destinations(self.spec, builder)
         return Recomputed(touched, changed_clusters, recompute_policies, destinations)
 
     def _scope(self, dirty: Dirty) -> set[MeshService]:
@@ -360,71 +332,6 @@ class Recompute:
         if targeted is None:
             self._by_account = by_account
         return touched
-
-    def _patchable(self, dirty: Dirty) -> dict[DocumentKey, Document | None] | None:
-        """The changed documents, each new one or None, when the spec can be patched
-        (:func:`~.spec.patch`) rather than built again; else None.
-
-        Patched: edits of TrafficTargets, HTTPRouteGroups and TCPRoutes alone, with the
-        document errors as they were and none of them naming an edited document (errors
-        are laid over statuses by key), and no edited HTTPRouteGroup an Egress names (an
-        Egress's status says whether its groups exist)."""
-        if dirty.errors or dirty.moved or not dirty.documents:
-            return None
-        if any(k.kind not in POLICY_KINDS for k in dirty.documents):
-            return None
-        edited = {str(k) for k in dirty.documents}
-        if any(s.key.removesuffix(" (rejected edit)") in edited for s in self._error_statuses):
-            return None
-        groups = self.spec.egress_route_groups()
-        if any((k.namespace, k.name) in groups for k in dirty.documents if k.kind == GROUP):
-            return None
-        return {key: self._current.get(key) for key in dirty.documents}
-
-    def _affected(self, dirty: Dirty) -> list[Any]:
-        """The TrafficTargets (old and new versions) an edit of access policy touches: those
-        edited, and those whose rules name an edited HTTPRouteGroup or TCPRoute."""
-        edited = {(k.namespace, k.kind, k.name) for k in dirty.documents if k.kind != TARGET}
-        keys = {k for k in dirty.documents if k.kind == TARGET} | self.spec.grants.naming(edited)
-        found = [dirty.documents.get(key) for key in keys]
-        found += [self._current[key].resource for key in keys if key in self._current]
-        return [target for target in found if target is not None]
-
-    def _concerned(self, dirty: Dirty) -> list[Identity] | None:
-        """The identities an edit of access policy concerns, or None for "all of them".
-
-        When only TrafficTargets, HTTPRouteGroups and TCPRoutes changed, only the accounts
-        the touched targets name (old and new versions) can see their policy change:
-        sources gain or lose destinations, destinations gain or lose inbound rules. An
-        HTTPRouteGroup that a TrafficSplit's ``matches`` names shapes the routes of every
-        caller of the split's root, and one an Egress names the routes of its sources:
-        their edit concerns everyone. Anything else (Services, splits, ServiceEntries,
-        MeshConfig) may move every identity's view.
-        """
-        if not dirty.documents or any(k.kind not in POLICY_KINDS for k in dirty.documents):
-            return None
-        groups = {(k.namespace, k.name) for k in dirty.documents if k.kind == GROUP}
-        if groups & (self.spec.split_route_groups() | self.spec.egress_route_groups()):
-            return None
-        accounts: set[ServiceAccount] = set()
-        for target in self._affected(dirty):
-            accounts.add(target.destination_account())
-            accounts.update(target.source_accounts())
-        return sorted({i for account in accounts for i in self._by_account.get(account, ())})
-
-    def _destinations(self, dirty: Dirty, builder: PolicyBuilder) -> set[MeshService]:
-        """The services whose destination an edit of access policy may move: those running
-        as a touched target's destination account (their routes are its HTTP matches), and
-        the roots of the splits whose ``matches`` name an edited HTTPRouteGroup."""
-        found = builder.running_as({t.destination_account() for t in self._affected(dirty)})
-        groups = {(k.namespace, k.name) for k in dirty.documents if k.kind == GROUP}
-        if groups:
-            found.update(
-                root
-                for root, split in self.spec.splits.items()
-                if any((root.namespace, m.name) in groups for m in split.spec.matches)
-            )
-        return found
 
     def _shape(self, service: MeshService) -> tuple[object, ...] | None:
         """What a policy depends on of a service: not its endpoints' addresses, unless an
