@@ -54,13 +54,14 @@ from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import httpx
 
 from bench import http_floor, load, report
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common import redisconn, signaling, statefile, tokens
+from trellis_common import components, redisconn, signaling, tokens
+from trellis_common.grpcserver import DEFAULT_OPTIONS
+from trellis_common.testing.identities import join_as
 from trellis_common.testing.redis_server import RedisServer
 from trellis_common.testing.services import ServiceProcess
 
@@ -113,15 +114,20 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-bench-")))
         redis_server = stack.enter_context(RedisServer(dir=tmp / "redis"))
+        # endpoints-vm joins the mesh through certmanager: its mTLS identity, its admin TLS
+        certmanager = stack.enter_context(
+            ServiceProcess("certmanager", "trellis_certmanager.main", tmp, redis_server)
+        )
+        certmanager.start()
         service = stack.enter_context(
             ServiceProcess("endpoints-vm", "trellis_endpoints_vm.main", tmp, redis_server)
         )
-        endpoint = service.start()
+        service.start()
         floor = stack.enter_context(http_floor.HttpFloor())
         token = tokens.token_path(tmp).read_text().strip()
         try:
             measured = asyncio.run(
-                _measure(scale, endpoint, token, redis_server.url, floor.url, warmup)
+                _measure(scale, service, token, redis_server.url, floor.url, warmup)
             )
         except Exception:
             # The state directory goes with the run: show why the service failed, if it did.
@@ -146,7 +152,7 @@ class Measured:
 
 async def _measure(
     scale: Scale,
-    endpoint: statefile.ServiceEndpoint,
+    process: ServiceProcess,
     token: str,
     redis_url: str,
     floor_url: str,
@@ -155,19 +161,21 @@ async def _measure(
     limits = httpx.Limits(
         max_connections=scale.concurrency, max_keepalive_connections=scale.concurrency
     )
+    endpoint = process.endpoint
     async with AsyncExitStack() as stack:
+        # the catalog's identity: the one consumer of endpoints-vm's gRPC API
+        identity = join_as(process.state_dir, components.CATALOG)
         channel = await stack.enter_async_context(
-            grpc.aio.insecure_channel(endpoint.grpc_address, options=GRPC_OPTIONS)
+            identity.channel(
+                endpoint.grpc_address, components.ENDPOINTS_VM, [*DEFAULT_OPTIONS, *GRPC_OPTIONS]
+            )
         )
         stub = pb_grpc.EndpointsProviderStub(channel)
         consumer = await load.Consumer.start(stub, redis_url, NAMESPACE)
         stack.push_async_callback(consumer.close)
         service = await stack.enter_async_context(
-            httpx.AsyncClient(
-                base_url=endpoint.admin_url,
-                headers={"Authorization": f"Bearer {token}"},
-                limits=limits,
-                timeout=60,
+            process.async_client(
+                headers={"Authorization": f"Bearer {token}"}, limits=limits, timeout=60
             )
         )
         bare = await stack.enter_async_context(
