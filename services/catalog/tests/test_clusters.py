@@ -73,3 +73,42 @@ def test_a_new_trust_domain_rebuilds_every_cluster(report: Report, endpoint: End
     assert clusters.rebuild([], known, "example.org") == {"shop/api|80", "shop/web|80"}
     assert clusters.states["shop/web|80"].spiffe_ids == ("spiffe://example.org/ns/shop/sa/web",)
     assert clusters.states["shop/web|80"].version == 2
+
+
+def test_a_rebuild_after_one_endpoint_moved_keeps_the_others(
+    report: Report, endpoint: Endpoint
+) -> None:
+    """The unchanged endpoints are the same objects (converted once), and the cluster is
+    what a cluster built from nothing would be."""
+    clusters = Clusters()
+
+    def at(address: str, port: int) -> ProvidedEndpoint:  # as a provider's report has it
+        return endpoint(address, {"http": port}, service_account="api", provider="vm")
+
+    many = [at(f"10.0.0.{i}", 8080) for i in range(1, 60)]
+    clusters.rebuild([API], index(report("shop/api", *many)), "cluster.local")
+    before = {e.address: e for e in clusters.states["shop/api|80"].endpoints}
+    moved = [*many[:-1], at("10.0.1.1", 8081)]
+    known = index(report("shop/api", *moved))
+    assert clusters.rebuild([API], known, "cluster.local") == {"shop/api|80"}
+    after = clusters.states["shop/api|80"]
+    kept = [e for e in after.endpoints if e.address in before]
+    assert len(kept) == 58
+    assert all(before[e.address] is e for e in kept)
+    fresh = services.cluster(known[API], known[API].ports[0], "cluster.local", after.version)
+    assert after == fresh
+    assert [(e.address, e.port) for e in after.endpoints][-1] == ("10.0.1.1", 8081)
+
+
+def test_a_port_whose_target_changed_converts_every_endpoint_again(
+    report: Report, endpoint: Endpoint
+) -> None:
+    """The conversion reads the port's spec: a new spec reuses nothing."""
+    clusters = Clusters()
+    serving = endpoint("10.0.0.1", {"http": 8080, "admin": 9000})
+    clusters.rebuild([API], index(report("shop/api", serving)), "cluster.local")
+    assert [e.port for e in clusters.states["shop/api|80"].endpoints] == [8080]
+    # the same endpoint object, the Service's port now targets the port named admin
+    retargeted = index(report("shop/api", serving, ports=[("admin", 80, "HTTP", 0)]))
+    clusters.rebuild([API], retargeted, "cluster.local")
+    assert [e.port for e in clusters.states["shop/api|80"].endpoints] == [9000]

@@ -803,3 +803,26 @@ def test_after_a_restart_every_ttl_workload_gets_one_ttl_from_then(
     assert registry.grace_until("shop/vm-1") == NOW + 25
     assert registry.expire(NOW + 24.9) == ([], [])
     assert registry.expire(NOW + 25)[1] == ["shop/vm-1"]
+
+
+def test_a_registration_converts_only_its_own_endpoint(
+    registry: EndpointRegistry, make_workload: MakeWorkload
+) -> None:
+    """The service's other endpoints are the objects of its last view; the view is the
+    sorted endpoints of its live workloads, as if built from nothing."""
+    for i in range(30):
+        registry.upsert(make_workload(f"vm-{i}", address=f"10.0.{i % 3}.{i}"), NOW)
+    before = {e.workload: e for e in registry.views[key("api")].endpoints}
+    newcomer = make_workload("vm-new", address="10.0.0.200")
+    [change] = registry.upsert(newcomer, NOW)
+    assert change.view is not None
+    after = change.view.endpoints
+    assert sum(1 for e in after if before.get(e.workload) is e) == 30
+    expected = sorted([*before.values(), newcomer.endpoint()])
+    assert list(after) == expected
+    # gone: deregistered, its endpoint leaves; the rest are still the same objects
+    [change] = registry.remove("shop/vm-3", NOW)
+    assert change.view is not None
+    assert [e.workload for e in change.view.endpoints if before.get(e.workload) is e] == [
+        e.workload for e in expected if e.workload not in ("shop/vm-new", "shop/vm-3")
+    ]

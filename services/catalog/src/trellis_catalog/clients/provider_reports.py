@@ -17,6 +17,7 @@ from collections.abc import Callable
 from trellis_api import endpoints_pb2 as pb
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_common import ids
+from trellis_common.memo import Members
 
 _LOCATION = {pb.MESH_INTERNAL: "MESH_INTERNAL", pb.MESH_EXTERNAL: "MESH_EXTERNAL"}
 _RESOLUTION = {
@@ -77,8 +78,34 @@ def _endpoint(message: pb.Endpoint, where: str, provider: str) -> ProvidedEndpoi
     )
 
 
+def _endpoint_or_reason(message: pb.Endpoint, context: tuple[str, str]) -> ProvidedEndpoint | str:
+    where, provider = context
+    try:
+        return _endpoint(message, where, provider)
+    except InvalidReport as exc:
+        return str(exc)
+
+
+def _serialized(message: pb.Endpoint) -> bytes:
+    return message.SerializeToString(deterministic=True)
+
+
+#: Endpoints by (provider, namespace, service key), kept while their bytes are the same
+#: (:class:`~trellis_common.memo.Members`): a report after one endpoint of 200 moved
+#: validates and converts one, and the endpoints kept are the same objects as before.
+Converted = Members[tuple[str, str, str], pb.Endpoint, ProvidedEndpoint | str]
+
+
+def converted() -> Converted:
+    """A memo for :func:`from_proto`, one per follower of providers."""
+    return Members(_endpoint_or_reason, key=_serialized)
+
+
 def from_proto(
-    provider: str, message: pb.ServiceEndpoints, on_bad_endpoint: Callable[[str], None]
+    provider: str,
+    message: pb.ServiceEndpoints,
+    on_bad_endpoint: Callable[[str], None],
+    memo: Converted | None = None,
 ) -> ProvidedService:
     """Validate and convert one service's report; raises :class:`InvalidReport`.
 
@@ -95,12 +122,17 @@ def from_proto(
     for port in info.ports:
         if not 0 < port.number < 65536:
             raise InvalidReport(f"{where}: port {port.name!r} is {port.number}, not in 1-65535")
+    context = (where, provider)
     endpoints = []
-    for message_endpoint in message.endpoints:
-        try:
-            endpoints.append(_endpoint(message_endpoint, where, provider))
-        except InvalidReport as exc:
-            on_bad_endpoint(str(exc))
+    for found in (
+        memo.convert((provider, namespace, key), message.endpoints, context)
+        if memo is not None
+        else [_endpoint_or_reason(m, context) for m in message.endpoints]
+    ):
+        if isinstance(found, str):
+            on_bad_endpoint(found)
+        else:
+            endpoints.append(found)
     return ProvidedService(
         provider=provider,
         namespace=namespace,

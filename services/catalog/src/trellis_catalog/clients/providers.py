@@ -42,6 +42,7 @@ from redis.exceptions import RedisError
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog
+from trellis_catalog.clients import provider_reports
 from trellis_catalog.clients.provider_reports import InvalidReport, from_proto
 from trellis_catalog.domain.services import ProvidedService
 from trellis_common.events import Follower
@@ -114,6 +115,7 @@ class ProviderFollower(Follower):
         self._closing: set[asyncio.Task[None]] = set()
         # Signals, resyncs and the sweep each read then change ``providers``: one at a time.
         self._lock = asyncio.Lock()
+        self._converted = provider_reports.converted()
 
     # -- the follower --------------------------------------------------------------------
 
@@ -189,6 +191,7 @@ class ProviderFollower(Follower):
                 raise
             self._health.rejections.accept(_source(name), event.key)
             self.catalog.remove_provider_service(name, namespace, key)
+            self._converted.forget((name, namespace, key))
             log.debug("provider.service_removed provider=%s service=%s", name, event.key)
             return
         if message.info.service != ref:
@@ -273,11 +276,10 @@ class ProviderFollower(Follower):
                 for report in (self._convert(record.name, m) for m in listed.services)
                 if report is not None
             ]
-            # rejections of services no longer listed are history
-            self._health.rejections.accept_all(
-                _source(record.name),
-                {f"{m.info.service.namespace}/{m.info.service.name}" for m in listed.services},
-            )
+            # rejections of services no longer listed are history, and so are their endpoints
+            keys = {(m.info.service.namespace, m.info.service.name) for m in listed.services}
+            self._health.rejections.accept_all(_source(record.name), {f"{n}/{k}" for n, k in keys})
+            self._forget_unlisted(record.name, keys)
             self.catalog.set_provider_services(record.name, accepted)
             provider.missing_since = None
             provider.loop.up()
@@ -321,8 +323,12 @@ class ProviderFollower(Follower):
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
 
+    def _forget_unlisted(self, provider: str, listed: set[tuple[str, str]]) -> None:
+        self._converted.retain(lambda c: c[0] != provider or (c[1], c[2]) in listed)
+
     async def _close(self, name: str) -> None:
         provider = self.providers.pop(name, None)
+        self._converted.retain(lambda c: c[0] != name)
         if provider is not None:
             provider.loop.close()
             await provider.channel.close()
@@ -332,7 +338,7 @@ class ProviderFollower(Follower):
         key = f"{ref.namespace}/{ref.name}"
         bad: list[str] = []
         try:
-            report = from_proto(provider, message, bad.append)
+            report = from_proto(provider, message, bad.append, self._converted)
         except InvalidReport as exc:
             self._health.rejections.reject(_source(provider), key, str(exc))
             return None

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState
+from trellis_common.memo import Members
 from trellis_common.model import MeshService
 
 
@@ -26,6 +27,7 @@ class Clusters:
         self.states: Mapping[str, ClusterState] = MappingProxyType(self._clusters)
         self._of: dict[MeshService, set[str]] = {}  # each service's cluster names
         self._trust_domain = ""  # the one the SPIFFE ids were built with
+        self._endpoints: svc.ClusterEndpoints = Members(svc.cluster_endpoint)
 
     def rebuild(
         self,
@@ -55,7 +57,7 @@ class Clusters:
             known = services.get(service)
             if known is not None:
                 for port in known.ports:
-                    state = svc.cluster(known, port, trust_domain)
+                    state = svc.cluster(known, port, trust_domain, memo=self._endpoints)
                     wanted[state.ref.name] = state
             # compared here, in steps; the commit only writes what moved
             moved = [state for name, state in wanted.items() if self._moved(name, state)]
@@ -76,6 +78,7 @@ class Clusters:
         for service, wanted, moved in computed:
             for name in self._of.get(service, set()) - wanted:
                 del self._clusters[name]
+                self._endpoints.forget(name)
                 changed.add(name)
             for state in moved:
                 old = self._clusters.get(state.ref.name)

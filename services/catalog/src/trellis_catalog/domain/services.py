@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from trellis_catalog.domain.views import ClusterEndpoint, ClusterRef, ClusterState
 from trellis_common.documents import core
+from trellis_common.memo import Members, sorted_unique
 from trellis_common.model import MeshService, ReportedEndpoint, ServiceReach
 
 _PROTOCOLS = {"HTTP": "http", "HTTP2": "http2", "GRPC": "grpc"}  # the rest is TCP to a proxy
@@ -211,34 +212,52 @@ def spiffe_id(trust_domain: str, namespace: str, account: str) -> str:
     return f"spiffe://{trust_domain}/ns/{namespace}/sa/{account}"
 
 
+def cluster_endpoint(
+    endpoint: ProvidedEndpoint, serving: tuple[PortSpec, bool]
+) -> ClusterEndpoint | None:
+    """``endpoint`` in the cluster of ``serving`` (a port, and whether it is the service's
+    only one), or None if it does not serve that port."""
+    port, single = serving
+    number = endpoint_port(endpoint, port, single)
+    if number is None:
+        return None
+    return ClusterEndpoint(
+        address=endpoint.address,
+        port=number,
+        weight=endpoint.weight or 1,
+        locality=endpoint.locality,
+        service_account=endpoint.service_account,
+        provider=endpoint.provider,
+        labels=endpoint.labels,
+        workload=endpoint.workload,
+    )
+
+
+#: Cluster endpoints by cluster name, kept while the provided endpoint is the same object
+#: (:class:`~trellis_common.memo.Members`): one endpoint of 200 moved converts one.
+ClusterEndpoints = Members[str, ProvidedEndpoint, ClusterEndpoint | None]
+
+
 def cluster(
-    known: KnownService, port: PortSpec, trust_domain: str, version: int = 0
+    known: KnownService,
+    port: PortSpec,
+    trust_domain: str,
+    version: int = 0,
+    memo: ClusterEndpoints | None = None,
 ) -> ClusterState:
-    single = len(known.ports) == 1
-    endpoints = []
-    accounts = set()
-    for endpoint in known.endpoints:
-        number = endpoint_port(endpoint, port, single)
-        if number is None:
-            continue
-        endpoints.append(
-            ClusterEndpoint(
-                address=endpoint.address,
-                port=number,
-                weight=endpoint.weight or 1,
-                locality=endpoint.locality,
-                service_account=endpoint.service_account,
-                provider=endpoint.provider,
-                labels=endpoint.labels,
-                workload=endpoint.workload,
-            )
-        )
-        if endpoint.service_account:
-            accounts.add(endpoint.service_account)
     ref = known.cluster_ref(port)
+    serving = (port, len(known.ports) == 1)
+    found = (
+        memo.convert(ref.name, known.endpoints, serving)
+        if memo is not None
+        else [cluster_endpoint(e, serving) for e in known.endpoints]
+    )
+    endpoints = [e for e in found if e is not None]
+    accounts = {e.service_account for e in endpoints if e.service_account}
+    namespace = known.service.namespace
     spiffe = (
         ()
         if known.external
-        else tuple(sorted(spiffe_id(trust_domain, known.service.namespace, a) for a in accounts))
+        else tuple(sorted(spiffe_id(trust_domain, namespace, a) for a in accounts))
     )
-    return ClusterState(ref, tuple(sorted(set(endpoints))), spiffe, version)
+    return ClusterState(ref, sorted_unique(endpoints), spiffe, version)

@@ -12,7 +12,7 @@ field, logged, counted and shown in ``/v1/status``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +25,7 @@ from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.destinations import Destination
 from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import (
+    ClusterEndpoint,
     ClusterRef,
     ClusterState,
     ConnectionSettings,
@@ -39,6 +40,7 @@ from trellis_catalog.transport import grpc_requests
 from trellis_common import messages
 from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_common.health import Rejections
+from trellis_common.memo import Members
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Catalog"].full_name
@@ -154,33 +156,52 @@ def _sidecar(spec: MeshSpec) -> pb.SidecarSettings:
     )
 
 
-def _cluster(state: ClusterState) -> pb.Cluster:
-    ref = state.ref
-    return pb.Cluster(
-        name=ref.name,
-        namespace=ref.namespace,
-        service=ref.service,
-        port=ref.port,
-        protocol=ref.protocol,
-        discovery=ref.discovery,
-        endpoints=[
-            pb.ClusterEndpoint(**messages.fields(e, maps={"labels"})) for e in state.endpoints
-        ],
-        spiffe_ids=state.spiffe_ids,
-        mesh_tls=ref.mesh_tls,
-        version=str(state.version),
-        subject_alt_names=ref.subject_alt_names,
-        connection=_connection(ref.connection) if ref.connection is not None else None,
-    )
+def _endpoint(endpoint: ClusterEndpoint, _: object) -> pb.ClusterEndpoint:
+    return pb.ClusterEndpoint(**messages.fields(endpoint, maps={"labels"}))
 
 
-def destination_proto(catalog: Catalog, record: Destination) -> pb.Destination:
+class ClusterProtos:
+    """Clusters as messages, their endpoint messages kept while the endpoint is the same
+    object (:class:`~trellis_common.memo.Members`), per cluster and the accounts a view's
+    reference limits it to: an answer after one endpoint of 200 moved converts one."""
+
+    def __init__(self) -> None:
+        self._endpoints: Members[tuple[str, tuple[str, ...]], ClusterEndpoint, pb.ClusterEndpoint]
+        self._endpoints = Members(_endpoint)
+
+    def __call__(self, state: ClusterState, accounts: tuple[str, ...] = ()) -> pb.Cluster:
+        ref = state.ref
+        return pb.Cluster(
+            name=ref.name,
+            namespace=ref.namespace,
+            service=ref.service,
+            port=ref.port,
+            protocol=ref.protocol,
+            discovery=ref.discovery,
+            endpoints=self._endpoints.convert((ref.name, accounts), state.endpoints),
+            spiffe_ids=state.spiffe_ids,
+            mesh_tls=ref.mesh_tls,
+            version=str(state.version),
+            subject_alt_names=ref.subject_alt_names,
+            connection=_connection(ref.connection) if ref.connection is not None else None,
+        )
+
+    def prune(self, clusters: Mapping[str, ClusterState]) -> None:
+        """Forget clusters that are gone, once they may outnumber those that are not."""
+        if len(self._endpoints) > 2 * len(clusters) + 64:
+            self._endpoints.retain(lambda c: c[0] in clusters)
+
+
+def destination_proto(
+    catalog: Catalog, record: Destination, protos: ClusterProtos | None = None
+) -> pb.Destination:
     service = record.service
+    cluster = protos or ClusterProtos()
     ports = []
     for name in record.clusters:
         state = catalog.clusters.get(name)
         if state is not None:
-            ports.append(_cluster(state))
+            ports.append(cluster(state))
     return pb.Destination(
         namespace=service.namespace,
         name=service.name,
@@ -199,11 +220,14 @@ def destination_proto(catalog: Catalog, record: Destination) -> pb.Destination:
     )
 
 
-def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
+def to_proto(
+    catalog: Catalog, policy: IdentityPolicy, protos: ClusterProtos | None = None
+) -> pb.View:
     identity = policy.identity
+    cluster = protos or ClusterProtos()
     certificate = catalog.certificates.get(identity)
     clusters = [
-        reachable(catalog.clusters.get(ref.name, ClusterState(ref, (), (), 0)), ref)
+        (reachable(catalog.clusters.get(ref.name, ClusterState(ref, (), (), 0)), ref), ref.accounts)
         for ref in policy.clusters
     ]
     return pb.View(
@@ -274,7 +298,7 @@ def to_proto(catalog: Catalog, policy: IdentityPolicy) -> pb.View:
             )
             for e in policy.egress
         ],
-        clusters=[_cluster(c) for c in clusters],
+        clusters=[cluster(c, accounts) for c, accounts in clusters],
         certificate=pb.CertificateRef(
             common_name=certificate.common_name,
             serial=certificate.serial,
@@ -298,13 +322,14 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     def __init__(self, catalog: Catalog, rejections: Rejections | None = None) -> None:
         self._catalog = catalog
         self.gate = RequestGate(rejections)
+        self._clusters = ClusterProtos()
 
     @rpc(grpc_requests.view)
     async def GetView(self, asked: grpc_requests.ViewRequest, context: Context) -> pb.View:
         await self._catalog.settled()
-        return to_proto(
-            self._catalog, self._catalog.policy_for(asked.identity, asked.service_account)
-        )
+        self._clusters.prune(self._catalog.clusters)
+        policy = self._catalog.policy_for(asked.identity, asked.service_account)
+        return to_proto(self._catalog, policy, self._clusters)
 
     async def ListViewVersions(
         self, request: pb.ListViewVersionsRequest, context: Context
@@ -326,7 +351,9 @@ class CatalogServicer(pb_grpc.CatalogServicer):
         return pb.ListDestinationsResponse(
             cursor=cursor,
             full=full,
-            destinations=[destination_proto(self._catalog, store.records[s]) for s in changed],
+            destinations=[
+                destination_proto(self._catalog, store.records[s], self._clusters) for s in changed
+            ],
             removed=[str(s) for s in removed],
         )
 

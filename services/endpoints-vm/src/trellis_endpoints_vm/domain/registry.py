@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from trellis_common.memo import Members, sorted_unique
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.views import (
     EndpointInfo,
@@ -58,6 +59,11 @@ class EndpointRegistry:
         self._entry_for_host: dict[ServiceKey, str] = {}
         self._selecting: dict[str, list[DeclaredEntry]] = defaultdict(list)
         self.conflicts: list[str] = []
+        # a workload's endpoint, kept while the workload is the same object (a change to
+        # one of a service's 200 workloads converts one, and the view compares by identity)
+        self._endpoints: Members[ServiceKey, Workload, EndpointInfo] = Members(
+            lambda w, _: w.endpoint()
+        )
 
     # -- registered workloads --------------------------------------------------------
 
@@ -220,6 +226,7 @@ class EndpointRegistry:
             if view != self.views.get(key):
                 if view is None:
                     del self.views[key]
+                    self._endpoints.forget(key)
                 else:
                     self.views[key] = view
                 changes.append(Change(key, view))
@@ -231,13 +238,14 @@ class EndpointRegistry:
         members = [self.workloads[i] for i in sorted(self._by_service.get(key, ()))]
         if entry is None and not members:
             return None
-        endpoints: list[EndpointInfo] = [w.endpoint() for w in members if self.is_alive(w, now)]
+        alive = (w for w in members if self.is_alive(w, now))
+        endpoints = self._endpoints.convert(key, alive)
         if entry is not None:
             info = entry.info(key.name)
             endpoints += entry.resolve(key.name, self._selected(entry, now))
         else:
             info = ServiceInfo(key=key, ports=_registered_ports(members))
-        return ServiceView(info, tuple(sorted(set(endpoints))))
+        return ServiceView(info, sorted_unique(endpoints))
 
     def _selected(self, entry: DeclaredEntry, now: float) -> list[DeclaredEndpoint]:
         if entry.selector is None:

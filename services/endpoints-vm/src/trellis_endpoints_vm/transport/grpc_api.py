@@ -23,7 +23,8 @@ from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common import messages
 from trellis_common.grpcrequests import RequestGate, rpc
 from trellis_common.health import Rejections
-from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
+from trellis_common.memo import Members
+from trellis_endpoints_vm.domain.views import EndpointInfo, ServiceKey, ServiceView
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.transport import grpc_requests
 
@@ -40,7 +41,19 @@ _RESOLUTIONS = {
 }
 
 
-def to_proto(view: ServiceView, revision: int) -> pb.ServiceEndpoints:
+def endpoint_proto(endpoint: EndpointInfo) -> pb.Endpoint:
+    return pb.Endpoint(**messages.fields(endpoint, maps={"ports", "labels"}))
+
+
+#: Endpoint messages by service, kept while the endpoint is the same object
+#: (:class:`~trellis_common.memo.Members`): a service's answer after one of its endpoints
+#: moved converts that one.
+EndpointProtos = Members[ServiceKey, EndpointInfo, pb.Endpoint]
+
+
+def to_proto(
+    view: ServiceView, revision: int, endpoints: EndpointProtos | None = None
+) -> pb.ServiceEndpoints:
     info = view.info
     return pb.ServiceEndpoints(
         info=pb.ServiceInfo(
@@ -59,9 +72,11 @@ def to_proto(view: ServiceView, revision: int) -> pb.ServiceEndpoints:
             subject_alt_names=info.subject_alt_names,
             source=info.source,
         ),
-        endpoints=[
-            pb.Endpoint(**messages.fields(e, maps={"ports", "labels"})) for e in view.endpoints
-        ],
+        endpoints=(
+            endpoints.convert(info.key, view.endpoints)
+            if endpoints is not None
+            else [endpoint_proto(e) for e in view.endpoints]
+        ),
         revision=revision,
     )
 
@@ -70,12 +85,17 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
     def __init__(self, manager: EndpointsManager, rejections: Rejections | None = None) -> None:
         self._manager = manager
         self.gate = RequestGate(rejections)
+        self._endpoints: EndpointProtos = Members(lambda e, _: endpoint_proto(e))
 
     @rpc(grpc_requests.namespace_filter)
     async def ListServices(self, namespace: str, context: Context) -> pb.ListServicesResponse:
         revision = self._manager.revision
+        views = self._manager.views(namespace)
+        if not namespace:
+            listed = {v.key for v in views}
+            self._endpoints.retain(listed.__contains__)
         return pb.ListServicesResponse(
-            services=[to_proto(v, revision) for v in self._manager.views(namespace)],
+            services=[to_proto(v, revision, self._endpoints) for v in views],
             revision=revision,
             provider=PROVIDER,
         )
@@ -84,5 +104,6 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
     async def GetService(self, key: ServiceKey, context: Context) -> pb.ServiceEndpoints:
         view = self._manager.view(key)
         if view is None:
+            self._endpoints.forget(key)
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {key} in this provider")
-        return to_proto(view, self._manager.revision)
+        return to_proto(view, self._manager.revision, self._endpoints)

@@ -7,6 +7,7 @@ with locality-weighted load balancing.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 from envoy.config.core.v3 import base_pb2
@@ -23,7 +24,26 @@ def _locality(text: str) -> base_pb2.Locality:
     return base_pb2.Locality(region=region, zone=zone, sub_zone=sub_zone)
 
 
+#: How many load assignments (and endpoints) are kept by content; see load_assignment.
+KEPT_ASSIGNMENTS = 4096
+KEPT_ENDPOINTS = 65536
+
+
 def load_assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
+    """The cluster's load assignment. Do not change it: it is shared.
+
+    Every group whose view has a cluster translates it, and a view refreshed because one
+    cluster moved carries all its others unchanged; so assignments are kept by the
+    catalog's message (its bytes), and endpoints by address, port and weight: one endpoint
+    of 200 moved builds one endpoint message, the others are copies made by the protobuf
+    runtime.
+    """
+    return _assignment(cluster.SerializeToString(deterministic=True))
+
+
+@functools.lru_cache(maxsize=KEPT_ASSIGNMENTS)
+def _assignment(serialized: bytes) -> endpoint_pb2.ClusterLoadAssignment:
+    cluster = catalog_pb2.Cluster.FromString(serialized)
     by_locality: dict[str, list[catalog_pb2.ClusterEndpoint]] = defaultdict(list)
     for endpoint in cluster.endpoints:
         by_locality[endpoint.locality].append(endpoint)
@@ -36,17 +56,20 @@ def load_assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAss
                     value=sum(max(e.weight, 1) for e in members)
                 ),
                 lb_endpoints=[
-                    endpoint_components_pb2.LbEndpoint(
-                        endpoint=endpoint_components_pb2.Endpoint(
-                            address=socket_address(e.address, e.port)
-                        ),
-                        load_balancing_weight=wrappers_pb2.UInt32Value(value=max(e.weight, 1)),
-                    )
+                    _lb_endpoint(e.address, e.port, max(e.weight, 1))
                     for e in sorted(members, key=lambda e: (e.address, e.port))
                 ],
             )
             for locality, members in sorted(by_locality.items())
         ],
+    )
+
+
+@functools.lru_cache(maxsize=KEPT_ENDPOINTS)
+def _lb_endpoint(address: str, port: int, weight: int) -> endpoint_components_pb2.LbEndpoint:
+    return endpoint_components_pb2.LbEndpoint(
+        endpoint=endpoint_components_pb2.Endpoint(address=socket_address(address, port)),
+        load_balancing_weight=wrappers_pb2.UInt32Value(value=weight),
     )
 
 
