@@ -11,6 +11,11 @@ service's ``/metrics``:
 And, after a whole onboarding (a proxy through ``trellis vm bootstrap`` with a scoped
 token, a workload registered and beating): no private key in any output: the services'
 logs, REST answers, metrics, Redis values, and the files of the state directory.
+
+The five services (and their Redis and state directory) start once for the module, and
+its tests share them, in any order: a test asserts the change its action makes to a
+count (read before, acted, read after), names its workloads apart from the other tests',
+and looks for log lines that only its action writes (its token id, its workload).
 """
 
 from __future__ import annotations
@@ -85,9 +90,35 @@ class Mesh:
         return 0.0
 
 
-@pytest.fixture
-def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[Mesh]:
-    mesh = Mesh(tmp_path, state_dir, redis_server)
+@pytest.fixture(scope="module")
+def mesh_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's directory: the mesh's spec documents, state directory and Redis."""
+    return tmp_path_factory.mktemp("onboarding")
+
+
+@pytest.fixture(scope="module")
+def state_dir(mesh_dir: Path) -> Path:
+    """The mesh's state directory, one for the module (the shared fixture's is per test)."""
+    path = mesh_dir / "state"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def redis_server(mesh_dir: Path) -> Iterator[RedisServer]:
+    """The mesh's Redis, one for the module (the shared fixture's is per test)."""
+    server = RedisServer(dir=mesh_dir / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def mesh(mesh_dir: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[Mesh]:
+    """The five services, started once for the module's tests."""
+    mesh = Mesh(mesh_dir, state_dir, redis_server)
     try:
         for p in mesh.processes.values():
             p.start()
@@ -168,6 +199,10 @@ def test_an_onboarding_token_used_for_another_identity_is_refused_logged_and_cou
     token_file, token_id = make_token(mesh, tmp_path, "bookbuyer", "bookbuyer")
 
     # the injector: a proxy of another service account
+    wrong = 'trellis_injector_onboarding_refusals_total{reason="wrong-identity"}'
+    proxies = 'trellis_certmanager_certificates{kind="proxy"}'
+    refusals_before = mesh.metric("injector", wrong)
+    proxies_before = mesh.metric("certmanager", proxies)
     refused = bootstrap(mesh, tmp_path / "other", "bookthief", token_file)
     assert refused.returncode == 2
     assert "injector answered 403" in refused.stderr
@@ -178,19 +213,19 @@ def test_an_onboarding_token_used_for_another_identity_is_refused_logged_and_cou
         "injector",
         f"onboard.refused reason=wrong-identity token_id={token_id} identity=bookbuyer/bookthief",
     )
-    wrong = 'trellis_injector_onboarding_refusals_total{reason="wrong-identity"}'
-    assert mesh.metric("injector", wrong) == 1
-    assert mesh.metric("certmanager", 'trellis_certmanager_certificates{kind="proxy"}') == 0
+    assert mesh.metric("injector", wrong) - refusals_before == 1
+    assert mesh.metric("certmanager", proxies) - proxies_before == 0
 
     # ...and the same token onboards its own identity
+    accepted = 'trellis_injector_proxies_onboarded_total{caller="token"}'
+    onboarded_before = mesh.metric("injector", accepted)
     out = tmp_path / "bookbuyer-proxy"
     done = bootstrap(mesh, out, "bookbuyer", token_file)
     assert done.returncode == 0, done.stderr
     written = yaml.safe_load((out / "envoy.yaml").read_text())
     [stats] = written["static_resources"]["listeners"]  # --stats-port: Prometheus' listener
     assert stats["address"]["socket_address"]["port_value"] == 15010
-    accepted = 'trellis_injector_proxies_onboarded_total{caller="token"}'
-    assert mesh.metric("injector", accepted) == 1
+    assert mesh.metric("injector", accepted) - onboarded_before == 1
 
     # endpoints-vm: a workload of another namespace
     token = token_file.read_text().strip()
@@ -202,6 +237,11 @@ def test_an_onboarding_token_used_for_another_identity_is_refused_logged_and_cou
         "ports": [{"name": "http", "number": 8080}],
         "service_account": "bookstore",
     }
+    counted = (
+        'trellis_endpoints_vm_credential_refusals_total{operation="register",'
+        'reason="wrong-identity"}'
+    )
+    counted_before = mesh.metric("endpoints-vm", counted)
     response = mesh["endpoints-vm"].post("/v1/workloads", json=other, headers=bearer(token))
     assert response.status_code == 403
     assert response.json()["reason"] == "wrong-identity"
@@ -211,54 +251,72 @@ def test_an_onboarding_token_used_for_another_identity_is_refused_logged_and_cou
         f"workload.refused operation=register reason=wrong-identity workload=bookstore/sneaky "
         f"token_id={token_id}",
     )
-    counted = (
-        'trellis_endpoints_vm_credential_refusals_total{operation="register",'
-        'reason="wrong-identity"}'
-    )
-    assert mesh.metric("endpoints-vm", counted) == 1
+    assert mesh.metric("endpoints-vm", counted) - counted_before == 1
     assert token not in mesh["injector"].logs() + mesh["endpoints-vm"].logs()
 
 
 def test_the_admin_token_on_a_heartbeat_is_refused_logged_and_counted(mesh: Mesh) -> None:
-    register(mesh, "store-1", mesh.admin_token())
+    register(mesh, "store-admin-beat", mesh.admin_token())
+    counted = (
+        'trellis_endpoints_vm_credential_refusals_total{operation="heartbeat",reason="admin-token"}'
+    )
+    before = mesh.metric("endpoints-vm", counted)
     beat = mesh["endpoints-vm"].post(
-        "/v1/workloads/bookstore/store-1/heartbeat", headers=bearer(mesh.admin_token())
+        "/v1/workloads/bookstore/store-admin-beat/heartbeat", headers=bearer(mesh.admin_token())
     )
     assert beat.status_code == 403
     assert beat.json()["reason"] == "admin-token"
     assert logged(
         mesh,
         "endpoints-vm",
-        "workload.refused operation=heartbeat reason=admin-token workload=bookstore/store-1",
+        "workload.refused operation=heartbeat reason=admin-token "
+        "workload=bookstore/store-admin-beat",
     )
-    counted = (
-        'trellis_endpoints_vm_credential_refusals_total{operation="heartbeat",reason="admin-token"}'
-    )
-    assert mesh.metric("endpoints-vm", counted) == 1
+    assert mesh.metric("endpoints-vm", counted) - before == 1
 
 
 def test_another_workload_s_heartbeat_token_is_refused_logged_and_counted(mesh: Mesh) -> None:
-    register(mesh, "store-1", mesh.admin_token())
-    theirs = register(mesh, "store-2", mesh.admin_token())["heartbeat_token"]
-    beat = mesh["endpoints-vm"].post(
-        "/v1/workloads/bookstore/store-1/heartbeat", headers=bearer(theirs)
-    )
-    assert beat.status_code == 403
-    assert beat.json()["reason"] == "wrong-token"
-    gone = mesh["endpoints-vm"].delete("/v1/workloads/bookstore/store-1", headers=bearer(theirs))
-    assert gone.status_code == 403
-    for operation in ("heartbeat", "deregister"):
-        line = f"operation={operation} reason=wrong-token workload=bookstore/store-1"
-        assert logged(mesh, "endpoints-vm", line)
-    assert theirs not in mesh["endpoints-vm"].logs()
-    for operation in ("heartbeat", "deregister"):
-        counted = (
+    register(mesh, "store-victim", mesh.admin_token())
+    theirs = register(mesh, "store-other", mesh.admin_token())["heartbeat_token"]
+    counted = {
+        operation: (
             f'trellis_endpoints_vm_credential_refusals_total{{operation="{operation}",'
             'reason="wrong-token"}'
         )
-        assert mesh.metric("endpoints-vm", counted) == 1
+        for operation in ("heartbeat", "deregister")
+    }
+    before = {
+        operation: mesh.metric("endpoints-vm", sample) for operation, sample in counted.items()
+    }
+    beat = mesh["endpoints-vm"].post(
+        "/v1/workloads/bookstore/store-victim/heartbeat", headers=bearer(theirs)
+    )
+    assert beat.status_code == 403
+    assert beat.json()["reason"] == "wrong-token"
+    gone = mesh["endpoints-vm"].delete(
+        "/v1/workloads/bookstore/store-victim", headers=bearer(theirs)
+    )
+    assert gone.status_code == 403
+    for operation in ("heartbeat", "deregister"):
+        line = f"operation={operation} reason=wrong-token workload=bookstore/store-victim"
+        assert logged(mesh, "endpoints-vm", line)
+    assert theirs not in mesh["endpoints-vm"].logs()
+    for operation, sample in counted.items():
+        assert mesh.metric("endpoints-vm", sample) - before[operation] == 1
+    # both still there, once each (other tests' workloads may be listed beside them)
     listed = mesh["endpoints-vm"].get("/v1/workloads").json()["workloads"]
-    assert sorted(w["name"] for w in listed) == ["store-1", "store-2"]
+    ours = [w["name"] for w in listed if w["name"] in {"store-victim", "store-other"}]
+    assert sorted(ours) == ["store-other", "store-victim"]
+
+
+def unprocessable(mesh: Mesh) -> dict[str, float]:
+    """The injector's count of 422 refusals, by series (``trellis_http_refusals_total{...}``)."""
+    counts: dict[str, float] = {}
+    for line in mesh["injector"].get("/metrics").text.splitlines():
+        if line.startswith("trellis_http_refusals_total") and 'status="422"' in line:
+            series, value = line.rsplit(" ", 1)
+            counts[series] = float(value)
+    return counts
 
 
 @pytest.mark.parametrize(
@@ -278,16 +336,14 @@ def test_a_missing_or_bad_csr_is_422_naming_csr_pem(
     body = bootstrap_body() if csr_pem is None else bootstrap_body(csr_pem=csr_pem)
     if csr_pem is None:
         del body["csr_pem"]
+    before = unprocessable(mesh)
     response = mesh["injector"].post("/v1/bootstrap", json=body, headers=bearer(mesh.admin_token()))
     assert response.status_code == 422, response.text
     assert response.json()["field"] == "csr_pem"
     assert words in response.json()["detail"]
-    refusals = [
-        line
-        for line in mesh["injector"].get("/metrics").text.splitlines()
-        if line.startswith("trellis_http_refusals_total") and 'status="422"' in line
-    ]
-    assert [line.rsplit(" ", 1)[1] for line in refusals] == ["1.0"]  # logged and counted
+    after = unprocessable(mesh)
+    moved = [count - before.get(series, 0.0) for series, count in after.items()]
+    assert [m for m in moved if m] == [1.0]  # logged and counted: one series, by one
 
 
 def forms_of(key_pem: bytes) -> list[bytes]:
@@ -316,13 +372,14 @@ def test_no_private_key_in_any_output(
         "/v1/bootstrap", json=bootstrap_body(), headers=bearer(mesh.admin_token())
     )
     assert answer.status_code == 200
-    registered = register(mesh, "store-1", mesh.admin_token())
+    registered = register(mesh, "store-keyless", mesh.admin_token())
     beat = mesh["endpoints-vm"].post(
-        "/v1/workloads/bookstore/store-1/heartbeat", headers=bearer(registered["heartbeat_token"])
+        "/v1/workloads/bookstore/store-keyless/heartbeat",
+        headers=bearer(registered["heartbeat_token"]),
     )
     assert beat.status_code == 200
-    assert mesh.cli("vm", "register", "-n", "bookstore", "--name", "store-3", "--service",
-                    "bookstore-v1", "--address", "10.9.0.3", "--port", "http=8080",
+    assert mesh.cli("vm", "register", "-n", "bookstore", "--name", "store-keyless-cli",
+                    "--service", "bookstore-v1", "--address", "10.9.0.3", "--port", "http=8080",
                     "--service-account", "bookstore").returncode == 0  # fmt: skip
 
     outputs: dict[str, bytes] = {
