@@ -8,7 +8,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PY_SRC := libs services tests bench tools
 PROTO_OUT := libs/api/src
 
-.PHONY: help bootstrap system-deps env run test test-replicas lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench soak image clean
+.PHONY: help bootstrap system-deps env run test test-replicas lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench soak trace image clean
 
 help:
 	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/)"
@@ -16,6 +16,7 @@ help:
 	@echo "make fuzz   - the fuzz suite (hypothesis, schemathesis) with a large budget; make test runs it small"
 	@echo "make bench  - benchmarks with figures and ratios against baselines measured in the same run"
 	@echo "make soak   - 10 minutes of endpoint churn at 1,000 xDS streams: RSS and lag must stay flat"
+	@echo "make trace  - one VM endpoint from its POST until a real Envoy serves it, hop by hop"
 	@echo "make proto  - regenerate libs/api from proto/"
 	@echo "make chart  - regenerate the Helm chart's CRDs and Redis ACL rules from the code"
 	@echo "make dashboards - regenerate the Grafana dashboards in deploy/grafana"
@@ -131,6 +132,12 @@ SOAK_ARGS ?=
 
 soak: bootstrap
 	$(UV) run python -m bench.soak $(SOAK_ARGS)
+
+# One VM endpoint through every hop, from the services' (debug) and Envoy's logs.
+TRACE_ARGS ?=
+
+trace: bootstrap
+	$(UV) run python -m bench.trace $(TRACE_ARGS)
 
 # The end-to-end tests with two proxy-cp processes on the one xDS port (the harness starts
 # proxy-cp-2 beside proxy-cp); `make test` runs them with one, and tests the replicas

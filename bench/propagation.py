@@ -32,7 +32,8 @@ a tenth of them bookbuyer's (every bookstore change is pushed to them too), the 
 bookthief's (``@N`` on the figures); and during churn, 100 changes per second to
 bookstore-v1's workloads (``churn_``), as the soak makes them. The streams and the churn
 run in a process of their own (:mod:`bench.background`), so the poll loop never waits
-behind them.
+behind them. The churn phase also reports each control-plane process's CPU time per
+endpoint change (``churn_cpu_<process>_ms``).
 
 Size: fixed work, not fixed time. ``--seconds`` 2 (the default) gives each phase 100 adds
 and as many removes, and 20 spec edits; a shorter run scales both by ``(seconds / 2)²`` (at
@@ -55,6 +56,7 @@ import yaml
 from bench import envoy_admin, fullmesh, load
 from bench.background import Background
 from bench.report import Figure, print_table, ratio_line, results
+from trellis_common.testing.mesh import Mesh
 
 CHANGES, EDITS = 100, 20  # adds (and as many removes), spec edits per phase at --seconds 2
 MIN_CHANGES, MIN_EDITS = 10, 3
@@ -68,6 +70,8 @@ CLUSTER = f"bookstore/{SERVICE}|"
 SPLIT = "traffic-split.yaml"
 SPLIT_CLUSTER = "bookstore/bookstore-v1|14001"  # the backend whose weight an edit sets
 NETWORK = 201  # the measured workloads' addresses: 201.x.y.z
+#: the processes whose CPU per change the churn phase reports (churn_cpu_<name>_ms)
+CPU_OF = ("endpoints-vm", "catalog", "proxy-cp")
 LOGGER = "lua"  # a logger the observed Envoy has and does not use
 LEVELS = ("warning", "error")
 
@@ -208,7 +212,11 @@ def _figures(samples: Samples, prefix: str = "", suffix: str = "") -> list[Figur
 
 
 def _report(
-    phases: tuple[Samples, Samples, Samples], streams: int, rate: float, load_notes: list[str]
+    phases: tuple[Samples, Samples, Samples],
+    streams: int,
+    rate: float,
+    load_notes: list[str],
+    cpu: list[Figure],
 ) -> dict[str, float]:
     idle, connected, churning = phases
     at = f"@{streams}"
@@ -216,6 +224,7 @@ def _report(
     figures.append(
         Figure("churn_rate", rate, "/s", f"background changes while measured ({RATE:g}/s asked)")
     )
+    figures += cpu
     print_table(
         "propagation: a change until bookbuyer's Envoy serves it (admin API polled every "
         f"{envoy_admin.INTERVAL * 1000:g} ms); idle, with {streams:,} proxies connected ({at}), "
@@ -271,7 +280,9 @@ def run(*, seconds: float, warmup: float) -> dict[str, float]:
                 )
                 connected = _phase(observer, f"{streams:,} streams", changes, 0, warmup)
             with Background(mesh.state_dir, log, rate=RATE) as churn:
+                before = _cpu(mesh)
                 churning = _phase(observer, "churn", changes, edits, warmup)
+                cpu = {name: _cpu(mesh)[name] - seconds for name, seconds in before.items()}
         finally:
             observer.close()
     for name, summary in (("streams", fleet.summary), ("churn", churn.summary)):
@@ -281,4 +292,26 @@ def run(*, seconds: float, warmup: float) -> dict[str, float]:
         f"churn: {churn.summary['changes']:,} changes while measured; the whole run took "
         f"{time.perf_counter() - started:.0f} s"
     )
-    return _report((idle, connected, churning), streams, churn.summary["rate"], notes)
+    made = churn.summary["changes"] + len(churning.add) + len(churning.remove)
+    cpu_figures = [
+        Figure(
+            f"churn_cpu_{name.replace('-', '_')}_ms",
+            seconds / made * 1000,
+            "ms/change",
+            f"{name}'s CPU per endpoint change while churning ({made:,} changes)",
+        )
+        for name, seconds in cpu.items()
+    ]
+    return _report((idle, connected, churning), streams, churn.summary["rate"], notes, cpu_figures)
+
+
+def _cpu(mesh: Mesh) -> dict[str, float]:
+    """Each control-plane process's CPU seconds so far (user + system)."""
+    found = {}
+    for name in CPU_OF:
+        process = mesh.processes[name].process
+        seconds = load.cpu_seconds(process.pid) if process is not None else None
+        if seconds is None:
+            raise RuntimeError(f"{name} is not running")
+        found[name] = seconds
+    return found

@@ -207,6 +207,16 @@ class Signals:
 
     async def _deliver(self, events: list[Event]) -> BaseException | None:
         failed: BaseException | None = None
+        if log.isEnabledFor(logging.DEBUG):  # a change's trace (bench.trace) starts here
+            for event in events:
+                log.debug(
+                    "signal.received topic=%s kind=%s key=%s revision=%s sender=%s",
+                    event.topic,
+                    event.kind,
+                    event.key,
+                    event.revision,
+                    event.sender,
+                )
         for entry in self._followers:
             follower = entry.follower
             mine = [e for e in events if e.topic in follower.topics]

@@ -202,6 +202,12 @@ class ProviderFollower(Follower):
             return
         # a report that fails validation is no longer the service's truth either: removed
         self.catalog.update_provider_service(name, namespace, key, self._convert(name, message))
+        log.debug(
+            "provider.service_fetched provider=%s service=%s endpoints=%d",
+            name,
+            event.key,
+            len(message.endpoints),
+        )
 
     # -- the registry sweep --------------------------------------------------------------
 
