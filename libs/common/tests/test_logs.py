@@ -1,5 +1,6 @@
 """Structured log lines: one event per line, key=value or JSON, exceptions included."""
 
+import io
 import json
 import logging
 import re
@@ -41,6 +42,7 @@ def configure() -> Iterator[Configure]:
 
     for handler in installed:
         root.removeHandler(handler)
+        handler.close()
     # Put back the session-wide handlers pytest installed (those present both at setup and
     # during the call); the per-phase ones pytest manages itself.
     for handler in before_configure:
@@ -52,6 +54,8 @@ def configure() -> Iterator[Configure]:
 
 
 def stderr_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    for handler in logging.getLogger().handlers:
+        handler.flush()  # the lines queued so far are written (a thread writes them)
     err = capsys.readouterr().err
     assert err.endswith("\n")
     return err.splitlines()
@@ -191,3 +195,41 @@ def test_a_field_named_like_a_line_key_does_not_overwrite_it(
 
     payload = json.loads(stderr_lines(capsys)[0])
     assert (payload["level"], payload["field_level"], payload["field_msg"]) == ("warning", "x", "y")
+
+
+def test_the_writer_thread_writes_every_line_in_order_and_flush_waits_for_them() -> None:
+    stream = io.StringIO()
+    handler = logs.WriterThreadHandler(stream)
+    handler.setFormatter(logs.KeyValueFormatter())
+    logger = logging.getLogger("test.writer")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        for i in range(500):
+            logger.warning("line.%d n=%d", i, i)
+        handler.flush()
+        lines = stream.getvalue().splitlines()
+        assert [line.rsplit(" ", 2)[1] for line in lines] == [f"line.{i}" for i in range(500)]
+        # formatted when logged: a later change to an argument does not show
+        changing = ["before"]
+        logger.warning("args.captured value=%s", changing)
+        changing[0] = "after"
+        handler.flush()
+        assert stream.getvalue().splitlines()[-1].endswith("value=['before']")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert not handler._writer.is_alive()  # close ended its thread
+    handler.flush()  # and a flush after it returns at once
+
+
+def test_a_stream_that_fails_never_blocks_the_writers() -> None:
+    class Broken(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError("stderr is gone")
+
+    handler = logs.WriterThreadHandler(Broken())
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "lost.line", None, None)
+    handler.emit(record)
+    handler.flush()  # returns: the line was dropped, not retried forever
+    handler.close()

@@ -11,12 +11,15 @@ value with spaces in it stays one field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import queue
 import re
 import sys
+import threading
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 #: ``key=<one %-placeholder>`` in a format string, e.g. ``serial=%x`` or ``took_ms=%.1f``.
 _FIELD = re.compile(r"^([A-Za-z_][\w.]*)=(%[-#0 +]*\d*(?:\.\d+)?[sdifrxXeEgGo])$")
@@ -94,13 +97,80 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, separators=(",", ":"), default=str)
 
 
+class WriterThreadHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler whose writes happen on a thread of their own.
+
+    A service logs from its event loop, and a write to stderr is a system call that can
+    block: on a pipe that is full (a slow reader), and on the interpreter lock, which the
+    write gives up and must take back from whichever thread took it meanwhile (gRPC's,
+    the TLS tap's). proxy-cp spent a third of a snapshot's build in that write. Here the
+    calling thread formats the line (so the line says what it said when it was logged)
+    and queues it; a daemon thread writes what is queued, in order, many lines per write.
+    :meth:`flush` waits until everything queued so far is written: ``logging.shutdown``
+    calls it at exit, so no line is lost by a process that ends normally.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._lines: queue.SimpleQueue[str | threading.Event | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name="log-writer", daemon=True)
+        self._writer.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.put(self.format(record) + self.terminator)
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001 (as StreamHandler: reported, never raised)
+            self.handleError(record)
+
+    def flush(self) -> None:
+        """Wait (at most 5 s) until the lines queued before this call are written."""
+        if not self._writer.is_alive():
+            return
+        written = threading.Event()
+        self._lines.put(written)
+        written.wait(timeout=5.0)
+
+    def close(self) -> None:
+        """Write what is queued, then end the thread (``None``: its last item)."""
+        self.flush()
+        self._lines.put(None)
+        if self._writer is not threading.current_thread():
+            self._writer.join(timeout=5.0)
+        super().close()
+
+    def _write(self) -> None:
+        while True:
+            batch = [self._lines.get()]
+            while True:
+                try:
+                    batch.append(self._lines.get_nowait())
+                except queue.Empty:
+                    break
+            text = "".join(item for item in batch if isinstance(item, str))
+            if text:
+                # stderr closed or broken: the lines are dropped, the writers never wait
+                with contextlib.suppress(Exception):
+                    self.stream.write(text)
+                    self.stream.flush()
+            for item in batch:
+                if isinstance(item, threading.Event):
+                    item.set()
+            if None in batch:
+                return
+
+
 def configure(fmt: Literal["kv", "json"] = "kv", level: str = "INFO", service: str = "") -> None:
-    """Install one stderr handler on the root logger (idempotent)."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Install one stderr handler on the root logger (idempotent); its lines are written
+    from a thread of its own (:class:`WriterThreadHandler`)."""
+    handler = WriterThreadHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
+        if isinstance(old, WriterThreadHandler):  # ours: its thread ends after its lines
+            old.close()
     root.addHandler(handler)
     root.setLevel(level.upper())
     # grpc/uvicorn/httpx are chatty at INFO; their warnings still come through.
