@@ -24,26 +24,37 @@ def _locality(text: str) -> base_pb2.Locality:
     return base_pb2.Locality(region=region, zone=zone, sub_zone=sub_zone)
 
 
-#: How many load assignments (and endpoints) are kept by content; see load_assignment.
-KEPT_ASSIGNMENTS = 4096
+#: Endpoint messages kept by address, port and weight (see load_assignment).
 KEPT_ENDPOINTS = 65536
+#: Cluster names whose last assignment is kept; past it, they are all forgotten at once.
+KEPT_CLUSTERS = 65536
+
+#: per cluster name: the catalog's message of it (its bytes), and its assignment
+_assignments: dict[str, tuple[bytes, endpoint_pb2.ClusterLoadAssignment]] = {}
 
 
 def load_assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
     """The cluster's load assignment. Do not change it: it is shared.
 
     Every group whose view has a cluster translates it, and a view refreshed because one
-    cluster moved carries all its others unchanged; so assignments are kept by the
-    catalog's message (its bytes), and endpoints by address, port and weight: one endpoint
-    of 200 moved builds one endpoint message, the others are copies made by the protobuf
-    runtime.
+    cluster moved carries all its others unchanged; so each cluster's last assignment is
+    kept with the catalog's message it came from (its bytes), and endpoint messages by
+    address, port and weight: one endpoint of 200 moved builds one endpoint message, the
+    others are copies made by the protobuf runtime. Only the current content of a
+    cluster is kept, so memory follows the mesh, not its history of changes.
     """
-    return _assignment(cluster.SerializeToString(deterministic=True))
+    serialized = cluster.SerializeToString(deterministic=True)
+    kept = _assignments.get(cluster.name)
+    if kept is not None and kept[0] == serialized:
+        return kept[1]
+    assignment = _assignment(cluster)
+    if len(_assignments) >= KEPT_CLUSTERS:
+        _assignments.clear()  # clusters come and go: the ones still here come back
+    _assignments[cluster.name] = (serialized, assignment)
+    return assignment
 
 
-@functools.lru_cache(maxsize=KEPT_ASSIGNMENTS)
-def _assignment(serialized: bytes) -> endpoint_pb2.ClusterLoadAssignment:
-    cluster = catalog_pb2.Cluster.FromString(serialized)
+def _assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
     by_locality: dict[str, list[catalog_pb2.ClusterEndpoint]] = defaultdict(list)
     for endpoint in cluster.endpoints:
         by_locality[endpoint.locality].append(endpoint)
