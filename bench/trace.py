@@ -16,12 +16,15 @@ its offset from the POST in milliseconds:
 The log lines carry milliseconds, so each hop is told to about 1 ms; the POST and the poll
 are this process's clock, the same wall clock. ``--changes N`` traces N changes and prints
 the last (the first ones warm the path up); ``--all`` prints every line of the window,
-not only those of the hops (``--all`` shows the debug noise too).
+not only those of the hops (``--all`` shows the debug noise too); ``--churn R`` makes R
+other endpoint changes per second meanwhile (:mod:`bench.background`, as ``bench
+propagation``'s churn phase), so the trace shows what the change waits behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +32,7 @@ from collections.abc import Callable
 import httpx
 
 from bench import envoy_admin, fullmesh, load
+from bench.background import Background
 from bench.logtrace import window
 from trellis_common.testing.mesh import Mesh, Sidecar
 
@@ -48,9 +52,11 @@ def _serving(address: str) -> Callable[[bytes], bool]:
     return lambda body: address in envoy_admin.eds_addresses(body)
 
 
-def trace(changes: int, every: bool) -> None:
+def trace(changes: int, every: bool, churn: float) -> None:
     os.environ["TRELLIS_LOG_LEVEL"] = "DEBUG"  # the services started below inherit it
-    with fullmesh.running("trellis-trace-") as (mesh, buyer):
+    with fullmesh.running("trellis-trace-") as (mesh, buyer), contextlib.ExitStack() as load_:
+        if churn:
+            load_.enter_context(Background(mesh.state_dir, mesh.tmp / "background.log", rate=churn))
         poller = envoy_admin.Poller(buyer.envoy.admin)
         poller.fetch(f"{envoy_admin.LOGGING_PATH}?paths=config:debug,upstream:debug", "POST")
         eds = envoy_admin.eds_path(CLUSTER)
@@ -88,8 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.trace", description=__doc__)
     parser.add_argument("--changes", type=int, default=5, help="changes made; the last is shown")
     parser.add_argument("--all", action="store_true", help="every line in the window")
+    parser.add_argument(
+        "--churn", type=float, default=0.0, help="meanwhile, this many endpoint changes/s"
+    )
     args = parser.parse_args(argv)
-    trace(max(1, args.changes), args.all)
+    trace(max(1, args.changes), args.all, args.churn)
 
 
 if __name__ == "__main__":
