@@ -7,7 +7,6 @@ with locality-weighted load balancing.
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 
 from envoy.config.core.v3 import base_pb2
@@ -15,6 +14,7 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
+from trellis_common.memo import Members
 from trellis_proxy_cp.translate.common import socket_address
 
 
@@ -24,8 +24,6 @@ def _locality(text: str) -> base_pb2.Locality:
     return base_pb2.Locality(region=region, zone=zone, sub_zone=sub_zone)
 
 
-#: Endpoint messages kept by address, port and weight (see load_assignment).
-KEPT_ENDPOINTS = 65536
 #: Cluster names whose last assignment is kept; past it, they are all forgotten at once.
 KEPT_CLUSTERS = 65536
 
@@ -50,38 +48,51 @@ def load_assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAss
     assignment = _assignment(cluster)
     if len(_assignments) >= KEPT_CLUSTERS:
         _assignments.clear()  # clusters come and go: the ones still here come back
+        _lb_endpoints.retain(lambda name: False)
     _assignments[cluster.name] = (serialized, assignment)
     return assignment
 
 
 def _assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
-    by_locality: dict[str, list[catalog_pb2.ClusterEndpoint]] = defaultdict(list)
-    for endpoint in cluster.endpoints:
-        by_locality[endpoint.locality].append(endpoint)
+    ordered = sorted(cluster.endpoints, key=lambda e: (e.locality, e.address, e.port))
+    built = _lb_endpoints.convert(cluster.name, ordered)
+    groups: dict[str, list[endpoint_components_pb2.LbEndpoint]] = defaultdict(list)
+    weights: dict[str, int] = defaultdict(int)
+    for endpoint, lb_endpoint in zip(ordered, built, strict=True):
+        groups[endpoint.locality].append(lb_endpoint)
+        weights[endpoint.locality] += max(endpoint.weight, 1)
     return endpoint_pb2.ClusterLoadAssignment(
         cluster_name=cluster.name,
         endpoints=[
             endpoint_components_pb2.LocalityLbEndpoints(
                 locality=_locality(locality),
-                load_balancing_weight=wrappers_pb2.UInt32Value(
-                    value=sum(max(e.weight, 1) for e in members)
-                ),
-                lb_endpoints=[
-                    _lb_endpoint(e.address, e.port, max(e.weight, 1))
-                    for e in sorted(members, key=lambda e: (e.address, e.port))
-                ],
+                load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[locality]),
+                lb_endpoints=members,
             )
-            for locality, members in sorted(by_locality.items())
+            for locality, members in groups.items()  # in order: the endpoints were sorted
         ],
     )
 
 
-@functools.lru_cache(maxsize=KEPT_ENDPOINTS)
-def _lb_endpoint(address: str, port: int, weight: int) -> endpoint_components_pb2.LbEndpoint:
+def _lb_endpoint(
+    endpoint: catalog_pb2.ClusterEndpoint, _: object
+) -> endpoint_components_pb2.LbEndpoint:
     return endpoint_components_pb2.LbEndpoint(
-        endpoint=endpoint_components_pb2.Endpoint(address=socket_address(address, port)),
-        load_balancing_weight=wrappers_pb2.UInt32Value(value=weight),
+        endpoint=endpoint_components_pb2.Endpoint(
+            address=socket_address(endpoint.address, endpoint.port)
+        ),
+        load_balancing_weight=wrappers_pb2.UInt32Value(value=max(endpoint.weight, 1)),
     )
+
+
+def _served_as(endpoint: catalog_pb2.ClusterEndpoint) -> tuple[str, int, int]:
+    return endpoint.address, endpoint.port, endpoint.weight
+
+
+#: per cluster name, its endpoints' messages by address, port and weight (the current
+#: ones only: a churning service's past addresses are not kept)
+_lb_endpoints: Members[str, catalog_pb2.ClusterEndpoint, endpoint_components_pb2.LbEndpoint]
+_lb_endpoints = Members(_lb_endpoint, key=_served_as)
 
 
 def is_eds(cluster: catalog_pb2.Cluster) -> bool:
