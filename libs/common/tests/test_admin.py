@@ -444,3 +444,12 @@ async def test_every_refusal_is_logged_and_counted_by_route_template(
     logged = [r.getMessage() for r in caplog.records if r.msg.startswith("http.refused")]
     assert logged[0].startswith("http.refused method=GET route=/v1/things/{name} status=401")
     assert len(logged) == 3
+
+
+def test_idle_connections_outlast_the_clients_own_keep_alive() -> None:
+    """A server that closes an idle connection when the client does races it: the client's
+    next request meets a closed socket (no answer). Ours keeps them longer than httpx."""
+    server = admin.AdminServer(FastAPI(), "127.0.0.1", 0)
+    client_expiry = httpx.Limits().keepalive_expiry
+    assert client_expiry is not None
+    assert server.config().timeout_keep_alive > 2 * client_expiry

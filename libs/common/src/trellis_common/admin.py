@@ -251,6 +251,14 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
+#: How long an idle keep-alive connection is kept open. It must outlast the clients' own
+#: idle expiry (httpx: 5 s, uvicorn's default here too): when both sides give up at the
+#: same moment, a client sends a request on a connection the server is closing, and gets
+#: "Server disconnected without sending a response" (the soak saw one in 36,000 POSTs; an
+#: agent heartbeating every 5 s would race it all the time). nginx's default, 75 s.
+KEEP_ALIVE_SECONDS = 75
+
+
 class AdminServer:
     """Serve an ASGI app until ``stop`` is set."""
 
@@ -297,19 +305,24 @@ class AdminServer:
         self.port = sock.getsockname()[1]
         return sock
 
-    async def run(self, stop: asyncio.Event) -> None:
-        self.bind()
-        sock = self._sock
-        assert sock is not None
-        config = uvicorn.Config(
+    def config(self) -> uvicorn.Config:
+        """uvicorn's settings: no access log, no lifespan, and idle keep-alive connections
+        kept :data:`KEEP_ALIVE_SECONDS`, longer than clients keep theirs (see there)."""
+        return uvicorn.Config(
             self._app,
             log_config=None,
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=3,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
             ssl_context_factory=None if self._ssl is None else self._context,
         )
-        server = _QuietServer(config)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.bind()
+        sock = self._sock
+        assert sock is not None
+        server = _QuietServer(self.config())
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not serving.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.01)
