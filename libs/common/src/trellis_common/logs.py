@@ -103,7 +103,8 @@ class WriterThreadHandler(logging.StreamHandler):  # type: ignore[type-arg]
     A service logs from its event loop, and a write to stderr is a system call that can
     block: on a pipe that is full (a slow reader), and on the interpreter lock, which the
     write gives up and must take back from whichever thread took it meanwhile (gRPC's,
-    the TLS tap's). proxy-cp spent a third of a snapshot's build in that write. Here the
+    the TLS tap's); a profile of proxy-cp put a third of a snapshot's build in that write,
+    though end-to-end runs could not tell the difference from noise. Here the
     calling thread formats the line (so the line says what it said when it was logged)
     and queues it; a daemon thread writes what is queued, in order, many lines per write.
     :meth:`flush` waits until everything queued so far is written: ``logging.shutdown``
