@@ -40,6 +40,7 @@ from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.certs import REJECTED_SIGNAL, CertClient
+from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.streams import StreamRegistry
@@ -149,6 +150,22 @@ async def test_an_issued_proxy_certificate_makes_its_proxy_expected(
         (proxy.common_name, "bookstore-v1", f"{rotated.serial:x}"),
     ]
     assert recorded.materials == []
+
+
+async def test_certmanager_says_what_it_issued_to_a_proxy_before_any_event(
+    certmanager: tuple[CertificateManager, str], client: CertClient
+) -> None:
+    """The onboarding question (:attr:`ExpectedProxies.ask_issuer`): asked of certmanager
+    directly, with no signal delivered; a common name it never issued is None."""
+    manager, _ = certmanager
+    proxy = await manager.issue_proxy(
+        BOOKSTORE, service_account="bookstore-v1", public_key=proxy_key()
+    )
+
+    assert await client.issued(proxy.common_name) == Expectation(
+        "bookstore-v1", f"{proxy.serial:x}"
+    )
+    assert await client.issued(t.proxy_common_name("bookstore", "bookstore", 7)) is None
 
 
 async def test_a_revoked_signal_adds_the_serials_and_ends_their_streams(

@@ -310,6 +310,80 @@ async def test_an_onboarding_proxy_nobody_tells_of_is_refused_after_the_grace(
     assert len(listings.at) == 2
 
 
+class Issuer:
+    """certmanager's answer to :attr:`ExpectedProxies.ask_issuer`, recorded; ``failure``
+    makes it fail."""
+
+    def __init__(self, issued: Mapping[str, Expectation]) -> None:
+        self.issued = dict(issued)
+        self.asked: list[str] = []
+        self.failure: Exception | None = None
+
+    async def __call__(self, common_name: str) -> Expectation | None:
+        self.asked.append(common_name)
+        if self.failure is not None:
+            raise self.failure
+        return self.issued.get(common_name)
+
+
+async def test_an_onboarding_proxy_whose_event_is_late_is_accepted_on_certmanager_s_word(
+    proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
+) -> None:
+    """An onboarding storm: the events queue, and the grace runs out before this one's
+    came. certmanager, asked directly, issued it that serial: accepted, and remembered as
+    its event would be, without another listing."""
+    issuer = Issuer({LATER: Expectation("later-sa", "0b")})
+    proxies.ask_issuer = issuer
+
+    assert await proxies.account(LATER, "0b", onboarding=True) == Expectation("later-sa", "0b")
+    assert TIMING.onboarding_grace in clock.slept
+    assert issuer.asked == [LATER]
+    assert len(listings.at) == 1
+    assert await proxies.account(LATER, "0b") == Expectation("later-sa", "0b")  # learned
+    assert issuer.asked == [LATER]
+    assert len(listings.at) == 1
+
+
+@pytest.mark.parametrize(
+    "issued",
+    [{}, {STRANGER: Expectation("stranger-sa", "0a")}],
+    ids=["never-issued", "another-serial"],
+)
+async def test_an_onboarding_proxy_certmanager_did_not_issue_is_refused(
+    proxies: ExpectedProxies,
+    listings: Listings,
+    clock: t.FakeClock,
+    issued: dict[str, Expectation],
+) -> None:
+    issuer = Issuer(issued)
+    proxies.ask_issuer = issuer
+
+    found = await proxies.account(STRANGER, "0b", onboarding=True)
+
+    assert found is None
+    assert issuer.asked == [STRANGER]
+    assert len(listings.at) == 2  # and the catalog was asked once more, after the grace
+
+
+async def test_an_issuer_that_cannot_answer_leaves_the_question_to_the_catalog(
+    proxies: ExpectedProxies, listings: Listings, caplog: pytest.LogCaptureFixture
+) -> None:
+    issuer = Issuer({})
+    issuer.failure = ConnectionError("certmanager away")
+
+    async def away(common_name: str) -> Expectation | None:
+        listings.expected[LATER] = "later-sa"  # the catalog has heard of it meanwhile
+        return await issuer(common_name)
+
+    proxies.ask_issuer = away
+
+    assert await proxies.account(LATER, onboarding=True) == Expectation("later-sa")
+    assert issuer.asked == [LATER]
+    assert len(listings.at) == 2
+    assert "expected.issuer_unanswered" in caplog.text
+    assert LATER in caplog.text
+
+
 async def test_a_proxy_that_is_not_onboarding_is_refused_at_once(
     proxies: ExpectedProxies, listings: Listings, clock: t.FakeClock
 ) -> None:

@@ -149,6 +149,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         on_revoked,
         revoked,
     )
+    catalog.expectations.ask_issuer = certs.issued
     runtime.signals.follow(catalog.follower)
     runtime.signals.follow(certs.follower)
     table = DestinationTable()

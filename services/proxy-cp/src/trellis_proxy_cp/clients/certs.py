@@ -43,6 +43,7 @@ from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ServiceCommon
 from trellis_common.locate import Locator
 from trellis_common.signaling import Event
 from trellis_proxy_cp.clients import owners
+from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 
@@ -120,6 +121,17 @@ class CertClient:
     async def info(self, common_name: str) -> pb.CertificateInfo:
         request = pb.GetCertificateRequest(common_name=common_name)
         return await self._call(lambda stub: stub.GetCertificateInfo(request, timeout=10))
+
+    async def issued(self, common_name: str) -> Expectation | None:
+        """What certmanager issued to proxy ``common_name``: its account and current serial,
+        else None (:attr:`.ExpectedProxies.ask_issuer`)."""
+        try:
+            info = await self.info(common_name)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return None
+        return Expectation(info.service_account, info.serial)
 
     async def list_revoked(self, common_name: str = "") -> list[pb.RevokedCertificate]:
         request = pb.ListRevokedCertificatesRequest(common_name=common_name)

@@ -31,7 +31,11 @@ What a cached answer may be trusted for is what makes this correct:
 * **Onboarding.** A proxy that connects the moment its certificate is issued may beat
   certmanager's event to this process and the catalog both. So a "no" for a certificate
   issued moments ago (the authorizer tells, from its validity) waits up to
-  ``onboarding_grace`` for that event, then asks once more, before it is final.
+  ``onboarding_grace`` for that event. If it has not come (during an onboarding storm the
+  events queue behind each other), certmanager is asked what it issued to that common
+  name (``ask_issuer``, the same question the event would have led to); its answer is
+  learned as the event's would have been. Only then is the catalog asked once more, before
+  the "no" is final.
 * **Outages.** If the catalog cannot be asked, a proxy the last good listing named is still
   accepted (that listing stays in force, however old) and any other question fails with
   :class:`ExpectationUnknown`, which the authorizer turns into UNAVAILABLE: retry later,
@@ -70,6 +74,9 @@ class Expectation:
 #: Common name -> what the catalog says of every proxy it expects (a bare service account
 #: from a catalog that gives no serial).
 ListProxies = Callable[[], Awaitable[Mapping[str, Expectation | str]]]
+
+#: What certmanager issued to a proxy common name (its current certificate), else None.
+AskIssuer = Callable[[str], Awaitable[Expectation | None]]
 
 #: At most this many refused common names are remembered; the oldest go first.
 MAX_REMEMBERED_REFUSALS = 10_000
@@ -118,6 +125,8 @@ class ExpectedProxies:
         self._refused: OrderedDict[str, float] = OrderedDict()
         self._learned: dict[str, tuple[Expectation, float]] = {}  # from events, and when
         self._onboarding: dict[str, asyncio.Event] = {}  # waited for: set when learned
+        self.ask_issuer: AskIssuer | None = None
+        """Asked of an onboarding proxy the grace did not hear of (see the module)."""
         self.listings = 0
         """Listings started (successful or not); the latest one's number."""
 
@@ -199,7 +208,22 @@ class ExpectedProxies:
             if self._onboarding.get(common_name) is waiter and not waiter.is_set():
                 del self._onboarding[common_name]
         learned = self._learned.get(common_name)
+        if learned is None and self.ask_issuer is not None:
+            await self._ask_issuer(common_name, self.ask_issuer)
+            learned = self._learned.get(common_name)
         return learned[0] if learned is not None else None
+
+    async def _ask_issuer(self, common_name: str, ask: AskIssuer) -> None:
+        """certmanager's word on ``common_name``, learned as its event would have been; a
+        failure to ask leaves the question to the catalog's next listing."""
+        try:
+            issued = await ask(common_name)
+        except Exception as exc:  # noqa: BLE001 (the listing after it still answers)
+            log.warning("expected.issuer_unanswered cn=%s reason=%r", common_name, describe(exc))
+            return
+        log.info("expected.issuer_asked cn=%s issued=%s", common_name, "yes" if issued else "no")
+        if issued is not None and common_name not in self._learned:
+            self.learned(common_name, issued.account, issued.serial)
 
     def revoked(self, common_name: str) -> None:
         """certmanager revoked a serial of ``common_name``: what events taught is void."""
