@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
 import re
-import sys
 import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# bench/ is run as `python -m bench` from the repository, not installed: load the module
-_spec = importlib.util.spec_from_file_location("bench_envoy_admin", ROOT / "bench/envoy_admin.py")
-assert _spec is not None
-assert _spec.loader is not None
-envoy_admin = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = envoy_admin
-_spec.loader.exec_module(envoy_admin)
+from tests.bench.loader import bench_module
+
+envoy_admin = bench_module("envoy_admin")
 
 
 def _assignment(cluster: str, *addresses: str) -> dict[str, Any]:

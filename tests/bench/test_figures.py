@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-# bench/ is run as `python -m bench` from the repository, not installed: load the module
-_spec = importlib.util.spec_from_file_location("bench_figures", ROOT / "bench" / "figures.py")
-assert _spec is not None
-assert _spec.loader is not None
-figures = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = figures  # its dataclasses look their module up there
-_spec.loader.exec_module(figures)
+from tests.bench.loader import bench_module
+
+figures = bench_module("figures")
 
 RESULTS = {
     "certs": {

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_logtrace", ROOT / "bench" / "logtrace.py")
-assert _spec is not None
-assert _spec.loader is not None
-logtrace = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = logtrace  # its dataclasses look their module up there
-_spec.loader.exec_module(logtrace)
+from tests.bench.loader import bench_module
+
+logtrace = bench_module("logtrace")
 
 SERVICE = """\
 ts=2026-11-28T09:00:00.000Z level=debug logger=x workload.registered workload=shop/a
