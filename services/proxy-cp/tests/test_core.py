@@ -96,6 +96,33 @@ async def test_other_ports_make_another_group_with_its_own_listeners_but_fetch_n
     assert len(sources.view_fetches) == len(sources.material_fetches) == 1
 
 
+def assignment(cache: SnapshotCache, key: str) -> object:
+    snapshot = cache.get(key)
+    assert snapshot is not None
+    return snapshot.of_type(ENDPOINT)["bookstore/reviews|9080"].body
+
+
+async def test_groups_of_one_plane_share_load_assignments_and_two_planes_do_not(
+    control_plane: ProxyControlPlane, sources: t.FakeSources, cache: SnapshotCache
+) -> None:
+    """Every group's view has the cluster ``bookstore/reviews|9080``: one plane builds its
+    assignment once, whatever the identity or settings; another plane builds its own."""
+    store_a = await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
+    store_b = await control_plane.attach(STORE_2, STORE, "bookstore", OTHER_PORTS)
+    buyer = await control_plane.attach(BUYER_1, BUYER, "bookbuyer", DEFAULT)
+
+    shared = assignment(cache, store_a)
+    assert assignment(cache, store_b) is shared
+    assert assignment(cache, buyer) is shared
+    assert len(control_plane.load_assignments) == 1
+
+    other_cache = SnapshotCache()
+    other = sources.control_plane(other_cache)
+    elsewhere = await other.attach(STORE_1, STORE, "bookstore", DEFAULT)
+    assert assignment(other_cache, elsewhere) == shared
+    assert assignment(other_cache, elsewhere) is not shared
+
+
 async def test_concurrent_attaches_of_one_identity_fetch_once(
     control_plane: ProxyControlPlane, sources: t.FakeSources
 ) -> None:

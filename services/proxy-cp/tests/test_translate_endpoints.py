@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
 from envoy.config.endpoint.v3 import endpoint_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import endpoints
+from trellis_proxy_cp import testing as t
+from trellis_proxy_cp.translate.endpoints import LoadAssignments
+from trellis_proxy_cp.translate.proxy import translate
+from trellis_proxy_cp.translate.settings import ProxySettings
+
+BASE = [("10.0.0.1", 8080, 1, "eu/a"), ("10.0.0.2", 8080, 1, "eu/a")]
 
 
-def cluster(*members: tuple[str, int, int, str]) -> catalog_pb2.Cluster:
+def cluster(*members: tuple[str, int, int, str], name: str = "shop/api|80") -> catalog_pb2.Cluster:
     return catalog_pb2.Cluster(
-        name="shop/api|80",
+        name=name,
         discovery="EDS",
         endpoints=[
             catalog_pb2.ClusterEndpoint(address=a, port=p, weight=w, locality=loc)
@@ -33,7 +39,7 @@ def hosts(assignment: endpoint_pb2.ClusterLoadAssignment) -> list[tuple[str, str
 
 
 def test_endpoints_grouped_by_locality_sorted_with_weights() -> None:
-    found = endpoints.load_assignment(
+    found = LoadAssignments()(
         cluster(
             ("10.0.0.2", 8080, 0, "eu/b"),
             ("10.0.0.1", 8080, 3, "eu/a"),
@@ -51,15 +57,87 @@ def test_endpoints_grouped_by_locality_sorted_with_weights() -> None:
 
 def test_a_moved_endpoint_is_seen_and_the_same_content_is_shared() -> None:
     """Kept by content: a cluster that differs in one weight is its own assignment, and
-    an equal cluster parsed anew (as the next view brings it) gets the same one."""
-    base = [("10.0.0.1", 8080, 1, "eu/a"), ("10.0.0.2", 8080, 1, "eu/a")]
-    first = endpoints.load_assignment(cluster(*base))
-    again = endpoints.load_assignment(
-        catalog_pb2.Cluster.FromString(cluster(*base).SerializeToString())
-    )
+    an equal cluster parsed anew (as the next view brings it) gets the same one; of a
+    changed cluster, only the changed endpoint's message is built again."""
+    assignments = LoadAssignments()
+    first = assignments(cluster(*BASE))
+    assert assignments.endpoints_built == 2
+    again = assignments(catalog_pb2.Cluster.FromString(cluster(*BASE).SerializeToString()))
     assert again is first
-    moved = endpoints.load_assignment(cluster(base[0], ("10.0.0.2", 8080, 5, "eu/a")))
+    assert assignments.endpoints_built == 2
+    moved = assignments(cluster(BASE[0], ("10.0.0.2", 8080, 5, "eu/a")))
     assert hosts(moved)[1] == ("a", "10.0.0.2", 8080, 5)
     assert hosts(first)[1] == ("a", "10.0.0.2", 8080, 1)  # the kept one was not changed
-    port = endpoints.load_assignment(cluster(base[0], ("10.0.0.2", 9090, 1, "eu/a")))
+    assert assignments.endpoints_built == 3
+    port = assignments(cluster(BASE[0], ("10.0.0.2", 9090, 1, "eu/a")))
     assert hosts(port)[1] == ("a", "10.0.0.2", 9090, 1)
+    assert assignments.endpoints_built == 4
+    assert port == LoadAssignments()(cluster(BASE[0], ("10.0.0.2", 9090, 1, "eu/a")))
+
+
+def test_reuse_gives_what_a_build_from_nothing_gives() -> None:
+    assignments = LoadAssignments()
+    steps = [
+        cluster(*BASE),
+        cluster(BASE[0], ("10.0.0.2", 8080, 5, "eu/a"), ("10.0.0.3", 8080, 1, "eu/b")),
+        cluster(("10.0.0.3", 8080, 1, "eu/b"), BASE[0]),
+        cluster(),
+        cluster(*BASE),
+    ]
+    for step in steps:
+        assert assignments(step) == LoadAssignments()(step)
+
+
+def test_two_objects_share_nothing() -> None:
+    one, other = LoadAssignments(), LoadAssignments()
+    first = one(cluster(*BASE))
+    found = other(cluster(*BASE))
+    assert found == first
+    assert found is not first
+    assert (one.endpoints_built, other.endpoints_built) == (2, 2)
+    one(cluster(*BASE, name="shop/web|80"))
+    assert (len(one), len(other)) == (2, 1)
+
+
+def test_past_the_kept_names_everything_is_forgotten_at_once() -> None:
+    assignments = LoadAssignments(kept_clusters=2)
+    first = assignments(cluster(*BASE, name="a"))
+    assignments(cluster(*BASE, name="b"))
+    assert len(assignments) == 2
+    assignments(cluster(*BASE, name="c"))
+    assert len(assignments) == 1
+    built = assignments.endpoints_built
+    again = assignments(cluster(*BASE, name="a"))
+    assert again is not first
+    assert again == first
+    assert assignments.endpoints_built == built + 2  # its endpoints were forgotten too
+
+
+def test_a_views_assignments_are_its_eds_clusters_in_order() -> None:
+    assignments = LoadAssignments()
+    dns = catalog_pb2.Cluster(name="dns", discovery="DNS")
+    passthrough = catalog_pb2.Cluster(name="out", discovery="PASSTHROUGH")
+    view = catalog_pb2.View(
+        clusters=[cluster(*BASE, name="b"), dns, passthrough, cluster(*BASE, name="a")]
+    )
+    found = assignments.of_view(view)
+    assert [a.cluster_name for a in found] == ["b", "a"]
+    assert found[1] is assignments(cluster(*BASE, name="a"))
+
+
+@pytest.mark.parametrize("settings", [ProxySettings(), ProxySettings(proxyless=True)])
+def test_translate_keeps_assignments_only_in_the_object_it_is_given(
+    settings: ProxySettings,
+) -> None:
+    view = t.view(endpoints=("10.0.0.1", "10.0.0.2"))
+    first = translate(view, settings, None).endpoints
+    again = translate(view, settings, None).endpoints
+    assert len(first) == len(again) == 1
+    assert again == first
+    assert again[0] is not first[0]  # nothing kept between calls
+
+    assignments = LoadAssignments()
+    kept = translate(view, settings, None, assignments).endpoints
+    assert translate(view, settings, None, assignments).endpoints[0] is kept[0]
+    assert kept == first
+    assert len(assignments) == 1

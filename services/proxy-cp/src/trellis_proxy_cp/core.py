@@ -26,6 +26,7 @@ from trellis_api import catalog_pb2
 from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.snapshot import Snapshot, make_resource
 from trellis_proxy_cp.cache.store import InconsistentSnapshot, SnapshotCache
+from trellis_proxy_cp.translate.endpoints import LoadAssignments
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
@@ -65,6 +66,9 @@ class ProxyControlPlane:
         self._locks: dict[str, asyncio.Lock] = {}
         self._attached: Counter[tuple[str, str]] = Counter()  # (proxy, key) -> streams
         self._streams: Counter[str] = Counter()  # proxy -> streams, any group
+        # every group's load assignments, kept for reuse: a cluster in many views (or a
+        # view rebuilt for another cluster's change) is built once
+        self.load_assignments = LoadAssignments()
 
     @staticmethod
     def key_of(identity: str, settings: ProxySettings) -> str:
@@ -143,7 +147,7 @@ class ProxyControlPlane:
             return
         version = f"{view.version}/{material.serial}"
         try:
-            resources = translate(view, group.settings, material)
+            resources = translate(view, group.settings, material, self.load_assignments)
             built = [
                 *(make_resource(types.LISTENER, m) for m in resources.listeners),
                 *(make_resource(types.ROUTE, m) for m in resources.routes),

@@ -3,6 +3,10 @@
 Each locality carries a ``load_balancing_weight`` (the sum of its endpoints' weights):
 proxyless gRPC needs it (else "no children in weighted_target policy"), and Envoy uses it
 with locality-weighted load balancing.
+
+Assignments are built by a :class:`LoadAssignments`, which keeps the last ones for reuse;
+the control plane owns one (``core.ProxyControlPlane``), so the translate layer itself
+keeps no state between calls.
 """
 
 from __future__ import annotations
@@ -17,61 +21,99 @@ from trellis_api import catalog_pb2
 from trellis_common.memo import Members
 from trellis_proxy_cp.translate.common import socket_address
 
-
-def _locality(text: str) -> base_pb2.Locality:
-    region, _, rest = text.partition("/")
-    zone, _, sub_zone = rest.partition("/")
-    return base_pb2.Locality(region=region, zone=zone, sub_zone=sub_zone)
-
-
 #: Cluster names whose last assignment is kept; past it, they are all forgotten at once.
 KEPT_CLUSTERS = 65536
 
-#: per cluster name: the catalog's message of it (its bytes), and its assignment
-_assignments: dict[str, tuple[bytes, endpoint_pb2.ClusterLoadAssignment]] = {}
+#: per cluster name, its endpoints' messages by address, port and weight
+LbEndpoints = Members[str, catalog_pb2.ClusterEndpoint, endpoint_components_pb2.LbEndpoint]
 
 
-def load_assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
-    """The cluster's load assignment. Do not change it: it is shared.
+def is_eds(cluster: catalog_pb2.Cluster) -> bool:
+    """Clusters are EDS unless DNS or passthrough (the one rule clusters.py also uses)."""
+    return cluster.discovery not in ("DNS", "PASSTHROUGH")
+
+
+def eds_clusters(view: catalog_pb2.View) -> list[catalog_pb2.Cluster]:
+    return [c for c in view.clusters if is_eds(c)]
+
+
+class LoadAssignments:
+    """Load assignments of clusters, each cluster's last one kept for reuse.
 
     Every group whose view has a cluster translates it, and a view refreshed because one
     cluster moved carries all its others unchanged; so each cluster's last assignment is
     kept with the catalog's message it came from (its bytes), and endpoint messages by
     address, port and weight: one endpoint of 200 moved builds one endpoint message, the
     others are copies made by the protobuf runtime. Only the current content of a
-    cluster is kept, so memory follows the mesh, not its history of changes.
+    cluster is kept, so memory follows the mesh, not its history of changes; past
+    ``kept_clusters`` cluster names, everything is forgotten at once.
+
+    An assignment returned is shared by every caller that asks for the same content: do
+    not change it. Reuse is per object: the control plane owns one for all its groups, and
+    a fresh one (as :func:`~trellis_proxy_cp.translate.proxy.translate` makes when given
+    none) shares nothing with any other.
     """
-    serialized = cluster.SerializeToString(deterministic=True)
-    kept = _assignments.get(cluster.name)
-    if kept is not None and kept[0] == serialized:
-        return kept[1]
-    assignment = _assignment(cluster)
-    if len(_assignments) >= KEPT_CLUSTERS:
-        _assignments.clear()  # clusters come and go: the ones still here come back
-        _lb_endpoints.retain(lambda name: False)
-    _assignments[cluster.name] = (serialized, assignment)
-    return assignment
+
+    def __init__(self, kept_clusters: int = KEPT_CLUSTERS) -> None:
+        self._kept_clusters = kept_clusters
+        #: per cluster name: the catalog's message of it (its bytes), and its assignment
+        self._assignments: dict[str, tuple[bytes, endpoint_pb2.ClusterLoadAssignment]] = {}
+        #: the current endpoints of each cluster only: a churning service's past
+        #: addresses are not kept
+        self._lb_endpoints: LbEndpoints = Members(_lb_endpoint, key=_served_as)
+
+    def __call__(self, cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
+        """The cluster's load assignment. Do not change it: it is shared."""
+        serialized = cluster.SerializeToString(deterministic=True)
+        kept = self._assignments.get(cluster.name)
+        if kept is not None and kept[0] == serialized:
+            return kept[1]
+        assignment = self._assignment(cluster)
+        if len(self._assignments) >= self._kept_clusters:
+            self._assignments.clear()  # clusters come and go: the ones still here come back
+            self._lb_endpoints.retain(lambda name: False)
+        self._assignments[cluster.name] = (serialized, assignment)
+        return assignment
+
+    def of_view(self, view: catalog_pb2.View) -> list[endpoint_pb2.ClusterLoadAssignment]:
+        """The load assignments of the view's EDS clusters, in its order. Shared: do not
+        change them."""
+        return [self(c) for c in eds_clusters(view)]
+
+    def __len__(self) -> int:
+        """How many cluster names have an assignment kept."""
+        return len(self._assignments)
+
+    @property
+    def endpoints_built(self) -> int:
+        """How many endpoint messages were built so far (the others were reused)."""
+        return self._lb_endpoints.misses
+
+    def _assignment(self, cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
+        ordered = sorted(cluster.endpoints, key=lambda e: (e.locality, e.address, e.port))
+        built = self._lb_endpoints.convert(cluster.name, ordered)
+        groups: dict[str, list[endpoint_components_pb2.LbEndpoint]] = defaultdict(list)
+        weights: dict[str, int] = defaultdict(int)
+        for endpoint, lb_endpoint in zip(ordered, built, strict=True):
+            groups[endpoint.locality].append(lb_endpoint)
+            weights[endpoint.locality] += max(endpoint.weight, 1)
+        return endpoint_pb2.ClusterLoadAssignment(
+            cluster_name=cluster.name,
+            endpoints=[
+                endpoint_components_pb2.LocalityLbEndpoints(
+                    locality=_locality(locality),
+                    load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[locality]),
+                    lb_endpoints=members,
+                )
+                for locality, members in groups.items()  # in order: the endpoints were sorted
+            ],
+        )
 
 
-def _assignment(cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
-    ordered = sorted(cluster.endpoints, key=lambda e: (e.locality, e.address, e.port))
-    built = _lb_endpoints.convert(cluster.name, ordered)
-    groups: dict[str, list[endpoint_components_pb2.LbEndpoint]] = defaultdict(list)
-    weights: dict[str, int] = defaultdict(int)
-    for endpoint, lb_endpoint in zip(ordered, built, strict=True):
-        groups[endpoint.locality].append(lb_endpoint)
-        weights[endpoint.locality] += max(endpoint.weight, 1)
-    return endpoint_pb2.ClusterLoadAssignment(
-        cluster_name=cluster.name,
-        endpoints=[
-            endpoint_components_pb2.LocalityLbEndpoints(
-                locality=_locality(locality),
-                load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[locality]),
-                lb_endpoints=members,
-            )
-            for locality, members in groups.items()  # in order: the endpoints were sorted
-        ],
-    )
+def _locality(text: str) -> base_pb2.Locality:
+    region, _, rest = text.partition("/")
+    zone, _, sub_zone = rest.partition("/")
+    return base_pb2.Locality(region=region, zone=zone, sub_zone=sub_zone)
 
 
 def _lb_endpoint(
@@ -87,22 +129,3 @@ def _lb_endpoint(
 
 def _served_as(endpoint: catalog_pb2.ClusterEndpoint) -> tuple[str, int, int]:
     return endpoint.address, endpoint.port, endpoint.weight
-
-
-#: per cluster name, its endpoints' messages by address, port and weight (the current
-#: ones only: a churning service's past addresses are not kept)
-_lb_endpoints: Members[str, catalog_pb2.ClusterEndpoint, endpoint_components_pb2.LbEndpoint]
-_lb_endpoints = Members(_lb_endpoint, key=_served_as)
-
-
-def is_eds(cluster: catalog_pb2.Cluster) -> bool:
-    """Clusters are EDS unless DNS or passthrough (the one rule clusters.py also uses)."""
-    return cluster.discovery not in ("DNS", "PASSTHROUGH")
-
-
-def eds_clusters(view: catalog_pb2.View) -> list[catalog_pb2.Cluster]:
-    return [c for c in view.clusters if is_eds(c)]
-
-
-def load_assignments(view: catalog_pb2.View) -> list[endpoint_pb2.ClusterLoadAssignment]:
-    return [load_assignment(c) for c in eds_clusters(view)]

@@ -28,11 +28,19 @@ class Resources:
 
 
 def translate(
-    view: catalog_pb2.View, settings: ProxySettings, material: secrets.SecretMaterial | None
+    view: catalog_pb2.View,
+    settings: ProxySettings,
+    material: secrets.SecretMaterial | None,
+    assignments: endpoints.LoadAssignments | None = None,
 ) -> Resources:
+    """The group's resources. Load assignments come from ``assignments``, which keeps
+    them for reuse by later calls (the control plane passes its own); without it, a fresh
+    one serves this call only, and nothing is kept."""
+    if assignments is None:
+        assignments = endpoints.LoadAssignments()
     found_secrets = list(secrets.secrets(material)) if material is not None else []
     if settings.proxyless:
-        listeners_, routes_, clusters_, endpoints_ = proxyless.resources(view)
+        listeners_, routes_, clusters_, endpoints_ = proxyless.resources(view, assignments)
         return Resources(listeners_, routes_, clusters_, endpoints_, found_secrets)
     inbound_ports = clusters.inbound_ports(view, settings)
     found_listeners: list[Message] = [
@@ -52,6 +60,6 @@ def translate(
         listeners=found_listeners,
         routes=found_routes,
         clusters=list(clusters.clusters(view, settings)),
-        endpoints=list(endpoints.load_assignments(view)),
+        endpoints=list(assignments.of_view(view)),
         secrets=found_secrets,
     )

@@ -112,10 +112,10 @@ def _cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
 
 
 def resources(
-    view: catalog_pb2.View,
+    view: catalog_pb2.View, assignments: endpoints.LoadAssignments
 ) -> tuple[list[Message], list[Message], list[Message], list[Message]]:
     """Listeners, route configurations, clusters and load assignments for a proxyless
-    client of ``view``'s identity."""
+    client of ``view``'s identity; the load assignments are ``assignments``' (shared)."""
     found_listeners: list[Message] = []
     found_routes: list[Message] = []
     taken: set[str] = set()
@@ -136,5 +136,5 @@ def resources(
         found_listeners,
         found_routes,
         [_cluster(c) for c in eds],
-        [endpoints.load_assignment(c) for c in eds],
+        [assignments(c) for c in eds],
     )
