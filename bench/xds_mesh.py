@@ -27,6 +27,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from trellis_api import catalog_pb2 as pb
 from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.snapshot import Resource, Snapshot, make_resource
+from trellis_proxy_cp.translate.endpoints import LoadAssignments
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
@@ -157,9 +158,13 @@ def view(group: int, change: int = 0) -> pb.View:
     )
 
 
+#: shared by every group's snapshot, as one control plane shares it (ProxyControlPlane)
+_ASSIGNMENTS = LoadAssignments()
+
+
 def snapshot(group: int, change: int = 0) -> Snapshot:
     """What proxy-cp's core makes of :func:`view` (``ProxyControlPlane._build``)."""
-    built = translate(view(group, change), ProxySettings(), material())
+    built = translate(view(group, change), ProxySettings(), material(), _ASSIGNMENTS)
     resources: list[Resource] = [
         *(make_resource(types.LISTENER, m) for m in built.listeners),
         *(make_resource(types.ROUTE, m) for m in built.routes),
