@@ -25,6 +25,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from trellis_common.admin import KEEP_ALIVE_SECONDS
 from trellis_endpoints_vm.transport.rest import RegistrationBody
 
 ROOT = Path(__file__).resolve().parent.parent  # where ``python -m bench.http_floor`` works
@@ -54,7 +55,15 @@ def serve() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     print(sock.getsockname()[1], flush=True)
-    config = uvicorn.Config(create_app(), log_config=None, access_log=False, lifespan="off")
+    # idle connections kept as Trellis' servers keep them (trellis_common.admin): with
+    # uvicorn's 5 s, a connection idle between two rounds is closed as the client reuses it
+    config = uvicorn.Config(
+        create_app(),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 
