@@ -59,8 +59,10 @@ class Clusters:
                 for port in known.ports:
                     state = svc.cluster(known, port, trust_domain, memo=self._endpoints)
                     wanted[state.ref.name] = state
-            # compared here, in steps; the commit only writes what moved
-            moved = [state for name, state in wanted.items() if self._moved(name, state)]
+            # compared and versioned here, in steps; the commit only writes what moved
+            moved = [
+                self._next(state) for name, state in wanted.items() if self._moved(name, state)
+            ]
             computed.append((service, set(wanted), moved))
         self._trust_domain = trust_domain
         return self._commit(computed)
@@ -73,6 +75,13 @@ class Clusters:
             state.spiffe_ids,
         )
 
+    def _next(self, state: ClusterState) -> ClusterState:
+        """``state`` as the cluster's next version (only the commit writes clusters, so the
+        version read here is still the current one when it does)."""
+        old = self._clusters.get(state.ref.name)
+        version = (old.version + 1) if old else 1
+        return ClusterState(state.ref, state.endpoints, state.spiffe_ids, version)
+
     def _commit(self, computed: list[tuple[MeshService, set[str], list[ClusterState]]]) -> set[str]:
         changed: set[str] = set()
         for service, wanted, moved in computed:
@@ -81,11 +90,7 @@ class Clusters:
                 self._endpoints.forget(name)
                 changed.add(name)
             for state in moved:
-                old = self._clusters.get(state.ref.name)
-                version = (old.version + 1) if old else 1
-                self._clusters[state.ref.name] = ClusterState(
-                    state.ref, state.endpoints, state.spiffe_ids, version
-                )
+                self._clusters[state.ref.name] = state
                 changed.add(state.ref.name)
             if wanted:
                 self._of[service] = wanted

@@ -22,6 +22,7 @@ from trellis_catalog.domain.steps import Steps
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 
 STEP = 2000  # documents compared between two steps
+INDEX_STEP = 10_000  # documents indexed by identity between two steps
 
 
 @dataclass
@@ -63,7 +64,12 @@ class SpecDocuments:
         changes.errors = error_statuses != self.error_statuses
         self.error_statuses = error_statuses
         # the previous documents stay referenced until here: no new one can share an id
-        by_id, previous = {id(d): d for d in self.documents}, self._by_id
+        by_id: dict[int, Document] = {}
+        for position, document in enumerate(self.documents):
+            if position % INDEX_STEP == 0:
+                yield  # tens of thousands of documents: indexed a few thousand at a time
+            by_id[id(document)] = document
+        previous = self._by_id
         gone = {previous[i].key: previous[i] for i in previous.keys() - by_id.keys()}
         fresh = [by_id[i] for i in by_id.keys() - previous.keys()]
         self._by_id = by_id

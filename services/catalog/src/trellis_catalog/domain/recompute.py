@@ -48,6 +48,9 @@ from trellis_common.model import MeshService, ServiceAccount
 
 log = logging.getLogger(__name__)
 
+#: services (their shapes) or marked documents handled between two steps of a flush
+STEP = 500
+
 
 Verdict = Callable[[Identity, Exception | None], None]  # a view built, or why it was not
 
@@ -126,8 +129,13 @@ class Recompute:
     def _take_documents(self) -> Steps[None]:
         """Compare the pending documents with the last ones (in steps), into the marks."""
         changes = yield from self._documents.take_steps()
-        for key, old in changes.documents.items():
-            self.dirty.documents.setdefault(key, old)
+        if not self.dirty.documents:  # a full build: every document, taken as it is
+            self.dirty.documents = changes.documents
+        else:
+            for position, (key, old) in enumerate(changes.documents.items()):
+                if position % STEP == 0:
+                    yield
+                self.dirty.documents.setdefault(key, old)
         self.dirty.errors |= changes.errors
         self.dirty.moved |= changes.moved
 
@@ -233,7 +241,11 @@ class Recompute:
         changed_clusters: set[str] = set()
         scope |= self._scope(dirty)
         if scope or dirty.spec:
-            shapes = {s: self._shape(s) for s in scope}
+            shapes: dict[MeshService, tuple[object, ...] | None] = {}
+            for position, service in enumerate(scope):
+                if position % STEP == 0:
+                    yield
+                shapes[service] = self._shape(service)
             for service in scope:
                 yield
                 known = svc.known_service(
@@ -246,9 +258,13 @@ class Recompute:
                     self.services.pop(service, None)
                 else:
                     self.services[service] = known
-            if any(shapes[s] != self._shape(s) for s in scope):
-                recompute_policies = True  # ports, accounts or reachability moved
-                changed_shape = True
+            for position, service in enumerate(scope):
+                if position % STEP == 0:
+                    yield
+                if shapes[service] != self._shape(service):
+                    recompute_policies = True  # ports, accounts or reachability moved
+                    changed_shape = True
+                    break
             changed_clusters = yield from self.clusters.rebuild_steps(
                 scope, self.services, self._trust()
             )
