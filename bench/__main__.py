@@ -3,10 +3,10 @@
 :data:`BENCHMARKS` is the registry: a name and a ``run(*, seconds, warmup)`` callable per
 module (see :class:`bench.report.Benchmark`). A new benchmark module adds one line here.
 
-Each of several benchmarks runs in a process of its own (``python -m bench NAME``), so its
-figures do not depend on what ran before it: after ``xds``, whose simulated clients leave
-this process with a heap of about 800 MB, ``propagation``'s observer (which runs here) and
-its POSTs were slower, and its idle p50 read 17.6 ms against 13.5 to 15 ms run alone.
+Each of several benchmarks runs in a process of its own (``python -m bench NAME``), as it
+runs alone: none inherits another's heap, threads or collector state. ``xds``'s simulated
+clients leave a process with about 800 MB, and ``propagation``'s observer and its POSTs
+run in the benchmark's own process.
 """
 
 from __future__ import annotations
