@@ -129,7 +129,7 @@ class Recompute:
     def _take_documents(self) -> Steps[None]:
         """Compare the pending documents with the last ones (in steps), into the marks."""
         changes = yield from self._documents.take_steps()
-        if not self.dirty.documents:  # a full build: every document, taken as it is
+        if not self.dirty.documents:  # nothing marked yet (a full build: 25,000 at once)
             self.dirty.documents = changes.documents
         else:
             for position, (key, old) in enumerate(changes.documents.items()):

@@ -220,14 +220,11 @@ class CertificateFollower(Follower):
             await self.client.refresh(identity)
 
     async def _proxy_issued(self, common_name: str) -> None:
-        try:
-            info = await self.client.info(common_name)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:
-                raise
+        issued = await self.client.issued(common_name)
+        if issued is None:
             log.info("certs.proxy_gone cn=%s", common_name)  # pruned since: nothing to learn
             return
-        self.client.on_proxy_issued(common_name, info.service_account, info.serial)
+        self.client.on_proxy_issued(common_name, issued.account, issued.serial)
 
     async def _proxy_revoked(self, common_name: str) -> None:
         listed = await self.client.list_revoked(common_name)
