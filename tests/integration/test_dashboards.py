@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from trellis_common.testing.mesh import BOOKSTORE, Mesh
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

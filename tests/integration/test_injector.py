@@ -25,7 +25,7 @@ import yaml
 
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.envoy import find_envoy
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 from trellis_common.testing.services import ServiceProcess
 
 pytestmark = pytest.mark.integration

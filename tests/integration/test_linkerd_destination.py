@@ -21,7 +21,7 @@ import pytest
 from tests.integration.dst import ClientFiles, DstClient, Endpoints, generate_upstream
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

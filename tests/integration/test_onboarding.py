@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives import serialization
 
 from trellis_common.identity import csr_for, new_key
 from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 from trellis_common.testing.services import ServiceProcess
 
 pytestmark = pytest.mark.integration

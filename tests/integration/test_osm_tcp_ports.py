@@ -17,7 +17,7 @@ import pytest
 from trellis_common.testing import eventually
 from trellis_common.testing.apps import TcpApp
 from trellis_common.testing.mesh import Mesh, bookstore
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 
 from trellis_common.testing import eventually
 from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

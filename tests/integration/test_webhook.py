@@ -33,7 +33,7 @@ from trellis_common.kube import injection
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.envoy import find_envoy
 from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 from trellis_common.testing.services import ServiceProcess
 
 pytestmark = pytest.mark.integration

@@ -13,12 +13,7 @@ from pathlib import Path
 import httpx
 
 from trellis_cli.demoapps import outcome
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from trellis_common.testing.ports import free_port
 
 
 def wait_listening(port: int) -> None:

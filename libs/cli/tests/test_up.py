@@ -14,7 +14,7 @@ import redis
 from trellis_cli import demo
 from trellis_cli.up import redis_spec, service_specs
 from trellis_common import redisacl
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 from trellis_common.testing.waiting import eventually
 
 

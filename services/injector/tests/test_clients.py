@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio
 
 from trellis_common.registry import ServiceRecord, registry_key
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 from trellis_injector.clients import (
     CatalogClient,
     CertManagerClient,

@@ -21,7 +21,7 @@ import httpx
 
 from trellis_common.bootstrap import ADMIN_CLUSTER
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
-from trellis_common.testing.redis_server import free_port
+from trellis_common.testing.ports import free_port
 
 __all__ = ["Envoy", "EnvoyNotFound", "find_envoy", "validate"]
 
@@ -124,6 +124,11 @@ class Envoy:
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (:meth:`stop` waits)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

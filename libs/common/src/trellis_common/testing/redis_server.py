@@ -34,6 +34,7 @@ from pathlib import Path
 
 from trellis_common import redisacl
 from trellis_common.redisconn import RedisTarget
+from trellis_common.testing.ports import free_port
 
 
 class RedisServerError(RuntimeError):
@@ -48,14 +49,6 @@ def find_redis_server() -> str:
             "redis-server) to run the tests that need a real Redis"
         )
     return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _answers_ping(port: int, login: bytes = b"") -> bool:
