@@ -20,8 +20,9 @@ import pytest
 from kubernetes import client
 
 from tests.deploy.helmchart import Rendered, chartgen, render
-from trellis_catalog.kubesource import KubeSource, Sources, meshconfig_of_configmap, resources
+from trellis_catalog.kubesource import KubeSource, meshconfig_of_configmap, resources
 from trellis_catalog.settings import CatalogSettings
+from trellis_catalog.sources import Sources
 from trellis_certmanager.domain.authority import load_provided
 from trellis_certmanager.settings import CertManagerSettings
 from trellis_common import redisacl

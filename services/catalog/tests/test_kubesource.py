@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.kubesource import MESHCONFIG_KEY, KubeSource, Sources, meshconfig_of_configmap
+from trellis_catalog.kubesource import MESHCONFIG_KEY, KubeSource, meshconfig_of_configmap
+from trellis_catalog.sources import Sources
 from trellis_common.documents.base import DocumentError, Origin
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.waiting import eventually

@@ -35,7 +35,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client
@@ -107,6 +107,15 @@ def resources() -> dict[tuple[str, str], list[Resource]]:
     return table
 
 
+class Sink(Protocol):
+    """Where the documents read go: :class:`trellis_catalog.sources.Sources`, which joins them
+    with the spec directory's."""
+
+    def set(
+        self, name: str, documents: Iterable[Document], errors: Iterable[DocumentError]
+    ) -> None: ...
+
+
 class KubeSource:
     """One informer per kind, on the newest version the server serves: a CRD serves every
     object under each of its versions, so reading two would read each object twice."""
@@ -117,7 +126,7 @@ class KubeSource:
         mesh_name: str,
         control_plane_namespace: str,
         catalog: Catalog,
-        sources: Sources,
+        sources: Sink,
         *,
         watch_timeout: int = 60,
         absent_retry: float = 30.0,
@@ -377,24 +386,3 @@ def condition(status: Status, obj: Object) -> dict[str, Any] | None:
     now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     wanted["lastTransitionTime"] = current[0].get("lastTransitionTime", now) if same else now
     return wanted
-
-
-class Sources:
-    """Documents from several sources at once: the catalog gets their union, in order of
-    the sources (a document key two sources both have: the first one's)."""
-
-    def __init__(self, catalog: Catalog) -> None:
-        self.catalog = catalog
-        self._parts: dict[str, tuple[list[Document], list[DocumentError]]] = {}
-
-    def set(
-        self, name: str, documents: Iterable[Document], errors: Iterable[DocumentError]
-    ) -> None:
-        self._parts[name] = (list(documents), list(errors))
-        merged: dict[Any, Document] = {}
-        all_errors: list[DocumentError] = []
-        for docs, errs in self._parts.values():
-            for document in docs:
-                merged.setdefault(document.key, document)
-            all_errors.extend(errs)
-        self.catalog.set_documents(merged.values(), all_errors)

@@ -11,9 +11,8 @@ from trellis_catalog.catalog import TOPIC, Catalog
 from trellis_catalog.clients.certs import CertificateFollower, CertificateIssuer
 from trellis_catalog.clients.providers import TOPIC as ENDPOINTS_TOPIC
 from trellis_catalog.clients.providers import ProviderFollower
-from trellis_catalog.kubesource import KubeSource, Sources
 from trellis_catalog.settings import CatalogSettings
-from trellis_catalog.sources import BothSources, DirectorySource, NoSource, SpecSource
+from trellis_catalog.sources import BothSources, DirectorySource, NoSource, Sources, SpecSource
 from trellis_catalog.transport import grpc_api, rest
 from trellis_common.kube import client as kube
 from trellis_common.runtime import ServiceRuntime
@@ -98,6 +97,9 @@ def spec_source(settings: CatalogSettings, catalog: Catalog) -> SpecSource:
             )
         )
     if settings.kubeconfig is not None or kube.in_cluster():
+        # the Kubernetes client is imported only where the API server is read
+        from trellis_catalog.kubesource import KubeSource
+
         parts.append(
             KubeSource(
                 kube.api_client(settings.kubeconfig),

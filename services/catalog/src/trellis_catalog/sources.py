@@ -9,7 +9,7 @@ plugs into the same protocol.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,3 +99,24 @@ class BothSources:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "both", "sources": [part.describe() for part in self.parts]}
+
+
+class Sources:
+    """Documents from several sources at once: the catalog gets their union, in order of
+    the sources (a document key two sources both have: the first one's)."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._parts: dict[str, tuple[list[Document], list[DocumentError]]] = {}
+
+    def set(
+        self, name: str, documents: Iterable[Document], errors: Iterable[DocumentError]
+    ) -> None:
+        self._parts[name] = (list(documents), list(errors))
+        merged: dict[Any, Document] = {}
+        all_errors: list[DocumentError] = []
+        for docs, errs in self._parts.values():
+            for document in docs:
+                merged.setdefault(document.key, document)
+            all_errors.extend(errs)
+        self.catalog.set_documents(merged.values(), all_errors)

@@ -20,9 +20,10 @@ import base64
 import hashlib
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kubernetes import client
+if TYPE_CHECKING:
+    from kubernetes import client
 
 from trellis_certmanager.domain.errors import StoreUnavailable
 from trellis_common import components
@@ -42,6 +43,8 @@ class ServiceAccountReviewer:
     def __init__(
         self, api: client.ApiClient, audience: str, namespace: str, timeout: float = 5.0
     ) -> None:
+        from kubernetes import client  # only a certmanager that reviews tokens
+
         self._api: Any = client.AuthenticationV1Api(api)
         self.audience = audience
         self.namespace = namespace

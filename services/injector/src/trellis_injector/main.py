@@ -12,9 +12,9 @@ health and reflection only.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
-from kubernetes.client import ApiClient
 
 from trellis_common import lifecycle
 from trellis_common.kube import client as kube_client
@@ -31,13 +31,14 @@ from trellis_injector.clients import (
 )
 from trellis_injector.domain.injection import Sidecar
 from trellis_injector.domain.onboarding import proxy_cp_spiffe_id
-from trellis_injector.kube import CaBundleSync, KubeSecrets
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
-from trellis_injector.proxysecrets import ProxySecrets
 from trellis_injector.settings import InjectorSettings
 from trellis_injector.sidecars import SidecarInjector
 from trellis_injector.transport import rest, webhook
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,10 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
     api = kube_api(settings)
     secrets = None
     if api is not None:
+        # the Kubernetes client is imported only where there is an API server to talk to
+        from trellis_injector.kube import CaBundleSync, KubeSecrets
+        from trellis_injector.proxysecrets import ProxySecrets
+
         secrets = KubeSecrets(api, settings.kube_timeout)
         sync = CaBundleSync(
             api,

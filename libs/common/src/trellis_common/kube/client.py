@@ -4,14 +4,20 @@ A service gets its API client from one place: a kubeconfig file when one is name
 run against an emulator or a cluster; ``http://`` servers are fine), else the pod's
 in-cluster configuration (service account token and CA, ``KUBERNETES_SERVICE_HOST``).
 Neither is an error that says so, not a client that fails later.
+
+The ``kubernetes`` package is imported only when a client is made: it takes a third of a
+second, and most processes that import this module (every service, for :func:`in_cluster`)
+never talk to an API server.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kubernetes import client, config
+if TYPE_CHECKING:
+    from kubernetes import client
 
 #: The label that puts a namespace in a mesh: ``trellis.dev/monitored-by=<mesh name>``.
 MONITORED_LABEL = "trellis.dev/monitored-by"
@@ -32,6 +38,8 @@ POOL_SIZE = 64
 
 
 def api_client(kubeconfig: str | Path | None) -> client.ApiClient:
+    from kubernetes import client, config  # see the module's docstring
+
     configuration = client.Configuration()
     if kubeconfig:
         path = Path(kubeconfig)
