@@ -106,3 +106,8 @@ _.cluster_not_found_response_code
 # Gateway API filter fields: pydantic fills them, _filter_field reads them by name.
 _.request_redirect
 _.url_rewrite
+
+# pytest calls a conftest's hooks by name (the root conftest marks each test's kind).
+_.pytest_collection_modifyitems
+# click calls a group's format_commands for --help (trellis_cli.lazy.LazyGroup).
+_.format_commands

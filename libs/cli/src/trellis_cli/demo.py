@@ -125,7 +125,8 @@ def register(mesh: Mesh, workload: Workload) -> None:
 
 
 def prepare(mesh: Mesh, state_dir: Path) -> list[ProcessSpec]:
-    """Onboard and register the demo; returns the processes to run, in start order."""
+    """Onboard and register the demo; returns the processes to run (side by side, each
+    client after its sidecar)."""
     envoy = find_envoy()
     demo = state_dir / "demo"
     specs: list[ProcessSpec] = []
@@ -213,6 +214,7 @@ def prepare(mesh: Mesh, state_dir: Path) -> list[ProcessSpec]:
                     ],
                     ready=_always,
                     address=f"calls {HOST} through :{workload.outbound_port}",
+                    after=(f"{workload.name}-envoy",),
                 )
             )
     return specs

@@ -20,13 +20,16 @@ exception nobody expected is a bug and keeps its traceback, still with exit 2.
 
 from __future__ import annotations
 
+import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import httpx
 
 from trellis_common.envoybin import EnvoyNotFound
+
+if TYPE_CHECKING:
+    import httpx
 
 OK = 0
 NEGATIVE = 1
@@ -58,6 +61,8 @@ class NotFound(click.ClickException):
 
 
 def unreachable(service: str, url: str, exc: httpx.TransportError, state_dir: object) -> CliError:
+    import httpx  # loaded already: the caller caught its error
+
     reason = "timed out" if isinstance(exc, httpx.TimeoutException) else "not reachable"
     return CliError(
         f"{service} is {reason} at {url} ({exc.__class__.__name__}); is the mesh running? "
@@ -95,14 +100,20 @@ class TrellisGroup(click.Group):
             raise
         except (KeyboardInterrupt, click.Abort):
             raise click.exceptions.Exit(INTERRUPTED) from None
-        except EnvoyNotFound as exc:
-            raise CliError(str(exc)) from exc
-        except httpx.HTTPError as exc:
-            raise CliError(f"HTTP request failed: {exc} ({exc.__class__.__name__})") from exc
-        except OSError as exc:
-            raise CliError(str(exc)) from exc
         except Exception as exc:
-            traceback.print_exc()
-            raise CliError(
-                f"unexpected {exc.__class__.__name__} (a bug in trellis; the traceback is above)"
-            ) from exc
+            raise as_cli_error(exc) from exc
+
+
+def as_cli_error(exc: Exception) -> CliError:
+    """The exit-2 error for an exception that escaped a command."""
+    if isinstance(exc, EnvoyNotFound | OSError):
+        return CliError(str(exc))
+    # httpx is imported by the commands that talk HTTP, not by `trellis --help`: an httpx
+    # error can only come from a command that loaded it
+    httpx = sys.modules.get("httpx")
+    if httpx is not None and isinstance(exc, httpx.HTTPError):
+        return CliError(f"HTTP request failed: {exc} ({exc.__class__.__name__})")
+    traceback.print_exc()
+    return CliError(
+        f"unexpected {exc.__class__.__name__} (a bug in trellis; the traceback is above)"
+    )

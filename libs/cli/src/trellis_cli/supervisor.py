@@ -172,6 +172,10 @@ class ProcessSpec:
     #: Run before each start (and restart): ``trellis up`` leaves a fresh join token.
     prepare: Callable[[], object] | None = None
     ready_timeout: float = 60.0
+    #: The processes that must be ready before this one starts (names of other specs; one
+    #: that is not supervised is not waited for): the services wait for Redis and
+    #: certmanager, and start side by side after them.
+    after: Sequence[str] = ()
 
 
 @dataclass
@@ -280,16 +284,39 @@ class Supervisor:
         raise StartupError(f"{child.spec.name} not ready after {child.spec.ready_timeout:.0f}s")
 
     async def start(self) -> None:
-        for child in self.children:
+        """Start every child as soon as those it comes ``after`` are ready, and wait until
+        all are ready; the first that fails to start ends the others' waiting."""
+        await self._bring_up(self.children)
+
+    async def launch(self, specs: Sequence[ProcessSpec]) -> None:
+        """Start more processes (before :meth:`run`), as :meth:`start` does."""
+        children = [Child(spec) for spec in specs]
+        self.children += children
+        await self._bring_up(children)
+
+    async def _bring_up(self, children: Sequence[Child]) -> None:
+        ready = {child.spec.name: child.ready for child in self.children}
+        started = {name: asyncio.Event() for name in ready}
+        for name, is_ready in ready.items():
+            if is_ready:
+                started[name].set()
+
+        async def bring_up(child: Child) -> None:
+            for name in child.spec.after:
+                if name in started:
+                    await started[name].wait()
             await self._spawn(child)
             await self._wait_ready(child)
+            started[child.spec.name].set()
 
-    async def launch(self, spec: ProcessSpec) -> None:
-        """Start one more process (before :meth:`run`), waiting until it is ready."""
-        child = Child(spec)
-        self.children.append(child)
-        await self._spawn(child)
-        await self._wait_ready(child)
+        starting = [asyncio.create_task(bring_up(child)) for child in children]
+        try:
+            await asyncio.gather(*starting)
+        except BaseException:
+            for task in starting:
+                task.cancel()
+            await asyncio.gather(*starting, return_exceptions=True)
+            raise
 
     async def run(self, stop: asyncio.Event) -> None:
         """Watch the children until ``stop``; restart any that dies; then stop them all."""

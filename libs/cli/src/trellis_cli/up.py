@@ -39,12 +39,14 @@ from trellis_cli.client import Mesh
 from trellis_cli.console import Echo, make_echo
 from trellis_cli.errors import ERROR, OK, CliError
 from trellis_cli.supervisor import (
+    DEFAULT_LOG_BACKUPS,
     DEFAULT_ROTATION,
     LogRotation,
     ProcessSpec,
     StartupError,
     Supervisor,
     https_ready,
+    parse_size,
     port_free,
     tcp_ready,
 )
@@ -58,7 +60,8 @@ AOF_REWRITE_PERCENTAGE = 100
 # ...and is at least this big (Redis' own syntax).
 AOF_REWRITE_MIN_SIZE = "64mb"
 
-# (name, module, grpc port, admin port), in start order.
+# (name, module, grpc port, admin port). Redis and certmanager start first (the others log
+# in to the one and join with the other), then the rest side by side (ProcessSpec.after).
 SERVICES = (
     ("certmanager", "trellis_certmanager.main", *Ports.CERTMANAGER),
     ("endpoints-vm", "trellis_endpoints_vm.main", *Ports.ENDPOINTS_VM),
@@ -225,6 +228,7 @@ def service_specs(
                 prepare=None
                 if name == "certmanager"
                 else functools.partial(jointoken.write_token, state_dir, name),
+                after=("redis",) if name == "certmanager" else ("redis", "certmanager"),
             )
         )
         if name == "proxy-cp":
@@ -294,8 +298,7 @@ async def up(
             if busy:
                 raise StartupError(f"demo ports already in use: {busy} (use --no-demo)")
             specs = await asyncio.to_thread(demo.prepare, Mesh(state_dir), state_dir)
-            for spec in specs:
-                await supervisor.launch(spec)
+            await supervisor.launch(specs)
     except (StartupError, click.ClickException, EnvoyNotFound) as exc:
         message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
         output.errors.print(f"[red]error:[/] {escape(message)}")
@@ -324,3 +327,88 @@ async def up(
         await supervisor.run(stop)
     output.console.print("all services stopped")
     return OK
+
+
+@click.command(
+    "up",
+    help="Start Redis and the control plane as local processes (Ctrl-C stops them). The "
+    "terminal shows what runs where, the demo's counters and the services' warnings and "
+    "errors; every log line is in <state-dir>/logs/<name>.log. Exit 2 if it cannot start.",
+)
+@click.option("--quiet", is_flag=True, help="Do not show the services' logs at all.")
+@click.option("--verbose", "-v", is_flag=True, help="Show every line of the services' logs.")
+@click.option(
+    "--spec-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of mesh documents (YAML, subdirectories too) to watch [default: examples/ "
+    "with the demo, else <state-dir>/spec].",
+)
+@click.option("--no-demo", is_flag=True, help="Only the control plane, no demo.")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Also run endpoints-k8s against this cluster (an emulator's http:// server is "
+    "fine); the catalog reads mesh documents there too, and the injector stores proxy "
+    "Secrets there.",
+)
+@click.option(
+    "--proxy-cp-replicas",
+    type=click.IntRange(min=1, max=16),
+    default=1,
+    show_default=True,
+    help="proxy-cp processes on the one xDS port (SO_REUSEPORT: the kernel spreads new "
+    "proxy streams over them; one dying moves its proxies to the others).",
+)
+@click.option(
+    "--state-dir",
+    "up_state_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Same as `trellis --state-dir` (given here, it wins).",
+)
+@click.option(
+    "--log-max-bytes",
+    default="10MiB",
+    show_default=True,
+    help="Rotate each process's log in <state-dir>/logs once it reaches this size.",
+)
+@click.option(
+    "--log-backups",
+    type=click.IntRange(min=0),
+    default=DEFAULT_LOG_BACKUPS,
+    show_default=True,
+    help="Rotated log files kept per process.",
+)
+@click.pass_obj
+def command(
+    mesh: Mesh,
+    quiet: bool,
+    verbose: bool,
+    spec_dir: Path | None,
+    no_demo: bool,
+    kubeconfig: Path | None,
+    proxy_cp_replicas: int,
+    up_state_dir: Path | None,
+    log_max_bytes: str,
+    log_backups: int,
+) -> None:
+    state_dir = up_state_dir or mesh.state_dir
+    if quiet and verbose:
+        raise click.UsageError("--quiet and --verbose exclude each other")
+    echo = Echo.QUIET if quiet else Echo.VERBOSE if verbose else Echo.WARNINGS
+    try:
+        rotation = LogRotation(parse_size(log_max_bytes), log_backups)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--log-max-bytes") from exc
+    raise SystemExit(
+        asyncio.run(
+            up(
+                state_dir,
+                echo,
+                spec_dir,
+                with_demo=not no_demo,
+                rotation=rotation,
+                kubeconfig=kubeconfig.resolve() if kubeconfig else None,
+                proxy_cp_replicas=proxy_cp_replicas,
+            )
+        )
+    )
