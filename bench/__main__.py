@@ -20,7 +20,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import catalog, certs, destination, endpoints, figures, propagation, report, xds
+from bench import (
+    catalog,
+    certs,
+    destination,
+    endpoints,
+    figures,
+    propagation,
+    report,
+    startup,
+    xds,
+)
 
 BENCHMARKS: dict[str, report.Benchmark] = {
     "certs": certs.run,
@@ -29,6 +39,7 @@ BENCHMARKS: dict[str, report.Benchmark] = {
     "xds": xds.run,
     "destination": destination.run,
     "propagation": propagation.run,
+    "startup": startup.run,
 }
 
 

@@ -31,8 +31,14 @@ from trellis_common.identity import ComponentIdentity, csr_for, new_key
 from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
 from trellis_common.testing.identities import allowed_caller, join_as
-from trellis_common.testing.redis_server import RedisServer, free_port
-from trellis_common.testing.services import ServiceProcess, trellis
+from trellis_common.testing.ports import free_port
+from trellis_common.testing.redis_server import RedisServer
+from trellis_common.testing.services import (
+    ServiceProcess,
+    start_together,
+    stop_together,
+    trellis,
+)
 from trellis_common.testing.waiting import eventually
 
 FAST = {"TRELLIS_REGISTRY_TTL": "2"}
@@ -116,18 +122,28 @@ class Mesh:
         self.apps: list[AppServer] = []
 
     def start(self) -> None:
-        for p in self.processes.values():
-            p.start()
-        for replica in self.replicas:
-            replica.start(ports=(self.xds_port, 0))
+        """certmanager first (the others join with it), then the rest side by side; the
+        replicas last, on proxy-cp's xDS port."""
+        certmanager, *others = self.processes.values()
+        try:
+            certmanager.start()
+            start_together(others)
+            for replica in self.replicas:
+                replica.spawn(ports=(self.xds_port, 0))
+            for replica in self.replicas:
+                replica.ready_or_stop()
+        except BaseException:  # nothing of a mesh that never came up outlives the test
+            self.stop()
+            raise
 
     def stop(self) -> None:
+        for sidecar in self.sidecars:
+            sidecar.envoy.terminate()
         for sidecar in self.sidecars:
             sidecar.envoy.stop()
         for app in self.apps:
             app.stop()
-        for p in [*reversed(self.replicas), *reversed(list(self.processes.values()))]:
-            p.stop()
+        stop_together([*reversed(self.replicas), *reversed(list(self.processes.values()))])
 
     @property
     def xds_port(self) -> int:

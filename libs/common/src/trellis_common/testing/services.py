@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,19 @@ class ServiceProcess:
         self, timeout: float = 30.0, ports: tuple[int, int] = (0, 0)
     ) -> statefile.ServiceEndpoint:
         """Start (``ports``: gRPC and admin; 0 picks free ones) and wait until ready."""
+        self.spawn(ports)
+        return self.ready_or_stop(timeout)
+
+    def ready_or_stop(self, timeout: float = 30.0) -> statefile.ServiceEndpoint:
+        """Wait until the spawned process is ready; one that never gets ready is stopped."""
+        try:
+            return self.wait_ready(timeout)
+        except BaseException:  # a process that never got ready must not outlive the test
+            self.stop()
+            raise
+
+    def spawn(self, ports: tuple[int, int] = (0, 0)) -> None:
+        """Start the process and return at once (:meth:`wait_ready` waits for it)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.name != components.CERTMANAGER and self.join_token:  # as `trellis up` does
             jointoken.write_token(self.state_dir, self.name)
@@ -101,11 +114,6 @@ class ServiceProcess:
             env=env,
         )
         log.close()
-        try:
-            return self.wait_ready(timeout)
-        except BaseException:  # a process that never got ready must not outlive the test
-            self.stop()
-            raise
 
     def wait_ready(self, timeout: float = 30.0) -> statefile.ServiceEndpoint:
         deadline = time.monotonic() + timeout
@@ -179,6 +187,12 @@ class ServiceProcess:
         """SIGTERM and wait; returns the exit code."""
         return self._signal(signal.SIGTERM, timeout)
 
+    def terminate(self) -> None:
+        """SIGTERM, without waiting (:meth:`stop` then waits): processes stopped together
+        shut down side by side."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def _signal(self, signum: signal.Signals, timeout: float = 15.0) -> int | None:
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode
@@ -205,6 +219,32 @@ def trellis(state_dir: Path, *args: str, timeout: float = 30) -> subprocess.Comp
         timeout=timeout,
         check=False,
     )
+
+
+def start_together(processes: Iterable[ServiceProcess], timeout: float = 30.0) -> None:
+    """Start the processes side by side and wait until each is ready, as `trellis up` starts
+    the services once certmanager is up; if one never gets ready, all are stopped."""
+    spawned: list[ServiceProcess] = []
+    try:
+        for process in processes:
+            process.spawn()
+            spawned.append(process)
+        for process in spawned:
+            process.wait_ready(timeout)
+    except BaseException:
+        for process in reversed(spawned):
+            process.stop()
+        raise
+
+
+def stop_together(processes: Iterable[ServiceProcess]) -> None:
+    """SIGTERM to each, then wait for each (a service's graceful end takes a moment: one
+    after another, a mesh took seconds to stop)."""
+    listed = list(processes)
+    for process in listed:
+        process.terminate()
+    for process in listed:
+        process.stop()
 
 
 @contextlib.contextmanager
