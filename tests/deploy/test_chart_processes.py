@@ -28,6 +28,7 @@ from tests.deploy.helmchart import Rendered, render
 from trellis_common.kube.client import api_client
 from trellis_common.testing import RedisServer
 from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.redis_backend import redis_server
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.waiting import eventually
 
@@ -116,7 +117,7 @@ def test_the_rendered_pods_start_join_and_become_ready(tmp_path: Path, kube: Kub
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     passwords = rendered.secret("trellis-redis-users")
-    redis = RedisServer(dir=tmp_path / "redis")
+    redis = redis_server(tmp_path / "redis")
     redis.users_dir.mkdir(parents=True, mode=0o700)
     for user, password in passwords.items():  # the chart's passwords, not made anew
         redis.password_file(user).write_bytes(password)

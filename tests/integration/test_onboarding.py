@@ -35,11 +35,12 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing import RedisServer, eventually, redis_backend
 from trellis_common.testing.ports import free_port
 from trellis_common.testing.services import ServiceProcess
 
-pytestmark = pytest.mark.integration
+# one mesh for the module (its fixtures): its tests run on one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("onboarding-mesh")]
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"TRELLIS_REGISTRY_TTL": "2"}
@@ -107,7 +108,7 @@ def state_dir(mesh_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def redis_server(mesh_dir: Path) -> Iterator[RedisServer]:
     """The mesh's Redis, one for the module (the shared fixture's is per test)."""
-    server = RedisServer(dir=mesh_dir / "redis")
+    server = redis_backend.redis_server(mesh_dir / "redis")
     server.start()
     try:
         yield server

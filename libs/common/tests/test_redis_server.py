@@ -6,7 +6,8 @@ from pathlib import Path
 
 import redis.asyncio
 
-from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing import eventually
+from trellis_common.testing.redis_backend import redis_server
 
 KEY = "trellis:endpoints-vm:workloads"
 
@@ -18,7 +19,7 @@ async def persistence(client: redis.asyncio.Redis) -> dict[str, int]:
 
 async def test_steady_churn_rewrites_the_aof_and_keeps_the_data(tmp_path: Path) -> None:
     """Heartbeat-like churn (the same keys rewritten again and again) on a small min size."""
-    with RedisServer(dir=tmp_path / "redis", aof_rewrite_min_size="64kb") as server:
+    with redis_server(tmp_path / "redis", aof_rewrite_min_size="64kb") as server:
         client = redis.asyncio.Redis.from_url(server.url)
         try:
             largest = 0

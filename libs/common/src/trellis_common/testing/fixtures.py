@@ -14,6 +14,7 @@ from redis.backoff import ExponentialBackoff
 
 from trellis_common import redisconn
 from trellis_common.kube import client as kube_client
+from trellis_common.testing import redis_backend
 from trellis_common.testing.bell import Bell
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.redis_server import RedisServer
@@ -21,8 +22,9 @@ from trellis_common.testing.redis_server import RedisServer
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A real redis-server on a free port with AOF persistence in the test's tmp dir."""
-    server = RedisServer(dir=tmp_path / "redis")
+    """A real redis-server on a free port with AOF persistence in the test's tmp dir: a
+    container where a Docker engine answers, else the local binary (:mod:`redis_backend`)."""
+    server = redis_backend.redis_server(tmp_path / "redis")
     server.start()
     try:
         yield server

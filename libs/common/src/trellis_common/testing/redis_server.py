@@ -85,7 +85,7 @@ class RedisServer:
         aof_rewrite_min_size: str = "64mb",
         acl: bool = True,
     ) -> None:
-        self._binary = find_redis_server()
+        self._binary = self._find_binary()
         self._fixed_port = port is not None
         self.port = port if port is not None else free_port()
         self._own_dir = dir is None
@@ -97,6 +97,9 @@ class RedisServer:
         self.acl = acl
         self.users_dir = self.dir / "users"
         self.aclfile = self.dir / "users.acl"
+
+    def _find_binary(self) -> str:
+        return find_redis_server()
 
     @property
     def plain_url(self) -> str:
@@ -153,32 +156,50 @@ class RedisServer:
                     raise
                 self.port = free_port()
 
-    def _start_once(self) -> None:
+    def server_args(self, *, bind: str, port: int, dir: str) -> list[str]:
+        """redis-server's options (after the binary), where it binds and keeps its data
+        (``dir`` also holds its log and ACL file): the same for a local process and a
+        container, which sees ``dir`` under another path."""
         args = [
-            self._binary,
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
+            "--bind", bind,
+            "--port", str(port),
             "--save", "",
             "--appendonly", "yes",
             "--appendfsync", "always",
             "--auto-aof-rewrite-percentage", str(self.aof_rewrite_percentage),
             "--auto-aof-rewrite-min-size", self.aof_rewrite_min_size,
-            "--dir", str(self.dir),
-            "--logfile", str(self.log_path),
+            "--dir", dir,
+            "--logfile", f"{dir}/{self.log_path.name}",
             "--daemonize", "no",
         ]  # fmt: skip
+        if self.acl:
+            args += ["--aclfile", f"{dir}/{self.aclfile.name}"]
+        return args
+
+    def _launch(self) -> None:
+        """Start the server (it is then waited for)."""
+        args = self.server_args(bind="127.0.0.1", port=self.port, dir=str(self.dir))
+        self._process = subprocess.Popen(
+            [self._binary, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def _exit_code(self) -> int | None:
+        """The server's exit code, None while it runs."""
+        return None if self._process is None else self._process.poll()
+
+    def _start_once(self) -> None:
         login = b""
         if self.acl:
             files = redisacl.ensure_passwords(self.users_dir)
             redisacl.write_aclfile(self.aclfile, files)
-            args += ["--aclfile", str(self.aclfile)]
             login = f"AUTH {redisacl.ADMIN} {self.password(redisacl.ADMIN)}\r\n".encode()
-        self._process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self._launch()
         deadline = time.monotonic() + self._startup_timeout
         while not _answers_ping(self.port, login):
-            code = self._process.poll()
+            code = self._exit_code()
             if code is not None or time.monotonic() > deadline:
                 self.kill()
                 raise RedisServerError(
