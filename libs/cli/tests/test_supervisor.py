@@ -1,4 +1,5 @@
-"""The supervisor's log files: rotated by size, so a long-running mesh never fills the disk."""
+"""The supervisor: processes started side by side in their order, and their log files,
+rotated by size so a long-running mesh never fills the disk."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from trellis_cli.supervisor import LogRotation, ProcessSpec, RotatingFile, Supervisor, parse_size
+from trellis_cli.supervisor import (
+    LogRotation,
+    ProcessSpec,
+    RotatingFile,
+    StartupError,
+    Supervisor,
+    parse_size,
+)
 from trellis_common.backoff import Backoff
 from trellis_common.testing import eventually
 
@@ -165,3 +173,51 @@ async def test_a_stop_during_the_restart_backoff_ends_the_supervisor_at_once(
     await running
     assert supervisor.children[0].restarts == 1
     assert any("restarting in 3600.0s (restart #1)" in line for line in echoed)
+
+
+def _marker(path: Path, name: str, ready: asyncio.Event | None = None) -> ProcessSpec:
+    """A process that writes its name to ``path`` and sleeps; ready once ``ready`` is set
+    (at once without one) and its file exists."""
+
+    async def check() -> bool:
+        return (path / name).exists() and (ready is None or ready.is_set())
+
+    script = f"import pathlib, time; pathlib.Path({str(path / name)!r}).touch(); time.sleep(60)"
+    return ProcessSpec(name, [sys.executable, "-c", script], check)
+
+
+async def test_processes_start_side_by_side_each_after_those_it_names(tmp_path: Path) -> None:
+    gate = asyncio.Event()  # "certmanager" is ready only when the test says so
+    first = _marker(tmp_path, "certmanager", gate)
+    beside = _marker(tmp_path, "redis")
+    after = _marker(tmp_path, "catalog")
+    after.after = ("certmanager", "not-supervised")  # an unknown name is not waited for
+    supervisor = Supervisor([first, after, beside], tmp_path / "logs", lambda *_: None)
+    starting = asyncio.create_task(supervisor.start())
+    try:
+        await eventually(lambda: (tmp_path / "certmanager").exists())
+        await eventually(lambda: (tmp_path / "redis").exists())  # not behind certmanager
+        await asyncio.sleep(0.5)
+        assert not (tmp_path / "catalog").exists()  # certmanager is not ready yet
+        gate.set()
+        await asyncio.wait_for(starting, 20)
+        assert (tmp_path / "catalog").exists()
+        assert all(child.ready for child in supervisor.children)
+    finally:
+        await supervisor.stop_all()
+
+
+async def test_a_process_that_cannot_start_ends_the_others_waiting(tmp_path: Path) -> None:
+    async def never() -> bool:
+        return False
+
+    broken = ProcessSpec("certmanager", [sys.executable, "-c", "raise SystemExit(3)"], never)
+    waiting = _marker(tmp_path, "catalog")
+    waiting.after = ("certmanager",)
+    supervisor = Supervisor([broken, waiting], tmp_path / "logs", lambda *_: None)
+    try:
+        with pytest.raises(StartupError, match="certmanager exited with code 3"):
+            await asyncio.wait_for(supervisor.start(), 20)
+        assert not (tmp_path / "catalog").exists()
+    finally:
+        await supervisor.stop_all()

@@ -165,6 +165,13 @@ def test_a_kubeconfig_adds_endpoints_k8s_and_is_given_to_who_reads_the_api(
     assert not any("KUBECONFIG" in name for name in specs["proxy-cp"].env)
 
 
+def test_services_start_after_redis_and_certmanager(tmp_path: Path) -> None:
+    specs = {s.name: s for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec")}
+    assert specs["certmanager"].after == ("redis",)
+    for name in ("endpoints-vm", "catalog", "proxy-cp", "injector"):
+        assert specs[name].after == ("redis", "certmanager"), name
+
+
 def test_proxy_cp_replicas_share_its_ports_identity_and_redis_user(tmp_path: Path) -> None:
     specs = {
         s.name: s
@@ -184,6 +191,11 @@ def test_proxy_cp_replicas_share_its_ports_identity_and_redis_user(tmp_path: Pat
     assert second.prepare is not None
     second.prepare()  # its join token is proxy-cp's: the same component identity
     assert (tmp_path / "join" / "proxy-cp").exists()
+    # the one token file: each replica starts once the one before it has traded it
+    assert (second.after, third.after) == (
+        ("redis", "certmanager", "proxy-cp"),
+        ("redis", "certmanager", "proxy-cp-2"),
+    )
     assert "proxy-cp-1" not in specs
     default = {s.name for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec")}
     assert "proxy-cp-2" not in default  # one on a small machine

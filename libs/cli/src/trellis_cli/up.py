@@ -153,7 +153,7 @@ def _replicas(spec: ProcessSpec, state_dir: Path, count: int) -> list[ProcessSpe
     identity, Redis user and join token), on the same xDS and Destination ports, which
     grpcio binds with SO_REUSEPORT so that the kernel spreads new streams over them; each
     announces itself as ``proxy-cp-<n>`` and serves its admin API on a port of its own."""
-    found = []
+    found: list[ProcessSpec] = []
     for number in range(2, count + 1):
         admin = replica_admin_port(number)
         instance = f"proxy-cp-{number}"
@@ -169,6 +169,9 @@ def _replicas(spec: ProcessSpec, state_dir: Path, count: int) -> list[ProcessSpe
                     "TRELLIS_PROXY_CP_ADMIN_PORT": str(admin),
                 },
                 address=f"grpc :{Ports.PROXY_CP[0]} (shared)  admin https://127.0.0.1:{admin}",
+                # one after another: each trades the component's one join token file, which
+                # the next one's start writes again
+                after=(*spec.after, found[-1].name if found else spec.name),
             )
         )
     return found
