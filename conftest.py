@@ -14,7 +14,9 @@ hang is caught by pytest-timeout instead.
 """
 
 import os
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # gRPC's C core logs connection events at info level to stderr; tests want errors only.
@@ -39,3 +41,48 @@ settings.register_profile(
     suppress_health_check=_SLOW_IS_FINE,
 )
 settings.load_profile(os.environ.get("TRELLIS_FUZZ_PROFILE", "ci"))
+
+
+ROOT = Path(__file__).resolve().parent
+
+#: Folders whose tests get a kind marker other than ``unit`` (see :func:`kind_of`).
+FOLDER_KINDS = {("tests", "integration"): "integration", ("tests", "netns"): "netns"}
+#: Every kind of test, each a marker (``-m unit``, ``-m "not slow"``...).
+KINDS = ("unit", "integration", "fuzz", "slow", "netns")
+
+
+def kind_of(item: pytest.Item) -> str:
+    """``integration`` (several real processes), ``netns`` (pods made of network namespaces,
+    root only) or ``unit`` (one process, maybe with a real Redis or Envoy beside it), by the
+    test's folder, or by a marker the module sets itself."""
+    try:
+        parts = item.path.relative_to(ROOT).parts
+    except ValueError:
+        parts = ()
+    for folder, kind in FOLDER_KINDS.items():
+        if parts[: len(folder)] == folder:
+            return kind
+    for kind in ("integration", "netns"):
+        if item.get_closest_marker(kind) is not None:
+            return kind
+    return "unit"
+
+
+def pytest_report_header() -> str:
+    """Which path runs the tests' Redis (a container, or the local binary)."""
+    from trellis_common.testing import redis_backend  # after the plugins
+
+    return redis_backend.describe()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its kind, and the fuzz suite ``fuzz``; then order the tests so the
+    long ones start first: under xdist the workers then finish together, instead of one
+    running the last integration test alone while the other waits."""
+    for item in items:
+        item.add_marker(kind_of(item))
+        if item.path.name.startswith("test_fuzz_"):
+            item.add_marker("fuzz")
+    order = {"integration": 0, "netns": 1, "unit": 2}
+    items.sort(key=lambda item: order[kind_of(item)])  # stable: files keep their order

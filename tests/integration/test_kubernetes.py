@@ -253,6 +253,7 @@ async def test_a_proxy_uuid_resolves_to_its_pod(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.xdist_group("fixed-ports")  # `trellis up` binds the default ports
 async def test_trellis_up_with_a_kubeconfig_runs_endpoints_k8s_for_the_catalog(
     kube: KubeApi, core: Any, tmp_path: Path
 ) -> None:

@@ -24,7 +24,12 @@ import pytest
 
 from trellis_common import adminhttp
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# `trellis up` binds the default ports: never beside another test that does (xdist group)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(900),
+    pytest.mark.xdist_group("fixed-ports"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("certmanager", "endpoints-vm", "catalog", "proxy-cp", "proxy-cp-2", "injector")
