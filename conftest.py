@@ -14,6 +14,7 @@ hang is caught by pytest-timeout instead.
 """
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("fuzz")
     order = {"integration": 0, "netns": 1, "unit": 2}
     items.sort(key=lambda item: order[kind_of(item)])  # stable: files keep their order
+
+
+@pytest.hookimpl(trylast=True)  # after xdist wrote the groups into the node ids
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse a run that would silently lose tests under xdist, which schedules by node id:
+    two tests with one node id run once (pytest 9.2 gave schemathesis' cases their
+    function's id), and a group that did not reach the node id is no group (pytest 9.2's
+    structured ids drop what xdist 3.8 writes: xdist issue 1386)."""
+    items = session.items
+    twice = [nodeid for nodeid, n in Counter(item.nodeid for item in items).items() if n > 1]
+    if twice:
+        raise pytest.UsageError(f"{len(twice)} node ids name several tests: {twice[:5]}")
+    worker = "PYTEST_XDIST_WORKER" in os.environ
+    if worker and session.config.getoption("loadgroup", False):  # what xdist's workers read
+        lost = [
+            item.nodeid
+            for item in items
+            if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid
+        ]
+        if lost:
+            raise pytest.UsageError(f"xdist groups were not applied to {lost[:5]}")

@@ -110,5 +110,6 @@ _.url_rewrite
 # pytest calls a conftest's hooks by name (the root conftest marks each test's kind).
 _.pytest_collection_modifyitems
 _.pytest_report_header
+_.pytest_collection_finish
 # click calls a group's format_commands for --help (trellis_cli.lazy.LazyGroup).
 _.format_commands
