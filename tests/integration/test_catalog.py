@@ -16,6 +16,7 @@ from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmana
 from trellis_common.identity import csr_for, new_key
 from trellis_common.subscriber import Subscriber
 from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing import services as service_processes
 from trellis_common.testing.services import ServiceProcess, trellis
 from trellis_common.testing.signaling import RecordingReceiver, running
 
@@ -58,13 +59,8 @@ def mesh(
             TRELLIS_CATALOG_PROVIDER_GRACE="2",
         ),
     }
-    for p in processes.values():
-        p.start()
-    try:
+    with service_processes.running(processes):
         yield processes
-    finally:
-        for p in reversed(list(processes.values())):
-            p.stop()
 
 
 def register(state_dir: Path, name: str, service: str, port: int) -> None:

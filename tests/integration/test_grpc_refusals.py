@@ -25,7 +25,7 @@ from trellis_api import (
 )
 from trellis_common.identity import csr_for, new_key
 from trellis_common.testing import RedisServer
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, running
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 
@@ -44,13 +44,8 @@ def services(state_dir: Path, redis_server: RedisServer) -> Iterator[dict[str, S
             ("catalog", "trellis_catalog.main"),
         ]
     }
-    for process in processes.values():
-        process.start()
-    try:
+    with running(processes):
         yield processes
-    finally:
-        for process in reversed(list(processes.values())):
-            process.stop()
 
 
 async def refused(

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import serialization
 from trellis_common.identity import csr_for, new_key
 from trellis_common.testing import RedisServer, eventually, redis_backend
 from trellis_common.testing.ports import free_port
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, running
 
 # one mesh for the module (its fixtures): its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("onboarding-mesh")]
@@ -120,13 +120,8 @@ def redis_server(mesh_dir: Path) -> Iterator[RedisServer]:
 def mesh(mesh_dir: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[Mesh]:
     """The five services, started once for the module's tests."""
     mesh = Mesh(mesh_dir, state_dir, redis_server)
-    try:
-        for p in mesh.processes.values():
-            p.start()
+    with running(mesh.processes):
         yield mesh
-    finally:
-        for p in reversed(list(mesh.processes.values())):
-            p.stop()
 
 
 def logged(mesh: Mesh, service: str, text: str) -> bool:

@@ -34,7 +34,7 @@ from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.envoy import find_envoy
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.ports import free_port
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, start_mesh, stop_together
 
 pytestmark = pytest.mark.integration
 
@@ -97,12 +97,10 @@ class Mesh:
         }
 
     def start(self) -> None:
-        for p in self.processes.values():
-            p.start()
+        start_mesh(self.processes.values())
 
     def stop(self) -> None:
-        for p in reversed(list(self.processes.values())):
-            p.stop()
+        stop_together(reversed(list(self.processes.values())))
 
     def get(self, service: str, path: str) -> Any:
         return self.processes[service].get(path).json()

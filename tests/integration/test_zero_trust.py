@@ -29,9 +29,9 @@ from trellis_api import (
 )
 from trellis_common import authz, components, jointoken
 from trellis_common.identity import ComponentIdentity, csr_for, new_key
-from trellis_common.testing import RedisServer
+from trellis_common.testing import RedisServer, redis_backend
 from trellis_common.testing.identities import LocalCA, join_as
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, running
 from trellis_common.testing.waiting import eventually
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
@@ -53,6 +53,29 @@ def ca() -> LocalCA:
 def services(
     state_dir: Path, redis_server: RedisServer, ca: LocalCA, tmp_path: Path
 ) -> Iterator[dict[str, ServiceProcess]]:
+    with running(control_plane(state_dir, redis_server, ca, tmp_path)) as processes:
+        yield processes
+
+
+@pytest.fixture(scope="module")
+def shared(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[dict[str, ServiceProcess], LocalCA]]:
+    """One control plane for the tests that only knock on it (the TLS refusals): each of
+    them counts what it caused from what the counters held before it."""
+    tmp = tmp_path_factory.mktemp("zero-trust")
+    (tmp / "state").mkdir()
+    ca = LocalCA()
+    with redis_backend.redis_server(tmp / "redis") as redis:
+        processes = control_plane(tmp / "state", redis, ca, tmp)
+        with running(processes):
+            yield processes, ca
+
+
+def control_plane(
+    state_dir: Path, redis_server: RedisServer, ca: LocalCA, tmp_path: Path
+) -> dict[str, ServiceProcess]:
+    """certmanager on the operator CA ``ca``, endpoints-vm and the catalog (not started)."""
     cert, key = tmp_path / "ca.pem", tmp_path / "ca-key.pem"
     cert.write_bytes(ca.bundle_pem)
     key.write_bytes(
@@ -63,7 +86,7 @@ def services(
         )
     )
     key.chmod(0o600)
-    processes = {
+    return {
         "certmanager": ServiceProcess(
             "certmanager",
             "trellis_certmanager.main",
@@ -76,13 +99,6 @@ def services(
         ),
         "catalog": ServiceProcess("catalog", "trellis_catalog.main", state_dir, redis_server.url),
     }
-    for process in processes.values():
-        process.start()
-    try:
-        yield processes
-    finally:
-        for process in reversed(list(processes.values())):
-            process.stop()
 
 
 # -- every cell of the policy ------------------------------------------------------------
@@ -302,14 +318,18 @@ def handshake_failures(process: ServiceProcess) -> dict[str, float]:
     return {reason: float(n) for reason, n in found}
 
 
+@pytest.mark.xdist_group("zero-trust-shared")  # the three share one control plane
 @pytest.mark.parametrize(
     ("who", "reason"),
     [("no certificate", "no_certificate"), ("foreign CA", "unknown_ca"), ("expired", "expired")],
 )
 async def test_a_caller_without_a_valid_mesh_certificate_never_gets_past_tls(
-    services: dict[str, ServiceProcess], ca: LocalCA, who: str, reason: str
+    shared: tuple[dict[str, ServiceProcess], LocalCA], who: str, reason: str
 ) -> None:
+    services, ca = shared
     certmanager = services["certmanager"]
+    before = handshake_failures(certmanager).get(reason, 0)
+    logged_before = certmanager.logs().count(f"tls.handshake_failed reason={reason}")
     address = certmanager.endpoint.grpc_address
     options = [("grpc.ssl_target_name_override", components.server_name("certmanager"))]
     if who == "no certificate":
@@ -329,8 +349,11 @@ async def test_a_caller_without_a_valid_mesh_certificate_never_gets_past_tls(
                 certmanager_pb2.GetRootRequest(), timeout=5
             )
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-    await eventually(lambda: handshake_failures(certmanager).get(reason, 0) >= 1, timeout=10)
-    assert f"tls.handshake_failed reason={reason}" in certmanager.logs()
+    await eventually(
+        lambda: handshake_failures(certmanager).get(reason, 0) >= before + 1, timeout=10
+    )
+    logs = certmanager.logs()
+    assert logs.count(f"tls.handshake_failed reason={reason}") >= logged_before + 1
 
 
 async def test_a_join_token_works_once_and_a_forged_one_not_at_all(

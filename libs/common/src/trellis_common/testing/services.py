@@ -247,15 +247,25 @@ def stop_together(processes: Iterable[ServiceProcess]) -> None:
         process.stop()
 
 
+def start_mesh(processes: Iterable[ServiceProcess], timeout: float = 30.0) -> None:
+    """Start a mesh's services as `trellis up` does: certmanager first (the others join
+    with it), then the rest side by side; if one never gets ready, all are stopped."""
+    listed = list(processes)
+    first = [p for p in listed if p.name == components.CERTMANAGER]
+    for process in first:
+        process.start(timeout)
+    try:
+        start_together([p for p in listed if p not in first], timeout)
+    except BaseException:
+        stop_together(first)
+        raise
+
+
 @contextlib.contextmanager
 def running(processes: dict[str, ServiceProcess]) -> Iterator[dict[str, ServiceProcess]]:
-    """Start each (in order, each ready before the next), stop them in reverse."""
-    started = []
+    """Start them (:func:`start_mesh`), stop them together at the end."""
+    start_mesh(processes.values())
     try:
-        for process in processes.values():
-            process.start()
-            started.append(process)
         yield processes
     finally:
-        for process in reversed(started):
-            process.stop()
+        stop_together(reversed(list(processes.values())))
