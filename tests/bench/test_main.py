@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # real benchmark children: seconds each
 
 
 def test_several_benchmarks_run_each_in_a_child_and_their_figures_are_merged(

@@ -80,6 +80,7 @@ def test_every_copy_source_is_in_the_context_and_the_image_is_not_root() -> None
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # a real uv install of every member: half a minute
 def test_the_build_stage_installs_every_entry_point(tmp_path: Path) -> None:
     source = context(tmp_path / "context")
     assert not (source / "tests").exists()
