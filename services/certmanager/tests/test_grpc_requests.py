@@ -114,6 +114,9 @@ def test_a_proxy_certificate_is_for_the_key_of_its_csr() -> None:
         (pb.CERTIFICATE_KIND_PROXY, CSR.replace(b"A", b"B", 1), ""),  # altered: no longer valid
         (pb.CERTIFICATE_KIND_SERVICE, CSR, "only proxy certificates are issued for a CSR"),
     ],
+    # named, not by the CSR: each process makes its own key, and pytest-xdist's workers must
+    # collect the same test ids
+    ids=["empty", "junk", "altered", "for-a-service"],
 )
 def test_a_missing_bad_or_misplaced_csr_is_refused_naming_csr_pem(
     kind: pb.CertificateKind.ValueType, csr_pem: bytes, reason: str
