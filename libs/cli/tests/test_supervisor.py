@@ -175,20 +175,27 @@ async def test_a_stop_during_the_restart_backoff_ends_the_supervisor_at_once(
     assert any("restarting in 3600.0s (restart #1)" in line for line in echoed)
 
 
-def _marker(path: Path, name: str, ready: asyncio.Event | None = None) -> ProcessSpec:
-    """A process that writes its name to ``path`` and sleeps; ready once ``ready`` is set
-    (at once without one) and its file exists."""
+def _marker(
+    path: Path, name: str, ready: asyncio.Event | None = None, asked: list[bool] | None = None
+) -> ProcessSpec:
+    """A process that writes its name to ``path`` and waits for a signal; ready once
+    ``ready`` is set (at once without one) and its file exists. Each answer of its ready
+    check is appended to ``asked``."""
 
     async def check() -> bool:
-        return (path / name).exists() and (ready is None or ready.is_set())
+        answer = (path / name).exists() and (ready is None or ready.is_set())
+        if asked is not None:
+            asked.append(answer)
+        return answer
 
-    script = f"import pathlib, time; pathlib.Path({str(path / name)!r}).touch(); time.sleep(60)"
+    script = f"import pathlib, signal; pathlib.Path({str(path / name)!r}).touch(); signal.pause()"
     return ProcessSpec(name, [sys.executable, "-c", script], check)
 
 
 async def test_processes_start_side_by_side_each_after_those_it_names(tmp_path: Path) -> None:
     gate = asyncio.Event()  # "certmanager" is ready only when the test says so
-    first = _marker(tmp_path, "certmanager", gate)
+    asked: list[bool] = []
+    first = _marker(tmp_path, "certmanager", gate, asked)
     beside = _marker(tmp_path, "redis")
     after = _marker(tmp_path, "catalog")
     after.after = ("certmanager", "not-supervised")  # an unknown name is not waited for
@@ -197,8 +204,11 @@ async def test_processes_start_side_by_side_each_after_those_it_names(tmp_path: 
     try:
         await eventually(lambda: (tmp_path / "certmanager").exists())
         await eventually(lambda: (tmp_path / "redis").exists())  # not behind certmanager
-        await asyncio.sleep(0.5)
-        assert not (tmp_path / "catalog").exists()  # certmanager is not ready yet
+        # certmanager's check has said "not ready" after its process was up: the catalog,
+        # which comes after it, has not been started
+        await eventually(lambda: asked.count(False) >= 2 and (tmp_path / "certmanager").exists())
+        assert supervisor.children[1].process is None
+        assert not (tmp_path / "catalog").exists()
         gate.set()
         await asyncio.wait_for(starting, 20)
         assert (tmp_path / "catalog").exists()
