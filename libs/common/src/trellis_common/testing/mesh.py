@@ -35,7 +35,7 @@ from trellis_common.testing.ports import free_port
 from trellis_common.testing.redis_server import RedisServer
 from trellis_common.testing.services import (
     ServiceProcess,
-    start_together,
+    start_mesh,
     stop_together,
     trellis,
 )
@@ -124,10 +124,8 @@ class Mesh:
     def start(self) -> None:
         """certmanager first (the others join with it), then the rest side by side; the
         replicas last, on proxy-cp's xDS port."""
-        certmanager, *others = self.processes.values()
         try:
-            certmanager.start()
-            start_together(others)
+            start_mesh(self.processes.values())
             for replica in self.replicas:
                 replica.spawn(ports=(self.xds_port, 0))
             for replica in self.replicas:
