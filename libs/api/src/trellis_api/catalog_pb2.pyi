@@ -348,6 +348,7 @@ class OutboundService(_message.Message):
     SPIFFE_IDS_FIELD_NUMBER: _builtins.int
     RETRY_FIELD_NUMBER: _builtins.int
     SHADOWED_BY_FIELD_NUMBER: _builtins.int
+    ADDRESSES_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     name: _builtins.str
     port: _builtins.int
@@ -373,6 +374,13 @@ class OutboundService(_message.Message):
     def retry(self) -> Global___RetryPolicy:
         """The OSM Retry policy this identity's calls to the service follow, on every route."""
 
+    @_builtins.property
+    def addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The service's own addresses (a Kubernetes Service's ClusterIPs): a sidecar with traffic
+        redirection matches a captured connection on them and the port. Empty (headless,
+        registered workloads): the sidecar matches its endpoints' addresses instead.
+        """
+
     def __init__(
         self,
         *,
@@ -385,10 +393,11 @@ class OutboundService(_message.Message):
         spiffe_ids: _abc.Iterable[_builtins.str] | None = ...,
         retry: Global___RetryPolicy | None = ...,
         shadowed_by: _builtins.str = ...,
+        addresses: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["retry", b"retry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hostnames", b"hostnames", "name", b"name", "namespace", b"namespace", "port", b"port", "protocol", b"protocol", "retry", b"retry", "routes", b"routes", "shadowed_by", b"shadowed_by", "spiffe_ids", b"spiffe_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "hostnames", b"hostnames", "name", b"name", "namespace", b"namespace", "port", b"port", "protocol", b"protocol", "retry", b"retry", "routes", b"routes", "shadowed_by", b"shadowed_by", "spiffe_ids", b"spiffe_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -78,6 +78,7 @@ def outbound(
                 spiffe_ids=builder.spiffe(
                     sorted(targets | ({parent.service} if callable_parent else set()), key=str)
                 ),
+                addresses=parent.addresses,
             )
         )
     return found

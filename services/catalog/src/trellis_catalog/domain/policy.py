@@ -349,6 +349,7 @@ class PolicyBuilder:
                     hostnames=self.names(known, port.port),
                     routes=(Route("default", MATCH_ALL, (WeightedCluster(ref.name, 100),)),),
                     spiffe_ids=self.spiffe([known.service]),
+                    addresses=known.addresses,
                 )
             )
         return refs, found
@@ -417,6 +418,7 @@ class PolicyBuilder:
                         [b.service for b, _ in reachable]
                         + ([root] if root_known is not None and self.may_call(source, root) else [])
                     ),
+                    addresses=root_known.addresses if root_known is not None else (),
                 )
             )
         return found

@@ -362,6 +362,7 @@ class Recompute:
             known.location,
             known.export_to,
             known.hosts,
+            known.addresses,
             bool(known.endpoints),
             self.account_of(service),
             frozenset(e.service_account for e in known.endpoints),

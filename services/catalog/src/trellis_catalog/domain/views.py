@@ -157,6 +157,8 @@ class OutboundService:
     # TCP service connects to the port, with no name to tell them apart): "<ns>/<name>" of
     # the one it gets there. Its listener is not made.
     shadowed_by: str = ""
+    # Where a captured connection to it goes (ClusterIPs, or the endpoints' addresses).
+    addresses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -257,6 +257,7 @@ def to_proto(
                 spiffe_ids=o.spiffe_ids,
                 retry=_retry(o.retry),
                 shadowed_by=o.shadowed_by,
+                addresses=o.addresses,
             )
             for o in policy.outbound
         ],

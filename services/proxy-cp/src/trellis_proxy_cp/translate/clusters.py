@@ -20,7 +20,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import egress, names, tracing
+from trellis_proxy_cp.translate import capture, egress, names, tracing
 from trellis_proxy_cp.translate.common import (
     ads,
     one_endpoint,
@@ -173,6 +173,8 @@ def clusters(view: catalog_pb2.View, settings: ProxySettings) -> list[cluster_pb
     found += [inbound_cluster(p, settings) for p in inbound_ports(view, settings)]
     if view.mesh.egress:
         found.append(egress.cluster())
+    if settings.capture:
+        found += capture.clusters(view)
     for route in view.egress:
         cluster = egress.route_cluster(route)
         connection = route.connection if route.HasField("connection") else None
@@ -186,5 +188,6 @@ def clusters(view: catalog_pb2.View, settings: ProxySettings) -> list[cluster_pb
 
 def inbound_ports(view: catalog_pb2.View, settings: ProxySettings) -> list[catalog_pb2.InboundPort]:
     """The ports the inbound listener serves: with one inbound port per proxy (VMs without
-    traffic redirection), that is the service's first port."""
-    return list(view.inbound[:1])
+    traffic redirection), that is the service's first port; a pod that redirects its
+    traffic serves every port (the original destination port tells them apart)."""
+    return list(view.inbound) if settings.capture else list(view.inbound[:1])

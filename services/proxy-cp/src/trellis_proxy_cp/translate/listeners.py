@@ -26,7 +26,7 @@ from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 ROUTER = hcm.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))
 
 
-def _manager(
+def build_manager(
     view: catalog_pb2.View, stat_prefix: str, route_config: str, filters: list[hcm.HttpFilter]
 ) -> hcm.HttpConnectionManager:
     manager = hcm.HttpConnectionManager(
@@ -43,7 +43,7 @@ def _manager(
 
 def outbound(view: catalog_pb2.View, address: str, port: int) -> listener_pb2.Listener:
     filters = [egress.http_filter()] if egress.forward_proxy(view) else []
-    manager = _manager(view, "outbound", names.OUTBOUND_ROUTES, filters)
+    manager = build_manager(view, "outbound", names.OUTBOUND_ROUTES, filters)
     return listener_pb2.Listener(
         name=names.OUTBOUND_LISTENER,
         address=socket_address(address, port),
@@ -60,45 +60,53 @@ def outbound(view: catalog_pb2.View, address: str, port: int) -> listener_pb2.Li
     )
 
 
+def inbound_filters(
+    view: catalog_pb2.View, served: catalog_pb2.InboundPort, route_config: str
+) -> list[listener_components_pb2.Filter]:
+    """The filters behind an inbound port's mTLS: an HTTP connection manager whose routes
+    (``route_config``, over RDS) carry the rules, or network RBAC and ``tcp_proxy``."""
+    if served.protocol in HTTP_PROTOCOLS:
+        # the rules are in the route configuration (authz.per_route): no policy in here
+        manager = build_manager(
+            view, "inbound", route_config, [authz.http_filter(), ratelimit.http_filter()]
+        )
+        manager.forward_client_cert_details = hcm.HttpConnectionManager.SANITIZE_SET
+        manager.set_current_client_cert_details.uri = True
+        return [
+            listener_components_pb2.Filter(
+                name="envoy.filters.network.http_connection_manager", typed_config=pack(manager)
+            )
+        ]
+    filters = [
+        listener_components_pb2.Filter(
+            name="envoy.filters.network.rbac",
+            typed_config=pack(
+                network_rbac_pb2.RBAC(
+                    rules=authz.rules(served, http=False), stat_prefix="inbound_tcp"
+                )
+            ),
+        ),
+        listener_components_pb2.Filter(
+            name="envoy.filters.network.tcp_proxy",
+            typed_config=pack(
+                tcp_proxy_pb2.TcpProxy(
+                    stat_prefix="inbound_tcp", cluster=names.inbound_cluster(served.port)
+                )
+            ),
+        ),
+    ]
+    if served.HasField("rate_limit"):  # OSM: connections per unit, before the proxy
+        filters.insert(1, ratelimit.tcp_filter(served.rate_limit))
+    return filters
+
+
 def inbound(
     view: catalog_pb2.View, ports: list[catalog_pb2.InboundPort], address: str, port: int
 ) -> listener_pb2.Listener | None:
     if not ports:
         return None
     served = ports[0]
-    if served.protocol in HTTP_PROTOCOLS:
-        # the rules are in the route configuration (authz.per_route): no policy in here
-        manager = _manager(
-            view, "inbound", names.INBOUND_ROUTES, [authz.http_filter(), ratelimit.http_filter()]
-        )
-        manager.forward_client_cert_details = hcm.HttpConnectionManager.SANITIZE_SET
-        manager.set_current_client_cert_details.uri = True
-        filters = [
-            listener_components_pb2.Filter(
-                name="envoy.filters.network.http_connection_manager", typed_config=pack(manager)
-            )
-        ]
-    else:
-        filters = [
-            listener_components_pb2.Filter(
-                name="envoy.filters.network.rbac",
-                typed_config=pack(
-                    network_rbac_pb2.RBAC(
-                        rules=authz.rules(served, http=False), stat_prefix="inbound_tcp"
-                    )
-                ),
-            ),
-            listener_components_pb2.Filter(
-                name="envoy.filters.network.tcp_proxy",
-                typed_config=pack(
-                    tcp_proxy_pb2.TcpProxy(
-                        stat_prefix="inbound_tcp", cluster=names.inbound_cluster(served.port)
-                    )
-                ),
-            ),
-        ]
-        if served.HasField("rate_limit"):  # OSM: connections per unit, before the proxy
-            filters.insert(1, ratelimit.tcp_filter(served.rate_limit))
+    filters = inbound_filters(view, served, names.INBOUND_ROUTES)
     listener = listener_pb2.Listener(
         name=names.INBOUND_LISTENER,
         address=socket_address(address, port),
@@ -110,6 +118,26 @@ def inbound(
         listener.listener_filters.append(ingress.tls_inspector())
         listener.filter_chains.insert(0, ingress.filter_chain(served, ROUTER))
     return listener
+
+
+def tcp_proxy(service: catalog_pb2.OutboundService) -> tcp_proxy_pb2.TcpProxy:
+    """``tcp_proxy`` to a TCP destination's cluster, or its weighted clusters (a split)."""
+    clusters = [c for c in service.routes[0].clusters if c.weight > 0]
+    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=f"outbound_tcp_{service.name}")
+    if len(clusters) == 1:
+        proxy.cluster = clusters[0].cluster
+    else:
+        proxy.weighted_clusters.CopyFrom(
+            tcp_proxy_pb2.TcpProxy.WeightedCluster(
+                clusters=[
+                    tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(
+                        name=c.cluster, weight=c.weight
+                    )
+                    for c in clusters
+                ]
+            )
+        )
+    return proxy
 
 
 def outbound_tcp(
@@ -130,21 +158,7 @@ def outbound_tcp(
         if service.shadowed_by:
             continue
         taken.add(service.port)
-        clusters = [c for c in service.routes[0].clusters if c.weight > 0]
-        proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=f"outbound_tcp_{service.name}")
-        if len(clusters) == 1:
-            proxy.cluster = clusters[0].cluster
-        else:
-            proxy.weighted_clusters.CopyFrom(
-                tcp_proxy_pb2.TcpProxy.WeightedCluster(
-                    clusters=[
-                        tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(
-                            name=c.cluster, weight=c.weight
-                        )
-                        for c in clusters
-                    ]
-                )
-            )
+        proxy = tcp_proxy(service)
         found.append(
             listener_pb2.Listener(
                 name=names.outbound_tcp_listener(service.namespace, service.name, service.port),

@@ -8,6 +8,7 @@ from google.protobuf.message import Message
 
 from trellis_api import catalog_pb2
 from trellis_proxy_cp.translate import (
+    capture,
     clusters,
     endpoints,
     listeners,
@@ -42,6 +43,8 @@ def translate(
     if settings.proxyless:
         listeners_, routes_, clusters_, endpoints_ = proxyless.resources(view, assignments)
         return Resources(listeners_, routes_, clusters_, endpoints_, found_secrets)
+    if settings.capture:
+        return _captured(view, settings, assignments, found_secrets)
     inbound_ports = clusters.inbound_ports(view, settings)
     found_listeners: list[Message] = [
         listeners.outbound(view, settings.outbound_address, settings.outbound_port)
@@ -59,6 +62,26 @@ def translate(
     return Resources(
         listeners=found_listeners,
         routes=found_routes,
+        clusters=list(clusters.clusters(view, settings)),
+        endpoints=list(assignments.of_view(view)),
+        secrets=found_secrets,
+    )
+
+
+def _captured(
+    view: catalog_pb2.View,
+    settings: ProxySettings,
+    assignments: endpoints.LoadAssignments,
+    found_secrets: list[Message],
+) -> Resources:
+    """A sidecar whose pod redirects its traffic: listeners by original destination."""
+    found_listeners: list[Message] = [capture.outbound(view, settings)]
+    inbound = capture.inbound(view, settings)
+    if inbound is not None:
+        found_listeners.append(inbound)
+    return Resources(
+        listeners=found_listeners,
+        routes=[routes.outbound(view), *capture.inbound_routes(view)],
         clusters=list(clusters.clusters(view, settings)),
         endpoints=list(assignments.of_view(view)),
         secrets=found_secrets,

@@ -186,7 +186,9 @@ def _egress_hosts(view: catalog_pb2.View, taken: set[str]) -> list[rc.VirtualHos
 
 
 def inbound(
-    view: catalog_pb2.View, ports: list[catalog_pb2.InboundPort]
+    view: catalog_pb2.View,
+    ports: list[catalog_pb2.InboundPort],
+    name: str = names.INBOUND_ROUTES,
 ) -> route_pb2.RouteConfiguration:
     """The routes to the local application: one per distinct HTTP match the port's rules
     allow (a catch-all in permissive mode or for a rule of whole routes), each carrying all
@@ -227,7 +229,7 @@ def inbound(
             for key, value in ratelimit.http_limit(port.rate_limit).items():
                 host.typed_per_filter_config[key].CopyFrom(value)
         hosts.append(host)
-    return route_pb2.RouteConfiguration(name=names.INBOUND_ROUTES, virtual_hosts=hosts)
+    return route_pb2.RouteConfiguration(name=name, virtual_hosts=hosts)
 
 
 def _allowed_matches(port: catalog_pb2.InboundPort) -> list[catalog_pb2.HttpMatch]:

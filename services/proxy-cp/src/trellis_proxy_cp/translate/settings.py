@@ -14,6 +14,8 @@ Node metadata (``node.metadata``)::
       outbound_address: 127.0.0.1
       app_address: 127.0.0.1
       proxyless: true           # a gRPC client's own xDS client, not an Envoy
+      capture: true             # the pod redirects its traffic to Envoy (Kubernetes):
+                                # listeners match on the original destination (capture.py)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class ProxySettings:
     outbound_address: str = "127.0.0.1"
     app_address: str = "127.0.0.1"
     proxyless: bool = False
+    capture: bool = False
 
     def key(self) -> str:
         """The part of the snapshot key these settings make."""
@@ -47,6 +50,7 @@ class ProxySettings:
         return (
             f"{self.outbound_address}:{self.outbound_port}|{self.inbound_address}:"
             f"{self.inbound_port}|{self.app_address}:{self.app_port}"
+            + ("|capture" if self.capture else "")
         )
 
 
@@ -91,12 +95,13 @@ def from_metadata(metadata: dict[str, Any] | None) -> ProxySettings:
                     f"node.metadata.trellis.{name}: {raw!r} is not an IP address"
                 ) from None
             values[name] = str(raw)
-    if "proxyless" in section:
-        if not isinstance(section["proxyless"], bool):
-            raise InvalidNodeMetadata(
-                f"node.metadata.trellis.proxyless: {section['proxyless']!r} is not true or false"
-            )
-        values["proxyless"] = section["proxyless"]
+    for flag in ("proxyless", "capture"):
+        if flag in section:
+            if not isinstance(section[flag], bool):
+                raise InvalidNodeMetadata(
+                    f"node.metadata.trellis.{flag}: {section[flag]!r} is not true or false"
+                )
+            values[flag] = section[flag]
     settings = ProxySettings(**values)
     wildcard = {"0.0.0.0", "::"}
     if settings.inbound_port == settings.outbound_port and (
