@@ -55,6 +55,22 @@ def test_exclusion_lists_are_parsed_and_deduplicated() -> None:
     assert found.outbound_ranges == ("10.0.0.0/8", "10.1.2.3/32")
 
 
+def test_osms_exclusion_annotations_count_and_join_trellis_own() -> None:
+    found = injection.exclusions(
+        {
+            injection.OUTBOUND_PORTS_ANNOTATION: "5432",
+            "openservicemesh.io/outbound-port-exclusion-list": "6379,5432",
+            "openservicemesh.io/inbound-port-exclusion-list": "9090",
+            "openservicemesh.io/outbound-ip-range-exclusion-list": "169.254.169.254",
+        }
+    )
+    assert found.outbound_ports == (5432, 6379)
+    assert found.inbound_ports == (9090,)
+    assert found.outbound_ranges == ("169.254.169.254/32",)
+    with pytest.raises(InvalidAnnotation, match=r"openservicemesh\.io/inbound-port-exclusion-list"):
+        injection.exclusions({"openservicemesh.io/inbound-port-exclusion-list": "x"})
+
+
 @pytest.mark.parametrize(
     ("annotation", "value", "says"),
     [

@@ -215,6 +215,8 @@ async def test_a_deployments_pod_is_injected(hook: Harness) -> None:
     assert "PRIVATE KEY" in files["key.pem"]
     bootstrap = yaml.safe_load(files["envoy.yaml"])
     assert bootstrap["node"]["id"] == common_name
+    # the pod's traffic is redirected: proxy-cp's listeners go by original destination
+    assert bootstrap["node"]["metadata"]["trellis"]["capture"] is True
     sds = yaml.safe_load(files["proxy-sds.yaml"])
     key_file = sds["resources"][0]["tls_certificate"]["private_key"]["filename"]
     assert key_file == "/etc/trellis/proxy/key.pem"

@@ -111,6 +111,9 @@ class BootstrapSpec:
     # (nothing else of the admin API); 0: not served.
     stats_port: int = 0
     stats_address: str = "0.0.0.0"
+    # The pod redirects its traffic to Envoy (an injected pod): proxy-cp's listeners go by
+    # original destination instead of by ports the application dials.
+    capture: bool = False
 
 
 def _file(path: Path) -> dict[str, str]:
@@ -213,6 +216,7 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                     "app_port": spec.app_port,
                     "admin_port": spec.admin_port,
                     **({"stats_port": spec.stats_port} if spec.stats_port else {}),
+                    **({"capture": True} if spec.capture else {}),
                 },
                 **spec.extra_metadata,
             },

@@ -28,6 +28,11 @@ INJECTION_ANNOTATION: Final = "trellis.dev/sidecar-injection"
 INBOUND_PORTS_ANNOTATION: Final = "trellis.dev/inbound-port-exclusion-list"
 OUTBOUND_PORTS_ANNOTATION: Final = "trellis.dev/outbound-port-exclusion-list"
 OUTBOUND_RANGES_ANNOTATION: Final = "trellis.dev/outbound-ip-range-exclusion-list"
+#: OSM's names for the same three lists: an OSM user's pods keep their exclusions as they
+#: are (both names may be set; the lists are joined).
+OSM_INBOUND_PORTS_ANNOTATION: Final = "openservicemesh.io/inbound-port-exclusion-list"
+OSM_OUTBOUND_PORTS_ANNOTATION: Final = "openservicemesh.io/outbound-port-exclusion-list"
+OSM_OUTBOUND_RANGES_ANNOTATION: Final = "openservicemesh.io/outbound-ip-range-exclusion-list"
 #: The mesh service a pod's proxy belongs to, when its labels do not say it.
 SERVICE_ANNOTATION: Final = "trellis.dev/service"
 #: The injected pod's proxy UUID (its certificate's CN starts with it): how endpoints-k8s
@@ -124,18 +129,25 @@ def parse_ranges(annotation: str, text: str) -> tuple[str, ...]:
 
 
 def exclusions(annotations: Mapping[str, str]) -> Exclusions:
-    """The pod's exclusion annotations, checked (:class:`InvalidAnnotation` names a bad one)."""
-    return Exclusions(
-        inbound_ports=parse_ports(
-            INBOUND_PORTS_ANNOTATION, annotations.get(INBOUND_PORTS_ANNOTATION, "")
+    """The pod's exclusion annotations, Trellis' and OSM's, checked and joined
+    (:class:`InvalidAnnotation` names a bad one)."""
+    found = Exclusions()
+    for inbound, outbound, ranges in (
+        (INBOUND_PORTS_ANNOTATION, OUTBOUND_PORTS_ANNOTATION, OUTBOUND_RANGES_ANNOTATION),
+        (
+            OSM_INBOUND_PORTS_ANNOTATION,
+            OSM_OUTBOUND_PORTS_ANNOTATION,
+            OSM_OUTBOUND_RANGES_ANNOTATION,
         ),
-        outbound_ports=parse_ports(
-            OUTBOUND_PORTS_ANNOTATION, annotations.get(OUTBOUND_PORTS_ANNOTATION, "")
-        ),
-        outbound_ranges=parse_ranges(
-            OUTBOUND_RANGES_ANNOTATION, annotations.get(OUTBOUND_RANGES_ANNOTATION, "")
-        ),
-    )
+    ):
+        found = found.union(
+            Exclusions(
+                inbound_ports=parse_ports(inbound, annotations.get(inbound, "")),
+                outbound_ports=parse_ports(outbound, annotations.get(outbound, "")),
+                outbound_ranges=parse_ranges(ranges, annotations.get(ranges, "")),
+            )
+        )
+    return found
 
 
 def _strings(value: Any) -> dict[str, str]:

@@ -99,6 +99,7 @@ def proxy_request(pod: Mapping[str, Any], namespace: str, sidecar: Sidecar) -> P
             admin_port=sidecar.admin_port,
             output_dir=sidecar.mount_path,
             stats_port=sidecar.stats_port,
+            capture=True,
         )
     except InvalidOnboarding as exc:
         if exc.field == "service":

@@ -92,6 +92,9 @@ class ProxyRequest:
     stats_port: int = 0  # Envoy's Prometheus statistics; 0: not served
     # a proxyless gRPC workload (`trellis grpc bootstrap`): no Envoy, so no ports of its own
     proxyless: bool = False
+    # an injected pod: its init container redirects its traffic to Envoy, whose listeners
+    # then go by original destination (proxy-cp's capture mode)
+    capture: bool = False
 
     def __post_init__(self) -> None:
         _check_name("namespace", self.namespace)
@@ -251,6 +254,7 @@ def build_bootstrap(
             admin_port=request.admin_port,
             protocol=request.protocol,
             stats_port=request.stats_port,
+            capture=request.capture,
         )
     )
 
