@@ -1,0 +1,168 @@
+"""The chart's pods as local processes: each Deployment's container started with exactly
+the environment and files ``helm template`` renders, what only a cluster provides remapped
+(see ``test_chart_processes``). The pod test bed (``tests/netns``) runs its control plane
+the same way, inside its node's network namespace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from tests.deploy.helmchart import Rendered
+from trellis_common.kube.client import api_client
+from trellis_common.testing import RedisServer
+from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.redis_backend import redis_server
+from trellis_common.testing.services import ServiceProcess
+
+MODULES = {
+    "certmanager": "trellis_certmanager.main",
+    "catalog": "trellis_catalog.main",
+    "endpoints-k8s": "trellis_endpoints_k8s.main",
+    "endpoints-vm": "trellis_endpoints_vm.main",
+    "proxy-cp": "trellis_proxy_cp.main",
+    "injector": "trellis_injector.main",
+}
+#: Components that call the Kubernetes API (in a pod: in-cluster config).
+KUBE = ("certmanager", "catalog", "endpoints-k8s", "injector")
+
+
+def mounted_files(rendered: Rendered, component: str, root: Path) -> dict[str, Path]:
+    """Write what the pod's Secret volumes hold under ``root``; mount path -> local dir."""
+    pod = rendered.pod(component)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    where = {}
+    for mount in rendered.container(component)["volumeMounts"]:
+        local = root / component / mount["name"]
+        local.mkdir(parents=True)
+        secret = volumes[mount["name"]].get("secret")
+        if secret is not None:
+            data = rendered.secret(secret["secretName"])
+            for item in secret["items"]:
+                path = local / item["path"]
+                path.write_bytes(data[item["key"]])
+                path.chmod(0o600)
+        where[mount["mountPath"]] = local
+    return where
+
+
+def environment(
+    rendered: Rendered, component: str, mounts: dict[str, Path], redis: RedisServer,
+    certmanager_admin: str, kubeconfig: Path, pod_ip: str = "127.0.0.1",
+    fixed_ports: bool = False,
+) -> dict[str, str]:  # fmt: skip
+    """The container's env, with only what a cluster provides remapped: the pod IP is
+    ``pod_ip``, Services are local addresses, mount paths local folders, in-cluster
+    configuration a kubeconfig; and, unless ``fixed_ports`` (a network namespace of its
+    own), the ports that tests running side by side would share are free ones."""
+    token = rendered.secret("trellis-admin-token")["token"].decode()
+    env = {}
+    for item in rendered.container(component)["env"]:
+        name, value = item["name"], item.get("value")
+        if value is None:
+            source = item["valueFrom"]
+            value = token if "secretKeyRef" in source else pod_ip
+        value = value.replace("$(POD_IP)", pod_ip).replace("$(POD_NAME)", "proxy-cp-0")
+        for mount, local in mounts.items():
+            if value.startswith(mount + "/"):
+                value = str(local) + value.removeprefix(mount)
+        env[name] = value
+    env["TRELLIS_REDIS_URL"] = redis.plain_url  # the Service trellis-redis
+    if "TRELLIS_CERTMANAGER_ADMIN_ADDRESS" in env:  # the Service certmanager
+        env["TRELLIS_CERTMANAGER_ADMIN_ADDRESS"] = certmanager_admin
+    if component == "injector" and not fixed_ports:
+        env["TRELLIS_INJECTOR_WEBHOOK_PORT"] = "0"  # tests run side by side
+    if component == "proxy-cp" and not fixed_ports:
+        env["TRELLIS_PROXY_CP_DESTINATION_PORT"] = "0"
+    if component in KUBE:
+        prefix = "TRELLIS_" + component.upper().replace("-", "_") + "_"
+        env[prefix + "KUBECONFIG"] = str(kubeconfig)
+    del env["TRELLIS_STATE_DIR"]  # the process's own (ServiceProcess sets one)
+    return env
+
+
+def chart_redis(rendered: Rendered, root: Path) -> RedisServer:
+    """Redis with the chart's ACL users and the chart's passwords (not made anew)."""
+    redis = redis_server(root)
+    redis.users_dir.mkdir(parents=True, mode=0o700)
+    for user, password in rendered.secret("trellis-redis-users").items():
+        redis.password_file(user).write_bytes(password)
+        redis.password_file(user).chmod(0o600)
+    redis.start()
+    return redis
+
+
+class ChartControlPlane:
+    """Every component of the rendered chart as a process, joined with its ServiceAccount
+    token from ``kube`` (the test API server, which also answers TokenReviews), in the
+    order a cluster would get them ready: certmanager first.
+
+    ``pod_ip`` is every pod's address (they share one here); ``fixed_ports`` keeps the
+    chart's ports (a network namespace of its own has them free)."""
+
+    def __init__(
+        self, rendered: Rendered, root: Path, kube: KubeApi, pod_ip: str = "127.0.0.1",
+        fixed_ports: bool = False,
+    ) -> None:  # fmt: skip
+        self.rendered = rendered
+        self.root = root
+        self.kube = kube
+        self.pod_ip = pod_ip
+        self.fixed_ports = fixed_ports
+        self.state_dir = root / "state"
+        self.processes: list[ServiceProcess] = []
+        self.redis: RedisServer | None = None
+        self.kubeconfig = root / "kubeconfig"
+
+    def start(self) -> ChartControlPlane:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.redis = chart_redis(self.rendered, self.root / "redis")
+        self.kube.write_kubeconfig(self.kubeconfig)
+        api: Any = api_client(self.kubeconfig)
+        core: Any = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": "trellis-system"}})
+        configmap = self.rendered.get("ConfigMap", "trellis-mesh-config")
+        core.create_namespaced_config_map("trellis-system", configmap)
+        try:
+            self._start_components()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_components(self) -> None:
+        assert self.redis is not None
+        certmanager_admin = ""
+        for component, module in MODULES.items():
+            mounts = mounted_files(self.rendered, component, self.root / "pods")
+            if component != "certmanager":  # the projected token, audience trellis
+                token = self.kube.service_account_token("trellis-system", component)
+                (mounts["/var/run/secrets/trellis"] / "token").write_text(token)
+            env = environment(
+                self.rendered, component, mounts, self.redis, certmanager_admin,
+                self.kubeconfig, self.pod_ip, self.fixed_ports,
+            )  # fmt: skip
+            process = ServiceProcess(
+                component, module, self.state_dir, self.redis, env=env, join_token=False
+            )
+            self.processes.append(process)
+            prefix = "TRELLIS_" + component.upper().replace("-", "_") + "_"
+            ports = (
+                (int(env[prefix + "GRPC_PORT"]), int(env[prefix + "ADMIN_PORT"]))
+                if self.fixed_ports
+                else (0, 0)
+            )
+            endpoint = process.start(timeout=60, ports=ports)
+            if component == "certmanager":
+                certmanager_admin = endpoint.admin_url.removeprefix("https://")
+
+    def process(self, component: str) -> ServiceProcess:
+        return next(p for p in self.processes if p.name == component)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        if self.redis is not None:
+            self.redis.close()
