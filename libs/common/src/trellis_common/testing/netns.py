@@ -668,6 +668,20 @@ class Node:
         self._write_etc(name, hosts_file)
         return pod
 
+    def remove_pods(self) -> None:
+        """Stop and delete every pod made so far (processes, namespaces with their veths,
+        ``/etc/netns`` directories), keeping the node for more; failures are raised together
+        at the end (:class:`NetnsCleanupError`)."""
+        errors: list[BaseException] = []
+        pods, self._pods = self._pods, []
+        for pod in pods:
+            _attempt(errors, pod.stop)
+        for pod in pods:
+            _attempt(errors, partial(_delete_netns, pod.name))
+            _attempt(errors, partial(_remove_etc, pod.name))
+        if errors:
+            raise NetnsCleanupError(f"removing the pods of node {self.name}", errors)
+
     def close(self) -> None:
         """Stop every pod's processes, delete the pod namespaces (killing what still runs in
         them), then the node's (its bridge and veth ends go with it), the pods'

