@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 import jsonpatch
+import yaml
 from kubernetes import client
 
 from tests.deploy.chartprocs import ChartControlPlane
@@ -261,8 +262,6 @@ class Bed:
     def mesh_config(self, **traffic: Any) -> None:
         """Set MeshConfig's ``spec.traffic`` fields in the chart's ConfigMap."""
         configmap = self.core.read_namespaced_config_map("trellis-mesh-config", "trellis-system")
-        import yaml
-
         document = yaml.safe_load(configmap.data["meshconfig.yaml"])
         document.setdefault("spec", {}).setdefault("traffic", {}).update(traffic)
         configmap.data["meshconfig.yaml"] = yaml.safe_dump(document)

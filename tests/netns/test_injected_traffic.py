@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +295,85 @@ def test_localhost_and_envoys_own_traffic_are_never_captured(mesh: Bed, tmp_path
     owner = next(line for line in rules.splitlines() if "--uid-owner 1337" in line)
     packets = int(owner.split("]")[0].strip("[").split(":")[0])
     assert packets >= 1, owner
+
+
+INTERNET = "internet"
+
+
+def internet_server(mesh: Bed, *ports: str) -> BedPod:
+    """A server outside the mesh (an unmonitored namespace, no sidecar), by address only."""
+    mesh.namespace(INTERNET, monitored=False)
+    containers = [python_container(HTTP_SERVER, port, name=f"http-{port}") for port in ports]
+    return mesh.pod(INTERNET, "outside", containers, inject=False)
+
+
+@contextmanager
+def mesh_config(mesh: Bed, **traffic: Any) -> Iterator[None]:
+    """MeshConfig's traffic settings for the block, back to the chart's after it."""
+    mesh.mesh_config(**traffic)
+    try:
+        yield
+    finally:
+        mesh.mesh_config(**{key: False for key in traffic})
+
+
+def status_of(client: BedPod, url: str) -> int:
+    return http_status(client, url)[0]
+
+
+def test_egress_off_refuses_and_counts_egress_on_passes_to_the_original_destination(
+    mesh: Bed,
+) -> None:
+    outside = internet_server(mesh, "8080")
+    buyer = mesh.pod(NS, "buyer", [SLEEP], service_account="buyer")
+    url = f"http://{outside.ip}:8080/anything"
+    assert status_of(buyer, url) == 0
+    assert buyer.stat("tcp.outbound_blackhole.downstream_cx_total") >= 1
+    with mesh_config(mesh, enableEgress=True):
+        wait_until(lambda: status_of(buyer, url) == 200, timeout=30, message="egress on: 200")
+        assert buyer.stat("tcp.outbound_passthrough.downstream_cx_total") >= 1
+    wait_until(lambda: status_of(buyer, url) == 0, timeout=30, message="egress off again")
+
+
+def test_excluded_ports_and_ranges_bypass_the_sidecar(mesh: Bed) -> None:
+    outside = internet_server(mesh, "8080", "8081")
+    by_port = mesh.pod(
+        NS, "osm-style", [SLEEP], service_account="buyer",
+        annotations={"openservicemesh.io/outbound-port-exclusion-list": "8080"},
+    )  # fmt: skip
+    by_range = mesh.pod(
+        NS, "trellis-style", [SLEEP], service_account="buyer",
+        annotations={"trellis.dev/outbound-ip-range-exclusion-list": f"{outside.ip}/32"},
+    )  # fmt: skip
+    # egress is off: without the exclusions both would be refused (previous test)
+    assert status_of(by_port, f"http://{outside.ip}:8080/x") == 200
+    assert status_of(by_port, f"http://{outside.ip}:8081/x") == 0  # not excluded: refused
+    assert status_of(by_range, f"http://{outside.ip}:8081/x") == 200
+    assert by_range.stat("listener.127.0.0.1_15001.downstream_cx_total") == 0
+    # inbound: an excluded port of an injected pod takes plaintext straight to the app
+    server = mesh.pod(
+        NS, "open-port",
+        [python_container(HTTP_SERVER, "9100"), python_container(HTTP_SERVER, "9200", name="b")],
+        service_account="web",
+        annotations={"openservicemesh.io/inbound-port-exclusion-list": "9100"},
+    )  # fmt: skip
+    caller = mesh.pod(NS, "plain-caller", [SLEEP], inject=False)
+    assert status_of(caller, f"http://{server.ip}:9100/in") == 200
+    assert status_of(caller, f"http://{server.ip}:9200/in") == 0  # captured: mTLS only
+
+
+def test_an_uninjected_caller_is_refused_in_strict_mode_and_admitted_in_permissive(
+    mesh: Bed,
+) -> None:
+    service, server = web_service(mesh)
+    caller = mesh.pod(NS, "legacy", [SLEEP], inject=False)
+    url = f"http://{server.ip}:8080/legacy"  # no kube-proxy here: the pod's own address
+    assert status_of(caller, url) == 0  # strict: the inbound port speaks mTLS only
+    with mesh_config(mesh, enablePermissiveTrafficPolicyMode=True):
+        body = wait_until(
+            lambda: (r := http_status(caller, url))[0] == 200 and r[1],
+            timeout=30, message="permissive: plaintext admitted",
+        )  # fmt: skip
+        assert body.startswith("web /legacy -")  # no client certificate: it came in plaintext
+    wait_until(lambda: status_of(caller, url) == 0, timeout=30, message="strict again")
+    del service
