@@ -70,6 +70,7 @@ SMI = (
     ("specs.smi-spec.io/v1alpha4/httproutegroups", "HTTPRouteGroup"),
     ("specs.smi-spec.io/v1alpha4/tcproutes", "TCPRoute"),
     ("split.smi-spec.io/v1alpha2/trafficsplits", "TrafficSplit"),
+    ("gateway.networking.k8s.io/v1/grpcroutes", "GRPCRoute"),
 )
 PREFIX = f"tb{os.getpid()}-"
 
@@ -171,7 +172,7 @@ class Bed:
             self._path_for_pods()
             self.kube.start()
             self._stack.callback(self.kube.stop)
-            for resource, kind in SMI:  # the CRDs a cluster with SMI installed serves
+            for resource, kind in SMI:  # the CRDs of a cluster with SMI and Gateway API
                 self.kube.declare(resource, kind=kind, namespaced=True)
             plane = ChartControlPlane(
                 render(self.root / "helm"), self.root / "cp", self.kube, NODE_IP, fixed_ports=True
@@ -447,3 +448,33 @@ def bed(root: Path) -> Iterator[Bed]:
         yield made
     finally:
         made.close()
+
+
+def main() -> None:
+    """``python -m tests.netns.bed``: a node with the control plane, a web Service and a
+    client pod, kept up until Ctrl-C, to look inside (docs/testing.md)."""
+    import signal
+    import tempfile
+    import threading
+
+    from tests.netns.test_injected_traffic import HTTP_SERVER, SLEEP, python_container
+
+    root = Path(tempfile.mkdtemp(prefix="trellis-bed-"))
+    with bed(root) as made:
+        made.namespace("shop")
+        web = made.service("shop", "web", [{"name": "http", "port": 80, "targetPort": 8080}])
+        made.pod("shop", "web", [python_container(HTTP_SERVER, "8080")], serves=[web])
+        made.pod("shop", "client", [SLEEP])
+        print(f"node namespace: {made.node.name}; files and logs under {root}")
+        for pod in made.pods:
+            print(f"  pod {pod.namespace}/{pod.name} at {pod.ip}: ip netns exec {pod.pod.name} sh")
+        print(f"try: ip netns exec {PREFIX}client curl -s http://{web.host}/hello")
+        print("(permissive mode is off and there is no TrafficTarget: expect a refusal)")
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        stop.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -365,15 +365,119 @@ def test_excluded_ports_and_ranges_bypass_the_sidecar(mesh: Bed) -> None:
 def test_an_uninjected_caller_is_refused_in_strict_mode_and_admitted_in_permissive(
     mesh: Bed,
 ) -> None:
-    service, server = web_service(mesh)
+    _, server = web_service(mesh)
     caller = mesh.pod(NS, "legacy", [SLEEP], inject=False)
     url = f"http://{server.ip}:8080/legacy"  # no kube-proxy here: the pod's own address
     assert status_of(caller, url) == 0  # strict: the inbound port speaks mTLS only
+
+    def admitted() -> str | None:
+        code, body = http_status(caller, url)
+        return body if code == 200 else None
+
     with mesh_config(mesh, enablePermissiveTrafficPolicyMode=True):
-        body = wait_until(
-            lambda: (r := http_status(caller, url))[0] == 200 and r[1],
-            timeout=30, message="permissive: plaintext admitted",
-        )  # fmt: skip
+        body = wait_until(admitted, timeout=30, message="permissive: plaintext admitted")
         assert body.startswith("web /legacy -")  # no client certificate: it came in plaintext
     wait_until(lambda: status_of(caller, url) == 0, timeout=30, message="strict again")
-    del service
+
+
+#: A gRPC server that needs no generated code: every method answers who served it.
+GRPC_SERVER = r"""
+import grpc, json, os, sys
+from concurrent import futures
+class Echo(grpc.GenericRpcHandler):
+    def service(self, details):
+        def answer(request, context):
+            return json.dumps({"app": os.environ["POD_NAME"], "method": details.method}).encode()
+        return grpc.unary_unary_rpc_method_handler(answer)
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+server.add_generic_rpc_handlers((Echo(),))
+server.add_insecure_port(f"0.0.0.0:{sys.argv[1]}")
+server.start()
+server.wait_for_termination()
+"""
+
+#: A plain gRPC client: N calls of one method, with metadata; prints who answered, or the
+#: status code of the first failure.
+GRPC_CLIENT = r"""
+import grpc, json, sys
+from collections import Counter
+target, method, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+metadata = tuple(tuple(item.split("=", 1)) for item in sys.argv[4:])
+served = Counter()
+with grpc.insecure_channel(target) as channel:
+    stub = channel.unary_unary(method)
+    try:
+        for _ in range(count):
+            served[json.loads(stub(b"", metadata=metadata, timeout=5))["app"]] += 1
+    except grpc.RpcError as error:
+        print(json.dumps({"error": error.code().name}))
+        raise SystemExit(0)
+print(json.dumps(served))
+"""
+
+GRPC_ROUTE = {
+    "apiVersion": "gateway.networking.k8s.io/v1",
+    "kind": "GRPCRoute",
+    "metadata": {"name": "hello", "namespace": NS},
+    "spec": {
+        "parentRefs": [{"group": "", "kind": "Service", "name": "hello", "port": 9000}],
+        "rules": [
+            {
+                "matches": [
+                    {
+                        "method": {"service": "helloworld.Greeter", "method": "SayHello"},
+                        "headers": [{"name": "x-version", "value": "2"}],
+                    }
+                ],
+                "backendRefs": [{"name": "hello-v2", "port": 9000}],
+            },
+            {
+                "matches": [{"method": {"service": "helloworld.Greeter"}}],
+                "backendRefs": [
+                    {"name": "hello-v1", "port": 9000, "weight": 80},
+                    {"name": "hello-v2", "port": 9000, "weight": 20},
+                ],
+            },
+        ],
+    },
+}
+
+
+def grpc_calls(client: BedPod, target: str, method: str, count: int, *metadata: str) -> Any:
+    import json
+    import sys
+
+    out = client.run(
+        ["env", "GRPC_DNS_RESOLVER=native", sys.executable, "-c", GRPC_CLIENT,
+         target, method, str(count), *metadata],
+        timeout=60,
+    )  # fmt: skip
+    return json.loads(out)
+
+
+def test_grpc_follows_a_grpcroutes_matches_and_weights(mesh: Bed) -> None:
+    port = [{"name": "api", "port": 9000}]  # no appProtocol: gRPC because a GRPCRoute says so
+    hello = mesh.service(NS, "hello", port, selector={"app": "hello"})
+    v1 = mesh.service(NS, "hello-v1", port)
+    v2 = mesh.service(NS, "hello-v2", port)
+    with mesh_config(mesh, enablePermissiveTrafficPolicyMode=True):
+        mesh.apply(GRPC_ROUTE)
+        for name, backend in (("hello-v1", v1), ("hello-v2", v2)):
+            mesh.pod(
+                NS, name, [python_container(GRPC_SERVER, "9000")], service_account=name,
+                labels={"app": name}, serves=[hello, backend],
+            )  # fmt: skip
+        client = mesh.pod(NS, "caller", [SLEEP], service_account="caller")
+        target = f"{hello.host}:9000"
+        say_hello = "/helloworld.Greeter/SayHello"
+        wait_until(
+            lambda: grpc_calls(client, target, say_hello, 1, "x-version=2") == {"hello-v2": 1},
+            timeout=30, message="the header rule",
+        )  # fmt: skip
+        assert grpc_calls(client, target, say_hello, 20, "x-version=2") == {"hello-v2": 20}
+        split = grpc_calls(client, target, say_hello, 60)
+        assert set(split) == {"hello-v1", "hello-v2"}
+        assert split["hello-v1"] > split["hello-v2"]
+        # a method no rule matches: UNIMPLEMENTED, as GEP-1016 says
+        assert grpc_calls(client, target, "/other.Service/Call", 1) == {"error": "UNIMPLEMENTED"}
+        mesh.delete(GRPC_ROUTE)
