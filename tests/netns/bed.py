@@ -428,6 +428,15 @@ class Bed:
         self.discovery.create_namespaced_endpoint_slice(service.namespace, body)
 
 
+def kubelet_probe(pod: BedPod, kind: str, container: str = "app") -> httpx.Response:
+    """What the kubelet does for an ``httpGet`` probe of the running (patched) pod: a plain
+    GET from the node to the pod's address, on the probe's port and path."""
+    spec = next(c for c in pod.obj["spec"]["containers"] if c["name"] == container)
+    action = spec[kind]["httpGet"]
+    url = f"http://{pod.ip}:{action['port']}{action.get('path', '/')}"
+    return httpx.get(url, timeout=3)
+
+
 def _ready(pod: BedPod) -> bool:
     try:
         return pod.envoy("/ready").status_code == 200

@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.netns.bed import Bed, BedPod, BedService, bed
+from tests.netns.bed import Bed, BedPod, BedService, bed, kubelet_probe
 from trellis_common.testing.netns import wait_until
 
 pytestmark = [pytest.mark.xdist_group("netns")]
@@ -481,3 +482,28 @@ def test_grpc_follows_a_grpcroutes_matches_and_weights(mesh: Bed) -> None:
         # a method no rule matches: UNIMPLEMENTED, as GEP-1016 says
         assert grpc_calls(client, target, "/other.Service/Call", 1) == {"error": "UNIMPLEMENTED"}
         mesh.delete(GRPC_ROUTE)
+
+
+def test_an_http_readiness_probe_works_under_strict_mtls(mesh: Bed) -> None:
+    server = python_container(HTTP_SERVER, "8080")
+    server["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": 8080}}
+    pod = mesh.pod(NS, "probed", [server], service_account="web")
+    # the patch pointed the probe at the sidecar's readiness listener
+    assert pod.obj["spec"]["containers"][0]["readinessProbe"]["httpGet"] == {
+        "path": "/trellis-readiness-probe/app", "port": 15902, "scheme": "HTTP",
+    }  # fmt: skip
+    answer = wait_until(
+        lambda: _probe(pod, "readinessProbe"), timeout=10, message="the kubelet's probe"
+    )
+    assert answer.startswith("probed /healthz -")  # the app's own path, in plaintext
+    # the probe as written would have failed: the app's port takes mTLS only
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://{pod.ip}:8080/healthz", timeout=3)
+
+
+def _probe(pod: BedPod, kind: str) -> str | None:
+    try:
+        answer = kubelet_probe(pod, kind)
+    except httpx.HTTPError:
+        return None
+    return answer.text if answer.status_code == 200 else None

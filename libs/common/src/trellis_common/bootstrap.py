@@ -92,6 +92,19 @@ def _client_certificate(files: ProxyFiles) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeRoute:
+    """A kubelet HTTP probe rewritten to reach the application through the sidecar: the
+    kubelet asks ``<pod>:<listener_port><path>`` in plaintext, and Envoy forwards it to
+    ``127.0.0.1:<target_port><target_path>`` (as OSM does on 15901-15903), so an HTTP probe
+    works on a port whose inbound traffic is mTLS only."""
+
+    listener_port: int
+    path: str
+    target_port: int
+    target_path: str
+
+
+@dataclass(frozen=True, slots=True)
 class BootstrapSpec:
     node_id: str  # the proxy certificate's CN: <proxy-uuid>.<service>.<namespace>
     namespace: str
@@ -114,6 +127,8 @@ class BootstrapSpec:
     # The pod redirects its traffic to Envoy (an injected pod): proxy-cp's listeners go by
     # original destination instead of by ports the application dials.
     capture: bool = False
+    # Kubelet probes rewritten to Envoy's probe listeners (an injected pod).
+    probes: tuple[ProbeRoute, ...] = ()
 
 
 def _file(path: Path) -> dict[str, str]:
@@ -187,6 +202,75 @@ def admin_cluster(spec: BootstrapSpec) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _router() -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.router",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+        },
+    }
+
+
+def probe_cluster(port: int) -> str:
+    return f"trellis-probe|{port}"
+
+
+def probe_listeners(spec: BootstrapSpec) -> list[dict[str, Any]]:
+    """One plaintext listener per probe port, routing each rewritten probe path to the
+    application's own port and path; anything else is 404."""
+    found = []
+    for port in sorted({p.listener_port for p in spec.probes}):
+        routes: list[dict[str, Any]] = [
+            {
+                "match": {"path": probe.path},
+                "route": {
+                    "cluster": probe_cluster(probe.target_port),
+                    "prefix_rewrite": probe.target_path,
+                },
+            }
+            for probe in spec.probes
+            if probe.listener_port == port
+        ]
+        routes.append({"match": {"prefix": "/"}, "direct_response": {"status": 404}})
+        manager = {
+            "@type": "type.googleapis.com/"
+            "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": f"probe_{port}",
+            "route_config": {
+                "virtual_hosts": [{"name": "probes", "domains": ["*"], "routes": routes}]
+            },
+            "http_filters": [_router()],
+        }
+        found.append(
+            {
+                "name": f"trellis-probe-{port}",
+                "address": _socket("0.0.0.0", port),
+                "filter_chains": [
+                    {"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                  "typed_config": manager}]}
+                ],
+            }
+        )  # fmt: skip
+    return found
+
+
+def probe_clusters(spec: BootstrapSpec) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": probe_cluster(port),
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {
+                "cluster_name": probe_cluster(port),
+                "endpoints": [
+                    {"lb_endpoints": [{"endpoint": {"address": _socket("127.0.0.1", port)}}]}
+                ],
+            },
+        }
+        for port in sorted({p.target_port for p in spec.probes})
+    ]
+
+
 def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
     tls = {
         "name": "envoy.transport_sockets.tls",
@@ -205,6 +289,7 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
         },
     }
     ads = {"ads": {}, "resource_api_version": "V3"}
+    listeners = [*([stats_listener(spec)] if spec.stats_port else []), *probe_listeners(spec)]
     return {
         "node": {
             "id": spec.node_id,
@@ -274,8 +359,9 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                     "transport_socket": tls,
                 },
                 *([admin_cluster(spec)] if spec.stats_port else []),
+                *probe_clusters(spec),
             ],
-            **({"listeners": [stats_listener(spec)]} if spec.stats_port else {}),
+            **({"listeners": listeners} if listeners else {}),
         },
         "admin": {
             "address": {

@@ -30,7 +30,7 @@ from typing import Any, Final
 from trellis_common import ids
 from trellis_common.bootstrap import STATS_PATH, proxy_secret_document, sidecar_args
 from trellis_common.kube import injection
-from trellis_injector.domain import iptables
+from trellis_injector.domain import iptables, probes
 from trellis_injector.domain.onboarding import (
     BOOTSTRAP_FILE,
     InvalidOnboarding,
@@ -100,6 +100,7 @@ def proxy_request(pod: Mapping[str, Any], namespace: str, sidecar: Sidecar) -> P
             output_dir=sidecar.mount_path,
             stats_port=sidecar.stats_port,
             capture=True,
+            probes=tuple(probes.rewrites(pod)[0]),
         )
     except InvalidOnboarding as exc:
         if exc.field == "service":
@@ -177,11 +178,12 @@ def check_pod(pod: Mapping[str, Any]) -> None:
 
 
 def init_container(sidecar: Sidecar, exclusions: injection.Exclusions) -> dict[str, Any]:
-    if sidecar.stats_port and sidecar.stats_port not in exclusions.inbound_ports:
-        # Prometheus scrapes the stats listener itself, not through the inbound redirect
-        exclusions = replace(
-            exclusions, inbound_ports=(*exclusions.inbound_ports, sidecar.stats_port)
-        )
+    # Prometheus scrapes the stats listener itself, and the kubelet the probe listeners,
+    # not through the inbound redirect
+    own = [sidecar.stats_port] if sidecar.stats_port else []
+    own += list(probes.PROBE_PORTS.values())
+    missing = tuple(p for p in own if p not in exclusions.inbound_ports)
+    exclusions = replace(exclusions, inbound_ports=(*exclusions.inbound_ports, *missing))
     redirection = iptables.Redirection(
         sidecar.inbound_port, sidecar.outbound_port, sidecar.proxy_uid, exclusions
     )
@@ -278,6 +280,7 @@ def pod_patch(
     volume = {"name": VOLUME, "secret": {"secretName": secret_name(proxy_id), "defaultMode": 0o444}}
     if sidecar.stats_port:
         ops += _scrape_annotations(metadata if isinstance(metadata, dict) else {}, sidecar)
+    ops += probes.rewrites(pod)[1]
     ops.append(_add(pod, "spec", "initContainers", init_container(sidecar, exclusions)))
     ops.append(_add(pod, "spec", "containers", envoy_container(sidecar, log_level)))
     ops.append(_add(pod, "spec", "volumes", volume))

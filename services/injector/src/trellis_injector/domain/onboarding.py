@@ -23,7 +23,13 @@ from typing import Any, Final, Literal, get_args
 from cryptography import x509
 
 from trellis_common import ids
-from trellis_common.bootstrap import SDS_FILE, BootstrapSpec, ProxyFiles, envoy_bootstrap
+from trellis_common.bootstrap import (
+    SDS_FILE,
+    BootstrapSpec,
+    ProbeRoute,
+    ProxyFiles,
+    envoy_bootstrap,
+)
 from trellis_common.grpc_bootstrap import GrpcFolder, grpc_bootstrap
 from trellis_common.kube.injection import Exclusions
 
@@ -95,6 +101,8 @@ class ProxyRequest:
     # an injected pod: its init container redirects its traffic to Envoy, whose listeners
     # then go by original destination (proxy-cp's capture mode)
     capture: bool = False
+    # kubelet probes rewritten to Envoy's probe listeners (an injected pod)
+    probes: tuple[ProbeRoute, ...] = ()
 
     def __post_init__(self) -> None:
         _check_name("namespace", self.namespace)
@@ -255,6 +263,7 @@ def build_bootstrap(
             protocol=request.protocol,
             stats_port=request.stats_port,
             capture=request.capture,
+            probes=request.probes,
         )
     )
 
