@@ -26,7 +26,7 @@ MODULES = {
     "injector": "trellis_injector.main",
 }
 #: Components that call the Kubernetes API (in a pod: in-cluster config).
-KUBE = ("certmanager", "catalog", "endpoints-k8s", "injector")
+KUBE = ("certmanager", "catalog", "endpoints-k8s", "endpoints-vm", "injector")
 
 
 def mounted_files(rendered: Rendered, component: str, root: Path) -> dict[str, Path]:

@@ -26,7 +26,9 @@ from trellis_catalog.sources import Sources
 from trellis_certmanager.domain.authority import load_provided
 from trellis_certmanager.settings import CertManagerSettings
 from trellis_common import redisacl
+from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Origin
+from trellis_common.kube.documents import KubeDocuments
 from trellis_common.kube.namespaces import MonitoredNamespaces
 from trellis_common.settings import SHARED_PREFIX, ServiceSettings, is_shared
 from trellis_endpoints_k8s.settings import EndpointsK8sSettings
@@ -125,10 +127,16 @@ def test_rbac_grants_each_component_exactly_the_calls_its_code_makes(rendered: R
     assert {(*webhook, "get"), (*webhook, "patch")} <= injector
 
     assert granted(rendered, "certmanager") == {("authentication.k8s.io", "tokenreviews", "create")}
-    for component in ("proxy-cp", "endpoints-vm"):  # no Kubernetes API at all
-        assert granted(rendered, component) == set()
-        assert rendered.pod(component)["automountServiceAccountToken"] is False
-    for component in ("certmanager", "catalog", "endpoints-k8s", "injector"):
+    istio = all_kinds()
+    reader = KubeDocuments(api, "trellis", istio, kinds=("ServiceEntry", "WorkloadEntry"))
+    vm_calls = [namespaces] + [(r[0].group, r[0].plural) for r in reader.candidates.values()]
+    assert len(vm_calls) == 3
+    assert granted(rendered, "endpoints-vm") == watches(vm_calls) | {
+        (g, r, "get") for g, r in vm_calls
+    }
+    assert granted(rendered, "proxy-cp") == set()  # no Kubernetes API at all
+    assert rendered.pod("proxy-cp")["automountServiceAccountToken"] is False
+    for component in ("certmanager", "catalog", "endpoints-k8s", "injector", "endpoints-vm"):
         secret_verbs = {v for g, r, v in granted(rendered, component) if r == "secrets"}
         assert not secret_verbs or component == "injector"
 

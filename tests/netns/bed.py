@@ -65,12 +65,13 @@ from trellis_common.testing.netns import (
 MONITORED = {"trellis.dev/monitored-by": "trellis"}
 #: What the pods' hosts files map to the node: the Services of the control plane.
 CONTROL_PLANE_NAMES = ("proxy-cp.trellis-system.svc", "injector.trellis-system.svc")
-SMI = (
+CRDS = (
     ("access.smi-spec.io/v1alpha3/traffictargets", "TrafficTarget"),
     ("specs.smi-spec.io/v1alpha4/httproutegroups", "HTTPRouteGroup"),
     ("specs.smi-spec.io/v1alpha4/tcproutes", "TCPRoute"),
     ("split.smi-spec.io/v1alpha2/trafficsplits", "TrafficSplit"),
     ("gateway.networking.k8s.io/v1/grpcroutes", "GRPCRoute"),
+    ("networking.istio.io/v1/serviceentries", "ServiceEntry"),
 )
 PREFIX = f"tb{os.getpid()}-"
 
@@ -154,6 +155,8 @@ class Bed:
         self.services: dict[tuple[str, str], BedService] = {}
         self.pods: list[BedPod] = []
         self._made: list[str] = []
+        #: names outside the cluster the pods resolve (their hosts files), as DNS would
+        self.extra_hosts: dict[str, str] = {}
         self._pod_ips = ipaddress.ip_network("10.244.1.0/24").hosts()
         self._cluster_ips = ipaddress.ip_network("10.96.0.0/24").hosts()
         next(self._cluster_ips)  # 10.96.0.1 is the API server's, as in a cluster
@@ -172,7 +175,7 @@ class Bed:
             self._path_for_pods()
             self.kube.start()
             self._stack.callback(self.kube.stop)
-            for resource, kind in SMI:  # the CRDs of a cluster with SMI and Gateway API
+            for resource, kind in CRDS:  # the CRDs of a cluster with CRDS, Gateway API, Istio
                 self.kube.declare(resource, kind=kind, namespaced=True)
             plane = ChartControlPlane(
                 render(self.root / "helm"), self.root / "cp", self.kube, NODE_IP, fixed_ports=True
@@ -220,6 +223,7 @@ class Bed:
                 self.discovery.delete_namespaced_endpoint_slice(service.name, service.namespace)
         self.pods.clear()
         self.services.clear()
+        self.extra_hosts.clear()
 
     # -- the API ----------------------------------------------------------------------------
 
@@ -231,7 +235,7 @@ class Bed:
     def apply(self, body: Mapping[str, Any]) -> None:
         """Create or replace a custom object (SMI and friends) as ``kubectl apply`` would."""
         group, version = body["apiVersion"].split("/")
-        plural = next(r.split("/")[2] for r, k in SMI if k == body["kind"])
+        plural = next(r.split("/")[2] for r, k in CRDS if k == body["kind"])
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             current = self.custom.get_namespaced_custom_object(
@@ -255,7 +259,7 @@ class Bed:
 
     def delete(self, body: Mapping[str, Any]) -> None:
         group, version = body["apiVersion"].split("/")
-        plural = next(r.split("/")[2] for r, k in SMI if k == body["kind"])
+        plural = next(r.split("/")[2] for r, k in CRDS if k == body["kind"])
         self.custom.delete_namespaced_custom_object(
             group, version, body["metadata"]["namespace"], plural, body["metadata"]["name"]
         )
@@ -292,7 +296,7 @@ class Bed:
         found = {name: NODE_IP for name in CONTROL_PLANE_NAMES}
         for service in self.services.values():
             found[service.host] = service.cluster_ip
-        return found
+        return {**found, **self.extra_hosts}
 
     # -- pods -------------------------------------------------------------------------------
 

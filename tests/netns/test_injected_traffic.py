@@ -507,3 +507,123 @@ def _probe(pod: BedPod, kind: str) -> str | None:
     except httpx.HTTPError:
         return None
     return answer.text if answer.status_code == 200 else None
+
+
+#: An HTTPS server on the internet: TLS with its own certificate, the path in the answer.
+TLS_SERVER = r"""
+import http.server, ssl, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(f"tls {self.path}\n".encode())
+    def log_message(self, *a): pass
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 443), H)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(sys.argv[1], sys.argv[2])
+server.socket = context.wrap_socket(server.socket, server_side=True)
+server.serve_forever()
+"""
+
+
+def server_certificate(folder: Path, *names: str) -> tuple[Path, Path]:
+    """A self-signed certificate for ``names`` and its key, as PEM files."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    now = dt.datetime.now(dt.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_file, key_file = folder / "server.pem", folder / "server-key.pem"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+def service_entry(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "ServiceEntry",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
+
+
+def test_tls_the_app_originates_passes_by_sni_to_a_service_entry_host_only(
+    mesh: Bed, tmp_path: Path
+) -> None:
+    import sys
+
+    cert, key = server_certificate(tmp_path, "api.partner.example", "other.partner.example")
+    mesh.namespace(INTERNET, monitored=False)
+    outside = mesh.pod(
+        INTERNET, "partner",
+        [{"name": "https", "command": [sys.executable, "-c", TLS_SERVER, str(cert), str(key)]}],
+        inject=False,
+    )  # fmt: skip
+    mesh.extra_hosts.update(
+        {"api.partner.example": outside.ip, "other.partner.example": outside.ip}
+    )
+    buyer = mesh.pod(NS, "buyer", [SLEEP], service_account="buyer")
+    curl = ["curl", "-s", "-m", "5", "--cacert", str(cert)]
+    url = "https://api.partner.example/charge"
+    assert _quiet(buyer, [*curl, url]) == ""  # egress off, no ServiceEntry: refused
+    entry = service_entry(
+        "partner-api",
+        {
+            "hosts": ["api.partner.example"],
+            "location": "MESH_EXTERNAL",
+            "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}],
+            "resolution": "DNS",
+        },
+    )
+    mesh.apply(entry)
+    answer = wait_until(
+        lambda: _quiet(buyer, [*curl, url]), timeout=30, message="the ServiceEntry host by SNI"
+    )
+    assert answer == "tls /charge"  # the app's own TLS, end to end: the sidecar only routed it
+    # another name on the same address and port is not the ServiceEntry's: refused
+    assert _quiet(buyer, [*curl, "https://other.partner.example/charge"]) == ""
+    assert buyer.stat("tcp.outbound_blackhole.downstream_cx_total") >= 2
+    mesh.delete(entry)
+
+
+def test_a_service_entry_range_with_resolution_none_passes_to_the_original_destination(
+    mesh: Bed,
+) -> None:
+    outside = internet_server(mesh, "8080")
+    buyer = mesh.pod(NS, "buyer", [SLEEP], service_account="buyer")
+    url = f"http://{outside.ip}:8080/ranged"
+    assert status_of(buyer, url) == 0  # egress off, no ServiceEntry: refused
+    entry = service_entry(
+        "partner-range",
+        {
+            "hosts": ["partners.internal"],
+            "addresses": [f"{outside.ip.rsplit('.', 1)[0]}.0/24"],
+            "location": "MESH_EXTERNAL",
+            "ports": [{"number": 8080, "name": "tcp", "protocol": "TCP"}],
+            "resolution": "NONE",
+        },
+    )
+    mesh.apply(entry)
+    wait_until(lambda: status_of(buyer, url) == 200, timeout=30, message="the range passes")
+    assert buyer.stat("tcp.external_partners.internal.downstream_cx_total") >= 1
+    mesh.delete(entry)

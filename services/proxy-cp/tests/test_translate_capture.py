@@ -99,7 +99,8 @@ def destinations(chains: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 def test_outbound_chains_go_by_cluster_ip_and_port_and_speak_each_protocol() -> None:
     listener = outbound_listener(captured_view())
-    assert listener["use_original_dst"] is True
+    assert listener["listener_filters"][0]["name"] == "envoy.filters.listener.original_dst"
+    assert "use_original_dst" not in listener  # no hand-off to the sidecar's own listeners
     chains = chains_by_name(listener)
     store = chains["outbound|bookstore/bookstore|14001"]
     assert destinations(store) == [("10.96.0.10", 14001)]
@@ -127,7 +128,7 @@ def test_tls_hosts_match_by_sni_and_only_their_port_is_inspected() -> None:
         443,
         "tls",
     )
-    (inspector,) = listener["listener_filters"]
+    _, inspector = listener["listener_filters"]  # after the original destination is back
     assert inspector["name"] == "envoy.filters.listener.tls_inspector"
     # disabled unless the destination port is 443: a server-first protocol elsewhere is
     # never held waiting for a ClientHello
@@ -255,5 +256,5 @@ def test_capture_comes_from_node_metadata_and_is_part_of_the_snapshot_key() -> N
 def test_a_vm_sidecar_keeps_its_explicit_listeners() -> None:
     resources = translate(captured_view(), ProxySettings(), MATERIAL)
     listener = next(as_dict(x) for x in resources.listeners if as_dict(x)["name"] == "outbound")
-    assert "use_original_dst" not in listener
+    assert "listener_filters" not in listener
     assert capture.BLACKHOLE not in {as_dict(c)["name"] for c in resources.clusters}

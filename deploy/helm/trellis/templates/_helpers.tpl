@@ -7,7 +7,7 @@ Kubernetes API (only those get the API's service account token).
 certmanager: {key: certmanager, grpc: 15020, admin: 15021, kube: true, singleton: true}
 catalog: {key: catalog, grpc: 15010, admin: 15011, kube: true, singleton: true}
 endpoints-k8s: {key: endpointsK8s, grpc: 15030, admin: 15031, kube: true, singleton: true}
-endpoints-vm: {key: endpointsVm, grpc: 15040, admin: 15041, kube: false, singleton: true}
+endpoints-vm: {key: endpointsVm, grpc: 15040, admin: 15041, kube: true, singleton: true}
 proxy-cp: {key: proxyCp, grpc: 15128, admin: 15051, kube: false, singleton: false}
 injector: {key: injector, grpc: 15060, admin: 15061, kube: true, singleton: true}
 {{- end -}}

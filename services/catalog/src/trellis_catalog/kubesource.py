@@ -28,26 +28,23 @@ unchanged document costs no write; a failed write is logged and retried on the n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from trellis_catalog import routestatus
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.spec import Status
 from trellis_common.documents import all_kinds, yamlfile
 from trellis_common.documents.base import Document, DocumentError, Origin
+from trellis_common.kube import documents
+from trellis_common.kube.documents import Resource
 from trellis_common.kube.informer import Informer, Object
-from trellis_common.kube.namespaces import MonitoredNamespaces
 from trellis_common.lifecycle import run_components
 
 log = logging.getLogger(__name__)
@@ -57,54 +54,9 @@ NOT_FOUND = 404
 MESHCONFIG_KEY = "meshconfig.yaml"
 
 
-@dataclass(frozen=True)
-class Resource:
-    api_version: str
-    kind: str
-
-    @property
-    def group(self) -> str:
-        return self.api_version.rpartition("/")[0]
-
-    @property
-    def version(self) -> str:
-        return self.api_version.rpartition("/")[2]
-
-    @property
-    def plural(self) -> str:
-        lower = self.kind.lower()
-        if lower.endswith("y"):
-            return lower[:-1] + "ies"
-        return lower + "es" if lower.endswith("s") else lower + "s"  # egresses
-
-    @property
-    def core(self) -> bool:
-        return self.group == ""
-
-    def __str__(self) -> str:
-        return f"{self.plural}.{self.group or 'core'}/{self.version}"
-
-
-def _priority(version: str) -> tuple[int, int, int]:
-    """Kubernetes' version order: GA over beta over alpha, then the higher number."""
-    match = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
-    if match is None:
-        return (-1, 0, 0)
-    major, stage, minor = match.groups()
-    return ({"alpha": 0, "beta": 1, None: 2}[stage], int(major), int(minor or 0))
-
-
 def resources() -> dict[tuple[str, str], list[Resource]]:
     """(group, kind) -> the versions the catalog reads, the preferred first."""
-    registry = all_kinds()
-    table: dict[tuple[str, str], list[Resource]] = {}
-    for kind in sorted(registry.kinds()):
-        for api_version in registry.versions(kind):
-            found = Resource(api_version, kind)
-            table.setdefault((found.group, kind), []).append(found)
-    for versions in table.values():
-        versions.sort(key=lambda r: _priority(r.version), reverse=True)
-    return table
+    return documents.resources(all_kinds())
 
 
 class Sink(Protocol):
@@ -137,29 +89,26 @@ class KubeSource:
         self._control_plane = control_plane_namespace
         self._catalog = catalog
         self._sources = sources
-        self._wake = asyncio.Event()
-        self._absent_retry = absent_retry
-        self.namespaces = MonitoredNamespaces(self._core, mesh_name, watch_timeout=watch_timeout)
-        self.namespaces.on_change(lambda *_: self._wake.set())
-        self.candidates = resources()
-        #: (group, kind) -> the version in use (the newest the server serves)
-        self.active = {key: versions[0] for key, versions in self.candidates.items()}
-        self.informers: dict[tuple[str, str], Informer] = {}
-        self.absent: set[tuple[str, str]] = set()
+        self.reader = documents.KubeDocuments(
+            api,
+            mesh_name,
+            all_kinds(),
+            also_from=lambda kind, namespace: (
+                kind == "MeshConfig" and namespace == control_plane_namespace
+            ),
+            watch_timeout=watch_timeout,
+            absent_retry=absent_retry,
+        )
+        self._wake = self.reader.changed
+        self.namespaces = self.reader.namespaces
+        self.candidates = self.reader.candidates
+        self.active = self.reader.active
+        self.informers = self.reader.informers
+        self.absent = self.reader.absent
         self.status_writes = 0
         #: the last condition written per object (without its time): a write's own watch
         #: event can come after the next evaluation, which must not write it again
         self._written: dict[tuple[Resource, str, str], dict[str, Any]] = {}
-        #: the last document each object parsed to (its source: the origin's)
-        self._good: dict[str, Document] = {}
-        for key in self.candidates:
-            informer = Informer(
-                f"{key[1]}.{key[0] or 'core'}",
-                functools.partial(self._list, key),
-                watch_timeout=watch_timeout,
-            )
-            informer.subscribe(lambda *_: self._wake.set())
-            self.informers[key] = informer
         #: the MeshConfig ConfigMap's informer (one object: its name is the field selector)
         self.configmap: Informer | None = None
         if meshconfig_configmap:
@@ -174,23 +123,11 @@ class KubeSource:
             )
             self.configmap.subscribe(lambda *_: self._wake.set())
 
-    def _list(self, key: tuple[str, str], **kwargs: Any) -> Any:
-        resource = self.active[key]
-        if resource.core:
-            snake = re.sub(r"(?<!^)(?=[A-Z])", "_", resource.kind).lower()  # service_account
-            return getattr(self._core, f"list_{snake}_for_all_namespaces")(**kwargs)
-        return self._custom.list_cluster_custom_object(
-            resource.group, resource.version, resource.plural, **kwargs
-        )
-
     async def load(self) -> None:
         """Nothing to read before the service starts: the informers list in ``run``."""
 
     async def run(self, stop: asyncio.Event) -> None:
-        parts = [self.namespaces.run, self._applying] + [
-            functools.partial(self._follow, key, informer)
-            for key, informer in self.informers.items()
-        ]
+        parts = [self._applying, *self.reader.parts()]
         if self.configmap is not None:
             parts.append(self.configmap.run)
         await run_components(parts, stop)
@@ -210,66 +147,20 @@ class KubeSource:
             await self._catalog.flush_and_announce()
             await self.write_statuses(self._catalog.spec.statuses)
 
-    async def _follow(self, key: tuple[str, str], informer: Informer, stop: asyncio.Event) -> None:
-        """The informer on the newest served version; while none is served (no CRD), the
-        versions are tried again now and then."""
-        while not stop.is_set():
-            for resource in self.candidates[key]:
-                self.active[key] = resource
-                try:
-                    await informer.run(stop)
-                    return
-                except ApiException as exc:
-                    if exc.status != NOT_FOUND:
-                        raise
-            if key not in self.absent:
-                log.info("kube_source.absent kind=%s retry_s=%s", key[1], self._absent_retry)
-            self.absent.add(key)
-            informer.synced.set()  # nothing to wait for: the source is ready without it
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._absent_retry)
-        self.absent.discard(key)
-
     @property
     def synced(self) -> bool:
-        informers = [*self.informers.values(), *([self.configmap] if self.configmap else [])]
-        return self.namespaces.synced.is_set() and all(i.synced.is_set() for i in informers)
+        return self.reader.synced and (self.configmap is None or self.configmap.synced.is_set())
 
     def documents(self) -> tuple[list[Document], list[DocumentError]]:
-        """The documents of the objects in scope. An object whose edit does not parse keeps
-        its last good version in force beside the error, as a file of the spec directory
-        does; a deleted object is gone."""
-        registry = all_kinds()
-        parsers: list[tuple[Origin, Callable[[], Document]]] = []
-        for key, informer in self.informers.items():
-            resource = self.active[key]
-            for (namespace, name), obj in sorted(informer.objects.items()):
-                wanted = self.namespaces.monitors(namespace) or (
-                    resource.kind == "MeshConfig" and namespace == self._control_plane
-                )
-                if not wanted:
-                    continue
-                raw = {**obj, "apiVersion": resource.api_version, "kind": resource.kind}
-                origin = Origin(f"k8s:{resource.api_version}/{resource.kind}/{namespace}/{name}")
-                parsers.append((origin, functools.partial(registry.parse, raw, origin)))
+        """The documents of the objects in scope, and the MeshConfig ConfigMap's; an edit
+        that does not parse keeps the object's last good version in force."""
         configmaps = self.configmap.objects if self.configmap else {}
-        for (namespace, name), obj in sorted(configmaps.items()):
-            origin = Origin(f"k8s:v1/ConfigMap/{namespace}/{name}")
-            parsers.append((origin, functools.partial(meshconfig_of_configmap, obj, origin)))
-        documents: list[Document] = []
-        errors: list[DocumentError] = []
-        good: dict[str, Document] = {}
-        for origin, parse in parsers:
-            try:
-                good[origin.source] = parse()
-            except DocumentError as exc:
-                errors.append(exc)
-                if origin.source in self._good:
-                    good[origin.source] = self._good[origin.source]
-            if origin.source in good:
-                documents.append(good[origin.source])
-        self._good = good
-        return documents, errors
+        extra = [
+            (origin, functools.partial(meshconfig_of_configmap, obj, origin))
+            for (namespace, name), obj in sorted(configmaps.items())
+            for origin in [Origin(f"k8s:v1/ConfigMap/{namespace}/{name}")]
+        ]
+        return self.reader.documents(extra)
 
     async def write_statuses(self, statuses: dict[str, Status]) -> None:
         """Write each CRD object's Accepted condition where it differs (module docstring)."""
@@ -319,11 +210,7 @@ class KubeSource:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "kind": "kubernetes",
-            "mesh": self.namespaces.mesh_name,
-            "monitored_namespaces": sorted(self.namespaces.names()),
-            "reading": sorted(str(self.active[k]) for k in self.informers if k not in self.absent),
-            "absent": sorted(f"{kind}.{group or 'core'}" for group, kind in self.absent),
+            **self.reader.describe(),
             "status_writes": self.status_writes,
             "meshconfig_configmap": self.configmap.name if self.configmap else None,
         }

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from trellis_api import endpoints_pb2_grpc
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
+from trellis_common.kube import client as kube
+from trellis_common.lifecycle import run_components
 from trellis_common.onboarding import TokenStore
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
@@ -27,7 +30,8 @@ KINDS = ("ServiceEntry", "WorkloadEntry")
 
 
 class Declarations:
-    """The spec directory's ServiceEntries and WorkloadEntries, fed to the manager."""
+    """The ServiceEntries and WorkloadEntries of the spec directory and of the API server
+    (with a kubeconfig, or in a pod), joined and fed to the manager on every change."""
 
     def __init__(self, settings: EndpointsVmSettings, manager: EndpointsManager) -> None:
         kinds = KindRegistry()
@@ -38,7 +42,19 @@ class Declarations:
         self.directory = (
             SpecDirectory(settings.spec_dir, kinds, KINDS) if settings.spec_dir else None
         )
+        self.kube: Any = None
+        if settings.kubeconfig is not None or kube.in_cluster():
+            from trellis_common.kube.documents import KubeDocuments
+
+            self.kube = KubeDocuments(
+                kube.api_client(settings.kubeconfig),
+                settings.mesh_name,
+                kinds,
+                kinds=KINDS,
+                watch_timeout=settings.watch_timeout,
+            )
         self.conflicts: list[str] = []
+        self.kube_errors: list[str] = []
 
     async def load(self) -> None:
         if self.directory is not None:
@@ -46,23 +62,49 @@ class Declarations:
             await self._apply()
 
     async def _apply(self, change: SpecChange | None = None) -> None:
-        assert self.directory is not None
-        entries, workload_entries = from_documents(self.directory.current().values())
+        found = list(self.directory.current().values()) if self.directory is not None else []
+        if self.kube is not None and self.kube.synced:
+            documents, errors = self.kube.documents()
+            self.kube_errors = [str(e) for e in errors]
+            found += documents
+        entries, workload_entries = from_documents(found)
         self.conflicts = await self._manager.declare(entries, workload_entries)
 
     async def run(self, stop: asyncio.Event) -> None:
+        parts: list[Callable[[asyncio.Event], Awaitable[None]]] = []
         if self.directory is not None:
-            await self.directory.watch(stop, self._apply, rescan=self._rescan, poll=self._poll)
+            directory = self.directory
+            parts.append(
+                lambda s: directory.watch(s, self._apply, rescan=self._rescan, poll=self._poll)
+            )
+        if self.kube is not None:
+            parts += [*self.kube.parts(), self._following]
+        await run_components(parts, stop)
+
+    async def _following(self, stop: asyncio.Event) -> None:
+        """Declare again on every change the API server's objects make."""
+        changed = self.kube.changed
+        while not stop.is_set():
+            waits = {asyncio.ensure_future(changed.wait()), asyncio.ensure_future(stop.wait())}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
+            if stop.is_set() or not self.kube.synced:
+                continue
+            changed.clear()
+            await self._apply()
 
     def status(self) -> dict[str, Any]:
-        if self.directory is None:
-            return {"spec_dir": None, "documents": [], "conflicts": []}
-        return {
-            "spec_dir": str(self.directory.path),
-            "watch": self.directory.watching(),
-            "documents": self.directory.status(),
-            "conflicts": self.conflicts,
-        }
+        found: dict[str, Any] = {"spec_dir": None, "documents": [], "conflicts": self.conflicts}
+        if self.directory is not None:
+            found.update(
+                spec_dir=str(self.directory.path),
+                watch=self.directory.watching(),
+                documents=self.directory.status(),
+            )
+        if self.kube is not None:
+            found["kubernetes"] = {**self.kube.describe(), "errors": self.kube_errors}
+        return found
 
 
 async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts:
@@ -89,7 +131,7 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
     return Parts(
         components={
             "expiry sweep": lambda s: manager.run_expiry(s, settings.expiry_interval),
-            "spec directory": declarations.run,
+            "declarations": declarations.run,
             "store keeper": lambda s: manager.keeper.run(s, runtime.health.loops),
         },
         grpc=[lambda s: endpoints_pb2_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],

@@ -1,13 +1,15 @@
 """endpoints-vm settings: flags, ``TRELLIS_ENDPOINTS_VM_*`` (plus the shared ``TRELLIS_*``
 ones). Its spec directory (shared with the catalog) holds ServiceEntry and WorkloadEntry
-documents."""
+documents; with a kubeconfig, or in a pod, it reads them from the API server too."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field
 
+from trellis_common.kube.client import DEFAULT_MESH_NAME
 from trellis_common.settings import Ports, SpecDirSettings, admin_port, grpc_port
 
 
@@ -28,4 +30,17 @@ class EndpointsVmSettings(SpecDirSettings):
         5.0,
         gt=0,
         description="seconds between checks that Redis still holds every registration",
+    )
+    kubeconfig: Path | None = Field(
+        None,
+        description="a kubeconfig file (http:// servers are fine) to read ServiceEntries and "
+        "WorkloadEntries from; unset: in-cluster in a pod, else none",
+    )
+    mesh_name: str = Field(
+        DEFAULT_MESH_NAME,
+        min_length=1,
+        description="objects of namespaces labelled trellis.dev/monitored-by=<mesh name> are read",
+    )
+    watch_timeout: int = Field(
+        60, ge=1, description="seconds the API server keeps each watch open before it resumes"
     )

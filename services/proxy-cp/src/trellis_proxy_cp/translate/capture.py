@@ -5,8 +5,9 @@ port and every inbound one to its inbound port (``trellis_injector.domain.iptabl
 application dials what it always dialed (a Service's ClusterIP and port, an address on the
 internet), so the sidecar chooses by the original destination, not by a port it owns:
 
-- **outbound** (15001): ``use_original_dst``, and one filter chain per destination, matched
-  by destination address and port (Envoy matches the port first, then the address):
+- **outbound** (15001): the original destination restored (the ``original_dst`` listener
+  filter), and one filter chain per destination, matched by destination address and port
+  (Envoy matches the port first, then the address):
   - a mesh service's ClusterIPs (without any, its endpoints' addresses) on each of its
     ports: an HTTP connection manager on the shared outbound routes for ``http``, ``http2``
     and ``grpc`` ports, ``tcp_proxy`` to its (weighted) clusters for ``tcp`` and opaque
@@ -173,7 +174,7 @@ def outbound(view: catalog_pb2.View, settings: ProxySettings) -> listener_pb2.Li
     listener = listener_pb2.Listener(
         name=names.OUTBOUND_LISTENER,
         address=socket_address(settings.outbound_address, settings.outbound_port),
-        use_original_dst=wrappers_pb2.BoolValue(value=True),
+        listener_filters=[_original_destination()],
         filter_chains=chains.chains,
         default_filter_chain=_fallback(view),
     )
@@ -184,6 +185,22 @@ def outbound(view: catalog_pb2.View, settings: ProxySettings) -> listener_pb2.Li
         )
         listener.listener_filters.append(inspector)
     return listener
+
+
+def _original_destination() -> lc.ListenerFilter:
+    """The destination the connection had before the redirection (``SO_ORIGINAL_DST``),
+    restored as its local address, first: the filter chains, and the predicate that keeps
+    the TLS inspector off other ports, match on it.
+
+    This is what ``use_original_dst`` does, without that flag's hand-off to another
+    listener bound to the original address: a connection to some host's port 15003 or
+    15010 must not land on this sidecar's own inbound or statistics listener (and with the
+    flag, Envoy runs its implicit filter after the configured ones, so the inspector's
+    predicate would see port 15001)."""
+    return lc.ListenerFilter(
+        name="envoy.filters.listener.original_dst",
+        typed_config=pack(original_dst_pb2.OriginalDst()),
+    )
 
 
 def _sni(host: str, port: int) -> lc.FilterChainMatch:
@@ -287,12 +304,7 @@ def inbound(view: catalog_pb2.View, settings: ProxySettings) -> listener_pb2.Lis
     listener = listener_pb2.Listener(
         name=names.INBOUND_LISTENER,
         address=socket_address(settings.inbound_address, settings.inbound_port),
-        listener_filters=[
-            lc.ListenerFilter(
-                name="envoy.filters.listener.original_dst",
-                typed_config=pack(original_dst_pb2.OriginalDst()),
-            )
-        ],
+        listener_filters=[_original_destination()],
         filter_chains=chains,
     )
     if inspect:
