@@ -230,6 +230,10 @@ def test_raw_tcp_and_a_real_redis_keep_their_bytes_and_half_close(mesh: Bed) -> 
 
     out = wait_until(echoed, timeout=30, message="echo through the sidecars")
     assert out == "HELLO\nMESH\nBYE 2\n"  # every byte, and the half-close reached the server
+    thief = mesh.pod(NS, "thief", [SLEEP], service_account="thief")  # no TrafficTarget
+    with pytest.raises(RuntimeError):
+        thief.python(ECHO_CLIENT, echo.host, "7000")
+    assert thief.stat("tcp.outbound_blackhole.downstream_cx_total") >= 1
     redis_cli = [shutil.which("redis-cli") or "redis-cli", "-h", cache.host, "-p", "6379"]
     wait_until(
         lambda: _quiet(buyer, [*redis_cli, "SET", "k", "mesh-value"]) == "OK",
@@ -627,3 +631,56 @@ def test_a_service_entry_range_with_resolution_none_passes_to_the_original_desti
     wait_until(lambda: status_of(buyer, url) == 200, timeout=30, message="the range passes")
     assert buyer.stat("tcp.external_partners.internal.downstream_cx_total") >= 1
     mesh.delete(entry)
+
+
+def test_an_smi_traffic_split_weights_the_backends_the_client_may_reach(mesh: Bed) -> None:
+    routes = {
+        "apiVersion": "specs.smi-spec.io/v1alpha4",
+        "kind": "HTTPRouteGroup",
+        "metadata": {"name": "everything", "namespace": NS},
+        "spec": {"matches": [{"name": "all", "pathRegex": ".*", "methods": ["*"]}]},
+    }
+    mesh.apply(routes)
+    for version in ("store-v1", "store-v2"):
+        mesh.apply(
+            traffic_target(
+                f"buyer-to-{version}", version, ["buyer"],
+                [{"kind": "HTTPRouteGroup", "name": "everything", "matches": ["all"]}],
+            )
+        )  # fmt: skip
+    split = {
+        "apiVersion": "split.smi-spec.io/v1alpha2",
+        "kind": "TrafficSplit",
+        "metadata": {"name": "store-split", "namespace": NS},
+        "spec": {
+            "service": "store",
+            "backends": [
+                {"service": "store-v1", "weight": 75},
+                {"service": "store-v2", "weight": 25},
+            ],
+        },
+    }
+    port = [{"name": "http", "port": 80, "targetPort": 8080}]
+    store = mesh.service(NS, "store", port, selector={"app": "store"})
+    for version in ("store-v1", "store-v2"):
+        backend = mesh.service(NS, version, port)
+        mesh.pod(
+            NS, version, [python_container(HTTP_SERVER, "8080")], service_account=version,
+            serves=[store, backend],
+        )  # fmt: skip
+    mesh.apply(split)
+    buyer = mesh.pod(NS, "buyer", [SLEEP], service_account="buyer")
+    url = f"http://{store.host}/split"
+
+    def both_seen() -> dict[str, int] | None:
+        served: dict[str, int] = {}
+        for _ in range(40):
+            code, body = http_status(buyer, url)
+            if code == 200:
+                served[body.split()[0]] = served.get(body.split()[0], 0) + 1
+        return served if set(served) == {"store-v1", "store-v2"} else None
+
+    served = wait_until(both_seen, timeout=60, message="both backends of the split")
+    assert served["store-v1"] > served["store-v2"]  # 75/25
+    mesh.delete(split)
+    mesh.delete(routes)
