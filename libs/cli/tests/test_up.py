@@ -162,6 +162,7 @@ def test_a_kubeconfig_adds_endpoints_k8s_and_is_given_to_who_reads_the_api(
     assert k8s.ports == (15030, 15031)
     assert specs["injector"].env["TRELLIS_INJECTOR_KUBECONFIG"] == str(kubeconfig)
     assert specs["catalog"].env["TRELLIS_CATALOG_KUBECONFIG"] == str(kubeconfig)
+    assert specs["endpoints-vm"].env["TRELLIS_ENDPOINTS_VM_KUBECONFIG"] == str(kubeconfig)
     assert not any("KUBECONFIG" in name for name in specs["proxy-cp"].env)
 
 

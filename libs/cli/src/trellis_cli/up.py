@@ -135,6 +135,8 @@ def redis_users(state_dir: Path) -> dict[str, Path]:
 KUBERNETES_USERS = {
     "catalog": "TRELLIS_CATALOG_KUBECONFIG",  # the mesh specification from the API server too
     "endpoints-k8s": "TRELLIS_ENDPOINTS_K8S_KUBECONFIG",
+    # ServiceEntries and WorkloadEntries from the API server too
+    "endpoints-vm": "TRELLIS_ENDPOINTS_VM_KUBECONFIG",
     "injector": "TRELLIS_INJECTOR_KUBECONFIG",
 }
 
@@ -186,8 +188,8 @@ def service_specs(
     proxy_cp_replicas: int = 1,
 ) -> list[ProcessSpec]:
     """The services; with ``local_redis``, each logs in as its own user (its password file).
-    endpoints-k8s runs only with a ``kubeconfig``, which the catalog and the injector also
-    get. proxy-cp runs ``proxy_cp_replicas`` times."""
+    endpoints-k8s runs only with a ``kubeconfig``, which the catalog, endpoints-vm and the
+    injector also get. proxy-cp runs ``proxy_cp_replicas`` times."""
     users = redis_users(state_dir) if local_redis else {}
     specs = []
     for name, module, grpc_port, admin_port in SERVICES:
@@ -351,8 +353,8 @@ async def up(
     "--kubeconfig",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="Also run endpoints-k8s against this cluster (an emulator's http:// server is "
-    "fine); the catalog reads mesh documents there too, and the injector stores proxy "
-    "Secrets there.",
+    "fine); the catalog reads mesh documents there too, endpoints-vm its ServiceEntries "
+    "and WorkloadEntries, and the injector stores proxy Secrets there.",
 )
 @click.option(
     "--proxy-cp-replicas",
