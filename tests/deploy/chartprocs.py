@@ -15,7 +15,7 @@ from trellis_common.kube.client import api_client
 from trellis_common.testing import RedisServer
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.redis_backend import redis_server
-from trellis_common.testing.services import ServiceProcess
+from trellis_common.testing.services import ServiceProcess, stop_together
 
 MODULES = {
     "certmanager": "trellis_certmanager.main",
@@ -133,6 +133,7 @@ class ChartControlPlane:
         return self
 
     def _start_components(self) -> None:
+        """certmanager first (the others join with it), then the rest side by side."""
         assert self.redis is not None
         certmanager_admin = ""
         for component, module in MODULES.items():
@@ -154,15 +155,17 @@ class ChartControlPlane:
                 if self.fixed_ports
                 else (0, 0)
             )
-            endpoint = process.start(timeout=60, ports=ports)
+            process.spawn(ports)
             if component == "certmanager":
+                endpoint = process.wait_ready(60)
                 certmanager_admin = endpoint.admin_url.removeprefix("https://")
+        for process in self.processes[1:]:
+            process.wait_ready(60)
 
     def process(self, component: str) -> ServiceProcess:
         return next(p for p in self.processes if p.name == component)
 
     def stop(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
+        stop_together(reversed(self.processes))
         if self.redis is not None:
             self.redis.close()
