@@ -34,7 +34,6 @@ import json
 import os
 import ssl
 import sys
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ from tests.deploy.chartprocs import ChartControlPlane
 from tests.deploy.helmchart import render
 from trellis_common.envoybin import find_envoy
 from trellis_common.kube.client import api_client
+from trellis_common.testing.admission import pod_review
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.netns import (
     NODE_IP,
@@ -349,21 +349,7 @@ class Bed:
 
     def _admit(self, pod: dict[str, Any]) -> dict[str, Any]:
         """The injector's answer to the pod's AdmissionReview, applied."""
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": str(uuid.uuid4()),
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "namespace": pod["metadata"]["namespace"],
-                "name": pod["metadata"]["name"],
-                "operation": "CREATE",
-                "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-                "object": pod,
-                "dryRun": False,
-            },
-        }
+        review = pod_review(pod, pod["metadata"]["namespace"], name=pod["metadata"]["name"])
         assert self.plane is not None
         bundle = ssl.create_default_context(cafile=self.plane.state_dir / "trust-bundle.pem")
         with httpx.Client(verify=bundle, timeout=15) as api_server:  # dials the Service name

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from trellis_common.kube import injection
 from trellis_common.kube.injection import Exclusions
 from trellis_common.testing import eventually
+from trellis_common.testing.admission import pod_review
 from trellis_common.testing.identities import LocalCA
 from trellis_injector.domain.injection import VOLUME, Sidecar
 from trellis_injector.domain.onboarding import MeshSidecar
@@ -72,25 +72,7 @@ def deployment_pod(**metadata: Any) -> dict[str, Any]:
 
 
 def review(pod: dict[str, Any], uid: str | None = None, **request: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid or str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "shop",
-            "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-            "object": pod,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-            **request,
-        },
-    }
+    return pod_review(pod, "shop", uid, **request)
 
 
 class Harness:
