@@ -76,6 +76,25 @@ def admin_port(default: int) -> Any:
     return Field(default=default, ge=0, le=65535, description="admin REST port (0: any free port)")
 
 
+def mesh_name(what: str) -> Any:
+    """The ``mesh_name`` field: which namespaces a service reading the API server reads
+    (``what`` it does with them, for the description)."""
+    from trellis_common.kube.client import DEFAULT_MESH_NAME
+
+    return Field(
+        DEFAULT_MESH_NAME,
+        min_length=1,
+        description=f"namespaces labelled trellis.dev/monitored-by=<mesh name> are {what}",
+    )
+
+
+def watch_timeout() -> Any:
+    """The ``watch_timeout`` field of a service's informers."""
+    return Field(
+        60, ge=1, description="seconds the API server keeps each watch open before it resumes"
+    )
+
+
 def _log_level(value: str) -> str:
     """A level name the logging module knows (any case): checked here, not at start-up."""
     level = value.upper()

@@ -7,8 +7,13 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from trellis_common.kube.client import DEFAULT_MESH_NAME
-from trellis_common.settings import Ports, SpecDirSettings, admin_port, grpc_port
+from trellis_common.settings import (
+    Ports,
+    SpecDirSettings,
+    admin_port,
+    grpc_port,
+    mesh_name,
+)
 
 
 class CatalogSettings(SpecDirSettings):
@@ -28,11 +33,7 @@ class CatalogSettings(SpecDirSettings):
         None,
         description="read the mesh specification from this cluster too (in a pod: in-cluster)",
     )
-    mesh_name: str = Field(
-        DEFAULT_MESH_NAME,
-        min_length=1,
-        description="namespaces labelled trellis.dev/monitored-by=<mesh name> are read",
-    )
+    mesh_name: str = mesh_name("read")
     control_plane_namespace: str = Field(
         "trellis-system", description="where a MeshConfig is read besides monitored namespaces"
     )

@@ -7,8 +7,14 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from trellis_common.kube.client import DEFAULT_MESH_NAME
-from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_port
+from trellis_common.settings import (
+    Ports,
+    ServiceSettings,
+    admin_port,
+    grpc_port,
+    mesh_name,
+    watch_timeout,
+)
 
 
 class EndpointsK8sSettings(ServiceSettings):
@@ -21,11 +27,5 @@ class EndpointsK8sSettings(ServiceSettings):
     kubeconfig: Path | None = Field(
         None, description="a kubeconfig file (http:// servers are fine); unset: in-cluster"
     )
-    mesh_name: str = Field(
-        DEFAULT_MESH_NAME,
-        min_length=1,
-        description="namespaces labelled trellis.dev/monitored-by=<mesh name> are watched",
-    )
-    watch_timeout: int = Field(
-        60, ge=1, description="seconds the API server keeps each watch open before it resumes"
-    )
+    mesh_name: str = mesh_name("watched")
+    watch_timeout: int = watch_timeout()

@@ -9,8 +9,14 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from trellis_common.kube.client import DEFAULT_MESH_NAME
-from trellis_common.settings import Ports, SpecDirSettings, admin_port, grpc_port
+from trellis_common.settings import (
+    Ports,
+    SpecDirSettings,
+    admin_port,
+    grpc_port,
+    mesh_name,
+    watch_timeout,
+)
 
 
 class EndpointsVmSettings(SpecDirSettings):
@@ -36,11 +42,5 @@ class EndpointsVmSettings(SpecDirSettings):
         description="a kubeconfig file (http:// servers are fine) to read ServiceEntries and "
         "WorkloadEntries from; unset: in-cluster in a pod, else none",
     )
-    mesh_name: str = Field(
-        DEFAULT_MESH_NAME,
-        min_length=1,
-        description="objects of namespaces labelled trellis.dev/monitored-by=<mesh name> are read",
-    )
-    watch_timeout: int = Field(
-        60, ge=1, description="seconds the API server keeps each watch open before it resumes"
-    )
+    mesh_name: str = mesh_name("read (their objects)")
+    watch_timeout: int = watch_timeout()
