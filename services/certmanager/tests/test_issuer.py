@@ -93,6 +93,14 @@ def test_proxy_certificate_lives_24_hours_with_the_proxy_cn(
     assert record.kind is CertificateKind.PROXY
 
 
+def test_a_proxy_certificate_may_not_be_asked_for_more_than_7_days(issuer: Issuer) -> None:
+    cn = ProxyCommonName.new("bookbuyer", "bookbuyer")
+    week = issuer.issue_proxy(cn, "bookbuyer", NOW, dt.timedelta(days=7), public_key=proxy_key())
+    assert week.lifetime <= dt.timedelta(days=7, minutes=2)
+    with pytest.raises(InvalidRequest, match="validity: must be at most 7 days"):
+        issuer.issue_proxy(cn, "bookbuyer", NOW, dt.timedelta(days=3650), public_key=proxy_key())
+
+
 def test_leaf_never_outlives_its_ca(root_ca: CertificateAuthority) -> None:
     issuer = Issuer(root_ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy())
     later = root_ca.cert.not_valid_after_utc - dt.timedelta(days=1)
@@ -183,3 +191,13 @@ def test_leaves_name_their_issuer_by_the_cas_own_key_identifier() -> None:
     aki = issued.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
     assert aki.key_identifier == skid.digest
     assert x509.SubjectKeyIdentifier.from_public_key(key.public_key()).digest != skid.digest
+
+
+def test_the_proxy_lifetime_setting_is_capped_at_7_days() -> None:
+    from pydantic import ValidationError
+
+    from trellis_certmanager.settings import CertManagerSettings
+
+    assert CertManagerSettings().proxy_cert_validity == dt.timedelta(hours=24)
+    with pytest.raises(ValidationError, match="proxy_cert_validity"):
+        CertManagerSettings(proxy_cert_validity=dt.timedelta(days=8))

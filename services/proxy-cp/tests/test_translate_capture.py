@@ -258,3 +258,34 @@ def test_a_vm_sidecar_keeps_its_explicit_listeners() -> None:
     listener = next(as_dict(x) for x in resources.listeners if as_dict(x)["name"] == "outbound")
     assert "listener_filters" not in listener
     assert capture.BLACKHOLE not in {as_dict(c)["name"] for c in resources.clusters}
+
+
+def _managers(node: Any) -> list[dict[str, Any]]:
+    found = []
+    if isinstance(node, dict):
+        if str(node.get("@type", "")).endswith("HttpConnectionManager"):
+            found.append(node)
+        for value in node.values():
+            found += _managers(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _managers(value)
+    return found
+
+
+@pytest.mark.parametrize("settings", [CAPTURE, ProxySettings()], ids=["pod", "vm"])
+def test_every_connection_manager_normalizes_paths_before_routes_and_rbac_see_them(
+    settings: ProxySettings,
+) -> None:
+    view = captured_view()
+    view.inbound.extend(store_view().inbound)
+    view.inbound[0].ingress.CopyFrom(
+        pb.IngressRule(policy="shop/ingress", protocol="http", source_ranges=["10.0.0.0/8"])
+    )
+    listeners = [as_dict(x) for x in translate(view, settings, MATERIAL).listeners]
+    managers = _managers(listeners)
+    assert len(managers) >= 3  # outbound, inbound, the IngressBackend's
+    for manager in managers:
+        assert manager["normalize_path"] is True
+        assert manager["merge_slashes"] is True
+        assert manager["path_with_escaped_slashes_action"] == "REJECT_REQUEST"

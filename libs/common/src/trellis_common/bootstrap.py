@@ -136,6 +136,13 @@ def _file(path: Path) -> dict[str, str]:
 
 
 STATS_PATH = "/stats/prometheus"
+#: Every connection manager's paths as its routes should see them (proxy-cp's
+#: ``translate.common.normalized`` says why).
+NORMALIZED_PATHS = {
+    "normalize_path": True,
+    "merge_slashes": True,
+    "path_with_escaped_slashes_action": "REJECT_REQUEST",
+}
 STATS_LISTENER = "trellis-prometheus"
 ADMIN_CLUSTER = "trellis-admin"
 
@@ -167,6 +174,7 @@ def stats_listener(spec: BootstrapSpec) -> dict[str, Any]:
         "@type": "type.googleapis.com/"
         "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "prometheus",
+        **NORMALIZED_PATHS,
         "route_config": routes,
         "http_filters": [
             {
@@ -236,6 +244,7 @@ def probe_listeners(spec: BootstrapSpec) -> list[dict[str, Any]]:
             "@type": "type.googleapis.com/"
             "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": f"probe_{port}",
+            **NORMALIZED_PATHS,
             "route_config": {
                 "virtual_hosts": [{"name": "probes", "domains": ["*"], "routes": routes}]
             },

@@ -47,7 +47,9 @@ class CertManagerSettings(ServiceSettings):
     )
     proxy_cert_validity: dt.timedelta = Field(
         dt.timedelta(hours=24),
-        description="proxy (xDS client) certificate lifetime (ISO 8601 or seconds); a revoked "
+        le=dt.timedelta(days=7),
+        description="proxy (xDS client) certificate lifetime (ISO 8601 or seconds), 7 days at "
+        "most; a revoked "
         "serial is remembered until it expires. Proxies' hosts renew theirs through proxy-cp "
         "once 2/3 of it has passed (`trellis proxy renew --watch`)",
     )

@@ -192,7 +192,7 @@ class Issuer:
                 f"{common_name.namespace!r} is the control plane's namespace: no proxy "
                 "certificate is issued in it",
             )
-        lifetime = _checked_validity(validity, self.policy.proxy_validity)
+        lifetime = _checked_validity(validity, self.policy.proxy_validity, MAX_PROXY_VALIDITY)
         return self._sign(
             cn=common_name.format(),
             kind=CertificateKind.PROXY,
@@ -305,11 +305,19 @@ class Issuer:
         )
 
 
-def _checked_validity(requested: dt.timedelta | None, default: dt.timedelta) -> dt.timedelta:
+#: The longest lifetime a caller may ask for: a service certificate's, and a proxy's (a
+#: proxy renews its own certificate; a stolen one must not stay good for years).
+MAX_VALIDITY = dt.timedelta(days=3650)
+MAX_PROXY_VALIDITY = dt.timedelta(days=7)
+
+
+def _checked_validity(
+    requested: dt.timedelta | None, default: dt.timedelta, most: dt.timedelta = MAX_VALIDITY
+) -> dt.timedelta:
     if requested is None or requested == dt.timedelta(0):
         return default
     if requested < MIN_VALIDITY:
         raise InvalidRequest("validity", f"must be at least {MIN_VALIDITY}, got {requested}")
-    if requested > dt.timedelta(days=3650):
-        raise InvalidRequest("validity", f"must be at most 3650 days, got {requested}")
+    if requested > most:
+        raise InvalidRequest("validity", f"must be at most {most.days} days, got {requested}")
     return requested

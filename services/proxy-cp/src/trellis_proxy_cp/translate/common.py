@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm,
+)
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
@@ -99,3 +102,17 @@ def downstream_mtls(alpn: tuple[str, ...] = ("h2", "http/1.1")) -> base_pb2.Tran
         ),
     )
     return base_pb2.TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
+
+
+def normalized(manager: hcm.HttpConnectionManager) -> hcm.HttpConnectionManager:
+    """Paths as the route and RBAC matchers should see them, on every connection manager:
+    ``.`` and ``..`` resolved and percent-encoded unreserved characters decoded (RFC 3986,
+    ``normalize_path``), ``//`` merged, and a request whose path has an escaped slash
+    (``%2F``, ``%5C``) refused with 400. Otherwise ``GET /books/../admin`` would match a
+    rule for ``/books/.*`` and reach ``/admin`` (Istio's CVE-2019-9901 and CVE-2021-31920)."""
+    manager.normalize_path.value = True
+    manager.merge_slashes = True
+    manager.path_with_escaped_slashes_action = (
+        hcm.HttpConnectionManager.PathWithEscapedSlashesAction.REJECT_REQUEST
+    )
+    return manager

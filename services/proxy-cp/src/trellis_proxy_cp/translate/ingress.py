@@ -36,7 +36,7 @@ from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
 from trellis_proxy_cp.translate import names
-from trellis_proxy_cp.translate.common import TLS_SOCKET, pack, sds
+from trellis_proxy_cp.translate.common import TLS_SOCKET, normalized, pack, sds
 
 
 def chained(port: catalog_pb2.InboundPort) -> bool:
@@ -96,11 +96,13 @@ def filter_chain(
             )
         ],
     )
-    manager = hcm.HttpConnectionManager(
-        stat_prefix="ingress",
-        codec_type=hcm.HttpConnectionManager.AUTO,
-        route_config=routes,
-        http_filters=[router],  # forward_client_cert_details: SANITIZE, the default
+    manager = normalized(
+        hcm.HttpConnectionManager(
+            stat_prefix="ingress",
+            codec_type=hcm.HttpConnectionManager.AUTO,
+            route_config=routes,
+            http_filters=[router],  # forward_client_cert_details: SANITIZE, the default
+        )
     )
     chain = listener_components_pb2.FilterChain(
         name=f"ingress|{rule.policy}",

@@ -20,7 +20,7 @@ from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from trellis_api import catalog_pb2
 from trellis_proxy_cp.translate import authz, egress, ingress, names, ratelimit, tracing
-from trellis_proxy_cp.translate.common import ads, downstream_mtls, pack, socket_address
+from trellis_proxy_cp.translate.common import ads, downstream_mtls, normalized, pack, socket_address
 from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 
 ROUTER = hcm.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))
@@ -29,11 +29,13 @@ ROUTER = hcm.HttpFilter(name="envoy.filters.http.router", typed_config=pack(rout
 def build_manager(
     view: catalog_pb2.View, stat_prefix: str, route_config: str, filters: list[hcm.HttpFilter]
 ) -> hcm.HttpConnectionManager:
-    manager = hcm.HttpConnectionManager(
-        stat_prefix=stat_prefix,
-        codec_type=hcm.HttpConnectionManager.AUTO,
-        rds=hcm.Rds(config_source=ads(), route_config_name=route_config),
-        http_filters=[*filters, ROUTER],
+    manager = normalized(
+        hcm.HttpConnectionManager(
+            stat_prefix=stat_prefix,
+            codec_type=hcm.HttpConnectionManager.AUTO,
+            rds=hcm.Rds(config_source=ads(), route_config_name=route_config),
+            http_filters=[*filters, ROUTER],
+        )
     )
     traced = tracing.tracing(view, stat_prefix)
     if traced is not None:
