@@ -195,6 +195,59 @@ async def test_a_meshconfig_configmap_is_read_and_a_bad_one_named(kube: Any) -> 
         await asyncio.wait_for(task, 10)
 
 
+async def test_a_meshconfig_outside_the_control_planes_namespace_is_ignored_and_says_so(
+    kube: Any,
+) -> None:
+    api_server, api = kube
+    api_server.declare("config.trellis.io/v1alpha1/meshconfigs", kind="MeshConfig", namespaced=True)
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    await call(core.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
+    await call(core.create_namespace, {"metadata": {"name": "trellis-system"}})
+    tenant = {  # a namespace editor's attempt at allow-all for the whole mesh
+        "apiVersion": "config.trellis.io/v1alpha1",
+        "kind": "MeshConfig",
+        "metadata": {"name": "aaa-mine", "namespace": "shop"},
+        "spec": {"traffic": {"enablePermissiveTrafficPolicyMode": True, "enableEgress": True}},
+    }
+    plural = ("config.trellis.io", "v1alpha1", "shop", "meshconfigs")
+    await call(custom.create_namespaced_custom_object, *plural, tenant)
+    catalog = Catalog(announce)
+    found = KubeSource(api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(found.run(stop))
+    try:
+        key = "MeshConfig shop/aaa-mine"
+        await eventually(lambda: key in catalog.spec.statuses, timeout=10)
+        status = catalog.spec.statuses[key]
+        assert status.state == "ignored"
+        assert "only from the control plane's namespace 'trellis-system'" in status.reason
+        assert not catalog.spec.permissive
+        assert not catalog.spec.egress
+        # the operator's, in the control plane's namespace, is read
+        operator = {**tenant, "metadata": {"name": "mesh", "namespace": "trellis-system"}}
+        operator["spec"] = {"traffic": {"enablePermissiveTrafficPolicyMode": True}}
+        await call(
+            custom.create_namespaced_custom_object,
+            "config.trellis.io", "v1alpha1", "trellis-system", "meshconfigs", operator,
+        )  # fmt: skip
+        await eventually(lambda: catalog.spec.permissive, timeout=10)
+        assert not catalog.spec.egress
+        reason = (accepted_of(api_server, "aaa-mine") or {}).get("reason")
+        assert reason == "Ignored"  # written back: kubectl shows it
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def accepted_of(api_server: KubeApi, name: str) -> dict[str, Any] | None:
+    for obj in api_server.objects("config.trellis.io", "meshconfigs"):
+        if obj["metadata"]["name"] == name:
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            return next((c for c in conditions if c["type"] == "Accepted"), None)
+    return None
+
+
 def test_a_configmap_without_a_meshconfig_is_an_error_naming_the_key() -> None:
     origin = Origin("k8s:v1/ConfigMap/trellis-system/mesh")
     cases: dict[str, dict[str, Any]] = {

@@ -96,6 +96,7 @@ class KubeSource:
             also_from=lambda kind, namespace: (
                 kind == "MeshConfig" and namespace == control_plane_namespace
             ),
+            ignored=functools.partial(_meshconfig_elsewhere, control_plane_namespace),
             watch_timeout=watch_timeout,
             absent_retry=absent_retry,
         )
@@ -214,6 +215,19 @@ class KubeSource:
             "status_writes": self.status_writes,
             "meshconfig_configmap": self.configmap.name if self.configmap else None,
         }
+
+
+def _meshconfig_elsewhere(control_plane: str, kind: str, namespace: str) -> str:
+    """Why a MeshConfig outside the control plane's namespace is not read: mesh-wide
+    settings (permissive mode, egress, certificate lifetimes, exclusions) are the operator's,
+    and a namespace's editor must not set them for everyone (OSM reads its one MeshConfig
+    in osm-system)."""
+    if kind != "MeshConfig" or namespace == control_plane:
+        return ""
+    return (
+        f"a MeshConfig is read only from the control plane's namespace {control_plane!r}; "
+        f"this one in {namespace!r} is ignored"
+    )
 
 
 def meshconfig_of_configmap(obj: Object, origin: Origin) -> Document:

@@ -124,6 +124,11 @@ class UnreadKind(DocumentError):
     """A document of a kind no Trellis service reads: it is ignored, and reported as such."""
 
 
+class Ignored(DocumentError):
+    """A document of a kind that is read, but not from where it is (a MeshConfig outside the
+    control plane's namespace): it is ignored, and reported as such."""
+
+
 _ALIASES = {"api_version": "apiVersion"}
 
 

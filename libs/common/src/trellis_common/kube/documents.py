@@ -6,7 +6,9 @@ one per ``apiVersion``) is watched by an informer across all namespaces
 and diffs), on the newest version the server serves: a CRD serves every object under each
 of its versions, so reading two would read each object twice. Documents come from the
 monitored namespaces (``trellis.dev/monitored-by=<mesh name>``, live), and from others a
-caller names per kind (the catalog: MeshConfig from the control plane's namespace).
+caller names per kind (the catalog: MeshConfig from the control plane's namespace); a
+caller may also refuse a kind in a namespace (the catalog: MeshConfig anywhere else), which
+reports the object as ignored, saying why.
 
 A resource the server does not serve (its CRD is not installed: 404) is not an error: it
 is listed again every ``absent_retry`` seconds and reported absent; the reader is synced
@@ -28,7 +30,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from trellis_common.documents.base import Document, DocumentError, KindRegistry, Origin
+from trellis_common.documents.base import (
+    Document,
+    DocumentError,
+    DocumentKey,
+    Ignored,
+    KindRegistry,
+    Origin,
+)
 from trellis_common.kube.informer import Informer
 from trellis_common.kube.namespaces import MonitoredNamespaces
 
@@ -106,6 +115,7 @@ class KubeDocuments:
         *,
         kinds: Iterable[str] | None = None,
         also_from: Callable[[str, str], bool] = lambda kind, namespace: False,
+        ignored: Callable[[str, str], str] = lambda kind, namespace: "",
         watch_timeout: int = 60,
         absent_retry: float = 30.0,
     ) -> None:
@@ -115,6 +125,7 @@ class KubeDocuments:
         self._custom: Any = client.CustomObjectsApi(api)
         self._registry = registry
         self._also_from = also_from
+        self._ignored = ignored
         self._absent_retry = absent_retry
         #: set on every change of an object or of the monitored namespaces
         self.changed = asyncio.Event()
@@ -183,6 +194,7 @@ class KubeDocuments:
         """The documents of the objects in scope, and ``extra`` parsers' (the catalog's
         MeshConfig ConfigMap), each keeping its last good version when an edit fails."""
         parsers: list[Parser] = []
+        ignored: list[DocumentError] = []
         for key, informer in self.informers.items():
             resource = self.active[key]
             for (namespace, name), obj in sorted(informer.objects.items()):
@@ -193,10 +205,15 @@ class KubeDocuments:
                     continue
                 raw = {**obj, "apiVersion": resource.api_version, "kind": resource.kind}
                 origin = Origin(f"k8s:{resource.api_version}/{resource.kind}/{namespace}/{name}")
+                why = self._ignored(resource.kind, namespace)
+                if why:
+                    named = DocumentKey(resource.kind, namespace, name)
+                    ignored.append(Ignored(origin, "metadata.namespace", why, named))
+                    continue
                 parsers.append((origin, functools.partial(self._registry.parse, raw, origin)))
         parsers += extra
         documents: list[Document] = []
-        errors: list[DocumentError] = []
+        errors: list[DocumentError] = list(ignored)
         good: dict[str, Document] = {}
         for origin, parse in parsers:
             try:

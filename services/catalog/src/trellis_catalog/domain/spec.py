@@ -17,7 +17,13 @@ from dataclasses import dataclass, field, replace
 from trellis_catalog.domain.grants import Grant, Grants, Routes
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_common.documents import core, gateway, istio, meshconfig, osm, osm_access, smi
-from trellis_common.documents.base import Document, DocumentError, DocumentKey, UnreadKind
+from trellis_common.documents.base import (
+    Document,
+    DocumentError,
+    DocumentKey,
+    Ignored,
+    UnreadKind,
+)
 from trellis_common.model import MeshService, ServiceAccount
 
 STEP = 200  # documents between two steps of a build
@@ -196,7 +202,7 @@ def error_status(error: DocumentError) -> Status:
         kind=key.kind if key else "",
         namespace=key.namespace if key else "",
         name=key.name if key else "",
-        state="ignored" if isinstance(error, UnreadKind) else "error",
+        state="ignored" if isinstance(error, UnreadKind | Ignored) else "error",
         reason=error.reason,
         field=error.field,
         source=error.origin.source,
