@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,18 @@ def test_only_the_owner_or_a_secret_read_through_our_group(
     mode: int, uid: int, gid: int, loose: int
 ) -> None:
     assert loose_bits(info(mode, uid, gid)) == loose
+
+
+def test_a_state_directory_is_made_private_and_an_open_one_of_ours_is_closed(
+    tmp_path: Path,
+) -> None:
+    from trellis_common.filemode import private_dir
+
+    made = tmp_path / "a" / "state"
+    private_dir(made)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    opened = tmp_path / "old-state"
+    opened.mkdir(mode=0o755)
+    opened.chmod(0o755)
+    private_dir(opened)
+    assert stat.S_IMODE(opened.stat().st_mode) == 0o700

@@ -50,7 +50,7 @@ from trellis_cli.supervisor import (
     port_free,
     tcp_ready,
 )
-from trellis_common import jointoken, redisacl
+from trellis_common import filemode, jointoken, redisacl
 from trellis_common.envoybin import EnvoyNotFound
 from trellis_common.settings import Ports
 
@@ -268,7 +268,7 @@ async def up(
     kubeconfig: Path | None = None,
     proxy_cp_replicas: int = 1,
 ) -> int:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    filemode.private_dir(state_dir)  # tokens, keys, Redis passwords: the owner's alone
     spec_dir = (spec_dir or default_spec_dir(state_dir, with_demo)).resolve()
     spec_dir.mkdir(parents=True, exist_ok=True)
     redis_url = os.environ.get("TRELLIS_REDIS_URL", "")

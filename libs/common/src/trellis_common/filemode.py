@@ -36,3 +36,14 @@ def loose_bits(info: os.stat_result) -> int:
 def mounted_through_group(info: os.stat_result) -> bool:
     """The fsGroup shape: someone else's file whose group is ours."""
     return info.st_uid != os.geteuid() and info.st_gid in _our_groups()
+
+
+def private_dir(path: os.PathLike[str] | str) -> None:
+    """Make ``path`` (and missing parents) a folder only its owner may enter: a local state
+    directory holds the admin token, join tokens, keys and Redis passwords. One that exists
+    with group or other bits, and is ours, loses them; someone else's is left as it is (its
+    files are checked one by one where they are read)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.stat(path)
+    if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & 0o700)

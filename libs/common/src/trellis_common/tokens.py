@@ -11,6 +11,8 @@ import os
 import secrets
 from pathlib import Path
 
+from trellis_common import filemode
+
 TOKEN_FILE = "admin-token"
 
 
@@ -27,7 +29,7 @@ def load_or_create_admin_token(state_dir: Path, configured: str | None = None) -
         token = path.read_text().strip()
         if token:
             return token
-    state_dir.mkdir(parents=True, exist_ok=True)
+    filemode.private_dir(state_dir)
     token = secrets.token_urlsafe(32)
     # One temporary file per call: threads of one process share the pid.
     tmp = path.with_suffix(f".{os.getpid()}.{secrets.token_hex(4)}.tmp")
