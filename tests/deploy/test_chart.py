@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,3 +218,64 @@ def test_crds_are_installed_before_the_templates(default: Rendered) -> None:
     crds = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
     assert "trafficsplits.split.smi-spec.io.yaml" in crds
     assert not default.all("CustomResourceDefinition")  # crds/, not templates/
+
+
+def _ingress(rendered: Rendered, name: str) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = rendered.get("NetworkPolicy", name)["spec"]["ingress"]
+    return rules
+
+
+def _open_ports(rules: list[dict[str, Any]]) -> set[str]:
+    """The ports some rule opens to every source (no ``from``)."""
+    return {p["port"] for rule in rules if "from" not in rule for p in rule["ports"]}
+
+
+def test_network_policies_let_only_the_components_reach_redis_and_each_other(
+    default: Rendered,
+) -> None:
+    components = {"certmanager", "catalog", "endpoints-k8s", "endpoints-vm", "proxy-cp", "injector"}
+    names = {p["metadata"]["name"] for p in default.all("NetworkPolicy")}
+    assert names == {f"trellis-{c}" for c in components} | {"trellis-redis"}
+    for component in components:
+        policy = default.get("NetworkPolicy", f"trellis-{component}")
+        # it selects exactly the component's pods
+        assert (
+            policy["spec"]["podSelector"]["matchLabels"]
+            == default.get("Deployment", component)["spec"]["selector"]["matchLabels"]
+        )
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        first = _ingress(default, f"trellis-{component}")[0]
+        (peer,) = first["from"]
+        assert set(peer) == {"podSelector"}  # the release's pods, in this namespace only
+        assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/part-of"] == "trellis"
+        assert [p["port"] for p in first["ports"]] == ["grpc", "admin"]
+    assert _ingress(default, "trellis-redis") == [
+        {"from": _ingress(default, "trellis-catalog")[0]["from"], "ports": [{"port": "redis"}]}
+    ]
+    # open to anyone only what must be: xDS and Destination, the webhook, VM onboarding
+    assert _open_ports(_ingress(default, "trellis-proxy-cp")) == {"grpc", "destination"}
+    assert _open_ports(_ingress(default, "trellis-injector")) == {"webhook", "admin"}
+    assert _open_ports(_ingress(default, "trellis-endpoints-vm")) == {"admin"}
+    for component in ("certmanager", "catalog", "endpoints-k8s"):
+        assert _open_ports(_ingress(default, f"trellis-{component}")) == set()
+
+
+def test_the_webhook_and_vm_ports_narrow_to_the_cidrs_given(scratch: Path) -> None:
+    rendered = render(
+        scratch,
+        "networkPolicy.apiServerCIDRs={172.20.0.0/16}",
+        "networkPolicy.vmCIDRs={192.168.10.0/24}",
+        "networkPolicy.metricsNamespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+    )
+    injector = _ingress(rendered, "trellis-injector")
+    assert _open_ports(injector) == set()
+    webhook = next(r for r in injector if r["ports"] == [{"port": "webhook"}])
+    assert webhook["from"] == [{"ipBlock": {"cidr": "172.20.0.0/16"}}]
+    vms = _ingress(rendered, "trellis-endpoints-vm")[-1]
+    assert vms["from"] == [{"ipBlock": {"cidr": "192.168.10.0/24"}}]
+    metrics = _ingress(rendered, "trellis-catalog")[1]
+    assert metrics["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    off = render(scratch / "off", "networkPolicy.enabled=false")
+    assert off.all("NetworkPolicy") == []
