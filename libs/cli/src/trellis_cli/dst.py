@@ -26,7 +26,7 @@ def dst() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the messages as JSON.")
 @click.pass_obj
 def get(mesh: Mesh, name: str, as_json: bool) -> None:
-    body = mesh.get_json("proxy-cp", "/v1/destinations/get", params={"path": name})
+    body = mesh.get_json("proxy-cp", "/v1/destinations/get", params={"path": name}, auth=True)
     if as_json:
         output.emit_json(body)
         return
@@ -67,7 +67,7 @@ def _labels(labels: dict[str, str]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @click.pass_obj
 def profile(mesh: Mesh, name: str, as_json: bool) -> None:
-    body = mesh.get_json("proxy-cp", "/v1/destinations/profile", params={"path": name})
+    body = mesh.get_json("proxy-cp", "/v1/destinations/profile", params={"path": name}, auth=True)
     found = body["profile"]
     if as_json:
         output.emit_json(body)

@@ -233,7 +233,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
 
     def routes(app: FastAPI) -> None:
         rest.add_routes(app, streams, cache, control_plane)
-        discovery_rest.add_routes(app, discovery)
+        discovery_rest.add_routes(app, discovery, runtime.guard)
 
     tune_garbage_collection()
     return Parts(

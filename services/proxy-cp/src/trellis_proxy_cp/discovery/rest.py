@@ -5,13 +5,16 @@
 messages a new ``Get`` or ``GetProfile`` stream for ``NAME`` would start with, as JSON
 (``trellis dst get|profile`` prints them). A path that names nothing is answered 422 with
 the reason a stream would get.
+
+They need the admin token: they answer what any name resolves to, for any identity, which the
+Destination API itself answers only over mTLS (a mesh certificate).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
@@ -33,8 +36,10 @@ def readable(update: dpb.Update) -> dict[str, Any]:
     return body
 
 
-def add_routes(app: FastAPI, discovery: Discovery) -> None:
-    router = APIRouter(prefix="/v1/destinations", tags=["destinations"])
+def add_routes(app: FastAPI, discovery: Discovery, guard: Any) -> None:
+    router = APIRouter(
+        prefix="/v1/destinations", tags=["destinations"], dependencies=[Depends(guard)]
+    )
 
     def target(path: str) -> linkerd.Authority:
         try:
