@@ -139,10 +139,12 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def make_token(mesh: Mesh, tmp_path: Path, namespace: str, account: str) -> tuple[Path, str]:
-    """``trellis token create ... --out``: the token's file and its id."""
+    """``trellis token create ... --out``: the token's file and its id (for the service of
+    the account's name, one workload)."""
     out = tmp_path / f"token-{namespace}-{account}"
     made = mesh.cli(
-        *("token", "create", "-n", namespace, "--service-account", account, "--ttl", "10m"),
+        *("token", "create", "-n", namespace, "--service", account),
+        *("--service-account", account, "--ttl", "10m"),
         *("--out", str(out), "--json"),
     )
     assert made.returncode == 0, made.stderr
@@ -207,7 +209,8 @@ def test_an_onboarding_token_used_for_another_identity_is_refused_logged_and_cou
     assert logged(
         mesh,
         "injector",
-        f"onboard.refused reason=wrong-identity token_id={token_id} identity=bookbuyer/bookthief",
+        f"onboard.refused reason=wrong-identity token_id={token_id} "
+        "identity=bookbuyer/bookbuyer account=bookthief",
     )
     assert mesh.metric("injector", wrong) - refusals_before == 1
     assert mesh.metric("certmanager", proxies) - proxies_before == 0

@@ -169,7 +169,9 @@ def test_token_create_list_and_revoke(tmp_path: Path) -> None:
         "token": ONBOARDING,
         "id": "0123456789abcdef",
         "namespace": "shop",
+        "service": "cart",
         "service_account": "cart-sa",
+        "uses": 3,
         "created_at": 1.0,
         "expires_at": 5401.0,
     }
@@ -186,17 +188,21 @@ def test_token_create_list_and_revoke(tmp_path: Path) -> None:
             "create",
             "-n",
             "shop",
+            "--service",
+            "cart",
             "--service-account",
             "cart-sa",
             "--ttl",
             "90m",
+            "--uses",
+            "3",
         )
         assert create.exit_code == 0, create.output
         assert create.stdout.strip() == ONBOARDING  # stdout: the token alone, for a pipe
         out = tmp_path / "token"
         to_file = trellis(
-            tmp_path, "token", "create", "-n", "shop", "--service-account", "cart-sa",
-            "--out", str(out),
+            tmp_path, "token", "create", "-n", "shop", "--service", "cart",
+            "--service-account", "cart-sa", "--out", str(out),
         )  # fmt: skip
         assert to_file.exit_code == 0
         assert ONBOARDING not in to_file.output
@@ -205,19 +211,23 @@ def test_token_create_list_and_revoke(tmp_path: Path) -> None:
         shown = trellis(tmp_path, "token", "list")
         assert "0123456789abcdef" in shown.stdout
         assert "cart-sa" in shown.stdout
+        assert " cart " in shown.stdout
         assert trellis(tmp_path, "token", "revoke", "0123456789abcdef").exit_code == 0
 
     assert admin.received[0].json() == {
         "namespace": "shop",
+        "service": "cart",
         "service_account": "cart-sa",
         "ttl_seconds": 5400.0,
+        "uses": 3,
     }
     assert {r.authorization for r in admin.received} == {ADMIN}
 
 
 def test_a_bad_ttl_is_a_usage_error(tmp_path: Path) -> None:
     result = trellis(
-        tmp_path, "token", "create", "-n", "shop", "--service-account", "a", "--ttl", "soon"
-    )
+        tmp_path, "token", "create", "-n", "shop", "--service", "a", "--service-account", "a",
+        "--ttl", "soon",
+    )  # fmt: skip
     assert result.exit_code == 2
     assert "expected a duration such as 30m, 1h or 2d" in result.output

@@ -54,8 +54,9 @@ def store() -> InMemoryWorkloadStore:
 
 @pytest.fixture
 def tokens(redis_client: redis.asyncio.Redis) -> onboarding.TokenStore:
-    """As endpoints-vm reads them: its own Redis user, which may only read them."""
-    return onboarding.TokenStore(redis_client)
+    """As endpoints-vm reads them (its own Redis user may only read them), counting their
+    uses in its own keys."""
+    return onboarding.TokenStore(redis_client, counter="endpoints-vm")
 
 
 @pytest.fixture
@@ -184,19 +185,25 @@ async def test_a_scoped_onboarding_token_registers_its_own_identity_only(
     metrics: CollectorRegistry,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    token, made = await issuer.create("shop", "cart-sa", 600)
+    token, made = await issuer.create("shop", "cart", "cart-sa", 600, uses=2)
     heartbeat_token = await register(client, token)
     beat = await client.post("/v1/workloads/shop/vm-1/heartbeat", headers=bearer(heartbeat_token))
     assert beat.status_code == 200
 
-    for other in ({"namespace": "billing"}, {"service_account": "payments"}):
+    others = (
+        {"namespace": "billing"},
+        {"service_account": "payments"},
+        {"services": ["checkout"]},
+        {"services": ["cart", "checkout"]},
+    )
+    for other in others:
         response = await client.post(
             "/v1/workloads", json=body(name="vm-2", **other), headers=bearer(token)
         )
         assert response.status_code == 403
         assert response.json()["reason"] == "wrong-identity"
         assert response.json()["token_id"] == made.id
-    assert refused(metrics, "register", "wrong-identity") == 2
+    assert refused(metrics, "register", "wrong-identity") == 4
     assert f"operation=register reason=wrong-identity workload=shop/vm-2 token_id={made.id}" in (
         caplog.text
     )
@@ -209,8 +216,8 @@ async def test_a_scoped_onboarding_token_registers_its_own_identity_only(
 async def test_a_scoped_token_cannot_take_over_another_account_s_workload(
     client: httpx.AsyncClient, issuer: onboarding.TokenStore, metrics: CollectorRegistry
 ) -> None:
-    await register(client, service_account="payments")  # by the operator
-    token, _ = await issuer.create("shop", "cart-sa", 600)
+    await register(client, service_account="payments", services=["billing"])  # the operator
+    token, _ = await issuer.create("shop", "cart", "cart-sa", 600)
     response = await client.post("/v1/workloads", json=body(), headers=bearer(token))
     assert response.status_code == 403
     assert response.json()["reason"] == "other-service-account"
@@ -220,7 +227,7 @@ async def test_a_scoped_token_cannot_take_over_another_account_s_workload(
 async def test_revoked_and_missing_tokens_are_refused(
     client: httpx.AsyncClient, issuer: onboarding.TokenStore, metrics: CollectorRegistry
 ) -> None:
-    token, made = await issuer.create("shop", "cart-sa", 600)
+    token, made = await issuer.create("shop", "cart", "cart-sa", 600)
     await issuer.revoke(made.id)
     response = await client.post("/v1/workloads", json=body(), headers=bearer(token))
     assert response.status_code == 403
@@ -229,3 +236,34 @@ async def test_revoked_and_missing_tokens_are_refused(
     assert (await client.post("/v1/workloads/shop/vm-1/heartbeat")).status_code == 401
     assert refused(metrics, "register", "unknown-token") == 1
     assert refused(metrics, "register", "no-token") == 1
+
+
+async def test_a_token_registers_as_many_new_workloads_as_it_allows(
+    client: httpx.AsyncClient, issuer: onboarding.TokenStore, metrics: CollectorRegistry
+) -> None:
+    token, made = await issuer.create("shop", "cart", "cart-sa", 600)
+    await register(client, token)
+    await register(client, token)  # the same workload again (a new heartbeat token): no use
+    second = await client.post("/v1/workloads", json=body(name="vm-2"), headers=bearer(token))
+    assert second.status_code == 403
+    assert second.json()["reason"] == "used-up"
+    assert second.json()["token_id"] == made.id
+    assert refused(metrics, "register", "used-up") == 1
+
+
+async def test_a_service_keeps_the_account_its_workloads_run_as(
+    client: httpx.AsyncClient, metrics: CollectorRegistry
+) -> None:
+    await register(client)  # cart runs as cart-sa
+    flipped = await client.post(
+        "/v1/workloads",
+        json=body(name="vm-2", service_account="intruder"),
+        headers=bearer(ADMIN),  # not even the operator flips it by registering
+    )
+    assert flipped.status_code == 409
+    answer = flipped.json()
+    assert answer["reason"] == "service-account-mismatch"
+    assert "'cart-sa'" in answer["detail"]
+    assert "'intruder'" in answer["detail"]
+    assert refused(metrics, "register", "service-account-mismatch") == 1
+    await register(client, name="vm-3")  # the same account: welcome

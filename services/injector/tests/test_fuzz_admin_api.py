@@ -66,9 +66,13 @@ BOOTSTRAPS = st.fixed_dictionaries(
 TOKENS = st.fixed_dictionaries(
     {
         "namespace": fuzz.mostly(st.sampled_from(["shop", "trellis-system"]), fuzz.names()),
+        "service": fuzz.mostly(st.just("cart"), fuzz.names()),
         "service_account": fuzz.mostly(fuzz.dns_subdomains(), fuzz.names()),
     },
-    optional={"ttl_seconds": fuzz.mostly(st.just(3600.0), st.floats(allow_nan=False))},
+    optional={
+        "ttl_seconds": fuzz.mostly(st.just(3600.0), st.floats(allow_nan=False)),
+        "uses": fuzz.mostly(st.just(1), st.integers()),
+    },
 )
 adminfuzz.steer(schema, bodies={"POST /v1/bootstrap": BOOTSTRAPS, "POST /v1/tokens": TOKENS})
 

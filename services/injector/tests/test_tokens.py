@@ -14,6 +14,7 @@ import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 from trellis_common import admin, onboarding
+from trellis_injector.clients import Unavailable
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
@@ -66,7 +67,7 @@ async def client(
 
 
 async def create(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
-    asked = {"namespace": "shop", "service_account": "cart-sa", **fields}
+    asked = {"namespace": "shop", "service": "cart", "service_account": "cart-sa", **fields}
     response = await client.post("/v1/tokens", json=asked, headers=AUTH)
     assert response.status_code == 201, response.text
     answer: dict[str, Any] = response.json()
@@ -92,7 +93,10 @@ async def test_a_token_is_shown_once_and_stored_as_a_digest_only(
     made = await create(client, ttl_seconds=600.0)
     token = made["token"]
     assert token.startswith("trellis-onb.")
-    assert (made["namespace"], made["service_account"]) == ("shop", "cart-sa")
+    assert (made["namespace"], made["service"], made["service_account"]) == (
+        "shop", "cart", "cart-sa",
+    )  # fmt: skip
+    assert made["uses"] == 1
     assert made["expires_at"] - made["created_at"] == 600.0
 
     stored = [await redis_client.get(k) async for k in redis_client.scan_iter("*onboarding*")]
@@ -109,26 +113,55 @@ async def test_a_token_is_shown_once_and_stored_as_a_digest_only(
     assert "digest" not in listed[0]
     assert "token" not in listed[0]
     assert token not in caplog.text
-    assert f"token.created token_id={made['id']} identity=shop/cart-sa" in caplog.text
+    assert (
+        f"token.created token_id={made['id']} identity='shop/cart (service account cart-sa)'"
+        in (caplog.text)
+    )
 
 
-async def test_a_scoped_token_onboards_any_service_of_its_identity(
-    client: httpx.AsyncClient, certificates: FakeCertificates, metrics: CollectorRegistry
+async def test_a_token_onboards_as_many_workloads_of_its_service_as_it_says(
+    client: httpx.AsyncClient,
+    certificates: FakeCertificates,
+    metrics: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    once = await create(client)
+    first = await client.post("/v1/bootstrap", json=body(), headers=bearer(once["token"]))
+    assert first.status_code == 200, first.text
+    again = await client.post("/v1/bootstrap", json=body(), headers=bearer(once["token"]))
+    assert again.status_code == 403
+    assert again.json()["reason"] == "used-up"
+    assert "allows 1 workload(s)" in again.json()["detail"]
+    assert refusals(metrics, "used-up") == 1
+    assert f"onboard.refused reason=used-up token_id={once['id']}" in caplog.text
+    three = (await create(client, uses=3))["token"]
+    answers = [
+        (await client.post("/v1/bootstrap", json=body(), headers=bearer(three))).status_code
+        for _ in range(4)
+    ]
+    assert answers == [200, 200, 200, 403]
+    assert [sa for _, sa in certificates.issued] == ["cart-sa"] * 4
+    assert sample(metrics, "trellis_injector_proxies_onboarded_total", caller="token") == 4
+
+
+async def test_a_use_is_given_back_when_certmanager_cannot_onboard(
+    client: httpx.AsyncClient, certificates: FakeCertificates
 ) -> None:
     token = (await create(client))["token"]
-    for service in ("cart", "checkout"):
-        response = await client.post(
-            "/v1/bootstrap", json=body(service=service), headers=bearer(token)
-        )
-        assert response.status_code == 200, response.text
-    assert [sa for _, sa in certificates.issued] == ["cart-sa", "cart-sa"]
-    assert sample(metrics, "trellis_injector_proxies_onboarded_total", caller="token") == 2
+    certificates.error = Unavailable("certmanager", "down for the test")
+    down = await client.post("/v1/bootstrap", json=body(), headers=bearer(token))
+    assert down.status_code == 503
+    certificates.error = None
+    assert (
+        await client.post("/v1/bootstrap", json=body(), headers=bearer(token))
+    ).status_code == 200
 
 
 @pytest.mark.parametrize(
     "other",
     [
         {"namespace": "billing"},  # another namespace
+        {"service": "checkout"},  # another service of the namespace and account
         {"service_account": "payments"},  # another service account of the namespace
         {"service_account": ""},  # the default: the service's name, not the token's
     ],
@@ -146,7 +179,7 @@ async def test_a_token_used_for_another_identity_is_refused_logged_and_counted(
     answer = response.json()
     assert answer["reason"] == "wrong-identity"
     assert answer["token_id"] == made["id"]
-    assert "is for shop/cart-sa, not " in answer["detail"]
+    assert "is for shop/cart (service account cart-sa), not " in answer["detail"]
     assert certificates.issued == []
     assert refusals(metrics, "wrong-identity") == 1
     assert f"onboard.refused reason=wrong-identity token_id={made['id']}" in caplog.text
@@ -205,6 +238,8 @@ async def test_the_admin_token_still_onboards_any_identity(
         ({"namespace": "trellis-system"}, "namespace"),
         ({"namespace": "Shop"}, "namespace"),
         ({"service_account": "Bad Name!"}, "service_account"),
+        ({"service": "Not A Name"}, "service"),
+        ({"uses": 0}, "uses"),
         ({"ttl_seconds": 10.0}, "ttl"),
         ({"ttl_seconds": 8 * 24 * 3600.0}, "ttl"),
     ],
@@ -216,7 +251,7 @@ async def test_bad_token_requests_are_refused_naming_the_field(
     fields: dict[str, Any],
     field: str,
 ) -> None:
-    asked = {"namespace": "shop", "service_account": "cart-sa", **fields}
+    asked = {"namespace": "shop", "service": "cart", "service_account": "cart-sa", **fields}
     response = await client.post("/v1/tokens", json=asked, headers=AUTH)
     assert response.status_code == 422
     assert response.json()["field"] == field
@@ -227,7 +262,7 @@ async def test_bad_token_requests_are_refused_naming_the_field(
 
 async def test_only_the_admin_token_manages_tokens(client: httpx.AsyncClient) -> None:
     token = (await create(client))["token"]
-    asked = {"namespace": "shop", "service_account": "cart-sa"}
+    asked = {"namespace": "shop", "service": "cart", "service_account": "cart-sa"}
     assert (await client.post("/v1/tokens", json=asked)).status_code == 401
     assert (await client.post("/v1/tokens", json=asked, headers=bearer(token))).status_code == 403
     assert (await client.get("/v1/tokens", headers=bearer(token))).status_code == 403

@@ -51,7 +51,7 @@ COMMANDS = {
     ),
     "token": LazyCommand(
         "trellis_cli.tokens:token",
-        "Onboarding tokens: onboard one namespace and service account, not the mesh.",
+        "Onboarding tokens: onboard one service's workloads, not the mesh.",
     ),
     "up": LazyCommand(
         "trellis_cli.up:command",

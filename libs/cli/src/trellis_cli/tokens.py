@@ -2,7 +2,8 @@
 
 An operator hands a token to whoever onboards one workload (``trellis vm bootstrap
 --token-file F``, ``trellis vm register --token-file F``) instead of the admin token: it
-onboards that namespace and service account only, until it expires or is revoked. The
+onboards workloads of that namespace, service and service account only, ``--uses`` of them
+(1 by default: one bootstrap and one registration), until it expires or is revoked. The
 token is printed once, by ``create``; the mesh keeps only its digest.
 """
 
@@ -36,15 +37,25 @@ def _when(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
 
 
-@click.group(help="Onboarding tokens: onboard one namespace and service account, not the mesh.")
+@click.group(help="Onboarding tokens: onboard one service's workloads, not the mesh.")
 def token() -> None:
     pass
 
 
 @token.command(help="Make a token for one identity (needs the admin token); prints it once.")
 @click.option("--namespace", "-n", required=True)
-@click.option("--service-account", required=True, help="The one service account it onboards.")
+@click.option("--service", required=True, help="The one service whose workloads it onboards.")
+@click.option(
+    "--service-account", required=True, help="The service account those workloads run as."
+)
 @click.option("--ttl", default="1h", show_default=True, help="Lifetime: 30m, 1h, 2d (7d at most).")
+@click.option(
+    "--uses",
+    type=click.IntRange(1, 1000),
+    default=1,
+    show_default=True,
+    help="How many workloads it onboards (each: one bootstrap, one registration).",
+)
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -53,12 +64,15 @@ def token() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with the token).")
 @click.pass_obj
 def create(
-    mesh: Mesh, namespace: str, service_account: str, ttl: str, out: Path | None, as_json: bool
-) -> None:
+    mesh: Mesh, namespace: str, service: str, service_account: str, ttl: str, uses: int,
+    out: Path | None, as_json: bool,
+) -> None:  # fmt: skip
     body = {
         "namespace": namespace,
+        "service": service,
         "service_account": service_account,
         "ttl_seconds": parse_ttl(ttl),
+        "uses": uses,
     }
     made = mesh.call(INJECTOR, "POST", "/v1/tokens", auth=True, json=body)
     if out is not None:
@@ -68,8 +82,8 @@ def create(
         output.emit_json(made)
         return
     output.errors.print(
-        f"onboarding token {made['id']} for {namespace}/{service_account}, "
-        f"expires {_when(made['expires_at'])}"
+        f"onboarding token {made['id']} for {namespace}/{service} (service account "
+        f"{service_account}), {uses} workload(s), expires {_when(made['expires_at'])}"
     )
     if out is not None:
         output.errors.print(f"written to {out} (mode 0600)")
@@ -88,12 +102,14 @@ def list_(mesh: Mesh, as_json: bool) -> None:
     now = time.time()
     output.table(
         "Onboarding tokens",
-        ["ID", "NAMESPACE", "SERVICE ACCOUNT", "EXPIRES", "LEFT"],
+        ["ID", "NAMESPACE", "SERVICE", "SERVICE ACCOUNT", "USES", "EXPIRES", "LEFT"],
         [
             (
                 t["id"],
                 t["namespace"],
+                t.get("service") or "(any)",
                 t["service_account"],
+                str(t.get("uses", 1)),
                 _when(t["expires_at"]),
                 f"{max(0.0, t['expires_at'] - now) / 60:.0f}m",
             )

@@ -1,12 +1,18 @@
 """Scoped onboarding tokens: onboarding one identity without the admin token.
 
-An operator makes one with ``trellis token create --namespace NS --service-account SA --ttl
-1h`` (the injector's admin REST, which needs the admin token). The token is valid for that
-namespace and service account only, until it expires or is revoked: the injector onboards a
-proxy of that identity with it (``POST /v1/bootstrap``, any service of the namespace whose
-service account it is), and endpoints-vm registers a workload of it (``POST
-/v1/workloads``). Anything else is refused, and each service logs and counts the refusal
-with the :class:`Refusal` as its reason. The admin token stays for operators.
+An operator makes one with ``trellis token create --namespace NS --service SVC
+--service-account SA --ttl 1h [--uses N]`` (the injector's admin REST, which needs the admin
+token). The token is valid for that namespace, service and service account only, until it
+expires or is revoked, and for ``uses`` workloads (1 by default): the injector onboards a
+proxy of that identity with it (``POST /v1/bootstrap``) and endpoints-vm registers a
+workload of it (``POST /v1/workloads``), each at most ``uses`` times (a VM does both once).
+Anything else is refused, and each service logs and counts the refusal with the
+:class:`Refusal` as its reason. The admin token stays for operators.
+
+Uses are counted by the service that takes them, in its own Redis keys
+(``<prefix>:<service>:onboarding-uses:<id>``, SET NX with the token's lifetime, then INCR;
+given back with DECR when the onboarding fails on a dependency), so a token onboards no
+more proxies than it says however many callers race with it.
 
 A token is ``trellis-onb.<id>.<secret>``: the id names it in listings, logs and ``trellis
 token revoke``; the secret (32 random bytes) is what proves it. The token is shown once, at
@@ -52,7 +58,8 @@ class Refusal(enum.StrEnum):
     MALFORMED = "malformed-token"  # neither the admin token nor an onboarding token
     UNKNOWN = "unknown-token"  # well formed, but not on record (never made, revoked, expired)
     EXPIRED = "expired"
-    WRONG_IDENTITY = "wrong-identity"  # a token for another namespace or service account
+    WRONG_IDENTITY = "wrong-identity"  # a token for another namespace, service or account
+    USED_UP = "used-up"  # every use the token allows was taken
 
 
 class TokenRefused(Exception):
@@ -100,13 +107,19 @@ class OnboardingToken:
     created_at: float
     expires_at: float
     digest: str = field(repr=False)
+    service: str = ""  # "" only in records made before tokens named their service
+    uses: int = 1
 
-    def allows(self, namespace: str, service_account: str) -> bool:
-        return (namespace, service_account) == (self.namespace, self.service_account)
+    def allows(self, namespace: str, service: str, service_account: str) -> bool:
+        return (namespace, service, service_account) == (
+            self.namespace,
+            self.service,
+            self.service_account,
+        )
 
     @property
     def identity(self) -> str:
-        return f"{self.namespace}/{self.service_account}"
+        return f"{self.namespace}/{self.service} (service account {self.service_account})"
 
     def metadata(self) -> dict[str, Any]:
         """Everything but the digest: for listings and answers."""
@@ -128,17 +141,31 @@ class OnboardingToken:
                 created_at=float(body["created_at"]),
                 expires_at=float(body["expires_at"]),
                 digest=str(body["digest"]),
+                service=str(body.get("service", "")),
+                uses=int(body.get("uses", 1)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed onboarding token record: {exc!r}") from exc
 
 
-def check_request(namespace: str, service_account: str, ttl: float) -> None:
+#: The most workloads one token may onboard.
+MAX_USES: Final = 1000
+
+
+def check_request(
+    namespace: str, service: str, service_account: str, ttl: float, uses: int = 1
+) -> None:
     """:class:`InvalidTokenRequest` naming the first bad field."""
     try:
         ids.validate_dns_label(namespace, "namespace")
     except ids.InvalidIdentifier as exc:
         raise InvalidTokenRequest("namespace", f"{exc.reason}, got {namespace!r}") from None
+    try:
+        ids.validate_dns_label(service, "service")
+    except ids.InvalidIdentifier as exc:
+        raise InvalidTokenRequest("service", f"{exc.reason}, got {service!r}") from None
+    if not 1 <= uses <= MAX_USES:
+        raise InvalidTokenRequest("uses", f"must be between 1 and {MAX_USES}, got {uses}")
     if namespace == CONTROL_PLANE_NAMESPACE:
         raise InvalidTokenRequest(
             "namespace",
@@ -164,25 +191,50 @@ class TokenStore:
         redis: aioredis.Redis,
         prefix: str = "trellis",
         clock: Callable[[], float] = time.time,
+        counter: str = "injector",
     ) -> None:
         self._redis = redis
         self._clock = clock
         self._base = f"{prefix}:injector:onboarding-tokens:"
+        #: where this service counts the uses it takes (its own keys)
+        self._uses = f"{prefix}:{counter}:onboarding-uses:"
 
     def key(self, token_id: str) -> str:
         return self._base + token_id
 
     async def create(
-        self, namespace: str, service_account: str, ttl: float
+        self, namespace: str, service: str, service_account: str, ttl: float, uses: int = 1
     ) -> tuple[str, OnboardingToken]:
-        """A new token for ``namespace``/``service_account``: (the token, its record)."""
-        check_request(namespace, service_account, ttl)
+        """A new token for one service's workloads (``uses`` of them): (the token, its
+        record)."""
+        check_request(namespace, service, service_account, ttl, uses)
         now = self._clock()
         made_id = secrets.token_hex(8)
         token = f"{TOKEN_PREFIX}.{made_id}.{secrets.token_urlsafe(32)}"
-        record = OnboardingToken(made_id, namespace, service_account, now, now + ttl, digest(token))
+        record = OnboardingToken(
+            made_id, namespace, service_account, now, now + ttl, digest(token), service, uses
+        )
         await self._put(record, ttl)
         return token, record
+
+    async def take_use(self, record: OnboardingToken) -> None:
+        """Count one use of ``record`` here; :class:`TokenRefused` (``used-up``) once all
+        it allows are taken (the count stays, so later tries are refused too)."""
+        key = self._uses + record.id
+        left = max(record.expires_at - self._clock(), 1.0)
+        taken = await self._count(key, left)
+        if taken > record.uses:
+            raise TokenRefused(
+                Refusal.USED_UP,
+                f"onboarding token {record.id} allows {record.uses} workload(s), and "
+                f"{record.uses} {'was' if record.uses == 1 else 'were'} onboarded with it: "
+                "ask the operator for a new one (`trellis token create`)",
+                record.id,
+            )
+
+    async def give_back(self, record: OnboardingToken) -> None:
+        """Undo :meth:`take_use` when the onboarding failed on a dependency."""
+        await self._uncount(self._uses + record.id)
 
     async def active(self) -> list[OnboardingToken]:
         """Every token not yet expired, oldest first (records that do not parse skipped)."""
@@ -243,6 +295,13 @@ class TokenStore:
     async def _delete(self, token_id: str) -> bool:
         return bool(await self._redis.delete(self.key(token_id)))
 
+    async def _count(self, key: str, ttl: float) -> int:
+        await self._redis.set(key, 0, px=int(ttl * 1000), nx=True)  # INCR keeps the expiry
+        return int(await self._redis.incr(key))
+
+    async def _uncount(self, key: str) -> None:
+        await self._redis.decr(key)
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -254,16 +313,16 @@ class Caller:
     def token_id(self) -> str:
         return self.token.id if self.token is not None else "admin"
 
-    def check(self, namespace: str, service_account: str) -> None:
+    def check(self, namespace: str, service: str, service_account: str) -> None:
         """:class:`TokenRefused` (``wrong-identity``) unless this caller may act for
-        ``namespace``/``service_account``."""
+        ``namespace``/``service`` under ``service_account``."""
         token = self.token
-        if token is None or token.allows(namespace, service_account):
+        if token is None or token.allows(namespace, service, service_account):
             return
         raise TokenRefused(
             Refusal.WRONG_IDENTITY,
             f"onboarding token {token.id} is for {token.identity}, not "
-            f"{namespace}/{service_account}",
+            f"{namespace}/{service} (service account {service_account})",
             token.id,
         )
 

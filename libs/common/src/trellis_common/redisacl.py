@@ -121,13 +121,14 @@ COMPONENTS: Mapping[str, Component] = {
         Component(
             "endpoints-vm",
             kind="endpoints-provider",
-            keys=("endpoints-vm:*",),  # :workloads
+            keys=("endpoints-vm:*",),  # :workloads, :onboarding-uses:<id>
             # the injector's onboarding tokens: a scoped token registers a workload
             reads=("injector:onboarding-tokens:*",),
             publishes=("endpoints",),
             follows=("identities",),
             discovers=("certmanager",),  # to join and renew its identity
-            commands=HASH_COMMANDS,
+            # a token's uses: taken (INCRBY, redis-py's incr) and given back (DECRBY)
+            commands=(*HASH_COMMANDS, "incrby", "decrby"),
         ),
         Component(
             "endpoints-k8s",
@@ -153,9 +154,12 @@ COMPONENTS: Mapping[str, Component] = {
         Component(
             "injector",
             kind="injector",
-            keys=("injector:*",),  # :onboarding-tokens:<id> (SET PX NX, GET, SCAN, MGET, DEL)
+            # :onboarding-tokens:<id> (SET PX NX, GET, SCAN, MGET, DEL), :onboarding-uses:<id>
+            keys=("injector:*",),
             follows=("identities",),
             discovers=("certmanager", "catalog", "proxy-cp"),
+            # a token's uses: taken (INCRBY, redis-py's incr) and given back (DECRBY)
+            commands=("incrby", "decrby"),
         ),
     )
 }

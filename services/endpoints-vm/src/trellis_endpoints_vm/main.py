@@ -140,7 +140,7 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
         routes=lambda app: rest.add_routes(
             app,
             manager,
-            Credentials(runtime.token, TokenStore(runtime.redis), metrics),
+            Credentials(runtime.token, TokenStore(runtime.redis, counter="endpoints-vm"), metrics),
             declarations.status,
         ),
         attributes={"provider": grpc_api.PROVIDER},

@@ -13,6 +13,7 @@ class InMemoryTokenStore(TokenStore):
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         super().__init__(None, clock=clock)  # type: ignore[arg-type]  # no Redis: a dict
         self.records: dict[str, str] = {}
+        self.counts: dict[str, int] = {}
 
     async def _put(self, record: OnboardingToken, ttl: float) -> None:
         self.records[record.id] = record.to_json()
@@ -25,3 +26,10 @@ class InMemoryTokenStore(TokenStore):
 
     async def _delete(self, token_id: str) -> bool:
         return self.records.pop(token_id, None) is not None
+
+    async def _count(self, key: str, ttl: float) -> int:
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return self.counts[key]
+
+    async def _uncount(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) - 1

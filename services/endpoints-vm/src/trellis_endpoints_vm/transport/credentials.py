@@ -1,9 +1,13 @@
 """Who may register, heartbeat and deregister a workload, and the refusals of all others.
 
 * **Register** (``POST /v1/workloads``): the admin token, or an onboarding token scoped to the
-  workload's namespace and service account (:mod:`trellis_common.onboarding`; the injector
-  makes them, endpoints-vm reads them from Redis). A scoped token may not take over a
-  workload of that name registered under another service account.
+  workload's namespace, service and service account (:mod:`trellis_common.onboarding`; the
+  injector makes them, endpoints-vm reads them from Redis), for as many new workloads as it
+  allows (uses counted here). A scoped token may not take over a workload of that name
+  registered under another service account. No caller registers a workload for a service
+  whose other workloads run under another account: the answer (409) names both accounts,
+  so a service's identity (and the policy that goes with it) is never flipped by the latest
+  registration.
 * **Heartbeat**: only the workload's own heartbeat token, which its registration answered
   with. The admin token is refused (an operator has no business beating for a workload, and
   a leaked admin token must not keep a dead workload in service), as is another workload's
@@ -38,6 +42,7 @@ class Reason(enum.StrEnum):
     WRONG_TOKEN = "wrong-token"  # another workload's, an onboarding token, or junk
     NO_HEARTBEAT_TOKEN = "no-heartbeat-token"  # stored before heartbeat tokens: register again
     OTHER_ACCOUNT = "other-service-account"  # a scoped token taking over another's workload
+    SERVICE_ACCOUNT_MISMATCH = "service-account-mismatch"  # not the service's established one
 
 
 class Refused(Exception):
@@ -82,14 +87,57 @@ class Credentials:
                 "register", "-", Refused(exc.status, exc.reason.value, exc.detail, exc.token_id)
             ) from None
 
+    async def take_use(self, caller: onboarding.Caller, workload: Workload) -> None:
+        """A scoped token's use, for a new workload; :class:`Refused` once they are spent."""
+        if caller.token is None:
+            return
+        try:
+            await self._tokens.take_use(caller.token)
+        except onboarding.TokenRefused as exc:
+            raise self._refuse(
+                "register",
+                workload.id,
+                Refused(exc.status, exc.reason.value, exc.detail, exc.token_id),
+            ) from None
+
+    def may_join(self, workload: Workload, others: list[Workload]) -> None:
+        """Refuse (409) a workload whose account is not the one its services' other
+        workloads run under."""
+        account = workload.service_account or "default"
+        for service in workload.services:
+            established = sorted(
+                {
+                    o.service_account or "default"
+                    for o in others
+                    if o.id != workload.id
+                    and o.namespace == workload.namespace
+                    and service in o.services
+                }
+            )
+            if established and account not in established:
+                raise self._refuse(
+                    "register",
+                    workload.id,
+                    Refused(
+                        409,
+                        Reason.SERVICE_ACCOUNT_MISMATCH,
+                        f"service {workload.namespace}/{service} runs as service account "
+                        f"{', '.join(repr(a) for a in established)}; workload {workload.id} "
+                        f"asks for {account!r}: register it under that account, or as "
+                        "another service",
+                    ),
+                )
+
     def may_register(
         self, caller: onboarding.Caller, workload: Workload, existing: Workload | None
     ) -> None:
-        """A scoped token registers its own identity only, and does not take over a
-        workload registered under another service account; :class:`Refused` otherwise."""
+        """A scoped token registers its own service's workloads only, and does not take
+        over a workload registered under another service account; :class:`Refused`
+        otherwise."""
         account = workload.service_account or "default"
         try:
-            caller.check(workload.namespace, account)
+            for service in workload.services or ("",):
+                caller.check(workload.namespace, service, account)
         except onboarding.TokenRefused as exc:
             raise self._refuse(
                 "register",

@@ -170,7 +170,11 @@ def add_routes(
         """Register a workload; the answer's ``heartbeat_token`` is the only credential its
         heartbeats are accepted with (a new one at each registration)."""
         asked = body.workload()
-        credentials.may_register(caller, asked, manager.workload(asked.id))
+        existing = manager.workload(asked.id)
+        credentials.may_register(caller, asked, existing)
+        credentials.may_join(asked, [w for w, _ in manager.workloads()])
+        if existing is None:  # registering again (a new heartbeat token) takes no use
+            await credentials.take_use(caller, asked)
         token, digest = new_heartbeat_token()
         workload = await manager.register(replace(asked, heartbeat_digest=digest))
         return JSONResponse(

@@ -178,16 +178,29 @@ def add_routes(
     ) -> JSONResponse:
         """Onboard a proxy: a fresh proxy certificate for its CSR, and its bootstrap."""
         request = body.request()
-        try:  # a scoped token onboards its own namespace and service account only
-            who.check(request.namespace, request.service_account)
+        identity = f"{request.namespace}/{request.service} account={request.service_account}"
+        try:  # a scoped token onboards its own service's workloads only, so many times
+            who.check(request.namespace, request.service, request.service_account)
+            if who.token is not None:
+                await tokens.take_use(who.token)
         except onboarding.TokenRefused as exc:
-            raise refusing(exc, f"{request.namespace}/{request.service_account}") from None
+            raise refusing(exc, identity) from None
         try:
             done = await onboarder.onboard(request, body.csr_pem)
-        except Unavailable as exc:
+        except (Unavailable, Refused) as exc:
+            if who.token is not None:  # not onboarded: the use is not spent
+                await tokens.give_back(who.token)
+            return failed(request.identity, exc)
+        metrics.onboarded.labels("admin" if who.token is None else "token").inc()
+        log.info("onboard.accepted proxy=%s token_id=%s", done.common_name, who.token_id)
+        return JSONResponse(onboarding_json(done), headers=NO_STORE)
+
+    def failed(identity: str, exc: Unavailable | Refused) -> JSONResponse:
+        """A dependency down (503) or refusing (422 for a bad argument, else 502)."""
+        if isinstance(exc, Unavailable):
             log.warning(
                 "injector.onboarding_failed identity=%s dependency=%s reason=%s",
-                request.identity,
+                identity,
                 exc.dependency,
                 exc.reason,
             )
@@ -196,19 +209,15 @@ def add_routes(
                 status_code=503,
                 headers={"Retry-After": "1"},
             )
-        except Refused as exc:
-            log.warning(
-                "injector.onboarding_refused identity=%s dependency=%s reason=%s",
-                request.identity,
-                exc.dependency,
-                exc.reason,
-            )
-            answer = {"detail": str(exc), "dependency": exc.dependency}
-            if exc.invalid_argument and "csr_pem: " in exc.reason:  # e.g. a key type refused
-                answer["field"] = "csr_pem"
-            return JSONResponse(answer, status_code=422 if exc.invalid_argument else 502)
-        metrics.onboarded.labels("admin" if who.token is None else "token").inc()
-        log.info("onboard.accepted proxy=%s token_id=%s", done.common_name, who.token_id)
-        return JSONResponse(onboarding_json(done), headers=NO_STORE)
+        log.warning(
+            "injector.onboarding_refused identity=%s dependency=%s reason=%s",
+            identity,
+            exc.dependency,
+            exc.reason,
+        )
+        answer = {"detail": str(exc), "dependency": exc.dependency}
+        if exc.invalid_argument and "csr_pem: " in exc.reason:  # e.g. a key type refused
+            answer["field"] = "csr_pem"
+        return JSONResponse(answer, status_code=422 if exc.invalid_argument else 502)
 
     app.include_router(router)

@@ -27,10 +27,12 @@ class TokenBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     namespace: str = Field(description="the namespace the token onboards into")
-    service_account: str = Field(description="the one service account it onboards")
+    service: str = Field(description="the one service whose workloads it onboards")
+    service_account: str = Field(description="the service account those workloads run as")
     ttl_seconds: float = Field(
         3600.0, description=f"lifetime, {onboarding.MIN_TTL:g} s to {onboarding.MAX_TTL:g} s"
     )
+    uses: int = Field(1, description=f"how many workloads it onboards, 1 to {onboarding.MAX_USES}")
 
 
 def add_routes(
@@ -40,19 +42,20 @@ def add_routes(
 
     @router.post("", status_code=201)
     async def create(body: TokenBody) -> JSONResponse:
-        """A token for one namespace and service account; the answer is the only place the
-        token is ever shown."""
+        """A token for one service's workloads (namespace, service, service account, how
+        many); the answer is the only place the token is ever shown."""
         try:
             token, record = await tokens.create(
-                body.namespace, body.service_account, body.ttl_seconds
+                body.namespace, body.service, body.service_account, body.ttl_seconds, body.uses
             )
         except onboarding.InvalidTokenRequest as exc:
             metrics.tokens.labels("refused").inc()
             log.warning(
-                "token.refused field=%s reason=%r identity=%s/%s",
+                "token.refused field=%s reason=%r identity=%s/%s account=%s",
                 exc.field,
                 exc.reason,
                 body.namespace,
+                body.service,
                 body.service_account,
             )
             return JSONResponse(
@@ -65,9 +68,10 @@ def add_routes(
             )
         metrics.tokens.labels("created").inc()
         log.info(
-            "token.created token_id=%s identity=%s expires_at=%.0f",
+            "token.created token_id=%s identity=%r uses=%d expires_at=%.0f",
             record.id,
             record.identity,
+            record.uses,
             record.expires_at,
         )
         return JSONResponse(
