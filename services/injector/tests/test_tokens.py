@@ -14,9 +14,8 @@ import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 from trellis_common import admin, onboarding
-from trellis_injector.clients import Unavailable
 from trellis_injector.metrics import InjectorMetrics
-from trellis_injector.onboarder import Onboarder
+from trellis_injector.onboarder import Onboarder, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
 
