@@ -40,7 +40,7 @@ class EndpointsVmSettings(SpecDirSettings):
     kubeconfig: Path | None = Field(
         None,
         description="a kubeconfig file (http:// servers are fine) to read ServiceEntries and "
-        "WorkloadEntries from; unset: in-cluster in a pod, else none",
+        "WorkloadEntries from; unset: the pod's own account in a pod, else none",
     )
     mesh_name: str = mesh_name("read (their objects)")
     watch_timeout: int = watch_timeout()
