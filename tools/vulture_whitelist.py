@@ -113,3 +113,6 @@ _.pytest_report_header
 _.pytest_collection_finish
 # click calls a group's format_commands for --help (trellis_cli.lazy.LazyGroup).
 _.format_commands
+# protobuf fields set on an HttpConnectionManager (translate.common.normalized)
+_.merge_slashes
+_.path_with_escaped_slashes_action

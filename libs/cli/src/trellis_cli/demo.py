@@ -13,7 +13,6 @@ so they need no heartbeat token), and a previous run's onboarding is reused.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import yaml
 
 from trellis_cli.client import Mesh
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
+from trellis_cli.vm import write_file, write_private
 from trellis_common import identity
 from trellis_common.bootstrap import SDS_FILE, proxy_secret_document, sidecar_args
 from trellis_common.envoybin import find_envoy
@@ -95,15 +95,13 @@ def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
         },
     ).json()
     files: dict[str, Any] = body["files"]
-    (folder / "cert.pem").write_text(files["cert_chain_pem"])
-    (folder / "ca.pem").write_text(files["trust_bundle_pem"])
-    fd = os.open(folder / "key.pem", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key_pem.decode())
+    write_file(folder / "cert.pem", files["cert_chain_pem"])
+    write_file(folder / "ca.pem", files["trust_bundle_pem"])
+    write_private(folder / "key.pem", key_pem.decode())
     if "sds" in body["paths"]:  # the bootstrap takes the certificate from it (renewal swaps it)
         document = proxy_secret_document(folder / "cert.pem", folder / "key.pem")
-        Path(body["paths"]["sds"]).write_text(yaml.safe_dump(document, sort_keys=False))
-    config.write_text(yaml.safe_dump(body["bootstrap"], sort_keys=False))
+        write_file(Path(body["paths"]["sds"]), yaml.safe_dump(document, sort_keys=False))
+    write_file(config, yaml.safe_dump(body["bootstrap"], sort_keys=False))
     return config
 
 

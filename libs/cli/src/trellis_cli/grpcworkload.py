@@ -19,7 +19,7 @@ import click
 from trellis_cli import output
 from trellis_cli.client import CliError, Mesh
 from trellis_cli.grpcsds import fetch_once, follow, install
-from trellis_cli.vm import INJECTOR, onboarding_token, token_file_option, write_private
+from trellis_cli.vm import INJECTOR, onboarding_token, token_file_option, write_file, write_private
 from trellis_common import identity
 from trellis_common.grpc_bootstrap import GrpcFolder
 
@@ -71,12 +71,12 @@ def bootstrap(
     try:
         files.folder.mkdir(parents=True, exist_ok=True)
         write_private(files.proxy_key, key_pem.decode())
-        files.proxy_cert.write_text(result["files"]["cert_chain_pem"])
-        files.ca.write_text(result["files"]["trust_bundle_pem"])
+        write_file(files.proxy_cert, result["files"]["cert_chain_pem"])
+        write_file(files.ca, result["files"]["trust_bundle_pem"])
         material = fetch_once(files, document)
         install(files, material)
         # last: a folder with bootstrap.json in it is complete
-        files.bootstrap.write_text(json.dumps(document, indent=2) + "\n")
+        write_file(files.bootstrap, json.dumps(document, indent=2) + "\n")
     except OSError as exc:
         raise CliError(f"cannot write the workload's files in {files.folder}: {exc}") from exc
     written = {

@@ -247,16 +247,23 @@ def list_(mesh: Mesh, namespace: str, as_json: bool) -> None:
     )
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write a secret that is never readable by others, not even for a moment."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+def write_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` with ``mode``, never through a symbolic link: a link
+    planted where a proxy's file goes (by another local user, in a shared folder) would
+    otherwise have the CLI write the mesh's files, or a key, wherever it points."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
-        os.fchmod(fd, 0o600)  # a file that was already there keeps its mode on O_CREAT
+        os.fchmod(fd, mode)  # a file that was already there keeps its mode on O_CREAT
     except OSError:
         os.close(fd)
         raise
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a secret that is never readable by others, not even for a moment."""
+    write_file(path, text, 0o600)
 
 
 def _inside(folder: Path, given: str, what: str) -> Path:
@@ -349,13 +356,13 @@ def bootstrap(
     try:
         folder.mkdir(parents=True, exist_ok=True)
         write_private(key_file, key_pem.decode())
-        cert_chain.write_text(files["cert_chain_pem"])
-        trust_bundle.write_text(files["trust_bundle_pem"])
+        write_file(cert_chain, files["cert_chain_pem"])
+        write_file(trust_bundle, files["trust_bundle_pem"])
         if sds is not None:  # the bootstrap takes the certificate from it (renewal swaps it)
             document = proxy_secret_document(cert_chain, key_file)
-            sds.write_text(yaml.safe_dump(document, sort_keys=False))
+            write_file(sds, yaml.safe_dump(document, sort_keys=False))
         # last: a folder with envoy.yaml in it is complete
-        config.write_text(yaml.safe_dump(result["bootstrap"], sort_keys=False))
+        write_file(config, yaml.safe_dump(result["bootstrap"], sort_keys=False))
     except OSError as exc:
         raise CliError(f"cannot write the proxy's files in {folder}: {exc}") from exc
     command = envoy_command(config)
