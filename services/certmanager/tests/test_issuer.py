@@ -198,6 +198,6 @@ def test_the_proxy_lifetime_setting_is_capped_at_7_days() -> None:
 
     from trellis_certmanager.settings import CertManagerSettings
 
-    assert CertManagerSettings().proxy_cert_validity == dt.timedelta(hours=24)
+    assert CertManagerSettings.model_validate({}).proxy_cert_validity == dt.timedelta(hours=24)
     with pytest.raises(ValidationError, match="proxy_cert_validity"):
-        CertManagerSettings(proxy_cert_validity=dt.timedelta(days=8))
+        CertManagerSettings.model_validate({"proxy_cert_validity": dt.timedelta(days=8)})
