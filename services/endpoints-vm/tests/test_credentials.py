@@ -251,14 +251,15 @@ async def test_a_token_registers_as_many_new_workloads_as_it_allows(
     assert refused(metrics, "register", "used-up") == 1
 
 
-async def test_a_service_keeps_the_account_its_workloads_run_as(
-    client: httpx.AsyncClient, metrics: CollectorRegistry
+async def test_a_token_does_not_move_a_service_to_another_account(
+    client: httpx.AsyncClient, issuer: onboarding.TokenStore, metrics: CollectorRegistry
 ) -> None:
-    await register(client)  # cart runs as cart-sa
+    await register(client)  # the operator: cart runs as cart-sa
+    token, _ = await issuer.create("shop", "cart", "intruder", 600)
     flipped = await client.post(
         "/v1/workloads",
         json=body(name="vm-2", service_account="intruder"),
-        headers=bearer(ADMIN),  # not even the operator flips it by registering
+        headers=bearer(token),
     )
     assert flipped.status_code == 409
     answer = flipped.json()
@@ -266,4 +267,5 @@ async def test_a_service_keeps_the_account_its_workloads_run_as(
     assert "'cart-sa'" in answer["detail"]
     assert "'intruder'" in answer["detail"]
     assert refused(metrics, "register", "service-account-mismatch") == 1
-    await register(client, name="vm-3")  # the same account: welcome
+    # the operator may give a service workloads of several accounts, as OSM allows
+    await register(client, name="vm-3", service_account="canary-sa")

@@ -4,10 +4,11 @@
   workload's namespace, service and service account (:mod:`trellis_common.onboarding`; the
   injector makes them, endpoints-vm reads them from Redis), for as many new workloads as it
   allows (uses counted here). A scoped token may not take over a workload of that name
-  registered under another service account. No caller registers a workload for a service
-  whose other workloads run under another account: the answer (409) names both accounts,
-  so a service's identity (and the policy that goes with it) is never flipped by the latest
-  registration.
+  registered under another service account, nor register a workload for a service whose
+  other workloads run under another account: the answer (409) names both accounts, so a
+  token holder never moves a service's identity (and the policy that goes with it). The
+  operator (admin token) may still give a service workloads of several accounts, as OSM
+  allows.
 * **Heartbeat**: only the workload's own heartbeat token, which its registration answered
   with. The admin token is refused (an operator has no business beating for a workload, and
   a leaked admin token must not keep a dead workload in service), as is another workload's
@@ -100,9 +101,14 @@ class Credentials:
                 Refused(exc.status, exc.reason.value, exc.detail, exc.token_id),
             ) from None
 
-    def may_join(self, workload: Workload, others: list[Workload]) -> None:
-        """Refuse (409) a workload whose account is not the one its services' other
-        workloads run under."""
+    def may_join(
+        self, caller: onboarding.Caller, workload: Workload, others: list[Workload]
+    ) -> None:
+        """Refuse (409) a scoped token's workload whose account is not the one its services'
+        other workloads run under. The operator may still give a service workloads of
+        several accounts, as OSM allows (a TrafficTarget then admits each by its account)."""
+        if caller.token is None:
+            return
         account = workload.service_account or "default"
         for service in workload.services:
             established = sorted(
