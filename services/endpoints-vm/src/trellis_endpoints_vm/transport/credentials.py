@@ -78,15 +78,18 @@ class Credentials:
         )
         return refused
 
+    def _token_refused(self, workload_id: str, exc: onboarding.TokenRefused) -> Refused:
+        """A registration's onboarding-token refusal, logged and counted."""
+        refused = Refused(exc.status, exc.reason.value, exc.detail, exc.token_id)
+        return self._refuse("register", workload_id, refused)
+
     async def registrant(self, bearer: str | None) -> onboarding.Caller:
         """The admin token or a valid onboarding token, checked before the body is read (a
         caller without one learns nothing about what it sent); :class:`Refused` otherwise."""
         try:
             return await onboarding.authenticate(bearer, self._admin.decode(), self._tokens)
         except onboarding.TokenRefused as exc:
-            raise self._refuse(
-                "register", "-", Refused(exc.status, exc.reason.value, exc.detail, exc.token_id)
-            ) from None
+            raise self._token_refused("-", exc) from None
 
     async def take_use(self, caller: onboarding.Caller, workload: Workload) -> None:
         """A scoped token's use, for a new workload; :class:`Refused` once they are spent."""
@@ -95,11 +98,7 @@ class Credentials:
         try:
             await self._tokens.take_use(caller.token)
         except onboarding.TokenRefused as exc:
-            raise self._refuse(
-                "register",
-                workload.id,
-                Refused(exc.status, exc.reason.value, exc.detail, exc.token_id),
-            ) from None
+            raise self._token_refused(workload.id, exc) from None
 
     def may_join(
         self, caller: onboarding.Caller, workload: Workload, others: list[Workload]
@@ -145,11 +144,7 @@ class Credentials:
             for service in workload.services or ("",):
                 caller.check(workload.namespace, service, account)
         except onboarding.TokenRefused as exc:
-            raise self._refuse(
-                "register",
-                workload.id,
-                Refused(exc.status, exc.reason.value, exc.detail, exc.token_id),
-            ) from None
+            raise self._token_refused(workload.id, exc) from None
         previous = (existing.service_account or "default") if existing is not None else account
         if caller.token is not None and previous != account:
             raise self._refuse(
