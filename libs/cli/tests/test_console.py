@@ -57,11 +57,20 @@ async def run_child(log_dir: Path, mode: Echo) -> None:
     async def ready() -> bool:
         return True
 
-    script = f"import sys; sys.stdout.write({chr(10).join(LINES) + chr(10)!r})"
+    # It prints, closes its output, and exits only once the supervisor has started it: a
+    # child that exits first is, rightly, a start-up failure (seen under load).
+    go = log_dir.parent / "go"
+    script = (
+        "import os, sys, time\n"
+        f"sys.stdout.write({chr(10).join(LINES) + chr(10)!r})\n"
+        "sys.stdout.flush(); os.close(1)\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+    )
     supervisor = Supervisor(
         [ProcessSpec("catalog", [sys.executable, "-c", script], ready)], log_dir, make_echo(mode)
     )
     await supervisor.start()
+    go.touch()
     [child] = supervisor.children
     assert child.pump is not None
     assert child.process is not None
