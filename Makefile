@@ -24,18 +24,20 @@ help:
 	@echo "make dashboards - regenerate the Grafana dashboards in deploy/grafana"
 	@echo "make image  - build the container image (deploy/Dockerfile) where a Docker engine exists"
 
-# System packages: redis-server (tests and local runs need a real one), iptables and curl.
+# System packages: redis-server (tests and local runs need a real one), iptables, curl and
+# python3.
 system-deps:
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@command -v redis-server >/dev/null || { echo "redis-server is required (apt-get install redis-server)"; exit 1; }
 	@# The Debian package starts a system redis on 6379; ours use their own ports, leave it be.
-	@# The pod test bed (tests/netns) loads the init container's rules with iptables-restore and
-	@# runs curl as a pod's application.
-	@{ command -v iptables-restore && command -v curl; } >/dev/null || { \
-	  echo "installing iptables and curl with apt-get"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables curl >/dev/null; }
+	@# The pod test bed (tests/netns) loads the init container's rules with iptables-restore,
+	@# runs curl as a pod's application, and runs the workspace's Python as a pod's other uids
+	@# with Debian's python3 (/usr/bin/python3.11, the venv's ABI; the venv's own is under /root).
+	@{ command -v iptables-restore && command -v curl && test -x /usr/bin/python3.11; } >/dev/null || { \
+	  echo "installing iptables, curl and python3 with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables curl python3 >/dev/null; }
 
 $(TOOLS)/bin/uv:
 	@command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }

@@ -76,6 +76,7 @@ def environment(
         env["TRELLIS_INJECTOR_WEBHOOK_PORT"] = "0"  # tests run side by side
     if component == "proxy-cp" and not fixed_ports:
         env["TRELLIS_PROXY_CP_DESTINATION_PORT"] = "0"
+        env["TRELLIS_PROXY_CP_ENROLL_PORT"] = "0"
     if component in KUBE:
         prefix = "TRELLIS_" + component.upper().replace("-", "_") + "_"
         env[prefix + "KUBECONFIG"] = str(kubeconfig)

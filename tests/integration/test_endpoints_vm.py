@@ -430,7 +430,8 @@ async def test_a_wiped_redis_gets_every_registration_back(
     redis_server.start()
     assert stored(redis_server) == {}
     await eventually(lambda: stored(redis_server) == before, timeout=15)
-    assert "workloads.store_restored count=3" in endpoints_vm.logs()
+    # the log line follows the writes (the keys can be seen before it is written)
+    await eventually(lambda: "workloads.store_restored count=3" in endpoints_vm.logs(), timeout=5)
     endpoints_vm.kill()
     endpoints_vm.start()
     assert addresses(endpoints_vm, "shop/web") == ["10.4.0.1", "10.4.0.2", "10.4.0.3"]

@@ -224,18 +224,22 @@ async def test_watches_that_break_resume_and_namespaces_join_and_leave(
     await eventually(lambda: provider_cart(provider) is None, timeout=10, message="left")
 
 
+CLAIMED = "5f0c1c9e-8a1b-4c5d-9e2f-0123456789ab"
+
+
 async def test_a_proxy_uuid_resolves_to_its_pod(
     services: dict[str, ServiceProcess], core: Any
 ) -> None:
     v1, _ = core
     provider = services["endpoints-k8s"]
     await call(v1.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
-    proxy = "5f0c1c9e-8a1b-4c5d-9e2f-0123456789ab"
-    await call(
+    # a label claiming another proxy's UUID is not believed: the pod's uid is its proxy's
+    created = await call(
         v1.create_namespaced_pod,
         "shop",
-        pod("cart-1", "10.1.0.1", {"trellis.dev/proxy-uuid": proxy}),
+        pod("cart-1", "10.1.0.1", {"trellis.dev/proxy-uuid": CLAIMED}),
     )
+    proxy = created.metadata.uid
 
     def resolved() -> dict[str, Any] | None:
         answer = provider.get(f"/v1/proxies/{proxy}")
@@ -250,6 +254,7 @@ async def test_a_proxy_uuid_resolves_to_its_pod(
     )
     assert found["pod_ip"] == "10.1.0.1"
     assert provider.get("/v1/proxies/00000000-0000-4000-8000-000000000000").status_code == 404
+    assert provider.get(f"/v1/proxies/{CLAIMED}").status_code == 404
 
 
 @pytest.mark.timeout(300)

@@ -1,12 +1,14 @@
-"""An injected pod's proxy, started from what the webhook made, joins the mesh.
+"""An injected pod's agent enrolls its proxy with the pod's token; its Envoy joins the mesh.
 
-Everything but the cluster is real: Redis, certmanager, the catalog, proxy-cp and the
-injector as processes, the injector writing to the test API server
-(:mod:`trellis_common.testing.kube`) through a kubeconfig, an AdmissionReview posted over
-TLS as the API server posts it, and Envoy 1.40. The kubelet's part is played by the test:
-it writes the Secret's files into the directory the pod would mount them at (the
-injector's ``proxy_mount_path`` points there, so the bootstrap is used as it was made) and
-starts Envoy with the ``envoy`` container's arguments from the patched pod.
+Everything but the cluster is real: Redis, certmanager (reviewing tokens with the test API
+server, :mod:`trellis_common.testing.kube`), the catalog, proxy-cp and the injector as
+processes, an AdmissionReview posted over TLS as the API server posts it, the agent
+(``trellis_cli.agent``) as a process, and Envoy 1.40. The kubelet's part is played by the
+test: it stores the patched pod, issues the pod-bound projected token the ``trellis-token``
+volume asks for, starts the agent with its container's environment (its folder is the
+injector's ``proxy_mount_path``, pointed here), waits for the startup probe's file, then
+starts Envoy with the ``envoy`` container's arguments. (``tests/netns`` runs all of it in
+real pods.)
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import random
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,7 +77,10 @@ class Mesh:
 
         self.processes = {
             "certmanager": process(
-                "certmanager", "trellis_certmanager.main", **extra.get("certmanager", {})
+                "certmanager",
+                "trellis_certmanager.main",
+                TRELLIS_CERTMANAGER_KUBECONFIG=str(kubeconfig),
+                **extra.get("certmanager", {}),
             ),
             "catalog": process(
                 "catalog",
@@ -156,7 +163,7 @@ def mesh(
                         }
                     },
                     "admissionReviewVersions": ["v1"],
-                    "sideEffects": "NoneOnDryRun",
+                    "sideEffects": "None",
                     "failurePolicy": "Fail",
                     "namespaceSelector": {"matchLabels": {"trellis.dev/monitored-by": "trellis"}},
                 }
@@ -187,7 +194,117 @@ BOOKBUYER = {
 }
 
 
-def test_an_injected_pods_envoy_joins_the_mesh(mesh: Mesh, kube: KubeApi, tmp_path: Path) -> None:
+class Kubelet:
+    """What the kubelet does for the patched pod, here: store it, write its token, run its
+    agent and its Envoy as processes."""
+
+    def __init__(self, mesh: Mesh, kube: KubeApi, tmp: Path, pod: dict[str, Any]) -> None:
+        self.mesh, self.kube, self.tmp = mesh, kube, tmp
+        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(kube.write_kubeconfig(tmp / "kubelet-kubeconfig"))
+        )
+        self.core: Any = client.CoreV1Api(api_client)
+        named = {**pod, "metadata": {**pod["metadata"], "name": "bookbuyer-1"}}
+        create: Any = self.core.create_namespaced_pod
+        created: Any = create("bookbuyer", named)
+        self.pod, self.uid = named, str(created.metadata.uid)
+        self.token = tmp / "token"
+        self.token.write_text(kube.service_account_token(
+            "bookbuyer", "bookbuyer", pod=("bookbuyer-1", self.uid)
+        ))  # fmt: skip
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def container(self, name: str) -> dict[str, Any]:
+        every = [*self.pod["spec"]["containers"], *self.pod["spec"]["initContainers"]]
+        found: dict[str, Any] = next(c for c in every if c["name"] == name)
+        return found
+
+    def start_agent(self, **env: str) -> Path:
+        agent = self.container("trellis-agent")
+        values = {e["name"]: e["value"] for e in agent["env"]}
+        values["TRELLIS_AGENT_TOKEN"] = str(self.token)  # where the volume is, here
+        log = self.tmp / "agent.log"
+        with log.open("wb") as sink:
+            self.processes.append(subprocess.Popen(
+                [sys.executable, "-m", "trellis_cli.agent"],
+                env={**os.environ, **values, **env},
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        # the startup probe: the pod's containers start once the bootstrap is there
+        bootstrap = Path(agent["startupProbe"]["exec"]["command"][-1])
+        try:
+            asyncio.run(eventually(lambda: bootstrap.exists(), timeout=30, message="enrolled"))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the agent's log:\n{log.read_text()[-3000:]}") from None
+        return log
+
+    def start_envoy(self) -> Path:
+        log = self.tmp / "envoy.log"
+        with log.open("wb") as sink:
+            self.processes.append(subprocess.Popen(
+                [
+                    find_envoy(), *self.container("envoy")["args"],
+                    "--base-id", str(random.randrange(1000, 60000)), "--concurrency", "1",
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        return log
+
+    def admin(self, path: str) -> httpx.Response:
+        return httpx.get(f"http://127.0.0.1:{self.mesh.ports['admin']}{path}", timeout=5)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def injected(mesh: Mesh) -> dict[str, Any]:
+    answer = mesh.post_review(review_of(BOOKBUYER))
+    assert answer.status_code == 200, answer.text
+    response = answer.json()["response"]
+    assert response["allowed"] is True, response
+    pod: dict[str, Any] = jsonpatch.apply_patch(
+        BOOKBUYER, json.loads(base64.b64decode(response["patch"]))
+    )
+    return pod
+
+
+def wait_joined(kubelet: Kubelet, common_name: str, log: Path) -> None:
+    def connected() -> bool:
+        listed = kubelet.mesh.get("proxy-cp", "/v1/proxies")["proxies"]
+        return any(p["proxy"] == common_name for p in listed)
+
+    def configured() -> bool:
+        stats = kubelet.admin("/stats?filter=lds.update_success").text
+        return "listener_manager.lds.update_success: 0" not in stats and "update_success" in stats
+
+    try:
+        asyncio.run(eventually(connected, timeout=20, interval=0.2, message="proxy-cp lists it"))
+        asyncio.run(eventually(configured, timeout=20, interval=0.2, message="Envoy has LDS"))
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; envoy's log:\n{log.read_text()[-4000:]}") from None
+
+
+def served_serials(kubelet: Kubelet) -> set[str]:
+    """The serials of the certificates Envoy has loaded (its admin ``/certs``)."""
+    certs = kubelet.admin("/certs").json()["certificates"]
+    return {
+        cert["serial_number"].lower().lstrip("0")
+        for entry in certs
+        for cert in entry.get("cert_chain", [])
+    }
+
+
+def test_an_injected_pods_agent_enrolls_and_its_envoy_joins_the_mesh(
+    mesh: Mesh, kube: KubeApi, tmp_path: Path
+) -> None:
     # the caBundle the API server checks the webhook with is the mesh's trust bundle
     trust_bundle = (mesh.state_dir / "trust-bundle.pem").read_bytes()
 
@@ -198,92 +315,50 @@ def test_an_injected_pods_envoy_joins_the_mesh(mesh: Mesh, kube: KubeApi, tmp_pa
     asyncio.run(
         eventually(lambda: ca_bundles() == [base64.b64encode(trust_bundle).decode()], timeout=10)
     )
-
-    body = review_of(BOOKBUYER)
-    answer = mesh.post_review(body)
-    assert answer.status_code == 200, answer.text
-    response = answer.json()["response"]
-    assert response["uid"] == body["request"]["uid"]
-    assert response["allowed"] is True, response
-    pod = jsonpatch.apply_patch(BOOKBUYER, json.loads(base64.b64decode(response["patch"])))
-    [init] = pod["spec"]["initContainers"]  # MeshConfig's exclusion list
+    pod = injected(mesh)
+    init = pod["spec"]["initContainers"][0]  # MeshConfig's exclusion list
     assert "-A TRELLIS_OUTPUT -p tcp --dport 5432 -j RETURN" in init["command"][2]
-    proxy_id = pod["metadata"]["labels"][injection.PROXY_UUID_LABEL]
-    common_name = f"{proxy_id}.bookbuyer.bookbuyer"
-
-    # the Secret, in the pod's namespace, named in the pod's volume
-    [volume] = [v for v in pod["spec"]["volumes"] if "secret" in v]
-    [stored] = [s for s in kube.objects("", "secrets") if s["metadata"]["namespace"] == "bookbuyer"]
-    assert stored["metadata"]["name"] == volume["secret"]["secretName"]
-    assert "PRIVATE KEY" not in mesh.processes["injector"].logs()
-
-    # the catalog expects the proxy before it connects
-    proxies = {p["common_name"]: p for p in mesh.get("catalog", "/v1/proxies")["proxies"]}
-    assert proxies[common_name]["expected"] is True
-    assert proxies[common_name]["service_account"] == "bookbuyer"
-
-    # the kubelet's part: the Secret's files at the mount path, then the envoy container
-    mesh.mount.mkdir(parents=True)
-    for name, data in stored["data"].items():
-        (mesh.mount / name).write_bytes(base64.b64decode(data))
-    [envoy_container] = [c for c in pod["spec"]["containers"] if c["name"] == "envoy"]
-    log = tmp_path / "envoy.log"
-    with log.open("wb") as sink:
-        envoy = subprocess.Popen(
-            [
-                find_envoy(),
-                *envoy_container["args"],
-                "--base-id",
-                str(random.randrange(1000, 60000)),
-                "--concurrency",
-                "1",
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    assert kube.objects("", "secrets") == []  # the webhook stores nothing
+    kubelet = Kubelet(mesh, kube, tmp_path, pod)
     try:
+        kubelet.start_agent()
+        files = {p.name: p for p in mesh.mount.iterdir()}
+        assert {"envoy.yaml", "key.pem", "cert.pem", "workload.pem", "ca.pem"} <= set(files)
+        assert files["key.pem"].stat().st_mode & 0o077 == 0  # the key: the proxy's uid only
+        proxy = x509.load_pem_x509_certificate(files["cert.pem"].read_bytes())
+        common_name = str(proxy.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value)
+        assert common_name == f"{kubelet.uid}.bookbuyer.bookbuyer"  # the token's pod uid
+        workload = x509.load_pem_x509_certificate(files["workload.pem"].read_bytes())
+        sans = workload.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
+        assert uris == ["spiffe://cluster.local/ns/bookbuyer/sa/bookbuyer"]
+        assert workload.public_key() == proxy.public_key()  # one key, made in the pod
+        proxies = {p["common_name"]: p for p in mesh.get("catalog", "/v1/proxies")["proxies"]}
+        assert proxies[common_name]["expected"] is True
+        assert proxies[common_name]["service_account"] == "bookbuyer"
 
-        def connected() -> bool:
-            listed = mesh.get("proxy-cp", "/v1/proxies")["proxies"]
-            return any(p["proxy"] == common_name for p in listed)
-
-        def configured() -> bool:
-            stats = httpx.get(
-                f"http://127.0.0.1:{mesh.ports['admin']}/stats?filter=lds.update_success",
-                timeout=5,
-            ).text
-            return (
-                "listener_manager.lds.update_success: 0" not in stats and "update_success" in stats
-            )
-
-        try:
-            asyncio.run(
-                eventually(connected, timeout=20, interval=0.2, message="proxy-cp lists it")
-            )
-            asyncio.run(eventually(configured, timeout=20, interval=0.2, message="Envoy has LDS"))
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; envoy's log:\n{log.read_text()[-4000:]}") from None
-        stats = httpx.get(
-            f"http://127.0.0.1:{mesh.ports['admin']}/stats?filter=control_plane.connected_state",
-            timeout=5,
+        log = kubelet.start_envoy()
+        wait_joined(kubelet, common_name, log)
+        assert (
+            "control_plane.connected_state: 1"
+            in kubelet.admin("/stats?filter=control_plane.connected_state").text
         )
-        assert "control_plane.connected_state: 1" in stats.text
-        assert envoy_container["args"][-2:] == ["--log-level", "debug"]
+        # Envoy's xDS client certificate is the agent's, read from its folder
+        assert f"{proxy.serial_number:x}" in served_serials(kubelet)
+        assert kubelet.container("envoy")["args"][-2:] == ["--log-level", "debug"]
         assert "][debug][" in log.read_text()  # Envoy runs at MeshConfig's level
     finally:
-        envoy.terminate()
-        try:
-            envoy.wait(10)
-        except subprocess.TimeoutExpired:
-            envoy.kill()
-            envoy.wait()
-
+        kubelet.stop()
+    for name in ("injector", "proxy-cp", "certmanager"):
+        assert "PRIVATE KEY" not in mesh.processes[name].logs()
+        assert kubelet.token.read_text() not in mesh.processes[name].logs()
     metrics = mesh.processes["injector"].get("/metrics").text
     assert 'trellis_injector_admissions_total{outcome="injected"} 1.0' in metrics
-    assert 'trellis_injector_proxy_secrets_total{outcome="created"} 1.0' in metrics
+    metrics = mesh.processes["proxy-cp"].get("/metrics").text
+    assert 'trellis_proxy_cp_enrollments_total{outcome="enrolled"} 1.0' in metrics
 
 
-def test_opt_out_malformed_and_certmanager_down(mesh: Mesh, kube: KubeApi) -> None:
+def test_opt_out_malformed_and_catalog_down(mesh: Mesh, kube: KubeApi) -> None:
     opted_out = json.loads(json.dumps(BOOKBUYER))
     opted_out["metadata"]["annotations"] = {injection.INJECTION_ANNOTATION: "disabled"}
     response = mesh.post_review(review_of(opted_out)).json()["response"]
@@ -294,70 +369,85 @@ def test_opt_out_malformed_and_certmanager_down(mesh: Mesh, kube: KubeApi) -> No
     assert malformed.status_code == 400
     assert "AdmissionReview" in malformed.json()["error"]
 
-    mesh.processes["certmanager"].stop()
+    mesh.processes["catalog"].stop()
     response = mesh.post_review(review_of(BOOKBUYER), query="?timeout=5s").json()["response"]
     assert response["allowed"] is False  # failure policy Fail
-    assert "certmanager" in response["status"]["message"]
-    assert kube.objects("", "secrets") == []
+    assert "catalog" in response["status"]["message"]
 
 
 @pytest.mark.parametrize(
     "extra_env",
     [
-        {
-            # proxy certificates of 120 s (180 s with the minute certmanager backdates
-            # them by), due 0.35 into that: 3 s after issue; sweeps twice a second
-            "certmanager": {"TRELLIS_CERTMANAGER_PROXY_CERT_VALIDITY": "PT120S"},
-            "injector": {
-                "TRELLIS_INJECTOR_SECRET_RENEW_FRACTION": "0.35",
-                "TRELLIS_INJECTOR_SECRET_UPKEEP_INTERVAL": "0.5",
-                # long enough for the pod's creation to reach the injector's informer on a
-                # loaded machine (at 3 s the Secret was once taken for an orphan first)
-                "TRELLIS_INJECTOR_ORPHAN_SECRET_GRACE": "15",
-            },
-        }
+        # proxy certificates of 120 s (180 s with the minute certmanager backdates them
+        # by); the agent renews at 0.36 of that: about 5 s after each enrollment
+        {"certmanager": {"TRELLIS_CERTMANAGER_PROXY_CERT_VALIDITY": "PT120S"}},
     ],
 )
-def test_an_injected_proxys_secret_is_renewed_and_deleted_with_its_pod(
+def test_the_agent_renews_key_and_certificates_and_envoy_follows(
     mesh: Mesh, kube: KubeApi, tmp_path: Path
 ) -> None:
-    answer = mesh.post_review(review_of(BOOKBUYER))
-    response = answer.json()["response"]
-    assert response["allowed"] is True, response
-    pod = jsonpatch.apply_patch(BOOKBUYER, json.loads(base64.b64decode(response["patch"])))
-    proxy_id = pod["metadata"]["labels"][injection.PROXY_UUID_LABEL]
-    common_name = f"{proxy_id}.bookbuyer.bookbuyer"
-    api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kube.write_kubeconfig(tmp_path / "test-kubeconfig"))
+    kubelet = Kubelet(mesh, kube, tmp_path, injected(mesh))
+    try:
+        kubelet.start_agent(TRELLIS_AGENT_RENEW_FRACTION="0.36")
+        key = mesh.mount / "key.pem"
+        first_key = key.read_bytes()
+        first = x509.load_pem_x509_certificate((mesh.mount / "cert.pem").read_bytes())
+        common_name = str(first.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value)
+        log = kubelet.start_envoy()
+        wait_joined(kubelet, common_name, log)
+        asyncio.run(
+            eventually(lambda: key.read_bytes() != first_key, timeout=30, message="renewed")
+        )
+        renewed = x509.load_pem_x509_certificate((mesh.mount / "cert.pem").read_bytes())
+        workload = x509.load_pem_x509_certificate((mesh.mount / "workload.pem").read_bytes())
+        assert renewed.subject == first.subject  # the same proxy, a new key
+        assert renewed.serial_number != first.serial_number
+        assert workload.public_key() == renewed.public_key()
+        revoked = mesh.get("certmanager", f"/v1/revoked?common_name={common_name}")["revoked"]
+        assert f"{first.serial_number:x}" in {r["serial"] for r in revoked}
+        # Envoy reloads the swapped folder: it presents the new proxy certificate, and its
+        # xDS stream (ended with the revoked certificate) comes back with the new one
+        asyncio.run(eventually(
+            lambda: f"{renewed.serial_number:x}" in served_serials(kubelet),
+            timeout=20, message="Envoy loads the renewed proxy certificate",
+        ))  # fmt: skip
+        assert f"{first.serial_number:x}" not in served_serials(kubelet)
+        wait_joined(kubelet, common_name, log)
+    finally:
+        kubelet.stop()
+
+
+def test_enrollment_refuses_what_the_token_does_not_prove(
+    mesh: Mesh, kube: KubeApi, tmp_path: Path
+) -> None:
+    from trellis_cli.agent import AgentConfig, AgentError, enroll
+
+    kubelet = Kubelet(mesh, kube, tmp_path, injected(mesh))
+    agent = {e["name"]: e["value"] for e in kubelet.container("trellis-agent")["env"]}
+
+    def attempt(token: str) -> str:
+        path = tmp_path / "attempt-token"
+        path.write_text(token)
+        config = AgentConfig.from_env({**agent, "TRELLIS_AGENT_TOKEN": str(path)})
+        with pytest.raises(AgentError) as refused:
+            enroll(config)
+        return str(refused.value)
+
+    unbound = kube.service_account_token("bookbuyer", "bookbuyer")
+    assert "not_bound" in attempt(unbound)
+    wrong = kube.service_account_token(
+        "bookbuyer", "bookbuyer", audiences=("other",), pod=("bookbuyer-1", kubelet.uid)
     )
-    core: Any = client.CoreV1Api(api_client)
-    core.create_namespaced_pod("bookbuyer", {**pod, "metadata": {**pod["metadata"], "name": "b"}})
+    assert "wrong_audience" in attempt(wrong)
+    system = kube.service_account_token("trellis-system", "proxy-cp", pod=("p", kubelet.uid))
+    refused = attempt(system)
+    assert "not_authenticated" in refused or "control_plane_namespace" in refused
+    assert "UNAUTHENTICATED" in attempt("")
+    kubelet.core.delete_namespaced_pod("bookbuyer-1", "bookbuyer")  # its token dies with it
+    assert "not_authenticated" in attempt(kubelet.token.read_text())
 
-    def secret() -> dict[str, Any] | None:
-        found = [
-            s for s in kube.objects("", "secrets") if s["metadata"]["namespace"] == "bookbuyer"
-        ]
-        return found[0] if found else None
-
-    def pem(name: str) -> bytes:
-        stored = secret()
-        assert stored is not None
-        return base64.b64decode(stored["data"][name])
-
-    first_cert, first_key = pem("cert.pem"), pem("key.pem")
-    first = x509.load_pem_x509_certificate(first_cert)
-    asyncio.run(eventually(lambda: pem("cert.pem") != first_cert, timeout=30, message="renewed"))
-    renewed = x509.load_pem_x509_certificate(pem("cert.pem"))
-    assert renewed.subject == first.subject  # the same proxy
-    assert renewed.serial_number != first.serial_number
-    assert pem("key.pem") != first_key  # a new key with it, in the same patch
-    revoked = mesh.get("certmanager", f"/v1/revoked?common_name={common_name}")["revoked"]
-    assert f"{first.serial_number:x}" in {r["serial"] for r in revoked}
-    metrics = mesh.processes["injector"].get("/metrics").text
-    assert 'trellis_injector_proxy_secret_upkeep_total{outcome="renewed"}' in metrics
-    assert "PRIVATE KEY" not in mesh.processes["injector"].logs()
-
-    # the pod goes: its Secret is an orphan, and is deleted
-    core.delete_namespaced_pod("b", "bookbuyer")
-    asyncio.run(eventually(lambda: secret() is None, timeout=30, message="orphan deleted"))
-    api_client.close()
+    metrics = mesh.processes["proxy-cp"].get("/metrics").text
+    for reason in ("not_bound", "wrong_audience", "no_token", "not_authenticated"):
+        assert f'trellis_proxy_cp_enrollments_total{{outcome="{reason}"}}' in metrics, reason
+    assert "enroll.refused" in mesh.processes["certmanager"].logs()
+    assert 'trellis_proxy_cp_enrollments_total{outcome="enrolled"}' not in metrics

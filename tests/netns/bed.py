@@ -15,7 +15,11 @@ What a cluster would do, done here for real, and only that:
   webhook as an AdmissionReview, the JSON patch it answers is applied, the patched pod is
   stored in the API, and what it says is run: the init container's command (its iptables
   rules, loaded in the pod's namespace), then every container, with its volumes as files
-  (a Secret's keys as the kubelet writes them) bound at their mount paths, as its uid.
+  (a Secret's keys, a projected ServiceAccount token bound to the pod, as the kubelet writes
+  them) bound at their mount paths, as its uid. The ServiceAccount a pod names is created
+  if missing, as a cluster's manifests would have it.
+- **Programs any uid may run** are in one PATH folder: ``envoy`` and ``trellis-agent`` (the
+  workspace's Python packages run by Debian's interpreter, see :func:`launcher_script`).
 - **Services** get a ClusterIP from ``10.96.0.0/12`` and, once their pods run, an
   EndpointSlice naming them, as the endpoints controller would write it; every pod's hosts
   file resolves ``<svc>.<namespace>.svc.cluster.local`` to the ClusterIP.
@@ -74,6 +78,46 @@ CRDS = (
     ("networking.istio.io/v1/serviceentries", "ServiceEntry"),
 )
 PREFIX = f"tb{os.getpid()}-"
+#: Debian's interpreter of the venv's Python version: same ABI, and any uid may run it,
+#: whereas the venv's own is under /root (0700) on this machine. ``make bootstrap`` installs it.
+SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+#: Where the pod agent's launcher runs its module from.
+AGENT_MODULE = "trellis_cli.agent"
+#: What the kubelet makes an emptyDir: any of the pod's uids may write there.
+EMPTY_DIR_MODE = 0o777
+
+
+def launcher_script(module: str) -> str:
+    """A script that runs ``python -m <module>`` with the workspace's packages as any uid.
+
+    Its interpreter is :data:`SYSTEM_PYTHON`, with ``-S`` so that Debian's own
+    dist-packages (older cryptography, PyYAML...) stay off the path; it then adds this venv's
+    site-packages the way ``site`` does (its ``.pth`` files put the workspace's editable
+    packages on the path) and runs the module as ``__main__`` with the script's arguments.
+    """
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site_packages = Path(sys.prefix) / "lib" / version / "site-packages"
+    return (
+        f"#!{SYSTEM_PYTHON} -S\n"
+        f'"""python -m {module}, with the packages of {sys.prefix} (tests/netns/bed.py)."""\n'
+        "import runpy\n"
+        "import site\n\n"
+        f"site.addsitedir({str(site_packages)!r})\n"
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+    )
+
+
+def install_launcher(folder: Path, name: str, module: str) -> Path:
+    """Write :func:`launcher_script` for ``module`` as ``folder/name``, executable by all."""
+    if not SYSTEM_PYTHON.exists():
+        raise FileNotFoundError(
+            f"{SYSTEM_PYTHON} is missing: pods run Python as other uids with it "
+            "(make bootstrap installs python3)"
+        )
+    path = folder / name
+    path.write_text(launcher_script(module))
+    path.chmod(0o755)
+    return path
 
 
 def envoy_binary() -> Path:
@@ -193,13 +237,15 @@ class Bed:
         return self
 
     def _path_for_pods(self) -> None:
-        """A PATH folder any uid may use, holding ``envoy`` (the sidecar's command)."""
+        """A PATH folder any uid may use, holding ``envoy`` (the sidecar's command) and
+        ``trellis-agent`` (the pod agent's)."""
         self.bin.mkdir(mode=0o755, exist_ok=True)
         self.bin.chmod(0o755)
+        self._stack.callback(_remove_tree, self.bin)
         link = self.bin / "envoy"
         if not link.exists():
             link.symlink_to(envoy_binary())
-        self._stack.callback(_remove_tree, self.bin)
+        install_launcher(self.bin, "trellis-agent", AGENT_MODULE)
 
     @property
     def path(self) -> str:
@@ -224,6 +270,49 @@ class Bed:
         self.pods.clear()
         self.services.clear()
         self.extra_hosts.clear()
+
+    def diagnose(self) -> str:
+        """What a failed test needs to be read: each sidecar's clusters (hosts and health),
+        outbound filter chains and warnings, and the control plane's warnings."""
+        lines: list[str] = []
+        for pod in self.pods:
+            if not pod.injected:
+                continue
+            lines.append(f"== {pod.namespace}/{pod.name} ({pod.ip})")
+            try:
+                clusters = pod.envoy("/clusters").text.splitlines()
+                lines += [
+                    f"  {c}" for c in clusters if "::health_flags::" in c or "::cx_active::" in c
+                ]
+                dump = pod.envoy("/config_dump?resource=dynamic_listeners").json()
+                for listener in dump.get("configs", []):
+                    active = listener.get("active_state", {}).get("listener", {})
+                    chains = [c.get("name", "?") for c in active.get("filter_chains", [])]
+                    lines.append(f"  listener {listener.get('name')}: {chains}")
+            except (httpx.HTTPError, ValueError) as exc:
+                lines.append(f"  admin API: {exc}")
+            lines += [
+                f"  envoy: {line}"
+                for line in pod.log("envoy").splitlines()[-200:]
+                if "[warning]" in line or "[error]" in line
+            ][-20:]
+        if self.plane is not None:
+            for process in self.plane.processes:
+                warned = [
+                    line
+                    for line in process.logs().splitlines()
+                    if "level=warning" in line or "level=error" in line
+                ]
+                lines += [f"{process.name}: {line}" for line in warned[-15:]]
+            try:
+                catalog = self.plane.process("catalog")
+                resources = catalog.get("/v1/resources").text
+                lines.append(f"catalog /v1/resources: {resources[-3000:]}")
+                view = catalog.get("/v1/views").text
+                lines.append(f"catalog /v1/views: {view[-3000:]}")
+            except (httpx.HTTPError, OSError) as exc:
+                lines.append(f"catalog: {exc}")
+        return "\n".join(lines)
 
     # -- the API ----------------------------------------------------------------------------
 
@@ -331,11 +420,13 @@ class Bed:
         obj = self._admit(plain) if inject else plain
         ip = str(next(self._pod_ips))
         obj["status"] = {"podIP": ip, "podIPs": [{"ip": ip}], "phase": "Running"}
-        self.core.create_namespaced_pod(namespace, obj)
+        self._service_account(namespace, service_account)
+        created = self.core.create_namespaced_pod(namespace, obj)
+        obj["metadata"]["uid"] = created.metadata.uid  # what its bound tokens name
         workdir = self.root / "pods" / f"{namespace}-{name}-{len(self._made)}"
         self._made.append(name)
         workdir.mkdir(parents=True)
-        volumes = self._volumes(namespace, obj, workdir)
+        volumes = pod_volumes(self.core, obj, workdir)
         netns = self.node.pod(f"{PREFIX}{name}", ip, self.hosts())
         running = run_pod_spec(netns, obj, volumes, workdir=workdir, path=self.path)
         made = BedPod(namespace, name, ip, obj, running, inject)
@@ -368,24 +459,13 @@ class Bed:
         patched: dict[str, Any] = jsonpatch.apply_patch(pod, patch)
         return patched
 
-    def _volumes(self, namespace: str, obj: Mapping[str, Any], workdir: Path) -> dict[str, Path]:
-        """Each volume as the kubelet would make it: a Secret's keys as files, an emptyDir
-        as an empty folder."""
-        found = {}
-        for volume in obj["spec"].get("volumes") or []:
-            where = workdir / "volumes" / volume["name"]
-            where.mkdir(parents=True, mode=0o755)
-            where.chmod(0o755)
-            if "secret" in volume:
-                secret = self.core.read_namespaced_secret(volume["secret"]["secretName"], namespace)
-                mode = volume["secret"].get("defaultMode", 0o644)
-                for key, value in (secret.data or {}).items():
-                    (where / key).write_bytes(base64.b64decode(value))
-                    (where / key).chmod(mode)
-            elif "emptyDir" not in volume:
-                raise NotImplementedError(f"volume {volume['name']}: only Secrets and emptyDirs")
-            found[volume["name"]] = where
-        return found
+    def _service_account(self, namespace: str, name: str) -> None:
+        """Create the ServiceAccount a pod runs as, unless it exists (its tokens need it)."""
+        try:
+            self.core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+        except client.ApiException as error:
+            if error.status != 409:  # 409: it exists already
+                raise
 
     def _endpoint_slice(self, service: BedService) -> None:
         body = {
@@ -416,6 +496,83 @@ class Bed:
         with contextlib.suppress(client.ApiException):
             self.discovery.delete_namespaced_endpoint_slice(service.name, service.namespace)
         self.discovery.create_namespaced_endpoint_slice(service.namespace, body)
+
+
+def pod_volumes(core: Any, obj: Mapping[str, Any], workdir: Path) -> dict[str, Path]:
+    """Each volume of the stored pod ``obj`` as the kubelet makes it, under
+    ``workdir/volumes/<name>``: a Secret's keys as files, an emptyDir as an empty folder any
+    uid may write (``medium: Memory`` too, on disk here), a projected ServiceAccount token
+    requested from the API (``core``) and bound to the pod (``metadata.uid`` must be the one
+    the API gave it)."""
+    found = {}
+    for volume in obj["spec"].get("volumes") or []:
+        where = workdir / "volumes" / volume["name"]
+        where.mkdir(parents=True, mode=0o755)
+        where.chmod(0o755)
+        if "secret" in volume:
+            _secret_volume(core, obj["metadata"]["namespace"], volume["secret"], where)
+        elif "projected" in volume:
+            _projected_volume(core, obj, volume["projected"], where)
+        elif "emptyDir" in volume:
+            _empty_dir(volume["name"], volume["emptyDir"] or {}, where)
+        else:
+            raise NotImplementedError(
+                f"volume {volume['name']}: only Secrets, emptyDirs and projected tokens"
+            )
+        found[volume["name"]] = where
+    return found
+
+
+def _secret_volume(core: Any, namespace: str, source: Mapping[str, Any], where: Path) -> None:
+    secret = core.read_namespaced_secret(source["secretName"], namespace)
+    mode = source.get("defaultMode", 0o644)
+    for key, value in (secret.data or {}).items():
+        (where / key).write_bytes(base64.b64decode(value))
+        (where / key).chmod(mode)
+
+
+def _empty_dir(name: str, source: Mapping[str, Any], where: Path) -> None:
+    if source.get("medium", "") not in ("", "Memory"):
+        raise NotImplementedError(f"volume {name}: emptyDir medium {source['medium']!r}")
+    where.chmod(EMPTY_DIR_MODE)
+
+
+def _projected_volume(
+    core: Any, obj: Mapping[str, Any], source: Mapping[str, Any], where: Path
+) -> None:
+    """A projected volume's ServiceAccount tokens, each requested as the kubelet does
+    (TokenRequest bound to the pod, with the projection's audience and lifetime)."""
+    metadata, spec = obj["metadata"], obj["spec"]
+    # 0644 by default, as the API defaults defaultMode: our pods' containers run as
+    # several uids (the app as root, the sidecar as 1337) and each may read the token.
+    mode = source.get("defaultMode", 0o644)
+    for projection in source.get("sources") or []:
+        if set(projection) != {"serviceAccountToken"}:
+            raise NotImplementedError(
+                f"projected source {', '.join(sorted(projection))}: only serviceAccountToken"
+            )
+        token = projection["serviceAccountToken"]
+        audience = token.get("audience")
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [audience] if audience else [],
+                "expirationSeconds": token.get("expirationSeconds", 3600),
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": metadata["name"],
+                    "uid": metadata["uid"],
+                },
+            },
+        }
+        account = spec.get("serviceAccountName") or "default"
+        answer = core.create_namespaced_service_account_token(account, metadata["namespace"], body)
+        path = where / token["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(answer.status.token)
+        path.chmod(mode)
 
 
 def kubelet_probe(pod: BedPod, kind: str, container: str = "app") -> httpx.Response:

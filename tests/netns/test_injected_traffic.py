@@ -99,10 +99,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
 
 
 @pytest.fixture
-def mesh(node: Bed) -> Iterator[Bed]:
+def mesh(node: Bed, request: pytest.FixtureRequest) -> Iterator[Bed]:
+    failed = request.session.testsfailed
     try:
         yield node
     finally:
+        if request.session.testsfailed > failed:  # printed with the failure's report
+            print(node.diagnose())
         node.remove_pods()
 
 

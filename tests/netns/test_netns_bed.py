@@ -542,3 +542,145 @@ def test_expand_references_follows_the_kubelet() -> None:
     assert expand_references("$(C) stays", env) == "$(C) stays"
     assert expand_references("$A $ $$ $(A", env) == "$A $ $ $(A"
     assert expand_references("ends with $", env) == "ends with $"
+
+
+# --- native sidecars -----------------------------------------------------------------------
+
+
+def sidecar(command: str, probe: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:
+    """An init container with ``restartPolicy: Always``: a native sidecar."""
+    return {
+        "name": "proxy",
+        "command": ["sh", "-c", command],
+        "restartPolicy": "Always",
+        **({"startupProbe": probe} if probe else {}),
+        **more,
+    }
+
+
+def test_a_native_sidecar_keeps_running_and_holds_back_the_next_init_until_its_probe_passes(
+    node: Node, tmp_path: Path
+) -> None:
+    pod = node.pod(named("web"), POD_A_IP)
+    data = tmp_path / "data"
+    data.mkdir(mode=0o777)
+    data.chmod(0o777)  # the sidecar's uid writes there
+    shared = f"/run/{PREFIX}shared"
+    # only the sidecar's uid, env and mounts pass the probe: it must run as the container
+    probe_script = (
+        f'echo probed >> {shared}/probes; [ "$(id -u)" = 1337 ] && [ "$ROLE" = proxy ] '
+        f"&& test -f {shared}/ready"
+    )
+    proxy = sidecar(
+        f"echo starting; sleep 1; touch {shared}/ready; echo ready; exec sleep 30",
+        {"exec": {"command": ["sh", "-c", probe_script]}, "periodSeconds": 1},
+        env=[{"name": "ROLE", "value": "proxy"}],
+        securityContext={"runAsUser": 1337, "runAsGroup": 1337},
+        volumeMounts=[{"name": "data", "mountPath": shared}],
+    )
+    check = {
+        "name": "check",
+        "command": ["sh", "-c", f"test -f {data}/ready && echo saw ready"],
+    }
+    spec = {
+        "spec": {
+            "initContainers": [proxy, check],
+            "containers": [{"name": "app", "command": ["sleep", "30"]}],
+        }
+    }
+
+    running = run_pod_spec(pod, spec, {"data": data}, workdir=tmp_path / "work")
+
+    assert running.init_output == {"check": "saw ready\n"}
+    assert list(running.processes) == ["proxy", "app"]
+    assert running.processes["proxy"].poll() is None
+    assert running.logs["proxy"] == tmp_path / "work" / "proxy.log"
+    assert running.logs["proxy"].read_text() == "starting\nready\n"
+    attempts = (data / "probes").read_text().count("probed")
+    assert 2 <= attempts <= 4  # one a second: the first fails, a later one passes
+    pod.stop()
+    assert running.processes["proxy"].returncode is not None
+
+
+def test_a_native_sidecar_without_a_probe_lets_the_next_start_at_once(
+    node: Node, tmp_path: Path
+) -> None:
+    pod = node.pod(named("web"), POD_A_IP)
+    spec = {
+        "spec": {
+            "initContainers": [
+                sidecar("echo up; exec sleep 30"),
+                {"name": "next", "command": ["true"]},
+            ],
+            "containers": [{"name": "app", "command": ["sleep", "30"]}],
+        }
+    }
+    running = run_pod_spec(pod, spec, {}, workdir=tmp_path)
+    assert running.init_output == {"next": ""}
+    assert running.processes["proxy"].poll() is None
+    wait_until(lambda: log_contains(running.logs["proxy"], "up"), message="the sidecar's log")
+
+
+def test_a_sidecar_whose_probe_never_passes_stops_the_pod_naming_it(
+    node: Node, tmp_path: Path
+) -> None:
+    pod = node.pod(named("web"), POD_A_IP)
+    probe = {
+        "exec": {"command": ["sh", "-c", "echo not listening yet >&2; exit 1"]},
+        "periodSeconds": 1,
+        "failureThreshold": 2,
+    }
+    marker = tmp_path / "ran"
+    spec = {
+        "spec": {
+            "initContainers": [sidecar("exec sleep 30", probe)],
+            "containers": [{"name": "app", "command": ["touch", str(marker)]}],
+        }
+    }
+    with pytest.raises(
+        RuntimeError, match=r"(?s)sidecar proxy .* startup probe failed 2 times.*not listening yet"
+    ):
+        run_pod_spec(pod, spec, {}, workdir=tmp_path)
+    assert not marker.exists()
+
+
+def test_a_sidecar_that_exits_while_starting_stops_the_pod_with_its_log(
+    node: Node, tmp_path: Path
+) -> None:
+    pod = node.pod(named("web"), POD_A_IP)
+    probe = {"exec": {"command": ["false"]}, "periodSeconds": 1, "failureThreshold": 3}
+    spec = {
+        "spec": {
+            "initContainers": [sidecar("echo no certificate; exit 3", probe)],
+            "containers": [{"name": "app", "command": ["sleep", "30"]}],
+        }
+    }
+    with pytest.raises(RuntimeError, match=r"(?s)sidecar proxy .* exited \(rc 3\).*no certificate"):
+        run_pod_spec(pod, spec, {}, workdir=tmp_path)
+    assert not (tmp_path / "app.log").exists()
+
+
+@pytest.mark.parametrize(
+    ("probe", "error", "match"),
+    [
+        ({"httpGet": {"port": 15021}}, NotImplementedError, "only exec"),
+        ({"exec": {"command": ["true"]}, "periodSeconds": 0.5}, ValueError, "whole seconds"),
+    ],
+)
+def test_a_sidecar_probe_that_cannot_be_run_is_refused_before_anything_runs(
+    node: Node, tmp_path: Path, probe: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    pod = node.pod(named("a"), POD_A_IP)
+    marker = tmp_path / "ran"
+    spec = {
+        "spec": {
+            "initContainers": [
+                {"name": "first", "command": ["touch", str(marker)]},
+                sidecar("exec sleep 30", probe),
+            ],
+            "containers": [{"name": "app", "command": ["sleep", "30"]}],
+        }
+    }
+    with pytest.raises(error, match=match):
+        run_pod_spec(pod, spec, {}, workdir=tmp_path)
+    assert not marker.exists()

@@ -109,7 +109,7 @@ class FakeCertmanager(cpb_grpc.CertificateManagerServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not used by the catalog's follower")
 
     IssueCertificate = GetCertificate = RotateCertificate = ListRevokedCertificates = _unused
-    RenewComponentCertificate = RenewProxyCertificate = _unused
+    RenewComponentCertificate = RenewProxyCertificate = EnrollProxy = _unused
 
 
 @contextlib.asynccontextmanager

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from trellis_common.testing import eventually
-from trellis_common.testing.kube import KubeApi
-from trellis_injector.kube import CaBundleSync, KubeSecrets, ca_bundle_patch
+from trellis_injector.kube import CaBundleSync, ca_bundle_patch
 from trellis_injector.metrics import InjectorMetrics
-from trellis_injector.sidecars import SecretFailed
 
 GROUP = "admissionregistration.k8s.io"
 PLURAL = "mutatingwebhookconfigurations"
@@ -45,35 +42,6 @@ def webhook(name: str, ca_bundle: str | None = None) -> dict[str, Any]:
         "failurePolicy": "Fail",
         "namespaceSelector": {"matchLabels": {"trellis.dev/monitored-by": "trellis"}},
     }
-
-
-def secret(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": "shop"},
-        "data": {"key.pem": base64.b64encode(b"k").decode()},
-    }
-
-
-async def test_a_secret_is_created_in_the_pods_namespace(kube: Any) -> None:
-    api, api_client = kube
-    secrets = KubeSecrets(api_client, timeout=5)
-    await secrets.create_secret("shop", secret("trellis-proxy-1"))
-    [stored] = api.objects("", "secrets")
-    assert stored["metadata"]["namespace"] == "shop"
-    assert stored["data"]["key.pem"] == base64.b64encode(b"k").decode()
-
-    with pytest.raises(SecretFailed, match="409"):  # the API server's answer is named
-        await secrets.create_secret("shop", secret("trellis-proxy-1"))
-
-
-async def test_an_unreachable_api_server_is_a_secret_failure(tmp_path: Path) -> None:
-    with KubeApi() as api:
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-    with pytest.raises(SecretFailed, match="did not create Secret shop/x"):
-        await KubeSecrets(api_client, timeout=2).create_secret("shop", secret("x"))
 
 
 def test_the_patch_sets_only_what_differs() -> None:

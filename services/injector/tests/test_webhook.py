@@ -21,22 +21,18 @@ from trellis_common.kube.injection import Exclusions
 from trellis_common.testing import eventually
 from trellis_common.testing.admission import pod_review
 from trellis_common.testing.identities import LocalCA
-from trellis_injector.domain.injection import VOLUME, Sidecar
+from trellis_injector.domain.injection import TOKEN_VOLUME, VOLUME, Sidecar
 from trellis_injector.domain.onboarding import MeshSidecar
 from trellis_injector.metrics import InjectorMetrics
-from trellis_injector.onboarder import Onboarder, Unavailable
-from trellis_injector.sidecars import SidecarInjector
-from trellis_injector.testing import (
-    FakeCatalog,
-    FakeCertificates,
-    FakeSecrets,
-    FixedControlPlane,
-)
+from trellis_injector.onboarder import Unavailable
+from trellis_injector.sidecars import PodAgents, SidecarInjector
+from trellis_injector.testing import FakeCatalog, FixedControlPlane
 from trellis_injector.transport import webhook
 from trellis_injector.transport.webhook import WebhookServer
 
 SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
 SIDECAR = Sidecar(envoy_image="envoyproxy/envoy:v1.40.0", init_image="trellis:test")
+MESH_ROOT = "-----BEGIN CERTIFICATE-----\nbWVzaCByb290\n-----END CERTIFICATE-----\n"
 
 
 def deployment_pod(**metadata: Any) -> dict[str, Any]:
@@ -80,9 +76,8 @@ class Harness:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.certificates = FakeCertificates()
         self.catalog = FakeCatalog()
-        self.secrets = FakeSecrets()
+        self.control_plane = FixedControlPlane("10.0.0.9")
         self.metrics = InjectorMetrics(self.registry)
         self.injector = self.make_injector()
         ca = LocalCA()
@@ -93,10 +88,14 @@ class Harness:
         self.client = httpx.AsyncClient(verify=self.identity.client_ssl_context(), timeout=10)
 
     def make_injector(self) -> SidecarInjector:
-        onboarder = Onboarder(
-            self.certificates, self.catalog, FixedControlPlane("10.0.0.9"), SPIFFE
+        agents = PodAgents(
+            self.control_plane,
+            self.catalog,
+            lambda: MESH_ROOT.encode(),
+            SPIFFE,
+            "proxy-cp.trellis-system.svc",
         )
-        return SidecarInjector(onboarder, self.secrets, SIDECAR, self.metrics)
+        return SidecarInjector(agents, SIDECAR, self.metrics)
 
     async def post(self, body: Any, query: str = "?timeout=10s") -> httpx.Response:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -175,36 +174,45 @@ async def test_a_deployments_pod_is_injected(hook: Harness) -> None:
     assert envoy["image"] == "envoyproxy/envoy:v1.40.0"
     assert envoy["args"][:2] == ["-c", "/etc/trellis/proxy/envoy.yaml"]
     assert envoy["securityContext"]["runAsUser"] == 1337
-    [init] = result["spec"]["initContainers"]
+    init, _ = result["spec"]["initContainers"]
     assert init["name"] == "trellis-init"
     assert init["image"] == "trellis:test"
     assert "NET_ADMIN" in init["securityContext"]["capabilities"]["add"]
     assert "REDIRECT --to-ports 15001" in init["command"][2]
 
-    # the pod's UUID label is its proxy certificate's, and the Secret holds its files
-    [(common_name, account)] = hook.certificates.issued
-    proxy_id = common_name.split(".")[0]
-    assert common_name == f"{proxy_id}.cart.shop"  # the service from the `app` label
-    assert account == "cart-sa"
-    assert result["metadata"]["labels"][injection.PROXY_UUID_LABEL] == proxy_id
+    # no label or annotation speaks for the proxy's identity: the agent's token will
+    assert injection.PROXY_UUID_LABEL not in result["metadata"]["labels"]
     assert result["metadata"]["labels"]["app"] == "cart"
-    assert hook.catalog.expected == {common_name: "cart-sa"}
-    [volume] = [v for v in result["spec"]["volumes"] if v["name"] == VOLUME]
-    secret_name = volume["secret"]["secretName"]
-    secret = hook.secrets.created[("shop", secret_name)]
-    files = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    assert set(files) == {"envoy.yaml", "cert.pem", "key.pem", "ca.pem", "proxy-sds.yaml"}
-    assert "PRIVATE KEY" in files["key.pem"]
-    bootstrap = yaml.safe_load(files["envoy.yaml"])
-    assert bootstrap["node"]["id"] == common_name
-    # the pod's traffic is redirected: proxy-cp's listeners go by original destination
-    assert bootstrap["node"]["metadata"]["trellis"]["capture"] is True
-    sds = yaml.safe_load(files["proxy-sds.yaml"])
-    key_file = sds["resources"][0]["tls_certificate"]["private_key"]["filename"]
-    assert key_file == "/etc/trellis/proxy/key.pem"
-    assert secret["metadata"]["labels"][injection.PROXY_UUID_LABEL] == proxy_id
+    assert hook.catalog.expected == {}  # nothing onboarded, nothing stored at admission
+    # the agent: a native sidecar after the redirection, before the pod's containers
+    agent = containers(result, "initContainers")["trellis-agent"]
+    assert agent["restartPolicy"] == "Always"
+    assert agent["image"] == "trellis:test"
+    assert agent["command"] == ["trellis-agent"]
+    assert agent["securityContext"]["runAsUser"] == 1337  # let out by the redirection
+    probe = agent["startupProbe"]["exec"]["command"]
+    assert probe == ["test", "-s", "/etc/trellis/proxy/envoy.yaml"]
+    env = {e["name"]: e["value"] for e in agent["env"]}
+    assert env["TRELLIS_AGENT_ADDRESS"] == "10.0.0.9:15012"
+    assert env["TRELLIS_AGENT_SERVER_NAME"] == "proxy-cp.trellis-system.svc"
+    assert env["TRELLIS_AGENT_CA"] == MESH_ROOT
+    assert env["TRELLIS_AGENT_SERVICE"] == "cart"  # from the `app` label
+    assert env["TRELLIS_AGENT_TOKEN"] == "/var/run/secrets/trellis/token"
+    bootstrap = yaml.safe_load(env["TRELLIS_AGENT_BOOTSTRAP"])
+    assert bootstrap["node"]["id"] == "enrolling"  # the proxy certificate names it
+    trellis = bootstrap["node"]["metadata"]["trellis"]
+    # the pod's traffic is redirected: proxy-cp's listeners go by original destination;
+    # the proxy's own workload certificate and key stay in the agent's folder
+    assert trellis["capture"] is True
+    assert trellis["workload_dir"] == "/etc/trellis/proxy"
+    volumes = {v["name"]: v for v in result["spec"]["volumes"]}
+    assert volumes[VOLUME] == {"name": VOLUME, "emptyDir": {"medium": "Memory"}}
+    [source] = volumes[TOKEN_VOLUME]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "trellis"
+    assert source["serviceAccountToken"]["path"] == "token"
+    assert {m["name"] for m in envoy["volumeMounts"]} == {VOLUME}  # no token for Envoy
+    assert all(m["name"] != TOKEN_VOLUME for m in containers(result)["cart"]["volumeMounts"])
     assert hook.count("admissions", outcome="injected") == 1
-    assert hook.count("proxy_secrets", outcome="created") == 1
 
 
 async def test_a_bare_pod_gets_its_lists_and_maps_created(hook: Harness) -> None:
@@ -216,12 +224,11 @@ async def test_a_bare_pod_gets_its_lists_and_maps_created(hook: Harness) -> None
     }
     result = patched(pod, await hook.answer(review(pod)))
     check_well_formed(result)
-    assert set(result["metadata"]["labels"]) == {injection.PROXY_UUID_LABEL}
-    assert [v["name"] for v in result["spec"]["volumes"]] == [VOLUME]
+    assert "labels" not in result["metadata"]
+    assert [v["name"] for v in result["spec"]["volumes"]] == [VOLUME, TOKEN_VOLUME]
     # without a label or annotation naming it, the service is the service account's
-    [(common_name, account)] = hook.certificates.issued
-    assert common_name.endswith(".default.shop")
-    assert account == "default"
+    agent = containers(result, "initContainers")["trellis-agent"]
+    assert {"name": "TRELLIS_AGENT_SERVICE", "value": "default"} in agent["env"]
 
 
 async def test_existing_init_containers_run_first(hook: Harness) -> None:
@@ -229,7 +236,9 @@ async def test_existing_init_containers_run_first(hook: Harness) -> None:
     pod["spec"]["initContainers"] = [{"name": "migrate", "image": "shop/migrate:1"}]
     result = patched(pod, await hook.answer(review(pod)))
     check_well_formed(result)
-    assert [c["name"] for c in result["spec"]["initContainers"]] == ["migrate", "trellis-init"]
+    assert [c["name"] for c in result["spec"]["initContainers"]] == [
+        "migrate", "trellis-init", "trellis-agent"
+    ]  # fmt: skip
 
 
 async def test_opt_out_and_already_injected_are_left_alone(hook: Harness) -> None:
@@ -248,7 +257,7 @@ async def test_opt_out_and_already_injected_are_left_alone(hook: Harness) -> Non
     host["spec"]["hostNetwork"] = True
     assert "patch" not in await hook.answer(review(host))
 
-    assert hook.certificates.issued == []  # nothing onboarded for them
+    assert hook.catalog.calls == 0  # nothing asked for them
     assert hook.count("admissions", outcome="skipped_opt_out") == 1
     assert hook.count("admissions", outcome="skipped_already") == 1
     assert hook.count("admissions", outcome="skipped_host_network") == 1
@@ -281,8 +290,9 @@ async def test_exclusions_reach_the_init_containers_rules(hook: Harness) -> None
     }
     ports = containers(result, "containers")["envoy"]["ports"]
     assert {"name": "trellis-stats", "containerPort": 15010, "protocol": "TCP"} in ports
-    [secret] = hook.secrets.created.values()
-    bootstrap = json.loads(base64.b64decode(secret["data"]["envoy.yaml"]))
+    agent = containers(result, "initContainers")["trellis-agent"]
+    env = {e["name"]: e["value"] for e in agent["env"]}
+    bootstrap = json.loads(env["TRELLIS_AGENT_BOOTSTRAP"])
     [listener] = bootstrap["static_resources"]["listeners"]
     assert listener["address"]["socket_address"]["port_value"] == 15010
 
@@ -335,7 +345,7 @@ async def test_a_bad_annotation_is_denied_naming_it(
     assert response["allowed"] is False
     assert response["status"]["code"] == 400
     assert annotation in response["status"]["message"]
-    assert hook.certificates.issued == []
+    assert hook.catalog.calls == 0
     assert hook.count("admissions", outcome="denied_invalid") == 1
 
 
@@ -376,33 +386,35 @@ async def test_other_kinds_and_operations_are_allowed_untouched(hook: Harness) -
     assert hook.count("admissions", outcome="ignored") == 1
 
 
-async def test_dry_run_onboards_nothing(hook: Harness) -> None:
+async def test_dry_run_is_answered_like_any_review_since_nothing_is_stored(
+    hook: Harness,
+) -> None:
     pod = deployment_pod()
-    result = patched(pod, await hook.answer(review(pod, dryRun=True)))
-    check_well_formed(result)
-    assert hook.certificates.issued == []
-    assert hook.secrets.created == {}
+    real = patched(pod, await hook.answer(review(pod)))
+    dry = patched(pod, await hook.answer(review(pod, dryRun=True)))
+    check_well_formed(dry)
+    assert dry == real  # the webhook has no side effects: sideEffects None holds
 
 
-async def test_certmanager_down_follows_the_failure_policy(hook: Harness) -> None:
-    hook.certificates.error = Unavailable("certmanager", "connection refused")
+async def test_the_catalog_down_follows_the_failure_policy(hook: Harness) -> None:
+    hook.catalog.error = Unavailable("catalog", "connection refused")
     response = await hook.answer(review(deployment_pod()))
     assert response["allowed"] is False  # Fail (the default)
     assert response["status"]["code"] == 500
-    assert "certmanager is unavailable" in response["status"]["message"]
+    assert "catalog is unavailable" in response["status"]["message"]
 
     hook.injector.failure_policy = "Ignore"
     response = await hook.answer(review(deployment_pod()))
     assert response["allowed"] is True
     assert "patch" not in response
-    assert "certmanager is unavailable" in response["warnings"][0]
+    assert "catalog is unavailable" in response["warnings"][0]
     assert hook.count("admissions", outcome="error") == 2
 
 
-async def test_a_stalled_certmanager_is_answered_within_the_api_servers_timeout(
+async def test_a_stalled_catalog_is_answered_within_the_api_servers_timeout(
     hook: Harness,
 ) -> None:
-    stalled = hook.certificates
+    stalled = hook.catalog
     stalled.hold = asyncio.Event()
     started = time.monotonic()
     response = await hook.answer(review(deployment_pod()), query="?timeout=2s")
@@ -412,16 +424,6 @@ async def test_a_stalled_certmanager_is_answered_within_the_api_servers_timeout(
     assert "not done within 1.5s" in response["status"]["message"]
     assert elapsed < 2.0
     stalled.hold.set()
-
-
-async def test_no_secret_store_still_patches_and_says_so(hook: Harness) -> None:
-    hook.injector.secrets = None  # a local run: no Kubernetes API
-    pod = deployment_pod()
-    response = await hook.answer(review(pod))
-    result = patched(pod, response)
-    check_well_formed(result)
-    assert "was not created" in response["warnings"][0]
-    assert hook.count("proxy_secrets", outcome="skipped") == 1
 
 
 async def test_the_serving_certificate_must_name_the_service() -> None:

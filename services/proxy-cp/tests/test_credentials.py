@@ -111,17 +111,21 @@ def mesh_ca() -> CA:
 # -- fetch ---------------------------------------------------------------------------------
 
 
-def test_fetch_gives_a_configuration_once_per_new_material(mesh_ca: CA) -> None:
+def test_fetch_gives_a_configuration_once_per_new_material_to_each_port(mesh_ca: CA) -> None:
     first = mesh_ca.serving("s1")
     serving = ServingCertificate(first)
+    xds, enroll = serving.fetcher(), serving.fetcher(clients=False)
 
-    assert serving.fetch() is None  # what the server started with
+    assert xds() is None  # what the server started with
     serving.update(first)
-    assert serving.fetch() is None  # the same material again is no change
+    assert xds() is None  # the same material again is no change
 
     serving.update(mesh_ca.serving("s2"))
-    assert isinstance(serving.fetch(), grpc.ServerCertificateConfiguration)
-    assert serving.fetch() is None
+    assert isinstance(xds(), grpc.ServerCertificateConfiguration)
+    assert xds() is None
+    # the other port was not told yet: one port's fetch does not hide a rotation from it
+    assert isinstance(enroll(), grpc.ServerCertificateConfiguration)
+    assert enroll() is None
     assert serving.material.serial == "s2"
 
 

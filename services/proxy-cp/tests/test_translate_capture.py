@@ -289,3 +289,28 @@ def test_every_connection_manager_normalizes_paths_before_routes_and_rbac_see_th
         assert manager["normalize_path"] is True
         assert manager["merge_slashes"] is True
         assert manager["path_with_escaped_slashes_action"] == "REJECT_REQUEST"
+
+
+def test_a_pod_agents_proxy_is_sent_no_key_its_certificate_names_the_agents_files() -> None:
+    material = SecretMaterial(b"-----BEGIN CERTIFICATE-----\n", b"SERVICE-KEY-BYTES", b"ca")
+    settings = from_metadata({"trellis": {"capture": True, "workload_dir": "/etc/trellis/proxy"}})
+    assert settings.key().endswith("|files:/etc/trellis/proxy")  # its own snapshot group
+
+    def service_cert(found: Any) -> Any:
+        [cert] = [s for s in found.secrets if s.name == names.SERVICE_CERT]
+        return cert
+
+    cert = service_cert(translate(buyer_view(), settings, material))
+    assert cert.tls_certificate.private_key.filename == "/etc/trellis/proxy/key.pem"
+    assert cert.tls_certificate.certificate_chain.filename == "/etc/trellis/proxy/workload.pem"
+    assert cert.tls_certificate.watched_directory.path == "/etc/trellis/proxy"
+    assert b"SERVICE-KEY-BYTES" not in cert.SerializeToString()  # the service key stays home
+    # a sidecar without an agent still gets its identity's pair over SDS
+    inline = service_cert(translate(buyer_view(), ProxySettings(capture=True), material))
+    assert inline.tls_certificate.private_key.inline_bytes == b"SERVICE-KEY-BYTES"
+
+
+@pytest.mark.parametrize("folder", ["relative/dir", "/etc/../root", "/a b", 7, "/" + "x" * 300])
+def test_a_workload_folder_must_be_a_plain_absolute_path(folder: Any) -> None:
+    with pytest.raises(InvalidNodeMetadata, match="workload_dir"):
+        from_metadata({"trellis": {"workload_dir": folder}})

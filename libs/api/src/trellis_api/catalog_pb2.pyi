@@ -1530,6 +1530,21 @@ class ProxyAck(_message.Message):
 Global___ProxyAck: _TypeAlias = ProxyAck  # noqa: Y015
 
 @_typing.final
+class GetSidecarSettingsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSidecarSettingsRequest: _TypeAlias = GetSidecarSettingsRequest  # noqa: Y015
+
+@_typing.final
 class SidecarSettings(_message.Message):
     """MeshConfig's sidecar settings (OSM's sidecar.logLevel and traffic.*ExclusionList)."""
 

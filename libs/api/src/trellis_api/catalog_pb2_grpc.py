@@ -79,6 +79,11 @@ class CatalogStub:
                 request_serializer=trellis__api_dot_catalog__pb2.ListProxiesRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_catalog__pb2.ListProxiesResponse.FromString,
                 _registered_method=True)
+        self.GetSidecarSettings = channel.unary_unary(
+                '/trellis.catalog.v1.Catalog/GetSidecarSettings',
+                request_serializer=trellis__api_dot_catalog__pb2.GetSidecarSettingsRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_catalog__pb2.SidecarSettings.FromString,
+                _registered_method=True)
 
 
 class CatalogServicer:
@@ -149,6 +154,13 @@ class CatalogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSidecarSettings(self, request, context):
+        """What MeshConfig says of every sidecar (the injector, for a pod it is patching).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CatalogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +208,11 @@ def add_CatalogServicer_to_server(servicer, server):
                     servicer.ListProxies,
                     request_deserializer=trellis__api_dot_catalog__pb2.ListProxiesRequest.FromString,
                     response_serializer=trellis__api_dot_catalog__pb2.ListProxiesResponse.SerializeToString,
+            ),
+            'GetSidecarSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSidecarSettings,
+                    request_deserializer=trellis__api_dot_catalog__pb2.GetSidecarSettingsRequest.FromString,
+                    response_serializer=trellis__api_dot_catalog__pb2.SidecarSettings.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +458,33 @@ class Catalog:
             '/trellis.catalog.v1.Catalog/ListProxies',
             trellis__api_dot_catalog__pb2.ListProxiesRequest.SerializeToString,
             trellis__api_dot_catalog__pb2.ListProxiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSidecarSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.catalog.v1.Catalog/GetSidecarSettings',
+            trellis__api_dot_catalog__pb2.GetSidecarSettingsRequest.SerializeToString,
+            trellis__api_dot_catalog__pb2.SidecarSettings.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,8 @@ class CatalogStub:
     RegisterProxy: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.RegisterProxyRequest, _catalog_pb2.ProxyAck]
     UnregisterProxy: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.UnregisterProxyRequest, _catalog_pb2.ProxyAck]
     ListProxies: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.ListProxiesRequest, _catalog_pb2.ListProxiesResponse]
+    GetSidecarSettings: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.GetSidecarSettingsRequest, _catalog_pb2.SidecarSettings]
+    """What MeshConfig says of every sidecar (the injector, for a pod it is patching)."""
 
 @_typing.type_check_only
 class CatalogAsyncStub(CatalogStub):
@@ -91,6 +93,8 @@ class CatalogAsyncStub(CatalogStub):
     RegisterProxy: _aio.UnaryUnaryMultiCallable[_catalog_pb2.RegisterProxyRequest, _catalog_pb2.ProxyAck]  # type: ignore[assignment]
     UnregisterProxy: _aio.UnaryUnaryMultiCallable[_catalog_pb2.UnregisterProxyRequest, _catalog_pb2.ProxyAck]  # type: ignore[assignment]
     ListProxies: _aio.UnaryUnaryMultiCallable[_catalog_pb2.ListProxiesRequest, _catalog_pb2.ListProxiesResponse]  # type: ignore[assignment]
+    GetSidecarSettings: _aio.UnaryUnaryMultiCallable[_catalog_pb2.GetSidecarSettingsRequest, _catalog_pb2.SidecarSettings]  # type: ignore[assignment]
+    """What MeshConfig says of every sidecar (the injector, for a pod it is patching)."""
 
 class CatalogServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -170,5 +174,13 @@ class CatalogServicer(metaclass=_abc_1.ABCMeta):
         request: _catalog_pb2.ListProxiesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_catalog_pb2.ListProxiesResponse, _abc.Awaitable[_catalog_pb2.ListProxiesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetSidecarSettings(
+        self,
+        request: _catalog_pb2.GetSidecarSettingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_catalog_pb2.SidecarSettings, _abc.Awaitable[_catalog_pb2.SidecarSettings]]:
+        """What MeshConfig says of every sidecar (the injector, for a pod it is patching)."""
 
 def add_CatalogServicer_to_server(servicer: CatalogServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -576,3 +576,76 @@ class ListRevokedComponentCertificatesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRevokedComponentCertificatesResponse: _TypeAlias = ListRevokedComponentCertificatesResponse  # noqa: Y015
+
+@_typing.final
+class EnrollProxyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    SERVICE_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """The pod's projected ServiceAccount token (audience trellis, bound to the pod)."""
+    csr_pem: _builtins.bytes
+    """PEM PKCS#10 request for the key the agent made in the pod (only its public key is used)."""
+    service: _builtins.str
+    """The mesh service the proxy serves, in the token's namespace (the proxy's common name
+    and the workload certificate's DNS names). It grants no identity: the SPIFFE id is the
+    token's ServiceAccount's.
+    """
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        csr_pem: _builtins.bytes = ...,
+        service: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem", "service", b"service", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnrollProxyRequest: _TypeAlias = EnrollProxyRequest  # noqa: Y015
+
+@_typing.final
+class EnrolledProxy(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROXY_FIELD_NUMBER: _builtins.int
+    WORKLOAD_CERT_CHAIN_PEM_FIELD_NUMBER: _builtins.int
+    SPIFFE_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    SERVICE_ACCOUNT_FIELD_NUMBER: _builtins.int
+    POD_NAME_FIELD_NUMBER: _builtins.int
+    POD_UID_FIELD_NUMBER: _builtins.int
+    workload_cert_chain_pem: _builtins.bytes
+    """The workload certificate (same key): URI SAN spiffe://<td>/ns/<ns>/sa/<sa>."""
+    spiffe_id: _builtins.str
+    namespace: _builtins.str
+    """Who the token proved the caller to be."""
+    service_account: _builtins.str
+    pod_name: _builtins.str
+    pod_uid: _builtins.str
+    @_builtins.property
+    def proxy(self) -> Global___Certificate:
+        """The proxy certificate: leaf first, then any intermediates."""
+
+    def __init__(
+        self,
+        *,
+        proxy: Global___Certificate | None = ...,
+        workload_cert_chain_pem: _builtins.bytes = ...,
+        spiffe_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        service_account: _builtins.str = ...,
+        pod_name: _builtins.str = ...,
+        pod_uid: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["proxy", b"proxy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "proxy", b"proxy", "service_account", b"service_account", "spiffe_id", b"spiffe_id", "workload_cert_chain_pem", b"workload_cert_chain_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnrolledProxy: _TypeAlias = EnrolledProxy  # noqa: Y015

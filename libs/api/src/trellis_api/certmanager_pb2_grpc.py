@@ -84,6 +84,11 @@ class CertificateManagerStub:
                 request_serializer=trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesResponse.FromString,
                 _registered_method=True)
+        self.EnrollProxy = channel.unary_unary(
+                '/trellis.certmanager.v1.CertificateManager/EnrollProxy',
+                request_serializer=trellis__api_dot_certmanager__pb2.EnrollProxyRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_certmanager__pb2.EnrolledProxy.FromString,
+                _registered_method=True)
 
 
 class CertificateManagerServicer:
@@ -172,6 +177,19 @@ class CertificateManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EnrollProxy(self, request, context):
+        """A pod's agent enrolls its proxy (through proxy-cp's enrollment port): certmanager has
+        the Kubernetes API review the pod's projected ServiceAccount token (audience
+        `trellis`, bound to the pod), and signs the CSR's key twice: the proxy certificate
+        (CN <pod-uid>.<service>.<namespace>, for proxy-cp) and the workload certificate (the
+        pod's own ServiceAccount's SPIFFE id, for mesh mTLS). Namespace, account and pod come
+        from the token only. Calling again with a new CSR renews both (the old proxy serial
+        is revoked, reason "rotated").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CertificateManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +242,11 @@ def add_CertificateManagerServicer_to_server(servicer, server):
                     servicer.ListRevokedComponentCertificates,
                     request_deserializer=trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesRequest.FromString,
                     response_serializer=trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesResponse.SerializeToString,
+            ),
+            'EnrollProxy': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnrollProxy,
+                    request_deserializer=trellis__api_dot_certmanager__pb2.EnrollProxyRequest.FromString,
+                    response_serializer=trellis__api_dot_certmanager__pb2.EnrolledProxy.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -496,6 +519,33 @@ class CertificateManager:
             '/trellis.certmanager.v1.CertificateManager/ListRevokedComponentCertificates',
             trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesRequest.SerializeToString,
             trellis__api_dot_certmanager__pb2.ListRevokedComponentCertificatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnrollProxy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.certmanager.v1.CertificateManager/EnrollProxy',
+            trellis__api_dot_certmanager__pb2.EnrollProxyRequest.SerializeToString,
+            trellis__api_dot_certmanager__pb2.EnrolledProxy.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,15 @@ class CertificateManagerStub:
     component) and refuses calls made with one; a component finding its own exits, to join
     again with a new key.
     """
+    EnrollProxy: _grpc.UnaryUnaryMultiCallable[_certmanager_pb2.EnrollProxyRequest, _certmanager_pb2.EnrolledProxy]
+    """A pod's agent enrolls its proxy (through proxy-cp's enrollment port): certmanager has
+    the Kubernetes API review the pod's projected ServiceAccount token (audience
+    `trellis`, bound to the pod), and signs the CSR's key twice: the proxy certificate
+    (CN <pod-uid>.<service>.<namespace>, for proxy-cp) and the workload certificate (the
+    pod's own ServiceAccount's SPIFFE id, for mesh mTLS). Namespace, account and pod come
+    from the token only. Calling again with a new CSR renews both (the old proxy serial
+    is revoked, reason "rotated").
+    """
 
 @_typing.type_check_only
 class CertificateManagerAsyncStub(CertificateManagerStub):
@@ -123,6 +132,15 @@ class CertificateManagerAsyncStub(CertificateManagerStub):
     expires. Every component follows them (signal `identities`, kind `revoked`, key: the
     component) and refuses calls made with one; a component finding its own exits, to join
     again with a new key.
+    """
+    EnrollProxy: _aio.UnaryUnaryMultiCallable[_certmanager_pb2.EnrollProxyRequest, _certmanager_pb2.EnrolledProxy]  # type: ignore[assignment]
+    """A pod's agent enrolls its proxy (through proxy-cp's enrollment port): certmanager has
+    the Kubernetes API review the pod's projected ServiceAccount token (audience
+    `trellis`, bound to the pod), and signs the CSR's key twice: the proxy certificate
+    (CN <pod-uid>.<service>.<namespace>, for proxy-cp) and the workload certificate (the
+    pod's own ServiceAccount's SPIFFE id, for mesh mTLS). Namespace, account and pod come
+    from the token only. Calling again with a new CSR renews both (the old proxy serial
+    is revoked, reason "rotated").
     """
 
 class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
@@ -225,6 +243,21 @@ class CertificateManagerServicer(metaclass=_abc_1.ABCMeta):
         expires. Every component follows them (signal `identities`, kind `revoked`, key: the
         component) and refuses calls made with one; a component finding its own exits, to join
         again with a new key.
+        """
+
+    @_abc_1.abstractmethod
+    def EnrollProxy(
+        self,
+        request: _certmanager_pb2.EnrollProxyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_certmanager_pb2.EnrolledProxy, _abc.Awaitable[_certmanager_pb2.EnrolledProxy]]:
+        """A pod's agent enrolls its proxy (through proxy-cp's enrollment port): certmanager has
+        the Kubernetes API review the pod's projected ServiceAccount token (audience
+        `trellis`, bound to the pod), and signs the CSR's key twice: the proxy certificate
+        (CN <pod-uid>.<service>.<namespace>, for proxy-cp) and the workload certificate (the
+        pod's own ServiceAccount's SPIFFE id, for mesh mTLS). Namespace, account and pod come
+        from the token only. Calling again with a new CSR renews both (the old proxy serial
+        is revoked, reason "rotated").
         """
 
 def add_CertificateManagerServicer_to_server(servicer: CertificateManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -83,3 +83,65 @@ class RenewResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RenewResponse: _TypeAlias = RenewResponse  # noqa: Y015
+
+@_typing.final
+class EnrollRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    SERVICE_FIELD_NUMBER: _builtins.int
+    csr_pem: _builtins.bytes
+    """PEM PKCS#10 request for the key the agent made in the pod (only its public key is used)."""
+    service: _builtins.str
+    """The service the proxy serves (in the token's namespace); names the proxy, grants nothing."""
+    def __init__(
+        self,
+        *,
+        csr_pem: _builtins.bytes = ...,
+        service: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["csr_pem", b"csr_pem", "service", b"service"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnrollRequest: _TypeAlias = EnrollRequest  # noqa: Y015
+
+@_typing.final
+class EnrollResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROXY_CERT_CHAIN_PEM_FIELD_NUMBER: _builtins.int
+    WORKLOAD_CERT_CHAIN_PEM_FIELD_NUMBER: _builtins.int
+    TRUST_BUNDLE_PEM_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    SPIFFE_ID_FIELD_NUMBER: _builtins.int
+    NOT_AFTER_FIELD_NUMBER: _builtins.int
+    proxy_cert_chain_pem: _builtins.bytes
+    """The proxy certificate (Envoy's xDS client certificate): leaf first."""
+    workload_cert_chain_pem: _builtins.bytes
+    """The workload certificate (mesh mTLS), for the same key."""
+    trust_bundle_pem: _builtins.bytes
+    node_id: _builtins.str
+    """The proxy's common name: Envoy's node id."""
+    spiffe_id: _builtins.str
+    @_builtins.property
+    def not_after(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        proxy_cert_chain_pem: _builtins.bytes = ...,
+        workload_cert_chain_pem: _builtins.bytes = ...,
+        trust_bundle_pem: _builtins.bytes = ...,
+        node_id: _builtins.str = ...,
+        spiffe_id: _builtins.str = ...,
+        not_after: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["not_after", b"not_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "not_after", b"not_after", "proxy_cert_chain_pem", b"proxy_cert_chain_pem", "spiffe_id", b"spiffe_id", "trust_bundle_pem", b"trust_bundle_pem", "workload_cert_chain_pem", b"workload_cert_chain_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnrollResponse: _TypeAlias = EnrollResponse  # noqa: Y015

@@ -98,3 +98,86 @@ class ProxyCertificates:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ProxyEnrollmentStub:
+    """A pod's agent enrolls its proxy: on proxy-cp's enrollment port (server TLS only, since the
+    pod has no certificate yet), with the pod's projected ServiceAccount token as the call's
+    `authorization: Bearer <token>` metadata, as Istio's agent does with istiod's CA.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Enroll = channel.unary_unary(
+                '/trellis.proxy.v1.ProxyEnrollment/Enroll',
+                request_serializer=trellis__api_dot_proxy__pb2.EnrollRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_proxy__pb2.EnrollResponse.FromString,
+                _registered_method=True)
+
+
+class ProxyEnrollmentServicer:
+    """A pod's agent enrolls its proxy: on proxy-cp's enrollment port (server TLS only, since the
+    pod has no certificate yet), with the pod's projected ServiceAccount token as the call's
+    `authorization: Bearer <token>` metadata, as Istio's agent does with istiod's CA.
+    """
+
+    def Enroll(self, request, context):
+        """The proxy and workload certificates for the CSR's key. Called again (with the
+        kubelet's fresh token and a new key) before the certificates expire, to renew them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ProxyEnrollmentServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Enroll': grpc.unary_unary_rpc_method_handler(
+                    servicer.Enroll,
+                    request_deserializer=trellis__api_dot_proxy__pb2.EnrollRequest.FromString,
+                    response_serializer=trellis__api_dot_proxy__pb2.EnrollResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'trellis.proxy.v1.ProxyEnrollment', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('trellis.proxy.v1.ProxyEnrollment', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ProxyEnrollment:
+    """A pod's agent enrolls its proxy: on proxy-cp's enrollment port (server TLS only, since the
+    pod has no certificate yet), with the pod's projected ServiceAccount token as the call's
+    `authorization: Bearer <token>` metadata, as Istio's agent does with istiod's CA.
+    """
+
+    @staticmethod
+    def Enroll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.proxy.v1.ProxyEnrollment/Enroll',
+            trellis__api_dot_proxy__pb2.EnrollRequest.SerializeToString,
+            trellis__api_dot_proxy__pb2.EnrollResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

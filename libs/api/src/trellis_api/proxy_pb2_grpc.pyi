@@ -65,3 +65,49 @@ class ProxyCertificatesServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_ProxyCertificatesServicer_to_server(servicer: ProxyCertificatesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ProxyEnrollmentStub:
+    """A pod's agent enrolls its proxy: on proxy-cp's enrollment port (server TLS only, since the
+    pod has no certificate yet), with the pod's projected ServiceAccount token as the call's
+    `authorization: Bearer <token>` metadata, as Istio's agent does with istiod's CA.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ProxyEnrollmentAsyncStub: ...
+    Enroll: _grpc.UnaryUnaryMultiCallable[_proxy_pb2.EnrollRequest, _proxy_pb2.EnrollResponse]
+    """The proxy and workload certificates for the CSR's key. Called again (with the
+    kubelet's fresh token and a new key) before the certificates expire, to renew them.
+    """
+
+@_typing.type_check_only
+class ProxyEnrollmentAsyncStub(ProxyEnrollmentStub):
+    """A pod's agent enrolls its proxy: on proxy-cp's enrollment port (server TLS only, since the
+    pod has no certificate yet), with the pod's projected ServiceAccount token as the call's
+    `authorization: Bearer <token>` metadata, as Istio's agent does with istiod's CA.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Enroll: _aio.UnaryUnaryMultiCallable[_proxy_pb2.EnrollRequest, _proxy_pb2.EnrollResponse]  # type: ignore[assignment]
+    """The proxy and workload certificates for the CSR's key. Called again (with the
+    kubelet's fresh token and a new key) before the certificates expire, to renew them.
+    """
+
+class ProxyEnrollmentServicer(metaclass=_abc_1.ABCMeta):
+    """A pod's agent enrolls its proxy: on proxy-cp's enrollment port (server TLS only, since the
+    pod has no certificate yet), with the pod's projected ServiceAccount token as the call's
+    `authorization: Bearer <token>` metadata, as Istio's agent does with istiod's CA.
+    """
+
+    @_abc_1.abstractmethod
+    def Enroll(
+        self,
+        request: _proxy_pb2.EnrollRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_proxy_pb2.EnrollResponse, _abc.Awaitable[_proxy_pb2.EnrollResponse]]:
+        """The proxy and workload certificates for the CSR's key. Called again (with the
+        kubelet's fresh token and a new key) before the certificates expire, to renew them.
+        """
+
+def add_ProxyEnrollmentServicer_to_server(servicer: ProxyEnrollmentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

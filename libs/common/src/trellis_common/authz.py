@@ -64,16 +64,18 @@ POLICY: Mapping[str, frozenset[str]] = {
     _CM + "RenewComponentCertificate": ANY_COMPONENT,  # for the caller's own identity only
     _CM + "RenewProxyCertificate": frozenset({PROXY_CP}),  # for the proxy proxy-cp authenticated
     _CM + "ListRevokedComponentCertificates": ANY_COMPONENT,  # each refuses revoked callers
+    _CM + "EnrollProxy": frozenset({PROXY_CP}),  # a pod's agent, through the enrollment port
     # catalog
     _CATALOG + "GetView": frozenset({PROXY_CP}),
     _CATALOG + "ListViewVersions": frozenset({PROXY_CP}),
     _CATALOG + "ListServices": frozenset({PROXY_CP}),
     _CATALOG + "ListDestinations": frozenset({PROXY_CP}),
     _CATALOG + "CheckPolicy": frozenset({PROXY_CP}),
-    _CATALOG + "ExpectProxy": frozenset({INJECTOR}),
+    _CATALOG + "ExpectProxy": frozenset({INJECTOR, PROXY_CP}),  # onboarding; enrollment
     _CATALOG + "RegisterProxy": frozenset({PROXY_CP}),
     _CATALOG + "UnregisterProxy": frozenset({PROXY_CP}),
     _CATALOG + "ListProxies": frozenset({PROXY_CP}),
+    _CATALOG + "GetSidecarSettings": frozenset({INJECTOR}),
     # endpoints providers (endpoints-vm, endpoints-k8s)
     _PROVIDER + "ListServices": frozenset({CATALOG}),
     _PROVIDER + "GetService": frozenset({CATALOG}),

@@ -47,6 +47,12 @@ def sidecar_args() -> list[str]:
 PROXY_SECRET = "trellis-proxy-certificate"
 #: The SDS file's name in the proxy's folder.
 SDS_FILE = "proxy-sds.yaml"
+#: In a pod agent's folder: the key it made (one for both certificates), the proxy
+#: certificate (xDS client), the workload certificate (mesh mTLS) and the mesh CA.
+KEY_FILE = "key.pem"
+PROXY_CERT_FILE = "cert.pem"
+WORKLOAD_CERT_FILE = "workload.pem"
+CA_FILE = "ca.pem"
 _SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 
 
@@ -129,6 +135,10 @@ class BootstrapSpec:
     capture: bool = False
     # Kubelet probes rewritten to Envoy's probe listeners (an injected pod).
     probes: tuple[ProbeRoute, ...] = ()
+    # The folder where the pod's agent keeps the proxy's own workload certificate and key
+    # (WORKLOAD_CERT_FILE, KEY_FILE): proxy-cp then has Envoy read them there, and never
+    # sends a key. "": the identity's certificate and key come over SDS (VMs, local mesh).
+    workload_dir: str = ""
 
 
 def _file(path: Path) -> dict[str, str]:
@@ -311,6 +321,7 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                     "admin_port": spec.admin_port,
                     **({"stats_port": spec.stats_port} if spec.stats_port else {}),
                     **({"capture": True} if spec.capture else {}),
+                    **({"workload_dir": spec.workload_dir} if spec.workload_dir else {}),
                 },
                 **spec.extra_metadata,
             },

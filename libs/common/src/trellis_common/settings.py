@@ -52,6 +52,7 @@ class Ports:
     ENDPOINTS_VM = (15040, 15041)
     PROXY_CP = (15128, 15051)
     PROXY_CP_DESTINATION = 8086  # the Linkerd Destination API (mTLS)
+    PROXY_CP_ENROLL = 15012  # pod agents enroll (server TLS, a ServiceAccount token)
     INJECTOR_ADMIN = 15061
     INJECTOR_WEBHOOK = 9443
 

@@ -23,6 +23,7 @@ from trellis_certmanager.domain.authority import CertificateAuthority, load_prov
 from trellis_certmanager.domain.errors import CAError, PlantedCA, StoreUnavailable
 from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.sealed import Sealer
+from trellis_certmanager.enrollment import ProxyEnrollment
 from trellis_certmanager.identities import ComponentIssuer
 from trellis_certmanager.manager import TOPIC, CertificateManager, utcnow
 from trellis_certmanager.metrics import CertMetrics
@@ -146,6 +147,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         await certs.load()
     except StoreUnavailable as exc:
         fatal("identities.fatal", exc)
+    reviews = reviewer(settings)
     identities = ComponentIssuer(
         lambda: manager.issuer,
         runtime.redis,
@@ -153,15 +155,18 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         settings.component_cert_validity,
         runtime.metrics,
         utcnow,
-        reviewer(settings),
+        reviews,
         certs,
     )
+    enrollment = ProxyEnrollment(manager, reviews, runtime.metrics)
     runtime.revoked_serial = certs.is_revoked
     runtime.identity = own_identity(identities)
     write_trust_bundle(settings.trust_bundle_path, manager.ca.trust_bundle_pem)
 
     manager.revision = await runtime.publisher.current_revision(TOPIC)
-    servicer = grpc_api.CertificateManagerServicer(manager, runtime.health.rejections, identities)
+    servicer = grpc_api.CertificateManagerServicer(
+        manager, runtime.health.rejections, identities, enrollment
+    )
     return Parts(
         components={
             "rotation": lambda s: manager.run_rotation(s, settings.rotation_interval),

@@ -11,6 +11,13 @@ works once, like a join token: its digest is spent in Redis until the token expi
 Every refusal names its reason (``not_authenticated``, ``wrong_audience``,
 ``not_control_plane``, ``not_a_component``); the API server being unreachable is not a
 refusal but a 503, and the component retries.
+
+A pod's agent enrolling its proxy is reviewed the same way
+(:meth:`ServiceAccountReviewer.workload`):
+the token must be bound to a pod (the API server then answers its name and uid, and stops
+accepting the token once that pod is gone), and must not be of the control plane's
+namespace (reasons ``not_bound``, ``control_plane_namespace``). Who the pod is comes from
+that answer only, never from the pod's labels or annotations.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import base64
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +37,8 @@ from trellis_certmanager.domain.errors import StoreUnavailable
 from trellis_common import components
 
 PREFIX = "system:serviceaccount:"
+POD_NAME = "authentication.kubernetes.io/pod-name"
+POD_UID = "authentication.kubernetes.io/pod-uid"
 #: How long a spent token is remembered when its own expiry cannot be read.
 DEFAULT_SPENT_SECONDS = 3600
 
@@ -37,6 +47,16 @@ class ReviewRefused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPod:
+    """What a pod-bound token proves: the pod's namespace, ServiceAccount, name and uid."""
+
+    namespace: str
+    service_account: str
+    pod_name: str
+    pod_uid: str
 
 
 class ServiceAccountReviewer:
@@ -50,8 +70,8 @@ class ServiceAccountReviewer:
         self.namespace = namespace
         self.timeout = timeout
 
-    async def component(self, token: str) -> str:
-        """The component ``token`` belongs to, as the API server says."""
+    async def _review(self, token: str) -> dict[str, Any]:
+        """The API server's ``status`` for ``token``, authenticated for our audience."""
         review = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
@@ -64,7 +84,7 @@ class ServiceAccountReviewer:
                 _request_timeout=self.timeout,
                 _preload_content=False,
             )
-            status = json.loads(response.data).get("status") or {}
+            status: dict[str, Any] = json.loads(response.data).get("status") or {}
         except Exception as exc:  # the API server's trouble is not the caller's fault
             raise StoreUnavailable(f"cannot review the token with the API server: {exc}") from exc
         if not status.get("authenticated"):
@@ -75,6 +95,11 @@ class ServiceAccountReviewer:
             raise ReviewRefused(
                 "wrong_audience", f"service account token is not for audience {self.audience!r}"
             )
+        return status
+
+    async def component(self, token: str) -> str:
+        """The component ``token`` belongs to, as the API server says."""
+        status = await self._review(token)
         username = (status.get("user") or {}).get("username") or ""
         namespace, _, account = username.removeprefix(PREFIX).partition(":")
         if not username.startswith(PREFIX) or namespace != self.namespace:
@@ -87,6 +112,31 @@ class ServiceAccountReviewer:
                 "not_a_component", f"service account {account!r} is no control plane component"
             )
         return account
+
+    async def workload(self, token: str) -> BoundPod:
+        """The pod ``token`` is bound to, as the API server says."""
+        status = await self._review(token)
+        user = status.get("user") or {}
+        username = user.get("username") or ""
+        namespace, _, account = username.removeprefix(PREFIX).partition(":")
+        if not username.startswith(PREFIX) or not namespace or not account:
+            raise ReviewRefused(
+                "not_a_service_account", f"{username or 'the token'} is not a ServiceAccount's"
+            )
+        if namespace == self.namespace:
+            raise ReviewRefused(
+                "control_plane_namespace",
+                f"{username} is of the control plane's namespace: no proxy is enrolled in it",
+            )
+        extra = user.get("extra") or {}
+        names, uids = extra.get(POD_NAME) or [], extra.get(POD_UID) or []
+        if len(names) != 1 or len(uids) != 1:
+            raise ReviewRefused(
+                "not_bound",
+                f"{username}'s token is not bound to a pod: mount a projected "
+                "serviceAccountToken (the kubelet binds it to the pod)",
+            )
+        return BoundPod(namespace, account, str(names[0]), str(uids[0]))
 
 
 def spent_key_and_expiry(token: str) -> tuple[str, int]:

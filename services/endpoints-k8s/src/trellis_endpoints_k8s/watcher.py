@@ -11,8 +11,8 @@ it; a namespace: all of its services) and signals ``endpoints`` (kind ``changed`
 ``GetService`` (NOT_FOUND: gone), on the one event path.
 
 ServiceAccounts are watched too: an endpoint names its pod's service account, and
-``/v1/kubernetes`` counts them. The proxy UUID label the injector sets
-(``trellis.dev/proxy-uuid``) resolves to its pod (:meth:`Watcher.proxy`).
+``/v1/kubernetes`` counts them. A proxy's UUID (an injected pod's proxy is enrolled under
+its pod's uid) resolves to its pod (:meth:`Watcher.proxy`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 
 from kubernetes import client
 
-from trellis_common.kube import injection
 from trellis_common.kube.informer import Informer, Object
 from trellis_common.kube.namespaces import MonitoredNamespaces
 from trellis_endpoints_k8s.domain.services import ServiceView, service_of_slice, view
@@ -168,9 +167,9 @@ class Watcher:
         return [v for k, v in sorted(self.views.items()) if not namespace or k[0] == namespace]
 
     def proxy(self, proxy_uuid: str) -> Object | None:
-        """The pod the injector labelled with ``proxy_uuid``."""
+        """The pod whose uid is ``proxy_uuid``: a pod's agent enrolls its proxy under the
+        uid its token is bound to (never a label, which the pod's owner may write)."""
         for pod in self.informers["pods"].objects.values():
-            labels = (pod.get("metadata") or {}).get("labels") or {}
-            if labels.get(injection.PROXY_UUID_LABEL) == proxy_uuid:
+            if (pod.get("metadata") or {}).get("uid") == proxy_uuid:
                 return pod
         return None

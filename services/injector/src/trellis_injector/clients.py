@@ -83,6 +83,19 @@ class ServiceLocator:
             raise Unavailable(kind, "no live instance in the service registry")
         return found[0].grpc_address
 
+    async def attribute(self, kind: str, name: str) -> str:
+        """An attribute the first live instance of ``kind`` announces ("" if none)."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                found = await discover(self._redis, kind)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise Unavailable(
+                kind, f"the service registry (Redis) cannot be read: {_describe(exc)}"
+            ) from exc
+        if not found:
+            raise Unavailable(kind, "no live instance in the service registry")
+        return found[0].attribute_map.get(name, "")
+
 
 async def _call(
     services: ServiceLocator,
@@ -158,15 +171,30 @@ class CatalogClient:
             return await stub.ExpectProxy(request, timeout=self._timeout)
 
         ack = await _call(self._services, CATALOG, address, expect)
-        sidecar = ack.sidecar
-        return MeshSidecar(
-            log_level=sidecar.log_level,
-            exclusions=Exclusions(
-                inbound_ports=tuple(sidecar.inbound_port_exclusions),
-                outbound_ports=tuple(sidecar.outbound_port_exclusions),
-                outbound_ranges=tuple(sidecar.outbound_ip_range_exclusions),
-            ),
-        )
+        return _mesh_sidecar(ack.sidecar)
+
+    async def sidecar_settings(self) -> MeshSidecar:
+        """MeshConfig's sidecar settings, asked without expecting any proxy."""
+        address = await self._services.address(CATALOG)
+
+        async def ask(channel: grpc.aio.Channel) -> catalog_pb2.SidecarSettings:
+            stub: catalog_pb2_grpc.CatalogAsyncStub = catalog_pb2_grpc.CatalogStub(channel)
+            return await stub.GetSidecarSettings(
+                catalog_pb2.GetSidecarSettingsRequest(), timeout=self._timeout
+            )
+
+        return _mesh_sidecar(await _call(self._services, CATALOG, address, ask))
+
+
+def _mesh_sidecar(sidecar: catalog_pb2.SidecarSettings) -> MeshSidecar:
+    return MeshSidecar(
+        log_level=sidecar.log_level,
+        exclusions=Exclusions(
+            inbound_ports=tuple(sidecar.inbound_port_exclusions),
+            outbound_ports=tuple(sidecar.outbound_port_exclusions),
+            outbound_ranges=tuple(sidecar.outbound_ip_range_exclusions),
+        ),
+    )
 
 
 class XdsLocator:
@@ -176,10 +204,25 @@ class XdsLocator:
     reach, which is what ``TRELLIS_INJECTOR_XDS_HOST`` is for.
     """
 
-    def __init__(self, services: ServiceLocator, host: str = "", port: int = 0) -> None:
+    def __init__(
+        self, services: ServiceLocator, host: str = "", port: int = 0, enroll_port: int = 0
+    ) -> None:
         self._services = services
         self._host = host
         self._port = port
+        self._enroll_port = enroll_port
+
+    async def enroll_endpoint(self) -> XdsEndpoint:
+        """Where pod agents enroll: the xDS host, on proxy-cp's enrollment port (the
+        configured one, else the one proxy-cp announces)."""
+        xds = await self.xds_endpoint()
+        port = self._enroll_port
+        if not port:
+            announced = await self._services.attribute(PROXY_CP, "enroll_port")
+            if not announced.isdigit():
+                raise Unavailable(PROXY_CP, "announces no enrollment port (enroll_port)")
+            port = int(announced)
+        return XdsEndpoint(xds.host, port)
 
     async def xds_endpoint(self) -> XdsEndpoint:
         if self._host and self._port:

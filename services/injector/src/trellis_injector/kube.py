@@ -1,6 +1,6 @@
-"""The injector's writes to the Kubernetes API: proxy Secrets and the webhook's caBundle.
+"""The injector's one write to the Kubernetes API: the webhook's caBundle.
 
-Both go through the official (synchronous) ``kubernetes`` client, in a worker thread, with
+It goes through the official (synchronous) ``kubernetes`` client, in a worker thread, with
 a request timeout, so a slow API server never blocks the event loop nor holds an
 AdmissionReview past its deadline.
 
@@ -31,7 +31,6 @@ from kubernetes.client.exceptions import ApiException
 
 from trellis_common.kube import objects
 from trellis_injector.metrics import InjectorMetrics
-from trellis_injector.sidecars import SecretFailed
 
 log = logging.getLogger(__name__)
 
@@ -40,34 +39,6 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, ApiException):
         return f"{exc.status} {exc.reason}"
     return f"{type(exc).__name__}: {exc}"
-
-
-class KubeSecrets:
-    """:class:`~trellis_injector.sidecars.SecretStore` over the API server."""
-
-    def __init__(self, api: client.ApiClient, timeout: float = 5.0) -> None:
-        self._core = client.CoreV1Api(api)
-        self._timeout = timeout
-
-    async def create_secret(self, namespace: str, body: dict[str, Any]) -> None:
-        name = body["metadata"]["name"]
-        try:
-            # a dict body is sent as it is (the client's models would drop nothing here)
-            create: Any = self._core.create_namespaced_secret
-            await asyncio.to_thread(create, namespace, body, _request_timeout=self._timeout)
-        except Exception as exc:
-            if not isinstance(exc, ApiException) and not objects.transport_error(exc):
-                raise
-            log.error(
-                "webhook.secret_failed namespace=%s secret=%s reason=%r",
-                namespace,
-                name,
-                _reason(exc),
-            )
-            raise SecretFailed(
-                f"the API server did not create Secret {namespace}/{name}: {_reason(exc)}"
-            ) from exc
-        log.info("webhook.secret_created namespace=%s secret=%s", namespace, name)
 
 
 def ca_bundle_patch(configuration: dict[str, Any], bundle: str) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from trellis_injector.domain.onboarding import proxy_cp_spiffe_id
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
 from trellis_injector.settings import InjectorSettings
-from trellis_injector.sidecars import SidecarInjector
+from trellis_injector.sidecars import PodAgents, SidecarInjector
 from trellis_injector.transport import rest, webhook
 
 if TYPE_CHECKING:
@@ -71,13 +71,10 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
     webhook.WebhookServer.check_name(identity, settings.webhook_service)
     components: dict[str, lifecycle.Component] = {}
     api = kube_api(settings)
-    secrets = None
     if api is not None:
         # the Kubernetes client is imported only where there is an API server to talk to
-        from trellis_injector.kube import CaBundleSync, KubeSecrets
-        from trellis_injector.proxysecrets import ProxySecrets
+        from trellis_injector.kube import CaBundleSync
 
-        secrets = KubeSecrets(api, settings.kube_timeout)
         sync = CaBundleSync(
             api,
             settings.webhook_configuration,
@@ -88,19 +85,15 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
         )
         identity.on_renewed(sync.renewed)
         components["ca-bundle"] = sync.run
-        upkeep = ProxySecrets(
-            api,
-            onboarding.certificates,
-            metrics,
-            renew_fraction=settings.secret_renew_fraction,
-            interval=settings.secret_upkeep_interval,
-            orphan_grace=settings.orphan_secret_grace,
-            timeout=settings.kube_timeout,
-        )
-        components["proxy-secrets"] = upkeep.run
+    agents = PodAgents(
+        XdsLocator(services, settings.xds_host, settings.xds_port, settings.enroll_port),
+        CatalogClient(services, settings.call_timeout),
+        lambda: identity.trust_bundle_pem,
+        spiffe_id,
+        components_dns_name(settings.proxy_cp_service_account, settings.proxy_cp_namespace),
+    )
     injector = SidecarInjector(
-        onboarding,
-        secrets,
+        agents,
         sidecar(settings),
         metrics,
         failure_policy=settings.failure_policy,
@@ -134,14 +127,19 @@ def sidecar(settings: InjectorSettings) -> Sidecar:
     )
 
 
+def components_dns_name(service_account: str, namespace: str) -> str:
+    """The name pod agents check proxy-cp's certificate for (its Service's)."""
+    return f"{service_account}.{namespace}.svc"
+
+
 def kube_api(settings: InjectorSettings) -> ApiClient | None:
     """The API client, or None without a kubeconfig outside a pod (a local run: the
-    webhook still answers, and stores no Secrets). A kubeconfig named but missing stops
-    the service (a typo must not silently turn the Secrets off)."""
+    webhook still answers; no caBundle is kept). A kubeconfig named but missing stops
+    the service (a typo must not silently turn the caBundle upkeep off)."""
     if settings.kubeconfig is None and not kube_client.in_cluster():
         log.warning(
             "webhook.no_kubernetes reason='no kubeconfig and not in a pod' "
-            "effect='patches are made, proxy Secrets are not stored'"
+            "effect='patches are made, the webhook caBundle is not kept'"
         )
         return None
     return kube_client.api_client(settings.kubeconfig)

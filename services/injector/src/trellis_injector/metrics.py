@@ -40,16 +40,6 @@ class InjectorMetrics:
             "Time to answer an AdmissionReview",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-        self.proxy_secrets = make.counter(
-            "proxy_secrets",
-            "Proxy Secrets of injected pods: created, failed, skipped (no Kubernetes API)",
-            "outcome",
-        )
-        self.secret_upkeep = make.counter(
-            "proxy_secret_upkeep",
-            "Proxy Secrets kept after admission: renewed, orphan_deleted, failed",
-            "outcome",
-        )
         self.ca_bundle_patches = make.counter(
             "ca_bundle_patches",
             "caBundle updates of the MutatingWebhookConfiguration: patched, unchanged, "

@@ -14,8 +14,8 @@ The mutating webhook listens on ``webhook_port`` (9443; 0 picks a free port, for
 with the injector's component certificate, which must name ``webhook_service`` (the
 API server dials ``<service>.<namespace>.svc``; the component certificate names
 ``injector.trellis-system.svc``). With a Kubernetes API (``kubeconfig``, or in a pod) it
-stores proxies' Secrets and keeps the caBundle of the MutatingWebhookConfiguration
-``webhook_configuration`` current.
+keeps the caBundle of the MutatingWebhookConfiguration ``webhook_configuration`` current;
+it stores nothing else (pod agents enroll at proxy-cp's ``enroll_port`` themselves).
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ class InjectorSettings(ServiceSettings):
     )
     xds_port: int = Field(
         0, ge=0, le=65535, description="proxy-cp's xDS port for proxies; 0: announced"
+    )
+    enroll_port: int = Field(
+        0, ge=0, le=65535, description="proxy-cp's enrollment port for pod agents; 0: announced"
     )
     certmanager_address: str = Field(
         "", description="certmanager's host:port; empty: from the service registry"
@@ -101,28 +104,19 @@ class InjectorSettings(ServiceSettings):
     kubeconfig: Path | None = Field(
         None,
         description="a kubeconfig for the API server; default: in-cluster when in a pod, "
-        "else none (the webhook then makes patches but stores no Secrets)",
+        "else none (the webhook's caBundle is then not kept)",
     )
     kube_timeout: float = Field(5.0, gt=0, description="deadline of each Kubernetes API call (s)")
     ca_bundle_resync: float = Field(
         300.0, gt=0, description="how often the caBundle is checked even without a renewal (s)"
     )
-    secret_upkeep_interval: float = Field(
-        60.0, gt=0, description="seconds between sweeps that renew and clean proxy Secrets"
-    )
-    secret_renew_fraction: float = Field(
-        2 / 3, gt=0, lt=1, description="share of a proxy certificate's life before its renewal"
-    )
-    orphan_secret_grace: float = Field(
-        600.0, ge=0, description="age (s) before a proxy Secret with no pod of its UUID is deleted"
-    )
     envoy_image: str = Field("envoyproxy/envoy:v1.40.0", description="the sidecar's image")
     init_image: str = Field(
         "ghcr.io/trellis-mesh/trellis:0.1.0",
-        description="the init container's image (it needs sh and iptables)",
+        description="the Trellis image: the init container (iptables) and the pod agent",
     )
     proxy_mount_path: str = Field(
-        "/etc/trellis/proxy", description="where the proxy's Secret is mounted in the sidecar"
+        "/etc/trellis/proxy", description="the pod agent's folder (key, certificates, bootstrap)"
     )
     sidecar_inbound_port: int = Field(15003, ge=1, le=65535, description="Envoy's inbound port")
     sidecar_outbound_port: int = Field(

@@ -1,4 +1,4 @@
-"""Answering one AdmissionReview: decide, onboard the pod's proxy, store its Secret, patch.
+"""Answering one AdmissionReview: decide, prepare the pod's agent, patch. No side effects.
 
 :class:`SidecarInjector` is what ``POST /mutate`` calls with a parsed review. It never
 raises for a review it can read, and it answers within the time it is given (the API
@@ -8,22 +8,22 @@ server's ``?timeout=`` less a margin, at most the ``webhook_timeout`` setting):
 * the pod opts out, already has ``envoy``, or uses the node's network: allowed, untouched
   (``skipped_opt_out``, ``skipped_already``, ``skipped_host_network``);
 * a bad annotation or a pod whose names clash with the sidecar's: denied with the reason
-  (``denied_invalid``), before any certificate is issued;
-* otherwise the proxy is onboarded through the same :class:`~trellis_injector.onboarder.Onboarder`
-  as a VM's (the injector makes the key, certmanager signs the CSR, the catalog is told to
-  expect the proxy), its files go into a Secret in the pod's namespace, and the answer is
-  the patch (``injected``).
+  (``denied_invalid``);
+* otherwise the answer is the patch (``injected``): the redirection, the pod's agent and
+  Envoy (``domain/injection.py``). What the patch needs is read, never written: where
+  proxy-cp's xDS and enrollment ports are, the mesh root the agent checks proxy-cp
+  against (the injector's own trust bundle), and MeshConfig's sidecar settings (the
+  catalog's ``GetSidecarSettings``).
 
-When that cannot be done in time (certmanager, the catalog or the API server down or slow)
-the answer follows the failure policy (``failure_policy`` setting, which should match the
-MutatingWebhookConfiguration's ``failurePolicy``): ``Fail`` denies the pod with a message
-naming what is down (its controller retries), ``Ignore`` lets it run without a sidecar with
-a warning. Either way it is logged and counted as ``error``. Without a Kubernetes API (a
-local ``trellis up``) the patch is still made, and the Secret is not: logged, counted
-(``trellis_injector_proxy_secrets_total{outcome="skipped"}``) and said in a warning.
+The webhook issues no certificate and stores nothing, so ``sideEffects: None`` holds and a
+``dryRun`` review is answered like any other. The pod's agent enrolls its proxy itself,
+with the pod's own ServiceAccount token, once the pod runs (``trellis_cli.agent``).
 
-A ``dryRun`` review issues nothing and stores nothing: its patch carries a fresh UUID.
-Nothing here logs a key.
+When what the patch needs cannot be read in time (the catalog or proxy-cp's registration
+down) the answer follows the failure policy (``failure_policy`` setting, which should match
+the MutatingWebhookConfiguration's ``failurePolicy``): ``Fail`` denies the pod with a
+message naming what is down (its controller retries), ``Ignore`` lets it run without a
+sidecar with a warning. Either way it is logged and counted as ``error``.
 """
 
 from __future__ import annotations
@@ -31,24 +31,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from trellis_common.kube import injection
 from trellis_injector.domain import admission
 from trellis_injector.domain.admission import Review
 from trellis_injector.domain.injection import (
+    Agent,
     InvalidPod,
     Sidecar,
     check_pod,
     pod_patch,
-    proxy_id_of,
     proxy_request,
-    secret,
 )
-from trellis_injector.domain.onboarding import InvalidOnboarding
+from trellis_injector.domain.onboarding import (
+    ControlPlane,
+    InvalidOnboarding,
+    MeshSidecar,
+    ProxyRequest,
+    XdsEndpoint,
+    build_bootstrap,
+)
 from trellis_injector.metrics import InjectorMetrics
-from trellis_injector.onboarder import Onboarder, Refused, Unavailable
+from trellis_injector.onboarder import Refused, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -56,32 +62,71 @@ FailurePolicy = Literal["Fail", "Ignore"]
 
 #: Left of the API server's timeout for the answer to travel back.
 MARGIN = 0.5
+#: The bootstrap's node id until the agent enrolls (the proxy certificate names the real one).
+PENDING_NODE = "enrolling"
 
 
-class SecretFailed(Exception):
-    """The API server did not store the proxy's Secret."""
+class ProxyCpLocator(Protocol):
+    """Where proxies reach proxy-cp (``clients.XdsLocator``)."""
+
+    async def xds_endpoint(self) -> XdsEndpoint: ...
+
+    async def enroll_endpoint(self) -> XdsEndpoint: ...
 
 
-class SecretStore(Protocol):
-    async def create_secret(self, namespace: str, body: dict[str, Any]) -> None:
-        """Create the Secret ``body`` in ``namespace``; :class:`SecretFailed` if not done."""
-        ...
+class SidecarSettings(Protocol):
+    """MeshConfig's sidecar settings (``clients.CatalogClient``)."""
+
+    async def sidecar_settings(self) -> MeshSidecar: ...
+
+
+class PodAgents:
+    """Prepares a pod's agent: where to enroll, whom to trust, and its bootstrap."""
+
+    def __init__(
+        self,
+        locator: ProxyCpLocator,
+        catalog: SidecarSettings,
+        trust_bundle: Callable[[], bytes],
+        proxy_cp_spiffe_id: str,
+        proxy_cp_name: str,
+    ) -> None:
+        self._locator = locator
+        self._catalog = catalog
+        self._trust_bundle = trust_bundle
+        self._spiffe_id = proxy_cp_spiffe_id
+        self._server_name = proxy_cp_name
+
+    async def prepare(self, request: ProxyRequest) -> tuple[Agent, MeshSidecar]:
+        xds = await self._locator.xds_endpoint()
+        enroll = await self._locator.enroll_endpoint()
+        mesh = await self._catalog.sidecar_settings()
+        bootstrap = build_bootstrap(request, PENDING_NODE, ControlPlane(xds, self._spiffe_id))
+        agent = Agent(
+            address=str(enroll),
+            server_name=self._server_name,
+            ca_pem=self._trust_bundle().decode(),
+            service=request.service,
+            bootstrap=bootstrap,
+        )
+        return agent, mesh
+
+
+class Agents(Protocol):
+    async def prepare(self, request: ProxyRequest) -> tuple[Agent, MeshSidecar]: ...
 
 
 class SidecarInjector:
     def __init__(
         self,
-        onboarder: Onboarder,
-        secrets: SecretStore | None,
+        agents: Agents,
         sidecar: Sidecar,
         metrics: InjectorMetrics,
         *,
         failure_policy: FailurePolicy = "Fail",
         timeout: float = 8.0,
     ) -> None:
-        self._onboarder = onboarder
-        #: None without a Kubernetes API: patches are made, Secrets are not stored
-        self.secrets = secrets
+        self._agents = agents
         self._sidecar = sidecar
         self._metrics = metrics
         self.failure_policy = failure_policy
@@ -125,46 +170,24 @@ class SidecarInjector:
             request = proxy_request(pod, review.namespace, self._sidecar)
         except InvalidPod as exc:
             return self._invalid(uid, where, str(exc))
-        if review.dry_run:
-            patch = pod_patch(pod, self._sidecar, str(uuid.uuid4()), decision.exclusions)
-            log.info("webhook.dry_run %s", where)
-            warning = (
-                "dry run: no proxy was onboarded, and MeshConfig's sidecar settings were not read"
-            )
-            return "injected", admission.allow(uid, patch, [warning])
         try:
             async with asyncio.timeout(budget):
-                onboarded, key_pem = await self._onboarder.onboard_with_local_key(request)
-                proxy_id = proxy_id_of(onboarded.common_name)
-                warnings = await self._store(review.namespace, secret(onboarded, key_pem), where)
+                agent, mesh = await self._agents.prepare(request)
         except InvalidOnboarding as exc:
             return self._invalid(uid, where, str(exc))
-        except (Unavailable, Refused, SecretFailed, TimeoutError) as exc:
+        except (Unavailable, Refused, TimeoutError) as exc:
             return self._failed(uid, where, exc, budget)
-        mesh = onboarded.sidecar  # MeshConfig's, merged with the pod's own (as OSM does)
-        exclusions = mesh.exclusions.union(decision.exclusions)
-        patch = pod_patch(pod, self._sidecar, proxy_id, exclusions, mesh.log_level)
+        exclusions = mesh.exclusions.union(decision.exclusions)  # MeshConfig's and the pod's
+        patch = pod_patch(pod, self._sidecar, agent, exclusions, mesh.log_level)
         log.info(
-            "webhook.injected %s proxy=%s identity=%s",
+            "webhook.injected %s service=%s service_account=%s enroll=%s%s",
             where,
-            onboarded.common_name,
-            request.identity,
+            request.service,
+            request.service_account,
+            agent.address,
+            " dry_run=true" if review.dry_run else "",
         )
-        return "injected", admission.allow(uid, patch, warnings)
-
-    async def _store(self, namespace: str, body: dict[str, Any], where: str) -> list[str]:
-        name = body["metadata"]["name"]
-        if self.secrets is None:
-            self._metrics.proxy_secrets.labels("skipped").inc()
-            log.warning("webhook.secret_skipped %s secret=%s reason=no-kubernetes-api", where, name)
-            return [f"no Kubernetes API: the proxy's Secret {name} was not created"]
-        try:
-            await self.secrets.create_secret(namespace, body)
-        except SecretFailed:
-            self._metrics.proxy_secrets.labels("failed").inc()
-            raise
-        self._metrics.proxy_secrets.labels("created").inc()
-        return []
+        return "injected", admission.allow(uid, patch)
 
     def _invalid(self, uid: str, where: str, reason: str) -> tuple[str, dict[str, Any]]:
         log.warning("webhook.denied %s reason=%r", where, reason)
@@ -186,5 +209,5 @@ class SidecarInjector:
             uid,
             500,
             f"trellis sidecar injection failed: {reason} (failure policy Fail: the pod is "
-            "refused until the injector can onboard its proxy)",
+            "refused until the injector can reach the control plane)",
         )

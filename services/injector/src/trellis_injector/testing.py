@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
 from trellis_injector.domain.onboarding import MeshSidecar, ProxyCertificate, XdsEndpoint
 
@@ -51,8 +50,19 @@ class FakeCatalog:
 
     def __init__(self) -> None:
         self.error: Exception | None = None
+        #: set to an unset Event and settings calls hang until it is set (a stalled catalog)
+        self.hold: asyncio.Event | None = None
+        self.calls = 0
         self.expected: dict[str, str] = {}  # common name -> service account
         self.sidecar = MeshSidecar()  # what MeshConfig says of sidecars
+
+    async def sidecar_settings(self) -> MeshSidecar:
+        self.calls += 1
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.error is not None:
+            raise self.error
+        return self.sidecar
 
     async def expect_proxy(self, common_name: str, service_account: str) -> MeshSidecar:
         if self.error is not None:
@@ -64,24 +74,17 @@ class FakeCatalog:
 class FixedControlPlane:
     """A :class:`~trellis_injector.onboarder.ControlPlaneLocator` with one address."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 15128) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 15128, enroll: int = 15012) -> None:
         self.error: Exception | None = None
         self.endpoint = XdsEndpoint(host, port)
+        self.enroll = XdsEndpoint(host, enroll)
+
+    async def enroll_endpoint(self) -> XdsEndpoint:
+        if self.error is not None:
+            raise self.error
+        return self.enroll
 
     async def xds_endpoint(self) -> XdsEndpoint:
         if self.error is not None:
             raise self.error
         return self.endpoint
-
-
-class FakeSecrets:
-    """A :class:`~trellis_injector.sidecars.SecretStore` in a dict, by (namespace, name)."""
-
-    def __init__(self) -> None:
-        self.error: Exception | None = None
-        self.created: dict[tuple[str, str], dict[str, Any]] = {}
-
-    async def create_secret(self, namespace: str, body: dict[str, Any]) -> None:
-        if self.error is not None:
-            raise self.error
-        self.created[(namespace, body["metadata"]["name"])] = body

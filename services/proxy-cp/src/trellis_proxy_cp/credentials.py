@@ -7,6 +7,8 @@ verified against the mesh CA (the trust bundle that comes with the certificate).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 
 from trellis_proxy_cp.translate.secrets import SecretMaterial
@@ -15,26 +17,38 @@ from trellis_proxy_cp.translate.secrets import SecretMaterial
 class ServingCertificate:
     def __init__(self, material: SecretMaterial) -> None:
         self.material = material
-        self._served: SecretMaterial | None = material
 
     def update(self, material: SecretMaterial) -> None:
         self.material = material
 
-    def configuration(self) -> grpc.ServerCertificateConfiguration:
+    def configuration(self, clients: bool = True) -> grpc.ServerCertificateConfiguration:
         return grpc.ssl_server_certificate_configuration(
             [(self.material.key_pem, self.material.cert_chain_pem)],
-            root_certificates=self.material.trust_bundle_pem,
+            root_certificates=self.material.trust_bundle_pem if clients else None,
         )
 
-    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        if self._served is self.material:
-            return None
-        self._served = self.material
-        return self.configuration()
+    def fetcher(
+        self, clients: bool = True
+    ) -> Callable[[], grpc.ServerCertificateConfiguration | None]:
+        """What gRPC asks at each handshake of one port: a configuration once per new
+        material, else None. Each port has its own (one port's fetch must not hide a
+        rotation from another)."""
+        served = self.material
 
-    def credentials(self) -> grpc.ServerCredentials:
+        def fetch() -> grpc.ServerCertificateConfiguration | None:
+            nonlocal served
+            if served is self.material:
+                return None
+            served = self.material
+            return self.configuration(clients)
+
+        return fetch
+
+    def credentials(self, clients: bool = True) -> grpc.ServerCredentials:
+        """Credentials for one port; ``clients``: a client certificate of the mesh CA is
+        required (every port but the enrollment port's)."""
         return grpc.dynamic_ssl_server_credentials(
-            self.configuration(),
-            self.fetch,  # type: ignore[arg-type]  # gRPC documents None as "no change"
-            require_client_authentication=True,
+            self.configuration(clients),
+            self.fetcher(clients),  # type: ignore[arg-type]  # gRPC documents None as "no change"
+            require_client_authentication=clients,
         )

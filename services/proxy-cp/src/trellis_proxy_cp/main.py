@@ -3,7 +3,8 @@
 Finds the catalog and certmanager through locators (settings, else the service registry),
 gets its own serving certificate (waiting for certmanager), then serves ADS (state of the
 world and delta, mTLS required), proxy certificate renewal on the same port
-(``renewal.py``) and the admin REST API. The catalog's views and
+(``renewal.py``), pod agents' enrollment on its own server-TLS port (``enrollment.py``)
+and the admin REST API. The catalog's views and
 certmanager's certificates are followed on the one event path: two followers on the
 runtime's signals hub (``clients/catalog.py``, ``clients/certs.py``).
 """
@@ -43,6 +44,8 @@ from trellis_proxy_cp.discovery.server import (
     DiscoveryOptions,
 )
 from trellis_proxy_cp.discovery.server import register as register_discovery
+from trellis_proxy_cp.enrollment import SERVICE_NAME as ENROLLMENT_SERVICE
+from trellis_proxy_cp.enrollment import EnrollmentServicer
 from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
 from trellis_proxy_cp.renewal import SERVICE_NAME as RENEWAL_SERVICE
@@ -219,6 +222,18 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     )
     components = {}
     attributes = {}
+    if settings.enroll_port >= 0:
+        enrollment = EnrollmentServicer(certs.enroll, catalog.expect, metrics.enrollments)
+        enroll_server = GrpcServer(
+            f"{settings.xds_host}:{settings.enroll_port}",
+            [enrollment.register],
+            [ENROLLMENT_SERVICE],
+            credentials=serving.credentials(clients=False),
+            reflection=settings.debug_endpoints,
+        )
+        port = await enroll_server.start()
+        components["enrollment"] = enroll_server.run
+        attributes["enroll_port"] = str(port)
     if settings.destination_port >= 0:
         destination_server = GrpcServer(
             f"{settings.xds_host}:{settings.destination_port}",

@@ -40,3 +40,10 @@ class XdsMetrics:
             "refusal's reason (revoked, stale_serial, other_proxy, invalid_csr, ...)",
             "outcome",
         )
+        self.enrollments = make.counter(
+            "enrollments",
+            "Pod proxy enrollments (ProxyEnrollment/Enroll), by outcome: enrolled, or the "
+            "refusal's reason (no_token, not_bound, wrong_audience, control_plane_namespace, "
+            "bad_csr, certmanager_unavailable, ...)",
+            "outcome",
+        )

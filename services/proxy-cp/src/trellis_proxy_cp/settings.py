@@ -48,6 +48,12 @@ class ProxyCpSettings(ServiceSettings):
         le=65535,
         description="Linkerd Destination API port (mTLS; 0: any free port; -1: not served)",
     )
+    enroll_port: int = Field(
+        Ports.PROXY_CP_ENROLL,
+        ge=-1,
+        le=65535,
+        description="pod agents' enrollment port (server TLS; 0: any free port; -1: not served)",
+    )
     destination_queue_capacity: int = Field(
         100, ge=1, description="updates one Destination stream may have waiting before it ends"
     )

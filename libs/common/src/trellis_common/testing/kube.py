@@ -100,11 +100,15 @@ class KubeApi:
         *,
         audiences: tuple[str, ...] = ("trellis",),
         lifetime: float = 600.0,
+        pod: tuple[str, str] | None = None,
     ) -> str:
-        """A projected ServiceAccount token this server's TokenReview accepts."""
+        """A projected ServiceAccount token this server's TokenReview accepts; bound to
+        ``pod`` (its name and uid) if given, it is accepted only while that pod is stored
+        with that uid. Neither the account nor the pod need exist when it is issued (the
+        TokenRequest API, which the kubelet uses, checks both)."""
         assert self.server is not None
         return self.server.tokens.issue(
-            namespace, service_account, audiences=audiences, lifetime=lifetime
+            namespace, service_account, audiences=audiences, lifetime=lifetime, pod=pod
         )
 
     def objects(self, group: str, plural: str) -> list[dict[str, Any]]:

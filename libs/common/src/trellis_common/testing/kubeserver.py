@@ -25,7 +25,13 @@ error bodies, and its own store takes over the objects:
   resourceVersion from before :meth:`KubeApi.expire` gets the ERROR event with 410
   ``Expired``, as after etcd compaction;
 * Namespaces are served as the cluster-scoped resource they are; TokenReview answers about
-  the ServiceAccount tokens it issued (:mod:`trellis_common.testing.kubeauth`).
+  the ServiceAccount tokens it issued (:mod:`trellis_common.testing.kubeauth`), a pod-bound
+  one only while its pod is in the store with the uid it was bound to;
+* the TokenRequest API the kubelet uses for projected tokens
+  (``POST .../serviceaccounts/<sa>/token``) issues a token for a stored ServiceAccount,
+  bound to a stored pod of that account when ``boundObjectRef`` names one, with the API
+  server's refusals (no such account or pod: 404, another account's pod: 400, another uid:
+  409, under ten minutes: 422).
 
 Faults for tests: :meth:`ApiServer.drop_watches` ends every open watch (a dropped
 connection: the client resumes from its last resourceVersion) and :meth:`ApiServer.expire`
@@ -38,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -47,11 +54,15 @@ import jsonpatch
 import kmock
 from kmock._internal import k8s, parsing, rendering
 
-from trellis_common.testing.kubeauth import TokenAuthority
+from trellis_common.testing.kubeauth import API_SERVER, TokenAuthority
 
 Key = tuple[str, str, str, str]  # group, plural, namespace ("" for cluster scope), name
 
 _CLUSTER_SCOPED = {("", "namespaces"), ("", "nodes")}
+_TOKEN_REQUEST = re.compile(r"/api/v1/namespaces/[^/]+/serviceaccounts/[^/]+/token")
+#: The API server's default and floor for a TokenRequest's ``expirationSeconds``.
+_DEFAULT_TOKEN_SECONDS = 3600
+_MIN_TOKEN_SECONDS = 600
 
 
 def _parse_path(path: str) -> parsing.ParsedPath:
@@ -166,8 +177,9 @@ class ApiServer(k8s.KubernetesEmulator):
         self.epoch = 0
         self.watch_count = 0
         self.changed = asyncio.Condition()
-        self.tokens = TokenAuthority()
+        self.tokens = TokenAuthority(pod_uid=self._pod_uid)
         self.fallback[kmock.method.PUT] << self._serve_replace
+        self.fallback["post", _TOKEN_REQUEST] << self._serve_token_request
 
     async def _handle(self, request: rendering.Request) -> Any:
         # the emulator's own bookkeeping is replaced by this class's store
@@ -231,14 +243,90 @@ class ApiServer(k8s.KubernetesEmulator):
             meta["namespace"] = key[2]
         if key in self.store:
             raise _error(409, "AlreadyExists", f'{key[1]} "{key[3]}" already exists')
-        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         meta.update(
             uid=str(uuid.uuid4()),
-            creationTimestamp=now.isoformat().replace("+00:00", "Z"),
+            creationTimestamp=_rfc3339(datetime.datetime.now(datetime.UTC)),
             generation=1,
         )
         await self._record(key, "ADDED", obj, None)
         return rendering.Response(status=201, payload=copy.deepcopy(obj))
+
+    def _pod_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of the stored pod ``namespace/name``, or None if there is none."""
+        pod = self.store.get(("", "pods", namespace, name))
+        return None if pod is None else cast(str, _meta(pod).get("uid"))
+
+    async def _serve_token_request(self, request: rendering.Request) -> Any:
+        """``POST .../serviceaccounts/<sa>/token``: a TokenRequest, answered as the API
+        server does (``status.token`` and ``status.expirationTimestamp``, RFC 3339)."""
+        namespace, account = request.namespace or "", request.name or ""
+        stored = self.store.get(("", "serviceaccounts", namespace, account))
+        if stored is None:
+            raise _error(404, "NotFound", f'serviceaccounts "{account}" not found')
+        body = request.data if isinstance(request.data, dict) else {}
+        spec = copy.deepcopy(body.get("spec") or {})
+        spec["audiences"] = spec.get("audiences") or [API_SERVER]
+        seconds = spec.setdefault("expirationSeconds", _DEFAULT_TOKEN_SECONDS)
+        if seconds < _MIN_TOKEN_SECONDS:
+            raise _error(
+                422,
+                "Invalid",
+                f'TokenRequest.authentication.k8s.io "{account}" is invalid: '
+                f"spec.expirationSeconds: Invalid value: {seconds}: may not specify a duration "
+                "less than 10 minutes",
+            )
+        pod = self._bound_pod(namespace, account, spec.get("boundObjectRef"))
+        token = self.tokens.issue(
+            namespace,
+            account,
+            audiences=tuple(spec["audiences"]),
+            lifetime=seconds,
+            pod=pod,
+            account_uid=_meta(stored).get("uid"),
+        )
+        expires = datetime.datetime.fromtimestamp(
+            self.tokens.tokens[token].expires_at, datetime.UTC
+        )
+        answer = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "metadata": {"name": account, "namespace": namespace, "creationTimestamp": None},
+            "spec": spec,
+            "status": {"token": token, "expirationTimestamp": _rfc3339(expires)},
+        }
+        return rendering.Response(status=201, payload=answer)
+
+    def _bound_pod(
+        self, namespace: str, account: str, ref: dict[str, Any] | None
+    ) -> tuple[str, str] | None:
+        """The (name, uid) of the pod a TokenRequest binds to, checked as the API server
+        checks it: the pod exists, runs as ``account``, and has the uid given (if any)."""
+        if not ref:
+            return None
+        if (ref.get("apiVersion"), ref.get("kind")) != ("v1", "Pod"):
+            kind = f"{ref.get('apiVersion')}, Kind={ref.get('kind')}"
+            raise _error(400, "BadRequest", f"cannot bind token to object of type {kind}")
+        name = ref.get("name") or ""
+        pod = self.store.get(("", "pods", namespace, name))
+        if pod is None:
+            raise _error(404, "NotFound", f'pods "{name}" not found')
+        if ((pod.get("spec") or {}).get("serviceAccountName") or "default") != account:
+            raise _error(
+                400,
+                "BadRequest",
+                f'cannot bind token for serviceaccount "{account}" to pod running with '
+                "different serviceaccount name.",
+            )
+        uid = cast(str, _meta(pod).get("uid"))
+        if ref.get("uid") and ref["uid"] != uid:
+            raise _error(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on Pod "{name}": the UID in the bound object '
+                f"reference ({ref['uid']}) does not match the UID in record. The object might "
+                "have been deleted and then recreated",
+            )
+        return name, uid
 
     async def _serve_fetch(self, request: rendering.Request) -> Any:
         return copy.deepcopy(self._existing(request)[1])
@@ -397,6 +485,11 @@ class ApiServer(k8s.KubernetesEmulator):
         self.revision += 1
         self.compacted = self.revision
         await self.drop_watches()
+
+
+def _rfc3339(moment: datetime.datetime) -> str:
+    """A UTC time as the API server writes one: whole seconds, ``Z``."""
+    return moment.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _as_seen(event: _Event, wanted: Callable[[dict[str, Any]], bool]) -> str | None:

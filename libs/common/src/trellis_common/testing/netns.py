@@ -13,7 +13,8 @@ A pod's network is all those tests need, and a network namespace is exactly that
   namespace (``ip netns exec``, which also puts the pod's hosts file over ``/etc/hosts``),
   in a private mount namespace holding the container's volume mounts, as its user;
 - :func:`run_pod_spec` plays the kubelet: it runs a (webhook-patched) Pod object's init
-  containers to completion, then its containers.
+  containers in order (to completion, or left running if they are native sidecars), then
+  its containers.
 
 Processes see the host's file system (there are no images), so a container's command must
 exist on this machine. Everything here needs root; :func:`sweep` cleans up after a run that
@@ -61,6 +62,8 @@ _CLONE_NEWNET = 0x40000000
 _STOP_GRACE_S = 5.0
 _POLL_INTERVAL_S = 0.01
 _SETUP_TIMEOUT_S = 30.0
+#: How much of a sidecar's log an error quotes.
+_LOG_TAIL_LINES = 20
 #: Searched after the caller's PATH for the tools the wrapper runs (``ip`` is in sbin).
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _NO_STRINGS: Mapping[str, str] = MappingProxyType({})
@@ -751,13 +754,24 @@ def expand_references(text: str, env: Mapping[str, str]) -> str:
 
 @dataclass
 class RunningPod:
-    """What :func:`run_pod_spec` started: each container's process and log, and each init
-    container's output (stdout then stderr)."""
+    """What :func:`run_pod_spec` started: each container's process and log (native
+    sidecars' too), and each other init container's output (stdout then stderr)."""
 
     pod: Pod
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     init_output: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _StartupProbe:
+    """A native sidecar's ``startupProbe``, with the kubelet's defaults."""
+
+    argv: list[str]
+    initial_delay: int
+    period: int
+    timeout: int
+    failure_threshold: int
 
 
 @dataclass(frozen=True)
@@ -771,6 +785,8 @@ class _Container:
     gid: int | None
     mounts: dict[str, Path]
     cwd: Path | None
+    sidecar: bool  # an init container with restartPolicy Always
+    startup_probe: _StartupProbe | None
 
 
 def _field_values(pod: Pod, spec: Mapping[str, Any]) -> dict[str, str]:
@@ -831,6 +847,34 @@ def _container_mounts(container: Mapping[str, Any], volumes: Mapping[str, Path])
     return mounts
 
 
+def _probe_seconds(name: str, probe: Mapping[str, Any], key: str, default: int) -> int:
+    """A probe's ``key`` in seconds; whole, as the API server requires."""
+    value = probe.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"container {name}: startupProbe.{key} must be whole seconds: {value!r}")
+    return value
+
+
+def _startup_probe(container: Mapping[str, Any]) -> _StartupProbe | None:
+    """A sidecar's ``startupProbe`` (``exec`` only), or None if it has none."""
+    name, probe = container["name"], container.get("startupProbe")
+    if not probe:
+        return None
+    command = (probe.get("exec") or {}).get("command")
+    if not command:
+        raise NotImplementedError(
+            f"container {name}: startupProbe {dict(probe)!r} is not supported (only exec)"
+        )
+    seconds = partial(_probe_seconds, name, probe)
+    return _StartupProbe(
+        argv=list(command),
+        initial_delay=seconds("initialDelaySeconds", 0),
+        period=seconds("periodSeconds", 10),
+        timeout=seconds("timeoutSeconds", 1),
+        failure_threshold=seconds("failureThreshold", 3),
+    )
+
+
 def _resolve(
     container: Mapping[str, Any],
     pod_security: Mapping[str, Any],
@@ -847,6 +891,7 @@ def _resolve(
     env = _container_env(container, fields, extra, path)
     security = {**pod_security, **(container.get("securityContext") or {})}
     working_dir = container.get("workingDir")
+    sidecar = container.get("restartPolicy") == "Always"
     return _Container(
         name=name,
         argv=[expand_references(word, env) for word in [*command, *(container.get("args") or [])]],
@@ -855,6 +900,8 @@ def _resolve(
         gid=security.get("runAsGroup"),
         mounts=_container_mounts(container, volumes),
         cwd=Path(working_dir) if working_dir else None,
+        sidecar=sidecar,
+        startup_probe=_startup_probe(container) if sidecar else None,
     )
 
 
@@ -879,10 +926,23 @@ def run_pod_spec(
     (the container's, else the pod's, else root); in ``workingDir`` if given; with each
     ``volumeMounts`` item bound from ``volumes`` (volume name -> host directory).
 
+    An init container with ``restartPolicy: Always`` is a native sidecar (Kubernetes 1.29+):
+    it is started like a container (logged to ``workdir/<container>.log``, in
+    ``processes``, stopped with the pod) and left running, and the next init container, or
+    the containers, start once its ``startupProbe`` passes, or right away if it has none.
+    The probe is ``exec`` only: its ``command`` runs in the pod as the container does (its
+    uid, env and mounts), first after ``initialDelaySeconds`` (0), then every
+    ``periodSeconds`` (10), each attempt allowed ``timeoutSeconds`` (1); after
+    ``failureThreshold`` (3) failures in a row ``RuntimeError`` names the sidecar and the
+    probe's last output (the kubelet would restart the sidecar and keep trying). A sidecar
+    that exits before its probe passes raises ``RuntimeError`` with the tail of its log.
+    Either way the sidecar stays with the pod, for :meth:`Pod.stop` to end.
+
     The image is not used: the command must exist on this machine, hence a container with
     no ``command`` (whose entrypoint would come from the image) raises ``ValueError``. An
-    unknown volume raises ``KeyError``; an env source other than those fieldRefs raises
-    ``NotImplementedError``: all before anything runs.
+    unknown volume raises ``KeyError``; an env source other than those fieldRefs, or a
+    startup probe other than ``exec``, raises ``NotImplementedError``: all before anything
+    runs.
     """
     pod_spec = spec.get("spec") or {}
     resolve = partial(
@@ -897,19 +957,81 @@ def run_pod_spec(
     containers = [resolve(container) for container in pod_spec.get("containers") or []]
     running = RunningPod(pod)
     for init in inits:
-        running.init_output[init.name] = _run_init(pod, init, init_timeout)
+        if init.sidecar:
+            _start(running, init, workdir)
+            _await_startup(running, init)
+        else:
+            running.init_output[init.name] = _run_init(pod, init, init_timeout)
     for container in containers:
-        log = running.logs[container.name] = workdir / f"{container.name}.log"
-        running.processes[container.name] = pod.spawn(
-            container.argv,
-            env=container.env,
-            uid=container.uid,
-            gid=container.gid,
-            mounts=container.mounts,
-            cwd=container.cwd,
-            log=log,
-        )
+        _start(running, container, workdir)
     return running
+
+
+def _start(running: RunningPod, container: _Container, workdir: Path) -> None:
+    """Start a long-running container, logging to ``workdir/<container>.log``."""
+    log = running.logs[container.name] = workdir / f"{container.name}.log"
+    running.processes[container.name] = running.pod.spawn(
+        container.argv,
+        env=container.env,
+        uid=container.uid,
+        gid=container.gid,
+        mounts=container.mounts,
+        cwd=container.cwd,
+        log=log,
+    )
+
+
+def _await_startup(running: RunningPod, sidecar: _Container) -> None:
+    """Return once the sidecar's startup probe passes (at once if it has none); raise
+    ``RuntimeError`` if it fails ``failureThreshold`` times in a row or the sidecar exits."""
+    probe = sidecar.startup_probe
+    if probe is None:
+        return
+    _watch_sidecar(running, sidecar, probe.initial_delay)
+    for attempt in range(1, probe.failure_threshold + 1):
+        started = time.monotonic()
+        try:
+            running.pod.run(
+                probe.argv,
+                env=sidecar.env,
+                uid=sidecar.uid,
+                gid=sidecar.gid,
+                mounts=sidecar.mounts,
+                cwd=sidecar.cwd,
+                timeout=probe.timeout,
+            )
+            return
+        except RuntimeError as error:
+            if attempt == probe.failure_threshold:
+                _check_alive(running, sidecar)  # an exit is the better explanation
+                raise RuntimeError(
+                    f"sidecar {sidecar.name} of pod {running.pod.name}: its startup probe "
+                    f"failed {attempt} times; the last: {error}"
+                ) from error
+        _watch_sidecar(running, sidecar, probe.period - (time.monotonic() - started))
+
+
+def _watch_sidecar(running: RunningPod, sidecar: _Container, seconds: float) -> None:
+    """Wait ``seconds``; raise ``RuntimeError`` with its log's tail if the sidecar exits."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _check_alive(running, sidecar)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(_POLL_INTERVAL_S)
+
+
+def _check_alive(running: RunningPod, sidecar: _Container) -> None:
+    """Raise ``RuntimeError`` with the tail of its log if the sidecar has exited."""
+    process = running.processes[sidecar.name]
+    if process.poll() is None:
+        return
+    lines = running.logs[sidecar.name].read_text(errors="replace").splitlines()
+    tail = "\n".join(lines[-_LOG_TAIL_LINES:])
+    raise RuntimeError(
+        f"sidecar {sidecar.name} of pod {running.pod.name} exited (rc {process.returncode}) "
+        f"before its startup probe passed; its log ends:\n{tail}"
+    )
 
 
 def _run_init(pod: Pod, init: _Container, timeout: float) -> str:

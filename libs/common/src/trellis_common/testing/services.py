@@ -94,6 +94,7 @@ class ServiceProcess:
             # the injector's webhook on a free port too: tests run side by side
             "TRELLIS_INJECTOR_WEBHOOK_PORT": "0",
             "TRELLIS_PROXY_CP_DESTINATION_PORT": "0",
+            "TRELLIS_PROXY_CP_ENROLL_PORT": "0",
             **({"TRELLIS_INSTANCE": self.instance} if self.instance != self.name else {}),
             **self.env,
         }

@@ -401,6 +401,11 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             identity=str(record.identity), expected=True, sidecar=_sidecar(self._catalog.spec)
         )
 
+    async def GetSidecarSettings(
+        self, request: pb.GetSidecarSettingsRequest, context: Context
+    ) -> pb.SidecarSettings:
+        return _sidecar(self._catalog.spec)
+
     @rpc(grpc_requests.registered_proxy)
     async def RegisterProxy(
         self, asked: grpc_requests.ProxyRequest, context: Context

@@ -206,6 +206,36 @@ class Issuer:
             public_key=public_key,
         )
 
+    def issue_workload(
+        self,
+        service: MeshService,
+        service_account: str,
+        public_key: PublicKey,
+        now: dt.datetime,
+        not_after: dt.datetime,
+    ) -> x509.Certificate:
+        """A pod proxy's own workload certificate (for its CSR's key), for mesh mTLS: the
+        SPIFFE id of the pod's ServiceAccount, and ``service``'s DNS names; it ends with the
+        proxy certificate issued with it (``not_after``). Not a record: the agent renews it
+        with its proxy certificate."""
+        try:
+            spiffe = SpiffeId(self.policy.trust_domain, service.namespace, service_account)
+            dns = service_dns_names(service, self.policy.cluster_domain)
+        except InvalidIdentifier as exc:
+            raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
+        return x509.load_der_x509_certificate(
+            self._leaf(
+                x509.random_serial_number(),
+                f"{service_account}.{service.namespace}",
+                service.namespace,
+                dns,
+                (spiffe.uri,),
+                public_key,
+                now - BACKDATE,
+                min(not_after, self._ca_not_after),
+            )
+        )
+
     def issue_component(
         self, component: str, public_key: PublicKey, now: dt.datetime, lifetime: dt.timedelta
     ) -> x509.Certificate:

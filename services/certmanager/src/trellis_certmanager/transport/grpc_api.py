@@ -33,6 +33,7 @@ from trellis_certmanager.domain.errors import (
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.domain.renewal import Renewal
 from trellis_certmanager.domain.revocation import Revocation
+from trellis_certmanager.enrollment import EnrollmentRefused, ProxyEnrollment
 from trellis_certmanager.identities import ComponentIssuer
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.transport import grpc_requests
@@ -54,6 +55,9 @@ _STATUSES = {
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     StaleCertificate: grpc.StatusCode.FAILED_PRECONDITION,
 }
+
+#: A refused enrollment: the token does not prove what enrolling needs (enrollment.py).
+_DENIED = grpc.StatusCode.PERMISSION_DENIED
 
 _KINDS = {
     CertificateKind.SERVICE: pb.CERTIFICATE_KIND_SERVICE,
@@ -111,9 +115,11 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         manager: CertificateManager,
         rejections: Rejections | None = None,
         identities: ComponentIssuer | None = None,
+        enrollment: ProxyEnrollment | None = None,
     ) -> None:
         self._manager = manager
         self._identities = identities
+        self._enrollment = enrollment
         self.gate = RequestGate(rejections)
 
     def _certificate(self, record: CertificateRecord, with_key: bool = True) -> pb.Certificate:
@@ -258,4 +264,25 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
             cert_chain_pem=issued.cert_chain_pem,
             trust_bundle_pem=issued.trust_bundle_pem,
             not_after=_ts(leaf.not_valid_after_utc),
+        )
+
+    @rpc(lambda request: request, statuses={**_STATUSES, EnrollmentRefused: _DENIED})
+    async def EnrollProxy(
+        self, request: pb.EnrollProxyRequest, context: Context
+    ) -> pb.EnrolledProxy:
+        """A pod's proxy, enrolled by its agent through proxy-cp (``enrollment.py``): who
+        the pod is comes from its token, as the API server reviewed it."""
+        if self._enrollment is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no pod enrollment here")
+        assert self._enrollment is not None
+        enrolled = await self._enrollment.enroll(request.token, request.csr_pem, request.service)
+        pod = enrolled.pod
+        return pb.EnrolledProxy(
+            proxy=self._certificate(enrolled.proxy, with_key=False),
+            workload_cert_chain_pem=enrolled.workload_cert_pem,
+            spiffe_id=enrolled.spiffe_id,
+            namespace=pod.namespace,
+            service_account=pod.service_account,
+            pod_name=pod.pod_name,
+            pod_uid=pod.pod_uid,
         )

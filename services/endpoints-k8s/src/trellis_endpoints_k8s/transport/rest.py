@@ -2,7 +2,7 @@
 
 ``GET /v1/services`` answers as endpoints-vm's does, so tools read either provider the same
 way; ``GET /v1/proxies/{uuid}`` resolves the pod the injector labelled with that proxy UUID
-(``trellis.dev/proxy-uuid``); ``GET /v1/kubernetes`` shows the informers (lists, watches, 410s,
+(the pod's uid); ``GET /v1/kubernetes`` shows the informers (lists, watches, 410s,
 events) and the monitored namespaces.
 """
 

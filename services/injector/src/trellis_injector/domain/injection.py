@@ -1,46 +1,60 @@
-"""What the webhook adds to a pod, as pure functions: the JSONPatch and the proxy's Secret.
+"""What the webhook adds to a pod, as pure functions: the JSONPatch.
 
 The patch applies to the pod exactly as the API server sends it for CREATE. Such a pod
 often has ``generateName`` and no name, and no labels, annotations, init containers or
 volumes, so each list or map is created when it is absent and appended to when it is
 there (``add`` under a missing parent fails). After it applies: the pod's own containers
-and volumes are kept, the added containers (``envoy``, ``trellis-init``) have images, their
-names are unique in the pod, every mount names a volume, and the pod carries the
-``trellis.dev/proxy-uuid`` label of its proxy certificate. A pod whose own names clash with
-what is added is :class:`InvalidPod`, named, rather than patched into one the API server
-refuses.
+and volumes are kept, the added containers have images, their names are unique in the pod
+and every mount names a volume. A pod whose own names clash with what is added is
+:class:`InvalidPod`, named, rather than patched into one the API server refuses.
 
-The proxy's files (bootstrap, certificate chain, key, trust bundle, SDS file) travel in a
-Secret in the pod's namespace, named after the proxy's UUID (the pod may have no name yet),
-mounted read-only into the ``envoy`` container only, at the paths its bootstrap names.
+What is added, in the order the kubelet starts it:
 
-The proxy's mesh service (the middle of its certificate's CN) is, in order: the
-``trellis.dev/service`` annotation, the ``app.kubernetes.io/name`` label, the ``app`` label,
-else its service account. Identity for policy is always the service account.
+1. ``trellis-init``: the traffic redirection (iptables), as root with NET_ADMIN;
+2. ``trellis-agent``, a native sidecar (an init container with ``restartPolicy: Always``)
+   from the Trellis image, as the proxy's uid: it enrolls the proxy with the pod's projected
+   ServiceAccount token (volume ``trellis-token``, audience ``trellis``, bound to the pod by
+   the kubelet) and writes the key it made, the certificates and Envoy's bootstrap into the
+   memory-backed ``trellis-proxy`` volume (``trellis_cli.agent``); its startup probe holds
+   the pod's containers back until the bootstrap is there;
+3. ``envoy``, reading that volume (read-only).
+
+Nothing is stored on the pod's behalf: no Secret, no certificate issued at admission. Who
+the proxy is (namespace, ServiceAccount, pod name and uid) is what the token proves when the
+agent enrolls, never what the pod's labels or annotations say.
+
+The proxy's mesh service (the middle of its certificate's CN, and the DNS names of its
+workload certificate) is, in order: the ``trellis.dev/service`` annotation, the
+``app.kubernetes.io/name`` label, the ``app`` label, else its service account. Identity
+for policy is always the service account.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from trellis_common import ids
-from trellis_common.bootstrap import STATS_PATH, proxy_secret_document, sidecar_args
+from trellis_common.bootstrap import STATS_PATH, sidecar_args
 from trellis_common.kube import injection
 from trellis_injector.domain import iptables, probes
 from trellis_injector.domain.onboarding import (
     BOOTSTRAP_FILE,
     InvalidOnboarding,
-    Onboarding,
     ProxyRequest,
 )
 
 VOLUME: Final = "trellis-proxy"
-SECRET_PREFIX: Final = "trellis-proxy-"
-MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "trellis-injector"}
+TOKEN_VOLUME: Final = "trellis-token"
+TOKEN_DIR: Final = "/var/run/secrets/trellis"
+TOKEN_FILE: Final = "token"
+#: The projected token's lifetime; the kubelet writes a fresh one at 80 % of it.
+TOKEN_SECONDS: Final = 3600
+#: The audience the token is for: certmanager asks the API server to review it for this.
+TOKEN_AUDIENCE: Final = "trellis"
+AGENT_CONTAINER: Final = "trellis-agent"
+AGENT_COMMAND: Final = "trellis-agent"
 _SERVICE_LABELS: Final = ("app.kubernetes.io/name", "app")
 
 
@@ -111,44 +125,16 @@ def proxy_request(pod: Mapping[str, Any], namespace: str, sidecar: Sidecar) -> P
         raise InvalidPod(f"the pod's {exc.field.replace('_', ' ')}: {exc.reason}") from None
 
 
-def secret_name(proxy_id: str) -> str:
-    return f"{SECRET_PREFIX}{proxy_id}"
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """What the pod's agent is told: where to enroll, whom to trust, and the bootstrap
+    (without its node id: the proxy certificate names it)."""
 
-
-def proxy_id_of(common_name: str) -> str:
-    return ids.ProxyCommonName.parse(common_name).proxy_id
-
-
-def secret(onboarded: Onboarding, key_pem: bytes) -> dict[str, Any]:
-    """The Secret holding one proxy's files, by the names its bootstrap gives them."""
-    files = onboarded.files
-    proxy_id = proxy_id_of(onboarded.common_name)
-    sds = files.sds
-    assert sds is not None  # every ProxyRequest names its SDS file
-    content = {
-        # JSON is YAML: Envoy reads the .yaml files, and the injector needs no YAML writer
-        BOOTSTRAP_FILE: json.dumps(onboarded.bootstrap, indent=1),
-        files.cert_chain.name: onboarded.certificate.cert_chain_pem,
-        files.key.name: key_pem.decode(),
-        files.trust_bundle.name: onboarded.certificate.trust_bundle_pem,
-        sds.name: json.dumps(proxy_secret_document(files.cert_chain, files.key), indent=1),
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": secret_name(proxy_id),
-            "namespace": onboarded.request.namespace,
-            "labels": {injection.PROXY_UUID_LABEL: proxy_id, **MANAGED_BY},
-            "annotations": {
-                "trellis.dev/proxy-common-name": onboarded.common_name,
-                # what a renewal of the certificate asks certmanager for again
-                "trellis.dev/proxy-service-account": onboarded.request.service_account,
-            },
-        },
-        "data": {name: base64.b64encode(text.encode()).decode() for name, text in content.items()},
-    }
+    address: str  # proxy-cp's enrollment port, host:port
+    server_name: str  # the DNS name proxy-cp's certificate is checked for
+    ca_pem: str
+    service: str
+    bootstrap: dict[str, Any] = field(repr=False)
 
 
 def _containers(pod: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
@@ -167,14 +153,15 @@ def check_pod(pod: Mapping[str, Any]) -> None:
         for key in ("containers", "initContainers")
         for c in _containers(pod, key)
     }
-    for name in (injection.INIT_CONTAINER, injection.SIDECAR_CONTAINER):
+    for name in (injection.INIT_CONTAINER, injection.SIDECAR_CONTAINER, AGENT_CONTAINER):
         if name in taken:
             raise InvalidPod(f"the pod already has a container named {name!r}: rename it")
     volumes = spec.get("volumes")
-    if isinstance(volumes, list) and any(
-        isinstance(v, dict) and v.get("name") == VOLUME for v in volumes
-    ):
-        raise InvalidPod(f"the pod already has a volume named {VOLUME!r}: rename it")
+    listed = volumes if isinstance(volumes, list) else []
+    named = {v.get("name") for v in listed if isinstance(v, dict)}
+    for volume in (VOLUME, TOKEN_VOLUME):
+        if volume in named:
+            raise InvalidPod(f"the pod already has a volume named {volume!r}: rename it")
 
 
 def init_container(sidecar: Sidecar, exclusions: injection.Exclusions) -> dict[str, Any]:
@@ -197,6 +184,54 @@ def init_container(sidecar: Sidecar, exclusions: injection.Exclusions) -> dict[s
             "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
         },
     }
+
+
+def agent_container(sidecar: Sidecar, agent: Agent) -> dict[str, Any]:
+    """The agent, a native sidecar: started after the redirection, before every container,
+    which wait for its startup probe (the bootstrap written: the proxy is enrolled)."""
+    folder = sidecar.mount_path.rstrip("/")
+    env = {
+        "TRELLIS_AGENT_ADDRESS": agent.address,
+        "TRELLIS_AGENT_SERVER_NAME": agent.server_name,
+        "TRELLIS_AGENT_CA": agent.ca_pem,
+        "TRELLIS_AGENT_SERVICE": agent.service,
+        "TRELLIS_AGENT_TOKEN": f"{TOKEN_DIR}/{TOKEN_FILE}",
+        "TRELLIS_AGENT_DIR": folder,
+        # JSON is YAML: the agent reads it, sets the node id, and writes envoy.yaml
+        "TRELLIS_AGENT_BOOTSTRAP": json.dumps(agent.bootstrap, separators=(",", ":")),
+    }
+    return {
+        "name": AGENT_CONTAINER,
+        "image": sidecar.init_image,
+        "command": [AGENT_COMMAND],
+        "restartPolicy": "Always",
+        "env": [{"name": name, "value": value} for name, value in env.items()],
+        "startupProbe": {
+            "exec": {"command": ["test", "-s", f"{folder}/{BOOTSTRAP_FILE}"]},
+            "periodSeconds": 1,
+            "failureThreshold": 120,
+        },
+        "securityContext": {
+            "runAsUser": sidecar.proxy_uid,  # its calls to proxy-cp leave unredirected
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+        },
+        "volumeMounts": [
+            {"name": VOLUME, "mountPath": sidecar.mount_path},
+            {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
+        ],
+    }
+
+
+def volumes() -> list[dict[str, Any]]:
+    """The agent's folder (memory only: the key never touches a disk) and the pod's
+    projected ServiceAccount token."""
+    token = {"audience": TOKEN_AUDIENCE, "expirationSeconds": TOKEN_SECONDS, "path": TOKEN_FILE}
+    return [
+        {"name": VOLUME, "emptyDir": {"medium": "Memory"}},
+        {"name": TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": token}]}},
+    ]
 
 
 def envoy_container(sidecar: Sidecar, log_level: str = "") -> dict[str, Any]:
@@ -226,12 +261,12 @@ def envoy_container(sidecar: Sidecar, log_level: str = "") -> dict[str, Any]:
     }
 
 
-def _add(pod: Mapping[str, Any], parent: str, key: str, item: Any) -> dict[str, Any]:
-    """Append ``item`` to the list at ``/parent/key``, creating the list if absent."""
+def _add(pod: Mapping[str, Any], parent: str, key: str, *items: Any) -> list[dict[str, Any]]:
+    """Append ``items`` to the list at ``/parent/key``, creating the list if absent."""
     holder = pod.get(parent)
     if isinstance(holder, dict) and isinstance(holder.get(key), list):
-        return {"op": "add", "path": f"/{parent}/{key}/-", "value": item}
-    return {"op": "add", "path": f"/{parent}/{key}", "value": [item]}
+        return [{"op": "add", "path": f"/{parent}/{key}/-", "value": item} for item in items]
+    return [{"op": "add", "path": f"/{parent}/{key}", "value": list(items)}]
 
 
 #: Where Prometheus finds a pod's metrics, the annotations its usual scrape configuration reads.
@@ -258,30 +293,21 @@ def _scrape_annotations(metadata: Mapping[str, Any], sidecar: Sidecar) -> list[d
 def pod_patch(
     pod: Mapping[str, Any],
     sidecar: Sidecar,
-    proxy_id: str,
+    agent: Agent,
     exclusions: injection.Exclusions,
     log_level: str = "",
 ) -> list[dict[str, Any]]:
     """The RFC 6902 operations that inject ``pod``; :class:`InvalidPod` if they cannot."""
     check_pod(pod)
     metadata = pod.get("metadata")
-    has_labels = isinstance(metadata, dict) and isinstance(metadata.get("labels"), dict)
     ops: list[dict[str, Any]] = []
     if not isinstance(metadata, dict):
         ops.append({"op": "add", "path": "/metadata", "value": {}})
-    if has_labels:
-        path = f"/metadata/labels/{_escape(injection.PROXY_UUID_LABEL)}"
-        ops.append({"op": "add", "path": path, "value": proxy_id})
-    else:
-        labels = {injection.PROXY_UUID_LABEL: proxy_id}
-        ops.append({"op": "add", "path": "/metadata/labels", "value": labels})
-    # Readable by Envoy's uid: only the envoy container mounts it, so the key is not in
-    # the application's containers at all.
-    volume = {"name": VOLUME, "secret": {"secretName": secret_name(proxy_id), "defaultMode": 0o444}}
     if sidecar.stats_port:
         ops += _scrape_annotations(metadata if isinstance(metadata, dict) else {}, sidecar)
     ops += probes.rewrites(pod)[1]
-    ops.append(_add(pod, "spec", "initContainers", init_container(sidecar, exclusions)))
-    ops.append(_add(pod, "spec", "containers", envoy_container(sidecar, log_level)))
-    ops.append(_add(pod, "spec", "volumes", volume))
+    inits = (init_container(sidecar, exclusions), agent_container(sidecar, agent))
+    ops += _add(pod, "spec", "initContainers", *inits)
+    ops += _add(pod, "spec", "containers", envoy_container(sidecar, log_level))
+    ops += _add(pod, "spec", "volumes", *volumes())
     return ops

@@ -264,6 +264,8 @@ def build_bootstrap(
             stats_port=request.stats_port,
             capture=request.capture,
             probes=request.probes,
+            # an injected pod's agent keeps the proxy's own workload certificate and key
+            workload_dir=request.output_dir if request.capture else "",
         )
     )
 

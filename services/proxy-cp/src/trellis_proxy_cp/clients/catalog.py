@@ -116,6 +116,11 @@ class CatalogClient:
         )
         await self._call(lambda stub: stub.RegisterProxy(request, timeout=10))
 
+    async def expect(self, common_name: str, service_account: str) -> None:
+        """Tell the catalog a proxy was just enrolled (as the injector does at onboarding)."""
+        request = pb.ExpectProxyRequest(common_name=common_name, service_account=service_account)
+        await self._call(lambda stub: stub.ExpectProxy(request, timeout=10))
+
     async def unregister(self, common_name: str) -> None:
         self.proxies.pop(common_name, None)
         request = pb.UnregisterProxyRequest(common_name=common_name)

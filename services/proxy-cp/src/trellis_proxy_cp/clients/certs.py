@@ -146,6 +146,11 @@ class CertClient:
         )
         return await self._call(lambda stub: stub.RenewProxyCertificate(request, timeout=30))
 
+    async def enroll(self, token: str, csr_pem: bytes, service: str) -> pb.EnrolledProxy:
+        """A pod's proxy enrolled with its ServiceAccount token (certmanager reviews it)."""
+        request = pb.EnrollProxyRequest(token=token, csr_pem=csr_pem, service=service)
+        return await self._call(lambda stub: stub.EnrollProxy(request, timeout=30))
+
     async def want(self, identity: str, service_account: str) -> SecretMaterial:
         namespace, service = identity.split("/", 1)
         self.wanted[identity] = service_account

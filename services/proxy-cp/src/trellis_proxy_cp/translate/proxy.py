@@ -39,7 +39,9 @@ def translate(
     one serves this call only, and nothing is kept."""
     if assignments is None:
         assignments = endpoints.LoadAssignments()
-    found_secrets = list(secrets.secrets(material)) if material is not None else []
+    found_secrets = (
+        list(secrets.secrets(material, settings.workload_dir)) if material is not None else []
+    )
     if settings.proxyless:
         listeners_, routes_, clusters_, endpoints_ = proxyless.resources(view, assignments)
         return Resources(listeners_, routes_, clusters_, endpoints_, found_secrets)

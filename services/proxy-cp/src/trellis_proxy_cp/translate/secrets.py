@@ -1,7 +1,9 @@
 """SDS secrets: the identity's certificate and key, and the mesh trust bundle.
 
 Only the identity's own material goes in: a snapshot is per identity, so a proxy can never
-be sent another service's key.
+be sent another service's key. A pod's proxy (its agent keeps its own workload certificate
+and key in ``workload_dir``) is sent no key at all: its ``service-cert`` names those files,
+and Envoy reads them there, again whenever the agent swaps the folder's ``..data`` link.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2
 
+from trellis_common.bootstrap import KEY_FILE, WORKLOAD_CERT_FILE
 from trellis_proxy_cp.translate import names
 
 
@@ -22,11 +25,21 @@ class SecretMaterial:
     serial: str = ""
 
 
-def secrets(material: SecretMaterial) -> list[secret_pb2.Secret]:
+def _own_files(folder: str) -> common_pb2.TlsCertificate:
+    return common_pb2.TlsCertificate(
+        certificate_chain=base_pb2.DataSource(filename=f"{folder}/{WORKLOAD_CERT_FILE}"),
+        private_key=base_pb2.DataSource(filename=f"{folder}/{KEY_FILE}"),
+        watched_directory=base_pb2.WatchedDirectory(path=folder),
+    )
+
+
+def secrets(material: SecretMaterial, workload_dir: str = "") -> list[secret_pb2.Secret]:
     return [
         secret_pb2.Secret(
             name=names.SERVICE_CERT,
-            tls_certificate=common_pb2.TlsCertificate(
+            tls_certificate=_own_files(workload_dir)
+            if workload_dir
+            else common_pb2.TlsCertificate(
                 certificate_chain=base_pb2.DataSource(inline_bytes=material.cert_chain_pem),
                 private_key=base_pb2.DataSource(inline_bytes=material.key_pem),
             ),

@@ -16,11 +16,14 @@ Node metadata (``node.metadata``)::
       proxyless: true           # a gRPC client's own xDS client, not an Envoy
       capture: true             # the pod redirects its traffic to Envoy (Kubernetes):
                                 # listeners match on the original destination (capture.py)
+      workload_dir: /etc/trellis/proxy  # the pod agent's folder: Envoy reads the proxy's own
+                                # workload certificate and key there (secrets.py)
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +45,8 @@ class ProxySettings:
     app_address: str = "127.0.0.1"
     proxyless: bool = False
     capture: bool = False
+    #: where the pod's agent keeps the workload certificate and key ("": sent over SDS)
+    workload_dir: str = ""
 
     def key(self) -> str:
         """The part of the snapshot key these settings make."""
@@ -51,6 +56,7 @@ class ProxySettings:
             f"{self.outbound_address}:{self.outbound_port}|{self.inbound_address}:"
             f"{self.inbound_port}|{self.app_address}:{self.app_port}"
             + ("|capture" if self.capture else "")
+            + (f"|files:{self.workload_dir}" if self.workload_dir else "")
         )
 
 
@@ -74,6 +80,24 @@ def _port(name: str, raw: object) -> int:
             f"node.metadata.trellis.{name}: {raw!r} is not a port number in {low}..65535"
         )
     return number
+
+
+_FOLDER = re.compile(r"(/[A-Za-z0-9._-]+)+")
+
+
+def _folder(name: str, raw: object) -> str:
+    """An absolute folder path of plain names (no ``..``, no spaces), at most 200 long."""
+    text = str(raw)
+    if (
+        not isinstance(raw, str)
+        or len(text) > 200
+        or not _FOLDER.fullmatch(text)
+        or any(part in (".", "..") for part in text.split("/"))
+    ):
+        raise InvalidNodeMetadata(
+            f"node.metadata.trellis.{name}: {raw!r} is not an absolute folder path"
+        )
+    return text
 
 
 def from_metadata(metadata: dict[str, Any] | None) -> ProxySettings:
@@ -102,6 +126,8 @@ def from_metadata(metadata: dict[str, Any] | None) -> ProxySettings:
                     f"node.metadata.trellis.{flag}: {section[flag]!r} is not true or false"
                 )
             values[flag] = section[flag]
+    if "workload_dir" in section:
+        values["workload_dir"] = _folder("workload_dir", section["workload_dir"])
     settings = ProxySettings(**values)
     wildcard = {"0.0.0.0", "::"}
     if settings.inbound_port == settings.outbound_port and (
