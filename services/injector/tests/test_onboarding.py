@@ -6,8 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from trellis_common.identity import csr_for, new_key
 from trellis_injector.domain.onboarding import (
@@ -21,8 +19,6 @@ from trellis_injector.domain.onboarding import (
     onboarding,
     proxy_cp_spiffe_id,
 )
-from trellis_injector.onboarder import Onboarder
-from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 
 CN = "0b0e4a6e-1a2b-4c3d-8e9f-00000000abcd.cart.shop"
 SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
@@ -195,15 +191,3 @@ def test_a_csr_is_checked_naming_csr_pem() -> None:
             check_csr(bad)
         assert refused.value.field == "csr_pem"
         assert words in refused.value.reason
-
-
-async def test_the_injector_makes_the_key_where_it_hands_the_files_over() -> None:
-    """For the Kubernetes Secrets to come: key and CSR made here, only the CSR sent."""
-    certificates = FakeCertificates()
-    onboarder = Onboarder(certificates, FakeCatalog(), FixedControlPlane(), SPIFFE)
-    done, key_pem = await onboarder.onboard_with_local_key(proxy_request())
-    (sent,) = certificates.csrs
-    assert b"PRIVATE KEY" not in sent
-    key = serialization.load_pem_private_key(key_pem, password=None)
-    assert x509.load_pem_x509_csr(sent).public_key() == key.public_key()
-    assert done.common_name == certificates.issued[0][0]

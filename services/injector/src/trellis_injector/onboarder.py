@@ -3,13 +3,11 @@
 :class:`Onboarder` asks where proxy-cp is, has certmanager issue a fresh proxy certificate
 for the proxy's CSR, tells the catalog to expect that proxy, and builds the bootstrap. The
 proxy's key never crosses the wire: a VM's proxy makes it on its host and sends a CSR
-(:meth:`Onboarder.onboard`); where the injector itself must hand a proxy its files (the
-Kubernetes Secrets to come), it makes the key here and signs the CSR itself
-(:meth:`Onboarder.onboard_with_local_key`), so certmanager never sees the key either. The seams are
-``Protocol``s (:class:`CertificateIssuer`, :class:`ProxyExpectations`,
-:class:`ControlPlaneLocator`): ``clients`` implements them over gRPC and the service
-registry, ``testing`` in memory, and the REST route (and later the webhook) only sees the
-Onboarder.
+(:meth:`Onboarder.onboard`); an injected pod's agent enrolls through proxy-cp instead, with
+its pod's token (``trellis_cli.agent``). The seams are ``Protocol``s
+(:class:`CertificateIssuer`, :class:`ProxyExpectations`, :class:`ControlPlaneLocator`):
+``clients`` implements them over gRPC and the service registry, ``testing`` in memory, and
+the REST route only sees the Onboarder.
 
 Order matters: proxy-cp is looked up first, so that no certificate is issued for a proxy
 that could not be told where to connect. The catalog is told after the issue; if it is
@@ -25,7 +23,6 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from trellis_common import identity
 from trellis_common.ids import SpiffeId
 from trellis_injector.domain.onboarding import (
     ControlPlane,
@@ -102,14 +99,6 @@ class Onboarder:
         self._spiffe_id = proxy_cp_spiffe_id
         # proxy-cp's namespace is the control plane's: nothing is onboarded into it
         self.reserved_namespace = SpiffeId.parse(proxy_cp_spiffe_id).namespace
-
-    async def onboard_with_local_key(self, request: ProxyRequest) -> tuple[Onboarding, bytes]:
-        """Onboard a proxy whose key the injector makes (ECDSA P-256, PEM): for the files
-        the injector itself hands over, such as Kubernetes Secrets. Returns the onboarding
-        and the key; the key goes only where the caller puts it."""
-        key_pem, key = identity.new_key()
-        done = await self.onboard(request, identity.csr_for(key, request.identity))
-        return done, key_pem
 
     async def onboard(self, request: ProxyRequest, csr_pem: str | bytes) -> Onboarding:
         """Onboard a proxy that made its own key and sent ``csr_pem``. Raises
