@@ -26,7 +26,7 @@ from trellis_api import catalog_pb2, catalog_pb2_grpc
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
 from trellis_common.kube.injection import Exclusions
-from trellis_common.registry import discover
+from trellis_common.registry import ServiceRecord, discover
 from trellis_injector.domain.onboarding import MeshSidecar, ProxyCertificate, XdsEndpoint
 from trellis_injector.onboarder import Refused, Unavailable
 
@@ -72,19 +72,13 @@ class ServiceLocator:
         configured = self._configured.get(kind)
         if configured:
             return configured
-        try:
-            async with asyncio.timeout(self._timeout):
-                found = await discover(self._redis, kind)
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise Unavailable(
-                kind, f"the service registry (Redis) cannot be read: {_describe(exc)}"
-            ) from exc
-        if not found:
-            raise Unavailable(kind, "no live instance in the service registry")
-        return found[0].grpc_address
+        return (await self._first(kind)).grpc_address
 
     async def attribute(self, kind: str, name: str) -> str:
         """An attribute the first live instance of ``kind`` announces ("" if none)."""
+        return (await self._first(kind)).attribute_map.get(name, "")
+
+    async def _first(self, kind: str) -> ServiceRecord:
         try:
             async with asyncio.timeout(self._timeout):
                 found = await discover(self._redis, kind)
@@ -94,7 +88,7 @@ class ServiceLocator:
             ) from exc
         if not found:
             raise Unavailable(kind, "no live instance in the service registry")
-        return found[0].attribute_map.get(name, "")
+        return found[0]
 
 
 async def _call(
