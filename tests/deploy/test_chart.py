@@ -187,6 +187,25 @@ def test_failure_policy_is_the_same_in_the_webhook_and_the_injector(scratch: Pat
     assert rendered.env("injector")["TRELLIS_INJECTOR_FAILURE_POLICY"] == "Ignore"
 
 
+def test_the_webhook_admits_only_the_api_servers_certificate_when_its_ca_is_given(
+    scratch: Path, default: Rendered
+) -> None:
+    assert "TRELLIS_INJECTOR_WEBHOOK_CLIENT_CA" not in default.env("injector")
+    rendered = render(scratch, "injector.webhookClient.caSecret=api-server-client-ca")
+    env = rendered.env("injector")
+    assert env["TRELLIS_INJECTOR_WEBHOOK_CLIENT_NAMES"] == "kube-apiserver"
+    path = Path(env["TRELLIS_INJECTOR_WEBHOOK_CLIENT_CA"])
+    pod = rendered.get("Deployment", "injector")["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "webhook-client"]
+    assert volume["secret"]["secretName"] == "api-server-client-ca"
+    assert volume["secret"]["items"] == [{"key": "ca.crt", "path": path.name}]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "webhook-client"]
+    assert mount["mountPath"] == str(path.parent)
+    for other in ("catalog", "proxy-cp"):  # the injector's alone
+        spec = rendered.get("Deployment", other)["spec"]["template"]["spec"]
+        assert all(v["name"] != "webhook-client" for v in spec["volumes"])
+
+
 def test_another_namespace_is_refused_with_the_reason(scratch: Path) -> None:
     with pytest.raises(HelmFailed, match="install Trellis into the namespace trellis-system"):
         render(scratch, namespace="mesh")
@@ -252,8 +271,10 @@ def test_network_policies_let_only_the_components_reach_redis_and_each_other(
     assert _ingress(default, "trellis-redis") == [
         {"from": _ingress(default, "trellis-catalog")[0]["from"], "ports": [{"port": "redis"}]}
     ]
-    # open to anyone only what must be: xDS and Destination, the webhook, VM onboarding
-    assert _open_ports(_ingress(default, "trellis-proxy-cp")) == {"grpc", "destination"}
+    # open to anyone only what must be: xDS, Destination and pod enrollment, the webhook,
+    # VM onboarding
+    open_ports = {"grpc", "destination", "enroll"}
+    assert _open_ports(_ingress(default, "trellis-proxy-cp")) == open_ports
     assert _open_ports(_ingress(default, "trellis-injector")) == {"webhook", "admin"}
     assert _open_ports(_ingress(default, "trellis-endpoints-vm")) == {"admin"}
     for component in ("certmanager", "catalog", "endpoints-k8s"):

@@ -167,6 +167,8 @@ CALLS: dict[str, tuple[str, Callable[[grpc.aio.Channel], Any], Any]] = {
         "ListRevokedComponentCertificates",
         certmanager_pb2.ListRevokedComponentCertificatesRequest(),
     ),
+    # no Kubernetes API here: an allowed call is FAILED_PRECONDITION (no_kubernetes)
+    CM + "EnrollProxy": _cm("EnrollProxy", certmanager_pb2.EnrollProxyRequest()),
     **{
         CATALOG + name: (
             "catalog",
@@ -183,6 +185,7 @@ CALLS: dict[str, tuple[str, Callable[[grpc.aio.Channel], Any], Any]] = {
             ("RegisterProxy", catalog_pb2.RegisterProxyRequest()),
             ("UnregisterProxy", catalog_pb2.UnregisterProxyRequest()),
             ("ListProxies", catalog_pb2.ListProxiesRequest()),
+            ("GetSidecarSettings", catalog_pb2.GetSidecarSettingsRequest()),
         ]
     },
     **{

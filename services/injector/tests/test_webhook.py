@@ -8,12 +8,14 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonpatch
 import pytest
 import yaml
+from cryptography import x509
 from prometheus_client import CollectorRegistry
 
 from trellis_common.kube import injection
@@ -72,9 +74,9 @@ def review(pod: dict[str, Any], uid: str | None = None, **request: Any) -> dict[
 
 
 class Harness:
-    """The webhook served over TLS on a free port, with the onboarder's seams faked."""
+    """The webhook served over TLS on a free port, with the control plane faked."""
 
-    def __init__(self) -> None:
+    def __init__(self, callers: webhook.CallerCheck | None = None) -> None:
         self.registry = CollectorRegistry()
         self.catalog = FakeCatalog()
         self.control_plane = FixedControlPlane("10.0.0.9")
@@ -83,7 +85,11 @@ class Harness:
         ca = LocalCA()
         self.identity = ca.identity("injector")
         self.server = WebhookServer(
-            webhook.create_app(self.injector, self.metrics), self.identity, "127.0.0.1", 0
+            webhook.create_app(self.injector, self.metrics, callers),
+            self.identity,
+            "127.0.0.1",
+            0,
+            callers,
         )
         self.client = httpx.AsyncClient(verify=self.identity.client_ssl_context(), timeout=10)
 
@@ -97,9 +103,11 @@ class Harness:
         )
         return SidecarInjector(agents, SIDECAR, self.metrics)
 
-    async def post(self, body: Any, query: str = "?timeout=10s") -> httpx.Response:
+    async def post(
+        self, body: Any, query: str = "?timeout=10s", client: httpx.AsyncClient | None = None
+    ) -> httpx.Response:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return await self.client.post(
+        return await (client or self.client).post(
             f"https://127.0.0.1:{self.server.port}/mutate{query}",
             content=content,
             headers={"Content-Type": "application/json"},
@@ -430,3 +438,54 @@ async def test_the_serving_certificate_must_name_the_service() -> None:
     identity = LocalCA().identity("injector")
     with pytest.raises(ValueError, match=r"injector\.mesh\.svc"):
         WebhookServer.check_name(identity, "injector.mesh.svc")
+
+
+def presenting(harness: Harness, tmp_path: Path, ca: LocalCA, name: str) -> httpx.AsyncClient:
+    """A client that checks the webhook and presents a certificate ``ca`` issued ``name``."""
+    material = ca.issue(name, [x509.DNSName(name)])
+    cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}-key.pem"
+    cert.write_bytes(material.cert_chain_pem)
+    key.write_bytes(material.key_pem)
+    context = harness.identity.client_ssl_context()
+    context.load_cert_chain(cert, key)
+    return httpx.AsyncClient(verify=context, timeout=10)
+
+
+async def test_with_a_client_ca_only_the_api_servers_certificate_may_call(
+    tmp_path: Path,
+) -> None:
+    api_servers = LocalCA()
+    bundle = tmp_path / "api-server-ca.pem"
+    bundle.write_bytes(api_servers.bundle_pem)
+    harness = Harness(webhook.CallerCheck(bundle, frozenset({"kube-apiserver"})))
+    stop = asyncio.Event()
+    task = asyncio.create_task(harness.server.run(stop))
+    await eventually(lambda: harness.server.port, timeout=10, message="the webhook listens")
+    body = review(deployment_pod())
+    try:
+        # no certificate: refused by name, counted, nothing reviewed
+        answer = await harness.post(body)
+        assert answer.status_code == 403
+        assert "client certificate of the API server is required" in answer.json()["error"]
+        # the API server's CA, another name (a tenant who got a certificate from it)
+        async with presenting(harness, tmp_path, api_servers, "x") as impostor:
+            answer = await harness.post(body, client=impostor)
+        assert answer.status_code == 403
+        assert "names x, not kube-apiserver" in answer.json()["error"]
+        # a certificate of another CA does not even finish the handshake
+        async with presenting(harness, tmp_path, LocalCA(), "kube-apiserver") as stranger:
+            with pytest.raises(httpx.HTTPError):
+                await harness.post(body, client=stranger)
+        assert harness.count("admissions", outcome="injected") == 0
+        # the API server itself
+        async with presenting(harness, tmp_path, api_servers, "kube-apiserver") as api_server:
+            answer = await harness.post(body, client=api_server)
+        assert answer.status_code == 200
+        assert answer.json()["response"]["allowed"] is True
+        assert harness.count("admissions", outcome="injected") == 1
+        assert harness.count("webhook_refused", reason="no_client_certificate") == 1
+        assert harness.count("webhook_refused", reason="unexpected_client") == 1
+    finally:
+        await harness.client.aclose()
+        stop.set()
+        await task

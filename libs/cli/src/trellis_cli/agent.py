@@ -31,6 +31,7 @@ YAML) and ``TRELLIS_AGENT_RENEW_FRACTION`` (0.5). No key or token is ever logged
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import logging
 import os
@@ -251,6 +252,13 @@ def run(config: AgentConfig, stop: threading.Event, max_backoff: float = 30.0) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trellis-agent",
+        description="A pod's Trellis agent: enrolls the proxy with the pod's ServiceAccount "
+        "token and keeps its key and certificates renewed (configured by the TRELLIS_AGENT_* "
+        "environment the injector sets).",
+    )
+    parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

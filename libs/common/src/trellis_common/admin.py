@@ -259,6 +259,35 @@ class _QuietServer(uvicorn.Server):
 KEEP_ALIVE_SECONDS = 75
 
 
+class PeerCertificates:
+    """The client certificate (DER, or None) of each open connection of a TLS server, by the
+    client's address: the TLS layer has it, a request handler looks it up (ASGI scopes do
+    not carry it)."""
+
+    def __init__(self) -> None:
+        self.by_client: dict[tuple[str, int], bytes | None] = {}
+
+    def protocol(self) -> type[asyncio.Protocol]:
+        """uvicorn's HTTP/1.1 protocol, recording each connection's client certificate."""
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        peers = self.by_client
+
+        class Recording(H11Protocol):
+            def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+                super().connection_made(transport)
+                tls = transport.get_extra_info("ssl_object")
+                if self.client is not None:
+                    peers[self.client] = tls.getpeercert(binary_form=True) if tls else None
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self.client is not None:
+                    peers.pop(self.client, None)
+                super().connection_lost(exc)
+
+        return Recording
+
+
 class AdminServer:
     """Serve an ASGI app until ``stop`` is set."""
 
@@ -269,9 +298,12 @@ class AdminServer:
         port: int,
         on_started: Callable[[int], None] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        http_protocol: type[asyncio.Protocol] | None = None,
     ) -> None:
         self._app = app
         self._ssl = ssl_context
+        #: uvicorn's HTTP protocol class (None: its default)
+        self._http = http_protocol
         self._on_started = on_started
         self._host = host
         self._port = port
@@ -316,6 +348,7 @@ class AdminServer:
             timeout_graceful_shutdown=3,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
             ssl_context_factory=None if self._ssl is None else self._context,
+            http=self._http or "auto",
         )
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -99,8 +99,16 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
         failure_policy=settings.failure_policy,
         timeout=settings.webhook_timeout,
     )
+    callers = None
+    if settings.webhook_client_ca is not None:
+        names = frozenset(n.strip() for n in settings.webhook_client_names.split(",") if n.strip())
+        callers = webhook.CallerCheck(settings.webhook_client_ca, names)
     server = webhook.WebhookServer(
-        webhook.create_app(injector, metrics), identity, settings.bind_host, settings.webhook_port
+        webhook.create_app(injector, metrics, callers),
+        identity,
+        settings.bind_host,
+        settings.webhook_port,
+        callers,
     )
     components["webhook"] = server.run
 

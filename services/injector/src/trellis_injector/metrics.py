@@ -40,6 +40,12 @@ class InjectorMetrics:
             "Time to answer an AdmissionReview",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
+        self.webhook_refused = make.counter(
+            "webhook_refused",
+            "Webhook calls refused as not the API server's: no_client_certificate, "
+            "unexpected_client",
+            "reason",
+        )
         self.ca_bundle_patches = make.counter(
             "ca_bundle_patches",
             "caBundle updates of the MutatingWebhookConfiguration: patched, unchanged, "

@@ -89,14 +89,24 @@ class InjectorSettings(ServiceSettings):
         "injector.trellis-system.svc",
         description="the name the API server dials the webhook by (its certificate must name it)",
     )
+    webhook_client_ca: Path | None = Field(
+        None,
+        description="CA bundle (PEM) of the API server's webhook client certificate; set: "
+        "/mutate answers only callers with a certificate it signed",
+    )
+    webhook_client_names: str = Field(
+        "",
+        description="names (CN or DNS SAN, comma-separated) a webhook client certificate "
+        "must carry one of; empty: any the CA signed",
+    )
     webhook_configuration: str = Field(
         WEBHOOK_CONFIGURATION,
         description="the MutatingWebhookConfiguration whose caBundle the injector keeps current",
     )
     failure_policy: Literal["Fail", "Ignore"] = Field(
         "Fail",
-        description="when a proxy cannot be onboarded in time: Fail denies the pod, Ignore "
-        "admits it without a sidecar (match the webhook configuration's failurePolicy)",
+        description="when the control plane cannot be read in time: Fail denies the pod, "
+        "Ignore admits it without a sidecar (match the webhook configuration's failurePolicy)",
     )
     webhook_timeout: float = Field(
         8.0, gt=0, description="most time spent on one review (s); the API server's is less"

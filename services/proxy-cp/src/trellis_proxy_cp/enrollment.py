@@ -45,6 +45,8 @@ MAX_TOKEN_BYTES = 16 * 1024
 _CALLER_ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: "invalid",
     grpc.StatusCode.PERMISSION_DENIED: "denied",
+    grpc.StatusCode.UNAUTHENTICATED: "not_authenticated",
+    grpc.StatusCode.FAILED_PRECONDITION: "no_kubernetes",
 }
 
 

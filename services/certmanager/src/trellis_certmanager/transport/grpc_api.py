@@ -56,8 +56,18 @@ _STATUSES = {
     StaleCertificate: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
-#: A refused enrollment: the token does not prove what enrolling needs (enrollment.py).
+#: A refused enrollment's code, by reason (enrollment.py); any other: the token does not
+#: prove what enrolling needs.
 _DENIED = grpc.StatusCode.PERMISSION_DENIED
+_ENROLL_CODES = {
+    "no_kubernetes": grpc.StatusCode.FAILED_PRECONDITION,
+    "no_token": grpc.StatusCode.UNAUTHENTICATED,
+    "not_authenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "wrong_audience": grpc.StatusCode.UNAUTHENTICATED,
+    "bad_csr": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_service": grpc.StatusCode.INVALID_ARGUMENT,
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+}
 
 _KINDS = {
     CertificateKind.SERVICE: pb.CERTIFICATE_KIND_SERVICE,
@@ -266,7 +276,7 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
             not_after=_ts(leaf.not_valid_after_utc),
         )
 
-    @rpc(lambda request: request, statuses={**_STATUSES, EnrollmentRefused: _DENIED})
+    @rpc(lambda request: request, statuses=_STATUSES)
     async def EnrollProxy(
         self, request: pb.EnrollProxyRequest, context: Context
     ) -> pb.EnrolledProxy:
@@ -275,7 +285,12 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         if self._enrollment is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no pod enrollment here")
         assert self._enrollment is not None
-        enrolled = await self._enrollment.enroll(request.token, request.csr_pem, request.service)
+        try:
+            enrolled = await self._enrollment.enroll(
+                request.token, request.csr_pem, request.service
+            )
+        except EnrollmentRefused as exc:
+            await context.abort(_ENROLL_CODES.get(exc.reason, _DENIED), str(exc))
         pod = enrolled.pod
         return pb.EnrolledProxy(
             proxy=self._certificate(enrolled.proxy, with_key=False),

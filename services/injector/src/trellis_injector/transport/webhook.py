@@ -11,6 +11,16 @@ unreadable one is ignored (the ``webhook_timeout`` setting applies).
 
 The listener is served with the injector's component certificate; its TLS context follows
 renewals (new handshakes get the new certificate).
+
+**Who may call it.** With ``webhook_client_ca`` set, ``/mutate`` answers only the API
+server: a caller must present a client certificate that CA signed (the API server's, given
+to it through its admission configuration, ``docs/injection.md``) naming one of
+``webhook_client_names`` (any, when empty). A certificate of another CA fails the TLS
+handshake; a caller with none, or with one that names someone else, gets 403 naming why,
+logged (``webhook.refused``) and counted (``trellis_injector_webhook_refused_total{reason}``:
+``no_client_certificate``, ``unexpected_client``). Without it, only the chart's
+NetworkPolicy stands between a pod and the webhook (``docs/security.md`` says what that
+leaves open); the webhook has no side effects either way.
 """
 
 from __future__ import annotations
@@ -18,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
+from pathlib import Path
 from typing import Any
 
 from cryptography import x509
@@ -44,12 +56,58 @@ def _malformed(metrics: InjectorMetrics, reason: str) -> JSONResponse:
     return JSONResponse({"error": f"not an admission.k8s.io/v1 AdmissionReview: {reason}"}, 400)
 
 
-def create_app(injector: SidecarInjector, metrics: InjectorMetrics) -> FastAPI:
+class CallerCheck:
+    """Who may call ``/mutate``: see the module docstring."""
+
+    def __init__(self, ca_file: Path, names: frozenset[str]) -> None:
+        self.ca_file = ca_file
+        self.names = names
+        self.peers = admin.PeerCertificates()
+
+    def configure(self, context: ssl.SSLContext) -> None:
+        # OPTIONAL, not REQUIRED: a caller without a certificate reaches the handler, to be
+        # refused by name and counted; one from another CA still fails the handshake
+        context.load_verify_locations(cafile=str(self.ca_file))
+        context.verify_mode = ssl.CERT_OPTIONAL
+
+    def refusal(self, client: tuple[str, int] | None) -> tuple[str, str] | None:
+        """(reason, message) when this client may not call, else None."""
+        der = self.peers.by_client.get(client) if client is not None else None
+        if der is None:
+            return "no_client_certificate", "a client certificate of the API server is required"
+        if not self.names:
+            return None
+        leaf = x509.load_der_x509_certificate(der)
+        common = [
+            str(a.value) for a in leaf.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+        ]
+        presented = set(common) | set(names_of(leaf))
+        if presented & self.names:
+            return None
+        return "unexpected_client", (
+            f"the client certificate names {', '.join(sorted(presented)) or 'nobody'}, not "
+            f"{', '.join(sorted(self.names))}"
+        )
+
+
+def create_app(
+    injector: SidecarInjector, metrics: InjectorMetrics, callers: CallerCheck | None = None
+) -> FastAPI:
     app = FastAPI(title="trellis injector webhook", openapi_url=None, docs_url=None)
     app.add_middleware(admin.BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.post(PATH)
     async def mutate(request: Request) -> Any:
+        if callers is not None:
+            client = (request.client.host, request.client.port) if request.client else None
+            refused = callers.refusal(client)
+            if refused is not None:
+                reason, message = refused
+                metrics.webhook_refused.labels(reason).inc()
+                log.warning(
+                    "webhook.refused reason=%s client=%s detail=%r", reason, client, message
+                )
+                return JSONResponse({"error": f"not the API server: {message}"}, 403)
         raw = await request.body()
         try:
             body = json.loads(raw)
@@ -76,9 +134,24 @@ def names_of(leaf: x509.Certificate) -> list[str]:
 class WebhookServer:
     """The webhook's TLS listener, with the component identity's certificate."""
 
-    def __init__(self, app: FastAPI, identity: ComponentIdentity, host: str, port: int) -> None:
-        self._server = admin.AdminServer(app, host, port, ssl_context=identity.server_ssl_context())
+    def __init__(
+        self,
+        app: FastAPI,
+        identity: ComponentIdentity,
+        host: str,
+        port: int,
+        callers: CallerCheck | None = None,
+    ) -> None:
+        context = identity.server_ssl_context()
+        protocol = None
+        if callers is not None:
+            callers.configure(context)
+            protocol = callers.peers.protocol()
+        self._server = admin.AdminServer(
+            app, host, port, ssl_context=context, http_protocol=protocol
+        )
         self.host = host
+        self.callers = callers
 
     @staticmethod
     def check_name(identity: ComponentIdentity, service: str) -> None:
