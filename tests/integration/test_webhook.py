@@ -44,6 +44,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"TRELLIS_REGISTRY_TTL": "2"}
+MONITORED = {"trellis.dev/monitored-by": "trellis"}
 
 
 class Mesh:
@@ -148,6 +149,9 @@ def mesh(
     api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
         config_file=str(kube.write_kubeconfig(tmp_path / "setup-kubeconfig"))
     )
+    core: Any = client.CoreV1Api(api_client)
+    # the namespace the pods are made in is the mesh's (the injector checks it)
+    core.create_namespace({"metadata": {"name": "bookbuyer", "labels": MONITORED}})
     admission: Any = client.AdmissionregistrationV1Api(api_client)
     admission.create_mutating_webhook_configuration(
         {
@@ -358,7 +362,13 @@ def test_an_injected_pods_agent_enrolls_and_its_envoy_joins_the_mesh(
     assert 'trellis_proxy_cp_enrollments_total{outcome="enrolled"} 1.0' in metrics
 
 
-def test_opt_out_malformed_and_catalog_down(mesh: Mesh, kube: KubeApi) -> None:
+def test_opt_out_unmonitored_malformed_and_catalog_down(mesh: Mesh, kube: KubeApi) -> None:
+    # a review for a namespace the mesh does not monitor (forged: the API server's
+    # namespaceSelector would not send it) is left alone
+    elsewhere = mesh.post_review(pod_review(BOOKBUYER, "kube-system")).json()["response"]
+    assert elsewhere["allowed"] is True
+    assert "patch" not in elsewhere
+
     opted_out = json.loads(json.dumps(BOOKBUYER))
     opted_out["metadata"]["annotations"] = {injection.INJECTION_ANNOTATION: "disabled"}
     response = mesh.post_review(review_of(opted_out)).json()["response"]

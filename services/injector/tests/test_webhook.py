@@ -7,7 +7,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,12 @@ def review(pod: dict[str, Any], uid: str | None = None, **request: Any) -> dict[
 class Harness:
     """The webhook served over TLS on a free port, with the control plane faked."""
 
-    def __init__(self, callers: webhook.CallerCheck | None = None) -> None:
+    def __init__(
+        self,
+        callers: webhook.CallerCheck | None = None,
+        monitored: Callable[[str], bool | None] | None = None,
+    ) -> None:
+        self.monitored = monitored
         self.registry = CollectorRegistry()
         self.catalog = FakeCatalog()
         self.control_plane = FixedControlPlane("10.0.0.9")
@@ -101,7 +106,7 @@ class Harness:
             SPIFFE,
             "proxy-cp.trellis-system.svc",
         )
-        return SidecarInjector(agents, SIDECAR, self.metrics)
+        return SidecarInjector(agents, SIDECAR, self.metrics, monitored=self.monitored)
 
     async def post(
         self, body: Any, query: str = "?timeout=10s", client: httpx.AsyncClient | None = None
@@ -485,6 +490,52 @@ async def test_with_a_client_ca_only_the_api_servers_certificate_may_call(
         assert harness.count("admissions", outcome="injected") == 1
         assert harness.count("webhook_refused", reason="no_client_certificate") == 1
         assert harness.count("webhook_refused", reason="unexpected_client") == 1
+    finally:
+        await harness.client.aclose()
+        stop.set()
+        await task
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda b: b["request"]["object"]["metadata"].update(namespace="payments"), "'payments'"),
+        (lambda b: b["request"].update(subResource="status"), "subResource"),
+        (lambda b: b["request"].update(namespace=""), "request.namespace is empty"),
+        (lambda b: b["request"]["kind"].update(version="v2"), "v2"),
+        (lambda b: b["request"].update(resource={"group": "", "resource": "secrets"}), "secrets"),
+    ],
+)
+async def test_a_review_whose_parts_disagree_is_denied_as_a_forgery_would_be(
+    hook: Harness, change: Callable[[dict[str, Any]], None], named: str
+) -> None:
+    body = review(deployment_pod(namespace="shop"))
+    change(body)
+    response = await hook.answer(body)
+    assert response["allowed"] is False
+    assert "inconsistent review" in response["status"]["message"]
+    assert named in response["status"]["message"]
+    assert hook.count("admissions", outcome="denied_inconsistent") == 1
+    assert hook.catalog.calls == 0
+
+
+async def test_a_namespace_the_mesh_does_not_monitor_is_left_alone() -> None:
+    known: dict[str, bool] = {"shop": False}
+    harness = Harness(monitored=known.get)
+    stop = asyncio.Event()
+    task = asyncio.create_task(harness.server.run(stop))
+    await eventually(lambda: harness.server.port, timeout=10, message="the webhook listens")
+    try:
+        response = await harness.answer(review(deployment_pod()))
+        assert response["allowed"] is True
+        assert "patch" not in response  # a review for a namespace the mesh does not watch
+        assert harness.count("admissions", outcome="skipped_unmonitored") == 1
+        del known["shop"]  # not read yet: the failure policy (Fail) answers
+        response = await harness.answer(review(deployment_pod()))
+        assert response["allowed"] is False
+        assert "not read yet" in response["status"]["message"]
+        known["shop"] = True
+        assert "patch" in await harness.answer(review(deployment_pod()))
     finally:
         await harness.client.aclose()
         stop.set()

@@ -71,9 +71,21 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
     webhook.WebhookServer.check_name(identity, settings.webhook_service)
     components: dict[str, lifecycle.Component] = {}
     api = kube_api(settings)
+    monitored = None
     if api is not None:
         # the Kubernetes client is imported only where there is an API server to talk to
+        from kubernetes import client as kube
+
+        from trellis_common.kube.namespaces import MonitoredNamespaces
         from trellis_injector.kube import CaBundleSync
+
+        namespaces = MonitoredNamespaces(
+            kube.CoreV1Api(api), settings.mesh_name, watch_timeout=settings.watch_timeout
+        )
+        components["namespaces"] = namespaces.run
+
+        def monitored(namespace: str) -> bool | None:
+            return namespaces.monitors(namespace) if namespaces.synced.is_set() else None
 
         sync = CaBundleSync(
             api,
@@ -98,6 +110,7 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
         metrics,
         failure_policy=settings.failure_policy,
         timeout=settings.webhook_timeout,
+        monitored=monitored,
     )
     callers = None
     if settings.webhook_client_ca is not None:

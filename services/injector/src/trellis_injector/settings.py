@@ -27,7 +27,14 @@ from pydantic import AfterValidator, Field
 
 from trellis_common import ids
 from trellis_common.kube.injection import WEBHOOK_CONFIGURATION
-from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_port
+from trellis_common.settings import (
+    Ports,
+    ServiceSettings,
+    admin_port,
+    grpc_port,
+    mesh_name,
+    watch_timeout,
+)
 
 
 def _namespace(value: str) -> str:
@@ -117,6 +124,8 @@ class InjectorSettings(ServiceSettings):
         "else none (the webhook's caBundle is then not kept)",
     )
     kube_timeout: float = Field(5.0, gt=0, description="deadline of each Kubernetes API call (s)")
+    mesh_name: str = mesh_name("injected")
+    watch_timeout: int = watch_timeout()
     ca_bundle_resync: float = Field(
         300.0, gt=0, description="how often the caBundle is checked even without a renewal (s)"
     )

@@ -7,6 +7,13 @@ server's ``?timeout=`` less a margin, at most the ``webhook_timeout`` setting):
 * not a pod CREATE: allowed, untouched (``ignored``);
 * the pod opts out, already has ``envoy``, or uses the node's network: allowed, untouched
   (``skipped_opt_out``, ``skipped_already``, ``skipped_host_network``);
+* a review whose parts do not hold together (another namespace in the pod than in the
+  request, not a v1 Pod, a sub-resource: what the API server never sends): denied
+  (``denied_inconsistent``);
+* a namespace the mesh does not monitor (with a Kubernetes API: the injector follows the
+  monitored namespaces itself rather than trust that only the webhook's
+  ``namespaceSelector`` sends pods): allowed, untouched (``skipped_unmonitored``); while that
+  list is not yet read, the failure policy applies;
 * a bad annotation or a pod whose names clash with the sidecar's: denied with the reason
   (``denied_invalid``);
 * otherwise the answer is the patch (``injected``): the redirection, the pod's agent and
@@ -125,8 +132,11 @@ class SidecarInjector:
         *,
         failure_policy: FailurePolicy = "Fail",
         timeout: float = 8.0,
+        monitored: Callable[[str], bool | None] | None = None,
     ) -> None:
         self._agents = agents
+        #: namespace -> monitored (None: not known yet); None without a Kubernetes API
+        self._monitored = monitored
         self._sidecar = sidecar
         self._metrics = metrics
         self.failure_policy = failure_policy
@@ -159,6 +169,19 @@ class SidecarInjector:
             kind, operation = review.kind, review.operation
             log.info("webhook.ignored %s kind=%s operation=%s", where, kind, operation)
             return "ignored", admission.allow(uid)
+        inconsistent = review.inconsistency()
+        if inconsistent is not None:
+            log.warning("webhook.denied_inconsistent %s reason=%r", where, inconsistent)
+            message = f"trellis sidecar injection: an inconsistent review: {inconsistent}"
+            return "denied_inconsistent", admission.deny(uid, 400, message)
+        if self._monitored is not None:
+            monitored = self._monitored(review.namespace)
+            if monitored is None:
+                unknown = Unavailable("kubernetes", "the monitored namespaces are not read yet")
+                return self._failed(uid, where, unknown, budget)
+            if not monitored:
+                log.warning("webhook.skipped_unmonitored %s", where)
+                return "skipped_unmonitored", admission.allow(uid)
         decision = injection.decide(pod)
         if decision.outcome == "denied_invalid":
             return self._invalid(uid, where, decision.reason)

@@ -55,6 +55,41 @@ class Review:
     group: str
     obj: dict[str, Any] = field(repr=False)
     dry_run: bool = False
+    version: str = "v1"
+    resource: dict[str, Any] = field(default_factory=dict, repr=False)
+    sub_resource: str = ""
+    name: str = ""
+
+    def inconsistency(self) -> str | None:
+        """What in a pod CREATE does not hold together, as the API server would never send
+        it (a forged review), or None. Checked again here rather than trusted."""
+        meta = self.obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        problems = [
+            (self.version != "v1", f"request.kind.version is {self.version!r}, not v1"),
+            (
+                bool(self.resource)
+                and (self.resource.get("group"), self.resource.get("resource")) != ("", "pods"),
+                f"request.resource is {self.resource!r}, not pods",
+            ),
+            (bool(self.sub_resource), f"request.subResource is {self.sub_resource!r}"),
+            (not self.namespace, "request.namespace is empty"),
+            (
+                self.obj.get("kind", "Pod") != "Pod" or self.obj.get("apiVersion", "v1") != "v1",
+                "request.object is not a v1 Pod",
+            ),
+            (
+                meta.get("namespace", self.namespace) != self.namespace,
+                f"the pod's namespace {meta.get('namespace')!r} is not the request's "
+                f"{self.namespace!r}",
+            ),
+            (
+                bool(self.name) and meta.get("name", self.name) != self.name,
+                f"the pod's name {meta.get('name')!r} is not the request's {self.name!r}",
+            ),
+        ]
+        found = [message for wrong, message in problems if wrong]
+        return "; ".join(found) if found else None
 
     @property
     def is_pod_create(self) -> bool:
@@ -106,6 +141,10 @@ def parse_review(body: Any) -> Review:
         group=str(kind.get("group", "")),
         obj=obj if isinstance(obj, dict) else {},
         dry_run=request.get("dryRun") is True,
+        version=str(kind.get("version", "v1")),
+        resource=resource if isinstance(resource := request.get("resource"), dict) else {},
+        sub_resource=str(request.get("subResource") or ""),
+        name=str(request.get("name") or ""),
     )
 
 
