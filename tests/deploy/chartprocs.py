@@ -57,13 +57,16 @@ def environment(
     ``pod_ip``, Services are local addresses, mount paths local folders, in-cluster
     configuration a kubeconfig; and, unless ``fixed_ports`` (a network namespace of its
     own), the ports that tests running side by side would share are free ones."""
-    token = rendered.secret("trellis-admin-token")["token"].decode()
+    secret = rendered.secret("trellis-admin-token")
     env = {}
     for item in rendered.container(component)["env"]:
         name, value = item["name"], item.get("value")
         if value is None:
             source = item["valueFrom"]
-            value = token if "secretKeyRef" in source else pod_ip
+            if "secretKeyRef" in source:
+                value = secret[source["secretKeyRef"]["key"]].decode()
+            else:
+                value = pod_ip
         value = value.replace("$(POD_IP)", pod_ip).replace("$(POD_NAME)", "proxy-cp-0")
         for mount, local in mounts.items():
             if value.startswith(mount + "/"):

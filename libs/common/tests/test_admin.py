@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from trellis_common import admin
 from trellis_common.health import Health
+from trellis_common.tokens import AdminToken
 
 TOKEN = "s3cret-admin-token"
 
@@ -45,7 +46,7 @@ def registry() -> CollectorRegistry:
 @pytest.fixture
 async def guarded_client(registry: CollectorRegistry) -> AsyncIterator[httpx.AsyncClient]:
     app = admin.create_app("test", registry)
-    guard = admin.token_guard(TOKEN)
+    guard = admin.token_guard(AdminToken.of(TOKEN))
 
     @app.post("/reset", dependencies=[Depends(guard)])
     async def reset() -> dict[str, bool]:
@@ -418,7 +419,7 @@ async def test_every_refusal_is_logged_and_counted_by_route_template(
     registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     app = admin.create_app("test", registry)
-    guard = admin.token_guard(TOKEN)
+    guard = admin.token_guard(AdminToken.of(TOKEN))
 
     @app.get("/v1/things/{name}", dependencies=[Depends(guard)])
     async def thing(name: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ from trellis_common import admin
 from trellis_common.health import Health
 from trellis_common.ids import validate_dns_label
 from trellis_common.testing import adminfuzz
+from trellis_common.tokens import AdminToken
 
 
 def admin_app() -> FastAPI:
@@ -31,7 +32,9 @@ def admin_app() -> FastAPI:
     async def name(name: str) -> dict[str, str]:
         return {"name": validate_dns_label(name, "name")}  # a ValueError is a 422
 
-    @app.post("/v1/reset", dependencies=[Depends(admin.token_guard(adminfuzz.TOKEN))])
+    @app.post(
+        "/v1/reset", dependencies=[Depends(admin.token_guard(AdminToken.of(adminfuzz.TOKEN)))]
+    )
     async def reset() -> dict[str, bool]:
         return {"reset": True}
 

@@ -67,3 +67,23 @@ def test_concurrent_creators_agree_on_one_token(tmp_path: Path) -> None:
         assert len(set(results)) == 1, f"attempt {attempt}: {results}"
         assert tokens.token_path(state_dir).read_text().strip() == results[0]
         assert [p.name for p in state_dir.iterdir()] == [tokens.TOKEN_FILE]
+
+
+def test_a_service_keeps_only_the_digest_and_checks_bearers_against_it(tmp_path: Path) -> None:
+    import hashlib
+
+    import pytest
+
+    digest = hashlib.sha256(b"s3cret").hexdigest()
+    kept = tokens.admin_token(tmp_path, None, digest)
+    assert kept.matches("s3cret")
+    assert not kept.matches("s3cret ")
+    assert not kept.matches("")
+    assert "s3cret" not in repr(vars(kept))  # the service holds no token, only its digest
+    assert not tokens.token_path(tmp_path).exists()  # given the digest: no token file made
+    # without one, the token file's (made if missing) is hashed and the token dropped
+    from_file = tokens.admin_token(tmp_path, None, None)
+    assert from_file.matches(tokens.token_path(tmp_path).read_text().strip())
+    assert tokens.admin_token(tmp_path, "configured", None).matches("configured")
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        tokens.AdminToken("not-a-digest")

@@ -27,6 +27,7 @@ from trellis_common import admin
 from trellis_common.health import Health
 from trellis_common.model import MeshService
 from trellis_common.testing import adminfuzz
+from trellis_common.tokens import AdminToken
 
 
 async def _bell(kind: str, key: str) -> int:
@@ -51,7 +52,7 @@ def admin_app() -> FastAPI:
     asyncio.run(start())
     KNOWN.extend({"common_name": record.common_name} for record in manager.list())
     app = admin.create_app("certmanager", metrics, {"ca": manager.ready.is_set}, Health(metrics))
-    rest.add_routes(app, manager, admin.token_guard(adminfuzz.TOKEN))
+    rest.add_routes(app, manager, admin.token_guard(AdminToken.of(adminfuzz.TOKEN)))
     return app
 
 

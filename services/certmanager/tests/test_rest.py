@@ -15,6 +15,7 @@ from trellis_certmanager.transport import rest
 from trellis_common import admin
 from trellis_common.model import MeshService
 from trellis_common.stored import Rejected
+from trellis_common.tokens import AdminToken
 
 TOKEN = "s3cret-token"
 
@@ -22,7 +23,7 @@ TOKEN = "s3cret-token"
 @pytest.fixture
 async def client(manager: CertificateManager) -> AsyncIterator[httpx.AsyncClient]:
     app = admin.create_app("certmanager", CollectorRegistry(), {"ca": manager.ready.is_set})
-    rest.add_routes(app, manager, admin.token_guard(TOKEN))
+    rest.add_routes(app, manager, admin.token_guard(AdminToken.of(TOKEN)))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
         yield client
@@ -88,7 +89,7 @@ async def test_delete_removes_only_records_refused_at_load(
     await manager.start()
     record = await manager.issue_service(MeshService("bookstore", "bookstore"))
     app = admin.create_app("certmanager", CollectorRegistry())
-    rest.add_routes(app, manager, admin.token_guard(TOKEN))
+    rest.add_routes(app, manager, admin.token_guard(AdminToken.of(TOKEN)))
     auth = {"Authorization": f"Bearer {TOKEN}"}
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:

@@ -27,6 +27,7 @@ from trellis_common import admin
 from trellis_common.model import MeshService
 from trellis_common.testing.bell import Bell
 from trellis_common.testing.servicer import served
+from trellis_common.tokens import AdminToken
 
 from .conftest import FakeClock
 
@@ -147,7 +148,7 @@ async def test_the_redis_store_keeps_revocations_and_refuses_corrupt_ones(
 @pytest.fixture
 async def admin_client(manager: CertificateManager) -> AsyncIterator[httpx.AsyncClient]:
     app = admin.create_app("certmanager", CollectorRegistry(), {"ca": manager.ready.is_set})
-    rest.add_routes(app, manager, admin.token_guard(TOKEN))
+    rest.add_routes(app, manager, admin.token_guard(AdminToken.of(TOKEN)))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
         yield client

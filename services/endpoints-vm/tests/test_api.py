@@ -29,6 +29,7 @@ from trellis_common.testing import RedisServer
 from trellis_common.testing.bell import Bell
 from trellis_common.testing.onboarding import InMemoryTokenStore
 from trellis_common.testing.servicer import served
+from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
@@ -65,7 +66,9 @@ async def admin_client(
 ) -> AsyncIterator[httpx.AsyncClient]:
     registry = CollectorRegistry()
     app = admin.create_app("endpoints-vm", registry)
-    credentials = Credentials(TOKEN, tokens or InMemoryTokenStore(), EndpointMetrics(registry))
+    credentials = Credentials(
+        AdminToken.of(TOKEN), tokens or InMemoryTokenStore(), EndpointMetrics(registry)
+    )
     rest.add_routes(app, manager, credentials, lambda: {"documents": []})
     app.state.metrics = registry
     transport = httpx.ASGITransport(app=app)

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from trellis_common import admin, onboarding
 from trellis_common.testing import RedisServer
 from trellis_common.testing.fixtures import component_client
+from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
@@ -78,7 +79,7 @@ async def client(
     manager = EndpointsManager(store, signal, counted)
     await manager.start()
     app = admin.create_app("endpoints-vm", metrics)
-    rest.add_routes(app, manager, Credentials(ADMIN, tokens, counted), lambda: {})
+    rest.add_routes(app, manager, Credentials(AdminToken.of(ADMIN), tokens, counted), lambda: {})
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
         yield client
@@ -166,7 +167,7 @@ async def test_a_stored_workload_without_a_token_is_refused_until_it_registers_a
     await manager.start()
     assert manager.workload("shop/old") == old  # it loads
     app = admin.create_app("endpoints-vm", metrics)
-    rest.add_routes(app, manager, Credentials(ADMIN, tokens, counted), lambda: {})
+    rest.add_routes(app, manager, Credentials(AdminToken.of(ADMIN), tokens, counted), lambda: {})
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
         beat = await client.post("/v1/workloads/shop/old/heartbeat", headers=bearer("anything"))

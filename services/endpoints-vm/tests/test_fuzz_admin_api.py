@@ -21,6 +21,7 @@ from trellis_common.health import Health
 from trellis_common.testing import adminfuzz
 from trellis_common.testing import strategies as fuzz
 from trellis_common.testing.onboarding import InMemoryTokenStore
+from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
@@ -54,7 +55,7 @@ def admin_app() -> FastAPI:
     asyncio.run(start())
     app = admin.create_app("endpoints-vm", metrics, {"registry": manager.ready.is_set}, Health())
     documents: dict[str, Any] = {"spec_dir": None, "documents": [], "conflicts": []}
-    credentials = Credentials(adminfuzz.TOKEN, InMemoryTokenStore(), counted)
+    credentials = Credentials(AdminToken.of(adminfuzz.TOKEN), InMemoryTokenStore(), counted)
     rest.add_routes(app, manager, credentials, lambda: documents)
     return app
 

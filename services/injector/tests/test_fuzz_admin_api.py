@@ -22,6 +22,7 @@ from trellis_common.identity import csr_for, new_key
 from trellis_common.testing import adminfuzz
 from trellis_common.testing import strategies as fuzz
 from trellis_common.testing.onboarding import InMemoryTokenStore
+from trellis_common.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
@@ -38,8 +39,8 @@ def admin_app() -> FastAPI:
     rest.add_routes(
         app,
         onboarder,
-        admin.token_guard(adminfuzz.TOKEN),
-        adminfuzz.TOKEN,
+        admin.token_guard(AdminToken.of(adminfuzz.TOKEN)),
+        AdminToken.of(adminfuzz.TOKEN),
         InMemoryTokenStore(),
         InjectorMetrics(metrics),
     )

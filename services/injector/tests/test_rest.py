@@ -15,6 +15,7 @@ from trellis_common import admin, onboarding
 from trellis_common.identity import csr_for, new_key
 from trellis_common.testing import RedisServer
 from trellis_common.testing.fixtures import component_client
+from trellis_common.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Refused, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
@@ -86,7 +87,12 @@ async def client(
     app = admin.create_app("injector", metrics)
     onboarder = Onboarder(certificates, catalog, control_plane, SPIFFE)
     rest.add_routes(
-        app, onboarder, admin.token_guard(TOKEN), TOKEN, tokens, InjectorMetrics(metrics)
+        app,
+        onboarder,
+        admin.token_guard(AdminToken.of(TOKEN)),
+        AdminToken.of(TOKEN),
+        tokens,
+        InjectorMetrics(metrics),
     )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:

@@ -14,6 +14,7 @@ import redis.asyncio
 from prometheus_client import CollectorRegistry
 
 from trellis_common import admin, onboarding
+from trellis_common.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
@@ -58,7 +59,12 @@ async def client(
     onboarder = Onboarder(certificates, FakeCatalog(), FixedControlPlane(), SPIFFE)
     store = onboarding.TokenStore(injector_redis, clock=clock)
     rest.add_routes(
-        app, onboarder, admin.token_guard(TOKEN), TOKEN, store, InjectorMetrics(metrics)
+        app,
+        onboarder,
+        admin.token_guard(AdminToken.of(TOKEN)),
+        AdminToken.of(TOKEN),
+        store,
+        InjectorMetrics(metrics),
     )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:

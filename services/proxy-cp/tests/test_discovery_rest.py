@@ -8,6 +8,7 @@ import httpx
 from fastapi import FastAPI
 
 from trellis_common import admin
+from trellis_common.tokens import AdminToken
 from trellis_proxy_cp.discovery import rest
 
 TOKEN = "an-admin-token"
@@ -16,7 +17,7 @@ TOKEN = "an-admin-token"
 async def test_the_destination_routes_refuse_a_caller_without_the_admin_token() -> None:
     app = FastAPI()
     nothing: Any = None  # the guard answers before any route reads the table
-    rest.add_routes(app, nothing, admin.token_guard(TOKEN))
+    rest.add_routes(app, nothing, admin.token_guard(AdminToken.of(TOKEN)))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
         for path in (

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import socket
@@ -30,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trellis_common.health import Health, Rejections
 from trellis_common.refusals import RefusalRecorder
+from trellis_common.tokens import AdminToken
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,8 @@ MAX_BODY_BYTES = 1024 * 1024
 _bearer = HTTPBearer(auto_error=False)
 
 
-def token_guard(token: str) -> Callable[..., Awaitable[None]]:
+def token_guard(token: AdminToken) -> Callable[..., Awaitable[None]]:
     """A FastAPI dependency: 401 without a bearer token, 403 with a wrong one."""
-    expected = token.encode()
 
     async def guard(
         credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
@@ -54,7 +53,7 @@ def token_guard(token: str) -> Callable[..., Awaitable[None]]:
                 detail="this endpoint changes state: send 'Authorization: Bearer <admin token>'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if not hmac.compare_digest(credentials.credentials.encode(), expected):
+        if not token.matches(credentials.credentials):
             raise HTTPException(status_code=403, detail="admin token rejected")
 
     return guard

@@ -42,6 +42,7 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 
 from trellis_common import ids
+from trellis_common.tokens import AdminToken
 
 TOKEN_PREFIX: Final = "trellis-onb"
 _TOKEN = re.compile(rf"^{re.escape(TOKEN_PREFIX)}\.([0-9a-f]{{16}})\.([A-Za-z0-9_-]{{43}})$")
@@ -327,7 +328,7 @@ class Caller:
         )
 
 
-async def authenticate(bearer: str | None, admin_token: str, store: TokenStore) -> Caller:
+async def authenticate(bearer: str | None, admin_token: AdminToken, store: TokenStore) -> Caller:
     """The caller of a request whose bearer token is ``bearer``: the admin token, or a
     valid onboarding token (:class:`TokenRefused` otherwise). Compared in constant time."""
     if not bearer:
@@ -336,6 +337,6 @@ async def authenticate(bearer: str | None, admin_token: str, store: TokenStore) 
             "send 'Authorization: Bearer <token>': the admin token, or an onboarding token "
             "for this identity (`trellis token create`)",
         )
-    if hmac.compare_digest(bearer.encode(), admin_token.encode()):
+    if admin_token.matches(bearer):
         return Caller(None)
     return Caller(await store.verify(bearer))

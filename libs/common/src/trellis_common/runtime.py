@@ -68,7 +68,6 @@ class ServiceRuntime:
     redis: aioredis.Redis
     publisher: Publisher
     metrics: CollectorRegistry
-    token: str
     health: Health
     outbox: Outbox
     signals: Signals
@@ -84,6 +83,18 @@ class ServiceRuntime:
     #: joined certmanager (every component but certmanager): follows its revoked list
     joined: bool = False
     _certmanager: Locator | None = None
+    _admin: tokens.AdminToken | None = None
+
+    @property
+    def admin_token(self) -> tokens.AdminToken:
+        """The admin token's digest, loaded the first time a route needs it (a service whose
+        routes never check it never reads it; ``trellis_common.tokens``)."""
+        if self._admin is None:
+            settings = self.settings
+            self._admin = tokens.admin_token(
+                settings.state_dir, settings.admin_token, settings.admin_token_sha256
+            )
+        return self._admin
 
     @classmethod
     async def connect(
@@ -118,7 +129,6 @@ class ServiceRuntime:
             redis=redis,
             publisher=publisher,
             metrics=metrics,
-            token=tokens.load_or_create_admin_token(settings.state_dir, settings.admin_token),
             health=health,
             outbox=Outbox(publisher, health),
             signals=Signals(target, health, client=settings.service_name),
@@ -199,7 +209,7 @@ class ServiceRuntime:
 
     @property
     def guard(self) -> Any:
-        return admin.token_guard(self.token)
+        return admin.token_guard(self.admin_token)
 
     async def redis_ready(self) -> bool:
         """Redis answers PING within a second (a frozen Redis must not hang /readyz)."""

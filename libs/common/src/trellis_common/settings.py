@@ -166,6 +166,10 @@ class ServiceSettings(BaseSettings):
         default=None,
         description="token of the admin API (unset: the one kept in the state directory)",
     )
+    admin_token_sha256: Annotated[str | None, SHARED] = Field(
+        default=None,
+        description="SHA-256 (hex) of the admin API's token: the service keeps no token",
+    )
     instance: Annotated[str, SHARED] = Field(
         default="", description="name announced in the registry (empty: the service name)"
     )

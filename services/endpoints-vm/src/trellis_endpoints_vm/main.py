@@ -140,7 +140,9 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
         routes=lambda app: rest.add_routes(
             app,
             manager,
-            Credentials(runtime.token, TokenStore(runtime.redis, counter="endpoints-vm"), metrics),
+            Credentials(
+                runtime.admin_token, TokenStore(runtime.redis, counter="endpoints-vm"), metrics
+            ),
             declarations.status,
         ),
         attributes={"provider": grpc_api.PROVIDER},

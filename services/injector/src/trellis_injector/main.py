@@ -126,7 +126,7 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
     components["webhook"] = server.run
 
     def routes(app: FastAPI) -> None:
-        rest.add_routes(app, onboarding, runtime.guard, runtime.token, tokens, metrics)
+        rest.add_routes(app, onboarding, runtime.guard, runtime.admin_token, tokens, metrics)
         webhook.add_status_route(app, server, injector, settings.webhook_configuration, api)
 
     return Parts(

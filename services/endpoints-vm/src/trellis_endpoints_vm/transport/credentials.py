@@ -24,10 +24,10 @@ and counted in ``trellis_endpoints_vm_credential_refusals_total{operation, reaso
 from __future__ import annotations
 
 import enum
-import hmac
 import logging
 
 from trellis_common import onboarding
+from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.domain.workloads import Workload, holds_token
 from trellis_endpoints_vm.metrics import EndpointMetrics
 
@@ -57,14 +57,14 @@ class Refused(Exception):
 
 class Credentials:
     def __init__(
-        self, admin_token: str, tokens: onboarding.TokenStore, metrics: EndpointMetrics
+        self, admin_token: AdminToken, tokens: onboarding.TokenStore, metrics: EndpointMetrics
     ) -> None:
-        self._admin = admin_token.encode()
+        self._admin = admin_token
         self._tokens = tokens
         self._metrics = metrics
 
     def _is_admin(self, bearer: str) -> bool:
-        return hmac.compare_digest(bearer.encode(), self._admin)
+        return self._admin.matches(bearer)
 
     def _refuse(self, operation: str, workload_id: str, refused: Refused) -> Refused:
         self._metrics.credential_refusals.labels(operation, refused.reason).inc()
@@ -87,7 +87,7 @@ class Credentials:
         """The admin token or a valid onboarding token, checked before the body is read (a
         caller without one learns nothing about what it sent); :class:`Refused` otherwise."""
         try:
-            return await onboarding.authenticate(bearer, self._admin.decode(), self._tokens)
+            return await onboarding.authenticate(bearer, self._admin, self._tokens)
         except onboarding.TokenRefused as exc:
             raise self._token_refused("-", exc) from None
 

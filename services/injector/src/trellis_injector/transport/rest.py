@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from trellis_common import onboarding
+from trellis_common.tokens import AdminToken
 from trellis_injector.domain.onboarding import (
     MAX_CSR_BYTES,
     PORT_MAX,
@@ -114,7 +115,7 @@ def add_routes(
     app: FastAPI,
     onboarder: Onboarder,
     guard: Any,
-    admin_token: str,
+    admin_token: AdminToken,
     tokens: onboarding.TokenStore,
     metrics: InjectorMetrics,
 ) -> None:
