@@ -152,16 +152,21 @@ def test_a_client_only_identity_gets_its_outbound_view(catalog: Catalog) -> None
     assert {o.name for o in policy.outbound} == {"bookstore", "bookstore-v1", "bookstore-v2"}
 
 
-def test_a_new_service_account_for_a_proxy_recomputes_policy(catalog: Catalog) -> None:
-    catalog.expect_proxy(PROXY.format(4, "bookthief", "bookthief"), "bookbuyer")
-    batch = catalog.flush()
-    assert batch is not None
-    assert "bookthief/bookthief" in [i for i, _ in batch.identities]
-    assert catalog.account_of_identity(THIEF) == "bookbuyer"
-    policy = catalog.policies[THIEF]
-    assert policy.spiffe_id == "spiffe://cluster.local/ns/bookthief/sa/bookbuyer"
-    # bookthief/bookbuyer is not bookbuyer/bookbuyer: accounts are namespaced, still denied
-    assert policy.outbound == ()
+def test_a_proxy_under_another_account_does_not_take_its_service_with_it(
+    catalog: Catalog,
+) -> None:
+    before = catalog.account_of_identity(THIEF)
+    thief = PROXY.format(4, "bookthief", "bookthief")
+    catalog.expect_proxy(thief, "bookbuyer")
+    catalog.flush()
+    assert catalog.account_of_identity(THIEF) == before  # the established account stays
+    assert catalog.policies[THIEF].spiffe_id.endswith(f"/sa/{before}")
+    [shown] = [r for r in catalog.health.rejections.items() if r.source == "proxy-account"]
+    assert shown.key == "bookthief/bookthief"
+    assert "bookbuyer (refused by peers)" in shown.reason
+    # the proxies agree again: the conflict leaves /v1/status
+    catalog.expect_proxy(thief, before)
+    assert [r for r in catalog.health.rejections.items() if r.source == "proxy-account"] == []
 
 
 def test_a_certificate_rotation_does_not_reversion_the_view(catalog: Catalog) -> None:

@@ -60,23 +60,35 @@ def test_a_malformed_name_or_account_is_refused_and_changes_nothing(
     assert (seen.changed, seen.onboarded) == (0, [])
 
 
-def test_the_latest_onboarded_proxys_account_is_the_identitys(
+def test_the_earliest_proxys_account_is_kept_and_a_conflict_is_listed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     seen = Recorder()
     proxies = seen.proxies()
     proxies.expect(cn(1), "old")
     with caplog.at_level(logging.WARNING):
-        proxies.expect(cn(2), "new")
-    assert proxies.account(SHOP_API) == "new"
+        proxies.expect(cn(2), "new")  # a pod under another ServiceAccount
+    assert proxies.account(SHOP_API) == "old"  # it does not take the service with it
     assert "proxy.account_conflict identity=shop/api" in caplog.text
-    # the first proxy moves to a third account: the latest proxy still decides
+    assert "established=old" in caplog.text
+    assert proxies.conflicts() == {SHOP_API: ("old", ("new",))}
+    # the established proxy itself moves to another account: the identity follows it
     proxies.expect(cn(1), "third")
-    assert proxies.account(SHOP_API) == "new"
-    proxies.expect(cn(2), "fourth")
-    assert proxies.account(SHOP_API) == "fourth"
+    assert proxies.account(SHOP_API) == "third"
+    assert proxies.conflicts() == {SHOP_API: ("third", ("new",))}
+    proxies.expect(cn(2), "third")  # they agree again
+    assert proxies.conflicts() == {}
     assert seen.changed == 4
-    assert proxies.accounts() == {SHOP_API: "fourth"}
+    assert proxies.accounts() == {SHOP_API: "third"}
+
+
+def test_when_the_established_proxy_goes_the_next_earliest_one_decides() -> None:
+    proxies = Recorder().proxies()
+    proxies.expect(cn(1), "old")
+    proxies.expect(cn(2), "new")
+    proxies.expect_only([cn(2)])  # the first proxy's certificate is gone
+    assert proxies.account(SHOP_API) == "new"
+    assert proxies.conflicts() == {}
 
 
 def test_a_proxy_connects_and_is_forgotten_once_neither_connected_nor_expected() -> None:

@@ -153,7 +153,7 @@ def test_an_identitys_account_proxy_first_then_endpoints_then_the_last_known(
     recompute.apply()
     assert recompute.account_of(api) == "two"  # no endpoint for a moment: unchanged
     proxies.expect(PROXY.format("api"), "proxied")
-    assert recompute.account_of(api) == "proxied"  # the latest proxy's, first
+    assert recompute.account_of(api) == "proxied"  # its (established) proxy's, first
 
 
 def test_a_proxys_identity_gets_a_policy_without_a_service(

@@ -57,6 +57,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The ``/v1/status`` source of services whose proxies run under several accounts.
+ACCOUNT_CONFLICT = "proxy-account"
+
 #: Signals (kind, key) on the ``views`` topic; an owner's ``Outbox.signal`` bound to it.
 Announce = Callable[[str, str], Awaitable[int]]
 TOPIC = "views"
@@ -214,6 +217,21 @@ class Catalog:
 
     def _proxies_changed(self) -> None:
         self._mark(policies=True)
+        self._report_conflicts()
+
+    def _report_conflicts(self) -> None:
+        """A service whose proxies run under several accounts is shown in ``/v1/status``
+        (source ``proxy-account``) until they agree again."""
+        conflicts = self.proxies.conflicts()
+        rejections = self.health.rejections
+        for identity, (established, others) in conflicts.items():
+            rejections.reject(
+                ACCOUNT_CONFLICT,
+                str(identity),
+                f"its proxies run as {established} (established, kept: peers check it) and "
+                f"as {', '.join(others)} (refused by peers): run them under one account",
+            )
+        rejections.accept_all(ACCOUNT_CONFLICT, {str(i) for i in conflicts})
 
     def _onboarded(self, record: ProxyRecord) -> None:
         self.certs_wanted.set()

@@ -2,8 +2,12 @@
 
 A proxy is named by its certificate's common name, which holds its identity
 (``<uuid>.<service>.<namespace>``). Its service account becomes a SPIFFE id in every policy
-of the mesh, so the registry keeps, per identity, the account of the latest proxy onboarded:
-that is the identity's account while it has a proxy at all.
+of the mesh, so the registry keeps, per identity, its **established** account: that of its
+earliest proxy still known. A later proxy under another account does not move it (a pod
+with another ServiceAccount would otherwise take the service's policy with it); the
+identity is listed in :meth:`Proxies.conflicts` until its proxies agree again, and that
+proxy, whose own workload certificate names its own account, is refused by peers that
+check the established one.
 
 :class:`Proxies` is a read-only mapping of common name to :class:`ProxyRecord`; its
 changes go through its methods, which report to two callbacks: ``changed`` when the set of
@@ -37,7 +41,7 @@ class ProxyRecord:
     connected: bool = False
     proxy_cp: str = ""
     address: str = ""
-    seq: int = 0  # onboarding order: the latest proxy's account is the identity's
+    seq: int = 0  # onboarding order: the earliest proxy's account is the identity's
     not_after: float = 0.0  # its certificate's expiry (epoch seconds), when known
     serial: str = ""  # its current certificate's serial (hex), when known
 
@@ -62,7 +66,7 @@ class Proxies(Mapping[str, ProxyRecord]):
         self._onboarded = onboarded
         self._records: dict[str, ProxyRecord] = {}
         self._seq = 0
-        self._accounts: dict[Identity, str] = {}  # the latest onboarded proxy's
+        self._accounts: dict[Identity, str] = {}  # the established: the earliest proxy's
         self._by_identity: dict[Identity, dict[str, ProxyRecord]] = {}
 
     # -- the mapping -------------------------------------------------------------------
@@ -116,7 +120,7 @@ class Proxies(Mapping[str, ProxyRecord]):
             del same[record.common_name]
             if not same:
                 del self._by_identity[record.identity]
-                self._accounts.pop(record.identity, None)
+            self._establish(record.identity)
             log.debug("proxy.pruned proxy=%s", record.common_name)
         if gone:
             self._changed()
@@ -141,15 +145,46 @@ class Proxies(Mapping[str, ProxyRecord]):
     # -- queries -----------------------------------------------------------------------
 
     def account(self, identity: Identity) -> str | None:
-        """The account of ``identity``'s latest onboarded proxy, if it has a proxy."""
+        """``identity``'s established account (its earliest proxy's), if it has a proxy."""
         return self._accounts.get(identity)
+
+    def conflicts(self) -> dict[Identity, tuple[str, tuple[str, ...]]]:
+        """Identities whose proxies run under more than one account: (the established
+        account, the others)."""
+        found = {}
+        for identity, same in self._by_identity.items():
+            established = self._accounts[identity]
+            others = {r.service_account for r in same.values()} - {established}
+            if others:
+                found[identity] = (established, tuple(sorted(others)))
+        return found
+
+    def _warn_conflict(self, record: ProxyRecord) -> None:
+        established = self._accounts[record.identity]
+        if record.service_account != established:
+            log.warning(
+                "proxy.account_conflict identity=%s proxy=%s account=%s established=%s "
+                "action='the established account is kept: peers that check it refuse this "
+                "proxy until the service's proxies run under one account'",
+                record.identity,
+                record.common_name,
+                record.service_account,
+                established,
+            )
+
+    def _establish(self, identity: Identity) -> None:
+        same = self._by_identity.get(identity)
+        if not same:
+            self._accounts.pop(identity, None)
+            return
+        self._accounts[identity] = min(same.values(), key=lambda r: r.seq).service_account
 
     def identities(self) -> set[Identity]:
         return set(self._by_identity)
 
     def accounts(self) -> dict[Identity, str]:
-        """Each identity with a proxy, and one of its proxies' accounts."""
-        return {r.identity: r.service_account for r in self._records.values()}
+        """Each identity with a proxy, and its established account."""
+        return dict(self._accounts)
 
     def _proxy(self, common_name: str, service_account: str) -> ProxyRecord:
         try:
@@ -165,24 +200,15 @@ class Proxies(Mapping[str, ProxyRecord]):
             record = self._records[common_name] = ProxyRecord(
                 common_name, identity, service_account or cn.service, seq=self._seq
             )
-            self._accounts[identity] = record.service_account
             same = self._by_identity.setdefault(identity, {})
-            others = {r.service_account for r in same.values()}
             same[common_name] = record
-            if others - {record.service_account}:
-                log.warning(
-                    "proxy.account_conflict identity=%s proxy=%s account=%s others=%s "
-                    "action='the latest proxy's account is used'",
-                    identity,
-                    common_name,
-                    record.service_account,
-                    ",".join(sorted(others)),
-                )
+            self._establish(identity)
+            self._warn_conflict(record)
             self._changed()
             self._onboarded(record)
         elif service_account and service_account != record.service_account:
             record.service_account = service_account
-            latest = max(self._by_identity[identity].values(), key=lambda r: r.seq)
-            self._accounts[identity] = latest.service_account
+            self._establish(identity)
+            self._warn_conflict(record)
             self._changed()
         return record
