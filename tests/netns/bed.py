@@ -191,8 +191,10 @@ class Bed:
     """A node, its control plane and the Kubernetes API; pods and Services made on demand
     (``pod``, ``service``) and removed by ``remove_pods``/``close``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, values: Sequence[str] = ()) -> None:
         self.root = root
+        #: the chart's values for this bed (``helm --set`` items)
+        self.values = tuple(values)
         self.node = Node(f"{PREFIX}node")
         self.kube = KubeApi()
         self.plane: ChartControlPlane | None = None
@@ -222,7 +224,11 @@ class Bed:
             for resource, kind in CRDS:  # the CRDs of a cluster with CRDS, Gateway API, Istio
                 self.kube.declare(resource, kind=kind, namespaced=True)
             plane = ChartControlPlane(
-                render(self.root / "helm"), self.root / "cp", self.kube, NODE_IP, fixed_ports=True
+                render(self.root / "helm", *self.values),
+                self.root / "cp",
+                self.kube,
+                NODE_IP,
+                fixed_ports=True,
             )
             self.plane = plane
             plane.start()
@@ -598,8 +604,8 @@ def _remove_tree(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def bed(root: Path) -> Iterator[Bed]:
-    made = Bed(root).start()
+def bed(root: Path, values: Sequence[str] = ()) -> Iterator[Bed]:
+    made = Bed(root, values).start()
     try:
         yield made
     finally:
