@@ -170,7 +170,15 @@ async def test_no_component_announces_as_another_kind_or_runs_admin_commands(
         for kind in kinds:
             with pytest.raises(NoPermissionError):
                 await client.set(registry_key(kind, "impostor"), _record(kind).to_json())
-        for command in (("FLUSHALL",), ("KEYS", "*"), ("CONFIG", "GET", "*"), ("ACL", "LIST")):
+        scripts = (
+            ("EVAL", "return 1", "0"),
+            ("EVALSHA", "0" * 40, "0"),
+            ("SCRIPT", "LOAD", "return 1"),
+            ("FUNCTION", "LIST"),
+            ("FCALL", "f", "0"),
+        )
+        admin = (("FLUSHALL",), ("KEYS", "*"), ("CONFIG", "GET", "*"), ("ACL", "LIST"))
+        for command in (*admin, *scripts):  # a script would run with all of its rights
             with pytest.raises(NoPermissionError):
                 await client.execute_command(*command)  # type: ignore[no-untyped-call]
 

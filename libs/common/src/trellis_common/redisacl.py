@@ -40,9 +40,10 @@ from trellis_common.signaling import DEFAULT_PREFIX
 ADMIN = "admin"
 
 #: What every component does through the shared runtime: PING (readiness), the registry
-#: (SET with GET and PX, DEL on stop; SCAN and MGET to discover), the publish script
-#: (EVALSHA, SCRIPT LOAD on a cold cache; INCR and SET inside it), the subscriber (GET and
-#: MGET of counters, SUBSCRIBE; UNSUBSCRIBE on close).
+#: (SET with GET and PX, DEL on stop; SCAN and MGET to discover), the publish transaction
+#: (WATCH the counter, GET, MULTI, SET, PUBLISH, EXEC; DISCARD/UNWATCH on a retry), the
+#: subscriber (GET and MGET of counters, SUBSCRIBE; UNSUBSCRIBE on close). No user may run
+#: scripts (EVAL, EVALSHA, SCRIPT, FUNCTION) or admin commands: :mod:`.redisatomic`.
 BASE_COMMANDS = (
     "ping",
     "get",
@@ -51,8 +52,11 @@ BASE_COMMANDS = (
     "del",
     "incr",
     "scan",
-    "evalsha",
-    "script|load",
+    "watch",
+    "unwatch",
+    "multi",
+    "exec",
+    "discard",
     "subscribe",
     "unsubscribe",
 )
@@ -116,7 +120,7 @@ COMPONENTS: Mapping[str, Component] = {
             kind="certmanager",
             keys=("certmanager:*",),  # :ca, :certs, :revoked, :join-spent:<nonce>
             publishes=("certificates", "identities"),
-            commands=(*HASH_COMMANDS, "eval"),  # eval: the swap scripts sealing old records
+            commands=HASH_COMMANDS,  # sealing old records: a WATCHed swap (redisatomic)
         ),
         Component(
             "endpoints-vm",

@@ -8,7 +8,7 @@ misses messages. So the design never lets an event be the only copy of anything:
 * An event says *what* changed (``topic``, ``kind``, ``key``), never the new value. The
   receiver re-reads the state from its owner (over gRPC) when the bell rings.
 * Every topic has a revision counter in Redis (``{prefix}:rev:{topic}``). The
-  :class:`Publisher` increments it and publishes in one Lua script, so the revisions seen
+  :class:`Publisher` increments it and publishes in one transaction, so the revisions seen
   on one channel are consecutive and in order.
 * The :class:`~trellis_common.subscriber.Subscriber` tracks the last revision per topic.
   Whenever it cannot be sure it saw everything it *resyncs*: it calls
@@ -38,24 +38,11 @@ from typing import Any
 
 import redis.asyncio
 
+from trellis_common import redisatomic
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "trellis"
-
-
-_PUBLISH_SCRIPT = """
-local revision = redis.call('INCR', KEYS[1])
-local floor = tonumber(ARGV[6])
-if revision <= floor then
-    revision = floor + 1
-    redis.call('SET', KEYS[1], revision)
-end
-local payload = cjson.encode({
-    topic = ARGV[2], kind = ARGV[3], key = ARGV[4], revision = revision, sender = ARGV[5]
-})
-redis.call('PUBLISH', ARGV[1], payload)
-return revision
-"""
 
 
 def channel_name(topic: str, prefix: str = DEFAULT_PREFIX) -> str:
@@ -107,13 +94,14 @@ class Event:
 
 
 class Publisher:
-    """Publishes events; the counter increment and the PUBLISH are one atomic script.
+    """Publishes events; the counter increment and the PUBLISH are one transaction (WATCH
+    the counter, then MULTI/EXEC: no script, :mod:`trellis_common.redisatomic`).
 
     ``publish`` raises Redis errors to the caller. Retrying is safe: a retried publish gets
     a new revision, and an extra bell costs a receiver one re-read.
 
     Revisions never go backwards while the publisher lives, even when Redis loses its
-    counter (a flush, a restart without persistence): the script takes the highest
+    counter (a flush, a restart without persistence): the transaction takes the highest
     revision this publisher has seen as a floor and lifts the counter above it. A consumer
     that compares revisions (skipping events already in a listing) can trust them.
     """
@@ -122,7 +110,6 @@ class Publisher:
         self, redis: redis.asyncio.Redis, sender: str, prefix: str = DEFAULT_PREFIX
     ) -> None:
         self._redis = redis
-        self._script = redis.register_script(_PUBLISH_SCRIPT)
         self.sender = sender
         self.prefix = prefix
         self._floor: dict[str, int] = {}
@@ -131,14 +118,19 @@ class Publisher:
         if not topic or not kind:
             raise ValueError("topic and kind must not be empty")
         floor = self._floor.get(topic, 0)
-        revision = int(
-            await self._script(
-                keys=[revision_key(topic, self.prefix)],
-                args=[channel_name(topic, self.prefix), topic, kind, key, self.sender, floor],
-            )
-        )
-        self._floor[topic] = max(floor, revision)
-        event = Event(topic=topic, kind=kind, key=key, revision=revision, sender=self.sender)
+        counter = revision_key(topic, self.prefix)
+
+        async def next_event(pipe: Any) -> Event:
+            current = await pipe.get(counter)
+            revision = max(int(current or 0), floor) + 1
+            event = Event(topic=topic, kind=kind, key=key, revision=revision, sender=self.sender)
+            pipe.multi()
+            pipe.set(counter, revision)
+            pipe.publish(channel_name(topic, self.prefix), event.to_json())
+            return event
+
+        event = await redisatomic.transact(self._redis, counter, next_event)
+        self._floor[topic] = max(floor, event.revision)
         log.debug(
             "signaling.published topic=%s kind=%s key=%s revision=%d",
             topic,

@@ -56,7 +56,7 @@ from trellis_certmanager.domain.records import (
 )
 from trellis_certmanager.domain.revocation import Revocation
 from trellis_certmanager.domain.sealed import Sealer, SealError
-from trellis_common import stored
+from trellis_common import redisatomic, stored
 
 log = logging.getLogger(__name__)
 
@@ -112,20 +112,8 @@ def parse_record(
 _SEALED_CA_KEY = "key_sealed"
 _CLEAR_CA_KEY = "key_pem"
 
+
 # Write ARGV[2] over a value only if it is still ARGV[1] (what was read and migrated).
-_SWAP_STRING = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2]) end
-return false
-"""
-_SWAP_FIELD = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-  return 1
-end
-return false
-"""
-
-
 class RedisCertificateStore:
     def __init__(self, redis: aioredis.Redis, sealer: Sealer, prefix: str = "trellis") -> None:
         self._redis = redis
@@ -170,9 +158,7 @@ class RedisCertificateStore:
         old_kek = isinstance(fields, dict) and self._sealer.stale(fields.get(_SEALED_CA_KEY))
         if not (clear or old_kek) or stored.cert != ca.cert:
             return False
-        swapped = bool(
-            await self._redis.eval(_SWAP_STRING, 1, self.ca_key, raw, self._encode_ca(ca))
-        )
+        swapped = bool(await redisatomic.swap(self._redis, self.ca_key, raw, self._encode_ca(ca)))
         log.warning(
             "ca.key_sealed key=%s kek_id=%s migrated=%s",
             self.ca_key,
@@ -250,8 +236,8 @@ class RedisCertificateStore:
         migrated = 0
         for common_name, (raw, record) in clear.items():
             try:
-                swapped = await self._redis.eval(
-                    _SWAP_FIELD, 1, self.records_key, common_name, raw, self._encode(record)
+                swapped = await redisatomic.swap(
+                    self._redis, self.records_key, raw, self._encode(record), field=common_name
                 )
             except (RedisError, OSError) as exc:  # the next load tries again
                 log.warning("cert.seal_deferred cn=%s error=%r", common_name, str(exc))
