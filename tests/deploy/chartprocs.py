@@ -11,6 +11,7 @@ from typing import Any
 from kubernetes import client
 
 from tests.deploy.helmchart import Rendered
+from trellis_common import tokens
 from trellis_common.kube.client import api_client
 from trellis_common.testing import RedisServer
 from trellis_common.testing.kube import KubeApi
@@ -122,6 +123,11 @@ class ChartControlPlane:
 
     def start(self) -> ChartControlPlane:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        # the operator's token (the chart's Secret), where tests and `trellis` read it: the
+        # components themselves get only its digest
+        token = self.rendered.secret("trellis-admin-token")["token"].decode()
+        tokens.token_path(self.state_dir).write_text(token + "\n")
+        tokens.token_path(self.state_dir).chmod(0o600)
         self.redis = chart_redis(self.rendered, self.root / "redis")
         self.kube.write_kubeconfig(self.kubeconfig)
         api: Any = api_client(self.kubeconfig)

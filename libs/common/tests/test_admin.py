@@ -454,3 +454,37 @@ def test_idle_connections_outlast_the_clients_own_keep_alive() -> None:
     client_expiry = httpx.Limits().keepalive_expiry
     assert client_expiry is not None
     assert server.config().timeout_keep_alive > 2 * client_expiry
+
+
+async def test_listings_need_the_admin_token_and_health_stays_open() -> None:
+    registry = CollectorRegistry()
+    loaded: list[str] = []
+
+    def token() -> AdminToken:
+        loaded.append("once")
+        return AdminToken.of(TOKEN)
+
+    app = admin.create_app("catalog", registry, reads_token=token)
+
+    @app.get("/v1/proxies")
+    async def proxies() -> dict[str, list[str]]:
+        return {"proxies": ["a.web.shop"]}
+
+    @app.post("/v1/echo")
+    async def echo() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    async with client_for(app) as client:
+        for path in ("/healthz", "/readyz", "/metrics", "/v1/status"):
+            assert (await client.get(path)).status_code == 200, path
+        assert loaded == []  # no listing asked yet: the token was not even loaded
+        refused = await client.get("/v1/proxies")
+        assert refused.status_code == 401
+        assert "Bearer <admin token>" in refused.json()["detail"]
+        wrong = await client.get("/v1/proxies", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 403
+        right = await client.get("/v1/proxies", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert right.json() == {"proxies": ["a.web.shop"]}
+        assert (await client.post("/v1/echo")).status_code == 200  # not a read: its own guard
+        counted = (await client.get("/metrics")).text
+    assert 'trellis_http_refusals_total{method="GET"' in counted

@@ -60,20 +60,21 @@ class Mesh:
         bearer: str | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
-        """``auth``: send the admin token; ``bearer``: send this token instead (an
-        onboarding or heartbeat token)."""
+        """``auth``: send the admin token (a GET sends it whenever it is known: listings
+        need it); ``bearer``: send this token instead (an onboarding or heartbeat token)."""
         url = self.admin_url(service) + path
         headers = {}
         if bearer is not None:
             headers["Authorization"] = f"Bearer {bearer}"
-        elif auth:
+        elif auth or method == "GET":  # listings need the admin token too
             token = self.token()
-            if token is None:
+            if token is None and auth:
                 raise CliError(
                     f"no admin token: set TRELLIS_ADMIN_TOKEN or run where "
                     f"{tokens.token_path(self.state_dir)} exists (--state-dir)"
                 )
-            headers["Authorization"] = f"Bearer {token}"
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
         try:
             response = adminhttp.request(
                 self.state_dir, service, method, url, headers=headers, timeout=10.0, **kwargs

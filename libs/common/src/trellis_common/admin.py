@@ -149,6 +149,52 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+#: Admin reads anyone may make: the service's own health, and the mesh's public trust
+#: bundle. Every other ``GET /v1/...`` lists identities, certificates, proxies,
+#: destinations or workloads, and needs the admin token (:class:`ReadGuard`).
+OPEN_READS = frozenset(
+    {"/healthz", "/readyz", "/metrics", "/v1/status", "/v1/root", "/v1/root.pem", "/v1/webhook"}
+)
+
+
+class ReadGuard:
+    """Pure ASGI middleware: a ``GET``/``HEAD`` of a ``/v1/`` route not in
+    :data:`OPEN_READS` needs ``Authorization: Bearer <admin token>`` (401 without one, 403
+    with a wrong one, as the mutating routes answer); the refusal is logged and counted by
+    the :class:`~trellis_common.refusals.RefusalRecorder` around it. The token is asked of
+    ``token`` at the first such request (a service loads it only then)."""
+
+    def __init__(self, app: ASGIApp, token: Callable[[], AdminToken]) -> None:
+        self.app = app
+        self._token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in ("GET", "HEAD")
+            or not scope["path"].startswith("/v1/")
+            or scope["path"] in OPEN_READS
+        ):
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
+        scheme, _, credential = header.partition(" ")
+        if scheme.lower() != "bearer" or not credential.strip():
+            answer = JSONResponse(
+                {"detail": "this listing names identities: send 'Authorization: Bearer <admin "
+                 "token>'"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )  # fmt: skip
+        elif not self._token().matches(credential.strip()):
+            answer = JSONResponse({"detail": "admin token rejected"}, status_code=403)
+        else:
+            await self.app(scope, receive, send)
+            return
+        log.warning("admin.read_refused path=%s status=%d", scope["path"], answer.status_code)
+        await answer(scope, receive, send)
+
+
 def create_app(
     title: str,
     registry: CollectorRegistry,
@@ -157,6 +203,7 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     *,
     debug_endpoints: bool = False,
+    reads_token: Callable[[], AdminToken] | None = None,
 ) -> FastAPI:
     """The admin app of one service, with the standard endpoints.
 
@@ -167,6 +214,8 @@ def create_app(
     The docs pages and the OpenAPI document (``/docs``, ``/redoc``, ``/openapi.json``) are
     served only with ``debug_endpoints``: they map the API for whoever reaches the port.
     ``app.openapi()`` builds the document in-process either way (the fuzz tests use it).
+
+    With ``reads_token``, listings need the admin token too (:class:`ReadGuard`).
     """
     app = FastAPI(
         title=f"Trellis {title} admin API",
@@ -178,6 +227,8 @@ def create_app(
     checks = dict(readiness or {})
     health = health if health is not None else Health()
     app.add_middleware(BodyLimit, limit=max_body_bytes, rejections=health.rejections)
+    if reads_token is not None:
+        app.add_middleware(ReadGuard, token=reads_token)
     app.add_middleware(RefusalRecorder, registry=registry)  # outermost: sees every 4xx
 
     @app.get("/healthz", tags=["health"])

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from trellis_common import components
+from trellis_common import components, tokens
 from trellis_common.identity import client_context
 from trellis_common.settings import TRUST_BUNDLE_FILE
 
@@ -36,8 +36,15 @@ def request(
     state_dir: Path, component: str, method: str, url: str, **kwargs: Any
 ) -> httpx.Response:
     """One request to ``component``'s admin API at ``url`` (plain ``http://`` is sent as is);
-    a replica's instance name (``proxy-cp-2``) stands for its component."""
+    a replica's instance name (``proxy-cp-2``) stands for its component. A ``GET`` without
+    an ``Authorization`` header carries the admin token of ``state_dir`` when there is one:
+    listings need it; other methods send only what the caller gives."""
     timeout = kwargs.pop("timeout", 10.0)
+    headers = dict(kwargs.pop("headers", None) or {})
+    token = tokens.token_path(state_dir)
+    if method == "GET" and "Authorization" not in headers and token.exists():
+        headers["Authorization"] = f"Bearer {token.read_text().strip()}"
+    kwargs["headers"] = headers
     if not url.startswith("https://"):
         return httpx.request(method, url, timeout=timeout, **kwargs)
     extensions = {"sni_hostname": components.server_name(components.of_instance(component))}

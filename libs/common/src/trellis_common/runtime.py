@@ -226,6 +226,7 @@ class ServiceRuntime:
             {"redis": self.redis_ready, **readiness},
             self.health,
             debug_endpoints=self.settings.debug_endpoints,
+            reads_token=lambda: self.admin_token,
         )
 
     def grpc_server(

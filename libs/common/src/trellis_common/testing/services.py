@@ -133,7 +133,8 @@ class ServiceProcess:
         raise TimeoutError(f"{self.instance} not ready in {timeout}s:\n{self.logs()[-3000:]}")
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """A request to the service's admin API (TLS checked against the mesh's CA)."""
+        """A request to the service's admin API (TLS checked against the mesh's CA; a
+        ``GET`` carries the admin token, :func:`trellis_common.adminhttp.request`)."""
         url = self.endpoint.admin_url + path
         kwargs.setdefault("timeout", 5.0)
         return adminhttp.request(self.state_dir, self.name, method, url, **kwargs)
