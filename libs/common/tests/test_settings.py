@@ -165,7 +165,8 @@ def test_every_field_is_a_flag() -> None:
     settings = flags(
         "--grpc-port", "5", "--admin-port", "6", "--bind-host", "0.0.0.0",
         "--state-dir", "/s", "--redis-url", "redis://flag:1/0", "--log-format", "json",
-        "--log-level", "DEBUG", "--admin-token", "t", "--instance", "x-9",
+        "--log-level", "DEBUG", "--admin-token", "t", "--admin-token-sha256", "ab" * 32,
+        "--instance", "x-9",
         "--registry-ttl", "2.5", "--debug-endpoints", "--trust-bundle-file", "/b.pem",
         "--join-token-file", "/j", "--service-account-token-file", "/sa",
         "--certmanager-admin-address", "cm:1", "--redis-username", "u",
@@ -184,6 +185,7 @@ def test_every_field_is_a_flag() -> None:
         "log_format": "json",
         "log_level": "DEBUG",
         "admin_token": "t",
+        "admin_token_sha256": "ab" * 32,
         "instance": "x-9",
         "registry_ttl": 2.5,
         "debug_endpoints": True,
