@@ -103,7 +103,9 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
     redis_server: RedisServer, redis_client: redis.asyncio.Redis, tmp_path: Path
 ) -> None:
     demo = Demo()
-    settings = DemoSettings(redis_url=redis_server.url, state_dir=tmp_path, instance="demo-1")
+    settings = DemoSettings(
+        redis_url=redis_server.url, state_dir=tmp_path, instance="demo-1", admin_token="demo-t"
+    )
     stop = asyncio.Event()
     serving = asyncio.create_task(demo_service(demo).serve(settings, stop))
 
@@ -117,11 +119,13 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
         not_ready = await client.get("/readyz")
         demo.ready.set()
         ready = await client.get("/readyz")
-        own = await client.get("/v1/demo")
+        anonymous = await client.get("/v1/demo")  # a listing: the admin token is needed
+        own = await client.get("/v1/demo", headers={"Authorization": "Bearer demo-t"})
     records = await eventually(lambda: registry.discover(redis_client, "demo-kind"))
 
     assert not_ready.status_code == 503
     assert ready.status_code == 200
+    assert anonymous.status_code == 401
     assert own.json() == {"instance": "demo-1"}
     assert [(r.name, dict(r.attributes)) for r in records] == [
         ("demo-1", {"flavour": "plain", "component": "demo"})
