@@ -67,6 +67,11 @@ _.forward_client_cert_details
 
 # grpc.aio calls a server interceptor's hook (trellis_common.authz.Authorizer).
 _.intercept_service
+# grpc.aio calls a client interceptor's hooks (trellis_common.servercheck.ChannelGate).
+_.intercept_unary_unary
+_.intercept_unary_stream
+_.intercept_stream_unary
+_.intercept_stream_stream
 
 # kmock's emulator calls its fallbacks by name (trellis_common.testing.kubeserver overrides them).
 _._serve_create

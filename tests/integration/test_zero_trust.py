@@ -271,7 +271,7 @@ async def test_a_component_certificate_outside_its_cell_is_refused_logged_and_co
     services: dict[str, ServiceProcess], state_dir: Path
 ) -> None:
     certmanager = services["certmanager"]
-    catalog = join_as(state_dir, "catalog")  # the catalog may know certificates, not issue keys
+    catalog = join_as(state_dir, "catalog")  # it may know certificates; no one gets a service key
     request = certmanager_pb2.IssueCertificateRequest(
         kind=certmanager_pb2.CERTIFICATE_KIND_SERVICE, service=_SHOP
     )
@@ -280,7 +280,7 @@ async def test_a_component_certificate_outside_its_cell_is_refused_logged_and_co
             await certmanager_pb2_grpc.CertificateManagerStub(channel).IssueCertificate(request)
     assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert caught.value.details() == (
-        f"catalog may not call {CM}IssueCertificate[service] (allowed: proxy-cp)"
+        f"catalog may not call {CM}IssueCertificate[service] (allowed: no component)"
     )
     assert refusals(certmanager)[(CM + "IssueCertificate", "catalog", "not_in_policy")] == 1.0
     assert "reason=not_in_policy" in certmanager.logs()
@@ -410,14 +410,25 @@ async def test_no_component_gets_a_certificate_with_another_components_identity(
             service_account=account,
         )
 
+    codes = []
     async with proxy_cp.channel(certmanager.endpoint.grpc_address, "certmanager") as channel:
         stub = certmanager_pb2_grpc.CertificateManagerStub(channel)
-        own = await stub.IssueCertificate(ask("proxy-cp"))  # its xDS serving certificate
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.IssueCertificate(ask("certmanager"))
-    assert own.info.uris == ["spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"]
-    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "proxy-cp may not have it" in (caught.value.details() or "")
+        # not even its own: proxy-cp serves xDS with its component certificate
+        for account in ("proxy-cp", "certmanager"):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.IssueCertificate(ask(account))
+            codes.append(caught.value.code())
+            assert "the control plane's namespace" in (caught.value.details() or "")
+    assert codes == [grpc.StatusCode.PERMISSION_DENIED] * 2
     metrics = certmanager.get("/metrics").text
-    assert 'trellis_certmanager_component_identity_refused_total{caller="proxy-cp"} 1.0' in metrics
-    assert "cert.refused reason=another_component_identity" in certmanager.logs()
+    assert (
+        'trellis_certmanager_issue_refused_total{kind="service",'
+        'reason="control_plane_namespace"} 2.0'
+    ) in metrics
+    logs = certmanager.logs()
+    for account in ("proxy-cp", "certmanager"):
+        assert (
+            "cert.refused kind=service reason=control_plane_namespace "
+            f"service=trellis-system/{account} "
+            "requester=spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
+        ) in logs

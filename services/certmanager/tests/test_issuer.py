@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from trellis_certmanager.domain.authority import CertificateAuthority
-from trellis_certmanager.domain.errors import InvalidRequest
+from trellis_certmanager.domain.errors import ControlPlaneNamespace, InvalidRequest
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
 from trellis_certmanager.domain.keys import KeyAlgorithm, key_from_pem
 from trellis_certmanager.domain.records import CertificateKind
@@ -164,9 +164,27 @@ def test_no_proxy_certificate_is_issued_in_the_control_plane_s_namespace(
     custom = Issuer(issuer.ca, issuer.algorithm, IssuancePolicy(control_plane_namespace="mesh"))
     with pytest.raises(InvalidRequest, match="'mesh' is the control plane's namespace"):
         custom.issue_proxy(ProxyCommonName.new("api", "mesh"), "api", NOW, public_key=proxy_key())
-    assert custom.issue_proxy(
-        ProxyCommonName.new("api", "trellis-system"), "api", NOW, public_key=proxy_key()
-    )
+    # the namespace the component certificates name stays reserved too: a workload
+    # certificate there would carry a component's SPIFFE id
+    with pytest.raises(InvalidRequest, match="'trellis-system' is the control plane's"):
+        custom.issue_proxy(
+            ProxyCommonName.new("api", "trellis-system"), "api", NOW, public_key=proxy_key()
+        )
+
+
+@pytest.mark.parametrize("namespace", ["trellis-system", "mesh"])
+@pytest.mark.parametrize("name", ["proxy-cp", "certmanager", "redis"])
+def test_no_service_certificate_is_issued_in_the_control_plane_s_namespace(
+    issuer: Issuer, namespace: str, name: str
+) -> None:
+    """Its names (proxy-cp.trellis-system.svc) and SPIFFE ids are the components': only
+    their own certificates carry them. The configured namespace and the one component
+    certificates name are both refused."""
+    custom = Issuer(issuer.ca, issuer.algorithm, IssuancePolicy(control_plane_namespace="mesh"))
+    with pytest.raises(ControlPlaneNamespace, match="the control plane's namespace") as refused:
+        custom.issue_service(MeshService(namespace, name), name, NOW)
+    assert refused.value.reason == "control_plane_namespace"
+    assert custom.issue_service(MeshService("shop", name), name, NOW)
 
 
 def test_leaves_name_their_issuer_by_the_cas_own_key_identifier() -> None:

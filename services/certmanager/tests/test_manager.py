@@ -12,6 +12,7 @@ import pytest
 from cryptography import x509
 from prometheus_client import CollectorRegistry
 
+from trellis_certmanager import rotation
 from trellis_certmanager.domain.authority import CertificateAuthority, generate_root
 from trellis_certmanager.domain.csr import leaf_public_key, same_key
 from trellis_certmanager.domain.errors import CAError, InvalidRequest, NotFound, StoreUnavailable
@@ -154,13 +155,13 @@ async def test_rotation_loop_renews_due_service_certs_and_only_warns_for_proxies
 ) -> None:
     service = await manager.issue_service(BOOKSTORE)
     proxy = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
-    assert await manager.rotate_due() == 0
+    assert await rotation.rotate_due(manager) == 0
     clock.now = service.renew_after + dt.timedelta(seconds=1)
-    assert await manager.rotate_due() == 1
+    assert await rotation.rotate_due(manager) == 1
     assert manager.get(service.common_name).serial != service.serial
     clock.now = proxy.renew_after + dt.timedelta(seconds=1)
     warned: set[tuple[str, int]] = set()
-    await manager.rotate_due(warned)
+    await rotation.rotate_due(manager, warned)
     assert manager.get(proxy.common_name).serial == proxy.serial
     assert "cert.proxy_renewal_due" in caplog.text
 
@@ -178,7 +179,7 @@ async def test_a_new_operator_ca_signals_root_changed_and_reissues_what_the_old_
     assert store.ca is not None
     assert store.ca.fingerprint == operator.fingerprint
     assert bell.rung[-1] == ("root-changed", "root")
-    assert await restarted.rotate_due() == 1
+    assert await rotation.rotate_due(restarted) == 1
     assert bell.rung[-1] == ("rotated", old.common_name)
     fresh = x509.load_pem_x509_certificates(restarted.get(old.common_name).cert_chain_pem)[0]
     fresh.verify_directly_issued_by(operator.cert)
@@ -363,7 +364,7 @@ async def test_records_past_expiry_and_grace_are_pruned_by_the_rotation_pass(
     assert await manager.prune_expired() == 0
     clock.now = old.not_after + dt.timedelta(days=1)
     stop = asyncio.Event()
-    task = asyncio.create_task(manager.run_rotation(stop, interval=0.01))
+    task = asyncio.create_task(rotation.run(manager, stop, interval=0.01))
     try:
         await eventually(lambda: old.common_name not in store.records)
     finally:
@@ -418,10 +419,10 @@ async def test_while_the_store_is_down_reads_work_and_writes_change_nothing(
     assert len(bell.rung) == 2
 
     clock.now = max(record.renew_after, other.renew_after)
-    assert await manager.rotate_due() == 0  # deferred: one warning, not one per record
+    assert await rotation.rotate_due(manager) == 0  # deferred: one warning, not one per record
     assert caplog.text.count("cert.rotation_deferred") == 1
     store.down = False
-    assert await manager.rotate_due() == 2
+    assert await rotation.rotate_due(manager) == 2
 
 
 async def test_a_service_certificate_nobody_asks_for_expires_and_is_pruned(
@@ -437,7 +438,7 @@ async def test_a_service_certificate_nobody_asks_for_expires_and_is_pruned(
 
     # due: both were asked for when issued, so both are rotated once
     clock.now = gone.not_before + dt.timedelta(hours=40)
-    assert await manager.rotate_due() == 2
+    assert await rotation.rotate_due(manager) == 2
     rotated = store.records[gone.common_name]  # (manager.get would count as asking for it)
     assert rotated.serial != gone.serial
 
@@ -445,7 +446,7 @@ async def test_a_service_certificate_nobody_asks_for_expires_and_is_pruned(
     clock.now = rotated.not_before + dt.timedelta(hours=40)
     renewed = await manager.issue_service(MeshService("bookbuyer", "bookbuyer"))  # due: renewed
     assert renewed.serial not in (kept.serial, rotated.serial)
-    assert await manager.rotate_due() == 0  # bookstore's: nobody asked since it was issued
+    assert await rotation.rotate_due(manager) == 0  # bookstore's: nobody asked since it was issued
     assert store.records[gone.common_name] == rotated
 
     clock.now = rotated.not_after + dt.timedelta(days=1, seconds=1)

@@ -1,5 +1,9 @@
-"""proxy-cp's serving certificate: mTLS on a real grpc.aio server, rotation without a restart,
-and the client certificate's common name reaching the authorizer."""
+"""proxy-cp's serving credentials: mTLS on a real grpc.aio server, a renewal without a restart,
+and the client certificate's common name reaching the authorizer.
+
+proxy-cp serves every port with its component certificate
+(``ComponentIdentity.server_credentials``, over ``tls.dynamic_server_credentials``); here a
+:class:`Serving` holder stands for the identity, whose material a renewal replaces."""
 
 from __future__ import annotations
 
@@ -25,7 +29,6 @@ from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.clients.revoked import RevokedSerials
-from trellis_proxy_cp.credentials import ServingCertificate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.types import CLUSTER
@@ -103,42 +106,34 @@ class CA:
         return tls.channel_credentials(self.pem, issued.cert_pem, issued.key_pem)
 
 
+class Serving:
+    """proxy-cp's certificate as its identity holds it: a renewal replaces the material."""
+
+    def __init__(self, material: SecretMaterial) -> None:
+        self.material = material
+
+    def update(self, material: SecretMaterial) -> None:
+        self.material = material
+
+    def credentials(self, clients: bool = True) -> grpc.ServerCredentials:
+        return tls.dynamic_server_credentials(lambda: self.material, require_client_auth=clients)
+
+
 @pytest.fixture(scope="module")
 def mesh_ca() -> CA:
     return CA("trellis mesh root")
-
-
-# -- fetch ---------------------------------------------------------------------------------
-
-
-def test_fetch_gives_a_configuration_once_per_new_material_to_each_port(mesh_ca: CA) -> None:
-    first = mesh_ca.serving("s1")
-    serving = ServingCertificate(first)
-    xds, enroll = serving.fetcher(), serving.fetcher(clients=False)
-
-    assert xds() is None  # what the server started with
-    serving.update(first)
-    assert xds() is None  # the same material again is no change
-
-    serving.update(mesh_ca.serving("s2"))
-    assert isinstance(xds(), grpc.ServerCertificateConfiguration)
-    assert xds() is None
-    # the other port was not told yet: one port's fetch does not hide a rotation from it
-    assert isinstance(enroll(), grpc.ServerCertificateConfiguration)
-    assert enroll() is None
-    assert serving.material.serial == "s2"
 
 
 # -- a real server -------------------------------------------------------------------------
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[ServingCertificate], Awaitable[int]]]:
+async def serve() -> AsyncIterator[Callable[[Serving], Awaitable[int]]]:
     """Start a health-only grpc.aio server with ``credentials()``; returns its port."""
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
 
-    async def start(serving: ServingCertificate) -> int:
+    async def start(serving: Serving) -> int:
         server = GrpcServer("127.0.0.1:0", [], [], credentials=serving.credentials(), grace=0.1)
         port = await server.start()
         tasks.append(asyncio.create_task(server.run(stop)))
@@ -162,9 +157,9 @@ async def health(port: int, credentials: grpc.ChannelCredentials) -> grpc.Status
 
 
 async def test_a_client_with_a_mesh_certificate_gets_in_one_without_does_not(
-    mesh_ca: CA, serve: Callable[[ServingCertificate], Awaitable[int]]
+    mesh_ca: CA, serve: Callable[[Serving], Awaitable[int]]
 ) -> None:
-    port = await serve(ServingCertificate(mesh_ca.serving("s1")))
+    port = await serve(Serving(mesh_ca.serving("s1")))
 
     assert await health(port, mesh_ca.client()) == OK
     assert await health(port, tls.channel_credentials(mesh_ca.pem)) == REFUSED
@@ -172,9 +167,9 @@ async def test_a_client_with_a_mesh_certificate_gets_in_one_without_does_not(
 
 
 async def test_a_rotation_applies_to_the_next_handshake_without_a_restart(
-    mesh_ca: CA, serve: Callable[[ServingCertificate], Awaitable[int]]
+    mesh_ca: CA, serve: Callable[[Serving], Awaitable[int]]
 ) -> None:
-    serving = ServingCertificate(mesh_ca.serving("s1"))
+    serving = Serving(mesh_ca.serving("s1"))
     port = await serve(serving)
     new_ca = CA("trellis mesh root, rotated")
 
@@ -184,8 +179,24 @@ async def test_a_rotation_applies_to_the_next_handshake_without_a_restart(
     assert await health(port, mesh_ca.client()) == REFUSED  # neither trusted nor trusting any more
 
 
+async def test_each_port_gets_the_renewal(
+    mesh_ca: CA, serve: Callable[[Serving], Awaitable[int]]
+) -> None:
+    """One port's handshake does not hide a renewal from another (each has its own)."""
+    serving = Serving(mesh_ca.serving("s1"))
+    xds, destination = await serve(serving), await serve(serving)
+    assert await health(xds, mesh_ca.client()) == OK
+    new_ca = CA("trellis mesh root, renewed")
+
+    serving.update(new_ca.serving("s2"))
+
+    assert await health(xds, new_ca.client()) == OK
+    assert await health(destination, new_ca.client()) == OK
+    assert await health(destination, mesh_ca.client()) == REFUSED
+
+
 async def test_the_client_certificates_common_name_reaches_the_authorizer(
-    mesh_ca: CA, serve: Callable[[ServingCertificate], Awaitable[int]]
+    mesh_ca: CA, serve: Callable[[Serving], Awaitable[int]]
 ) -> None:
     sources = t.FakeSources()
     cache = SnapshotCache()
@@ -198,9 +209,7 @@ async def test_the_client_certificates_common_name_reaches_the_authorizer(
     servicer = AdsServicer(cache, MeshAuthorizer(sources.control_plane(cache), expected))
     server = grpc.aio.server()
     servicer.register(server)
-    port = server.add_secure_port(
-        "127.0.0.1:0", ServingCertificate(mesh_ca.serving("s1")).credentials()
-    )
+    port = server.add_secure_port("127.0.0.1:0", Serving(mesh_ca.serving("s1")).credentials())
     await server.start()
     try:
         async with grpc.aio.secure_channel(f"127.0.0.1:{port}", mesh_ca.client()) as channel:
@@ -247,9 +256,7 @@ async def test_a_revoked_serial_ends_its_open_stream_within_a_second_and_is_refu
     servicer = AdsServicer(cache, authorizer, hooks)
     server = grpc.aio.server()
     servicer.register(server)
-    port = server.add_secure_port(
-        "127.0.0.1:0", ServingCertificate(mesh_ca.serving("s1")).credentials()
-    )
+    port = server.add_secure_port("127.0.0.1:0", Serving(mesh_ca.serving("s1")).credentials())
     await server.start()
     try:
         async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials) as channel:

@@ -4,7 +4,11 @@ Each service has the identity ``spiffe://<trust-domain>/ns/trellis-system/sa/<co
 (the Kubernetes service account it runs as in the Helm chart has the component's name).
 Its certificate also names the component's in-cluster DNS names, so a client checks that
 the server it reached is the component it meant (``<component>.trellis-system.svc``), and
-``localhost`` for local tools. :func:`component_of` is the reverse: the component a peer's
+no name another component's certificate carries: certmanager puts these names in that
+component's certificate only, so a name checked is the identity checked
+(:mod:`trellis_common.servercheck`). proxy-cp's alone also names ``localhost`` and the
+loopback addresses, for the proxyless clients of a local run (certmanager's
+``proxy_cp_extra_sans``). :func:`component_of` is the reverse: the component a peer's
 SPIFFE id names, or ``None`` for anything else (a proxy, a workload, another trust domain).
 """
 
@@ -58,14 +62,13 @@ def server_name(component: str) -> str:
 
 
 def dns_names(component: str, cluster_domain: str) -> tuple[str, ...]:
-    """Every DNS name a client may reach the component by (in-cluster, and locally)."""
+    """The component's in-cluster DNS names: its own, no other component's."""
     namespaced = f"{checked(component)}.{CONTROL_PLANE_NAMESPACE}"
     return (
         component,
         namespaced,
         f"{namespaced}.svc",
         f"{namespaced}.svc.{cluster_domain}",
-        "localhost",
     )
 
 

@@ -12,6 +12,10 @@ passed (its ``run`` loop, retried with backoff while certmanager is away; the lo
 as ``identity`` on ``/readyz``). New connections then use the new certificate: the gRPC
 server's credentials are dynamic, the admin server's TLS context is reloaded, and callers
 registered with :meth:`ComponentIdentity.on_renewed` (the locators) open new channels.
+
+A channel to another component checks that the server is that component: by its DNS name
+(gRPC, each connection) and by the SPIFFE id of the certificate it serves
+(:mod:`trellis_common.servercheck`, before calls on a channel not yet connected).
 """
 
 from __future__ import annotations
@@ -19,13 +23,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import os
-import secrets
 import ssl
-import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 from cryptography import x509
@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from trellis_common import backoff, components
+from trellis_common import backoff, components, servercheck, tls
 from trellis_common.grpcserver import DEFAULT_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,9 @@ class ComponentIdentity:
         self.generation = 1
         self._listeners: list[Callable[[], None]] = []
         self._server_contexts: list[ssl.SSLContext] = []
-        self._served = 0  # the generation the gRPC server's credentials carry
         self.trust_domain = material.spiffe_id.removeprefix("spiffe://").split("/", 1)[0]
+        #: checks that a server called is the component it was called as
+        self.server_check = servercheck.ServerCheck(self.trust_domain, lambda: self._material)
 
     @property
     def material(self) -> Material:
@@ -126,27 +127,12 @@ class ComponentIdentity:
 
     # -- gRPC ------------------------------------------------------------------------
 
-    def _server_config(self) -> grpc.ServerCertificateConfiguration:
-        m = self._material
-        return grpc.ssl_server_certificate_configuration(
-            [(m.key_pem, m.cert_chain_pem)], root_certificates=m.trust_bundle_pem
-        )
-
-    def server_credentials(self) -> grpc.ServerCredentials:
-        """mTLS: the client must present a certificate of the mesh CA; the certificate the
-        server presents follows renewals (fetched at each new handshake)."""
-
-        def fetch() -> grpc.ServerCertificateConfiguration | None:
-            if self._served == self.generation:
-                return None
-            self._served = self.generation
-            return self._server_config()
-
-        self._served = self.generation
-        return grpc.dynamic_ssl_server_credentials(
-            self._server_config(),
-            fetch,  # type: ignore[arg-type]  # None (no change) is what grpc expects too
-            require_client_authentication=True,
+    def server_credentials(self, require_client_auth: bool = True) -> grpc.ServerCredentials:
+        """Credentials for one port (call once per port): the certificate presented follows
+        renewals (gRPC asks at each new handshake). ``require_client_auth`` (mTLS): the
+        client must present a certificate of the mesh CA."""
+        return tls.dynamic_server_credentials(
+            lambda: self._material, require_client_auth=require_client_auth
         )
 
     def channel(
@@ -156,21 +142,30 @@ class ComponentIdentity:
         options: Sequence[tuple[str, int | str]] = DEFAULT_OPTIONS,
     ) -> grpc.aio.Channel:
         """An mTLS channel to ``component`` at ``address``: the server must present that
-        component's certificate (checked by name, whatever the address)."""
+        component's certificate, checked by name whatever the address (gRPC, at each
+        connection) and by SPIFFE id (:mod:`~trellis_common.servercheck`, before calls on
+        the channel while it is not connected)."""
         m = self._material
         credentials = grpc.ssl_channel_credentials(
             root_certificates=m.trust_bundle_pem,
             private_key=m.key_pem,
             certificate_chain=m.cert_chain_pem,
         )
-        return grpc.aio.secure_channel(
+        # A component's certificate names its trust domain; one without (a test's
+        # impostor: a proxy's certificate) has no SPIFFE id to expect of a server.
+        gate = self.server_check.gate(address, component) if self.trust_domain else None
+        channel = grpc.aio.secure_channel(
             address,
             credentials,
             options=[
                 *options,
                 ("grpc.ssl_target_name_override", components.server_name(component)),
             ],
+            interceptors=[gate] if gate is not None else None,
         )
+        if gate is not None:
+            gate.channel = channel
+        return channel
 
     # -- the admin REST API ------------------------------------------------------------
 
@@ -178,7 +173,7 @@ class ComponentIdentity:
         """TLS for the admin server (no client certificate: operators use the admin token)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        _load_chain(context, self._material)
+        tls.load_chain(context, self._material.cert_chain_pem, self._material.key_pem)
         self._server_contexts.append(context)
         return context
 
@@ -201,7 +196,7 @@ class ComponentIdentity:
         self._material = material
         self.generation += 1
         for context in self._server_contexts:
-            _load_chain(context, material)
+            tls.load_chain(context, material.cert_chain_pem, material.key_pem)
         for listener in self._listeners:
             listener()
         log.info(
@@ -227,24 +222,3 @@ def client_context(trust_bundle_pem: bytes) -> ssl.SSLContext:
     context = ssl.create_default_context(cadata=trust_bundle_pem.decode())
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
-
-
-def _load_chain(context: ssl.SSLContext, material: Material) -> None:
-    """``load_cert_chain`` reads files only: hand it the key encrypted under a passphrase
-    that never leaves memory, in a private file removed at once."""
-    passphrase = secrets.token_bytes(32)
-    key = serialization.load_pem_private_key(material.key_pem, password=None)
-    sealed = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(passphrase),
-    )
-    with tempfile.TemporaryDirectory(prefix="trellis-tls-") as folder:
-        base = Path(folder)
-        os.chmod(base, 0o700)
-        chain, sealed_key = base / "chain.pem", base / "key.pem"
-        chain.write_bytes(material.cert_chain_pem)
-        fd = os.open(sealed_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(sealed)
-        context.load_cert_chain(chain, sealed_key, password=passphrase)

@@ -151,6 +151,8 @@ class ServiceRuntime:
             stop=self.stop,
         )
         self.joined = self.identity is not None
+        if self.identity is not None:
+            self.identity.server_check.count_in(self.metrics)
         return self.joined
 
     async def _renew(self, csr_pem: bytes) -> Issued:

@@ -1,12 +1,37 @@
-"""Credentials for mTLS on gRPC, from PEM bytes.
+"""Credentials for TLS and mTLS, from PEM bytes held in memory.
 
-Servers that proxies reach (proxy-cp) require a client certificate from the mesh CA;
-internal APIs use the same helpers when mTLS between services is switched on.
+gRPC servers and channels take PEM bytes (:func:`server_credentials`,
+:func:`channel_credentials`); a server whose certificate is renewed while it runs takes
+:func:`dynamic_server_credentials`, which gRPC asks at each new handshake. Python's ``ssl``
+reads keys from files only: :func:`load_chain` hands it the key encrypted under a
+passphrase that never leaves memory, in a private file removed at once.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import ssl
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
 import grpc
+from cryptography.hazmat.primitives import serialization
+
+
+class ServedPair(Protocol):
+    """A certificate chain, its key, and the roots a server checks its clients against."""
+
+    @property
+    def cert_chain_pem(self) -> bytes: ...
+
+    @property
+    def key_pem(self) -> bytes: ...
+
+    @property
+    def trust_bundle_pem(self) -> bytes: ...
 
 
 def server_credentials(
@@ -22,6 +47,38 @@ def server_credentials(
     )
 
 
+def dynamic_server_credentials(
+    current: Callable[[], ServedPair], *, require_client_auth: bool
+) -> grpc.ServerCredentials:
+    """Credentials for one port that follow ``current()`` (a new object is a renewal): gRPC
+    asks at each new handshake and gets a new configuration once per new object, so the
+    next connection presents the new certificate, with no restart. Each port needs its own
+    (one port's question must not hide a renewal from another). With
+    ``require_client_auth`` a client must present a certificate of ``trust_bundle_pem``."""
+
+    def configuration(pair: ServedPair) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(pair.key_pem, pair.cert_chain_pem)],
+            root_certificates=pair.trust_bundle_pem if require_client_auth else None,
+        )
+
+    served = current()
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        nonlocal served
+        now = current()
+        if now is served:
+            return None
+        served = now
+        return configuration(now)
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(served),
+        fetch,  # type: ignore[arg-type]  # gRPC documents None as "no change"
+        require_client_authentication=require_client_auth,
+    )
+
+
 def channel_credentials(
     ca_pem: bytes, cert_chain_pem: bytes | None = None, key_pem: bytes | None = None
 ) -> grpc.ChannelCredentials:
@@ -31,3 +88,24 @@ def channel_credentials(
     return grpc.ssl_channel_credentials(
         root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_chain_pem
     )
+
+
+def load_chain(context: ssl.SSLContext, cert_chain_pem: bytes, key_pem: bytes) -> None:
+    """``load_cert_chain`` reads files only: hand it the key encrypted under a passphrase
+    that never leaves memory, in a private file removed at once."""
+    passphrase = secrets.token_bytes(32)
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    sealed = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(passphrase),
+    )
+    with tempfile.TemporaryDirectory(prefix="trellis-tls-") as folder:
+        base = Path(folder)
+        os.chmod(base, 0o700)
+        chain, sealed_key = base / "chain.pem", base / "key.pem"
+        chain.write_bytes(cert_chain_pem)
+        fd = os.open(sealed_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(sealed)
+        context.load_cert_chain(chain, sealed_key, password=passphrase)

@@ -8,6 +8,13 @@ signal ``identities``/``revoked``) and its authorizer refuses a call made with a
 serial (reason ``revoked``); the component whose certificate it is finds its own serial in
 the list and exits, so its supervisor starts it again with a new join token and a new key.
 
+"Issued to" means every certificate certmanager made that names a component (its DNS names,
+its SPIFFE id, its common name): the component's joins and renewals, which are the only ones
+it makes now (no service, proxy or workload certificate is issued in the control plane's
+namespace), and, adopted at start (:meth:`ComponentCertificates.adopt`), the service
+certificates of that namespace an earlier version issued (proxy-cp's serving certificate),
+which may name two components (one by its service, one by its account).
+
 Both lists are kept in Redis (``trellis:certmanager:identities:issued`` and
 ``...:revoked``, serial -> JSON; no key material, only who, which serial, until when), so a
 restarted certmanager still knows what it issued, and an entry is dropped once its
@@ -20,7 +27,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -40,6 +47,11 @@ class ComponentCert:
     not_after: float  # epoch seconds
     issued_at: float
     revoked_at: float = 0.0
+    #: other components the certificate names (an adopted service certificate's)
+    also: tuple[str, ...] = ()
+
+    def names(self, component: str) -> bool:
+        return component == self.component or component in self.also
 
 
 def _load(raw: dict[bytes | str, bytes | str]) -> dict[str, ComponentCert]:
@@ -47,8 +59,10 @@ def _load(raw: dict[bytes | str, bytes | str]) -> dict[str, ComponentCert]:
     for serial, body in raw.items():
         try:
             key = serial.decode() if isinstance(serial, bytes) else serial
-            found[key] = ComponentCert(**json.loads(body))
-        except (ValueError, TypeError) as exc:  # never fatal: one bad entry is skipped
+            fields = json.loads(body)
+            fields["also"] = tuple(fields.get("also", ()))
+            found[key] = ComponentCert(**fields)
+        except (ValueError, TypeError, AttributeError) as exc:  # one bad entry is skipped
             log.warning("identities.entry_refused serial=%r error=%r", serial, str(exc))
     return found
 
@@ -81,14 +95,36 @@ class ComponentCertificates:
         except (RedisError, OSError) as exc:  # revocable while this process runs
             log.warning("identities.not_recorded serial=%s error=%r", cert.serial, str(exc))
 
+    async def adopt(
+        self, named: tuple[str, ...], serial: int, issued_at: dt.datetime, not_after: dt.datetime
+    ) -> ComponentCert:
+        """Record a certificate an earlier version issued that names the components
+        ``named`` (the first is the one it is listed under), durably: StoreUnavailable if
+        Redis did not take it (the caller then keeps what it was about to delete)."""
+        cert = ComponentCert(
+            named[0], f"{serial:x}", not_after.timestamp(), issued_at.timestamp(), also=named[1:]
+        )
+        try:
+            await self._redis.hset(ISSUED_KEY, cert.serial, json.dumps(asdict(cert)))
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"cannot record certificate {cert.serial}: {exc}") from exc
+        self.issued[cert.serial] = cert
+        log.warning(
+            "identities.adopted serial=%s components=%s not_after=%s",
+            cert.serial,
+            ",".join(named),
+            not_after.isoformat(),
+        )
+        return cert
+
     async def revoke(self, component: str) -> list[ComponentCert]:
-        """Revoke every unexpired certificate of ``component``; the newly revoked ones."""
+        """Revoke every unexpired certificate that names ``component``; the newly revoked."""
         await self.prune()
         now = self._clock().timestamp()
         fresh = [
-            ComponentCert(c.component, c.serial, c.not_after, c.issued_at, revoked_at=now)
+            replace(c, revoked_at=now)
             for c in self.issued.values()
-            if c.component == component and c.serial not in self.revoked
+            if c.names(component) and c.serial not in self.revoked
         ]
         if not fresh:
             return []

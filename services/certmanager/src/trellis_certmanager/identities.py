@@ -88,13 +88,6 @@ class ComponentIssuer:
             ["reason"],
             registry=registry,
         )
-        self.refused_other = Counter(
-            "trellis_certmanager_component_identity_refused",
-            "Service certificates refused because they would carry another component's "
-            "identity, by caller",
-            ["caller"],
-            registry=registry,
-        )
 
     def sign(self, component: str, csr_pem: bytes, via: str) -> Issued:
         issuer = self._issuer()

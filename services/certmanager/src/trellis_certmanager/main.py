@@ -17,11 +17,12 @@ from typing import NoReturn
 from fastapi import FastAPI
 
 from trellis_api import certmanager_pb2_grpc
-from trellis_certmanager import kek
+from trellis_certmanager import kek, rotation
 from trellis_certmanager.componentcerts import ComponentCertificates
 from trellis_certmanager.domain.authority import CertificateAuthority, load_provided
 from trellis_certmanager.domain.errors import CAError, PlantedCA, StoreUnavailable
 from trellis_certmanager.domain.issuer import IssuancePolicy
+from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.domain.sealed import Sealer
 from trellis_certmanager.enrollment import ProxyEnrollment
 from trellis_certmanager.identities import ComponentIssuer
@@ -67,6 +68,29 @@ def own_identity(identities: ComponentIssuer) -> ComponentIdentity:
     key_pem, key = new_key()
     issued = identities.own(csr_for(key, components.CERTMANAGER))
     return ComponentIdentity(components.CERTMANAGER, Material.of(issued, key_pem), renew)
+
+
+def components_named(record: CertificateRecord) -> tuple[str, ...]:
+    """The components a certificate of the control plane's namespace names: by its account
+    (its SPIFFE id) first, then by its service (its DNS names and common name)."""
+    named = (record.service_account, record.service)
+    return tuple(dict.fromkeys(n for n in named if n in components.COMPONENTS))
+
+
+async def adopt_control_plane_records(
+    manager: CertificateManager, certs: ComponentCertificates
+) -> None:
+    """Service certificates of the control plane's namespace an earlier version issued
+    (proxy-cp served xDS with one): each is recorded as its components' first, so that
+    ``trellis identity revoke`` reaches it until it expires, then deleted, so it is never
+    served or rotated again."""
+    reserved = manager.issuer.policy.reserved
+    records = [r for r in manager.list(CertificateKind.SERVICE) if reserved(r.namespace)]
+    for record in records:
+        named = components_named(record)
+        if named and record.not_after > utcnow():
+            await certs.adopt(named, record.serial, record.not_before, record.not_after)
+    await manager.drop(records, "control_plane_namespace")
 
 
 def write_trust_bundle(path: Path, bundle: bytes) -> None:
@@ -145,6 +169,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
     certs = ComponentCertificates(runtime.redis, utcnow)
     try:
         await certs.load()
+        await adopt_control_plane_records(manager, certs)
     except StoreUnavailable as exc:
         fatal("identities.fatal", exc)
     reviews = reviewer(settings)
@@ -161,6 +186,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
     enrollment = ProxyEnrollment(manager, reviews, runtime.metrics)
     runtime.revoked_serial = certs.is_revoked
     runtime.identity = own_identity(identities)
+    runtime.identity.server_check.count_in(runtime.metrics)
     write_trust_bundle(settings.trust_bundle_path, manager.ca.trust_bundle_pem)
 
     manager.revision = await runtime.publisher.current_revision(TOPIC)
@@ -169,7 +195,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
     )
     return Parts(
         components={
-            "rotation": lambda s: manager.run_rotation(s, settings.rotation_interval),
+            "rotation": lambda s: rotation.run(manager, s, settings.rotation_interval),
             "store guard": guard_store,
         },
         grpc=[

@@ -10,25 +10,25 @@ later, and consumers fetch what changed with ``GetCertificateInfo`` or ``IssueCe
 Requests for the same common name are serialized, so concurrent callers get one
 certificate, not several.
 
-Rotation: service certificates are re-issued once ``renew_fraction`` of their lifetime has
-passed, and immediately when they were not signed by the CA in force (the operator changed
-CAs). Proxy certificates live on the proxy's host with the key it made there (issued for a
-CSR; certmanager never has the key): the proxy renews its own through proxy-cp (a rotation
-for its new key, :meth:`rotate` with a ``renewal``), an operator's rotation re-signs the
-same key, and a log line warns when one passes its renewal point unrenewed.
+Rotation (the periodic pass is :mod:`trellis_certmanager.rotation`): service certificates
+are re-issued once ``renew_fraction`` of their lifetime has passed, and immediately when
+they were not signed by the CA in force. Proxy certificates live on the proxy's host with
+the key it made there (issued for a CSR; certmanager never has the key): the proxy renews
+its own through proxy-cp (a rotation for its new key, :meth:`rotate` with a ``renewal``),
+and an operator's rotation re-signs the same key.
+
+No service certificate is issued in the control plane's namespace (ControlPlaneNamespace,
+logged and counted in ``issue_refused``): its names are the components', whose own
+certificates are what they serve; main adopts and drops any an earlier version made.
 
 Revocation (:mod:`trellis_certmanager.revocations`): revoking a proxy certificate records its
 serial as revoked and deletes the record (the proxy is no longer expected); rotating one
 revokes the old serial. Both signal ``revoked`` (key: the common name), on which proxy-cp
 closes the streams opened with a revoked serial.
 
-Pruning: a record ``prune_after`` past its expiry is deleted from the store and from
-memory by the same periodic pass (after rotation, so only records rotation did not renew:
-proxy certificates of proxies gone for good, and service certificates nobody wants any
-more). A service certificate is rotated only if someone asked for it (issue or get) since
-it was issued: the catalog asks every 30 s for each identity with proxies, so the
-certificate of a service that is gone is left to expire, then pruned, instead of being
-rotated forever. The CA is never pruned.
+Pruning: a record ``prune_after`` past its expiry (a proxy gone for good, a service nobody
+asks for: the catalog asks every 30 s for each identity with proxies) is deleted from the
+store and from memory by the rotation pass. The CA is never pruned.
 
 Redis outages: reads (get, list, an issue request the current certificate satisfies) come
 from memory; a write Redis does not take fails with
@@ -61,10 +61,10 @@ from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.csr import PublicKey, leaf_public_key, signed_for
 from trellis_certmanager.domain.errors import (
     CAError,
+    ControlPlaneNamespace,
     InvalidRequest,
     NotFound,
     NotRevocable,
-    StoreUnavailable,
 )
 from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer
 from trellis_certmanager.domain.keys import KeyAlgorithm
@@ -159,6 +159,17 @@ class CertificateManager:
         self.ready.set()
         return ca
 
+    async def drop(self, records: list[CertificateRecord], reason: str) -> None:
+        """Delete ``records`` (at start: they are never served or rotated again)."""
+        if records:
+            await self._store.delete_many([r.common_name for r in records])
+        for record in records:
+            del self._records[record.common_name]
+            log.warning(
+                "cert.dropped cn=%s serial=%x reason=%s", record.common_name, record.serial, reason
+            )
+        self._count()
+
     def rejected(self) -> list[str]:
         """Common names of stored records refused at load, still in the store."""
         return self._rejected.fields()
@@ -189,8 +200,25 @@ class CertificateManager:
     # -- the API -------------------------------------------------------------------
 
     async def issue_service(
-        self, service: MeshService, service_account: str = "", validity: dt.timedelta | None = None
+        self,
+        service: MeshService,
+        service_account: str = "",
+        validity: dt.timedelta | None = None,
+        *,
+        requester: str = "-",
     ) -> CertificateRecord:
+        """A service certificate (the current one while it is good); none in the control
+        plane's namespace (logged with ``requester``, counted, ControlPlaneNamespace)."""
+        if self._policy.reserved(service.namespace):
+            refused = ControlPlaneNamespace(service.namespace, service.name)
+            self._metrics.issue_refused.labels("service", refused.reason).inc()
+            log.warning(
+                "cert.refused kind=service reason=%s service=%s requester=%s",
+                refused.reason,
+                service,
+                requester,
+            )
+            raise refused
         account = service_account or service.name
         cn = self.issuer.service_common_name(service)
         self._wanted[cn] = self._clock()
@@ -252,6 +280,20 @@ class CertificateManager:
             if live is not None:
                 await self._retire(live)
             return record
+
+    def workload_chain(self, proxy: CertificateRecord) -> bytes:
+        """``proxy``'s own workload certificate (PEM chain) for its key, ending with it:
+        signed afresh on each call, never recorded; renewed with the proxy certificate."""
+        if proxy.kind != CertificateKind.PROXY:
+            raise InvalidRequest("kind", f"{proxy.common_name} is not a proxy certificate")
+        workload = self.issuer.issue_workload(
+            MeshService(proxy.namespace, proxy.service),
+            proxy.service_account,
+            leaf_public_key(proxy.cert_chain_pem),
+            self._clock(),
+            proxy.not_after,
+        )
+        return self.issuer.chain_pem(workload)
 
     def get(self, common_name: str) -> CertificateRecord:
         """The record of ``common_name`` (a service certificate asked for is still wanted)."""
@@ -329,56 +371,14 @@ class CertificateManager:
 
     # -- background work -----------------------------------------------------------
 
-    async def run_rotation(self, stop: asyncio.Event, interval: float = 5.0) -> None:
-        """Rotate what is due every ``interval`` seconds until ``stop``."""
-        warned: set[tuple[str, int]] = set()
-        while not stop.is_set():
-            try:
-                rotated = await self.rotate_due(warned)
-                if rotated:
-                    log.info("cert.rotation_pass rotated=%d", rotated)
-                await self.prune_expired()
-            except Exception:  # a bad pass must not end rotation for good
-                log.exception("cert.rotation_pass_failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+    def records(self) -> tuple[CertificateRecord, ...]:
+        """Every record held, at this moment (the rotation pass walks them)."""
+        return tuple(self._records.values())
 
-    async def rotate_due(self, warned: set[tuple[str, int]] | None = None) -> int:
-        """One pass of the rotation loop; returns how many certificates it rotated."""
-        now = self._clock()
-        rotated = 0
-        for record in list(self._records.values()):
-            try:
-                rotated += await self._rotate_if_due(record, now, warned)
-            except StoreUnavailable as exc:  # the next record would fail the same way
-                log.warning("cert.rotation_deferred reason=%r", str(exc))
-                break
-            except Exception:  # one failure must not stop the others
-                log.exception("cert.rotation_failed cn=%s", record.common_name)
-        return rotated
+    def now(self) -> dt.datetime:
+        return self._clock()
 
-    async def _rotate_if_due(
-        self, record: CertificateRecord, now: dt.datetime, warned: set[tuple[str, int]] | None
-    ) -> int:
-        stale_ca = not self.ca.signed(record.cert_chain_pem)
-        if record.kind == CertificateKind.PROXY and not stale_ca:
-            seen = (record.common_name, record.serial)
-            if record.due(now) and warned is not None and seen not in warned:
-                warned.add(seen)
-                log.warning(
-                    "cert.proxy_renewal_due cn=%s not_after=%s action='trellis proxy renew'",
-                    record.common_name,
-                    record.not_after.isoformat(),
-                )
-            return 0
-        if not stale_ca and record.due(now) and not self._still_wanted(record):
-            return 0  # nobody asked for it since it was issued: it expires, then is pruned
-        if stale_ca or record.due(now):
-            await self.rotate(record.common_name, "ca-changed" if stale_ca else "expiring")
-            return 1
-        return 0
-
-    def _still_wanted(self, record: CertificateRecord) -> bool:
+    def still_wanted(self, record: CertificateRecord) -> bool:
         """Someone asked for this service certificate since it was issued (a record loaded
         at start counts as asked for then: certmanager cannot know better)."""
         wanted = self._wanted.setdefault(record.common_name, self._clock())

@@ -24,6 +24,9 @@ class CertMetrics:
         self.root_not_after = make.gauge(
             "root_not_after_seconds", "Expiry of the mesh root certificate (unix time)"
         )
+        self.issue_refused = make.counter(
+            "issue_refused", "Certificate requests refused, by kind and reason", "kind", "reason"
+        )
         self.ca_refused = make.counter(
             "ca_refused", "CAs found in the store and refused (never adopted)", "reason"
         )

@@ -34,13 +34,14 @@ class CertManagerSettings(ServiceSettings):
     cluster_domain: str = Field("cluster.local", description="DNS suffix of service names")
     proxy_cp_extra_sans: tuple[str, ...] = Field(
         ("localhost", "127.0.0.1", "::1"),
-        description="names and IP addresses proxy-cp's serving certificate carries besides "
-        "its Service names (proxyless gRPC clients check their server_uri's host against "
-        "it); a JSON list",
+        description="names and IP addresses proxy-cp's component certificate (what it serves "
+        "xDS with) carries besides its own names (proxyless gRPC clients check their "
+        "server_uri's host against it); a JSON list",
     )
     control_plane_namespace: str = Field(
         "trellis-system",
-        description="the control plane's namespace: no proxy certificate is issued in it",
+        description="the control plane's namespace: no proxy or service certificate is "
+        "issued in it (nor in trellis-system, the namespace component certificates name)",
     )
     service_cert_validity: dt.timedelta = Field(
         dt.timedelta(hours=48), description="service certificate lifetime (ISO 8601 or seconds)"

@@ -27,9 +27,6 @@ class ProxyCpSettings(ServiceSettings):
     certmanager_address: str = Field(
         "", description="certmanager's host:port; empty: from the service registry"
     )
-    # proxy-cp's own identity: the serving certificate of the xDS port.
-    namespace: str = Field("trellis-system", description="namespace of proxy-cp's identity")
-    service_account: str = Field("proxy-cp", description="service account of proxy-cp's identity")
     # Expected proxies (clients/expected.py): listings of the catalog start at least this
     # far apart (s); a listing says yes for this long; a proxy a listing did not name is
     # refused without asking again for this long.

@@ -10,6 +10,7 @@ component; a test of the policy joins as the wrong one on purpose.
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,12 @@ class LocalCA:
         names: list[x509.GeneralName] = [
             x509.DNSName(n) for n in components.dns_names(component, "cluster.local")
         ]
+        if component == components.PROXY_CP:  # as certmanager's proxy_cp_extra_sans
+            names += [
+                x509.DNSName("localhost"),
+                x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                x509.IPAddress(ipaddress.ip_address("::1")),
+            ]
         return [*names, x509.UniformResourceIdentifier(uri)]
 
     def _leaf(

@@ -54,6 +54,10 @@ class FakeServicerContext:
     def peer(self) -> str:
         return self._peer
 
+    def auth_context(self) -> dict[str, list[bytes]]:
+        """A caller that presented no certificate: no identity."""
+        return {}
+
 
 async def invoke(
     method: Callable[[Any, Any], Awaitable[Any]], request: Any

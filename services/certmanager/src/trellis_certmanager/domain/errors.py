@@ -32,6 +32,25 @@ class PlantedCA(CAError):
     """The store holds a CA that is not this mesh's: refused, never adopted."""
 
 
+class ControlPlaneNamespace(CertificateError):
+    """No service certificate is issued in the control plane's namespace: a name there
+    (``<component>.trellis-system.svc``, ``spiffe://<td>/ns/trellis-system/sa/<component>``)
+    is a component's identity, which only the component's own join or renewal gives it
+    (gRPC PERMISSION_DENIED). ``reason`` is the counted label."""
+
+    reason = "control_plane_namespace"
+
+    def __init__(self, namespace: str, service: str) -> None:
+        super().__init__(
+            f"no service certificate is issued in {namespace!r}, the control plane's "
+            f"namespace (asked for {namespace}/{service}): its names are the components' "
+            "identities, which each component gets by joining (its component certificate "
+            "is also what it serves)"
+        )
+        self.namespace = namespace
+        self.service = service
+
+
 class StoreUnavailable(CertificateError):
     """The durable store (Redis) did not take a write; nothing was changed. Retry later."""
 
