@@ -76,6 +76,7 @@ async def serve(kind: str) -> None:
     from trellis_common.grpcserver import GrpcServer
     from trellis_common.metrics import MetricFactory
     from trellis_proxy_cp.clients.destinations import DestinationTable
+    from trellis_proxy_cp.discovery import testing as fake
     from trellis_proxy_cp.discovery.server import (
         LINKERD_SERVICE,
         Discovery,
@@ -90,7 +91,9 @@ async def serve(kind: str) -> None:
     servicer: dpb_grpc.DestinationServicer = floor
     if kind == "trellis":
         metrics = DiscoveryMetrics(MetricFactory(CollectorRegistry(), "bench"))
-        servicer = LinkerdDestination(Discovery(table, DiscoveryOptions(), metrics))
+        # the client's identity may reach shop/web (the access check is part of the path)
+        access = fake.access(fake.CatalogViews({fake.CALLER.identity: fake.view("shop/web")}))
+        servicer = LinkerdDestination(Discovery(table, DiscoveryOptions(), metrics, access))
     server = GrpcServer(
         "127.0.0.1:0",
         [lambda s: dpb_grpc.add_DestinationServicer_to_server(servicer, s)],

@@ -3,7 +3,10 @@
 Redis, certmanager, endpoints-vm, catalog and proxy-cp run as processes on the bookstore
 example. The client is Python generated from upstream's own protos (``dst.py``), in a
 process of its own, holding a proxy certificate as ``trellis vm bootstrap`` writes it (CN
-only). Workloads come and go through endpoints-vm's REST API, as VM agents do.
+only), of ``bookbuyer``. Workloads come and go through endpoints-vm's REST API, as VM agents
+do. The API answers a caller only about what its identity may reach: ``mesh`` runs the
+example in permissive mode (its tests are about the answers), ``strict_mesh`` under the
+example's own policy (bookbuyer may call what runs as the ``bookstore`` account).
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ class DstMesh(Mesh):
         )
         self.generated = generate_upstream(tmp / "upstream")
         self._files: ClientFiles | None = None
+        self.common_name = ""  # of the clients' proxy certificate
         self.clients: list[DstClient] = []
 
     @property
     def files(self) -> ClientFiles:
         if self._files is None:
             certificate, key = self.proxy_certificate("bookbuyer", "bookbuyer", "bookbuyer")
+            self.common_name = certificate.info.common_name
             written = self.write_files("dst-client", certificate, key)
             self._files = ClientFiles(written.cert_chain, written.key, written.trust_bundle)
         return self._files
@@ -60,14 +65,21 @@ class DstMesh(Mesh):
         self.clients.append(client)
         return client
 
-    def workload(self, name: str, service: str, port: int, address: str = "127.0.0.1") -> None:
+    def workload(
+        self,
+        name: str,
+        service: str,
+        port: int,
+        address: str = "127.0.0.1",
+        account: str = "bookstore",
+    ) -> None:
         body = {
             "namespace": "bookstore",
             "name": name,
             "services": [service],
             "address": address,
             "ports": [{"name": "http", "number": port}],
-            "service_account": "bookstore",
+            "service_account": account,
             "ttl": 600,
         }
         response = self.processes["endpoints-vm"].post(
@@ -91,12 +103,33 @@ class DstMesh(Mesh):
         super().stop()
 
 
-@pytest.fixture
-def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[DstMesh]:
+def started(tmp_path: Path, state_dir: Path, redis: RedisServer, permissive: bool) -> DstMesh:
     spec_dir = tmp_path / "spec"
     shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
-    mesh = DstMesh(tmp_path, state_dir, redis_server, spec_dir)
+    if permissive:
+        config = spec_dir / "meshconfig.yaml"
+        text = config.read_text()
+        assert "enablePermissiveTrafficPolicyMode: false" in text
+        config.write_text(text.replace("PolicyMode: false", "PolicyMode: true"))
+    mesh = DstMesh(tmp_path, state_dir, redis, spec_dir)
     mesh.start()
+    return mesh
+
+
+@pytest.fixture
+def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[DstMesh]:
+    """The bookstore in permissive mode: the client may ask about every service."""
+    mesh = started(tmp_path, state_dir, redis_server, permissive=True)
+    try:
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+@pytest.fixture
+def strict_mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[DstMesh]:
+    """The bookstore under its own policy: bookbuyer may call what runs as ``bookstore``."""
+    mesh = started(tmp_path, state_dir, redis_server, permissive=False)
     try:
         yield mesh
     finally:
@@ -306,8 +339,61 @@ def test_diffs_under_rapid_churn_always_rebuild_the_catalogs_set(mesh: DstMesh) 
     assert all(not k.startswith("no_endpoints(false") for k in state.kinds)
 
 
+def test_a_caller_is_answered_only_about_what_its_policy_lets_it_reach(
+    strict_mesh: DstMesh,
+) -> None:
+    mesh = strict_mesh
+    mesh.workload("v1-a", "bookstore-v1", 8081)
+    mesh.workload("ledger-1", "ledger", 9090, account="ledger")  # no TrafficTarget to it
+
+    def reaches_v1() -> bool:
+        return catalog_set(mesh) == {"127.0.0.1:8081"}
+
+    asyncio.run(eventually(reaches_v1, timeout=20, interval=0.2))
+    asyncio.run(
+        eventually(lambda: "bookstore/ledger" in proxy_cp_table(mesh), timeout=20, interval=0.2)
+    )
+
+    allowed = mesh.client(V1)
+    Endpoints().follow(allowed, {"127.0.0.1:8081"})
+    for path in ("ledger.bookstore.svc.cluster.local:9090", "127.0.0.1:9090"):
+        refused = mesh.client(path).end()
+        assert refused["status"] == "PERMISSION_DENIED", refused
+        assert f"proxy {mesh.common_name} (identity bookbuyer/bookbuyer)" in refused["details"]
+        assert "may not reach bookstore/ledger" in refused["details"]
+    assert mesh.proxy_cp_counter(NOT_REACHABLE) == 2
+    logged = f"destination.refused peer={mesh.common_name} reason=not_reachable"
+    asyncio.run(eventually(lambda: logged in mesh.processes["proxy-cp"].logs()))
+
+    # the policy goes: the open stream ends; once it is back, the caller may ask again
+    access = mesh.spec_dir / "access.yaml"
+    policy = access.read_text()
+    access.write_text(policy.split("---")[0])  # the routes, without the TrafficTarget
+    ended = allowed.end(timeout=30)
+    assert ended["status"] == "PERMISSION_DENIED", ended
+    assert "its access policy changed" in ended["details"]
+    assert mesh.proxy_cp_counter(NOT_REACHABLE) == 3
+    access.write_text(policy)
+    asyncio.run(eventually(reaches_v1, timeout=30, interval=0.2))
+    Endpoints().follow(mesh.client(V1), {"127.0.0.1:8081"})
+
+
+NOT_REACHABLE = (
+    'trellis_proxy_cp_destination_refused_total{code="PERMISSION_DENIED",reason="not_reachable"}'
+)
+
+
+def proxy_cp_table(mesh: DstMesh) -> list[str]:
+    """The destinations proxy-cp's table holds (its admin API)."""
+    listed = mesh.processes["proxy-cp"].get("/v1/destinations", headers=mesh.admin())
+    names: list[str] = listed.json()["names"]
+    return names
+
+
 def catalog_set(mesh: DstMesh) -> set[str]:
-    """The endpoints of bookstore-v1's port as the catalog has them (in a client's view)."""
-    view = mesh.processes["catalog"].get("/v1/views/bookbuyer/bookbuyer").json()
-    [cluster] = [c for c in view["clusters"] if c["name"] == "bookstore/bookstore-v1|14001"]
-    return {f"{e['address']}:{e['port']}" for e in cluster.get("endpoints", [])}
+    """The endpoints of bookstore-v1's port as the catalog has them in bookbuyer's view
+    (none while the view does not reach it)."""
+    asked = mesh.processes["catalog"].get("/v1/views/bookbuyer/bookbuyer", headers=mesh.admin())
+    view = asked.json()
+    clusters = [c for c in view.get("clusters", []) if c["name"] == "bookstore/bookstore-v1|14001"]
+    return {f"{e['address']}:{e['port']}" for c in clusters for e in c.get("endpoints", [])}

@@ -16,6 +16,7 @@ from trellis_api.linkerd import destination_pb2_grpc as dpb_grpc
 from trellis_common.grpcserver import GrpcServer
 from trellis_common.metrics import MetricFactory
 from trellis_proxy_cp.clients.destinations import DestinationTable
+from trellis_proxy_cp.discovery import testing as dt
 from trellis_proxy_cp.discovery.server import (
     LINKERD_SERVICE,
     ContextToken,
@@ -161,7 +162,8 @@ async def test_a_client_that_stops_reading_loses_its_stream_and_no_other_waits()
     table.apply([destination(0, range(1, 2))], [])
     registry = CollectorRegistry()
     metrics = DiscoveryMetrics(MetricFactory(registry, "test"))
-    discovery = Discovery(table, DiscoveryOptions(queue_capacity=2), metrics)
+    catalog = dt.CatalogViews({dt.CALLER.identity: dt.view("shop/web")})
+    discovery = Discovery(table, DiscoveryOptions(queue_capacity=2), metrics, dt.access(catalog))
     register = partial(dpb_grpc.add_DestinationServicer_to_server, LinkerdDestination(discovery))
     server = GrpcServer("127.0.0.1:0", [register], [LINKERD_SERVICE], grace=0.1)
     stop = asyncio.Event()

@@ -62,12 +62,6 @@ def peer_certificate(context: grpc.aio.ServicerContext[Any, Any]) -> x509.Certif
         return None
 
 
-def peer_serial(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    """The serial (lowercase hex) of the peer's certificate; empty if there is none."""
-    certificate = peer_certificate(context)
-    return f"{certificate.serial_number:x}" if certificate is not None else ""
-
-
 def onboarding(certificate: x509.Certificate | None, now: dt.datetime | None = None) -> bool:
     """Whether ``certificate`` was issued moments ago: its proxy may be connecting before the
     catalog heard of it (see :class:`~.clients.expected.ExpectedProxies`)."""
@@ -175,6 +169,16 @@ class MeshAuthorizer:
                 grpc.StatusCode.INVALID_ARGUMENT, str(exc), "invalid_metadata"
             ) from None
         identity = f"{proxy.namespace}/{proxy.service}"
+        if not settings.workload_dir and not settings.proxyless:
+            # a bootstrap made before every proxy had its own workload certificate: it
+            # would need its service's shared key, which no proxy is sent any more
+            raise StreamRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"proxy {common_name}'s bootstrap names no trellis.workload_dir (a folder "
+                "holding its own workload certificate); no proxy is sent its service's key: "
+                "onboard it again (`trellis vm bootstrap`)",
+                "no_workload_dir",
+            )
         key = await self._control_plane.attach(common_name, identity, expected.account, settings)
         return ProxyStream(
             proxy_id=common_name, key=key, node_id=node.id, identity=identity, serial=serial

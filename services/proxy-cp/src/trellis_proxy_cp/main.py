@@ -1,29 +1,26 @@
 """proxy-cp's process: what it is made of; the skeleton (trellis_common.service) runs it.
 
 Finds the catalog and certmanager through locators (settings, else the service registry),
-gets its own serving certificate (waiting for certmanager), then serves ADS (state of the
-world and delta, mTLS required), proxy certificate renewal on the same port
-(``renewal.py``), pod agents' enrollment on its own server-TLS port (``enrollment.py``)
-and the admin REST API. The catalog's views and
+then serves ADS (state of the world and delta, mTLS required), proxy certificate renewal on
+the same port (``renewal.py``), pod agents' enrollment on its own server-TLS port
+(``enrollment.py``) and the admin REST API. Every port it serves presents its component
+certificate (the one it joined with, renewed in place: ``runtime.identity``), so the
+identity that ``trellis identity revoke proxy-cp`` revokes is the one proxies see;
+certmanager issues no service certificate in the control plane's namespace. The catalog's
+views and
 certmanager's certificates are followed on the one event path: two followers on the
 runtime's signals hub (``clients/catalog.py``, ``clients/certs.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 from typing import Any
 
-import grpc
 from fastapi import FastAPI
-from redis.exceptions import RedisError
 
-from trellis_common.backoff import Backoff, RetryCallState, failure, retrying
-from trellis_common.follow import describe
 from trellis_common.grpcserver import DEFAULT_OPTIONS, GrpcServer
-from trellis_common.locate import OwnerUnavailable
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
@@ -34,8 +31,8 @@ from trellis_proxy_cp.clients.destinations import DestinationFollower, Destinati
 from trellis_proxy_cp.clients.expected import ExpectationTiming
 from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.core import ProxyControlPlane
-from trellis_proxy_cp.credentials import ServingCertificate
 from trellis_proxy_cp.discovery import rest as discovery_rest
+from trellis_proxy_cp.discovery.access import Access, CallerViews, identified
 from trellis_proxy_cp.discovery.server import (
     CONDUIT_SERVICE,
     LINKERD_SERVICE,
@@ -71,32 +68,6 @@ XDS_OPTIONS = (
 )
 
 
-async def serving_material(
-    certs: CertClient, identity: str, account: str, stop: asyncio.Event
-) -> SecretMaterial | None:
-    """proxy-cp's own certificate for the xDS port, asked until certmanager answers (it is
-    found through the registry once it announces itself); ``None`` if ``stop`` came first."""
-
-    def waiting(state: RetryCallState) -> None:
-        log.warning(
-            "proxy_cp.waiting_for service=certmanager reason=%r retry_in=%.2fs",
-            describe(failure(state)),
-            state.upcoming_sleep,
-        )
-
-    async for attempt in retrying(
-        stop,
-        Backoff(initial=0.1, maximum=5.0),
-        on=(grpc.aio.AioRpcError, OwnerUnavailable, RedisError, OSError),
-        before_sleep=waiting,
-    ):
-        if stop.is_set():
-            break
-        with attempt:
-            return await certs.want(identity, account)
-    return None
-
-
 def tune_garbage_collection() -> None:
     """Thousands of long-lived stream objects make the default collector rescan them on
     every push; freezing what start-up made (called once it is all made, before serving;
@@ -108,25 +79,28 @@ def tune_garbage_collection() -> None:
 
 
 async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | None:
-    # the xDS port's certificate is the component's, whichever replica serves it: clients
-    # check one name (proxy-cp.trellis-system...), as for a Kubernetes Service's pods
-    own_identity = f"{settings.namespace}/{settings.service_name}"
+    # Every port serves the component's certificate, whichever replica serves it: clients
+    # check one name and SPIFFE id (proxy-cp.trellis-system..., .../sa/proxy-cp), as for a
+    # Kubernetes Service's pods; a renewal reaches the next handshake.
+    own = runtime.identity
+    assert own is not None  # joined before build
     cache = SnapshotCache()
     metrics = XdsMetrics(runtime.metrics)
 
     control_plane: ProxyControlPlane
-    serving: ServingCertificate
     servicer: AdsServicer
+    caller_views: CallerViews  # of Destination API callers; shares the catalog's follower
+
+    def xds_follows(identity: str) -> bool:
+        return any(group.identity == identity for group in control_plane.groups.values())
 
     async def on_view(identity: str, view: Any) -> None:
-        await control_plane.set_view(identity, view)
+        caller_views.set(identity, view)
+        if xds_follows(identity):
+            await control_plane.set_view(identity, view)
 
     async def on_material(identity: str, material: SecretMaterial) -> None:
-        if identity == own_identity:
-            serving.update(material)
-            log.info("proxy_cp.serving_certificate_rotated serial=%s", material.serial)
-        else:
-            await control_plane.set_material(identity, material)
+        await control_plane.set_material(identity, material)
 
     expectation = ExpectationTiming(
         settings.expected_min_interval, settings.expected_max_age, settings.expected_refused_for
@@ -160,8 +134,15 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     runtime.signals.follow(destinations)
 
     def forget(identity: str) -> None:
-        catalog.forget(identity)
         certs.forget(identity)
+        if identity not in caller_views:  # else Destination streams still follow its view
+            catalog.forget(identity)
+
+    def forget_caller(identity: str) -> None:
+        if not xds_follows(identity):
+            catalog.forget(identity)
+
+    caller_views = CallerViews(catalog.want, forget_caller)
 
     control_plane = ProxyControlPlane(
         cache,
@@ -170,10 +151,6 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         forget,
         on_refused=lambda key, problems: metrics.refused_snapshots.inc(),
     )
-    own = await serving_material(certs, own_identity, settings.service_account, runtime.stop)
-    if own is None:
-        return None
-    serving = ServingCertificate(own)
     streams = StreamRegistry()
     hooks = ProxyHooks(
         control_plane, metrics, catalog.register, catalog.unregister, runtime.health.rejections
@@ -200,7 +177,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
             renewal.register,
         ],
         [ADS_SERVICE, RENEWAL_SERVICE],
-        credentials=serving.credentials(),
+        credentials=own.server_credentials(),
         options=XDS_OPTIONS,
         reflection=settings.debug_endpoints,
     )
@@ -217,7 +194,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
             ),
         ),
         DiscoveryMetrics(metrics.make),
-        revoked,
+        Access(identified(authorizer.identify), caller_views, destinations.fresh),
         runtime.health.rejections,
     )
     components = {}
@@ -228,7 +205,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
             f"{settings.xds_host}:{settings.enroll_port}",
             [enrollment.register],
             [ENROLLMENT_SERVICE],
-            credentials=serving.credentials(clients=False),
+            credentials=own.server_credentials(require_client_auth=False),
             reflection=settings.debug_endpoints,
         )
         port = await enroll_server.start()
@@ -239,7 +216,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
             f"{settings.xds_host}:{settings.destination_port}",
             register_discovery(discovery),
             [LINKERD_SERVICE, CONDUIT_SERVICE],
-            credentials=serving.credentials(),
+            credentials=own.server_credentials(),
             reflection=settings.debug_endpoints,
         )
         port = await destination_server.start()

@@ -5,6 +5,8 @@ signal (and on every resync) it asks ``ListDestinations(since=<our cursor>)`` wh
 applies it to :class:`DestinationTable`. A ``full`` answer (the first, or a restarted
 catalog) replaces the table: a destination missing from it is gone. The cursor moves only
 once the answer is applied, so a failed call (the hub retries with backoff) misses nothing.
+Listings are made one at a time; :meth:`DestinationFollower.fresh` asks for one on demand
+(the Destination server, before it trusts a view newer than the table).
 
 The table indexes destinations by ``namespace/name``, by ServiceEntry host and by address
 (a Service's clusterIP), and tells the streams watching a destination that it moved:
@@ -15,6 +17,7 @@ endpoint at that address.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
@@ -131,6 +134,9 @@ class DestinationFollower(Follower):
         self.locator = locator
         self.table = table
         self.cursor = ""
+        self._listing = asyncio.Lock()  # one listing at a time: the cursor moves in order
+        self._started = 0  # listings asked for so far
+        self._applied = 0  # the number of the last one applied
 
     async def resync(self, topic: str) -> None:
         await self.sync()
@@ -139,6 +145,23 @@ class DestinationFollower(Follower):
         await self.sync()
 
     async def sync(self) -> None:
+        async with self._listing:
+            await self._list()
+
+    async def fresh(self) -> None:
+        """Return once the table holds a listing that was asked for after this call, so it
+        is at least as new as anything the catalog answered before the call (a view, say).
+        One listing serves every call made while the one before it was in flight. Raises
+        what the call raises if the catalog cannot be asked."""
+        asked_after = self._started
+        async with self._listing:
+            if self._applied > asked_after:
+                return
+            await self._list()
+
+    async def _list(self) -> None:
+        self._started += 1
+        number = self._started
         request = pb.ListDestinationsRequest(since=self.cursor)
         listed: pb.ListDestinationsResponse = await owners.call(
             self.locator,
@@ -148,3 +171,4 @@ class DestinationFollower(Follower):
         if moved:
             log.debug("destinations.moved count=%d full=%s", len(moved), listed.full)
         self.cursor = listed.cursor
+        self._applied = number

@@ -6,8 +6,9 @@ messages a new ``Get`` or ``GetProfile`` stream for ``NAME`` would start with, a
 (``trellis dst get|profile`` prints them). A path that names nothing is answered 422 with
 the reason a stream would get.
 
-They need the admin token: they answer what any name resolves to, for any identity, which the
-Destination API itself answers only over mTLS (a mesh certificate).
+They need the admin token: they answer what any name resolves to, for any identity, where the
+Destination API itself answers a proxy over mTLS only about what its identity may reach
+(:mod:`.access`).
 """
 
 from __future__ import annotations

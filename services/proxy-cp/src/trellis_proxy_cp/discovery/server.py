@@ -3,9 +3,18 @@
 ``conduit.proxy.destination.Destination`` (``Get``), served from the catalog's destinations
 (:mod:`.clients.destinations`) on their own mTLS port (8086 by default).
 
-Who may ask: any holder of a certificate the mesh CA issued (the TLS handshake requires
-one; a proxy certificate of ``trellis vm bootstrap``, CN only, is enough) whose serial is not
-revoked. A revoked one is refused PERMISSION_DENIED, logged and counted.
+Who may ask, and about what (:mod:`.access`): a proxy, identified by its certificate as on
+xDS (the TLS handshake requires one from the mesh CA; a proxy certificate of ``trellis vm
+bootstrap``, CN only, is enough; its serial must be current and not revoked, and the catalog
+must expect the proxy), about the destinations its identity's view reaches: its outbound
+services, their route and split backends, and the ServiceEntries it may reach. Anything
+else a destination owns (by name, host, service address or endpoint address) is refused
+PERMISSION_DENIED, naming the caller and the destination (reason ``not_reachable``); a
+stream open on a destination that its caller's view stops reaching is ended the same way.
+A name or address nothing owns is answered, as ever, ``exists: false``. Every refusal is
+logged (``destination.refused``) and counted by reason (``not_reachable``, ``revoked``,
+``not_expected``, ``stale_serial``, ``catalog_unavailable``, ``invalid_authority``,
+``overflow``...).
 
 Each stream follows the discipline of Linkerd's own server: it watches what it resolved in
 the table, which puts a tick on the stream's bounded queue at every change, and a writer
@@ -27,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -43,10 +53,11 @@ from trellis_api.linkerd import destination_pb2 as dpb
 from trellis_api.linkerd import destination_pb2_grpc as dpb_grpc
 from trellis_common.health import Rejections
 from trellis_common.metrics import MetricFactory
-from trellis_proxy_cp.authorizer import peer_common_name, peer_serial
+from trellis_proxy_cp.authorizer import peer_common_name
 from trellis_proxy_cp.clients.destinations import EVERYTHING, DestinationTable
-from trellis_proxy_cp.clients.revoked import RevokedSerials
+from trellis_proxy_cp.discovery.access import Access, Caller, ViewUnavailable
 from trellis_proxy_cp.translate import linkerd
+from trellis_proxy_cp.transport.streams import StreamRefused
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +67,10 @@ CONDUIT_SERVICE = conduit.DESCRIPTOR.services_by_name["Destination"].full_name
 Addresses = dict[tuple[str, int], dpb.WeightedAddr]
 #: Names whose resolution is kept for the streams of the same table generation.
 RESOLVED_CACHE = 10_000
+#: A stream's step: the messages that bring its client up to date (``hidden``: to nothing).
+Step = Callable[[bool], list[Any]]
+#: A stream's check before each step: hide what it asked for? (raises StreamRefused)
+Gate = Callable[[], Awaitable[bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +111,16 @@ class ContextToken:
 
 @dataclass(frozen=True, slots=True)
 class Resolved:
-    """What a ``Get`` names, now: does it exist, and its addresses."""
+    """What a ``Get`` names, now: does it exist, its addresses, and the destination that
+    owns it (``<namespace>/<name>``; empty if none)."""
 
     exists: bool
     addresses: Addresses
+    owner: str = ""
+
+
+#: What a caller is told of a destination it may not reach (yet): nothing.
+NOTHING = Resolved(False, {})
 
 
 class Ticks:
@@ -178,7 +199,8 @@ class DiscoveryMetrics:
         self.refused = make.counter(
             "destination_refused",
             "Destination API requests refused or streams ended, by code and reason "
-            "(invalid_authority, revoked, overflow)",
+            "(not_reachable, invalid_authority, overflow, catalog_unavailable, and the "
+            "caller's certificate's: revoked, not_expected, stale_serial...)",
             "code",
             "reason",
         )
@@ -192,13 +214,13 @@ class Discovery:
         table: DestinationTable,
         options: DiscoveryOptions,
         metrics: DiscoveryMetrics,
-        revoked: RevokedSerials | None = None,
+        access: Access,
         rejections: Rejections | None = None,
     ) -> None:
         self.table = table
         self.options = options
         self.metrics = metrics
-        self.revoked = revoked if revoked is not None else RevokedSerials()
+        self.access = access
         self.rejections = rejections
         self._resolved: dict[linkerd.Authority, tuple[int, Resolved]] = {}
 
@@ -215,17 +237,14 @@ class Discovery:
         await context.abort(code, detail)
         raise AssertionError("abort returned")  # pragma: no cover (abort raises)
 
-    async def admit(self, context: Context, path: str) -> linkerd.Authority:
-        serial = peer_serial(context)
-        if serial and serial in self.revoked:
-            await self.refuse(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                "revoked",
-                f"the client certificate (serial {serial}) is revoked",
-            )
+    async def admit(self, context: Context, path: str) -> tuple[Caller, linkerd.Authority]:
+        """Who asks (checked as an xDS stream's proxy is), and what it names."""
         try:
-            return linkerd.parse_authority(path, self.options.cluster_domain)
+            caller = await self.access.identify(context)
+        except StreamRefused as refused:
+            await self.refuse(context, refused.code, refused.reason, refused.message)
+        try:
+            return caller, linkerd.parse_authority(path, self.options.cluster_domain)
         except linkerd.InvalidAuthority as exc:
             await self.refuse(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "invalid_authority", str(exc)
@@ -263,18 +282,23 @@ class Discovery:
         domain = self.options.cluster_domain
         found = self.destination(target)
         if found is not None:
-            return Resolved(True, linkerd.addresses(found, target.port, domain))
+            owner = f"{found.namespace}/{found.name}"
+            return Resolved(True, linkerd.addresses(found, target.port, domain), owner)
         if target.ip:
             hit = linkerd.find_endpoint(self.table.destinations(), target.ip, target.port)
             if hit is not None:
                 destination, cluster, endpoint = hit
                 key = (target.ip, target.port)
                 addr = linkerd.weighted_addr(destination, cluster, endpoint, key, domain)
-                return Resolved(True, {key: addr})
-        return Resolved(False, {})
+                owner = f"{destination.namespace}/{destination.name}"
+                return Resolved(True, {key: addr}, owner)
+        return NOTHING
 
-    def profile(self, target: linkerd.Authority) -> dpb.DestinationProfile:
+    def profile(self, target: linkerd.Authority, hidden: bool = False) -> dpb.DestinationProfile:
+        """The profile of ``target``; ``hidden``: of nothing (the caller may not reach it)."""
         options = self.options
+        if hidden:
+            return linkerd.profile(None, target.port, options.budget, options.cluster_domain)
         found = self.destination(target)
         if found is None and target.ip:
             hit = linkerd.find_endpoint(self.table.destinations(), target.ip, target.port)
@@ -293,13 +317,13 @@ class Discovery:
 
     def endpoint_steps(
         self, target: linkerd.Authority, convert: Callable[[dpb.Update], Any] = lambda u: u
-    ) -> Callable[[], list[Any]]:
-        """A ``Get`` stream's step: the updates from what it sent last to what is true now,
-        each passed through ``convert`` (the conduit API's messages)."""
+    ) -> Step:
+        """A ``Get`` stream's step: the updates from what it sent last to what is true now
+        (``hidden``: to nothing), each passed through ``convert`` (the conduit API's)."""
         sent: list[Resolved] = []
 
-        def step() -> list[Any]:
-            now = self.resolve(target)
+        def step(hidden: bool) -> list[Any]:
+            now = NOTHING if hidden else self.resolve(target)
             updates = get_updates(sent[-1] if sent else None, now, self.labels(target))
             sent[:] = [now]
             return [convert(u) for u in updates]
@@ -309,13 +333,14 @@ class Discovery:
     # -- the stream loop -----------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def watching(self, rpc: str, target: linkerd.Authority) -> AsyncIterator[Ticks]:
-        ticks = Ticks(self.options.queue_capacity)
+    async def watching(
+        self, rpc: str, target: linkerd.Authority, ticks: Ticks
+    ) -> AsyncIterator[None]:
         stop = self.table.watch(self.watch_key(target), ticks)
         self.metrics.opened.labels(rpc).inc()
         self.metrics.streams.labels(rpc).inc()
         try:
-            yield ticks
+            yield
         finally:
             stop()
             self.metrics.streams.labels(rpc).dec()
@@ -324,33 +349,65 @@ class Discovery:
         self,
         context: Context,
         rpc: str,
+        caller: Caller,
         target: linkerd.Authority,
-        step: Callable[[], list[Any]],
+        step: Step,
         heartbeat: Callable[[], Any] | None = None,
     ) -> None:
-        """Send ``step()``'s messages now and after every tick; ``heartbeat()`` when the
-        update interval passes with nothing sent (the conduit API's rule). A queue that
-        overflows (the writer is stuck on a client that does not read) ends the stream."""
-        async with self.watching(rpc, target) as ticks:
-            writer = asyncio.create_task(self._write(context, rpc, ticks, step, heartbeat))
-            overflow = asyncio.create_task(ticks.overflowed.wait())
-            try:
-                await asyncio.wait({writer, overflow}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                overflow.cancel()
-                if not writer.done():
-                    writer.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await writer
-            if writer.done() and not writer.cancelled():
-                writer.result()  # its error, if any
-                return
-        await self.refuse(
-            context,
+        """Send ``step()``'s messages now and after every tick of the table or of the
+        caller's view, while the caller may reach ``target`` (:mod:`.access`);
+        ``heartbeat()`` when the update interval passes with nothing sent (the conduit
+        API's rule). A queue that overflows (the writer is stuck on a client that does not
+        read) ends the stream."""
+        ticks = Ticks(self.options.queue_capacity)
+        try:
+            async with (
+                self.access.views.following(caller, ticks) as sight,
+                self.watching(rpc, target, ticks),
+            ):
+                gate = functools.partial(
+                    sight.hidden, lambda: self.resolve(target).owner, str(target), self.access.fresh
+                )
+                ended = await self._serve(context, rpc, ticks, gate, step, heartbeat)
+        except ViewUnavailable as exc:
+            ended = StreamRefused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"cannot tell what {caller} may reach: the catalog did not answer ({exc}); "
+                "retry later",
+                "catalog_unavailable",
+            )
+        await self.refuse(context, ended.code, ended.reason, ended.message)
+
+    async def _serve(
+        self,
+        context: Context,
+        rpc: str,
+        ticks: Ticks,
+        gate: Gate,
+        step: Step,
+        heartbeat: Callable[[], Any] | None,
+    ) -> StreamRefused:
+        """Run the stream's writer until it is refused or its queue overflows."""
+        writer = asyncio.create_task(self._write(context, rpc, ticks, gate, step, heartbeat))
+        overflow = asyncio.create_task(ticks.overflowed.wait())
+        try:
+            await asyncio.wait({writer, overflow}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            overflow.cancel()
+            if not writer.done():
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
+        if writer.done() and not writer.cancelled():
+            error = writer.exception()
+            if isinstance(error, StreamRefused):
+                return error
+            writer.result()  # its error (it never returns)
+        return StreamRefused(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
-            "overflow",
             f"more than {self.options.queue_capacity} updates waited for this client: "
             "it reads too slowly; subscribe again",
+            "overflow",
         )
 
     async def _write(
@@ -358,13 +415,14 @@ class Discovery:
         context: Context,
         rpc: str,
         ticks: Ticks,
-        step: Callable[[], list[Any]],
+        gate: Gate,
+        step: Step,
         heartbeat: Callable[[], Any] | None,
     ) -> None:
         updates = self.metrics.updates.labels(rpc)
         timeout = self.options.update_interval if heartbeat else None
         while True:
-            for message in step():
+            for message in step(await gate()):
                 await context.write(message)
                 updates.inc()
             while not await ticks.next(timeout):
@@ -379,30 +437,31 @@ class LinkerdDestination(dpb_grpc.DestinationServicer):
 
     async def Get(self, request: dpb.GetDestination, context: Context) -> None:  # type: ignore[override]
         discovery = self.discovery
-        target = await discovery.admit(context, request.path)
+        caller, target = await discovery.admit(context, request.path)
         token = ContextToken.parse(request.context_token)
         log.debug(
-            "destination.get path=%s ns=%s pod=%s node=%s",
+            "destination.get peer=%s path=%s ns=%s pod=%s node=%s",
+            caller.common_name,
             request.path,
             token.ns,
             token.pod,
             token.node_name,
         )
-        await discovery.stream(context, "Get", target, discovery.endpoint_steps(target))
+        await discovery.stream(context, "Get", caller, target, discovery.endpoint_steps(target))
 
     async def GetProfile(self, request: dpb.GetDestination, context: Context) -> None:  # type: ignore[override]
         discovery = self.discovery
-        target = await discovery.admit(context, request.path)
+        caller, target = await discovery.admit(context, request.path)
         sent: list[dpb.DestinationProfile] = []
 
-        def step() -> list[dpb.DestinationProfile]:
-            now = discovery.profile(target)
+        def step(hidden: bool) -> list[dpb.DestinationProfile]:
+            now = discovery.profile(target, hidden)
             if sent and sent[-1] == now:
                 return []
             sent[:] = [now]
             return [now]
 
-        await discovery.stream(context, "GetProfile", target, step)
+        await discovery.stream(context, "GetProfile", caller, target, step)
 
 
 class ConduitDestination(conduit_grpc.DestinationServicer):
@@ -411,13 +470,13 @@ class ConduitDestination(conduit_grpc.DestinationServicer):
 
     async def Get(self, request: conduit_common.Destination, context: Context) -> None:  # type: ignore[override]
         discovery = self.discovery
-        target = await discovery.admit(context, request.path)
+        caller, target = await discovery.admit(context, request.path)
         step = discovery.endpoint_steps(target, to_conduit)
 
         def heartbeat() -> conduit.Update:
             return conduit.Update(add=conduit.WeightedAddrSet())
 
-        await discovery.stream(context, "conduit.Get", target, step, heartbeat)
+        await discovery.stream(context, "conduit.Get", caller, target, step, heartbeat)
 
 
 def register(discovery: Discovery) -> list[Callable[[grpc.aio.Server], None]]:
