@@ -270,3 +270,29 @@ async def test_views_signal_their_cursor_and_the_policy_cli(
     await eventually(error_listed, timeout=10, interval=0.3, message="the bad document is listed")
     # the good split is still in force
     assert split_weights(view(catalog, "bookbuyer/bookbuyer")) != {}
+
+
+async def test_a_service_whose_proxies_run_under_two_accounts_is_listed_not_flipped(
+    mesh: dict[str, ServiceProcess], state_dir: Path
+) -> None:
+    """The earliest proxy's account stays the service's (its policy and SPIFFE id); a later
+    proxy under another account is shown by `trellis spec list` and `trellis status`."""
+    await onboard(mesh["certmanager"], "bookbuyer", "bookbuyer")
+    await onboard(mesh["certmanager"], "bookbuyer", "bookthief")
+
+    def listed() -> list[dict[str, Any]]:
+        done = trellis(state_dir, "spec", "list", "--state", "warning", "--json")
+        assert done.returncode == 0, done.stderr
+        return [r for r in json.loads(done.stdout)["resources"] if r["kind"] == "Service"]
+
+    await eventually(lambda: listed(), timeout=15, message="the conflict listed")
+    [conflict] = listed()
+    assert (conflict["namespace"], conflict["name"]) == ("bookbuyer", "bookbuyer")
+    assert conflict["field"] == "proxies.serviceAccount"
+    assert "run as bookbuyer (established" in conflict["reason"]
+    assert "bookthief (refused by peers)" in conflict["reason"]
+    table = trellis(state_dir, "spec", "list")
+    assert "proxies.serviceAccount" in table.stdout
+    status = trellis(state_dir, "status")
+    assert "proxy-account" in status.stdout
+    assert view(mesh["catalog"], "bookbuyer/bookbuyer")["spiffe_id"].endswith("/sa/bookbuyer")

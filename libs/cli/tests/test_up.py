@@ -181,7 +181,8 @@ def test_proxy_cp_replicas_share_its_ports_identity_and_redis_user(tmp_path: Pat
     first, second, third = specs["proxy-cp"], specs["proxy-cp-2"], specs["proxy-cp-3"]
     names = list(specs)
     assert names.index("proxy-cp") < names.index("proxy-cp-2") < names.index("proxy-cp-3")
-    assert first.ports == (15128, 15051, 8086)  # checked free before anything starts
+    # xDS, admin, Linkerd Destination, pod enrollment: checked free before anything starts
+    assert first.ports == (15128, 15051, 8086, 15012)
     assert (second.ports, third.ports) == ((15072,), (15073,))  # the rest is shared
     assert not {*second.ports, *third.ports} & set(demo.ports())
     assert second.env["TRELLIS_INSTANCE"] == "proxy-cp-2"

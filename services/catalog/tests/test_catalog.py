@@ -164,9 +164,18 @@ def test_a_proxy_under_another_account_does_not_take_its_service_with_it(
     [shown] = [r for r in catalog.health.rejections.items() if r.source == "proxy-account"]
     assert shown.key == "bookthief/bookthief"
     assert "bookbuyer (refused by peers)" in shown.reason
-    # the proxies agree again: the conflict leaves /v1/status
+    # `trellis spec list` shows it as a warning on the Service
+    [listed] = catalog.account_conflicts()
+    assert (listed.kind, listed.namespace, listed.name) == ("Service", "bookthief", "bookthief")
+    assert (listed.state, listed.field, listed.reason) == (
+        "warning",
+        "proxies.serviceAccount",
+        shown.reason,
+    )
+    # the proxies agree again: the conflict leaves /v1/status and the listing
     catalog.expect_proxy(thief, before)
     assert [r for r in catalog.health.rejections.items() if r.source == "proxy-account"] == []
+    assert catalog.account_conflicts() == []
 
 
 def test_a_certificate_rotation_does_not_reversion_the_view(catalog: Catalog) -> None:

@@ -78,6 +78,8 @@ OTHER_PORTS = {
     # the Linkerd Destination API (mTLS; docs/linkerd.md)
     "proxy-cp": (Ports.PROXY_CP_DESTINATION, "linkerd-destination :{}"),
 }
+# Ports also checked free before a start: pod agents' enrollment (proxy-cp binds it too).
+MORE_PORTS = {"proxy-cp": (Ports.PROXY_CP_ENROLL,)}
 
 
 def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
@@ -208,7 +210,9 @@ def service_specs(
                 name=name,
                 argv=[sys.executable, "-m", module],
                 ready=https_ready(f"https://127.0.0.1:{admin_port}/readyz", state_dir),
-                ports=tuple(p for p in (grpc_port, admin_port, other_port) if p),
+                ports=tuple(
+                    p for p in (grpc_port, admin_port, other_port, *MORE_PORTS.get(name, ())) if p
+                ),
                 env={
                     "TRELLIS_REDIS_URL": redis_url,
                     "TRELLIS_STATE_DIR": str(state_dir),

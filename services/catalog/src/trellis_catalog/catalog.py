@@ -219,19 +219,32 @@ class Catalog:
         self._mark(policies=True)
         self._report_conflicts()
 
+    def account_conflicts(self) -> list[meshspec.Status]:
+        """Services whose proxies run under several accounts, as ``trellis spec list``
+        shows them (a warning on the Service: the established account is kept)."""
+        return [
+            meshspec.Status(
+                key=f"Service/{identity}#proxies",
+                kind="Service",
+                namespace=identity.namespace,
+                name=identity.service,
+                state="warning",
+                reason=f"its proxies run as {established} (established, kept: peers check it) "
+                f"and as {', '.join(others)} (refused by peers): run them under one account",
+                field="proxies.serviceAccount",
+                source=ACCOUNT_CONFLICT,
+            )
+            for identity, (established, others) in sorted(self.proxies.conflicts().items())
+        ]
+
     def _report_conflicts(self) -> None:
         """A service whose proxies run under several accounts is shown in ``/v1/status``
-        (source ``proxy-account``) until they agree again."""
-        conflicts = self.proxies.conflicts()
+        (source ``proxy-account``) and ``trellis spec list`` until they agree again."""
+        conflicts = self.account_conflicts()
         rejections = self.health.rejections
-        for identity, (established, others) in conflicts.items():
-            rejections.reject(
-                ACCOUNT_CONFLICT,
-                str(identity),
-                f"its proxies run as {established} (established, kept: peers check it) and "
-                f"as {', '.join(others)} (refused by peers): run them under one account",
-            )
-        rejections.accept_all(ACCOUNT_CONFLICT, {str(i) for i in conflicts})
+        for status in conflicts:
+            rejections.reject(ACCOUNT_CONFLICT, f"{status.namespace}/{status.name}", status.reason)
+        rejections.accept_all(ACCOUNT_CONFLICT, {f"{s.namespace}/{s.name}" for s in conflicts})
 
     def _onboarded(self, record: ProxyRecord) -> None:
         self.certs_wanted.set()

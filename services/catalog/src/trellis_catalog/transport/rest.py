@@ -28,7 +28,8 @@ def add_routes(app: FastAPI, catalog: Catalog, source: Callable[[], dict[str, An
 
     @router.get("/resources", tags=["specification"])
     async def resources(state: str = "") -> dict[str, Any]:
-        statuses = [asdict(s) for s in catalog.spec.statuses.values()]
+        found = [*catalog.spec.statuses.values(), *catalog.account_conflicts()]
+        statuses = [asdict(s) for s in found]
         return {
             "source": source(),
             "resources": [s for s in statuses if not state or s["state"] == state],
