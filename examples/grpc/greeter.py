@@ -5,8 +5,8 @@
     GRPC_XDS_BOOTSTRAP=DIR/bootstrap.json python greeter.py call xds:///hello.shop:9000 [N]
 
 A proxyless client dials ``xds:///<service>.<namespace>:<port>`` with xDS credentials: the
-mesh's routes, weights and mTLS come from proxy-cp; the certificate is the one
-``trellis grpc agent`` keeps fresh in DIR.
+mesh's routes, weights and mTLS come from proxy-cp; the certificate is the workload's own,
+which ``trellis grpc agent`` renews in DIR.
 """
 
 from __future__ import annotations

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import subprocess
-import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
 
 from trellis_api import certmanager_pb2 as cm
 from trellis_common.testing import eventually
@@ -97,16 +96,31 @@ def test_traffic_split_policy_and_mtls(mesh: Mesh) -> None:
     assert "[redacted]" in json.dumps(config)
 
 
-def test_rotation_with_traffic_flowing(mesh: Mesh) -> None:
+def test_a_service_certificate_rotation_reaches_no_proxy_and_drops_no_request(
+    mesh: Mesh,
+) -> None:
+    """Each proxy serves its own workload certificate (its files, its key); the service's
+    certificate, rotated, is not sent to any proxy, and traffic is untouched."""
     v1, _, buyer = bookstore(mesh)
-    before = v1.envoy.get("/certs").json()
+    own = x509.load_pem_x509_certificate(
+        (mesh.tmp / "proxies" / "bookstore-v1" / "workload.pem").read_bytes()
+    )
+    own_serial = f"{own.serial_number:x}"
+
+    def served() -> str:
+        return json.dumps(v1.envoy.get("/certs").json())
+
+    assert own_serial in served()
     failures: list[str] = []
     done = threading.Event()
+    answered = 0
 
     def load() -> None:
+        nonlocal answered
         while not done.is_set():
             try:
                 response = buyer.get(BOOKSTORE, "/books-bought", timeout=5)
+                answered += 1
                 if response.status_code != 200:
                     failures.append(str(response.status_code))
             except httpx.HTTPError as exc:
@@ -115,37 +129,19 @@ def test_rotation_with_traffic_flowing(mesh: Mesh) -> None:
     worker = threading.Thread(target=load)
     worker.start()
     try:
-        rotated = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "trellis_cli.main",
-                "--state-dir",
-                str(mesh.state_dir),
-                "certs",
-                "rotate",
-                "bookstore-v1.bookstore.svc.cluster.local",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
+        rotated = mesh.trellis(
+            "certs", "rotate", "bookstore-v1.bookstore.svc.cluster.local", "--json"
         )
         assert rotated.returncode == 0, rotated.stderr
         serial = json.loads(rotated.stdout)["certificate"]["serial"]
-
-        def envoy_has_it() -> bool:
-            return serial in json.dumps(v1.envoy.get("/certs").json())
-
-        asyncio.run(
-            eventually(envoy_has_it, timeout=15, interval=0.2, message="new serial in Envoy")
-        )
+        after = answered
+        asyncio.run(eventually(lambda: answered >= after + 50, timeout=20, message="more load"))
     finally:
         done.set()
         worker.join()
-    assert serial not in json.dumps(before)
     assert failures == []
+    assert own_serial in served()
+    assert serial not in served()
 
 
 def test_a_nacked_route_keeps_the_previous_config(mesh: Mesh) -> None:
@@ -173,12 +169,14 @@ class _Info:
 
 @dataclass
 class ForeignCertificate:
-    """A proxy certificate with a well-formed CN, signed by a CA that is not the mesh's."""
+    """A certificate an impostor presents as its proxy's (the shape of the harness's
+    ``IssueCertificate`` answer)."""
 
     info: _Info
     cert_chain_pem: bytes
     private_key_pem: bytes
     trust_bundle_pem: bytes
+    workload_cert_chain_pem: bytes = b""  # the CA issued it none
 
 
 def foreign_certificate(common_name: str, mesh_trust_bundle: bytes) -> ForeignCertificate:
@@ -226,20 +224,20 @@ def admin_up(sidecar: Sidecar) -> Any:
 
 
 def test_proxies_the_mesh_did_not_onboard_are_refused(mesh: Mesh) -> None:
-    # a mesh certificate that is not a proxy certificate (a service certificate)
-    service_cert = mesh.certmanager(
-        "IssueCertificate",
-        cm.IssueCertificateRequest(
-            kind=cm.CERTIFICATE_KIND_SERVICE,
-            service=cm.MeshService(namespace="bookthief", name="bookthief"),
-        ),
+    # a mesh certificate that is not a proxy certificate: a proxy's own workload
+    # certificate (what its host holds besides the proxy certificate), with its key
+    proxy_cert, key_pem = mesh.proxy_certificate("bookthief", "bookthief", "bookthief")
+    workload = x509.load_pem_x509_certificate(proxy_cert.workload_cert_chain_pem)
+    workload_cn = workload.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value
+    presented = ForeignCertificate(
+        _Info(str(workload_cn)),
+        proxy_cert.workload_cert_chain_pem,
+        key_pem,
+        proxy_cert.trust_bundle_pem,
+        proxy_cert.workload_cert_chain_pem,
     )
     impostor = mesh.onboard(
-        "impostor",
-        "bookthief",
-        "bookthief",
-        "bookthief",
-        issued=(service_cert, service_cert.private_key_pem),
+        "impostor", "bookthief", "bookthief", "bookthief", issued=(presented, key_pem)
     )
 
     def refused_logged() -> bool:

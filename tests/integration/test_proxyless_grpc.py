@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
+from trellis_api import certmanager_pb2 as cm
 from trellis_common.grpc_bootstrap import GrpcFolder
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.grpcapp import GrpcApp
@@ -184,30 +185,47 @@ def test_a_proxyless_client_follows_weighted_and_header_routes_and_live_changes(
         # gRPC's xDS client has no direct responses: no rule matches, UNAVAILABLE
         assert client.calls("/other.Service/Method") == {"UNAVAILABLE": 1}
 
-        # the agent keeps the workload certificate fresh across a rotation
+        # the workload's own certificates: one key made on its host, no service key
+        proxy_before, before = certificate(files.proxy_cert), certificate(files.cert)
+        assert proxy_before.public_key() == before.public_key()
+        assert key_matches(files, before)
+        spiffe = before.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert spiffe.get_values_for_type(x509.UniformResourceIdentifier) == [
+            "spiffe://cluster.local/ns/shop/sa/client"
+        ]
+        # the agent renews both (a new key, a CSR over mTLS with the proxy certificate)
         agent = subprocess.Popen(
             [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(mesh.state_dir),
-             "grpc", "agent", "--out", str(files.folder)],
+             "grpc", "agent", "--out", str(files.folder), "--renew-now"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            before = certificate(files.cert)
-            rotated = mesh.trellis("certs", "rotate", common_name(before))
-            assert rotated.returncode == 0, rotated.stderr
 
             def renewed() -> bool:
                 return certificate(files.cert).serial_number != before.serial_number
 
             asyncio.run(eventually(renewed, timeout=20, interval=0.1, message="cert.pem renewed"))
-            after = certificate(files.cert)
+            after, proxy_after = certificate(files.cert), certificate(files.proxy_cert)
             assert after.subject == before.subject
+            assert common_name(proxy_after) == common_name(proxy_before)
+            assert proxy_after.serial_number != proxy_before.serial_number
+            assert proxy_after.public_key() == after.public_key() != before.public_key()
             assert key_matches(files, after)
             assert oct(files.key.stat().st_mode & 0o777) == "0o600"
+            assert oct(files.proxy_key.stat().st_mode & 0o777) == "0o600"
+            # the old proxy certificate is revoked; calls go on with the new files
+            revoked = mesh.certmanager(
+                "ListRevokedCertificates",
+                cm.ListRevokedCertificatesRequest(common_name=common_name(proxy_before)),
+            )
+            assert [(r.serial, r.reason) for r in revoked.revoked] == [
+                (f"{proxy_before.serial_number:x}", "rotated")
+            ]
             assert client.calls("/helloworld.Greeter/SayGoodbye", 20) == {"hello-v2": 20}
         finally:
             agent.terminate()
             _, errors = agent.communicate(timeout=10)
-        assert "grpc_agent.installed" in errors
+        assert "grpc_agent.renewed" in errors
 
         # the README's third command: the example's client, on the same bootstrap
         env = {**os.environ, "GRPC_XDS_BOOTSTRAP": str(files.bootstrap)}

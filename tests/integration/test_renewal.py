@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import grpc
 import httpx
 import pytest
 import yaml
+from cryptography import x509
 
 from trellis_api import proxy_pb2, proxy_pb2_grpc
 from trellis_common.identity import csr_for, new_key
@@ -133,9 +135,28 @@ def test_a_sidecar_renews_under_load_reconnects_with_the_new_serial_and_the_old_
     assert set(load.statuses) == {200}
     assert buyer.envoy.stat("server.uptime") >= started_at  # the same Envoy, not restarted
     assert in_use(proxy_dir) == (Path(renewed["cert_chain"]), Path(renewed["key"]))
-    assert not old_cert.exists()  # the previous pair is gone
-    assert not old_key.exists()
+    # one new version of the folder (a ..data swap): the previous key is gone from it
+    assert old_key.read_bytes() != kept_key.read_bytes()
+    assert [p.name for p in proxy_dir.glob("..2*")] == [os.readlink(proxy_dir / "..data")]
     assert Path(renewed["key"]).stat().st_mode & 0o777 == 0o600
+    # its own workload certificate was renewed with it, for the new key, and Envoy serves
+    # it (it watches the folder): no restart, no key of the service anywhere
+    workload = x509.load_pem_x509_certificate((proxy_dir / "workload.pem").read_bytes())
+    proxy_cert = x509.load_pem_x509_certificate(Path(renewed["cert_chain"]).read_bytes())
+    assert workload.public_key() == proxy_cert.public_key()
+
+    def serves_the_new_workload_certificate() -> bool:
+        served = buyer.envoy.get("/certs").json()["certificates"]
+        serials = {
+            c["serial_number"].lower().lstrip("0")
+            for entry in served
+            for c in entry.get("cert_chain", [])
+        }
+        return f"{workload.serial_number:x}" in serials
+
+    asyncio.run(
+        eventually(serves_the_new_workload_certificate, timeout=10, message="Envoy reloaded")
+    )
     # the old certificate is revoked: proxy-cp refuses it
     assert renew_call(mesh, proxy_dir, kept_cert, kept_key) == grpc.StatusCode.PERMISSION_DENIED
     assert renewals(mesh, "revoked") >= 1

@@ -5,10 +5,12 @@ tests/integration."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -49,11 +51,17 @@ def bootstrap_answer(folder: Path) -> Answer:
             "common_name": CN,
             "xds_address": "127.0.0.1:15128",
             "bootstrap": {"node": {"id": CN}},
-            "files": {"cert_chain_pem": "CERT\n", "trust_bundle_pem": "CA\n"},
+            "files": {
+                "cert_chain_pem": "CERT\n",
+                "workload_cert_chain_pem": "WORKLOAD\n",
+                "trust_bundle_pem": "CA\n",
+            },
             "paths": {
                 "cert_chain": str(folder / "cert.pem"),
+                "workload_cert": str(folder / "workload.pem"),
                 "key": str(folder / "key.pem"),
                 "trust_bundle": str(folder / "ca.pem"),
+                "sds": str(folder / "proxy-sds.yaml"),
             },
         },
     )
@@ -86,6 +94,14 @@ def test_vm_bootstrap_makes_the_key_here_and_sends_only_a_csr(tmp_path: Path) ->
     key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
     assert csr.public_key() == key.public_key()  # the CSR is for the key kept here
     assert (folder / "cert.pem").read_text() == "CERT\n"
+    assert (folder / "workload.pem").read_text() == "WORKLOAD\n"
+    # written as the pod agent writes its folder: every name a link through ..data
+    for name in ("cert.pem", "workload.pem", "key.pem", "ca.pem", "proxy-sds.yaml"):
+        assert os.readlink(folder / name) == f"..data/{name}"
+    sds = yaml.safe_load((folder / "proxy-sds.yaml").read_text())
+    pair = sds["resources"][0]["tls_certificate"]
+    assert pair["certificate_chain"]["filename"] == str(folder / "cert.pem")
+    assert pair["private_key"]["filename"] == str(folder / "key.pem")
 
 
 def test_vm_bootstrap_takes_the_token_from_the_environment(

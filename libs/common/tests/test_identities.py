@@ -127,7 +127,8 @@ def test_issuing_is_three_powers_chosen_by_the_request() -> None:
     ]
     assert authz.allowed(method + "[proxy]", "injector")
     assert not authz.allowed(method + "[proxy]", "catalog")
-    assert not authz.allowed(method + "[service]", "catalog")  # the key: proxy-cp's only
+    # a service's key: nobody's (every proxy has its own workload certificate)
+    assert not any(authz.allowed(method + "[service]", c) for c in components.COMPONENTS)
     assert authz.allowed(method + "[service-info]", "catalog")
     assert not authz.allowed(method, "injector")  # the bare method is no cell: refused
     assert not authz.allowed(method + "[proxy]", None)

@@ -8,6 +8,7 @@ from functools import partial
 import grpc
 import pytest
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from google.protobuf import duration_pb2
 from prometheus_client import CollectorRegistry
 
@@ -106,6 +107,43 @@ async def test_a_proxy_certificate_is_for_the_csr_s_key_and_the_answer_has_no_ke
     )
     assert rotated.info.serial != issued.info.serial
     assert x509.load_pem_x509_certificate(rotated.cert_chain_pem).public_key() == KEY.public_key()
+
+
+async def test_a_proxy_certificate_comes_with_the_proxy_s_own_workload_certificate(
+    stub: pb_grpc.CertificateManagerAsyncStub,
+) -> None:
+    """No proxy is sent a key shared by its service: each gets a workload certificate for
+    its own key, naming its account; the proxy certificate itself may only be a client."""
+    issued = await stub.IssueCertificate(
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_PROXY,
+            service=SERVICE,
+            service_account="bookstore-sa",
+            csr_pem=CSR,
+        )
+    )
+    proxy = x509.load_pem_x509_certificate(issued.cert_chain_pem)
+    workload = x509.load_pem_x509_certificate(issued.workload_cert_chain_pem)
+    assert workload.public_key() == KEY.public_key() == proxy.public_key()
+    sans = workload.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == [
+        "spiffe://cluster.local/ns/bookstore/sa/bookstore-sa"
+    ]
+    assert "bookstore.bookstore.svc.cluster.local" in sans.get_values_for_type(x509.DNSName)
+    assert workload.not_valid_after_utc == proxy.not_valid_after_utc
+    eku = x509.ExtendedKeyUsage
+    assert list(workload.extensions.get_extension_for_class(eku).value) == [
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+    ]
+    assert list(proxy.extensions.get_extension_for_class(eku).value) == [
+        ExtendedKeyUsageOID.CLIENT_AUTH
+    ]
+    assert issued.private_key_pem == b""
+    service = await stub.IssueCertificate(
+        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE)
+    )
+    assert service.workload_cert_chain_pem == b""  # only proxies have one
 
 
 async def test_a_proxy_certificate_without_a_csr_is_refused_naming_csr_pem(
@@ -296,6 +334,9 @@ async def test_a_renewal_certifies_the_new_key_for_the_same_name_and_revokes_the
     leaf = x509.load_pem_x509_certificate(renewed.cert_chain_pem)
     assert (renewed.info.common_name, renewed.private_key_pem) == (issued.info.common_name, b"")
     assert leaf.public_key() == new_key_.public_key()
+    workload = x509.load_pem_x509_certificate(renewed.workload_cert_chain_pem)
+    assert workload.public_key() == new_key_.public_key()  # renewed with it, for the new key
+    assert workload.not_valid_after_utc == leaf.not_valid_after_utc
     revoked = await stub.ListRevokedCertificates(
         pb.ListRevokedCertificatesRequest(common_name=issued.info.common_name)
     )

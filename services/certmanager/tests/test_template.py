@@ -29,15 +29,18 @@ from trellis_certmanager.domain.issuer import IssuancePolicy, Issuer, authority_
 from trellis_certmanager.domain.keys import KeyAlgorithm, key_from_pem
 from trellis_certmanager.domain.template import LeafTemplate
 from trellis_common import components
-from trellis_common.ids import ProxyCommonName, service_dns_names
+from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 UTC = dt.UTC
 
 
-def leaf_extensions(ca: CertificateAuthority) -> list[x509.Extension[x509.ExtensionType]]:
-    """The extensions every leaf carries, as the issuer has always added them."""
+def leaf_extensions(
+    ca: CertificateAuthority, client_only: bool = False
+) -> list[x509.Extension[x509.ExtensionType]]:
+    """The extensions every leaf carries, as the issuer adds them: a proxy certificate's
+    extendedKeyUsage is clientAuth only, every other leaf's serverAuth and clientAuth."""
     key_usage = x509.KeyUsage(
         digital_signature=True,
         key_encipherment=True,
@@ -50,7 +53,9 @@ def leaf_extensions(ca: CertificateAuthority) -> list[x509.Extension[x509.Extens
         decipher_only=False,
     )
     usages = x509.ExtendedKeyUsage(
-        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+        [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if client_only
+        else [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     )
     values: list[tuple[x509.ExtensionType, bool]] = [
         (x509.BasicConstraints(ca=False, path_length=None), True),
@@ -75,6 +80,7 @@ class Leaf:
     )
     dns_names: tuple[str, ...] = ()
     uris: tuple[str, ...] = ()
+    client_only: bool = False
 
 
 def builder_certificate(ca: CertificateAuthority, leaf: Leaf) -> x509.Certificate:
@@ -96,7 +102,7 @@ def builder_certificate(ca: CertificateAuthority, leaf: Leaf) -> x509.Certificat
         .not_valid_before(leaf.not_before)
         .not_valid_after(leaf.not_after)
     )
-    for ext in leaf_extensions(ca):
+    for ext in leaf_extensions(ca, leaf.client_only):
         builder = builder.add_extension(ext.value, critical=ext.critical)
     sans: list[x509.GeneralName] = []
     for name in leaf.dns_names:
@@ -351,28 +357,6 @@ def test_service_certificates_are_the_builders(
     verified_as_server(ca, cert, "bookstore-v1.bookstore.svc.cluster.local")
 
 
-def test_proxy_cp_s_certificate_carries_its_ip_addresses(ca: CertificateAuthority) -> None:
-    service = MeshService("trellis-system", "proxy-cp")
-    record = Issuer(ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy()).issue_service(
-        service, "proxy-cp", NOW
-    )
-    cert = first(record.cert_chain_pem)
-    names = (*service_dns_names(service), "localhost", "127.0.0.1", "::1")
-    expected = Leaf(
-        serial=record.serial,
-        not_before=NOT_BEFORE,
-        not_after=record.not_after,
-        unit="trellis-system",
-        common_name="proxy-cp.trellis-system.svc.cluster.local",
-        public_key=key_from_pem(record.key_pem).public_key(),  # type: ignore[arg-type]
-        dns_names=names,
-        uris=("spiffe://cluster.local/ns/trellis-system/sa/proxy-cp",),
-    )
-    assert cert.tbs_certificate_bytes == builder_certificate(ca, expected).tbs_certificate_bytes
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1", "::1"]
-
-
 @pytest.mark.parametrize("key", [ec.SECP256R1(), ec.SECP384R1(), None], ids=["p256", "p384", "rsa"])
 def test_proxy_certificates_are_the_builders(
     ca: CertificateAuthority, key: ec.EllipticCurve | None
@@ -390,8 +374,11 @@ def test_proxy_certificates_are_the_builders(
         unit="bookbuyer",
         common_name=str(cn),
         public_key=public_key,
+        client_only=True,
     )
     assert cert.tbs_certificate_bytes == builder_certificate(ca, expected).tbs_certificate_bytes
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [ExtendedKeyUsageOID.CLIENT_AUTH]  # no server may serve one
     assert ca.signed(record.cert_chain_pem)
     assert records.check(record) is record
     assert signed_for(record.cert_chain_pem, public_key)
@@ -408,12 +395,35 @@ def test_component_certificates_are_the_builders(ca: CertificateAuthority) -> No
         unit="trellis-system",
         common_name="proxy-cp.trellis-system",
         public_key=public_key,
-        dns_names=components.dns_names(components.PROXY_CP, "cluster.local"),
+        dns_names=(
+            *components.dns_names(components.PROXY_CP, "cluster.local"),
+            "localhost",
+            "127.0.0.1",
+            "::1",
+        ),
         uris=("spiffe://cluster.local/ns/trellis-system/sa/proxy-cp",),
     )
     assert cert.tbs_certificate_bytes == builder_certificate(ca, expected).tbs_certificate_bytes
     assert ca.signed(issuer.chain_pem(cert))
+    # what proxy-cp serves xDS with: its proxyless clients dial a loopback address as
+    # localhost, with no name override
     verified_as_server(ca, cert, "localhost")
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1", "::1"]
+
+
+def test_another_component_s_certificate_names_only_itself(ca: CertificateAuthority) -> None:
+    public_key = ec.generate_private_key(ec.SECP256R1()).public_key()
+    issuer = Issuer(ca, KeyAlgorithm.ECDSA_P256, IssuancePolicy())
+    cert = issuer.issue_component(components.CATALOG, public_key, NOW, dt.timedelta(days=1))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == [
+        "catalog",
+        "catalog.trellis-system",
+        "catalog.trellis-system.svc",
+        "catalog.trellis-system.svc.cluster.local",
+    ]
+    assert sans.get_values_for_type(x509.IPAddress) == []
 
 
 def test_a_ca_past_its_end_issues_nothing(ca: CertificateAuthority) -> None:

@@ -98,6 +98,8 @@ def test_the_bootstrap() -> None:
         "inbound_port": 15003,
         "app_port": 8080,
         "admin_port": 15000,
+        # its own workload certificate is in its folder: proxy-cp names it, sends no key
+        "workload_dir": "/etc/trellis/cart",
     }
     ads = bootstrap["dynamic_resources"]["ads_config"]
     assert ads["api_type"] == "GRPC"

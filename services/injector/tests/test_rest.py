@@ -118,12 +118,13 @@ async def test_onboarding_a_proxy(
     assert result["xds_address"] == "10.0.0.9:15128"
 
     assert "PRIVATE KEY" not in response.text  # the proxy has its key; none travels
-    assert set(result["files"]) == {"cert_chain_pem", "trust_bundle_pem"}
+    assert set(result["files"]) == {"cert_chain_pem", "workload_cert_chain_pem", "trust_bundle_pem"}
     assert certificates.csrs == [CSR_PEM.encode()]  # the proxy's CSR, as it sent it
     assert "BEGIN CERTIFICATE" in result["files"]["cert_chain_pem"]
     assert "BEGIN CERTIFICATE" in result["files"]["trust_bundle_pem"]
     assert result["paths"] == {
         "cert_chain": "/srv/cart-proxy/cert.pem",
+        "workload_cert": "/srv/cart-proxy/workload.pem",
         "key": "/srv/cart-proxy/key.pem",
         "trust_bundle": "/srv/cart-proxy/ca.pem",
         "sds": "/srv/cart-proxy/proxy-sds.yaml",

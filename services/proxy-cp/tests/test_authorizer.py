@@ -56,10 +56,19 @@ def context(
     return cast("grpc.aio.ServicerContext[Any, Any]", FakeContext(common_name, serial, age))
 
 
-def node(node_id: str = PROXY, trellis: dict[str, Any] | None = None) -> base_pb2.Node:
+OWN_FILES = "/etc/trellis/proxy"
+
+
+def node(
+    node_id: str = PROXY, trellis: dict[str, Any] | None = None, own: bool = True
+) -> base_pb2.Node:
+    """A proxy's node; ``own``: its bootstrap names its own workload certificate's folder,
+    as every onboarding path writes it."""
     metadata = struct_pb2.Struct()
-    if trellis is not None:
-        metadata.update({"trellis": trellis})
+    section = {"workload_dir": OWN_FILES} if own else {}
+    section.update(trellis or {})
+    if section:
+        metadata.update({"trellis": section})
     return base_pb2.Node(id=node_id, cluster="bookstore", metadata=metadata)
 
 
@@ -195,7 +204,9 @@ async def test_a_good_proxy_gets_a_stream_with_its_key_and_identity(
 
     stream = await authorizer.authorize(context(PROXY), node(PROXY, trellis))
 
-    settings = ProxySettings(outbound_port=16001, inbound_port=16003, app_port=9000)
+    settings = ProxySettings(
+        outbound_port=16001, inbound_port=16003, app_port=9000, workload_dir=OWN_FILES
+    )
     assert stream.key == ProxyControlPlane.key_of("bookstore/bookstore", settings)
     assert stream.identity == "bookstore/bookstore"
     assert stream.proxy_id == stream.node_id == PROXY
@@ -205,12 +216,33 @@ async def test_a_good_proxy_gets_a_stream_with_its_key_and_identity(
     assert sources.view_fetches == [("bookstore/bookstore", "bookstore-sa")]
 
 
-async def test_no_metadata_means_default_settings(
+async def test_no_other_metadata_means_default_settings(
     authorizer: MeshAuthorizer, control_plane: ProxyControlPlane
 ) -> None:
     stream = await authorizer.authorize(context(PROXY), node(PROXY))
 
-    assert stream.key == ProxyControlPlane.key_of("bookstore/bookstore", ProxySettings())
+    default = ProxySettings(workload_dir=OWN_FILES)
+    assert stream.key == ProxyControlPlane.key_of("bookstore/bookstore", default)
+
+
+async def test_a_sidecar_without_its_own_workload_certificate_is_refused_not_sent_a_key(
+    authorizer: MeshAuthorizer, control_plane: ProxyControlPlane
+) -> None:
+    """A bootstrap made before every proxy had its own workload certificate would need its
+    service's shared key: the stream is refused, saying how to fix it."""
+    refused = await refusal(authorizer, PROXY, node(PROXY, own=False))
+
+    assert (refused.code, refused.reason) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "no_workload_dir",
+    )
+    assert "trellis vm bootstrap" in refused.message
+    assert control_plane.groups == {}
+    # a proxyless client reads its own files through its certificate provider
+    proxyless = await authorizer.authorize(
+        context(PROXY), node(PROXY, {"proxyless": True}, own=False)
+    )
+    assert proxyless.proxy_id == PROXY
 
 
 async def test_a_storm_of_authorizations_asks_the_catalog_once(

@@ -4,8 +4,8 @@ certmanager's own manager and servicer run in the test's event loop on a real gr
 server (an in-memory store). Most tests drive the follower as the signals hub does; the
 rotation test runs the whole path on a real Redis: certmanager's outbox signals a
 rotation, proxy-cp's hub hears it, fetches the material and rebuilds the identity's
-snapshot once. The last ones are proxy-cp's own serving certificate, asked for before it
-serves: certmanager is found through the service registry once it announces itself.
+snapshot once. (proxy-cp's own serving certificate is its component certificate, which it
+joined with: nothing asks certmanager for it here.)
 """
 
 from __future__ import annotations
@@ -29,13 +29,9 @@ from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport.grpc_api import CertificateManagerServicer
 from trellis_common.events import Outbox, Signals
 from trellis_common.health import Health
-from trellis_common.locate import Locator
 from trellis_common.model import MeshService
-from trellis_common.registry import Announcer, ServiceRecord
 from trellis_common.signaling import Event, Publisher
 from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.identities import LocalCA
-from trellis_proxy_cp import main
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -71,11 +67,8 @@ class Recorded:
 
 
 @asynccontextmanager
-async def served_certmanager(
-    announce: Announce, tls: LocalCA | None = None
-) -> AsyncIterator[tuple[CertificateManager, str]]:
-    """certmanager's servicer on a port; with ``tls``, over mTLS as the service runs it
-    (what depends on the caller's identity needs it)."""
+async def served_certmanager(announce: Announce) -> AsyncIterator[tuple[CertificateManager, str]]:
+    """certmanager's servicer on a port."""
     manager = CertificateManager(
         InMemoryCertificateStore(),
         announce,
@@ -86,11 +79,7 @@ async def served_certmanager(
     await manager.start()
     server = grpc.aio.server()
     cm_grpc.add_CertificateManagerServicer_to_server(CertificateManagerServicer(manager), server)
-    port = (
-        server.add_secure_port("127.0.0.1:0", tls.identity("certmanager").server_credentials())
-        if tls is not None
-        else server.add_insecure_port("127.0.0.1:0")
-    )
+    port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
         yield manager, f"127.0.0.1:{port}"
@@ -220,7 +209,8 @@ async def test_a_rotation_of_a_wanted_identity_is_handed_on_once(
 
     assert recorded.materials == [(IDENTITY, f"{rotated.serial:x}")]
     assert first.serial != f"{rotated.serial:x}"
-    assert client.materials[IDENTITY].key_pem == rotated.key_pem
+    assert client.materials[IDENTITY].cert_chain_pem == rotated.cert_chain_pem
+    assert client.materials[IDENTITY].key_pem == b""  # a service's key is not held here
 
 
 async def test_a_certificate_of_an_identity_not_wanted_here_is_not_fetched(
@@ -332,61 +322,3 @@ async def test_each_rotation_signal_rebuilds_the_identity_s_snapshot_once(
 
     assert cache.sets[stream.key] == 3  # one at connect, then one per rotation
     assert [v.split("/")[1] for v in cache.versions[1:]] == serials
-
-
-async def test_the_serving_certificate_is_asked_for_until_certmanager_is_found(
-    redis_client: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    ca = LocalCA()
-    as_proxy_cp = ca.identity("proxy-cp")  # only proxy-cp may have proxy-cp's certificate
-    locator = Locator(  # nothing configured: the registry
-        redis_client,
-        "certmanager",
-        channel_factory=lambda address: as_proxy_cp.channel(address, "certmanager"),
-    )
-    certs = CertClient(locator, Recorded().material)
-    stop = asyncio.Event()
-    async with served_certmanager(unheard, tls=ca) as (manager, address):
-        own = asyncio.create_task(
-            main.serving_material(certs, "trellis-system/proxy-cp", "proxy-cp", stop)
-        )
-        await eventually(lambda: "proxy_cp.waiting_for service=certmanager" in caplog.text)
-        assert not own.done()
-        record = ServiceRecord.create("certmanager", "certmanager-0", address)
-        announcing = asyncio.create_task(Announcer(redis_client, record).run(stop))
-        try:
-            material = await asyncio.wait_for(own, 10)
-        finally:
-            stop.set()
-            await announcing
-            await certs.close()
-
-    assert material is not None
-    assert material.serial == f"{manager.get('proxy-cp.trellis-system.svc.cluster.local').serial:x}"
-    assert certs.wanted == {"trellis-system/proxy-cp": "proxy-cp"}
-
-
-async def test_waiting_for_the_serving_certificate_ends_with_stop(
-    redis_client: redis.asyncio.Redis,
-) -> None:
-    certs = CertClient(Locator(redis_client, "certmanager"), Recorded().material)
-    stop = asyncio.Event()
-    stop.set()
-
-    assert await main.serving_material(certs, "trellis-system/proxy-cp", "proxy-cp", stop) is None
-
-
-async def test_a_stop_while_waiting_for_certmanager_ends_the_wait(
-    redis_client: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    certs = CertClient(Locator(redis_client, "certmanager"), Recorded().material)  # none there
-    stop = asyncio.Event()
-    own = asyncio.create_task(
-        main.serving_material(certs, "trellis-system/proxy-cp", "proxy-cp", stop)
-    )
-    await eventually(lambda: "proxy_cp.waiting_for service=certmanager" in caplog.text)
-    stop.set()
-    try:
-        assert await own is None
-    finally:
-        await certs.close()

@@ -7,6 +7,7 @@ Real :class:`SnapshotCache` and real translation; the catalog and certmanager ar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -14,7 +15,6 @@ from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate import names
-from trellis_proxy_cp.translate.settings import ProxySettings
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET
 
 STORE = "bookstore/bookstore"
@@ -22,8 +22,8 @@ BUYER = "bookbuyer/bookbuyer"
 STORE_1 = t.proxy_common_name("bookstore", "bookstore", 1)
 STORE_2 = t.proxy_common_name("bookstore", "bookstore", 2)
 BUYER_1 = t.proxy_common_name("bookbuyer", "bookbuyer", 3)
-DEFAULT = ProxySettings()
-OTHER_PORTS = ProxySettings(outbound_port=16001, inbound_port=16003)
+DEFAULT = t.SIDECAR
+OTHER_PORTS = dataclasses.replace(t.SIDECAR, outbound_port=16001, inbound_port=16003)
 
 
 @pytest.fixture
@@ -199,7 +199,9 @@ async def test_new_material_rebuilds_only_that_identitys_groups_and_moves_only_s
     before = cache.get(store)
     assert before is not None
 
-    await control_plane.set_material(STORE, t.material("s2", key_pem=b"a rotated key"))
+    # a new trust bundle (a root rotation) is the one secret that travels inline
+    rotated = dataclasses.replace(t.material("s2"), trust_bundle_pem=b"a new trust bundle")
+    await control_plane.set_material(STORE, rotated)
 
     after = cache.get(store)
     assert after is not None

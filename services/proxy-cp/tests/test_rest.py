@@ -118,7 +118,9 @@ async def test_the_configuration_has_every_type_and_no_private_key(admin: Admin)
     assert [r["cluster_name"] for r in resources["eds"]] == ["bookstore/reviews|9080"]
     certificate = next(r for r in resources["sds"] if r["name"] == "service-cert")
     assert certificate["tls_certificate"]["private_key"] == rest.REDACTED
-    assert certificate["tls_certificate"]["certificate_chain"]["inline_bytes"]
+    # the proxy's own files, named: no key of the service travels
+    own = certificate["tls_certificate"]["certificate_chain"]["filename"]
+    assert own == f"{t.SIDECAR.workload_dir}/workload.pem"
     for secret in (
         t.KEY_PEM,
         base64.b64encode(t.KEY_PEM),

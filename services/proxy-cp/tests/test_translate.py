@@ -7,6 +7,7 @@ validate``, so a field Envoy rejects fails here rather than as a NACK in product
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -231,10 +232,17 @@ def test_tcp_inbound_uses_network_rbac_and_tcp_proxy() -> None:
     assert [r["name"] for r in map(as_dict, resources.routes)] == [names.OUTBOUND_ROUTES]
 
 
-def test_secrets_only_when_material_is_there() -> None:
-    assert translate(store_view(), ProxySettings(), None).secrets == []
-    found = [as_dict(s) for s in translate(store_view(), ProxySettings(), MATERIAL).secrets]
-    assert [s["name"] for s in found] == [names.SERVICE_CERT, names.MESH_CA]
+def test_secrets_only_when_material_is_there_and_never_a_key() -> None:
+    own = ProxySettings(workload_dir="/srv/proxy")
+    assert translate(store_view(), own, None).secrets == []
+    keyed = SecretMaterial(b"-----BEGIN CERTIFICATE-----\n", b"SERVICE-KEY-BYTES", b"ca")
+    found = translate(store_view(), own, keyed).secrets
+    assert [as_dict(s)["name"] for s in found] == [names.SERVICE_CERT, names.MESH_CA]
+    assert b"SERVICE-KEY-BYTES" not in b"".join(s.SerializeToString() for s in found)
+    # a bootstrap naming no folder of its own (made before proxies had their own
+    # certificates; proxy-cp refuses its stream): only the trust bundle, no service key
+    bare = translate(store_view(), ProxySettings(), MATERIAL).secrets
+    assert [as_dict(s)["name"] for s in bare] == [names.MESH_CA]
 
 
 @pytest.mark.parametrize(
@@ -248,8 +256,10 @@ def test_secrets_only_when_material_is_there() -> None:
     ],
     ids=["outbound", "inbound-http", "inbound-tcp", "permissive", "deny-all"],
 )
-def test_envoy_accepts_the_translation(view: pb.View, real_material: SecretMaterial) -> None:
-    resources = translate(view, ProxySettings(app_port=8081), real_material)
+def test_envoy_accepts_the_translation(
+    view: pb.View, real_material: SecretMaterial, sidecar: Callable[..., ProxySettings]
+) -> None:
+    resources = translate(view, sidecar(app_port=8081), real_material)
     result = envoy.validate(static_bootstrap(resources))
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -375,20 +385,23 @@ def test_a_tcp_destination_the_catalog_marks_shadowed_gets_no_listener() -> None
     assert names.outbound_tcp_listener("shop", "a-cache", 5432) not in names_made
 
 
-def test_envoy_accepts_egress_and_tcp_listeners(real_material: SecretMaterial) -> None:
-    resources = translate(egress_tcp_view(), ProxySettings(app_port=8081), real_material)
+def test_envoy_accepts_egress_and_tcp_listeners(
+    real_material: SecretMaterial, sidecar: Callable[..., ProxySettings]
+) -> None:
+    resources = translate(egress_tcp_view(), sidecar(app_port=8081), real_material)
     result = envoy.validate(static_bootstrap(resources))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_meshconfig_tracing_makes_every_http_manager_report_tagged_zipkin_spans(
     real_material: SecretMaterial,
+    sidecar: Callable[..., ProxySettings],
 ) -> None:
     view = store_view()
     view.mesh.tracing.CopyFrom(
         pb.Tracing(address="zipkin.tracing", port=9411, endpoint="/api/v2/spans")
     )
-    resources = translate(view, ProxySettings(app_port=8081), real_material)
+    resources = translate(view, sidecar(app_port=8081), real_material)
     listeners = {item["name"]: item for item in map(as_dict, resources.listeners)}
     for name, direction in (
         (names.OUTBOUND_LISTENER, "outbound"),
@@ -415,6 +428,6 @@ def test_meshconfig_tracing_makes_every_http_manager_report_tagged_zipkin_spans(
     }
     result = envoy.validate(static_bootstrap(resources))
     assert result.returncode == 0, result.stdout + result.stderr
-    untraced = translate(store_view(), ProxySettings(app_port=8081), real_material)
+    untraced = translate(store_view(), sidecar(app_port=8081), real_material)
     assert "trellis-tracing" not in {c["name"] for c in map(as_dict, untraced.clusters)}
     assert all("tracing" not in json_format.MessageToJson(item) for item in untraced.listeners)

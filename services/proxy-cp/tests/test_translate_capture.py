@@ -4,6 +4,7 @@ itself accepts the result."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -238,9 +239,9 @@ def test_permissive_mode_also_takes_plaintext_told_apart_by_the_tls_inspector() 
     ids=["outbound", "outbound-egress", "inbound", "inbound-permissive"],
 )
 def test_envoy_accepts_the_captured_translation(
-    view: pb.View, real_material: SecretMaterial
+    view: pb.View, real_material: SecretMaterial, sidecar: Callable[..., ProxySettings]
 ) -> None:
-    resources = translate(view, CAPTURE, real_material)
+    resources = translate(view, sidecar(capture=True), real_material)
     result = envoy.validate(static_bootstrap(resources))
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -305,9 +306,10 @@ def test_a_pod_agents_proxy_is_sent_no_key_its_certificate_names_the_agents_file
     assert cert.tls_certificate.certificate_chain.filename == "/etc/trellis/proxy/workload.pem"
     assert cert.tls_certificate.watched_directory.path == "/etc/trellis/proxy"
     assert b"SERVICE-KEY-BYTES" not in cert.SerializeToString()  # the service key stays home
-    # a sidecar without an agent still gets its identity's pair over SDS
-    inline = service_cert(translate(buyer_view(), ProxySettings(capture=True), material))
-    assert inline.tls_certificate.private_key.inline_bytes == b"SERVICE-KEY-BYTES"
+    # a sidecar naming no folder of its own gets no service certificate, never the key
+    bare = translate(buyer_view(), ProxySettings(capture=True), material).secrets
+    assert [as_dict(s)["name"] for s in bare] == [names.MESH_CA]
+    assert b"SERVICE-KEY-BYTES" not in b"".join(s.SerializeToString() for s in bare)
 
 
 @pytest.mark.parametrize("folder", ["relative/dir", "/etc/../root", "/a b", 7, "/" + "x" * 300])

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
-from trellis_proxy_cp.testing.static import as_dict, self_signed_material, static_bootstrap
+from trellis_proxy_cp.testing.static import as_dict, static_bootstrap
 from trellis_proxy_cp.translate import egress, names
 from trellis_proxy_cp.translate.proxy import Resources, translate
+from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
 
 CONNECT = {
@@ -52,8 +54,10 @@ def _valid(resources: Resources) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_egress_routes_are_virtual_hosts_per_host_and_port() -> None:
-    resources = translate(egress_view(), ProxySettings(), self_signed_material())
+def test_egress_routes_are_virtual_hosts_per_host_and_port(
+    sidecar: Callable[..., ProxySettings], real_material: SecretMaterial
+) -> None:
+    resources = translate(egress_view(), sidecar(), real_material)
     (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.OUTBOUND_ROUTES)
     assert routes["virtual_hosts"] == [
         {
@@ -109,8 +113,10 @@ def test_egress_routes_are_virtual_hosts_per_host_and_port() -> None:
     _valid(resources)
 
 
-def test_egress_clusters_resolve_named_hosts_and_forward_address_ranges() -> None:
-    resources = translate(egress_view(), ProxySettings(), self_signed_material())
+def test_egress_clusters_resolve_named_hosts_and_forward_address_ranges(
+    sidecar: Callable[..., ProxySettings], real_material: SecretMaterial
+) -> None:
+    resources = translate(egress_view(), sidecar(), real_material)
     clusters = {c["name"]: c for c in map(as_dict, resources.clusters)}
     http = clusters["egress|http|httpbin.org:80"]
     assert http["type"] == "STRICT_DNS"
@@ -157,8 +163,10 @@ def ingress_view(protocol: str) -> pb.View:
     )
 
 
-def test_an_http_ingress_backend_is_a_plaintext_chain_from_its_sources() -> None:
-    resources = translate(ingress_view("http"), ProxySettings(), self_signed_material())
+def test_an_http_ingress_backend_is_a_plaintext_chain_from_its_sources(
+    sidecar: Callable[..., ProxySettings], real_material: SecretMaterial
+) -> None:
+    resources = translate(ingress_view("http"), sidecar(), real_material)
     inbound = next(
         x for x in map(as_dict, resources.listeners) if x["name"] == names.INBOUND_LISTENER
     )
@@ -185,8 +193,10 @@ def test_an_http_ingress_backend_is_a_plaintext_chain_from_its_sources() -> None
     _valid(resources)
 
 
-def test_an_https_ingress_backend_is_an_rbac_policy_on_every_inbound_route() -> None:
-    resources = translate(ingress_view("https"), ProxySettings(), self_signed_material())
+def test_an_https_ingress_backend_is_an_rbac_policy_on_every_inbound_route(
+    sidecar: Callable[..., ProxySettings], real_material: SecretMaterial
+) -> None:
+    resources = translate(ingress_view("https"), sidecar(), real_material)
     inbound = next(
         x for x in map(as_dict, resources.listeners) if x["name"] == names.INBOUND_LISTENER
     )
@@ -226,12 +236,14 @@ def test_an_https_ingress_backend_is_an_rbac_policy_on_every_inbound_route() -> 
     _valid(resources)
 
 
-def test_skipping_client_certificate_validation_is_a_tls_chain_of_its_own() -> None:
+def test_skipping_client_certificate_validation_is_a_tls_chain_of_its_own(
+    sidecar: Callable[..., ProxySettings], real_material: SecretMaterial
+) -> None:
     view = ingress_view("https")
     rule = view.inbound[0].ingress
     rule.skip_client_cert_validation = True
     rule.sni_hosts.append("bookstore.example.com")
-    resources = translate(view, ProxySettings(), self_signed_material())
+    resources = translate(view, sidecar(), real_material)
     inbound = next(
         x for x in map(as_dict, resources.listeners) if x["name"] == names.INBOUND_LISTENER
     )

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
+from trellis_proxy_cp.testing.control import SIDECAR
 from trellis_proxy_cp.testing.static import as_dict, cluster, self_signed_material, static_bootstrap
 from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.gateway import INVALID_BACKEND
 from trellis_proxy_cp.translate.proxy import translate
+from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
 
 V1, V2 = "shop/hello-v1|9000", "shop/hello-v2|9000"
@@ -111,7 +114,7 @@ def gateway_view() -> pb.View:
 
 
 def _hosts() -> dict[str, dict[str, Any]]:
-    resources = translate(gateway_view(), ProxySettings(), self_signed_material())
+    resources = translate(gateway_view(), SIDECAR, self_signed_material())
     (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.OUTBOUND_ROUTES)
     return {h["name"]: h for h in routes["virtual_hosts"]}
 
@@ -185,14 +188,18 @@ def test_redirects_rewrites_timeouts_and_direct_responses() -> None:
     assert routes["no-route"]["direct_response"] == {"status": 404}
 
 
-def test_envoy_accepts_gateway_routes() -> None:
-    resources = translate(gateway_view(), ProxySettings(), self_signed_material())
+def test_envoy_accepts_gateway_routes(
+    sidecar: Callable[..., ProxySettings], real_material: SecretMaterial
+) -> None:
+    resources = translate(gateway_view(), sidecar(), real_material)
     result = envoy.validate(static_bootstrap(resources))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_a_proxyless_client_gets_api_listeners_per_name_and_certificate_provider_tls() -> None:
-    resources = translate(gateway_view(), ProxySettings(proxyless=True), self_signed_material())
+def test_a_proxyless_client_gets_api_listeners_per_name_and_certificate_provider_tls(
+    real_material: SecretMaterial,
+) -> None:
+    resources = translate(gateway_view(), ProxySettings(proxyless=True), real_material)
     listeners = {item["name"]: item for item in map(as_dict, resources.listeners)}
     assert sorted(listeners) == sorted(NAMES + [f"{n}:9000" for n in NAMES])
     manager = listeners["hello.shop:9000"]["api_listener"]["api_listener"]
@@ -214,8 +221,8 @@ def test_a_proxyless_client_gets_api_listeners_per_name_and_certificate_provider
     ]
     assert "typed_extension_protocol_options" not in clusters[V1]
     assert {e["cluster_name"] for e in map(as_dict, resources.endpoints)} == {V1, V2}
-    # no inbound side, but the identity's secrets are there for `trellis grpc agent`
-    assert {as_dict(s)["name"] for s in resources.secrets} == {names.SERVICE_CERT, names.MESH_CA}
+    # no inbound side, and no key: gRPC reads the workload's own files (its provider)
+    assert [as_dict(s)["name"] for s in resources.secrets] == [names.MESH_CA]
 
 
 def test_proxyless_settings_come_from_node_metadata() -> None:

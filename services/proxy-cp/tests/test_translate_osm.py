@@ -3,6 +3,8 @@ UpstreamTrafficSetting's connection settings and outlier detection on the cluste
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from trellis_api import catalog_pb2 as pb
 from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import as_dict, buyer_view, static_bootstrap
@@ -14,6 +16,7 @@ from trellis_proxy_cp.translate.settings import ProxySettings
 
 def test_an_osm_retry_policy_is_on_every_route_of_its_service(
     real_material: SecretMaterial,
+    sidecar: Callable[..., ProxySettings],
 ) -> None:
     view = buyer_view()
     [root] = [o for o in view.outbound if o.name == "bookstore"]
@@ -26,7 +29,7 @@ def test_an_osm_retry_policy_is_on_every_route_of_its_service(
             backoff_base_interval=0.01,
         )
     )
-    resources = translate(view, ProxySettings(), real_material)
+    resources = translate(view, sidecar(), real_material)
     (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.OUTBOUND_ROUTES)
     hosts = {h["name"]: h for h in routes["virtual_hosts"]}
     retried = [r["route"]["retry_policy"] for r in hosts["bookstore/bookstore|14001"]["routes"]]
@@ -46,6 +49,7 @@ def test_an_osm_retry_policy_is_on_every_route_of_its_service(
 
 def test_circuit_breakers_are_off_unless_an_upstream_setting_sets_them(
     real_material: SecretMaterial,
+    sidecar: Callable[..., ProxySettings],
 ) -> None:
     view = buyer_view()
     [limited] = [c for c in view.clusters if c.name == "bookstore/bookstore-v1|14001"]
@@ -58,7 +62,7 @@ def test_circuit_breakers_are_off_unless_an_upstream_setting_sets_them(
             max_requests_per_connection=3,
         )
     )
-    resources = translate(view, ProxySettings(), real_material)
+    resources = translate(view, sidecar(), real_material)
     clusters = {c["name"]: c for c in map(as_dict, resources.clusters)}
     unlimited = 2**32 - 1
     [plain] = clusters["bookstore/bookstore-v2|14001"]["circuit_breakers"]["thresholds"]
@@ -83,7 +87,9 @@ def test_circuit_breakers_are_off_unless_an_upstream_setting_sets_them(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_outlier_detection_is_envoys_with_istios_mapping(real_material: SecretMaterial) -> None:
+def test_outlier_detection_is_envoys_with_istios_mapping(
+    real_material: SecretMaterial, sidecar: Callable[..., ProxySettings]
+) -> None:
     view = buyer_view()
     [v1] = [c for c in view.clusters if c.name == "bookstore/bookstore-v1|14001"]
     v1.connection.CopyFrom(
@@ -94,7 +100,7 @@ def test_outlier_detection_is_envoys_with_istios_mapping(real_material: SecretMa
             ),
         )
     )
-    resources = translate(view, ProxySettings(), real_material)
+    resources = translate(view, sidecar(), real_material)
     clusters = {c["name"]: c for c in map(as_dict, resources.clusters)}
     assert clusters["bookstore/bookstore-v1|14001"]["outlier_detection"] == {
         "consecutive_5xx": 3,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from trellis_proxy_cp.testing.static import as_dict, self_signed_material, stati
 from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.ratelimit import HTTP_FILTER, TCP_FILTER
+from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
 
 TYPE = "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit"
@@ -52,12 +54,14 @@ def view(protocol: str, port_limit: pb.LocalRateLimit | None) -> pb.View:
     )
 
 
-def test_http_limits_ride_on_the_inbound_virtual_host_and_routes() -> None:
+def test_http_limits_ride_on_the_inbound_virtual_host_and_routes(
+    sidecar: Callable[..., ProxySettings], real_material: SecretMaterial
+) -> None:
     headers = [pb.Header(name="X-Limited", value="yes")]
     resources = translate(
         view("http", limit(10, burst=5, status=503, response_headers=headers)),
-        ProxySettings(),
-        self_signed_material(),
+        sidecar(),
+        real_material,
     )
     (routes,) = (r for r in map(as_dict, resources.routes) if r["name"] == names.INBOUND_ROUTES)
     [host] = routes["virtual_hosts"]
@@ -91,8 +95,10 @@ def test_the_inbound_http_listener_does_not_change_with_a_limit() -> None:
 @pytest.mark.parametrize("port_limit", [None, limit(3, burst=1, seconds=1)])
 def test_tcp_limits_count_connections_before_the_proxy(
     port_limit: pb.LocalRateLimit | None,
+    sidecar: Callable[..., ProxySettings],
+    real_material: SecretMaterial,
 ) -> None:
-    resources = translate(view("tcp", port_limit), ProxySettings(), self_signed_material())
+    resources = translate(view("tcp", port_limit), sidecar(), real_material)
     (inbound,) = (
         x for x in map(as_dict, resources.listeners) if x["name"] == names.INBOUND_LISTENER
     )

@@ -289,11 +289,18 @@ class Certificate(_message.Message):
     CERT_CHAIN_PEM_FIELD_NUMBER: _builtins.int
     PRIVATE_KEY_PEM_FIELD_NUMBER: _builtins.int
     TRUST_BUNDLE_PEM_FIELD_NUMBER: _builtins.int
+    WORKLOAD_CERT_CHAIN_PEM_FIELD_NUMBER: _builtins.int
     cert_chain_pem: _builtins.bytes
     """Leaf first, then any intermediates; not the root."""
     private_key_pem: _builtins.bytes
     """Service certificates only (unless omit_private_key); empty for proxy certificates."""
     trust_bundle_pem: _builtins.bytes
+    workload_cert_chain_pem: _builtins.bytes
+    """Proxy certificates: the proxy's own workload certificate, for the same key (made on
+    the proxy's host), for mesh mTLS: URI SAN spiffe://<td>/ns/<ns>/sa/<account>, the
+    service's DNS names, serverAuth and clientAuth; it ends with the proxy certificate.
+    No proxy is ever sent a key shared by a whole service.
+    """
     @_builtins.property
     def info(self) -> Global___CertificateInfo: ...
     def __init__(
@@ -303,10 +310,11 @@ class Certificate(_message.Message):
         cert_chain_pem: _builtins.bytes = ...,
         private_key_pem: _builtins.bytes = ...,
         trust_bundle_pem: _builtins.bytes = ...,
+        workload_cert_chain_pem: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_chain_pem", b"cert_chain_pem", "info", b"info", "private_key_pem", b"private_key_pem", "trust_bundle_pem", b"trust_bundle_pem"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_chain_pem", b"cert_chain_pem", "info", b"info", "private_key_pem", b"private_key_pem", "trust_bundle_pem", b"trust_bundle_pem", "workload_cert_chain_pem", b"workload_cert_chain_pem"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

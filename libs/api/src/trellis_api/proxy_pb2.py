@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17trellis_api/proxy.proto\x12\x10trellis.proxy.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"4\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63ommon_name\x18\x02 \x01(\t\"\xb0\x01\n\rRenewResponse\x12\x16\n\x0e\x63\x65rt_chain_pem\x18\x01 \x01(\x0c\x12\x18\n\x10trust_bundle_pem\x18\x02 \x01(\x0c\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12.\n\nnot_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tnot_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"1\n\rEnrollRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\x12\x0f\n\x07service\x18\x02 \x01(\t\"\xbc\x01\n\x0e\x45nrollResponse\x12\x1c\n\x14proxy_cert_chain_pem\x18\x01 \x01(\x0c\x12\x1f\n\x17workload_cert_chain_pem\x18\x02 \x01(\x0c\x12\x18\n\x10trust_bundle_pem\x18\x03 \x01(\x0c\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x11\n\tspiffe_id\x18\x05 \x01(\t\x12-\n\tnot_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2]\n\x11ProxyCertificates\x12H\n\x05Renew\x12\x1e.trellis.proxy.v1.RenewRequest\x1a\x1f.trellis.proxy.v1.RenewResponse2^\n\x0fProxyEnrollment\x12K\n\x06\x45nroll\x12\x1f.trellis.proxy.v1.EnrollRequest\x1a .trellis.proxy.v1.EnrollResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17trellis_api/proxy.proto\x12\x10trellis.proxy.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"4\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63ommon_name\x18\x02 \x01(\t\"\xd1\x01\n\rRenewResponse\x12\x16\n\x0e\x63\x65rt_chain_pem\x18\x01 \x01(\x0c\x12\x18\n\x10trust_bundle_pem\x18\x02 \x01(\x0c\x12\x0e\n\x06serial\x18\x03 \x01(\t\x12.\n\nnot_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tnot_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1f\n\x17workload_cert_chain_pem\x18\x06 \x01(\x0c\"1\n\rEnrollRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\x12\x0f\n\x07service\x18\x02 \x01(\t\"\xbc\x01\n\x0e\x45nrollResponse\x12\x1c\n\x14proxy_cert_chain_pem\x18\x01 \x01(\x0c\x12\x1f\n\x17workload_cert_chain_pem\x18\x02 \x01(\x0c\x12\x18\n\x10trust_bundle_pem\x18\x03 \x01(\x0c\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x11\n\tspiffe_id\x18\x05 \x01(\t\x12-\n\tnot_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2]\n\x11ProxyCertificates\x12H\n\x05Renew\x12\x1e.trellis.proxy.v1.RenewRequest\x1a\x1f.trellis.proxy.v1.RenewResponse2^\n\x0fProxyEnrollment\x12K\n\x06\x45nroll\x12\x1f.trellis.proxy.v1.EnrollRequest\x1a .trellis.proxy.v1.EnrollResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,13 +35,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWREQUEST']._serialized_start=78
   _globals['_RENEWREQUEST']._serialized_end=130
   _globals['_RENEWRESPONSE']._serialized_start=133
-  _globals['_RENEWRESPONSE']._serialized_end=309
-  _globals['_ENROLLREQUEST']._serialized_start=311
-  _globals['_ENROLLREQUEST']._serialized_end=360
-  _globals['_ENROLLRESPONSE']._serialized_start=363
-  _globals['_ENROLLRESPONSE']._serialized_end=551
-  _globals['_PROXYCERTIFICATES']._serialized_start=553
-  _globals['_PROXYCERTIFICATES']._serialized_end=646
-  _globals['_PROXYENROLLMENT']._serialized_start=648
-  _globals['_PROXYENROLLMENT']._serialized_end=742
+  _globals['_RENEWRESPONSE']._serialized_end=342
+  _globals['_ENROLLREQUEST']._serialized_start=344
+  _globals['_ENROLLREQUEST']._serialized_end=393
+  _globals['_ENROLLRESPONSE']._serialized_start=396
+  _globals['_ENROLLRESPONSE']._serialized_end=584
+  _globals['_PROXYCERTIFICATES']._serialized_start=586
+  _globals['_PROXYCERTIFICATES']._serialized_end=679
+  _globals['_PROXYENROLLMENT']._serialized_start=681
+  _globals['_PROXYENROLLMENT']._serialized_end=775
 # @@protoc_insertion_point(module_scope)

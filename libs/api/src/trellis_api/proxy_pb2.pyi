@@ -58,11 +58,14 @@ class RenewResponse(_message.Message):
     SERIAL_FIELD_NUMBER: _builtins.int
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     NOT_AFTER_FIELD_NUMBER: _builtins.int
+    WORKLOAD_CERT_CHAIN_PEM_FIELD_NUMBER: _builtins.int
     cert_chain_pem: _builtins.bytes
     """Leaf first, then any intermediates."""
     trust_bundle_pem: _builtins.bytes
     serial: _builtins.str
     """Lowercase hex."""
+    workload_cert_chain_pem: _builtins.bytes
+    """The proxy's own workload certificate (mesh mTLS), for the same key."""
     @_builtins.property
     def not_before(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -75,10 +78,11 @@ class RenewResponse(_message.Message):
         serial: _builtins.str = ...,
         not_before: _timestamp_pb2.Timestamp | None = ...,
         not_after: _timestamp_pb2.Timestamp | None = ...,
+        workload_cert_chain_pem: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["not_after", b"not_after", "not_before", b"not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_chain_pem", b"cert_chain_pem", "not_after", b"not_after", "not_before", b"not_before", "serial", b"serial", "trust_bundle_pem", b"trust_bundle_pem"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_chain_pem", b"cert_chain_pem", "not_after", b"not_after", "not_before", b"not_before", "serial", b"serial", "trust_bundle_pem", b"trust_bundle_pem", "workload_cert_chain_pem", b"workload_cert_chain_pem"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

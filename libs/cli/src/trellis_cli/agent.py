@@ -8,7 +8,8 @@ traffic the pod's redirect lets out), before Envoy starts. The agent:
 2. proves who the pod is with its projected ServiceAccount token (audience ``trellis``,
    bound to the pod by the kubelet), sent with a CSR to proxy-cp's enrollment port
    (``trellis.proxy.v1.ProxyEnrollment/Enroll``; server TLS, proxy-cp's certificate checked
-   against the mesh root the injector gave it);
+   against the mesh root the injector gave it, for its DNS name and for the SPIFFE id the
+   bootstrap accepts it by, before the token is sent);
 3. gets back the proxy certificate (Envoy's xDS client certificate, CN
    ``<pod-uid>.<service>.<namespace>``) and the workload certificate (its ServiceAccount's
    SPIFFE id, for mesh mTLS), both for that key;
@@ -35,7 +36,6 @@ import argparse
 import datetime as dt
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -49,7 +49,8 @@ import yaml
 from cryptography import x509
 
 from trellis_api import proxy_pb2, proxy_pb2_grpc
-from trellis_common import identity
+from trellis_cli.swapdir import install
+from trellis_common import identity, servercheck
 from trellis_common.bootstrap import (
     CA_FILE,
     KEY_FILE,
@@ -57,12 +58,12 @@ from trellis_common.bootstrap import (
     SDS_FILE,
     WORKLOAD_CERT_FILE,
     proxy_secret_document,
+    xds_server_identity,
 )
 
 log = logging.getLogger("trellis.agent")
 
 BOOTSTRAP_FILE = "envoy.yaml"
-DATA_LINK = "..data"
 
 
 class AgentError(Exception):
@@ -115,12 +116,31 @@ class Enrolled:
         return self.response.not_after.ToDatetime(tzinfo=dt.UTC)
 
 
+def check_server(config: AgentConfig) -> None:
+    """proxy-cp must present the SPIFFE id the pod's bootstrap accepts it by, not only a
+    certificate of the mesh CA for its DNS name (:mod:`trellis_common.servercheck`): the
+    token is sent only to proxy-cp."""
+    try:
+        expected = xds_server_identity(yaml.safe_load(config.bootstrap))
+    except (yaml.YAMLError, KeyError, IndexError, TypeError, StopIteration) as exc:
+        raise AgentError(f"TRELLIS_AGENT_BOOTSTRAP names no proxy-cp identity: {exc!r}") from None
+    try:
+        servercheck.verify_server(config.address, config.server_name, expected, config.ca_pem)
+    except servercheck.ServerRefused as exc:
+        raise AgentError(
+            f"{config.address} is not proxy-cp ({exc.reason}): {exc}; no token was sent"
+        ) from None
+    except servercheck.Unreachable as exc:
+        raise AgentError(str(exc)) from None
+
+
 def enroll(config: AgentConfig) -> Enrolled:
     """One enrollment: a new key, its CSR and the pod's token to proxy-cp."""
     try:
         token = config.token_path.read_text().strip()
     except OSError as exc:
         raise AgentError(f"cannot read the token {config.token_path}: {exc}") from None
+    check_server(config)
     key_pem, key = identity.new_key()
     csr = identity.csr_for(key, config.service)
     credentials = grpc.ssl_channel_credentials(root_certificates=config.ca_pem)
@@ -141,37 +161,6 @@ def enroll(config: AgentConfig) -> Enrolled:
                 f"{code.name if code else 'error'}: {details}"
             ) from None
     return Enrolled(key_pem, response)
-
-
-def install(folder: Path, files: Mapping[str, bytes]) -> None:
-    """Write ``files`` as the kubelet writes a Secret volume: all of them into a new
-    ``..<time>`` folder, the ``..data`` link swapped to it with one rename, each name a
-    link through ``..data``; then the previous folder removed. The key is 0600 (Envoy runs
-    as this agent's uid)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("..%Y_%m_%d_%H_%M_%S.%f")
-    fresh = folder / stamp
-    fresh.mkdir(mode=0o755)
-    for name, data in files.items():
-        path = fresh / name
-        fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if name == KEY_FILE else 0o644
-        )
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-    link = folder / DATA_LINK
-    previous = os.readlink(link) if link.is_symlink() else None
-    temporary = folder / "..data_tmp"
-    temporary.unlink(missing_ok=True)
-    temporary.symlink_to(stamp)
-    os.replace(temporary, link)
-    for name in files:
-        visible = folder / name
-        if not visible.is_symlink():
-            visible.unlink(missing_ok=True)
-            visible.symlink_to(f"{DATA_LINK}/{name}")
-    if previous is not None and previous != stamp:
-        shutil.rmtree(folder / previous, ignore_errors=True)
 
 
 def bootstrap_with_node(template: str, node_id: str) -> str:

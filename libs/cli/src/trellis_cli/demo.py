@@ -17,15 +17,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from trellis_cli.client import Mesh
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
-from trellis_cli.vm import write_file, write_private
+from trellis_cli.vm import write_proxy_folder
 from trellis_common import identity
-from trellis_common.bootstrap import SDS_FILE, proxy_secret_document, sidecar_args
+from trellis_common.bootstrap import WORKLOAD_CERT_FILE, sidecar_args
 from trellis_common.envoybin import find_envoy
 
 HOST = "bookstore.bookstore:14001"
@@ -73,8 +70,8 @@ def ports() -> list[int]:
 def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
     """The sidecar's bootstrap and certificate files (kept from a previous run if present)."""
     config = folder / "envoy.yaml"
-    if config.exists() and ((folder / SDS_FILE).exists() or (folder / "key.pem").exists()):
-        return config
+    if config.exists() and (folder / WORKLOAD_CERT_FILE).exists():
+        return config  # a folder of a run before proxies had their own certificate is not
     folder.mkdir(parents=True, exist_ok=True)
     key_pem, key = identity.new_key()  # the proxy's key, made here: only the CSR is sent
     body = mesh.request(
@@ -94,15 +91,7 @@ def onboard(mesh: Mesh, workload: Workload, folder: Path) -> Path:
             "csr_pem": identity.csr_for(key, workload.name).decode(),
         },
     ).json()
-    files: dict[str, Any] = body["files"]
-    write_file(folder / "cert.pem", files["cert_chain_pem"])
-    write_file(folder / "ca.pem", files["trust_bundle_pem"])
-    write_private(folder / "key.pem", key_pem.decode())
-    if "sds" in body["paths"]:  # the bootstrap takes the certificate from it (renewal swaps it)
-        document = proxy_secret_document(folder / "cert.pem", folder / "key.pem")
-        write_file(Path(body["paths"]["sds"]), yaml.safe_dump(document, sort_keys=False))
-    write_file(config, yaml.safe_dump(body["bootstrap"], sort_keys=False))
-    return config
+    return write_proxy_folder(folder.resolve(), key_pem, body).config
 
 
 def register(mesh: Mesh, workload: Workload) -> None:

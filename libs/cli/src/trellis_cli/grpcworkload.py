@@ -1,10 +1,10 @@
 """``trellis grpc``: proxyless gRPC workloads, which join the mesh with no sidecar.
 
-``bootstrap`` onboards one like a proxy (its proxy key is made here; only a CSR is sent to
-the injector, with an onboarding token or the admin token), fetches its workload
-certificate over SDS with the proxy certificate, and writes the folder
-:mod:`trellis_common.grpc_bootstrap` describes, ``bootstrap.json`` last. ``agent`` keeps
-the workload certificate in that folder fresh as certmanager rotates it.
+``bootstrap`` onboards one like a proxy (its key is made here; only a CSR is sent to the
+injector, with an onboarding token or the admin token), and writes the folder
+:mod:`trellis_common.grpc_bootstrap` describes: the proxy certificate (xDS channel) and the
+workload's own certificate (its account's SPIFFE id), both for that key, ``bootstrap.json``
+last. ``agent`` renews both before they expire (:mod:`.grpcrenew`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import click
 
 from trellis_cli import output
 from trellis_cli.client import CliError, Mesh
-from trellis_cli.grpcsds import fetch_once, follow, install
-from trellis_cli.vm import INJECTOR, onboarding_token, token_file_option, write_file, write_private
+from trellis_cli.grpcrenew import Certificates, install, watch
+from trellis_cli.vm import INJECTOR, onboarding_token, token_file_option, write_file
 from trellis_common import identity
 from trellis_common.grpc_bootstrap import GrpcFolder
 
@@ -31,8 +31,9 @@ def grpc_group() -> None:
 
 @grpc_group.command(
     help="Onboard a proxyless gRPC workload: write DIR/bootstrap.json (GRPC_XDS_BOOTSTRAP) "
-    "and the files it names: the proxy certificate for the xDS channel, and the workload "
-    "certificate (its service account's SPIFFE id), key and mesh CA."
+    "and the files it names: the proxy certificate for the xDS channel, the workload's own "
+    "certificate (its service account's SPIFFE id), both for one key made here, and the "
+    "mesh CA."
 )
 @click.option("--namespace", "-n", required=True)
 @click.option("--service", required=True, help="The service the workload belongs to.")
@@ -56,7 +57,7 @@ def bootstrap(
     as_json: bool,
 ) -> None:
     files = GrpcFolder(out.resolve())
-    key_pem, key = identity.new_key()  # the proxy key: made here, never sent
+    key_pem, key = identity.new_key()  # the workload's key: made here, never sent
     body = {
         "kind": "grpc",
         "namespace": namespace,
@@ -67,14 +68,17 @@ def bootstrap(
     }
     token = onboarding_token(token_file)
     result = mesh.call(INJECTOR, "POST", "/v1/bootstrap", auth=True, bearer=token, json=body)
-    document = result["bootstrap"]
+    document, answered = result["bootstrap"], result["files"]
     try:
-        files.folder.mkdir(parents=True, exist_ok=True)
-        write_private(files.proxy_key, key_pem.decode())
-        write_file(files.proxy_cert, result["files"]["cert_chain_pem"])
-        write_file(files.ca, result["files"]["trust_bundle_pem"])
-        material = fetch_once(files, document)
-        install(files, material)
+        install(
+            files,
+            Certificates(
+                key_pem,
+                answered["cert_chain_pem"].encode(),
+                answered["workload_cert_chain_pem"].encode(),
+                answered["trust_bundle_pem"].encode(),
+            ),
+        )
         # last: a folder with bootstrap.json in it is complete
         write_file(files.bootstrap, json.dumps(document, indent=2) + "\n")
     except OSError as exc:
@@ -103,16 +107,17 @@ def bootstrap(
         f"service account {account})"
     )
     click.echo(f"wrote {', '.join(written.values())} (keys 0600)")
-    click.echo("keep the workload certificate fresh, and point gRPC at the bootstrap:")
+    click.echo("keep the certificates renewed, and point gRPC at the bootstrap:")
     click.echo(f"  trellis grpc agent --out {shlex.quote(str(files.folder))} &")
     click.echo(f"  export GRPC_XDS_BOOTSTRAP={shlex.quote(str(files.bootstrap))}")
     click.echo("then dial xds:///<service>.<namespace>:<port> with grpc.xds_channel_credentials")
 
 
 @grpc_group.command(
-    help="Keep a proxyless workload's certificate (DIR/cert.pem, key.pem, ca.pem) fresh: "
-    "follows proxy-cp over SDS with the proxy certificate, and rewrites the files at each "
-    "rotation. Runs until stopped; reconnects with backoff."
+    help="Keep a proxyless workload's certificates (DIR/proxy-cert.pem, cert.pem, their key "
+    "and ca.pem) renewed: once 2/3 of the lifetime has passed, a new key is made here and only "
+    "a CSR is sent to proxy-cp, authenticated by the current proxy certificate; both "
+    "certificates are replaced together. Runs until stopped; retries with backoff."
 )
 @click.option(
     "--out",
@@ -120,6 +125,7 @@ def bootstrap(
     type=click.Path(file_okay=False, exists=True, path_type=Path),
     help="The folder `trellis grpc bootstrap` wrote.",
 )
-def agent(out: Path) -> None:
+@click.option("--renew-now", is_flag=True, help="Renew once at start, whatever the lifetime.")
+def agent(out: Path, renew_now: bool) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    follow(GrpcFolder(out.resolve()))
+    watch(GrpcFolder(out.resolve()), force_first=renew_now)

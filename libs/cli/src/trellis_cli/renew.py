@@ -4,15 +4,16 @@ Proxy certificates are short-lived (24 h by default). The host that runs the pro
 its certificate through proxy-cp, the only endpoint proxies talk to: it makes a new key
 here, sends only a CSR to ``trellis.proxy.v1.ProxyCertificates/Renew`` on the xDS port,
 authenticated by the proxy's current certificate (mTLS), and gets a certificate of the same
-common name back; certmanager revokes the old serial.
+common name back, with the proxy's own workload certificate for the same key; certmanager
+revokes the old serial.
 
 Everything needed is read from the proxy's folder (``--dir``, as ``trellis vm bootstrap``
 wrote it): ``envoy.yaml`` says where proxy-cp is, its identity and the trust bundle; the
-SDS file it names (``proxy-sds.yaml``) says which certificate and key are in use. A new
-pair is written under new names (``cert-<serial>.pem``, ``key-<serial>.pem`` 0600), then a
-new SDS file is moved into place (one ``rename``): Envoy reloads it and uses the new pair
-for its next connection to proxy-cp, with no restart and no traffic lost. The previous
-pair is deleted afterwards.
+SDS file it names (``proxy-sds.yaml``) says which certificate and key are in use. The new
+key (0600), both certificates, the trust bundle and the SDS file are written as one new
+version of the folder, the way the kubelet writes a Secret volume (:mod:`.swapdir`: one
+``rename`` of ``..data``): Envoy reloads its xDS client certificate and its workload
+certificate together, with no restart and no traffic lost.
 
 One shot renews once 2/3 of the lifetime has passed (or with ``--force``); ``--watch`` is
 the loop for a VM agent: it sleeps until that point, renews, and retries failures with
@@ -23,8 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,16 +34,25 @@ import yaml
 from cryptography import x509
 
 from trellis_api import proxy_pb2, proxy_pb2_grpc
+from trellis_cli import swapdir
 from trellis_cli.errors import CliError
-from trellis_common import identity
-from trellis_common.bootstrap import PROXY_SECRET, proxy_secret_document
+from trellis_common import identity, servercheck
+from trellis_common.bootstrap import (
+    CA_FILE,
+    KEY_FILE,
+    PROXY_CERT_FILE,
+    PROXY_SECRET,
+    WORKLOAD_CERT_FILE,
+    XDS_CLUSTER,
+    proxy_secret_document,
+    xds_server_identity,
+)
 
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_FILE = "envoy.yaml"
 #: Renew once this fraction of the lifetime has passed.
 RENEW_FRACTION = 2 / 3
-XDS_CLUSTER = "trellis-xds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,8 @@ class ProxyFolder:
     server_name: str
     """The DNS name proxy-cp's certificate is checked for (``<sa>.<namespace>`` of its
     SPIFFE id: the names certmanager gives a control plane component)."""
+    server_id: str
+    """The SPIFFE id the bootstrap accepts proxy-cp by; checked before any call."""
 
     @classmethod
     def load(cls, folder: Path, server_name: str = "") -> ProxyFolder:
@@ -71,7 +81,7 @@ class ProxyFolder:
             socket = address["address"]["socket_address"]
             tls = cluster["transport_socket"]["typed_config"]["common_tls_context"]
             validation = tls["validation_context"]
-            spiffe = validation["match_typed_subject_alt_names"][0]["matcher"]["exact"]
+            spiffe = xds_server_identity(bootstrap)
             trust_bundle = Path(validation["trusted_ca"]["filename"])
         except (OSError, yaml.YAMLError, KeyError, IndexError, StopIteration, TypeError) as exc:
             raise CliError(
@@ -89,7 +99,7 @@ class ProxyFolder:
         target = (
             f"[{host}]:{socket['port_value']}" if ":" in host else f"{host}:{socket['port_value']}"
         )
-        return cls(folder, sds, trust_bundle, target, server_name or _dns_name(spiffe))
+        return cls(folder, sds, trust_bundle, target, server_name or _dns_name(spiffe), spiffe)
 
     def in_use(self) -> tuple[Path, Path]:
         """The certificate and key files the SDS file names."""
@@ -139,11 +149,20 @@ def renew(proxy: ProxyFolder, timeout: float = 30.0) -> Renewed:
     """Renew now: a new key here, a CSR to proxy-cp, the new pair installed."""
     cert_path, key_path = proxy.in_use()
     old = current_certificate(proxy)
+    trust, current_key, current_cert = (
+        proxy.trust_bundle.read_bytes(),
+        key_path.read_bytes(),
+        cert_path.read_bytes(),
+    )
+    try:  # proxy-cp by its SPIFFE id, not only by a name the mesh CA signed
+        servercheck.verify_server(
+            proxy.xds_target, proxy.server_name, proxy.server_id, trust, current_cert, current_key
+        )
+    except (servercheck.ServerRefused, servercheck.Unreachable) as exc:
+        raise CliError(f"{proxy.xds_target} is not proxy-cp, or not reachable: {exc}") from None
     key_pem, key = identity.new_key()
     credentials = grpc.ssl_channel_credentials(
-        root_certificates=proxy.trust_bundle.read_bytes(),
-        private_key=key_path.read_bytes(),
-        certificate_chain=cert_path.read_bytes(),
+        root_certificates=trust, private_key=current_key, certificate_chain=current_cert
     )
     options = [("grpc.ssl_target_name_override", proxy.server_name)]
     with grpc.secure_channel(proxy.xds_target, credentials, options=options) as channel:
@@ -158,7 +177,12 @@ def renew(proxy: ProxyFolder, timeout: float = 30.0) -> Renewed:
             raise CliError(
                 f"proxy-cp at {proxy.xds_target} refused the renewal: {code}: {details}"
             ) from None
-    new_cert, new_key = install(proxy, answer.cert_chain_pem, key_pem, answer.serial)
+    if not answer.workload_cert_chain_pem:
+        raise CliError(
+            f"proxy-cp at {proxy.xds_target} renewed the proxy certificate without its "
+            "workload certificate (a control plane older than this CLI); nothing was written"
+        )
+    new_cert, new_key = install(proxy, answer, key_pem)
     return Renewed(
         answer.serial,
         f"{old.serial_number:x}",
@@ -168,37 +192,30 @@ def renew(proxy: ProxyFolder, timeout: float = 30.0) -> Renewed:
     )
 
 
-def _write_new(folder: Path, name: str, data: bytes, mode: int) -> Path:
-    """Write ``data`` to ``folder/name`` through a temporary file and a rename (the file is
-    never seen half-written; a key is never readable by others, not even for a moment)."""
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        target = folder / name
-        os.replace(tmp, target)
-        return target
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def install(
-    proxy: ProxyFolder, cert_chain_pem: bytes, key_pem: bytes, serial: str
+    proxy: ProxyFolder, answer: proxy_pb2.RenewResponse, key_pem: bytes
 ) -> tuple[Path, Path]:
-    """The new pair under new names, then the SDS file swapped (Envoy reloads on the move),
-    then the previous pair deleted. Returns the new (certificate, key) paths."""
+    """The new key, proxy and workload certificates and trust bundle, and an SDS file
+    naming them, swapped in as one version (:mod:`.swapdir`): Envoy reloads the xDS client
+    certificate and its own workload certificate together. A folder written before this
+    layout (``cert-<serial>.pem`` pairs) is moved to it, and its old pair deleted. Returns
+    the (certificate, key) paths in use now."""
     folder = proxy.sds.parent
     previous = proxy.in_use()
-    key = _write_new(folder, f"key-{serial}.pem", key_pem, 0o600)
-    cert = _write_new(folder, f"cert-{serial}.pem", cert_chain_pem, 0o644)
+    cert, key = folder / PROXY_CERT_FILE, folder / KEY_FILE
     document = yaml.safe_dump(proxy_secret_document(cert, key), sort_keys=False)
-    _write_new(folder, proxy.sds.name, document.encode(), 0o644)
+    swapdir.install(
+        folder,
+        {
+            KEY_FILE: key_pem,
+            PROXY_CERT_FILE: answer.cert_chain_pem,
+            WORKLOAD_CERT_FILE: answer.workload_cert_chain_pem,
+            CA_FILE: answer.trust_bundle_pem,
+            proxy.sds.name: document.encode(),
+        },
+    )
     for path in previous:
-        if path not in (cert, key):
+        if path not in (cert, key) and path.parent == folder and not path.is_symlink():
             path.unlink(missing_ok=True)
     return cert, key
 

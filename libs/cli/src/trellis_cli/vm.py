@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
-from trellis_cli import output
+from trellis_cli import output, swapdir
 from trellis_cli.client import CliError, Mesh
 from trellis_common import identity
 from trellis_common.bootstrap import proxy_secret_document, sidecar_args
@@ -274,6 +275,50 @@ def _inside(folder: Path, given: str, what: str) -> Path:
     return path
 
 
+@dataclass(frozen=True, slots=True)
+class ProxyFolder:
+    """Where an onboarded proxy's files were written."""
+
+    config: Path
+    cert_chain: Path
+    workload_cert: Path
+    key: Path
+    trust_bundle: Path
+
+
+def write_proxy_folder(folder: Path, key_pem: bytes, result: dict[str, Any]) -> ProxyFolder:
+    """Write the injector's answer to ``POST /v1/bootstrap`` and the key made here, in
+    the pod agent's layout (:mod:`.swapdir`: one version swapped in by one rename, as
+    ``trellis proxy renew`` writes the next), then ``envoy.yaml`` last: a folder with it
+    is complete. The SDS file names the proxy certificate and key; the bootstrap names the
+    folder as the proxy's ``workload_dir``, where Envoy reads its own workload certificate."""
+    files, paths = result["files"], result["paths"]
+    written = ProxyFolder(
+        config=folder / BOOTSTRAP_FILE,
+        cert_chain=_inside(folder, paths["cert_chain"], "the certificate"),
+        workload_cert=_inside(folder, paths["workload_cert"], "the workload certificate"),
+        key=_inside(folder, paths["key"], "the private key"),
+        trust_bundle=_inside(folder, paths["trust_bundle"], "the trust bundle"),
+    )
+    sds = _inside(folder, paths["sds"], "the SDS file")
+    document = proxy_secret_document(written.cert_chain, written.key)
+    try:
+        swapdir.install(
+            folder,
+            {
+                written.key.name: key_pem,
+                written.cert_chain.name: files["cert_chain_pem"].encode(),
+                written.workload_cert.name: files["workload_cert_chain_pem"].encode(),
+                written.trust_bundle.name: files["trust_bundle_pem"].encode(),
+                sds.name: yaml.safe_dump(document, sort_keys=False).encode(),
+            },
+        )
+        write_file(written.config, yaml.safe_dump(result["bootstrap"], sort_keys=False))
+    except OSError as exc:
+        raise CliError(f"cannot write the proxy's files in {folder}: {exc}") from exc
+    return written
+
+
 def envoy_command(config: Path) -> list[str]:
     try:
         envoy = find_envoy()
@@ -347,24 +392,9 @@ def bootstrap(
     }
     token = onboarding_token(token_file)
     result = mesh.call(INJECTOR, "POST", "/v1/bootstrap", auth=True, bearer=token, json=body)
-    files, paths = result["files"], result["paths"]
-    cert_chain = _inside(folder, paths["cert_chain"], "the certificate")
-    key_file = _inside(folder, paths["key"], "the private key")
-    trust_bundle = _inside(folder, paths["trust_bundle"], "the trust bundle")
-    sds = _inside(folder, paths["sds"], "the SDS file") if "sds" in paths else None
-    config = folder / BOOTSTRAP_FILE
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_private(key_file, key_pem.decode())
-        write_file(cert_chain, files["cert_chain_pem"])
-        write_file(trust_bundle, files["trust_bundle_pem"])
-        if sds is not None:  # the bootstrap takes the certificate from it (renewal swaps it)
-            document = proxy_secret_document(cert_chain, key_file)
-            write_file(sds, yaml.safe_dump(document, sort_keys=False))
-        # last: a folder with envoy.yaml in it is complete
-        write_file(config, yaml.safe_dump(result["bootstrap"], sort_keys=False))
-    except OSError as exc:
-        raise CliError(f"cannot write the proxy's files in {folder}: {exc}") from exc
+    written = write_proxy_folder(folder, key_pem, result)
+    config, cert_chain, workload = written.config, written.cert_chain, written.workload_cert
+    key_file, trust_bundle = written.key, written.trust_bundle
     command = envoy_command(config)
     account = service_account or service
     if as_json:
@@ -376,6 +406,7 @@ def bootstrap(
                 "files": {
                     "bootstrap": str(config),
                     "cert_chain": str(cert_chain),
+                    "workload_cert": str(workload),
                     "key": str(key_file),
                     "trust_bundle": str(trust_bundle),
                 },
@@ -387,7 +418,7 @@ def bootstrap(
         f"onboarded proxy {result['common_name']} ({namespace}/{service}, "
         f"service account {account})"
     )
-    click.echo(f"wrote {config}, {cert_chain}, {key_file} (mode 0600), {trust_bundle}")
+    click.echo(f"wrote {config}, {cert_chain}, {workload}, {key_file} (mode 0600), {trust_bundle}")
     click.echo(f"start the sidecar (it connects to proxy-cp at {result['xds_address']}, mTLS):")
     click.echo(f"  trellis envoy run {shlex.join(command[1:])}")
     q = shlex.quote

@@ -9,8 +9,9 @@ Anything not in the table is refused: a new RPC is closed until someone writes i
 
 ``IssueCertificate`` is one RPC with three powers, so its cell depends on the request
 (:data:`QUALIFIERS`): a proxy certificate (``[proxy]``, the injector onboarding a proxy),
-a service certificate with its key (``[service]``, proxy-cp serving it over SDS), or
-without it (``[service-info]``, the catalog, which only needs to know it).
+a service certificate with its key (``[service]``: nobody; every proxy has its own
+workload certificate, so a key shared by a whole service leaves certmanager for no one), or
+without it (``[service-info]``, the catalog and proxy-cp, which only need to know it).
 
 A caller whose certificate certmanager revoked (:mod:`trellis_common.identityrevocation`)
 is refused whatever the cell says (reason ``revoked``).
@@ -53,7 +54,7 @@ NOBODY: frozenset[str] = frozenset()
 POLICY: Mapping[str, frozenset[str]] = {
     # certmanager
     _CM + "IssueCertificate[proxy]": frozenset({INJECTOR}),
-    _CM + "IssueCertificate[service]": frozenset({PROXY_CP}),
+    _CM + "IssueCertificate[service]": NOBODY,  # a service's key: proxies have their own
     _CM + "IssueCertificate[service-info]": frozenset({CATALOG, PROXY_CP}),
     _CM + "GetCertificate": NOBODY,  # returns a key: operators use the admin REST API
     _CM + "RotateCertificate": NOBODY,  # operators: `trellis certs rotate` (REST)

@@ -290,6 +290,20 @@ def probe_clusters(spec: BootstrapSpec) -> list[dict[str, Any]]:
     ]
 
 
+#: The bootstrap's static cluster of proxy-cp's xDS port.
+XDS_CLUSTER = "trellis-xds"
+
+
+def xds_server_identity(bootstrap: dict[str, Any]) -> str:
+    """The SPIFFE id a bootstrap of :func:`envoy_bootstrap` accepts proxy-cp by (what the
+    agent and ``trellis proxy renew`` check proxy-cp for too); ``KeyError``, ``IndexError``,
+    ``TypeError`` or ``StopIteration`` if it is not such a bootstrap."""
+    cluster = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == XDS_CLUSTER)
+    tls = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+    matched: str = tls["validation_context"]["match_typed_subject_alt_names"][0]["matcher"]["exact"]
+    return matched
+
+
 def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
     tls = {
         "name": "envoy.transport_sockets.tls",
@@ -334,7 +348,7 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                 "grpc_services": [
                     {
                         "envoy_grpc": {
-                            "cluster_name": "trellis-xds",
+                            "cluster_name": XDS_CLUSTER,
                             "retry_policy": {"retry_back_off": ADS_RETRY_BACK_OFF},
                         }
                     }
@@ -346,11 +360,11 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
         "static_resources": {
             "clusters": [
                 {
-                    "name": "trellis-xds",
+                    "name": XDS_CLUSTER,
                     "type": "STRICT_DNS",
                     "connect_timeout": "1s",
                     "load_assignment": {
-                        "cluster_name": "trellis-xds",
+                        "cluster_name": XDS_CLUSTER,
                         "endpoints": [
                             {
                                 "lb_endpoints": [

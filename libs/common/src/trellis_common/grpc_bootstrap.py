@@ -15,8 +15,10 @@
   :data:`REFRESH_INTERVAL`).
 
 gRPC's TLS channel credentials check proxy-cp's host name, with no override: the
-``server_uri`` host must be a DNS name in proxy-cp's serving certificate. A loopback
-address is written as ``localhost`` (a name every component certificate carries).
+``server_uri`` host must be a name in the certificate proxy-cp serves, its component
+certificate (``proxy-cp``, ``proxy-cp.trellis-system``, ``...svc``, ``...svc.<cluster
+domain>``, and certmanager's ``proxy_cp_extra_sans``). A loopback address is written as
+``localhost``, which of all component certificates proxy-cp's alone carries.
 """
 
 from __future__ import annotations

@@ -48,7 +48,6 @@ class EnrollmentRefused(Exception):
 @dataclass(frozen=True, slots=True)
 class Enrolled:
     proxy: CertificateRecord
-    workload_cert_pem: bytes
     spiffe_id: str
     pod: BoundPod
 
@@ -111,9 +110,6 @@ class ProxyEnrollment:
             record = await self._manager.issue_proxy(
                 mesh_service, pod.pod_uid, pod.service_account, public_key=public_key
             )
-            workload = self._manager.issuer.issue_workload(
-                mesh_service, pod.service_account, public_key, record.not_before, record.not_after
-            )
         except InvalidRequest as exc:
             raise EnrollmentRefused("invalid", str(exc)) from exc
         issuer = self._manager.issuer
@@ -128,4 +124,4 @@ class ProxyEnrollment:
             record.serial,
             record.not_after.isoformat(),
         )
-        return Enrolled(record, issuer.chain_pem(workload), spiffe.uri, pod)
+        return Enrolled(record, spiffe.uri, pod)

@@ -138,12 +138,19 @@ class CertManagerClient:
             return await stub.IssueCertificate(request, timeout=self._timeout)
 
         certificate = await _call(self._services, CERTMANAGER, address, issue)
-        if not certificate.cert_chain_pem or not certificate.info.common_name:
-            raise Refused(CERTMANAGER, "the answer has no common name or no certificate")
+        if (
+            not certificate.cert_chain_pem
+            or not certificate.workload_cert_chain_pem
+            or not certificate.info.common_name
+        ):
+            raise Refused(
+                CERTMANAGER, "the answer has no common name, proxy or workload certificate"
+            )
         return ProxyCertificate(
             common_name=certificate.info.common_name,
             cert_chain_pem=certificate.cert_chain_pem.decode(),
             trust_bundle_pem=certificate.trust_bundle_pem.decode(),
+            workload_cert_chain_pem=certificate.workload_cert_chain_pem.decode(),
         )
 
 

@@ -42,7 +42,7 @@ class FakeCertificates:
         common_name = f"{proxy_id or uuid.uuid4()}.{service}.{namespace}"
         self.issued.append((common_name, service_account))
         self.csrs.append(csr_pem)
-        return ProxyCertificate(common_name, FAKE_CERT_PEM, FAKE_CA_PEM)
+        return ProxyCertificate(common_name, FAKE_CERT_PEM, FAKE_CA_PEM, FAKE_CERT_PEM)
 
 
 class FakeCatalog:

@@ -123,6 +123,7 @@ class ProxyCertificatesServicer(pb_grpc.ProxyCertificatesServicer):
             serial=issued.info.serial,
             not_before=issued.info.not_before,
             not_after=issued.info.not_after,
+            workload_cert_chain_pem=issued.workload_cert_chain_pem,
         )
 
     async def _refuse(self, context: Context, proxy: str, refused: StreamRefused) -> NoReturn:

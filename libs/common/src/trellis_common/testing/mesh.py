@@ -22,6 +22,7 @@ from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
 from trellis_common.bootstrap import (
     SDS_FILE,
+    WORKLOAD_CERT_FILE,
     BootstrapSpec,
     ProxyFiles,
     envoy_bootstrap,
@@ -187,6 +188,8 @@ class Mesh:
         files.key.write_bytes(key_pem)
         files.key.chmod(0o600)
         files.trust_bundle.write_bytes(certificate.trust_bundle_pem)
+        # the proxy's own workload certificate, for the same key (Envoy reads it there)
+        (folder / WORKLOAD_CERT_FILE).write_bytes(certificate.workload_cert_chain_pem)
         # as `trellis vm bootstrap` writes it: Envoy takes its certificate over file-based SDS
         document = proxy_secret_document(files.cert_chain, files.key)
         (folder / SDS_FILE).write_text(yaml.safe_dump(document, sort_keys=False))
@@ -221,6 +224,7 @@ class Mesh:
                 protocol="delta" if protocol == "delta" else "sotw",
                 stats_port=stats_port,
                 stats_address="127.0.0.1",
+                workload_dir=str(self.tmp / "proxies" / name),
             )
         )
         # beside the certificate, as `trellis vm bootstrap` leaves it (`trellis proxy renew`)

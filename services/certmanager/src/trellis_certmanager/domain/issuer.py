@@ -6,7 +6,9 @@ the service account, which is what TrafficTargets authorize. Each lifetime is ra
 shortened or lengthened by up to ``jitter`` (a fraction) so a fleet issued together does
 not renew together: the seed's thundering-herd rule. Proxy certificates are long-lived and
 identify one proxy to proxy-cp: CN ``<proxy-uuid>.<service>.<namespace>``; they are signed
-for the public key of the proxy's CSR, never for a key made here.
+for the public key of the proxy's CSR, never for a key made here. Component certificates
+are the only leaves in the control plane's namespace (``trellis-system``): a client that
+checks a component's DNS name has checked its identity (``trellis_common.servercheck``).
 
 Each leaf is encoded from this CA's :class:`~trellis_certmanager.domain.template.LeafTemplate`
 (what every leaf shares, encoded once) rather than by ``x509.CertificateBuilder``: the
@@ -26,7 +28,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from trellis_certmanager.domain import der
 from trellis_certmanager.domain.authority import CertificateAuthority, fingerprint_der
 from trellis_certmanager.domain.csr import PublicKey
-from trellis_certmanager.domain.errors import InvalidRequest
+from trellis_certmanager.domain.errors import ControlPlaneNamespace, InvalidRequest
 from trellis_certmanager.domain.keys import KeyAlgorithm, generate_key, key_to_pem
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_certmanager.domain.template import LeafTemplate
@@ -66,12 +68,15 @@ class IssuancePolicy:
     renew_fraction: float = 0.75  # renew once this share of the lifetime has passed
     trust_domain: str = "cluster.local"
     cluster_domain: str = "cluster.local"
-    # The control plane's own identities live here: no proxy may be onboarded into it
-    # (a proxy there could pose as proxy-cp and be sent proxy-cp's own key over SDS).
+    # The control plane's own identities live here, and only they: no proxy may be
+    # onboarded into it (a proxy there could pose as proxy-cp) and no service certificate
+    # is issued in it (its names would be a component's); component certificates are the
+    # only leaves with its names and SPIFFE ids.
     control_plane_namespace: str = "trellis-system"
-    # Names (or IP addresses) proxy-cp's serving certificate carries besides its Service
-    # names: proxyless gRPC clients check the host of their bootstrap's server_uri against
-    # it, with no override (a local run dials localhost).
+    # Names (or IP addresses) proxy-cp's component certificate (what its xDS, Destination
+    # and enrollment ports serve) carries besides its own names: proxyless gRPC clients
+    # check the host of their bootstrap's server_uri against it, with no override (a local
+    # run dials localhost). No other certificate carries them.
     proxy_cp_extra_sans: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
 
     def __post_init__(self) -> None:
@@ -82,6 +87,12 @@ class IssuancePolicy:
         for name in ("service_validity", "proxy_validity"):
             if getattr(self, name) < MIN_VALIDITY:
                 raise InvalidRequest(name, f"must be at least {MIN_VALIDITY}")
+
+    def reserved(self, namespace: str) -> bool:
+        """Whether ``namespace`` holds the components' identities (the configured control
+        plane namespace, or the one component certificates name): no service certificate
+        is issued in it."""
+        return namespace in (self.control_plane_namespace, components.CONTROL_PLANE_NAMESPACE)
 
     def lifetime_fits(self, lifetime: dt.timedelta, validity: dt.timedelta | None) -> bool:
         """Whether a certificate of ``lifetime`` was issued for ``validity`` (within the
@@ -125,19 +136,27 @@ class Issuer:
             encipher_only=False,
             decipher_only=False,
         )
-        extended_usage = x509.ExtendedKeyUsage(
+        both = x509.ExtendedKeyUsage(
             [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
         )
-        # Every leaf's extensions, in this order, then its subjectAltName (if it has names).
-        fixed: list[tuple[x509.ExtensionType, bool]] = [
-            (x509.BasicConstraints(ca=False, path_length=None), True),
-            (key_usage, True),
-            (extended_usage, False),
-            (authority_key_identifier(ca.cert), False),
-        ]
-        self._template = LeafTemplate(
-            ca.cert.subject, ca.key, [x509.Extension(v.oid, c, v) for v, c in fixed]
-        )
+        client_only = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])
+
+        def template(extended_usage: x509.ExtendedKeyUsage) -> LeafTemplate:
+            # Every leaf's extensions, in this order, then its subjectAltName (if any).
+            fixed: list[tuple[x509.ExtensionType, bool]] = [
+                (x509.BasicConstraints(ca=False, path_length=None), True),
+                (key_usage, True),
+                (extended_usage, False),
+                (authority_key_identifier(ca.cert), False),
+            ]
+            return LeafTemplate(
+                ca.cert.subject, ca.key, [x509.Extension(v.oid, c, v) for v, c in fixed]
+            )
+
+        self._template = template(both)
+        # A proxy certificate only ever authenticates its proxy to proxy-cp: clientAuth
+        # only, so no server (a workload, a component) can be stood up with one.
+        self._client_template = template(client_only)
 
     def service_common_name(self, service: MeshService) -> str:
         try:
@@ -152,14 +171,14 @@ class Issuer:
         now: dt.datetime,
         validity: dt.timedelta | None = None,
     ) -> CertificateRecord:
+        if self.policy.reserved(service.namespace):
+            raise ControlPlaneNamespace(service.namespace, service.name)
         cn = self.service_common_name(service)
         try:
             spiffe = SpiffeId(self.policy.trust_domain, service.namespace, service_account)
             dns = service_dns_names(service, self.policy.cluster_domain)
         except InvalidIdentifier as exc:
             raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
-        if service == MeshService(self.policy.control_plane_namespace, components.PROXY_CP):
-            dns += tuple(n for n in self.policy.proxy_cp_extra_sans if n not in dns)
         base = _checked_validity(validity, self.policy.service_validity)
         spread = self._rng.uniform(-self.policy.jitter, self.policy.jitter)
         lifetime = base * (1 + spread)
@@ -186,7 +205,7 @@ class Issuer:
     ) -> CertificateRecord:
         """A proxy certificate for ``public_key`` (from the proxy's CSR, or the current
         certificate's on rotation): the record has no key, the proxy's host has it."""
-        if common_name.namespace == self.policy.control_plane_namespace:
+        if self.policy.reserved(common_name.namespace):
             raise InvalidRequest(
                 "service.namespace",
                 f"{common_name.namespace!r} is the control plane's namespace: no proxy "
@@ -204,6 +223,7 @@ class Issuer:
             lifetime=lifetime,
             now=now,
             public_key=public_key,
+            client_only=True,
         )
 
     def issue_workload(
@@ -214,10 +234,11 @@ class Issuer:
         now: dt.datetime,
         not_after: dt.datetime,
     ) -> x509.Certificate:
-        """A pod proxy's own workload certificate (for its CSR's key), for mesh mTLS: the
-        SPIFFE id of the pod's ServiceAccount, and ``service``'s DNS names; it ends with the
-        proxy certificate issued with it (``not_after``). Not a record: the agent renews it
-        with its proxy certificate."""
+        """A proxy's own workload certificate (for its proxy certificate's key), for mesh
+        mTLS: the SPIFFE id of ``service_account`` (a pod's own ServiceAccount, a VM's
+        onboarded account), and ``service``'s DNS names; it ends with the proxy certificate
+        issued with it (``not_after``). Not a record: it is renewed with its proxy
+        certificate."""
         try:
             spiffe = SpiffeId(self.policy.trust_domain, service.namespace, service_account)
             dns = service_dns_names(service, self.policy.cluster_domain)
@@ -240,18 +261,23 @@ class Issuer:
         self, component: str, public_key: PublicKey, now: dt.datetime, lifetime: dt.timedelta
     ) -> x509.Certificate:
         """A control plane component's certificate (for a CSR's key): its SPIFFE id, and the
-        DNS names clients check it by. Not a record: components renew their own."""
+        DNS names clients check it by, its own only (proxy-cp's also ``proxy_cp_extra_sans``:
+        the names its proxyless clients dial it by, with no name override). The only leaf
+        issued in the control plane's namespace. Not a record: components renew their own."""
         try:
             spiffe = components.spiffe_id(self.policy.trust_domain, component)
         except (components.UnknownComponent, InvalidIdentifier) as exc:
             raise InvalidRequest("component", str(exc)) from exc
+        names = components.dns_names(component, self.policy.cluster_domain)
+        if component == components.PROXY_CP:
+            names += tuple(n for n in self.policy.proxy_cp_extra_sans if n not in names)
         not_before = now - BACKDATE
         return x509.load_der_x509_certificate(
             self._leaf(
                 x509.random_serial_number(),
                 f"{component}.{components.CONTROL_PLANE_NAMESPACE}",
                 components.CONTROL_PLANE_NAMESPACE,
-                components.dns_names(component, self.policy.cluster_domain),
+                names,
                 (spiffe.uri,),
                 public_key,
                 not_before,
@@ -269,11 +295,14 @@ class Issuer:
         public_key: PublicKey,
         not_before: dt.datetime,
         not_after: dt.datetime,
+        client_only: bool = False,
     ) -> bytes:
         """The DER of a leaf for ``public_key``, signed by the CA: subject O=Trellis,
         OU=``unit``, CN=``cn``; the SANs ``dns_names`` (IP addresses among them become
-        iPAddress names) and ``uris``."""
-        tbs = self._template.tbs(
+        iPAddress names) and ``uris``; extendedKeyUsage clientAuth only if ``client_only``,
+        else serverAuth and clientAuth."""
+        template = self._client_template if client_only else self._template
+        tbs = template.tbs(
             serial=serial,
             not_before=not_before,
             not_after=not_after,
@@ -283,7 +312,7 @@ class Issuer:
             dns_names=dns_names,
             uris=uris,
         )
-        return self._template.sign(tbs)
+        return template.sign(tbs)
 
     def chain_pem(self, cert: x509.Certificate) -> bytes:
         return cert.public_bytes(serialization.Encoding.PEM) + self._chain_pem
@@ -301,6 +330,7 @@ class Issuer:
         lifetime: dt.timedelta,
         now: dt.datetime,
         public_key: PublicKey | None = None,
+        client_only: bool = False,
     ) -> CertificateRecord:
         """Sign a leaf: for ``public_key`` (from a CSR: the record then has no key), else
         for a key made here (service certificates, whose key proxy-cp serves over SDS)."""
@@ -312,7 +342,15 @@ class Issuer:
         assert subject_key is not None
         serial = x509.random_serial_number()
         cert_der = self._leaf(
-            serial, cn, service.namespace, dns_names, uris, subject_key, not_before, not_after
+            serial,
+            cn,
+            service.namespace,
+            dns_names,
+            uris,
+            subject_key,
+            not_before,
+            not_after,
+            client_only,
         )
         renew_after = not_before + (not_after - not_before) * self.policy.renew_fraction
         return CertificateRecord(

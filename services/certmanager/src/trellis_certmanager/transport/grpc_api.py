@@ -4,7 +4,9 @@ Maps the protobuf API onto :class:`~trellis_certmanager.manager.CertificateManag
 errors onto status codes. Every request is checked first (:mod:`.grpc_requests`); a bad
 field, or the domain's InvalidRequest, is refused through the service's
 :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the field,
-logged, counted and shown in ``/v1/status``. NotFound is NOT_FOUND. Keys leave only in the
+logged, counted and shown in ``/v1/status``. NotFound is NOT_FOUND; a service certificate
+asked for in the control plane's namespace is PERMISSION_DENIED (the manager logs and
+counts it with the caller's SPIFFE id): its names are the components'. Keys leave only in the
 answer to the caller that asked for them, and only service keys: a proxy certificate is
 issued for the proxy's CSR, so its record has no key and ``private_key_pem`` is empty.
 ``GetCertificateInfo``, which consumers call when the ``certificates`` signal rings,
@@ -25,6 +27,7 @@ from google.protobuf import timestamp_pb2
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.domain.errors import (
+    ControlPlaneNamespace,
     InvalidRequest,
     NotFound,
     StaleCertificate,
@@ -49,11 +52,13 @@ Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CertificateManager"].full_name
 
 #: Domain errors that end a call: NotFound is the caller's, StoreUnavailable is "retry later"
-#: (nothing was issued or rotated), StaleCertificate a renewal with a replaced certificate.
+#: (nothing was issued or rotated), StaleCertificate a renewal with a replaced certificate,
+#: ControlPlaneNamespace a service certificate that would carry a component's identity.
 _STATUSES = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     StaleCertificate: grpc.StatusCode.FAILED_PRECONDITION,
+    ControlPlaneNamespace: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 #: A refused enrollment's code, by reason (enrollment.py); any other: the token does not
@@ -133,11 +138,15 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         self.gate = RequestGate(rejections)
 
     def _certificate(self, record: CertificateRecord, with_key: bool = True) -> pb.Certificate:
+        """A record as the API answers it; a proxy's comes with its own workload
+        certificate (same key), and never a key."""
+        proxy = record.kind == CertificateKind.PROXY
         return pb.Certificate(
             info=info(record),
             cert_chain_pem=record.cert_chain_pem,
-            private_key_pem=record.key_pem if with_key else b"",
+            private_key_pem=record.key_pem if with_key and not proxy else b"",
             trust_bundle_pem=self._manager.ca.trust_bundle_pem,
+            workload_cert_chain_pem=self._manager.workload_chain(record) if proxy else b"",
         )
 
     @rpc(
@@ -149,9 +158,11 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         self, asked: grpc_requests.Issue, context: Context
     ) -> pb.Certificate:
         if asked.kind is CertificateKind.SERVICE:
-            await self._own_identity_only(asked, context)
+            # none in the control plane's namespace (the manager refuses, logs and counts):
+            # its names are the components' identities
+            requester, _ = caller(context, self._manager.issuer.policy.trust_domain)
             record = await self._manager.issue_service(
-                asked.service, asked.service_account, asked.validity
+                asked.service, asked.service_account, asked.validity, requester=requester
             )
         else:
             assert asked.public_key is not None  # grpc_requests.issue requires the CSR
@@ -163,32 +174,6 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
                 public_key=asked.public_key,
             )
         return self._certificate(record, with_key=not asked.omit_private_key)
-
-    async def _own_identity_only(self, asked: grpc_requests.Issue, context: Context) -> None:
-        """A service certificate in the control plane's namespace carries a component's
-        identity (``spiffe://<td>/ns/trellis-system/sa/<component>``): only that component
-        may have it (proxy-cp's serving certificate), or one component could pose as
-        another."""
-        policy = self._manager.issuer.policy
-        if asked.service.namespace != policy.control_plane_namespace:
-            return
-        account = asked.service_account or asked.service.name
-        uri, component = caller(context, policy.trust_domain)
-        if component == account:
-            return
-        if self._identities is not None:
-            self._identities.refused_other.labels(component or "-").inc()
-        log.warning(
-            "cert.refused reason=another_component_identity caller=%s service=%s account=%s",
-            uri,
-            asked.service,
-            account,
-        )
-        await context.abort(
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"a service certificate for {policy.control_plane_namespace}/{account} is that "
-            f"component's identity: {component or uri} may not have it",
-        )
 
     @rpc(grpc_requests.common_name, statuses=_STATUSES)
     async def GetCertificate(self, common_name: str, context: Context) -> pb.Certificate:
@@ -292,9 +277,10 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         except EnrollmentRefused as exc:
             await context.abort(_ENROLL_CODES.get(exc.reason, _DENIED), str(exc))
         pod = enrolled.pod
+        proxy = self._certificate(enrolled.proxy, with_key=False)
         return pb.EnrolledProxy(
-            proxy=self._certificate(enrolled.proxy, with_key=False),
-            workload_cert_chain_pem=enrolled.workload_cert_pem,
+            proxy=proxy,
+            workload_cert_chain_pem=proxy.workload_cert_chain_pem,
             spiffe_id=enrolled.spiffe_id,
             namespace=pod.namespace,
             service_account=pod.service_account,

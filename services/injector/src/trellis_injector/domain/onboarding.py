@@ -24,7 +24,11 @@ from cryptography import x509
 
 from trellis_common import ids
 from trellis_common.bootstrap import (
+    CA_FILE,
+    KEY_FILE,
+    PROXY_CERT_FILE,
     SDS_FILE,
+    WORKLOAD_CERT_FILE,
     BootstrapSpec,
     ProbeRoute,
     ProxyFiles,
@@ -41,9 +45,10 @@ PORT_MAX: Final = 65535
 
 # File names inside output_dir; the CLI writes the files where the answer's paths say.
 BOOTSTRAP_FILE: Final = "envoy.yaml"
-CERT_CHAIN_FILE: Final = "cert.pem"
-KEY_FILE: Final = "key.pem"
-TRUST_BUNDLE_FILE: Final = "ca.pem"
+# The layout of a pod agent's folder (trellis_common.bootstrap), which `trellis vm
+# bootstrap` and `trellis proxy renew` write the same way (a ..data link swapped).
+CERT_CHAIN_FILE: Final = PROXY_CERT_FILE
+TRUST_BUNDLE_FILE: Final = CA_FILE
 
 _ANY_PROXY_ID: Final = ids.ProxyId(str(uuid.UUID(int=0)))
 MAX_CSR_BYTES: Final = 16 * 1024
@@ -168,6 +173,12 @@ class ProxyRequest:
             sds=folder / SDS_FILE,  # `trellis proxy renew` swaps it: Envoy reloads, no restart
         )
 
+    @property
+    def workload_cert(self) -> Path:
+        """Where the proxy's own workload certificate goes (its key is the proxy's)."""
+        folder = Path(self.output_dir)
+        return GrpcFolder(folder).cert if self.proxyless else folder / WORKLOAD_CERT_FILE
+
 
 @dataclass(frozen=True, slots=True)
 class XdsEndpoint:
@@ -209,6 +220,8 @@ class ProxyCertificate:
     common_name: str
     cert_chain_pem: str
     trust_bundle_pem: str
+    #: the proxy's own workload certificate (mesh mTLS), for the same key
+    workload_cert_chain_pem: str = ""
 
 
 def check_csr(pem: str | bytes) -> bytes:
@@ -264,8 +277,9 @@ def build_bootstrap(
             stats_port=request.stats_port,
             capture=request.capture,
             probes=request.probes,
-            # an injected pod's agent keeps the proxy's own workload certificate and key
-            workload_dir=request.output_dir if request.capture else "",
+            # the proxy's own workload certificate and key are in its folder (a pod's
+            # agent, or `trellis vm bootstrap`, keeps them): proxy-cp never sends a key
+            workload_dir=request.output_dir,
         )
     )
 

@@ -92,10 +92,12 @@ def onboarding_json(done: Onboarding) -> dict[str, Any]:
         "bootstrap": done.bootstrap,
         "files": {
             "cert_chain_pem": certificate.cert_chain_pem,
+            "workload_cert_chain_pem": certificate.workload_cert_chain_pem,
             "trust_bundle_pem": certificate.trust_bundle_pem,
         },
         "paths": {
             "cert_chain": str(files.cert_chain),
+            "workload_cert": str(done.request.workload_cert),
             "key": str(files.key),
             "trust_bundle": str(files.trust_bundle),
             # the SDS file naming the certificate and key in use (renewal swaps it)

@@ -1,9 +1,8 @@
 """proxy-cp's side of certmanager: the secret material of identities with proxies.
 
-proxy-cp is the one service that holds service keys beyond certmanager: it fetches an
-identity's certificate (with its key) when the identity's first proxy connects, keeps it
-in memory only, and sends it over SDS to that identity's proxies alone. proxy-cp's own
-serving certificate (for the xDS port) is issued the same way.
+proxy-cp fetches an identity's certificate when the identity's first proxy connects, for
+its trust bundle and serial, and no key: every proxy has its own workload certificate for
+its own key, so no service's shared key is sent to any proxy, nor held here.
 
 Changes travel the one event path (``docs/architecture.md``): certmanager signals
 ``certificates`` (kinds ``issued``, ``rotated``, ``revoked``, ``root-changed``; key: the
@@ -111,10 +110,13 @@ class CertClient:
         )
 
     async def issue(self, namespace: str, service: str, account: str) -> SecretMaterial:
+        """A service's certificate, without its key: proxies have their own workload
+        certificates, so a service's shared key is never sent to one, nor held here."""
         request = pb.IssueCertificateRequest(
             kind=pb.CERTIFICATE_KIND_SERVICE,
             service=pb.MeshService(namespace=namespace, name=service),
             service_account=account,
+            omit_private_key=True,
         )
         return material(await self._call(lambda stub: stub.IssueCertificate(request, timeout=30)))
 

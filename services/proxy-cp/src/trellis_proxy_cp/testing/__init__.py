@@ -30,6 +30,7 @@ from trellis_proxy_cp.testing.catalog import (
 )
 from trellis_proxy_cp.testing.control import (
     KEY_PEM,
+    SIDECAR,
     SPIFFE_PREFIX,
     FakeSources,
     acknowledge,
@@ -60,6 +61,7 @@ __all__ = [
     "CERT",
     "KEY_PEM",
     "PROBE_PREFIX",
+    "SIDECAR",
     "SPIFFE_PREFIX",
     "TIMEOUT",
     "AdsClient",

@@ -23,8 +23,10 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import struct_pb2
 
 from trellis_proxy_cp.cache.store import SnapshotSource
+from trellis_proxy_cp.testing.control import SIDECAR
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused
@@ -223,7 +225,11 @@ class AdsHarness:
 
 
 def node(node_id: str = "envoy-1") -> base_pb2.Node:
-    return base_pb2.Node(id=node_id, cluster="test")
+    """A sidecar's node, its bootstrap naming its own workload certificate's folder (as
+    every onboarding path writes it)."""
+    metadata = struct_pb2.Struct()
+    metadata.update({"trellis": {"workload_dir": SIDECAR.workload_dir}})
+    return base_pb2.Node(id=node_id, cluster="test", metadata=metadata)
 
 
 @asynccontextmanager

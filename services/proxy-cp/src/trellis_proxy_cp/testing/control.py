@@ -38,6 +38,9 @@ KEY_PEM = (
 """A private key that the admin API must never show (nor its base64)."""
 
 SPIFFE_PREFIX = "spiffe://cluster.local/ns/"
+#: A sidecar as every onboarding path makes one: its own workload certificate and key in
+#: its folder (a pod agent's, here), which proxy-cp names and never sends.
+SIDECAR = ProxySettings(workload_dir="/etc/trellis/proxy")
 
 
 def proxy_common_name(service: str, namespace: str, number: int = 1) -> str:
@@ -176,9 +179,7 @@ async def connect(
     stream to ``streams`` as the ADS server does; nothing is sent yet."""
     proxy = ProxyCommonName.parse(common_name)
     identity = f"{proxy.namespace}/{proxy.service}"
-    key = await control_plane.attach(
-        common_name, identity, proxy.service, settings or ProxySettings()
-    )
+    key = await control_plane.attach(common_name, identity, proxy.service, settings or SIDECAR)
     major, minor, patch = envoy_version
     node = base_pb2.Node(id=common_name, cluster=proxy.service, user_agent_name="envoy")
     build = node.user_agent_build_version.version

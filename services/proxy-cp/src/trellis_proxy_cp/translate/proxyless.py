@@ -19,8 +19,8 @@ rules in precedence order, per-hostname virtual hosts), within what gRPC reads:
   and the mesh CA with the destination's SPIFFE ids as the accepted SANs.
 
 There is no inbound side: a proxyless server is a plain gRPC server serving mTLS with the
-same files (``trellis grpc agent`` keeps them fresh). The identity's certificate and the
-trust bundle are still in the snapshot, as SDS secrets, for that agent.
+same files (its own workload certificate and key, which ``trellis grpc agent`` renews). No
+key is in the snapshot: only the trust bundle, as an SDS secret.
 """
 
 from __future__ import annotations

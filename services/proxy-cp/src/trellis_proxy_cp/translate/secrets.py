@@ -1,9 +1,13 @@
-"""SDS secrets: the identity's certificate and key, and the mesh trust bundle.
+"""SDS secrets: where the proxy's own certificate and key are, and the mesh trust bundle.
 
-Only the identity's own material goes in: a snapshot is per identity, so a proxy can never
-be sent another service's key. A pod's proxy (its agent keeps its own workload certificate
-and key in ``workload_dir``) is sent no key at all: its ``service-cert`` names those files,
-and Envoy reads them there, again whenever the agent swaps the folder's ``..data`` link.
+No key is ever sent. Every proxy has its own workload certificate, for the key its host
+made (a pod's agent, ``trellis vm bootstrap``, ``trellis proxy renew``), in the folder its
+bootstrap names as ``workload_dir``: ``service-cert`` names those files, and Envoy reads
+them there, again whenever the folder's ``..data`` link is swapped. A proxyless workload's
+gRPC reads its own files through its bootstrap's certificate provider, and a proxy whose
+bootstrap names no folder (one made before proxies had their own certificates) gets no
+``service-cert`` at all: its service's shared key never leaves certmanager. Only the trust
+bundle travels inline.
 """
 
 from __future__ import annotations
@@ -34,20 +38,15 @@ def _own_files(folder: str) -> common_pb2.TlsCertificate:
 
 
 def secrets(material: SecretMaterial, workload_dir: str = "") -> list[secret_pb2.Secret]:
+    mesh_ca = secret_pb2.Secret(
+        name=names.MESH_CA,
+        validation_context=common_pb2.CertificateValidationContext(
+            trusted_ca=base_pb2.DataSource(inline_bytes=material.trust_bundle_pem)
+        ),
+    )
+    if not workload_dir:
+        return [mesh_ca]
     return [
-        secret_pb2.Secret(
-            name=names.SERVICE_CERT,
-            tls_certificate=_own_files(workload_dir)
-            if workload_dir
-            else common_pb2.TlsCertificate(
-                certificate_chain=base_pb2.DataSource(inline_bytes=material.cert_chain_pem),
-                private_key=base_pb2.DataSource(inline_bytes=material.key_pem),
-            ),
-        ),
-        secret_pb2.Secret(
-            name=names.MESH_CA,
-            validation_context=common_pb2.CertificateValidationContext(
-                trusted_ca=base_pb2.DataSource(inline_bytes=material.trust_bundle_pem)
-            ),
-        ),
+        secret_pb2.Secret(name=names.SERVICE_CERT, tls_certificate=_own_files(workload_dir)),
+        mesh_ca,
     ]
