@@ -53,7 +53,9 @@ async def test_root_and_certificates_survive_crashes_of_certmanager_and_redis(
     issued = await call(
         certmanager,
         "IssueCertificate",
-        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE, omit_private_key=True
+        ),
     )
     assert isinstance(issued, pb.Certificate)
 
@@ -103,7 +105,9 @@ async def test_redis_wiped_while_running_is_refilled_from_memory(
     await call(
         certmanager,
         "IssueCertificate",
-        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE, omit_private_key=True
+        ),
     )
     redis_server.kill()
     redis_server.wipe()
@@ -128,7 +132,9 @@ async def test_rotation_reaches_the_bus_and_the_cli(
     issued = await call(
         certmanager,
         "IssueCertificate",
-        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE, omit_private_key=True
+        ),
     )
     assert isinstance(issued, pb.Certificate)
     events: list[Event] = []
@@ -230,7 +236,9 @@ async def test_corrupt_records_are_skipped_reported_and_re_issued_or_deleted(
     service = await call(
         certmanager,
         "IssueCertificate",
-        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE, omit_private_key=True
+        ),
     )
     assert isinstance(proxy, pb.Certificate)
     assert isinstance(service, pb.Certificate)
@@ -309,7 +317,9 @@ async def test_the_kek_is_a_0600_file_and_redis_holds_no_key_in_the_clear(
     await call(
         certmanager,
         "IssueCertificate",
-        pb.IssueCertificateRequest(kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE),
+        pb.IssueCertificateRequest(
+            kind=pb.CERTIFICATE_KIND_SERVICE, service=SERVICE, omit_private_key=True
+        ),
     )
     kek = state_dir / "certmanager" / "kek"
     assert kek.stat().st_mode & 0o777 == 0o600

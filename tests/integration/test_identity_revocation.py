@@ -194,6 +194,7 @@ async def test_proxy_cp_serves_its_component_certificate_and_revoking_it_rotates
         kind=certmanager_pb2.CERTIFICATE_KIND_SERVICE,
         service=certmanager_pb2.MeshService(namespace="trellis-system", name="proxy-cp"),
         service_account="proxy-cp",
+        omit_private_key=True,  # the cell proxy-cp holds: a service key is no one's
     )
     async with stolen.channel(certmanager.endpoint.grpc_address, "certmanager") as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -23,7 +23,6 @@ import redis
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from trellis_api import certmanager_pb2 as cm
 from trellis_common.testing import RedisServer
 from trellis_common.testing.mesh import Mesh, bookstore
 
@@ -134,20 +133,10 @@ def test_no_private_key_in_any_output_after_a_full_run(
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         assert isinstance(key, ec.EllipticCurvePrivateKey)
         keys.append(key)
-    # the service keys proxy-cp serves over SDS (fetched as proxy-cp may)
-    for namespace, service in [("bookstore", "bookstore-v1"), ("bookbuyer", "bookbuyer")]:
-        served = mesh.certmanager(
-            "IssueCertificate",
-            cm.IssueCertificateRequest(
-                kind=cm.CERTIFICATE_KIND_SERVICE,
-                service=cm.MeshService(namespace=namespace, name=service),
-            ),
-        )
-        key = serialization.load_pem_private_key(served.private_key_pem, password=None)
-        assert isinstance(key, ec.EllipticCurvePrivateKey)
-        keys.append(key)
+    # (no service key leaves certmanager any more: every proxy has its own key, and no
+    # component may ask for a service's; test_certmanager shows them sealed at rest)
     looking_for = needles(keys)
-    assert len(keys) == 5
+    assert len(keys) == 3  # the three proxies' own keys
 
     # the scanner is not blind: it finds each proxy's key in its own key file
     for path in key_files:

@@ -48,19 +48,13 @@ def test_traffic_split_policy_and_mtls(mesh: Mesh) -> None:
     thief.envoy.wait_ready()
     assert thief.get(BOOKSTORE, "/books-bought").status_code == 404
 
-    # bookthief going straight to bookstore-v1's inbound with a mesh certificate: RBAC 403
-    stolen = mesh.certmanager(
-        "IssueCertificate",
-        cm.IssueCertificateRequest(
-            kind=cm.CERTIFICATE_KIND_SERVICE,
-            service=cm.MeshService(namespace="bookthief", name="bookthief"),
-            service_account="bookthief",
-        ),
-    )
-    files = mesh.write_files("thief-direct", stolen, stolen.private_key_pem)
+    # bookthief going straight to bookstore-v1's inbound with its own workload certificate
+    # (a mesh certificate of its account, and its key): RBAC 403
+    issued, key_pem = mesh.proxy_certificate("bookthief", "bookthief", "bookthief")
+    files = mesh.write_files("thief-direct", issued, key_pem)
     context = ssl.create_default_context(cafile=str(files.trust_bundle))
     context.check_hostname = False
-    context.load_cert_chain(str(files.cert_chain), str(files.key))
+    context.load_cert_chain(str(files.cert_chain.parent / "workload.pem"), str(files.key))
     direct = httpx.get(
         f"https://127.0.0.1:{v1.inbound_port}/books-bought", verify=context, timeout=5
     )
