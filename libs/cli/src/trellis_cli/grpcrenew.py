@@ -29,11 +29,11 @@ from typing import Any
 import grpc
 from cryptography import x509
 
-from trellis_api import proxy_pb2, proxy_pb2_grpc
+from trellis_api import proxy_pb2
 from trellis_cli import swapdir
 from trellis_cli.errors import CliError
-from trellis_cli.renew import renew_at
-from trellis_common import components, identity, servercheck
+from trellis_cli.renew import ask_renewal, renew_at
+from trellis_common import components, servercheck
 from trellis_common.grpc_bootstrap import (
     CA_FILE,
     CERT_FILE,
@@ -123,22 +123,7 @@ def renew(files: GrpcFolder, timeout: float = 30.0) -> proxy_pb2.RenewResponse:
         raise CliError(f"cannot read the workload's files in {files.folder}: {exc}") from None
     check_proxy_cp(target, workload, trust, cert_now, key_pem_now)
     credentials = grpc.ssl_channel_credentials(trust, key_pem_now, cert_now)
-    key_pem, key = identity.new_key()
-    with grpc.secure_channel(target, credentials) as channel:
-        stub = proxy_pb2_grpc.ProxyCertificatesStub(channel)
-        try:
-            answer: proxy_pb2.RenewResponse = stub.Renew(
-                proxy_pb2.RenewRequest(csr_pem=identity.csr_for(key, "renewal")), timeout=timeout
-            )
-        except grpc.RpcError as exc:
-            code = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
-            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            raise CliError(f"proxy-cp at {target} refused the renewal: {code}: {details}") from None
-    if not answer.workload_cert_chain_pem:
-        raise CliError(
-            f"proxy-cp at {target} renewed the proxy certificate without its workload "
-            "certificate (a control plane older than this CLI); nothing was written"
-        )
+    answer, key_pem = ask_renewal(target, credentials, [], timeout)
     install(
         files,
         Certificates(

@@ -145,6 +145,35 @@ def current_certificate(proxy: ProxyFolder) -> x509.Certificate:
         raise CliError(f"cannot read the proxy's certificate {cert_path}: {exc}") from None
 
 
+def ask_renewal(
+    target: str,
+    credentials: grpc.ChannelCredentials,
+    options: list[tuple[str, str]],
+    timeout: float,
+) -> tuple[proxy_pb2.RenewResponse, bytes]:
+    """A new key made here, its CSR to proxy-cp's ``ProxyCertificates/Renew`` over
+    ``credentials`` (mTLS with the current proxy certificate); (the answer, the new key's
+    PEM). An answer without the proxy's workload certificate is an error: nothing is
+    written then."""
+    key_pem, key = identity.new_key()
+    with grpc.secure_channel(target, credentials, options=options) as channel:
+        stub = proxy_pb2_grpc.ProxyCertificatesStub(channel)
+        try:
+            answer: proxy_pb2.RenewResponse = stub.Renew(
+                proxy_pb2.RenewRequest(csr_pem=identity.csr_for(key, "renewal")), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            code = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
+            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            raise CliError(f"proxy-cp at {target} refused the renewal: {code}: {details}") from None
+    if not answer.workload_cert_chain_pem:
+        raise CliError(
+            f"proxy-cp at {target} renewed the proxy certificate without its workload "
+            "certificate (a control plane older than this CLI); nothing was written"
+        )
+    return answer, key_pem
+
+
 def renew(proxy: ProxyFolder, timeout: float = 30.0) -> Renewed:
     """Renew now: a new key here, a CSR to proxy-cp, the new pair installed."""
     cert_path, key_path = proxy.in_use()
@@ -160,28 +189,11 @@ def renew(proxy: ProxyFolder, timeout: float = 30.0) -> Renewed:
         )
     except (servercheck.ServerRefused, servercheck.Unreachable) as exc:
         raise CliError(f"{proxy.xds_target} is not proxy-cp, or not reachable: {exc}") from None
-    key_pem, key = identity.new_key()
     credentials = grpc.ssl_channel_credentials(
         root_certificates=trust, private_key=current_key, certificate_chain=current_cert
     )
     options = [("grpc.ssl_target_name_override", proxy.server_name)]
-    with grpc.secure_channel(proxy.xds_target, credentials, options=options) as channel:
-        stub = proxy_pb2_grpc.ProxyCertificatesStub(channel)
-        try:
-            answer: proxy_pb2.RenewResponse = stub.Renew(
-                proxy_pb2.RenewRequest(csr_pem=identity.csr_for(key, "renewal")), timeout=timeout
-            )
-        except grpc.RpcError as exc:
-            code = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
-            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            raise CliError(
-                f"proxy-cp at {proxy.xds_target} refused the renewal: {code}: {details}"
-            ) from None
-    if not answer.workload_cert_chain_pem:
-        raise CliError(
-            f"proxy-cp at {proxy.xds_target} renewed the proxy certificate without its "
-            "workload certificate (a control plane older than this CLI); nothing was written"
-        )
+    answer, key_pem = ask_renewal(proxy.xds_target, credentials, options, timeout)
     new_cert, new_key = install(proxy, answer, key_pem)
     return Renewed(
         answer.serial,
