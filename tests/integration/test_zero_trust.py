@@ -401,7 +401,7 @@ async def test_no_component_gets_a_certificate_with_another_components_identity(
     services: dict[str, ServiceProcess], state_dir: Path
 ) -> None:
     certmanager = services["certmanager"]
-    proxy_cp = join_as(state_dir, "proxy-cp")  # the one component that may have service keys
+    proxy_cp = join_as(state_dir, "proxy-cp")  # the one that may know service certificates
 
     def ask(account: str) -> certmanager_pb2.IssueCertificateRequest:
         return certmanager_pb2.IssueCertificateRequest(

@@ -1,5 +1,5 @@
-"""The injector's writes, through the real ``kubernetes`` client against the test API server:
-proxy Secrets, and the caBundle of the MutatingWebhookConfiguration."""
+"""The injector's one write, through the real ``kubernetes`` client against the test API
+server: the caBundle of the MutatingWebhookConfiguration."""
 
 from __future__ import annotations
 
