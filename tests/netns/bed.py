@@ -4,7 +4,7 @@ control plane.
 What a cluster would do, done here for real, and only that:
 
 - **The node.** A network namespace with a bridge (``10.244.0.1/16``); each pod is a
-  network namespace on it (``trellis_common.testing.netns``). The control plane, Redis and
+  network namespace on it (``trellis_common.testing.pods``). The control plane, Redis and
   the Kubernetes API emulator run in the node namespace, on the node's address: the test
   itself switches its thread there for the bed's lifetime, so every process and socket it
   makes is on the node. Pods reach the control plane through its Service names, which
@@ -54,17 +54,9 @@ from trellis_common.envoybin import find_envoy
 from trellis_common.kube.client import api_client
 from trellis_common.testing.admission import pod_review
 from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.netns import (
-    NODE_IP,
-    Node,
-    Pod,
-    RunningPod,
-    call_in_netns,
-    in_netns,
-    run_pod_spec,
-    sweep,
-    wait_until,
-)
+from trellis_common.testing.kubelet import RunningPod, run_pod_spec
+from trellis_common.testing.netns import NODE_IP, call_in_netns, in_netns, sweep, wait_until
+from trellis_common.testing.pods import Node, Pod
 
 MONITORED = {"trellis.dev/monitored-by": "trellis"}
 #: What the pods' hosts files map to the node: the Services of the control plane.

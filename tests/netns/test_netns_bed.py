@@ -19,18 +19,16 @@ from typing import Any
 
 import pytest
 
+from trellis_common.testing.kubelet import expand_references, run_pod_spec
 from trellis_common.testing.netns import (
     NODE_IP,
-    Node,
-    Pod,
     call_in_netns,
-    expand_references,
     in_netns,
-    run_pod_spec,
     sweep,
     wait_for_tcp,
     wait_until,
 )
+from trellis_common.testing.pods import Node, Pod
 
 pytestmark = [
     pytest.mark.xdist_group("netns"),

@@ -19,7 +19,8 @@ import kmock
 import yaml
 from kmock._internal import references
 
-from trellis_common.testing.kubeserver import ApiServer, Selector
+from trellis_common.testing.kubeselect import Selector
+from trellis_common.testing.kubeserver import ApiServer
 
 __all__ = ["ApiServer", "KubeApi", "Selector"]
 
