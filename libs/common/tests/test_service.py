@@ -5,6 +5,8 @@ components) until stop, and everything is taken down after."""
 from __future__ import annotations
 
 import asyncio
+import platform
+from importlib import metadata
 from pathlib import Path
 from typing import ClassVar
 
@@ -12,7 +14,7 @@ import httpx
 import pytest
 import redis.asyncio
 
-from trellis_common import registry, statefile
+from trellis_common import registry, statefile, version
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 from trellis_common.settings import ServiceSettings
@@ -121,12 +123,18 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
         ready = await client.get("/readyz")
         anonymous = await client.get("/v1/demo")  # a listing: the admin token is needed
         own = await client.get("/v1/demo", headers={"Authorization": "Bearer demo-t"})
+        status = (await client.get("/v1/status")).json()
+        metrics = (await client.get("/metrics")).text
     records = await eventually(lambda: registry.discover(redis_client, "demo-kind"))
 
     assert not_ready.status_code == 503
     assert ready.status_code == 200
     assert anonymous.status_code == 401
     assert own.json() == {"instance": "demo-1"}
+    # the one version, in the status and as Prometheus' build-info convention
+    assert status["version"] == version.version() == metadata.version("trellis-common")
+    build = f'trellis_build_info{{component="demo",python="{platform.python_version()}",'
+    assert f'{build}version="{version.version()}"}} 1.0' in metrics
     assert [(r.name, dict(r.attributes)) for r in records] == [
         ("demo-1", {"flavour": "plain", "component": "demo"})
     ]

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 #: The subcommands, imported when run (:mod:`trellis_cli.lazy`), with the help ``--help`` lists.
 COMMANDS = {
     "certs": LazyCommand("trellis_cli.certs:certs", "The mesh CA and the certificates it issued."),
+    "completion": LazyCommand(
+        "trellis_cli.version:completion",
+        "Print the shell completion script (bash, zsh or fish).",
+    ),
     "dst": LazyCommand(
         "trellis_cli.dst:dst", "The Linkerd Destination API as proxy-cp serves it (port 8086)."
     ),
@@ -57,6 +61,10 @@ COMMANDS = {
         "trellis_cli.up:command",
         "Start Redis and the control plane as local processes (Ctrl-C stops them).",
     ),
+    "version": LazyCommand(
+        "trellis_cli.version:version",
+        "The CLI's version and each running component's.",
+    ),
     "vm": LazyCommand(
         "trellis_cli.vm:vm",
         "Workloads outside Kubernetes (VMs, machines): the endpoints-vm registry.",
@@ -80,9 +88,24 @@ COMMANDS = {
 @click.pass_context
 def cli(ctx: click.Context, state_dir: Path) -> None:
     """Trellis: a service-mesh control plane."""
-    from trellis_cli.client import Mesh  # httpx: not for --help
+    ctx.obj = MeshOnDemand(state_dir)
 
-    ctx.obj = Mesh(state_dir)
+
+class MeshOnDemand:
+    """The commands' :class:`~trellis_cli.client.Mesh`, made when one first uses it: a
+    command that asks nothing of the mesh (``--help``, ``version --client``,
+    ``completion``) never imports the HTTP client and its TLS stack (a third of a second)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._state_dir = state_dir
+        self._mesh: Mesh | None = None
+
+    def __getattr__(self, name: str) -> object:
+        if self._mesh is None:
+            from trellis_cli.client import Mesh
+
+            self._mesh = Mesh(self._state_dir)
+        return getattr(self._mesh, name)
 
 
 @cli.command("join-token")

@@ -27,6 +27,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from trellis_common import version
 from trellis_common.health import Health, Rejections
 from trellis_common.refusals import RefusalRecorder
 from trellis_common.tokens import AdminToken
@@ -259,7 +260,7 @@ def create_app(
     @app.get("/v1/status", tags=["health"])
     async def service_status() -> dict[str, Any]:
         """Long-lived loops (up or down, why, restarts) and records rejected, with reasons."""
-        return {"service": title, **health.status()}
+        return {"service": title, "version": version.version(), **health.status()}
 
     @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics() -> Response:

@@ -41,6 +41,7 @@ from trellis_common import (
     redisconn,
     statefile,
     tokens,
+    version,
 )
 from trellis_common.authz import Authorizer
 from trellis_common.events import Outbox, Signals
@@ -121,6 +122,7 @@ class ServiceRuntime:
             await redis.aclose()
             return None
         metrics = CollectorRegistry()
+        version.count_build(metrics, settings.service_name)
         health = Health(metrics)
         publisher = Publisher(redis, sender=settings.instance_name)
         return cls(
