@@ -41,6 +41,7 @@ class DstMesh(Mesh):
             state_dir,
             redis,
             spec_dir,
+            vm_spec_dir=True,  # endpoints-vm reads the ServiceEntries there
             env={
                 "TRELLIS_PROXY_CP_DESTINATION_PORT": str(self.dst_port),
                 "TRELLIS_PROXY_CP_DESTINATION_UPDATE_INTERVAL": "0.5",
@@ -186,11 +187,15 @@ def test_get_follows_each_rule_of_the_seed(mesh: DstMesh) -> None:
 
 def test_lookups_by_ip_and_port_and_malformed_names(mesh: DstMesh) -> None:
     mesh.workload("v1-a", "bookstore-v1", 8081)
-    by_ip = mesh.client("127.0.0.1:8081")
-    [addr] = by_ip.next()["add"]["addrs"]
+    # upstream's rules: GetProfile answers an IP address, Get refuses it
+    by_ip = mesh.client("127.0.0.1:8081", rpc="GetProfile")
+    addr = by_ip.next()["endpoint"]
     assert addr["tls_identity"]["uri_like_identity"]["uri"] == SPIFFE
-    assert mesh.client("10.255.0.1:80").next() == {"no_endpoints": {}}
     for path, reason in (
+        ("127.0.0.1:8081", "IP queries not supported by Get API"),
+        ("10.255.0.1:80", "IP queries not supported by Get API"),
+        ("bookstore-v1.bookstore:14001", "nor a ServiceEntry host"),  # not a full name
+        ("elsewhere.example.com:443", "nor a ServiceEntry host"),
         ("Bad_Name.bookstore:80", "not a valid DNS-1123 label"),
         ("bookstore-v1.bookstore:99999", "not a number in 1..65535"),
         ("bookstore-v1", "names no namespace"),
@@ -202,7 +207,44 @@ def test_lookups_by_ip_and_port_and_malformed_names(mesh: DstMesh) -> None:
         'trellis_proxy_cp_destination_refused_total{code="INVALID_ARGUMENT",'
         'reason="invalid_authority"}'
     )
-    assert refused == 3
+    assert refused == 7
+
+
+SERVICE_ENTRIES = """\
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: payments, namespace: shop}
+spec:
+  hosts: [payments.example.com]
+  ports: [{number: 443, name: https, protocol: HTTPS}]
+  location: MESH_EXTERNAL
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ledger, namespace: shop}
+spec:
+  hosts: [ledger.example.com]
+  ports: [{number: 5432, name: tcp-pg, protocol: TCP}]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  endpoints: [{address: 192.0.2.10}]
+"""
+
+
+def test_service_entries_answer_addresses_or_let_the_client_use_dns(mesh: DstMesh) -> None:
+    (mesh.spec_dir / "service-entries.yaml").write_text(SERVICE_ENTRIES)
+    asyncio.run(eventually(lambda: "shop/ledger" in proxy_cp_table(mesh), timeout=30, interval=0.2))
+    # resolved by DNS: exists false, so a Linkerd client falls back to DNS (exists true
+    # would tell it not to, and black-hole its traffic)
+    assert mesh.client("payments.example.com:443").next() == {"no_endpoints": {}}
+    [addr] = mesh.client("ledger.example.com:5432").next()["add"]["addrs"]
+    assert addr["addr"] == {"ip": {"ipv4": 0xC000020A}, "port": 5432}
+    profile = mesh.client("ledger.example.com:5432", rpc="GetProfile").next()
+    # no Service of that name exists: the seed says leave them out
+    assert "fully_qualified_name" not in profile
+    assert "parent_ref" not in profile
+    assert profile["opaque_protocol"] is True
 
 
 def test_get_profile_routes_split_overrides_and_updates(mesh: DstMesh) -> None:
@@ -249,6 +291,45 @@ def test_get_profile_routes_split_overrides_and_updates(mesh: DstMesh) -> None:
     unknown = mesh.client("nothing.bookstore.svc.cluster.local:80", rpc="GetProfile").next()
     assert "fully_qualified_name" not in unknown
     assert "retry_budget" in unknown
+
+
+HTTP_ROUTE = """\
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: bookstore, namespace: bookstore}
+spec:
+  parentRefs: [{group: "", kind: Service, name: bookstore, port: 14001}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /books}, method: GET}]
+    timeouts: {request: 3s}
+    backendRefs:
+    - {name: bookstore-v1, port: 14001, weight: 9}
+    - {name: bookstore-v2, port: 14001, weight: 1}
+"""
+
+
+def test_get_profile_follows_an_httproutes_rules(mesh: DstMesh) -> None:
+    profile = mesh.client("bookstore.bookstore.svc.cluster.local:14001", rpc="GetProfile")
+    assert profile.next()["profile_ref"]["resource"]["kind"] == "TrafficSplit"
+    (mesh.spec_dir / "route.yaml").write_text(HTTP_ROUTE)
+    routed = profile.next(timeout=30)
+    first = routed["routes"][0]
+    assert first["metrics_labels"] == {"route": "HTTPRoute bookstore/bookstore rule 0"}
+    assert first["timeout"] == "3s"
+    assert first["condition"] == {
+        "all": {
+            "matches": [
+                {"path": {"regex": "/books(?:/.*)?"}},
+                {"method": {"registered": "GET"}},
+            ]
+        }
+    }
+    # the route's backends take over from the TrafficSplit, as they do for Envoy
+    assert [(d["authority"], d["weight"]) for d in routed["dst_overrides"]] == [
+        ("bookstore-v1.bookstore.svc.cluster.local:14001", 9000),
+        ("bookstore-v2.bookstore.svc.cluster.local:14001", 1000),
+    ]
+    assert "profile_ref" not in routed
 
 
 def test_trellis_dst_prints_what_a_client_would_receive(mesh: DstMesh) -> None:
@@ -356,8 +437,11 @@ def test_a_caller_is_answered_only_about_what_its_policy_lets_it_reach(
 
     allowed = mesh.client(V1)
     Endpoints().follow(allowed, {"127.0.0.1:8081"})
-    for path in ("ledger.bookstore.svc.cluster.local:9090", "127.0.0.1:9090"):
-        refused = mesh.client(path).end()
+    for path, rpc in (
+        ("ledger.bookstore.svc.cluster.local:9090", "Get"),
+        ("127.0.0.1:9090", "GetProfile"),
+    ):
+        refused = mesh.client(path, rpc=rpc).end()
         assert refused["status"] == "PERMISSION_DENIED", refused
         assert f"proxy {mesh.common_name} (identity bookbuyer/bookbuyer)" in refused["details"]
         assert "may not reach bookstore/ledger" in refused["details"]

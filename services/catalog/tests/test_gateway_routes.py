@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain import destinations
 from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.services import ProvidedService
@@ -605,3 +606,65 @@ spec:
         "Retry shop/client-retry (retryOn 5xx)",
         "UpstreamTrafficSetting shop/hello-limits (rateLimit.local)",
     )
+
+
+# -- destinations: the profile a Linkerd client gets ---------------------------------------
+
+
+def destination_of(builder: PolicyBuilder, name: str) -> destinations.Destination:
+    service = MeshService("shop", name)
+    rules = builder.routes.rules.get(service, [])
+    return destinations.build(builder.services[service], builder.spec, name, "td", rules)
+
+
+def test_a_destination_carries_its_routes_rules_timeouts_and_backends(mesh: Mesh) -> None:
+    rules = (
+        "[{matches: [{path: {type: PathPrefix, value: /books}}], timeouts: {request: 2500ms},"
+        " backendRefs: [{name: hello-v1, port: 9000, weight: 3},"
+        " {name: hello-v2, port: 9000, weight: 1}]},"
+        " {matches: [{path: {type: Exact, value: /health}}],"
+        " backendRefs: [{name: hello-v1, port: 9000, weight: 3},"
+        " {name: hello-v2, port: 9000, weight: 1}]}]"
+    )
+    parent = "{group: '', kind: Service, name: hello, port: 9000}"
+    builder = mesh(SERVICES + PERMISSIVE + http_route(name="hello", parent=parent, rules=rules))
+    found = destination_of(builder, "hello")
+    assert [(r.match.path_prefix, r.match.path_exact, r.timeout, r.port) for r in found.routes] == [
+        ("", "/health", 0.0, 9000),
+        ("/books", "", 2.5, 9000),
+    ]
+    assert found.routes[1].name == "HTTPRoute shop/hello rule 0"
+    assert found.splits == (
+        destinations.Override(MeshService("shop", "hello-v1"), 3, 9000),
+        destinations.Override(MeshService("shop", "hello-v2"), 1, 9000),
+    )
+    assert found.split == ""
+
+
+def test_rules_that_send_to_different_backends_override_nothing(mesh: Mesh) -> None:
+    rules = (
+        "[{matches: [{method: {service: a.A}}], backendRefs: [{name: hello-v1, port: 9000}]},"
+        " {matches: [{method: {service: b.B}}], backendRefs: [{name: hello-v2, port: 9000}]}]"
+    )
+    found = destination_of(mesh(SERVICES + PERMISSIVE + grpc_route(rules=rules)), "hello")
+    assert [r.match.path_prefix for r in found.routes] == ["/a.A", "/b.B"]
+    assert found.splits == ()
+
+
+def test_opaque_ports_come_from_the_services_annotation_else_linkerds_defaults(
+    mesh: Mesh,
+) -> None:
+    annotated = """
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: db
+  namespace: shop
+  annotations: {config.linkerd.io/opaque-ports: "8080, 9000-9002,tcp-db"}
+spec: {ports: [{name: tcp-db, port: 7000}, {name: http, port: 8080}]}
+"""
+    builder = mesh(SERVICES + PERMISSIVE + annotated)
+    assert destination_of(builder, "db").opaque_ports == (7000, 8080, 9000, 9001, 9002)
+    assert destination_of(builder, "web").opaque_ports == destinations.DEFAULT_OPAQUE_PORTS
+    assert destinations.DEFAULT_OPAQUE_PORTS == (25, 587, 3306, 4444, 5432, 6379, 9300, 11211)

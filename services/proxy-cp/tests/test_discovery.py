@@ -24,30 +24,32 @@ from trellis_proxy_cp.discovery.server import (
     DiscoveryMetrics,
     DiscoveryOptions,
     LinkerdDestination,
-    Resolved,
-    get_updates,
 )
+from trellis_proxy_cp.discovery.updates import Resolved, get_updates
 from trellis_proxy_cp.translate import linkerd
 
 
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("web.shop.svc.cluster.local:8080", ("shop", "web", "", 8080)),
-        ("web.shop.svc.cluster.local", ("shop", "web", "", 80)),
-        ("web.shop:9090", ("shop", "web", "", 9090)),
-        ("web.shop.svc:1", ("shop", "web", "", 1)),
-        ("WEB.Shop.svc.cluster.local.:80", ("shop", "web", "", 80)),
-        ("10.1.2.3:8080", ("", "", "10.1.2.3", 8080)),
-        ("[fd00::1]:443", ("", "", "fd00::1", 443)),
-        ("api.example.com:443", ("", "", "", 443)),
+        ("web.shop.svc.cluster.local:8080", ("shop", "web", "", "", 8080)),
+        ("web.shop.svc.cluster.local", ("shop", "web", "", "", 80)),
+        ("WEB.Shop.svc.cluster.local.:80", ("shop", "web", "", "", 80)),
+        ("web-0.web.shop.svc.cluster.local:80", ("shop", "web", "web-0", "", 80)),
+        # as upstream's parseK8sServiceName: a service is named in full, or it is a host
+        ("web.shop:9090", ("", "", "", "", 9090)),
+        ("web.shop.svc:1", ("", "", "", "", 1)),
+        ("a.b.c.d.svc.cluster.local:1", ("", "", "", "", 1)),
+        ("10.1.2.3:8080", ("", "", "", "10.1.2.3", 8080)),
+        ("[fd00::1]:443", ("", "", "", "fd00::1", 443)),
+        ("api.example.com:443", ("", "", "", "", 443)),
     ],
 )
-def test_paths_name_a_service_an_address_or_a_host(
-    path: str, expected: tuple[str, str, str, int]
+def test_paths_name_a_service_an_instance_an_address_or_a_host(
+    path: str, expected: tuple[str, str, str, str, int]
 ) -> None:
     found = linkerd.parse_authority(path)
-    assert (found.namespace, found.service, found.ip, found.port) == expected
+    assert (found.namespace, found.service, found.instance, found.ip, found.port) == expected
     if not found.ip:
         assert found.host == path.lower().rsplit(":", 1)[0].rstrip(".")
 
@@ -98,7 +100,8 @@ def kinds(updates: list[dpb.Update]) -> list[str]:
         (None, state(), ["no_endpoints(true)"]),
         (None, state(exists=False), ["no_endpoints(false)"]),
         (state(1), state(1, 2), ["add[2]"]),
-        (state(1, 2), state(2, 3), ["remove[1]", "add[3]"]),
+        # make before break: what came is added before what went is removed
+        (state(1, 2), state(2, 3), ["add[3]", "remove[1]"]),
         (state(1), state(1), []),
         (state(1), state(), ["no_endpoints(true)"]),
         (state(1), state(exists=False), ["no_endpoints(false)"]),

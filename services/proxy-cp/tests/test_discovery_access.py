@@ -305,17 +305,22 @@ async def test_a_destination_out_of_reach_is_refused_naming_the_caller_and_it(
 async def test_an_address_is_answered_only_if_its_destination_is_in_reach(
     served: Served, path: str, answered: bool
 ) -> None:
-    call = served.get(path)
+    # the APIs that answer addresses: GetProfile, and the conduit Get (the Linkerd Get
+    # refuses them all, INVALID_ARGUMENT, as upstream's)
+    profile, call = served.profile(path), served.conduit(path)
     if answered:
         assert kind(await read(call)) == "add"
+        assert (await read(profile)).retry_budget.retry_ratio > 0
     else:
-        error = await ended(call)
-        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "may not reach shop/db" in (error.details() or "")
+        for refused in (call, profile):
+            error = await ended(refused)
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "may not reach shop/db" in (error.details() or "")
 
 
 async def test_an_address_no_destination_owns_is_answered_as_unknown(served: Served) -> None:
-    assert kind(await read(served.get("10.9.9.9:80"))) == "no_endpoints(false)"
+    assert kind(await read(served.conduit("10.9.9.9:80"))) == "no_endpoints(false)"
+    assert not (await read(served.profile("10.9.9.9:80"))).fully_qualified_name
     assert served.refused("not_reachable") == 0
 
 
@@ -399,7 +404,7 @@ async def test_a_destination_the_table_lists_before_the_view_waits_for_the_view(
 async def test_an_address_that_moves_out_of_reach_is_answered_as_unknown_not_refused(
     served: Served,
 ) -> None:
-    call = served.get("10.0.0.1:8080")
+    call = served.conduit("10.0.0.1:8080")
     assert kind(await read(call)) == "add"
     # the address is now db's endpoint: the table knows, the caller's view has not moved,
     # so nothing of db is sent, and only a newer view may end the stream
@@ -413,7 +418,7 @@ async def test_an_address_that_moves_out_of_reach_is_answered_as_unknown_not_ref
     assert kind(await read(call)) == "no_endpoints(false)"
     served.moved("shop/web", "shop/db")
     [addr] = (await read(call)).add.addrs
-    assert addr.tls_identity.server_name.name == "db.shop.svc.cluster.local"
+    assert addr.metric_labels["serviceaccount"] == "db"
     assert served.refused("not_reachable") == 0
 
 

@@ -826,7 +826,9 @@ class Cluster(_message.Message):
     port: _builtins.int
     protocol: _builtins.str
     discovery: _builtins.str
-    """STATIC (endpoints are IPs), DNS (hostnames), or PASSTHROUGH (original destination)."""
+    """STATIC (endpoints are IPs or unix:///paths), DNS (hostnames, every address),
+    LOGICAL_DNS (one hostname, its first answer), or PASSTHROUGH (original destination).
+    """
     mesh_tls: _builtins.bool
     """MESH_INTERNAL clusters use mTLS with the mesh CA; MESH_EXTERNAL ones do not."""
     version: _builtins.str
@@ -1731,6 +1733,7 @@ class Destination(_message.Message):
     SPLIT_FIELD_NUMBER: _builtins.int
     TRUST_DOMAIN_FIELD_NUMBER: _builtins.int
     RETRIED_FIELD_NUMBER: _builtins.int
+    OPAQUE_PORTS_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     name: _builtins.str
     version: _builtins.str
@@ -1762,6 +1765,12 @@ class Destination(_message.Message):
     def splits(self) -> _containers.RepeatedCompositeFieldContainer[Global___SplitBackend]:
         """...and the TrafficSplit whose root it is."""
 
+    @_builtins.property
+    def opaque_ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Its ports whose traffic is opaque TCP to a Linkerd client: those of the declared
+        Service's `config.linkerd.io/opaque-ports` annotation, else Linkerd's defaults.
+        """
+
     def __init__(
         self,
         *,
@@ -1776,10 +1785,11 @@ class Destination(_message.Message):
         split: _builtins.str = ...,
         trust_domain: _builtins.str = ...,
         retried: _builtins.bool = ...,
+        opaque_ports: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "hosts", b"hosts", "name", b"name", "namespace", b"namespace", "ports", b"ports", "retried", b"retried", "routes", b"routes", "split", b"split", "splits", b"splits", "trust_domain", b"trust_domain", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "hosts", b"hosts", "name", b"name", "namespace", b"namespace", "opaque_ports", b"opaque_ports", "ports", b"ports", "retried", b"retried", "routes", b"routes", "split", b"split", "splits", b"splits", "trust_domain", b"trust_domain", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1791,8 +1801,14 @@ class ProfileRoute(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     MATCH_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """"<HTTPRouteGroup>/<match>"."""
+    """"<HTTPRouteGroup>/<match>", or a Gateway API route's "<kind> <namespace>/<name> rule <i>"."""
+    timeout: _builtins.float
+    """A Gateway API rule's timeouts.request, in seconds (0: none)."""
+    port: _builtins.int
+    """The service port it holds on (0: every port): a Gateway API parentRef's port."""
     @_builtins.property
     def match(self) -> Global___HttpMatch: ...
     def __init__(
@@ -1800,10 +1816,12 @@ class ProfileRoute(_message.Message):
         *,
         name: _builtins.str = ...,
         match: Global___HttpMatch | None = ...,
+        timeout: _builtins.float = ...,
+        port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["match", b"match"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["match", b"match", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["match", b"match", "name", b"name", "port", b"port", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1816,19 +1834,23 @@ class SplitBackend(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     name: _builtins.str
     weight: _builtins.int
+    port: _builtins.int
+    """The backend's port (0: the port asked for): a Gateway API backendRef's port."""
     def __init__(
         self,
         *,
         namespace: _builtins.str = ...,
         name: _builtins.str = ...,
         weight: _builtins.int = ...,
+        port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "namespace", b"namespace", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "namespace", b"namespace", "port", b"port", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -402,7 +402,8 @@ class Recompute:
 
     def destination(self, known: svc.KnownService) -> destinations.Destination:
         account = self.account_of(known.service)
-        return destinations.build(known, self.spec, account, self._trust())
+        rules = self.routes.rules.get(known.service, ())
+        return destinations.build(known, self.spec, account, self._trust(), rules)
 
     def _trust(self) -> str:
         settings = self.spec.settings

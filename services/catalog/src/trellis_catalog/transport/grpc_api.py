@@ -209,14 +209,20 @@ def destination_proto(
         addresses=record.addresses,
         hosts=record.hosts,
         ports=ports,
-        routes=[pb.ProfileRoute(name=r.name, match=_match(r.match)) for r in record.routes],
+        routes=[
+            pb.ProfileRoute(name=r.name, match=_match(r.match), timeout=r.timeout, port=r.port)
+            for r in record.routes
+        ],
         splits=[
-            pb.SplitBackend(namespace=b.service.namespace, name=b.service.name, weight=b.weight)
+            pb.SplitBackend(
+                namespace=b.service.namespace, name=b.service.name, weight=b.weight, port=b.port
+            )
             for b in record.splits
         ],
         split=record.split,
         trust_domain=record.trust_domain,
         retried=record.retried,
+        opaque_ports=record.opaque_ports,
     )
 
 

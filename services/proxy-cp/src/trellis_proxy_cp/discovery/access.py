@@ -16,8 +16,10 @@ namespace, so no shortcut is taken here), the services of the clusters it routes
 and route backends), and the ServiceEntries it may reach (``external``, by their source).
 A request is answered from one destination, its *owner*: by service name, by ServiceEntry
 host, by a service address (clusterIP, ServiceEntry address), or, for an endpoint's own
-address, the destination the endpoint is found in. A name or address that no destination
-owns is answered as before (``no_endpoints{exists: false}``): that tells nothing of anything.
+address, the destination the endpoint is found in. A cluster name or address that no
+destination owns is answered as before (``no_endpoints{exists: false}``, the default
+profile): that tells nothing of anything. (A name that is neither a cluster name nor a
+ServiceEntry host is refused INVALID_ARGUMENT before any of this, as upstream does.)
 
 **Views** (:class:`CallerViews`) are asked of the catalog once per identity, when its first
 stream opens, through the catalog client that follows the views of xDS proxies (``want``);

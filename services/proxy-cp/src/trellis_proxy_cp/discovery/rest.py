@@ -20,7 +20,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from trellis_api.linkerd import destination_pb2 as dpb
-from trellis_proxy_cp.discovery.server import Discovery, get_updates
+from trellis_proxy_cp.discovery.server import Discovery
+from trellis_proxy_cp.discovery.updates import get_updates
 from trellis_proxy_cp.translate import linkerd
 
 
@@ -42,11 +43,13 @@ def add_routes(app: FastAPI, discovery: Discovery, guard: Any) -> None:
         prefix="/v1/destinations", tags=["destinations"], dependencies=[Depends(guard)]
     )
 
-    def target(path: str) -> linkerd.Authority:
+    def target(path: str, rpc: str) -> linkerd.Authority:
         try:
-            return linkerd.parse_authority(path, discovery.options.cluster_domain)
+            found = linkerd.parse_authority(path, discovery.options.cluster_domain)
+            discovery.check(found, rpc)
         except linkerd.InvalidAuthority as exc:
             raise HTTPException(422, str(exc)) from None
+        return found
 
     @router.get("")
     async def summary() -> dict[str, Any]:
@@ -58,7 +61,7 @@ def add_routes(app: FastAPI, discovery: Discovery, guard: Any) -> None:
 
     @router.get("/get")
     async def get(path: str) -> dict[str, Any]:
-        asked = target(path)
+        asked = target(path, "Get")
         now = discovery.resolve(asked)
         updates = get_updates(None, now, discovery.labels(asked))
         return {
@@ -69,6 +72,6 @@ def add_routes(app: FastAPI, discovery: Discovery, guard: Any) -> None:
 
     @router.get("/profile")
     async def profile(path: str) -> dict[str, Any]:
-        return {"path": path, "profile": _json(discovery.profile(target(path)))}
+        return {"path": path, "profile": _json(discovery.profile(target(path, "GetProfile")))}
 
     app.include_router(router)

@@ -24,9 +24,20 @@ and never blocks the table or the other streams. ``Get`` sends, in order:
 
 * first: ``add`` with every endpoint, or ``no_endpoints{exists:true}`` for a service with
   none, or ``no_endpoints{exists:false}`` for one that does not exist (the seed's rule; modern
-  Linkerd answers NOT_FOUND instead: docs/linkerd.md says why we keep the seed's);
-* then: ``remove`` of what went and ``add`` of what came or changed; ``no_endpoints`` with
+  Linkerd answers NOT_FOUND instead: docs/linkerd.md says why we keep the seed's) and for a
+  ServiceEntry whose hosts are resolved by DNS (or not at all), so the client falls back to
+  DNS rather than black-holing its traffic;
+* then: ``add`` of what came or changed, then ``remove`` of what went (make before break:
+  a workload whose address is replaced is never missing); ``no_endpoints`` with
   ``exists:true`` when the last endpoint goes, ``exists:false`` when the service goes.
+
+Names follow upstream's ``parseK8sServiceName``: ``Get`` and ``GetProfile`` answer
+``<service>.<namespace>.svc.<cluster-domain>`` and ``<instance>.<service>...`` (one
+endpoint: a pod, a StatefulSet pod's DNS name, a VM workload), and, beyond upstream, the
+hosts of ServiceEntries; any other name is refused INVALID_ARGUMENT. ``Get`` refuses an IP
+address INVALID_ARGUMENT, as upstream's ("IP queries not supported by Get API");
+``GetProfile`` answers one (a service address, or an endpoint's own profile). The conduit
+API keeps answering both, as it always has.
 
 The conduit API gets the same from the same watchers, in its own messages, plus an empty
 ``add`` whenever ADDRESS_UPDATE_INTERVAL passes without an update (its seed's liveness rule).
@@ -56,6 +67,7 @@ from trellis_common.metrics import MetricFactory
 from trellis_proxy_cp.authorizer import peer_common_name
 from trellis_proxy_cp.clients.destinations import EVERYTHING, DestinationTable
 from trellis_proxy_cp.discovery.access import Access, Caller, ViewUnavailable
+from trellis_proxy_cp.discovery.updates import NOTHING, Resolved, get_updates, to_conduit
 from trellis_proxy_cp.translate import linkerd
 from trellis_proxy_cp.transport.streams import StreamRefused
 
@@ -64,7 +76,6 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 LINKERD_SERVICE = dpb.DESCRIPTOR.services_by_name["Destination"].full_name
 CONDUIT_SERVICE = conduit.DESCRIPTOR.services_by_name["Destination"].full_name
-Addresses = dict[tuple[str, int], dpb.WeightedAddr]
 #: Names whose resolution is kept for the streams of the same table generation.
 RESOLVED_CACHE = 10_000
 #: A stream's step: the messages that bring its client up to date (``hidden``: to nothing).
@@ -109,20 +120,6 @@ class ContextToken:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Resolved:
-    """What a ``Get`` names, now: does it exist, its addresses, and the destination that
-    owns it (``<namespace>/<name>``; empty if none)."""
-
-    exists: bool
-    addresses: Addresses
-    owner: str = ""
-
-
-#: What a caller is told of a destination it may not reach (yet): nothing.
-NOTHING = Resolved(False, {})
-
-
 class Ticks:
     """A stream's bounded queue of "something moved" ticks; the table's watcher."""
 
@@ -146,49 +143,6 @@ class Ticks:
         while not self.queue.empty():
             self.queue.get_nowait()
         return True
-
-
-def get_updates(before: Resolved | None, now: Resolved, labels: dict[str, str]) -> list[dpb.Update]:
-    """What moves a client from ``before`` (None: nothing sent yet) to ``now``."""
-    if before is None:
-        if now.addresses:
-            return [_add(now.addresses.values(), labels)]
-        return [dpb.Update(no_endpoints=dpb.NoEndpoints(exists=now.exists))]
-    if not now.exists:
-        gone = before.exists or bool(before.addresses)
-        return [dpb.Update(no_endpoints=dpb.NoEndpoints(exists=False))] if gone else []
-    if not now.addresses:
-        if before.addresses or not before.exists:
-            return [dpb.Update(no_endpoints=dpb.NoEndpoints(exists=True))]
-        return []
-    updates = []
-    removed = [key for key in before.addresses if key not in now.addresses]
-    if removed:
-        addrs = [linkerd.tcp_address(ip, port) for ip, port in sorted(removed)]
-        updates.append(dpb.Update(remove=dpb.AddrSet(addrs=addrs)))
-    added = [a for key, a in sorted(now.addresses.items()) if before.addresses.get(key) != a]
-    if added:
-        updates.append(_add(added, labels))
-    return updates
-
-
-def _add(addrs: Any, labels: dict[str, str]) -> dpb.Update:
-    return dpb.Update(add=dpb.WeightedAddrSet(addrs=list(addrs), metric_labels=labels))
-
-
-def to_conduit(update: dpb.Update) -> conduit.Update:
-    kind = update.WhichOneof("update")
-    if kind == "add":
-        addrs = [linkerd.conduit_weighted_addr(a) for a in update.add.addrs]
-        return conduit.Update(
-            add=conduit.WeightedAddrSet(addrs=addrs, metric_labels=update.add.metric_labels)
-        )
-    if kind == "remove":
-        removed = [
-            conduit_common.TcpAddress.FromString(a.SerializeToString()) for a in update.remove.addrs
-        ]
-        return conduit.Update(remove=conduit.AddrSet(addrs=removed))
-    return conduit.Update(no_endpoints=conduit.NoEndpoints(exists=update.no_endpoints.exists))
 
 
 class DiscoveryMetrics:
@@ -237,17 +191,41 @@ class Discovery:
         await context.abort(code, detail)
         raise AssertionError("abort returned")  # pragma: no cover (abort raises)
 
-    async def admit(self, context: Context, path: str) -> tuple[Caller, linkerd.Authority]:
-        """Who asks (checked as an xDS stream's proxy is), and what it names."""
+    async def admit(
+        self, context: Context, path: str, rpc: str = ""
+    ) -> tuple[Caller, linkerd.Authority]:
+        """Who asks (checked as an xDS stream's proxy is), and what it names (``rpc``:
+        ``Get`` or ``GetProfile``, whose names are checked as upstream's: :meth:`check`)."""
         try:
             caller = await self.access.identify(context)
         except StreamRefused as refused:
             await self.refuse(context, refused.code, refused.reason, refused.message)
         try:
-            return caller, linkerd.parse_authority(path, self.options.cluster_domain)
+            target = linkerd.parse_authority(path, self.options.cluster_domain)
+            if rpc:
+                self.check(target, rpc)
+            return caller, target
         except linkerd.InvalidAuthority as exc:
             await self.refuse(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "invalid_authority", str(exc)
+            )
+
+    def check(self, target: linkerd.Authority, rpc: str) -> None:
+        """Upstream's rules for what the Linkerd API's ``rpc`` may name: ``Get`` no IP
+        address; neither a name outside the cluster domain, unless it is a ServiceEntry's
+        host (raises InvalidAuthority)."""
+        if target.ip:
+            if rpc == "Get":
+                raise linkerd.InvalidAuthority(
+                    f"IP queries not supported by Get API: host={target.ip} "
+                    "(ask GetProfile for an address)"
+                )
+            return
+        if not target.service and self.table.by_host(target.host) is None:
+            domain = self.options.cluster_domain
+            raise linkerd.InvalidAuthority(
+                f"invalid authority {target}: not <service>.<namespace>.svc.{domain} "
+                f"(nor <instance>.<service>.<namespace>.svc.{domain}), nor a ServiceEntry host"
             )
 
     # -- resolution ----------------------------------------------------------------------
@@ -255,10 +233,10 @@ class Discovery:
     def destination(self, target: linkerd.Authority) -> cpb.Destination | None:
         if target.ip:
             return self.table.by_address(target.ip)
-        found = None
-        if target.service:
+        found = self.table.by_host(target.host)  # a ServiceEntry host first
+        if found is None and target.service:
             found = self.table.get(f"{target.namespace}/{target.service}")
-        return found if found is not None else self.table.by_host(target.host)
+        return found
 
     def watch_key(self, target: linkerd.Authority) -> str:
         if target.service and target.host.endswith(".svc." + self.options.cluster_domain):
@@ -283,6 +261,15 @@ class Discovery:
         found = self.destination(target)
         if found is not None:
             owner = f"{found.namespace}/{found.name}"
+            if target.instance and not linkerd.is_service_entry(found):
+                one = linkerd.instance_addresses(found, target.port, target.instance, domain)
+                return Resolved(True, one, owner)
+            cluster = linkerd.port_cluster(found, target.port)
+            is_entry = linkerd.is_service_entry(found)
+            if cluster is None and is_entry:
+                return Resolved(False, {}, owner)  # not one of its ports: DNS decides
+            if cluster is not None and is_entry and linkerd.without_ip(cluster):
+                return Resolved(False, {}, owner)  # let the client resolve it by DNS
             return Resolved(True, linkerd.addresses(found, target.port, domain), owner)
         if target.ip:
             hit = linkerd.find_endpoint(self.table.destinations(), target.ip, target.port)
@@ -300,6 +287,16 @@ class Discovery:
         if hidden:
             return linkerd.profile(None, target.port, options.budget, options.cluster_domain)
         found = self.destination(target)
+        if found is not None and target.instance and not linkerd.is_service_entry(found):
+            # upstream: a pod's DNS name gets that endpoint's profile
+            cluster = linkerd.port_cluster(found, target.port)
+            one = linkerd.instance_addresses(
+                found, target.port, target.instance, options.cluster_domain
+            )
+            if cluster is None or not one:
+                return linkerd.profile(None, target.port, options.budget, options.cluster_domain)
+            [addr] = list(one.values())[:1]
+            return linkerd.endpoint_profile(addr, found, cluster, options.budget)
         if found is None and target.ip:
             hit = linkerd.find_endpoint(self.table.destinations(), target.ip, target.port)
             if hit is not None:
@@ -308,7 +305,7 @@ class Discovery:
                 addr = linkerd.weighted_addr(
                     destination, cluster, endpoint, key, options.cluster_domain
                 )
-                return linkerd.endpoint_profile(addr, cluster, options.budget)
+                return linkerd.endpoint_profile(addr, destination, cluster, options.budget)
         return linkerd.profile(found, target.port, options.budget, options.cluster_domain)
 
     def labels(self, target: linkerd.Authority) -> dict[str, str]:
@@ -437,7 +434,7 @@ class LinkerdDestination(dpb_grpc.DestinationServicer):
 
     async def Get(self, request: dpb.GetDestination, context: Context) -> None:  # type: ignore[override]
         discovery = self.discovery
-        caller, target = await discovery.admit(context, request.path)
+        caller, target = await discovery.admit(context, request.path, "Get")
         token = ContextToken.parse(request.context_token)
         log.debug(
             "destination.get peer=%s path=%s ns=%s pod=%s node=%s",
@@ -451,7 +448,7 @@ class LinkerdDestination(dpb_grpc.DestinationServicer):
 
     async def GetProfile(self, request: dpb.GetDestination, context: Context) -> None:  # type: ignore[override]
         discovery = self.discovery
-        caller, target = await discovery.admit(context, request.path)
+        caller, target = await discovery.admit(context, request.path, "GetProfile")
         sent: list[dpb.DestinationProfile] = []
 
         def step(hidden: bool) -> list[dpb.DestinationProfile]:

@@ -11,6 +11,7 @@ chosen.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -45,13 +46,17 @@ class InvalidAuthority(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Authority:
-    """What a path names: a service by DNS name or host, or an IP address, and a port."""
+    """What a path names, and a port: an IP address, or a host name (``host``, which a
+    ServiceEntry may own), which is also a service (``namespace``, ``service``) when it is
+    ``<service>.<namespace>.svc.<cluster-domain>``, or one instance of it (``instance``)
+    when it is ``<instance>.<service>.<namespace>.svc.<cluster-domain>``."""
 
     port: int
     namespace: str = ""
     service: str = ""
-    host: str = ""  # a ServiceEntry host, when the name is not a cluster name
+    host: str = ""
     ip: str = ""
+    instance: str = ""
 
     def __str__(self) -> str:
         if self.ip:
@@ -69,8 +74,10 @@ class RetryBudget:
 
 
 def parse_authority(path: str, cluster_domain: str = "cluster.local") -> Authority:
-    """``<svc>.<ns>.svc.<cluster-domain>[:port]`` (also ``<svc>.<ns>[.svc]``), ``IP:port``
-    (``[v6]:port``), or another host name (a ServiceEntry's); the port defaults to 80."""
+    """``[<instance>.]<svc>.<ns>.svc.<cluster-domain>[:port]``, ``IP:port`` (``[v6]:port``),
+    or another host name of two labels or more (a ServiceEntry's, or nothing: the server
+    decides); the port defaults to 80. As Linkerd's ``parseK8sServiceName``, a service is
+    named only in full: ``<svc>.<ns>`` is a host name like any other."""
     if not path:
         raise InvalidAuthority("path is empty: expected <service>.<namespace>.svc.<domain>:<port>")
     if len(path) > 300:
@@ -90,10 +97,12 @@ def parse_authority(path: str, cluster_domain: str = "cluster.local") -> Authori
         except ids.InvalidIdentifier as exc:
             raise InvalidAuthority(f"path {path!r}: {exc}") from None
     suffix = ["svc", *cluster_domain.split(".")]
-    rest = labels[2:]
-    if len(labels) >= 2 and (rest == suffix[: len(rest)]):
-        # a cluster name; ``host`` too, for a ServiceEntry host of two labels ("example.com")
-        return Authority(port, namespace=labels[1], service=labels[0], host=name)
+    if labels[-len(suffix) :] == suffix:
+        head = labels[: -len(suffix)]
+        if len(head) == 2:
+            return Authority(port, namespace=head[1], service=head[0], host=name)
+        if len(head) == 3:
+            return Authority(port, namespace=head[2], service=head[1], host=name, instance=head[0])
     if len(labels) == 1:
         raise InvalidAuthority(
             f"path {path!r} names no namespace: expected <service>.<namespace>.svc.{cluster_domain}"
@@ -199,10 +208,10 @@ def weighted_addr(
             destination.namespace, destination.name, cluster_domain
         )
     if cluster.mesh_tls:
-        if cluster.protocol in ("http2", "grpc"):
-            addr.protocol_hint.h2.SetInParent()
-        elif cluster.protocol == "tcp":
+        if is_opaque(destination, cluster):
             addr.protocol_hint.opaque.SetInParent()
+        elif cluster.protocol in ("http2", "grpc"):
+            addr.protocol_hint.h2.SetInParent()
     kind, namespace, name = _workload(endpoint)
     if name:
         addr.resource_ref.resource.CopyFrom(
@@ -220,6 +229,26 @@ def conduit_weighted_addr(addr: dpb.WeightedAddr) -> conduit.WeightedAddr:
         weight=addr.weight,
         metric_labels=addr.metric_labels,
     )
+
+
+def is_opaque(destination: cpb.Destination, cluster: cpb.Cluster) -> bool:
+    """Whether a Linkerd client should treat the port as opaque TCP: a TCP port, or one of
+    the destination's opaque ports (its Service's annotation, else Linkerd's defaults)."""
+    return cluster.protocol == "tcp" or cluster.port in destination.opaque_ports
+
+
+def is_service_entry(destination: cpb.Destination) -> bool:
+    """A ServiceEntry has hosts; a Service is found by its cluster names."""
+    return bool(destination.hosts)
+
+
+def without_ip(cluster: cpb.Cluster) -> bool:
+    """A ServiceEntry port with no IP endpoint to send: resolved by DNS (``DNS``,
+    ``LOGICAL_DNS``) or not at all (``PASSTHROUGH``), or whose static endpoints are none of
+    them IPs (``unix:///`` paths: a socket on the Envoy proxy's own host)."""
+    if any(endpoint_key(e) is not None for e in cluster.endpoints):
+        return False
+    return cluster.discovery != "STATIC" or bool(cluster.endpoints)
 
 
 def port_cluster(destination: cpb.Destination, port: int) -> cpb.Cluster | None:
@@ -245,6 +274,22 @@ def addresses(
     return found
 
 
+def instance_addresses(
+    destination: cpb.Destination, port: int, instance: str, cluster_domain: str
+) -> dict[tuple[str, int], dpb.WeightedAddr]:
+    """The endpoints of ``destination``'s ``port`` whose workload is named ``instance``: a
+    pod (a StatefulSet's pod DNS name is ``<pod>.<service>...``) or a VM workload."""
+    cluster = port_cluster(destination, port)
+    if cluster is None:
+        return {}
+    found = {}
+    for endpoint in cluster.endpoints:
+        key = endpoint_key(endpoint)
+        if key is not None and _workload(endpoint)[2] == instance:
+            found[key] = weighted_addr(destination, cluster, endpoint, key, cluster_domain)
+    return found
+
+
 def find_endpoint(
     destinations: Iterable[cpb.Destination], ip: str, port: int
 ) -> tuple[cpb.Destination, cpb.Cluster, cpb.ClusterEndpoint] | None:
@@ -265,10 +310,21 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     return duration
 
 
+def path_regex(match: cpb.HttpMatch) -> str:
+    """The match's path as the whole-path regex Linkerd's ``PathMatch`` is: a Gateway API
+    exact path, or prefix by whole segments, else the SMI regex."""
+    if match.path_exact:
+        return re.escape(match.path_exact)
+    if match.path_prefix:
+        return re.escape(match.path_prefix.rstrip("/")) + "(?:/.*)?"
+    return match.path_regex or ".*"
+
+
 def request_match(match: cpb.HttpMatch) -> dpb.RequestMatch:
-    """A route's match: its path regex, and any of its methods (headers have no place in
-    the API's RequestMatch, so a header-only distinction is not made: docs/linkerd.md)."""
-    parts = [dpb.RequestMatch(path=dpb.PathMatch(regex=match.path_regex or ".*"))]
+    """A route's match: its path, and any of its methods (headers and query parameters have
+    no place in the API's RequestMatch, so a distinction by them alone is not made:
+    docs/linkerd.md)."""
+    parts = [dpb.RequestMatch(path=dpb.PathMatch(regex=path_regex(match)))]
     methods = [_method(m) for m in match.methods]
     if len(methods) == 1:
         parts.append(dpb.RequestMatch(method=methods[0]))
@@ -312,11 +368,14 @@ def overrides(
         if backend.weight <= 0:
             continue
         name = fqdn(backend.namespace, backend.name, cluster_domain)
+        backend_port = backend.port or port
         found.append(
             dpb.WeightedDst(
-                authority=f"{name}:{port}",
+                authority=f"{name}:{backend_port}",
                 weight=round(SPLIT_TOTAL * backend.weight / total),
-                backend_ref=_resource("core", "Service", backend.namespace, backend.name, port),
+                backend_ref=_resource(
+                    "core", "Service", backend.namespace, backend.name, backend_port
+                ),
             )
         )
     return found
@@ -329,7 +388,10 @@ def profile(
     cluster_domain: str,
 ) -> dpb.DestinationProfile:
     """The profile of a service port; an unknown service gets the default profile with an
-    empty fully qualified name (the API's "unknown")."""
+    empty fully qualified name (the API's "unknown"), and so does a ServiceEntry's name
+    and parent: it is no Kubernetes Service (the seed: "If the lookup does not refer to a
+    known named entity, this field MUST be left empty"; ``parent_ref`` "may be omitted if
+    the destination is not a service")."""
     answer = dpb.DestinationProfile(
         retry_budget=dpb.RetryBudget(
             retry_ratio=budget.retry_ratio,
@@ -340,19 +402,25 @@ def profile(
     if destination is None:
         return answer
     namespace, name = destination.namespace, destination.name
-    answer.fully_qualified_name = fqdn(namespace, name, cluster_domain)
-    answer.parent_ref.CopyFrom(_resource("core", "Service", namespace, name, port))
+    if not is_service_entry(destination):
+        answer.fully_qualified_name = fqdn(namespace, name, cluster_domain)
+        answer.parent_ref.CopyFrom(_resource("core", "Service", namespace, name, port))
     cluster = port_cluster(destination, port)
-    answer.opaque_protocol = cluster is not None and cluster.protocol == "tcp"
+    answer.opaque_protocol = (
+        port in destination.opaque_ports if cluster is None else is_opaque(destination, cluster)
+    )
     for route in destination.routes:
-        answer.routes.append(
-            dpb.Route(
-                condition=request_match(route.match),
-                response_classes=[_server_errors()],
-                metrics_labels={"route": route.name},
-                is_retryable=destination.retried,
-            )
+        if route.port and route.port != port:
+            continue
+        found = dpb.Route(
+            condition=request_match(route.match),
+            response_classes=[_server_errors()],
+            metrics_labels={"route": route.name},
+            is_retryable=destination.retried,
         )
+        if route.timeout > 0:
+            found.timeout.CopyFrom(_duration(route.timeout))
+        answer.routes.append(found)
     answer.dst_overrides.extend(overrides(destination, port, cluster_domain))
     if destination.split:
         split_namespace, _, split_name = destination.split.partition("/")
@@ -363,9 +431,12 @@ def profile(
 
 
 def endpoint_profile(
-    addr: dpb.WeightedAddr, cluster: cpb.Cluster, budget: RetryBudget
+    addr: dpb.WeightedAddr,
+    destination: cpb.Destination,
+    cluster: cpb.Cluster,
+    budget: RetryBudget,
 ) -> dpb.DestinationProfile:
     answer = profile(None, 0, budget, "")
     answer.endpoint.CopyFrom(addr)
-    answer.opaque_protocol = cluster.protocol == "tcp"
+    answer.opaque_protocol = is_opaque(destination, cluster)
     return answer
