@@ -64,6 +64,10 @@ spec:
     backendRefs:
     - {{name: hello-v1, port: 9000, weight: {v1}}}
     - {{name: hello-v2, port: 9000, weight: {v2}}}
+  - matches:
+    - method: {{service: admin.Tools, method: Reset}}
+      headers: [{{name: x-admin, value: "yes"}}]
+    backendRefs: [{{name: hello-v1, port: 9000}}]
 """
 
 
@@ -182,8 +186,13 @@ def test_a_proxyless_client_follows_weighted_and_header_routes_and_live_changes(
         asyncio.run(eventually(moved, timeout=15, interval=0.05, message="the route change"))
         print(f"proxyless client followed the route change in {time.monotonic() - changed:.2f} s")
         assert client.calls("/helloworld.Greeter/SayGoodbye", 50) == {"hello-v2": 50}
-        # gRPC's xDS client has no direct responses: no rule matches, UNAVAILABLE
-        assert client.calls("/other.Service/Method") == {"UNAVAILABLE": 1}
+        # no rule matches: UNIMPLEMENTED (GEP-1016), from a fault abort (gRFC A33)
+        admin = {"x-admin": "yes"}
+        assert client.calls("/admin.Tools/Reset", metadata=admin) == {"hello-v1": 1}
+        assert client.calls("/other.Service/Method") == {"UNIMPLEMENTED": 1}  # unknown method
+        assert client.calls("/admin.Tools/Reset") == {"UNIMPLEMENTED": 1}  # header unmatched
+        assert client.calls("/admin.Tools/reset", metadata=admin) == {"UNIMPLEMENTED": 1}
+        assert client.calls("/Admin.Tools/Reset", metadata=admin) == {"UNIMPLEMENTED": 1}
 
         # the workload's own certificates: one key made on its host, no service key
         proxy_before, before = certificate(files.proxy_cert), certificate(files.cert)

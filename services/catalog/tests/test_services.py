@@ -225,7 +225,7 @@ def test_external_clusters_have_no_mesh_tls_and_no_spiffe_ids(
     [
         ("STATIC", "STATIC"),
         ("DNS", "DNS"),
-        ("DNS_ROUND_ROBIN", "DNS"),
+        ("DNS_ROUND_ROBIN", "LOGICAL_DNS"),
         ("NONE", "PASSTHROUGH"),
         ("SOMETHING-NEW", "STATIC"),
     ],

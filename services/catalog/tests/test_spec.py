@@ -415,3 +415,34 @@ spec:
     # logLevel and the exclusion lists are applied (by the injector), so not listed
     assert status.reason == "accepted; not applied by Trellis: spec.sidecar.envoyImage"
     assert spec.permissive
+
+
+def test_a_service_entry_served_in_part_says_which_fields(docs: Docs) -> None:
+    spec = meshspec.build(
+        docs("""
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: shop}
+spec:
+  hosts: [db.internal]
+  ports: [{number: 5432, name: tcp, protocol: TCP}]
+  resolution: STATIC
+  endpoints: [{address: 10.0.0.7}, {address: "unix:///var/run/db.sock"}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: shop}
+spec:
+  hosts: [a.example.com, b.example.com]
+  ports: [{number: 443, name: https, protocol: HTTPS}]
+  resolution: DNS_ROUND_ROBIN
+  subjectAltNames: [api.example.com]
+""")
+    )
+    db = spec.statuses["ServiceEntry shop/db"]
+    assert (db.state, db.field) == ("warning", "spec.endpoints[1].address")
+    assert db.reason.startswith("spec.endpoints[1].address: 'unix:///var/run/db.sock' is served")
+    assert "spec.endpoints[0]" not in db.reason
+    api = spec.statuses["ServiceEntry shop/api"].reason.split("; ")
+    assert [r.split(":")[0] for r in api] == ["spec.subjectAltNames", "spec.resolution"]
+    assert len(spec.service_entries) == 2  # both still served

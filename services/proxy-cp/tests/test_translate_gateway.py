@@ -211,6 +211,15 @@ def test_a_proxyless_client_gets_api_listeners_per_name_and_certificate_provider
     timed = routes["HTTPRoute shop/web rule 1 match 0"]["route"]
     assert timed["max_stream_duration"]["max_stream_duration"] == "90s"
     assert "retry_policy" not in timed
+    # no direct responses in gRPC: a fault aborts with the code a sidecar's client sees
+    fault = "envoy.filters.http.fault"
+    assert [f["name"] for f in manager["http_filters"]] == [fault, "envoy.filters.http.router"]
+    for name, code in (("no-route", 12), ("GRPCRoute shop/hello rule 2 match 0", 2)):
+        aborted = routes[name]
+        assert "direct_response" not in aborted
+        assert aborted["route"]["cluster"] == V1
+        abort = aborted["typed_per_filter_config"][fault]["abort"]
+        assert abort == {"grpc_status": code, "percentage": {"numerator": 100}}
     clusters = {c["name"]: c for c in map(as_dict, resources.clusters)}
     tls = clusters[V1]["transport_socket"]["typed_config"]["common_tls_context"]
     assert tls["tls_certificate_provider_instance"]["instance_name"] == "trellis"

@@ -300,6 +300,37 @@ class ServiceEntrySpec(StrictModel):
     def port_by_name(self, name: str) -> ServicePort | None:
         return next((port for port in self.ports if port.name == name), None)
 
+    def limits(self) -> tuple[tuple[str, str], ...]:
+        """What of this (valid) entry is served only in part, as ``(field, why)`` for its
+        status: ``unix://`` endpoints only reach Envoy sidecars (the socket at that path on
+        each sidecar's own host; gRPC's and Linkerd's clients take IP addresses only), names
+        are only checked where the proxy makes the TLS connection (MESH_INTERNAL: mTLS),
+        and Envoy's logical DNS resolves one name."""
+        found = [
+            (
+                f"spec.endpoints[{index}].address",
+                f"{endpoint.address!r} is served to Envoy sidecars only, as the socket at "
+                "that path on each sidecar's own host; proxyless gRPC and Linkerd clients do "
+                "not get it",
+            )
+            for index, endpoint in enumerate(self.endpoints)
+            if endpoint.is_unix
+        ]
+        if self.subject_alt_names and self.location is Location.MESH_EXTERNAL:
+            reason = (
+                "not enforced for MESH_EXTERNAL: the sidecar does not make the TLS connection "
+                "(the application does), so it checks no names"
+            )
+            found.append(("spec.subjectAltNames", reason))
+        logical = self.resolution is Resolution.DNS_ROUND_ROBIN and not self.endpoints
+        if logical and len(self.hosts) > 1:
+            reason = (
+                f"DNS_ROUND_ROBIN with {len(self.hosts)} hosts and no endpoints resolves as "
+                "DNS (every address of every host): Envoy's logical DNS takes one name"
+            )
+            found.append(("spec.resolution", reason))
+        return tuple(found)
+
     @staticmethod
     def is_wildcard_host(host: str) -> bool:
         return host.startswith(_WILDCARD_PREFIX)

@@ -19,7 +19,12 @@ from trellis_common.memo import Members, sorted_unique
 from trellis_common.model import MeshService, ReportedEndpoint, ServiceReach
 
 _PROTOCOLS = {"HTTP": "http", "HTTP2": "http2", "GRPC": "grpc"}  # the rest is TCP to a proxy
-_DISCOVERY = {"STATIC": "STATIC", "DNS": "DNS", "DNS_ROUND_ROBIN": "DNS", "NONE": "PASSTHROUGH"}
+_DISCOVERY = {
+    "STATIC": "STATIC",
+    "DNS": "DNS",
+    "DNS_ROUND_ROBIN": "LOGICAL_DNS",  # the first answer, per connection (Envoy's logical DNS)
+    "NONE": "PASSTHROUGH",
+}
 
 
 @dataclass(frozen=True, slots=True)

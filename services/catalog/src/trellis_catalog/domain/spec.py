@@ -251,6 +251,10 @@ def build_steps(
             spec.tcp_routes[(key.namespace, key.name)] = resource
         elif isinstance(resource, istio.ServiceEntry):
             spec.service_entries.append((key, resource.spec))
+            limits = resource.spec.limits()
+            if limits:  # served, except these parts
+                reason = "; ".join(f"{where}: {why}" for where, why in limits)
+                status = replace(_status(document, "warning", reason), field=limits[0][0])
         elif isinstance(resource, gateway.GRPCRoute | gateway.HTTPRoute):
             spec.gateway_routes.append(document)  # resolved against the services later
         elif isinstance(resource, osm.Retry):

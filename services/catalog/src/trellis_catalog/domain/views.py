@@ -270,7 +270,7 @@ class ClusterRef:
     service: str
     port: int
     protocol: str
-    discovery: str  # STATIC, DNS, PASSTHROUGH
+    discovery: str  # STATIC, DNS, LOGICAL_DNS, PASSTHROUGH
     mesh_tls: bool
     subject_alt_names: tuple[str, ...] = ()
     # The service accounts of the endpoints this view's identity may reach, when not all

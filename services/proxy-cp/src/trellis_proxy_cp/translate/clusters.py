@@ -1,13 +1,25 @@
 """CDS: one cluster per destination service port, plus the local application's.
 
 - Mesh services (catalog discovery STATIC): EDS over ADS, mTLS presenting the identity's
-  certificate and verifying the destination's SPIFFE ids against the mesh CA.
-- ServiceEntry ``resolution: DNS``: STRICT_DNS with the hostnames inline (Envoy resolves).
+  certificate and verifying the destination's SPIFFE ids against the mesh CA; a
+  MESH_INTERNAL ServiceEntry's ``subjectAltNames`` are accepted names too (Istio's
+  ISTIO_MUTUAL: the peer must present one of the SPIFFE ids or of those names).
+- ServiceEntry ``resolution: DNS``: STRICT_DNS with the hostnames inline (Envoy resolves,
+  and balances over every address of every name). ``DNS_ROUND_ROBIN`` (catalog discovery
+  ``LOGICAL_DNS``): LOGICAL_DNS, one name whose first answer each new connection takes, as
+  Istio builds it; Envoy takes exactly one endpoint there, so a merged cluster with several
+  names (an entry of several hosts and no endpoints) stays STRICT_DNS.
 - ServiceEntry ``resolution: NONE``: ORIGINAL_DST (the address the caller dialed).
 - HTTP/2 and gRPC ports speak HTTP/2 upstream.
 - Circuit breakers as OSM sets them: thresholds at their maximum (circuit breaking off)
   unless an UpstreamTrafficSetting's ``connectionSettings`` for the service sets them, with
   its connect timeout and requests per connection; its ``outlierDetection`` as Envoy's.
+- Locality-weighted load balancing on an EDS cluster with outlier detection: each locality
+  (the endpoints' ``region/zone/subzone``) is picked by its weight (the sum of its
+  endpoints', endpoints.py) times its healthy share, so as outlier detection ejects a
+  locality's hosts its traffic moves to the others (Envoy's overprovisioning factor 1.4: a
+  locality keeps its whole share until under about 71% of its hosts are healthy). With every
+  host healthy the split is what per-endpoint weights give anyway.
 - ``inbound|<port>``: the local application, behind the inbound listener.
 """
 
@@ -20,7 +32,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import capture, egress, names, tracing
+from trellis_proxy_cp.translate import capture, egress, endpoints, names, tracing
 from trellis_proxy_cp.translate.common import (
     ads,
     one_endpoint,
@@ -74,6 +86,8 @@ def _connection_settings(
         return
     if settings.HasField("outlier_detection"):
         cluster.outlier_detection.CopyFrom(_outlier_detection(settings.outlier_detection))
+        if cluster.type == cluster_pb2.Cluster.EDS:  # localities come with the endpoints
+            cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
     if settings.HasField("connect_timeout"):
         cluster.connect_timeout.CopyFrom(seconds(settings.connect_timeout))
     if settings.HasField("max_requests_per_connection") and protocol in HTTP_PROTOCOLS:
@@ -115,8 +129,11 @@ def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
         connect_timeout=seconds(CONNECT_TIMEOUT),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
     )
-    if source.discovery == "DNS":
+    if source.discovery in endpoints.DNS:
+        logical = source.discovery == "LOGICAL_DNS" and len(source.endpoints) == 1
         cluster.type = cluster_pb2.Cluster.STRICT_DNS
+        if logical:
+            cluster.type = cluster_pb2.Cluster.LOGICAL_DNS
         cluster.dns_lookup_family = cluster_pb2.Cluster.V4_PREFERRED
         cluster.load_assignment.CopyFrom(
             endpoint_pb2.ClusterLoadAssignment(
@@ -145,7 +162,9 @@ def mesh_cluster(source: catalog_pb2.Cluster) -> cluster_pb2.Cluster:
         )
     if source.mesh_tls:
         sni = f"{source.service}.{source.namespace}.svc.cluster.local"
-        cluster.transport_socket.CopyFrom(upstream_tls(sni, list(source.spiffe_ids)))
+        cluster.transport_socket.CopyFrom(
+            upstream_tls(sni, list(source.spiffe_ids), list(source.subject_alt_names))
+        )
     if source.protocol in ("http2", "grpc"):
         _http2(cluster)
     _connection_settings(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -47,7 +49,14 @@ def one_endpoint(cluster_name: str, address: str, port: int) -> endpoint_pb2.Clu
     )
 
 
+UNIX_PREFIX = "unix://"
+
+
 def socket_address(address: str, port: int) -> address_pb2.Address:
+    """An IP (or, for a DNS cluster, a host name) and port; a ``unix:///path`` endpoint (a
+    ServiceEntry's) is the socket at that path on the proxy's own host, with no port."""
+    if address.startswith(UNIX_PREFIX):
+        return address_pb2.Address(pipe=address_pb2.Pipe(path=address.removeprefix(UNIX_PREFIX)))
     return address_pb2.Address(
         socket_address=address_pb2.SocketAddress(address=address, port_value=port)
     )
@@ -65,16 +74,32 @@ def sds(name: str) -> secret_pb2.SdsSecretConfig:
     return secret_pb2.SdsSecretConfig(name=name, sds_config=ads())
 
 
-def mesh_tls_context(spiffe_ids: tuple[str, ...] | list[str]) -> tls_pb2.CommonTlsContext:
+def san_type(name: str) -> common_pb2.SubjectAltNameMatcher.SanType.ValueType:
+    """The kind of SAN a ServiceEntry's ``subjectAltNames`` value names: a URI (a SPIFFE
+    id), an IP address, else a DNS name (which a wildcard certificate name matches)."""
+    if "://" in name:
+        return common_pb2.SubjectAltNameMatcher.URI
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return common_pb2.SubjectAltNameMatcher.DNS
+    return common_pb2.SubjectAltNameMatcher.IP_ADDRESS
+
+
+def mesh_tls_context(
+    spiffe_ids: tuple[str, ...] | list[str], subject_alt_names: tuple[str, ...] | list[str] = ()
+) -> tls_pb2.CommonTlsContext:
     """Present the identity's certificate; verify peers against the mesh CA and, when
-    given, their SPIFFE ids (URI SANs)."""
+    given, their SPIFFE ids (URI SANs) or ``subject_alt_names`` (a ServiceEntry's): the
+    peer's certificate must carry one of them."""
+    matchers = [(common_pb2.SubjectAltNameMatcher.URI, spiffe) for spiffe in spiffe_ids]
+    matchers += [(san_type(name), name) for name in subject_alt_names]
     default = common_pb2.CertificateValidationContext(
         match_typed_subject_alt_names=[
             common_pb2.SubjectAltNameMatcher(
-                san_type=common_pb2.SubjectAltNameMatcher.URI,
-                matcher=string_pb2.StringMatcher(exact=spiffe),
+                san_type=kind, matcher=string_pb2.StringMatcher(exact=value)
             )
-            for spiffe in spiffe_ids
+            for kind, value in dict.fromkeys(matchers)
         ]
     )
     return tls_pb2.CommonTlsContext(
@@ -86,8 +111,14 @@ def mesh_tls_context(spiffe_ids: tuple[str, ...] | list[str]) -> tls_pb2.CommonT
     )
 
 
-def upstream_tls(sni: str, spiffe_ids: tuple[str, ...] | list[str]) -> base_pb2.TransportSocket:
-    context = tls_pb2.UpstreamTlsContext(sni=sni, common_tls_context=mesh_tls_context(spiffe_ids))
+def upstream_tls(
+    sni: str,
+    spiffe_ids: tuple[str, ...] | list[str],
+    subject_alt_names: tuple[str, ...] | list[str] = (),
+) -> base_pb2.TransportSocket:
+    context = tls_pb2.UpstreamTlsContext(
+        sni=sni, common_tls_context=mesh_tls_context(spiffe_ids, subject_alt_names)
+    )
     return base_pb2.TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
 
 

@@ -28,9 +28,13 @@ KEPT_CLUSTERS = 65536
 LbEndpoints = Members[str, catalog_pb2.ClusterEndpoint, endpoint_components_pb2.LbEndpoint]
 
 
+#: catalog discoveries whose clusters Envoy resolves itself (STRICT_DNS, LOGICAL_DNS)
+DNS = ("DNS", "LOGICAL_DNS")
+
+
 def is_eds(cluster: catalog_pb2.Cluster) -> bool:
     """Clusters are EDS unless DNS or passthrough (the one rule clusters.py also uses)."""
-    return cluster.discovery not in ("DNS", "PASSTHROUGH")
+    return cluster.discovery not in (*DNS, "PASSTHROUGH")
 
 
 def eds_clusters(view: catalog_pb2.View) -> list[catalog_pb2.Cluster]:
