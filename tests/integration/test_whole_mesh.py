@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -149,6 +150,30 @@ def mesh(tmp_path: Path) -> Iterator[Up]:
                 up.process.wait()
 
 
+def readme_tour(mesh: Up) -> Iterator[tuple[str, subprocess.CompletedProcess[str]]]:
+    """Run each command of the README's "A short tour" block as written (the mesh's state
+    directory by TRELLIS_STATE_DIR, `<CN>` a connected proxy's): (line, its result)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## A short tour", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    proxies = json.loads(mesh.cli("proxy", "list", "--json").stdout)["proxies"]
+    common_name = next(p["proxy"] for p in proxies if ".bookbuyer." in p["proxy"])
+    lines = [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    assert len(lines) >= 10, lines
+    for line in lines:
+        argv = shlex.split(line.replace("<CN>", common_name))
+        assert argv[0] == ".venv/bin/trellis", line  # what works right after `make run`
+        done = subprocess.run(
+            [str(ROOT / argv[0]), *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ROOT,
+            env={**os.environ, "TRELLIS_STATE_DIR": str(mesh.state)},
+        )
+        yield line, done
+
+
 def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
     # the split, as bookbuyer sees it
     wait(
@@ -274,6 +299,11 @@ def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
         60,
         "a last edit (100/0) takes effect after all the restarts",
     )
+
+    # the README's tour, as written (a command that does not exist, or fails, fails here)
+    for line, done in readme_tour(mesh):
+        denied = " policy check " in line  # the tour's example is a denial: exit 1
+        assert done.returncode == (1 if denied else 0), (line, done.stdout, done.stderr)
 
     # a clean stop: every process of the mesh ends
     pids = [mesh.pid(s) for s in SERVICES]

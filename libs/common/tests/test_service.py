@@ -135,6 +135,11 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
     assert status["version"] == version.version() == metadata.version("trellis-common")
     build = f'trellis_build_info{{component="demo",python="{platform.python_version()}",'
     assert f'{build}version="{version.version()}"}} 1.0' in metrics
+    # the standard process and GC series, and this component's own certificate's expiry
+    for series in ("process_cpu_seconds_total", "python_gc_objects_collected_total"):
+        assert series in metrics
+    expiry = IDENTITY.material.leaf.not_valid_after_utc.timestamp()
+    assert f"trellis_component_certificate_expiration_timestamp_seconds {expiry:.9e}" in metrics
     assert [(r.name, dict(r.attributes)) for r in records] == [
         ("demo-1", {"flavour": "plain", "component": "demo"})
     ]

@@ -20,7 +20,7 @@ from trellis_certmanager.domain.issuer import IssuancePolicy
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.manager import CertificateManager
-from trellis_certmanager.metrics import CertMetrics
+from trellis_certmanager.metrics import CertMetrics, EarliestExpiry
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_common.health import Rejections
 from trellis_common.ids import ProxyCommonName
@@ -453,3 +453,18 @@ async def test_a_service_certificate_nobody_asks_for_expires_and_is_pruned(
     assert await manager.prune_expired() == 1
     assert gone.common_name not in store.records
     assert kept.common_name in store.records
+
+
+async def test_the_earliest_expiry_of_each_kind_is_read_at_scrape_time(
+    manager: CertificateManager, clock: FakeClock
+) -> None:
+    registry = CollectorRegistry()
+    registry.register(EarliestExpiry(manager.records))
+    name = "trellis_certmanager_earliest_certificate_expiration_timestamp_seconds"
+    assert registry.get_sample_value(name, {"kind": "proxy"}) is None  # nothing on record
+    first = await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())
+    clock.advance(dt.timedelta(hours=1))
+    await manager.issue_proxy(BOOKSTORE, public_key=proxy_key())  # expires an hour later
+    service = await manager.issue_service(BOOKSTORE)
+    assert registry.get_sample_value(name, {"kind": "proxy"}) == first.not_after.timestamp()
+    assert registry.get_sample_value(name, {"kind": "service"}) == service.not_after.timestamp()

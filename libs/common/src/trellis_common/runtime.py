@@ -29,7 +29,13 @@ from typing import Any
 import grpc
 import redis.asyncio as aioredis
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from trellis_api import certmanager_pb2, certmanager_pb2_grpc
 from trellis_common import (
@@ -122,6 +128,11 @@ class ServiceRuntime:
             await redis.aclose()
             return None
         metrics = CollectorRegistry()
+        # the standard process, platform and garbage-collector series, as a default registry
+        # has them (`process_*`, `python_info`, `python_gc_*`), then the build
+        ProcessCollector(registry=metrics)
+        PlatformCollector(registry=metrics)
+        GCCollector(registry=metrics)
         version.count_build(metrics, settings.service_name)
         health = Health(metrics)
         publisher = Publisher(redis, sender=settings.instance_name)
@@ -156,6 +167,19 @@ class ServiceRuntime:
         if self.identity is not None:
             self.identity.server_check.count_in(self.metrics)
         return self.joined
+
+    def count_identity(self) -> None:
+        """``trellis_component_certificate_expiration_timestamp_seconds``: when the
+        component's own certificate (joined, or certmanager's own) expires, read at scrape
+        time, so a renewal shows at once."""
+        identity = self.identity
+        assert identity is not None
+        Gauge(
+            "trellis_component_certificate_expiration_timestamp_seconds",
+            "When this component's own certificate expires (unix time; it renews itself at "
+            "2/3 of its lifetime)",
+            registry=self.metrics,
+        ).set_function(lambda: identity.material.leaf.not_valid_after_utc.timestamp())
 
     async def _renew(self, csr_pem: bytes) -> Issued:
         """Renew over mTLS with the current certificate (certmanager's policy: any component,

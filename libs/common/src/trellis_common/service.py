@@ -119,6 +119,7 @@ class Service(Generic[S]):
             if parts is not None and runtime.identity is None:
                 raise RuntimeError(f"{self.name} has no identity: its build must set one")
             if parts is not None:
+                runtime.count_identity()
                 grpc = parts.grpc_server or runtime.grpc_server(parts.grpc, parts.grpc_services)
                 app = runtime.admin_app(parts.readiness)
                 parts.routes(app)

@@ -27,7 +27,7 @@ from trellis_certmanager.domain.sealed import Sealer
 from trellis_certmanager.enrollment import ProxyEnrollment
 from trellis_certmanager.identities import ComponentIssuer
 from trellis_certmanager.manager import TOPIC, CertificateManager, utcnow
-from trellis_certmanager.metrics import CertMetrics
+from trellis_certmanager.metrics import CertMetrics, EarliestExpiry
 from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.tokenreview import ServiceAccountReviewer
@@ -142,6 +142,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         rejections=runtime.health.rejections,
         prune_after=settings.prune_after,
     )
+    runtime.metrics.register(EarliestExpiry(manager.records))
     try:
         await manager.start(
             provided_ca(settings), marker=settings.state_dir / "certmanager" / "root-fingerprint"

@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+from collections.abc import Callable, Iterable, Iterator
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_common.metrics import MetricFactory
+
+
+class EarliestExpiry(Collector):
+    """``trellis_certmanager_earliest_certificate_expiration_timestamp_seconds{kind}``: when
+    the first certificate of each kind on record expires, read at scrape time (one series
+    per kind, whatever the number of proxies: alert when it comes near)."""
+
+    def __init__(self, records: Callable[[], Iterable[CertificateRecord]]) -> None:
+        self._records = records
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "trellis_certmanager_earliest_certificate_expiration_timestamp_seconds",
+            "When the first certificate of each kind on record expires (unix time)",
+            labels=["kind"],
+        )
+        earliest: dict[CertificateKind, float] = {}
+        for record in self._records():
+            moment = record.not_after.timestamp()
+            earliest[record.kind] = min(moment, earliest.get(record.kind, moment))
+        for kind, moment in sorted(earliest.items(), key=lambda item: item[0].value):
+            family.add_metric([kind.value], moment)
+        yield family
 
 
 class CertMetrics:
@@ -22,7 +50,7 @@ class CertMetrics:
         self.revoked = make.gauge("revoked", "Revoked serials remembered (until they expire)")
         self.certificates = make.gauge("certificates", "Certificates on record", "kind")
         self.root_not_after = make.gauge(
-            "root_not_after_seconds", "Expiry of the mesh root certificate (unix time)"
+            "root_expiration_timestamp_seconds", "Expiry of the mesh root certificate (unix time)"
         )
         self.issue_refused = make.counter(
             "issue_refused", "Certificate requests refused, by kind and reason", "kind", "reason"
