@@ -8,10 +8,11 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PY_SRC := libs services tests bench tools
 PROTO_OUT := libs/api/src
 
-.PHONY: help bootstrap system-deps env run test test-fast test-replicas lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench soak trace image clean
+.PHONY: help bootstrap install run-deps system-deps env run test test-fast test-replicas lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench soak trace image clean
 
 help:
-	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/)"
+	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/);"
+	@echo "              installs only what running needs (make install: Redis, uv, Envoy, the workspace)"
 	@echo "make test   - lint, type-check, layer contracts, proto check, unit and integration tests"
 	@echo "make test-fast - the unit tests that are not marked slow, in parallel (the inner loop)"
 	@echo "make unit / make integration - only the unit, or only the integration tests"
@@ -24,14 +25,16 @@ help:
 	@echo "make dashboards - regenerate the Grafana dashboards in deploy/grafana"
 	@echo "make image  - build the container image (deploy/Dockerfile) where a Docker engine exists"
 
-# System packages: redis-server (tests and local runs need a real one), iptables, curl and
-# python3.
-system-deps:
+# System packages. Running the mesh needs redis-server only (run-deps); the tests also need
+# iptables, curl and python3 (system-deps).
+run-deps:
 	@command -v redis-server >/dev/null || { \
 	  echo "installing redis-server with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@command -v redis-server >/dev/null || { echo "redis-server is required (apt-get install redis-server)"; exit 1; }
 	@# The Debian package starts a system redis on 6379; ours use their own ports, leave it be.
+
+system-deps: run-deps
 	@# The pod test bed (tests/netns) loads the init container's rules with iptables-restore,
 	@# runs curl as a pod's application, and runs the workspace's Python as a pod's other uids
 	@# with Debian's python3 (/usr/bin/python3.11, the venv's ABI; the venv's own is under /root).
@@ -74,14 +77,18 @@ $(HELM):
 # machines) Python never caches what it compiles, and every service, CLI call and test
 # process compiled FastAPI, redis-py, pydantic... again: 4.2 s to import a service instead
 # of 1.8 s. compileall skips what is current (about 4 s when nothing changed).
-bootstrap: system-deps $(if $(filter $(TOOLS)/bin/uv,$(UV)),$(TOOLS)/bin/uv) $(ENVOY_ENV)/.installed $(HELM)
+# What running the mesh needs (`make run`): Redis, uv, Envoy and the workspace; no npm, no
+# helm (those are for the tests and `make chart`).
+install: run-deps $(if $(filter $(TOOLS)/bin/uv,$(UV)),$(TOOLS)/bin/uv) $(ENVOY_ENV)/.installed
 	$(UV) sync --frozen --all-packages
 	@$(UV) run --frozen python -m compileall -q -j 0 .venv/lib libs services tests bench tools \
 	  >/dev/null || echo "compileall: some files did not compile (they are compiled on import)"
 
+bootstrap: install system-deps $(HELM)
+
 env: bootstrap
 
-run: bootstrap
+run: install
 	$(UV) run trellis up
 
 # Dead code (vulture: settings and exceptions in pyproject.toml, tools/vulture_whitelist.py) and

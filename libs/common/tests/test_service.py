@@ -13,6 +13,7 @@ from typing import ClassVar
 import httpx
 import pytest
 import redis.asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from trellis_common import registry, statefile, version
 from trellis_common.runtime import ServiceRuntime
@@ -126,6 +127,8 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
         status = (await client.get("/v1/status")).json()
         metrics = (await client.get("/metrics")).text
     records = await eventually(lambda: registry.discover(redis_client, "demo-kind"))
+    stop.set()  # before any assertion: a failing one must not leave the service running
+    await serving
 
     assert not_ready.status_code == 503
     assert ready.status_code == 200
@@ -138,16 +141,17 @@ async def test_serves_the_parts_until_stop_then_takes_everything_down(
     # the standard process and GC series, and this component's own certificate's expiry
     for series in ("process_cpu_seconds_total", "python_gc_objects_collected_total"):
         assert series in metrics
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
     expiry = IDENTITY.material.leaf.not_valid_after_utc.timestamp()
-    assert f"trellis_component_certificate_expiration_timestamp_seconds {expiry:.9e}" in metrics
+    assert samples["trellis_component_certificate_expiration_timestamp_seconds"] == expiry
     assert [(r.name, dict(r.attributes)) for r in records] == [
         ("demo-1", {"flavour": "plain", "component": "demo"})
     ]
     assert records[0].grpc_address == endpoint.grpc_address
-
-    stop.set()
-    await serving
-
     assert demo.stopped.is_set()
     assert statefile.read_endpoint(tmp_path, "demo") is None
     assert await registry.discover(redis_client, "demo-kind") == []
