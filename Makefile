@@ -8,7 +8,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
 PY_SRC := libs services tests bench tools
 PROTO_OUT := libs/api/src
 
-.PHONY: help bootstrap install run-deps system-deps env run test test-fast test-replicas lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench soak trace image clean
+.PHONY: help bootstrap install run-deps system-deps env run test test-fast test-replicas lint typecheck imports proto proto-check chart dashboards pytest unit integration fuzz bench soak trace chaos image clean
 
 help:
 	@echo "make run    - start Redis and the control plane on local defaults (state in .trellis/);"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench  - benchmarks with figures and ratios against baselines measured in the same run"
 	@echo "make soak   - 10 minutes of endpoint churn at 1,000 xDS streams: RSS and lag must stay flat"
 	@echo "make trace  - one VM endpoint from its POST until a real Envoy serves it, hop by hop"
+	@echo "make chaos  - Redis and each service killed under traffic, holding the 5 s convergence bar"
 	@echo "make proto  - regenerate libs/api from proto/"
 	@echo "make chart  - regenerate the Helm chart's CRDs and Redis ACL rules from the code"
 	@echo "make dashboards - regenerate the Grafana dashboards in deploy/grafana"
@@ -180,6 +181,13 @@ SOAK_ARGS ?=
 
 soak: bootstrap
 	$(UV) run python -m bench.soak $(SOAK_ARGS)
+
+# Redis and each service killed under steady traffic, alone on the machine, holding the
+# convergence bar (5 s from the fault's end to a new workload in Envoy) that `make test`
+# only reports.
+chaos: bootstrap
+	TRELLIS_CHAOS_CONVERGENCE_BAR=5 $(UV) run pytest -q -p no:cacheprovider -s \
+	  tests/integration/test_chaos.py
 
 # One VM endpoint through every hop, from the services' (debug) and Envoy's logs.
 TRACE_ARGS ?=
