@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from trellis_common import redisconn
 from trellis_common.redisconn import RedisRefused, RedisTarget, connect, wait_for_redis
 from trellis_common.testing import RedisServer, eventually
 from trellis_common.testing.ports import free_port
@@ -192,3 +193,15 @@ async def test_a_component_logs_in_as_its_own_user(
         assert sorted(users) == ["admin", "endpoints-vm"]  # the test's, and the component's
     finally:
         await client.aclose()
+
+
+def test_the_retry_budgets_cover_what_the_docstring_says() -> None:
+    """A plain client rides over a restart (a few seconds), a Sentinel client over a
+    failover (about FAILOVER_SECONDS): the backoff's sum, without jitter, is what they wait."""
+
+    def waited(retries: int) -> float:
+        return float(sum(min(1.0, 0.05 * 2.0**n) for n in range(1, retries + 1)))
+
+    assert redisconn.BACKOFF.compute(1) == pytest.approx(0.1)
+    assert 3.0 <= waited(redisconn.RETRIES) <= 4.0
+    assert waited(redisconn.FAILOVER_RETRIES) == pytest.approx(redisconn.FAILOVER_SECONDS, abs=0.5)

@@ -171,6 +171,9 @@ def test_every_field_is_a_flag() -> None:
         "--join-token-file", "/j", "--service-account-token-file", "/sa",
         "--certmanager-admin-address", "cm:1", "--redis-username", "u",
         "--redis-password-file", "/p", "--redis-audit-interval", "3",
+        "--redis-min-replicas-ack", "1",
+        "--leader-election", "redis", "--lease-duration", "9", "--lease-renew-deadline", "6",
+        "--lease-retry-period", "1", "--lease-namespace", "mesh",
     )  # fmt: skip
 
     assert settings.model_dump() == {
@@ -193,6 +196,12 @@ def test_every_field_is_a_flag() -> None:
         "join_token_file": Path("/j"),
         "service_account_token_file": Path("/sa"),
         "certmanager_admin_address": "cm:1",
+        "redis_min_replicas_ack": 1,
+        "leader_election": "redis",
+        "lease_duration": 9.0,
+        "lease_renew_deadline": 6.0,
+        "lease_retry_period": 1.0,
+        "lease_namespace": "mesh",
     }
 
 

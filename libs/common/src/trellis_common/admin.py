@@ -1,7 +1,8 @@
 """Admin REST scaffolding: every service's FastAPI app with health, readiness and metrics.
 
 :func:`create_app` returns an app with ``/healthz`` (the process is alive), ``/readyz``
-(every readiness check passes; 503 with the failing checks otherwise) and ``/metrics``
+(every readiness check passes; 503 with the failing checks otherwise; this replica's role in
+each leader election, ``roles``, a standby being ready) and ``/metrics``
 (Prometheus text from the service's own registry, never a global one). Routes that change
 state depend on :func:`token_guard`: a bearer token compared in constant time. Every
 request body is capped (:class:`BodyLimit`, 1 MiB by default) before any route reads it.
@@ -252,15 +253,22 @@ def create_app(
             if not loop.is_up:
                 reasons[f"loop:{loop.name}"] = loop.reason
         ready = all(results.values())
-        return JSONResponse(
-            {"ready": ready, "service": title, "checks": results, "reasons": reasons},
-            status_code=200 if ready else 503,
-        )
+        body = {"ready": ready, "service": title, "checks": results, "reasons": reasons}
+        roles = health.roles.summary()
+        if roles:  # leader or standby: a standby is ready (not leading is not broken)
+            body["roles"] = roles
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/v1/status", tags=["health"])
     async def service_status() -> dict[str, Any]:
-        """Long-lived loops (up or down, why, restarts) and records rejected, with reasons."""
-        return {"service": title, "version": version.version(), **health.status()}
+        """This replica (``instance``), its long-lived loops (up or down, why, restarts),
+        records rejected (with reasons) and leader elections (who leads, since when)."""
+        return {
+            "service": title,
+            "instance": health.instance or title,
+            "version": version.version(),
+            **health.status(),
+        }
 
     @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     async def metrics() -> Response:
@@ -350,8 +358,13 @@ class AdminServer:
         on_started: Callable[[int], None] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         http_protocol: type[asyncio.Protocol] | None = None,
+        *,
+        reuse_port: bool = False,
     ) -> None:
         self._app = app
+        #: share the port with replicas of the same component (``trellis up --replicas``:
+        #: the kernel spreads connections); never for an admin port, which is each one's own
+        self._reuse_port = reuse_port
         self._ssl = ssl_context
         #: uvicorn's HTTP protocol class (None: its default)
         self._http = http_protocol
@@ -382,6 +395,8 @@ class AdminServer:
         # sockets made so; without it each reply waits ~40 ms on the client's delayed ACK.
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self._reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((self._host, self._port))
         sock.listen(128)
         sock.setblocking(False)

@@ -13,8 +13,15 @@ Two things an operator must be able to see without reading logs:
   (source, key, reason), counts it in ``trellis_rejected_records_total{source}``, and keeps it
   for ``/v1/status`` until the same key is accepted again (:meth:`Rejections.accept`).
   Rejecting one record never stops the others.
+* **Roles.** A replica that takes part in a leader election (:mod:`trellis_common.leadership`)
+  adds it to :class:`Roles`: ``/v1/status`` lists each election (who holds it, the fencing
+  token, whether this replica leads and since when), ``/readyz`` names this replica's role
+  (``leader`` or ``standby``: a standby is ready, not broken; an election that cannot reach
+  its API server or Redis is a down loop like any other), and the metrics carry
+  ``trellis_leader{name}`` (1 while leading) and ``trellis_leader_transitions_total{name}``
+  (each change of this replica's role).
 
-Both are plain objects handed to the parts that report, never globals.
+All are plain objects handed to the parts that report, never globals.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -249,17 +256,93 @@ class Rejections:
         return len(self._items)
 
 
+class Role(Protocol):
+    """One leader election as a replica takes part in it (a ``Leadership``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def leading(self) -> bool: ...
+    @property
+    def holder(self) -> str | None: ...
+    @property
+    def token(self) -> int: ...
+    @property
+    def since(self) -> float: ...
+
+
+class Roles:
+    """The leader elections this replica takes part in, for readiness, status and metrics."""
+
+    def __init__(self, metrics: CollectorRegistry | None = None) -> None:
+        self._roles: dict[str, Role] = {}
+        self._leader: Gauge | None = None
+        self._transitions: Counter | None = None
+        if metrics is not None:
+            self._leader = Gauge(
+                "trellis_leader",
+                "1 while this replica leads the election, else 0",
+                ["name"],
+                registry=metrics,
+            )
+            self._transitions = Counter(
+                "trellis_leader_transitions",
+                "Changes of this replica's role in the election (standby to leader, and back)",
+                ["name"],
+                registry=metrics,
+            )
+
+    def add(self, role: Role) -> None:
+        self._roles[role.name] = role
+        if self._leader is not None:
+            # read at scrape time: a leader past its renew deadline shows 0 at once
+            self._leader.labels(role.name).set_function(lambda: 1.0 if role.leading else 0.0)
+        if self._transitions is not None:
+            self._transitions.labels(role.name)
+
+    def changed(self, role: Role) -> None:
+        """``role`` became leader, or stopped being it."""
+        if self._transitions is not None:
+            self._transitions.labels(role.name).inc()
+
+    def __iter__(self) -> Iterator[Role]:
+        return iter(sorted(self._roles.values(), key=lambda role: role.name))
+
+    def summary(self) -> dict[str, str]:
+        """This replica's role in each election: ``leader`` or ``standby``."""
+        return {role.name: "leader" if role.leading else "standby" for role in self}
+
+    def statuses(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": role.name,
+                "leading": role.leading,
+                "holder": role.holder,
+                "token": role.token,
+                "since": role.since,
+            }
+            for role in self
+        ]
+
+
 class Health:
-    """A service's loops and rejections together, as the admin app and status read them."""
+    """A service's loops, rejections and roles together, as the admin app and status read
+    them; ``instance`` is the name of this replica (settings' ``instance_name``)."""
 
     def __init__(
-        self, metrics: CollectorRegistry | None = None, clock: Callable[[], float] = time.time
+        self,
+        metrics: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        instance: str = "",
     ) -> None:
+        self.instance = instance
         self.loops = Loops(metrics, clock)
         self.rejections = Rejections(metrics, clock)
+        self.roles = Roles(metrics)
 
     def status(self) -> dict[str, Any]:
         return {
             "loops": [status.as_dict() for status in self.loops.statuses()],
             "rejections": [item.as_dict() for item in self.rejections.items()],
+            "leadership": self.roles.statuses(),
         }

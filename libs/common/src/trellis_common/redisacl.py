@@ -24,6 +24,15 @@ Helm chart. The ``default`` user is switched off: a connection without a passwor
 ``AUTH``. ``admin`` is the operator's break-glass user (everything); no service uses it.
 
 Passwords never enter the ACL text: Redis is given their SHA-256 (``#<hex>``).
+
+Redis under Sentinel (:mod:`trellis_common.sentinelurl`) has two more users, neither of
+them a component: :data:`REPLICATION`, which a replica logs in to its master as
+(``masteruser``: PSYNC, REPLCONF and PING, nothing else), and :data:`SENTINEL`, which the
+sentinels log in to Redis as, with the commands Sentinel's documentation lists (INFO, ROLE,
+REPLICAOF (SLAVEOF), CONFIG REWRITE, CLIENT KILL... and its hello channel only). The
+sentinels have an ACL of their own (:func:`sentinel_acl_lines`): each component may only
+ask where the master is, with the same user and password as on Redis; :data:`SENTINEL`
+is also how the sentinels log in to each other.
 """
 
 from __future__ import annotations
@@ -64,6 +73,49 @@ BASE_COMMANDS = (
 HASH_COMMANDS = ("hgetall", "hget", "hset", "hdel", "hlen", "hkeys")
 #: What the Redis audit reads (:mod:`trellis_common.redisaudit`).
 AUDIT_COMMANDS = ("acl|log", "info")
+#: A write that must survive a failover waits for a replica (:func:`.redisconn.replicated`).
+DURABLE_COMMANDS = ("wait",)
+
+#: The user replicas log in to their master as (``masteruser``).
+REPLICATION = "replication"
+#: The user the sentinels log in to Redis, and to each other, as.
+SENTINEL = "sentinel"
+#: The Sentinel's hello channel, where the sentinels of a master find each other.
+SENTINEL_CHANNEL = "__sentinel__:hello"
+#: Rules of the users that are not components (their passwords apart).
+SPECIAL_RULES: Mapping[str, tuple[str, ...]] = {
+    ADMIN: ("~*", "&*", "+@all"),
+    REPLICATION: ("resetkeys", "resetchannels", "-@all", "+psync", "+replconf", "+ping"),
+    # Sentinel's documented set (redis.io: Sentinel, "Redis Access Control List
+    # authentication"), its hello channel only instead of every channel
+    SENTINEL: (
+        "resetkeys",
+        "resetchannels",
+        f"&{SENTINEL_CHANNEL}",
+        "-@all",
+        "+multi",
+        "+exec",
+        "+slaveof",
+        "+replicaof",
+        "+ping",
+        "+subscribe",
+        "+publish",
+        "+config|rewrite",
+        "+role",
+        "+info",
+        "+client|setname",
+        "+client|kill",
+        "+script|kill",
+    ),
+}
+#: What a component may ask a sentinel: where the master (and the replicas) are.
+SENTINEL_QUERIES = (
+    "+ping",
+    "+sentinel|masters",
+    "+sentinel|slaves",
+    "+sentinel|replicas",
+    "+sentinel|get-master-addr-by-name",
+)
 
 
 @dataclass(frozen=True)
@@ -110,6 +162,13 @@ class Component:
         ]
 
 
+def leader_keys(name: str) -> tuple[str, str]:
+    """The keys of the Redis lock of the leader election ``name``
+    (:mod:`trellis_common.redislocks`): the lock and its fencing counter. A component may
+    hold the locks of the elections named after it (``<component>``) only."""
+    return (f"leader:{name}", f"leader:{name}:*")
+
+
 #: The table: every component, what it owns, follows and looks up. Read this to know who
 #: may touch what; the tests run each service's store against a Redis with only its user.
 COMPONENTS: Mapping[str, Component] = {
@@ -118,25 +177,36 @@ COMPONENTS: Mapping[str, Component] = {
         Component(
             "certmanager",
             kind="certmanager",
-            keys=("certmanager:*",),  # :ca, :certs, :revoked, :join-spent:<nonce>
+            # :ca, :certs, :revoked, :join-spent:<nonce>; and its leader election's lock
+            keys=("certmanager:*", *leader_keys("certmanager")),
             publishes=("certificates", "identities"),
-            commands=HASH_COMMANDS,  # sealing old records: a WATCHed swap (redisatomic)
+            # its own topics: each replica follows the others' changes (coherence.py)
+            follows=("certificates", "identities"),
+            # sealing old records: a WATCHed swap (redisatomic); WAIT: a certificate record
+            # and a revocation are on a replica before they are answered; INCRBY (redis-py's
+            # incr): its leader election's fencing counter (redislocks)
+            commands=(*HASH_COMMANDS, *DURABLE_COMMANDS, "incrby"),
         ),
         Component(
             "endpoints-vm",
             kind="endpoints-provider",
-            keys=("endpoints-vm:*",),  # :workloads, :onboarding-uses:<id>
+            # :workloads, :onboarding-uses:<id>; and its leader election's lock
+            keys=("endpoints-vm:*", *leader_keys("endpoints-vm")),
             # the injector's onboarding tokens: a scoped token registers a workload
             reads=("injector:onboarding-tokens:*",),
-            publishes=("endpoints",),
-            follows=("identities",),
+            # workloads: what a replica changed, for the other replicas (it follows it too)
+            publishes=("endpoints", "workloads"),
+            follows=("identities", "workloads"),
             discovers=("certmanager",),  # to join and renew its identity
-            # a token's uses: taken (INCRBY, redis-py's incr) and given back (DECRBY)
-            commands=(*HASH_COMMANDS, "incrby", "decrby"),
+            # a token's uses: taken (INCRBY, redis-py's incr) and given back (DECRBY);
+            # WAIT: an acknowledged registration is on a replica; HMGET: the heartbeats
+            # another replica heard, read back before the leader judges a TTL
+            commands=(*HASH_COMMANDS, "incrby", "decrby", "hmget", *DURABLE_COMMANDS),
         ),
         Component(
             "endpoints-k8s",
             kind="endpoints-provider",  # the registry kind the catalog discovers providers by
+            keys=leader_keys("endpoints-k8s"),  # its leader election's lock
             publishes=("endpoints",),
             follows=("identities",),
             discovers=("certmanager",),  # to join and renew its identity
@@ -175,18 +245,36 @@ def password_hash(password: str) -> str:
 
 def user_line(name: str, password: str, prefix: str = DEFAULT_PREFIX) -> str:
     """One ``user`` line of an aclfile (the password as its SHA-256 only)."""
-    rules = ["~*", "&*", "+@all"] if name == ADMIN else COMPONENTS[name].rules(prefix)
+    rules = list(SPECIAL_RULES[name]) if name in SPECIAL_RULES else COMPONENTS[name].rules(prefix)
     return " ".join(["user", name, "on", f"#{password_hash(password)}", *rules])
 
 
 def aclfile_text(passwords: Mapping[str, str], prefix: str = DEFAULT_PREFIX) -> str:
     """A whole aclfile: the default user off, then one user per entry of ``passwords``."""
-    unknown = sorted(set(passwords) - {ADMIN, *COMPONENTS})
+    unknown = sorted(set(passwords) - {*SPECIAL_RULES, *COMPONENTS})
     if unknown:
-        raise ValueError(f"no ACL rules for {unknown}: the users are {[ADMIN, *COMPONENTS]}")
+        raise ValueError(
+            f"no ACL rules for {unknown}: the users are {[*SPECIAL_RULES, *COMPONENTS]}"
+        )
     lines = ["user default off resetkeys resetchannels -@all"]
     lines += [user_line(name, passwords[name], prefix) for name in sorted(passwords)]
     return "\n".join(lines) + "\n"
+
+
+def sentinel_acl_lines(passwords: Mapping[str, str]) -> list[str]:
+    """The ``user`` lines of a sentinel's configuration (Sentinel reads no aclfile): the
+    default user off, :data:`ADMIN` and :data:`SENTINEL` (the other sentinels) everything,
+    each component (the same password as on Redis) :data:`SENTINEL_QUERIES` only."""
+    lines = ["user default off resetkeys resetchannels -@all"]
+    for name in sorted(passwords):
+        if name in (ADMIN, SENTINEL):
+            rules: tuple[str, ...] = ("~*", "&*", "+@all")
+        elif name in COMPONENTS:
+            rules = ("resetkeys", "resetchannels", "-@all", *SENTINEL_QUERIES)
+        else:
+            continue  # the replication user has nothing to do on a sentinel
+        lines.append(" ".join(["user", name, "on", f"#{password_hash(passwords[name])}", *rules]))
+    return lines
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -134,7 +134,7 @@ class ServiceRuntime:
         PlatformCollector(registry=metrics)
         GCCollector(registry=metrics)
         version.count_build(metrics, settings.service_name)
-        health = Health(metrics)
+        health = Health(metrics, instance=settings.instance_name)
         publisher = Publisher(redis, sender=settings.instance_name)
         return cls(
             settings=settings,

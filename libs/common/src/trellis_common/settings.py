@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -204,6 +204,62 @@ class ServiceSettings(BaseSettings):
         default="",
         description="host:port of certmanager's admin API, to join (empty: from the registry)",
     )
+    redis_min_replicas_ack: Annotated[int, SHARED] = Field(
+        default=0,
+        ge=0,
+        description="replicas that must have a write that has to survive a failover (a VM "
+        "registration, a certificate record, a revocation) before it is answered (Redis WAIT); "
+        "0: none asked (a Redis without replicas)",
+    )
+    leader_election: Annotated[Literal["auto", "kubernetes", "redis"], SHARED] = Field(
+        default="auto",
+        description="how replicas elect the one that does single-writer work: a Kubernetes "
+        "Lease, a Redis lock, or auto (a Lease with a kubeconfig or in a pod, else Redis)",
+    )
+    lease_duration: Annotated[float, SHARED] = Field(
+        default=15.0,
+        gt=0,
+        description="seconds a leader's lease lasts unrenewed; a standby takes over after it",
+    )
+    lease_renew_deadline: Annotated[float, SHARED] = Field(
+        default=10.0,
+        gt=0,
+        description="seconds a leader keeps leading without a successful renewal; it steps "
+        "down then, before its lease expires (less than --lease-duration)",
+    )
+    lease_retry_period: Annotated[float, SHARED] = Field(
+        default=2.0,
+        gt=0,
+        description="seconds between attempts to renew or acquire (less than "
+        "--lease-renew-deadline)",
+    )
+    lease_namespace: Annotated[str, SHARED] = Field(
+        default="",
+        description="namespace of the leader election Leases (empty: the pod's own, else "
+        "trellis-system)",
+    )
+
+    @field_validator("lease_renew_deadline")
+    @classmethod
+    def _renew_before_expiry(cls, value: float, info: ValidationInfo) -> float:
+        duration = info.data.get("lease_duration")
+        if duration is not None and value >= duration:
+            raise ValueError(
+                f"lease_renew_deadline must be less than lease_duration ({duration}): a "
+                "leader steps down before its lease expires"
+            )
+        return value
+
+    @field_validator("lease_retry_period")
+    @classmethod
+    def _retry_within_deadline(cls, value: float, info: ValidationInfo) -> float:
+        deadline = info.data.get("lease_renew_deadline")
+        if deadline is not None and value >= deadline:
+            raise ValueError(
+                f"lease_retry_period must be less than lease_renew_deadline ({deadline}): a "
+                "leader must be able to retry a renewal before it has to step down"
+            )
+        return value
 
     @classmethod
     def env_prefix(cls) -> str:

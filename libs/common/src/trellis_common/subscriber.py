@@ -15,6 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from trellis_common import redisconn
 from trellis_common.backoff import (
     DEFAULT_BACKOFF,
     Backoff,
@@ -389,13 +390,16 @@ class Subscriber:
 def redis_without_retries(
     target: str | RedisTarget, socket_timeout: float = 5.0
 ) -> redis.asyncio.Redis:
-    """A client that reports connection errors instead of silently reconnecting."""
-    target = as_target(target)
-    return redis.asyncio.Redis.from_url(
-        target.url,
+    """A client that reports connection errors instead of silently reconnecting.
+
+    Through Sentinel (a ``redis+sentinel://`` URL) each new client asks the sentinels where
+    the master is: after a failover the next session subscribes to the new master (and
+    resyncs, as after any reconnect); while no master is known, it fails like a Redis that
+    is down, and is retried with the subscriber's backoff."""
+    return redisconn.client(
+        target,
         retry=Retry(NoBackoff(), 0),
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_timeout,
         socket_keepalive=True,
-        **target.client_options(),  # type: ignore[arg-type]  # redis-py: typed **kwargs
     )

@@ -2,16 +2,20 @@
 
 Synchronous tests, blocking watches and services in other processes all reach it over
 plain ``http://`` through a kubeconfig (:meth:`KubeApi.write_kubeconfig`), as they would a
-local emulator. Faults: :meth:`KubeApi.drop_watches` (a dropped connection) and
-:meth:`KubeApi.expire` (etcd compaction: the next watch from an old revision gets 410).
+local emulator. Each kubeconfig names its client (:meth:`KubeApi.write_kubeconfig`'s
+``client``, sent as its bearer token), so a fault can pick one client out. Faults:
+:meth:`KubeApi.drop_watches` (a dropped connection), :meth:`KubeApi.expire` (etcd
+compaction: the next watch from an old revision gets 410) and :meth:`KubeApi.partitioned`
+(one client cut off from the server: its requests hang, then fail, and change nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +27,15 @@ from trellis_common.testing.kubeselect import Selector
 from trellis_common.testing.kubeserver import ApiServer
 
 __all__ = ["ApiServer", "KubeApi", "Selector"]
+
+#: The client a kubeconfig is for, unless it names another.
+DEFAULT_CLIENT = "tester"
+
+
+def _token(client: str) -> str:
+    """The bearer token of ``client``'s kubeconfig (the server checks none: it only tells
+    the clients apart)."""
+    return f"emulator-client-{client}"
 
 
 class KubeApi:
@@ -44,6 +57,8 @@ class KubeApi:
         return self
 
     def stop(self) -> None:
+        if self._loop is not None and self.server is not None:
+            self.heal()  # a held request would hold up the server's shutdown
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
@@ -89,6 +104,25 @@ class KubeApi:
         """Compact the history: a watch from any resourceVersion so far gets 410 Gone."""
         self._call(lambda server: server.expire())
 
+    def partition(self, client: str) -> None:
+        """Cut ``client`` (a kubeconfig's, :meth:`write_kubeconfig`) off from the server:
+        its requests hang, unanswered, until :meth:`heal`, then fail with 503; none of them
+        reaches the store. Other clients are served as before."""
+        self._call(lambda server: server.partition(_token(client)))
+
+    def heal(self, client: str | None = None) -> None:
+        """End the partition of ``client`` (of every client, with None)."""
+        self._call(lambda server: server.heal(None if client is None else _token(client)))
+
+    @contextlib.contextmanager
+    def partitioned(self, client: str) -> Iterator[None]:
+        """``client`` is cut off from the server for the duration of the block."""
+        self.partition(client)
+        try:
+            yield
+        finally:
+            self.heal(client)
+
     def declare(self, resource: str, **info: Any) -> None:
         """Declare a resource (``group/version/plural``) for discovery, e.g. a CRD's."""
         assert self.server is not None
@@ -129,13 +163,14 @@ class KubeApi:
         assert self.server is not None
         return self.server.watch_count
 
-    def write_kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig for this server (plain ``http://``, as a local emulator is)."""
+    def write_kubeconfig(self, path: Path, client: str = DEFAULT_CLIENT) -> Path:
+        """A kubeconfig for this server (plain ``http://``, as a local emulator is), for
+        the client named ``client`` (the name a fault such as :meth:`partition` picks)."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": "emulator-ignores-it"}}],
+            "users": [{"name": "tester", "user": {"token": _token(client)}}],
             "contexts": [
                 {"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}
             ],

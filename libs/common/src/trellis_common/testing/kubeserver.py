@@ -31,11 +31,14 @@ error bodies, and its own store takes over the objects:
   (``POST .../serviceaccounts/<sa>/token``) issues a token for a stored ServiceAccount,
   bound to a stored pod of that account when ``boundObjectRef`` names one, with the API
   server's refusals (no such account or pod: 404, another account's pod: 400, another uid:
-  409, under ten minutes: 422).
+  409, under ten minutes: 422);
+* Leases (``coordination.k8s.io/v1``) as any object, their spec validated (:mod:`.kubevalidation`).
 
 Faults for tests: :meth:`ApiServer.drop_watches` ends every open watch (a dropped
-connection: the client resumes from its last resourceVersion) and :meth:`ApiServer.expire`
-compacts the history and drops the watches (the client must list again).
+connection: the client resumes from its last resourceVersion), :meth:`ApiServer.expire`
+compacts the history and drops the watches (the client must list again), and
+:meth:`ApiServer.partition` cuts off the client of one bearer token: its requests hang
+until :meth:`ApiServer.heal`, then fail (503) without touching the store.
 :mod:`trellis_common.testing.kube` runs it on its own thread.
 """
 
@@ -54,6 +57,7 @@ import jsonpatch
 import kmock
 from kmock._internal import k8s, parsing, rendering
 
+from trellis_common.testing import kubevalidation
 from trellis_common.testing.kubeauth import API_SERVER, TokenAuthority
 from trellis_common.testing.kubeselect import Selector
 
@@ -123,12 +127,33 @@ class ApiServer(k8s.KubernetesEmulator):
         self.watch_count = 0
         self.changed = asyncio.Condition()
         self.tokens = TokenAuthority(pod_uid=self._pod_uid)
+        #: bearer tokens of the clients cut off from the server (:meth:`partition`)
+        self.partitioned: set[str] = set()
+        self.healed = asyncio.Condition()
         self.fallback[kmock.method.PUT] << self._serve_replace
         self.fallback["post", _TOKEN_REQUEST] << self._serve_token_request
 
     async def _handle(self, request: rendering.Request) -> Any:
+        token = _bearer(request)
+        if token in self.partitioned:
+            async with self.healed:
+                await self.healed.wait_for(lambda: token not in self.partitioned)
+            raise _error(503, "ServiceUnavailable", "the request was lost in a partition")
+        # kmock matches a request by scanning its log of every request (quadratic in a long run
+        # of elections); nothing reads that log: keep only this request (matching is sync)
+        self._requests[:] = [request]
         # the emulator's own bookkeeping is replaced by this class's store
         return await k8s.KubernetesScaffold._handle(self, request)
+
+    async def partition(self, token: str) -> None:
+        """Cut off the client that sends ``token``: its requests hang until :meth:`heal`."""
+        self.partitioned.add(token)
+
+    async def heal(self, token: str | None = None) -> None:
+        """Reconnect the client of ``token`` (every one, with None): what it sent fails."""
+        self.partitioned -= set(self.partitioned) if token is None else {token}
+        async with self.healed:
+            self.healed.notify_all()
 
     # -- the store -------------------------------------------------------------------------
 
@@ -186,6 +211,7 @@ class ApiServer(k8s.KubernetesEmulator):
         key = self._key(request, meta["name"])
         if key[2]:
             meta["namespace"] = key[2]
+        kubevalidation.check(key[0], key[1], key[3], obj)
         if key in self.store:
             raise _error(409, "AlreadyExists", f'{key[1]} "{key[3]}" already exists')
         meta.update(
@@ -302,6 +328,7 @@ class ApiServer(k8s.KubernetesEmulator):
                 f'Operation cannot be fulfilled on {key[1]} "{key[3]}": the object has been '
                 "modified; please apply your changes to the latest version and try again",
             )
+        kubevalidation.check(key[0], key[1], key[3], request.data)
         return await self._write(request, key, current, copy.deepcopy(request.data))
 
     async def _write(
@@ -376,6 +403,8 @@ class ApiServer(k8s.KubernetesEmulator):
         ]
 
     async def _serve_list(self, request: rendering.Request) -> Any:
+        if request.resource is not None and not request.resource.plural:
+            return await self._serve_version(request)  # ``/apis/<group>/<version>``: discovery
         return {
             "kind": "List",
             "apiVersion": "v1",
@@ -430,6 +459,13 @@ class ApiServer(k8s.KubernetesEmulator):
         self.revision += 1
         self.compacted = self.revision
         await self.drop_watches()
+
+
+def _bearer(request: rendering.Request) -> str:
+    """The bearer token a request carries ("" without one)."""
+    header = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def _rfc3339(moment: datetime.datetime) -> str:

@@ -84,6 +84,8 @@ class RedisServer:
         aof_rewrite_percentage: int = 100,
         aof_rewrite_min_size: str = "64mb",
         acl: bool = True,
+        users_dir: Path | None = None,
+        users: tuple[str, ...] | None = None,
     ) -> None:
         self._binary = self._find_binary()
         self._fixed_port = port is not None
@@ -95,7 +97,10 @@ class RedisServer:
         self.aof_rewrite_min_size = aof_rewrite_min_size
         self._process: subprocess.Popen[bytes] | None = None
         self.acl = acl
-        self.users_dir = self.dir / "users"
+        #: the password files (several servers of one set share them)...
+        self.users_dir = self.dir / "users" if users_dir is None else users_dir
+        #: ...of these users (None: admin and every component)
+        self.users = users
         self.aclfile = self.dir / "users.acl"
 
     def _find_binary(self) -> str:
@@ -176,11 +181,16 @@ class RedisServer:
             args += ["--aclfile", f"{dir}/{self.aclfile.name}"]
         return args
 
+    def config_args(self) -> list[str]:
+        """What comes before the options on the command line: a config file, for a server
+        that has one (a Redis of a Sentinel set)."""
+        return []
+
     def _launch(self) -> None:
         """Start the server (it is then waited for)."""
         args = self.server_args(bind="127.0.0.1", port=self.port, dir=str(self.dir))
         self._process = subprocess.Popen(
-            [self._binary, *args],
+            [self._binary, *self.config_args(), *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -190,12 +200,17 @@ class RedisServer:
         """The server's exit code, None while it runs."""
         return None if self._process is None else self._process.poll()
 
+    def prepare(self) -> bytes:
+        """Write what the server reads at start (its ACL); return the inline login with
+        which it is then PINGed (empty: none)."""
+        if not self.acl:
+            return b""
+        files = redisacl.ensure_passwords(self.users_dir, self.users)
+        redisacl.write_aclfile(self.aclfile, files)
+        return f"AUTH {redisacl.ADMIN} {self.password(redisacl.ADMIN)}\r\n".encode()
+
     def _start_once(self) -> None:
-        login = b""
-        if self.acl:
-            files = redisacl.ensure_passwords(self.users_dir)
-            redisacl.write_aclfile(self.aclfile, files)
-            login = f"AUTH {redisacl.ADMIN} {self.password(redisacl.ADMIN)}\r\n".encode()
+        login = self.prepare()
         self._launch()
         deadline = time.monotonic() + self._startup_timeout
         while not _answers_ping(self.port, login):
