@@ -14,7 +14,9 @@ from trellis_common.redisacl import COMPONENTS
 def test_the_acl_table_row_matches_certmanager() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
-    assert (row.publishes, row.follows, row.discovers) == ((TOPIC, IDENTITIES_TOPIC), (), ())
+    own = (TOPIC, IDENTITIES_TOPIC)
+    assert (row.publishes, row.follows, row.discovers) == (own, own, ())  # replicas follow
     store = RedisCertificateStore(None, None)  # type: ignore[arg-type]  # only its keys
-    for key in (store.ca_key, store.records_key, store.revoked_key, ISSUED_KEY, REVOKED_KEY):
+    keys = (store.ca_key, store.records_key, store.revoked_key, ISSUED_KEY, REVOKED_KEY)
+    for key in (*keys, store.wanted_key, store.claims.key("a.b.svc"), store.claims.fence_key):
         assert any(fnmatch(key, f"trellis:{p}") for p in row.keys), key

@@ -18,7 +18,9 @@ which may name two components (one by its service, one by its account).
 Both lists are kept in Redis (``trellis:certmanager:identities:issued`` and
 ``...:revoked``, serial -> JSON; no key material, only who, which serial, until when), so a
 restarted certmanager still knows what it issued, and an entry is dropped once its
-certificate has expired (the TLS handshake refuses it then anyway).
+certificate has expired (the TLS handshake refuses it then anyway). With several
+certmanager replicas, each one reads both lists again before it revokes, and on every
+``identities`` signal (:mod:`trellis_certmanager.coherence`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from trellis_certmanager.domain.errors import StoreUnavailable
+from trellis_common import redisconn
 
 log = logging.getLogger(__name__)
 
@@ -68,22 +71,46 @@ def _load(raw: dict[bytes | str, bytes | str]) -> dict[str, ComponentCert]:
 
 
 class ComponentCertificates:
-    def __init__(self, redis: aioredis.Redis, clock: Callable[[], dt.datetime]) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        clock: Callable[[], dt.datetime],
+        *,
+        min_replicas_ack: int = 0,
+    ) -> None:
         self._redis = redis
         self._clock = clock
+        self._min_replicas_ack = min_replicas_ack  # a revocation is on a replica (WAIT)
         self.issued: dict[str, ComponentCert] = {}
         self.revoked: dict[str, ComponentCert] = {}
 
     async def load(self) -> None:
+        """Read both lists (at start, before a revocation, on a signal): what is stored, and
+        what is held here and unexpired (written a moment ago, or lost by a wiped Redis)."""
         try:
-            self.issued = _load(await self._redis.hgetall(ISSUED_KEY))
-            self.revoked = _load(await self._redis.hgetall(REVOKED_KEY))
+            self.issued = self._merged(self.issued, await self._redis.hgetall(ISSUED_KEY))
+            self.revoked = self._merged(self.revoked, await self._redis.hgetall(REVOKED_KEY))
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"cannot read the component certificates: {exc}") from exc
         await self.prune()
 
+    def _merged(
+        self, held: dict[str, ComponentCert], raw: dict[bytes | str, bytes | str]
+    ) -> dict[str, ComponentCert]:
+        now = self._clock().timestamp()
+        return {**{k: c for k, c in held.items() if c.not_after >= now}, **_load(raw)}
+
     def is_revoked(self, serial: str) -> bool:
         return serial in self.revoked
+
+    async def current_revoked(self) -> list[ComponentCert]:
+        """The revoked list as stored now (another replica may have revoked some: its
+        signal may reach the caller first); the one held while Redis is away."""
+        try:
+            self.revoked = self._merged(self.revoked, await self._redis.hgetall(REVOKED_KEY))
+        except (RedisError, OSError) as exc:
+            log.debug("identities.revoked_from_memory error=%r", str(exc))
+        return list(self.revoked.values())
 
     async def issued_now(self, component: str, serial: int, not_after: dt.datetime) -> None:
         cert = ComponentCert(
@@ -118,8 +145,9 @@ class ComponentCertificates:
         return cert
 
     async def revoke(self, component: str) -> list[ComponentCert]:
-        """Revoke every unexpired certificate that names ``component``; the newly revoked."""
-        await self.prune()
+        """Revoke every unexpired certificate that names ``component``; the newly revoked.
+        Both lists are read again first: another replica may have issued or revoked some."""
+        await self.load()
         now = self._clock().timestamp()
         fresh = [
             replace(c, revoked_at=now)
@@ -132,7 +160,8 @@ class ComponentCertificates:
             await self._redis.hset(
                 REVOKED_KEY, mapping={c.serial: json.dumps(asdict(c)) for c in fresh}
             )
-        except (RedisError, OSError) as exc:
+            await redisconn.replicated(self._redis, replicas=self._min_replicas_ack)
+        except (RedisError, OSError) as exc:  # NotReplicated too: retried, not acknowledged
             raise StoreUnavailable(f"cannot record the revocation: {exc}") from exc
         for cert in fresh:
             self.revoked[cert.serial] = cert

@@ -8,7 +8,9 @@ certificate of ``spiffe://<td>/ns/trellis-system/sa/<component>``, for
 
 A join token (:mod:`trellis_common.jointoken`) must verify under the join key, name a
 component, be unexpired, and not be spent: its nonce is written to Redis with ``SET NX``
-until the token expires, so a second use (or a replay by someone who saw it) is refused.
+until the token expires, so a second use (or a replay by someone who saw it) is refused,
+on whichever certmanager replica it comes; with ``min_replicas_ack`` the mark is on that
+many Redis replicas before the certificate is signed, so a failover does not forget it.
 A Kubernetes ServiceAccount token is checked by the API server instead
 (:mod:`trellis_certmanager.tokenreview`) when certmanager has Kubernetes access (in a pod,
 or with ``kubeconfig``), and is spent the same way; without it, such a token is refused
@@ -21,6 +23,7 @@ certmanager's own certificate is signed in-process (:meth:`ComponentIssuer.own`)
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -38,7 +41,7 @@ from trellis_certmanager.tokenreview import (
     ServiceAccountReviewer,
     spent_key_and_expiry,
 )
-from trellis_common import jointoken
+from trellis_common import jointoken, redisconn
 from trellis_common.identity import Issued
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,8 @@ class ComponentIssuer:
         clock: Callable[[], dt.datetime],
         reviewer: ServiceAccountReviewer | None = None,
         certs: ComponentCertificates | None = None,
+        *,
+        min_replicas_ack: int = 0,
     ) -> None:
         self._issuer = issuer
         self._reviewer = reviewer
@@ -72,6 +77,7 @@ class ComponentIssuer:
         self.certs = certs
         self.last_issued: tuple[str, int, dt.datetime] | None = None
         self._redis = redis
+        self._min_replicas_ack = min_replicas_ack  # a spent token is on a replica (WAIT)
         self._join_key = join_key
         self._validity = validity
         self._clock = clock
@@ -164,3 +170,9 @@ class ComponentIssuer:
             raise StoreUnavailable(f"cannot record the join token as used: {exc}") from exc
         if not fresh:
             raise JoinRefused("spent", "join token already used: a token works once")
+        try:
+            await redisconn.replicated(self._redis, replicas=self._min_replicas_ack)
+        except (RedisError, OSError) as exc:  # NotReplicated: a failover could forget it
+            with contextlib.suppress(RedisError, OSError):
+                await self._redis.delete(key)  # unspent: the caller may retry with it
+            raise StoreUnavailable(f"cannot record the join token as used: {exc}") from exc

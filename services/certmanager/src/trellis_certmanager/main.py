@@ -3,6 +3,10 @@
 It loads (or makes, on first start) the key-encryption key that seals every private key it
 stores, loads or creates the CA, then serves the gRPC API and the admin REST API, and runs the
 rotation loop and the store guard; its ``certificates`` signals go through the outbox.
+
+Any number of replicas may run on one Redis: each one issues (claims per common name,
+:mod:`trellis_certmanager.claims`), follows the others' signals
+(:mod:`trellis_certmanager.coherence`), and the rotation runs on the elected leader only.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from fastapi import FastAPI
 
 from trellis_api import certmanager_pb2_grpc
 from trellis_certmanager import kek, rotation
+from trellis_certmanager.coherence import ReplicaFollower
 from trellis_certmanager.componentcerts import ComponentCertificates
 from trellis_certmanager.domain.authority import CertificateAuthority, load_provided
 from trellis_certmanager.domain.errors import CAError, PlantedCA, StoreUnavailable
@@ -32,7 +37,7 @@ from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.tokenreview import ServiceAccountReviewer
 from trellis_certmanager.transport import grpc_api, rest
-from trellis_common import components, jointoken
+from trellis_common import components, jointoken, leadership
 from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
 from trellis_common.identityrevocation import IDENTITIES_TOPIC
 from trellis_common.kube import client as kube
@@ -123,8 +128,15 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         # Through the outbox: a signal Redis does not take now is kept and sent later.
         return await runtime.outbox.signal(TOPIC, kind, key)
 
+    metrics = CertMetrics(runtime.metrics)
     manager = CertificateManager(
-        RedisCertificateStore(runtime.redis, sealer),
+        RedisCertificateStore(
+            runtime.redis,
+            sealer,
+            claim_ttl=settings.claim_seconds,
+            refused=metrics.replica_refused,
+            min_replicas_ack=settings.redis_min_replicas_ack,
+        ),
         announce,
         IssuancePolicy(
             service_validity=settings.service_cert_validity,
@@ -137,7 +149,7 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
             proxy_cp_extra_sans=settings.proxy_cp_extra_sans,
         ),
         settings.key_algorithm,
-        CertMetrics(runtime.metrics),
+        metrics,
         root_validity=settings.root_validity,
         rejections=runtime.health.rejections,
         prune_after=settings.prune_after,
@@ -167,7 +179,9 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         join_key = jointoken.load_or_create_key(settings.join_key_path)
     except jointoken.InvalidJoinToken as exc:
         fatal("join_key.fatal", exc)
-    certs = ComponentCertificates(runtime.redis, utcnow)
+    certs = ComponentCertificates(
+        runtime.redis, utcnow, min_replicas_ack=settings.redis_min_replicas_ack
+    )
     try:
         await certs.load()
         await adopt_control_plane_records(manager, certs)
@@ -183,8 +197,10 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
         utcnow,
         reviews,
         certs,
+        min_replicas_ack=settings.redis_min_replicas_ack,
     )
     enrollment = ProxyEnrollment(manager, reviews, runtime.metrics)
+    runtime.signals.follow(ReplicaFollower(manager, certs))  # the other replicas' changes
     runtime.revoked_serial = certs.is_revoked
     runtime.identity = own_identity(identities)
     runtime.identity.server_check.count_in(runtime.metrics)
@@ -194,9 +210,17 @@ async def build(runtime: ServiceRuntime, settings: CertManagerSettings) -> Parts
     servicer = grpc_api.CertificateManagerServicer(
         manager, runtime.health.rejections, identities, enrollment
     )
+    # rotation and pruning: on the elected replica only (a Lease in a cluster, else a
+    # Redis lock), with its fencing token; /v1/status shows the election's role
+    election = leadership.elect_for(settings, redis=runtime.redis, health=runtime.health)
+
+    async def rotate(stop: asyncio.Event) -> None:
+        await rotation.run(manager, stop, settings.rotation_interval, election)
+
     return Parts(
         components={
-            "rotation": lambda s: rotation.run(manager, s, settings.rotation_interval),
+            "leader election": election.run,
+            "rotation": rotate,
             "store guard": guard_store,
         },
         grpc=[

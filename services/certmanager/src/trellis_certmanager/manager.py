@@ -7,15 +7,17 @@ every change on the topic ``certificates`` (kinds ``issued``, ``rotated``, ``rev
 ``root-changed``; key: the common name, ``root`` for the root). The bell is the service's outbox
 (``docs/architecture.md``, "One event path"): a signal Redis does not take is kept and sent
 later, and consumers fetch what changed with ``GetCertificateInfo`` or ``IssueCertificate``.
-Requests for the same common name are serialized, so concurrent callers get one
-certificate, not several.
 
-Rotation (the periodic pass is :mod:`trellis_certmanager.rotation`): service certificates
-are re-issued once ``renew_fraction`` of their lifetime has passed, and immediately when
-they were not signed by the CA in force. Proxy certificates live on the proxy's host with
-the key it made there (issued for a CSR; certmanager never has the key): the proxy renews
-its own through proxy-cp (a rotation for its new key, :meth:`rotate` with a ``renewal``),
-and an operator's rotation re-signs the same key.
+Replicas: any number of certmanagers share one store, and each one issues. A change of
+one common name is made under its claim, across replicas (:mod:`trellis_certmanager.claims`),
+on the record stored now (:mod:`trellis_certmanager.replicas`): concurrent callers, on one
+replica or several, get one certificate. Memory follows every replica's signals
+(:mod:`trellis_certmanager.coherence`). Rotation and pruning run on the leader only, fenced.
+
+Rotation: what is due, by the periodic pass (:mod:`trellis_certmanager.rotation`), which
+also prunes. Proxy certificates are issued for a CSR (certmanager never has the key): the
+proxy renews its own through proxy-cp (:meth:`rotate` with a ``renewal``), and an
+operator's rotation re-signs the same key.
 
 No service certificate is issued in the control plane's namespace (ControlPlaneNamespace,
 logged and counted in ``issue_refused``): its names are the components', whose own
@@ -27,17 +29,14 @@ revokes the old serial. Both signal ``revoked`` (key: the common name), on which
 closes the streams opened with a revoked serial.
 
 Pruning: a record ``prune_after`` past its expiry (a proxy gone for good, a service nobody
-asks for: the catalog asks every 30 s for each identity with proxies) is deleted from the
-store and from memory by the rotation pass. The CA is never pruned.
+asks for) is deleted by the rotation pass. The CA is never pruned.
 
 Redis outages: reads (get, list, an issue request the current certificate satisfies) come
 from memory; a write Redis does not take fails with
 :class:`~trellis_certmanager.domain.errors.StoreUnavailable` and changes nothing, and a
 rotation pass that meets one stops until the next pass.
 
-Planted CA: which CA is in force, and refusing any other found in the store, is
-:mod:`trellis_certmanager.custody`.
-
+Planted CA: which CA is in force, and refusing any other, is :mod:`trellis_certmanager.custody`.
 Corrupt state: a CA that cannot be loaded stops certmanager with an error naming the Redis
 key and the remedy (the root-fingerprint marker is left as it is, so no new root is made in
 its place), unless the operator gave the CA files, which then replace it. Records refused
@@ -49,16 +48,17 @@ one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from trellis_certmanager.claims import Claim
 from trellis_certmanager.custody import CaCustody
+from trellis_certmanager.demand import Demand
 from trellis_certmanager.domain.authority import CertificateAuthority
-from trellis_certmanager.domain.csr import PublicKey, leaf_public_key, signed_for
+from trellis_certmanager.domain.csr import PublicKey, signed_for
 from trellis_certmanager.domain.errors import (
     CAError,
     ControlPlaneNamespace,
@@ -72,6 +72,7 @@ from trellis_certmanager.domain.records import CertificateKind, CertificateRecor
 from trellis_certmanager.domain.renewal import Renewal
 from trellis_certmanager.domain.revocation import Revocation, RevocationReason
 from trellis_certmanager.metrics import CertMetrics
+from trellis_certmanager.replicas import HeldRecords
 from trellis_certmanager.revocations import Revocations
 from trellis_certmanager.store import CertificateStore
 from trellis_common.health import Rejections
@@ -119,11 +120,10 @@ class CertificateManager:
         self._custody = CaCustody(
             store, metrics, algorithm, root_validity, policy.trust_domain, clock
         )
-        self._records: dict[str, CertificateRecord] = {}
-        self._wanted: dict[str, dt.datetime] = {}  # service certificate -> last asked for
-        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # cn -> (lock, [users])
+        self._records = HeldRecords(store, self._rejected)
+        self.demand = Demand(store, clock)  # which service certificates are asked for
         self._issuer: Issuer | None = None
-        self.revocations = Revocations(store, metrics, rejections)
+        self.revocations = Revocations(store, metrics, rejections, clock=clock, grace=prune_after)
         self.revision = 0
         self.ready = asyncio.Event()
 
@@ -142,10 +142,7 @@ class CertificateManager:
         self._install(ca)
         if root_changed:  # consumers running across the restart take the new trust bundle
             await self._signal("root-changed", ROOT_KEY)
-        loaded = await self._store.load_all()
-        self._records = {r.common_name: r for r in loaded.records}
-        for rejected in loaded.rejected:
-            self._rejected.add(rejected)
+        loaded = await self._records.reload()
         revoked = await self.revocations.load()
         self._count()
         log.info(
@@ -164,7 +161,7 @@ class CertificateManager:
         if records:
             await self._store.delete_many([r.common_name for r in records])
         for record in records:
-            del self._records[record.common_name]
+            self._records.place(record.common_name, None)
             log.warning(
                 "cert.dropped cn=%s serial=%x reason=%s", record.common_name, record.serial, reason
             )
@@ -178,8 +175,8 @@ class CertificateManager:
         """Delete a stored record that was refused at load; ``NotFound`` for any other."""
         if common_name not in self._rejected:
             raise NotFound(common_name)
-        async with self._lock(common_name):
-            await self._store.delete_many([common_name])
+        async with self._records.exclusive(common_name) as claim:
+            await self._store.delete_many([common_name], claim)
             self._rejected.overwritten(common_name)
             log.info("cert.rejected_record_deleted cn=%s", common_name)
 
@@ -221,23 +218,26 @@ class CertificateManager:
             raise refused
         account = service_account or service.name
         cn = self.issuer.service_common_name(service)
-        self._wanted[cn] = self._clock()
-        async with self._lock(cn):
-            current = self._records.get(cn)
-            if (
-                current is not None
-                and self._policy.lifetime_fits(current.lifetime, validity)
+        self.demand.asked(cn)
+
+        def fits(current: CertificateRecord) -> bool:
+            return (
+                self._policy.lifetime_fits(current.lifetime, validity)
                 and current.service_account == account
                 and not current.due(self._clock())
                 and self.ca.signed(current.cert_chain_pem)
-            ):
-                return current
+            )
+
+        async def issue(current: CertificateRecord | None, claim: Claim) -> CertificateRecord:
             record = self._timed(
                 CertificateKind.SERVICE,
                 lambda: self.issuer.issue_service(service, account, self._clock(), validity),
             )
-            await self._commit(record, "issued" if current is None else "rotated", "reissue")
+            change = "issued" if current is None else "rotated"
+            await self._commit(record, change, "reissue", claim)
             return record
+
+        return await self._records.current_or(cn, fits, issue)
 
     async def issue_proxy(
         self,
@@ -259,16 +259,15 @@ class CertificateManager:
             )
         except InvalidIdentifier as exc:
             raise InvalidRequest(exc.field.replace(" ", "_"), str(exc)) from exc
-        async with self._lock(cn.format()):
-            live = self._records.get(cn.format())
-            if live is not None and live.not_after <= self._clock():
-                live = None  # expired: nothing to return or to revoke
-            if (
-                live is not None
+
+        def fits(live: CertificateRecord) -> bool:
+            return (
+                live.not_after > self._clock()
                 and validity is None
                 and signed_for(live.cert_chain_pem, public_key)
-            ):
-                return live
+            )
+
+        async def issue(live: CertificateRecord | None, claim: Claim) -> CertificateRecord:
             account = service_account or service.name
             record = self._timed(
                 CertificateKind.PROXY,
@@ -276,57 +275,79 @@ class CertificateManager:
                     cn, account, self._clock(), validity, public_key=public_key
                 ),
             )
-            await self._commit(record, "issued", "reissue")
-            if live is not None:
-                await self._retire(live)
+            await self._commit(record, "issued", "reissue", claim)
+            if live is not None and live.not_after > self._clock():  # expired: not revoked
+                await self._retire(live, claim)
             return record
 
+        return await self._records.current_or(cn.format(), fits, issue)
+
     def workload_chain(self, proxy: CertificateRecord) -> bytes:
-        """``proxy``'s own workload certificate (PEM chain) for its key, ending with it:
-        signed afresh on each call, never recorded; renewed with the proxy certificate."""
-        if proxy.kind != CertificateKind.PROXY:
-            raise InvalidRequest("kind", f"{proxy.common_name} is not a proxy certificate")
-        workload = self.issuer.issue_workload(
-            MeshService(proxy.namespace, proxy.service),
-            proxy.service_account,
-            leaf_public_key(proxy.cert_chain_pem),
-            self._clock(),
-            proxy.not_after,
-        )
-        return self.issuer.chain_pem(workload)
+        """``proxy``'s own workload certificate (PEM chain), signed now (Issuer)."""
+        return self.issuer.workload_chain(proxy, self._clock())
 
     def get(self, common_name: str) -> CertificateRecord:
         """The record of ``common_name`` (a service certificate asked for is still wanted)."""
-        try:
-            record = self._records[common_name]
-        except KeyError:
-            raise NotFound(common_name) from None
+        record = self.peek(common_name)
         if record.kind == CertificateKind.SERVICE:
-            self._wanted[common_name] = self._clock()
+            self.demand.asked(common_name)
         return record
 
     def peek(self, common_name: str) -> CertificateRecord:
         """The record of ``common_name``, for its metadata: unlike :meth:`get`, reading it
         does not keep a service certificate wanted (a consumer looking at what a signal
         named is not using the certificate)."""
-        try:
-            return self._records[common_name]
-        except KeyError:
-            raise NotFound(common_name) from None
+        record = self._records.get(common_name)
+        if record is None:
+            raise NotFound(common_name)
+        return record
+
+    async def lookup(self, common_name: str, *, wanted: bool = False) -> CertificateRecord:
+        """:meth:`peek` (:meth:`get` if ``wanted``) of the record stored now: another replica
+        may have changed it, and its signal may reach the caller before it reaches us."""
+        await self._records.lookup(common_name)
+        return self.get(common_name) if wanted else self.peek(common_name)
+
+    async def refresh(self, common_name: str) -> None:
+        """Read ``common_name``'s record again: a signal (ours or a replica's) named it."""
+        await self._records.refresh(common_name)
+        self._count()
+
+    async def reload(self) -> None:
+        """Read every record and revocation again (a resync of the signals); not from a
+        store that lost its data (no CA): the store guard refills it from memory."""
+        if await self._store.load_ca() is None:
+            log.warning("cert.reload_skipped reason=store_lost_its_data")
+            return
+        await self._records.reload()
+        await self.revocations.load()
+        self._count()
 
     async def rotate(
-        self, common_name: str, reason: str = "on-demand", renewal: Renewal | None = None
+        self,
+        common_name: str,
+        reason: str = "on-demand",
+        renewal: Renewal | None = None,
+        *,
+        serial: int | None = None,
+        fence: int | None = None,
     ) -> CertificateRecord:
-        """Re-issue now; a proxy's ``renewal`` brings its new key (domain/renewal.py)."""
-        async with self._lock(common_name):
-            current = self._records.get(common_name)
+        """Re-issue now; a proxy's ``renewal`` brings its new key (domain/renewal.py). With
+        ``serial``, only if that is still the current one (the rotation pass: another
+        replica may have renewed it since); ``fence``: the rotation leader's token."""
+        async with self._records.exclusive(common_name, fence) as claim:
+            current = await self._records.stored(common_name)
             if current is None:
                 raise NotFound(common_name)
+            if serial is not None and current.serial != serial:
+                return current  # rotated or renewed elsewhere meanwhile
             key = renewal.checked(current) if renewal is not None else None
-            record = self._timed(current.kind, lambda: self._reissue(current, key))
-            await self._commit(record, "rotated", reason)
+            record = self._timed(
+                current.kind, lambda: self.issuer.reissue(current, self._clock(), key)
+            )
+            await self._commit(record, "rotated", reason, claim)
             if current.kind == CertificateKind.PROXY:
-                await self._retire(current)
+                await self._retire(current, claim)
             log.log(
                 logging.INFO if reason in ("on-demand", "renewed") else logging.DEBUG,
                 "cert.rotated cn=%s kind=%s reason=%s old_serial=%x serial=%x not_after=%s",
@@ -342,17 +363,17 @@ class CertificateManager:
     async def revoke(self, common_name: str) -> Revocation:
         """Revoke a proxy certificate: its serial is refused from now on, and its record is
         deleted (the proxy is no longer expected; onboarding it again issues a new one)."""
-        async with self._lock(common_name):
-            current = self._records.get(common_name)
+        async with self._records.exclusive(common_name) as claim:
+            current = await self._records.stored(common_name)
             if current is None:
                 raise NotFound(common_name)
             if current.kind != CertificateKind.PROXY:
                 raise NotRevocable(common_name)
             revocation = await self.revocations.add(
-                current, RevocationReason.REVOKED, self._clock()
+                current, RevocationReason.REVOKED, self._clock(), claim
             )
-            await self._store.delete_many([common_name])
-            del self._records[common_name]
+            await self._store.delete_many([common_name], claim)
+            self._records.place(common_name, None)
             self._count()
             await self._signal("revoked", common_name)
             return revocation
@@ -378,34 +399,35 @@ class CertificateManager:
     def now(self) -> dt.datetime:
         return self._clock()
 
-    def still_wanted(self, record: CertificateRecord) -> bool:
-        """Someone asked for this service certificate since it was issued (a record loaded
-        at start counts as asked for then: certmanager cannot know better)."""
-        wanted = self._wanted.setdefault(record.common_name, self._clock())
-        return wanted >= record.not_before
+    def forget_pruned(self) -> int:
+        """On a standby: drop from memory what the leader prunes (pruning rings no signal)."""
+        gone = self._records.forget(past_expiry(self.records(), self._clock(), self._prune_after))
+        self._count()
+        return gone
 
-    async def prune_expired(self) -> int:
-        """Delete the records that expired more than ``prune_after`` ago; returns how many."""
+    async def take_fence(self, token: int) -> None:
+        """The rotation leader's pass starts: ``Deposed`` if a newer leader has started."""
+        await self._store.take_fence(token)
+
+    async def prune_expired(self, fence: int | None = None) -> int:
+        """Delete the records that expired more than ``prune_after`` ago; returns how many.
+        ``fence``: the rotation leader's token (its writes are fenced)."""
         pruned = 0
-        for name in past_expiry(self._records.values(), self._clock(), self._prune_after):
-            async with self._lock(name):  # not while the same name is being re-issued
-                record = self._records.get(name)
-                if record is None or not past_expiry([record], self._clock(), self._prune_after):
-                    continue
-                await self._store.delete_many([name])
-                del self._records[name]
-                self._wanted.pop(name, None)
+        grace = self._prune_after
+        for name in past_expiry(self._records.values(), self._clock(), grace):
+            record = await self._records.delete_if(  # not while it is re-issued
+                name, lambda r: bool(past_expiry([r], self._clock(), grace)), fence
+            )
+            if record is not None:
+                self.demand.forget(name)
                 pruned += 1
                 log.debug(
-                    "cert.pruned cn=%s kind=%s not_after=%s",
-                    name,
-                    record.kind,
-                    record.not_after.isoformat(),
+                    "cert.pruned cn=%s kind=%s not_after=%s", name, record.kind, record.not_after
                 )
         if pruned:
             self._count()
             log.info("cert.pruned_expired count=%d grace=%s", pruned, self._prune_after)
-        await self.revocations.prune(self._clock(), self._prune_after)
+        await self.revocations.prune(self._clock(), self._prune_after, Claim(fence=fence))
         return pruned
 
     async def guard_store(self, stop: asyncio.Event, interval: float = 5.0) -> None:
@@ -429,32 +451,9 @@ class CertificateManager:
 
     # -- helpers -------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _lock(self, key: str) -> AsyncIterator[None]:
-        """Hold the lock of one common name; it is forgotten when nobody holds or awaits it."""
-        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._locks[key]
-
-    def _reissue(self, current: CertificateRecord, key: PublicKey | None) -> CertificateRecord:
-        service = MeshService(current.namespace, current.service)
-        now = self._clock()
-        if current.kind == CertificateKind.SERVICE:
-            return self.issuer.issue_service(service, current.service_account, now)
-        # Rotation keeps the proxy's key; a renewal brings the proxy's new one.
-        cn = ProxyCommonName(ProxyId(current.proxy_id), current.service, current.namespace)
-        key = key if key is not None else leaf_public_key(current.cert_chain_pem)
-        return self.issuer.issue_proxy(cn, current.service_account, now, public_key=key)
-
-    async def _retire(self, replaced: CertificateRecord) -> None:
+    async def _retire(self, replaced: CertificateRecord, claim: Claim) -> None:
         """A proxy certificate replaced by a newer one may not connect any more."""
-        await self.revocations.add(replaced, RevocationReason.ROTATED, self._clock())
+        await self.revocations.add(replaced, RevocationReason.ROTATED, self._clock(), claim)
         await self._signal("revoked", replaced.common_name)
 
     def _timed(
@@ -465,10 +464,12 @@ class CertificateManager:
         self._metrics.issue_seconds.labels(kind.value).observe(time.perf_counter() - started)
         return record
 
-    async def _commit(self, record: CertificateRecord, change: str, reason: str) -> None:
-        await self._store.put(record)
+    async def _commit(
+        self, record: CertificateRecord, change: str, reason: str, claim: Claim
+    ) -> None:
+        await self._store.put(record, claim)
         self._rejected.overwritten(record.common_name)
-        self._records[record.common_name] = record
+        self._records.place(record.common_name, record)
         self._metrics.issued.labels(record.kind.value).inc()
         if change == "rotated":
             self._metrics.rotations.labels(record.kind.value, reason).inc()

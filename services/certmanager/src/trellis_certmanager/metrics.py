@@ -58,6 +58,12 @@ class CertMetrics:
         self.ca_refused = make.counter(
             "ca_refused", "CAs found in the store and refused (never adopted)", "reason"
         )
+        self.replica_refused = make.counter(
+            "replica_refused",
+            "Changes refused between certmanager replicas: a common name held too long by "
+            "another (busy), a claim lost, a deposed rotation leader's write",
+            "reason",
+        )
         self.issue_seconds = make.histogram(
             "issue_seconds",
             "Time to generate a key and sign a certificate",

@@ -65,6 +65,12 @@ class CertManagerSettings(ServiceSettings):
         0.75, gt=0, lt=1, description="rotate once this share of a lifetime has passed"
     )
     rotation_interval: float = Field(5.0, gt=0, description="seconds between rotation sweeps")
+    claim_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="how long a replica holds a common name against the others while it "
+        "issues (a replica killed meanwhile holds the name up no longer)",
+    )
     prune_after: dt.timedelta = Field(
         dt.timedelta(days=1), description="records this long past expiry are deleted (not the CA)"
     )

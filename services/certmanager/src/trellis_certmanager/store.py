@@ -6,6 +6,15 @@ common name. Run Redis with persistence (``make run`` does: AOF, fsync always) a
 of certmanager or Redis loses nothing. In a cluster a Secret-backed store plugs into the
 same :class:`CertificateStore` protocol.
 
+Several certmanager replicas share one store: a write under a common name's claim, or a
+rotation pass's fenced write, is one transaction that checks the claim first
+(:mod:`trellis_certmanager.claims`), and :meth:`RedisCertificateStore.get` reads what is
+stored now, for a replica to issue only when no other one already did. With
+``min_replicas_ack`` set (Redis with replicas, under Sentinel), each record and revocation
+write waits until that many Redis replicas have it before the caller is answered
+(:meth:`RedisCertificateStore._acknowledged`), so a failover of the Redis master does not
+lose it.
+
 What is stored is not trusted on the way back:
 
 * A write Redis does not take (down, frozen past the client's socket timeout, refusing) is
@@ -36,14 +45,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from trellis_certmanager.claims import Claim, Claims
 from trellis_certmanager.domain.authority import CertificateAuthority
 from trellis_certmanager.domain.errors import CAError, StoreUnavailable
 from trellis_certmanager.domain.records import (
@@ -56,7 +68,10 @@ from trellis_certmanager.domain.records import (
 )
 from trellis_certmanager.domain.revocation import Revocation
 from trellis_certmanager.domain.sealed import Sealer, SealError
-from trellis_common import redisatomic, stored
+from trellis_common import redisatomic, redisconn, stored
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +96,43 @@ class CertificateStore(Protocol):
         """Write ``ca``, accepted as the mesh's, back sealed if it is stored in the clear."""
         ...
 
-    async def put(self, record: CertificateRecord) -> None: ...
+    def hold(
+        self, common_name: str, fence: int | None = None
+    ) -> AbstractAsyncContextManager[Claim]:
+        """Hold ``common_name`` against the other replicas (:mod:`..claims`)."""
+        ...
+
+    async def take_fence(self, token: int) -> None:
+        """Take the rotation fence with ``token``; ``Deposed`` if a newer leader has it."""
+        ...
+
+    async def get(self, common_name: str) -> CertificateRecord | None:
+        """The record stored now (``None``: none, or one refused); ``StoreUnavailable``."""
+        ...
+
+    async def put(self, record: CertificateRecord, claim: Claim | None = None) -> None: ...
 
     async def put_many(self, records: list[CertificateRecord]) -> None: ...
 
-    async def delete_many(self, common_names: Sequence[str]) -> None: ...
+    async def delete_many(
+        self, common_names: Sequence[str], claim: Claim | None = None
+    ) -> None: ...
 
     async def load_all(self) -> Loaded: ...
 
-    async def put_revoked(self, revocation: Revocation) -> None: ...
+    async def put_revoked(self, revocation: Revocation, claim: Claim | None = None) -> None: ...
 
-    async def delete_revoked(self, serials: Sequence[int]) -> None: ...
+    async def delete_revoked(self, serials: Sequence[int], claim: Claim | None = None) -> None: ...
 
     async def load_revoked(self) -> LoadedRevocations: ...
+
+    async def share_asks(self, asks: dict[str, float]) -> None:
+        """Note when service certificates were last asked for (unix time, by name)."""
+        ...
+
+    async def load_asks(self) -> dict[str, float]:
+        """What :meth:`share_asks` noted, every replica's."""
+        ...
 
 
 def parse_record(
@@ -115,12 +154,27 @@ _CLEAR_CA_KEY = "key_pem"
 
 # Write ARGV[2] over a value only if it is still ARGV[1] (what was read and migrated).
 class RedisCertificateStore:
-    def __init__(self, redis: aioredis.Redis, sealer: Sealer, prefix: str = "trellis") -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        sealer: Sealer,
+        prefix: str = "trellis",
+        *,
+        claim_ttl: float = 5.0,
+        refused: Counter | None = None,
+        min_replicas_ack: int = 0,
+        ack_timeout_ms: int = redisconn.REPLICATION_TIMEOUT_MS,
+    ) -> None:
         self._redis = redis
         self._sealer = sealer
+        self.claims = Claims(redis, prefix, claim_ttl, refused=refused)
+        self._parsed: dict[str, tuple[bytes | str, CertificateRecord]] = {}  # cn -> last get
+        self._min_replicas_ack = min_replicas_ack
+        self._ack_timeout_ms = ack_timeout_ms
         self.ca_key = f"{prefix}:certmanager:ca"
         self.records_key = f"{prefix}:certmanager:certs"
         self.revoked_key = f"{prefix}:certmanager:revoked"  # hex serial -> revocation
+        self.wanted_key = f"{prefix}:certmanager:wanted"  # common name -> last asked (unix)
 
     def location(self, common_name: str) -> str:
         """Where a record lives, as an operator would look for it."""
@@ -176,24 +230,75 @@ class RedisCertificateStore:
     async def replace_ca(self, ca: CertificateAuthority) -> None:
         await self._redis.set(self.ca_key, self._encode_ca(ca))
 
-    async def put(self, record: CertificateRecord) -> None:
-        await self.put_many([record])
+    @contextlib.asynccontextmanager
+    async def hold(self, common_name: str, fence: int | None = None) -> AsyncIterator[Claim]:
+        async with self.claims.hold(common_name, fence) as claim:
+            yield claim
+
+    async def take_fence(self, token: int) -> None:
+        await self.claims.take_fence(token)
+
+    async def get(self, common_name: str) -> CertificateRecord | None:
+        try:
+            raw = await self._redis.hget(self.records_key, common_name)
+        except (RedisError, OSError) as exc:
+            raise _unavailable(exc) from exc
+        if raw is None:
+            self._parsed.pop(common_name, None)
+            return None
+        cached = self._parsed.get(common_name)
+        if cached is not None and cached[0] == raw:  # read again unchanged: parsed once
+            return cached[1]
+        where = self.location(common_name)
+        try:
+            record = parse_record(common_name, raw, lambda text: self._sealer.unseal(text, where))
+        except ValueError as exc:  # refused as at load: re-issuing overwrites it
+            log.warning("cert.stored_record_refused where=%s error=%r", where, str(exc))
+            return None
+        self._parsed[common_name] = (raw, record)
+        return record
+
+    async def put(self, record: CertificateRecord, claim: Claim | None = None) -> None:
+        encoded = self._encode(record)
+        await self._write(
+            claim, lambda pipe: pipe.hset(self.records_key, record.common_name, encoded)
+        )
 
     async def put_many(self, records: list[CertificateRecord]) -> None:
         if records:
-            try:
-                await self._redis.hset(
-                    self.records_key, mapping={r.common_name: self._encode(r) for r in records}
-                )
-            except (RedisError, OSError) as exc:
-                raise _unavailable(exc) from exc
+            mapping = {r.common_name: self._encode(r) for r in records}
+            await self._write(None, lambda pipe: pipe.hset(self.records_key, mapping=mapping))
 
-    async def delete_many(self, common_names: Sequence[str]) -> None:
+    async def delete_many(self, common_names: Sequence[str], claim: Claim | None = None) -> None:
         if common_names:
-            try:
-                await self._redis.hdel(self.records_key, *common_names)
-            except (RedisError, OSError) as exc:
-                raise _unavailable(exc) from exc
+            names = list(common_names)
+            for name in names:
+                self._parsed.pop(name, None)
+
+            def delete(pipe: Any) -> None:
+                pipe.hdel(self.records_key, *names)
+                pipe.hdel(self.wanted_key, *names)
+
+            await self._write(claim, delete)
+
+    async def _write(self, claim: Claim | None, queue: Callable[[Any], None]) -> None:
+        """One transaction of writes, guarded by ``claim`` (if any), then acknowledged."""
+        await self.claims.write(claim, queue)
+        await self._acknowledged()
+
+    async def _acknowledged(self) -> None:
+        """Wait until ``min_replicas_ack`` Redis replicas have the writes made so far
+        (:func:`trellis_common.redisconn.replicated`, Redis ``WAIT``), so that a failover
+        of the master does not lose them: fewer in time is StoreUnavailable (the caller
+        retries; the write may stay on the master)."""
+        if self._min_replicas_ack <= 0:
+            return
+        try:
+            await redisconn.replicated(
+                self._redis, replicas=self._min_replicas_ack, timeout_ms=self._ack_timeout_ms
+            )
+        except (RedisError, OSError) as exc:  # NotReplicated is a RedisError
+            raise _unavailable(exc) from exc
 
     async def load_all(self) -> Loaded:
         clear: dict[str, tuple[bytes | str, CertificateRecord]] = {}
@@ -254,23 +359,41 @@ class RedisCertificateStore:
             proxy_keys,
         )
 
-    async def put_revoked(self, revocation: Revocation) -> None:
+    async def put_revoked(self, revocation: Revocation, claim: Claim | None = None) -> None:
+        field, body = f"{revocation.serial:x}", revocation.to_json()
+        await self._write(claim, lambda pipe: pipe.hset(self.revoked_key, field, body))
+
+    async def delete_revoked(self, serials: Sequence[int], claim: Claim | None = None) -> None:
+        if serials:
+            fields = [f"{s:x}" for s in serials]
+            await self._write(claim, lambda pipe: pipe.hdel(self.revoked_key, *fields))
+
+    async def load_revoked(self) -> LoadedRevocations:
         try:
-            await self._redis.hset(self.revoked_key, f"{revocation.serial:x}", revocation.to_json())
+            return await stored.load_hash(
+                self._redis, self.revoked_key, Revocation.from_json, "revocations"
+            )
         except (RedisError, OSError) as exc:
             raise _unavailable(exc) from exc
 
-    async def delete_revoked(self, serials: Sequence[int]) -> None:
-        if serials:
-            try:
-                await self._redis.hdel(self.revoked_key, *(f"{s:x}" for s in serials))
-            except (RedisError, OSError) as exc:
-                raise _unavailable(exc) from exc
+    async def share_asks(self, asks: dict[str, float]) -> None:
+        try:
+            await self._redis.hset(self.wanted_key, mapping={k: str(v) for k, v in asks.items()})
+        except (RedisError, OSError) as exc:
+            raise _unavailable(exc) from exc
 
-    async def load_revoked(self) -> LoadedRevocations:
-        return await stored.load_hash(
-            self._redis, self.revoked_key, Revocation.from_json, "revocations"
-        )
+    async def load_asks(self) -> dict[str, float]:
+        try:
+            raw = await self._redis.hgetall(self.wanted_key)
+        except (RedisError, OSError) as exc:
+            raise _unavailable(exc) from exc
+        asks = {}
+        for name, value in raw.items():
+            try:
+                asks[_text(name)] = float(value)
+            except ValueError:  # not ours to judge: it is overwritten by the next ask
+                continue
+        return asks
 
     def _encode(self, record: CertificateRecord) -> str:
         where = self.location(record.common_name)

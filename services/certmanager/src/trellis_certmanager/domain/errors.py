@@ -55,6 +55,17 @@ class StoreUnavailable(CertificateError):
     """The durable store (Redis) did not take a write; nothing was changed. Retry later."""
 
 
+class ClaimLost(StoreUnavailable):
+    """Another replica took over a common name while this one held it (it stalled past the
+    claim's lifetime): this replica's write was refused and nothing was changed; asked
+    again, the request finds the other replica's certificate (:mod:`..claims`)."""
+
+
+class Deposed(StoreUnavailable):
+    """A rotation pass's write refused: a newer leader took the rotation fence since this
+    replica took it (:mod:`..claims`). Nothing was changed; the pass stops."""
+
+
 class NotRevocable(CertificateError):
     """Only proxy certificates are revoked; a service certificate is rotated instead."""
 

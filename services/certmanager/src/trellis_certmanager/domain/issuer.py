@@ -27,7 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from trellis_certmanager.domain import der
 from trellis_certmanager.domain.authority import CertificateAuthority, fingerprint_der
-from trellis_certmanager.domain.csr import PublicKey
+from trellis_certmanager.domain.csr import PublicKey, leaf_public_key
 from trellis_certmanager.domain.errors import ControlPlaneNamespace, InvalidRequest
 from trellis_certmanager.domain.keys import KeyAlgorithm, generate_key, key_to_pem
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
@@ -36,6 +36,7 @@ from trellis_common import components
 from trellis_common.ids import (
     InvalidIdentifier,
     ProxyCommonName,
+    ProxyId,
     ServiceCommonName,
     SpiffeId,
     service_dns_names,
@@ -316,6 +317,32 @@ class Issuer:
 
     def chain_pem(self, cert: x509.Certificate) -> bytes:
         return cert.public_bytes(serialization.Encoding.PEM) + self._chain_pem
+
+    def reissue(
+        self, current: CertificateRecord, now: dt.datetime, key: PublicKey | None = None
+    ) -> CertificateRecord:
+        """``current`` issued again: a service's with a new key; a proxy's for the same key
+        (an operator's rotation), or for ``key`` (a renewal brings the proxy's new one)."""
+        service = MeshService(current.namespace, current.service)
+        if current.kind == CertificateKind.SERVICE:
+            return self.issue_service(service, current.service_account, now)
+        cn = ProxyCommonName(ProxyId(current.proxy_id), current.service, current.namespace)
+        key = key if key is not None else leaf_public_key(current.cert_chain_pem)
+        return self.issue_proxy(cn, current.service_account, now, public_key=key)
+
+    def workload_chain(self, proxy: CertificateRecord, now: dt.datetime) -> bytes:
+        """``proxy``'s own workload certificate (PEM chain) for its key, ending with it:
+        signed afresh on each call, never recorded; renewed with the proxy certificate."""
+        if proxy.kind != CertificateKind.PROXY:
+            raise InvalidRequest("kind", f"{proxy.common_name} is not a proxy certificate")
+        workload = self.issue_workload(
+            MeshService(proxy.namespace, proxy.service),
+            proxy.service_account,
+            leaf_public_key(proxy.cert_chain_pem),
+            now,
+            proxy.not_after,
+        )
+        return self.chain_pem(workload)
 
     def _sign(
         self,

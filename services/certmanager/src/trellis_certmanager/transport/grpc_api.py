@@ -11,7 +11,8 @@ answer to the caller that asked for them, and only service keys: a proxy certifi
 issued for the proxy's CSR, so its record has no key and ``private_key_pem`` is empty.
 ``GetCertificateInfo``, which consumers call when the ``certificates`` signal rings,
 answers metadata only, as does ``ListRevokedCertificates`` (called on the signal's kind
-``revoked``).
+``revoked``). Both, and ``GetCertificate``, read the store (the signal may come from
+another replica, and reach the caller first), and memory only while Redis is away.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
 
     @rpc(grpc_requests.common_name, statuses=_STATUSES)
     async def GetCertificate(self, common_name: str, context: Context) -> pb.Certificate:
-        return self._certificate(self._manager.get(common_name))
+        return self._certificate(await self._manager.lookup(common_name, wanted=True))
 
     @rpc(grpc_requests.common_name, statuses=_STATUSES)
     async def RotateCertificate(self, common_name: str, context: Context) -> pb.Certificate:
@@ -215,14 +216,14 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
 
     @rpc(grpc_requests.common_name, statuses=_STATUSES)
     async def GetCertificateInfo(self, common_name: str, context: Context) -> pb.CertificateInfo:
-        return info(self._manager.peek(common_name))
+        return info(await self._manager.lookup(common_name))
 
     @rpc(grpc_requests.revoked_filter)
     async def ListRevokedCertificates(
         self, common_name: str, context: Context
     ) -> pb.ListRevokedCertificatesResponse:
         return pb.ListRevokedCertificatesResponse(
-            revoked=[revoked(r) for r in self._manager.revocations.list(common_name)]
+            revoked=[revoked(r) for r in await self._manager.revocations.current(common_name)]
         )
 
     @rpc(_nothing)
@@ -230,7 +231,7 @@ class CertificateManagerServicer(pb_grpc.CertificateManagerServicer):
         self, asked: None, context: Context
     ) -> pb.ListRevokedComponentCertificatesResponse:
         certs = self._identities.certs if self._identities is not None else None
-        revoked = list(certs.revoked.values()) if certs is not None else []
+        revoked = await certs.current_revoked() if certs is not None else []
         return pb.ListRevokedComponentCertificatesResponse(
             revoked=[
                 pb.RevokedComponentCertificate(

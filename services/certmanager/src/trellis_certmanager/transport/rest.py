@@ -82,7 +82,7 @@ def add_routes(
     @router.get("/certificates/{common_name}")
     async def get_certificate(common_name: str) -> dict[str, Any]:
         try:
-            record = manager.get(common_name)
+            record = await manager.lookup(common_name, wanted=True)  # any replica's
         except NotFound as exc:
             raise HTTPException(404, str(exc)) from exc
         body = record.metadata()
@@ -111,7 +111,7 @@ def add_routes(
 
     @router.get("/revoked")
     async def revoked(common_name: str = "") -> dict[str, Any]:
-        return {"revoked": [r.metadata() for r in manager.revocations.list(common_name)]}
+        return {"revoked": [r.metadata() for r in await manager.revocations.current(common_name)]}
 
     @router.delete("/certificates/{common_name}", dependencies=[Depends(guard)], status_code=204)
     async def delete_rejected(common_name: str) -> None:
