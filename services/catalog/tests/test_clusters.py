@@ -1,4 +1,4 @@
-"""The clusters alone: one per service port, a new version only when its content moved."""
+"""The clusters alone: one per service port, versioned by a digest of its content."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from trellis_catalog.domain import services
 from trellis_catalog.domain.clusters import Clusters
+from trellis_catalog.domain.contentversion import cluster_version
 from trellis_catalog.domain.services import KnownService, ProvidedEndpoint, ProvidedService
 from trellis_common.model import MeshService
 
@@ -21,22 +22,29 @@ def index(*reports: ProvidedService) -> dict[MeshService, KnownService]:
     return services.index({}, reports)
 
 
-def test_each_port_is_a_cluster_at_version_one(report: Report, endpoint: Endpoint) -> None:
+def test_each_port_is_a_cluster_versioned_by_its_content(
+    report: Report, endpoint: Endpoint
+) -> None:
     clusters = Clusters()
     known = index(
         report("shop/api", endpoint("10.0.0.1", {"http": 8080, "grpc": 9090}), ports=TWO_PORTS)
     )
     assert clusters.rebuild([API], known, "cluster.local") == {"shop/api|80", "shop/api|9090"}
     http = clusters.states["shop/api|80"]
-    assert (http.version, [(e.address, e.port) for e in http.endpoints]) == (
-        1,
-        [("10.0.0.1", 8080)],
-    )
+    assert [(e.address, e.port) for e in http.endpoints] == [("10.0.0.1", 8080)]
+    assert http.version == cluster_version(http)
+    assert len(http.version) == 16  # 64 bits, in hex
+    assert http.version != clusters.states["shop/api|9090"].version
     assert http.spiffe_ids == ()  # the endpoint names no account
     assert len(clusters.states) == 2
     # the same input again: nothing changed, nothing re-versioned
+    version = http.version
     assert clusters.rebuild([API], known, "cluster.local") == set()
-    assert clusters.states["shop/api|80"].version == 1
+    assert clusters.states["shop/api|80"].version == version
+    # another replica (another Clusters) fed the same report: the same version
+    other = Clusters()
+    other.rebuild([API], known, "cluster.local")
+    assert other.states["shop/api|80"].version == version
 
 
 def test_a_moved_endpoint_re_versions_only_its_services_clusters(
@@ -46,11 +54,15 @@ def test_a_moved_endpoint_re_versions_only_its_services_clusters(
     api = report("shop/api", endpoint("10.0.0.1", {"http": 8080}))
     web = report("shop/web", endpoint("10.0.0.2", {"http": 8080}))
     clusters.rebuild([API, WEB], index(api, web), "cluster.local")
+    before = {name: state.version for name, state in clusters.states.items()}
     moved = report("shop/api", endpoint("10.0.0.9", {"http": 8080}))
     # only API is in scope, as when one provider changed one service
     assert clusters.rebuild([API], index(moved, web), "cluster.local") == {"shop/api|80"}
-    assert clusters.states["shop/api|80"].version == 2
-    assert clusters.states["shop/web|80"].version == 1
+    assert clusters.states["shop/api|80"].version != before["shop/api|80"]
+    assert clusters.states["shop/web|80"].version == before["shop/web|80"]
+    # moved back: the content it had, the version it had
+    assert clusters.rebuild([API], index(api, web), "cluster.local") == {"shop/api|80"}
+    assert clusters.states["shop/api|80"].version == before["shop/api|80"]
 
 
 def test_a_service_that_went_away_takes_its_clusters(report: Report, endpoint: Endpoint) -> None:
@@ -68,11 +80,12 @@ def test_a_new_trust_domain_rebuilds_every_cluster(report: Report, endpoint: End
         report("shop/web", endpoint("10.0.0.2", {"http": 8080}, service_account="web")),
     )
     clusters.rebuild([API, WEB], known, "cluster.local")
+    before = clusters.states["shop/web|80"].version
     assert clusters.states["shop/api|80"].spiffe_ids == ("spiffe://cluster.local/ns/shop/sa/api",)
     # nothing is in scope, but every SPIFFE id changed
     assert clusters.rebuild([], known, "example.org") == {"shop/api|80", "shop/web|80"}
     assert clusters.states["shop/web|80"].spiffe_ids == ("spiffe://example.org/ns/shop/sa/web",)
-    assert clusters.states["shop/web|80"].version == 2
+    assert clusters.states["shop/web|80"].version != before
 
 
 def test_a_rebuild_after_one_endpoint_moved_keeps_the_others(

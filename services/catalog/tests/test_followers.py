@@ -461,3 +461,56 @@ def test_proxies_that_are_gone_are_pruned() -> None:
     assert catalog.proxies == {}
     catalog.flush()
     assert catalog.identities() == []
+
+
+async def test_replicas_of_a_provider_are_one_provider_and_a_failover_costs_no_grace(
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    provider: FakeProvider,
+    provider_address: str,
+) -> None:
+    """``endpoints-vm`` and ``endpoints-vm-2`` report the same services: followed as one
+    provider, their endpoints are not doubled, and the first one's death moves the catalog
+    to the other at once, with every endpoint kept and no grace period started."""
+    provider.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
+    standby = FakeProvider()
+    standby.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
+    now = [1000.0]
+    health = Health()
+    catalog = Catalog(_announce, health=health)
+    follower = ProviderFollower(catalog, redis_client, health, grace=30, clock=lambda: now[0])
+    first = ServiceRecord.create(
+        kind=KIND, name="endpoints-vm", grpc_address=provider_address, started_at=1.0
+    )
+    await redis_client.set(registry_key(KIND, first.name), first.to_json())
+    async with serving(
+        lambda s: epb_grpc.add_EndpointsProviderServicer_to_server(standby, s)
+    ) as address:
+        second = ServiceRecord.create(
+            kind=KIND, name="endpoints-vm-2", grpc_address=address, started_at=2.0
+        )
+        await redis_client.set(registry_key(KIND, second.name), second.to_json())
+        async with following(redis_server.url, health, follower):
+            assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]  # not twice
+            assert set(follower.providers) == {"endpoints-vm"}
+            assert catalog.providers() == {"endpoints-vm"}
+            assert standby.calls["ListServices"] == 0  # followed through the senior one
+
+            # a change the standby replica signals is fetched through the one followed
+            provider.set(service("shop", "orders", endpoint("10.0.0.9", "orders")))
+            await Publisher(redis_client, sender="endpoints-vm-2").publish(
+                "endpoints", "changed", "shop/orders"
+            )
+            await eventually(lambda: addresses(catalog, "shop", "orders") == ["10.0.0.9"])
+
+            # the first replica dies (its key expires, no ``down``): the other takes over
+            standby.set(service("shop", "orders", endpoint("10.0.0.9", "orders")))
+            await redis_client.delete(registry_key(KIND, first.name))
+            await follower.sweep()
+            await follower.resync("registry")
+            assert follower.providers["endpoints-vm"].record.name == "endpoints-vm-2"
+            assert follower.providers["endpoints-vm"].missing_since is None
+            assert "provider endpoints-vm" not in health.loops.down()
+            assert standby.calls["ListServices"] == 1  # the replica followed next, in full
+            assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
+            assert addresses(catalog, "shop", "orders") == ["10.0.0.9"]

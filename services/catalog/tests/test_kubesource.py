@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -143,6 +144,61 @@ async def test_documents_of_monitored_namespaces_reach_the_catalog_with_their_st
     fixed = accepted(api_server, "bad")
     assert fixed is not None
     assert (fixed["reason"], fixed["observedGeneration"]) == ("Accepted", 2)
+
+
+def _seen_accepted(source: KubeSource, name: str) -> bool:
+    """``source``'s informer holds the split ``name`` with an Accepted condition."""
+    for informer in source.informers.values():
+        for (_, found), obj in informer.objects.items():
+            if found == name and any(
+                c.get("type") == "Accepted"
+                for c in (obj.get("status") or {}).get("conditions") or []
+            ):
+                return True
+    return False
+
+
+async def test_two_replicas_write_the_same_status_without_fighting(crds: Any) -> None:
+    """Two catalogs (active-active) read the same objects and write the same status: an
+    object is written at most once by each, and once both have seen it, neither writes it
+    again (the content is the same: no write), whoever wrote it."""
+    api_server, api = crds
+    core: Any = client.CoreV1Api(api)
+    custom: Any = client.CustomObjectsApi(api)
+    await call(core.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
+    replicas = []
+    stop = asyncio.Event()
+    for _ in range(2):
+        catalog = Catalog(announce)
+        found = KubeSource(
+            api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5
+        )
+        replicas.append((catalog, found, asyncio.create_task(found.run(stop))))
+    try:
+        await create(custom, "shop", split("good", "cart"))
+        await create(custom, "shop", split("bad", "Not A Name!"))
+        for _, found, _ in replicas:
+            for name in ("good", "bad"):
+                await eventually(functools.partial(_seen_accepted, found, name), timeout=10)
+        writes = [found.status_writes for _, found, _ in replicas]
+        assert all(w <= 2 for w in writes)  # each object at most once per replica
+        assert sum(writes) >= 2
+        revision = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+                    for o in api_server.objects(*SPLITS[::2])}  # fmt: skip
+
+        for catalog, found, _ in replicas:  # each evaluates again, as on any change
+            await found.write_statuses(catalog.spec.statuses)
+
+        assert [found.status_writes for _, found, _ in replicas] == writes
+        after = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+                 for o in api_server.objects(*SPLITS[::2])}  # fmt: skip
+        assert after == revision
+        bad = accepted(api_server, "bad")
+        assert bad is not None
+        assert (bad["status"], bad["reason"]) == ("False", "Invalid")
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*(task for _, _, task in replicas)), 10)
 
 
 MESH_CONFIG = """

@@ -172,13 +172,13 @@ def test_cluster_spiffe_ids_come_from_the_endpoints_service_accounts(
     )
     known = services.index({}, [reported])[API]
 
-    state = services.cluster(known, known.ports[0], "example.org", version=3)
+    state = services.cluster(known, known.ports[0], "example.org", version="v3")
     assert state.spiffe_ids == (
         "spiffe://example.org/ns/shop/sa/api",
         "spiffe://example.org/ns/shop/sa/api-canary",
     )
     assert state.ref.mesh_tls
-    assert state.version == 3
+    assert state.version == "v3"
     assert [e.address for e in state.endpoints] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
 
 

@@ -14,6 +14,23 @@ does not re-version a view: certificates reach proxy-cp from certmanager, on one
 A flush runs in steps (between services and between identities) and gives the event loop
 back every :data:`STEP_SECONDS` of work, so a full build never stalls the APIs.
 
+Replicas run active-active: each computes the same views from the same inputs (the spec,
+the providers' reports, certmanager's proxy records: each replica follows them all), and
+every version a consumer compares (views, clusters, destinations) is a digest of the
+content (:mod:`~trellis_catalog.domain.contentversion`), equal on every replica and across
+restarts. Only the cursor is a replica's own: another's gets a full listing, from which
+proxy-cp refetches only the identities whose version differs from the one it holds. Both
+replicas announce each change on ``views``; the second announce lists nothing new (or, on
+the other replica, what that one now has), so a consumer does no work twice. The rule for
+a replica that lags (it applied an input a moment after the other): versions carry no
+order, so a consumer that switched to it in that moment may take the older view, then the
+newer one on its next flush, which signals again; the flap lasts one flush of the lagging
+replica, and is accepted rather than ordered by input revisions (the spec directory has
+none; issue 35 redesigns the contract). What a replica knows alone: the proxies connected
+to the proxy-cps that talk to it (``RegisterProxy``; a proxy-cp registers them all again
+with a replica it switches to), and, while the proxies of one identity run under several
+accounts, which was established first (onboarding order as this replica heard it).
+
 :class:`Catalog` is the façade over the parts, each its own domain module:
 :class:`~trellis_catalog.domain.reports.ProviderReports` (the provider merge),
 :class:`~trellis_catalog.domain.proxies.Proxies` (the proxy registry),

@@ -14,6 +14,13 @@ follower of both topics:
 * A registry ``up`` of a provider lists it at once: a new provider pod is found with no
   configuration. ``down`` starts its grace period.
 
+Replicas of one provider (``endpoints-vm`` and ``endpoints-vm-2``: the registry names
+instances) are one provider (:func:`provider_of`): the catalog follows it through one live
+replica, the longest-running, and a signal from any replica fetches from the one followed.
+A replica that dies or hands over its leadership is no provider leaving: while another
+replica is in the registry the provider is live, so a failover costs no grace period and
+drops no endpoint; the replica followed next is listed in full.
+
 What a provider reports is validated record by record (:mod:`.provider_reports`): a
 service or endpoint that fails is rejected with its reason (``/v1/status``, the
 ``trellis_rejected_records_total`` metric) and skipped; the rest flows.
@@ -45,6 +52,7 @@ from trellis_catalog.catalog import Catalog
 from trellis_catalog.clients import provider_reports
 from trellis_catalog.clients.provider_reports import InvalidReport, from_proto
 from trellis_catalog.domain.services import ProvidedService
+from trellis_common import components
 from trellis_common.events import Follower
 from trellis_common.follow import describe
 from trellis_common.health import Health, Loop
@@ -67,6 +75,18 @@ def _plaintext(address: str, kind: str) -> grpc.aio.Channel:
 
 
 PROVIDER_COMPONENTS = ("endpoints-vm", "endpoints-k8s")
+
+
+def provider_of(instance: str) -> str:
+    """The provider an instance's registry name stands for: replicas of one component
+    (``endpoints-vm-2``, as ``trellis up --replicas`` and the chart's pods name them) are
+    one provider, ``endpoints-vm``, which reports one set of services whichever replica
+    answers. Any other name (a provider of another make) is a provider of its own."""
+    try:
+        component = components.of_instance(instance)
+    except components.UnknownComponent:
+        return instance
+    return component if component in PROVIDER_COMPONENTS else instance
 
 
 def provider_component(record: ServiceRecord) -> str:
@@ -141,14 +161,14 @@ class ProviderFollower(Follower):
                     services = {}
                     await self._registry(event)
                 else:
-                    services[(event.sender, event.key)] = event
+                    services[(provider_of(event.sender), event.key)] = event
             await self._fetch_all(services.values())
 
     async def _fetch_all(self, events: Iterable[Event]) -> None:
         pending = list(events)
-        for event in [e for e in pending if e.sender not in self.providers]:
+        for event in [e for e in pending if provider_of(e.sender) not in self.providers]:
             await self._service(event)  # lists an unknown provider: once, not concurrently
-        known = [e for e in pending if e.sender in self.providers]
+        known = [e for e in pending if provider_of(e.sender) in self.providers]
         results = await asyncio.gather(*map(self._service, known), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -158,15 +178,13 @@ class ProviderFollower(Follower):
         kind, _, name = event.key.partition("/")
         if kind != KIND:
             return
-        if event.kind == "up":
-            found = (await self._discover()).get(name)
-            if found is not None:  # else it is gone again: the sweep sees to it
-                await self._list([found])
-        elif event.kind == "down":
-            self._missing(name)
+        live = await self._discover()  # a replica leaving is no provider leaving
+        found = live.get(provider_of(name))
+        if event.kind == "up" and found is not None:  # else it is gone again: the sweep
+            await self._list([found])  # a replica that took over lists it in full
 
     async def _service(self, event: Event) -> None:
-        name = event.sender
+        name = provider_of(event.sender)
         namespace, slash, key = event.key.partition("/")
         if not slash:
             self._health.rejections.reject(
@@ -235,8 +253,14 @@ class ProviderFollower(Follower):
     # -- helpers -------------------------------------------------------------------------
 
     async def _discover(self) -> dict[str, ServiceRecord]:
-        """The live providers; those followed but not live start or end their grace."""
-        live = {record.name: record for record in await discover(self._redis, KIND)}
+        """The live providers, each by one live replica's record (the one followed, while
+        it lives); those followed but not live start or end their grace."""
+        live: dict[str, ServiceRecord] = {}
+        for record in sorted(await discover(self._redis, KIND), key=_seniority):
+            name = provider_of(record.name)
+            followed = self.providers.get(name)
+            if name not in live or (followed is not None and followed.record.name == record.name):
+                live[name] = record
         for name in [n for n in self.providers if n not in live]:
             self._missing(name)
         now = self._clock()
@@ -250,11 +274,12 @@ class ProviderFollower(Follower):
         return live
 
     def _unlisted(self, record: ServiceRecord) -> bool:
-        known = self.providers.get(record.name)
+        known = self.providers.get(provider_of(record.name))
         return (
             known is None
             or known.missing_since is not None
             or known.record.grpc_address != record.grpc_address
+            or known.record.name != record.name  # another replica took over
         )
 
     def _missing(self, name: str) -> None:
@@ -269,28 +294,35 @@ class ProviderFollower(Follower):
         """List each provider in full; raise the first failure once all were tried."""
         failed: grpc.aio.AioRpcError | None = None
         for record in list(records):
+            name = provider_of(record.name)
             provider = await self._connect(record)
             try:
                 listed = await provider.stub.ListServices(pb.ListServicesRequest(), timeout=30)
             except grpc.aio.AioRpcError as exc:
                 provider.loop.down(describe(exc))
-                log.warning("provider.list_failed provider=%s error=%s", record.name, describe(exc))
+                log.warning(
+                    "provider.list_failed provider=%s instance=%s error=%s",
+                    name,
+                    record.name,
+                    describe(exc),
+                )
                 failed = failed or exc
                 continue
             accepted = [
                 report
-                for report in (self._convert(record.name, m) for m in listed.services)
+                for report in (self._convert(name, m) for m in listed.services)
                 if report is not None
             ]
             # rejections of services no longer listed are history, and so are their endpoints
             keys = {(m.info.service.namespace, m.info.service.name) for m in listed.services}
-            self._health.rejections.accept_all(_source(record.name), {f"{n}/{k}" for n, k in keys})
-            self._forget_unlisted(record.name, keys)
-            self.catalog.set_provider_services(record.name, accepted)
+            self._health.rejections.accept_all(_source(name), {f"{n}/{k}" for n, k in keys})
+            self._forget_unlisted(name, keys)
+            self.catalog.set_provider_services(name, accepted)
             provider.missing_since = None
             provider.loop.up()
             log.info(
-                "provider.synced provider=%s services=%d rejected=%d",
+                "provider.synced provider=%s instance=%s services=%d rejected=%d",
+                name,
                 record.name,
                 len(accepted),
                 len(listed.services) - len(accepted),
@@ -300,20 +332,31 @@ class ProviderFollower(Follower):
 
     async def _connect(self, record: ServiceRecord) -> _Provider:
         """The provider of ``record``, with one channel to its current address."""
-        known = self.providers.get(record.name)
+        name = provider_of(record.name)
+        known = self.providers.get(name)
         if known is not None and known.record.grpc_address == record.grpc_address:
             known.record = record
             return known
         if known is not None:
-            log.info("provider.moved provider=%s address=%s", record.name, record.grpc_address)
+            log.info(
+                "provider.moved provider=%s instance=%s address=%s",
+                name,
+                record.name,
+                record.grpc_address,
+            )
             await known.channel.close()
             loop = known.loop
         else:
-            log.info("provider.found provider=%s address=%s", record.name, record.grpc_address)
-            loop = self._health.loops.register(_source(record.name))
+            log.info(
+                "provider.found provider=%s instance=%s address=%s",
+                name,
+                record.name,
+                record.grpc_address,
+            )
+            loop = self._health.loops.register(_source(name))
         channel = self._factory(record.grpc_address, provider_component(record))
         provider = _Provider(record, channel, pb_grpc.EndpointsProviderStub(channel), loop)
-        self.providers[record.name] = provider
+        self.providers[name] = provider
         return provider
 
     def renewed(self) -> None:
@@ -353,6 +396,11 @@ class ProviderFollower(Follower):
         else:
             self._health.rejections.accept(_source(provider), key)
         return report
+
+
+def _seniority(record: ServiceRecord) -> tuple[float, str]:
+    """The longest-running replica first: the one a provider is followed through."""
+    return (record.started_at, record.name)
 
 
 def _source(provider: str) -> str:

@@ -3,8 +3,11 @@
 A cluster is one port of one known service with its endpoints and the SPIFFE ids its
 workloads present. Every view that references it shares it, so a provider's report moves
 one cluster's version and re-versions only the views that reference that cluster, without
-recomputing any policy. :meth:`Clusters.rebuild` refreshes the clusters of some services and
-says which names changed; :attr:`Clusters.states` is the read-only mapping of cluster name
+recomputing any policy. A cluster's version is a digest of its content
+(:func:`~.contentversion.cluster_version`): every catalog replica gives it the same one, and
+a cluster that moves back to what it was gets its old version back.
+:meth:`Clusters.rebuild` refreshes the clusters of some services and says which names
+changed; :attr:`Clusters.states` is the read-only mapping of cluster name
 to :class:`ClusterState` (a live ``MappingProxyType``: every view's version reads it, on the
 hot path of an endpoint change).
 """
@@ -15,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from trellis_catalog.domain import services as svc
+from trellis_catalog.domain.contentversion import cluster_version
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState
 from trellis_common.memo import Members
@@ -76,11 +80,8 @@ class Clusters:
         )
 
     def _next(self, state: ClusterState) -> ClusterState:
-        """``state`` as the cluster's next version (only the commit writes clusters, so the
-        version read here is still the current one when it does)."""
-        old = self._clusters.get(state.ref.name)
-        version = (old.version + 1) if old else 1
-        return ClusterState(state.ref, state.endpoints, state.spiffe_ids, version)
+        """``state`` with its content version."""
+        return ClusterState(state.ref, state.endpoints, state.spiffe_ids, cluster_version(state))
 
     def _commit(self, computed: list[tuple[MeshService, set[str], list[ClusterState]]]) -> set[str]:
         changed: set[str] = set()

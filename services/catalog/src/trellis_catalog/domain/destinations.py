@@ -13,22 +13,27 @@ Consumer routes (those of another namespace) hold only for clients in that names
 destination is one answer for every client, so it carries the producer's rules only.
 
 :class:`DestinationStore` versions them as the view store versions views: a destination's
-version moves when its record or one of its clusters does, one revision per flush, with a
-cursor (``"<epoch>-<revision>"``) a consumer passes back to learn what moved since.
+version is a digest of its record and of its clusters' content versions
+(:mod:`.contentversion`), the same on every catalog replica and across restarts, so it
+moves when, and only when, one of them does. The cursor (``"<epoch>-<revision>"``, one
+revision per flush that moved something) is the store's own, as the view store's is: a
+consumer passes it back to learn what moved since, and another replica's cursor gets a full
+listing.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from trellis_catalog.domain import contentversion
 from trellis_catalog.domain.gateway import AttachedRule
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService
 from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState, HttpMatch
+from trellis_catalog.domain.viewstore import new_epoch
 from trellis_common.model import MeshService, ServiceAccount
 
 __all__ = ["Destination", "DestinationStore", "ProfileRoute", "build", "opaque_ports"]
@@ -190,11 +195,10 @@ def build(
 
 class DestinationStore:
     def __init__(self, epoch: str | None = None) -> None:
-        self.epoch = epoch if epoch is not None else format(int(time.time() * 1000), "x")
+        self.epoch = epoch if epoch is not None else new_epoch()
         self.revision = 0
         self.records: dict[MeshService, Destination] = {}
         self.versions: dict[MeshService, str] = {}
-        self._keys: dict[MeshService, tuple[object, ...]] = {}
         self._changed_at: dict[MeshService, int] = {}
 
     @property
@@ -221,38 +225,39 @@ class DestinationStore:
     ) -> Steps[list[MeshService]]:
         """:meth:`update` in steps: records are computed and compared a step per service,
         then those that moved are committed under one revision in one go."""
-        moved: list[tuple[MeshService, Destination | None, tuple[object, ...]]] = []
+        moved: list[tuple[MeshService, Destination | None, str]] = []
         for service in sorted(set(scope), key=str):
             yield
             known = services.get(service)
             if known is None:
                 if service in self.records:
-                    moved.append((service, None, ()))
+                    moved.append((service, None, ""))
                 continue
             record = record_of(known)
-            key = (
-                record,
-                tuple(clusters[c].version if c in clusters else 0 for c in record.clusters),
+            version = contentversion.of(
+                (
+                    record,
+                    tuple(
+                        clusters[c].version if c in clusters else contentversion.ABSENT
+                        for c in record.clusters
+                    ),
+                )
             )
-            if self._keys.get(service) != key:
-                moved.append((service, record, key))
+            if self.versions.get(service) != version:
+                moved.append((service, record, version))
         changed = []
-        for service, new_record, new_key in moved:
+        for service, new_record, version in moved:
             changed.append(service)
             if new_record is None:
                 del self.records[service]
-                self._keys.pop(service, None)
                 self.versions.pop(service, None)
             else:
-                self._keys[service] = new_key
                 self.records[service] = new_record
+                self.versions[service] = version
         if changed:
             self.revision += 1
-            cursor = self.cursor
             for service in changed:
                 self._changed_at[service] = self.revision
-                if service in self.records:
-                    self.versions[service] = cursor
         return changed
 
     def since(self, cursor: str) -> tuple[str, bool, list[MeshService], list[MeshService]]:

@@ -247,7 +247,7 @@ def cluster(
     known: KnownService,
     port: PortSpec,
     trust_domain: str,
-    version: int = 0,
+    version: str = "",
     memo: ClusterEndpoints | None = None,
 ) -> ClusterState:
     ref = known.cluster_ref(port)

@@ -4,7 +4,8 @@ A view has two halves, like Envoy's CDS and EDS. :class:`IdentityPolicy` is what
 identity may reach and who may reach it, recomputed when the specification changes.
 :class:`ClusterState` is one service port's endpoints, shared by every view that references
 it and rebuilt when a provider reports a change. A view's version changes when either half
-does.
+does, and only then: versions are digests of the content (:mod:`.contentversion`), the
+same on every catalog replica.
 """
 
 from __future__ import annotations
@@ -296,7 +297,7 @@ class ClusterState:
     ref: ClusterRef
     endpoints: tuple[ClusterEndpoint, ...]
     spiffe_ids: tuple[str, ...]
-    version: int = 0
+    version: str = ""  # a digest of the rest (:mod:`.contentversion`); "": not versioned
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,21 +1,35 @@
 """The versions of the views: which identity's view changed, and under which version.
 
-A view is an identity's policy plus the clusters the policy references. Its version moves
-when the policy object is replaced (the recompute keeps the old object when the new one is
-equal) or when one of its clusters gets a new version; it does not move for anything else.
+A view is an identity's policy plus the clusters the policy references. Its version is a
+digest of that content (:mod:`.contentversion`): of the policy, and of the content versions
+of the clusters it names. So it moves when, and only when, the view's content does, and
+every catalog replica, fed the same inputs, gives every view the same version, before and
+after a restart: a consumer (proxy-cp) that switches replica, or follows one that
+restarted, refetches only the views that really differ.
 
-Versions are ``"<epoch>-<revision>"``: the revision counts the batches of changed views,
-and the epoch (the store's creation time, in hex milliseconds) makes sure a restarted
-catalog never hands out a version it used before. One batch, one revision: every view a
-flush changed gets the same version, announced together as a :class:`ViewBatch`.
+What is per replica is the cursor, ``"<epoch>-<revision>"``: the revision counts the
+batches of changed views, and the epoch (the store's creation time in hex milliseconds,
+then random hex, so two replicas started in the same millisecond still differ) tells a
+cursor of this store from another's. A cursor from another replica, or from before a
+restart, gets a full listing (every identity with its version), which the consumer
+compares with the versions it holds. One flush, one batch, one revision: every view a flush
+changed is announced together as a :class:`ViewBatch`.
+
+Versions carry no order. A replica that has not yet applied an input the other has (it
+heard the same signal a moment later) serves the older view, under the older content's
+version, until its next flush, which signals ``views`` again; a consumer that switched to
+it in that moment takes the older view and then the newer one. That flap is accepted:
+it lasts one flush of the lagging replica (see the catalog's module docstring).
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from trellis_catalog.domain import contentversion
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 
@@ -30,12 +44,11 @@ class ViewBatch:
 
 class ViewStore:
     def __init__(self, epoch: str | None = None) -> None:
-        self.epoch = epoch if epoch is not None else format(int(time.time() * 1000), "x")
+        self.epoch = epoch if epoch is not None else new_epoch()
         self.revision = 0
         self.versions: dict[Identity, str] = {}
-        # what the current version of each view was stamped for: its policy object and
-        # the versions of the clusters it references
-        self._view_key: dict[Identity, tuple[object, ...]] = {}
+        # each view's policy object and its digest, kept while the object is the same
+        self._policy_digests: dict[Identity, tuple[IdentityPolicy, str]] = {}
         self._referenced_by: dict[str, set[Identity]] = {}
         self._references: dict[Identity, tuple[str, ...]] = {}  # the clusters each view names
         # the revision at which each identity's view last changed (removals too)
@@ -109,35 +122,46 @@ class ViewStore:
         policies: Mapping[Identity, IdentityPolicy],
         clusters: Mapping[str, ClusterState],
     ) -> Steps[ViewBatch | None]:
-        """:meth:`stamp` in steps (of :data:`STEP` identities)."""
-        changed: list[Identity] = []
+        """:meth:`stamp` in steps (of :data:`STEP` identities); the new versions are
+        committed at the end, in one go."""
+        changed: list[tuple[Identity, str]] = []  # version "": removed
+        digests = contentversion.Digests()  # this pass's: the policies' parts, once each
         for position, identity in enumerate(sorted(touched)):
             if position % STEP == 0:
                 yield
             policy = policies.get(identity)
             if policy is None:
-                if self.versions.pop(identity, None) is not None:
-                    self._view_key.pop(identity, None)
-                    changed.append(identity)
+                if identity in self.versions:
+                    changed.append((identity, ""))
                 continue
-            key = (
-                id(policy),
-                tuple(clusters[n].version if n in clusters else 0 for n in policy.cluster_names),
+            held = self._policy_digests.get(identity)
+            if held is None or held[0] is not policy:
+                held = (policy, digests.policy(policy))
+                self._policy_digests[identity] = held
+            version = contentversion.of(
+                (
+                    held[1],
+                    tuple(
+                        clusters[n].version if n in clusters else contentversion.ABSENT
+                        for n in policy.cluster_names
+                    ),
+                )
             )
-            if self._view_key.get(identity) != key:
-                self._view_key[identity] = key
-                changed.append(identity)
+            if self.versions.get(identity) != version:
+                changed.append((identity, version))
         if not changed:
             return None
         self.revision += 1
-        version = f"{self.epoch}-{self.revision}"
-        stamped = []
-        for identity in changed:
-            text = str(identity)
-            self._changed_at[text] = self.revision
-            if identity in policies:
+        for identity, version in changed:
+            self._changed_at[str(identity)] = self.revision
+            if version:
                 self.versions[identity] = version
-                stamped.append((text, version))
             else:
-                stamped.append((text, ""))
-        return ViewBatch(self.revision, tuple(stamped))
+                del self.versions[identity]
+                self._policy_digests.pop(identity, None)
+        return ViewBatch(self.revision, tuple((str(i), v) for i, v in changed))
+
+
+def new_epoch() -> str:
+    """A store's epoch: its creation time in hex milliseconds, then 32 random bits in hex."""
+    return format(int(time.time() * 1000), "x") + secrets.token_hex(4)

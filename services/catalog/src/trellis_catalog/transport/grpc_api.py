@@ -2,7 +2,10 @@
 
 Consumers follow views on the one event path: the Redis signal ``views`` rings after a
 flush, and they ask ``ListViewVersions(since=<their cursor>)`` what changed, then
-``GetView`` for the identities they want.
+``GetView`` for the identities they want. Every version in an answer (a view's, a
+cluster's, a destination's) is a digest of its content, the same from every catalog
+replica; the cursors and the ``revision`` fields are the answering replica's own (see
+:mod:`trellis_catalog.catalog`).
 
 Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
 service's :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
@@ -181,7 +184,7 @@ class ClusterProtos:
             endpoints=self._endpoints.convert((ref.name, accounts), state.endpoints),
             spiffe_ids=state.spiffe_ids,
             mesh_tls=ref.mesh_tls,
-            version=str(state.version),
+            version=state.version,
             subject_alt_names=ref.subject_alt_names,
             connection=_connection(ref.connection) if ref.connection is not None else None,
         )
@@ -233,7 +236,7 @@ def to_proto(
     cluster = protos or ClusterProtos()
     certificate = catalog.certificates.get(identity)
     clusters = [
-        (reachable(catalog.clusters.get(ref.name, ClusterState(ref, (), (), 0)), ref), ref.accounts)
+        (reachable(catalog.clusters.get(ref.name, ClusterState(ref, (), ())), ref), ref.accounts)
         for ref in policy.clusters
     ]
     return pb.View(

@@ -9,6 +9,15 @@ identity missing from it is refetched too (it may have become unknown, which sti
 outbound view). The cursor is stored only once every refetch succeeded, so a failed fetch
 (the hub resyncs later, with backoff) misses nothing.
 
+The catalog may run as several replicas (active-active). A view's version is a digest of its
+content, the same from every replica, while a cursor is one replica's own: after the
+channel finds another replica, our cursor is foreign there and the listing is full, and the
+follower refetches only the wanted identities whose version differs from the one it holds
+(none, if nothing changed), so nothing unchanged is handed on or pushed again. Each replica
+announces each change: the second announce lists nothing new. A replica that has not yet
+applied a change may hand us an older view after a switch; its next flush announces, and
+we take the newer one (the catalog's module docstring states that rule).
+
 A :class:`CatalogClient` also answers the questions a stream asks when it opens: is this
 proxy expected (``ListProxies``, shared by many streams: :mod:`.expected`), and what is its
 view. And it tells the catalog which proxies are connected here (``RegisterProxy``). The
