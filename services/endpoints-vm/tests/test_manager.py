@@ -90,7 +90,9 @@ async def test_register_heartbeat_deregister_write_the_store(
     beaten = await manager.heartbeat("shop/vm-1")
     assert (beaten.registered_at, beaten.last_heartbeat) == (NOW, NOW + 5)
     assert await manager.keeper.write_behind()  # what the keeper's loop does at once
-    assert store.workloads == {"shop/vm-1": beaten}
+    assert store.workloads == {"shop/vm-1": registered}  # a heartbeat is not a record:
+    assert store.heartbeat_times == {"shop/vm-1": NOW + 5}  # it is kept beside it
+    assert await store.load(["shop/vm-1"]) == {"shop/vm-1": beaten}
     assert manager.registry.workloads["shop/vm-1"] == beaten
     assert manager.workloads() == [(beaten, True)]
 
@@ -358,8 +360,8 @@ async def test_gauges_read_the_current_state(
     await manager.register(make_workload("vm-2", services=("api", "web"), address="10.0.0.2"))
     assert gauges() == (2.0, 0.0, 2.0, 3.0)
 
-    clock.now = NOW + 10  # liveness is read when scraped; views change on expiry
-    assert gauges() == (1.0, 1.0, 2.0, 3.0)
+    clock.now = NOW + 10  # past vm-1's TTL: counted alive, as in the views, until judged
+    assert gauges() == (2.0, 0.0, 2.0, 3.0)
     await manager.expire_once()
     assert gauges() == (1.0, 1.0, 2.0, 2.0)
 
@@ -425,7 +427,7 @@ async def test_heartbeats_while_the_store_is_down_count_and_are_written_when_it_
     store.down = False
     assert await manager.keeper.recover() == 1
     assert manager.keeper.available
-    assert store.workloads["shop/vm-1"].last_heartbeat == NOW + 5
+    assert store.heartbeat_times["shop/vm-1"] == NOW + 5
     # one TTL of grace from the recovery, then the usual rule
     clock.now = NOW + 109.9
     assert await manager.expire_once() == 0

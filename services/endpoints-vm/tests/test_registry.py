@@ -228,22 +228,24 @@ def test_a_registration_already_past_its_ttl_is_not_an_endpoint(
     assert summary(changes) == [("shop/api", ["10.0.0.1"])]
 
 
-def test_a_heartbeat_brings_back_a_workload_left_out_before_expire_ran(
+def test_views_count_a_workload_past_its_ttl_until_expire_judges_it(
     registry: EndpointRegistry, make_workload: MakeWorkload
 ) -> None:
-    """Its TTL passed, another change recomputed the service (leaving it out), then it beat.
-
-    The heartbeat arrives before the periodic ``expire`` noticed the TTL: the workload must
-    still come back into its service.
-    """
+    """Its TTL passed and another change recomputed the service before the periodic
+    ``expire`` ran: the view still counts it (the verdict, not the clock, decides what a
+    view holds), and a heartbeat then keeps it with no flap. With replicas, a replica whose
+    clock says "past" may simply not have heard the heartbeats another replica did."""
     registry.upsert(make_workload("vm-1", address="10.0.0.1", ttl=10.0, last_heartbeat=NOW), NOW)
     changes = registry.upsert(make_workload("vm-2", address="10.0.0.2"), NOW + 12)
-    assert summary(changes) == [("shop/api", ["10.0.0.2"])]  # vm-1 is past its TTL
+    assert summary(changes) == [("shop/api", ["10.0.0.1", "10.0.0.2"])]
 
     _, changes = registry.heartbeat("shop/vm-1", NOW + 13)
-    assert summary(changes) == [("shop/api", ["10.0.0.1", "10.0.0.2"])]
+    assert changes == []
     assert registry.expire(NOW + 14) == ([], [])
     assert addresses(registry.views[key("api")]) == ["10.0.0.1", "10.0.0.2"]
+
+    changes, expired = registry.expire(NOW + 24)  # judged: out
+    assert (summary(changes), expired) == ([("shop/api", ["10.0.0.2"])], ["shop/vm-1"])
 
 
 # --- grace: the control plane could not persist heartbeats --------------------------------

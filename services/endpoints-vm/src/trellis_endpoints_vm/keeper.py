@@ -17,7 +17,10 @@ to that copy goes through one :class:`StoreKeeper`:
   is corrected by the flush.
 * After each recovery, and every ``check_interval``, it checks that Redis still holds every
   workload memory holds. A Redis that came back empty (or from an older copy) gets the
-  missing registrations rewritten, as certmanager refills its records.
+  missing registrations rewritten, as certmanager refills its records; with replicas, by
+  the leader only.
+* Heartbeats are written to the heartbeat hash only (the store's docstring says why), so a
+  replica never rewrites a registration it may not know the latest of.
 
 The store's state is a :class:`~trellis_common.health.Loop` (``workload-store``): down with
 the reason and the number of queued writes while Redis is unavailable, so ``/readyz`` and
@@ -66,6 +69,7 @@ class StoreKeeper:
         on_unavailable: Callable[[], None] = lambda: None,
         on_recovered: Callable[[], None] = lambda: None,
         backoff: Backoff = DEFAULT_BACKOFF,
+        refills: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
         self._current = current
@@ -76,13 +80,17 @@ class StoreKeeper:
         self._on_unavailable = on_unavailable
         self._on_recovered = on_recovered
         self._backoff = backoff
+        self._refills = refills  # with replicas, the leader alone restores a lost store
         self._io = asyncio.Lock()  # one write at a time, so a flush never overtakes a put
         self._wake = asyncio.Event()
         self._loop: Loop | None = None
         self.available = True
         self.reason = ""
         self.down_since = 0.0
-        self.pending: set[str] = set()
+        #: ids whose whole record memory holds is to be written (or deleted)
+        self.rewrites: set[str] = set()
+        #: ids whose heartbeat alone is to be written (the heartbeat hash: see the store)
+        self.beats: set[str] = set()
 
     # -- writes ----------------------------------------------------------------------
 
@@ -101,9 +109,15 @@ class StoreKeeper:
         the store is available. Returns whether the store is available (False: the write
         waits for Redis to come back, and the caller should hold the workload alive).
         """
-        self.pending.add(workload_id)
+        if workload_id not in self.rewrites:
+            self.beats.add(workload_id)
         self._wake.set()
         return self.available
+
+    @property
+    def pending(self) -> set[str]:
+        """Every id with a write queued, whole record or heartbeat."""
+        return self.rewrites | self.beats
 
     async def _write_now(
         self, workload_id: str, puts: Sequence[Workload], deletes: Sequence[str]
@@ -115,10 +129,11 @@ class StoreKeeper:
                         async with asyncio.timeout(self._timeout):
                             await self._store.write(puts, deletes)
                     except FAILURES as exc:
-                        self.pending.add(workload_id)  # the flush makes Redis match memory
+                        self.rewrites.add(workload_id)  # the flush makes Redis match memory
                         self._fail(exc)
                     else:
-                        self.pending.discard(workload_id)
+                        self.rewrites.discard(workload_id)
+                        self.beats.discard(workload_id)
                         return
         raise StoreUnavailable(self.explain())
 
@@ -143,7 +158,7 @@ class StoreKeeper:
     def _report(self) -> None:
         if self._loop is None:
             return
-        if self.available and not self.pending:
+        if self.available and not self.rewrites and not self.beats:
             self._loop.up()
             return
         reason = f"redis unavailable: {self.reason}"
@@ -165,7 +180,7 @@ class StoreKeeper:
                 self._wake.clear()  # before the work: a write queued meanwhile wakes the wait
                 delay = max(0.0, next_check - time.monotonic())
                 try:
-                    if self.pending:  # writes behind (heartbeats): a batch at a time
+                    if self.rewrites or self.beats:  # writes behind: a batch at a time
                         await self.write_behind()
                     elif delay == 0.0:
                         await self.refill_if_lost()
@@ -226,12 +241,14 @@ class StoreKeeper:
         return True
 
     async def flush(self) -> int:
-        """Write memory's state of every queued id, a chunk at a time."""
+        """Write memory's state of every queued id, a chunk at a time: whole records (or
+        deletes) first, then heartbeats, which only ever touch the heartbeat hash."""
         flushed = 0
-        while self.pending:
+        while self.rewrites:
             async with self._io:
-                batch = sorted(self.pending)[:CHUNK]
-                self.pending.difference_update(batch)
+                batch = sorted(self.rewrites)[:CHUNK]
+                self.rewrites.difference_update(batch)
+                self.beats.difference_update(batch)  # the record carries its heartbeat
                 puts, deletes = [], []
                 for workload_id in batch:
                     workload = self._current(workload_id)
@@ -243,13 +260,30 @@ class StoreKeeper:
                     async with asyncio.timeout(self._timeout):
                         await self._store.write(puts, deletes)
                 except BaseException:
-                    self.pending.update(batch)
+                    self.rewrites.update(batch)
+                    raise
+            flushed += len(batch)
+        while self.beats:
+            async with self._io:
+                batch = sorted(self.beats)[:CHUNK]
+                self.beats.difference_update(batch)
+                beats = [(w.id, w.last_heartbeat) for w in map(self._current, batch) if w]
+                try:
+                    async with asyncio.timeout(self._timeout):
+                        await self._store.beat(beats)
+                except BaseException:
+                    self.beats.update(batch)
                     raise
             flushed += len(batch)
         return flushed
 
     async def refill_if_lost(self) -> int:
-        """Rewrite the workloads Redis does not hold (it lost its data); returns how many."""
+        """Rewrite the workloads Redis does not hold (it lost its data); returns how many.
+
+        With replicas only the leader does (``refills``): a replica that has not yet heard
+        of another's deregistration would otherwise put the workload back."""
+        if not self._refills():
+            return 0
         async with self._io:
             async with asyncio.timeout(self._timeout):
                 missing = await self._store.missing(list(self._known()), self._extra())

@@ -11,14 +11,16 @@ from trellis_api import endpoints_pb2_grpc
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
 from trellis_common.kube import client as kube
+from trellis_common.leadership import elect_for
 from trellis_common.lifecycle import run_components
 from trellis_common.onboarding import TokenStore
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 from trellis_common.specdir import SpecChange, SpecDirectory
 from trellis_endpoints_vm.domain.declarations import from_documents
-from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
+from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.settings import EndpointsVmSettings
 from trellis_endpoints_vm.store import RedisWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
@@ -113,14 +115,21 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
     async def signal(kind: str, key: str) -> int:
         return await outbox.signal(TOPIC, kind, key)
 
+    async def notify(kind: str, workload_id: str) -> int:  # for the other replicas
+        return await outbox.signal(MIRROR, kind, workload_id)
+
+    # the TTL is judged by one replica: the leader (a Redis lock locally, a Lease in a pod)
+    leadership = elect_for(settings, redis=runtime.redis, health=runtime.health)
     metrics = EndpointMetrics(runtime.metrics)
     manager = EndpointsManager(
-        RedisWorkloadStore(runtime.redis),
+        RedisWorkloadStore(runtime.redis, min_replicas=settings.redis_min_replicas_ack),
         signal,
         metrics,
         rejections=runtime.health.rejections,
         store_timeout=settings.store_timeout,
         store_check_interval=settings.store_check_interval,
+        notify=notify,
+        leading=lambda: leadership.leading,
     )
     await manager.start()
     declarations = Declarations(settings, manager)
@@ -128,8 +137,10 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
     if declarations.directory is not None:
         metrics.document_errors.set_function(lambda: len(declarations.directory.errors()))  # type: ignore[union-attr]
     servicer = grpc_api.EndpointsProviderServicer(manager, runtime.health.rejections)
+    runtime.signals.follow(WorkloadFollower(manager, settings.instance_name))
     return Parts(
         components={
+            "leader election": leadership.run,
             "expiry sweep": lambda s: manager.run_expiry(s, settings.expiry_interval),
             "declarations": declarations.run,
             "store keeper": lambda s: manager.keeper.run(s, runtime.health.loops),

@@ -28,6 +28,15 @@ Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKee
   when Redis is back. A caller waits for its signals at most ``store_timeout`` (a frozen
   Redis answers nothing until the socket times out); the signal goes on in the background.
 
+Replicas (:mod:`trellis_endpoints_vm.replicas`): any replica takes registrations and
+heartbeats. Each change a replica makes to its registry is also signalled on the
+:data:`MIRROR` topic (key: the workload id; kinds ``changed``, ``expired``, ``revived``),
+and the other replicas read that workload back from Redis (:meth:`EndpointsManager.mirror`)
+or take the verdict (:meth:`EndpointsManager.verdict`), then signal their own view changes,
+so that whichever replica the catalog asks answers the same once the signals have passed.
+Only the leader (``leading``) judges expiry, with the heartbeats other replicas stored
+read back first: the TTL is judged once.
+
 Records that fail validation at load are skipped, and reported through ``rejections``
 (source ``redis``) until the workload registers again or is deregistered.
 """
@@ -38,8 +47,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
+
+from redis.exceptions import RedisError
 
 from trellis_common.health import Rejections
 from trellis_common.stored import Refused
@@ -60,6 +71,10 @@ Signal = Callable[[str, str], Awaitable[object]]
 TOPIC = "endpoints"
 CHANGED = "changed"
 REMOVED = "removed"
+#: The replicas' topic: which workload changed (kinds CHANGED, EXPIRED, REVIVED).
+MIRROR = "workloads"
+EXPIRED = "expired"
+REVIVED = "revived"
 REJECTION_SOURCE = "redis"
 
 __all__ = ["TOPIC", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
@@ -76,9 +91,13 @@ class EndpointsManager:
         rejections: Rejections | None = None,
         store_timeout: float = 2.0,
         store_check_interval: float = 5.0,
+        notify: Signal | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
         self._signal = signal
+        self._notify = notify  # the MIRROR topic, for the other replicas
+        self._leading = leading
         self._metrics = metrics
         self._clock = clock
         self._rejected = Refused(rejections, REJECTION_SOURCE)  # by workload id
@@ -95,6 +114,7 @@ class EndpointsManager:
             extra=lambda: len(self._rejected),
             on_unavailable=self._hold,
             on_recovered=self._release,
+            refills=leading,
         )
         #: Service views changed since this process started (for listings and status;
         #: the order consumers rely on is the signal's own revision).
@@ -149,7 +169,7 @@ class EndpointsManager:
                 workload.address,
                 workload.ttl,
             )
-        await self._send(signals)
+        await self._send(signals, [(CHANGED, workload.id)])
         return workload
 
     async def heartbeat(self, workload_id: str) -> Workload:
@@ -162,7 +182,7 @@ class EndpointsManager:
             if changes:
                 log.debug("workload.revived workload=%s", workload_id)
             signals = self._count(changes)
-        await self._send(signals)
+        await self._send(signals, [(REVIVED, workload_id)] if changes else [])
         return beaten
 
     async def deregister(self, workload_id: str) -> None:
@@ -179,7 +199,7 @@ class EndpointsManager:
             self._rejected.overwritten(workload_id)
             signals = self._count(self.registry.remove(workload_id, self._clock()))
             log.debug("workload.deregistered workload=%s", workload_id)
-        await self._send(signals)
+        await self._send(signals, [(CHANGED, workload_id)])
 
     def workload(self, workload_id: str) -> Workload | None:
         """The registration of ``workload_id``, if there is one."""
@@ -188,7 +208,7 @@ class EndpointsManager:
     def workloads(self) -> list[tuple[Workload, bool]]:
         now = self._clock()
         return [
-            (w, self.registry.is_alive(w, now)) for _, w in sorted(self.registry.workloads.items())
+            (w, self.registry.counted(w, now)) for _, w in sorted(self.registry.workloads.items())
         ]
 
     # -- the store's outages -------------------------------------------------------------
@@ -231,12 +251,87 @@ class EndpointsManager:
     # -- expiry ------------------------------------------------------------------------
 
     async def expire_once(self) -> int:
+        """Judge every workload's TTL, if this replica leads; returns the views changed.
+
+        Those about to expire have their heartbeats read back from the store first: one
+        another replica heard counts. A store that cannot say postpones the judgement."""
+        if not self._leading():
+            return 0
+        now = self._clock()
+        due = self.registry.due(now)
+        if due:
+            try:
+                async with asyncio.timeout(self._signal_timeout):
+                    heard = await self._store.heartbeats(due)
+            except (TimeoutError, OSError, RedisError) as exc:
+                log.warning("expiry.postponed due=%d reason=%s", len(due), type(exc).__name__)
+                return 0
         async with self._lock:
+            if due:
+                for workload_id, at in heard.items():
+                    self.registry.adopt(workload_id, at)
+            dead = self.registry.dead()
             changes, expired = self.registry.expire(self._clock())
             for workload_id in expired:
                 log.warning("workload.expired workload=%s reason=no-heartbeat", workload_id)
+            revived = sorted(dead - self.registry.dead() - set(expired))
             self._metrics.expirations.inc(len(expired))
             signals = self._count(changes)
+        verdicts = [(EXPIRED, i) for i in expired] + [(REVIVED, i) for i in revived]
+        await self._send(signals, verdicts)
+        return len(signals)
+
+    # -- the other replicas' changes ------------------------------------------------------
+
+    async def mirror(self, workload_ids: Iterable[str]) -> int:
+        """Read these workloads back from the store (another replica changed them) and take
+        what it holds; returns the views changed. Raises what the store raises."""
+        ids = sorted(set(workload_ids))
+        stored = await self._store.load(ids)
+        async with self._lock:
+            now = self._clock()
+            changes: list[Change] = []
+            for workload_id in ids:
+                changes += self._take(workload_id, stored.get(workload_id), now)
+            signals = self._count(changes)
+        await self._send(signals)
+        return len(signals)
+
+    async def mirror_all(self) -> int:
+        """Take everything the store holds (after missed signals); returns the views changed."""
+        loaded = await self._store.load_all()
+        async with self._lock:
+            now = self._clock()
+            stored = {w.id: w for w in loaded.records}
+            refused = {r.field for r in loaded.rejected}
+            changes: list[Change] = []
+            for workload_id in sorted(set(stored) | set(self.registry.workloads)):
+                if workload_id not in refused:
+                    changes += self._take(workload_id, stored.get(workload_id), now)
+            signals = self._count(changes)
+        await self._send(signals)
+        return len(signals)
+
+    def _take(self, workload_id: str, stored: Workload | None, now: float) -> list[Change]:
+        """Memory takes the store's state of one workload (under the lock). A write of
+        our own still queued for the store is ours to keep."""
+        if workload_id in self.keeper.rewrites:
+            return []
+        current = self.registry.workloads.get(workload_id)
+        if stored is None:
+            return [] if current is None else self.registry.remove(workload_id, now)
+        if current is not None and replace(current, last_heartbeat=0.0) == replace(
+            stored, last_heartbeat=0.0
+        ):
+            self.registry.adopt(workload_id, stored.last_heartbeat)
+            return []
+        self._rejected.overwritten(workload_id)
+        return self.registry.upsert(stored, now)
+
+    async def verdict(self, workload_id: str, alive: bool) -> int:
+        """The leader judged ``workload_id`` expired, or a replica heard it revive."""
+        async with self._lock:
+            signals = self._count(self.registry.judge(workload_id, alive, self._clock()))
         await self._send(signals)
         return len(signals)
 
@@ -269,7 +364,9 @@ class EndpointsManager:
         self._metrics.changes.inc(len(changes))
         return [(CHANGED if c.view is not None else REMOVED, str(c.key)) for c in changes]
 
-    async def _send(self, signals: list[tuple[str, str]]) -> None:
+    async def _send(
+        self, signals: list[tuple[str, str]], mirrored: Sequence[tuple[str, str]] = ()
+    ) -> None:
         """Signal each change; wait for it at most the store timeout.
 
         Called right after the lock is released (no await in between), so the tasks are
@@ -278,9 +375,11 @@ class EndpointsManager:
         holds up no other call. A signal Redis does not take is kept by the outbox; one
         that outlives the wait goes on in the background (and is kept if Redis refuses).
         """
-        if not signals:
+        if self._notify is None:
+            mirrored = ()
+        if not signals and not mirrored:
             return
-        task = asyncio.get_running_loop().create_task(self._send_all(signals))
+        task = asyncio.get_running_loop().create_task(self._send_all(signals, mirrored))
         self._signalling.add(task)
         task.add_done_callback(self._signalling.discard)
         done, _ = await asyncio.wait({task}, timeout=self._signal_timeout)
@@ -292,13 +391,21 @@ class EndpointsManager:
                 self._signal_timeout,
             )
 
-    async def _send_all(self, signals: list[tuple[str, str]]) -> None:
+    async def _send_all(
+        self, signals: list[tuple[str, str]], mirrored: Sequence[tuple[str, str]]
+    ) -> None:
         async with self._in_order:
             for kind, key in signals:
                 try:
                     await self._signal(kind, key)
                 except Exception:  # the outbox keeps what Redis refuses: anything else is a bug
                     log.exception("endpoints.signal_failed kind=%s service=%s", kind, key)
+            notify = self._notify
+            for kind, workload_id in mirrored if notify is not None else ():
+                try:
+                    await notify(kind, workload_id)  # type: ignore[misc]  # not None here
+                except Exception:
+                    log.exception("replicas.signal_failed kind=%s workload=%s", kind, workload_id)
 
     async def signalled(self) -> None:
         """Wait until every signal sent so far has been published or kept."""
@@ -310,9 +417,7 @@ class EndpointsManager:
 
         def alive() -> int:
             now = self._clock()
-            return sum(
-                1 for w in self.registry.workloads.values() if self.registry.is_alive(w, now)
-            )
+            return sum(1 for w in self.registry.workloads.values() if self.registry.counted(w, now))
 
         self._metrics.workloads.labels("alive").set_function(alive)
         self._metrics.workloads.labels("expired").set_function(

@@ -10,6 +10,20 @@ record's id) is left out of :attr:`Loaded.workloads` and listed in :attr:`Loaded
 with the place it lives (``<hash>[<field>]``) and why, for the manager to report. It stays
 in Redis until the workload registers again (the field is overwritten) or is deregistered.
 
+Heartbeats are kept apart, in a second hash (``...:heartbeats``, workload id → the time of
+its last heartbeat), because replicas write them: a registration is written by the replica
+that took it, a heartbeat by whichever replica heard it, so a heartbeat never rewrites a
+registration (a replica that has not yet heard of a re-registration or a deregistration
+cannot put back the old one). A record's time is the later of its own ``last_heartbeat``
+and the heartbeat hash's; a heartbeat whose workload is gone is ignored, and deleted with
+the workload or by :meth:`RedisWorkloadStore.prune_heartbeats`.
+
+Registrations and deletions are on ``min_replicas`` Redis replicas (``WAIT``, through
+:func:`trellis_common.redisconn.replicated`) before a write returns, so one that is
+acknowledged survives a failover; one that is not raises, and the keeper treats it as a
+write Redis did not take. Heartbeats are not waited for: the next one, a second later,
+makes up for one a failover lost.
+
 What a store does not do is wait: bounding and queueing writes across an outage is the
 :mod:`~trellis_endpoints_vm.keeper`'s job.
 """
@@ -22,7 +36,7 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from trellis_common import stored
+from trellis_common import redisconn, stored
 from trellis_endpoints_vm.domain import workloads
 
 log = logging.getLogger(__name__)
@@ -43,6 +57,19 @@ class WorkloadStore(Protocol):
     async def write(
         self, puts: Sequence[workloads.Workload], deletes: Sequence[str] = ()
     ) -> None: ...
+
+    async def beat(self, heartbeats: Sequence[tuple[str, float]]) -> None:
+        """Record heartbeats (workload id, time): only the heartbeat hash is written."""
+        ...
+
+    async def load(self, workload_ids: Sequence[str]) -> dict[str, workloads.Workload | None]:
+        """These workloads as stored now, with their last heartbeats (None: not stored, or
+        a record that does not parse)."""
+        ...
+
+    async def heartbeats(self, workload_ids: Sequence[str]) -> dict[str, float]:
+        """The last heartbeat stored for each of ``workload_ids`` that has one."""
+        ...
 
     async def load_all(self) -> Loaded: ...
 
@@ -66,9 +93,15 @@ def parse_record(field: str, raw: bytes | str) -> workloads.Workload:
 
 
 class RedisWorkloadStore:
-    def __init__(self, redis: aioredis.Redis, prefix: str = "trellis") -> None:
+    def __init__(
+        self, redis: aioredis.Redis, prefix: str = "trellis", *, min_replicas: int = 0
+    ) -> None:
         self._redis = redis
+        #: replicas that must have a registration or deletion before it is acknowledged
+        #: (``redis_min_replicas_ack``): a failover then cannot lose it
+        self._min_replicas = min_replicas
         self.key = f"{prefix}:endpoints-vm:workloads"
+        self.heartbeat_key = f"{prefix}:endpoints-vm:heartbeats"
 
     def location(self, field: str) -> str:
         """Where a record lives, as an operator would look for it."""
@@ -78,7 +111,49 @@ class RedisWorkloadStore:
         await self._redis.hset(self.key, workload.id, workloads.to_json(workload))
 
     async def delete(self, workload_id: str) -> None:
-        await self._redis.hdel(self.key, workload_id)
+        await self.write([], [workload_id])
+
+    async def beat(self, heartbeats: Sequence[tuple[str, float]]) -> None:
+        for start in range(0, len(heartbeats), CHUNK):
+            chunk = heartbeats[start : start + CHUNK]
+            await self._redis.hset(
+                self.heartbeat_key, mapping={workload_id: repr(at) for workload_id, at in chunk}
+            )
+
+    async def heartbeats(self, workload_ids: Sequence[str]) -> dict[str, float]:
+        if not workload_ids:
+            return {}
+        values = await self._redis.hmget(self.heartbeat_key, list(workload_ids))
+        return {
+            workload_id: at
+            for workload_id, raw in zip(workload_ids, values, strict=True)
+            if (at := _time(raw)) is not None
+        }
+
+    async def load(self, workload_ids: Sequence[str]) -> dict[str, workloads.Workload | None]:
+        if not workload_ids:
+            return {}
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(self.key, list(workload_ids))
+            pipe.hmget(self.heartbeat_key, list(workload_ids))
+            records, beats = await pipe.execute()
+        found: dict[str, workloads.Workload | None] = {}
+        for workload_id, raw, beat in zip(workload_ids, records, beats, strict=True):
+            try:
+                record = None if raw is None else parse_record(workload_id, raw)
+            except ValueError:
+                record = None  # reported where it is loaded in full (load_all)
+            found[workload_id] = None if record is None else _later(record, _time(beat))
+        return found
+
+    async def prune_heartbeats(self) -> int:
+        """Delete the heartbeats of workloads that are not stored; returns how many."""
+        registered = {_text(f) for f in await self._redis.hkeys(self.key)}
+        beating = {_text(f) for f in await self._redis.hkeys(self.heartbeat_key)}
+        orphans = sorted(beating - registered)
+        if orphans:
+            await self._redis.hdel(self.heartbeat_key, *orphans)
+        return len(orphans)
 
     async def write(self, puts: Sequence[workloads.Workload], deletes: Sequence[str] = ()) -> None:
         commands = [("put", w.id, workloads.to_json(w)) for w in puts]
@@ -90,10 +165,15 @@ class RedisWorkloadStore:
                         pipe.hset(self.key, field, value)
                     else:
                         pipe.hdel(self.key, field)
+                        pipe.hdel(self.heartbeat_key, field)
                 await pipe.execute()
+        if commands:
+            await redisconn.replicated(self._redis, replicas=self._min_replicas)
 
     async def load_all(self) -> Loaded:
-        return await stored.load_hash(self._redis, self.key, parse_record, "workload records")
+        loaded = await stored.load_hash(self._redis, self.key, parse_record, "workload records")
+        beats = await self.heartbeats([w.id for w in loaded.records])
+        return Loaded([_later(w, beats.get(w.id)) for w in loaded.records], loaded.rejected)
 
     async def missing(self, workload_ids: Collection[str], extra: int = 0) -> list[str]:
         if not workload_ids or await self._redis.hlen(self.key) >= len(workload_ids) + extra:
@@ -103,6 +183,21 @@ class RedisWorkloadStore:
 
     async def ping(self) -> None:
         await self._redis.ping()
+
+
+def _time(raw: bytes | str | None) -> float | None:
+    """A stored heartbeat time; anything that is not a number counts as none."""
+    try:
+        return None if raw is None else float(raw)
+    except ValueError:
+        return None
+
+
+def _later(workload: workloads.Workload, beat: float | None) -> workloads.Workload:
+    """``workload`` with the later of its own heartbeat and the stored one."""
+    if beat is None or beat <= workload.last_heartbeat:
+        return workload
+    return workload.beat(beat)
 
 
 def _text(value: bytes | str) -> str:

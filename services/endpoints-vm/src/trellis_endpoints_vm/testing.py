@@ -14,10 +14,12 @@ class InMemoryWorkloadStore:
 
     ``down`` makes every call raise ``ConnectionError`` (Redis unreachable); ``rejected``
     are records ``load_all`` reports as refused, as a Redis holding corrupt ones would.
+    Heartbeats are kept apart from the records, as in Redis (``heartbeats``).
     """
 
     def __init__(self) -> None:
         self.workloads: dict[str, Workload] = {}
+        self.heartbeat_times: dict[str, float] = {}
         self.rejected: list[Rejected] = []
         self.down = False
         self.writes = 0
@@ -39,12 +41,34 @@ class InMemoryWorkloadStore:
             self.workloads[workload.id] = workload
         for workload_id in deletes:
             self.workloads.pop(workload_id, None)
+            self.heartbeat_times.pop(workload_id, None)
         written = {w.id for w in puts} | set(deletes)  # a bad record is overwritten too
         self.rejected = [r for r in self.rejected if r.field not in written]
 
+    async def beat(self, heartbeats: Sequence[tuple[str, float]]) -> None:
+        self._check()
+        self.writes += 1
+        self.heartbeat_times.update(heartbeats)
+
+    async def heartbeats(self, workload_ids: Sequence[str]) -> dict[str, float]:
+        self._check()
+        return {i: self.heartbeat_times[i] for i in workload_ids if i in self.heartbeat_times}
+
+    async def load(self, workload_ids: Sequence[str]) -> dict[str, Workload | None]:
+        self._check()
+        return {i: self._merged(i) for i in workload_ids}
+
+    def _merged(self, workload_id: str) -> Workload | None:
+        workload = self.workloads.get(workload_id)
+        beat = self.heartbeat_times.get(workload_id)
+        if workload is None or beat is None or beat <= workload.last_heartbeat:
+            return workload
+        return workload.beat(beat)
+
     async def load_all(self) -> Loaded:
         self._check()
-        return Loaded(list(self.workloads.values()), list(self.rejected))
+        merged = [self._merged(i) for i in self.workloads]
+        return Loaded([w for w in merged if w is not None], list(self.rejected))
 
     async def missing(self, workload_ids: Collection[str], extra: int = 0) -> list[str]:
         self._check()

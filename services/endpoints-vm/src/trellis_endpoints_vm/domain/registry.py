@@ -12,8 +12,16 @@ owes it a *grace*: when its heartbeats cannot be persisted (Redis is down), the 
 it one more TTL from then; and after endpoints-vm's own restart every workload gets one TTL
 from then (:meth:`~EndpointRegistry.restarted`), since its heartbeats could not arrive
 meanwhile (if it had beaten within two TTLs). A workload never expires because the control
-plane could not write or was not there to hear it. Every liveness check here goes through
-:meth:`~EndpointRegistry.is_alive`, so views, expiry and listings agree.
+plane could not write or was not there to hear it.
+
+Judging and counting are apart. :meth:`~EndpointRegistry.expire` *judges* by the clock
+(:meth:`~EndpointRegistry.is_alive`) and records a verdict per workload; views and
+listings *count* by the verdict (:meth:`~EndpointRegistry.counted`), so views, expiry and
+listings agree. A registration, a heartbeat that revives, a grace, and another replica's
+verdict (:meth:`~EndpointRegistry.judge`) also set it. With replicas, only the leader
+judges (its heartbeats heard by other replicas are adopted first:
+:meth:`~EndpointRegistry.adopt`), and the others take its verdicts: a workload whose
+heartbeats reach one replica is never taken out by another's clock.
 """
 
 from __future__ import annotations
@@ -94,17 +102,50 @@ class EndpointRegistry:
         return self._recompute(self._touched_by(old), now)
 
     def heartbeat(self, workload_id: str, now: float) -> tuple[Workload, list[Change]]:
+        """A heartbeat at ``now``: the changes are those of a revival (none if it was
+        counted alive already)."""
         current = self.workloads.get(workload_id)
         if current is None:
             raise UnknownWorkload(workload_id)
-        beaten = current.beat(now)
+        beaten = current.beat(max(now, current.last_heartbeat))
         self.workloads[workload_id] = beaten
-        # Past its TTL, it may already be out of its views (any recompute leaves it out)
-        # even if expire() has not run yet: then recompute, as for a revival.
-        if self._alive.get(workload_id) and self.is_alive(current, now):
+        if self._alive.get(workload_id):
             return beaten, []
         self._alive[workload_id] = True
         return beaten, self._recompute(self._touched_by(beaten), now)
+
+    def adopt(self, workload_id: str, last_heartbeat: float) -> bool:
+        """A heartbeat another replica heard (read back from the store): the time is kept
+        for the next judgement, the verdict stays. Returns whether it was newer."""
+        current = self.workloads.get(workload_id)
+        if current is None or last_heartbeat <= current.last_heartbeat:
+            return False
+        self.workloads[workload_id] = current.beat(last_heartbeat)
+        return True
+
+    def judge(self, workload_id: str, alive: bool, now: float) -> list[Change]:
+        """Take the leader's verdict on ``workload_id`` (expired, or revived elsewhere)."""
+        current = self.workloads.get(workload_id)
+        if current is None or self._alive.get(workload_id) == alive:
+            return []
+        self._alive[workload_id] = alive
+        if alive:
+            self.workloads[workload_id] = current.beat(max(now, current.last_heartbeat))
+        return self._recompute(self._touched_by(current), now)
+
+    def due(self, now: float) -> list[str]:
+        """The workloads counted alive that :meth:`expire` would take out at ``now``."""
+        return [
+            workload_id
+            for workload_id, workload in self.workloads.items()
+            if workload.ttl is not None
+            and self._alive.get(workload_id)
+            and not self.is_alive(workload, now)
+        ]
+
+    def dead(self) -> set[str]:
+        """The workloads counted dead now."""
+        return {workload_id for workload_id, alive in self._alive.items() if not alive}
 
     def expire(self, now: float) -> tuple[list[Change], list[str]]:
         """Take out workloads whose heartbeats stopped; returns the changes and who expired."""
@@ -127,8 +168,15 @@ class EndpointRegistry:
     # -- grace: liveness the control plane owes a workload -----------------------------
 
     def is_alive(self, workload: Workload, now: float) -> bool:
-        """Alive by its own heartbeats, or within a grace granted by :meth:`release`."""
+        """Alive by its own heartbeats, or within a grace granted by :meth:`release`: the
+        judgement :meth:`expire` makes."""
         return workload.alive(now) or now < self._grace.get(workload.id, -math.inf)
+
+    def counted(self, workload: Workload, now: float) -> bool:
+        """Whether views count ``workload``: its last verdict (the clock's for one judged
+        never yet)."""
+        verdict = self._alive.get(workload.id)
+        return self.is_alive(workload, now) if verdict is None else verdict
 
     def hold(self, now: float, workload_ids: Iterable[str] | None = None) -> int:
         """Keep alive, until :meth:`release`, these workloads (default: every alive one).
@@ -238,7 +286,7 @@ class EndpointRegistry:
         members = [self.workloads[i] for i in sorted(self._by_service.get(key, ()))]
         if entry is None and not members:
             return None
-        alive = (w for w in members if self.is_alive(w, now))
+        alive = (w for w in members if self.counted(w, now))
         endpoints = self._endpoints.convert(key, alive)
         if entry is not None:
             info = entry.info(key.name)
@@ -258,7 +306,7 @@ class EndpointRegistry:
         for workload in self.workloads.values():
             if (
                 workload.namespace == entry.namespace
-                and self.is_alive(workload, now)
+                and self.counted(workload, now)
                 and entry.selects(workload.label_map())
             ):
                 found.append(

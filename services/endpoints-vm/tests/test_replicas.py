@@ -1,0 +1,217 @@
+"""Two replicas of endpoints-vm on one real Redis, as ``trellis up --replicas
+endpoints-vm=2`` and the chart run them: each signals its changes through a real Outbox
+and follows the other's through a real Signals hub, as ``main`` wires them, logged in as
+endpoints-vm's own Redis user. One clock for both; ``leads`` says which one judges TTLs.
+
+What must hold: either replica takes registrations and heartbeats and both answer the
+same; the TTL is judged once, by the leader, counting heartbeats the other heard; a
+heartbeat never puts back a registration that is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+import redis.asyncio
+from prometheus_client import CollectorRegistry
+
+from trellis_common.events import Outbox, Signals
+from trellis_common.health import Health
+from trellis_common.signaling import Publisher
+from trellis_common.subscriber import redis_without_retries
+from trellis_common.testing import RedisServer, eventually
+from trellis_endpoints_vm.domain.views import ServiceKey
+from trellis_endpoints_vm.domain.workloads import Workload
+from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
+from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_endpoints_vm.replicas import WorkloadFollower
+from trellis_endpoints_vm.store import RedisWorkloadStore
+
+MakeWorkload = Callable[..., Workload]
+API = ServiceKey("shop", "api")
+TTL = 10.0
+
+
+@dataclass
+class Clock:
+    now: float = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Replica:
+    name: str
+    manager: EndpointsManager
+    health: Health
+    leads: list[bool] = field(default_factory=lambda: [False])
+    signalled: list[tuple[str, str]] = field(default_factory=list)  # topic endpoints
+
+    def leading(self) -> bool:
+        return self.leads[0]
+
+    def addresses(self) -> list[str] | None:
+        view = self.manager.view(API)
+        return None if view is None else [e.address for e in view.endpoints]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def replicas(
+    redis_server: RedisServer, redis_client: redis.asyncio.Redis, clock: Clock
+) -> AsyncIterator[tuple[Replica, Replica]]:
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    made: list[Replica] = []
+    clients = []
+    for name in ("endpoints-vm", "endpoints-vm-2"):
+        health = Health()
+        client = redis_without_retries(redis_server.target("endpoints-vm"), socket_timeout=1.0)
+        clients.append(client)
+        outbox = Outbox(Publisher(client, sender=name), health)
+        replica = Replica(name, None, health)  # type: ignore[arg-type]  # set just below
+
+        def sender(topic: str, replica: Replica = replica, outbox: Outbox = outbox) -> object:
+            async def send(kind: str, key: str) -> int:
+                if topic == TOPIC:
+                    replica.signalled.append((kind, key))
+                return await outbox.signal(topic, kind, key)
+
+            return send
+
+        replica.manager = EndpointsManager(
+            RedisWorkloadStore(redis_client),
+            sender(TOPIC),  # type: ignore[arg-type]
+            EndpointMetrics(CollectorRegistry()),
+            clock=clock,
+            notify=sender(MIRROR),  # type: ignore[arg-type]
+            leading=replica.leading,
+        )
+        await replica.manager.start()
+        hub = Signals(redis_server.target("endpoints-vm"), health, client="endpoints-vm")
+        follower = hub.follow(WorkloadFollower(replica.manager, name))
+        tasks += [asyncio.create_task(hub.run(stop)), asyncio.create_task(outbox.run(stop))]
+        await asyncio.wait_for(follower.synced.wait(), 10)
+        made.append(replica)
+    made[0].leads[0] = True
+    try:
+        yield made[0], made[1]
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        for client in clients:
+            await client.aclose()
+
+
+@pytest.fixture
+def vm(make_workload: MakeWorkload) -> Workload:
+    return make_workload("vm-1", services=("api",), address="10.0.0.1", ttl=TTL)
+
+
+async def settled(*replicas: Replica) -> None:
+    for replica in replicas:
+        await replica.manager.signalled()
+
+
+async def test_a_registration_at_either_replica_is_served_by_both(
+    replicas: tuple[Replica, Replica], make_workload: MakeWorkload, vm: Workload
+) -> None:
+    leader, standby = replicas
+    await leader.manager.register(vm)
+    await eventually(lambda: standby.addresses() == ["10.0.0.1"])
+    await standby.manager.register(make_workload("vm-2", services=("api",), address="10.0.0.2"))
+    await eventually(lambda: leader.addresses() == ["10.0.0.1", "10.0.0.2"])
+    # the standby tells the catalog of its own view's change too: the fetch after the last
+    # signal reads a replica that has caught up, whichever the catalog follows
+    assert ("changed", "shop/api") in standby.signalled
+
+    await standby.manager.deregister("shop/vm-1")
+    await eventually(lambda: leader.addresses() == ["10.0.0.2"])
+    assert leader.manager.workload("shop/vm-1") is None
+
+
+async def test_heartbeats_heard_by_the_standby_keep_a_workload_alive_at_the_leader(
+    replicas: tuple[Replica, Replica], clock: Clock, vm: Workload
+) -> None:
+    leader, standby = replicas
+    await leader.manager.register(vm)
+    await eventually(lambda: standby.addresses() == ["10.0.0.1"])
+    for _ in range(3):  # 3 TTLs of heartbeats, every one of them to the standby
+        clock.now += TTL * 0.8
+        await standby.manager.heartbeat("shop/vm-1")
+        await standby.manager.keeper.flush()  # written behind at once while Redis is up
+        assert await leader.manager.expire_once() == 0
+        assert await standby.manager.expire_once() == 0  # a standby never judges
+    assert leader.addresses() == standby.addresses() == ["10.0.0.1"]
+
+    clock.now += TTL + 1  # the heartbeats stop: the leader judges, once, and the standby
+    assert await standby.manager.expire_once() == 0  # takes its verdict
+    assert await leader.manager.expire_once() == 1
+    assert leader.addresses() == []
+    await eventually(lambda: standby.addresses() == [])
+
+    await standby.manager.heartbeat("shop/vm-1")  # back, heard by the standby
+    assert standby.addresses() == ["10.0.0.1"]
+    await eventually(lambda: leader.addresses() == ["10.0.0.1"])
+    await standby.manager.keeper.flush()
+    clock.now += TTL / 2
+    assert await leader.manager.expire_once() == 0  # the revival counts at the leader
+
+
+async def test_leadership_moves_and_the_new_leader_judges(
+    replicas: tuple[Replica, Replica], clock: Clock, vm: Workload
+) -> None:
+    leader, standby = replicas
+    await leader.manager.register(vm)
+    await eventually(lambda: standby.addresses() == ["10.0.0.1"])
+    leader.leads[0], standby.leads[0] = False, True  # the leader died; the standby took over
+    clock.now += TTL + 1
+    assert await leader.manager.expire_once() == 0
+    assert await standby.manager.expire_once() == 1
+    await eventually(lambda: leader.addresses() == [])
+
+
+async def test_a_heartbeat_never_puts_back_a_deregistered_workload(
+    replicas: tuple[Replica, Replica],
+    redis_client: redis.asyncio.Redis,
+    vm: Workload,
+) -> None:
+    leader, standby = replicas
+    await leader.manager.register(vm)
+    await eventually(lambda: standby.addresses() == ["10.0.0.1"])
+    store = RedisWorkloadStore(redis_client)
+    # the standby heard a heartbeat just before the leader deregistered the workload, and
+    # writes it behind just after: the registration stays gone
+    await standby.manager.heartbeat("shop/vm-1")
+    await leader.manager.deregister("shop/vm-1")
+    await standby.manager.keeper.flush()
+    assert await store.load(["shop/vm-1"]) == {"shop/vm-1": None}
+    assert (await store.load_all()).records == []
+    await eventually(lambda: standby.manager.workload("shop/vm-1") is None)
+    assert await store.prune_heartbeats() in (0, 1)  # an orphan heartbeat, if any, goes
+    assert await redis_client.hlen(store.heartbeat_key) == 0
+
+
+async def test_a_replica_that_missed_signals_catches_up_from_the_store(
+    replicas: tuple[Replica, Replica],
+    redis_client: redis.asyncio.Redis,
+    make_workload: MakeWorkload,
+    vm: Workload,
+) -> None:
+    leader, standby = replicas
+    await leader.manager.register(vm)
+    await eventually(lambda: standby.addresses() == ["10.0.0.1"])
+    # as if its subscription had been down: the store changes behind its back
+    store = RedisWorkloadStore(redis_client)
+    await store.write([make_workload("vm-3", services=("api",), address="10.0.0.3")], ["shop/vm-1"])
+    assert standby.addresses() == ["10.0.0.1"]
+    assert await standby.manager.mirror_all() > 0  # views changed, and were signalled
+    assert standby.addresses() == ["10.0.0.3"]
