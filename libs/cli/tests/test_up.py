@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from trellis_cli import demo
-from trellis_cli.up import redis_spec, service_specs
+from trellis_cli.replicas import COMPONENT_ORDER, parse_replicas
+from trellis_cli.up import SERVICES, redis_spec, service_specs
 from trellis_common import redisacl
 from trellis_common.testing.ports import free_port
 from trellis_common.testing.waiting import eventually
@@ -176,7 +177,9 @@ def test_services_start_after_redis_and_certmanager(tmp_path: Path) -> None:
 def test_proxy_cp_replicas_share_its_ports_identity_and_redis_user(tmp_path: Path) -> None:
     specs = {
         s.name: s
-        for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec", proxy_cp_replicas=3)
+        for s in service_specs(
+            tmp_path, "redis://x:1/0", tmp_path / "spec", replicas={"proxy-cp": 3}
+        )
     }
     first, second, third = specs["proxy-cp"], specs["proxy-cp-2"], specs["proxy-cp-3"]
     names = list(specs)
@@ -201,3 +204,68 @@ def test_proxy_cp_replicas_share_its_ports_identity_and_redis_user(tmp_path: Pat
     assert "proxy-cp-1" not in specs
     default = {s.name for s in service_specs(tmp_path, "redis://x:1/0", tmp_path / "spec")}
     assert "proxy-cp-2" not in default  # one on a small machine
+
+
+def test_every_component_replicates_on_its_shared_ports_with_an_admin_port_of_its_own(
+    tmp_path: Path,
+) -> None:
+    counts = parse_replicas(("catalog=3", "certmanager=2"), proxy_cp=2)
+    assert counts == {
+        "certmanager": 2,
+        "endpoints-vm": 1,
+        "endpoints-k8s": 1,
+        "catalog": 3,
+        "proxy-cp": 2,
+        "injector": 1,
+    }
+    specs = {
+        s.name: s
+        for s in service_specs(
+            tmp_path, "redis://x:1/0", tmp_path / "spec", replicas=counts, kubeconfig=tmp_path
+        )
+    }
+    replicas = [n for n in specs if n[-1].isdigit()]
+    assert replicas == ["certmanager-2", "catalog-2", "catalog-3", "proxy-cp-2"]
+    admin_ports = [p for s in specs.values() for p in s.ports]
+    assert len(admin_ports) == len(set(admin_ports))  # no two processes claim one port
+    assert not set(admin_ports) & set(demo.ports())
+    catalog_2 = specs["catalog-2"]
+    assert catalog_2.env["TRELLIS_INSTANCE"] == "catalog-2"
+    assert catalog_2.env["TRELLIS_CATALOG_ADMIN_PORT"] == str(catalog_2.ports[0])
+    assert catalog_2.env["TRELLIS_CATALOG_KUBECONFIG"] == str(tmp_path)
+    assert catalog_2.address.startswith("grpc :15010 (shared)")
+    # certmanager's replica joins with the first certmanager, like every other service
+    assert specs["certmanager-2"].after == ("redis", "certmanager")
+    assert specs["catalog-3"].after == ("redis", "certmanager", "catalog-2")
+
+
+def test_ha_is_two_of_everything_and_a_component_value_still_wins() -> None:
+    counts = parse_replicas(("injector=3",), ha=True)
+    assert counts == {
+        "certmanager": 2,
+        "endpoints-vm": 2,
+        "endpoints-k8s": 2,
+        "catalog": 2,
+        "proxy-cp": 2,
+        "injector": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        ("catalog", "COMPONENT=N"),
+        ("catalogue=2", "one of certmanager"),
+        ("catalog=0", "from 1 to 16"),
+        ("catalog=x", "from 1 to 16"),
+        ("catalog=17", "from 1 to 16"),
+    ],
+)
+def test_a_bad_replicas_value_is_named(value: str, names: str) -> None:
+    with pytest.raises(ValueError, match=names) as refused:
+        parse_replicas((value,))
+    assert repr(value) in str(refused.value)
+
+
+def test_the_replica_port_plan_follows_the_services_order() -> None:
+    assert tuple(name for name, *_ in SERVICES) == COMPONENT_ORDER

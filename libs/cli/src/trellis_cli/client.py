@@ -3,7 +3,9 @@
 Addresses come from the state directory (``<state-dir>/services/<name>.json``, written by
 each service when it is up), else the default ports. The admin token comes from
 ``TRELLIS_ADMIN_TOKEN`` or ``<state-dir>/admin-token``. Errors name the service, the
-address tried and what to do, and carry their exit code (:mod:`trellis_cli.errors`).
+address tried and what to do, and carry their exit code (:mod:`trellis_cli.errors`). A
+service run as replicas (``trellis up --replicas``) is tried replica after replica while
+one refuses the connection, as a Service would pick another pod.
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ DEFAULT_ADMIN_PORTS = {
 
 
 __all__ = ["DEFAULT_ADMIN_PORTS", "CliError", "Mesh"]
+
+
+class _Unreachable(Exception):
+    """No instance of a service could be reached: the last address tried and why."""
+
+    def __init__(self, url: str, error: httpx.TransportError) -> None:
+        super().__init__(url)
+        self.url = url
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,6 @@ class Mesh:
     ) -> httpx.Response:
         """``auth``: send the admin token (a GET sends it whenever it is known: listings
         need it); ``bearer``: send this token instead (an onboarding or heartbeat token)."""
-        url = self.admin_url(service) + path
         headers = {}
         if bearer is not None:
             headers["Authorization"] = f"Bearer {bearer}"
@@ -76,16 +86,14 @@ class Mesh:
             if token is not None:
                 headers["Authorization"] = f"Bearer {token}"
         try:
-            response = adminhttp.request(
-                self.state_dir, service, method, url, headers=headers, timeout=10.0, **kwargs
-            )
+            response = self._first_answer(service, method, path, headers, kwargs)
         except FileNotFoundError as exc:
             raise CliError(
                 f"no trust bundle at {exc.filename}: certmanager writes it when it starts; "
                 f"is --state-dir (now {self.state_dir}) the mesh's?"
             ) from exc
-        except httpx.TransportError as exc:
-            raise errors.unreachable(service, url, exc, self.state_dir) from exc
+        except _Unreachable as down:
+            raise errors.unreachable(service, down.url, down.error, self.state_dir) from down.error
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
@@ -95,6 +103,32 @@ class Mesh:
                 service, response.status_code, str(detail), token_sent=bearer is not None
             )
         return response
+
+    def _first_answer(
+        self,
+        service: str,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        kwargs: dict[str, Any],
+    ) -> httpx.Response:
+        """The answer of ``service``, or of its next replica (``trellis up --replicas``)
+        when one cannot be connected to: a refused connection delivered nothing, so the
+        request is safe to send again, as through a Service's other pods. Any other failure
+        (a timeout, a reset midway) is the caller's to see."""
+        names = self.instances(service) if service in DEFAULT_ADMIN_PORTS else [service]
+        for position, name in enumerate(names):
+            url = self.admin_url(name) + path
+            try:
+                return adminhttp.request(
+                    self.state_dir, name, method, url, headers=headers, timeout=10.0, **kwargs
+                )
+            except httpx.ConnectError as exc:
+                if position == len(names) - 1:
+                    raise _Unreachable(url, exc) from exc
+            except httpx.TransportError as exc:
+                raise _Unreachable(url, exc) from exc
+        raise AssertionError("instances() always names the service itself")
 
     def call(self, service: str, method: str, path: str, **kwargs: Any) -> Any:
         """The JSON body of a successful answer."""

@@ -1,6 +1,8 @@
 """``trellis status``: every service's health, connected proxies, catalog revision.
 
-For each service: its readiness checks, the long-lived loops (streams, subscriptions) that
+For each service, and each replica of one (``catalog-2``, as ``trellis up --replicas``
+runs them): its role where it takes part in an election (leader, or standby and who leads),
+its readiness checks, the long-lived loops (streams, subscriptions) that
 are down and why, and the records it rejected (with the reason, from ``/v1/status``).
 Exit code 1 when any service is unhealthy or unreachable, so scripts and CI can wait on it;
 2 when none answers at all: then there is no mesh to judge (not started, or another
@@ -35,6 +37,7 @@ def probe(mesh: Mesh, name: str) -> dict[str, Any]:
             "reasons": body.get("reasons", {}),
             "loops": status.get("loops", []),
             "rejections": status.get("rejections", []),
+            "leadership": status.get("leadership", []),
         }
     except (httpx.HTTPError, ValueError, OSError) as exc:  # OSError: no trust bundle
         return {"service": name, "admin_url": url, "healthy": False, "error": type(exc).__name__}
@@ -47,6 +50,14 @@ def _replica(name: str) -> bool:
         return False
 
 
+def _replica_of(name: str, component: str) -> bool:
+    return _replica(name) and components.of_instance(name) == component
+
+
+def _order(name: str) -> int:
+    return int(name.rpartition("-")[2])
+
+
 def _problems(result: dict[str, Any]) -> str:
     if "error" in result:
         return f"unreachable ({result['error']})"
@@ -55,6 +66,19 @@ def _problems(result: dict[str, Any]) -> str:
     if rejected:
         parts.append(f"{len(rejected)} rejected record(s)")
     return "; ".join(parts) or "-"
+
+
+def _role(result: dict[str, Any]) -> str:
+    """``leader`` or ``standby (leader: catalog-2)`` for each elected role the replica takes
+    part in (certmanager's rotation, endpoints-k8s's publishing...); ``-`` for none."""
+    roles = []
+    for role in result.get("leadership", []):
+        if role.get("leading"):
+            roles.append(f"{role['name']}: leader")
+        else:
+            holder = role.get("holder") or "nobody"
+            roles.append(f"{role['name']}: standby (leader: {holder})")
+    return "; ".join(roles) or "-"
 
 
 def _extra(mesh: Mesh, name: str, path: str) -> Any:
@@ -101,7 +125,12 @@ def details(mesh: Mesh, names: list[str]) -> dict[str, Any]:
 def status(mesh: Mesh, as_json: bool) -> None:
     known = statefile.read_endpoints(mesh.state_dir)
     names = [name for name, *_ in SERVICES if name in known] or [name for name, *_ in SERVICES]
-    names += sorted(n for n in known if n not in names and _replica(n))  # proxy-cp-2, ...
+    # the replicas (catalog-2, proxy-cp-2...), each after its component's first
+    replicas = sorted((n for n in known if n not in names and _replica(n)), key=_order)
+    for replica in replicas:
+        component = components.of_instance(replica)
+        kin = [i for i, n in enumerate(names) if n == component or _replica_of(n, component)]
+        names.insert(max(kin) + 1 if kin else len(names), replica)
     results = [probe(mesh, name) for name in names]
     if all("error" in r for r in results):
         raise CliError(
@@ -115,12 +144,13 @@ def status(mesh: Mesh, as_json: bool) -> None:
     else:
         output.table(
             "Trellis services",
-            ["SERVICE", "ADMIN", "HEALTH", "LOOPS", "PROBLEMS"],
+            ["SERVICE", "ADMIN", "HEALTH", "ROLE", "LOOPS", "PROBLEMS"],
             [
                 (
                     r["service"],
                     r["admin_url"],
                     "ok" if r["healthy"] else "UNHEALTHY",
+                    _role(r),
                     f"{sum(1 for loop in r.get('loops', []) if loop['up'])}/"
                     f"{len(r.get('loops', []))} up",
                     _problems(r),

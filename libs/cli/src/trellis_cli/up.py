@@ -1,7 +1,7 @@
 """``trellis up``: Redis and the control plane services as separate local processes.
 
 The Redis it starts persists every write (AOF, fsync always) and rewrites its append-only
-file once it has doubled since the last rewrite and is past ``AOF_REWRITE_MIN_SIZE``, so
+file once it has doubled since the last rewrite and is past a minimum size, so
 steady churn does not grow the file without bound. Its data directory is 0700: what Redis
 holds (sealed keys, certificates, registrations) is for the mesh's processes only. Each
 process's log file rotates by size (``--log-max-bytes``, ``--log-backups``); the terminal
@@ -24,20 +24,20 @@ import contextlib
 import functools
 import importlib.util
 import os
-import shutil
 import signal
 import sys
-from dataclasses import replace
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
 import click
 from rich.markup import escape
 
-from trellis_cli import demo, output
+from trellis_cli import demo, output, redisprocess
 from trellis_cli.client import Mesh
 from trellis_cli.console import Echo, make_echo
-from trellis_cli.errors import ERROR, OK, CliError
+from trellis_cli.errors import ERROR, OK
+from trellis_cli.replicas import HA_REPLICAS, MAX_REPLICAS, parse_replicas, replicas_of
 from trellis_cli.supervisor import (
     DEFAULT_LOG_BACKUPS,
     DEFAULT_ROTATION,
@@ -55,10 +55,6 @@ from trellis_common.envoybin import EnvoyNotFound
 from trellis_common.settings import Ports
 
 LOCAL_REDIS_PORT = 16379
-# Rewrite the AOF when it has grown by this percentage since the last rewrite...
-AOF_REWRITE_PERCENTAGE = 100
-# ...and is at least this big (Redis' own syntax).
-AOF_REWRITE_MIN_SIZE = "64mb"
 
 # (name, module, grpc port, admin port). Redis and certmanager start first (the others log
 # in to the one and join with the other), then the rest side by side (ProcessSpec.after).
@@ -83,45 +79,13 @@ MORE_PORTS = {"proxy-cp": (Ports.PROXY_CP_ENROLL,)}
 
 
 def redis_spec(state_dir: Path, port: int = LOCAL_REDIS_PORT) -> ProcessSpec:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise CliError(
-            "redis-server not found: `apt-get install redis-server` (make run does it), "
-            "or point TRELLIS_REDIS_URL at a Redis you run"
-        )
-    data = state_dir / "redis"
-    data.mkdir(mode=0o700, parents=True, exist_ok=True)
-    data.chmod(0o700)  # one made by an older version is narrowed: it holds the mesh's state
+    data = redisprocess.private_dir(state_dir / "redis")
     aclfile = redisacl.write_aclfile(data / "users.acl", redis_users(state_dir))
     return ProcessSpec(
         name="redis",
-        argv=[
-            binary,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dir",
-            str(data.resolve()),
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--auto-aof-rewrite-percentage",
-            str(AOF_REWRITE_PERCENTAGE),
-            "--auto-aof-rewrite-min-size",
-            AOF_REWRITE_MIN_SIZE,
-            "--save",
-            "",
-            "--protected-mode",
-            "yes",
-            "--daemonize",
-            "no",
-            "--loglevel",
-            "warning",
-            "--aclfile",
-            str(aclfile.resolve()),
-        ],
+        argv=redisprocess.server_argv(
+            redisprocess.find_binary(), port=port, data=data, aclfile=aclfile
+        ),
         ready=tcp_ready("127.0.0.1", port),
         ports=(port,),
         address=f"redis://127.0.0.1:{port}",
@@ -143,55 +107,21 @@ KUBERNETES_USERS = {
 }
 
 
-REPLICA_ADMIN_BASE = 15070  # 15072..15086: clear of the services' and the demo's ports
-
-
-def replica_admin_port(number: int) -> int:
-    """The admin port of proxy-cp replica ``number`` (2..16): each has its own, while the
-    xDS and Destination ports are shared."""
-    return REPLICA_ADMIN_BASE + number
-
-
-def _replicas(spec: ProcessSpec, state_dir: Path, count: int) -> list[ProcessSpec]:
-    """proxy-cp's replicas 2..count, beside ``spec`` (the first): the same component (its
-    identity, Redis user and join token), on the same xDS and Destination ports, which
-    grpcio binds with SO_REUSEPORT so that the kernel spreads new streams over them; each
-    announces itself as ``proxy-cp-<n>`` and serves its admin API on a port of its own."""
-    found: list[ProcessSpec] = []
-    for number in range(2, count + 1):
-        admin = replica_admin_port(number)
-        instance = f"proxy-cp-{number}"
-        found.append(
-            replace(
-                spec,
-                name=instance,
-                ready=https_ready(f"https://127.0.0.1:{admin}/readyz", state_dir),
-                ports=(admin,),  # the shared ports are the first one's
-                env={
-                    **spec.env,
-                    "TRELLIS_INSTANCE": instance,
-                    "TRELLIS_PROXY_CP_ADMIN_PORT": str(admin),
-                },
-                address=f"grpc :{Ports.PROXY_CP[0]} (shared)  admin https://127.0.0.1:{admin}",
-                # one after another: each trades the component's one join token file, which
-                # the next one's start writes again
-                after=(*spec.after, found[-1].name if found else spec.name),
-            )
-        )
-    return found
-
-
 def service_specs(
     state_dir: Path,
     redis_url: str,
     spec_dir: Path,
     local_redis: bool = True,
     kubeconfig: Path | None = None,
-    proxy_cp_replicas: int = 1,
+    replicas: Mapping[str, int] | None = None,
+    redis_env: Mapping[str, str] | None = None,
+    redis_names: tuple[str, ...] = ("redis",),
 ) -> list[ProcessSpec]:
     """The services; with ``local_redis``, each logs in as its own user (its password file).
     endpoints-k8s runs only with a ``kubeconfig``, which the catalog, endpoints-vm and the
-    injector also get. proxy-cp runs ``proxy_cp_replicas`` times."""
+    injector also get. Each component runs ``replicas[component]`` times (default 1);
+    ``redis_env`` is more Redis settings for every service (a Sentinel's), and
+    ``redis_names`` the Redis processes they start after."""
     users = redis_users(state_dir) if local_redis else {}
     specs = []
     for name, module, grpc_port, admin_port in SERVICES:
@@ -215,6 +145,7 @@ def service_specs(
                 ),
                 env={
                     "TRELLIS_REDIS_URL": redis_url,
+                    **(redis_env or {}),
                     "TRELLIS_STATE_DIR": str(state_dir),
                     "TRELLIS_SPEC_DIR": str(spec_dir),
                     # gRPC reports refused TLS handshakes at info level: services count them
@@ -237,11 +168,10 @@ def service_specs(
                 prepare=None
                 if name == "certmanager"
                 else functools.partial(jointoken.write_token, state_dir, name),
-                after=("redis",) if name == "certmanager" else ("redis", "certmanager"),
+                after=redis_names if name == "certmanager" else (*redis_names, "certmanager"),
             )
         )
-        if name == "proxy-cp":
-            specs += _replicas(specs[-1], state_dir, proxy_cp_replicas)
+        specs += replicas_of(specs[-1], state_dir, (replicas or {}).get(name, 1))
     return specs
 
 
@@ -270,7 +200,8 @@ async def up(
     with_demo: bool = True,
     rotation: LogRotation = DEFAULT_ROTATION,
     kubeconfig: Path | None = None,
-    proxy_cp_replicas: int = 1,
+    replicas: Mapping[str, int] | None = None,
+    redis_sentinel: bool = False,
 ) -> int:
     filemode.private_dir(state_dir)  # tokens, keys, Redis passwords: the owner's alone
     spec_dir = (spec_dir or default_spec_dir(state_dir, with_demo)).resolve()
@@ -278,14 +209,29 @@ async def up(
     redis_url = os.environ.get("TRELLIS_REDIS_URL", "")
     local_redis = not redis_url
     specs: list[ProcessSpec] = []
-    if local_redis:
+    redis_env: dict[str, str] = {}
+    if local_redis and redis_sentinel:
+        from trellis_cli import sentinel
+
+        redis_specs, redis_url = sentinel.sentinel_specs(state_dir)
+        specs += redis_specs
+        # an acknowledged registration or certificate is on a replica before the answer
+        redis_env["TRELLIS_REDIS_MIN_REPLICAS_ACK"] = "1"
+    elif local_redis:
         redis_url = f"redis://127.0.0.1:{LOCAL_REDIS_PORT}/0"
         specs.append(redis_spec(state_dir))
     else:
         parsed = urlparse(redis_url)
         output.console.print(f"using Redis at {parsed.hostname}:{parsed.port or 6379}")
     specs += service_specs(
-        state_dir, redis_url, spec_dir, local_redis, kubeconfig, proxy_cp_replicas
+        state_dir,
+        redis_url,
+        spec_dir,
+        local_redis,
+        kubeconfig,
+        replicas,
+        redis_env,
+        tuple(spec.name for spec in specs) or ("redis",),
     )
     log_dir = state_dir / "logs"
     supervisor = Supervisor(specs, log_dir, make_echo(echo), rotation=rotation)
@@ -361,12 +307,33 @@ async def up(
     "and WorkloadEntries, and the injector stores proxy Secrets there.",
 )
 @click.option(
+    "--replicas",
+    "replica_values",
+    multiple=True,
+    metavar="COMPONENT=N",
+    help="Run N processes of COMPONENT (repeatable: --replicas catalog=2 --replicas "
+    "certmanager=2). They share the component's gRPC port (SO_REUSEPORT: the kernel spreads "
+    "new connections over them; one dying moves its clients to the others); replica n is "
+    "<component>-<n> with an admin port of its own.",
+)
+@click.option(
     "--proxy-cp-replicas",
-    type=click.IntRange(min=1, max=16),
+    type=click.IntRange(min=1, max=MAX_REPLICAS),
     default=1,
     show_default=True,
-    help="proxy-cp processes on the one xDS port (SO_REUSEPORT: the kernel spreads new "
-    "proxy streams over them; one dying moves its proxies to the others).",
+    help="Short for --replicas proxy-cp=N: proxy-cp processes on the one xDS port.",
+)
+@click.option(
+    "--ha",
+    is_flag=True,
+    help=f"High availability: {HA_REPLICAS} of every component (--replicas still overrides "
+    "one) and Redis under Sentinel (implies --redis-sentinel).",
+)
+@click.option(
+    "--redis-sentinel",
+    is_flag=True,
+    help="Run Redis as a master, two replicas and three sentinels: the services follow a "
+    "failover by themselves, and each acknowledged write is on a replica first.",
 )
 @click.option(
     "--state-dir",
@@ -395,7 +362,10 @@ def command(
     spec_dir: Path | None,
     no_demo: bool,
     kubeconfig: Path | None,
+    replica_values: tuple[str, ...],
     proxy_cp_replicas: int,
+    ha: bool,
+    redis_sentinel: bool,
     up_state_dir: Path | None,
     log_max_bytes: str,
     log_backups: int,
@@ -408,6 +378,16 @@ def command(
         rotation = LogRotation(parse_size(log_max_bytes), log_backups)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--log-max-bytes") from exc
+    try:
+        replicas = parse_replicas(replica_values, proxy_cp_replicas, ha)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--replicas") from exc
+    if (redis_sentinel or ha) and os.environ.get("TRELLIS_REDIS_URL"):
+        raise click.UsageError(
+            "--redis-sentinel (and --ha) start a local Redis under Sentinel, but "
+            "TRELLIS_REDIS_URL names a Redis of your own: unset it, or point it at your "
+            "Sentinel (redis+sentinel://...) and drop the flag"
+        )
     raise SystemExit(
         asyncio.run(
             up(
@@ -417,7 +397,8 @@ def command(
                 with_demo=not no_demo,
                 rotation=rotation,
                 kubeconfig=kubeconfig.resolve() if kubeconfig else None,
-                proxy_cp_replicas=proxy_cp_replicas,
+                replicas=replicas,
+                redis_sentinel=redis_sentinel or ha,
             )
         )
     )

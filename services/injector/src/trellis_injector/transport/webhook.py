@@ -147,8 +147,9 @@ class WebhookServer:
         if callers is not None:
             callers.configure(context)
             protocol = callers.peers.protocol()
+        # replicas share the webhook port locally (SO_REUSEPORT), as behind a Service
         self._server = admin.AdminServer(
-            app, host, port, ssl_context=context, http_protocol=protocol
+            app, host, port, ssl_context=context, http_protocol=protocol, reuse_port=True
         )
         self.host = host
         self.callers = callers
