@@ -9,7 +9,8 @@ here rather than kept by hand:
   validates it and says why in the ``Accepted`` condition it writes to ``status``);
 * ``files/redis-acl.yaml``: each component's Redis ACL rules
   (``trellis_common.redisacl``), which the chart joins with the passwords' SHA-256 into the
-  in-chart Redis' aclfile.
+  in-chart Redis' aclfile; and, for Redis under Sentinel, the replicas' and the sentinels'
+  users and what a component may ask a sentinel.
 
 ``make chart`` writes them; ``make test`` (``tests/deploy/test_chart.py``) fails when they
 differ from what this would write, naming the command.
@@ -105,6 +106,13 @@ def generated() -> dict[Path, str]:
         files[Path("crds") / f"{name}.yaml"] = HEADER + yaml.safe_dump(body, sort_keys=False)
     rules = {name: " ".join(component.rules()) for name, component in redisacl.COMPONENTS.items()}
     acl = {"default": "off resetkeys resetchannels -@all", "admin": "~* &* +@all", "users": rules}
+    # Redis under Sentinel: the replicas' and the sentinels' users on Redis, and what a
+    # component may do on a sentinel (redisacl.sentinel_acl_lines)
+    acl["sentinel"] = {
+        "replication": " ".join(redisacl.SPECIAL_RULES[redisacl.REPLICATION]),
+        "sentinel": " ".join(redisacl.SPECIAL_RULES[redisacl.SENTINEL]),
+        "queries": " ".join(("resetkeys", "resetchannels", "-@all", *redisacl.SENTINEL_QUERIES)),
+    }
     files[Path("files") / "redis-acl.yaml"] = HEADER + yaml.safe_dump(
         acl, sort_keys=True, width=10_000
     )

@@ -1,7 +1,12 @@
 """The chart's pods as local processes: each Deployment's container started with exactly
 the environment and files ``helm template`` renders, what only a cluster provides remapped
 (see ``test_chart_processes``). The pod test bed (``tests/netns``) runs its control plane
-the same way, inside its node's network namespace."""
+the same way, inside its node's network namespace.
+
+A rendering with Redis under Sentinel (``ha.enabled``) gets a real Sentinel Redis (a
+master, two replicas, three sentinels) with the chart's passwords, and, with ``replicas``,
+as many processes of each component as its Deployment has replicas, each named as its pod
+would be (``catalog-0``, ``catalog-1``)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from trellis_common.kube.client import api_client
 from trellis_common.testing import RedisServer
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.redis_backend import redis_server
+from trellis_common.testing.redis_sentinel import SentinelRedis
 from trellis_common.testing.services import ServiceProcess, stop_together
 
 MODULES = {
@@ -28,6 +34,10 @@ MODULES = {
 }
 #: Components that call the Kubernetes API (in a pod: in-cluster config).
 KUBE = ("certmanager", "catalog", "endpoints-k8s", "endpoints-vm", "injector")
+
+
+#: Redis as the chart renders it: one server, or a set under Sentinel.
+ChartRedis = RedisServer | SentinelRedis
 
 
 def mounted_files(rendered: Rendered, component: str, root: Path) -> dict[str, Path]:
@@ -50,15 +60,17 @@ def mounted_files(rendered: Rendered, component: str, root: Path) -> dict[str, P
 
 
 def environment(
-    rendered: Rendered, component: str, mounts: dict[str, Path], redis: RedisServer,
+    rendered: Rendered, component: str, mounts: dict[str, Path], redis: ChartRedis,
     certmanager_admin: str, kubeconfig: Path, pod_ip: str = "127.0.0.1",
-    fixed_ports: bool = False,
+    fixed_ports: bool = False, pod_name: str = "",
 ) -> dict[str, str]:  # fmt: skip
     """The container's env, with only what a cluster provides remapped: the pod IP is
-    ``pod_ip``, Services are local addresses, mount paths local folders, in-cluster
+    ``pod_ip``, the pod's name ``pod_name`` (default ``<component>-0``), Services (Redis's
+    or its Sentinels') are local addresses, mount paths local folders, in-cluster
     configuration a kubeconfig; and, unless ``fixed_ports`` (a network namespace of its
     own), the ports that tests running side by side would share are free ones."""
     secret = rendered.secret("trellis-admin-token")
+    pod_name = pod_name or f"{component}-0"
     env = {}
     for item in rendered.container(component)["env"]:
         name, value = item["name"], item.get("value")
@@ -66,14 +78,17 @@ def environment(
             source = item["valueFrom"]
             if "secretKeyRef" in source:
                 value = secret[source["secretKeyRef"]["key"]].decode()
+            elif source["fieldRef"]["fieldPath"] == "metadata.name":
+                value = pod_name
             else:
                 value = pod_ip
-        value = value.replace("$(POD_IP)", pod_ip).replace("$(POD_NAME)", "proxy-cp-0")
+        value = value.replace("$(POD_IP)", pod_ip).replace("$(POD_NAME)", pod_name)
         for mount, local in mounts.items():
             if value.startswith(mount + "/"):
                 value = str(local) + value.removeprefix(mount)
         env[name] = value
-    env["TRELLIS_REDIS_URL"] = redis.plain_url  # the Service trellis-redis
+    # the Service trellis-redis, or the Sentinel pods' names (the same master name)
+    env["TRELLIS_REDIS_URL"] = redis.plain_url
     if "TRELLIS_CERTMANAGER_ADMIN_ADDRESS" in env:  # the Service certmanager
         env["TRELLIS_CERTMANAGER_ADMIN_ADDRESS"] = certmanager_admin
     if component == "injector" and not fixed_ports:
@@ -88,14 +103,25 @@ def environment(
     return env
 
 
-def chart_redis(rendered: Rendered, root: Path) -> RedisServer:
-    """Redis with the chart's ACL users and the chart's passwords (not made anew)."""
-    redis = redis_server(root)
+def chart_redis(rendered: Rendered, root: Path) -> ChartRedis:
+    """Redis with the chart's ACL users and the chart's passwords (not made anew): under
+    Sentinel when the chart renders its StatefulSet."""
+    redis: ChartRedis
+    if rendered.all("StatefulSet"):
+        spec = rendered.get("StatefulSet", "trellis-redis")["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        redis = SentinelRedis(root, master_name=env["REDIS_MASTER_NAME"])
+    else:
+        redis = redis_server(root)
     redis.users_dir.mkdir(parents=True, mode=0o700)
     for user, password in rendered.secret("trellis-redis-users").items():
         redis.password_file(user).write_bytes(password)
         redis.password_file(user).chmod(0o600)
-    redis.start()
+    try:
+        redis.start()
+    except BaseException:
+        redis.close()
+        raise
     return redis
 
 
@@ -105,12 +131,15 @@ class ChartControlPlane:
     order a cluster would get them ready: certmanager first.
 
     ``pod_ip`` is every pod's address (they share one here); ``fixed_ports`` keeps the
-    chart's ports (a network namespace of its own has them free)."""
+    chart's ports (a network namespace of its own has them free); ``replicas`` starts as
+    many processes of a component as its Deployment has replicas (else one)."""
 
     def __init__(
         self, rendered: Rendered, root: Path, kube: KubeApi, pod_ip: str = "127.0.0.1",
-        fixed_ports: bool = False,
+        fixed_ports: bool = False, replicas: bool = False,
     ) -> None:  # fmt: skip
+        assert not (fixed_ports and replicas), "replicas of one component share no fixed port"
+        self.replicas = replicas
         self.rendered = rendered
         self.root = root
         self.kube = kube
@@ -118,7 +147,7 @@ class ChartControlPlane:
         self.fixed_ports = fixed_ports
         self.state_dir = root / "state"
         self.processes: list[ServiceProcess] = []
-        self.redis: RedisServer | None = None
+        self.redis: ChartRedis | None = None
         self.kubeconfig = root / "kubeconfig"
 
     def start(self) -> ChartControlPlane:
@@ -142,22 +171,32 @@ class ChartControlPlane:
             raise
         return self
 
+    def pods(self) -> list[tuple[str, str]]:
+        """(component, pod name) of every process to start, certmanager's first."""
+        found = []
+        for component in MODULES:
+            count = self.rendered.get("Deployment", component)["spec"]["replicas"]
+            found += [(component, f"{component}-{n}") for n in range(count if self.replicas else 1)]
+        return found
+
     def _start_components(self) -> None:
-        """certmanager first (the others join with it), then the rest side by side."""
+        """The first certmanager first (the others join with it), then the rest side by
+        side."""
         assert self.redis is not None
         certmanager_admin = ""
-        for component, module in MODULES.items():
-            mounts = mounted_files(self.rendered, component, self.root / "pods")
+        for component, pod in self.pods():
+            mounts = mounted_files(self.rendered, component, self.root / "pods" / pod)
             if component != "certmanager":  # the projected token, audience trellis
                 token = self.kube.service_account_token("trellis-system", component)
                 (mounts["/var/run/secrets/trellis"] / "token").write_text(token)
             env = environment(
                 self.rendered, component, mounts, self.redis, certmanager_admin,
-                self.kubeconfig, self.pod_ip, self.fixed_ports,
+                self.kubeconfig, self.pod_ip, self.fixed_ports, pod,
             )  # fmt: skip
             process = ServiceProcess(
-                component, module, self.state_dir, self.redis, env=env, join_token=False
-            )
+                component, MODULES[component], self.state_dir, self.redis.plain_url, env=env,
+                join_token=False,
+            )  # fmt: skip
             self.processes.append(process)
             prefix = "TRELLIS_" + component.upper().replace("-", "_") + "_"
             ports = (
@@ -166,13 +205,14 @@ class ChartControlPlane:
                 else (0, 0)
             )
             process.spawn(ports)
-            if component == "certmanager":
+            if not certmanager_admin:
                 endpoint = process.wait_ready(60)
                 certmanager_admin = endpoint.admin_url.removeprefix("https://")
         for process in self.processes[1:]:
-            process.wait_ready(60)
+            process.wait_ready(90)
 
     def process(self, component: str) -> ServiceProcess:
+        """The (first) process of ``component``."""
         return next(p for p in self.processes if p.name == component)
 
     def stop(self) -> None:

@@ -138,8 +138,12 @@ def test_replicas_and_image(scratch: Path, default: Rendered) -> None:
     )  # fmt: skip
     proxy_cp = rendered.get("Deployment", "proxy-cp")
     assert proxy_cp["spec"]["replicas"] == 3
-    assert rendered.env("proxy-cp")["TRELLIS_INSTANCE"] == "$(POD_NAME)"  # a record each
-    assert rendered.get("Deployment", "catalog")["spec"]["replicas"] == 1  # a singleton
+    assert rendered.get("Deployment", "catalog")["spec"]["replicas"] == 5
+    for name in COMPONENTS:  # a registry record, and an identity in elections, each
+        assert rendered.env(name)["TRELLIS_INSTANCE"] == "$(POD_NAME)"
+        assert default.get("Deployment", name)["spec"]["replicas"] == (
+            2 if name == "proxy-cp" else 1
+        )
     for _, pod in rendered.pods():
         image = pod["containers"][0]["image"]
         assert image.startswith("registry.example/mesh/trellis:1.2.3") or "redis" in image
@@ -149,22 +153,35 @@ def test_replicas_and_image(scratch: Path, default: Rendered) -> None:
     assert default.container("catalog")["image"] == "ghcr.io/trellis-mesh/trellis:0.1.0"
 
 
-def test_an_external_redis_with_credentials_from_a_secret(scratch: Path) -> None:
-    url = "rediss://redis.example.org:6380/2"
-    rendered = render(scratch, f"redis.externalUrl={url}", "redis.existingSecret=my-redis")
+@pytest.mark.parametrize(
+    "url",
+    ["rediss://redis.example.org:6380/2", "redis+sentinel://s1.example.org:26379,s2:26379/mesh/1"],
+)
+def test_an_external_redis_with_credentials_from_a_secret(scratch: Path, url: str) -> None:
+    rendered = render(
+        scratch, "redis.mode=external", "redis.external.url=" + url.replace(",", "\\,"),
+        "redis.external.existingSecret=my-redis", "redis.external.minReplicasAck=1",
+    )  # fmt: skip
     assert "trellis-redis" not in rendered.names("Deployment")
+    assert not rendered.all("StatefulSet")
+    assert not {"trellis-redis", "trellis-redis-headless"} & rendered.names("Service")
     assert "trellis-redis-users" not in rendered.names("Secret")
     assert "trellis-redis-acl" not in rendered.names("Secret")
+    assert "trellis-redis" not in rendered.names("NetworkPolicy")
     for name in COMPONENTS:
         env = rendered.env(name)
         assert env["TRELLIS_REDIS_URL"] == url
+        assert env["TRELLIS_REDIS_MIN_REPLICAS_ACK"] == "1"
         assert env["TRELLIS_REDIS_USERNAME"] == name
         volumes = {v["name"]: v for v in rendered.pod(name)["volumes"]}
         secret = volumes["redis-password"]["secret"]
         assert secret["secretName"] == "my-redis"
         assert secret["items"] == [{"key": name, "path": "password"}]
-    with pytest.raises(HelmFailed, match=r"redis\.externalUrl needs redis\.existingSecret"):
-        render(scratch, f"redis.externalUrl={url}")
+    needs = r"redis\.mode=external needs redis\.external"
+    with pytest.raises(HelmFailed, match=needs + r"\.existingSecret"):
+        render(scratch, "redis.mode=external", "redis.external.url=rediss://redis.example.org")
+    with pytest.raises(HelmFailed, match=needs + r"\.url"):
+        render(scratch, "redis.mode=external", "redis.external.existingSecret=my-redis")
 
 
 def test_the_operators_own_ca(scratch: Path) -> None:

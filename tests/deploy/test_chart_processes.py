@@ -12,6 +12,12 @@ So this checks that the rendered wiring really starts the control plane: certman
 with the chart's CA, every other component joins with its ServiceAccount token (no join
 token anywhere), logs in to Redis as its own ACL user, and becomes ready; the catalog reads
 the rendered MeshConfig ConfigMap.
+
+The HA rendering (``ha.enabled``) runs the same way with as many processes per component
+as the chart renders replicas, each with its pod's name, against a real Redis under
+Sentinel that has the chart's users and passwords (the components find the master through
+the Sentinels, logging in to them as to Redis), and the leader-elected components elect
+their leader on the Lease the chart's RBAC names.
 """
 
 from __future__ import annotations
@@ -19,12 +25,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kubernetes import client
 
 from tests.deploy.chartprocs import MODULES, ChartControlPlane
 from tests.deploy.helmchart import render
+from trellis_common.kube.client import api_client
+from trellis_common.testing import RedisServer
 from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.redis_sentinel import SentinelRedis
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.waiting import eventually
 
@@ -51,7 +62,7 @@ def test_the_rendered_pods_start_join_and_become_ready(tmp_path: Path, kube: Kub
     rendered = render(tmp_path / "helm")
     plane = ChartControlPlane(rendered, tmp_path, kube).start()
     try:
-        assert plane.redis is not None
+        assert isinstance(plane.redis, RedisServer)
         assert (
             plane.redis.aclfile.read_text()
             == rendered.secret("trellis-redis-acl")["users.acl"].decode()
@@ -68,5 +79,70 @@ def test_the_rendered_pods_start_join_and_become_ready(tmp_path: Path, kube: Kub
             "tls.crt"
         ]
         asyncio.run(meshconfig_read(processes[1]))
+    finally:
+        plane.stop()
+
+
+#: The components that elect a leader on the Lease trellis-<component> (the chart's RBAC).
+LEADER_ELECTED = ("certmanager", "endpoints-k8s", "endpoints-vm")
+
+
+async def leases_held(plane: ChartControlPlane) -> dict[str, str]:
+    """Lease name -> its holder, once every leader-elected component has one."""
+    leases: Any = client.CoordinationV1Api(api_client(plane.kubeconfig))
+    held: dict[str, str] = {}
+
+    def read() -> bool:
+        for item in leases.list_namespaced_lease("trellis-system").items:
+            held[item.metadata.name] = item.spec.holder_identity or ""
+        return all(held.get(f"trellis-{c}") for c in LEADER_ELECTED)
+
+    await eventually(read, timeout=30, message="a leader on every component's Lease")
+    return held
+
+
+async def one_leader(plane: ChartControlPlane, component: str) -> dict[str, str]:
+    """Each replica's role in its component's election, once one leads and all are ready."""
+    roles: dict[str, str] = {}
+
+    def read() -> bool:
+        for process in plane.processes:
+            if process.name == component:
+                answer = process.get("/readyz")
+                if answer.status_code != 200:
+                    return False
+                roles[process.instance] = answer.json().get("roles", {}).get(component, "")
+        return sorted(roles.values()) == ["leader", "standby"]
+
+    await eventually(read, timeout=30, message=f"one {component} leading, one standing by")
+    return roles
+
+
+def test_the_ha_rendering_runs_replicas_under_sentinel_and_elects_leaders(
+    tmp_path: Path, kube: KubeApi
+) -> None:
+    rendered = render(tmp_path / "helm", "ha.enabled=true")
+    plane = ChartControlPlane(rendered, tmp_path, kube, replicas=True).start()
+    try:
+        assert isinstance(plane.redis, SentinelRedis)
+        acl = rendered.secret("trellis-redis-acl")["users.acl"].decode()
+        assert all(node.aclfile.read_text() == acl for node in plane.redis.nodes)
+        # two of each, by their pods' names, each its own record in the registry
+        assert [p.instance for p in plane.processes] == [
+            f"{component}-{n}" for component in MODULES for n in (0, 1)
+        ]
+        for process in plane.processes[1:]:
+            if process.name != "certmanager":
+                assert f"join.done component={process.name}" in process.logs()
+        held = asyncio.run(leases_held(plane))
+        for component in LEADER_ELECTED:  # one of its replicas, by its pod's name
+            assert held[f"trellis-{component}"] in {f"{component}-0", f"{component}-1"}
+            roles = asyncio.run(one_leader(plane, component))
+            # the Lease's holder leads; the other is a standby, and ready
+            assert roles == {
+                f"{component}-{n}": "leader" if held[f"trellis-{component}"] == f"{component}-{n}"
+                else "standby" for n in (0, 1)
+            }  # fmt: skip
+        asyncio.run(meshconfig_read(plane.process("catalog")))
     finally:
         plane.stop()

@@ -28,6 +28,7 @@ COMPONENT_KEYS = ("certmanager", "catalog", "endpointsK8s", "endpointsVm", "prox
 OPTIONAL = {
     "global",
     *(f"{key}.replicas" for key in COMPONENT_KEYS if key != "proxyCp"),
+    *(f"{key}.priorityClassName" for key in COMPONENT_KEYS),
     "meshConfig.featureFlags",
     "meshConfig.featureFlags.enableRetryPolicy",
     "meshConfig.traffic.inboundPortExclusionList",
@@ -67,6 +68,22 @@ BAD = [
         id="env-value-not-a-string",
     ),
     pytest.param("injector.timeoutSeconds=31", "/injector/timeoutSeconds", id="webhook-timeout"),
+    pytest.param("ha.enabled=maybe", "/ha/enabled", id="ha-not-a-boolean"),
+    pytest.param("podAntiAffinity=sometimes", "/podAntiAffinity", id="anti-affinity"),
+    pytest.param(
+        "topologySpread.whenUnsatisfiable=Never",
+        "/topologySpread/whenUnsatisfiable",
+        id="spread-when-unsatisfiable",
+    ),
+    pytest.param(
+        "podDisruptionBudget.maxUnavailable=0", "/podDisruptionBudget/maxUnavailable", id="pdb-0"
+    ),
+    pytest.param("redis.mode=cluster", "/redis/mode", id="redis-mode"),
+    pytest.param("redis.sentinel.replicas=2", "/redis/sentinel/replicas", id="sentinels-2"),
+    pytest.param(
+        "redis.external.url=http://redis.example.org", "/redis/external/url", id="external-url"
+    ),
+    pytest.param("redis.externalUrl=redis://r:6379", "externalUrl", id="the-old-external-key"),
 ]
 
 
@@ -112,6 +129,13 @@ def test_values_the_templates_accept_pass(scratch: Path) -> None:
         "imagePullSecrets[0].name=registry",
         "networkPolicy.metricsNamespaceSelector.matchLabels.team=monitoring",
         "global.anything=1",
+        "ha.enabled=true",
+        "podAntiAffinity=required",
+        "podDisruptionBudget.enabled=true",
+        "topologySpread.whenUnsatisfiable=DoNotSchedule",
+        "priorityClassName=system-cluster-critical",
+        "catalog.priorityClassName=high",
+        "redis.sentinel.downAfterMilliseconds=1000",
     )
     env = rendered.env("catalog")
     assert env["TRELLIS_LOG_LEVEL"] == "debug"

@@ -4,14 +4,18 @@
   list calls, the status writes, the Secret and webhook calls), with no wildcard.
 * Settings: each container's ``TRELLIS_*`` variables are settings its service has, and
   they validate into the values meant; every ``*_FILE`` is a file a volume provides.
-* The Redis ACL is ``redisacl.aclfile_text`` of the rendered passwords; the CA is one
-  certmanager loads; the KEK is 32 bytes; the MeshConfig parses as the catalog parses it.
+* The Redis ACL is ``redisacl.aclfile_text`` of the rendered passwords (under Sentinel
+  too, with the Sentinels' own ``redisacl.sentinel_acl_lines``); the CA is one certmanager
+  loads; the KEK is 32 bytes; the MeshConfig parses as the catalog parses it.
+* The leader-elected components may make exactly the Lease calls ``trellis_common.leases``
+  makes, on their own Lease.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import inspect
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,11 +29,12 @@ from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import Sources
 from trellis_certmanager.domain.authority import load_provided
 from trellis_certmanager.settings import CertManagerSettings
-from trellis_common import redisacl
+from trellis_common import leases, redisacl
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Origin
 from trellis_common.kube.documents import KubeDocuments
 from trellis_common.kube.namespaces import MonitoredNamespaces
+from trellis_common.sentinelurl import SentinelUrl
 from trellis_common.settings import SHARED_PREFIX, ServiceSettings, is_shared
 from trellis_endpoints_k8s.settings import EndpointsK8sSettings
 from trellis_endpoints_k8s.watcher import Watcher
@@ -52,6 +57,15 @@ API_GROUPS = {"CoreV1Api": "", "DiscoveryV1Api": "discovery.k8s.io"}
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     return render(tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture(scope="module")
+def ha(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return render(tmp_path_factory.mktemp("helm"), "ha.enabled=true")
+
+
+#: The components that elect a leader with a Lease (trellis-<component>).
+LEADER_ELECTED = ("certmanager", "endpoints-k8s", "endpoints-vm")
 
 
 def test_the_generated_chart_files_are_current() -> None:
@@ -91,6 +105,18 @@ def watches(calls: list[tuple[str, str]]) -> set[tuple[str, str, str]]:
     return {(g, r, v) for g, r in calls for v in ("list", "watch")}
 
 
+#: The kubernetes client's method verbs, as RBAC names them.
+CLIENT_VERBS = {"read": "get", "create": "create", "replace": "update", "patch": "patch",
+                "delete": "delete", "list": "list"}  # fmt: skip
+
+
+def lease_calls() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every Lease call the election code makes."""
+    calls = re.findall(r"\.(\w+?)_namespaced_lease\(", inspect.getsource(leases))
+    assert calls, "trellis_common.leases makes no Lease call"
+    return {("coordination.k8s.io", "leases", CLIENT_VERBS[c]) for c in calls}
+
+
 def test_rbac_grants_each_component_exactly_the_calls_its_code_makes(rendered: Rendered) -> None:
     api = client.ApiClient()
     namespaces = listed(MonitoredNamespaces(client.CoreV1Api(api), "m").informer.list_call)
@@ -101,7 +127,11 @@ def test_rbac_grants_each_component_exactly_the_calls_its_code_makes(rendered: R
     watcher = Watcher(api, "trellis", signal)
     k8s_calls = [namespaces] + [listed(i.list_call) for i in watcher.informers.values()]
     assert watches(k8s_calls) <= granted(rendered, "endpoints-k8s")
-    assert {v for _, _, v in granted(rendered, "endpoints-k8s")} == {"get", "list", "watch"}
+    elected = lease_calls()
+    # it reads the cluster, and writes nothing but its own Lease
+    assert {v for _, _, v in granted(rendered, "endpoints-k8s") - elected} == {
+        "get", "list", "watch",
+    }  # fmt: skip
 
     source: Any = KubeSource(api, "trellis", "trellis-system", None, Sources(None))  # type: ignore[arg-type]
     catalog_calls = [namespaces] + [(r[0].group, r[0].plural) for r in resources().values()]
@@ -123,12 +153,15 @@ def test_rbac_grants_each_component_exactly_the_calls_its_code_makes(rendered: R
     webhook = ("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
     assert {(*webhook, "get"), (*webhook, "patch")} <= injector
 
-    assert granted(rendered, "certmanager") == {("authentication.k8s.io", "tokenreviews", "create")}
+    assert (
+        granted(rendered, "certmanager")
+        == {("authentication.k8s.io", "tokenreviews", "create")} | elected
+    )
     istio = all_kinds()
     reader = KubeDocuments(api, "trellis", istio, kinds=("ServiceEntry", "WorkloadEntry"))
     vm_calls = [namespaces] + [(r[0].group, r[0].plural) for r in reader.candidates.values()]
     assert len(vm_calls) == 3
-    assert granted(rendered, "endpoints-vm") == watches(vm_calls) | {
+    assert granted(rendered, "endpoints-vm") == watches(vm_calls) | elected | {
         (g, r, "get") for g, r in vm_calls
     }
     assert granted(rendered, "proxy-cp") == set()  # no Kubernetes API at all
@@ -136,6 +169,22 @@ def test_rbac_grants_each_component_exactly_the_calls_its_code_makes(rendered: R
     for component in ("certmanager", "catalog", "endpoints-k8s", "injector", "endpoints-vm"):
         secret_verbs = {v for g, r, v in granted(rendered, component) if r == "secrets"}
         assert not secret_verbs or component == "injector"
+
+
+def test_the_leader_elected_components_make_exactly_the_lease_calls_on_their_own_lease(
+    ha: Rendered,
+) -> None:
+    elected = lease_calls()
+    for component in SETTINGS:
+        leases_granted = {g for g in granted(ha, component) if g[1] == "leases"}
+        assert leases_granted == (elected if component in LEADER_ELECTED else set()), component
+    for component in LEADER_ELECTED:
+        role = ha.get("Role", f"trellis-{component}-lease")
+        for rule in role["rules"]:  # only create is not limited to the Lease's name
+            if rule["verbs"] != ["create"]:
+                assert rule["resourceNames"] == [leases.lease_name(component)]
+        env = environment(ha, component)
+        assert env["TRELLIS_LEASE_NAMESPACE"] == role["metadata"]["namespace"]
 
 
 # -- settings and files -------------------------------------------------------------------
@@ -150,9 +199,11 @@ def environment(rendered: Rendered, component: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.parametrize("values", ["default", "ha"])
 def test_each_variable_is_a_setting_of_its_service(
-    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+    values: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    rendered: Rendered = request.getfixturevalue("rendered" if values == "default" else values)
     for component, settings_cls in SETTINGS.items():
         env = environment(rendered, component)
         fields = settings_cls.model_fields
@@ -179,6 +230,13 @@ def test_each_variable_is_a_setting_of_its_service(
             assert settings.trust_bundle_file == Path("/etc/trellis/trust/ca.crt")
         if isinstance(settings, CatalogSettings):
             assert settings.meshconfig_configmap == "trellis-mesh-config"
+        assert settings.instance == "proxy-cp-abc"  # the pod's name: one identity each
+        assert settings.leader_election == ("kubernetes" if component in LEADER_ELECTED else "auto")
+        if values == "ha":  # the Sentinels' URL, parsed as the services parse it
+            target = SentinelUrl.parse(settings.redis_url)
+            assert len(target.sentinels) == 3
+            assert target.master == "trellis"
+            assert settings.redis_min_replicas_ack == 1
         if isinstance(settings, InjectorSettings):
             assert settings.webhook_service == "injector.trellis-system.svc"
             assert (settings.xds_host, settings.xds_port) == ("proxy-cp.trellis-system.svc", 15128)
@@ -232,6 +290,24 @@ def test_the_in_chart_redis_acl_is_the_codes(rendered: Rendered) -> None:
     assert not any(p in acl for p in passwords.values())  # hashes only
     args = rendered.container("trellis-redis")["args"]
     assert args[args.index("--aclfile") + 1] == "/etc/redis/users.acl"
+    assert "trellis-redis-sentinel-acl" not in rendered.names("Secret")
+
+
+def test_the_sentinel_redis_acls_are_the_codes(ha: Rendered) -> None:
+    passwords = {k: v.decode() for k, v in ha.secret("trellis-redis-users").items()}
+    users = {redisacl.ADMIN, *redisacl.COMPONENTS, redisacl.REPLICATION, redisacl.SENTINEL}
+    assert set(passwords) == users
+    assert len(set(passwords.values())) == len(passwords)
+    acl = ha.secret("trellis-redis-acl")["users.acl"].decode()
+    assert acl == redisacl.aclfile_text(passwords)
+    sentinels = ha.secret("trellis-redis-sentinel-acl")["users.conf"].decode()
+    assert sentinels == "\n".join(redisacl.sentinel_acl_lines(passwords)) + "\n"
+    assert not any(p in acl + sentinels for p in passwords.values())  # hashes only
+    pod = ha.get("StatefulSet", "trellis-redis")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert (env["REDIS_REPLICATION_USER"], env["REDIS_SENTINEL_USER"]) == (
+        redisacl.REPLICATION, redisacl.SENTINEL,
+    )  # fmt: skip
 
 
 def test_certmanager_loads_the_ca_the_chart_makes(rendered: Rendered) -> None:

@@ -1,15 +1,17 @@
 {{/*
 The components: their name (Deployment, Service, ServiceAccount and component certificate
-name), their key in values.yaml, their ports (ARCHITECTURE.md), and whether they call the
-Kubernetes API (only those get the API's service account token).
+name), their key in values.yaml, their ports (ARCHITECTURE.md), whether they call the
+Kubernetes API (only those get the API's service account token), and whether some of their
+work runs on one elected replica only (leader: a Lease named trellis-<name>, rbac.yaml).
+Every component may run several replicas (docs/kubernetes.md#high-availability).
 */}}
 {{- define "trellis.components" -}}
-certmanager: {key: certmanager, grpc: 15020, admin: 15021, kube: true, singleton: true}
-catalog: {key: catalog, grpc: 15010, admin: 15011, kube: true, singleton: true}
-endpoints-k8s: {key: endpointsK8s, grpc: 15030, admin: 15031, kube: true, singleton: true}
-endpoints-vm: {key: endpointsVm, grpc: 15040, admin: 15041, kube: true, singleton: true}
-proxy-cp: {key: proxyCp, grpc: 15128, admin: 15051, kube: false, singleton: false}
-injector: {key: injector, grpc: 15060, admin: 15061, kube: true, singleton: true}
+certmanager: {key: certmanager, grpc: 15020, admin: 15021, kube: true, leader: true}
+catalog: {key: catalog, grpc: 15010, admin: 15011, kube: true, leader: false}
+endpoints-k8s: {key: endpointsK8s, grpc: 15030, admin: 15031, kube: true, leader: true}
+endpoints-vm: {key: endpointsVm, grpc: 15040, admin: 15041, kube: true, leader: true}
+proxy-cp: {key: proxyCp, grpc: 15128, admin: 15051, kube: false, leader: false}
+injector: {key: injector, grpc: 15060, admin: 15061, kube: true, leader: false}
 {{- end -}}
 
 {{- define "trellis.namespace" -}}
@@ -46,20 +48,161 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "TRELLIS_%s_" (. | upper | replace "-" "_") -}}
 {{- end -}}
 
+{{/*
+Redis: standalone (one Deployment), sentinel (a StatefulSet of Redis and Sentinel pairs,
+redis-sentinel.yaml) or external (yours). An empty redis.mode follows ha.enabled.
+*/}}
+{{- define "trellis.redisMode" -}}
+{{- .Values.redis.mode | default (ternary "sentinel" "standalone" .Values.ha.enabled) -}}
+{{- end -}}
+
+{{/* The Sentinel StatefulSet's pods are <this>-<n>.<this>-headless: their stable names. */}}
+{{- define "trellis.redisHeadless" -}}
+{{- printf "trellis-redis-headless.%s.svc" (include "trellis.namespace" .) -}}
+{{- end -}}
+
 {{- define "trellis.redisUrl" -}}
-{{- if .Values.redis.externalUrl -}}
-{{- .Values.redis.externalUrl -}}
+{{- $mode := include "trellis.redisMode" . -}}
+{{- if eq $mode "external" -}}
+{{- required "redis.mode=external needs redis.external.url (redis://, rediss:// or redis+sentinel://)" .Values.redis.external.url -}}
+{{- else if eq $mode "sentinel" -}}
+{{- $headless := include "trellis.redisHeadless" . -}}
+{{- $sentinels := list -}}
+{{- range $i := until (int .Values.redis.sentinel.replicas) -}}
+{{- $sentinels = append $sentinels (printf "trellis-redis-%d.%s:26379" $i $headless) -}}
+{{- end -}}
+{{- printf "redis+sentinel://%s/%s/0" (join "," $sentinels) .Values.redis.sentinel.masterName -}}
 {{- else -}}
 {{- printf "redis://trellis-redis.%s.svc:6379/0" (include "trellis.namespace" .) -}}
 {{- end -}}
 {{- end -}}
 
+{{/* How many replicas acknowledge a write that must survive a failover (WAIT); none: "". */}}
+{{- define "trellis.redisMinReplicasAck" -}}
+{{- $mode := include "trellis.redisMode" . -}}
+{{- if eq $mode "sentinel" -}}
+{{- if ge (int .Values.redis.sentinel.minReplicasAck) (int .Values.redis.sentinel.replicas) -}}
+{{- fail (printf "redis.sentinel.minReplicasAck (%d) must be below redis.sentinel.replicas (%d): one pod is the master" (int .Values.redis.sentinel.minReplicasAck) (int .Values.redis.sentinel.replicas)) -}}
+{{- end -}}
+{{- .Values.redis.sentinel.minReplicasAck -}}
+{{- else if eq $mode "external" -}}
+{{- .Values.redis.external.minReplicasAck -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The ACL users of Redis under Sentinel besides the components' (files/redis-acl.yaml's
+sentinel, from trellis_common.redisacl): the replicas' (PSYNC to their master) and the
+Sentinels' (on the Redis pods and on each other).
+*/}}
+{{- define "trellis.redisSentinelUsers" -}}
+{{- $acl := .Files.Get "files/redis-acl.yaml" | fromYaml -}}
+{{- if not $acl.sentinel -}}
+{{- fail "files/redis-acl.yaml has no sentinel users, which Redis under Sentinel needs: run make chart" -}}
+{{- end -}}
+replication: replication
+sentinel: sentinel
+{{- end -}}
+
 {{- define "trellis.redisSecret" -}}
-{{- if .Values.redis.externalUrl -}}
-{{- required "redis.externalUrl needs redis.existingSecret: a Secret with one password per component (keys certmanager, catalog, endpoints-k8s, endpoints-vm, proxy-cp, injector)" .Values.redis.existingSecret -}}
+{{- if eq (include "trellis.redisMode" .) "external" -}}
+{{- required "redis.mode=external needs redis.external.existingSecret: a Secret with one password per component (keys certmanager, catalog, endpoints-k8s, endpoints-vm, proxy-cp, injector)" .Values.redis.external.existingSecret -}}
 {{- else -}}
 trellis-redis-users
 {{- end -}}
+{{- end -}}
+
+{{/*
+High availability: what each workload (a component, or Redis under Sentinel) gets, as YAML
+(fromYaml it). ha.enabled sets every knob; a knob set on its own (not null / not empty)
+wins over ha, and a component's own replicas and priorityClassName win over both.
+  replicas         <key>.replicas, else 2 with ha, else 1
+  pdb              a PodDisruptionBudget (maxUnavailable) for 2 replicas or more
+  antiAffinity     "", preferred or required, on kubernetes.io/hostname
+  spread           topologySpreadConstraints across zones and nodes
+  maxUnavailable   of the RollingUpdate: 0 (a new pod is ready before an old one goes),
+                   1 where required anti-affinity may leave the surge pod no node
+Call with (dict "root" $ "values" <the component's values> "replicas" <its default>).
+*/}}
+{{- define "trellis.ha" -}}
+{{- $v := .root.Values -}}
+{{- $ha := $v.ha.enabled -}}
+{{- $replicas := int (ternary .values.replicas (.replicas | default (ternary 2 1 $ha)) (hasKey .values "replicas")) -}}
+{{- $pdb := ternary $ha $v.podDisruptionBudget.enabled (kindIs "invalid" $v.podDisruptionBudget.enabled) -}}
+{{- $anti := $v.podAntiAffinity | default (ternary "preferred" "none" $ha) -}}
+{{- $spread := ternary $ha $v.topologySpread.enabled (kindIs "invalid" $v.topologySpread.enabled) -}}
+replicas: {{ $replicas }}
+pdb: {{ and $pdb (ge $replicas 2) }}
+antiAffinity: {{ ternary "" $anti (eq $anti "none") | quote }}
+spread: {{ $spread }}
+priorityClassName: {{ .values.priorityClassName | default $v.priorityClassName | quote }}
+maxUnavailable: {{ ternary 1 0 (and (eq $anti "required") (ge $replicas 2)) }}
+{{- end -}}
+
+{{/*
+The scheduling of a workload's pods: priorityClassName, affinity (the values' affinity,
+with pod anti-affinity on the node added unless it has its own) and topology spread.
+Call with (dict "root" $ "component" <name> "ha" <trellis.ha of it>).
+*/}}
+{{- define "trellis.scheduling" -}}
+{{- $v := .root.Values -}}
+{{- $selector := include "trellis.selector" (dict "root" .root "component" .component) | fromYaml -}}
+{{- with .ha.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $affinity := deepCopy ($v.affinity | default dict) -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $selector) -}}
+{{- if and .ha.antiAffinity (not (hasKey $affinity "podAntiAffinity")) -}}
+{{- if eq .ha.antiAffinity "required" -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) -}}
+{{- else -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) -}}
+{{- end -}}
+{{- end -}}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .ha.spread }}
+topologySpreadConstraints:
+  {{- range $key := list "topology.kubernetes.io/zone" "kubernetes.io/hostname" }}
+  - maxSkew: {{ $v.topologySpread.maxSkew }}
+    topologyKey: {{ $key }}
+    whenUnsatisfiable: {{ $v.topologySpread.whenUnsatisfiable }}
+    labelSelector:
+      matchLabels:
+        {{- toYaml $selector | nindent 8 }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A PodDisruptionBudget: a drain or an upgrade of the nodes takes at most maxUnavailable of
+the workload's pods at a time. Call with (dict "root" $ "component" <name> "name" <its name>).
+*/}}
+{{- define "trellis.pdb" -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name }}
+  namespace: {{ include "trellis.namespace" .root }}
+  labels:
+    {{- include "trellis.labels" (dict "root" .root "component" .component) | nindent 4 }}
+spec:
+  maxUnavailable: {{ .root.Values.podDisruptionBudget.maxUnavailable }}
+  # a pod that is not ready (crash-looping) does not hold a drain up
+  unhealthyPodEvictionPolicy: AlwaysAllow
+  selector:
+    matchLabels:
+      {{- include "trellis.selector" (dict "root" .root "component" .component) | nindent 6 }}
 {{- end -}}
 
 {{- define "trellis.caSecret" -}}
@@ -69,7 +212,8 @@ trellis-redis-users
 {{/*
 Made once per render and kept in the values, so every template that needs one gets the
 same: the CA (from the release's own Secret when it exists: upgrades keep it), the KEK,
-the admin token and the Redis passwords. `helm template` has no cluster: it makes new ones.
+the admin token and the Redis passwords (one per user of files/redis-acl.yaml; under
+Sentinel, the replicas' and the Sentinels' too). `helm template` has no cluster: it makes new ones.
 */}}
 {{- define "trellis.generated" -}}
 {{- if not (hasKey .Values "__generated") -}}
@@ -90,7 +234,12 @@ the admin token and the Redis passwords. `helm template` has no cluster: it make
 {{- $_ := set $made "adminToken" (ternary (index ($token.data | default dict) "token" | default "" | b64dec) (randAlphaNum 48) (not (empty $token))) -}}
 {{- $users := lookup "v1" "Secret" $ns "trellis-redis-users" -}}
 {{- $passwords := dict -}}
-{{- range $name := list "admin" "certmanager" "catalog" "endpoints-k8s" "endpoints-vm" "proxy-cp" "injector" -}}
+{{- $acl := .Files.Get "files/redis-acl.yaml" | fromYaml -}}
+{{- $names := prepend (keys $acl.users | sortAlpha) "admin" -}}
+{{- if eq (include "trellis.redisMode" .) "sentinel" -}}
+{{- $names = concat $names (values (include "trellis.redisSentinelUsers" . | fromYaml)) -}}
+{{- end -}}
+{{- range $name := $names -}}
 {{- $kept := index ($users.data | default dict) $name | default "" | b64dec -}}
 {{- $_ := set $passwords $name ($kept | default (randAlphaNum 40)) -}}
 {{- end -}}
