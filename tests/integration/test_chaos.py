@@ -22,206 +22,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from trellis_common.testing import RedisServer
-from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
+from trellis_common.testing.chaos import TTL, Chaos, Figure
+from trellis_common.testing.mesh import Mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-TTL = 3.0
 # seconds; set by `make chaos` (the bar is a speed figure, not a correctness one)
 CONVERGENCE_BAR = float(os.environ.get("TRELLIS_CHAOS_CONVERGENCE_BAR", "0") or 0)
-PROBE_ADDRESS = "127.0.0.2"  # bookstore-v1's sidecar listens on 0.0.0.0: a real endpoint
-
-
-class Traffic(threading.Thread):
-    """bookbuyer calling bookstore every ``interval`` seconds, recording each outcome."""
-
-    def __init__(self, buyer: Sidecar, interval: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.buyer = buyer
-        self.interval = interval
-        self.outcomes: list[tuple[float, str]] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        with httpx.Client(timeout=5) as client:
-            url = f"http://127.0.0.1:{self.buyer.outbound_port}/books-bought"
-            while not self.halt.is_set():
-                try:
-                    response = client.get(url, headers={"host": BOOKSTORE})
-                    outcome = "ok" if response.status_code == 200 else str(response.status_code)
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                self.outcomes.append((time.monotonic(), outcome))
-                self.halt.wait(self.interval)
-
-    def since(self, start: float) -> tuple[int, list[str]]:
-        seen = [o for t, o in list(self.outcomes) if t >= start]
-        return len(seen), [o for o in seen if o != "ok"]
-
-
-class Heartbeats(threading.Thread):
-    """Each workload's heartbeat every second, as a VM agent sends it."""
-
-    def __init__(self, mesh: Mesh, workloads: list[str]) -> None:
-        super().__init__(daemon=True)
-        self.mesh = mesh
-        self.workloads = workloads
-        self.halt = threading.Event()
-        self.failures: list[tuple[float, str]] = []
-        # each workload's own heartbeat token, kept by `trellis vm register`
-        tokens = mesh.state_dir / "heartbeat-tokens" / "bookstore"
-        self.tokens = {name: (tokens / name).read_text().strip() for name in workloads}
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            endpoints_vm = self.mesh.processes["endpoints-vm"]
-            for name in self.workloads:
-                try:
-                    response = endpoints_vm.post(
-                        f"/v1/workloads/bookstore/{name}/heartbeat",
-                        headers={"authorization": f"Bearer {self.tokens[name]}"},
-                        timeout=2,
-                    )
-                    if response.status_code >= 300:
-                        self.failures.append((time.monotonic(), f"{name}: {response.status_code}"))
-                except (httpx.HTTPError, OSError) as exc:
-                    self.failures.append((time.monotonic(), f"{name}: {type(exc).__name__}"))
-            self.halt.wait(1.0)
-
-
-@dataclass
-class Figure:
-    fault: str
-    requests: int
-    failed: list[str]
-    lost: list[str]
-    convergence: float
-    heartbeat_failures: int
-
-    def row(self) -> str:
-        return (
-            f"{self.fault:<28} {self.requests:>8} {len(self.failed):>7} {len(self.lost):>5} "
-            f"{self.convergence:>10.2f} {self.heartbeat_failures:>10}"
-        )
-
-
-class Chaos:
-    def __init__(self, mesh: Mesh, redis: RedisServer) -> None:
-        self.mesh = mesh
-        self.redis = redis
-        self.v1, self.v2, self.buyer = bookstore(mesh, ttl=TTL)
-        self.workloads = ["v1-a", "v2-a"]
-        self.traffic = Traffic(self.buyer)
-        self.heartbeats = Heartbeats(mesh, self.workloads)
-        self.figures: list[Figure] = []
-        self.probes = 0
-
-    def __enter__(self) -> Chaos:
-        self.traffic.start()
-        self.heartbeats.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.traffic.halt.set()
-        self.heartbeats.halt.set()
-        self.traffic.join(10)
-        self.heartbeats.join(10)
-
-    def registered(self) -> dict[str, bool]:
-        workloads = self.mesh.processes["endpoints-vm"].get("/v1/workloads").json()["workloads"]
-        return {w["name"]: bool(w["alive"]) for w in workloads}
-
-    def in_envoy(self, address: str) -> bool:
-        try:
-            clusters = self.buyer.envoy.get("/clusters?format=json").json()
-        except (httpx.HTTPError, ValueError):
-            return False
-        return any(
-            host["address"]["socket_address"]["address"] == address
-            for cluster in clusters.get("cluster_statuses", [])
-            for host in cluster.get("host_statuses", [])
-        )
-
-    def converge(self) -> float:
-        """From now until a workload registered now is served to bookbuyer's Envoy."""
-        started = time.monotonic()
-        self.probes += 1
-        name = f"probe-{self.probes}"
-        deadline = started + 60
-        while True:  # the registration itself may need endpoints-vm back first
-            done = self.mesh.trellis(
-                "vm", "register", "-n", "bookstore", "--name", name, "--service",
-                "bookstore-v1", "--address", PROBE_ADDRESS, "--port",
-                f"http={self.v1.inbound_port}", "--service-account", "bookstore",
-            )  # fmt: skip
-            if done.returncode == 0:
-                break
-            assert time.monotonic() < deadline, done.stderr
-            time.sleep(0.05)
-        while not self.in_envoy(PROBE_ADDRESS):
-            assert time.monotonic() < deadline, f"{name} never reached bookbuyer's Envoy"
-            time.sleep(0.02)
-        took = time.monotonic() - started
-        gone = self.mesh.trellis("vm", "deregister", "-n", "bookstore", "--name", name)
-        assert gone.returncode == 0, gone.stderr
-        while self.in_envoy(PROBE_ADDRESS):
-            assert time.monotonic() < deadline + 30, f"{name} never left bookbuyer's Envoy"
-            time.sleep(0.05)
-        return took
-
-    def fault(self, name: str, inject: Callable[[], None]) -> Figure:
-        self.wait_settled()
-        start = time.monotonic()
-        heartbeat_start = len(self.heartbeats.failures)
-        inject()  # returns once the fault is over (Redis back, the service restarted)
-        convergence = self.converge()
-        self.more_traffic(20)  # requests after convergence count too
-        requests, failed = self.traffic.since(start)
-        registered = self.registered()
-        lost = [w for w in self.workloads if not registered.get(w)]
-        figure = Figure(
-            name,
-            requests,
-            failed,
-            lost,
-            convergence,
-            len(self.heartbeats.failures) - heartbeat_start,
-        )
-        self.figures.append(figure)
-        return figure
-
-    def more_traffic(self, count: int) -> None:
-        """Wait until ``count`` more requests have had their answer."""
-        target = len(self.traffic.outcomes) + count
-        deadline = time.monotonic() + 30
-        while len(self.traffic.outcomes) < target:
-            assert time.monotonic() < deadline, "traffic stopped"
-            time.sleep(0.02)
-
-    def wait_settled(self) -> None:
-        deadline = time.monotonic() + 60
-        while not all(self.registered().get(w) for w in self.workloads):
-            assert time.monotonic() < deadline, self.registered()
-            time.sleep(0.1)
-
-    def report(self) -> str:
-        header = (
-            f"{'fault':<28} {'requests':>8} {'failed':>7} {'lost':>5} {'converge_s':>10} "
-            f"{'hb_errors':>10}"
-        )
-        return "\n".join(["", "chaos figures", header, *(f.row() for f in self.figures)])
 
 
 @pytest.fixture
@@ -258,7 +74,7 @@ def check(figure: Figure) -> None:
 def test_redis_killed_and_frozen_under_traffic(
     mesh: Mesh, redis_server: RedisServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    with Chaos(mesh, redis_server) as chaos:
+    with Chaos(mesh) as chaos:
 
         def kill_redis() -> None:
             redis_server.kill()
@@ -286,7 +102,7 @@ def test_redis_killed_and_frozen_under_traffic(
 def test_each_service_killed_in_turn_under_traffic(
     mesh: Mesh, redis_server: RedisServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    with Chaos(mesh, redis_server) as chaos:
+    with Chaos(mesh) as chaos:
         try:
             for service in ("certmanager", "endpoints-vm", "catalog", "proxy-cp"):
                 process = mesh.processes[service]

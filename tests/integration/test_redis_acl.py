@@ -38,6 +38,12 @@ def catalog_log(mesh: Mesh) -> str:
     return mesh.processes["catalog"].logs()
 
 
+def server(mesh: Mesh) -> RedisServer:
+    """The mesh's one Redis (this file's mesh has no Sentinel)."""
+    assert isinstance(mesh.redis, RedisServer)
+    return mesh.redis
+
+
 def as_user(server: RedisServer, user: str) -> redis.Redis:
     return redis.Redis(port=server.port, username=user, password=server.password(user))
 
@@ -47,7 +53,7 @@ async def audit_started(mesh: Mesh) -> None:
 
 
 def test_every_service_is_logged_in_as_its_own_user(mesh: Mesh) -> None:
-    with as_user(mesh.redis, "admin") as admin:
+    with as_user(server(mesh), "admin") as admin:
         users = {client["user"] for client in admin.client_list()}
     assert users == {"admin", *mesh.processes}, "no service is default or admin"
 
@@ -57,7 +63,7 @@ async def test_a_connection_without_a_password_is_refused_logged_and_counted(
 ) -> None:
     await audit_started(mesh)
     with (
-        redis.Redis(port=mesh.redis.port, protocol=2) as stranger,
+        redis.Redis(port=server(mesh).port, protocol=2) as stranger,
         pytest.raises(redis.AuthenticationError, match="Authentication required"),
     ):
         stranger.get("trellis:certmanager:ca")
@@ -72,7 +78,7 @@ async def test_a_component_touching_anothers_keys_or_channels_is_refused_logged_
     mesh: Mesh,
 ) -> None:
     await audit_started(mesh)
-    with as_user(mesh.redis, "proxy-cp") as proxy_cp:
+    with as_user(server(mesh), "proxy-cp") as proxy_cp:
         with pytest.raises(redis.exceptions.NoPermissionError):
             proxy_cp.get("trellis:certmanager:ca")  # read the CA
         with pytest.raises(redis.exceptions.NoPermissionError):
@@ -121,10 +127,10 @@ def test_no_private_key_or_redis_password_in_anything_the_mesh_wrote(
     mesh: Mesh, tmp_path: Path
 ) -> None:
     bookstore(mesh)  # proxies onboarded, keys issued and served over SDS, traffic flowing
-    outputs = {f"redis value {i}": v for i, v in enumerate(redis_values(mesh.redis))}
+    outputs = {f"redis value {i}": v for i, v in enumerate(redis_values(server(mesh)))}
     assert len(outputs) >= 3, "the CA and the certificate records are in Redis"
-    users = mesh.redis.users_dir
-    for folder in (mesh.state_dir, mesh.redis.dir):
+    users = server(mesh).users_dir
+    for folder in (mesh.state_dir, server(mesh).dir):
         for path in folder.rglob("*"):
             if path.is_file():
                 outputs[str(path)] = path.read_bytes()
@@ -134,6 +140,6 @@ def test_no_private_key_or_redis_password_in_anything_the_mesh_wrote(
 
     assert [where for where, data in outputs.items() if PRIVATE_KEY.search(data)] == []
     for user in ("admin", *redisacl.COMPONENTS):
-        password = mesh.redis.password(user).encode()
+        password = server(mesh).password(user).encode()
         leaks = [w for w, data in outputs.items() if password in data and w != str(users / user)]
         assert leaks == [], f"{user}'s Redis password is in {leaks}"

@@ -33,6 +33,7 @@ from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
 from trellis_common.testing.identities import allowed_caller, join_as
 from trellis_common.testing.ports import free_port
+from trellis_common.testing.redis_sentinel import SentinelRedis
 from trellis_common.testing.redis_server import RedisServer
 from trellis_common.testing.services import (
     ServiceProcess,
@@ -67,13 +68,14 @@ class Mesh:
         self,
         tmp: Path,
         state_dir: Path,
-        redis: RedisServer,
+        redis: RedisServer | SentinelRedis,
         spec_dir: Path,
         *,
         vm_spec_dir: bool = False,
         env: dict[str, str] | None = None,
         injector: bool = False,
         proxy_cp_replicas: int | None = None,
+        replicas: dict[str, int] | None = None,
     ) -> None:
         self.tmp = tmp
         self.state_dir = state_dir
@@ -105,18 +107,16 @@ class Mesh:
         }
         if injector:  # onboarding through the CLI: `trellis vm|grpc bootstrap`
             self.processes["injector"] = process("injector", "trellis_injector.main")
-        # more proxy-cp processes on the same xDS port (SO_REUSEPORT), as `trellis up
-        # --proxy-cp-replicas N` runs them; TRELLIS_TEST_PROXY_CP_REPLICAS sets the default
-        replicas = proxy_cp_replicas or int(os.environ.get(REPLICAS_VARIABLE, "1"))
+        # more processes of a component on its gRPC port (SO_REUSEPORT), as `trellis up
+        # --replicas COMPONENT=N` runs them; TRELLIS_TEST_PROXY_CP_REPLICAS sets proxy-cp's
+        counts = {
+            "proxy-cp": proxy_cp_replicas or int(os.environ.get(REPLICAS_VARIABLE, "1")),
+            **(replicas or {}),
+        }
         self.replicas = [
-            process(
-                "proxy-cp",
-                "trellis_proxy_cp.main",
-                "--xds-host",
-                "127.0.0.1",
-                instance=f"proxy-cp-{n}",
-            )
-            for n in range(2, replicas + 1)
+            process(name, first.module, *first.args, instance=f"{name}-{n}", **first.env)
+            for name, first in self.processes.items()
+            for n in range(2, counts.get(name, 1) + 1)
         ]
         self.sidecars: list[Sidecar] = []
         self._identities: dict[str, ComponentIdentity] = {}
@@ -124,12 +124,11 @@ class Mesh:
 
     def start(self) -> None:
         """certmanager first (the others join with it), then the rest side by side; the
-        replicas last, on proxy-cp's xDS port."""
+        replicas last, each on its component's gRPC port."""
         try:
             start_mesh(self.processes.values())
-            for replica in self.replicas:
-                replica.spawn(ports=(self.xds_port, 0))
-            for replica in self.replicas:
+            for replica in self.replicas:  # one by one: each trades the component's token
+                replica.spawn(ports=(self.grpc_port(replica.name), 0))
                 replica.ready_or_stop()
         except BaseException:  # nothing of a mesh that never came up outlives the test
             self.stop()
@@ -146,7 +145,22 @@ class Mesh:
 
     @property
     def xds_port(self) -> int:
-        return int(self.processes["proxy-cp"].endpoint.grpc_address.rsplit(":", 1)[1])
+        return self.grpc_port("proxy-cp")
+
+    def grpc_port(self, component: str) -> int:
+        return int(self.processes[component].endpoint.grpc_address.rsplit(":", 1)[1])
+
+    def instances(self, component: str) -> list[ServiceProcess]:
+        """The component's processes, the first one first."""
+        return [self.processes[component], *(r for r in self.replicas if r.name == component)]
+
+    def live(self, component: str) -> ServiceProcess:
+        """A running process of ``component`` (the first one that is), as a client behind
+        a Service reaches one of the pods that are up."""
+        for process in self.instances(component):
+            if process.process is not None and process.process.poll() is None:
+                return process
+        raise RuntimeError(f"no {component} process is running")
 
     def certmanager(self, method: str, request: Any) -> Any:
         """Call certmanager's gRPC API over mTLS as a component the policy lets make the

@@ -4,8 +4,9 @@
 ones and writes them to ``<state-dir>/services/<name>.json``), waits for ``/readyz``, and can
 terminate, SIGKILL and start it again, as an operator or a crash would. Given the test's
 :class:`~trellis_common.testing.RedisServer`, it logs in to Redis as its own component's
-ACL user (its name is the component's), as under ``trellis up``; given a URL, it
-uses that URL as it is.
+ACL user (its name is the component's), as under ``trellis up``; given a
+:class:`~trellis_common.testing.redis_sentinel.SentinelRedis`, through its sentinels, and
+waiting for a replica on durable writes; given a URL, it uses that URL as it is.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import httpx
 from trellis_common import adminhttp, components, jointoken, statefile
 from trellis_common.identity import ComponentIdentity
 from trellis_common.testing.identities import join_as
+from trellis_common.testing.redis_sentinel import SentinelRedis
 from trellis_common.testing.redis_server import RedisServer
 
 #: Identities tests call with, by (state directory, component).
@@ -38,7 +40,7 @@ class ServiceProcess:
         name: str,
         module: str,
         state_dir: Path,
-        redis: RedisServer | str,
+        redis: RedisServer | SentinelRedis | str,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         *,
@@ -55,9 +57,7 @@ class ServiceProcess:
         self.module = module
         self.state_dir = state_dir
         self.redis_env = (
-            redis.service_env(name)
-            if isinstance(redis, RedisServer)
-            else {"TRELLIS_REDIS_URL": redis}
+            {"TRELLIS_REDIS_URL": redis} if isinstance(redis, str) else redis.service_env(name)
         )
         self.args = args
         self.env = env or {}

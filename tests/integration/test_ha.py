@@ -1,0 +1,175 @@
+"""A highly available control plane under steady traffic: two of every component, Redis
+under Sentinel, every replica SIGKILLed in turn (each current leader first), then the
+Redis master.
+
+The mesh is ``trellis up --ha`` in a test's clothes: certmanager, endpoints-vm, the
+catalog and proxy-cp twice each, every pair on one gRPC port (SO_REUSEPORT), Redis as a
+master, two replicas and three sentinels, every acknowledged write waiting for a replica
+(``TRELLIS_REDIS_MIN_REPLICAS_ACK=1``), leases of 3 s. OSM's bookstore runs behind real
+Envoys with VM workloads kept alive by heartbeats, sent to whichever endpoints-vm is up.
+
+For each fault, :class:`~trellis_common.testing.chaos.Chaos` measures the requests that
+failed, the registrations lost, and the time to converge (a workload registered at the
+fault's end reaching bookbuyer's Envoy). Certificates are counted from certmanager's own
+signals: every ``issued`` or ``rotated`` signal names a common name, and none may be
+named twice (one request, one certificate; no rotation is due in a run this short). The
+issue's bar: 0 failed and 0 lost in every row, 0 certificates issued twice. The figures
+are printed (``docs/robustness.md`` has a run's).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from trellis_common.signaling import DEFAULT_PREFIX, Event
+from trellis_common.testing.chaos import Chaos, Figure
+from trellis_common.testing.mesh import Mesh
+from trellis_common.testing.redis_sentinel import SentinelRedis
+from trellis_common.testing.services import ServiceProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+REPLICATED = ("certmanager", "endpoints-vm", "catalog", "proxy-cp")
+ELECTED = {"certmanager", "endpoints-vm"}  # each has one leader among its replicas
+
+
+class Issuance(threading.Thread):
+    """Every ``issued`` and ``rotated`` signal of certmanager's, by common name."""
+
+    def __init__(self, sentinel: SentinelRedis) -> None:
+        super().__init__(daemon=True)
+        self.sentinel = sentinel
+        self.counts: Counter[str] = Counter()
+        self.halt = threading.Event()
+        self.listening = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():  # a failover ends a subscription: subscribe again
+            try:
+                self._listen()
+            except redis.RedisError:
+                self.halt.wait(0.2)
+
+    def _listen(self) -> None:
+        client = redis.Redis(
+            host="127.0.0.1",
+            port=self.sentinel.master_port(),
+            username="admin",
+            password=self.sentinel.password("admin"),
+            socket_timeout=1.0,
+        )
+        with client, client.pubsub() as pubsub:  # type: ignore[no-untyped-call]
+            pubsub.subscribe(f"{DEFAULT_PREFIX}:events:certificates")
+            self.listening.set()
+            while not self.halt.is_set():
+                message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+                if message is None:
+                    continue
+                event = Event.from_json(message["data"])
+                if event.kind in ("issued", "rotated"):
+                    self.counts[event.key] += 1
+
+    def twice(self) -> dict[str, int]:
+        return {name: n for name, n in self.counts.items() if n > 1}
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Iterator[SentinelRedis]:
+    with SentinelRedis(tmp_path / "redis") as started:
+        yield started
+
+
+@pytest.fixture
+def mesh(tmp_path: Path, state_dir: Path, sentinel: SentinelRedis) -> Iterator[Mesh]:
+    spec_dir = tmp_path / "spec"
+    shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
+    env = {
+        "TRELLIS_CATALOG_DISCOVERY_INTERVAL": "0.2",
+        "TRELLIS_CATALOG_SPEC_POLL_INTERVAL": "0.1",
+        # a leader that dies is replaced within seconds
+        "TRELLIS_LEASE_DURATION": "3",
+        "TRELLIS_LEASE_RENEW_DEADLINE": "2",
+        "TRELLIS_LEASE_RETRY_PERIOD": "0.5",
+    }
+    mesh = Mesh(
+        tmp_path,
+        state_dir,
+        sentinel,
+        spec_dir,
+        env=env,
+        replicas=dict.fromkeys(REPLICATED, 2),
+    )
+    mesh.start()
+    try:
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+def leads(process: ServiceProcess) -> bool:
+    status = process.get("/v1/status").json()
+    return any(role.get("leading") for role in status.get("leadership", []))
+
+
+def kill_order(mesh: Mesh) -> list[ServiceProcess]:
+    """Every replica of every component, each elected component's leader first."""
+    order = []
+    for component in REPLICATED:
+        instances = mesh.instances(component)
+        if component in ELECTED:
+            instances.sort(key=lambda p: not leads(p))
+            assert leads(instances[0]), f"no {component} replica leads"
+        order += instances
+    return order
+
+
+def report(
+    chaos: Chaos, issuance: Issuance, capsys: pytest.CaptureFixture[str], path: Path
+) -> None:
+    text = chaos.report() + f"\ncertificates issued twice: {len(issuance.twice())}"
+    with capsys.disabled():
+        print(text)
+    path.write_text(json.dumps([f.__dict__ for f in chaos.figures], indent=2))
+
+
+def check(figure: Figure) -> None:
+    assert figure.failed == [], figure
+    assert figure.lost == [], figure
+
+
+def test_every_replica_and_the_redis_master_killed_under_traffic(
+    mesh: Mesh, sentinel: SentinelRedis, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    issuance = Issuance(sentinel)
+    issuance.start()
+    assert issuance.listening.wait(10)
+    with Chaos(mesh) as chaos:
+        try:
+            for process in kill_order(mesh):
+                was = "leader " if process.name in ELECTED and leads(process) else ""
+
+                def crash(process: Any = process) -> None:
+                    process.kill()
+
+                check(chaos.fault(f"{process.instance} {was}kill -9", crash))
+                process.restart()  # back to two before the next one goes
+
+            def fail_over() -> None:
+                sentinel.wait_failover(sentinel.kill_master())
+
+            check(chaos.fault("redis master kill -9", fail_over))
+        finally:
+            issuance.halt.set()
+            report(chaos, issuance, capsys, tmp_path / "ha.json")
+    assert issuance.twice() == {}, issuance.counts
+    assert issuance.counts, "no certificate was issued: the count would prove nothing"
