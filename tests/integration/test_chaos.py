@@ -19,7 +19,6 @@ TRELLIS_CHAOS_CONVERGENCE_BAR=5 and holds the bar.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -30,7 +29,8 @@ from typing import Any
 import pytest
 
 from trellis_common.testing import RedisServer
-from trellis_common.testing.chaos import TTL, Chaos, Figure
+from trellis_common.testing.chaos import TTL, Chaos, Figure, report
+from trellis_common.testing.chaos import check as check_figure
 from trellis_common.testing.mesh import Mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -57,18 +57,8 @@ def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator
         mesh.stop()
 
 
-def report(chaos: Chaos, capsys: pytest.CaptureFixture[str], path: Path) -> None:
-    text = chaos.report()
-    with capsys.disabled():
-        print(text)
-    path.write_text(json.dumps([f.__dict__ for f in chaos.figures], indent=2))
-
-
 def check(figure: Figure) -> None:
-    assert figure.failed == [], figure
-    assert figure.lost == [], figure
-    if CONVERGENCE_BAR:
-        assert figure.convergence <= CONVERGENCE_BAR, figure
+    check_figure(figure, CONVERGENCE_BAR)
 
 
 def test_redis_killed_and_frozen_under_traffic(

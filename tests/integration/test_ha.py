@@ -19,19 +19,25 @@ are printed (``docs/robustness.md`` has a run's).
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import httpx
 import pytest
 import redis
+from kubernetes import client
 
+from trellis_common import adminhttp, components
+from trellis_common.kube.client import api_client
 from trellis_common.signaling import DEFAULT_PREFIX, Event
-from trellis_common.testing.chaos import Chaos, Figure
+from trellis_common.testing.admission import pod_review
+from trellis_common.testing.chaos import Chaos, check, report
+from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.mesh import Mesh
 from trellis_common.testing.redis_sentinel import SentinelRedis
 from trellis_common.testing.services import ServiceProcess
@@ -39,8 +45,10 @@ from trellis_common.testing.services import ServiceProcess
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-REPLICATED = ("certmanager", "endpoints-vm", "catalog", "proxy-cp")
-ELECTED = {"certmanager", "endpoints-vm"}  # each has one leader among its replicas
+REPLICATED = ("certmanager", "endpoints-vm", "endpoints-k8s", "catalog", "proxy-cp", "injector")
+# each has one leader among its replicas
+ELECTED = {"certmanager", "endpoints-vm", "endpoints-k8s"}
+MONITORED = {"trellis.dev/monitored-by": "trellis"}
 
 
 class Issuance(threading.Thread):
@@ -90,7 +98,13 @@ def sentinel(tmp_path: Path) -> Iterator[SentinelRedis]:
 
 
 @pytest.fixture
-def mesh(tmp_path: Path, state_dir: Path, sentinel: SentinelRedis) -> Iterator[Mesh]:
+def kube() -> Iterator[KubeApi]:
+    with KubeApi() as api:
+        yield api
+
+
+@pytest.fixture
+def mesh(tmp_path: Path, state_dir: Path, sentinel: SentinelRedis, kube: KubeApi) -> Iterator[Mesh]:
     spec_dir = tmp_path / "spec"
     shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
     env = {
@@ -108,6 +122,8 @@ def mesh(tmp_path: Path, state_dir: Path, sentinel: SentinelRedis) -> Iterator[M
         spec_dir,
         env=env,
         replicas=dict.fromkeys(REPLICATED, 2),
+        injector=True,
+        kubeconfig=kube.write_kubeconfig(tmp_path / "kubeconfig"),
     )
     mesh.start()
     try:
@@ -133,26 +149,62 @@ def kill_order(mesh: Mesh) -> list[ServiceProcess]:
     return order
 
 
-def report(
-    chaos: Chaos, issuance: Issuance, capsys: pytest.CaptureFixture[str], path: Path
-) -> None:
-    text = chaos.report() + f"\ncertificates issued twice: {len(issuance.twice())}"
-    with capsys.disabled():
-        print(text)
-    path.write_text(json.dumps([f.__dict__ for f in chaos.figures], indent=2))
+class Cluster:
+    """What the other components' replicas must go on doing while one is down: the
+    injector answering the webhook, and a change in Kubernetes reaching the catalog."""
 
+    def __init__(self, mesh: Mesh, kube: KubeApi, tmp: Path) -> None:
+        self.mesh = mesh
+        self.api = api_client(kube.write_kubeconfig(tmp / "tester"))
+        self.core = cast(Any, client.CoreV1Api(self.api))  # objects as dicts, as kubectl sends
+        self.changes = 0
+        self.core.create_namespace({"metadata": {"name": "shop", "labels": MONITORED}})
 
-def check(figure: Figure) -> None:
-    assert figure.failed == [], figure
-    assert figure.lost == [], figure
+    def webhook_answers(self) -> None:
+        pod = {"metadata": {"name": "p", "namespace": "shop"}, "spec": {"containers": []}}
+        review = pod_review(pod, "shop")
+        with httpx.Client(verify=adminhttp.mesh_context(self.mesh.state_dir), timeout=10) as http:
+            answer = http.post(
+                f"https://127.0.0.1:{self.mesh.webhook_port_of_live()}/mutate",
+                json=review,
+                extensions={"sni_hostname": components.server_name(components.INJECTOR)},
+            )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["response"]["uid"] == review["request"]["uid"]
+
+    def kubernetes_reaches_the_catalog(self) -> None:
+        """A new Service in Kubernetes, seen by the catalog through endpoints-k8s."""
+        self.changes += 1
+        name = f"svc-{self.changes}"
+        self.core.create_namespaced_service(
+            "shop",
+            {"metadata": {"name": name}, "spec": {"ports": [{"name": "http", "port": 80}]}},
+        )
+
+        def listed() -> bool:
+            services = self.mesh.live("catalog").get("/v1/services").json()["services"]
+            return any((s["namespace"], s["name"]) == ("shop", name) for s in services)
+
+        deadline = time.monotonic() + 30
+        while not listed():
+            assert time.monotonic() < deadline, f"{name} never reached the catalog"
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.api.close()  # type: ignore[no-untyped-call]
 
 
 def test_every_replica_and_the_redis_master_killed_under_traffic(
-    mesh: Mesh, sentinel: SentinelRedis, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    mesh: Mesh,
+    sentinel: SentinelRedis,
+    kube: KubeApi,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     issuance = Issuance(sentinel)
     issuance.start()
     assert issuance.listening.wait(10)
+    cluster = Cluster(mesh, kube, tmp_path)
     with Chaos(mesh) as chaos:
         try:
             for process in kill_order(mesh):
@@ -160,6 +212,8 @@ def test_every_replica_and_the_redis_master_killed_under_traffic(
 
                 def crash(process: Any = process) -> None:
                     process.kill()
+                    cluster.webhook_answers()  # by the other injector, when it is one
+                    cluster.kubernetes_reaches_the_catalog()
 
                 check(chaos.fault(f"{process.instance} {was}kill -9", crash))
                 process.restart()  # back to two before the next one goes
@@ -169,7 +223,9 @@ def test_every_replica_and_the_redis_master_killed_under_traffic(
 
             check(chaos.fault("redis master kill -9", fail_over))
         finally:
+            cluster.close()
             issuance.halt.set()
-            report(chaos, issuance, capsys, tmp_path / "ha.json")
+            twice = f"certificates issued twice: {len(issuance.twice())}"
+            report(chaos, capsys, tmp_path / "ha.json", twice)
     assert issuance.twice() == {}, issuance.counts
     assert issuance.counts, "no certificate was issued: the count would prove nothing"

@@ -65,6 +65,10 @@ def services(
             env={
                 "TRELLIS_ENDPOINTS_K8S_KUBECONFIG": kubeconfig,
                 "TRELLIS_ENDPOINTS_K8S_WATCH_TIMEOUT": "5",
+                # its Lease: a replica that dies is replaced within seconds
+                "TRELLIS_LEASE_DURATION": "3",
+                "TRELLIS_LEASE_RENEW_DEADLINE": "2",
+                "TRELLIS_LEASE_RETRY_PERIOD": "0.5",
             },
         ),
         "catalog": ServiceProcess(
@@ -310,3 +314,70 @@ async def test_trellis_up_with_a_kubeconfig_runs_endpoints_k8s_for_the_catalog(
         except subprocess.TimeoutExpired:
             os.killpg(up.pid, signal.SIGKILL)
             up.wait()
+
+
+def leads(process: ServiceProcess) -> bool:
+    roles = process.get("/v1/status").json().get("leadership", [])
+    return any(role.get("leading") for role in roles)
+
+
+async def test_two_endpoints_k8s_replicas_hand_over_without_the_catalog_losing_anything(
+    services: dict[str, ServiceProcess],
+    core: Any,
+    kube: KubeApi,
+    tmp_path: Path,
+    redis_server: RedisServer,
+) -> None:
+    """A second endpoints-k8s on the first one's gRPC port, electing a leader on a Lease in
+    the API server: only the leader signals, the standby's informers are warm, and when the
+    leader is SIGKILLed the standby takes over the Lease, signals a resync, and a change made
+    after the death reaches the catalog; the endpoints the catalog had are never dropped."""
+    v1, discovery = core
+    first, catalog = services["endpoints-k8s"], services["catalog"]
+    second = ServiceProcess(
+        "endpoints-k8s",
+        "trellis_endpoints_k8s.main",
+        first.state_dir,
+        redis_server,
+        env=first.env,
+        instance="endpoints-k8s-2",
+    )
+    grpc_port = int(first.endpoint.grpc_address.rsplit(":", 1)[1])
+    second.spawn(ports=(grpc_port, 0))
+    api = api_client(kube.write_kubeconfig(tmp_path / "lease-reader"))
+    lease = client.CoordinationV1Api(api)
+    try:
+        second.ready_or_stop()
+        await call(v1.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
+        await call(v1.create_namespaced_service, "shop", cart_service())
+        await call(v1.create_namespaced_pod, "shop", pod("cart-1", "10.1.0.1"))
+        slice_ = endpoint_slice("cart-abc", [("cart-1", "10.1.0.1", True)])
+        await call(discovery.create_namespaced_endpoint_slice, "shop", slice_)
+        await eventually(lambda: (catalog_cart(catalog) or {}).get("endpoints") == 1, timeout=15)
+        await eventually(lambda: provider_cart(second) is not None, timeout=10, message="warm")
+        assert [leads(first), leads(second)] == [True, False]
+        held = await call(lease.read_namespaced_lease, "trellis-endpoints-k8s", "trellis-system")
+        assert held.spec.holder_identity == "endpoints-k8s"
+
+        first.kill()
+        await eventually(lambda: leads(second), timeout=20, message="the standby leads")
+        assert (catalog_cart(catalog) or {}).get("endpoints") == 1  # nothing dropped meanwhile
+        await call(v1.create_namespaced_pod, "shop", pod("cart-2", "10.1.0.2"))
+        both = [("cart-1", "10.1.0.1", True), ("cart-2", "10.1.0.2", True)]
+        await call(
+            discovery.replace_namespaced_endpoint_slice,
+            "cart-abc",
+            "shop",
+            endpoint_slice("cart-abc", both),
+        )
+        await eventually(
+            lambda: (catalog_cart(catalog) or {}).get("endpoints") == 2,
+            timeout=15,
+            message="a change made after the handover, in the catalog",
+        )
+        held = await call(lease.read_namespaced_lease, "trellis-endpoints-k8s", "trellis-system")
+        assert held.spec.holder_identity == "endpoints-k8s-2"
+        assert catalog.get("/v1/status").json().get("rejections", []) == []
+    finally:
+        second.stop()
+        api.close()  # type: ignore[no-untyped-call]

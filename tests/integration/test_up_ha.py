@@ -8,18 +8,16 @@ a Redis failover by themselves.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+
+from trellis_common.testing.up import Up, wait
 
 pytestmark = [
     pytest.mark.integration,
@@ -27,85 +25,21 @@ pytestmark = [
     pytest.mark.xdist_group("fixed-ports"),  # `trellis up` binds the default ports
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 COMPONENTS = ("certmanager", "endpoints-vm", "catalog", "proxy-cp", "injector")
 ELECTED = ("certmanager", "endpoints-vm")
-
-
-def wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting until {what}")
-
-
-class Up:
-    def __init__(self, tmp: Path) -> None:
-        self.state = tmp / "state"
-        self.log = tmp / "up.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, *args: str) -> None:
-        with self.log.open("wb") as sink:
-            self.process = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "trellis_cli.main", "--state-dir", str(self.state)),
-                    *("up", "--no-demo", "--quiet", *args),
-                ],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                start_new_session=True,
-                env={**os.environ, "COLUMNS": "200", "TRELLIS_LEASE_DURATION": "3",
-                     "TRELLIS_LEASE_RENEW_DEADLINE": "2", "TRELLIS_LEASE_RETRY_PERIOD": "0.5"},
-            )  # fmt: skip
-        wait(lambda: "Trellis is up" in self.output() or self.exited(), 240, "trellis up is up")
-        assert not self.exited(), self.output()
-
-    def exited(self) -> bool:
-        return self.process is not None and self.process.poll() is not None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(self.state), *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd=ROOT,
-        )
-
-    def status(self) -> dict[str, dict[str, Any]]:
-        done = self.cli("status", "--json")
-        body = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
-        return {s["service"]: s for s in body.get("services", [])}
-
-    def pid(self, instance: str) -> int:
-        return int(json.loads((self.state / "services" / f"{instance}.json").read_text())["pid"])
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGINT)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
 
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
     running = Up(tmp_path)
     try:
-        running.start("--ha")
+        # leases of 3 s: a leader killed is replaced within seconds
+        lease = {"TRELLIS_LEASE_DURATION": "3", "TRELLIS_LEASE_RENEW_DEADLINE": "2"}
+        lease["TRELLIS_LEASE_RETRY_PERIOD"] = "0.5"
+        running.start("--ha", "--no-demo", "--quiet", env=lease, timeout=240)
         yield running
     finally:
-        running.stop()
+        running.stop(signal.SIGINT, timeout=60)
 
 
 def leaders(status: dict[str, dict[str, Any]], component: str) -> list[str]:
@@ -134,14 +68,58 @@ def test_ha_runs_two_of_everything_and_a_leader_hands_over(up: Up) -> None:
     assert isinstance(master, tuple), master
     assert int(master[1]) in (16380, 16381, 16382)
 
+    # the leader freezes (SIGSTOP: it cannot renew, as if cut off): the standby takes over
+    # once the lease has run out, and the old one, thawed, has stepped down
     leader = leaders(status, "certmanager")[0]
-    os.kill(up.pid(leader), signal.SIGKILL)  # the supervisor restarts it; the other leads
-    wait(
-        lambda: (now := leaders(up.status(), "certmanager")) and now != [leader],
-        60,
-        "the standby certmanager leads",
-    )
+    pid = up.pid(leader)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait(
+            lambda: (now := leaders(up.status(), "certmanager")) and now != [leader],
+            60,
+            "the standby certmanager leads",
+        )
+    finally:
+        os.kill(pid, signal.SIGCONT)
     wait(lambda: all(s["healthy"] for s in up.status().values()), 60, "every replica healthy")
+    assert len(leaders(up.status(), "certmanager")) == 1
+
+    # a leader SIGKILLed: the supervisor restarts it, and one replica leads throughout
+    os.kill(up.pid(leaders(up.status(), "endpoints-vm")[0]), signal.SIGKILL)
+    wait(lambda: all(s["healthy"] for s in up.status().values()), 60, "every replica healthy")
+    assert len(leaders(up.status(), "endpoints-vm")) == 1
+
+    # the Redis master stops answering (SIGSTOP: a killed one is restarted by `trellis up`
+    # faster than the sentinels' 1 s): a replica is promoted, the old master demoted when it
+    # is back, and the services go on by themselves
+    frozen = redis_pid(up, int(master[1]))
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        wait(lambda: promoted(sentinel, int(master[1])), 60, "a replica promoted")
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    registered = up.cli(
+        "vm", "register", "-n", "shop", "--name", "vm-1", "--service", "cart",
+        "--address", "10.0.0.1", "--port", "http=8080",
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stdout + registered.stderr
+    wait(lambda: all(s["healthy"] for s in up.status().values()), 60, "healthy after failover")
+    listed = up.cli("vm", "list", "--json")
+    assert "vm-1" in listed.stdout, listed.stdout + listed.stderr
+
+
+def redis_pid(up: Up, port: int) -> int:
+    """The pid of the Redis server on ``port``, as it says itself."""
+    with redis.Redis(port=port, username="admin", password=admin_password(up)) as server:
+        return int(server.info("server")["process_id"])
+
+
+def promoted(sentinel: redis.Redis, old_port: int) -> bool:
+    try:
+        master = sentinel.sentinel_get_master_addr_by_name("trellis")
+    except redis.RedisError:
+        return False
+    return isinstance(master, tuple) and int(master[1]) != old_port
 
 
 def admin_password(up: Up) -> str:

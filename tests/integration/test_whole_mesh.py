@@ -15,15 +15,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from trellis_common import adminhttp
+from trellis_common.testing import up
+from trellis_common.testing.up import wait
 
 # `trellis up` binds the default ports: never beside another test that does (xdist group)
 pytestmark = [
@@ -36,51 +37,24 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("certmanager", "endpoints-vm", "catalog", "proxy-cp", "proxy-cp-2", "injector")
 
 
-class Up:
+class Up(up.Up):
+    """``trellis up`` with the demo, on a copy of examples/."""
+
     def __init__(self, tmp: Path) -> None:
-        self.state = tmp / "state"
+        super().__init__(tmp)
         self.spec = tmp / "spec"
         shutil.copytree(ROOT / "examples", self.spec)  # bookstore/ and grpc/, as `make run`
-        self.log = tmp / "up.log"
-        self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        with self.log.open("wb") as sink:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "trellis_cli.main",
-                    "--state-dir",
-                    str(self.state),
-                    "up",
-                    "--spec-dir",
-                    str(self.spec),
-                    "--quiet",
-                    # two proxy-cp processes on the one xDS port: the demo's proxies are
-                    # spread over them, and everything below holds as with one
-                    "--proxy-cp-replicas",
-                    "2",
-                ],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                start_new_session=True,
-                env={**os.environ, "TRELLIS_DEMO_RATE": "40", "COLUMNS": "200"},
-            )
-        wait(lambda: "Trellis is up" in self.output(), 180, "trellis up is up")
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(self.state), *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            cwd=ROOT,
+    def start_demo(self) -> None:
+        self.start(
+            "--spec-dir",
+            str(self.spec),
+            "--quiet",
+            # two proxy-cp processes on the one xDS port: the demo's proxies are spread
+            # over them, and everything below holds as with one
+            "--proxy-cp-replicas",
+            "2",
+            env={"TRELLIS_DEMO_RATE": "40"},
         )
 
     def counts(self, client: str) -> Counter[str]:
@@ -100,9 +74,6 @@ class Up:
         )
         return self.counts(client) - start
 
-    def pid(self, service: str) -> int:
-        return int(json.loads((self.state / "services" / f"{service}.json").read_text())["pid"])
-
     def ready(self, service: str) -> bool:
         try:
             body = json.loads((self.state / "services" / f"{service}.json").read_text())
@@ -111,15 +82,6 @@ class Up:
             return answer.status_code == 200
         except (OSError, ValueError, KeyError, httpx.HTTPError):
             return False
-
-
-def wait(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def share(seen: Counter[str], key: str) -> float:
@@ -136,18 +98,12 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def mesh(tmp_path: Path) -> Iterator[Up]:
-    up = Up(tmp_path)
+    running = Up(tmp_path)
     try:
-        up.start()
-        yield up
+        running.start_demo()
+        yield running
     finally:
-        if up.process is not None and up.process.poll() is None:
-            up.process.send_signal(signal.SIGTERM)
-            try:
-                up.process.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(up.process.pid, signal.SIGKILL)
-                up.process.wait()
+        running.stop()
 
 
 def readme_tour(mesh: Up) -> Iterator[tuple[str, subprocess.CompletedProcess[str]]]:

@@ -196,8 +196,11 @@ async def test_a_heartbeat_never_puts_back_a_deregistered_workload(
     assert await store.load(["shop/vm-1"]) == {"shop/vm-1": None}
     assert (await store.load_all()).records == []
     await eventually(lambda: standby.manager.workload("shop/vm-1") is None)
-    assert await store.prune_heartbeats() in (0, 1)  # an orphan heartbeat, if any, goes
+    assert await store.prune(tombstone_age=3600) in (0, 1)  # an orphan heartbeat, if any
     assert await redis_client.hlen(store.heartbeat_key) == 0
+    assert await store.deregistered(["shop/vm-1"]) == {"shop/vm-1"}  # young: kept
+    assert await store.prune(tombstone_age=0) == 1
+    assert await store.deregistered(["shop/vm-1"]) == set()
 
 
 async def test_a_replica_that_missed_signals_catches_up_from_the_store(
@@ -215,3 +218,22 @@ async def test_a_replica_that_missed_signals_catches_up_from_the_store(
     assert standby.addresses() == ["10.0.0.1"]
     assert await standby.manager.mirror_all() > 0  # views changed, and were signalled
     assert standby.addresses() == ["10.0.0.3"]
+
+
+async def test_a_store_that_lost_its_data_is_not_a_deregistration(
+    replicas: tuple[Replica, Replica],
+    redis_client: redis.asyncio.Redis,
+    vm: Workload,
+) -> None:
+    """Redis came back empty (no persistence, a failover to a stale replica): a replica
+    that reads the store back keeps what it holds, and the leader writes it back."""
+    leader, standby = replicas
+    await leader.manager.register(vm)
+    await eventually(lambda: standby.addresses() == ["10.0.0.1"])
+    store = RedisWorkloadStore(redis_client)
+    await redis_client.delete(store.key, store.heartbeat_key, store.tombstone_key)
+    assert await standby.manager.mirror_all() == 0  # no tombstone: lost, not deregistered
+    assert standby.addresses() == ["10.0.0.1"]
+    assert await standby.manager.keeper.refill_if_lost() == 0  # a standby does not refill
+    assert await leader.manager.keeper.refill_if_lost() == 1
+    assert [w.id for w in (await store.load_all()).records] == ["shop/vm-1"]

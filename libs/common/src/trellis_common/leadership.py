@@ -44,7 +44,6 @@ and passes :attr:`Leadership.token` with each write that only the leader may mak
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import random
@@ -52,6 +51,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from trellis_common import lifecycle
 from trellis_common.backoff import Backoff, wait_or_stop
 from trellis_common.health import Health, Loop
 
@@ -171,7 +171,7 @@ class Leadership:
         while not self.leading:
             if stop.is_set():
                 return False
-            await _first(self._became_leader.wait(), stop.wait())
+            await lifecycle.first(self._became_leader.wait(), stop.wait())
             if self._is_leader and not self.leading:  # past its deadline: the loop is
                 await asyncio.sleep(self.timing.retry_period / 10)  # about to step down
         return True
@@ -317,19 +317,6 @@ class Leadership:
         else:
             log.info("leader.released name=%s lock=%r", self.name, self.lock.description)
             self._holder = ""
-
-
-async def _first(*waits: Awaitable[object]) -> None:
-    """Wait for the first of ``waits``; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 async def _set_when(stop: asyncio.Event, over: asyncio.Event) -> None:

@@ -8,10 +8,10 @@ the others wind down. :func:`main` wraps that for a console script.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 from trellis_common.backoff import Backoff, RetryCallState, failure, retrying, start_over
 from trellis_common.health import Loops
@@ -90,15 +90,18 @@ def supervised(
     return run
 
 
-async def first(*waits: Coroutine[Any, Any, object]) -> None:
+async def first(*waits: Awaitable[object]) -> None:
     """Wait until the first of ``waits`` is done (typically some event, or ``stop``);
-    the others are cancelled."""
+    the others are cancelled, and awaited, so none outlives the call."""
     tasks = [asyncio.ensure_future(w) for w in waits]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in tasks:
             task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

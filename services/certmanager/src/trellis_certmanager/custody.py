@@ -55,6 +55,8 @@ class CaCustody:
         self._root_validity = root_validity
         self._trust_domain = trust_domain
         self._clock = clock
+        #: held while the store is restored; :meth:`CertificateManager.reload` waits for it
+        self.restoring = asyncio.Lock()
 
     async def choose(self, provided: CertificateAuthority | None, marker: Path | None) -> Chosen:
         """The CA this certmanager serves (see the module docstring); writes the marker."""
@@ -159,7 +161,15 @@ class CaCustody:
     async def restore_if_lost(
         self, current: CertificateAuthority, refill: Callable[[], Awaitable[None]]
     ) -> bool:
-        """Put the CA back (then ``refill`` the rest) if the store lost it; True if it did."""
+        """Put the CA back (then ``refill`` the rest) if the store lost it; True if it did.
+        Under :attr:`restoring`: a reload waits for it, and never reads a half-refilled
+        store (the CA back, the records not yet) as the truth."""
+        async with self.restoring:
+            return await self._restore_if_lost(current, refill)
+
+    async def _restore_if_lost(
+        self, current: CertificateAuthority, refill: Callable[[], Awaitable[None]]
+    ) -> bool:
         stored = await self._store.load_ca()
         if stored is not None:
             self.check_ours(stored, current, "store guard")

@@ -315,12 +315,13 @@ class CertificateManager:
 
     async def reload(self) -> None:
         """Read every record and revocation again (a resync of the signals); not from a
-        store that lost its data (no CA): the store guard refills it from memory."""
-        if await self._store.load_ca() is None:
-            log.warning("cert.reload_skipped reason=store_lost_its_data")
-            return
-        await self._records.reload()
-        await self.revocations.load()
+        store that lost its data (no CA), nor while it is refilled from memory."""
+        async with self._custody.restoring:
+            if await self._store.load_ca() is None:
+                log.warning("cert.reload_skipped reason=store_lost_its_data")
+                return
+            await self._records.reload()
+            await self.revocations.load()
         self._count()
 
     async def rotate(
@@ -445,9 +446,8 @@ class CertificateManager:
         await self.revocations.restore()
         for common_name in self._rejected.fields():  # the store lost them with the rest
             self._rejected.overwritten(common_name)
-        log.warning(
-            "ca.store_restored fingerprint=%s records=%d", self.ca.fingerprint, len(self._records)
-        )
+        held, fingerprint = len(self._records), self.ca.fingerprint
+        log.warning("ca.store_restored fingerprint=%s records=%d", fingerprint, held)
 
     # -- helpers -------------------------------------------------------------------
 

@@ -137,9 +137,15 @@ class HeldRecords:
             return record
 
     async def refresh(self, common_name: str) -> CertificateRecord | None:
-        """Read ``common_name`` again from the store (a signal named it)."""
+        """Read ``common_name`` again from the store (a signal named it). Gone from a store
+        that still has its CA: revoked or pruned by another replica, dropped here; gone from
+        one without (Redis lost its data, the store guard refills it): kept."""
         async with self.local(common_name):
-            record = await self.stored(common_name)
+            record = await self._store.get(common_name)
+            if record is None and await self._store.load_ca() is None:
+                log.warning("cert.refresh_skipped cn=%s reason=store_lost_its_data", common_name)
+                return self._records.get(common_name)
+            self.place(common_name, record)
         if record is not None:  # a refused one was overwritten by another replica
             self._rejected.overwritten(common_name)
         return record

@@ -44,6 +44,9 @@ from trellis_endpoints_vm.store import CHUNK, WorkloadStore
 log = logging.getLogger(__name__)
 
 LOOP_NAME = "workload-store"
+#: A deregistration's tombstone is kept this long (replicas that missed the signal resync
+#: long before), then pruned by the leader's periodic check.
+TOMBSTONE_SECONDS = 86_400.0
 FAILURES = (RedisError, OSError, TimeoutError)
 
 
@@ -286,6 +289,7 @@ class StoreKeeper:
             return 0
         async with self._io:
             async with asyncio.timeout(self._timeout):
+                await self._store.prune(TOMBSTONE_SECONDS)
                 missing = await self._store.missing(list(self._known()), self._extra())
             puts = [w for w in map(self._current, missing) if w is not None]
             if not puts:

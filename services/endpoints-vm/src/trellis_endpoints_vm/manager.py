@@ -288,11 +288,12 @@ class EndpointsManager:
         what it holds; returns the views changed. Raises what the store raises."""
         ids = sorted(set(workload_ids))
         stored = await self._store.load(ids)
+        gone = await self._store.deregistered([i for i in ids if stored.get(i) is None])
         async with self._lock:
             now = self._clock()
             changes: list[Change] = []
             for workload_id in ids:
-                changes += self._take(workload_id, stored.get(workload_id), now)
+                changes += self._take(workload_id, stored.get(workload_id), now, gone)
             signals = self._count(changes)
         await self._send(signals)
         return len(signals)
@@ -300,26 +301,35 @@ class EndpointsManager:
     async def mirror_all(self) -> int:
         """Take everything the store holds (after missed signals); returns the views changed."""
         loaded = await self._store.load_all()
+        stored = {w.id: w for w in loaded.records}
+        gone = await self._store.deregistered(
+            [i for i in self.registry.workloads if i not in stored]
+        )
         async with self._lock:
             now = self._clock()
-            stored = {w.id: w for w in loaded.records}
             refused = {r.field for r in loaded.rejected}
             changes: list[Change] = []
             for workload_id in sorted(set(stored) | set(self.registry.workloads)):
                 if workload_id not in refused:
-                    changes += self._take(workload_id, stored.get(workload_id), now)
+                    changes += self._take(workload_id, stored.get(workload_id), now, gone)
             signals = self._count(changes)
         await self._send(signals)
         return len(signals)
 
-    def _take(self, workload_id: str, stored: Workload | None, now: float) -> list[Change]:
+    def _take(
+        self, workload_id: str, stored: Workload | None, now: float, gone: set[str]
+    ) -> list[Change]:
         """Memory takes the store's state of one workload (under the lock). A write of
-        our own still queued for the store is ours to keep."""
+        our own still queued for the store is ours to keep, and so is a workload missing
+        from the store without a tombstone (``gone``): Redis lost it, it was not
+        deregistered, and the leader writes it back."""
         if workload_id in self.keeper.rewrites:
             return []
         current = self.registry.workloads.get(workload_id)
         if stored is None:
-            return [] if current is None else self.registry.remove(workload_id, now)
+            if current is None or workload_id not in gone:
+                return []
+            return self.registry.remove(workload_id, now)
         if current is not None and replace(current, last_heartbeat=0.0) == replace(
             stored, last_heartbeat=0.0
         ):

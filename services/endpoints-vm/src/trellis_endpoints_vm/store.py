@@ -16,7 +16,14 @@ that took it, a heartbeat by whichever replica heard it, so a heartbeat never re
 registration (a replica that has not yet heard of a re-registration or a deregistration
 cannot put back the old one). A record's time is the later of its own ``last_heartbeat``
 and the heartbeat hash's; a heartbeat whose workload is gone is ignored, and deleted with
-the workload or by :meth:`RedisWorkloadStore.prune_heartbeats`.
+the workload or by :meth:`RedisWorkloadStore.prune`.
+
+A deletion leaves a tombstone (``...:deregistered``, workload id → when), removed when the
+workload registers again or by :meth:`RedisWorkloadStore.prune` after a day. It tells a
+deregistration from a lost store: a record that is missing *with* a tombstone was
+deregistered (a replica drops it), one missing *without* one was lost with Redis's data
+(a replica keeps it, and the leader writes it back); and no workload is written back over
+a deregistration another replica made.
 
 Registrations and deletions are on ``min_replicas`` Redis replicas (``WAIT``, through
 :func:`trellis_common.redisconn.replicated`) before a write returns, so one that is
@@ -31,6 +38,7 @@ What a store does not do is wait: bounding and queueing writes across an outage 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
@@ -71,6 +79,15 @@ class WorkloadStore(Protocol):
         """The last heartbeat stored for each of ``workload_ids`` that has one."""
         ...
 
+    async def deregistered(self, workload_ids: Sequence[str]) -> set[str]:
+        """Which of ``workload_ids`` have a tombstone: deregistered, not lost."""
+        ...
+
+    async def prune(self, tombstone_age: float) -> int:
+        """Delete orphan heartbeats and tombstones older than ``tombstone_age`` seconds;
+        returns how many fields went."""
+        ...
+
     async def load_all(self) -> Loaded: ...
 
     async def missing(self, workload_ids: Collection[str], extra: int = 0) -> list[str]:
@@ -102,6 +119,7 @@ class RedisWorkloadStore:
         self._min_replicas = min_replicas
         self.key = f"{prefix}:endpoints-vm:workloads"
         self.heartbeat_key = f"{prefix}:endpoints-vm:heartbeats"
+        self.tombstone_key = f"{prefix}:endpoints-vm:deregistered"
 
     def location(self, field: str) -> str:
         """Where a record lives, as an operator would look for it."""
@@ -146,26 +164,42 @@ class RedisWorkloadStore:
             found[workload_id] = None if record is None else _later(record, _time(beat))
         return found
 
-    async def prune_heartbeats(self) -> int:
-        """Delete the heartbeats of workloads that are not stored; returns how many."""
-        registered = {_text(f) for f in await self._redis.hkeys(self.key)}
-        beating = {_text(f) for f in await self._redis.hkeys(self.heartbeat_key)}
-        orphans = sorted(beating - registered)
-        if orphans:
-            await self._redis.hdel(self.heartbeat_key, *orphans)
-        return len(orphans)
+    async def deregistered(self, workload_ids: Sequence[str]) -> set[str]:
+        if not workload_ids:
+            return set()
+        values = await self._redis.hmget(self.tombstone_key, list(workload_ids))
+        return {i for i, value in zip(workload_ids, values, strict=True) if value is not None}
+
+    async def prune(self, tombstone_age: float) -> int:
+        pruned = 0
+        if await self._redis.hlen(self.heartbeat_key) > await self._redis.hlen(self.key):
+            registered = {_text(f) for f in await self._redis.hkeys(self.key)}
+            beating = {_text(f) for f in await self._redis.hkeys(self.heartbeat_key)}
+            orphans = sorted(beating - registered)
+            if orphans:
+                pruned += await self._redis.hdel(self.heartbeat_key, *orphans)
+        if await self._redis.hlen(self.tombstone_key):
+            since = time.time() - tombstone_age
+            tombstones = await self._redis.hgetall(self.tombstone_key)
+            old = [_text(f) for f, at in tombstones.items() if (_time(at) or 0.0) < since]
+            if old:
+                pruned += await self._redis.hdel(self.tombstone_key, *old)
+        return pruned
 
     async def write(self, puts: Sequence[workloads.Workload], deletes: Sequence[str] = ()) -> None:
         commands = [("put", w.id, workloads.to_json(w)) for w in puts]
         commands += [("delete", workload_id, "") for workload_id in deletes]
+        now = repr(time.time())
         for start in range(0, len(commands), CHUNK):
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with self._redis.pipeline(transaction=True) as pipe:
                 for op, field, value in commands[start : start + CHUNK]:
                     if op == "put":
                         pipe.hset(self.key, field, value)
+                        pipe.hdel(self.tombstone_key, field)
                     else:
                         pipe.hdel(self.key, field)
                         pipe.hdel(self.heartbeat_key, field)
+                        pipe.hset(self.tombstone_key, field, now)
                 await pipe.execute()
         if commands:
             await redisconn.replicated(self._redis, replicas=self._min_replicas)
@@ -179,7 +213,9 @@ class RedisWorkloadStore:
         if not workload_ids or await self._redis.hlen(self.key) >= len(workload_ids) + extra:
             return []
         stored = {_text(f) for f in await self._redis.hkeys(self.key)}
-        return sorted(set(workload_ids) - stored)
+        absent = sorted(set(workload_ids) - stored)
+        gone = await self.deregistered(absent)  # by another replica, not lost
+        return [workload_id for workload_id in absent if workload_id not in gone]
 
     async def ping(self) -> None:
         await self._redis.ping()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
 
 from trellis_common.stored import Rejected
@@ -20,6 +21,7 @@ class InMemoryWorkloadStore:
     def __init__(self) -> None:
         self.workloads: dict[str, Workload] = {}
         self.heartbeat_times: dict[str, float] = {}
+        self.tombstones: dict[str, float] = {}
         self.rejected: list[Rejected] = []
         self.down = False
         self.writes = 0
@@ -39,9 +41,11 @@ class InMemoryWorkloadStore:
         self.writes += 1
         for workload in puts:
             self.workloads[workload.id] = workload
+            self.tombstones.pop(workload.id, None)
         for workload_id in deletes:
             self.workloads.pop(workload_id, None)
             self.heartbeat_times.pop(workload_id, None)
+            self.tombstones[workload_id] = time.time()
         written = {w.id for w in puts} | set(deletes)  # a bad record is overwritten too
         self.rejected = [r for r in self.rejected if r.field not in written]
 
@@ -53,6 +57,20 @@ class InMemoryWorkloadStore:
     async def heartbeats(self, workload_ids: Sequence[str]) -> dict[str, float]:
         self._check()
         return {i: self.heartbeat_times[i] for i in workload_ids if i in self.heartbeat_times}
+
+    async def deregistered(self, workload_ids: Sequence[str]) -> set[str]:
+        self._check()
+        return {i for i in workload_ids if i in self.tombstones}
+
+    async def prune(self, tombstone_age: float) -> int:
+        self._check()
+        orphans = [i for i in self.heartbeat_times if i not in self.workloads]
+        old = [i for i, at in self.tombstones.items() if at < time.time() - tombstone_age]
+        for i in orphans:
+            del self.heartbeat_times[i]
+        for i in old:
+            del self.tombstones[i]
+        return len(orphans) + len(old)
 
     async def load(self, workload_ids: Sequence[str]) -> dict[str, Workload | None]:
         self._check()
@@ -72,7 +90,7 @@ class InMemoryWorkloadStore:
 
     async def missing(self, workload_ids: Collection[str], extra: int = 0) -> list[str]:
         self._check()
-        return sorted(set(workload_ids) - set(self.workloads))
+        return sorted(set(workload_ids) - set(self.workloads) - set(self.tombstones))
 
     async def ping(self) -> None:
         self._check()

@@ -14,12 +14,15 @@ endpoints-vm replica is running, as through a Service.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+import pytest
 
 from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
@@ -228,3 +231,19 @@ class Chaos:
             f"{'hb_errors':>10}"
         )
         return "\n".join(["", "chaos figures", header, *(f.row() for f in self.figures)])
+
+
+def check(figure: Figure, convergence_bar: float = 0.0) -> None:
+    """The bar of every fault: no request failed, no registration lost; and, where a bar
+    is given (``make chaos``: the machine to itself), convergence within it."""
+    assert figure.failed == [], figure
+    assert figure.lost == [], figure
+    if convergence_bar:
+        assert figure.convergence <= convergence_bar, figure
+
+
+def report(chaos: Chaos, capsys: pytest.CaptureFixture[str], path: Path, extra: str = "") -> None:
+    """Print the figures (also when the test passes) and keep them as JSON at ``path``."""
+    with capsys.disabled():
+        print(chaos.report() + (f"\n{extra}" if extra else ""))
+    path.write_text(json.dumps([f.__dict__ for f in chaos.figures], indent=2))

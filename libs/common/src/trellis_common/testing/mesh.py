@@ -76,6 +76,7 @@ class Mesh:
         injector: bool = False,
         proxy_cp_replicas: int | None = None,
         replicas: dict[str, int] | None = None,
+        kubeconfig: Path | None = None,
     ) -> None:
         self.tmp = tmp
         self.state_dir = state_dir
@@ -107,6 +108,13 @@ class Mesh:
         }
         if injector:  # onboarding through the CLI: `trellis vm|grpc bootstrap`
             self.processes["injector"] = process("injector", "trellis_injector.main")
+        if kubeconfig is not None:  # endpoints-k8s, on a test API server
+            self.processes["endpoints-k8s"] = process(
+                "endpoints-k8s",
+                "trellis_endpoints_k8s.main",
+                TRELLIS_ENDPOINTS_K8S_KUBECONFIG=str(kubeconfig),
+                TRELLIS_ENDPOINTS_K8S_WATCH_TIMEOUT="5",
+            )
         # more processes of a component on its gRPC port (SO_REUSEPORT), as `trellis up
         # --replicas COMPONENT=N` runs them; TRELLIS_TEST_PROXY_CP_REPLICAS sets proxy-cp's
         counts = {
@@ -128,6 +136,8 @@ class Mesh:
         try:
             start_mesh(self.processes.values())
             for replica in self.replicas:  # one by one: each trades the component's token
+                if replica.name == "injector":  # and the webhook's port too
+                    replica.env["TRELLIS_INJECTOR_WEBHOOK_PORT"] = str(self.webhook_port)
                 replica.spawn(ports=(self.grpc_port(replica.name), 0))
                 replica.ready_or_stop()
         except BaseException:  # nothing of a mesh that never came up outlives the test
@@ -146,6 +156,16 @@ class Mesh:
     @property
     def xds_port(self) -> int:
         return self.grpc_port("proxy-cp")
+
+    @property
+    def webhook_port(self) -> int:
+        """The injector's webhook port (its replicas share it)."""
+        return self.webhook_port_of_live("injector")
+
+    def webhook_port_of_live(self, component: str = "injector") -> int:
+        """The webhook port, as a running injector reports it."""
+        address = self.live(component).get("/v1/webhook").json()["address"]
+        return int(address.rsplit(":", 1)[1])
 
     def grpc_port(self, component: str) -> int:
         return int(self.processes[component].endpoint.grpc_address.rsplit(":", 1)[1])
