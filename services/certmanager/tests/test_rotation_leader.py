@@ -138,9 +138,13 @@ async def test_with_real_elections_one_replica_rotates_and_a_successor_takes_ove
         service = await second.issue_service(BOOKSTORE)
         past_renewal(clock, service)
         await eventually(lambda: rotated_from(second, service))
-        assert (issued(first, "service"), issued(second, "service")) == (1, 1)  # rotated once
+        # rotated once (the metric follows the stored record): by the leader, or by the
+        # other replica if the lease moved meanwhile (2 s leases, on a loaded machine)
+        await eventually(lambda: issued(first, "service") + issued(second, "service") == 2)
+        assert issued(second, "service") in (1, 2)  # its first issuance, maybe the rotation
 
-        rotated = first.get(service.common_name)  # the catalog asks the leader for it
+        # the catalog asks either one for it (a name asked for is wanted: demand.py)
+        rotated = await first.lookup(service.common_name, wanted=True)
         assert rotated.serial != service.serial
 
         async def shared() -> bool:
@@ -154,7 +158,8 @@ async def test_with_real_elections_one_replica_rotates_and_a_successor_takes_ove
         assert successor.token > leader.token  # the fence refuses the old leader from now on
         past_renewal(clock, rotated)
         await eventually(lambda: rotated_from(second, rotated), timeout=10)
-        assert issued(second, "service") == 2  # the successor rotated it
+        # the successor rotated it, once: the metrics count three in all
+        await eventually(lambda: issued(first, "service") + issued(second, "service") == 3)
     finally:
         stop.set()
         for task in (t for ts in tasks.values() for t in ts):
