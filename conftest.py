@@ -108,3 +108,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ]
         if lost:
             raise pytest.UsageError(f"xdist groups were not applied to {lost[:5]}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``TRELLIS_TEST_TIMELINE=<dir>``, each worker writes one line per test phase
+    (worker, node id, phase, start and stop as epoch seconds) to ``<dir>/<worker>.jsonl``:
+    what ``tools/timeline.py`` reads to show where a run's wall time went."""
+    folder = os.environ.get("TRELLIS_TEST_TIMELINE")
+    if not folder:
+        return
+    import json
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    line = {"worker": worker, "nodeid": report.nodeid, "when": report.when,
+            "start": report.start, "stop": report.stop}  # fmt: skip
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with (Path(folder) / f"{worker}.jsonl").open("a") as out:
+        out.write(json.dumps(line) + "\n")

@@ -116,6 +116,7 @@ _.url_rewrite
 _.pytest_collection_modifyitems
 _.pytest_report_header
 _.pytest_collection_finish
+_.pytest_runtest_logreport
 # click calls a group's format_commands for --help (trellis_cli.lazy.LazyGroup).
 _.format_commands
 # protobuf fields set on an HttpConnectionManager (translate.common.normalized)
