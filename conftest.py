@@ -115,7 +115,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     (worker, node id, phase, start and stop as epoch seconds) to ``<dir>/<worker>.jsonl``:
     what ``tools/timeline.py`` reads to show where a run's wall time went."""
     folder = os.environ.get("TRELLIS_TEST_TIMELINE")
-    if not folder:
+    if not folder or hasattr(report, "node"):  # xdist's controller: its worker wrote it
         return
     import json
 
