@@ -15,6 +15,7 @@ import asyncio
 import json
 import random
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,12 @@ from typing import Any
 import pytest
 
 from tests.integration.dst import ClientFiles, DstClient, Endpoints, generate_upstream
-from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing import RedisServer, eventually, redis_backend
 from trellis_common.testing.mesh import Mesh
 from trellis_common.testing.ports import free_port
 
-pytestmark = pytest.mark.integration
+# the permissive mesh is one for the module: its tests run on one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("linkerd-destination")]
 
 ROOT = Path(__file__).resolve().parents[2]
 V1 = "bookstore-v1.bookstore.svc.cluster.local:14001"
@@ -104,33 +106,123 @@ class DstMesh(Mesh):
         super().stop()
 
 
-def started(tmp_path: Path, state_dir: Path, redis: RedisServer, permissive: bool) -> DstMesh:
-    spec_dir = tmp_path / "spec"
+def started(tmp: Path, redis: RedisServer, permissive: bool) -> DstMesh:
+    state_dir = tmp / "state"
+    state_dir.mkdir()
+    spec_dir = tmp / "spec"
     shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
     if permissive:
         config = spec_dir / "meshconfig.yaml"
         text = config.read_text()
         assert "enablePermissiveTrafficPolicyMode: false" in text
         config.write_text(text.replace("PolicyMode: false", "PolicyMode: true"))
-    mesh = DstMesh(tmp_path, state_dir, redis, spec_dir)
+    mesh = DstMesh(tmp, state_dir, redis, spec_dir)
     mesh.start()
     return mesh
 
 
-@pytest.fixture
-def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[DstMesh]:
-    """The bookstore in permissive mode: the client may ask about every service."""
-    mesh = started(tmp_path, state_dir, redis_server, permissive=True)
+class Baseline:
+    """What a shared mesh looks like before any test has touched it, and the way back to it:
+    the spec directory's files, the catalog's services and proxy-cp's destination table.
+    Each test of the module starts from this state, named by :meth:`restore`'s checks."""
+
+    def __init__(self, mesh: DstMesh) -> None:
+        self.mesh = mesh
+        self.files = {p.name: p.read_bytes() for p in mesh.spec_dir.iterdir() if p.is_file()}
+        asyncio.run(eventually(lambda: bool(proxy_cp_table(mesh)), timeout=30, interval=0.1))
+        # the module's tests register bookstore-v1's workloads as ``bookstore``, which the
+        # catalog keeps as the service's account once seen: the baseline has seen it
+        mesh.workload("baseline", "bookstore-v1", 8081)
+        asyncio.run(eventually(lambda: bool(catalog_set(mesh)), timeout=30, interval=0.1))
+        mesh.gone("baseline")
+        asyncio.run(eventually(lambda: not catalog_set(mesh), timeout=30, interval=0.1))
+        self.services = self.catalog_services()
+        self.table = sorted(proxy_cp_table(mesh))
+
+    def catalog_services(self) -> list[Any]:
+        listed = self.mesh.processes["catalog"].get("/v1/services", headers=self.mesh.admin())
+        services: list[Any] = listed.json()["services"]
+        return services
+
+    def restore(self) -> None:
+        """Undo what a test did: its clients closed, its workloads deregistered, the spec's
+        files as they were, a stopped proxy-cp started; then wait until the catalog and
+        proxy-cp answer as they did before the first test."""
+        mesh = self.mesh
+        for client in mesh.clients:
+            client.close()
+        mesh.clients.clear()
+        first, *replicas = mesh.proxy_cps  # a test may have stopped them: started as it does
+        if first.process is None or first.process.poll() is not None:
+            first.start(ports=(0, 0))
+        for replica in replicas:
+            if replica.process is None or replica.process.poll() is not None:
+                replica.start(ports=(mesh.xds_port, 0))
+        vm = mesh.processes["endpoints-vm"]
+        for workload in vm.get("/v1/workloads", headers=mesh.admin()).json()["workloads"]:
+            gone = vm.delete(
+                f"/v1/workloads/{workload['namespace']}/{workload['name']}", headers=mesh.admin()
+            )
+            assert gone.status_code in (200, 204), gone.text
+        for path in mesh.spec_dir.iterdir():
+            if path.is_file() and path.name not in self.files:
+                path.unlink()
+        for name, content in self.files.items():
+            path = mesh.spec_dir / name
+            if not path.exists() or path.read_bytes() != content:
+                path.write_bytes(content)
+
+        def differences() -> list[str]:
+            found = []
+            if (services := self.catalog_services()) != self.services:
+                found.append(f"catalog services {services} != {self.services}")
+            if (table := sorted(proxy_cp_table(mesh))) != self.table:
+                found.append(f"proxy-cp table {table} != {self.table}")
+            if endpoints := catalog_set(mesh):
+                found.append(f"bookstore-v1 endpoints left: {endpoints}")
+            return found
+
+        deadline = time.monotonic() + 60
+        while left := differences():
+            assert time.monotonic() < deadline, f"the shared mesh never came back: {left}"
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def mesh_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dst")
+
+
+@pytest.fixture(scope="module")
+def shared(mesh_dir: Path) -> Iterator[tuple[DstMesh, Baseline]]:
+    """The bookstore in permissive mode, started once for the module's tests."""
+    server = redis_backend.redis_server(mesh_dir / "redis")
+    server.start()
     try:
-        yield mesh
+        mesh = started(mesh_dir, server, permissive=True)
+        try:
+            yield mesh, Baseline(mesh)
+        finally:
+            mesh.stop()
     finally:
-        mesh.stop()
+        server.close()
 
 
 @pytest.fixture
-def strict_mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[DstMesh]:
+def mesh(shared: tuple[DstMesh, Baseline]) -> Iterator[DstMesh]:
+    """The shared permissive mesh, as the module's first test found it: the client may ask
+    about every service. What the test changed is undone after it."""
+    running, baseline = shared
+    try:
+        yield running
+    finally:
+        baseline.restore()
+
+
+@pytest.fixture
+def strict_mesh(tmp_path: Path, redis_server: RedisServer) -> Iterator[DstMesh]:
     """The bookstore under its own policy: bookbuyer may call what runs as ``bookstore``."""
-    mesh = started(tmp_path, state_dir, redis_server, permissive=False)
+    mesh = started(tmp_path, redis_server, permissive=False)
     try:
         yield mesh
     finally:
@@ -185,7 +277,13 @@ def test_get_follows_each_rule_of_the_seed(mesh: DstMesh) -> None:
     assert missing.next() == {"no_endpoints": {}}
 
 
+INVALID_AUTHORITY = (
+    'trellis_proxy_cp_destination_refused_total{code="INVALID_ARGUMENT",reason="invalid_authority"}'
+)
+
+
 def test_lookups_by_ip_and_port_and_malformed_names(mesh: DstMesh) -> None:
+    refused_before = mesh.proxy_cp_counter(INVALID_AUTHORITY)
     mesh.workload("v1-a", "bookstore-v1", 8081)
     # upstream's rules: GetProfile answers an IP address, Get refuses it
     by_ip = mesh.client("127.0.0.1:8081", rpc="GetProfile")
@@ -203,11 +301,7 @@ def test_lookups_by_ip_and_port_and_malformed_names(mesh: DstMesh) -> None:
         ended = mesh.client(path).end()
         assert ended["status"] == "INVALID_ARGUMENT", ended
         assert reason in ended["details"]
-    refused = mesh.proxy_cp_counter(
-        'trellis_proxy_cp_destination_refused_total{code="INVALID_ARGUMENT",'
-        'reason="invalid_authority"}'
-    )
-    assert refused == 7
+    assert mesh.proxy_cp_counter(INVALID_AUTHORITY) - refused_before == 7
 
 
 SERVICE_ENTRIES = """\
@@ -397,6 +491,7 @@ def test_a_reconnecting_client_gets_the_whole_set_again(mesh: DstMesh) -> None:
     assert sorted(a["addr"]["port"] for a in first["add"]["addrs"]) == [8081, 8082]
 
 
+@pytest.mark.timeout(300)  # 1,000 changes through every service: 100 s on a loaded CI machine
 def test_diffs_under_rapid_churn_always_rebuild_the_catalogs_set(mesh: DstMesh) -> None:
     client = mesh.client(V1)
     state = Endpoints()
