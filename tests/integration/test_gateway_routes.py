@@ -5,6 +5,10 @@ A GRPCRoute on ``shop/hello`` sends calls to grpcio servers behind sidecars (``h
 with weights, header modifiers, an invalid backend (UNAVAILABLE) and no match
 (UNIMPLEMENTED). An HTTPRoute on ``shop/web`` routes HTTP by path, header and weight. The
 routes' statuses are in the catalog's ``/v1/resources`` and ``trellis spec list``.
+
+The tests run on one mesh, started once for the module (``shared``): each onboards its own
+sidecars, apps and workloads and writes (or rewrites) its own spec documents, all of which
+:class:`Baseline` undoes after it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,21 @@ import httpx
 import pytest
 
 from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.baseline import Baseline, restored, shared_mesh
 from trellis_common.testing.grpcapp import GrpcApp, call
 from trellis_common.testing.mesh import Mesh, Sidecar
 
-pytestmark = pytest.mark.integration
+# one mesh for the module: its tests run on one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("gateway-routes")]
+
+ONBOARDED = (  # (namespace, service, account) of every sidecar the tests start
+    ("shop", "hello-v1", "hello-v1"),
+    ("shop", "hello-v2", "hello-v2"),
+    ("shop", "web-v1", "web-v1"),
+    ("shop", "web-v2", "web-v2"),
+    ("shop", "client", "client"),
+    ("shop", "web", "web"),
+)
 
 SERVICES = """
 apiVersion: v1
@@ -112,21 +127,48 @@ spec:
 """
 
 
+class GatewayMesh(Mesh):
+    """The services on the module's spec; it keeps the gRPC apps the tests start, so that
+    :class:`Baseline` stops any a test left running."""
+
+    def __init__(self, tmp: Path, state_dir: Path, redis: RedisServer, spec_dir: Path) -> None:
+        super().__init__(tmp, state_dir, redis, spec_dir)
+        self.grpc_apps: list[GrpcApp] = []
+
+
+class GatewayBaseline(Baseline):
+    """The baseline, and the gRPC apps a test left running (its failure came first)."""
+
+    def undo(self) -> None:
+        super().undo()
+        assert isinstance(self.mesh, GatewayMesh)
+        for grpc_app in self.mesh.grpc_apps:
+            grpc_app.stop()
+        self.mesh.grpc_apps.clear()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayMesh, Baseline]]:
+    """The four control-plane services on the module's Services, started once for the
+    module's tests."""
+    with shared_mesh(
+        tmp_path_factory.mktemp("gateway-routes"),
+        {"services.yaml": SERVICES},
+        GatewayMesh,
+        lambda mesh: GatewayBaseline(mesh, ONBOARDED),
+    ) as started:
+        yield started
+
+
 @pytest.fixture
-def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator[Mesh]:
-    spec_dir = tmp_path / "spec"
-    spec_dir.mkdir()
-    (spec_dir / "services.yaml").write_text(SERVICES)
-    mesh = Mesh(tmp_path, state_dir, redis_server, spec_dir)
-    mesh.start()
-    try:
-        yield mesh
-    finally:
-        mesh.stop()
+def mesh(shared: tuple[GatewayMesh, Baseline]) -> Iterator[GatewayMesh]:
+    """The shared mesh at its baseline; what the test changed is undone after it."""
+    yield from restored(shared)
 
 
-def grpc_backend(mesh: Mesh, name: str) -> tuple[GrpcApp, Sidecar]:
+def grpc_backend(mesh: GatewayMesh, name: str) -> tuple[GrpcApp, Sidecar]:
     app = GrpcApp(name).start()
+    mesh.grpc_apps.append(app)
     sidecar = mesh.onboard(name, "shop", name, name, app_port=app.port)
     mesh.register(f"{name}-a", name, sidecar.inbound_port, name, "shop", port_name="api")
     return app, sidecar
@@ -138,7 +180,7 @@ def status_of(mesh: Mesh, key: str) -> dict[str, Any]:
     return found[0] if found else {}
 
 
-def test_a_grpc_route_routes_by_method_and_header_with_weights(mesh: Mesh) -> None:
+def test_a_grpc_route_routes_by_method_and_header_with_weights(mesh: GatewayMesh) -> None:
     apps = []
     for name in ("hello-v1", "hello-v2"):
         app, sidecar = grpc_backend(mesh, name)
@@ -206,7 +248,7 @@ def test_a_grpc_route_routes_by_method_and_header_with_weights(mesh: Mesh) -> No
     assert "BackendNotFound" in listed.stdout
 
 
-def test_an_http_route_routes_by_path_header_and_weight(mesh: Mesh) -> None:
+def test_an_http_route_routes_by_path_header_and_weight(mesh: GatewayMesh) -> None:
     for name in ("web-v1", "web-v2"):
         sidecar = mesh.onboard(name, "shop", name, name, app_port=mesh.app(name).port)
         mesh.register(f"{name}-a", name, sidecar.inbound_port, name, "shop")
@@ -260,7 +302,7 @@ spec:
 """
 
 
-def test_a_traffic_target_allows_grpc_methods_by_a_grpc_route(mesh: Mesh) -> None:
+def test_a_traffic_target_allows_grpc_methods_by_a_grpc_route(mesh: GatewayMesh) -> None:
     """The server's sidecar enforces it (RBAC on the inbound routes), as OSM answers: a
     method no rule allows finds no route (404: UNIMPLEMENTED); a caller the rule does not
     name is refused (403: PERMISSION_DENIED)."""

@@ -6,6 +6,12 @@ processes; the official ``kubernetes`` client writes the objects a cluster would
 (:mod:`trellis_common.testing.kube`), which endpoints-k8s lists and watches through a
 kubeconfig. Each test changes the cluster and waits for the catalog (or endpoints-k8s) to
 show it; the watch faults are the server's (a dropped watch, a compacted history).
+
+The services, their Redis and the API server start once for the module (the group
+``kubernetes-mesh``: one xdist worker), not once per test: after each test, :func:`services`
+deletes what the test stored, starts a killed endpoints-k8s again, and waits until the mesh
+is back at the baseline taken at start (:func:`snapshot`). The `trellis up` test runs its own
+mesh and API server (group ``fixed-ports``).
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.integration.k8sobjects import cart_service, endpoint_slice, pod
 from trellis_common import adminhttp, statefile
 from trellis_common.kube.client import api_client
-from trellis_common.testing import RedisServer
+from trellis_common.testing import RedisServer, redis_backend
+from trellis_common.testing.baseline import back_to, stored_names
 from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.services import ServiceProcess, running
+from trellis_common.testing.services import ServiceProcess, start_mesh, stop_together
 from trellis_common.testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -35,8 +43,17 @@ pytestmark = pytest.mark.integration
 MONITORED = {"trellis.dev/monitored-by": "trellis"}
 
 
+#: The mesh and API server the tests in this group share (the `trellis up` test has its own).
+SHARED = pytest.mark.xdist_group("kubernetes-mesh")
+#: How long the shared mesh (or a service of it started again) may take to be ready (s).
+START_TIMEOUT = 60.0
+#: What the tests store in the cluster, by (group, plural): put back after each test.
+WRITTEN = {"endpointslices": "discovery.k8s.io", "services": "", "pods": "", "namespaces": ""}
+
+
 @pytest.fixture
 def kube() -> Iterator[KubeApi]:
+    """An API server of its own (the `trellis up` test's)."""
     with KubeApi() as api:
         yield api
 
@@ -48,12 +65,124 @@ def core(kube: KubeApi, tmp_path: Path) -> Iterator[Any]:
     api.close()  # type: ignore[no-untyped-call]
 
 
+@pytest.fixture(scope="module")
+def mesh_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared mesh's directory: its state directory, Redis and kubeconfigs."""
+    return tmp_path_factory.mktemp("kubernetes")
+
+
+@pytest.fixture(scope="module")
+def redis_server(mesh_dir: Path) -> Iterator[RedisServer]:
+    """The shared mesh's Redis, one for the module (the shared fixture's is per test)."""
+    server = redis_backend.redis_server(mesh_dir / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def shared_kube() -> Iterator[KubeApi]:
+    """The API server the shared endpoints-k8s watches, one for the module."""
+    with KubeApi() as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def shared_core(shared_kube: KubeApi, mesh_dir: Path) -> Iterator[Any]:
+    """The tests' core and discovery clients of :func:`shared_kube`."""
+    api = api_client(shared_kube.write_kubeconfig(mesh_dir / "test-kubeconfig"))
+    yield client.CoreV1Api(api), client.DiscoveryV1Api(api)
+    api.close()  # type: ignore[no-untyped-call]
+
+
+def stored(kube: KubeApi) -> dict[str, list[tuple[str, str]]]:
+    """The (namespace, name) of each object of the kinds the tests write."""
+    return stored_names(kube, ((group, plural) for plural, group in WRITTEN.items()))
+
+
+def snapshot(processes: dict[str, ServiceProcess], kube: KubeApi) -> dict[str, Any]:
+    """What the tests read: the objects stored, what endpoints-k8s lists, monitors, holds
+    in its informers and whether it leads, and what the catalog lists, which of its loops
+    are up (its stream from endpoints-k8s among them) and what it rejected."""
+    provider, catalog = processes["endpoints-k8s"], processes["catalog"]
+    status = provider.get("/v1/kubernetes").json()
+    listed = catalog.get("/v1/services").json()
+    health = catalog.get("/v1/status").json()
+    return {
+        "stored": stored(kube),
+        "provider": provider.get("/v1/services").json()["services"],
+        "monitored": status["monitored_namespaces"],
+        "informers": {name: i["objects"] for name, i in status["informers"].items()},
+        "leads": leads(provider),
+        "catalog": {
+            "providers": listed["providers"],
+            "services": sorted(listed["services"], key=lambda s: (s["namespace"], s["name"])),
+        },
+        "catalog_loops": {loop["name"]: loop["up"] for loop in health["loops"]},
+        "rejections": health.get("rejections", []),
+    }
+
+
+@pytest.fixture(scope="module")
+def shared_mesh(
+    redis_server: RedisServer, shared_kube: KubeApi, mesh_dir: Path
+) -> Iterator[tuple[dict[str, ServiceProcess], dict[str, Any]]]:
+    """The services, started once, and the baseline each test starts from: taken once
+    endpoints-k8s leads and the catalog follows it (its provider loop is up)."""
+    kubeconfig = str(shared_kube.write_kubeconfig(mesh_dir / "kubeconfig"))
+    state_dir = mesh_dir / "state"
+    state_dir.mkdir()
+    processes = mesh_processes(state_dir, redis_server, kubeconfig)
+    # one start serves the group: a slow start on a loaded machine must not fail all of it
+    start_mesh(processes.values(), timeout=START_TIMEOUT)
+    try:
+
+        def settled() -> dict[str, Any]:  # empty (falsy) until settled
+            now = snapshot(processes, shared_kube)
+            followed = now["catalog_loops"].get("provider endpoints-k8s")
+            return now if now["leads"] and followed and all(now["catalog_loops"].values()) else {}
+
+        baseline = asyncio.run(eventually(settled, timeout=START_TIMEOUT, message="settled"))
+        yield processes, baseline
+    finally:
+        stop_together(reversed(list(processes.values())))
+
+
 @pytest.fixture
 def services(
-    state_dir: Path, redis_server: RedisServer, kube: KubeApi, tmp_path: Path
+    shared_mesh: tuple[dict[str, ServiceProcess], dict[str, Any]],
+    shared_kube: KubeApi,
+    shared_core: Any,
 ) -> Iterator[dict[str, ServiceProcess]]:
-    kubeconfig = str(kube.write_kubeconfig(tmp_path / "kubeconfig"))
-    processes = {
+    """The shared services. After the test: a killed endpoints-k8s starts again on its
+    ports, what the test stored is deleted (namespaces last; the server does not cascade),
+    and the fixture waits until :func:`snapshot` is the baseline again."""
+    processes, baseline = shared_mesh
+    yield processes
+    provider = processes["endpoints-k8s"]
+    if provider.process is not None and provider.process.poll() is not None:
+        provider.restart(timeout=START_TIMEOUT)
+    v1, discovery = shared_core
+    delete = {
+        "endpointslices": discovery.delete_namespaced_endpoint_slice,
+        "services": v1.delete_namespaced_service,
+        "pods": v1.delete_namespaced_pod,
+    }
+    now = stored(shared_kube)
+    for plural, remove in delete.items():
+        for namespace, name in set(now[plural]) - set(baseline["stored"][plural]):
+            remove(name, namespace)
+    for _, name in set(now["namespaces"]) - set(baseline["stored"]["namespaces"]):
+        v1.delete_namespace(name)
+    back_to(baseline, lambda: snapshot(processes, shared_kube))
+
+
+def mesh_processes(
+    state_dir: Path, redis_server: RedisServer, kubeconfig: str
+) -> dict[str, ServiceProcess]:
+    return {
         "certmanager": ServiceProcess(
             "certmanager", "trellis_certmanager.main", state_dir, redis_server
         ),
@@ -79,51 +208,6 @@ def services(
             env={"TRELLIS_CATALOG_DISCOVERY_INTERVAL": "0.2"},
         ),
     }
-    with running(processes):
-        yield processes
-
-
-def cart_service() -> dict[str, Any]:
-    return {
-        "metadata": {"name": "cart", "namespace": "shop"},
-        "spec": {
-            "clusterIP": "10.96.0.10",
-            "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
-        },
-    }
-
-
-def pod(name: str, ip: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "shop",
-            "labels": {"app": "cart", **(labels or {})},
-        },
-        "spec": {"serviceAccountName": "cart", "containers": [{"name": "app", "image": "cart"}]},
-        "status": {"podIP": ip},
-    }
-
-
-def endpoint_slice(name: str, endpoints: list[tuple[str, str, bool]]) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "shop",
-            "labels": {"kubernetes.io/service-name": "cart"},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": [
-            {
-                "addresses": [ip],
-                "conditions": {"ready": ready},
-                "zone": "zone-a",
-                "targetRef": {"kind": "Pod", "name": pod_name, "namespace": "shop"},
-            }
-            for pod_name, ip, ready in endpoints
-        ],
-    }
 
 
 def catalog_cart(catalog: ServiceProcess) -> dict[str, Any] | None:
@@ -141,10 +225,11 @@ async def call(function: Any, *args: Any) -> Any:
     return await asyncio.to_thread(function, *args)
 
 
+@SHARED
 async def test_a_ready_slice_reaches_the_catalog_and_leaves_it_within_a_second(
-    services: dict[str, ServiceProcess], core: Any
+    services: dict[str, ServiceProcess], shared_core: Any
 ) -> None:
-    v1, discovery = core
+    v1, discovery = shared_core
     provider, catalog = services["endpoints-k8s"], services["catalog"]
     await call(v1.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
     await call(v1.create_namespaced_service, "shop", cart_service())
@@ -181,10 +266,11 @@ async def test_a_ready_slice_reaches_the_catalog_and_leaves_it_within_a_second(
     assert time.monotonic() - deleted < 1.0, "the issue's bar: gone from the catalog within 1 s"
 
 
+@SHARED
 async def test_watches_that_break_resume_and_namespaces_join_and_leave(
-    services: dict[str, ServiceProcess], core: Any, kube: KubeApi
+    services: dict[str, ServiceProcess], shared_core: Any, shared_kube: KubeApi
 ) -> None:
-    v1, discovery = core
+    v1, discovery = shared_core
     provider = services["endpoints-k8s"]
     await call(v1.create_namespace, {"metadata": {"name": "shop"}})  # not monitored yet
     await call(v1.create_namespaced_service, "shop", cart_service())
@@ -203,7 +289,7 @@ async def test_watches_that_break_resume_and_namespaces_join_and_leave(
     await eventually(lambda: provider_cart(provider) is not None, timeout=10, message="joined")
 
     # a dropped watch resumes from its revision: the next change is not lost
-    await call(kube.drop_watches)
+    await call(shared_kube.drop_watches)
     await call(v1.create_namespaced_pod, "shop", pod("cart-2", "10.1.0.2"))
     await call(
         discovery.create_namespaced_endpoint_slice,
@@ -218,11 +304,13 @@ async def test_watches_that_break_resume_and_namespaces_join_and_leave(
     await eventually(lambda: addresses() == ["10.1.0.1", "10.1.0.2"], timeout=10)
 
     # a compacted history (410): the informers list again, and what changed meanwhile shows
-    await call(kube.expire)
+    # (the counts are the shared mesh's: read before and after)
+    before = provider.get("/v1/kubernetes").json()["informers"]["endpointslices"]
+    await call(shared_kube.expire)
     await call(discovery.delete_namespaced_endpoint_slice, "cart-abc", "shop")
     await eventually(lambda: addresses() == ["10.1.0.2"], timeout=10, message="after 410")
-    status = provider.get("/v1/kubernetes").json()["informers"]
-    assert status["endpointslices"]["lists"] >= 2 or status["endpointslices"]["expired"] >= 1
+    after = provider.get("/v1/kubernetes").json()["informers"]["endpointslices"]
+    assert after["lists"] > before["lists"] or after["expired"] > before["expired"]
 
     await call(v1.patch_namespace, "shop", {"metadata": {"labels": None}})
     await eventually(lambda: provider_cart(provider) is None, timeout=10, message="left")
@@ -231,10 +319,11 @@ async def test_watches_that_break_resume_and_namespaces_join_and_leave(
 CLAIMED = "5f0c1c9e-8a1b-4c5d-9e2f-0123456789ab"
 
 
+@SHARED
 async def test_a_proxy_uuid_resolves_to_its_pod(
-    services: dict[str, ServiceProcess], core: Any
+    services: dict[str, ServiceProcess], shared_core: Any
 ) -> None:
-    v1, _ = core
+    v1, _ = shared_core
     provider = services["endpoints-k8s"]
     await call(v1.create_namespace, {"metadata": {"name": "shop", "labels": MONITORED}})
     # a label claiming another proxy's UUID is not believed: the pod's uid is its proxy's
@@ -321,18 +410,20 @@ def leads(process: ServiceProcess) -> bool:
     return any(role.get("leading") for role in roles)
 
 
+@SHARED
 async def test_two_endpoints_k8s_replicas_hand_over_without_the_catalog_losing_anything(
     services: dict[str, ServiceProcess],
-    core: Any,
-    kube: KubeApi,
+    shared_core: Any,
+    shared_kube: KubeApi,
     tmp_path: Path,
     redis_server: RedisServer,
 ) -> None:
     """A second endpoints-k8s on the first one's gRPC port, electing a leader on a Lease in
     the API server: only the leader signals, the standby's informers are warm, and when the
     leader is SIGKILLed the standby takes over the Lease, signals a resync, and a change made
-    after the death reaches the catalog; the endpoints the catalog had are never dropped."""
-    v1, discovery = core
+    after the death reaches the catalog; the endpoints the catalog had are never dropped.
+    (On the shared mesh: :func:`services` starts the killed replica again afterwards.)"""
+    v1, discovery = shared_core
     first, catalog = services["endpoints-k8s"], services["catalog"]
     second = ServiceProcess(
         "endpoints-k8s",
@@ -344,7 +435,7 @@ async def test_two_endpoints_k8s_replicas_hand_over_without_the_catalog_losing_a
     )
     grpc_port = int(first.endpoint.grpc_address.rsplit(":", 1)[1])
     second.spawn(ports=(grpc_port, 0))
-    api = api_client(kube.write_kubeconfig(tmp_path / "lease-reader"))
+    api = api_client(shared_kube.write_kubeconfig(tmp_path / "lease-reader"))
     lease = client.CoordinationV1Api(api)
     try:
         second.ready_or_stop()

@@ -15,7 +15,6 @@ import asyncio
 import json
 import random
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,8 @@ from typing import Any
 import pytest
 
 from tests.integration.dst import ClientFiles, DstClient, Endpoints, generate_upstream
-from trellis_common.testing import RedisServer, eventually, redis_backend
+from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.baseline import Baseline, restored, shared_mesh
 from trellis_common.testing.mesh import Mesh
 from trellis_common.testing.ports import free_port
 
@@ -62,6 +62,9 @@ class DstMesh(Mesh):
             written = self.write_files("dst-client", certificate, key)
             self._files = ClientFiles(written.cert_chain, written.key, written.trust_bundle)
         return self._files
+
+    def forget_files(self) -> None:
+        self._files = None
 
     def client(self, path: str, **kwargs: Any) -> DstClient:
         client = DstClient(self.generated, self.files, f"127.0.0.1:{self.dst_port}", path, **kwargs)
@@ -106,49 +109,36 @@ class DstMesh(Mesh):
         super().stop()
 
 
-def started(tmp: Path, redis: RedisServer, permissive: bool) -> DstMesh:
-    state_dir = tmp / "state"
-    state_dir.mkdir()
-    spec_dir = tmp / "spec"
-    shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
+def bookstore_spec(folder: Path, permissive: bool) -> Path:
+    """The bookstore example's documents, in permissive mode or under their own policy."""
+    shutil.copytree(ROOT / "examples" / "bookstore", folder)
     if permissive:
-        config = spec_dir / "meshconfig.yaml"
+        config = folder / "meshconfig.yaml"
         text = config.read_text()
         assert "enablePermissiveTrafficPolicyMode: false" in text
         config.write_text(text.replace("PolicyMode: false", "PolicyMode: true"))
-    mesh = DstMesh(tmp, state_dir, redis, spec_dir)
-    mesh.start()
-    return mesh
+    return folder
 
 
-class Baseline:
-    """What a shared mesh looks like before any test has touched it, and the way back to it:
-    the spec directory's files, the catalog's services and proxy-cp's destination table.
-    Each test of the module starts from this state, named by :meth:`restore`'s checks."""
+def permissive_spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return bookstore_spec(tmp_path_factory.mktemp("dst-spec") / "spec", permissive=True)
+
+
+class DstBaseline(Baseline):
+    """The shared mesh's baseline, with what this module's tests change besides: the
+    clients they opened, a proxy-cp they stopped, and proxy-cp's destination table."""
 
     def __init__(self, mesh: DstMesh) -> None:
-        self.mesh = mesh
-        self.files = {p.name: p.read_bytes() for p in mesh.spec_dir.iterdir() if p.is_file()}
+        self.dst = mesh
         asyncio.run(eventually(lambda: bool(proxy_cp_table(mesh)), timeout=30, interval=0.1))
-        # the module's tests register bookstore-v1's workloads as ``bookstore``, which the
-        # catalog keeps as the service's account once seen: the baseline has seen it
-        mesh.workload("baseline", "bookstore-v1", 8081)
-        asyncio.run(eventually(lambda: bool(catalog_set(mesh)), timeout=30, interval=0.1))
-        mesh.gone("baseline")
-        asyncio.run(eventually(lambda: not catalog_set(mesh), timeout=30, interval=0.1))
-        self.services = self.catalog_services()
-        self.table = sorted(proxy_cp_table(mesh))
+        # the tests register bookstore-v1's workloads as ``bookstore``
+        super().__init__(mesh, registered=(("baseline", "bookstore-v1"),))
 
-    def catalog_services(self) -> list[Any]:
-        listed = self.mesh.processes["catalog"].get("/v1/services", headers=self.mesh.admin())
-        services: list[Any] = listed.json()["services"]
-        return services
+    def answers(self) -> dict[str, Any]:
+        return {**super().answers(), "destinations": sorted(proxy_cp_table(self.dst))}
 
-    def restore(self) -> None:
-        """Undo what a test did: its clients closed, its workloads deregistered, the spec's
-        files as they were, a stopped proxy-cp started; then wait until the catalog and
-        proxy-cp answer as they did before the first test."""
-        mesh = self.mesh
+    def undo(self) -> None:
+        mesh = self.dst
         for client in mesh.clients:
             client.close()
         mesh.clients.clear()
@@ -158,71 +148,34 @@ class Baseline:
         for replica in replicas:
             if replica.process is None or replica.process.poll() is not None:
                 replica.start(ports=(mesh.xds_port, 0))
-        vm = mesh.processes["endpoints-vm"]
-        for workload in vm.get("/v1/workloads", headers=mesh.admin()).json()["workloads"]:
-            gone = vm.delete(
-                f"/v1/workloads/{workload['namespace']}/{workload['name']}", headers=mesh.admin()
-            )
-            assert gone.status_code in (200, 204), gone.text
-        for path in mesh.spec_dir.iterdir():
-            if path.is_file() and path.name not in self.files:
-                path.unlink()
-        for name, content in self.files.items():
-            path = mesh.spec_dir / name
-            if not path.exists() or path.read_bytes() != content:
-                path.write_bytes(content)
-
-        def differences() -> list[str]:
-            found = []
-            if (services := self.catalog_services()) != self.services:
-                found.append(f"catalog services {services} != {self.services}")
-            if (table := sorted(proxy_cp_table(mesh))) != self.table:
-                found.append(f"proxy-cp table {table} != {self.table}")
-            if endpoints := catalog_set(mesh):
-                found.append(f"bookstore-v1 endpoints left: {endpoints}")
-            return found
-
-        deadline = time.monotonic() + 60
-        while left := differences():
-            assert time.monotonic() < deadline, f"the shared mesh never came back: {left}"
-            time.sleep(0.1)
+        super().undo()  # the clients' proxy files and certificate go too: made anew on use
+        mesh.forget_files()
 
 
 @pytest.fixture(scope="module")
-def mesh_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("dst")
-
-
-@pytest.fixture(scope="module")
-def shared(mesh_dir: Path) -> Iterator[tuple[DstMesh, Baseline]]:
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DstMesh, Baseline]]:
     """The bookstore in permissive mode, started once for the module's tests."""
-    server = redis_backend.redis_server(mesh_dir / "redis")
-    server.start()
-    try:
-        mesh = started(mesh_dir, server, permissive=True)
-        try:
-            yield mesh, Baseline(mesh)
-        finally:
-            mesh.stop()
-    finally:
-        server.close()
+    with shared_mesh(
+        tmp_path_factory.mktemp("dst"), permissive_spec(tmp_path_factory), DstMesh, DstBaseline
+    ) as started:
+        yield started
 
 
 @pytest.fixture
 def mesh(shared: tuple[DstMesh, Baseline]) -> Iterator[DstMesh]:
     """The shared permissive mesh, as the module's first test found it: the client may ask
     about every service. What the test changed is undone after it."""
-    running, baseline = shared
-    try:
-        yield running
-    finally:
-        baseline.restore()
+    yield from restored(shared)
 
 
 @pytest.fixture
 def strict_mesh(tmp_path: Path, redis_server: RedisServer) -> Iterator[DstMesh]:
     """The bookstore under its own policy: bookbuyer may call what runs as ``bookstore``."""
-    mesh = started(tmp_path, redis_server, permissive=False)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    spec_dir = bookstore_spec(tmp_path / "spec", permissive=False)
+    mesh = DstMesh(tmp_path, state_dir, redis_server, spec_dir)
+    mesh.start()
     try:
         yield mesh
     finally:

@@ -9,20 +9,36 @@ and Envoy counts the overflow. Without the setting, all eight pass.
 With ``outlierDetection`` (Istio's field names: OSM has none), a second bookstore-v1
 workload that fails every request is ejected after two 5xx in a row, and the healthy one
 takes every request after that.
+
+Both tests run on one mesh, started once for the module (``shared``): each onboards its own
+sidecars, apps and workloads, and writes its own spec document, all of which
+:class:`Baseline` undoes after it; every Envoy counter a test reads is of a sidecar the
+test started itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from trellis_common.testing import eventually
+from trellis_common.testing.baseline import Baseline, restored, shared_mesh
 from trellis_common.testing.mesh import Mesh, Sidecar, bookstore
 
-pytestmark = pytest.mark.integration
+# one mesh for the module: its tests run on one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("osm-circuit-breaking")]
+
+ROOT = Path(__file__).resolve().parents[2]
+ONBOARDED = (  # (namespace, service, account) of every sidecar the tests start
+    ("bookstore", "bookstore-v1", "bookstore"),
+    ("bookstore", "bookstore-v2", "bookstore"),
+    ("bookbuyer", "bookbuyer", "bookbuyer"),
+)
 
 V1 = "bookstore-v1.bookstore:14001"
 CLUSTER = "bookstore/bookstore-v1|14001"
@@ -35,6 +51,25 @@ spec:
   connectionSettings:
     http: {maxRequests: 1, maxPendingRequests: 1}
 """
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
+    """The four control-plane services on the bookstore example, started once for the
+    module's tests."""
+    with shared_mesh(
+        tmp_path_factory.mktemp("circuit-breaking"),
+        ROOT / "examples" / "bookstore",
+        Mesh,
+        lambda mesh: Baseline(mesh, ONBOARDED),
+    ) as started:
+        yield started
+
+
+@pytest.fixture
+def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
+    """The shared mesh at its baseline; what the test changed is undone after it."""
+    yield from restored(shared)
 
 
 def burst(buyer: Sidecar, count: int) -> list[httpx.Response]:

@@ -1,20 +1,37 @@
 """OSM's local rate limits (UpstreamTrafficSetting ``rateLimit.local``, ``httpRoutes``)
 against real Envoy sidecars: the destination's sidecar counts, and the exact number of
-requests gets through."""
+requests gets through.
+
+Both tests run on one mesh, started once for the module (``shared``): each onboards its own
+sidecars (so each has fresh rate-limit buckets), apps and workloads, and writes its own
+spec document, all of which :class:`Baseline` undoes after it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from trellis_common.testing import eventually
 from trellis_common.testing.apps import TcpApp
+from trellis_common.testing.baseline import Baseline, restored, shared_mesh
 from trellis_common.testing.mesh import Mesh, bookstore
 from trellis_common.testing.ports import free_port
 
-pytestmark = pytest.mark.integration
+# one mesh for the module: its tests run on one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("osm-rate-limit")]
+
+ROOT = Path(__file__).resolve().parents[2]
+ONBOARDED = (  # (namespace, service, account) of every sidecar the tests start
+    ("bookstore", "bookstore-v1", "bookstore"),
+    ("bookstore", "bookstore-v2", "bookstore"),
+    ("bookbuyer", "bookbuyer", "bookbuyer"),
+    ("bookstore", "ledger", "ledger"),
+)
 
 V1 = "bookstore-v1.bookstore:14001"
 
@@ -35,6 +52,25 @@ spec:
   - path: ".*a-book.*new"
     rateLimit: {local: {requests: 1, unit: hour}}
 """
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
+    """The four control-plane services on the bookstore example, started once for the
+    module's tests."""
+    with shared_mesh(
+        tmp_path_factory.mktemp("rate-limit"),
+        ROOT / "examples" / "bookstore",
+        Mesh,
+        lambda mesh: Baseline(mesh, ONBOARDED),
+    ) as started:
+        yield started
+
+
+@pytest.fixture
+def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
+    """The shared mesh at its baseline; what the test changed is undone after it."""
+    yield from restored(shared)
 
 
 def limited_config(mesh: Mesh, text: str) -> bool:

@@ -3,6 +3,13 @@
 Everything runs for real: Redis, certmanager, endpoints-vm, catalog and proxy-cp as
 processes, Envoy 1.40 sidecars onboarded with proxy certificates, small HTTP apps behind
 them, and HTTP requests sent through the sidecars.
+
+The services (and their Redis, state directory and spec directory) start once for the
+module, and its tests share them: each onboards its own sidecars (fresh Envoys, whose
+statistics start at zero), and after each the sidecars and apps are stopped, workloads
+deregistered and the spec's files restored, until the mesh answers as before the first test
+(:class:`Baseline`). The rotation test rotates a service's certificate, which no proxy is
+given and no other test reads: the baseline is the same after it.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ import json
 import ssl
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,9 +30,36 @@ from cryptography import x509
 
 from trellis_api import certmanager_pb2 as cm
 from trellis_common.testing import eventually
+from trellis_common.testing.baseline import Baseline, restored, shared_mesh
 from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
-pytestmark = pytest.mark.integration
+# one mesh for the module (its fixtures): its tests run on one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("proxy-cp-mesh")]
+MESH_NAME = "proxy-cp"
+
+# registered once before the baseline: the catalog then knows bookstore-v1's and -v2's
+# account, ``bookstore``, as it does from the moment a test's bookstore() registers them
+REGISTERED = (("v1-a", "bookstore-v1"), ("v2-a", "bookstore-v2"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
+    """The four services on the bookstore's documents, with their Redis, state directory
+    and spec directory, started once for the module's tests."""
+    with shared_mesh(
+        tmp_path_factory.mktemp(MESH_NAME),
+        ROOT / "examples" / "bookstore",
+        Mesh,
+        lambda mesh: Baseline(mesh, registered=REGISTERED),
+    ) as started:
+        yield started
+
+
+@pytest.fixture
+def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
+    """The shared mesh at its baseline; what the test changed is undone after it."""
+    yield from restored(shared)
 
 
 def test_traffic_split_policy_and_mtls(mesh: Mesh) -> None:

@@ -6,12 +6,20 @@ a ``redis.refused`` / ``redis.acl_denied`` line in the catalog's log and a count
 ``/metrics``. The last test runs the bookstore through real Envoy sidecars, then greps
 everything the mesh wrote (every Redis value, every file of the state directory and of
 Redis's own directory, the CLI's output) for a private key and for the Redis passwords.
+
+The services (and their Redis, state directory and spec directory) start once for the
+module, and its tests share them: a test reads each count before its action and asserts
+the change, looks for log lines only past where the log stood before, and after each test
+its sidecars, apps and workloads are gone and no Redis client of a test is left connected
+(:class:`Baseline`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -19,9 +27,50 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trellis_common import redisacl
 from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing.baseline import Baseline, restored, shared_mesh
 from trellis_common.testing.mesh import Mesh, bookstore
 
-pytestmark = pytest.mark.integration
+# one mesh for the module (its fixtures): its tests run on one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("redis-acl-mesh")]
+MESH_NAME = "redis-acl"
+
+# registered once before the baseline: the catalog then knows bookstore-v1's and -v2's
+# account, ``bookstore``, as it does from the moment a test's bookstore() registers them
+REGISTERED = (("v1-a", "bookstore-v1"), ("v2-a", "bookstore-v2"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class AclBaseline(Baseline):
+    """The baseline, and no Redis client connected as a user the services and the operator
+    were not."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        super().__init__(mesh, registered=REGISTERED)
+        self.redis_users = client_users(mesh)
+
+    def answers(self) -> dict[str, Any]:
+        users = client_users(self.mesh)
+        known = getattr(self, "redis_users", users)  # the baseline's own first reading
+        return {**super().answers(), "foreign Redis users": sorted(users - known)}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
+    """The four services on the bookstore's documents, with their Redis, state directory
+    and spec directory, started once for the module's tests."""
+    with shared_mesh(
+        tmp_path_factory.mktemp(MESH_NAME),
+        ROOT / "examples" / "bookstore",
+        Mesh,
+        AclBaseline,
+    ) as started:
+        yield started
+
+
+@pytest.fixture
+def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
+    """The shared mesh at its baseline; what the test changed is undone after it."""
+    yield from restored(shared)
 
 
 def metric(mesh: Mesh, name: str, **labels: str) -> float:
@@ -52,9 +101,14 @@ async def audit_started(mesh: Mesh) -> None:
     await eventually(lambda: "redis.audit_started" in catalog_log(mesh), timeout=15)
 
 
-def test_every_service_is_logged_in_as_its_own_user(mesh: Mesh) -> None:
+def client_users(mesh: Mesh) -> set[str]:
+    """The users of the clients connected to the mesh's Redis (this one's, admin, too)."""
     with as_user(server(mesh), "admin") as admin:
-        users = {client["user"] for client in admin.client_list()}
+        return {client["user"] for client in admin.client_list()}
+
+
+def test_every_service_is_logged_in_as_its_own_user(mesh: Mesh) -> None:
+    users = client_users(mesh)
     assert users == {"admin", *mesh.processes}, "no service is default or admin"
 
 
@@ -62,6 +116,8 @@ async def test_a_connection_without_a_password_is_refused_logged_and_counted(
     mesh: Mesh,
 ) -> None:
     await audit_started(mesh)
+    before = metric(mesh, "trellis_redis_refusals_total", error="NOAUTH")
+    logged = len(catalog_log(mesh))  # the shared mesh's log: this test's lines come after
     with (
         redis.Redis(port=server(mesh).port, protocol=2) as stranger,
         pytest.raises(redis.AuthenticationError, match="Authentication required"),
@@ -69,15 +125,19 @@ async def test_a_connection_without_a_password_is_refused_logged_and_counted(
         stranger.get("trellis:certmanager:ca")
 
     await eventually(
-        lambda: metric(mesh, "trellis_redis_refusals_total", error="NOAUTH") >= 1, timeout=15
+        lambda: metric(mesh, "trellis_redis_refusals_total", error="NOAUTH") >= before + 1,
+        timeout=15,
     )
-    assert "redis.refused error=NOAUTH count=1" in catalog_log(mesh)
+    assert "redis.refused error=NOAUTH count=1" in catalog_log(mesh)[logged:]
 
 
 async def test_a_component_touching_anothers_keys_or_channels_is_refused_logged_and_counted(
     mesh: Mesh,
 ) -> None:
     await audit_started(mesh)
+    # the shared mesh's counts and log: this test asserts what its denials add to them
+    keys, channels, refusals = denials(mesh)
+    logged = len(catalog_log(mesh))
     with as_user(server(mesh), "proxy-cp") as proxy_cp:
         with pytest.raises(redis.exceptions.NoPermissionError):
             proxy_cp.get("trellis:certmanager:ca")  # read the CA
@@ -89,20 +149,27 @@ async def test_a_component_touching_anothers_keys_or_channels_is_refused_logged_
     def counted() -> bool:
         # one audit poll reads INFO errorstats, then ACL LOG: a denial made between the two
         # reads is in the log's figures at once and in errorstats' at the next poll
+        now_keys, now_channels, now_refusals = denials(mesh)
         return (
-            metric(mesh, "trellis_redis_acl_denied_total", user="proxy-cp", reason="key") == 2
-            and metric(mesh, "trellis_redis_acl_denied_total", user="proxy-cp", reason="channel")
-            == 1
-            and metric(mesh, "trellis_redis_refusals_total", error="NOPERM") >= 3
+            now_keys == keys + 2 and now_channels == channels + 1 and now_refusals >= refusals + 3
         )
 
     await eventually(counted, timeout=15)
-    assert metric(mesh, "trellis_redis_refusals_total", error="NOPERM") >= 3
-    log = catalog_log(mesh)
+    assert denials(mesh)[2] >= refusals + 3
+    log = catalog_log(mesh)[logged:]
     for what in ("trellis:certmanager:ca", "trellis:endpoints-vm:workloads"):
         assert f"redis.acl_denied user=proxy-cp reason=key object={what} " in log
     assert "redis.acl_denied user=proxy-cp reason=channel object=trellis:events:certificates" in (
         log
+    )
+
+
+def denials(mesh: Mesh) -> tuple[float, float, float]:
+    """proxy-cp's key and channel denials, and the NOPERM refusals, as the catalog counts."""
+    return (
+        metric(mesh, "trellis_redis_acl_denied_total", user="proxy-cp", reason="key"),
+        metric(mesh, "trellis_redis_acl_denied_total", user="proxy-cp", reason="channel"),
+        metric(mesh, "trellis_redis_refusals_total", error="NOPERM"),
     )
 
 

@@ -5,6 +5,11 @@ The HTTP rules ride on the inbound route (RDS), not in the listener, so the chan
 reach the very connection the client sidecar already holds: the first request more than
 1 s after proxy-cp pushed the new route configuration is refused, no listener is replaced
 (its LDS version and Envoy's ``listener_modified`` do not move) and no connection closes.
+
+Both tests run on one mesh, started once for the module (``shared``): they revoke by
+editing spec documents (an HTTPRouteGroup, the MeshConfig), which :class:`Baseline` puts
+back after each test, with the sidecars, apps and workloads the test started; no
+certificate or identity is revoked, so neither test takes away what the other needs.
 """
 
 from __future__ import annotations
@@ -14,14 +19,44 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
 
 from trellis_common.testing import eventually
+from trellis_common.testing.baseline import Baseline, restored, shared_mesh
 from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
-pytestmark = pytest.mark.integration
+# one mesh for the module: its tests run on one xdist worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("revocation")]
+
+ROOT = Path(__file__).resolve().parents[2]
+ONBOARDED = (  # (namespace, service, account) of every sidecar the tests start
+    ("bookstore", "bookstore-v1", "bookstore"),
+    ("bookstore", "bookstore-v2", "bookstore"),
+    ("bookbuyer", "bookbuyer", "bookbuyer"),
+)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
+    """The four control-plane services on the bookstore example, started once for the
+    module's tests."""
+    with shared_mesh(
+        tmp_path_factory.mktemp("revocation"),
+        ROOT / "examples" / "bookstore",
+        Mesh,
+        lambda mesh: Baseline(mesh, ONBOARDED),
+    ) as started:
+        yield started
+
+
+@pytest.fixture
+def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
+    """The shared mesh at its baseline; what the test changed is undone after it."""
+    yield from restored(shared)
+
 
 GRACE = 1.0
 """The acceptance bound: requests started this long after the push see the new rules."""

@@ -9,6 +9,13 @@ volume asks for, starts the agent with its container's environment (its folder i
 injector's ``proxy_mount_path``, pointed here), waits for the startup probe's file, then
 starts Envoy with the ``envoy`` container's arguments. (``tests/netns`` runs all of it in
 real pods.)
+
+The mesh, its Redis and the API server start once for the module (the group
+``webhook-mesh``: one xdist worker), not once per test: after each test, :func:`mesh` deletes
+the pods the test stored, empties the pod's mount, starts a stopped service again, and waits
+until the mesh is back at the baseline taken at start (:func:`snapshot`). Counts a test
+reads are read before and after. The renewal test runs its own mesh: its certmanager issues
+short-lived proxy certificates, a setting every other service's certificates hang on.
 """
 
 from __future__ import annotations
@@ -16,309 +23,192 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import random
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-import jsonpatch
 import pytest
 from cryptography import x509
 from kubernetes import client, config
 
-from trellis_common import adminhttp, components
+from tests.integration.webhookbed import (
+    BOOKBUYER,
+    Kubelet,
+    Mesh,
+    injected,
+    review_of,
+    running_mesh,
+    served_serials,
+    wait_joined,
+)
 from trellis_common.kube import injection
-from trellis_common.testing import RedisServer, eventually
+from trellis_common.testing import eventually
 from trellis_common.testing.admission import pod_review
-from trellis_common.testing.envoy import find_envoy
+from trellis_common.testing.baseline import back_to, stored_names
 from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.services import ServiceProcess, start_mesh, stop_together
+from trellis_common.testing.services import ServiceProcess
 
 pytestmark = pytest.mark.integration
+#: The mesh and API server the tests in this group share (the renewal test has its own).
+SHARED = pytest.mark.xdist_group("webhook-mesh")
+#: How long the shared mesh (or a service of it started again) may take to be ready (s).
+START_TIMEOUT = 60.0
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = {"TRELLIS_REGISTRY_TTL": "2"}
-MONITORED = {"trellis.dev/monitored-by": "trellis"}
+INJECTED = 'trellis_injector_admissions_total{outcome="injected"}'
+ENROLLED = 'trellis_proxy_cp_enrollments_total{outcome="enrolled"}'
 
 
-class Mesh:
-    def __init__(
-        self,
-        tmp: Path,
-        state_dir: Path,
-        redis: RedisServer,
-        kube: KubeApi,
-        extra: dict[str, dict[str, str]] | None = None,
-    ) -> None:
-        extra = extra or {}
-        spec_dir = tmp / "spec"
-        shutil.copytree(ROOT / "examples" / "bookstore", spec_dir)
-        # MeshConfig's sidecar settings, which the injector takes from the catalog
-        config = spec_dir / "meshconfig.yaml"
-        config.write_text(
-            config.read_text().replace(
-                "    enableEgress: false\n",
-                "    enableEgress: false\n    outboundPortExclusionList: [5432]\n"
-                "  sidecar: {logLevel: debug}\n",
-            )
-        )
-        self.state_dir = state_dir
-        self.mount = tmp / "pod" / "etc" / "trellis" / "proxy"  # the pod's mount, here
-        self.ports = {"inbound": free_port(), "outbound": free_port(), "admin": free_port()}
-        kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig")
+def refusals(outcome: str) -> str:
+    """proxy-cp's count of enrollments that ended with ``outcome``."""
+    return f'trellis_proxy_cp_enrollments_total{{outcome="{outcome}"}}'
 
-        def process(name: str, module: str, *args: str, **env: str) -> ServiceProcess:
-            return ServiceProcess(name, module, state_dir, redis, args=args, env={**FAST, **env})
 
-        self.processes = {
-            "certmanager": process(
-                "certmanager",
-                "trellis_certmanager.main",
-                TRELLIS_CERTMANAGER_KUBECONFIG=str(kubeconfig),
-                **extra.get("certmanager", {}),
-            ),
-            "catalog": process(
-                "catalog",
-                "trellis_catalog.main",
-                "--spec-dir",
-                str(spec_dir),
-                TRELLIS_CATALOG_SPEC_POLL_INTERVAL="0.1",
-                TRELLIS_CATALOG_DISCOVERY_INTERVAL="0.2",
-            ),
-            "proxy-cp": process("proxy-cp", "trellis_proxy_cp.main", "--xds-host", "127.0.0.1"),
-            "injector": process(
-                "injector",
-                "trellis_injector.main",
-                TRELLIS_INJECTOR_KUBECONFIG=str(kubeconfig),
-                TRELLIS_INJECTOR_PROXY_MOUNT_PATH=str(self.mount),
-                TRELLIS_INJECTOR_SIDECAR_INBOUND_PORT=str(self.ports["inbound"]),
-                TRELLIS_INJECTOR_SIDECAR_OUTBOUND_PORT=str(self.ports["outbound"]),
-                TRELLIS_INJECTOR_SIDECAR_ADMIN_PORT=str(self.ports["admin"]),
-                **extra.get("injector", {}),
-            ),
-        }
+def metric(process: ServiceProcess, sample: str) -> float:
+    """The value of ``sample`` (a name with its labels) on ``/metrics``; 0 if absent."""
+    for line in process.get("/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
-    def start(self) -> None:
-        start_mesh(self.processes.values())
 
-    def stop(self) -> None:
-        stop_together(reversed(list(self.processes.values())))
+@pytest.fixture(scope="module")
+def mesh_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared mesh's directory: spec documents, state, Redis, the pod's mount."""
+    return tmp_path_factory.mktemp("webhook")
 
-    def get(self, service: str, path: str) -> Any:
-        return self.processes[service].get(path).json()
 
-    def post_review(self, body: Any, query: str = "?timeout=10s") -> httpx.Response:
-        """As the API server does: TLS, checked against the caBundle, to the Service name."""
-        address = self.get("injector", "/v1/webhook")["address"]
-        context = adminhttp.mesh_context(self.state_dir)
-        with httpx.Client(verify=context, timeout=15) as http:
-            return http.post(
-                f"https://{address}/mutate{query}",
-                content=body if isinstance(body, bytes) else json.dumps(body).encode(),
-                headers={"Content-Type": "application/json"},
-                extensions={"sni_hostname": components.server_name(components.INJECTOR)},
-            )
+@pytest.fixture(scope="module")
+def kube() -> Iterator[KubeApi]:
+    """The shared mesh's API server."""
+    with KubeApi() as api:
+        yield api
+
+
+#: What the mesh and the tests store in the cluster, by (group, plural).
+STORED = (
+    ("", "namespaces"),
+    ("", "pods"),
+    ("", "secrets"),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+)
+
+
+def ca_bundles(kube: KubeApi) -> list[str]:
+    [stored] = kube.objects("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
+    return [h["clientConfig"].get("caBundle", "") for h in stored["webhooks"]]
+
+
+def snapshot(mesh: Mesh, kube: KubeApi) -> dict[str, Any]:
+    """What the tests read and change: the objects stored (by name) and the caBundle, the
+    pod's mount, each service's readiness, loops and address, what the catalog lists and
+    which proxies proxy-cp streams to."""
+    ready = {name: p.get("/readyz").status_code for name, p in mesh.processes.items()}
+    loops = {
+        name: {loop["name"]: loop["up"] for loop in mesh.get(name, "/v1/status")["loops"]}
+        for name in mesh.processes
+    }
+    return {
+        "stored": stored_names(kube, STORED),
+        "ca_bundles": ca_bundles(kube),
+        "mount": sorted(p.name for p in mesh.mount.iterdir()) if mesh.mount.exists() else None,
+        "ready": ready,
+        "loops": loops,
+        "addresses": {n: p.endpoint.grpc_address for n, p in mesh.processes.items()},
+        "catalog": sorted(  # in the order loaded: a restarted catalog's may differ
+            mesh.get("catalog", "/v1/services")["services"],
+            key=lambda s: (s["namespace"], s["name"]),
+        ),
+        "streams": [p["proxy"] for p in mesh.get("proxy-cp", "/v1/proxies")["proxies"]],
+        "webhook": mesh.get("injector", "/v1/webhook"),
+    }
+
+
+@pytest.fixture(scope="module")
+def shared_mesh(mesh_dir: Path, kube: KubeApi) -> Iterator[tuple[Mesh, dict[str, Any]]]:
+    """The services, started once, and the baseline each test starts from: taken once the
+    caBundle is the mesh's trust bundle and every service is ready with its loops up."""
+    # one start serves the group: a slow start on a loaded machine must not fail all of it
+    with running_mesh(mesh_dir, kube, {}, timeout=START_TIMEOUT) as mesh:
+        trust = base64.b64encode((mesh.state_dir / "trust-bundle.pem").read_bytes()).decode()
+
+        def settled() -> dict[str, Any]:  # empty (falsy) until settled
+            now = snapshot(mesh, kube)
+            up = all(all(loops.values()) for loops in now["loops"].values())
+            ready = set(now["ready"].values()) == {200}
+            return now if up and ready and now["ca_bundles"] == [trust] else {}
+
+        baseline = asyncio.run(eventually(settled, timeout=START_TIMEOUT, message="settled"))
+        yield mesh, baseline
 
 
 @pytest.fixture
-def kube() -> Iterator[KubeApi]:
+def mesh(shared_mesh: tuple[Mesh, dict[str, Any]], kube: KubeApi, mesh_dir: Path) -> Iterator[Mesh]:
+    """The shared mesh. After the test: the pods it stored are deleted (a pod-bound token
+    dies with its pod), the pod's mount is emptied (the agent's startup probe looks for its
+    bootstrap there), a stopped service starts again on its ports, and the fixture waits
+    until :func:`snapshot` is the baseline again."""
+    shared, baseline = shared_mesh
+    ports = {
+        name: (
+            int(p.endpoint.grpc_address.rsplit(":", 1)[1]),
+            int(p.endpoint.admin_url.rsplit(":", 1)[1]),
+        )
+        for name, p in shared.processes.items()
+    }
+    yield shared
+    for name, process in shared.processes.items():
+        if process.process is None or process.process.poll() is not None:
+            process.start(timeout=START_TIMEOUT, ports=ports[name])
+    api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kube.write_kubeconfig(mesh_dir / "reset-kubeconfig"))
+    )
+    core: Any = client.CoreV1Api(api_client)
+    pods = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in kube.objects("", "pods")}
+    for namespace, name in pods - set(baseline["stored"]["pods"]):
+        core.delete_namespaced_pod(name, namespace)
+    api_client.close()
+    shutil.rmtree(shared.mount, ignore_errors=True)
+    back_to(baseline, lambda: snapshot(shared, kube))
+
+
+@pytest.fixture
+def own_kube() -> Iterator[KubeApi]:
+    """An API server of its own (the renewal test's)."""
     with KubeApi() as api:
         yield api
 
 
 @pytest.fixture
 def extra_env() -> dict[str, dict[str, str]]:
-    """Settings of one process or another, per test (see the renewal test)."""
+    """Settings of one process or another, for a mesh of its own (see the renewal test)."""
     return {}
 
 
 @pytest.fixture
-def mesh(
-    tmp_path: Path,
-    state_dir: Path,
-    redis_server: RedisServer,
-    kube: KubeApi,
-    extra_env: dict[str, dict[str, str]],
+def own_mesh(
+    tmp_path: Path, own_kube: KubeApi, extra_env: dict[str, dict[str, str]]
 ) -> Iterator[Mesh]:
-    api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kube.write_kubeconfig(tmp_path / "setup-kubeconfig"))
-    )
-    core: Any = client.CoreV1Api(api_client)
-    # the namespace the pods are made in is the mesh's (the injector checks it)
-    core.create_namespace({"metadata": {"name": "bookbuyer", "labels": MONITORED}})
-    admission: Any = client.AdmissionregistrationV1Api(api_client)
-    admission.create_mutating_webhook_configuration(
-        {
-            "metadata": {"name": injection.WEBHOOK_CONFIGURATION},
-            "webhooks": [
-                {
-                    "name": "pods.trellis.dev",
-                    "clientConfig": {
-                        "service": {
-                            "name": "injector",
-                            "namespace": "trellis-system",
-                            "path": "/mutate",
-                        }
-                    },
-                    "admissionReviewVersions": ["v1"],
-                    "sideEffects": "None",
-                    "failurePolicy": "Fail",
-                    "namespaceSelector": {"matchLabels": {"trellis.dev/monitored-by": "trellis"}},
-                }
-            ],
-        }
-    )
-    api_client.close()
-    mesh = Mesh(tmp_path, state_dir, redis_server, kube, extra_env)
-    try:
-        mesh.start()
+    """A mesh of its own, with its own Redis and state directory, set with ``extra_env``."""
+    with running_mesh(tmp_path, own_kube, extra_env) as mesh:
         yield mesh
-    finally:
-        mesh.stop()
 
 
-def review_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return pod_review(pod, "bookbuyer")
-
-
-BOOKBUYER = {
-    "apiVersion": "v1",
-    "kind": "Pod",
-    "metadata": {"generateName": "bookbuyer-5d4f7-", "labels": {"app": "bookbuyer"}},
-    "spec": {
-        "serviceAccountName": "bookbuyer",
-        "containers": [{"name": "bookbuyer", "image": "openservicemesh/bookbuyer:v1.2.0"}],
-    },
-}
-
-
-class Kubelet:
-    """What the kubelet does for the patched pod, here: store it, write its token, run its
-    agent and its Envoy as processes."""
-
-    def __init__(self, mesh: Mesh, kube: KubeApi, tmp: Path, pod: dict[str, Any]) -> None:
-        self.mesh, self.kube, self.tmp = mesh, kube, tmp
-        api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(kube.write_kubeconfig(tmp / "kubelet-kubeconfig"))
-        )
-        self.core: Any = client.CoreV1Api(api_client)
-        named = {**pod, "metadata": {**pod["metadata"], "name": "bookbuyer-1"}}
-        create: Any = self.core.create_namespaced_pod
-        created: Any = create("bookbuyer", named)
-        self.pod, self.uid = named, str(created.metadata.uid)
-        self.token = tmp / "token"
-        self.token.write_text(kube.service_account_token(
-            "bookbuyer", "bookbuyer", pod=("bookbuyer-1", self.uid)
-        ))  # fmt: skip
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def container(self, name: str) -> dict[str, Any]:
-        every = [*self.pod["spec"]["containers"], *self.pod["spec"]["initContainers"]]
-        found: dict[str, Any] = next(c for c in every if c["name"] == name)
-        return found
-
-    def start_agent(self, **env: str) -> Path:
-        agent = self.container("trellis-agent")
-        values = {e["name"]: e["value"] for e in agent["env"]}
-        values["TRELLIS_AGENT_TOKEN"] = str(self.token)  # where the volume is, here
-        log = self.tmp / "agent.log"
-        with log.open("wb") as sink:
-            self.processes.append(subprocess.Popen(
-                [sys.executable, "-m", "trellis_cli.agent"],
-                env={**os.environ, **values, **env},
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            ))  # fmt: skip
-        # the startup probe: the pod's containers start once the bootstrap is there
-        bootstrap = Path(agent["startupProbe"]["exec"]["command"][-1])
-        try:
-            asyncio.run(eventually(lambda: bootstrap.exists(), timeout=30, message="enrolled"))
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; the agent's log:\n{log.read_text()[-3000:]}") from None
-        return log
-
-    def start_envoy(self) -> Path:
-        log = self.tmp / "envoy.log"
-        with log.open("wb") as sink:
-            self.processes.append(subprocess.Popen(
-                [
-                    find_envoy(), *self.container("envoy")["args"],
-                    "--base-id", str(random.randrange(1000, 60000)), "--concurrency", "1",
-                ],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            ))  # fmt: skip
-        return log
-
-    def admin(self, path: str) -> httpx.Response:
-        return httpx.get(f"http://127.0.0.1:{self.mesh.ports['admin']}{path}", timeout=5)
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def injected(mesh: Mesh) -> dict[str, Any]:
-    answer = mesh.post_review(review_of(BOOKBUYER))
-    assert answer.status_code == 200, answer.text
-    response = answer.json()["response"]
-    assert response["allowed"] is True, response
-    pod: dict[str, Any] = jsonpatch.apply_patch(
-        BOOKBUYER, json.loads(base64.b64decode(response["patch"]))
-    )
-    return pod
-
-
-def wait_joined(kubelet: Kubelet, common_name: str, log: Path) -> None:
-    def connected() -> bool:
-        listed = kubelet.mesh.get("proxy-cp", "/v1/proxies")["proxies"]
-        return any(p["proxy"] == common_name for p in listed)
-
-    def configured() -> bool:
-        stats = kubelet.admin("/stats?filter=lds.update_success").text
-        return "listener_manager.lds.update_success: 0" not in stats and "update_success" in stats
-
-    try:
-        asyncio.run(eventually(connected, timeout=20, interval=0.2, message="proxy-cp lists it"))
-        asyncio.run(eventually(configured, timeout=20, interval=0.2, message="Envoy has LDS"))
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; envoy's log:\n{log.read_text()[-4000:]}") from None
-
-
-def served_serials(kubelet: Kubelet) -> set[str]:
-    """The serials of the certificates Envoy has loaded (its admin ``/certs``)."""
-    certs = kubelet.admin("/certs").json()["certificates"]
-    return {
-        cert["serial_number"].lower().lstrip("0")
-        for entry in certs
-        for cert in entry.get("cert_chain", [])
-    }
-
-
+@SHARED
 def test_an_injected_pods_agent_enrolls_and_its_envoy_joins_the_mesh(
     mesh: Mesh, kube: KubeApi, tmp_path: Path
 ) -> None:
     # the caBundle the API server checks the webhook with is the mesh's trust bundle
     trust_bundle = (mesh.state_dir / "trust-bundle.pem").read_bytes()
-
-    def ca_bundles() -> list[str]:
-        [stored] = kube.objects("admissionregistration.k8s.io", "mutatingwebhookconfigurations")
-        return [h["clientConfig"].get("caBundle", "") for h in stored["webhooks"]]
-
     asyncio.run(
-        eventually(lambda: ca_bundles() == [base64.b64encode(trust_bundle).decode()], timeout=10)
+        eventually(
+            lambda: ca_bundles(kube) == [base64.b64encode(trust_bundle).decode()], timeout=10
+        )
     )
+    # the counts are the shared mesh's: this test's are the changes
+    injected_before = metric(mesh.processes["injector"], INJECTED)
+    enrolled_before = metric(mesh.processes["proxy-cp"], ENROLLED)
     pod = injected(mesh)
     init = pod["spec"]["initContainers"][0]  # MeshConfig's exclusion list
     assert "-A TRELLIS_OUTPUT -p tcp --dport 5432 -j RETURN" in init["command"][2]
@@ -356,12 +246,11 @@ def test_an_injected_pods_agent_enrolls_and_its_envoy_joins_the_mesh(
     for name in ("injector", "proxy-cp", "certmanager"):
         assert "PRIVATE KEY" not in mesh.processes[name].logs()
         assert kubelet.token.read_text() not in mesh.processes[name].logs()
-    metrics = mesh.processes["injector"].get("/metrics").text
-    assert 'trellis_injector_admissions_total{outcome="injected"} 1.0' in metrics
-    metrics = mesh.processes["proxy-cp"].get("/metrics").text
-    assert 'trellis_proxy_cp_enrollments_total{outcome="enrolled"} 1.0' in metrics
+    assert metric(mesh.processes["injector"], INJECTED) - injected_before == 1.0
+    assert metric(mesh.processes["proxy-cp"], ENROLLED) - enrolled_before == 1.0
 
 
+@SHARED
 def test_opt_out_unmonitored_malformed_and_catalog_down(mesh: Mesh, kube: KubeApi) -> None:
     # a review for a namespace the mesh does not monitor (forged: the API server's
     # namespaceSelector would not send it) is left alone
@@ -394,9 +283,10 @@ def test_opt_out_unmonitored_malformed_and_catalog_down(mesh: Mesh, kube: KubeAp
     ],
 )
 def test_the_agent_renews_key_and_certificates_and_envoy_follows(
-    mesh: Mesh, kube: KubeApi, tmp_path: Path
+    own_mesh: Mesh, own_kube: KubeApi, tmp_path: Path
 ) -> None:
-    kubelet = Kubelet(mesh, kube, tmp_path, injected(mesh))
+    mesh = own_mesh  # its certmanager's proxy certificates are short-lived
+    kubelet = Kubelet(mesh, own_kube, tmp_path, injected(mesh))
     try:
         kubelet.start_agent(TRELLIS_AGENT_RENEW_FRACTION="0.36")
         key = mesh.mount / "key.pem"
@@ -427,11 +317,17 @@ def test_the_agent_renews_key_and_certificates_and_envoy_follows(
         kubelet.stop()
 
 
+@SHARED
 def test_enrollment_refuses_what_the_token_does_not_prove(
     mesh: Mesh, kube: KubeApi, tmp_path: Path
 ) -> None:
     from trellis_cli.agent import AgentConfig, AgentError, enroll
 
+    # the counts and the log are the shared mesh's: this test's are what it adds
+    proxy_cp, certmanager = mesh.processes["proxy-cp"], mesh.processes["certmanager"]
+    reasons = ("not_bound", "wrong_audience", "no_token", "not_authenticated")
+    before = {reason: metric(proxy_cp, refusals(reason)) for reason in (*reasons, "enrolled")}
+    logged = len(certmanager.logs())
     kubelet = Kubelet(mesh, kube, tmp_path, injected(mesh))
     agent = {e["name"]: e["value"] for e in kubelet.container("trellis-agent")["env"]}
 
@@ -456,10 +352,8 @@ def test_enrollment_refuses_what_the_token_does_not_prove(
     kubelet.core.delete_namespaced_pod("bookbuyer-1", "bookbuyer")  # its token dies with it
     assert "not_authenticated" in attempt(kubelet.token.read_text())
 
-    metrics = mesh.processes["proxy-cp"].get("/metrics").text
-    for reason in ("not_bound", "wrong_audience", "no_token", "not_authenticated"):
-        assert f'trellis_proxy_cp_enrollments_total{{outcome="{reason}"}}' in metrics, [
-            line for line in metrics.splitlines() if "enrollments" in line
-        ]
-    assert "enroll.refused" in mesh.processes["certmanager"].logs()
-    assert 'trellis_proxy_cp_enrollments_total{outcome="enrolled"}' not in metrics
+    after = {reason: metric(proxy_cp, refusals(reason)) for reason in before}
+    for reason in reasons:
+        assert after[reason] > before[reason], (reason, before, after)
+    assert "enroll.refused" in certmanager.logs()[logged:]
+    assert after["enrolled"] == before["enrolled"], (before, after)
