@@ -622,3 +622,27 @@ async def test_a_restart_does_not_expire_workloads_whose_heartbeats_it_missed(
     clock.now = NOW + 8  # one TTL after the restart, still no heartbeat: out
     assert await second.expire_once() == 1
     assert addresses(second, API) == []
+
+
+async def test_a_judge_that_could_not_read_heartbeats_holds_workloads_one_ttl_after(
+    manager: EndpointsManager,
+    store: InMemoryWorkloadStore,
+    clock: FakeClock,
+    make_workload: MakeWorkload,
+) -> None:
+    """A Redis failover: the judge cannot read heartbeats back, and when it can, those
+    another replica queued meanwhile are not written yet. The store answering old heartbeats
+    right after is not a verdict: the workload stays one TTL from then."""
+    await manager.register(make_workload("vm-1", ttl=10.0))
+    store.down = True
+    clock.now = NOW + 12  # due, and nobody can say whether it beat
+    assert await manager.expire_once() == 0
+    store.down = False
+    clock.now = NOW + 13  # the store answers: its last heartbeat is the old one
+    assert await manager.expire_once() == 0
+    assert [alive for _, alive in manager.workloads()] == [True]
+    clock.now = NOW + 22.9  # one TTL from the store's answer, still no heartbeat
+    assert await manager.expire_once() == 0
+    clock.now = NOW + 23
+    assert await manager.expire_once() == 1
+    assert addresses(manager, API) == []

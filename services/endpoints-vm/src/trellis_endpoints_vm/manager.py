@@ -105,6 +105,7 @@ class EndpointsManager:
         self._signalling: set[asyncio.Task[None]] = set()  # in flight, some no longer awaited
         self._in_order = asyncio.Lock()  # FIFO: signals leave in the order of their changes
         self.registry = EndpointRegistry()
+        self._judgement_held = False  # expiry postponed: the store could not say who beat
         self.keeper = StoreKeeper(
             store,
             self.registry.workloads.get,
@@ -254,7 +255,11 @@ class EndpointsManager:
         """Judge every workload's TTL, if this replica leads; returns the views changed.
 
         Those about to expire have their heartbeats read back from the store first: one
-        another replica heard counts. A store that cannot say postpones the judgement."""
+        another replica heard counts. A store that cannot say postpones the judgement, and
+        holds every alive workload until it answers again and then one more TTL: the other
+        replicas queue the heartbeats they could not write meanwhile (a Redis failover), and
+        flush them once they reach the store themselves, which may be after this replica does.
+        """
         if not self._leading():
             return 0
         now = self._clock()
@@ -265,7 +270,14 @@ class EndpointsManager:
                     heard = await self._store.heartbeats(due)
             except (TimeoutError, OSError, RedisError) as exc:
                 log.warning("expiry.postponed due=%d reason=%s", len(due), type(exc).__name__)
+                if not self._judgement_held:
+                    self._judgement_held = True
+                    held = self.registry.hold(now, counted=True)
+                    log.warning("workloads.held count=%d reason=heartbeats-unreadable", held)
                 return 0
+        if self._judgement_held:
+            self._judgement_held = False
+            self._release()
         async with self._lock:
             if due:
                 for workload_id, at in heard.items():

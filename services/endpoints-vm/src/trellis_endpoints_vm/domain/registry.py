@@ -178,16 +178,20 @@ class EndpointRegistry:
         verdict = self._alive.get(workload.id)
         return self.is_alive(workload, now) if verdict is None else verdict
 
-    def hold(self, now: float, workload_ids: Iterable[str] | None = None) -> int:
-        """Keep alive, until :meth:`release`, these workloads (default: every alive one).
+    def hold(
+        self, now: float, workload_ids: Iterable[str] | None = None, *, counted: bool = False
+    ) -> int:
+        """Keep alive, until :meth:`release`, these workloads (default: every alive one;
+        ``counted``: every one whose last verdict is alive, those due for judgement too).
 
         Returns how many are held now. Workloads already dead stay dead: their heartbeats
         stopped before the control plane lost its store.
         """
         ids = list(self.workloads) if workload_ids is None else workload_ids
+        alive = self.counted if counted else self.is_alive
         for workload_id in ids:
             workload = self.workloads.get(workload_id)
-            if workload is not None and workload.ttl is not None and self.is_alive(workload, now):
+            if workload is not None and workload.ttl is not None and alive(workload, now):
                 self._grace[workload_id] = math.inf
         return sum(1 for until in self._grace.values() if until == math.inf)
 
