@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import httpx
 import pytest
 
 from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.baseline import Baseline, restored, shared_mesh
+from trellis_common.testing.baseline import Baseline, module_mesh
 from trellis_common.testing.grpcapp import GrpcApp, call
 from trellis_common.testing.mesh import Mesh, Sidecar
 
@@ -147,23 +146,12 @@ class GatewayBaseline(Baseline):
         self.mesh.grpc_apps.clear()
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayMesh, Baseline]]:
-    """The four control-plane services on the module's Services, started once for the
-    module's tests."""
-    with shared_mesh(
-        tmp_path_factory.mktemp("gateway-routes"),
-        {"services.yaml": SERVICES},
-        GatewayMesh,
-        lambda mesh: GatewayBaseline(mesh, ONBOARDED),
-    ) as started:
-        yield started
-
-
-@pytest.fixture
-def mesh(shared: tuple[GatewayMesh, Baseline]) -> Iterator[GatewayMesh]:
-    """The shared mesh at its baseline; what the test changed is undone after it."""
-    yield from restored(shared)
+shared, mesh = module_mesh(
+    "gateway-routes",
+    {"services.yaml": SERVICES},
+    GatewayMesh,
+    lambda mesh: GatewayBaseline(mesh, ONBOARDED),
+)
 
 
 def grpc_backend(mesh: GatewayMesh, name: str) -> tuple[GrpcApp, Sidecar]:

@@ -19,7 +19,6 @@ test started itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import httpx
 import pytest
 
 from trellis_common.testing import eventually
-from trellis_common.testing.baseline import Baseline, restored, shared_mesh
+from trellis_common.testing.baseline import Baseline, module_mesh
 from trellis_common.testing.mesh import Mesh, Sidecar, bookstore
 
 # one mesh for the module: its tests run on one xdist worker
@@ -53,23 +52,12 @@ spec:
 """
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
-    """The four control-plane services on the bookstore example, started once for the
-    module's tests."""
-    with shared_mesh(
-        tmp_path_factory.mktemp("circuit-breaking"),
-        ROOT / "examples" / "bookstore",
-        Mesh,
-        lambda mesh: Baseline(mesh, ONBOARDED),
-    ) as started:
-        yield started
-
-
-@pytest.fixture
-def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
-    """The shared mesh at its baseline; what the test changed is undone after it."""
-    yield from restored(shared)
+shared, mesh = module_mesh(
+    "circuit-breaking",
+    ROOT / "examples" / "bookstore",
+    Mesh,
+    lambda mesh: Baseline(mesh, ONBOARDED),
+)
 
 
 def burst(buyer: Sidecar, count: int) -> list[httpx.Response]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,36 +20,22 @@ import pytest
 
 from trellis_common.testing import eventually
 from trellis_common.testing.apps import TcpApp
-from trellis_common.testing.baseline import Baseline, restored, shared_mesh
+from trellis_common.testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
 from trellis_common.testing.mesh import Mesh, Sidecar, bookstore
 
 # one mesh for the module (its fixtures): its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("osm-edge-mesh")]
 MESH_NAME = "osm-edge"
 
-# registered once before the baseline: the catalog then knows bookstore-v1's and -v2's
-# account, ``bookstore``, as it does from the moment a test's bookstore() registers them
-REGISTERED = (("v1-a", "bookstore-v1"), ("v2-a", "bookstore-v2"))
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
-    """The four services on the bookstore's documents, with their Redis, state directory
-    and spec directory, started once for the module's tests."""
-    with shared_mesh(
-        tmp_path_factory.mktemp(MESH_NAME),
-        ROOT / "examples" / "bookstore",
-        Mesh,
-        lambda mesh: Baseline(mesh, registered=REGISTERED),
-    ) as started:
-        yield started
-
-
-@pytest.fixture
-def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
-    """The shared mesh at its baseline; what the test changed is undone after it."""
-    yield from restored(shared)
+shared, mesh = module_mesh(
+    MESH_NAME,
+    ROOT / "examples" / "bookstore",
+    Mesh,
+    lambda mesh: Baseline(mesh, registered=BOOKSTORE_WORKLOADS),
+)
 
 
 EGRESS = """

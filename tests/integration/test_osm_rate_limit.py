@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from trellis_common.testing import eventually
 from trellis_common.testing.apps import TcpApp
-from trellis_common.testing.baseline import Baseline, restored, shared_mesh
+from trellis_common.testing.baseline import Baseline, module_mesh
 from trellis_common.testing.mesh import Mesh, bookstore
 from trellis_common.testing.ports import free_port
 
@@ -54,23 +53,9 @@ spec:
 """
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
-    """The four control-plane services on the bookstore example, started once for the
-    module's tests."""
-    with shared_mesh(
-        tmp_path_factory.mktemp("rate-limit"),
-        ROOT / "examples" / "bookstore",
-        Mesh,
-        lambda mesh: Baseline(mesh, ONBOARDED),
-    ) as started:
-        yield started
-
-
-@pytest.fixture
-def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
-    """The shared mesh at its baseline; what the test changed is undone after it."""
-    yield from restored(shared)
+shared, mesh = module_mesh(
+    "rate-limit", ROOT / "examples" / "bookstore", Mesh, lambda mesh: Baseline(mesh, ONBOARDED)
+)
 
 
 def limited_config(mesh: Mesh, text: str) -> bool:

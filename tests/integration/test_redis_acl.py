@@ -17,7 +17,6 @@ its sidecars, apps and workloads are gone and no Redis client of a test is left 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trellis_common import redisacl
 from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.baseline import Baseline, restored, shared_mesh
+from trellis_common.testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
 from trellis_common.testing.mesh import Mesh, bookstore
 
 # one mesh for the module (its fixtures): its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("redis-acl-mesh")]
 MESH_NAME = "redis-acl"
 
-# registered once before the baseline: the catalog then knows bookstore-v1's and -v2's
-# account, ``bookstore``, as it does from the moment a test's bookstore() registers them
-REGISTERED = (("v1-a", "bookstore-v1"), ("v2-a", "bookstore-v2"))
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +41,7 @@ class AclBaseline(Baseline):
     were not."""
 
     def __init__(self, mesh: Mesh) -> None:
-        super().__init__(mesh, registered=REGISTERED)
+        super().__init__(mesh, registered=BOOKSTORE_WORKLOADS)
         self.redis_users = client_users(mesh)
 
     def answers(self) -> dict[str, Any]:
@@ -54,23 +50,7 @@ class AclBaseline(Baseline):
         return {**super().answers(), "foreign Redis users": sorted(users - known)}
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
-    """The four services on the bookstore's documents, with their Redis, state directory
-    and spec directory, started once for the module's tests."""
-    with shared_mesh(
-        tmp_path_factory.mktemp(MESH_NAME),
-        ROOT / "examples" / "bookstore",
-        Mesh,
-        AclBaseline,
-    ) as started:
-        yield started
-
-
-@pytest.fixture
-def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
-    """The shared mesh at its baseline; what the test changed is undone after it."""
-    yield from restored(shared)
+shared, mesh = module_mesh(MESH_NAME, ROOT / "examples" / "bookstore", Mesh, AclBaseline)
 
 
 def metric(mesh: Mesh, name: str, **labels: str) -> float:

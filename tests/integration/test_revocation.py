@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from trellis_common.testing import eventually
-from trellis_common.testing.baseline import Baseline, restored, shared_mesh
+from trellis_common.testing.baseline import Baseline, module_mesh
 from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
 # one mesh for the module: its tests run on one xdist worker
@@ -39,23 +39,9 @@ ONBOARDED = (  # (namespace, service, account) of every sidecar the tests start
 )
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
-    """The four control-plane services on the bookstore example, started once for the
-    module's tests."""
-    with shared_mesh(
-        tmp_path_factory.mktemp("revocation"),
-        ROOT / "examples" / "bookstore",
-        Mesh,
-        lambda mesh: Baseline(mesh, ONBOARDED),
-    ) as started:
-        yield started
-
-
-@pytest.fixture
-def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
-    """The shared mesh at its baseline; what the test changed is undone after it."""
-    yield from restored(shared)
+shared, mesh = module_mesh(
+    "revocation", ROOT / "examples" / "bookstore", Mesh, lambda mesh: Baseline(mesh, ONBOARDED)
+)
 
 
 GRACE = 1.0

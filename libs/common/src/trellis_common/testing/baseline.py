@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 from trellis_common.testing import redis_backend
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.mesh import Mesh
@@ -245,3 +247,31 @@ def restored(shared: tuple[M, Baseline]) -> Iterator[M]:
         yield running
     finally:
         baseline.restore()
+
+
+#: the bookstore's workloads, registered once before a baseline: the catalog then knows
+#: bookstore-v1's and -v2's account, ``bookstore``, as it does once a test registers them
+BOOKSTORE_WORKLOADS = (("v1-a", "bookstore-v1"), ("v2-a", "bookstore-v2"))
+
+
+def module_mesh(
+    folder: str,
+    spec: Path | dict[str, str],
+    make: Callable[[Path, Path, RedisServer, Path], Mesh] = Mesh,
+    baseline: Callable[[Mesh], Baseline] = Baseline,
+) -> tuple[Any, Any]:
+    """A module's two fixtures, ``shared`` (the mesh, started once for the module by
+    :func:`shared_mesh`, in a temporary folder named ``folder``) and ``mesh`` (that mesh at
+    its baseline, what the test changed undone after it): ``shared, mesh = module_mesh(...)``
+    at the module's top level, its tests in one xdist group."""
+
+    @pytest.fixture(scope="module")
+    def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Baseline]]:
+        with shared_mesh(tmp_path_factory.mktemp(folder), spec, make, baseline) as started:
+            yield started
+
+    @pytest.fixture
+    def mesh(shared: tuple[Mesh, Baseline]) -> Iterator[Mesh]:
+        yield from restored(shared)
+
+    return shared, mesh
