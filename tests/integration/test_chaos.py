@@ -1,7 +1,7 @@
 """Chaos under steady traffic: Redis killed or frozen, each service SIGKILLed in turn.
 
 The mesh runs for real (Redis, the four control-plane services, OSM's bookstore behind
-real Envoy sidecars, VM workloads with a 3 s TTL kept alive by heartbeats). bookbuyer's
+real Envoy sidecars, VM workloads with a 5 s TTL kept alive by heartbeats). bookbuyer's
 sidecar carries steady traffic to bookstore throughout. For each fault the test measures:
 
 * failed requests during the fault and the recovery (the data plane must not notice);
@@ -78,8 +78,8 @@ def test_redis_killed_and_frozen_under_traffic(
 
         try:
             for name, inject in (
-                ("redis kill -9 (6 s)", kill_redis),
-                ("redis SIGSTOP (6 s)", freeze_redis),
+                (f"redis kill -9 ({TTL * 2:g} s)", kill_redis),
+                (f"redis SIGSTOP ({TTL * 2:g} s)", freeze_redis),
             ):
                 figure = chaos.fault(name, inject)
                 check(figure)

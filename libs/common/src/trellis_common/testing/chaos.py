@@ -2,7 +2,7 @@
 are injected, and the figures of each fault.
 
 :class:`Chaos` runs OSM's bookstore on a :class:`~trellis_common.testing.mesh.Mesh` (VM
-workloads with a 3 s TTL kept alive by heartbeats, bookbuyer's sidecar calling bookstore
+workloads with a 5 s TTL kept alive by heartbeats, bookbuyer's sidecar calling bookstore
 about 20 times a second) and, for each fault (:meth:`Chaos.fault`), records a
 :class:`Figure`: the requests sent and those that failed, the registrations lost, the
 heartbeat errors, and the convergence time (from the end of the fault until a workload
@@ -26,7 +26,13 @@ import pytest
 
 from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
-TTL = 3.0
+# A restarted endpoints-vm gives a workload that beat within two TTLs one more TTL (the
+# heartbeats it missed while down are not held against it): at 3 s, the endpoints-vm row
+# demanded a SIGKILLed endpoints-vm be back within 6 s, which a loaded CI machine missed
+# (8 requests 503 while v1-a and v2-a expired). How fast a process restarts is a speed
+# figure, not the property under test; 5 s gives it 10 s, and every Redis outage below
+# still outlasts a TTL.
+TTL = 5.0
 PROBE_ADDRESS = "127.0.0.2"  # bookstore-v1's sidecar listens on 0.0.0.0: a real endpoint
 
 
