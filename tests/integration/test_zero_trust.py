@@ -5,6 +5,11 @@ attacker would bring), endpoints-vm and the catalog run as processes beside a re
 each with the identity it joined with. Each test is one attack; each asserts the refusal,
 and that the refused service logged and counted it. The first test walks the whole policy
 table: every cell, called by every component, is refused exactly where the table says.
+
+The attacks only knock: none changes what the control plane holds (a refused call issues,
+stores and registers nothing, and the tests check that too), so they share one control plane
+(``shared``) on one xdist worker, and each counts what it caused from what the counters and
+logs held before it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from trellis_common.testing.waiting import eventually
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("zero-trust-shared")]
 
 CM = "/trellis.certmanager.v1.CertificateManager/"
 CATALOG = "/trellis.catalog.v1.Catalog/"
@@ -44,32 +49,38 @@ PROVIDER = "/trellis.endpoints.v1.EndpointsProvider/"
 HEALTH = "/grpc.health.v1.Health/"
 
 
-@pytest.fixture
-def ca() -> LocalCA:
-    return LocalCA()
+@pytest.fixture(scope="module")
+def shared(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[dict[str, ServiceProcess], LocalCA, Path]]:
+    """One control plane for every test of the module (they only knock on it): its
+    processes, the operator CA, and its state directory (where the join key lies)."""
+    tmp = tmp_path_factory.mktemp("zero-trust")
+    state_dir = tmp / "state"
+    state_dir.mkdir()
+    ca = LocalCA()
+    with redis_backend.redis_server(tmp / "redis") as redis:
+        processes = control_plane(state_dir, redis, ca, tmp)
+        with running(processes):
+            yield processes, ca, state_dir
 
 
 @pytest.fixture
 def services(
-    state_dir: Path, redis_server: RedisServer, ca: LocalCA, tmp_path: Path
-) -> Iterator[dict[str, ServiceProcess]]:
-    with running(control_plane(state_dir, redis_server, ca, tmp_path)) as processes:
-        yield processes
+    shared: tuple[dict[str, ServiceProcess], LocalCA, Path],
+) -> dict[str, ServiceProcess]:
+    return shared[0]
 
 
-@pytest.fixture(scope="module")
-def shared(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[dict[str, ServiceProcess], LocalCA]]:
-    """One control plane for the tests that only knock on it (the TLS refusals): each of
-    them counts what it caused from what the counters held before it."""
-    tmp = tmp_path_factory.mktemp("zero-trust")
-    (tmp / "state").mkdir()
-    ca = LocalCA()
-    with redis_backend.redis_server(tmp / "redis") as redis:
-        processes = control_plane(tmp / "state", redis, ca, tmp)
-        with running(processes):
-            yield processes, ca
+@pytest.fixture
+def ca(shared: tuple[dict[str, ServiceProcess], LocalCA, Path]) -> LocalCA:
+    return shared[1]
+
+
+@pytest.fixture
+def state_dir(shared: tuple[dict[str, ServiceProcess], LocalCA, Path]) -> Path:
+    """The shared control plane's state directory (overrides the conftest's fresh one)."""
+    return shared[2]
 
 
 def control_plane(
@@ -221,6 +232,21 @@ async def call(
     return grpc.StatusCode.OK
 
 
+def since(
+    before: dict[tuple[str, str, str], float], now: dict[tuple[str, str, str], float]
+) -> dict[tuple[str, str, str], float]:
+    """What each counter gained from ``before`` to ``now``."""
+    return {key: value - before.get(key, 0.0) for key, value in now.items()}
+
+
+def sample(metrics: str, series: str) -> float:
+    """The value of one exact series (name and labels) in a /metrics text; 0 if absent."""
+    for line in metrics.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def refusals(process: ServiceProcess) -> dict[tuple[str, str, str], float]:
     text = process.get("/metrics").text
     found = re.findall(
@@ -234,6 +260,12 @@ async def test_every_cell_refuses_exactly_the_components_it_does_not_name(
     services: dict[str, ServiceProcess], state_dir: Path
 ) -> None:
     callers = {c: join_as(state_dir, c) for c in components.COMPONENTS if c != "certmanager"}
+    before = refusals(services["certmanager"])
+    logged = (
+        services["certmanager"]
+        .logs()
+        .count("grpc.refused method=" + CM + "IssueCertificate[proxy]")
+    )
     wrong: list[str] = []
     for cell, (service, method, request) in CALLS.items():
         for component, identity in callers.items():
@@ -254,10 +286,15 @@ async def test_every_cell_refuses_exactly_the_components_it_does_not_name(
         assert health == grpc.StatusCode.OK
     assert wrong == []
     # each refusal was counted under the method and the caller, with its reason
-    counted = refusals(services["certmanager"])
+    counted = since(before, refusals(services["certmanager"]))
     assert counted[(CM + "GetCertificate", "catalog", "not_in_policy")] == 1.0
     assert counted[(CM + "IssueCertificate", "catalog", "not_in_policy")] == 2.0  # proxy, key
-    assert "grpc.refused method=" + CM + "IssueCertificate[proxy]" in services["certmanager"].logs()
+    assert (
+        services["certmanager"]
+        .logs()
+        .count("grpc.refused method=" + CM + "IssueCertificate[proxy]")
+        > logged
+    )
 
 
 # -- one test per attack --------------------------------------------------------------------
@@ -272,6 +309,8 @@ async def test_a_component_certificate_outside_its_cell_is_refused_logged_and_co
 ) -> None:
     certmanager = services["certmanager"]
     catalog = join_as(state_dir, "catalog")  # it may know certificates; no one gets a service key
+    before = refusals(certmanager)
+    logged = certmanager.logs().count("reason=not_in_policy")
     request = certmanager_pb2.IssueCertificateRequest(
         kind=certmanager_pb2.CERTIFICATE_KIND_SERVICE, service=_SHOP
     )
@@ -282,8 +321,9 @@ async def test_a_component_certificate_outside_its_cell_is_refused_logged_and_co
     assert caught.value.details() == (
         f"catalog may not call {CM}IssueCertificate[service] (allowed: no component)"
     )
-    assert refusals(certmanager)[(CM + "IssueCertificate", "catalog", "not_in_policy")] == 1.0
-    assert "reason=not_in_policy" in certmanager.logs()
+    counted = since(before, refusals(certmanager))
+    assert counted[(CM + "IssueCertificate", "catalog", "not_in_policy")] == 1.0
+    assert certmanager.logs().count("reason=not_in_policy") == logged + 1
     assert certmanager.get("/v1/certificates").json()["certificates"] == []
 
 
@@ -291,6 +331,8 @@ async def test_a_proxy_certificate_of_the_mesh_ca_is_no_control_plane_identity(
     services: dict[str, ServiceProcess], ca: LocalCA
 ) -> None:
     catalog = services["catalog"]
+    before = refusals(catalog)
+    logged = catalog.logs()
     # what a proxy holds: the mesh CA's certificate, CN only (or a workload's SPIFFE id)
     for name, sans in [
         (_CN, []),
@@ -307,11 +349,12 @@ async def test_a_proxy_certificate_of_the_mesh_ca_is_no_control_plane_identity(
             catalog_pb2.ExpectProxyRequest(common_name=_CN, service_account="cart"),
         )
         assert code == grpc.StatusCode.PERMISSION_DENIED
-    counted = refusals(catalog)
+    counted = since(before, refusals(catalog))
     assert counted[(CATALOG + "ExpectProxy", "-", "not_a_component")] == 2.0
     logs = catalog.logs()
-    assert logs.count("reason=not_a_component") == 2
-    assert "caller=spiffe://cluster.local/ns/shop/sa/catalog reason=not_a_component" in logs
+    assert logs.count("reason=not_a_component") == logged.count("reason=not_a_component") + 2
+    spiffe = "caller=spiffe://cluster.local/ns/shop/sa/catalog reason=not_a_component"
+    assert logs.count(spiffe) == logged.count(spiffe) + 1
     assert catalog.get("/v1/proxies").json()["proxies"] == []
 
 
@@ -321,15 +364,13 @@ def handshake_failures(process: ServiceProcess) -> dict[str, float]:
     return {reason: float(n) for reason, n in found}
 
 
-@pytest.mark.xdist_group("zero-trust-shared")  # the three share one control plane
 @pytest.mark.parametrize(
     ("who", "reason"),
     [("no certificate", "no_certificate"), ("foreign CA", "unknown_ca"), ("expired", "expired")],
 )
 async def test_a_caller_without_a_valid_mesh_certificate_never_gets_past_tls(
-    shared: tuple[dict[str, ServiceProcess], LocalCA], who: str, reason: str
+    services: dict[str, ServiceProcess], ca: LocalCA, who: str, reason: str
 ) -> None:
-    services, ca = shared
     certmanager = services["certmanager"]
     before = handshake_failures(certmanager).get(reason, 0)
     logged_before = certmanager.logs().count(f"tls.handshake_failed reason={reason}")
@@ -363,6 +404,11 @@ async def test_a_join_token_works_once_and_a_forged_one_not_at_all(
     services: dict[str, ServiceProcess], state_dir: Path
 ) -> None:
     certmanager = services["certmanager"]
+    refused = 'trellis_certmanager_join_refused_total{{reason="{}"}}'.format
+    reasons = ("spent", "invalid_token", "not_joinable")
+    metrics = certmanager.get("/metrics").text
+    before = {reason: sample(metrics, refused(reason)) for reason in reasons}
+    logged = certmanager.logs().count("join.refused")
     key = jointoken.load_or_create_key(jointoken.key_path(state_dir))
     token = jointoken.mint(key, "injector")
     _, private = new_key()
@@ -391,9 +437,9 @@ async def test_a_join_token_works_once_and_a_forged_one_not_at_all(
     assert "not made with this mesh's join key" in forged.json()["detail"]
     assert as_certmanager.status_code == 401
     metrics = certmanager.get("/metrics").text
-    for reason in ("spent", "invalid_token", "not_joinable"):
-        assert f'trellis_certmanager_join_refused_total{{reason="{reason}"}} 1.0' in metrics
-    assert certmanager.logs().count("join.refused") == 3
+    for reason in reasons:
+        assert sample(metrics, refused(reason)) == before[reason] + 1, reason
+    assert certmanager.logs().count("join.refused") == logged + 3
     assert token not in certmanager.logs()
 
 
@@ -402,6 +448,11 @@ async def test_no_component_gets_a_certificate_with_another_components_identity(
 ) -> None:
     certmanager = services["certmanager"]
     proxy_cp = join_as(state_dir, "proxy-cp")  # the one that may know service certificates
+    series = (
+        'trellis_certmanager_issue_refused_total{kind="service",reason="control_plane_namespace"}'
+    )
+    before = sample(certmanager.get("/metrics").text, series)
+    logged = certmanager.logs()
 
     def ask(account: str) -> certmanager_pb2.IssueCertificateRequest:
         return certmanager_pb2.IssueCertificateRequest(
@@ -421,15 +472,12 @@ async def test_no_component_gets_a_certificate_with_another_components_identity(
             codes.append(caught.value.code())
             assert "the control plane's namespace" in (caught.value.details() or "")
     assert codes == [grpc.StatusCode.PERMISSION_DENIED] * 2
-    metrics = certmanager.get("/metrics").text
-    assert (
-        'trellis_certmanager_issue_refused_total{kind="service",'
-        'reason="control_plane_namespace"} 2.0'
-    ) in metrics
+    assert sample(certmanager.get("/metrics").text, series) == before + 2
     logs = certmanager.logs()
     for account in ("proxy-cp", "certmanager"):
-        assert (
+        line = (
             "cert.refused kind=service reason=control_plane_namespace "
             f"service=trellis-system/{account} "
             "requester=spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
-        ) in logs
+        )
+        assert logs.count(line) == logged.count(line) + 1
