@@ -25,7 +25,7 @@ from rich.console import Console
 from trellis_cli import output
 from trellis_cli.main import cli
 from trellis_cli.testing import Answer, CannedAdmin
-from trellis_common import admin, statefile
+from trellis_common import admin, statefile, version
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.transport import rest
@@ -270,3 +270,57 @@ def test_list_joins_every_replica_and_config_asks_the_one_serving_the_proxy(
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["version"] == "7"  # proxy-cp answered 404, proxy-cp-2 had it
     assert ("GET", config) in {(r.method, r.path) for r in first.received}
+
+
+# -- -o table|wide|json|yaml, against proxy-cp's real answers -------------------------------
+
+
+def test_list_wide_adds_the_replica_node_serial_and_age(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "console", Console(width=400))  # no cell folded
+    table = trellis(state_dir, "proxy", "list", "-o", "table")
+    wide = trellis(state_dir, "proxy", "list", "-o", "wide")
+    body = json.loads(trellis(state_dir, "proxy", "list", "--json").stdout)
+
+    assert table.exit_code == wide.exit_code == 0, table.output + wide.output
+    extra = ["REPLICA", "NODE ID", "CERT SERIAL", "AGE"]
+    assert not [column for column in extra if column in table.stdout]
+    header = next(line for line in wide.stdout.splitlines() if "PROXY" in line)
+    assert all(column in header for column in extra)
+    for proxy in body["proxies"]:
+        row = row_of(wide.stdout, proxy["proxy"])
+        assert "│ proxy-cp " in row  # the replica it is connected to
+        assert proxy["node_id"] in row
+        assert proxy["serial"][:16] in row
+
+
+def test_list_json_and_yaml_are_the_same_answer(state_dir: Path) -> None:
+    as_json = trellis(state_dir, "proxy", "list", "-o", "json")
+    as_yaml = trellis(state_dir, "proxy", "list", "-o", "yaml")
+
+    assert as_json.exit_code == as_yaml.exit_code == 0, as_json.output + as_yaml.output
+    assert as_json.stdout == trellis(state_dir, "proxy", "list", "--json").stdout
+    assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
+
+
+def test_status_in_every_format_from_the_real_admin_app(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "console", Console(width=400))  # no cell folded
+    runs = {
+        fmt: trellis(state_dir, "status", "-o", fmt) for fmt in ("table", "wide", "json", "yaml")
+    }
+
+    assert {fmt: r.exit_code for fmt, r in runs.items()} == dict.fromkeys(runs, 0), runs
+    body = json.loads(runs["json"].stdout)
+    assert [s["service"] for s in body["services"]] == ["proxy-cp"]
+    assert body["mesh"]["connected_proxies"] == 3
+    assert yaml.safe_load(runs["yaml"].stdout) == body
+    assert runs["json"].stdout == trellis(state_dir, "status", "--json").stdout
+    extra = ["VERSION", "GRPC", "PID", "CHECKS OK", "LOOPS DOWN", "RESTARTS"]
+    assert not [column for column in extra if column in runs["table"].stdout]
+    assert all(column in runs["wide"].stdout for column in extra)
+    row = row_of(runs["wide"].stdout, "│ proxy-cp ")
+    assert version.version() in row  # from proxy-cp's own /v1/status
+    assert f" {os.getpid()} " in row  # the pid the state directory records

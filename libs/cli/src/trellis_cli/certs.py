@@ -18,30 +18,38 @@ def certs() -> None:
 @certs.command("list", help="Certificates on record (metadata only; keys never leave).")
 @click.option("--kind", type=click.Choice(["service", "proxy"]), help="Only this kind.")
 @click.option("--namespace", "-n", default="", help="Only this namespace.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output.format_option
 @click.pass_obj
-def list_(mesh: Mesh, kind: str | None, namespace: str, as_json: bool) -> None:
+def list_(mesh: Mesh, kind: str | None, namespace: str, fmt: output.Format) -> None:
     params: dict[str, Any] = {"namespace": namespace}
     if kind:
         params["kind"] = kind
     body = mesh.get_json("certmanager", "/v1/certificates", params=params)
-    if as_json:
-        output.emit_json(body)
+    if output.emit(fmt, body):
         return
-    output.table(
+    wide = fmt == "wide"  # the whole serial, where the table shows its first 16 digits
+    output.listing(
+        fmt,
         f"Certificates (revision {body['revision']})",
-        ["COMMON NAME", "KIND", "SERIAL", "NOT AFTER", "RENEW AFTER", "SPIFFE ID"],
         [
-            (
-                c["common_name"],
-                c["kind"],
-                c["serial"][:16],
-                c["not_after"][:19],
-                c["renew_after"][:19],
-                ", ".join(c["uris"]) or "-",
-            )
-            for c in body["certificates"]
+            output.Column("COMMON NAME", lambda c: c["common_name"]),
+            output.Column("KIND", lambda c: c["kind"]),
+            output.Column("SERIAL", lambda c: c["serial"] if wide else c["serial"][:16]),
+            output.Column("NOT AFTER", lambda c: c["not_after"][:19]),
+            output.Column("RENEW AFTER", lambda c: c["renew_after"][:19]),
+            output.Column("SPIFFE ID", lambda c: ", ".join(c["uris"]) or "-"),
+            output.Column("NOT BEFORE", lambda c: c["not_before"][:19], wide=True),
+            output.Column("AGE", lambda c: output.age(c.get("not_before")), wide=True),
+            output.Column(
+                "DNS NAMES", lambda c: ", ".join(c.get("dns_names", [])) or "-", wide=True
+            ),
+            output.Column("PROXY ID", lambda c: c.get("proxy_id") or "-", wide=True),
+            output.Column("ISSUER", lambda c: c.get("issuer") or "-", wide=True),
+            output.Column(
+                "SHA-256", lambda c: (c.get("fingerprint_sha256") or "-")[:16], wide=True
+            ),
         ],
+        body["certificates"],
     )
 
 

@@ -23,12 +23,11 @@ def dst() -> None:
 
 @dst.command(help=f"The first messages of Get(NAME). NAME: {NAME_HELP}.")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print the messages as JSON.")
+@output.format_option
 @click.pass_obj
-def get(mesh: Mesh, name: str, as_json: bool) -> None:
+def get(mesh: Mesh, name: str, fmt: output.Format) -> None:
     body = mesh.get_json("proxy-cp", "/v1/destinations/get", params={"path": name}, auth=True)
-    if as_json:
-        output.emit_json(body)
+    if output.emit(fmt, body):
         return
     for update in body["updates"]:
         if "no_endpoints" in update:
@@ -38,24 +37,35 @@ def get(mesh: Mesh, name: str, as_json: bool) -> None:
         added = update.get("add", {})
         labels = _labels(added.get("metric_labels", {}))
         output.console.print(f"add {len(added.get('addrs', []))} address(es) {labels}".rstrip())
-        output.table(
-            name,
-            ["address", "weight", "identity", "server name", "hint", "labels"],
-            [_row(a) for a in added.get("addrs", [])],
-        )
+        output.listing(fmt, name, ADDRESS_COLUMNS, added.get("addrs", []))
 
 
-def _row(addr: dict[str, Any]) -> list[str]:
-    tls = addr.get("tls_identity", {})
+def _hint(addr: dict[str, Any]) -> str:
     hint = addr.get("protocol_hint", {})
-    return [
-        addr.get("addr", {}).get("text", ""),
-        str(addr.get("weight", 0)),
-        tls.get("uri_like_identity", {}).get("uri", "") or "(no TLS identity)",
-        tls.get("server_name", {}).get("name", ""),
-        "h2" if "h2" in hint else "opaque" if "opaque" in hint else "",
-        _labels(addr.get("metric_labels", {})),
-    ]
+    return "h2" if "h2" in hint else "opaque" if "opaque" in hint else ""
+
+
+def _workload(addr: dict[str, Any]) -> str:
+    """The workload behind the address (``Pod shop/web-1``), as Linkerd's ``resource_ref``."""
+    ref = addr.get("resource_ref", {}).get("resource", {})
+    if not ref.get("name"):
+        return "-"
+    return f"{ref.get('kind', '')} {ref.get('namespace', '')}/{ref['name']}".strip()
+
+
+def _tls(addr: dict[str, Any], field: str, leaf: str) -> str:
+    return str(addr.get("tls_identity", {}).get(field, {}).get(leaf, ""))
+
+
+ADDRESS_COLUMNS = [
+    output.Column("address", lambda a: a.get("addr", {}).get("text", "")),
+    output.Column("weight", lambda a: str(a.get("weight", 0))),
+    output.Column("identity", lambda a: _tls(a, "uri_like_identity", "uri") or "(no TLS identity)"),
+    output.Column("server name", lambda a: _tls(a, "server_name", "name")),
+    output.Column("hint", _hint),
+    output.Column("labels", lambda a: _labels(a.get("metric_labels", {}))),
+    output.Column("workload", _workload, wide=True),
+]
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -64,14 +74,13 @@ def _labels(labels: dict[str, str]) -> str:
 
 @dst.command(help=f"The first message of GetProfile(NAME). NAME: {NAME_HELP}.")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+@output.format_option
 @click.pass_obj
-def profile(mesh: Mesh, name: str, as_json: bool) -> None:
+def profile(mesh: Mesh, name: str, fmt: output.Format) -> None:
     body = mesh.get_json("proxy-cp", "/v1/destinations/profile", params={"path": name}, auth=True)
-    found = body["profile"]
-    if as_json:
-        output.emit_json(body)
+    if output.emit(fmt, body):
         return
+    found = body["profile"]
     fqn = found.get("fully_qualified_name") or "(unknown: not a service of the mesh)"
     output.console.print(f"fully qualified name: {fqn}")
     budget = found.get("retry_budget", {})
@@ -83,18 +92,20 @@ def profile(mesh: Mesh, name: str, as_json: bool) -> None:
         output.console.print("opaque protocol")
     if "endpoint" in found:
         output.console.print(f"endpoint: {found['endpoint'].get('addr', {})}")
-    output.table(
+    output.listing(
+        fmt,
         "routes",
-        ["route", "condition", "retryable", "timeout"],
         [
-            [
-                r.get("metrics_labels", {}).get("route", ""),
-                _condition(r.get("condition", {})),
-                "yes" if r.get("is_retryable") else "no",
-                r.get("timeout", ""),
-            ]
-            for r in found.get("routes", [])
+            output.Column("route", lambda r: r.get("metrics_labels", {}).get("route", "")),
+            output.Column("condition", lambda r: _condition(r.get("condition", {}))),
+            output.Column("retryable", lambda r: "yes" if r.get("is_retryable") else "no"),
+            output.Column("timeout", lambda r: r.get("timeout", "")),
+            output.Column("labels", lambda r: _labels(r.get("metrics_labels", {})), wide=True),
+            output.Column(
+                "response classes", lambda r: len(r.get("response_classes", [])), wide=True
+            ),
         ],
+        found.get("routes", []),
     )
     output.table(
         "traffic split (dst_overrides)",

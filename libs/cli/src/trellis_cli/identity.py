@@ -21,27 +21,31 @@ def _when(epoch: float) -> str:
 
 
 @identity.command("list", help="Who holds which component certificate; which are revoked.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output.format_option
 @click.pass_obj
-def list_(mesh: Mesh, as_json: bool) -> None:
+def list_(mesh: Mesh, fmt: output.Format) -> None:
     body: dict[str, Any] = mesh.get_json("certmanager", "/v1/identities")
-    if as_json:
-        output.emit_json(body)
+    if output.emit(fmt, body):
         return
-    revoked = {c["serial"] for c in body["revoked"]}
-    output.table(
+    revoked = {c["serial"]: c for c in body["revoked"]}
+    output.listing(
+        fmt,
         "Component certificates",
-        ["COMPONENT", "SERIAL", "ISSUED", "NOT AFTER", "REVOKED"],
         [
-            (
-                c["component"],
-                c["serial"][:16],
-                _when(c["issued_at"]),
-                _when(c["not_after"]),
-                "yes" if c["serial"] in revoked else "-",
-            )
-            for c in body["issued"]
+            output.Column("COMPONENT", lambda c: c["component"]),
+            output.Column("SERIAL", lambda c: c["serial"] if fmt == "wide" else c["serial"][:16]),
+            output.Column("ISSUED", lambda c: _when(c["issued_at"])),
+            output.Column("NOT AFTER", lambda c: _when(c["not_after"])),
+            output.Column("REVOKED", lambda c: "yes" if c["serial"] in revoked else "-"),
+            output.Column("AGE", lambda c: output.age(c["issued_at"]), wide=True),
+            output.Column("ALSO NAMES", lambda c: ", ".join(c.get("also", [])) or "-", wide=True),
+            output.Column(
+                "REVOKED AT",
+                lambda c: output.when(revoked.get(c["serial"], {}).get("revoked_at")),
+                wide=True,
+            ),
         ],
+        body["issued"],
     )
 
 

@@ -68,10 +68,12 @@ def last_error(proxy: dict[str, Any], refusals: dict[str, str]) -> str:
     return "; ".join(errors) or "-"
 
 
-def _every_replica(mesh: Mesh, path: str) -> dict[str, Any]:
+def _every_replica(mesh: Mesh, path: str) -> tuple[dict[str, Any], dict[str, str]]:
     """``/v1/proxies`` of proxy-cp and of each replica (``trellis up --proxy-cp-replicas``),
-    joined: each lists the proxies connected to it."""
+    joined: each lists the proxies connected to it. Also which replica each proxy is
+    connected to (``-o wide``), kept beside the answer so that its JSON stays proxy-cp's."""
     joined: dict[str, Any] = {"proxies": [], "groups": []}
+    served_by: dict[str, str] = {}
     for index, name in enumerate(mesh.instances(SERVICE)):
         try:
             body = mesh.get_json(name, path)
@@ -81,7 +83,8 @@ def _every_replica(mesh: Mesh, path: str) -> dict[str, Any]:
             continue  # a replica that went away: its proxies are reconnecting elsewhere
         joined["proxies"] += body.get("proxies", [])
         joined["groups"] += body.get("groups", [])
-    return joined
+        served_by.update({p["proxy"]: name for p in body.get("proxies", [])})
+    return joined, served_by
 
 
 def _serving_replica(mesh: Mesh, path: str, **kwargs: Any) -> Any:
@@ -97,29 +100,30 @@ def _serving_replica(mesh: Mesh, path: str, **kwargs: Any) -> Any:
 
 
 @proxy.command("list", help="Connected proxies and, per type, whether they ACKed what was sent.")
-@click.option("--json", "as_json", is_flag=True, help="Print proxy-cp's answer as JSON.")
+@output.format_option
 @click.pass_obj
-def list_(mesh: Mesh, as_json: bool) -> None:
-    body = _every_replica(mesh, "/v1/proxies")
-    if as_json:
-        output.emit_json(body)
+def list_(mesh: Mesh, fmt: output.Format) -> None:
+    body, served_by = _every_replica(mesh, "/v1/proxies")
+    if output.emit(fmt, body):
         return
     refusals = {g["key"]: g["last_error"] for g in body.get("groups", []) if g.get("last_error")}
     proxies = body["proxies"]
-    output.table(
+    output.listing(
+        fmt,
         f"Proxies connected to proxy-cp ({len(proxies)})",
-        ["PROXY", "IDENTITY", "PROTOCOL", "ENVOY", "CONFIG (ACKED/SENT)", "LAST ERROR"],
         [
-            (
-                p["proxy"],
-                p["identity"],
-                p["protocol"] or "-",
-                p["envoy_version"] or "-",
-                config_state(p["types"]),
-                last_error(p, refusals),
-            )
-            for p in proxies
+            output.Column("PROXY", lambda p: p["proxy"]),
+            output.Column("IDENTITY", lambda p: p["identity"]),
+            output.Column("PROTOCOL", lambda p: p["protocol"] or "-"),
+            output.Column("ENVOY", lambda p: p["envoy_version"] or "-"),
+            output.Column("CONFIG (ACKED/SENT)", lambda p: config_state(p["types"])),
+            output.Column("LAST ERROR", lambda p: last_error(p, refusals)),
+            output.Column("REPLICA", lambda p: served_by.get(p["proxy"], "-"), wide=True),
+            output.Column("NODE ID", lambda p: p.get("node_id") or "-", wide=True),
+            output.Column("CERT SERIAL", lambda p: (p.get("serial") or "-")[:16], wide=True),
+            output.Column("AGE", lambda p: output.age(p.get("opened_at")), wide=True),
         ],
+        proxies,
     )
 
 

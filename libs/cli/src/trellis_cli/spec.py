@@ -19,17 +19,29 @@ from trellis_common.specdir import load_paths
 _STYLE = {"valid": "green", "warning": "yellow", "error": "red", "ignored": "magenta"}
 
 
-def _rows(statuses: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    return [
-        (
-            f"[{_STYLE.get(s['state'], 'white')}]{s['state']}[/]",
-            s["key"],
-            f"{s['source']}#{s['document']}" if s["source"] else "-",
-            s["field"] or "-",
-            s["reason"] or "-",
+def _parents(status: dict[str, Any]) -> str:
+    """A Gateway API route's parents, each with its conditions: ``bookstore/bookstore:
+    Accepted=True``; ``-`` for a document that has none."""
+    parents = []
+    for parent in status.get("parents") or []:
+        port = f":{parent['port']}" if parent.get("port") else ""
+        conditions = ",".join(
+            f"{c.get('type', '?')}={c.get('status', '?')}" for c in parent.get("conditions") or []
         )
-        for s in statuses
-    ]
+        parents.append(f"{parent['namespace']}/{parent['name']}{port} {conditions}".strip())
+    return "; ".join(parents) or "-"
+
+
+#: The columns of a document's status; ``-o wide`` adds where it is from and its parents.
+COLUMNS = [
+    output.Column("STATE", lambda s: f"[{_STYLE.get(s['state'], 'white')}]{s['state']}[/]"),
+    output.Column("RESOURCE", lambda s: s["key"]),
+    output.Column("WHERE", lambda s: f"{s['source']}#{s['document']}" if s["source"] else "-"),
+    output.Column("FIELD", lambda s: s["field"] or "-"),
+    output.Column("REASON", lambda s: s["reason"] or "-"),
+    output.Column("API VERSION", lambda s: s.get("api_version") or "-", wide=True),
+    output.Column("PARENTS", _parents, wide=True),
+]
 
 
 @click.group(help="The mesh specification: SMI, ServiceEntry, Service, MeshConfig documents.")
@@ -39,22 +51,18 @@ def spec() -> None:
 
 @spec.command(help="Check files or directories offline; exit 1 if any document has an error.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def validate(paths: tuple[Path, ...], as_json: bool) -> None:
+@output.format_option
+def validate(paths: tuple[Path, ...], fmt: output.Format) -> None:
     documents, errors = load_paths(list(paths), all_kinds())
     built = meshspec.build(documents, errors)
     built.statuses.update(edge.egress_statuses(built, dict(built.statuses)))
     statuses = [asdict(s) for s in built.statuses.values()]
     statuses.sort(key=lambda s: (s["source"], s["document"]))
     failed = [s for s in statuses if s["state"] == "error"]
-    if as_json:
-        output.emit_json({"valid": not failed, "documents": statuses})
-    else:
+    if not output.emit(fmt, {"valid": not failed, "documents": statuses}):
         shown = [s for s in statuses if s["state"] != "valid"]
         if shown:
-            output.table(
-                "Problems", ["STATE", "RESOURCE", "WHERE", "FIELD", "REASON"], _rows(shown)
-            )
+            output.listing(fmt, "Problems", COLUMNS, shown)
         counts = {state: sum(1 for s in statuses if s["state"] == state) for state in _STYLE}
         output.console.print(
             f"{len(statuses)} documents: {counts['valid']} valid, {counts['warning']} with "
@@ -71,17 +79,12 @@ def validate(paths: tuple[Path, ...], as_json: bool) -> None:
     type=click.Choice(["valid", "warning", "error", "ignored"]),
     help="Only this status.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output.format_option
 @click.pass_obj
-def list_(mesh: Mesh, state: str | None, as_json: bool) -> None:
+def list_(mesh: Mesh, state: str | None, fmt: output.Format) -> None:
     body = mesh.get_json("catalog", "/v1/resources", params={"state": state or ""})
-    if as_json:
-        output.emit_json(body)
+    if output.emit(fmt, body):
         return
     source = body["source"]
     where = source.get("path") or source.get("kind")
-    output.table(
-        f"Mesh documents (from {where})",
-        ["STATE", "RESOURCE", "WHERE", "FIELD", "REASON"],
-        _rows(body["resources"]),
-    )
+    output.listing(fmt, f"Mesh documents (from {where})", COLUMNS, body["resources"])

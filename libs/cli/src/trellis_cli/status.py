@@ -23,12 +23,16 @@ from trellis_cli.up import SERVICES
 from trellis_common import adminhttp, components, statefile
 
 
-def probe(mesh: Mesh, name: str) -> dict[str, Any]:
+def probe(mesh: Mesh, name: str, versions: dict[str, str] | None = None) -> dict[str, Any]:
+    """``name``'s health; its version goes to ``versions`` (for ``-o wide``), which keeps
+    the answer's JSON as it always was."""
     url = mesh.admin_url(name)
     try:
         response = adminhttp.request(mesh.state_dir, name, "GET", url + "/readyz", timeout=2.0)
         body = response.json()
         status = _extra(mesh, name, "/v1/status") or {}
+        if versions is not None and status.get("version"):
+            versions[name] = str(status["version"])
         return {
             "service": name,
             "admin_url": url,
@@ -116,13 +120,36 @@ def details(mesh: Mesh, names: list[str]) -> dict[str, Any]:
     return found
 
 
+def _recorded(
+    known: dict[str, statefile.ServiceEndpoint], result: dict[str, Any], field: str
+) -> str:
+    """What the state directory records of the service (its gRPC address, its process)."""
+    endpoint = known.get(result["service"])
+    return str(getattr(endpoint, field) or "-") if endpoint is not None else "-"
+
+
+def _checks(result: dict[str, Any]) -> str:
+    checks = result.get("checks", {})
+    passing = sum(1 for ok in checks.values() if ok is True)
+    return f"{passing}/{len(checks)}" if checks else "-"
+
+
+def _loops_down(result: dict[str, Any]) -> str:
+    down = [loop["name"] for loop in result.get("loops", []) if not loop["up"]]
+    return ", ".join(down) or "-"
+
+
+def _restarts(result: dict[str, Any]) -> str:
+    return str(sum(int(loop.get("restarts", 0)) for loop in result.get("loops", [])))
+
+
 @click.command(
     help="Health of each service of the running mesh; exit 1 if any is unhealthy, 2 if none "
     "answers (the mesh is not running)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output.format_option
 @click.pass_obj
-def status(mesh: Mesh, as_json: bool) -> None:
+def status(mesh: Mesh, fmt: output.Format) -> None:
     known = statefile.read_endpoints(mesh.state_dir)
     names = [name for name, *_ in SERVICES if name in known] or [name for name, *_ in SERVICES]
     # the replicas (catalog-2, proxy-cp-2...), each after its component's first
@@ -131,7 +158,8 @@ def status(mesh: Mesh, as_json: bool) -> None:
         component = components.of_instance(replica)
         kin = [i for i, n in enumerate(names) if n == component or _replica_of(n, component)]
         names.insert(max(kin) + 1 if kin else len(names), replica)
-    results = [probe(mesh, name) for name in names]
+    versions: dict[str, str] = {}
+    results = [probe(mesh, name, versions) for name in names]
     if all("error" in r for r in results):
         raise CliError(
             f"no Trellis service answers (tried {', '.join(r['admin_url'] for r in results)}): "
@@ -139,24 +167,31 @@ def status(mesh: Mesh, as_json: bool) -> None:
             f"or TRELLIS_STATE_DIR at its state directory (now {mesh.state_dir})"
         )
     extra = details(mesh, names)
-    if as_json:
-        output.emit_json({"services": results, "mesh": extra})
-    else:
-        output.table(
+    if not output.emit(fmt, {"services": results, "mesh": extra}):
+        output.listing(
+            fmt,
             "Trellis services",
-            ["SERVICE", "ADMIN", "HEALTH", "ROLE", "LOOPS", "PROBLEMS"],
             [
-                (
-                    r["service"],
-                    r["admin_url"],
-                    "ok" if r["healthy"] else "UNHEALTHY",
-                    _role(r),
-                    f"{sum(1 for loop in r.get('loops', []) if loop['up'])}/"
-                    f"{len(r.get('loops', []))} up",
-                    _problems(r),
-                )
-                for r in results
+                output.Column("SERVICE", lambda r: r["service"]),
+                output.Column("ADMIN", lambda r: r["admin_url"]),
+                output.Column("HEALTH", lambda r: "ok" if r["healthy"] else "UNHEALTHY"),
+                output.Column("ROLE", _role),
+                output.Column(
+                    "LOOPS",
+                    lambda r: (
+                        f"{sum(1 for loop in r.get('loops', []) if loop['up'])}/"
+                        f"{len(r.get('loops', []))} up"
+                    ),
+                ),
+                output.Column("PROBLEMS", _problems),
+                output.Column("VERSION", lambda r: versions.get(r["service"], "-"), wide=True),
+                output.Column("GRPC", lambda r: _recorded(known, r, "grpc_address"), wide=True),
+                output.Column("PID", lambda r: _recorded(known, r, "pid"), wide=True),
+                output.Column("CHECKS OK", _checks, wide=True),
+                output.Column("LOOPS DOWN", _loops_down, wide=True),
+                output.Column("RESTARTS", _restarts, wide=True),
             ],
+            results,
         )
         rejected = [(r["service"], x) for r in results for x in r.get("rejections", [])]
         if rejected:

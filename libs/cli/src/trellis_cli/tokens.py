@@ -92,29 +92,28 @@ def create(
 
 
 @token.command("list", help="Tokens not yet expired (what each is for; never a token).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output.format_option
 @click.pass_obj
-def list_(mesh: Mesh, as_json: bool) -> None:
+def list_(mesh: Mesh, fmt: output.Format) -> None:
     body = mesh.call(INJECTOR, "GET", "/v1/tokens", auth=True)
-    if as_json:
-        output.emit_json(body)
+    if output.emit(fmt, body):
         return
     now = time.time()
-    output.table(
+    output.listing(
+        fmt,
         "Onboarding tokens",
-        ["ID", "NAMESPACE", "SERVICE", "SERVICE ACCOUNT", "USES", "EXPIRES", "LEFT"],
         [
-            (
-                t["id"],
-                t["namespace"],
-                t.get("service") or "(any)",
-                t["service_account"],
-                str(t.get("uses", 1)),
-                _when(t["expires_at"]),
-                f"{max(0.0, t['expires_at'] - now) / 60:.0f}m",
-            )
-            for t in body["tokens"]
+            output.Column("ID", lambda t: t["id"]),
+            output.Column("NAMESPACE", lambda t: t["namespace"]),
+            output.Column("SERVICE", lambda t: t.get("service") or "(any)"),
+            output.Column("SERVICE ACCOUNT", lambda t: t["service_account"]),
+            output.Column("USES", lambda t: str(t.get("uses", 1))),
+            output.Column("EXPIRES", lambda t: _when(t["expires_at"])),
+            output.Column("LEFT", lambda t: f"{max(0.0, t['expires_at'] - now) / 60:.0f}m"),
+            output.Column("CREATED", lambda t: output.when(t.get("created_at")), wide=True),
+            output.Column("AGE", lambda t: output.age(t.get("created_at"), now), wide=True),
         ],
+        body["tokens"],
     )
 
 

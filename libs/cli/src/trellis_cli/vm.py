@@ -210,41 +210,53 @@ def deregister(mesh: Mesh, namespace: str, name: str, token_file: Path | None) -
     output.console.print(f"deregistered {namespace}/{name}")
 
 
+def _ports(workload: dict[str, Any]) -> str:
+    return ",".join(
+        f"{p['name']}={p['number']}" if p["name"] else str(p["number"]) for p in workload["ports"]
+    )
+
+
+def _state(workload: dict[str, Any], now: float) -> str:
+    if workload["ttl"] is None:
+        return "registered"
+    if workload["alive"]:
+        return f"alive ({workload['expires_at'] - now:.0f}s left)"
+    return f"EXPIRED {now - workload['expires_at']:.0f}s ago"
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
 @vm.command("list", help="Registered workloads and whether they are in service.")
 @click.option("--namespace", "-n", default="", help="Only this namespace.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output.format_option
 @click.pass_obj
-def list_(mesh: Mesh, namespace: str, as_json: bool) -> None:
+def list_(mesh: Mesh, namespace: str, fmt: output.Format) -> None:
     body = mesh.get_json(SERVICE, "/v1/workloads", params={"namespace": namespace})
-    if as_json:
-        output.emit_json(body)
+    if output.emit(fmt, body):
         return
     now = time.time()
-    rows = []
-    for w in body["workloads"]:
-        ports = ",".join(
-            f"{p['name']}={p['number']}" if p["name"] else str(p["number"]) for p in w["ports"]
-        )
-        if w["ttl"] is None:
-            state = "registered"
-        elif w["alive"]:
-            state = f"alive ({w['expires_at'] - now:.0f}s left)"
-        else:
-            state = f"EXPIRED {now - w['expires_at']:.0f}s ago"
-        rows.append(
-            (
-                f"{w['namespace']}/{w['name']}",
-                ",".join(w["services"]),
-                w["address"],
-                ports,
-                w["service_account"] or "default",
-                state,
-            )
-        )
-    output.table(
+    output.listing(
+        fmt,
         f"Workloads (revision {body['revision']})",
-        ["WORKLOAD", "SERVICES", "ADDRESS", "PORTS", "SERVICE ACCOUNT", "STATE"],
-        rows,
+        [
+            output.Column("WORKLOAD", lambda w: f"{w['namespace']}/{w['name']}"),
+            output.Column("SERVICES", lambda w: ",".join(w["services"])),
+            output.Column("ADDRESS", lambda w: w["address"]),
+            output.Column("PORTS", _ports),
+            output.Column("SERVICE ACCOUNT", lambda w: w["service_account"] or "default"),
+            output.Column("STATE", lambda w: _state(w, now)),
+            output.Column("LABELS", lambda w: _labels(w.get("labels") or {}), wide=True),
+            output.Column("LOCALITY", lambda w: w.get("locality") or "-", wide=True),
+            output.Column("NETWORK", lambda w: w.get("network") or "-", wide=True),
+            output.Column("WEIGHT", lambda w: w.get("weight") or "-", wide=True),
+            output.Column("AGE", lambda w: output.age(w.get("registered_at"), now), wide=True),
+            output.Column(
+                "LAST HEARTBEAT", lambda w: output.age(w.get("last_heartbeat"), now), wide=True
+            ),
+        ],
+        body["workloads"],
     )
 
 
