@@ -42,6 +42,11 @@ system-deps: run-deps
 	@{ command -v iptables-restore && command -v curl && test -x /usr/bin/python3.11; } >/dev/null || { \
 	  echo "installing iptables, curl and python3 with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables curl python3 >/dev/null; }
+	@# The dashboard's test loads its page in a real browser: Debian's chromium, driven through
+	@# chromium-driver by Selenium (tests/integration/dashboardpage.py).
+	@{ command -v chromium && command -v chromedriver; } >/dev/null || { \
+	  echo "installing chromium and chromium-driver with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 $(TOOLS)/bin/uv:
 	@command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
@@ -121,7 +126,7 @@ proto:
 proto-check:
 	$(UV) run python tools/protogen.py --check proto $(PROTO_OUT)
 
-# deploy/helm/trellis restates the catalog's kinds (crds/) and the Redis ACL table
+# deploy/helm/trellis restates the catalog's kinds (files/crds/, with the upstream CRDs of deploy/upstream/) and the Redis ACL table
 # (files/redis-acl.yaml); tools/chartgen.py writes them, tests/deploy checks they are current.
 chart:
 	$(UV) run python tools/chartgen.py

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.integration.dashboardpage import check_dashboard, dashboard_url
 from trellis_common import adminhttp
 from trellis_common.testing import up
 from trellis_common.testing.up import wait
@@ -142,6 +143,8 @@ def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
     assert 0.1 <= share(seen, "bookstore-v2") <= 0.3, seen  # 80/20
     thief = mesh.window("bookthief", 50)
     assert set(thief) == {"denied"}, thief
+    # the dashboard `trellis up` serves shows these edges live, in headless Chromium
+    check_dashboard(dashboard_url(mesh.output()))
 
     status = mesh.cli("status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr

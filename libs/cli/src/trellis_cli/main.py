@@ -25,6 +25,12 @@ COMMANDS = {
         "trellis_cli.version:completion",
         "Print the shell completion script (bash, zsh or fish).",
     ),
+    "dashboard": LazyCommand(
+        "trellis_cli.dashboard:dashboard",
+        "A live picture of the mesh in the browser: services, the traffic between them "
+        "(rate, success, latency, mTLS), policies and rejected documents. Serves it on "
+        "127.0.0.1 with the CLI's credentials, as `istioctl dashboard` does; Ctrl-C stops it.",
+    ),
     "dst": LazyCommand(
         "trellis_cli.dst:dst", "The Linkerd Destination API as proxy-cp serves it (port 8086)."
     ),

@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 import click
 from rich.markup import escape
 
-from trellis_cli import demo, output, redisprocess
+from trellis_cli import dashboard, demo, output, redisprocess
 from trellis_cli.client import Mesh
 from trellis_cli.console import Echo, make_echo
 from trellis_cli.errors import ERROR, OK
@@ -202,6 +202,7 @@ async def up(
     kubeconfig: Path | None = None,
     replicas: Mapping[str, int] | None = None,
     redis_sentinel: bool = False,
+    with_dashboard: bool = True,
 ) -> int:
     filemode.private_dir(state_dir)  # tokens, keys, Redis passwords: the owner's alone
     spec_dir = (spec_dir or default_spec_dir(state_dir, with_demo)).resolve()
@@ -233,6 +234,8 @@ async def up(
         redis_env,
         tuple(spec.name for spec in specs) or ("redis",),
     )
+    if with_dashboard:
+        specs.append(dashboard.process_spec(state_dir))
     log_dir = state_dir / "logs"
     supervisor = Supervisor(specs, log_dir, make_echo(echo), rotation=rotation)
     shows = {
@@ -272,6 +275,8 @@ async def up(
         "[bold]trellis vm list[/], [bold]trellis policy check --from bookthief/bookthief "
         "--to bookstore/bookstore[/]; Ctrl-C stops everything"
     )
+    if with_dashboard:
+        output.console.print(f"dashboard: {dashboard.url_of(dashboard.DEFAULT_PORT)}")
     if with_demo:
         output.console.print(
             f"demo: edit the weights in {spec_dir / 'bookstore' / 'traffic-split.yaml'} and "
@@ -299,6 +304,11 @@ async def up(
     "with the demo, else <state-dir>/spec].",
 )
 @click.option("--no-demo", is_flag=True, help="Only the control plane, no demo.")
+@click.option(
+    "--no-dashboard",
+    is_flag=True,
+    help=f"Do not serve the dashboard (trellis dashboard) on port {dashboard.DEFAULT_PORT}.",
+)
 @click.option(
     "--kubeconfig",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -361,6 +371,7 @@ def command(
     verbose: bool,
     spec_dir: Path | None,
     no_demo: bool,
+    no_dashboard: bool,
     kubeconfig: Path | None,
     replica_values: tuple[str, ...],
     proxy_cp_replicas: int,
@@ -399,6 +410,7 @@ def command(
                 kubeconfig=kubeconfig.resolve() if kubeconfig else None,
                 replicas=replicas,
                 redis_sentinel=redis_sentinel or ha,
+                with_dashboard=not no_dashboard,
             )
         )
     )
