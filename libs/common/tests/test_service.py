@@ -185,3 +185,48 @@ async def test_a_build_that_fails_fails_the_service(
     with pytest.raises(RuntimeError, match="no CA"):
         await service.serve(settings, asyncio.Event())
     assert statefile.read_endpoint(tmp_path, "demo") is None
+
+
+async def test_a_metrics_port_serves_only_metrics_over_plain_http(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """``--metrics-port``: what a Prometheus without a mesh certificate scrapes. The same
+    series as the admin port's /metrics, and no other path, method or state."""
+    import socket
+
+    with socket.socket() as probe:  # a free port, so the test can name it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    demo = Demo()
+    settings = DemoSettings(
+        redis_url=redis_server.url,
+        state_dir=tmp_path,
+        instance="demo-m",
+        admin_token="demo-t",
+        metrics_port=port,
+    )
+    stop = asyncio.Event()
+    serving = asyncio.create_task(demo_service(demo).serve(settings, stop))
+    try:
+        await eventually(demo.running.is_set)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            metrics = await client.get("/metrics")  # bound before serving: it waits
+            head = await client.head("/metrics")
+            other = await client.get("/v1/status")
+            posted = await client.post("/metrics", content=b"x")
+    finally:
+        stop.set()
+        await serving
+
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain; version=")
+    assert 'trellis_build_info{component="demo"' in metrics.text
+    assert "process_cpu_seconds_total" in metrics.text
+    assert (head.status_code, head.content) == (200, b"")
+    assert (other.status_code, other.text) == (404, "only /metrics is served here\n")
+    assert posted.status_code == 405
+
+
+def test_a_metrics_port_out_of_range_is_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo_service(Demo()).main(["--metrics-port", "70000"]) == 2
+    assert "bad setting metrics_port (--metrics-port / " in capsys.readouterr().err

@@ -327,6 +327,14 @@ class ServiceRuntime:
             users = (redisacl.ADMIN, *redisacl.COMPONENTS)
             audit = RedisAudit(self.redis, self.metrics, users, settings.redis_audit_interval)
             own.append(lifecycle.supervised("redis-audit", audit.run, self.health.loops))
+        if settings.metrics_port is not None:  # plain HTTP, /metrics only: for Prometheus
+            plain = admin.AdminServer(
+                admin.metrics_app(self.metrics),
+                settings.metrics_host or host,
+                settings.metrics_port,
+            )
+            plain.bind()  # a port taken ends the start here, naming it
+            own.append(plain.run)
         try:
             await lifecycle.run_components(
                 [

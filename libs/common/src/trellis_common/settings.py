@@ -177,6 +177,18 @@ class ServiceSettings(BaseSettings):
     bind_host: str = Field(default="127.0.0.1", description="admin (and internal gRPC) address")
     grpc_port: int = grpc_port(0)
     admin_port: int = admin_port(0)
+    metrics_port: Annotated[int | None, SHARED] = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="also serve GET /metrics on this port over plain HTTP, for a Prometheus "
+        "without a mesh certificate (unset: only the admin port's /metrics, under TLS)",
+    )
+    metrics_host: Annotated[str, SHARED] = Field(
+        default="",
+        description="address of the plain-HTTP metrics port (empty: the bind host; the chart "
+        "gives the pod IP)",
+    )
     debug_endpoints: Annotated[bool, SHARED] = Field(
         default=False,
         description="serve the API docs (/docs, /redoc, /openapi.json) and gRPC server "
