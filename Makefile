@@ -126,8 +126,9 @@ proto:
 proto-check:
 	$(UV) run python tools/protogen.py --check proto $(PROTO_OUT)
 
-# deploy/helm/trellis restates the catalog's kinds (files/crds/, with the upstream CRDs of deploy/upstream/) and the Redis ACL table
-# (files/redis-acl.yaml); tools/chartgen.py writes them, tests/deploy checks they are current.
+# deploy/helm/trellis restates the catalog's kinds (files/crds/, from deploy/upstream/ and the
+# models) and the Redis ACL table (files/redis-acl.yaml); tools/chartgen.py writes them,
+# tests/deploy checks they are current.
 chart:
 	$(UV) run python tools/chartgen.py
 
