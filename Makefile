@@ -217,9 +217,16 @@ test-replicas: bootstrap
 clean:
 	rm -rf .venv $(TOOLS) .mypy_cache .ruff_cache
 
-# The container image: one for every service (deploy/Dockerfile). It needs a Docker engine,
-# which CI here does not have: tests/deploy checks the build context instead.
-IMAGE ?= trellis:dev
+# The images (deploy/Dockerfile): trellis (every service, the CLI, the pod agent) and
+# trellis-init (the injected pods' init container: iptables, no Python), tagged with the
+# chart's appVersion under IMAGE_REPOSITORY, built with the first of docker, podman and
+# buildah found (or IMAGE_BUILDER). CI here has none: tests/deploy checks the build context,
+# and that this target picks a builder or says there is none.
+IMAGE_REPOSITORY ?= ghcr.io/trellis-mesh
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' deploy/helm/trellis/Chart.yaml)
+IMAGE_BUILDER ?= $(firstword $(foreach b,docker podman buildah,$(if $(shell command -v $(b) 2>/dev/null),$(b))))
 image:
-	@command -v docker >/dev/null || { echo "make image needs docker (a Docker engine): none here"; exit 1; }
-	docker build -f deploy/Dockerfile -t $(IMAGE) .
+	@test -n "$(IMAGE_BUILDER)" || { echo "make image: no image builder on this machine: install docker, podman or buildah (or set IMAGE_BUILDER=<command>)" >&2; exit 1; }
+	@$(IMAGE_BUILDER) info >/dev/null 2>&1 || { echo "make image: $(IMAGE_BUILDER) is installed, but '$(IMAGE_BUILDER) info' fails: is its engine running?" >&2; exit 1; }
+	$(IMAGE_BUILDER) build -f deploy/Dockerfile -t $(IMAGE_REPOSITORY)/trellis:$(IMAGE_TAG) .
+	$(IMAGE_BUILDER) build -f deploy/Dockerfile --target init -t $(IMAGE_REPOSITORY)/trellis-init:$(IMAGE_TAG) .

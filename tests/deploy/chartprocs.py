@@ -10,6 +10,7 @@ would be (``catalog-0``, ``catalog-1``)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,12 @@ def environment(
     if component == "proxy-cp" and not fixed_ports:
         env["TRELLIS_PROXY_CP_DESTINATION_PORT"] = "0"
         env["TRELLIS_PROXY_CP_ENROLL_PORT"] = "0"
+    if "TRELLIS_METRICS_PORT" in env:
+        # every pod has the same plain-HTTP metrics port, each on its own IP in a cluster;
+        # here the pods share one address, so each process gets a free port of its own
+        with socket.socket() as probe:
+            probe.bind((pod_ip, 0))
+            env["TRELLIS_METRICS_PORT"] = str(probe.getsockname()[1])
     if component in KUBE:
         prefix = "TRELLIS_" + component.upper().replace("-", "_") + "_"
         env[prefix + "KUBECONFIG"] = str(kubeconfig)

@@ -147,9 +147,53 @@ def test_replicas_and_image(scratch: Path, default: Rendered) -> None:
     for _, pod in rendered.pods():
         image = pod["containers"][0]["image"]
         assert image.startswith("registry.example/mesh/trellis:1.2.3") or "redis" in image
-    assert rendered.env("injector")["TRELLIS_INJECTOR_INIT_IMAGE"] == (
-        "registry.example/mesh/trellis:1.2.3"
+    # the injected pods: the init container's image has iptables only, same tag; the agent
+    # runs the Trellis image
+    injector = rendered.env("injector")
+    assert injector["TRELLIS_INJECTOR_INIT_IMAGE"] == "ghcr.io/trellis-mesh/trellis-init:1.2.3"
+    assert injector["TRELLIS_INJECTOR_AGENT_IMAGE"] == "registry.example/mesh/trellis:1.2.3"
+    moved = render(scratch, "image.initRepository=registry.example/mesh/trellis-init")
+    assert moved.env("injector")["TRELLIS_INJECTOR_INIT_IMAGE"] == (
+        "registry.example/mesh/trellis-init:0.1.0"
     )
+
+
+def test_metrics_port_annotations_and_an_opt_in_pod_monitor(
+    scratch: Path, default: Rendered
+) -> None:
+    """Prometheus without the mesh CA: each component's plain-HTTP /metrics on the pod IP."""
+    for name in COMPONENTS:
+        deployment = default.get("Deployment", name)["spec"]["template"]
+        annotations = deployment["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == "15090"
+        env = default.env(name)
+        assert (env["TRELLIS_METRICS_PORT"], env["TRELLIS_METRICS_HOST"]) == ("15090", "$(POD_IP)")
+        ports = {
+            p["name"]: p["containerPort"] for p in deployment["spec"]["containers"][0]["ports"]
+        }
+        assert ports["metrics"] == 15090
+    assert not default.all("PodMonitor")
+    monitored = render(
+        scratch, "metrics.podMonitor.enabled=true", "metrics.podMonitor.labels.release=prom",
+        "networkPolicy.metricsNamespaceSelector.matchLabels.name=monitoring",
+    )  # fmt: skip
+    [monitor] = monitored.all("PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ]
+    selected = monitor["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert sorted(selected) == sorted(COMPONENTS)
+    policy = monitored.get("NetworkPolicy", "trellis-catalog")["spec"]["ingress"]
+    scrape = [rule for rule in policy if "namespaceSelector" in rule["from"][0]]
+    assert scrape[0]["ports"] == [{"port": "admin"}, {"port": "metrics"}]
+    off = render(scratch, "metrics.port=0", "metrics.podMonitor.enabled=true")
+    assert not off.all("PodMonitor")
+    assert "TRELLIS_METRICS_PORT" not in off.env("catalog")
+    assert "prometheus.io/scrape" not in off.get("Deployment", "catalog")["spec"]["template"][
+        "metadata"
+    ].get("annotations", {})
     assert default.container("catalog")["image"] == "ghcr.io/trellis-mesh/trellis:0.1.0"
 
 

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client
 
@@ -79,6 +80,13 @@ def test_the_rendered_pods_start_join_and_become_ready(tmp_path: Path, kube: Kub
             "tls.crt"
         ]
         asyncio.run(meshconfig_read(processes[1]))
+        # Prometheus without the mesh CA: each pod's plain-HTTP /metrics (metrics.port),
+        # where the pod's annotations point
+        for process in processes:
+            port = process.env["TRELLIS_METRICS_PORT"]
+            scraped = httpx.get(f"http://{plane.pod_ip}:{port}/metrics", timeout=10)
+            assert scraped.status_code == 200, process.name
+            assert f'trellis_build_info{{component="{process.name}"' in scraped.text
     finally:
         plane.stop()
 

@@ -21,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "deploy" / "Dockerfile").read_text()
+CHART = Path("deploy") / "helm" / "trellis" / "Chart.yaml"
 IGNORED = [
     line.strip()
     for line in (ROOT / ".dockerignore").read_text().splitlines()
@@ -107,3 +108,82 @@ def test_the_build_stage_installs_every_entry_point(tmp_path: Path) -> None:
     # installed, not linked to the sources: the image drops /src after the build stage
     links = environment.glob("lib/python*/site-packages/*.pth")
     assert [p.name for p in links if str(source) in p.read_text()] == []
+
+
+def stages() -> list[tuple[str, str]]:
+    """(base, name) of each FROM of the Dockerfile, in order ("" for an unnamed stage)."""
+    found = re.findall(r"^FROM (\S+)(?: AS (\S+))?$", DOCKERFILE, re.MULTILINE)
+    return [(base, name) for base, name in found]
+
+
+def test_the_init_image_is_iptables_on_debian_and_the_default_is_the_trellis_image() -> None:
+    named = dict((name, base) for base, name in stages())
+    assert named["init"] == "${DEBIAN_IMAGE}"  # no Python in the init container's image
+    init = DOCKERFILE.split(" AS init\n", 1)[1].split("\nFROM ", 1)[0]
+    assert "apt-get install -y --no-install-recommends iptables" in init
+    assert "COPY" not in init  # nothing of Trellis: the injector writes its rules
+    last_base, last_name = stages()[-1]
+    assert (last_base, last_name) == ("${PYTHON_IMAGE}", "")  # `docker build` gives trellis
+    final = DOCKERFILE.rsplit("\nFROM ", 1)[1]
+    assert "COPY --from=build /opt/trellis /opt/trellis" in final
+    assert "iptables" not in final  # that is the init image's alone now
+
+
+def fake_builder(folder: Path, name: str, log: Path) -> None:
+    """A builder command that records its arguments and succeeds."""
+    folder.mkdir(exist_ok=True)
+    script = folder / name
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    script.chmod(0o755)
+
+
+def essentials(folder: Path) -> str:
+    """A PATH with only what the Makefile's image target needs besides a builder."""
+    folder.mkdir()
+    for tool in ("sh", "sed", "make", "test", "env", "uname"):
+        found = shutil.which(tool)
+        if found:
+            (folder / tool).symlink_to(found)
+    return str(folder)
+
+
+def make_image(path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", "image", *args],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "PATH": path},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("builder", ["docker", "podman", "buildah"])
+def test_make_image_builds_both_images_with_the_builder_it_finds(
+    tmp_path: Path, builder: str
+) -> None:
+    log = tmp_path / "calls"
+    fake_builder(tmp_path / "bin", builder, log)
+    done = make_image(f"{tmp_path / 'bin'}:{essentials(tmp_path / 'base')}")
+    assert done.returncode == 0, done.stderr
+    version = re.search(r'^appVersion: "(.+)"$', (ROOT / CHART).read_text(), re.MULTILINE)
+    assert version is not None
+    tag = version.group(1)
+    assert log.read_text().splitlines() == [
+        "info",
+        f"build -f deploy/Dockerfile -t ghcr.io/trellis-mesh/trellis:{tag} .",
+        f"build -f deploy/Dockerfile --target init -t ghcr.io/trellis-mesh/trellis-init:{tag} .",
+    ]
+
+
+def test_make_image_without_a_builder_says_so(tmp_path: Path) -> None:
+    done = make_image(essentials(tmp_path / "base"))
+    assert done.returncode != 0
+    assert "no image builder on this machine: install docker, podman or buildah" in done.stderr
+
+
+def test_make_image_with_a_builder_whose_engine_is_down_says_so(tmp_path: Path) -> None:
+    down = tmp_path / "bin" / "docker"
+    down.parent.mkdir()
+    down.write_text("#!/bin/sh\nexit 1\n")
+    down.chmod(0o755)
+    done = make_image(f"{down.parent}:{essentials(tmp_path / 'base')}")
+    assert done.returncode != 0
+    assert "docker is installed, but 'docker info' fails: is its engine running?" in done.stderr

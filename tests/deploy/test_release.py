@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from trellis_injector.settings import InjectorSettings
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "trellis"
 PROJECTS = [ROOT / "pyproject.toml", *sorted(ROOT.glob("libs/*/pyproject.toml"))]
@@ -35,6 +37,11 @@ def test_one_version_in_every_member_the_chart_the_image_and_what_runs() -> None
     assert values["image"]["tag"] == ""  # the image tag is the appVersion
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     assert set(re.findall(r"ghcr\.io/trellis-mesh/trellis:(\S+)", dockerfile)) == {VERSION}
+    assert set(re.findall(r"ghcr\.io/trellis-mesh/trellis-init:(\S+)", dockerfile)) == {VERSION}
+    # what the injector writes into pods when no chart sets it (`trellis up`, a bare run)
+    fields = InjectorSettings.model_fields
+    assert fields["init_image"].default == f"ghcr.io/trellis-mesh/trellis-init:{VERSION}"
+    assert fields["agent_image"].default == f"ghcr.io/trellis-mesh/trellis:{VERSION}"
     assert metadata.version("trellis-common") == VERSION  # what `trellis version` reports
 
 

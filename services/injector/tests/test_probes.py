@@ -73,6 +73,6 @@ def test_the_probe_listeners_are_left_out_of_the_inbound_redirection() -> None:
     from trellis_common.kube.injection import Exclusions
     from trellis_injector.domain.injection import Sidecar, init_container
 
-    script = init_container(Sidecar("envoy", "init"), Exclusions())["command"][2]
+    script = init_container(Sidecar("envoy", "init", "agent"), Exclusions())["command"][2]
     for port in (15901, 15902, 15903, 15010):
         assert f"-A TRELLIS_INBOUND -p tcp --dport {port} -j RETURN" in script

@@ -33,7 +33,11 @@ from trellis_injector.transport import webhook
 from trellis_injector.transport.webhook import WebhookServer
 
 SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
-SIDECAR = Sidecar(envoy_image="envoyproxy/envoy:v1.40.0", init_image="trellis:test")
+SIDECAR = Sidecar(
+    envoy_image="envoyproxy/envoy:v1.40.0",
+    init_image="trellis-init:test",
+    agent_image="trellis:test",
+)
 MESH_ROOT = "-----BEGIN CERTIFICATE-----\nbWVzaCByb290\n-----END CERTIFICATE-----\n"
 
 
@@ -189,7 +193,7 @@ async def test_a_deployments_pod_is_injected(hook: Harness) -> None:
     assert envoy["securityContext"]["runAsUser"] == 1337
     init, _ = result["spec"]["initContainers"]
     assert init["name"] == "trellis-init"
-    assert init["image"] == "trellis:test"
+    assert init["image"] == "trellis-init:test"  # iptables only
     assert "NET_ADMIN" in init["securityContext"]["capabilities"]["add"]
     assert "REDIRECT --to-ports 15001" in init["command"][2]
 

@@ -43,6 +43,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{/* The injected pods' init container image: iptables only, the Trellis image's tag. */}}
+{{- define "trellis.initImage" -}}
+{{- printf "%s:%s" .Values.image.initRepository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
 {{/* The env prefix of a component's own settings: TRELLIS_PROXY_CP_ for proxy-cp. */}}
 {{- define "trellis.prefix" -}}
 {{- printf "TRELLIS_%s_" (. | upper | replace "-" "_") -}}

@@ -140,6 +140,7 @@ def sidecar(settings: InjectorSettings) -> Sidecar:
     return Sidecar(
         envoy_image=settings.envoy_image,
         init_image=settings.init_image,
+        agent_image=settings.agent_image,
         mount_path=settings.proxy_mount_path,
         inbound_port=settings.sidecar_inbound_port,
         outbound_port=settings.sidecar_outbound_port,

@@ -131,8 +131,13 @@ class InjectorSettings(ServiceSettings):
     )
     envoy_image: str = Field("envoyproxy/envoy:v1.40.0", description="the sidecar's image")
     init_image: str = Field(
+        "ghcr.io/trellis-mesh/trellis-init:0.1.0",
+        description="the init container's image: sh and iptables-restore, no Python "
+        "(deploy/Dockerfile's init stage)",
+    )
+    agent_image: str = Field(
         "ghcr.io/trellis-mesh/trellis:0.1.0",
-        description="the Trellis image: the init container (iptables) and the pod agent",
+        description="the pod agent's image: the Trellis image (trellis-agent)",
     )
     proxy_mount_path: str = Field(
         "/etc/trellis/proxy", description="the pod agent's folder (key, certificates, bootstrap)"

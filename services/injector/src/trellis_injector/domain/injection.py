@@ -67,7 +67,8 @@ class Sidecar:
     """How sidecars are made (injector settings): images, ports, where the files go."""
 
     envoy_image: str
-    init_image: str
+    init_image: str  # the redirection: iptables-restore only
+    agent_image: str  # trellis-agent
     mount_path: str = "/etc/trellis/proxy"
     inbound_port: int = 15003
     outbound_port: int = 15001
@@ -202,7 +203,7 @@ def agent_container(sidecar: Sidecar, agent: Agent) -> dict[str, Any]:
     }
     return {
         "name": AGENT_CONTAINER,
-        "image": sidecar.init_image,
+        "image": sidecar.agent_image,
         "command": [AGENT_COMMAND],
         "restartPolicy": "Always",
         "env": [{"name": name, "value": value} for name, value in env.items()],
