@@ -455,9 +455,9 @@ def test_mesh_external_service_entries_respect_export_to(
                         "egress/payments")
         for host, port, protocol in [
             ("pay.example.com", 80, "http"),
-            ("pay.example.com", 443, "tcp"),
+            ("pay.example.com", 443, "https"),  # told apart by SNI
             ("payments.example.com", 80, "http"),
-            ("payments.example.com", 443, "tcp"),
+            ("payments.example.com", 443, "https"),  # told apart by SNI
         ]
     )  # fmt: skip
     assert [(c.name, c.discovery, c.mesh_tls) for c in policy.clusters] == [

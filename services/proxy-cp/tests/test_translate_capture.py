@@ -49,7 +49,7 @@ def captured_view(egress: bool = False) -> pb.View:
     )
     view.external.append(
         pb.ExternalService(
-            host="api.stripe.com", port=443, protocol="tcp", cluster="shop/api.stripe.com|443"
+            host="api.stripe.com", port=443, protocol="tls", cluster="shop/api.stripe.com|443"
         )
     )
     view.external.append(

@@ -437,7 +437,7 @@ class PolicyBuilder:
                         ExternalService(
                             host,
                             port.port,
-                            port.protocol,
+                            port.sent_as or port.protocol,
                             ref.name,
                             known.addresses,
                             f"{known.service.namespace}/{known.service.name}",

@@ -19,6 +19,7 @@ from trellis_common.memo import Members, sorted_unique
 from trellis_common.model import MeshService, ReportedEndpoint, ServiceReach
 
 _PROTOCOLS = {"HTTP": "http", "HTTP2": "http2", "GRPC": "grpc"}  # the rest is TCP to a proxy
+_SENT_AS = frozenset({"TLS", "HTTPS", "MONGO"})
 _DISCOVERY = {
     "STATIC": "STATIC",
     "DNS": "DNS",
@@ -74,6 +75,9 @@ class PortSpec:
     name: str
     protocol: str  # http, http2, grpc, tcp
     declared: bool = True  # False: HTTP by default (no appProtocol, no protocol name)
+    # A ServiceEntry's TLS, HTTPS or MONGO port (lower case): TCP to the mesh, but a sidecar
+    # matches TLS by SNI and puts Mongo's filter in front, so the view keeps the name.
+    sent_as: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +140,9 @@ def _provided_ports(reports: list[ProvidedService]) -> tuple[PortSpec, ...]:
             if not protocol and name:
                 port = core.ServicePort(name=name, port=number)
                 proto, declared = port.resolved_protocol(), port.protocol_is_declared()
+            sent_as = protocol.lower() if protocol.upper() in _SENT_AS else ""
             found.setdefault(
-                number, PortSpec(number, target or name or number, name, proto, declared)
+                number, PortSpec(number, target or name or number, name, proto, declared, sent_as)
             )
     return tuple(found[n] for n in sorted(found))
 

@@ -166,7 +166,7 @@ class OutboundService:
 class ExternalService:
     host: str
     port: int
-    protocol: str
+    protocol: str  # http, http2, grpc, tcp; or a ServiceEntry's tls, https, mongo
     cluster: str
     addresses: tuple[str, ...]
     source: str

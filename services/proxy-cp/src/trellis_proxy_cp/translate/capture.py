@@ -15,8 +15,10 @@ internet), so the sidecar chooses by the original destination, not by a port it 
     protocol (MySQL, SMTP) is not held waiting for a client's first bytes;
   - a ServiceEntry with ``addresses`` (a CIDR; ``resolution: NONE`` keeps the original
     destination): by those addresses and the port;
-  - a ServiceEntry host on a TLS port, and an OSM Egress ``https`` host: by SNI on the
-    port (``tls_inspector`` runs on those ports only);
+  - a ServiceEntry host on a TLS or HTTPS port (wildcards too), and an OSM Egress
+    ``https`` host: by SNI on the port (``tls_inspector`` runs on those ports only);
+  - a ServiceEntry's TCP or MONGO port without ``addresses``: the port, for any address
+    (``external``: ``tcp_proxy``, behind ``mongo_proxy`` for MONGO);
   - an HTTP ServiceEntry host or Egress ``http`` rule: the port, for any address, to the
     outbound routes (the Host header decides there);
   - anything else: passed through to where it was going when MeshConfig's
@@ -48,7 +50,7 @@ from envoy.type.v3 import range_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import egress, ingress, listeners, names, routes
+from trellis_proxy_cp.translate import egress, external, ingress, listeners, names, routes
 from trellis_proxy_cp.translate.common import downstream_mtls, pack, seconds, socket_address
 from trellis_proxy_cp.translate.routes import HTTP_PROTOCOLS
 from trellis_proxy_cp.translate.settings import ProxySettings
@@ -156,19 +158,19 @@ def outbound(view: catalog_pb2.View, settings: ProxySettings) -> listener_pb2.Li
         name = f"outbound|{service.namespace}/{service.name}|{service.port}"
         filters = http if service.protocol in HTTP_PROTOCOLS else [_weighted(service)]
         chains.by_addresses(name, _addresses(service, by_name), service.port, filters)
-    for external in view.external:
-        name = f"external|{external.host}|{external.port}"
-        is_http = external.protocol in HTTP_PROTOCOLS
-        filters = http if is_http else [_tcp(f"external_{external.host}", external.cluster)]
-        if external.addresses:
-            chains.by_addresses(name, external.addresses, external.port, filters)
+    for entry in view.external:
+        name = f"external|{entry.host}|{entry.port}"
+        is_http = entry.protocol in HTTP_PROTOCOLS
+        filters = http if is_http else external.filters(entry)
+        port_only = lc.FilterChainMatch(destination_port=wrappers_pb2.UInt32Value(value=entry.port))
+        if entry.addresses:
+            chains.by_addresses(name, entry.addresses, entry.port, filters)
         elif is_http:
-            port_only = lc.FilterChainMatch(
-                destination_port=wrappers_pb2.UInt32Value(value=external.port)
-            )
-            chains.add(f"outbound-http|{external.port}", port_only, http)
-        elif external.host and not external.host.startswith("*"):
-            chains.add(name, _sni(external.host, external.port), filters)
+            chains.add(f"outbound-http|{entry.port}", port_only, http)
+        elif external.by_sni(entry):
+            chains.add(name, external.sni_match(entry.host, entry.port), filters)
+        else:  # TCP and MONGO without addresses: the port, for any address (Istio's)
+            chains.add(name, port_only, filters)
     for route in view.egress:
         _egress_chain(chains, route, http)
     listener = listener_pb2.Listener(
@@ -203,14 +205,6 @@ def _original_destination() -> lc.ListenerFilter:
     )
 
 
-def _sni(host: str, port: int) -> lc.FilterChainMatch:
-    return lc.FilterChainMatch(
-        destination_port=wrappers_pb2.UInt32Value(value=port),
-        server_names=[host],
-        transport_protocol="tls",
-    )
-
-
 def _egress_chain(chains: _Chains, route: catalog_pb2.EgressRoute, http: list[lc.Filter]) -> None:
     """An OSM Egress rule (MeshConfig egress off): what it allows passes through."""
     name = f"egress|{','.join(route.policies)}|{route.protocol}|{route.port}"
@@ -219,7 +213,7 @@ def _egress_chain(chains: _Chains, route: catalog_pb2.EgressRoute, http: list[lc
     if route.protocol == "http":
         chains.add(f"outbound-http|{route.port}", lc.FilterChainMatch(destination_port=port), http)
     elif route.protocol == "https" and route.host and not route.host.startswith("*"):
-        chains.add(name, _sni(route.host, route.port), passthrough)
+        chains.add(name, external.sni_match(route.host, route.port), passthrough)
     elif route.ip_ranges:
         chains.by_addresses(name, route.ip_ranges, route.port, passthrough)
     else:  # any address on the port

@@ -9,7 +9,8 @@
   ``LOGICAL_DNS``): LOGICAL_DNS, one name whose first answer each new connection takes, as
   Istio builds it; Envoy takes exactly one endpoint there, so a merged cluster with several
   names (an entry of several hosts and no endpoints) stays STRICT_DNS.
-- ServiceEntry ``resolution: NONE``: ORIGINAL_DST (the address the caller dialed).
+- ServiceEntry ``resolution: NONE``: ORIGINAL_DST (the address the caller dialed); on a VM
+  sidecar its TLS hosts also get a dynamic forward proxy cluster (``external``).
 - HTTP/2 and gRPC ports speak HTTP/2 upstream.
 - Circuit breakers as OSM sets them: thresholds at their maximum (circuit breaking off)
   unless an UpstreamTrafficSetting's ``connectionSettings`` for the service sets them, with
@@ -32,7 +33,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp.translate import capture, egress, endpoints, names, tracing
+from trellis_proxy_cp.translate import capture, egress, endpoints, external, names, tracing
 from trellis_proxy_cp.translate.common import (
     ads,
     one_endpoint,
@@ -194,6 +195,8 @@ def clusters(view: catalog_pb2.View, settings: ProxySettings) -> list[cluster_pb
         found.append(egress.cluster())
     if settings.capture:
         found += capture.clusters(view)
+    else:  # a VM's resolution NONE TLS hosts: to the host the SNI names
+        found += external.clusters(view)
     for route in view.egress:
         cluster = egress.route_cluster(route)
         connection = route.connection if route.HasField("connection") else None

@@ -39,7 +39,7 @@ from trellis_proxy_cp.translate.common import one_endpoint, pack, seconds
 DNS_CACHE = "trellis-egress"
 
 
-def _dns_cache() -> dns_cache_pb2.DnsCacheConfig:
+def dns_cache() -> dns_cache_pb2.DnsCacheConfig:
     return dns_cache_pb2.DnsCacheConfig(
         name=DNS_CACHE, dns_lookup_family=cluster_pb2.Cluster.V4_PREFERRED
     )
@@ -53,7 +53,7 @@ def cluster(name: str = names.EGRESS) -> cluster_pb2.Cluster:
         lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
         cluster_type=cluster_pb2.Cluster.CustomClusterType(
             name="envoy.clusters.dynamic_forward_proxy",
-            typed_config=pack(dfp_cluster_pb2.ClusterConfig(dns_cache_config=_dns_cache())),
+            typed_config=pack(dfp_cluster_pb2.ClusterConfig(dns_cache_config=dns_cache())),
         ),
     )
 
@@ -61,7 +61,7 @@ def cluster(name: str = names.EGRESS) -> cluster_pb2.Cluster:
 def http_filter() -> hcm.HttpFilter:
     return hcm.HttpFilter(
         name="envoy.filters.http.dynamic_forward_proxy",
-        typed_config=pack(dynamic_forward_proxy_pb2.FilterConfig(dns_cache_config=_dns_cache())),
+        typed_config=pack(dynamic_forward_proxy_pb2.FilterConfig(dns_cache_config=dns_cache())),
     )
 
 
@@ -178,6 +178,7 @@ __all__ = [
     "cluster",
     "cluster_name",
     "connect_route",
+    "dns_cache",
     "domains",
     "forward_proxy",
     "http_filter",

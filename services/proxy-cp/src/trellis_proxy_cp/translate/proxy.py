@@ -11,6 +11,7 @@ from trellis_proxy_cp.translate import (
     capture,
     clusters,
     endpoints,
+    external,
     listeners,
     proxyless,
     routes,
@@ -51,8 +52,9 @@ def translate(
     found_listeners: list[Message] = [
         listeners.outbound(view, settings.outbound_address, settings.outbound_port)
     ]
-    taken = {settings.outbound_port, settings.inbound_port, settings.app_port}
-    found_listeners += listeners.outbound_tcp(view, settings.outbound_address, taken)
+    own = {settings.outbound_port, settings.inbound_port, settings.app_port}
+    tcp = listeners.outbound_tcp(view, settings.outbound_address, set(own))
+    found_listeners += external.outbound(view, settings.outbound_address, own, tcp)
     found_routes: list[Message] = [routes.outbound(view)]
     inbound = listeners.inbound(
         view, inbound_ports, settings.inbound_address, settings.inbound_port
