@@ -33,12 +33,20 @@ def mesh_context(state_dir: Path, *, check_name: bool = True) -> ssl.SSLContext:
 
 
 def request(
-    state_dir: Path, component: str, method: str, url: str, **kwargs: Any
+    state_dir: Path,
+    component: str,
+    method: str,
+    url: str,
+    *,
+    client: httpx.Client | None = None,
+    **kwargs: Any,
 ) -> httpx.Response:
     """One request to ``component``'s admin API at ``url`` (plain ``http://`` is sent as is);
     a replica's instance name (``proxy-cp-2``) stands for its component. A ``GET`` without
     an ``Authorization`` header carries the admin token of ``state_dir`` when there is one:
-    listings need it; other methods send only what the caller gives."""
+    listings need it; other methods send only what the caller gives. ``client``: one made
+    with :func:`mesh_context` whose open connection to the component is reused (else a
+    connection of its own, closed after)."""
     timeout = kwargs.pop("timeout", 10.0)
     headers = dict(kwargs.pop("headers", None) or {})
     token = tokens.token_path(state_dir)
@@ -48,5 +56,7 @@ def request(
     if not url.startswith("https://"):
         return httpx.request(method, url, timeout=timeout, **kwargs)
     extensions = {"sni_hostname": components.server_name(components.of_instance(component))}
-    with httpx.Client(verify=mesh_context(state_dir), timeout=timeout) as client:
-        return client.request(method, url, extensions=extensions, **kwargs)
+    if client is not None:
+        return client.request(method, url, extensions=extensions, timeout=timeout, **kwargs)
+    with httpx.Client(verify=mesh_context(state_dir), timeout=timeout) as own:
+        return own.request(method, url, extensions=extensions, **kwargs)
