@@ -6,11 +6,19 @@ the same way, inside its node's network namespace.
 A rendering with Redis under Sentinel (``ha.enabled``) gets a real Sentinel Redis (a
 master, two replicas, three sentinels) with the chart's passwords, and, with ``replicas``,
 as many processes of each component as its Deployment has replicas, each named as its pod
-would be (``catalog-0``, ``catalog-1``)."""
+would be (``catalog-0``, ``catalog-1``).
+
+Redis gets its ACL users as the chart's Redis pods do: the chart's own script
+(``files/redis-acl.sh``, from the rendered ConfigMap ``trellis-redis-acl``) run with ``sh``
+on the rules and the users Secret's passwords. Secrets the operator made (a GitOps install:
+``ca.existingSecret`` and the like) are not rendered; they are passed in as ``given``."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +47,66 @@ KUBE = ("certmanager", "catalog", "endpoints-k8s", "endpoints-vm", "injector")
 
 #: Redis as the chart renders it: one server, or a set under Sentinel.
 ChartRedis = RedisServer | SentinelRedis
+#: Secrets that exist in the cluster apart from the rendering: name -> key -> value.
+Given = Mapping[str, Mapping[str, bytes]]
 
 
-def mounted_files(rendered: Rendered, component: str, root: Path) -> dict[str, Path]:
+def secret_data(rendered: Rendered, name: str, given: Given | None = None) -> Mapping[str, bytes]:
+    """The Secret ``name``: one the operator made (``given``), else the chart's."""
+    if given is not None and name in given:
+        return given[name]
+    return rendered.secret(name)
+
+
+def redis_users_secret(rendered: Rendered) -> str:
+    """The name of the Secret the in-chart Redis reads its users' passwords from."""
+    if rendered.all("StatefulSet"):
+        spec = rendered.get("StatefulSet", "trellis-redis")["spec"]["template"]["spec"]
+    else:
+        spec = rendered.pod("trellis-redis")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    name = volumes["passwords" if "passwords" in volumes else "users"]["secret"]["secretName"]
+    return str(name)
+
+
+def chart_acl(rendered: Rendered, passwords: Path, root: Path) -> dict[str, Path]:
+    """Run the chart's ACL script as the Redis pods do: the rendered ConfigMap's files under
+    ``root``, the users' passwords in ``passwords`` (a file per user). Returns the files it
+    wrote: ``users.acl`` (Redis' aclfile) and, under Sentinel, ``users.conf`` (the
+    Sentinels' users)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for key, text in rendered.get("ConfigMap", "trellis-redis-acl")["data"].items():
+        (root / key).write_text(text)
+    args = [str(root / "redis.rules"), str(root / "users.acl")]
+    if (root / "sentinel.rules").is_file():
+        args += [str(root / "sentinel.rules"), str(root / "users.conf")]
+    done = subprocess.run(
+        ["sh", str(root / "redis-acl.sh"), str(passwords), *args],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"the chart's redis-acl.sh failed: {done.stderr.strip()}")
+    return {Path(out).name: Path(out) for out in args[1::2]}
+
+
+def _with_chart_aclfile(server: RedisServer, aclfile: Path) -> None:
+    """Have ``server`` start with the aclfile the chart's script wrote. The test Redis
+    writes its own aclfile (from ``trellis_common.redisacl``) at each start; this one is
+    copied over it after that, so what Redis enforces is what the chart's pods would."""
+    prepare = server.prepare
+
+    def chart_prepare() -> bytes:
+        login = prepare()  # the password files (kept: the chart's), a replica's config
+        shutil.copyfile(aclfile, server.aclfile)
+        server.aclfile.chmod(0o600)
+        return login
+
+    setattr(server, "prepare", chart_prepare)  # noqa: B010 (mypy refuses a method assignment)
+
+
+def mounted_files(
+    rendered: Rendered, component: str, root: Path, given: Given | None = None
+) -> dict[str, Path]:
     """Write what the pod's Secret volumes hold under ``root``; mount path -> local dir."""
     pod = rendered.pod(component)
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -51,7 +116,7 @@ def mounted_files(rendered: Rendered, component: str, root: Path) -> dict[str, P
         local.mkdir(parents=True)
         secret = volumes[mount["name"]].get("secret")
         if secret is not None:
-            data = rendered.secret(secret["secretName"])
+            data = secret_data(rendered, secret["secretName"], given)
             for item in secret["items"]:
                 path = local / item["path"]
                 path.write_bytes(data[item["key"]])
@@ -63,14 +128,13 @@ def mounted_files(rendered: Rendered, component: str, root: Path) -> dict[str, P
 def environment(
     rendered: Rendered, component: str, mounts: dict[str, Path], redis: ChartRedis,
     certmanager_admin: str, kubeconfig: Path, pod_ip: str = "127.0.0.1",
-    fixed_ports: bool = False, pod_name: str = "",
+    fixed_ports: bool = False, pod_name: str = "", given: Given | None = None,
 ) -> dict[str, str]:  # fmt: skip
     """The container's env, with only what a cluster provides remapped: the pod IP is
     ``pod_ip``, the pod's name ``pod_name`` (default ``<component>-0``), Services (Redis's
     or its Sentinels') are local addresses, mount paths local folders, in-cluster
     configuration a kubeconfig; and, unless ``fixed_ports`` (a network namespace of its
     own), the ports that tests running side by side would share are free ones."""
-    secret = rendered.secret("trellis-admin-token")
     pod_name = pod_name or f"{component}-0"
     env = {}
     for item in rendered.container(component)["env"]:
@@ -78,7 +142,8 @@ def environment(
         if value is None:
             source = item["valueFrom"]
             if "secretKeyRef" in source:
-                value = secret[source["secretKeyRef"]["key"]].decode()
+                ref = source["secretKeyRef"]
+                value = secret_data(rendered, ref["name"], given)[ref["key"]].decode()
             elif source["fieldRef"]["fieldPath"] == "metadata.name":
                 value = pod_name
             else:
@@ -110,8 +175,9 @@ def environment(
     return env
 
 
-def chart_redis(rendered: Rendered, root: Path) -> ChartRedis:
-    """Redis with the chart's ACL users and the chart's passwords (not made anew): under
+def chart_redis(rendered: Rendered, root: Path, given: Given | None = None) -> ChartRedis:
+    """Redis with the chart's ACL users, written by the chart's script, and the chart's
+    passwords (not made anew; from ``given`` with ``redis.existingUsersSecret``): under
     Sentinel when the chart renders its StatefulSet."""
     redis: ChartRedis
     if rendered.all("StatefulSet"):
@@ -121,9 +187,12 @@ def chart_redis(rendered: Rendered, root: Path) -> ChartRedis:
     else:
         redis = redis_server(root)
     redis.users_dir.mkdir(parents=True, mode=0o700)
-    for user, password in rendered.secret("trellis-redis-users").items():
+    for user, password in secret_data(rendered, redis_users_secret(rendered), given).items():
         redis.password_file(user).write_bytes(password)
         redis.password_file(user).chmod(0o600)
+    aclfile = chart_acl(rendered, redis.users_dir, root / "chart-acl")["users.acl"]
+    for server in redis.nodes if isinstance(redis, SentinelRedis) else [redis]:
+        _with_chart_aclfile(server, aclfile)
     try:
         redis.start()
     except BaseException:
@@ -139,14 +208,16 @@ class ChartControlPlane:
 
     ``pod_ip`` is every pod's address (they share one here); ``fixed_ports`` keeps the
     chart's ports (a network namespace of its own has them free); ``replicas`` starts as
-    many processes of a component as its Deployment has replicas (else one)."""
+    many processes of a component as its Deployment has replicas (else one); ``given`` are
+    the Secrets the operator made, which the chart names but does not render."""
 
     def __init__(
         self, rendered: Rendered, root: Path, kube: KubeApi, pod_ip: str = "127.0.0.1",
-        fixed_ports: bool = False, replicas: bool = False,
+        fixed_ports: bool = False, replicas: bool = False, given: Given | None = None,
     ) -> None:  # fmt: skip
         assert not (fixed_ports and replicas), "replicas of one component share no fixed port"
         self.replicas = replicas
+        self.given = given
         self.rendered = rendered
         self.root = root
         self.kube = kube
@@ -161,10 +232,11 @@ class ChartControlPlane:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # the operator's token (the chart's Secret), where tests and `trellis` read it: the
         # components themselves get only its digest
-        token = self.rendered.secret("trellis-admin-token")["token"].decode()
+        secret = self.rendered.env("certmanager")["TRELLIS_ADMIN_TOKEN_SHA256"]["secretKeyRef"]
+        token = secret_data(self.rendered, secret["name"], self.given)["token"].decode()
         tokens.token_path(self.state_dir).write_text(token + "\n")
         tokens.token_path(self.state_dir).chmod(0o600)
-        self.redis = chart_redis(self.rendered, self.root / "redis")
+        self.redis = chart_redis(self.rendered, self.root / "redis", self.given)
         self.kube.write_kubeconfig(self.kubeconfig)
         api: Any = api_client(self.kubeconfig)
         core: Any = client.CoreV1Api(api)
@@ -192,13 +264,13 @@ class ChartControlPlane:
         assert self.redis is not None
         certmanager_admin = ""
         for component, pod in self.pods():
-            mounts = mounted_files(self.rendered, component, self.root / "pods" / pod)
+            mounts = mounted_files(self.rendered, component, self.root / "pods" / pod, self.given)
             if component != "certmanager":  # the projected token, audience trellis
                 token = self.kube.service_account_token("trellis-system", component)
                 (mounts["/var/run/secrets/trellis"] / "token").write_text(token)
             env = environment(
                 self.rendered, component, mounts, self.redis, certmanager_admin,
-                self.kubeconfig, self.pod_ip, self.fixed_ports, pod,
+                self.kubeconfig, self.pod_ip, self.fixed_ports, pod, self.given,
             )  # fmt: skip
             process = ServiceProcess(
                 component, MODULES[component], self.state_dir, self.redis.plain_url, env=env,

@@ -31,7 +31,7 @@ import httpx
 import pytest
 from kubernetes import client
 
-from tests.deploy.chartprocs import MODULES, ChartControlPlane
+from tests.deploy.chartprocs import MODULES, ChartControlPlane, chart_acl
 from tests.deploy.helmchart import render
 from trellis_common.kube.client import api_client
 from trellis_common.testing import RedisServer
@@ -64,10 +64,9 @@ def test_the_rendered_pods_start_join_and_become_ready(tmp_path: Path, kube: Kub
     plane = ChartControlPlane(rendered, tmp_path, kube).start()
     try:
         assert isinstance(plane.redis, RedisServer)
-        assert (
-            plane.redis.aclfile.read_text()
-            == rendered.secret("trellis-redis-acl")["users.acl"].decode()
-        )
+        # Redis runs the aclfile the chart's script (files/redis-acl.sh) wrote
+        acl = chart_acl(rendered, plane.redis.users_dir, tmp_path / "acl")["users.acl"]
+        assert plane.redis.aclfile.read_text() == acl.read_text()
         processes = plane.processes
         assert [p.name for p in processes] == list(MODULES)
         for process in processes[1:]:
@@ -133,8 +132,8 @@ def test_the_ha_rendering_runs_replicas_under_sentinel_and_elects_leaders(
     plane = ChartControlPlane(rendered, tmp_path, kube, replicas=True).start()
     try:
         assert isinstance(plane.redis, SentinelRedis)
-        acl = rendered.secret("trellis-redis-acl")["users.acl"].decode()
-        assert all(node.aclfile.read_text() == acl for node in plane.redis.nodes)
+        acl = chart_acl(rendered, plane.redis.users_dir, tmp_path / "acl")["users.acl"]
+        assert all(node.aclfile.read_text() == acl.read_text() for node in plane.redis.nodes)
         # two of each, by their pods' names, each its own record in the registry
         assert [p.instance for p in plane.processes] == [
             f"{component}-{n}" for component in MODULES for n in (0, 1)

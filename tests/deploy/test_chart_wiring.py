@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.deploy.chartprocs import chart_acl
 from tests.deploy.helmchart import Rendered, chartgen, render
 from trellis_catalog.kubesource import KubeSource, meshconfig_of_configmap, resources
 from trellis_catalog.settings import CatalogSettings
@@ -281,26 +282,37 @@ def test_components_join_with_a_token_certmanager_accepts(rendered: Rendered) ->
 # -- the generated secrets and the MeshConfig ---------------------------------------------
 
 
-def test_the_in_chart_redis_acl_is_the_codes(rendered: Rendered) -> None:
+def _chart_acl(rendered: Rendered, passwords: dict[str, str], where: Path) -> dict[str, str]:
+    """What the chart's ACL script (files/redis-acl.sh) writes from ``passwords``."""
+    (where / "users").mkdir(parents=True)
+    for user, password in passwords.items():
+        (where / "users" / user).write_text(password)
+    written = chart_acl(rendered, where / "users", where / "acl")
+    return {name: path.read_text() for name, path in written.items()}
+
+
+def test_the_in_chart_redis_acl_is_the_codes(rendered: Rendered, tmp_path: Path) -> None:
     passwords = {k: v.decode() for k, v in rendered.secret("trellis-redis-users").items()}
     assert set(passwords) == {redisacl.ADMIN, *redisacl.COMPONENTS}
     assert len(set(passwords.values())) == len(passwords)  # one each
-    acl = rendered.secret("trellis-redis-acl")["users.acl"].decode()
+    acl = _chart_acl(rendered, passwords, tmp_path)["users.acl"]
     assert acl == redisacl.aclfile_text(passwords)
     assert not any(p in acl for p in passwords.values())  # hashes only
-    args = rendered.container("trellis-redis")["args"]
-    assert args[args.index("--aclfile") + 1] == "/etc/redis/users.acl"
-    assert "trellis-redis-sentinel-acl" not in rendered.names("Secret")
+    command = rendered.container("trellis-redis")["command"]
+    assert command[command.index("--aclfile") + 1] == "/etc/redis/users.acl"
+    assert command[command.index("--") - 1] == "/etc/redis/users.acl"  # what the script writes
+    assert "sentinel.rules" not in rendered.get("ConfigMap", "trellis-redis-acl")["data"]
 
 
-def test_the_sentinel_redis_acls_are_the_codes(ha: Rendered) -> None:
+def test_the_sentinel_redis_acls_are_the_codes(ha: Rendered, tmp_path: Path) -> None:
     passwords = {k: v.decode() for k, v in ha.secret("trellis-redis-users").items()}
     users = {redisacl.ADMIN, *redisacl.COMPONENTS, redisacl.REPLICATION, redisacl.SENTINEL}
     assert set(passwords) == users
     assert len(set(passwords.values())) == len(passwords)
-    acl = ha.secret("trellis-redis-acl")["users.acl"].decode()
+    written = _chart_acl(ha, passwords, tmp_path)
+    acl = written["users.acl"]
     assert acl == redisacl.aclfile_text(passwords)
-    sentinels = ha.secret("trellis-redis-sentinel-acl")["users.conf"].decode()
+    sentinels = written["users.conf"]
     assert sentinels == "\n".join(redisacl.sentinel_acl_lines(passwords)) + "\n"
     assert not any(p in acl + sentinels for p in passwords.values())  # hashes only
     pod = ha.get("StatefulSet", "trellis-redis")["spec"]["template"]["spec"]

@@ -113,8 +113,61 @@ sentinel: sentinel
 {{- if eq (include "trellis.redisMode" .) "external" -}}
 {{- required "redis.mode=external needs redis.external.existingSecret: a Secret with one password per component (keys certmanager, catalog, endpoints-k8s, endpoints-vm, proxy-cp, injector)" .Values.redis.external.existingSecret -}}
 {{- else -}}
-trellis-redis-users
+{{- .Values.redis.existingUsersSecret | default "trellis-redis-users" -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The in-chart Redis' users, one a line for files/redis-acl.sh: the name, then its rules
+(files/redis-acl.yaml); no password and no hash, so the rendering is the same whatever the
+passwords are. redis: the aclfile (the default user off, admin, each component and, under
+Sentinel, the replicas' and the Sentinels' users); sentinel: the Sentinels' own users
+(admin and the Sentinels' user everything, each component only where the master is).
+*/}}
+{{- define "trellis.redisAclRules" -}}
+{{- $acl := .Files.Get "files/redis-acl.yaml" | fromYaml -}}
+{{- $sentinel := eq (include "trellis.redisMode" .) "sentinel" -}}
+redis.rules: |
+  default {{ $acl.default }}
+  admin {{ $acl.admin }}
+  {{- range $name, $rules := $acl.users }}
+  {{ $name }} {{ $rules }}
+  {{- end }}
+  {{- if $sentinel }}
+  {{- $users := include "trellis.redisSentinelUsers" . | fromYaml }}
+  {{ $users.replication }} {{ $acl.sentinel.replication }}
+  {{ $users.sentinel }} {{ $acl.sentinel.sentinel }}
+  {{- end }}
+{{- if $sentinel }}
+{{- $users := include "trellis.redisSentinelUsers" . | fromYaml }}
+{{- $names := concat (list "admin" $users.sentinel) (keys $acl.users) | sortAlpha }}
+sentinel.rules: |
+  default {{ $acl.default }}
+  {{- range $name := $names }}
+  {{- if has $name (list "admin" $users.sentinel) }}
+  {{ $name }} ~* &* +@all
+  {{- else }}
+  {{ $name }} {{ $acl.sentinel.queries }}
+  {{- end }}
+  {{- end }}
+{{- end }}
+redis-acl.sh: |
+  {{- .Files.Get "files/redis-acl.sh" | nindent 2 }}
+{{- end -}}
+
+{{/*
+What restarts the in-chart Redis when it changes: the ACL rules and script and, where the
+chart made the passwords itself, the passwords (kept across upgrades, so an upgrade alone
+restarts nothing). A given Secret (redis.existingUsersSecret) is not read at render time:
+after rotating a password in it, restart Redis (kubectl rollout restart).
+*/}}
+{{- define "trellis.redisAclChecksum" -}}
+{{- include "trellis.generated" . -}}
+{{- $passwords := "" -}}
+{{- if not .Values.redis.existingUsersSecret -}}
+{{- $passwords = toJson .Values.__generated.redisPasswords -}}
+{{- end -}}
+{{- printf "%s\n%s" (include "trellis.redisAclRules" .) $passwords | sha256sum -}}
 {{- end -}}
 
 {{/*
@@ -214,16 +267,28 @@ spec:
 {{- .Values.ca.existingSecret | default "trellis-ca" -}}
 {{- end -}}
 
+{{- define "trellis.kekSecret" -}}
+{{- .Values.kek.existingSecret | default "trellis-kek" -}}
+{{- end -}}
+
+{{- define "trellis.adminTokenSecret" -}}
+{{- .Values.adminToken.existingSecret | default "trellis-admin-token" -}}
+{{- end -}}
+
 {{/*
 Made once per render and kept in the values, so every template that needs one gets the
 same: the CA (from the release's own Secret when it exists: upgrades keep it), the KEK,
 the admin token and the Redis passwords (one per user of files/redis-acl.yaml; under
-Sentinel, the replicas' and the Sentinels' too). `helm template` has no cluster: it makes new ones.
+Sentinel, the replicas' and the Sentinels' too). `helm template` has no cluster: it makes
+new ones, so a GitOps install gives each as a Secret of its own (ca.existingSecret,
+kek.existingSecret, adminToken.existingSecret, redis.existingUsersSecret) and nothing
+random is made for what is given (docs/kubernetes.md#gitops-argo-cd-flux).
 */}}
 {{- define "trellis.generated" -}}
 {{- if not (hasKey .Values "__generated") -}}
 {{- $ns := include "trellis.namespace" . -}}
 {{- $made := dict -}}
+{{- if not .Values.ca.existingSecret -}}
 {{- $ca := lookup "v1" "Secret" $ns "trellis-ca" -}}
 {{- if $ca -}}
 {{- $_ := set $made "caCert" (index $ca.data "tls.crt" | b64dec) -}}
@@ -233,22 +298,38 @@ Sentinel, the replicas' and the Sentinels' too). `helm template` has no cluster:
 {{- $_ := set $made "caCert" $new.Cert -}}
 {{- $_ := set $made "caKey" $new.Key -}}
 {{- end -}}
+{{- end -}}
+{{- if not .Values.kek.existingSecret -}}
 {{- $kek := lookup "v1" "Secret" $ns "trellis-kek" -}}
 {{- $_ := set $made "kek" (ternary (index ($kek.data | default dict) "kek") (randBytes 32) (not (empty $kek))) -}}
+{{- end -}}
+{{- if not .Values.adminToken.existingSecret -}}
 {{- $token := lookup "v1" "Secret" $ns "trellis-admin-token" -}}
 {{- $_ := set $made "adminToken" (ternary (index ($token.data | default dict) "token" | default "" | b64dec) (randAlphaNum 48) (not (empty $token))) -}}
+{{- end -}}
+{{- if not (or .Values.redis.existingUsersSecret (eq (include "trellis.redisMode" .) "external")) -}}
 {{- $users := lookup "v1" "Secret" $ns "trellis-redis-users" -}}
 {{- $passwords := dict -}}
-{{- $acl := .Files.Get "files/redis-acl.yaml" | fromYaml -}}
-{{- $names := prepend (keys $acl.users | sortAlpha) "admin" -}}
-{{- if eq (include "trellis.redisMode" .) "sentinel" -}}
-{{- $names = concat $names (values (include "trellis.redisSentinelUsers" . | fromYaml)) -}}
-{{- end -}}
-{{- range $name := $names -}}
+{{- range $name := include "trellis.redisUsers" . | fromYamlArray -}}
 {{- $kept := index ($users.data | default dict) $name | default "" | b64dec -}}
 {{- $_ := set $passwords $name ($kept | default (randAlphaNum 40)) -}}
 {{- end -}}
 {{- $_ := set $made "redisPasswords" $passwords -}}
+{{- end -}}
 {{- $_ := set .Values "__generated" $made -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The in-chart Redis' users, each a key of the users Secret (trellis-redis-users, or
+redis.existingUsersSecret): admin, each component of files/redis-acl.yaml and, under
+Sentinel, the replicas' and the Sentinels' users. A YAML list (fromYamlArray it).
+*/}}
+{{- define "trellis.redisUsers" -}}
+{{- $acl := .Files.Get "files/redis-acl.yaml" | fromYaml -}}
+{{- $names := prepend (keys $acl.users | sortAlpha) "admin" -}}
+{{- if eq (include "trellis.redisMode" .) "sentinel" -}}
+{{- $names = concat $names (values (include "trellis.redisSentinelUsers" . | fromYaml) | sortAlpha) -}}
+{{- end -}}
+{{- toYaml $names -}}
 {{- end -}}

@@ -2,9 +2,9 @@
 # The Sentinel beside one Redis of the StatefulSet (templates/redis-sentinel.yaml;
 # common.sh for the environment). It monitors the master the other Sentinels name (pod 0
 # at the first start), logs in to the Redis pods as the Sentinels' ACL user, and to the
-# other Sentinels as the same user. Its own users (users.conf, from the Secret
-# trellis-redis-sentinel-acl): the default user off, each component with its Redis password
-# allowed only to ask where the master is.
+# other Sentinels as the same user. Its own users (users.conf, written by redis-acl.sh from
+# the ConfigMap trellis-redis-acl and the users Secret): the default user off, each
+# component with its Redis password allowed only to ask where the master is.
 set -eu
 . /scripts/common.sh
 
@@ -38,6 +38,9 @@ sentinel parallel-syncs $REDIS_MASTER_NAME 1
 sentinel sentinel-user $REDIS_SENTINEL_USER
 sentinel sentinel-pass $secret
 CONF
-cat /etc/redis-sentinel/users.conf >>/sentinel/sentinel.conf
+# its users, each password as its SHA-256 (files/redis-acl.sh)
+sh /etc/redis-acl/redis-acl.sh /etc/redis-passwords /etc/redis-acl/sentinel.rules \
+  /sentinel/users.conf
+cat /sentinel/users.conf >>/sentinel/sentinel.conf
 echo "sentinel.start self=$self master=$master"
 exec redis-server /sentinel/sentinel.conf --sentinel
