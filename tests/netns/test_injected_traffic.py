@@ -638,7 +638,7 @@ def test_a_service_entry_range_with_resolution_none_passes_to_the_original_desti
     )
     mesh.apply(entry)
     wait_until(lambda: status_of(buyer, url) == 200, timeout=30, message="the range passes")
-    assert buyer.stat("tcp.external_partners.internal.downstream_cx_total") >= 1
+    assert buyer.stat("tcp.external_partners.internal_8080.downstream_cx_total") >= 1
     mesh.delete(entry)
 
 

@@ -137,7 +137,7 @@ class InjectorSettings(ServiceSettings):
     )
     agent_image: str = Field(
         "ghcr.io/trellis-mesh/trellis:0.1.0",
-        description="the pod agent's image: the Trellis image (trellis-agent)",
+        description="the image of the pod agent (trellis-agent): the Trellis image",
     )
     proxy_mount_path: str = Field(
         "/etc/trellis/proxy", description="the pod agent's folder (key, certificates, bootstrap)"
