@@ -59,20 +59,36 @@ def browser() -> WebDriver:
     return webdriver.Chrome(options=options, service=Service(executable_path=driver))
 
 
+#: The page's edge rows, read in one script: the page redraws its table every two seconds,
+#: so elements found one call earlier may be gone by the next (a stale element), while a
+#: script runs between two redraws and sees one table whole.
+_ROWS = """
+return Array.from(document.querySelectorAll("#edges tbody tr"), (row) => ({
+  source: row.dataset.source || "", destination: row.dataset.destination || "",
+  rps: row.dataset.rps || "", denied: row.dataset.deniedRps || "", mtls: row.dataset.mtls || ""
+}));
+"""
+
+#: The drawn nodes and each service card's text, read in one script for the same reason.
+_PICTURE = """
+return {
+  drawn: Array.from(document.querySelectorAll("#topology g.node"), (g) => g.dataset.service),
+  cards: Object.fromEntries(Array.from(document.querySelectorAll(".card[data-service]"),
+                                       (card) => [card.dataset.service, card.innerText])),
+};
+"""
+
+
 def rows(page: WebDriver) -> dict[tuple[str, str], Row]:
     found = {}
-    for row in page.find_elements(By.CSS_SELECTOR, "#edges tbody tr"):
-        rps = row.get_attribute("data-rps") or ""
-        source, destination = (
-            row.get_attribute("data-source"),
-            row.get_attribute("data-destination"),
-        )
-        found[(str(source), str(destination))] = Row(
-            source=str(source),
-            destination=str(destination),
-            rps=float(rps) if rps else 0.0,
-            denied_rps=float(row.get_attribute("data-denied-rps") or 0),
-            mtls=row.get_attribute("data-mtls") == "true",
+    for row in page.execute_script(_ROWS):
+        source, destination = str(row["source"]), str(row["destination"])
+        found[(source, destination)] = Row(
+            source=source,
+            destination=destination,
+            rps=float(row["rps"] or 0),
+            denied_rps=float(row["denied"] or 0),
+            mtls=row["mtls"] == "true",
         )
     return found
 
@@ -103,15 +119,13 @@ def check_dashboard(url: str, timeout: float = 60) -> dict[tuple[str, str], Row]
         assert seen[(BUYER, V2)].mtls, seen
         assert seen[(BUYER, V1)].denied_rps == 0, seen
         # the topology draws each end of each edge, and the split shows on the apex
-        drawn = {
-            g.get_attribute("data-service")
-            for g in page.find_elements(By.CSS_SELECTOR, "#topology g.node")
-        }
+        picture = page.execute_script(_PICTURE)
+        drawn = set(picture["drawn"])
         assert {BUYER, THIEF, V1, V2, DENIED} <= drawn, drawn
-        apex = page.find_element(By.CSS_SELECTOR, '.card[data-service="bookstore/bookstore"]')
-        assert "bookstore/bookstore-v1 80" in apex.text, apex.text
-        store = page.find_element(By.CSS_SELECTOR, f'.card[data-service="{V1}"]')
-        assert "bookbuyer/bookbuyer by bookstore/bookbuyer-access-bookstore" in store.text
+        apex = picture["cards"]["bookstore/bookstore"]
+        assert "bookstore/bookstore-v1 80" in apex, apex
+        store = picture["cards"][V1]
+        assert "bookbuyer/bookbuyer by bookstore/bookbuyer-access-bookstore" in store, store
         return seen
     finally:
         page.quit()

@@ -105,6 +105,11 @@ async def replicas(
     try:
         yield made[0], made[1]
     finally:
+        # signals still on their way (a manager sends them in the background) go out
+        # first: one left running would open a connection of the pool closed below, and
+        # leave it to the garbage collector, in whichever test runs next
+        for replica in made:
+            await asyncio.wait_for(replica.manager.signalled(), 10)
         stop.set()
         await asyncio.gather(*tasks)
         for client in clients:
