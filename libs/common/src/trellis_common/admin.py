@@ -282,30 +282,6 @@ def create_app(
     return app
 
 
-def metrics_app(registry: CollectorRegistry) -> ASGIApp:
-    """The plain-HTTP metrics listener's app (``--metrics-port``): ``GET /metrics`` and
-    nothing else, for a Prometheus that holds no mesh certificate (as istiod's 15014). It
-    serves no state and takes no body, so it needs neither TLS nor a token; the chart binds
-    it to the pod's IP and its NetworkPolicy admits only the namespaces named for scraping."""
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        if scope["path"] != "/metrics":
-            status, kind, body = 404, b"text/plain", b"only /metrics is served here\n"
-        elif scope["method"] not in ("GET", "HEAD"):
-            status, kind, body = 405, b"text/plain", b"GET /metrics\n"
-        else:
-            status, kind, body = 200, CONTENT_TYPE_LATEST.encode(), generate_latest(registry)
-        headers = [(b"content-type", kind), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send(
-            {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
-        )
-
-    return app
-
-
 def _document_error_bodies(app: FastAPI) -> None:
     """Say in the OpenAPI document what a 422 carries: ``detail`` is pydantic's list of
     errors for a malformed request, or one sentence naming the field for a refused value

@@ -43,6 +43,7 @@ from trellis_common import (
     components,
     joining,
     lifecycle,
+    metricsport,
     redisacl,
     redisconn,
     statefile,
@@ -329,7 +330,7 @@ class ServiceRuntime:
             own.append(lifecycle.supervised("redis-audit", audit.run, self.health.loops))
         if settings.metrics_port is not None:  # plain HTTP, /metrics only: for Prometheus
             plain = admin.AdminServer(
-                admin.metrics_app(self.metrics),
+                metricsport.metrics_app(self.metrics),
                 settings.metrics_host or host,
                 settings.metrics_port,
             )
