@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,40 @@ def test_without_a_mesh_the_picture_says_what_it_could_not_read(tmp_path: Path) 
     assert catalog.startswith("catalog: ")
     assert "trust bundle" in catalog
     assert sidecar.startswith("sidecar http://127.0.0.1:9: ConnectError")
+
+
+def test_the_scraper_sleeps_while_no_page_polls_and_wakes_on_the_next_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dashboard, "IDLE_AFTER", 0.3)
+    scraper = dashboard.Scraper(Mesh(tmp_path), ("http://127.0.0.1:9",))
+    stop = threading.Event()
+    thread = threading.Thread(target=scraper.run, args=(stop, 0.02), daemon=True)
+    thread.start()
+    try:
+        # unwatched since its start: it scrapes a few times, then sleeps
+        assert _eventually(lambda: scraper.sleeping)
+        assert scraper.scrapes >= 2
+        asleep, rates = scraper.scrapes, scraper.rates
+        assert not scraper.watched.wait(0.5)  # nothing woke it...
+        assert scraper.scrapes == asleep  # ...and it read nothing meanwhile
+        scraper.snapshot()  # a page polls
+        assert _eventually(lambda: scraper.scrapes > asleep)
+        assert not scraper.sleeping
+        assert scraper.rates is not rates  # rates start afresh after a pause
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+def _eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
 
 
 @pytest.fixture
