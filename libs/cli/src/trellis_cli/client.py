@@ -20,7 +20,7 @@ import httpx
 from trellis_cli import errors
 from trellis_cli.errors import CliError
 from trellis_common import adminhttp, statefile, tokens
-from trellis_common.settings import Ports
+from trellis_common.defaults import Ports
 
 DEFAULT_ADMIN_PORTS = {
     "catalog": Ports.CATALOG[1],

@@ -18,15 +18,36 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-# Piped output is read by people through `less` or by grep: never cut a cell short there.
-console = Console() if sys.stdout.isatty() else Console(width=240)
-errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=240)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+console: Console  # made on first use (below): `-o json` and scripts never import rich
+errors: Console
+
+
+@functools.cache
+def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    # Piped output is read by people through `less` or by grep: never cut a cell short there.
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr) if tty else Console(stderr=stderr, width=240)
+
+
+def __getattr__(name: str) -> Console:
+    """``console`` and ``errors``, the rich consoles of stdout and stderr, made when a
+    command first prints a table or coloured text (rich takes a tenth of a second to
+    import, paid by every ``trellis`` run otherwise)."""
+    if name == "console":
+        return _console(False)
+    if name == "errors":
+        return _console(True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 Format = Literal["table", "wide", "json", "yaml"]
 FORMATS: tuple[Format, ...] = ("table", "wide", "json", "yaml")
@@ -58,12 +79,15 @@ def emit(fmt: Format, data: Any) -> bool:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.table import Table
+
     out = Table(title=title, title_justify="left", header_style="bold")
     for column in columns:
         out.add_column(column, overflow="fold")
     for row in rows:
         out.add_row(*(str(cell) for cell in row))
-    console.print(out)
+    stdout: Console | None = globals().get("console")  # set when a test puts its own
+    (stdout or _console(False)).print(out)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from trellis_cli import output
 from trellis_cli.client import Mesh
@@ -48,6 +47,8 @@ def check(mesh: Mesh, source: str, destination: str, as_json: bool) -> None:
     if as_json:
         output.emit_json(body)
     else:
+        from rich.markup import escape  # only for people: --json never imports rich
+
         verdict = "[green]allowed[/]" if body["allowed"] else "[red]denied[/]"
         output.console.print(f"{source} -> {destination}: {verdict}: {escape(body['reason'])}")
         for route in body["routes"]:

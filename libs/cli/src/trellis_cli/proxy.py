@@ -23,7 +23,6 @@ import click
 import yaml
 
 from trellis_cli import output
-from trellis_cli import renew as renewal
 from trellis_cli.client import Mesh
 from trellis_cli.errors import CliError, NotFound
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, validate_proxy_id
@@ -209,6 +208,8 @@ def revoke(mesh: Mesh, proxy_name: str, as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def renew(folder: Path, force: bool, watch: bool, server_name: str, as_json: bool) -> None:
+    from trellis_cli import renew as renewal  # gRPC and cryptography: `list` needs neither
+
     proxy_folder = renewal.ProxyFolder.load(folder.resolve(), server_name)
     if watch:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

@@ -13,16 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from trellis_cli.supervisor import ProcessSpec, https_ready
+from trellis_common import components
 
 #: the components in ``trellis up``'s order: a replica's admin port follows its position
-COMPONENT_ORDER = (
-    "certmanager",
-    "endpoints-vm",
-    "endpoints-k8s",
-    "catalog",
-    "proxy-cp",
-    "injector",
-)
+COMPONENT_ORDER = components.START_ORDER
 
 REPLICA_ADMIN_BASE = 15070  # proxy-cp's: 15072..15086, clear of the services' and the demo's
 #: the other components' replicas: 15300 + 20 * (position in SERVICES) + n, e.g. catalog-2 on

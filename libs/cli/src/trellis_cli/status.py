@@ -19,7 +19,6 @@ import httpx
 from trellis_cli import output
 from trellis_cli.client import Mesh
 from trellis_cli.errors import NEGATIVE, CliError
-from trellis_cli.up import SERVICES
 from trellis_common import adminhttp, components, statefile
 
 
@@ -151,7 +150,10 @@ def _restarts(result: dict[str, Any]) -> str:
 @click.pass_obj
 def status(mesh: Mesh, fmt: output.Format) -> None:
     known = statefile.read_endpoints(mesh.state_dir)
-    names = [name for name, *_ in SERVICES if name in known] or [name for name, *_ in SERVICES]
+    # imports nothing of `trellis up` (its supervisor, the demo, Redis): a status is one request
+    names = [name for name in components.START_ORDER if name in known] or list(
+        components.START_ORDER
+    )
     # the replicas (catalog-2, proxy-cp-2...), each after its component's first
     replicas = sorted((n for n in known if n not in names and _replica(n)), key=_order)
     for replica in replicas:

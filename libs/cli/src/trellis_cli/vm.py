@@ -23,7 +23,6 @@ import yaml
 
 from trellis_cli import output, swapdir
 from trellis_cli.client import CliError, Mesh
-from trellis_common import identity
 from trellis_common.bootstrap import proxy_secret_document, sidecar_args
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
 
@@ -388,6 +387,8 @@ def bootstrap(
     as_json: bool,
 ) -> None:
     folder = out.resolve()
+    from trellis_common import identity  # gRPC and cryptography: only this command needs them
+
     key_pem, key = identity.new_key()  # the proxy's key: made here, never sent
     body = {
         "namespace": namespace,

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from trellis_common import components, tokens
-from trellis_common.identity import client_context
-from trellis_common.settings import TRUST_BUNDLE_FILE
+from trellis_common.defaults import TRUST_BUNDLE_FILE
+from trellis_common.trustctx import client_context
 
 
 def trust_bundle_path(state_dir: Path) -> Path:

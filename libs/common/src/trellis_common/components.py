@@ -27,6 +27,10 @@ ENDPOINTS_K8S = "endpoints-k8s"
 
 #: Every component that may hold an identity (the registry kinds of the services).
 COMPONENTS = (CERTMANAGER, CATALOG, PROXY_CP, INJECTOR, ENDPOINTS_VM, ENDPOINTS_K8S)
+#: The order a mesh starts them in (``trellis up``), which listings follow: certmanager
+#: first (the others join with it), the providers before the catalog that reads them, and
+#: proxy-cp and the injector after the catalog they serve from.
+START_ORDER = (CERTMANAGER, ENDPOINTS_VM, ENDPOINTS_K8S, CATALOG, PROXY_CP, INJECTOR)
 
 
 class UnknownComponent(ValueError):

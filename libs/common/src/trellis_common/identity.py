@@ -35,6 +35,7 @@ from cryptography.x509.oid import NameOID
 
 from trellis_common import backoff, components, servercheck, tls
 from trellis_common.grpcserver import DEFAULT_OPTIONS
+from trellis_common.trustctx import client_context as client_context
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +217,3 @@ class ComponentIdentity:
                 if stop.is_set():
                     return
             await self.renew()
-
-
-def client_context(trust_bundle_pem: bytes) -> ssl.SSLContext:
-    context = ssl.create_default_context(cadata=trust_bundle_pem.decode())
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    return context

@@ -37,24 +37,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:16379/0"
+from trellis_common.defaults import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
+from trellis_common.defaults import TRUST_BUNDLE_FILE as TRUST_BUNDLE_FILE
+from trellis_common.defaults import Ports as Ports
+
 SHARED_PREFIX = "TRELLIS_"
-#: Where certmanager writes the mesh's trust bundle in the state directory.
-TRUST_BUNDLE_FILE = "trust-bundle.pem"
-
-
-class Ports:
-    """Default ports, one pair (gRPC, admin REST) per service, from ARCHITECTURE.md."""
-
-    CATALOG = (15010, 15011)
-    CERTMANAGER = (15020, 15021)
-    ENDPOINTS_K8S = (15030, 15031)
-    ENDPOINTS_VM = (15040, 15041)
-    PROXY_CP = (15128, 15051)
-    PROXY_CP_DESTINATION = 8086  # the Linkerd Destination API (mTLS)
-    PROXY_CP_ENROLL = 15012  # pod agents enroll (server TLS, a ServiceAccount token)
-    INJECTOR_ADMIN = 15061
-    INJECTOR_WEBHOOK = 9443
 
 
 class Shared:
