@@ -20,6 +20,10 @@ class _Names:
 
 _ = _Names()
 
+# Python calls a module's __getattr__ for a name the module lacks (PEP 562): trellis_cli.output's
+# consoles, made on first use.
+_.__getattr__
+
 # http.server calls these by name on its handler and server classes.
 _.do_GET
 _.do_POST

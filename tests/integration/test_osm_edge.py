@@ -22,6 +22,7 @@ from trellis_common.testing import eventually
 from trellis_common.testing.apps import TcpApp
 from trellis_common.testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
 from trellis_common.testing.mesh import Mesh, Sidecar, bookstore
+from trellis_common.trustctx import system_context
 
 # one mesh for the module (its fixtures): its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("osm-edge-mesh")]
@@ -157,7 +158,9 @@ def _plaintext(sidecar: Sidecar) -> int:
     """A plaintext request from outside the mesh straight to the sidecar's inbound port."""
     try:
         url = f"http://127.0.0.1:{sidecar.inbound_port}/books"
-        return httpx.get(url, headers={"host": "bookstore-v1"}, timeout=3).status_code
+        return httpx.get(
+            url, headers={"host": "bookstore-v1"}, timeout=3, verify=system_context()
+        ).status_code
     except httpx.HTTPError:
         return 0  # closed: no filter chain takes plaintext from this address
 

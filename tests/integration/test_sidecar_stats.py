@@ -11,6 +11,7 @@ import pytest
 from trellis_common.testing import eventually
 from trellis_common.testing.mesh import Mesh
 from trellis_common.testing.ports import free_port
+from trellis_common.trustctx import system_context
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +24,10 @@ def test_a_sidecar_serves_prometheus_stats_and_only_them(mesh: Mesh) -> None:
 
     def scraped() -> bool:
         try:
-            return httpx.get(f"{url}/stats/prometheus", timeout=2).status_code == 200
+            return (
+                httpx.get(f"{url}/stats/prometheus", timeout=2, verify=system_context()).status_code
+                == 200
+            )
         except httpx.HTTPError:
             return False
 

@@ -32,6 +32,7 @@ from trellis_common.testing.envoy import find_envoy
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.ports import free_port
 from trellis_common.testing.services import ServiceProcess, start_mesh, stop_together
+from trellis_common.trustctx import system_context
 
 pytestmark = pytest.mark.integration
 #: The mesh and API server the tests in this group share (the renewal test has its own).
@@ -244,7 +245,9 @@ class Kubelet:
         return log
 
     def admin(self, path: str) -> httpx.Response:
-        return httpx.get(f"http://127.0.0.1:{self.mesh.ports['admin']}{path}", timeout=5)
+        return httpx.get(
+            f"http://127.0.0.1:{self.mesh.ports['admin']}{path}", timeout=5, verify=system_context()
+        )
 
     def stop(self) -> None:
         for process in self.processes:

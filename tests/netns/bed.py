@@ -57,6 +57,7 @@ from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.kubelet import RunningPod, run_pod_spec
 from trellis_common.testing.netns import NODE_IP, call_in_netns, in_netns, sweep, wait_until
 from trellis_common.testing.pods import Node, Pod
+from trellis_common.trustctx import system_context
 
 MONITORED = {"trellis.dev/monitored-by": "trellis"}
 #: What the pods' hosts files map to the node: the Services of the control plane.
@@ -151,7 +152,8 @@ class BedPod:
     def envoy(self, path: str) -> httpx.Response:
         """The sidecar's admin API (on the pod's loopback)."""
         return call_in_netns(
-            self.pod.name, lambda: httpx.get(f"http://127.0.0.1:15000{path}", timeout=5)
+            self.pod.name,
+            lambda: httpx.get(f"http://127.0.0.1:15000{path}", timeout=5, verify=system_context()),
         )
 
     def stat(self, name: str) -> int:
@@ -579,7 +581,7 @@ def kubelet_probe(pod: BedPod, kind: str, container: str = "app") -> httpx.Respo
     spec = next(c for c in pod.obj["spec"]["containers"] if c["name"] == container)
     action = spec[kind]["httpGet"]
     url = f"http://{pod.ip}:{action['port']}{action.get('path', '/')}"
-    return httpx.get(url, timeout=3)
+    return httpx.get(url, timeout=3, verify=system_context())
 
 
 def _ready(pod: BedPod) -> bool:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.netns.bed import Bed, BedPod, BedService, bed, kubelet_probe
 from trellis_common.testing.netns import wait_until
+from trellis_common.trustctx import system_context
 
 pytestmark = [pytest.mark.xdist_group("netns")]
 
@@ -511,7 +512,7 @@ def test_an_http_readiness_probe_works_under_strict_mtls(mesh: Bed) -> None:
     assert answer.startswith("probed /healthz -")  # the app's own path, in plaintext
     # the probe as written would have failed: the app's port takes mTLS only
     with pytest.raises(httpx.HTTPError):
-        httpx.get(f"http://{pod.ip}:8080/healthz", timeout=3)
+        httpx.get(f"http://{pod.ip}:8080/healthz", timeout=3, verify=system_context())
 
 
 def _probe(pod: BedPod, kind: str) -> str | None:

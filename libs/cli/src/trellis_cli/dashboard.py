@@ -46,6 +46,7 @@ from trellis_cli import meshedges
 from trellis_cli.client import Mesh
 from trellis_cli.errors import CliError
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
+from trellis_common.trustctx import system_context
 
 DEFAULT_PORT = 15080
 #: The counters, and the latency histogram, of the outbound clusters, and the caller-side
@@ -116,7 +117,7 @@ class Scraper:
             self.policy, self.policy_errors = read_policy(self.mesh, self.policy)
         self.scrapes += 1
         samples, errors = [], list(self.policy_errors)
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, verify=system_context()) as client:
             for url in dict.fromkeys([*sidecars_of(self.mesh.state_dir), *self.extra]):
                 try:
                     samples.append(self._sample(client, url))

@@ -18,7 +18,7 @@ import httpx
 
 from trellis_common import components, tokens
 from trellis_common.defaults import TRUST_BUNDLE_FILE
-from trellis_common.trustctx import client_context
+from trellis_common.trustctx import client_context, system_context
 
 
 def trust_bundle_path(state_dir: Path) -> Path:
@@ -54,7 +54,7 @@ def request(
         headers["Authorization"] = f"Bearer {token.read_text().strip()}"
     kwargs["headers"] = headers
     if not url.startswith("https://"):
-        return httpx.request(method, url, timeout=timeout, **kwargs)
+        return httpx.request(method, url, timeout=timeout, verify=system_context(), **kwargs)
     extensions = {"sni_hostname": components.server_name(components.of_instance(component))}
     if client is not None:
         return client.request(method, url, extensions=extensions, timeout=timeout, **kwargs)

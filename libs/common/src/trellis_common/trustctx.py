@@ -1,4 +1,9 @@
-"""The client TLS context that trusts the mesh's CA and nothing else.
+"""Client TLS contexts: the one that trusts the mesh's CA and nothing else, and the system's.
+
+:func:`system_context` is for plain-HTTP clients (Envoy's admin API, traffic through a
+sidecar, the dashboard's scrapes): an ``httpx.Client`` made without ``verify`` builds a new
+default context and loads the system's whole CA bundle, 25-50 ms of CPU, even for an
+``http://`` URL that never uses it, and the tests make such requests by the thousand.
 
 Kept apart from :mod:`trellis_common.identity` (a component's own certificate, which needs
 gRPC and the cryptography package): the CLI's admin requests need only this, and a
@@ -7,6 +12,7 @@ gRPC and the cryptography package): the CLI's admin requests need only this, and
 
 from __future__ import annotations
 
+import functools
 import ssl
 
 
@@ -15,3 +21,10 @@ def client_context(trust_bundle_pem: bytes) -> ssl.SSLContext:
     context = ssl.create_default_context(cadata=trust_bundle_pem.decode())
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
+
+
+@functools.cache
+def system_context() -> ssl.SSLContext:
+    """The system's default trust, loaded once per process and shared (an ``SSLContext`` is
+    safe to share between threads and connections)."""
+    return ssl.create_default_context()

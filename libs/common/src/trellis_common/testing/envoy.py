@@ -22,6 +22,7 @@ import httpx
 from trellis_common.bootstrap import ADMIN_CLUSTER
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
 from trellis_common.testing.ports import free_port
+from trellis_common.trustctx import system_context
 
 __all__ = ["Envoy", "EnvoyNotFound", "find_envoy", "validate"]
 
@@ -90,7 +91,7 @@ class Envoy:
         return f"http://127.0.0.1:{self.admin_port}"
 
     def get(self, path: str) -> httpx.Response:
-        return httpx.get(self.admin + path, timeout=5)
+        return httpx.get(self.admin + path, timeout=5, verify=system_context())
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -42,6 +42,7 @@ from trellis_common.testing.services import (
     trellis,
 )
 from trellis_common.testing.waiting import eventually
+from trellis_common.trustctx import system_context
 
 FAST = {"TRELLIS_REGISTRY_TTL": "2"}
 BOOKSTORE = "bookstore.bookstore:14001"
@@ -56,7 +57,10 @@ class Sidecar:
 
     def get(self, host: str, path: str, timeout: float = 5.0) -> httpx.Response:
         return httpx.get(
-            f"http://127.0.0.1:{self.outbound_port}{path}", headers={"host": host}, timeout=timeout
+            f"http://127.0.0.1:{self.outbound_port}{path}",
+            headers={"host": host},
+            timeout=timeout,
+            verify=system_context(),  # made once: a request of its own builds a new one
         )
 
 
