@@ -258,9 +258,14 @@ class MeshSettings(_message.Message):
     PERMISSIVE_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
     TRACING_FIELD_NUMBER: _builtins.int
+    LOCALITY_FAILOVER_FIELD_NUMBER: _builtins.int
     trust_domain: _builtins.str
     permissive: _builtins.bool
     egress: _builtins.bool
+    locality_failover: _builtins.bool
+    """MeshConfig traffic.enableLocalityFailover: a proxy that reports its locality gets
+    EDS priorities relative to it on clusters with outlier detection.
+    """
     @_builtins.property
     def tracing(self) -> Global___Tracing:
         """MeshConfig observability.tracing, when enabled: the Zipkin collector."""
@@ -272,10 +277,11 @@ class MeshSettings(_message.Message):
         permissive: _builtins.bool = ...,
         egress: _builtins.bool = ...,
         tracing: Global___Tracing | None = ...,
+        locality_failover: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["tracing", b"tracing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "permissive", b"permissive", "tracing", b"tracing", "trust_domain", b"trust_domain"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["egress", b"egress", "locality_failover", b"locality_failover", "permissive", b"permissive", "tracing", b"tracing", "trust_domain", b"trust_domain"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -363,6 +363,13 @@ def envoy_command(config: Path) -> list[str]:
 )
 @click.option("--protocol", type=click.Choice(["sotw", "delta"]), default="sotw", show_default=True)
 @click.option(
+    "--locality",
+    default="",
+    help="Where the workload runs, region[/zone[/subzone]] (Envoy's node.locality): with "
+    "outlier detection on a service, the proxy prefers its own locality's endpoints and "
+    "fails over outward. Register the workload with the same --locality.",
+)
+@click.option(
     "--out",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
@@ -382,6 +389,7 @@ def bootstrap(
     admin_port: int,
     stats_port: int,
     protocol: str,
+    locality: str,
     out: Path,
     token_file: Path | None,
     as_json: bool,
@@ -400,6 +408,7 @@ def bootstrap(
         "admin_port": admin_port,
         "stats_port": stats_port,
         "protocol": protocol,
+        "locality": locality,
         "output_dir": str(folder),
         "csr_pem": identity.csr_for(key, f"{namespace}/{service}").decode(),
     }
@@ -438,6 +447,7 @@ def bootstrap(
     register = (
         f"trellis vm register -n {q(namespace)} --name WORKLOAD --service {q(service)} "
         f"--address ADDRESS --port NAME={inbound_port} --service-account {q(account)}"
+        + (f" --locality {q(locality)}" if locality else "")
     )
     if app_port:
         click.echo("then register the workload, so peers reach it through the sidecar")

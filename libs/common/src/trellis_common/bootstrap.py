@@ -139,6 +139,18 @@ class BootstrapSpec:
     # (WORKLOAD_CERT_FILE, KEY_FILE): proxy-cp then has Envoy read them there, and never
     # sends a key. "": the identity's certificate and key come over SDS (VMs, local mesh).
     workload_dir: str = ""
+    # Where the proxy runs, region[/zone[/subzone]] ("": not said): Envoy's node.locality,
+    # which proxy-cp reads to give it its own locality's endpoints first (locality failover).
+    locality: str = ""
+
+
+def node_locality(text: str) -> dict[str, str]:
+    """Envoy's ``node.locality`` for ``region[/zone[/subzone]]``. Raises ``ValueError``
+    saying what is wrong: an empty part, or more than three."""
+    found = text.split("/")
+    if not all(found) or len(found) > 3:
+        raise ValueError(f"locality {text!r} must be region[/zone[/subzone]], no part empty")
+    return dict(zip(("region", "zone", "sub_zone"), found, strict=False))
 
 
 def _file(path: Path) -> dict[str, str]:
@@ -339,6 +351,7 @@ def envoy_bootstrap(spec: BootstrapSpec) -> dict[str, Any]:
                 },
                 **spec.extra_metadata,
             },
+            **({"locality": node_locality(spec.locality)} if spec.locality else {}),
         },
         "dynamic_resources": {
             "ads_config": {

@@ -28,6 +28,7 @@ from trellis_common.ids import InvalidIdentifier, ProxyCommonName
 from trellis_proxy_cp.clients.expected import Expectation, ExpectationUnknown
 from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.core import ProxyControlPlane
+from trellis_proxy_cp.translate import locality
 from trellis_proxy_cp.translate.settings import InvalidNodeMetadata, from_metadata
 from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused, StreamRunner
 
@@ -163,7 +164,9 @@ class MeshAuthorizer:
                 "node_id_mismatch",
             )
         try:
-            settings = from_metadata(json_format.MessageToDict(node.metadata))
+            settings = from_metadata(
+                json_format.MessageToDict(node.metadata), locality.of_node(node.locality)
+            )
         except InvalidNodeMetadata as exc:
             raise StreamRefused(
                 grpc.StatusCode.INVALID_ARGUMENT, str(exc), "invalid_metadata"

@@ -118,6 +118,10 @@ class TrafficConfig(StrictModel):
         default=False, alias="enablePermissiveTrafficPolicyMode"
     )
     enable_egress: Bool = Field(default=False, alias="enableEgress")
+    # a Trellis extension (OSM has no locality): proxies that report their locality prefer
+    # their own locality's endpoints, and fail over outward, on services with outlier
+    # detection (proxy-cp's translate/locality.py)
+    enable_locality_failover: Bool = Field(default=False, alias="enableLocalityFailover")
     # left out of every injected pod's traffic redirection (OSM's global exclusion lists)
     inbound_port_exclusion_list: tuple[Port, ...] = Field(
         default=(), alias="inboundPortExclusionList"
@@ -322,6 +326,7 @@ class MeshConfigSettings:
     sidecar_log_level: LogLevel | None = None
     tracing: TracingSettings | None = None
     retry_policy: bool = False  # featureFlags.enableRetryPolicy: OSM Retry policies apply
+    locality_failover: bool = False  # traffic.enableLocalityFailover
     # traffic.*ExclusionList: the injector leaves these out of every pod's redirection
     inbound_port_exclusions: tuple[int, ...] = ()
     outbound_port_exclusions: tuple[int, ...] = ()
@@ -342,6 +347,7 @@ def _settings(spec: _SpecFields, trust_domain: str | None) -> MeshConfigSettings
             else None
         ),
         retry_policy=spec.feature_flags.enable_retry_policy,
+        locality_failover=spec.traffic.enable_locality_failover,
         inbound_port_exclusions=spec.traffic.inbound_port_exclusion_list,
         outbound_port_exclusions=spec.traffic.outbound_port_exclusion_list,
         outbound_ip_range_exclusions=spec.traffic.outbound_ip_range_exclusion_list,

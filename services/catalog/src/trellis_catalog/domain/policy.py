@@ -86,7 +86,10 @@ class PolicyBuilder:
         self.cluster_domain = cluster_domain
         traced = settings.tracing if settings else None
         tracing = Tracing(traced.address, traced.port, traced.endpoint) if traced else None
-        self.mesh = MeshSettings(self.trust_domain, spec.permissive, spec.egress, tracing)
+        failover = settings.locality_failover if settings else False
+        self.mesh = MeshSettings(
+            self.trust_domain, spec.permissive, spec.egress, tracing, locality_failover=failover
+        )
         # Computed once per builder, not once per (identity, destination): a build walks
         # only the accounts a source may call, so it grows with the policies, not N².
         self._accounts: dict[MeshService, ServiceAccount] = {}

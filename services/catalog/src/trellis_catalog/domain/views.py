@@ -315,6 +315,7 @@ class MeshSettings:
     permissive: bool = False
     egress: bool = False
     tracing: Tracing | None = None
+    locality_failover: bool = False  # MeshConfig traffic.enableLocalityFailover
 
 
 @dataclass(frozen=True, slots=True)

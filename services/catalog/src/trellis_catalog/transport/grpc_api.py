@@ -251,6 +251,7 @@ def to_proto(
             trust_domain=policy.mesh.trust_domain,
             permissive=policy.mesh.permissive,
             egress=policy.mesh.egress,
+            locality_failover=policy.mesh.locality_failover,
             tracing=pb.Tracing(**messages.fields(policy.mesh.tracing))
             if policy.mesh.tracing is not None
             else None,

@@ -33,6 +33,7 @@ from trellis_common.bootstrap import (
     ProbeRoute,
     ProxyFiles,
     envoy_bootstrap,
+    node_locality,
 )
 from trellis_common.grpc_bootstrap import GrpcFolder, grpc_bootstrap
 from trellis_common.kube.injection import Exclusions
@@ -108,6 +109,8 @@ class ProxyRequest:
     capture: bool = False
     # kubelet probes rewritten to Envoy's probe listeners (an injected pod)
     probes: tuple[ProbeRoute, ...] = ()
+    # where the proxy runs, region[/zone[/subzone]]: its bootstrap's node.locality
+    locality: str = ""
 
     def __post_init__(self) -> None:
         _check_name("namespace", self.namespace)
@@ -120,6 +123,11 @@ class ProxyRequest:
             object.__setattr__(self, "service_account", self.service)
         _check_name("service_account", self.service_account, subdomain=True)
         self._check_output_dir()
+        if self.locality:
+            try:
+                node_locality(self.locality)
+            except ValueError as exc:
+                raise InvalidOnboarding("locality", str(exc)) from None
         if self.proxyless:
             return
         _check_port("app_port", self.app_port, zero_ok=True)
@@ -280,6 +288,7 @@ def build_bootstrap(
             # the proxy's own workload certificate and key are in its folder (a pod's
             # agent, or `trellis vm bootstrap`, keeps them): proxy-cp never sends a key
             workload_dir=request.output_dir,
+            locality=request.locality,
         )
     )
 

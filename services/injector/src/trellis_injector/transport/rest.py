@@ -61,6 +61,9 @@ class BootstrapBody(BaseModel):
         0, ge=0, le=PORT_MAX, description="Envoy's Prometheus statistics; 0: not served"
     )
     protocol: AdsProtocol = Field("sotw", description="ADS flavour: state of the world or delta")
+    locality: str = Field(
+        "", description="where the proxy runs, region[/zone[/subzone]]: its node.locality"
+    )
     output_dir: str = Field(description="absolute path of the files on the proxy's host")
     csr_pem: str = Field(
         max_length=MAX_CSR_BYTES,
@@ -80,6 +83,7 @@ class BootstrapBody(BaseModel):
             output_dir=self.output_dir,
             stats_port=self.stats_port,
             proxyless=self.kind == "grpc",
+            locality=self.locality,
         )
 
 

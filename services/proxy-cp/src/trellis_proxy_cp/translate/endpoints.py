@@ -4,6 +4,14 @@ Each locality carries a ``load_balancing_weight`` (the sum of its endpoints' wei
 proxyless gRPC needs it (else "no children in weighted_target policy"), and Envoy uses it
 with locality-weighted load balancing.
 
+Locality failover (locality.py), where MeshConfig turns it on (``enableLocalityFailover``:
+the view's ``mesh.locality_failover``): for a proxy that reports its locality, a cluster
+with outlier detection (:func:`fails_over`) gets each locality's EDS ``priority`` relative
+to the proxy's, so its assignment depends on where the proxy is. It is built and kept per
+(cluster, proxy locality), not per proxy: every proxy of one locality shares it. For a
+proxy without a locality, or a cluster without outlier detection, the assignment is the
+one every proxy gets, with everything at priority 0.
+
 Assignments are built by a :class:`LoadAssignments`, which keeps the last ones for reuse;
 the control plane owns one (``core.ProxyControlPlane``), so the translate layer itself
 keeps no state between calls.
@@ -19,6 +27,7 @@ from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
 from trellis_common.memo import Members
+from trellis_proxy_cp.translate import locality as localities
 from trellis_proxy_cp.translate.common import socket_address
 
 #: Cluster names whose last assignment is kept; past it, they are all forgotten at once.
@@ -41,6 +50,17 @@ def eds_clusters(view: catalog_pb2.View) -> list[catalog_pb2.Cluster]:
     return [c for c in view.clusters if is_eds(c)]
 
 
+def fails_over(cluster: catalog_pb2.Cluster) -> bool:
+    """Whether the cluster's localities get priorities relative to the proxy: an EDS
+    cluster (the others are resolved by Envoy, without localities) with outlier detection,
+    the health signal that makes failover happen (locality.py says why)."""
+    return (
+        is_eds(cluster)
+        and cluster.HasField("connection")
+        and cluster.connection.HasField("outlier_detection")
+    )
+
+
 class LoadAssignments:
     """Load assignments of clusters, each cluster's last one kept for reuse.
 
@@ -60,32 +80,45 @@ class LoadAssignments:
 
     def __init__(self, kept_clusters: int = KEPT_CLUSTERS) -> None:
         self._kept_clusters = kept_clusters
-        #: per cluster name: the catalog's message of it (its bytes), and its assignment
-        self._assignments: dict[str, tuple[bytes, endpoint_pb2.ClusterLoadAssignment]] = {}
+        #: per cluster name and proxy locality ("" for the one without priorities): the
+        #: catalog's message of the cluster (its bytes), and its assignment
+        self._assignments: dict[
+            tuple[str, str], tuple[bytes, endpoint_pb2.ClusterLoadAssignment]
+        ] = {}
         #: the current endpoints of each cluster only: a churning service's past
         #: addresses are not kept
         self._lb_endpoints: LbEndpoints = Members(_lb_endpoint, key=_served_as)
 
-    def __call__(self, cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
-        """The cluster's load assignment. Do not change it: it is shared."""
+    def __call__(
+        self, cluster: catalog_pb2.Cluster, locality: str = ""
+    ) -> endpoint_pb2.ClusterLoadAssignment:
+        """The cluster's load assignment for a proxy at ``locality`` ("": unknown, or the
+        mesh does not fail over by locality). Do not change it: it is shared."""
+        if not fails_over(cluster):
+            locality = ""  # the same for every proxy: kept once
         serialized = cluster.SerializeToString(deterministic=True)
-        kept = self._assignments.get(cluster.name)
+        kept = self._assignments.get((cluster.name, locality))
         if kept is not None and kept[0] == serialized:
             return kept[1]
-        assignment = self._assignment(cluster)
+        assignment = self._assignment(cluster, locality)
         if len(self._assignments) >= self._kept_clusters:
             self._assignments.clear()  # clusters come and go: the ones still here come back
             self._lb_endpoints.retain(lambda name: False)
-        self._assignments[cluster.name] = (serialized, assignment)
+        self._assignments[cluster.name, locality] = (serialized, assignment)
         return assignment
 
-    def of_view(self, view: catalog_pb2.View) -> list[endpoint_pb2.ClusterLoadAssignment]:
-        """The load assignments of the view's EDS clusters, in its order. Shared: do not
-        change them."""
-        return [self(c) for c in eds_clusters(view)]
+    def of_view(
+        self, view: catalog_pb2.View, locality: str = ""
+    ) -> list[endpoint_pb2.ClusterLoadAssignment]:
+        """The load assignments of the view's EDS clusters, in its order, for a proxy at
+        ``locality``. Shared: do not change them."""
+        if not view.mesh.locality_failover:
+            locality = ""  # off mesh-wide (MeshConfig): every proxy gets the same
+        return [self(c, locality) for c in eds_clusters(view)]
 
     def __len__(self) -> int:
-        """How many cluster names have an assignment kept."""
+        """How many assignments are kept (one per cluster name, and per proxy locality
+        for a cluster that fails over)."""
         return len(self._assignments)
 
     @property
@@ -93,7 +126,9 @@ class LoadAssignments:
         """How many endpoint messages were built so far (the others were reused)."""
         return self._lb_endpoints.misses
 
-    def _assignment(self, cluster: catalog_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
+    def _assignment(
+        self, cluster: catalog_pb2.Cluster, locality: str
+    ) -> endpoint_pb2.ClusterLoadAssignment:
         ordered = sorted(cluster.endpoints, key=lambda e: (e.locality, e.address, e.port))
         built = self._lb_endpoints.convert(cluster.name, ordered)
         groups: dict[str, list[endpoint_components_pb2.LbEndpoint]] = defaultdict(list)
@@ -101,22 +136,23 @@ class LoadAssignments:
         for endpoint, lb_endpoint in zip(ordered, built, strict=True):
             groups[endpoint.locality].append(lb_endpoint)
             weights[endpoint.locality] += max(endpoint.weight, 1)
+        priority = localities.priorities(locality, groups) if locality else {}
         return endpoint_pb2.ClusterLoadAssignment(
             cluster_name=cluster.name,
             endpoints=[
                 endpoint_components_pb2.LocalityLbEndpoints(
-                    locality=_locality(locality),
-                    load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[locality]),
+                    locality=_locality(name),
+                    load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[name]),
                     lb_endpoints=members,
+                    priority=priority.get(name, 0),
                 )
-                for locality, members in groups.items()  # in order: the endpoints were sorted
+                for name, members in groups.items()  # in order: the endpoints were sorted
             ],
         )
 
 
 def _locality(text: str) -> base_pb2.Locality:
-    region, _, rest = text.partition("/")
-    zone, _, sub_zone = rest.partition("/")
+    region, zone, sub_zone = localities.parts(text)
     return base_pb2.Locality(region=region, zone=zone, sub_zone=sub_zone)
 
 

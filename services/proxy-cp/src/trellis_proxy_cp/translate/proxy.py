@@ -67,7 +67,7 @@ def translate(
         listeners=found_listeners,
         routes=found_routes,
         clusters=list(clusters.clusters(view, settings)),
-        endpoints=list(assignments.of_view(view)),
+        endpoints=list(assignments.of_view(view, settings.locality)),
         secrets=found_secrets,
     )
 
@@ -87,6 +87,6 @@ def _captured(
         listeners=found_listeners,
         routes=[routes.outbound(view), *capture.inbound_routes(view)],
         clusters=list(clusters.clusters(view, settings)),
-        endpoints=list(assignments.of_view(view)),
+        endpoints=list(assignments.of_view(view, settings.locality)),
         secrets=found_secrets,
     )

@@ -18,6 +18,10 @@ Node metadata (``node.metadata``)::
                                 # listeners match on the original destination (capture.py)
       workload_dir: /etc/trellis/proxy  # the pod agent's folder: Envoy reads the proxy's own
                                 # workload certificate and key there (secrets.py)
+
+And the node's own ``node.locality`` (region, zone, sub_zone: Envoy's field, not metadata),
+where the proxy runs: load assignments of clusters that fail over by locality depend on it
+(locality.py), so it is part of the snapshot key; proxyless clients do not use it.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ class ProxySettings:
     capture: bool = False
     #: where the pod's agent keeps the workload certificate and key ("": sent over SDS)
     workload_dir: str = ""
+    #: where the proxy runs, ``region[/zone[/subzone]]`` ("": it did not say)
+    locality: str = ""
 
     def key(self) -> str:
         """The part of the snapshot key these settings make."""
@@ -57,6 +63,7 @@ class ProxySettings:
             f"{self.inbound_port}|{self.app_address}:{self.app_port}"
             + ("|capture" if self.capture else "")
             + (f"|files:{self.workload_dir}" if self.workload_dir else "")
+            + (f"|locality:{self.locality}" if self.locality else "")
         )
 
 
@@ -100,8 +107,9 @@ def _folder(name: str, raw: object) -> str:
     return text
 
 
-def from_metadata(metadata: dict[str, Any] | None) -> ProxySettings:
-    """Settings from ``node.metadata`` (as a plain dict); unknown keys are ignored."""
+def from_metadata(metadata: dict[str, Any] | None, locality: str = "") -> ProxySettings:
+    """Settings from ``node.metadata`` (as a plain dict; unknown keys are ignored) and the
+    node's locality text (``locality.of_node``)."""
     section = (metadata or {}).get("trellis") or {}
     if not isinstance(section, dict):
         raise InvalidNodeMetadata("node.metadata.trellis must be a mapping")
@@ -128,7 +136,7 @@ def from_metadata(metadata: dict[str, Any] | None) -> ProxySettings:
             values[flag] = section[flag]
     if "workload_dir" in section:
         values["workload_dir"] = _folder("workload_dir", section["workload_dir"])
-    settings = ProxySettings(**values)
+    settings = ProxySettings(**values, locality="" if values.get("proxyless") else locality)
     wildcard = {"0.0.0.0", "::"}
     if settings.inbound_port == settings.outbound_port and (
         settings.inbound_address == settings.outbound_address

@@ -1,0 +1,56 @@
+"""MeshConfig ``traffic.enableLocalityFailover`` reaches proxy-cp in every view's
+``mesh.locality_failover`` (off by default), and turning it on changes the views' versions
+(so proxy-cp rebuilds its snapshots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trellis_catalog.catalog import Catalog
+from trellis_catalog.domain.views import Identity
+from trellis_catalog.sources import kinds
+from trellis_catalog.transport.grpc_api import to_proto
+from trellis_common.documents.base import Origin
+from trellis_common.specdir import load_paths
+
+ROOT = Path(__file__).resolve().parents[3]
+BUYER = Identity("bookbuyer", "bookbuyer")
+
+
+async def _announce(kind: str, key: str) -> int:
+    return 1
+
+
+def _catalog(failover: bool | None) -> Catalog:
+    """The bookstore example's catalog, its MeshConfig replaced by one that sets
+    ``enableLocalityFailover`` to ``failover`` (None: leaves it out)."""
+    documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
+    assert errors == []
+    traffic = {} if failover is None else {"enableLocalityFailover": failover}
+    mesh_config = {
+        "apiVersion": "config.trellis.io/v1alpha1",
+        "kind": "MeshConfig",
+        "metadata": {"name": "mesh", "namespace": "trellis-system"},
+        "spec": {"traffic": traffic},
+    }
+    documents = [d for d in documents if d.key.kind != "MeshConfig"]  # only one is read
+    documents.append(kinds().parse(mesh_config, Origin("mesh.yaml")))
+    catalog = Catalog(_announce)
+    catalog.set_documents(documents, errors)
+    catalog.expect_proxy("6b1f3c1e-0000-4000-8000-000000000001.bookbuyer.bookbuyer", "bookbuyer")
+    assert catalog.flush() is not None
+    return catalog
+
+
+def test_the_view_says_whether_the_mesh_fails_over_by_locality() -> None:
+    unset, off, on = _catalog(None), _catalog(failover=False), _catalog(failover=True)
+
+    unset_view = to_proto(unset, unset.policies[BUYER])
+    off_view = to_proto(off, off.policies[BUYER])
+    on_view = to_proto(on, on.policies[BUYER])
+
+    assert unset_view.mesh.locality_failover is False
+    assert off_view.mesh.locality_failover is False
+    assert on_view.mesh.locality_failover is True
+    assert off_view.version == unset_view.version  # the same content
+    assert on_view.version != off_view.version  # only the switch differs
