@@ -37,7 +37,9 @@ from watchfiles._rust_notify import RustNotify
 
 log = logging.getLogger(__name__)
 
-STEP_MS = 5
+#: watchfiles checks for events this often while it waits: 5 ms cost an idle watcher 0.55%
+#: of a core (measured), 20 ms 0.18%; an edit is still seen within about 40 ms
+STEP_MS = 20
 DEBOUNCE_MS = 50
 
 
