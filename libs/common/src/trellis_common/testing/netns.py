@@ -29,6 +29,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any, TypeVar
 
+from trellis_common.testing.waiting import FIRST_INTERVAL, LONGEST_INTERVAL
+
 T = TypeVar("T")
 
 #: Every pod address is in this network; the node's bridge holds its first address.
@@ -83,6 +85,7 @@ def wait_until(
     condition after ``timeout`` seconds.
     """
     deadline = time.monotonic() + timeout
+    pause = FIRST_INTERVAL  # growing to LONGEST_INTERVAL, as eventually() does
     while True:
         value = predicate()
         if value:
@@ -90,7 +93,8 @@ def wait_until(
         if time.monotonic() >= deadline:
             what = message or getattr(predicate, "__qualname__", repr(predicate))
             raise AssertionError(f"condition not met within {timeout}s: {what} (last: {value!r})")
-        time.sleep(_POLL_INTERVAL_S)
+        time.sleep(pause)
+        pause = min(pause * 1.5, LONGEST_INTERVAL)
 
 
 def wait_for_tcp(netns: str, host: str, port: int, timeout: float = 5.0) -> None:
