@@ -24,6 +24,7 @@ from typing import Any
 
 from kubernetes import client
 
+from tests.deploy import chartcluster
 from tests.deploy.helmchart import Rendered
 from trellis_common import tokens
 from trellis_common.kube.client import api_client
@@ -243,6 +244,7 @@ class ChartControlPlane:
         core.create_namespace({"metadata": {"name": "trellis-system"}})
         configmap = self.rendered.get("ConfigMap", "trellis-mesh-config")
         core.create_namespaced_config_map("trellis-system", configmap)
+        chartcluster.create_objects(api, self.rendered, self.given)  # what the CLI reads
         try:
             self._start_components()
         except BaseException:
@@ -289,6 +291,12 @@ class ChartControlPlane:
                 certmanager_admin = endpoint.admin_url.removeprefix("https://")
         for process in self.processes[1:]:
             process.wait_ready(90)
+        api = api_client(self.kubeconfig)
+        try:  # each process's Pod, ready, its ports forwarded (the CLI's cluster mode)
+            for process in self.processes:
+                chartcluster.publish_pod(self.kube, api, self.rendered, process, self.pod_ip)
+        finally:
+            api.close()  # type: ignore[no-untyped-call]
 
     def process(self, component: str) -> ServiceProcess:
         """The (first) process of ``component``."""

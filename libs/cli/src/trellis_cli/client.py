@@ -93,7 +93,7 @@ class Mesh:
                 f"is --state-dir (now {self.state_dir}) the mesh's?"
             ) from exc
         except _Unreachable as down:
-            raise errors.unreachable(service, down.url, down.error, self.state_dir) from down.error
+            raise self.unreachable(service, down.url, down.error) from down.error
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
@@ -129,6 +129,11 @@ class Mesh:
             except httpx.TransportError as exc:
                 raise _Unreachable(url, exc) from exc
         raise AssertionError("instances() always names the service itself")
+
+    def unreachable(self, service: str, url: str, error: httpx.TransportError) -> CliError:
+        """The error for ``service`` not answering at ``url``: where to look (a cluster's
+        mesh, :class:`~trellis_cli.cluster.ClusterMesh`, names its namespace instead)."""
+        return errors.unreachable(service, url, error, self.state_dir)
 
     def call(self, service: str, method: str, path: str, **kwargs: Any) -> Any:
         """The JSON body of a successful answer."""

@@ -17,10 +17,15 @@ from trellis_common import components, jointoken
 
 if TYPE_CHECKING:
     from trellis_cli.client import Mesh
+    from trellis_cli.cluster import Target
 
 #: The subcommands, imported when run (:mod:`trellis_cli.lazy`), with the help ``--help`` lists.
 COMMANDS = {
     "certs": LazyCommand("trellis_cli.certs:certs", "The mesh CA and the certificates it issued."),
+    "check": LazyCommand(
+        "trellis_cli.check:check",
+        "Check the control plane (as `linkerd check`): one line per check; exit 1 if any fails.",
+    ),
     "completion": LazyCommand(
         "trellis_cli.version:completion",
         "Print the shell completion script (bash, zsh or fish).",
@@ -91,27 +96,95 @@ COMMANDS = {
     show_default=".trellis (or TRELLIS_STATE_DIR)",
     help="Where the running mesh keeps its token, addresses and data.",
 )
+@click.option(
+    "--kubeconfig",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Reach the control plane in this cluster (default: KUBECONFIG or ~/.kube/config, "
+    "when there is no local mesh).",
+)
+@click.option("--context", default=None, help="The kubeconfig's context to use (a cluster).")
+@click.option(
+    "-n",
+    "--control-plane-namespace",
+    default="trellis-system",
+    show_default=True,
+    help="The control plane's namespace in the cluster.",
+)
 @click.pass_context
-def cli(ctx: click.Context, state_dir: Path) -> None:
+def cli(
+    ctx: click.Context,
+    state_dir: Path,
+    kubeconfig: Path | None,
+    context: str | None,
+    control_plane_namespace: str,
+) -> None:
     """Trellis: a service-mesh control plane."""
-    ctx.obj = MeshOnDemand(state_dir)
+    cluster = ctx.invoked_subcommand in CLUSTER_COMMANDS
+    if not cluster and (kubeconfig is not None or context is not None):
+        raise click.UsageError(
+            f"--kubeconfig and --context apply to {', '.join(sorted(CLUSTER_COMMANDS))}; "
+            f"`trellis {ctx.invoked_subcommand}` works on the local mesh (--state-dir)"
+        )
+    options = (kubeconfig, context, control_plane_namespace) if cluster else None
+    # `version` prints the client's version whatever answers: with no mesh anywhere, the
+    # components are unreachable locally, not an error
+    ctx.obj = MeshOnDemand(state_dir, options, lenient=ctx.invoked_subcommand == "version")
+
+
+#: The commands that reach a control plane in a cluster as well as a local one
+#: (:mod:`trellis_cli.cluster`); the others work on the local mesh only.
+CLUSTER_COMMANDS = frozenset(
+    {"certs", "check", "identity", "policy", "proxy", "spec", "status", "version"}
+)
 
 
 class MeshOnDemand:
     """The commands' :class:`~trellis_cli.client.Mesh`, made when one first uses it: a
     command that asks nothing of the mesh (``--help``, ``version --client``,
-    ``completion``) never imports the HTTP client and its TLS stack (a third of a second)."""
+    ``completion``) never imports the HTTP client and its TLS stack (a third of a second),
+    nor the Kubernetes client. ``cluster``: the cluster options of a command that can reach
+    a cluster (:func:`trellis_cli.cluster.resolve` picks the local mesh or a cluster)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        cluster: tuple[Path | None, str | None, str] | None = None,
+        lenient: bool = False,
+    ) -> None:
         self._state_dir = state_dir
+        self._cluster = cluster
+        self._lenient = lenient
         self._mesh: Mesh | None = None
 
-    def __getattr__(self, name: str) -> object:
-        if self._mesh is None:
-            from trellis_cli.client import Mesh
+    def target(self) -> Target | None:
+        """The cluster the command reaches, or None for the local mesh."""
+        if self._cluster is None:
+            return None
+        from trellis_cli import cluster
 
-            self._mesh = Mesh(self._state_dir)
-        return getattr(self._mesh, name)
+        try:
+            return cluster.resolve(self._state_dir, *self._cluster)
+        except errors.CliError:
+            if self._lenient and self._cluster[:2] == (None, None):
+                return None  # nothing found, nothing asked for: the local mesh (silent)
+            raise
+
+    def resolved(self) -> Mesh:
+        if self._mesh is None:
+            target = self.target()
+            if target is None:
+                from trellis_cli.client import Mesh
+
+                self._mesh = Mesh(self._state_dir)
+            else:
+                from trellis_cli import cluster
+
+                self._mesh = cluster.connect(target)
+        return self._mesh
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.resolved(), name)
 
 
 @cli.command("join-token")

@@ -85,9 +85,14 @@ def _role(result: dict[str, Any]) -> str:
 
 
 def _extra(mesh: Mesh, name: str, path: str) -> Any:
+    """``name``'s JSON answer at ``path``, or None: the admin token sent is the mesh's (a
+    cluster's comes from its Secret, not a file), and a refusal is not data."""
+    token = mesh.token()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         url = mesh.admin_url(name) + path
-        return adminhttp.request(mesh.state_dir, name, "GET", url, timeout=2.0).json()
+        answer = adminhttp.request(mesh.state_dir, name, "GET", url, headers=headers, timeout=2.0)
+        return answer.json() if answer.status_code == 200 else None
     except (httpx.HTTPError, ValueError, OSError):
         return None
 

@@ -57,7 +57,7 @@ import jsonpatch
 import kmock
 from kmock._internal import k8s, parsing, rendering
 
-from trellis_common.testing import kubevalidation
+from trellis_common.testing import kubeportforward, kubevalidation
 from trellis_common.testing.kubeauth import API_SERVER, TokenAuthority
 from trellis_common.testing.kubeselect import Selector
 
@@ -142,8 +142,8 @@ class ApiServer(k8s.KubernetesEmulator):
         # kmock matches a request by scanning its log of every request (quadratic in a long run
         # of elections); nothing reads that log: keep only this request (matching is sync)
         self._requests[:] = [request]
-        # the emulator's own bookkeeping is replaced by this class's store
-        return await k8s.KubernetesScaffold._handle(self, request)
+        # the store replaces the emulator's own bookkeeping; .kubeportforward, port-forwards
+        return await kubeportforward.serve(self, request, k8s.KubernetesScaffold._handle)
 
     async def partition(self, token: str) -> None:
         """Cut off the client that sends ``token``: its requests hang until :meth:`heal`."""

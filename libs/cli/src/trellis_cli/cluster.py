@@ -1,0 +1,419 @@
+"""Cluster mode: the CLI reaches a control plane in Kubernetes through the API server.
+
+As ``istioctl`` and ``linkerd`` do, the CLI needs nothing but a kubeconfig: it finds each
+component's ready pods by the chart's labels (``app.kubernetes.io/name=trellis``,
+``app.kubernetes.io/component=<component>``) in the control plane's namespace and opens a
+**port-forward** to the pod's ``admin`` port (the ``portforward`` subresource, the
+websocket that ``kubectl port-forward`` uses). The forward is a TCP tunnel, so TLS stays
+end to end: the request is the one a local mesh gets, checked against the mesh's trust
+bundle with the component's name as SNI, with the admin token.
+
+Each tunnel is a listener on 127.0.0.1 whose every connection is one port-forward, so an
+admin URL here is an ordinary ``https://127.0.0.1:<port>`` and every command (and
+:mod:`trellis_common.adminhttp`) works on it unchanged. What the cluster provides instead
+of the state directory:
+
+* the trust bundle, from a public object: the injector's MutatingWebhookConfiguration's
+  ``caBundle`` (the mesh root, kept current by the injector), else ``ca.crt`` of the
+  chart's Secret ``trellis-ca`` (only that key is read: the CA key is never printed or
+  kept). It is written to a private temporary directory, removed at exit, which stands
+  for the state directory (it holds nothing secret);
+* the admin token: ``TRELLIS_ADMIN_TOKEN``, else the Secret ``trellis-admin-token``
+  (key ``token``), kept in memory only.
+
+The ``kubernetes`` client is imported here only, when a command first reaches a cluster:
+``trellis --help`` must not pay for it (:mod:`trellis_cli.lazy`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import binascii
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import socket
+import tempfile
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trellis_cli.client import DEFAULT_ADMIN_PORTS, Mesh
+from trellis_cli.errors import CliError
+from trellis_common.defaults import TRUST_BUNDLE_FILE
+
+DEFAULT_NAMESPACE = "trellis-system"
+WEBHOOK_CONFIGURATION = "trellis-injector"
+WEBHOOK_PATH = (
+    "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/" + WEBHOOK_CONFIGURATION
+)
+CA_SECRET = "trellis-ca"
+TOKEN_SECRET = "trellis-admin-token"
+#: The injector's webhook container port (the chart's ``webhook``).
+WEBHOOK_PORT = 9443
+
+
+def component_selector(component: str) -> str:
+    """The chart's labels of ``component``'s pods."""
+    return f"app.kubernetes.io/name=trellis,app.kubernetes.io/component={component}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The cluster a command reaches: a kubeconfig, its context (None: its current one),
+    and the control plane's namespace."""
+
+    kubeconfig: Path
+    context: str | None
+    namespace: str
+
+
+def kubeconfig_candidates(
+    environ: dict[str, str] | None = None, home: Path | None = None
+) -> list[Path]:
+    """Where a kubeconfig is looked for, as kubectl looks: each path of ``KUBECONFIG``,
+    else ``~/.kube/config``."""
+    environ = dict(os.environ) if environ is None else environ
+    listed = [Path(p) for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    return listed or [(home or Path.home()) / ".kube" / "config"]
+
+
+def resolve(
+    state_dir: Path,
+    kubeconfig: Path | None,
+    context: str | None,
+    namespace: str,
+    environ: dict[str, str] | None = None,
+    home: Path | None = None,
+) -> Target | None:
+    """The cluster to reach, or None for the local mesh of ``state_dir``.
+
+    A cluster when ``--kubeconfig`` or ``--context`` is given, or when there is no local
+    mesh (no ``<state-dir>/services/``) and a kubeconfig exists; with neither, an error
+    that names every place looked at."""
+    candidates = kubeconfig_candidates(environ, home)
+    if kubeconfig is not None:
+        if not kubeconfig.is_file():
+            raise CliError(f"--kubeconfig {kubeconfig}: no such file")
+        return Target(kubeconfig, context, namespace)
+    found = next((p for p in candidates if p.is_file()), None)
+    if context is not None:
+        if found is None:
+            raise CliError(
+                f"--context {context}: no kubeconfig to find it in (looked at "
+                f"{', '.join(map(str, candidates))}; give --kubeconfig or set KUBECONFIG)"
+            )
+        return Target(found, context, namespace)
+    if (state_dir / "services").is_dir():
+        return None
+    if found is not None:
+        return Target(found, None, namespace)
+    raise CliError(
+        f"no Trellis mesh to talk to: no local mesh ({state_dir / 'services'} does not exist: "
+        "start one with `trellis up`, or point --state-dir or TRELLIS_STATE_DIR at its state "
+        f"directory) and no kubeconfig (looked at {', '.join(map(str, candidates))}: give "
+        "--kubeconfig, set KUBECONFIG, or use --context)"
+    )
+
+
+class Tunnel:
+    """A listener on 127.0.0.1; each connection to it is a new port-forward to ``port`` of
+    the pod, its bytes relayed both ways until either side closes."""
+
+    def __init__(self, cluster: Cluster, pod: str, port: int) -> None:
+        self.cluster, self.pod, self.port = cluster, pod, port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.local_port: int = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name=f"tunnel {pod}:{port}", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import ws_client
+
+        path = f"/api/v1/namespaces/{_q(self.cluster.target.namespace)}/pods/{_q(self.pod)}"
+        _, url, headers, _, _ = self.cluster.api.param_serialize(
+            "GET", path + "/portforward", query_params=[("ports", str(self.port))],
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        try:  # the websocket call of kubernetes.stream.portforward, without the typed API
+            forward = ws_client.portforward_call(  # type: ignore[no-untyped-call]
+                self.cluster.api.configuration, "GET", url, headers=headers
+            )
+        except (ApiException, OSError):
+            conn.close()  # the client sees the connection end: unreachable
+            return
+        remote = forward.socket(self.port)
+        try:
+            _pump(conn, remote)
+        finally:
+            conn.close()
+            forward.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _pump(one: Any, other: Any) -> None:
+    """Copy bytes between two sockets until either closes."""
+    peers = {one.fileno(): other, other.fileno(): one}
+    with selectors.DefaultSelector() as selector:
+        selector.register(one.fileno(), selectors.EVENT_READ, one)
+        selector.register(other.fileno(), selectors.EVENT_READ, other)
+        while True:
+            for key, _ in selector.select():
+                try:
+                    data = key.data.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                try:
+                    peers[key.fd].sendall(data)
+                except OSError:
+                    return
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on: the admin URL of a component with no pod, so that
+    a request to it fails as an unreachable one does."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    """The API server of ``target``: the control plane's pods, tunnels to them, and the
+    public objects the CLI reads."""
+
+    target: Target
+    api: Any = field(init=False)
+    _tunnels: dict[tuple[str, int], Tunnel] = field(default_factory=dict, init=False)
+    #: each component's pods, listed once per command (a command is a short process)
+    _pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False)
+    _token: str | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        configuration = client.Configuration()
+        try:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(self.target.kubeconfig),
+                context=self.target.context,
+                client_configuration=configuration,
+            )
+        except (ConfigException, OSError, ValueError) as exc:
+            raise CliError(f"kubeconfig {self.target.kubeconfig}: {exc}") from exc
+        self.api = client.ApiClient(configuration)
+
+    @property
+    def where(self) -> str:
+        context = f", context {self.target.context}" if self.target.context else ""
+        return f"namespace {self.target.namespace} (kubeconfig {self.target.kubeconfig}{context})"
+
+    def get(self, path: str, **query: str) -> dict[str, Any] | None:
+        """``GET path`` as plain JSON, or None when it does not exist (404).
+
+        Raw requests, not the typed API classes: ``CoreV1Api`` and the like import every
+        model of their group (pydantic classes by the hundred), seconds per command; only a
+        few fields are read here."""
+        from kubernetes.client.exceptions import ApiException
+
+        _, url, headers, _, _ = self.api.param_serialize(
+            "GET", path, query_params=list(query.items()),
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        try:
+            answer = self.api.call_api("GET", url, headers, _request_timeout=10)
+            answer.read()
+        except ApiException as exc:
+            raise CliError(
+                f"the API server refused GET {path} ({exc.status}): {exc.reason}"
+            ) from exc
+        except Exception as exc:  # urllib3's errors (refused, timed out) are not OSErrors
+            raise CliError(f"the API server is not reachable ({self.where}): {exc}") from exc
+        if answer.status == 404:
+            return None
+        if answer.status >= 400:
+            try:
+                message = json.loads(answer.data).get("message", "")
+            except ValueError:
+                message = answer.data[:200].decode(errors="replace")
+            raise CliError(f"the API server refused GET {path} ({answer.status}): {message}")
+        return dict(json.loads(answer.data))
+
+    def secret_path(self, name: str) -> str:
+        return f"/api/v1/namespaces/{_q(self.target.namespace)}/secrets/{_q(name)}"
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        """``component``'s pods, ready ones first, then by name."""
+        if component in self._pods:
+            return self._pods[component]
+        path = f"/api/v1/namespaces/{_q(self.target.namespace)}/pods"
+        listed = self.get(path, labelSelector=component_selector(component))
+        items = [
+            p for p in (listed or {}).get("items", []) if not p["metadata"].get("deletionTimestamp")
+        ]
+        self._pods[component] = sorted(
+            items, key=lambda p: (not pod_ready(p), p["metadata"]["name"])
+        )
+        return self._pods[component]
+
+    def tunnel(self, pod: str, port: int) -> Tunnel:
+        key = (pod, port)
+        if key not in self._tunnels:
+            self._tunnels[key] = Tunnel(self, pod, port)
+        return self._tunnels[key]
+
+    def close(self) -> None:
+        for tunnel in self._tunnels.values():
+            tunnel.close()
+        self.api.close()
+
+    def trust_bundle(self) -> bytes:
+        """The mesh's trust bundle, from a public object if there is one (see the module)."""
+        refused = []  # one source refused (RBAC, say) is no reason not to try the next
+        try:
+            webhook = self.get(WEBHOOK_PATH)
+        except CliError as exc:
+            webhook, refused = None, [exc.format_message()]
+        for hook in (webhook or {}).get("webhooks", []):
+            bundle = _decoded((hook.get("clientConfig") or {}).get("caBundle"))
+            if bundle:
+                return bundle
+        try:
+            secret = self.get(self.secret_path(CA_SECRET))
+        except CliError as exc:
+            secret, refused = None, [*refused, exc.format_message()]
+        bundle = _decoded(((secret or {}).get("data") or {}).get("ca.crt"))
+        if bundle:
+            return bundle
+        raise CliError(
+            f"no trust bundle in the cluster ({self.where}): looked for the caBundle of the "
+            f"MutatingWebhookConfiguration {WEBHOOK_CONFIGURATION} and ca.crt of the Secret "
+            f"{CA_SECRET}; is Trellis installed there (-n/--control-plane-namespace)?"
+            + "".join(f" ({reason})" for reason in refused)
+        )
+
+    def admin_token(self) -> str | None:
+        """The Secret's admin token, read when a request first needs it (status and version
+        do not: a user without access to the Secret can still run them)."""
+        if self._token is None:
+            secret = self.get(self.secret_path(TOKEN_SECRET))
+            token = _decoded(((secret or {}).get("data") or {}).get("token"))
+            self._token = token.decode().strip() if token else ""
+        return self._token or None
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    return status.get("phase") == "Running" and conditions.get("Ready") == "True"
+
+
+def container_port(pod: dict[str, Any], name: str, default: int) -> int:
+    """The pod's container port called ``name`` (the chart names ``admin`` and ``webhook``)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == name:
+                return int(port["containerPort"])
+    return default
+
+
+def _q(name: str) -> str:
+    """A name as one segment of a URL path."""
+    return urllib.parse.quote(name, safe="")
+
+
+def _decoded(value: str | None) -> bytes:
+    if not value:
+        return b""
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+
+
+@dataclass(frozen=True)
+class ClusterMesh(Mesh):
+    """:class:`~trellis_cli.client.Mesh` in a cluster: the same requests, through tunnels.
+
+    ``state_dir`` is a private temporary directory with the trust bundle only. Instances
+    are named as ``trellis up``'s replicas are: the component for its first ready pod,
+    ``<component>-2``... for the next ones."""
+
+    cluster: Cluster = field(compare=False, kw_only=True)
+
+    def admin_url(self, service: str) -> str:
+        pod = self.pod_of(service)
+        if pod is None:
+            return f"https://127.0.0.1:{_closed_port()}"
+        return self.pod_url(pod, _component(service))
+
+    def pod_url(self, pod: dict[str, Any], component: str, port: str = "admin") -> str:
+        """The local end of a tunnel to ``pod``'s container port named ``port``."""
+        default = DEFAULT_ADMIN_PORTS[component] if port == "admin" else WEBHOOK_PORT
+        number = container_port(pod, port, default)
+        tunnel = self.cluster.tunnel(pod["metadata"]["name"], number)
+        return f"https://127.0.0.1:{tunnel.local_port}"
+
+    def pod_of(self, service: str) -> dict[str, Any] | None:
+        """The pod an instance name stands for (None: the component has no such pod)."""
+        component = _component(service)
+        number = 1 if service == component else int(service.rpartition("-")[2])
+        pods = self.cluster.pods(component)
+        return pods[number - 1] if 0 < number <= len(pods) else None
+
+    def instances(self, service: str) -> list[str]:
+        if service not in DEFAULT_ADMIN_PORTS:
+            return [service]
+        count = sum(1 for p in self.cluster.pods(service) if pod_ready(p))
+        return [service, *(f"{service}-{n}" for n in range(2, count + 1))]
+
+    def token(self) -> str | None:
+        return os.environ.get("TRELLIS_ADMIN_TOKEN") or self.cluster.admin_token()
+
+    def unreachable(self, service: str, url: str, error: Any) -> CliError:
+        return CliError(
+            f"{service} is not reachable through a port-forward to its pod ({url}, "
+            f"{error.__class__.__name__}: {error}); is it running and ready in "
+            f"{self.cluster.where}? See `kubectl get pods -n {self.cluster.target.namespace}`"
+        )
+
+
+def _component(service: str) -> str:
+    from trellis_common import components
+
+    try:
+        return components.of_instance(service)
+    except components.UnknownComponent as exc:
+        raise CliError(f"{service} is not a Trellis component") from exc
+
+
+def connect(target: Target) -> ClusterMesh:
+    """The mesh of ``target``: its trust bundle in a private temporary directory (removed at
+    exit); its admin token is read when first needed, and kept in memory."""
+    cluster = Cluster(target)
+    bundle = cluster.trust_bundle()
+    directory = Path(tempfile.mkdtemp(prefix="trellis-cluster-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    atexit.register(cluster.close)
+    (directory / TRUST_BUNDLE_FILE).write_bytes(bundle)
+    with contextlib.suppress(OSError):
+        directory.chmod(0o700)
+    return ClusterMesh(directory, cluster=cluster)
