@@ -20,6 +20,7 @@ READERS = (
     "trellis_cli.policy",
     "trellis_cli.proxy",
     "trellis_cli.vm",
+    "trellis_cli.spec",
     "trellis_common.adminhttp",
 )
 
@@ -40,3 +41,19 @@ def test_the_probe_sees_a_heavy_import() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "True"
+
+
+def test_an_http_client_in_the_cli_does_not_load_trio() -> None:
+    """httpcore imports trio for its locks when it is installed; the CLI marks it absent."""
+    probe = (
+        "import sys, {first} httpx; httpx.Client().close(); "
+        "print(sys.modules.get('trio') is not None)"
+    )
+    run = [sys.executable, "-c"]
+    done = subprocess.run([*run, probe.format(first="trellis_cli,")], capture_output=True,
+                          text=True, check=True, timeout=60)  # fmt: skip
+    assert done.stdout.strip() == "False"
+    # the control: without the CLI's package, the same client loads trio (installed here)
+    control = subprocess.run([*run, probe.format(first="")], capture_output=True, text=True,
+                             check=True, timeout=60)  # fmt: skip
+    assert control.stdout.strip() == "True"

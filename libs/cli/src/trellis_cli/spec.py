@@ -8,13 +8,9 @@ from typing import Any
 
 import click
 
-from trellis_catalog.domain import edge
-from trellis_catalog.domain import spec as meshspec
 from trellis_cli import output
 from trellis_cli.client import Mesh
 from trellis_cli.errors import NEGATIVE
-from trellis_common.documents import all_kinds
-from trellis_common.specdir import load_paths
 
 _STYLE = {"valid": "green", "warning": "yellow", "error": "red", "ignored": "magenta"}
 
@@ -53,6 +49,13 @@ def spec() -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @output.format_option
 def validate(paths: tuple[Path, ...], fmt: output.Format) -> None:
+    # the catalog's own model and validation (pydantic, a second of imports): only here,
+    # `spec list` is one request
+    from trellis_catalog.domain import edge
+    from trellis_catalog.domain import spec as meshspec
+    from trellis_common.documents import all_kinds
+    from trellis_common.specdir import load_paths
+
     documents, errors = load_paths(list(paths), all_kinds())
     built = meshspec.build(documents, errors)
     built.statuses.update(edge.egress_statuses(built, dict(built.statuses)))
