@@ -26,6 +26,7 @@ import yaml
 from tests.deploy.chartprocs import ChartControlPlane
 from tests.deploy.helmchart import render
 from trellis_cli import check
+from trellis_common import components
 from trellis_common.testing.kube import KubeApi
 
 # the first test also starts the control plane (about 45 s on a loaded 2-core machine), then
@@ -103,14 +104,7 @@ def test_status_and_version_reach_every_component(plane: Plane) -> None:
     assert mesh["catalog_revision"] is not None, mesh
     assert isinstance(mesh["invalid_documents"], int), mesh
     named = {s["service"] for s in status["services"]}
-    assert {
-        "certmanager",
-        "catalog",
-        "endpoints-k8s",
-        "endpoints-vm",
-        "proxy-cp",
-        "injector",
-    } <= named
+    assert set(components.COMPONENTS) <= named  # every component of the chart
     versions = yaml.safe_load(plane.run("version", "-o", "yaml").stdout)
     for component in ("certmanager", "catalog", "proxy-cp", "injector"):
         assert "version" in versions["components"][component], versions
