@@ -96,7 +96,11 @@ def check(on_demand: MeshOnDemand, pre: bool, fmt: output.Format) -> None:
             )
         from trellis_cli.cluster import Cluster
 
-        results = list(pre_install(Cluster(target)))
+        before = Cluster(target)
+        try:
+            results = list(pre_install(before))
+        finally:
+            before.close()
     else:
         results = list(installed(on_demand.resolved()))
     if not output.emit(fmt, {"checks": [asdict(r) for r in results]}):

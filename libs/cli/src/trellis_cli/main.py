@@ -130,6 +130,7 @@ def cli(
     # `version` prints the client's version whatever answers: with no mesh anywhere, the
     # components are unreachable locally, not an error
     ctx.obj = MeshOnDemand(state_dir, options, lenient=ctx.invoked_subcommand == "version")
+    ctx.call_on_close(ctx.obj.close)
 
 
 #: The commands that reach a control plane in a cluster as well as a local one
@@ -182,6 +183,13 @@ class MeshOnDemand:
 
                 self._mesh = cluster.connect(target)
         return self._mesh
+
+    def close(self) -> None:
+        """At the command's end: a cluster's connections and tunnels (a local mesh holds
+        none open)."""
+        cluster = getattr(self._mesh, "cluster", None)
+        if cluster is not None:
+            cluster.close()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.resolved(), name)
