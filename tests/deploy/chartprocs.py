@@ -16,7 +16,6 @@ on the rules and the users Secret's passwords. Secrets the operator made (a GitO
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +29,7 @@ from trellis_common import tokens
 from trellis_common.kube.client import api_client
 from trellis_common.testing import RedisServer
 from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.ports import free_port
 from trellis_common.testing.redis_backend import redis_server
 from trellis_common.testing.redis_sentinel import SentinelRedis
 from trellis_common.testing.services import ServiceProcess, stop_together
@@ -165,10 +165,11 @@ def environment(
         env["TRELLIS_PROXY_CP_ENROLL_PORT"] = "0"
     if "TRELLIS_METRICS_PORT" in env:
         # every pod has the same plain-HTTP metrics port, each on its own IP in a cluster;
-        # here the pods share one address, so each process gets a free port of its own
-        with socket.socket() as probe:
-            probe.bind((pod_ip, 0))
-            env["TRELLIS_METRICS_PORT"] = str(probe.getsockname()[1])
+        # here the pods share one address, so each process gets a free port of its own,
+        # from below the kernel's ephemeral range (free_port): a port found by bind(0) was
+        # taken by another process's connection before the service bound it (twice, in
+        # the HA rendering's twelve processes starting side by side)
+        env["TRELLIS_METRICS_PORT"] = str(free_port())
     if component in KUBE:
         prefix = "TRELLIS_" + component.upper().replace("-", "_") + "_"
         env[prefix + "KUBECONFIG"] = str(kubeconfig)
