@@ -86,8 +86,8 @@ def service(registry: KindRegistry, text: str) -> core.Service:
     return resource
 
 
-def test_registers_both_kinds_in_v1(registry: KindRegistry) -> None:
-    assert registry.kinds() == {"Service", "ServiceAccount"}
+def test_registers_the_core_kinds_in_v1(registry: KindRegistry) -> None:
+    assert registry.kinds() == {"Service", "ServiceAccount", "Namespace"}
     assert registry.versions("Service") == ["v1"]
 
 

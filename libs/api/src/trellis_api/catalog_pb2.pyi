@@ -141,6 +141,7 @@ class View(_message.Message):
     CLUSTERS_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     EGRESS_FIELD_NUMBER: _builtins.int
+    GATEWAY_PORTS_FIELD_NUMBER: _builtins.int
     identity: _builtins.str
     namespace: _builtins.str
     service: _builtins.str
@@ -170,6 +171,14 @@ class View(_message.Message):
         MeshConfig traffic.enableEgress is off).
         """
 
+    @_builtins.property
+    def gateway_ports(self) -> _containers.RepeatedCompositeFieldContainer[Global___GatewayPort]:
+        """A gateway identity ("<namespace>/<gateway>": a Gateway of the GatewayClass whose
+        controllerName is trellis.dev/gateway): what its gateway Envoy serves, by port. Empty
+        for every other identity. Its clusters (above) are the routes' backends, reached over
+        mesh mTLS as a client.
+        """
+
     def __init__(
         self,
         *,
@@ -187,14 +196,142 @@ class View(_message.Message):
         clusters: _abc.Iterable[Global___Cluster] | None = ...,
         certificate: Global___CertificateRef | None = ...,
         egress: _abc.Iterable[Global___EgressRoute] | None = ...,
+        gateway_ports: _abc.Iterable[Global___GatewayPort] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "mesh", b"mesh"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "clusters", b"clusters", "egress", b"egress", "external", b"external", "identity", b"identity", "inbound", b"inbound", "mesh", b"mesh", "namespace", b"namespace", "outbound", b"outbound", "revision", b"revision", "service", b"service", "service_account", b"service_account", "spiffe_id", b"spiffe_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "clusters", b"clusters", "egress", b"egress", "external", b"external", "gateway_ports", b"gateway_ports", "identity", b"identity", "inbound", b"inbound", "mesh", b"mesh", "namespace", b"namespace", "outbound", b"outbound", "revision", b"revision", "service", b"service", "service_account", b"service_account", "spiffe_id", b"spiffe_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___View: _TypeAlias = View  # noqa: Y015
+
+@_typing.final
+class GatewayPort(_message.Message):
+    """One port of a Gateway: every listener of the Gateway on that port, all of one protocol
+    (listeners that conflict are not here: their status says why).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PORT_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
+    SERVERS_FIELD_NUMBER: _builtins.int
+    port: _builtins.int
+    protocol: _builtins.str
+    """HTTP, HTTPS or TLS"""
+    @_builtins.property
+    def servers(self) -> _containers.RepeatedCompositeFieldContainer[Global___GatewayServer]: ...
+    def __init__(
+        self,
+        *,
+        port: _builtins.int = ...,
+        protocol: _builtins.str = ...,
+        servers: _abc.Iterable[Global___GatewayServer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["port", b"port", "protocol", b"protocol", "servers", b"servers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GatewayPort: _TypeAlias = GatewayPort  # noqa: Y015
+
+@_typing.final
+class GatewayServer(_message.Message):
+    """One listener of a Gateway, with the routes attached to it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LISTENER_FIELD_NUMBER: _builtins.int
+    HOSTNAME_FIELD_NUMBER: _builtins.int
+    TLS_MODE_FIELD_NUMBER: _builtins.int
+    CERTIFICATES_FIELD_NUMBER: _builtins.int
+    VIRTUAL_HOSTS_FIELD_NUMBER: _builtins.int
+    listener: _builtins.str
+    """"<namespace>/<gateway>/<listener name>" """
+    hostname: _builtins.str
+    """The listener's hostname (HTTPS and TLS: the TLS server name); empty: any name."""
+    tls_mode: _builtins.str
+    """HTTPS and TLS: Terminate or Passthrough; empty for HTTP."""
+    @_builtins.property
+    def certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___SecretRef]:
+        """Terminate: the certificates to serve (Secrets of type kubernetes.io/tls; locally, files
+        named after them). The keys never pass through the control plane's APIs.
+        """
+
+    @_builtins.property
+    def virtual_hosts(self) -> _containers.RepeatedCompositeFieldContainer[Global___GatewayVirtualHost]:
+        """HTTP and HTTPS: the attached HTTPRoutes' and GRPCRoutes' rules by host name, the most
+        specific names first; each ends with a route that answers 404 (gRPC: UNIMPLEMENTED).
+        """
+
+    def __init__(
+        self,
+        *,
+        listener: _builtins.str = ...,
+        hostname: _builtins.str = ...,
+        tls_mode: _builtins.str = ...,
+        certificates: _abc.Iterable[Global___SecretRef] | None = ...,
+        virtual_hosts: _abc.Iterable[Global___GatewayVirtualHost] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificates", b"certificates", "hostname", b"hostname", "listener", b"listener", "tls_mode", b"tls_mode", "virtual_hosts", b"virtual_hosts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GatewayServer: _TypeAlias = GatewayServer  # noqa: Y015
+
+@_typing.final
+class SecretRef(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "namespace", b"namespace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SecretRef: _TypeAlias = SecretRef  # noqa: Y015
+
+@_typing.final
+class GatewayVirtualHost(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOMAINS_FIELD_NUMBER: _builtins.int
+    ROUTES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def domains(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Host names as Envoy matches them ("*": any; "*.example.com": a suffix)."""
+
+    @_builtins.property
+    def routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Route]:
+        """In precedence order (Gateway API's), then the catch-all."""
+
+    def __init__(
+        self,
+        *,
+        domains: _abc.Iterable[_builtins.str] | None = ...,
+        routes: _abc.Iterable[Global___Route] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["domains", b"domains", "routes", b"routes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GatewayVirtualHost: _TypeAlias = GatewayVirtualHost  # noqa: Y015
 
 @_typing.final
 class EgressRoute(_message.Message):

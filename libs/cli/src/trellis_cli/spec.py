@@ -15,16 +15,30 @@ from trellis_cli.errors import NEGATIVE
 _STYLE = {"valid": "green", "warning": "yellow", "error": "red", "ignored": "magenta"}
 
 
+def _conditions(conditions: list[dict[str, Any]] | None) -> str:
+    return ",".join(f"{c.get('type', '?')}={c.get('status', '?')}" for c in conditions or [])
+
+
 def _parents(status: dict[str, Any]) -> str:
     """A Gateway API route's parents, each with its conditions: ``bookstore/bookstore:
-    Accepted=True``; ``-`` for a document that has none."""
+    Accepted=True``; a GatewayClass's or Gateway's own conditions, and a Gateway's
+    listeners with the routes attached to each; ``-`` for a document that has none."""
     parents = []
     for parent in status.get("parents") or []:
         port = f":{parent['port']}" if parent.get("port") else ""
-        conditions = ",".join(
-            f"{c.get('type', '?')}={c.get('status', '?')}" for c in parent.get("conditions") or []
+        section = f"/{parent['section_name']}" if parent.get("section_name") else ""
+        conditions = _conditions(parent.get("conditions"))
+        where = f"{parent['kind']} " if parent.get("kind") == "Gateway" else ""
+        parents.append(
+            f"{where}{parent['namespace']}/{parent['name']}{section}{port} {conditions}".strip()
         )
-        parents.append(f"{parent['namespace']}/{parent['name']}{port} {conditions}".strip())
+    if status.get("conditions"):
+        parents.append(_conditions(status["conditions"]))
+    for listener in status.get("listeners") or []:
+        parents.append(
+            f"{listener['name']} ({listener['attached_routes']} routes) "
+            f"{_conditions(listener.get('conditions'))}"
+        )
     return "; ".join(parents) or "-"
 
 

@@ -11,10 +11,19 @@ from trellis_common.documents.base import KindRegistry
 
 def all_kinds() -> KindRegistry:
     """A registry of every kind Trellis reads (core, SMI, Istio, MeshConfig, OSM policy,
-    Gateway API routes)."""
-    from trellis_common.documents import core, gateway, istio, meshconfig, osm, osm_access, smi
+    Gateway API routes, Gateways and their classes, ReferenceGrants)."""
+    from trellis_common.documents import (
+        core,
+        gateway,
+        gateway_api,
+        istio,
+        meshconfig,
+        osm,
+        osm_access,
+        smi,
+    )
 
     registry = KindRegistry()
-    for module in (core, smi, istio, meshconfig, osm, osm_access, gateway):
+    for module in (core, smi, istio, meshconfig, osm, osm_access, gateway, gateway_api):
         module.register(registry)
     return registry

@@ -20,6 +20,8 @@ import re
 from typing import Any, Final, Literal, NoReturn
 
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     StrictInt,
     ValidationError,
@@ -277,6 +279,24 @@ class ServiceAccount(Resource[NoSpec]):
         raise ValueError("a ServiceAccount has no spec; remove it")
 
 
+class NamespaceSpec(BaseModel):
+    """A Namespace's spec (``finalizers``): nothing the mesh reads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Namespace(Resource[NamespaceSpec]):
+    """A Kubernetes ``v1`` Namespace: its labels decide which namespaces a Gateway
+    listener's ``allowedRoutes.namespaces.selector`` admits routes from."""
+
+    spec: NamespaceSpec = Field(default_factory=NamespaceSpec)
+
+    def selector_labels(self) -> dict[str, str]:
+        """Its labels, with the one Kubernetes sets on every namespace."""
+        return {**self.metadata.labels, "kubernetes.io/metadata.name": self.metadata.name}
+
+
 def register(registry: KindRegistry) -> None:
     registry.register("Service", CORE_API_VERSIONS, Service)
     registry.register("ServiceAccount", CORE_API_VERSIONS, ServiceAccount)
+    registry.register("Namespace", CORE_API_VERSIONS, Namespace)

@@ -62,8 +62,8 @@ class Resource:
     @property
     def plural(self) -> str:
         lower = self.kind.lower()
-        if lower.endswith("y"):
-            return lower[:-1] + "ies"
+        if lower.endswith("y") and lower[-2:-1] not in ("a", "e", "i", "o", "u"):
+            return lower[:-1] + "ies"  # policies; but gateways
         return lower + "es" if lower.endswith("s") else lower + "s"  # egresses
 
     @property

@@ -377,5 +377,68 @@ SEEDS: Final[tuple[Mapping[str, Any], ...]] = (
         }
         for version in ("gateway.networking.k8s.io/v1beta1", "gateway.networking.k8s.io/v1")
     ),
+    {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "shop", "labels": {"shared-gateway": "true"}},
+    },
+    *(
+        {
+            "apiVersion": version,
+            "kind": "GatewayClass",
+            "metadata": {"name": "trellis"},
+            "spec": {"controllerName": "trellis.dev/gateway", "description": "Trellis"},
+        }
+        for version in ("gateway.networking.k8s.io/v1beta1", "gateway.networking.k8s.io/v1")
+    ),
+    *(
+        {
+            "apiVersion": version,
+            "kind": "Gateway",
+            "metadata": {"name": "edge", "namespace": "shop"},
+            "spec": {
+                "gatewayClassName": "trellis",
+                "listeners": [
+                    {
+                        "name": "http",
+                        "port": 8080,
+                        "protocol": "HTTP",
+                        "allowedRoutes": {
+                            "namespaces": {
+                                "from": "Selector",
+                                "selector": {"matchLabels": {"shared-gateway": "true"}},
+                            },
+                            "kinds": [{"kind": "HTTPRoute"}, {"kind": "GRPCRoute"}],
+                        },
+                    },
+                    {
+                        "name": "https",
+                        "port": 8443,
+                        "protocol": "HTTPS",
+                        "hostname": "*.example.com",
+                        "tls": {
+                            "mode": "Terminate",
+                            "certificateRefs": [{"name": "edge-cert", "namespace": "certs"}],
+                        },
+                    },
+                ],
+            },
+        }
+        for version in ("gateway.networking.k8s.io/v1beta1", "gateway.networking.k8s.io/v1")
+    ),
+    *(
+        {
+            "apiVersion": version,
+            "kind": "ReferenceGrant",
+            "metadata": {"name": "edge-certs", "namespace": "certs"},
+            "spec": {
+                "from": [
+                    {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": "shop"}
+                ],
+                "to": [{"group": "", "kind": "Secret", "name": "edge-cert"}],
+            },
+        }
+        for version in ("gateway.networking.k8s.io/v1beta1", "gateway.networking.k8s.io/v1")
+    ),
 )
 """One valid document per kind and apiVersion Trellis reads, using most of each schema."""

@@ -57,7 +57,7 @@ def outbound(
         applicable = [r for r in rules if r.port in (None, port.port)]
         targets: set[MeshService] = set()
         if applicable and port.protocol != "tcp":
-            routes = [_route(builder, rule, source, clusters, targets) for rule in applicable]
+            routes = [route(builder, rule, source, clusters, targets) for rule in applicable]
             routes.append(Route("no-route", MATCH_ALL, (), direct_status=NO_ROUTE))
         elif callable_parent:
             ref = builder.cluster_ref(parent, port, source)
@@ -84,7 +84,7 @@ def outbound(
     return found
 
 
-def _route(
+def route(
     builder: Builder,
     rule: AttachedRule,
     source: ServiceAccount,

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from trellis_catalog.domain.gateway_rules import (
     Backend,
@@ -46,6 +46,7 @@ from trellis_catalog.domain.gateway_rules import (
     rewrite_of,
     route_rules,
 )
+from trellis_catalog.domain.refgrants import ReferenceGrants
 from trellis_catalog.domain.services import KnownService
 from trellis_catalog.domain.spec import Condition, ParentStatus, Status
 from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
@@ -126,13 +127,27 @@ class _Attachment:
     names: frozenset[str]
 
 
+class GatewayParents(Protocol):
+    """Trellis' Gateways, as routes attach to them (:class:`~.gateways.Gateways`)."""
+
+    @property
+    def grants(self) -> ReferenceGrants: ...
+
+    def route_parents(
+        self, document: Document, grpc: bool, rules: list[Rule], refs: Refs, created: datetime
+    ) -> list[ParentStatus]: ...
+
+
 def resolve(
     documents: Iterable[Document],
     services: Mapping[MeshService, KnownService],
     first_seen: Mapping[DocumentKey, datetime],
     cluster_domain: str = "cluster.local",
+    gateways: GatewayParents | None = None,
 ) -> Resolved:
-    """Every route's rules on its parents, in precedence order, and every route's status."""
+    """Every route's rules on its parents, in precedence order, and every route's status
+    (with its parents that are Trellis' Gateways, when ``gateways`` are given: they attach
+    there)."""
     resolved = Resolved()
     attached: dict[MeshService, list[_Attachment]] = {}
 
@@ -147,7 +162,7 @@ def resolve(
         grpc = isinstance(route, gateway.GRPCRoute)
         key = document.key
         refs = Refs()
-        rules = route_rules(document, grpc, services, refs)
+        rules = route_rules(document, grpc, services, refs, gateways.grants if gateways else None)
         parents = []
         for parent_ref in route.spec.parent_refs:
             if not parent_ref.is_service:
@@ -168,6 +183,8 @@ def resolve(
                     conditions=(accepted, refs.condition()),
                 )
             )
+        if gateways is not None:
+            parents += gateways.route_parents(document, grpc, rules, refs, created(document))
         resolved.statuses[str(key)] = _status(document, tuple(parents))
     for attached_rules in resolved.rules.values():
         attached_rules.sort(key=lambda r: r.precedence)
@@ -191,9 +208,10 @@ def _status(document: Document, parents: tuple[ParentStatus, ...]) -> Status:
         return _replace(
             base,
             state="ignored",
-            reason="no Service parent: it routes no mesh traffic (Trellis applies parentRefs "
-            "of kind Service, group \"\"; a Gateway's routes are its controller's); "
-            "TrafficTarget rules may still name it",
+            reason="no Service parent and no Gateway of Trellis' GatewayClass: it routes no "
+            'traffic (Trellis applies parentRefs of kind Service, group "", and of its own '
+            "Gateways; another Gateway's routes are its controller's); TrafficTarget rules may "
+            "still name it",
         )
     problems = [
         f"{p.kind} {p.namespace}/{p.name}: {c.type}={c.status} {c.reason}: {c.message}"
@@ -287,14 +305,14 @@ def _attach(
                     m_index,
                 )
                 found.append(
-                    _attached(
+                    attached_rule(
                         rule, document, grpc, port, consumer, names_for, precedence, match, prefix
                     )
                 )
     return Condition("Accepted", "True", "Accepted", f"attached to Service {parent}"), found
 
 
-def _attached(
+def attached_rule(
     rule: Rule,
     document: Document,
     grpc: bool,

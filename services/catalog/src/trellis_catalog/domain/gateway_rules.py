@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trellis_catalog.domain.gateway_matches import grpc_match, http_match
+from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
 from trellis_catalog.domain.services import KnownService
 from trellis_catalog.domain.spec import Condition
 from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
@@ -91,22 +92,27 @@ class Refs:
 
 def resolve_backend(
     ref: gateway_filters.BackendObjectReference,
-    namespace: str,
+    source: tuple[str, str],
     services: Mapping[MeshService, KnownService],
     where: str,
     refs: Refs,
+    grants: ReferenceGrants,
 ) -> MeshService | None:
+    """The Service a backendRef of a route (``source``: its kind and namespace) names, if
+    it resolves; else why not, in ``refs``."""
+    kind, namespace = source
     if not ref.is_service:
         refs.add("InvalidKind", f"{where}: {ref.kind} ({ref.group or 'core'}) is not a Service")
         return None
-    if ref.namespace and ref.namespace != namespace:
+    target = ref.namespace or namespace
+    if not grants.permits((GATEWAY_GROUP, kind, namespace), ("", "Service", target, ref.name)):
         refs.add(
             "RefNotPermitted",
-            f"{where}: Service {ref.namespace}/{ref.name} is in another namespace "
-            "(ReferenceGrant is not read: keep backends in the route's namespace)",
+            f"{where}: Service {target}/{ref.name} is in another namespace and no "
+            f"ReferenceGrant in {target} lets {kind}s of {namespace} refer to it",
         )
         return None
-    service = MeshService(namespace, ref.name)
+    service = MeshService(target, ref.name)
     known = services.get(service)
     if known is None:
         refs.add("BackendNotFound", f"{where}: Service {service} not found")
@@ -135,10 +141,15 @@ class Rule:
 
 
 def route_rules(
-    document: Document, grpc: bool, services: Mapping[MeshService, KnownService], refs: Refs
+    document: Document,
+    grpc: bool,
+    services: Mapping[MeshService, KnownService],
+    refs: Refs,
+    grants: ReferenceGrants | None = None,
 ) -> list[Rule]:
     route = document.resource
-    namespace = document.key.namespace
+    source = (document.key.kind, document.key.namespace)
+    grants = grants if grants is not None else ReferenceGrants()
     found = []
     for index, rule in enumerate(route.spec.rules):
         where = f"spec.rules[{index}]"
@@ -153,7 +164,7 @@ def route_rules(
         backends = []
         for b_index, ref in enumerate(rule.backend_refs):
             b_where = f"{where}.backendRefs[{b_index}]"
-            service = resolve_backend(ref, namespace, services, b_where, refs)
+            service = resolve_backend(ref, source, services, b_where, refs, grants)
             unsupported = [f.type for f in ref.filters if f.type not in _HEADER_FILTERS]
             if unsupported:
                 refs.add(
@@ -178,7 +189,9 @@ def route_rules(
             if item.type == "RequestMirror" and item.request_mirror is not None:
                 mirror = item.request_mirror
                 f_where = f"{where}.filters[{f_index}].requestMirror.backendRef"
-                target = resolve_backend(mirror.backend_ref, namespace, services, f_where, refs)
+                target = resolve_backend(
+                    mirror.backend_ref, source, services, f_where, refs, grants
+                )
                 if target is not None:
                     numerator, denominator = mirror.share()
                     mirrors.append(

@@ -22,7 +22,8 @@ import copy
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 
-from trellis_catalog.domain import edge, gamma, gateway, inbound
+from trellis_catalog.domain import edge, gamma, gateway, gatewayports, inbound
+from trellis_catalog.domain.gateways import Gateways, resolve_gateways
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService, PortSpec, spiffe_id
 from trellis_catalog.domain.spec import MeshSpec
@@ -75,6 +76,7 @@ class PolicyBuilder:
         routes: gateway.Resolved | None = None,
         *,
         index: bool = True,
+        gateways: Gateways | None = None,
     ) -> None:
         self.spec = spec
         self.services = services
@@ -110,7 +112,12 @@ class PolicyBuilder:
         self._directs: dict[
             tuple[MeshService, tuple[str, ...]], tuple[list[ClusterRef], list[OutboundService]]
         ] = {}
-        self.routes = routes or gateway.resolve(spec.gateway_routes, services, {}, cluster_domain)
+        if gateways is None and routes is None and spec.gateways:
+            gateways = resolve_gateways(spec)
+        self.gateways = gateways
+        self.routes = routes or gateway.resolve(
+            spec.gateway_routes, services, {}, cluster_domain, gateways
+        )
         if index:
             drain(self.index_steps())
 
@@ -264,6 +271,14 @@ class PolicyBuilder:
                 outbound += gamma.outbound(self, known, rules, source, clusters)
         outbound = shadow_tcp([self._retried(o, source) for o in outbound], self.spec)
         external = self._external(identity.namespace, clusters)
+        served = self.gateways.served.get(identity) if self.gateways is not None else None
+        gateway_ports = (
+            gatewayports.ports(
+                self, served, source, clusters, {root: b for root, _, b in self._splits}
+            )
+            if served
+            else ()
+        )
         return IdentityPolicy(
             identity=identity,
             service_account=service_account,
@@ -276,6 +291,7 @@ class PolicyBuilder:
             ),
             clusters=tuple(clusters[name] for name in sorted(clusters)),
             egress=edge.egress_routes(self.spec, source),
+            gateway=gateway_ports,
         )
 
     def _admitted(self, me: MeshService, ports: tuple[InboundPort, ...]) -> tuple[InboundPort, ...]:

@@ -38,6 +38,8 @@ from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
 from trellis_catalog.domain.documents import SpecDocuments
 from trellis_catalog.domain.edits import AccessEdit
+from trellis_catalog.domain.gateways import Gateways, resolve_gateways
+from trellis_catalog.domain.gateways import statuses as gateway_statuses
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.reports import ProviderReports
 from trellis_catalog.domain.steps import Steps, drain
@@ -104,6 +106,7 @@ class Recompute:
         self._documents = SpecDocuments()
         self._grpc_ports: dict[MeshService, frozenset[int]] = {}
         self.routes = gateway.Resolved()
+        self.gateways = Gateways()
         self.dirty = Dirty(spec=True)
         self.spec = meshspec.build([])
         self._document_statuses: dict[str, meshspec.Status] = {}
@@ -187,6 +190,7 @@ class Recompute:
             self._cluster_domain,
             self.routes,
             index=False,
+            gateways=self.gateways,
         )
         yield from builder.index_steps()
         return builder
@@ -269,11 +273,13 @@ class Recompute:
                 scope, self.services, self._trust()
             )
         if (dirty.spec and changes is None) or changed_shape:
+            self.gateways = resolve_gateways(self.spec)
             self.routes = gateway.resolve(
                 self.spec.gateway_routes,
                 self.services,
                 self._documents.first_seen,
                 self._cluster_domain,
+                self.gateways,
             )
             yield
             self.spec.statuses = self._resolved_statuses()
@@ -375,6 +381,7 @@ class Recompute:
         with a warning that names the winner."""
         statuses = dict(self._document_statuses)
         statuses.update(self.routes.statuses)  # Gateway API routes: resolved against services
+        statuses.update(gateway_statuses(self.gateways, self.spec.gateways))
         statuses.update(edge.statuses(self.spec, self.services, self._document_statuses))
         for root, name in self.spec.split_names.items():
             routed = sorted(

@@ -16,7 +16,16 @@ from dataclasses import dataclass, field, replace
 
 from trellis_catalog.domain.grants import Grant, Grants, Routes
 from trellis_catalog.domain.steps import Steps, drain
-from trellis_common.documents import core, gateway, istio, meshconfig, osm, osm_access, smi
+from trellis_common.documents import (
+    core,
+    gateway,
+    gateway_api,
+    istio,
+    meshconfig,
+    osm,
+    osm_access,
+    smi,
+)
 from trellis_common.documents.base import (
     Document,
     DocumentError,
@@ -44,6 +53,10 @@ KINDS = (
     "HTTPRoute",
     "Egress",
     "IngressBackend",
+    "Namespace",
+    "GatewayClass",
+    "Gateway",
+    "ReferenceGrant",
 )
 
 
@@ -59,13 +72,36 @@ class Condition:
 
 @dataclass(frozen=True, slots=True)
 class ParentStatus:
-    """A route's status for one of its parents (a Service, in the mesh)."""
+    """A route's status for one of its parents: a Service (the mesh, GAMMA) or a Gateway
+    of Trellis' GatewayClass (``section_name``: the parentRef's listener, if it names one)."""
 
     group: str
     kind: str
     namespace: str
     name: str
     port: int | None
+    conditions: tuple[Condition, ...]
+    section_name: str | None = None
+
+    @property
+    def controller(self) -> str:
+        """The controllerName this entry is written under."""
+        return GATEWAY_CONTROLLER if self.kind == "Gateway" else MESH_CONTROLLER
+
+
+#: The controllerName of Trellis' mesh (routes on Services) and of its GatewayClass.
+MESH_CONTROLLER = "trellis.dev/mesh-controller"
+GATEWAY_CONTROLLER = "trellis.dev/gateway"
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerStatus:
+    """A Gateway listener's status: the route kinds it takes, how many routes attached,
+    and its ``Accepted``, ``Programmed``, ``ResolvedRefs`` and ``Conflicted`` conditions."""
+
+    name: str
+    supported_kinds: tuple[tuple[str, str], ...]  # (group, kind)
+    attached_routes: int
     conditions: tuple[Condition, ...]
 
 
@@ -82,6 +118,10 @@ class Status:
     document: int = 0
     api_version: str = ""
     parents: tuple[ParentStatus, ...] = ()  # Gateway API routes: per parent
+    # GatewayClass and Gateway (of Trellis' class): their own conditions (Accepted,
+    # Programmed, SupportedVersion); a Gateway's listeners
+    conditions: tuple[Condition, ...] = ()
+    listeners: tuple[ListenerStatus, ...] = ()
 
 
 @dataclass
@@ -109,6 +149,11 @@ class MeshSpec:
     )
     egresses: list[tuple[str, osm_access.Egress]] = field(default_factory=list)
     ingress_backends: list[tuple[str, osm_access.IngressBackend]] = field(default_factory=list)
+    # north-south: GatewayClasses, Gateways, ReferenceGrants (resolved later, with the routes)
+    gateway_classes: list[Document] = field(default_factory=list)
+    gateways: list[Document] = field(default_factory=list)
+    reference_grants: list[Document] = field(default_factory=list)
+    namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def grpc_backends(self) -> dict[MeshService, frozenset[int]]:
         """The Service ports GRPCRoutes send to: gRPC (h2c) unless they say otherwise."""
@@ -257,6 +302,14 @@ def build_steps(
                 status = replace(_status(document, "warning", reason), field=limits[0][0])
         elif isinstance(resource, gateway.GRPCRoute | gateway.HTTPRoute):
             spec.gateway_routes.append(document)  # resolved against the services later
+        elif isinstance(resource, gateway_api.GatewayClass):
+            spec.gateway_classes.append(document)
+        elif isinstance(resource, gateway_api.Gateway):
+            spec.gateways.append(document)
+        elif isinstance(resource, gateway_api.ReferenceGrant):
+            spec.reference_grants.append(document)
+        elif isinstance(resource, core.Namespace):
+            spec.namespace_labels[key.name] = resource.selector_labels()
         elif isinstance(resource, osm.Retry):
             spec.retries.append((f"{key.namespace}/{key.name}", resource))
             if resource.skipped():

@@ -319,6 +319,35 @@ class MeshSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayVirtualHost:
+    """The routes a gateway listener serves for some host names (Envoy's spelling: ``*``
+    any, ``*.example.com`` a suffix), in precedence order, ending with the catch-all."""
+
+    domains: tuple[str, ...]
+    routes: tuple[Route, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayServer:
+    """One listener of a Gateway with the routes attached to it."""
+
+    listener: str  # "<namespace>/<gateway>/<listener name>"
+    hostname: str = ""  # HTTPS/TLS: the TLS server name; "": any
+    tls_mode: str = ""  # HTTPS/TLS: Terminate or Passthrough
+    certificates: tuple[tuple[str, str], ...] = ()  # Terminate: (namespace, name) of Secrets
+    virtual_hosts: tuple[GatewayVirtualHost, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayPort:
+    """The listeners of one Gateway on one port, all of one protocol."""
+
+    port: int
+    protocol: str  # HTTP, HTTPS, TLS
+    servers: tuple[GatewayServer, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class IdentityPolicy:
     identity: Identity
     service_account: str
@@ -329,6 +358,7 @@ class IdentityPolicy:
     inbound: tuple[InboundPort, ...]
     clusters: tuple[ClusterRef, ...] = field(default=())
     egress: tuple[EgressRoute, ...] = ()
+    gateway: tuple[GatewayPort, ...] = ()  # a Gateway's identity: what its Envoy serves
 
     @property
     def cluster_names(self) -> tuple[str, ...]:

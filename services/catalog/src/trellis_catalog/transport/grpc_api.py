@@ -32,6 +32,7 @@ from trellis_catalog.domain.views import (
     ClusterRef,
     ClusterState,
     ConnectionSettings,
+    GatewayPort,
     HeaderEdits,
     HttpMatch,
     IdentityPolicy,
@@ -108,6 +109,26 @@ def _route(route: Route) -> pb.Route:
         direct_status=route.direct_status,
         invalid_status=route.invalid_status,
         source=route.source,
+    )
+
+
+def _gateway_port(port: GatewayPort) -> pb.GatewayPort:
+    return pb.GatewayPort(
+        port=port.port,
+        protocol=port.protocol,
+        servers=[
+            pb.GatewayServer(
+                listener=s.listener,
+                hostname=s.hostname,
+                tls_mode=s.tls_mode,
+                certificates=[pb.SecretRef(namespace=n, name=m) for n, m in s.certificates],
+                virtual_hosts=[
+                    pb.GatewayVirtualHost(domains=v.domains, routes=[_route(r) for r in v.routes])
+                    for v in s.virtual_hosts
+                ],
+            )
+            for s in port.servers
+        ],
     )
 
 
@@ -310,6 +331,7 @@ def to_proto(
             for e in policy.egress
         ],
         clusters=[cluster(c, accounts) for c, accounts in clusters],
+        gateway_ports=[_gateway_port(p) for p in policy.gateway],
         certificate=pb.CertificateRef(
             common_name=certificate.common_name,
             serial=certificate.serial,
