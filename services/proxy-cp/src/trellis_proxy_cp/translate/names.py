@@ -19,3 +19,19 @@ def inbound_cluster(port: int) -> str:
 
 def outbound_tcp_listener(namespace: str, service: str, port: int) -> str:
     return f"outbound-tcp|{namespace}/{service}|{port}"
+
+
+def gateway_listener(port: int) -> str:
+    """A Gateway's Envoy listener on ``port`` (every Gateway listener on that port)."""
+    return f"gateway_{port}"
+
+
+def gateway_routes(port: int, chain: int | None = None) -> str:
+    """The route configuration of a gateway port (HTTP), or of one of its TLS filter
+    chains (HTTPS: one per Gateway listener, by its index among the port's)."""
+    return f"gateway_{port}" if chain is None else f"gateway_{port}_{chain}"
+
+
+def gateway_cert(namespace: str, name: str) -> str:
+    """The SDS secret of a Gateway listener's certificate: the Secret ``namespace/name``."""
+    return f"gateway-cert/{namespace}/{name}"

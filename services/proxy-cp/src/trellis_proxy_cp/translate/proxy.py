@@ -1,4 +1,9 @@
-"""All of one proxy group's resources from a view: the translators put together."""
+"""All of one proxy group's resources from a view: the translators put together.
+
+A sidecar gets its outbound and inbound listeners (or, capturing, those by original
+destination); a proxyless client its API listeners; a Gateway's Envoy (``gateway`` in its
+node metadata) the Gateway's listeners only, with the routes' backends as its clusters.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ from trellis_proxy_cp.translate import (
     clusters,
     endpoints,
     external,
+    gateway_listeners,
     listeners,
+    names,
     proxyless,
     routes,
     secrets,
@@ -46,6 +53,8 @@ def translate(
     if settings.proxyless:
         listeners_, routes_, clusters_, endpoints_ = proxyless.resources(view, assignments)
         return Resources(listeners_, routes_, clusters_, endpoints_, found_secrets)
+    if settings.gateway:
+        return _gateway(view, settings, assignments, found_secrets)
     if settings.capture:
         return _captured(view, settings, assignments, found_secrets)
     inbound_ports = clusters.inbound_ports(view, settings)
@@ -87,6 +96,29 @@ def _captured(
         listeners=found_listeners,
         routes=[routes.outbound(view), *capture.inbound_routes(view)],
         clusters=list(clusters.clusters(view, settings)),
+        endpoints=list(assignments.of_view(view, settings.locality)),
+        secrets=found_secrets,
+    )
+
+
+def _gateway(
+    view: catalog_pb2.View,
+    settings: ProxySettings,
+    assignments: endpoints.LoadAssignments,
+    found_secrets: list[Message],
+) -> Resources:
+    """A Gateway's Envoy: its ports' listeners and routes, the backends' mesh clusters (as
+    a client: nothing inbound), its own certificate and the mesh CA, and the certificates
+    its HTTPS listeners serve. No ports (the Gateway was deleted): no listeners."""
+    served = gateway_listeners.resources(view, settings.gateway_certs_dir)
+    inbound = {names.inbound_cluster(p.port) for p in clusters.inbound_ports(view, settings)}
+    found_secrets = found_secrets + list(
+        secrets.gateway_certificates(served.certificates, settings.gateway_certs_dir)
+    )
+    return Resources(
+        listeners=list(served.listeners),
+        routes=list(served.routes),
+        clusters=[c for c in clusters.clusters(view, settings) if c.name not in inbound],
         endpoints=list(assignments.of_view(view, settings.locality)),
         secrets=found_secrets,
     )

@@ -18,6 +18,20 @@ Node metadata (``node.metadata``)::
                                 # listeners match on the original destination (capture.py)
       workload_dir: /etc/trellis/proxy  # the pod agent's folder: Envoy reads the proxy's own
                                 # workload certificate and key there (secrets.py)
+      gateway: true             # a Gateway API Gateway's Envoy (its identity is
+                                # "<namespace>/<gateway>"): it gets the Gateway's listeners
+                                # (gateway_listeners.py) and no sidecar listener
+      gateway_certs_dir: /etc/trellis/gateway-certs  # where that Envoy finds the certificates
+                                # its HTTPS listeners serve, one folder per Secret, as a
+                                # Kubernetes Secret volume lays it out:
+                                # <dir>/<namespace>/<name>/tls.crt and tls.key (secrets.py);
+                                # without it, HTTPS listeners are left out
+
+A gateway's settings are ``gateway``, ``gateway_certs_dir``, ``workload_dir`` (its own
+workload certificate, which it presents to the mesh services it routes to) and its
+locality; the sidecar ports and addresses mean nothing to it (its listeners are on the
+Gateway's ports), and it is neither ``proxyless`` nor ``capture``: those combinations are
+refused, as is a ``gateway_certs_dir`` without ``gateway: true``.
 
 And the node's own ``node.locality`` (region, zone, sub_zone: Envoy's field, not metadata),
 where the proxy runs: load assignments of clusters that fail over by locality depend on it
@@ -53,6 +67,10 @@ class ProxySettings:
     workload_dir: str = ""
     #: where the proxy runs, ``region[/zone[/subzone]]`` ("": it did not say)
     locality: str = ""
+    #: a Gateway's Envoy: the Gateway's listeners, no sidecar listener
+    gateway: bool = False
+    #: where a gateway Envoy reads its listeners' certificates ("": no HTTPS listeners)
+    gateway_certs_dir: str = ""
 
     def key(self) -> str:
         """The part of the snapshot key these settings make."""
@@ -64,6 +82,8 @@ class ProxySettings:
             + ("|capture" if self.capture else "")
             + (f"|files:{self.workload_dir}" if self.workload_dir else "")
             + (f"|locality:{self.locality}" if self.locality else "")
+            + ("|gateway" if self.gateway else "")
+            + (f"|gateway-certs:{self.gateway_certs_dir}" if self.gateway_certs_dir else "")
         )
 
 
@@ -107,6 +127,22 @@ def _folder(name: str, raw: object) -> str:
     return text
 
 
+def _check_gateway(values: dict[str, Any]) -> None:
+    """A gateway Envoy is neither proxyless nor capturing; its certificates folder is a
+    gateway's alone."""
+    if values.get("gateway"):
+        for flag in ("proxyless", "capture"):
+            if values.get(flag):
+                raise InvalidNodeMetadata(
+                    f"node.metadata.trellis.gateway: a gateway Envoy cannot also be {flag}"
+                )
+    elif "gateway_certs_dir" in values:
+        raise InvalidNodeMetadata(
+            "node.metadata.trellis.gateway_certs_dir: only a gateway Envoy (gateway: true) "
+            "serves certificates"
+        )
+
+
 def from_metadata(metadata: dict[str, Any] | None, locality: str = "") -> ProxySettings:
     """Settings from ``node.metadata`` (as a plain dict; unknown keys are ignored) and the
     node's locality text (``locality.of_node``)."""
@@ -127,15 +163,17 @@ def from_metadata(metadata: dict[str, Any] | None, locality: str = "") -> ProxyS
                     f"node.metadata.trellis.{name}: {raw!r} is not an IP address"
                 ) from None
             values[name] = str(raw)
-    for flag in ("proxyless", "capture"):
+    for flag in ("proxyless", "capture", "gateway"):
         if flag in section:
             if not isinstance(section[flag], bool):
                 raise InvalidNodeMetadata(
                     f"node.metadata.trellis.{flag}: {section[flag]!r} is not true or false"
                 )
             values[flag] = section[flag]
-    if "workload_dir" in section:
-        values["workload_dir"] = _folder("workload_dir", section["workload_dir"])
+    for name in ("workload_dir", "gateway_certs_dir"):
+        if name in section:
+            values[name] = _folder(name, section[name])
+    _check_gateway(values)
     settings = ProxySettings(**values, locality="" if values.get("proxyless") else locality)
     wildcard = {"0.0.0.0", "::"}
     if settings.inbound_port == settings.outbound_port and (
