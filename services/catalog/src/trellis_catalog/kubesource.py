@@ -1,7 +1,8 @@
 """The mesh specification from the API server, next to (or instead of) the spec directory.
 
-Every kind the catalog reads (SMI, MeshConfig, Istio ServiceEntry/WorkloadEntry, core
-Services and ServiceAccounts: the kind registry's table, one row per ``apiVersion``) is
+Every kind the catalog reads (SMI, MeshConfig, Istio ServiceEntry/WorkloadEntry, Gateway
+API routes, Gateways, GatewayClasses and ReferenceGrants, core Services, ServiceAccounts and
+Namespaces: the kind registry's table, one row per ``apiVersion``) is
 watched by an informer across all namespaces (``trellis_common.kube.informer``: list, then
 watch from its resourceVersion, 410 relists and diffs). Documents come from the monitored
 namespaces (``trellis.dev/monitored-by=<mesh name>``, live) and, for MeshConfig, from the
@@ -16,8 +17,15 @@ Each object is parsed by the same models as a file (an object's source is
 ``k8s:<apiVersion>/<kind>/<namespace>/<name>``, which is what status shows), and the catalog
 gets the union of this source's documents and the directory's (:class:`Sources`).
 
-Status is written back to the objects whose kind has one (every CRD here; not core
-Services). Gateway API routes get ``status.parents`` (:mod:`.routestatus`); the others an
+GatewayClasses are cluster-scoped: they belong to no namespace and are always read. The
+Namespace documents (whose labels a Gateway listener's ``allowedRoutes`` selects by) are
+the monitored namespaces, from the informer that already follows them: routes are read
+from those only, so no other namespace's labels matter, and no second informer is needed.
+
+Status is written back to the objects whose kind has one (every CRD here but
+ReferenceGrant; not core kinds). Gateway API routes get ``status.parents``
+(:mod:`.routestatus`); GatewayClasses and Gateways of Trellis' class their conditions and
+listeners, other controllers' nothing (:mod:`.gatewaystatus`); the others an
 ``Accepted`` condition, ``True`` (reason ``Accepted``) for a valid or warned document,
 ``False`` (``Invalid``, or ``Ignored`` for a kind no service reads) with the catalog's
 reason as the message, and ``observedGeneration``. It is written only when it differs from
@@ -31,15 +39,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import yaml
 from kubernetes import client
 
-from trellis_catalog import routestatus
+from trellis_catalog import gatewaystatus, routestatus
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.spec import Status
+from trellis_catalog.domain.spec import Condition, Status
 from trellis_common.documents import all_kinds, yamlfile
 from trellis_common.documents.base import Document, DocumentError, Origin
 from trellis_common.kube import documents
@@ -89,12 +96,15 @@ class KubeSource:
         self._control_plane = control_plane_namespace
         self._catalog = catalog
         self._sources = sources
+        self._registry = all_kinds()
         self.reader = documents.KubeDocuments(
             api,
             mesh_name,
-            all_kinds(),
+            self._registry,
+            kinds=[kind for kind in self._registry.kinds() if kind != "Namespace"],
             also_from=lambda kind, namespace: (
-                kind == "MeshConfig" and namespace == control_plane_namespace
+                namespace == ""  # cluster-scoped: GatewayClass
+                or (kind == "MeshConfig" and namespace == control_plane_namespace)
             ),
             ignored=functools.partial(_meshconfig_elsewhere, control_plane_namespace),
             watch_timeout=watch_timeout,
@@ -153,10 +163,17 @@ class KubeSource:
         return self.reader.synced and (self.configmap is None or self.configmap.synced.is_set())
 
     def documents(self) -> tuple[list[Document], list[DocumentError]]:
-        """The documents of the objects in scope, and the MeshConfig ConfigMap's; an edit
-        that does not parse keeps the object's last good version in force."""
+        """The documents of the objects in scope, the monitored Namespaces' and the
+        MeshConfig ConfigMap's; an edit that does not parse keeps the object's last good
+        version in force."""
         configmaps = self.configmap.objects if self.configmap else {}
-        extra = [
+        extra: list[documents.Parser] = [
+            (origin, functools.partial(self._registry.parse, raw, origin))
+            for (_, name), obj in sorted(self.namespaces.informer.objects.items())
+            for raw in [{**obj, "apiVersion": "v1", "kind": "Namespace"}]
+            for origin in [Origin(f"k8s:v1/Namespace//{name}")]
+        ]
+        extra += [
             (origin, functools.partial(meshconfig_of_configmap, obj, origin))
             for (namespace, name), obj in sorted(configmaps.items())
             for origin in [Origin(f"k8s:v1/ConfigMap/{namespace}/{name}")]
@@ -164,50 +181,50 @@ class KubeSource:
         return self.reader.documents(extra)
 
     async def write_statuses(self, statuses: dict[str, Status]) -> None:
-        """Write each CRD object's Accepted condition where it differs (module docstring)."""
+        """Write each CRD object's status where it differs (module docstring)."""
         by_source = {s.source: s for s in statuses.values()}
         for key, informer in self.informers.items():
             resource = self.active[key]
-            if resource.core:
+            if resource.core or resource.kind in gatewaystatus.STATUSLESS_KINDS:
                 continue
             for (namespace, name), obj in list(informer.objects.items()):
                 source = f"k8s:{resource.api_version}/{resource.kind}/{namespace}/{name}"
                 found = by_source.get(source)
-                if found is None:
-                    continue
+                wanted = None if found is None else status_body(resource.kind, found, obj)
                 written = (resource, namespace, name)
-                if resource.kind in routestatus.ROUTE_KINDS:  # Gateway API: per parent
-                    entries = routestatus.parents(found, obj)
-                    body = {"status": {"parents": entries}}
-                    summary = f"parents={len(found.parents)} state={found.state}"
-                    if entries is None or body == self._written.get(written):
-                        continue
-                    remembered: dict[str, Any] = body
-                else:
-                    wanted = condition(found, obj)
-                    if wanted is None or _timeless(wanted) == self._written.get(written):
-                        continue
-                    body = {"status": {"conditions": [wanted]}}
-                    summary = (
-                        f"accepted={wanted['status']} generation={wanted['observedGeneration']}"
-                    )
-                    remembered = _timeless(wanted)
-                try:
-                    await asyncio.to_thread(
-                        self._custom.patch_namespaced_custom_object_status,
-                        resource.group, resource.version, namespace, resource.plural, name, body,
-                    )  # fmt: skip
-                    self.status_writes += 1
-                    self._written[written] = remembered
-                    log.info(
-                        "kube_source.status_written resource=%s object=%s/%s %s",
-                        resource, namespace, name, summary,
-                    )  # fmt: skip
-                except Exception as exc:  # noqa: BLE001  # retried on the next change
-                    log.warning(
-                        "kube_source.status_failed resource=%s object=%s/%s error=%r",
-                        resource, namespace, name, str(exc),
-                    )  # fmt: skip
+                if wanted is None or routestatus.timeless(wanted) == self._written.get(written):
+                    continue
+                await self._patch_status(resource, namespace, name, wanted)
+
+    async def _patch_status(
+        self, resource: Resource, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        """Merge-patch ``status`` into the object's status subresource (a cluster-scoped
+        object, a GatewayClass, has no namespace); a failure is retried on the next change."""
+        body = {"status": status}
+        group, version, plural = resource.group, resource.version, resource.plural
+        try:
+            if namespace:
+                await asyncio.to_thread(
+                    self._custom.patch_namespaced_custom_object_status,
+                    group, version, namespace, plural, name, body,
+                )  # fmt: skip
+            else:
+                await asyncio.to_thread(
+                    self._custom.patch_cluster_custom_object_status,
+                    group, version, plural, name, body,
+                )  # fmt: skip
+            self.status_writes += 1
+            self._written[(resource, namespace, name)] = routestatus.timeless(status)
+            log.info(
+                "kube_source.status_written resource=%s object=%s/%s %s",
+                resource, namespace, name, _summary(status),
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001  # retried on the next change
+            log.warning(
+                "kube_source.status_failed resource=%s object=%s/%s error=%r",
+                resource, namespace, name, str(exc),
+            )  # fmt: skip
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -259,31 +276,46 @@ def meshconfig_of_configmap(obj: Object, origin: Origin) -> Document:
     return all_kinds().parse(raw, origin)
 
 
-def _timeless(found: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in found.items() if k != "lastTransitionTime"}
+def _summary(status: dict[str, Any]) -> str:
+    """What a status write says in its log line."""
+    if "parents" in status:
+        return f"parents={len(status['parents'])}"
+    found = " ".join(f"{c['type']}={c['status']}" for c in status.get("conditions") or [])
+    listeners = f" listeners={len(status['listeners'])}" if "listeners" in status else ""
+    generation = (status.get("conditions") or [{}])[0].get("observedGeneration")
+    return f"{found}{listeners} generation={generation}"
+
+
+def status_body(kind: str, status: Status, obj: Object) -> dict[str, Any] | None:
+    """The ``status`` fields ``obj`` (of ``kind``) should have; None if it has them, or
+    if they are not the catalog's to write (another controller's Gateway or class)."""
+    if kind in routestatus.ROUTE_KINDS:  # Gateway API routes: per parent
+        entries = routestatus.parents(status, obj)
+        return None if entries is None else {"parents": entries}
+    if kind in gatewaystatus.GATEWAY_KINDS:
+        return gatewaystatus.status_of(status, obj)
+    wanted = condition(status, obj)
+    return None if wanted is None else {"conditions": [wanted]}
 
 
 def condition(status: Status, obj: Object) -> dict[str, Any] | None:
     """The Accepted condition ``obj`` should have; None if it has it already."""
     accepted = status.state in ("valid", "warning")
     reason = "Accepted" if accepted else ("Ignored" if status.state == "ignored" else "Invalid")
-    generation = (obj.get("metadata") or {}).get("generation") or 0
-    wanted = {
-        "type": "Accepted",
-        "status": "True" if accepted else "False",
-        "reason": reason,
-        "message": (f"{status.field}: " if status.field else "")
+    wanted = Condition(
+        "Accepted",
+        "True" if accepted else "False",
+        reason,
+        (f"{status.field}: " if status.field else "")
         + (status.reason or "accepted by the catalog"),
-        "observedGeneration": generation,
-    }
+    )
     current = [
         c
         for c in ((obj.get("status") or {}).get("conditions") or [])
         if isinstance(c, dict) and c.get("type") == "Accepted"
     ]
-    if current and {k: current[0].get(k) for k in wanted} == wanted:
+    generation = routestatus.generation_of(obj)
+    found = routestatus.conditions([wanted], current, generation, routestatus.now())[0]
+    if current and {k: current[0].get(k) for k in found} == found:
         return None
-    same = current and current[0].get("status") == wanted["status"]
-    now = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    wanted["lastTransitionTime"] = current[0].get("lastTransitionTime", now) if same else now
-    return wanted
+    return found
