@@ -4,7 +4,10 @@ bookstore-v1 and bookstore-v2 serve books; bookbuyer and bookthief call bookstor
 their sidecars. hello-v1 and hello-v2 are ``examples/grpc``'s greeter (gRPC), for a
 proxyless client to call (README: "a proxyless gRPC client in 3 commands"). The bookstore
 policies are ``examples/bookstore``: an 80/20 TrafficSplit between the
-versions, and a TrafficTarget that lets bookbuyer (and nobody else) buy books. Each sidecar
+versions, and a TrafficTarget that lets bookbuyer (and nobody else) buy books. The Gateway
+``bookstore/bookstore-gateway`` (``examples/gateway``: GatewayClass ``trellis``, an HTTP
+listener on :data:`GATEWAY_PORT`, an HTTPRoute to bookstore) is served by ``trellis gateway
+run`` (:mod:`.gateway`), a gateway Envoy onboarded at each start. Each sidecar
 is onboarded as a user would (its key made here, the injector issues its proxy certificate
 for the CSR and its bootstrap; the stores are registered with endpoints-vm, without a TTL,
 so they need no heartbeat token), and a previous run's onboarding is reused.
@@ -58,8 +61,21 @@ WORKLOADS = (
 )
 
 
+#: The demo's Gateway (examples/gateway/gateway.yaml), its HTTP listener's port (14xxx, as
+#: the demo's apps) and its Envoy's admin port (151x0, as the sidecars').
+GATEWAY_NAMESPACE = "bookstore"
+GATEWAY = "bookstore-gateway"
+GATEWAY_PORT = 14080
+GATEWAY_ADMIN_PORT = 15170
+
+
+def gateway_url(path: str = "/books") -> str:
+    """Where the demo's Gateway serves bookstore."""
+    return f"http://127.0.0.1:{GATEWAY_PORT}{path}"
+
+
 def ports() -> list[int]:
-    found = []
+    found = [GATEWAY_PORT, GATEWAY_ADMIN_PORT]
     for w in WORKLOADS:
         found += [w.admin_port, w.outbound_port, w.inbound_port]
         if w.app_port:
@@ -180,6 +196,7 @@ def prepare(mesh: Mesh, state_dir: Path) -> list[ProcessSpec]:
         )
         if not workload.client:
             register(mesh, workload)
+    specs.append(gateway_spec(state_dir, demo / GATEWAY))
     for workload in WORKLOADS:
         if workload.client:
             specs.append(
@@ -205,6 +222,32 @@ def prepare(mesh: Mesh, state_dir: Path) -> list[ProcessSpec]:
                 )
             )
     return specs
+
+
+def gateway_spec(state_dir: Path, folder: Path) -> ProcessSpec:
+    """``trellis gateway run`` for the demo's Gateway: it onboards its Envoy (the admin
+    token), runs it and renews its certificates; a restart onboards it again."""
+    return ProcessSpec(
+        name=GATEWAY,
+        argv=[
+            sys.executable,
+            "-m",
+            "trellis_cli.main",
+            "--state-dir",
+            str(state_dir),
+            "gateway",
+            "run",
+            *("-n", GATEWAY_NAMESPACE, "--name", GATEWAY),
+            *("--admin-port", str(GATEWAY_ADMIN_PORT), "--out", str(folder.resolve())),
+            "--envoy-arg=--base-id",
+            f"--envoy-arg={40 + len(WORKLOADS)}",
+            *("--envoy-arg=--log-level", "--envoy-arg=warning"),
+            *("--envoy-arg=--concurrency", "--envoy-arg=1"),
+        ],
+        ready=tcp_ready("127.0.0.1", GATEWAY_ADMIN_PORT),
+        ports=(GATEWAY_ADMIN_PORT, GATEWAY_PORT),
+        address=f"{gateway_url()}  admin http://127.0.0.1:{GATEWAY_ADMIN_PORT}",
+    )
 
 
 async def _always() -> bool:

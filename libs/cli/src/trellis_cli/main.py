@@ -42,6 +42,9 @@ COMMANDS = {
     "envoy": LazyCommand(
         "trellis_cli.envoyrun:envoy", "The Envoy binary installed by `make bootstrap`."
     ),
+    "gateway": LazyCommand(
+        "trellis_cli.gateway:gateway", "Gateway API Gateways served by a Trellis gateway Envoy."
+    ),
     "grpc": LazyCommand(
         "trellis_cli.grpcworkload:grpc_group",
         "Proxyless gRPC workloads: bootstrap files and their agent.",
@@ -136,7 +139,7 @@ def cli(
 #: The commands that reach a control plane in a cluster as well as a local one
 #: (:mod:`trellis_cli.cluster`); the others work on the local mesh only.
 CLUSTER_COMMANDS = frozenset(
-    {"certs", "check", "identity", "policy", "proxy", "spec", "status", "version"}
+    {"certs", "check", "dashboard", "identity", "policy", "proxy", "spec", "status", "version"}
 )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,16 +240,21 @@ def renew_if_due(proxy: ProxyFolder, force: bool, now: dt.datetime | None = None
     return renew(proxy)
 
 
-def watch(proxy: ProxyFolder, max_backoff: float = 60.0) -> None:
-    """Renew whenever due, forever (until interrupted); failures are retried with backoff."""
+def watch(
+    proxy: ProxyFolder, max_backoff: float = 60.0, stop: threading.Event | None = None
+) -> None:
+    """Renew whenever due until ``stop`` is set (without one, until interrupted); failures
+    are retried with backoff."""
+    stop = stop or threading.Event()
     backoff = 1.0
-    while True:
+    while not stop.is_set():
         try:
             due = renew_at(current_certificate(proxy))
             wait = (due - dt.datetime.now(dt.UTC)).total_seconds()
             if wait > 0:
                 log.info("renew.waiting dir=%s renew_at=%s", proxy.folder, due.isoformat())
-                time.sleep(wait)
+                if stop.wait(wait):
+                    return
             done = renew(proxy)
             log.info(
                 "renew.renewed dir=%s old_serial=%s serial=%s not_after=%s",
@@ -268,7 +273,7 @@ def watch(proxy: ProxyFolder, max_backoff: float = 60.0) -> None:
                 backoff,
                 expires,
             )
-            time.sleep(backoff)
+            stop.wait(backoff)
             backoff = min(backoff * 2, max_backoff)
 
 

@@ -282,6 +282,10 @@ async def up(
             f"demo: edit the weights in {spec_dir / 'bookstore' / 'traffic-split.yaml'} and "
             "watch the counters; a proxyless gRPC client: README, 'in 3 commands'"
         )
+        output.console.print(
+            f"gateway: [bold]curl {demo.gateway_url()}[/] (bookstore through the Gateway "
+            f"{demo.GATEWAY_NAMESPACE}/{demo.GATEWAY}, {spec_dir / 'gateway' / 'gateway.yaml'})"
+        )
         await asyncio.gather(supervisor.run(stop), print_counters(state_dir, stop))
     else:
         await supervisor.run(stop)
