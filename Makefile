@@ -47,6 +47,10 @@ system-deps: run-deps
 	@{ command -v chromium && command -v chromedriver; } >/dev/null || { \
 	  echo "installing chromium and chromium-driver with apt-get"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
+	@# `trellis dashboard --prometheus-url` is tested against a real Prometheus (Debian's).
+	@command -v prometheus >/dev/null || { \
+	  echo "installing prometheus with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 $(TOOLS)/bin/uv:
 	@command -v python3 >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }

@@ -128,8 +128,9 @@ class Tunnel:
     """A listener on 127.0.0.1; each connection to it is a new port-forward to ``port`` of
     the pod, its bytes relayed both ways until either side closes."""
 
-    def __init__(self, cluster: Cluster, pod: str, port: int) -> None:
+    def __init__(self, cluster: Cluster, pod: str, port: int, namespace: str = "") -> None:
         self.cluster, self.pod, self.port = cluster, pod, port
+        self.namespace = namespace or cluster.target.namespace  # "": the control plane's
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.local_port: int = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, name=f"tunnel {pod}:{port}", daemon=True).start()
@@ -149,7 +150,7 @@ class Tunnel:
         from kubernetes.client.exceptions import ApiException
         from kubernetes.stream import ws_client
 
-        path = f"/api/v1/namespaces/{_q(self.cluster.target.namespace)}/pods/{_q(self.pod)}"
+        path = f"/api/v1/namespaces/{_q(self.namespace)}/pods/{_q(self.pod)}"
         _, url, headers, _, _ = self.cluster.api.param_serialize(
             "GET", path + "/portforward", query_params=[("ports", str(self.port))],
             auth_settings=["BearerToken"],
@@ -171,7 +172,7 @@ class Tunnel:
     def _relay_lite(self, conn: socket.socket) -> None:
         from trellis_cli import kubelite
 
-        path = f"/api/v1/namespaces/{_q(self.cluster.target.namespace)}/pods/{_q(self.pod)}"
+        path = f"/api/v1/namespaces/{_q(self.namespace)}/pods/{_q(self.pod)}"
         try:
             forward = self.cluster.lite.portforward(path + "/portforward", self.port)
         except Exception:  # noqa: BLE001  # websocket-client's handshake errors, OSError
@@ -223,7 +224,7 @@ class Cluster:
     api: Any = field(init=False)  # the kubernetes package's ApiClient, when lite is None
     lite: Any = field(init=False)  # kubelite.KubeLite: most kubeconfigs, no kubernetes import
     _http: Any = field(default=None, init=False)
-    _tunnels: dict[tuple[str, int], Tunnel] = field(default_factory=dict, init=False)
+    _tunnels: dict[tuple[str, str, int], Tunnel] = field(default_factory=dict, init=False)
     #: each component's pods, listed once per command (a command is a short process)
     _pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False)
     _token: str | None = field(default=None, init=False, repr=False)
@@ -324,11 +325,18 @@ class Cluster:
         )
         return self._pods[component]
 
-    def tunnel(self, pod: str, port: int) -> Tunnel:
-        key = (pod, port)
+    def tunnel(self, pod: str, port: int, namespace: str = "") -> Tunnel:
+        """A tunnel to ``port`` of ``pod`` in ``namespace`` ("": the control plane's)."""
+        key = (namespace or self.target.namespace, pod, port)
         if key not in self._tunnels:
-            self._tunnels[key] = Tunnel(self, pod, port)
+            self._tunnels[key] = Tunnel(self, pod, port, namespace)
         return self._tunnels[key]
+
+    def untunnel(self, pod: str, port: int, namespace: str = "") -> None:
+        """Close the tunnel to a pod that is gone (a long-running command's pods change)."""
+        tunnel = self._tunnels.pop((namespace or self.target.namespace, pod, port), None)
+        if tunnel is not None:
+            tunnel.close()
 
     def close(self) -> None:
         """Close the tunnels and the API connections (twice is harmless: the command's end

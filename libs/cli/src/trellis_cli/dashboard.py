@@ -13,9 +13,13 @@ Two sources make the picture, each read on its own schedule by one background th
 - the catalog's admin API: the services, each identity's view (who may reach it, the routes
   and splits its callers get) and the documents it rejected; these change rarely, so they
   are read every few scrapes;
-- the sidecars' Envoy admin APIs (their addresses from their bootstrap files, where
-  ``trellis up`` and ``trellis vm onboard`` write them, or ``--sidecar``): the counters of
-  each outbound cluster, turned into per-edge rates by :mod:`trellis_cli.meshedges`.
+- the sidecars' traffic, from one of the sources of :mod:`trellis_cli.dashsources`: the
+  local sidecars' Envoy admin APIs (their bootstrap files in the state directory, and
+  ``--sidecar``); in a cluster (``--kubeconfig``/``--context``, as the other cluster
+  commands), the injected pods' admin APIs through port-forwards
+  (:mod:`trellis_cli.dashpods`); or, with ``--prometheus-url``, the sidecars' series in
+  Prometheus (:mod:`trellis_cli.dashprom`). Counters become per-edge rates in
+  :mod:`trellis_cli.meshedges`.
 
 The thread reads only while someone watches: a page polls ``/api/mesh`` every 2 s, and after
 :data:`IDLE_AFTER` seconds without a poll the thread sleeps until the next one. ``trellis up``
@@ -39,50 +43,33 @@ from pathlib import Path
 from typing import Any
 
 import click
-import httpx
-import yaml
 
-from trellis_cli import meshedges
+from trellis_cli import dashsources, meshedges
 from trellis_cli.client import Mesh
+from trellis_cli.dashsources import sidecars_of as sidecars_of  # the local source's
 from trellis_cli.errors import CliError
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
-from trellis_common.trustctx import system_context
 
 DEFAULT_PORT = 15080
-#: The counters, and the latency histogram, of the outbound clusters, and the caller-side
-#: denials (no route: the mesh gave the caller no way to the destination).
-STATS_FILTER = (
-    r"^cluster\.[^.]+\.(upstream_rq_(total|completed|[2345]xx|403)|upstream_cx_connect_fail"
-    r"|upstream_rq_time)$|^http\.outbound\.no_route$"
-)
 #: Policy changes seldom: the catalog is read once in this many scrapes.
 POLICY_EVERY = 5
 #: Seconds without a poll of ``/api/mesh`` after which the scraper sleeps.
 IDLE_AFTER = 30.0
 
 
-def sidecars_of(state_dir: Path) -> list[str]:
-    """The admin URLs of the sidecars onboarded from this state directory (the demo's):
-    each bootstrap file names its own admin address."""
-    found = []
-    for bootstrap in sorted((state_dir / "demo").glob("*/envoy.yaml")):
-        try:
-            address = yaml.safe_load(bootstrap.read_text())["admin"]["address"]["socket_address"]
-            found.append(f"http://{address['address']}:{address['port_value']}")
-        except (OSError, yaml.YAMLError, KeyError, TypeError):
-            continue  # a half-written bootstrap: the next scrape sees it whole
-    return found
-
-
 class Scraper:
     """Reads the sidecars and the catalog, and keeps the latest picture for the page."""
 
-    def __init__(self, mesh: Mesh, extra_sidecars: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        mesh: Mesh,
+        extra_sidecars: tuple[str, ...] = (),
+        source: dashsources.Source | None = None,
+    ) -> None:
         self.mesh = mesh
-        self.extra = extra_sidecars
+        #: the sidecars' traffic; by default the local mesh's sidecars and ``extra_sidecars``
+        self.source = source or dashsources.LocalSidecars(lambda: mesh.state_dir, extra_sidecars)
         self.rates = meshedges.EdgeRates()
-        self.identities: dict[str, str] = {}  # admin URL -> "<ns>/<service>"
-        self.tls: dict[str, dict[str, str]] = {}  # admin URL -> its clusters' transport
         self.policy: dict[str, Any] = {"services": [], "views": {}, "rejected": []}
         self.policy_errors: list[str] = []
         self.scrapes = 0
@@ -116,41 +103,17 @@ class Scraper:
         if self.scrapes % POLICY_EVERY == 0:
             self.policy, self.policy_errors = read_policy(self.mesh, self.policy)
         self.scrapes += 1
-        samples, errors = [], list(self.policy_errors)
-        with httpx.Client(timeout=2.0, verify=system_context()) as client:
-            for url in dict.fromkeys([*sidecars_of(self.mesh.state_dir), *self.extra]):
-                try:
-                    samples.append(self._sample(client, url))
-                except (httpx.HTTPError, ValueError, KeyError) as exc:
-                    errors.append(f"sidecar {url}: {type(exc).__name__}: {exc}")
-        edges = self.rates.update(samples, now)
-        picture = assemble(self.policy, edges, samples)
-        picture["errors"] = errors
+        reading = self.source.read()
+        edges = reading.edges
+        if edges is None:
+            edges = self.rates.update(reading.samples, now)
+        picture = assemble(self.policy, edges, reading.samples)
+        picture["errors"] = [*self.policy_errors, *reading.errors]
+        picture["source"] = reading.source
         picture["generated_at"] = time.time()
         with self.lock:
             self.latest = picture
         return picture
-
-    def _sample(self, client: httpx.Client, url: str) -> meshedges.Sample:
-        identity = self.identities.get(url)
-        if identity is None:
-            info = client.get(f"{url}/server_info")
-            info.raise_for_status()
-            identity = self.identities[url] = str(info.json()["node"]["cluster"])
-        stats = client.get(f"{url}/stats", params={"format": "json", "filter": STATS_FILTER})
-        stats.raise_for_status()
-        read = meshedges.read_stats(stats.json())
-        tls = self.tls.get(url)
-        if (
-            tls is None
-            or self.scrapes % POLICY_EVERY == 1
-            or not read.clusters.keys() <= tls.keys()
-        ):
-            # the clusters' transport changes only with a new cluster or a new config
-            dump = client.get(f"{url}/config_dump", params={"resource": "dynamic_active_clusters"})
-            dump.raise_for_status()
-            tls = self.tls[url] = meshedges.cluster_tls(dump.json())
-        return meshedges.Sample(sidecar=url, identity=identity, stats=read, tls=tls)
 
     def snapshot(self) -> dict[str, Any]:
         """The latest picture; asking for it counts as watching (see :data:`IDLE_AFTER`)."""
@@ -311,7 +274,9 @@ class _Server(ThreadingHTTPServer):
 @click.command(
     help="A live picture of the mesh in the browser: services, the traffic between them "
     "(rate, success, latency, mTLS), policies and rejected documents. Serves it on "
-    "127.0.0.1 with the CLI's credentials, as `istioctl dashboard` does; Ctrl-C stops it."
+    "127.0.0.1 with the CLI's credentials, as `istioctl dashboard` does; Ctrl-C stops it. "
+    "The traffic comes from the local sidecars, from the injected pods of a cluster "
+    "(--kubeconfig/--context: through port-forwards), or from Prometheus (--prometheus-url)."
 )
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
@@ -327,14 +292,43 @@ class _Server(ThreadingHTTPServer):
     help="An Envoy admin URL to read besides the ones found in the state directory "
     "(repeatable), e.g. http://127.0.0.1:15000.",
 )  # fmt: skip
+@click.option(
+    "--prometheus-url", metavar="URL", default=None,
+    help="Read the sidecars' Envoy series from this Prometheus (its HTTP API, e.g. "
+    "http://127.0.0.1:9090) instead of the sidecars themselves.",
+)  # fmt: skip
+@click.option(
+    "--prometheus-window", default="1m", show_default=True, metavar="DURATION",
+    help="With --prometheus-url: the range rates are taken over (30s, 1m, 5m...).",
+)  # fmt: skip
+@click.option(
+    "--pod-namespace", "pod_namespaces", multiple=True, metavar="NAMESPACE",
+    help="In a cluster: read the injected pods of this namespace only (repeatable; "
+    "default: every namespace, which needs a cluster-wide list on pods).",
+)  # fmt: skip
+@click.option(
+    "--max-forwards", type=click.IntRange(1, 64), default=8, show_default=True,
+    help="In a cluster: how many pods are port-forwarded to at once.",
+)  # fmt: skip
 @click.pass_obj
 def dashboard(
-    mesh: Mesh, port: int, no_open: bool, interval: float, sidecars: tuple[str, ...]
+    mesh: Mesh,
+    port: int,
+    no_open: bool,
+    interval: float,
+    sidecars: tuple[str, ...],
+    prometheus_url: str | None,
+    prometheus_window: str,
+    pod_namespaces: tuple[str, ...],
+    max_forwards: int,
 ) -> None:
     for url in sidecars:
         if not url.startswith(("http://", "https://")):
             raise click.BadParameter(f"{url!r} is not an http:// URL", param_hint="--sidecar")
-    scraper = Scraper(mesh, tuple(u.rstrip("/") for u in sidecars))
+    source = choose_source(
+        mesh, sidecars, prometheus_url, prometheus_window, pod_namespaces, max_forwards
+    )
+    scraper = Scraper(mesh, tuple(u.rstrip("/") for u in sidecars), source)
     try:
         server = _Server(port, scraper)
     except OSError as exc:
@@ -354,6 +348,61 @@ def dashboard(
     finally:
         stop.set()
         server.server_close()
+
+
+def choose_source(
+    mesh: Mesh,
+    sidecars: tuple[str, ...],
+    prometheus_url: str | None,
+    prometheus_window: str,
+    pod_namespaces: tuple[str, ...],
+    max_forwards: int,
+) -> dashsources.Source | None:
+    """The sidecars' traffic: Prometheus if asked, else a cluster's injected pods when the
+    command reaches a cluster, else (None) the local sidecars. Options that do not apply to
+    the source are refused, named."""
+    if prometheus_url is not None:
+        from trellis_cli import dashprom
+
+        if not prometheus_url.startswith(("http://", "https://")):
+            raise click.BadParameter(
+                f"{prometheus_url!r} is not an http:// URL", param_hint="--prometheus-url"
+            )
+        if sidecars:
+            raise click.UsageError("--sidecar and --prometheus-url: give one or the other")
+        try:
+            return dashprom.PrometheusSource(prometheus_url, prometheus_window)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--prometheus-window") from exc
+    cluster = _cluster_of(mesh)  # resolves a cluster now: a bad kubeconfig fails here, named
+    if cluster is None:
+        if pod_namespaces:
+            raise click.UsageError(
+                "--pod-namespace applies in a cluster (--kubeconfig or --context); "
+                "this dashboard reads the local sidecars"
+            )
+        return None
+    from trellis_cli import dashpods
+
+    click.echo(
+        f"reading the injected pods' sidecars through port-forwards ({cluster.where}; "
+        f"{max_forwards} at a time)",
+        err=True,
+    )
+    return dashpods.ClusterSidecars(cluster, pod_namespaces, max_forwards, _say)
+
+
+def _cluster_of(mesh: Mesh) -> Any:
+    """The :class:`~trellis_cli.cluster.Cluster` the command reaches, or None for a local
+    mesh (``main.MeshOnDemand`` says which without connecting to a local one)."""
+    target = getattr(mesh, "target", None)
+    if callable(target) and target() is None:
+        return None
+    return getattr(mesh, "cluster", None)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
 
 
 def process_spec(state_dir: Path, port: int = DEFAULT_PORT) -> ProcessSpec:

@@ -176,6 +176,79 @@ def _delta(now: int, before: int | None) -> int:
     return now - before if now >= before else now  # a restarted sidecar counts from 0
 
 
+class EdgeBuilder:
+    """Adds up what each sidecar's outbound clusters did over a window into per-edge figures.
+
+    ``moved`` is how much each counter grew over the window, and ``seconds`` its length:
+    from two scrapes of the sidecar (:class:`EdgeRates`), or Prometheus' ``increase()``
+    over a range (:mod:`trellis_cli.dashprom`). Without a window (one scrape so far) an
+    edge has its totals and no rates."""
+
+    def __init__(self) -> None:
+        self._edges: dict[tuple[str, str], Edge] = {}
+        self._completed: dict[tuple[str, str], tuple[float, float]] = {}  # (done, good)
+
+    def edge(self, source: str, target: str, tls: str = "plaintext") -> Edge:
+        return self._edges.setdefault((source, target), Edge(source, target, tls=tls))
+
+    def cluster(
+        self,
+        identity: str,
+        name: str,
+        stats: ClusterStats,
+        tls: str | None,
+        moved: Mapping[str, float] | None,
+        seconds: float | None,
+    ) -> None:
+        """One sidecar's outbound cluster ``name``; one of the mesh's own is skipped."""
+        target = destination(name)
+        if target is None:
+            return
+        edge = self.edge(identity, target)
+        edge.tls = tls or edge.tls
+        edge.requests += stats.counters.get("upstream_rq_total", 0)
+        if moved is None or not seconds:
+            return
+        denied = moved.get("upstream_rq_403", 0)
+        errors = moved.get("upstream_rq_5xx", 0)
+        failed = errors + moved.get("upstream_cx_connect_fail", 0)
+        done = moved.get("upstream_rq_completed", 0)
+        edge.rps = (edge.rps or 0.0) + moved.get("upstream_rq_total", 0) / seconds
+        edge.denied_rps += denied / seconds
+        edge.failed_rps += failed / seconds
+        total, good = self._completed.get((identity, target), (0, 0))
+        self._completed[(identity, target)] = (total + done, good + max(done - denied - errors, 0))
+        if stats.p50 is not None:
+            edge._weights.append((stats.p50, max(done, 1)))
+        if stats.p99 is not None:
+            edge.p99_ms = max(edge.p99_ms or 0.0, stats.p99)
+
+    def no_route(
+        self, identity: str, total: int, moved: float | None, seconds: float | None
+    ) -> None:
+        """Requests refused at the caller's sidecar: an edge to :data:`DENIED`, every request
+        on it a denial (success 0)."""
+        if not total:
+            return
+        edge = self.edge(identity, DENIED, tls="none")
+        edge.requests += total
+        if moved is None or not seconds:
+            return
+        edge.rps = (edge.rps or 0.0) + moved / seconds
+        edge.denied_rps += moved / seconds
+        edge.success_rate = 0.0 if edge.rps else None
+
+    def edges(self) -> list[Edge]:
+        for key, (total, good) in self._completed.items():
+            if total:
+                self._edges[key].success_rate = good / total
+        for edge in self._edges.values():
+            if edge._weights:
+                weight = sum(w for _, w in edge._weights)
+                edge.p50_ms = sum(v * w for v, w in edge._weights) / weight
+        return sorted(self._edges.values(), key=lambda e: (e.source, e.destination))
+
+
 class EdgeRates:
     """Turns successive scrapes into per-edge rates: remembers each sidecar's last counters."""
 
@@ -183,71 +256,25 @@ class EdgeRates:
         self._previous: dict[str, tuple[float, SidecarStats]] = {}
 
     def update(self, samples: Iterable[Sample], now: float) -> list[Edge]:
-        edges: dict[tuple[str, str], Edge] = {}
-        completed: dict[tuple[str, str], tuple[int, int]] = {}  # key -> (done, good)
+        built = EdgeBuilder()
         for sample in samples:
             before = self._previous.get(sample.sidecar)
             self._previous[sample.sidecar] = (now, sample.stats)
             elapsed = now - before[0] if before is not None and now > before[0] else None
             old = before[1] if before is not None else None
             for name, stats in sample.stats.clusters.items():
-                target = destination(name)
-                if target is None:
-                    continue
-                edge = edges.setdefault((sample.identity, target), Edge(sample.identity, target))
-                edge.tls = sample.tls.get(name, edge.tls)
-                counts = stats.counters
-                edge.requests += counts.get("upstream_rq_total", 0)
-                if elapsed is None or old is None:
-                    continue
-                previous = old.clusters.get(name)
-                was = previous.counters if previous is not None else {}
-
-                moved = {stat: _delta(counts.get(stat, 0), was.get(stat)) for stat in counts}
-                denied = moved.get("upstream_rq_403", 0)
-                errors = moved.get("upstream_rq_5xx", 0)
-                failed = errors + moved.get("upstream_cx_connect_fail", 0)
-                done = moved.get("upstream_rq_completed", 0)
-                edge.rps = (edge.rps or 0.0) + moved.get("upstream_rq_total", 0) / elapsed
-                edge.denied_rps += denied / elapsed
-                edge.failed_rps += failed / elapsed
-                total, good = completed.get((sample.identity, target), (0, 0))
-                completed[(sample.identity, target)] = (
-                    total + done,
-                    good + max(done - denied - errors, 0),
-                )
-                if stats.p50 is not None:
-                    edge._weights.append((stats.p50, max(done, 1)))
-                if stats.p99 is not None:
-                    edge.p99_ms = max(edge.p99_ms or 0.0, stats.p99)
-            self._no_route(edges, sample, old, elapsed)
-        for key, (total, good) in completed.items():
-            if total:
-                edges[key].success_rate = good / total
-        for edge in edges.values():
-            if edge._weights:
-                weight = sum(w for _, w in edge._weights)
-                edge.p50_ms = sum(v * w for v, w in edge._weights) / weight
-        return sorted(edges.values(), key=lambda e: (e.source, e.destination))
-
-    @staticmethod
-    def _no_route(
-        edges: dict[tuple[str, str], Edge],
-        sample: Sample,
-        old: SidecarStats | None,
-        elapsed: float | None,
-    ) -> None:
-        """Requests refused at the caller's sidecar: an edge to :data:`DENIED`, every request
-        on it a denial (success 0)."""
-        if not sample.stats.no_route:
-            return
-        edge = edges.setdefault(
-            (sample.identity, DENIED), Edge(sample.identity, DENIED, tls="none")
-        )
-        edge.requests += sample.stats.no_route
-        if elapsed is None or old is None:
-            return
-        denied = _delta(sample.stats.no_route, old.no_route) / elapsed
-        edge.rps = (edge.rps or 0.0) + denied
-        edge.denied_rps += denied
-        edge.success_rate = 0.0 if edge.rps else None
+                moved = None
+                if elapsed is not None and old is not None:
+                    previous = old.clusters.get(name)
+                    was = previous.counters if previous is not None else {}
+                    moved = {
+                        stat: float(_delta(count, was.get(stat)))
+                        for stat, count in stats.counters.items()
+                    }
+                built.cluster(sample.identity, name, stats, sample.tls.get(name), moved, elapsed)
+            refused = sample.stats.no_route
+            moved_refused = (
+                float(_delta(refused, old.no_route)) if elapsed is not None and old else None
+            )
+            built.no_route(sample.identity, refused, moved_refused, elapsed)
+        return built.edges()
