@@ -28,6 +28,12 @@ _.__getattr__
 _.do_GET
 _.do_POST
 _.do_DELETE
+_.do_PUT
+_.do_PATCH
+_.do_HEAD
+_.do_OPTIONS
+_.do_CONNECT
+_.do_TRACE
 _.log_message
 _.disable_nagle_algorithm
 _.protocol_version
