@@ -42,12 +42,13 @@ def test_an_http_port_is_one_listener_with_every_servers_virtual_hosts() -> None
     [chain] = listener["filter_chains"]
     hcm = manager(chain)
     assert hcm.get("codec_type", "AUTO") == "AUTO"  # HTTP/1.1, and h2c for gRPC clients
-    assert hcm["strip_any_host_port"] is True
+    assert "strip_any_host_port" not in hcm  # the backend gets the Host as sent
     assert hcm["use_remote_address"] is True
     assert hcm["rds"]["route_config_name"] == names.gateway_routes(8080) == "gateway_8080"
     assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.router"]
     assert (hcm["normalize_path"], hcm["merge_slashes"]) == (True, True)
     config = by_name(found.routes)["gateway_8080"]
+    assert config["ignore_port_in_host_matching"] is True  # foo.example.com:8080 matches
     assert config["validate_clusters"] is False
     hosts = {h["name"]: h for h in config["virtual_hosts"]}
     assert {name: h["domains"] for name, h in hosts.items()} == {

@@ -202,6 +202,15 @@ class GatewaySpec(StrictModel):
     tls: dict[str, Any] | None = None
     default_scope: str | None = Field(default=None, alias="defaultScope")
 
+    def not_applied(self) -> tuple[str, ...]:
+        """The fields set that Trellis reads but does not act on (for the status)."""
+        fields = {
+            "spec.tls": self.tls,
+            "spec.allowedListeners": self.allowed_listeners,
+            "spec.defaultScope": self.default_scope,
+        }
+        return tuple(name for name, value in fields.items() if value)
+
     @model_validator(mode="after")
     def _listeners(self) -> GatewaySpec:
         names: set[str] = set()

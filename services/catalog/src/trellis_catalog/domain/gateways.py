@@ -327,6 +327,22 @@ def _gateway_status(document: Document, served: ServedGateway) -> Status:
             conditions=(accepted, programmed),
             listeners=listeners,
         )
+    parameters = (spec.infrastructure or {}).get("parametersRef")
+    if parameters:
+        accepted = Condition(
+            "Accepted",
+            "False",
+            "InvalidParameters",
+            f"spec.infrastructure.parametersRef {parameters}: Trellis' gateway takes no parameters",
+        )
+        programmed = Condition("Programmed", "False", "Invalid", "not accepted")
+        return replace(
+            base,
+            state="error",
+            reason=accepted.message,
+            conditions=(accepted, programmed),
+            listeners=listeners,
+        )
     invalid = [listener.name for listener in served.listeners if not listener.served]
     if not valid:
         accepted = Condition(
@@ -335,8 +351,15 @@ def _gateway_status(document: Document, served: ServedGateway) -> Status:
         programmed = Condition("Programmed", "False", "Invalid", "no listener can be served")
         state, reason = "error", accepted.message
     else:
-        reason_text = (
-            f"listeners not served: {', '.join(invalid)} (see their conditions)" if invalid else ""
+        reason_text = "; ".join(
+            part
+            for part in (
+                f"listeners not served: {', '.join(invalid)} (see their conditions)"
+                if invalid
+                else "",
+                f"read, not applied: {', '.join(spec.not_applied())}" if spec.not_applied() else "",
+            )
+            if part
         )
         accepted = Condition(
             "Accepted",
@@ -350,7 +373,7 @@ def _gateway_status(document: Document, served: ServedGateway) -> Status:
             "Programmed",
             f"{len(valid)} listener(s) in the view of identity {served.namespace}/{served.name}",
         )
-        state, reason = ("warning", reason_text) if invalid else ("valid", "")
+        state, reason = ("warning", reason_text) if reason_text else ("valid", "")
     return replace(
         base, state=state, reason=reason, conditions=(accepted, programmed), listeners=listeners
     )

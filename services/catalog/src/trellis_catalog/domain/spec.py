@@ -156,14 +156,20 @@ class MeshSpec:
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def grpc_backends(self) -> dict[MeshService, frozenset[int]]:
-        """The Service ports GRPCRoutes send to: gRPC (h2c) unless they say otherwise."""
+        """The Service ports GRPCRoutes send to (backends and mirrors): gRPC (h2c) unless
+        they say otherwise."""
         found: dict[MeshService, set[int]] = defaultdict(set)
         for document in self.gateway_routes:
             resource = document.resource
             if not isinstance(resource, gateway.GRPCRoute):
                 continue
             for rule in resource.spec.rules:
-                for ref in rule.backend_refs:
+                mirrors = [
+                    f.request_mirror.backend_ref
+                    for f in rule.filters
+                    if f.type == "RequestMirror" and f.request_mirror is not None
+                ]  # a mirror gets the same gRPC calls
+                for ref in [*rule.backend_refs, *mirrors]:
                     if ref.is_service and ref.port is not None:
                         namespace = ref.namespace or document.key.namespace
                         found[MeshService(namespace, ref.name)].add(ref.port)

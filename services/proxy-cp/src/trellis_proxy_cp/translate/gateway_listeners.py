@@ -9,7 +9,9 @@ outbound clusters. Here each port becomes a listener ``gateway_<port>`` on 0.0.0
 - ``HTTP``: one HTTP connection manager whose route configuration (over RDS,
   ``gateway_<port>``) holds every server's virtual hosts. Its codec is AUTO, so HTTP/1.1
   and HTTP/2 cleartext (a gRPC client's h2c, prior knowledge) are both served;
-  ``strip_any_host_port`` lets ``Host: foo.example.com:8080`` match ``foo.example.com``.
+  ``ignore_port_in_host_matching`` lets ``Host: foo.example.com:8080`` match
+  ``foo.example.com`` while the backend still gets the Host header as sent (upstream's
+  conformance checks it).
 - ``HTTPS`` (``Terminate``): a TLS inspector, and a filter chain per server matching its
   hostname as the TLS server name (a server without one is the chain for any name); each
   chain terminates TLS with the server's certificates (SDS, files the Envoy reads itself:
@@ -128,6 +130,7 @@ def _route_config(
         virtual_hosts=_virtual_hosts(view, servers),
         # an invalid backend's share names a cluster that never exists (gateway.py)
         validate_clusters=wrappers_pb2.BoolValue(value=False),
+        ignore_port_in_host_matching=True,
     )
 
 
@@ -135,7 +138,6 @@ def _manager_filter(
     view: catalog_pb2.View, stat_prefix: str, route_config: str
 ) -> listener_components_pb2.Filter:
     manager = listeners.build_manager(view, stat_prefix, route_config, [])
-    manager.strip_any_host_port = True
     manager.use_remote_address.value = True  # the edge: the client's address is the peer's
     return listener_components_pb2.Filter(name=HCM, typed_config=pack(manager))
 
