@@ -10,17 +10,15 @@ supervisor starts it again).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.integration.gatewayrun import GatewayRun, alive
 from trellis_common.testing import RedisServer
 from trellis_common.testing.mesh import Mesh
 from trellis_common.testing.ports import free_port
@@ -43,52 +41,6 @@ def mesh(tmp_path: Path, state_dir: Path, redis_server: RedisServer) -> Iterator
         yield mesh
     finally:
         mesh.stop()
-
-
-class GatewayRun:
-    """``trellis gateway run`` as its own process, its output in a file."""
-
-    def __init__(self, mesh: Mesh, out: Path, admin_port: int) -> None:
-        self.out = out
-        self.admin_port = admin_port
-        self.log = out.parent / f"{out.name}.log"
-        argv = [sys.executable, "-m", "trellis_cli.main", "--state-dir", str(mesh.state_dir)]
-        with self.log.open("wb") as sink:
-            self.process = subprocess.Popen(
-                [
-                    *argv,
-                    *("gateway", "run", "-n", "bookstore", "--name", GATEWAY),
-                    *("--admin-port", str(admin_port), "--out", str(out)),
-                    *("--envoy-arg=--log-level", "--envoy-arg=warning", "--grace", "5"),
-                ],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "TRELLIS_ENVOY_LOG_LEVEL": "warning"},
-            )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def envoy_pid(self) -> int | None:
-        found = re.search(r"gateway\.started .*envoy_pid=(\d+)", self.output())
-        return int(found.group(1)) if found else None
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        pid = self.envoy_pid()
-        if pid is not None and alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not: it has ended, its parent not yet told)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture
