@@ -108,7 +108,7 @@ def reports(spec: meshspec.MeshSpec) -> list[ProvidedService]:
 def build_raw(raws: Iterable[dict[str, Any]]) -> PolicyBuilder:
     """The catalog's policy builder over documents given as mappings."""
     spec = meshspec.build(documents(raws))
-    known = services.index(spec.services, reports(spec), spec.grpc_backends())
+    known = services.index(spec.services, reports(spec), spec.route_ports())
 
     def account_of(service: MeshService) -> str:
         return service.name

@@ -131,7 +131,7 @@ def mesh(docs: Callable[[str], list[Document]]) -> Callable[..., PolicyBuilder]:
         trust_domain: str = "cluster.local",
     ) -> PolicyBuilder:
         spec = meshspec.build(docs(text))
-        known = services.index(spec.services, reports, spec.grpc_backends())
+        known = services.index(spec.services, reports, spec.route_ports())
         table = dict(accounts or {})
 
         def account_of(service: MeshService) -> str:

@@ -118,7 +118,8 @@ def hosts(port: GatewayPort, server: int = 0) -> dict[str, list[str]]:
 
 
 def route_parent(builder: PolicyBuilder, key: str) -> dict[str, tuple[str, str]]:
-    status = builder.routes.statuses[key]
+    found = {**builder.routes.statuses, **(builder.gateways.statuses if builder.gateways else {})}
+    status = found[key]  # TLSRoutes (Gateways only) are resolved with the Gateways
     parents = [p for p in status.parents if p.kind == "Gateway"]
     assert len(parents) == 1, status
     return {c.type: (c.status, c.reason) for c in parents[0].conditions}
@@ -437,3 +438,89 @@ spec:
         ("shop/web-v1|80", 7500),
         ("shop/web-v2|80", 2500),
     ]
+
+
+TLS = (
+    "[{name: tls, port: 8443, protocol: TLS, hostname: '*.example.com', tls: {mode: Passthrough}}]"
+)
+VAULT = """
+---
+apiVersion: v1
+kind: Service
+metadata: {name: vault, namespace: shop}
+spec: {ports: [{name: https, port: 8200}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: vault-old, namespace: shop}
+spec: {ports: [{name: https, port: 8200}]}
+"""
+
+
+def tls_route(
+    name: str, hostnames: str, backend: str = "vault", created: str = "2026-01-02T00:00:00Z"
+) -> str:
+    return f"""
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TLSRoute
+metadata: {{name: {name}, namespace: shop, creationTimestamp: "{created}"}}
+spec:
+  parentRefs: [{{name: my-gateway}}]
+  hostnames: {hostnames}
+  rules: [{{backendRefs: [{{name: {backend}, port: 8200}}]}}]
+"""
+
+
+def test_tls_routes_pass_tls_through_by_server_name(mesh: Mesh) -> None:
+    text = (
+        CLASS
+        + SERVICES
+        + VAULT
+        + gateway(TLS)
+        + tls_route("vault", "[vault.example.com, '*.example.com', other.org]")
+        + tls_route(
+            "late", "[vault.example.com, old.example.com]", "vault-old", "2026-02-01T00:00:00Z"
+        )
+    )
+    builder = mesh(text)
+    (port,) = ports(builder)
+    assert (port.port, port.protocol) == (8443, "TLS")
+    (server,) = port.servers
+    assert server.tls_mode == "Passthrough"
+    # each name is the older route's; other.org is outside the listener's *.example.com
+    assert [
+        (t.source, t.hostnames, [c.cluster for c in t.clusters]) for t in server.tls_routes
+    ] == [
+        ("TLSRoute shop/vault", ("vault.example.com", "*.example.com"), ["shop/vault|8200"]),
+        ("TLSRoute shop/late", ("old.example.com",), ["shop/vault-old|8200"]),
+    ]
+    # a TLSRoute's backend port that declares no protocol is TCP (the TLS passes through)
+    policy = builder.build(GATEWAY, "my-gateway")
+    assert {c.name: c.protocol for c in policy.clusters} == {
+        "shop/vault|8200": "tcp",
+        "shop/vault-old|8200": "tcp",
+    }
+    assert route_parent(builder, "TLSRoute shop/vault") == {
+        "Accepted": ("True", "Accepted"),
+        "ResolvedRefs": ("True", "ResolvedRefs"),
+    }
+    status = gateway_status(builder)
+    assert status.listeners[0].supported_kinds == (("gateway.networking.k8s.io", "TLSRoute"),)
+    assert status.listeners[0].attached_routes == 2
+
+
+def test_a_tls_listener_takes_only_tls_routes_and_only_passthrough(mesh: Mesh) -> None:
+    builder = mesh(CLASS + SERVICES + VAULT + gateway(TLS) + http_route("web"))
+    assert route_parent(builder, "HTTPRoute shop/web")["Accepted"] == (
+        "False",
+        "NotAllowedByListeners",
+    )
+    on_http = mesh(CLASS + SERVICES + VAULT + gateway(HTTP) + tls_route("t", "[a.example.com]"))
+    assert route_parent(on_http, "TLSRoute shop/t")["Accepted"] == (
+        "False",
+        "NotAllowedByListeners",
+    )
+    terminate = TLS.replace("mode: Passthrough", "mode: Terminate, certificateRefs: [{name: c}]")
+    status = gateway_status(mesh(CLASS + SERVICES + gateway(terminate)))
+    assert listener(status, "tls")["Accepted"] == ("False", "UnsupportedValue")

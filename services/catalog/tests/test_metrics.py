@@ -26,7 +26,7 @@ metadata: {name: api, namespace: shop}
 spec: {ports: [{name: http, port: 80}]}
 ---
 apiVersion: gateway.networking.k8s.io/v1
-kind: TLSRoute
+kind: UDPRoute
 metadata: {name: grpc, namespace: shop}
 spec: {}
 ---

@@ -376,7 +376,7 @@ def test_a_kind_no_service_reads_is_listed_as_ignored_with_the_reason(
         + """
 ---
 apiVersion: gateway.networking.k8s.io/v1
-kind: TLSRoute
+kind: UDPRoute
 metadata: {name: grpc, namespace: shop}
 spec: {}
 ---
@@ -387,7 +387,7 @@ spec: {}
 """
     )
     statuses = meshspec.build(documents, errors).statuses
-    ignored = statuses["TLSRoute shop/grpc"]
+    ignored = statuses["UDPRoute shop/grpc"]
     assert (ignored.state, ignored.field) == ("ignored", "kind")
     assert "not read by any Trellis service" in ignored.reason
     # a kind Trellis reads, in a version it does not: an error the user must fix

@@ -12,6 +12,8 @@ from google.protobuf import struct_pb2
 
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
+from trellis_proxy_cp.translate.names import gateway_cert
+from trellis_proxy_cp.transport import limits
 from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import ProxyStream
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, SECRET
@@ -220,3 +222,12 @@ async def test_sds_serves_only_the_proxys_own_secrets_and_refuses_any_other_name
     protocol = "delta" if delta else "sotw"
     assert ("refused", "envoy-1", protocol, "PERMISSION_DENIED", "foreign_secret") in hooks.calls
     assert hooks.of("close") == [("close", "envoy-1")]
+
+
+def test_a_gateways_listener_certificates_are_its_own_secrets() -> None:
+    """``gateway-cert/<ns>/<name>`` names are file references a gateway's own view holds
+    (never key material): asking for them is not refused; anything else still is."""
+    limits.check_secrets([t.CERT, t.CA, gateway_cert("shop", "web-tls")])
+    with pytest.raises(limits.LimitExceeded) as refused_:
+        limits.check_secrets([gateway_cert("shop", "web-tls"), "gateway-certs/x"])
+    assert refused_.value.reason == "foreign_secret"

@@ -197,7 +197,7 @@ def test_what_envoy_would_refuse_is_left_out_not_the_whole_listener(
         "gateway_server_name_taken",
         "gateway_certificate_ref_invalid",
         "gateway_server_not_served",
-        "gateway_port_not_served",
+        "gateway_listener_empty",  # a TLS port whose listener has no TLSRoute
         "gateway_domain_taken",
         "gateway_port_invalid identity=edge/gw port=8080",
         "gateway_port_invalid identity=edge/gw port=70000",

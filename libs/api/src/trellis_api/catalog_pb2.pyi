@@ -248,6 +248,7 @@ class GatewayServer(_message.Message):
     TLS_MODE_FIELD_NUMBER: _builtins.int
     CERTIFICATES_FIELD_NUMBER: _builtins.int
     VIRTUAL_HOSTS_FIELD_NUMBER: _builtins.int
+    TLS_ROUTES_FIELD_NUMBER: _builtins.int
     listener: _builtins.str
     """"<namespace>/<gateway>/<listener name>" """
     hostname: _builtins.str
@@ -266,6 +267,12 @@ class GatewayServer(_message.Message):
         specific names first; each ends with a route that answers 404 (gRPC: UNIMPLEMENTED).
         """
 
+    @_builtins.property
+    def tls_routes(self) -> _containers.RepeatedCompositeFieldContainer[Global___GatewayTlsRoute]:
+        """TLS Passthrough: the attached TLSRoutes, by server name (each name in one route only,
+        the oldest route's).
+        """
+
     def __init__(
         self,
         *,
@@ -274,14 +281,49 @@ class GatewayServer(_message.Message):
         tls_mode: _builtins.str = ...,
         certificates: _abc.Iterable[Global___SecretRef] | None = ...,
         virtual_hosts: _abc.Iterable[Global___GatewayVirtualHost] | None = ...,
+        tls_routes: _abc.Iterable[Global___GatewayTlsRoute] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificates", b"certificates", "hostname", b"hostname", "listener", b"listener", "tls_mode", b"tls_mode", "virtual_hosts", b"virtual_hosts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificates", b"certificates", "hostname", b"hostname", "listener", b"listener", "tls_mode", b"tls_mode", "tls_routes", b"tls_routes", "virtual_hosts", b"virtual_hosts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GatewayServer: _TypeAlias = GatewayServer  # noqa: Y015
+
+@_typing.final
+class GatewayTlsRoute(_message.Message):
+    """A TLSRoute on a passthrough listener: connections whose TLS server name is one of
+    `hostnames` go, still encrypted, to the weighted clusters.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOSTNAMES_FIELD_NUMBER: _builtins.int
+    CLUSTERS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    source: _builtins.str
+    """"TLSRoute <namespace>/<name>" """
+    @_builtins.property
+    def hostnames(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Server names as Envoy matches them ("*.example.com": a suffix)."""
+
+    @_builtins.property
+    def clusters(self) -> _containers.RepeatedCompositeFieldContainer[Global___WeightedCluster]: ...
+    def __init__(
+        self,
+        *,
+        hostnames: _abc.Iterable[_builtins.str] | None = ...,
+        clusters: _abc.Iterable[Global___WeightedCluster] | None = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clusters", b"clusters", "hostnames", b"hostnames", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GatewayTlsRoute: _TypeAlias = GatewayTlsRoute  # noqa: Y015
 
 @_typing.final
 class SecretRef(_message.Message):

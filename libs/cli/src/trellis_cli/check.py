@@ -65,6 +65,10 @@ CHART_CRDS = {
 PREREQUISITE_CRDS = {
     "httproutes.gateway.networking.k8s.io": "v1",
     "grpcroutes.gateway.networking.k8s.io": "v1",
+    "gatewayclasses.gateway.networking.k8s.io": "v1",
+    "gateways.gateway.networking.k8s.io": "v1",
+    "referencegrants.gateway.networking.k8s.io": "v1",
+    "tlsroutes.gateway.networking.k8s.io": "v1",
     "serviceentries.networking.istio.io": "v1",
 }
 

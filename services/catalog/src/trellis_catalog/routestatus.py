@@ -33,7 +33,7 @@ from trellis_catalog.domain.spec import (
 
 #: Our ``controllerName``\ s: a route's entries under either are the catalog's to write.
 OURS = frozenset({MESH_CONTROLLER, GATEWAY_CONTROLLER})
-ROUTE_KINDS = frozenset({"GRPCRoute", "HTTPRoute"})
+ROUTE_KINDS = frozenset({"GRPCRoute", "HTTPRoute", "TLSRoute"})
 
 
 def now() -> str:

@@ -1,5 +1,5 @@
-"""Gateway API north-south kinds: ``GatewayClass``, ``Gateway`` and ``ReferenceGrant``
-(``gateway.networking.k8s.io``).
+"""Gateway API north-south kinds: ``GatewayClass``, ``Gateway``, ``TLSRoute`` and
+``ReferenceGrant`` (``gateway.networking.k8s.io``).
 
 Trellis serves the Gateways whose GatewayClass names the controller ``trellis.dev/gateway``:
 each gets a gateway Envoy (:mod:`trellis_catalog.domain.gateways` resolves what it serves).
@@ -31,13 +31,19 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import Field, field_validator, model_validator
 
 from trellis_common.documents.base import KindRegistry, Resource, StrictModel
-from trellis_common.documents.gateway import GROUP
-from trellis_common.documents.gateway_filters import Hostname, _hostname
+from trellis_common.documents.gateway import GROUP, ParentReference
+from trellis_common.documents.gateway_filters import (
+    BackendObjectReference,
+    Hostname,
+    Weight,
+    _hostname,
+)
 from trellis_common.documents.smi import Namespace, ObjectName, Port, _invalid
 
 GATEWAY_CLASS_API_VERSIONS: Final = (f"{GROUP}/v1", f"{GROUP}/v1beta1")
 GATEWAY_API_VERSIONS: Final = (f"{GROUP}/v1", f"{GROUP}/v1beta1")
 REFERENCE_GRANT_API_VERSIONS: Final = (f"{GROUP}/v1beta1", f"{GROUP}/v1")
+TLS_ROUTE_API_VERSIONS: Final = (f"{GROUP}/v1alpha2", f"{GROUP}/v1")
 
 #: The controllerName of Trellis' GatewayClass.
 CONTROLLER: Final = "trellis.dev/gateway"
@@ -94,6 +100,10 @@ class GatewayClassSpec(StrictModel):
 
 class GatewayClass(Resource[GatewayClassSpec]):
     """A class of Gateways and the controller that serves them (cluster-scoped)."""
+
+
+class TLSBackendRef(BackendObjectReference):
+    weight: Weight = 1
 
 
 class SecretObjectReference(StrictModel):
@@ -257,6 +267,26 @@ class Gateway(Resource[GatewaySpec]):
     """A Gateway: listeners (port, protocol, hostname, TLS) that routes attach to."""
 
 
+class TLSRouteRule(StrictModel):
+    name: SectionName | None = None
+    backend_refs: tuple[TLSBackendRef, ...] = Field(
+        alias="backendRefs", min_length=1, max_length=16
+    )
+
+
+class TLSRouteSpec(StrictModel):
+    parent_refs: tuple[ParentReference, ...] = Field(default=(), alias="parentRefs", max_length=32)
+    hostnames: tuple[Hostname, ...] = Field(min_length=1, max_length=1024)
+    rules: tuple[TLSRouteRule, ...] = Field(min_length=1, max_length=1)
+
+    _hosts = field_validator("hostnames")(lambda cls, values: tuple(_hostname(v) for v in values))
+
+
+class TLSRoute(Resource[TLSRouteSpec]):
+    """A TLSRoute: TLS connections to a Gateway's TLS listener (``Passthrough``), chosen by
+    their server name (SNI) and passed, still encrypted, to weighted backends."""
+
+
 class ReferenceGrantFrom(StrictModel):
     group: Group
     kind: Kind
@@ -282,3 +312,4 @@ def register(registry: KindRegistry) -> None:
     registry.register("GatewayClass", GATEWAY_CLASS_API_VERSIONS, GatewayClass)
     registry.register("Gateway", GATEWAY_API_VERSIONS, Gateway)
     registry.register("ReferenceGrant", REFERENCE_GRANT_API_VERSIONS, ReferenceGrant)
+    registry.register("TLSRoute", TLS_ROUTE_API_VERSIONS, TLSRoute)

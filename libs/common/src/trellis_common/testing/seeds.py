@@ -429,6 +429,27 @@ SEEDS: Final[tuple[Mapping[str, Any], ...]] = (
     *(
         {
             "apiVersion": version,
+            "kind": "TLSRoute",
+            "metadata": {"name": "vault", "namespace": "shop"},
+            "spec": {
+                "parentRefs": [{"name": "edge", "sectionName": "tls"}],
+                "hostnames": ["vault.example.com", "*.vault.example.com"],
+                "rules": [
+                    {
+                        "name": "vault",
+                        "backendRefs": [
+                            {"name": "vault", "port": 8200, "weight": 9},
+                            {"name": "vault-next", "port": 8200, "weight": 1},
+                        ],
+                    }
+                ],
+            },
+        }
+        for version in ("gateway.networking.k8s.io/v1alpha2", "gateway.networking.k8s.io/v1")
+    ),
+    *(
+        {
+            "apiVersion": version,
             "kind": "ReferenceGrant",
             "metadata": {"name": "edge-certs", "namespace": "certs"},
             "spec": {

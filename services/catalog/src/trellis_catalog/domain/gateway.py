@@ -185,13 +185,13 @@ def resolve(
             )
         if gateways is not None:
             parents += gateways.route_parents(document, grpc, rules, refs, created(document))
-        resolved.statuses[str(key)] = _status(document, tuple(parents))
+        resolved.statuses[str(key)] = route_status(document, tuple(parents))
     for attached_rules in resolved.rules.values():
         attached_rules.sort(key=lambda r: r.precedence)
     return resolved
 
 
-def _status(document: Document, parents: tuple[ParentStatus, ...]) -> Status:
+def route_status(document: Document, parents: tuple[ParentStatus, ...]) -> Status:
     key = document.key
     base = Status(
         key=str(key),

@@ -1,16 +1,19 @@
 """A Gateway's listeners as Trellis serves them: which can be served and why not, which
 routes they admit, and their host names intersected with a route's.
 
-- Protocols: ``HTTP``, and ``HTTPS`` terminated at the gateway. Others (``TLS``, ``TCP``,
-  ``UDP``, a domain-prefixed one) are ``Accepted=False``, ``UnsupportedProtocol``.
+- Protocols: ``HTTP``; ``HTTPS`` terminated at the gateway; ``TLS`` passed through
+  (``Passthrough``: TLSRoutes pick a backend by the server name; ``Terminate`` on a TLS
+  listener is ``Accepted=False``, ``UnsupportedValue``). Others (``TCP``, ``UDP``, a
+  domain-prefixed one) are ``Accepted=False``, ``UnsupportedProtocol``.
 - On one port every listener speaks one protocol: the first listener's (in the Gateway's
   order) wins, the others are ``Conflicted=True``, ``ProtocolConflict``.
 - ``certificateRefs``: a Secret (core group), in the Gateway's namespace or one whose
   ReferenceGrant lets Gateways of this namespace refer to it. Otherwise
   ``ResolvedRefs=False`` (``InvalidCertificateRef``, ``RefNotPermitted``); an HTTPS listener
   with no valid certificate is not served.
-- ``allowedRoutes.kinds``: HTTPRoute and GRPCRoute (the default); another kind is
-  ``ResolvedRefs=False``, ``InvalidRouteKinds``, and left out of ``supportedKinds``.
+- ``allowedRoutes.kinds``: HTTPRoute and GRPCRoute on HTTP and HTTPS, TLSRoute on TLS (the
+  defaults); another kind is ``ResolvedRefs=False``, ``InvalidRouteKinds``, and left out
+  of ``supportedKinds``.
 - ``allowedRoutes.namespaces``: ``Same`` (the default), ``All``, or ``Selector`` over the
   namespaces' labels (the Namespace documents; ``kubernetes.io/metadata.name`` always).
 """
@@ -25,8 +28,9 @@ from trellis_catalog.domain.spec import Condition, ListenerStatus
 from trellis_common.documents import gateway_api
 from trellis_common.documents.base import Document
 
-SERVED_PROTOCOLS = ("HTTP", "HTTPS")
-ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
+SERVED_PROTOCOLS = ("HTTP", "HTTPS", "TLS")
+HTTP_KINDS = ("HTTPRoute", "GRPCRoute")
+TLS_KINDS = ("TLSRoute",)
 
 
 def host_matches(pattern: str, name: str) -> bool:
@@ -47,7 +51,7 @@ class GatewayListener:
     port: int
     protocol: str
     hostname: str  # "": any
-    tls_mode: str  # HTTPS: Terminate
+    tls_mode: str  # HTTPS: Terminate; TLS: Passthrough
     certificates: tuple[tuple[str, str], ...]  # (namespace, name) of the valid Secrets
     kinds: tuple[str, ...]  # the route kinds it admits
     namespaces: str  # All, Same, Selector
@@ -114,9 +118,18 @@ def listeners_of(
                 "Accepted",
                 "False",
                 "UnsupportedProtocol",
-                f"protocol {listener.protocol}: Trellis' gateway serves HTTP and HTTPS",
+                f"protocol {listener.protocol}: Trellis' gateway serves HTTP, HTTPS and TLS",
             )
             kinds = ()
+        elif listener.protocol == "TLS" and listener.tls and listener.tls.mode != "Passthrough":
+            served = False
+            accepted = Condition(
+                "Accepted",
+                "False",
+                "UnsupportedValue",
+                "tls.mode Terminate on a TLS listener: Trellis' gateway passes TLS through "
+                "(Passthrough); terminate on an HTTPS listener",
+            )
         else:
             accepted = Condition("Accepted", "True", "Accepted", "listener accepted")
         conditions.append(accepted)
@@ -174,15 +187,17 @@ def listeners_of(
 
 
 def _kinds(listener: gateway_api.Listener) -> tuple[tuple[str, ...], tuple[str, str] | None]:
+    possible = TLS_KINDS if listener.protocol == "TLS" else HTTP_KINDS
     asked = listener.allowed_routes.kinds
     if not asked:
-        return ROUTE_KINDS, None
-    kinds = tuple(k.kind for k in asked if k.group == GATEWAY_GROUP and k.kind in ROUTE_KINDS)
+        return possible, None
+    kinds = tuple(k.kind for k in asked if k.group == GATEWAY_GROUP and k.kind in possible)
     invalid = [f"{k.group}/{k.kind}" for k in asked if k.kind not in kinds]
     if invalid:
         return kinds, (
             "InvalidRouteKinds",
-            f"allowedRoutes.kinds: {', '.join(invalid)} not supported (HTTPRoute, GRPCRoute)",
+            f"allowedRoutes.kinds: {', '.join(invalid)} not supported on a "
+            f"{listener.protocol} listener ({', '.join(possible)})",
         )
     return kinds, None
 

@@ -24,13 +24,14 @@ from typing import Any
 from trellis_catalog.domain import gamma
 from trellis_catalog.domain.gateway_listeners import GatewayListener, host_matches
 from trellis_catalog.domain.gateway_rules import NO_ROUTE
-from trellis_catalog.domain.gateways import GatewayRule, ServedGateway
+from trellis_catalog.domain.gateways import GatewayRule, ServedGateway, TlsRule
 from trellis_catalog.domain.services import KnownService, PortSpec
 from trellis_catalog.domain.views import (
     MATCH_ALL,
     ClusterRef,
     GatewayPort,
     GatewayServer,
+    GatewayTlsRoute,
     GatewayVirtualHost,
     Route,
     WeightedCluster,
@@ -145,10 +146,18 @@ def ports(
         for listener in listeners:
             rules = served.rules.get(listener.name, [])
             others = [o for o in listeners if o is not listener]
+            name = f"{served.namespace}/{served.name}/{listener.name}"
+            if listener.protocol == "TLS":
+                tls_rules = served.tls_rules.get(listener.name, [])
+                passed = _tls_routes(client, listener, others, tls_rules, source, clusters)
+                servers.append(
+                    GatewayServer(name, listener.hostname, "Passthrough", (), (), passed)
+                )
+                continue
             hosts = _virtual_hosts(client, listener, others, rules, source, clusters)
             servers.append(
                 GatewayServer(
-                    listener=f"{served.namespace}/{served.name}/{listener.name}",
+                    listener=name,
                     hostname=listener.hostname,
                     tls_mode=listener.tls_mode,
                     certificates=listener.certificates,
@@ -193,6 +202,37 @@ def _virtual_hosts(
         routes.append(Route("no-route", MATCH_ALL, (), direct_status=NO_ROUTE))
         hosts.append(GatewayVirtualHost((domain,), tuple(routes)))
     return tuple(hosts)
+
+
+def _tls_routes(
+    client: _Client,
+    listener: GatewayListener,
+    others: list[GatewayListener],
+    rules: list[TlsRule],
+    source: ServiceAccount,
+    clusters: dict[str, ClusterRef],
+) -> tuple[GatewayTlsRoute, ...]:
+    """A passthrough listener's TLSRoutes, the older first; a server name is the first
+    route's that claims it, and not the listener's when a more specific one owns it."""
+    taken: set[str] = set()
+    found = []
+    for rule in sorted(rules, key=lambda r: (r.created, r.source)):
+        names = tuple(
+            d for d in rule.domains if d not in taken and not _owned_elsewhere(listener, others, d)
+        )
+        taken.update(names)
+        weighted = []
+        for backend in rule.backends:
+            known = client.services.get(backend.service) if backend.service else None
+            port = next((p for p in known.ports if p.port == backend.port), None) if known else None
+            if known is None or port is None:
+                continue  # an invalid backend: its share has nowhere to go (the route's status)
+            ref = client.cluster_ref(known, port, source)
+            clusters[ref.name] = ref
+            weighted.append(WeightedCluster(ref.name, backend.weight))
+        if names and weighted:
+            found.append(GatewayTlsRoute(names, tuple(weighted), rule.source))
+    return tuple(found)
 
 
 def _owned_elsewhere(listener: GatewayListener, others: list[GatewayListener], name: str) -> bool:

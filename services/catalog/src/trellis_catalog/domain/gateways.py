@@ -27,14 +27,14 @@ of it is served by a gateway Envoy running as the identity ``<namespace>/<gatewa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from trellis_catalog.domain.gateway import AttachedRule, attached_rule
 from trellis_catalog.domain.gateway_listeners import GatewayListener, listeners_of
-from trellis_catalog.domain.gateway_rules import Refs, Rule
+from trellis_catalog.domain.gateway_rules import Backend, Refs, Rule
 from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
 from trellis_catalog.domain.spec import Condition, MeshSpec, ParentStatus, Status
 from trellis_catalog.domain.views import Identity
@@ -55,6 +55,16 @@ class GatewayRule:
     attached: AttachedRule  # what it does, as a mesh route's rule
 
 
+@dataclass(frozen=True, slots=True)
+class TlsRule:
+    """A TLSRoute on one passthrough listener: its server names there and its backends."""
+
+    source: str  # "TLSRoute ns/name"
+    domains: tuple[str, ...]
+    backends: tuple[Backend, ...]
+    created: datetime
+
+
 @dataclass
 class ServedGateway:
     """A Gateway of Trellis' class: its listeners and the rules attached to each."""
@@ -63,6 +73,7 @@ class ServedGateway:
     name: str
     listeners: list[GatewayListener]
     rules: dict[str, list[GatewayRule]] = field(default_factory=dict)  # by listener name
+    tls_rules: dict[str, list[TlsRule]] = field(default_factory=dict)  # TLSRoutes, by listener
     routes: dict[str, set[str]] = field(default_factory=dict)  # listener -> routes attached
 
 
@@ -90,7 +101,7 @@ class Gateways:
             served = self.served.get(Identity(namespace, parent_ref.name))
             if served is None:
                 continue  # not ours (or not there): another controller's business
-            accepted = _attach(served, document, parent_ref, grpc, rules, created, self)
+            accepted = _attach(served, document, parent_ref, grpc, rules, created)
             found.append(
                 ParentStatus(
                     group=GATEWAY_GROUP,
@@ -159,15 +170,18 @@ def statuses(resolved: Gateways, documents: list[Document]) -> dict[str, Status]
     return found
 
 
-def _attach(
+Attach = Callable[[GatewayListener, tuple[str, ...]], "str | None"]
+
+
+def attach(
     served: ServedGateway,
     document: Document,
     parent_ref: gateway.ParentReference,
-    grpc: bool,
-    rules: list[Rule],
-    created: datetime,
-    resolved: Gateways,
+    take: Attach,
 ) -> Condition:
+    """Attach a route to the listeners of ``served`` its parentRef names, that admit it and
+    whose hostname intersects its own: ``take(listener, names)`` records it on one (or
+    answers why it may not); the route's Accepted condition for this parent."""
     key = document.key
     route = document.resource
     where = f"Gateway {served.namespace}/{served.name}"
@@ -204,20 +218,11 @@ def _attach(
                 )
             )
             continue
-        conflict = _conflict(served, listener.name, grpc, domains)
-        if conflict is not None:
-            reasons.append(
-                (
-                    "NotAllowedByListeners",
-                    f"listener {listener.name}: {conflict} has intersecting hostnames and is "
-                    "older: a GRPCRoute and an HTTPRoute cannot share a hostname (GEP-1016)",
-                )
-            )
+        refused = take(listener, domains)
+        if refused is not None:
+            reasons.append(("NotAllowedByListeners", f"listener {listener.name}: {refused}"))
             continue
         served.routes.setdefault(listener.name, set()).add(str(key))
-        served.rules.setdefault(listener.name, []).extend(
-            _rules(document, grpc, rules, domains, created)
-        )
         attached_to.append(listener.name)
     if not attached_to:
         order = ("NotAllowedByListeners", "NoMatchingListenerHostname")
@@ -227,6 +232,31 @@ def _attach(
     if reasons:
         message += " (not to: " + "; ".join(m for _, m in reasons) + ")"
     return Condition("Accepted", "True", "Accepted", message)
+
+
+def _attach(
+    served: ServedGateway,
+    document: Document,
+    parent_ref: gateway.ParentReference,
+    grpc: bool,
+    rules: list[Rule],
+    created: datetime,
+) -> Condition:
+    """An HTTPRoute's or GRPCRoute's rules on the listeners it attaches to."""
+
+    def take(listener: GatewayListener, domains: tuple[str, ...]) -> str | None:
+        conflict = _conflict(served, listener.name, grpc, domains)
+        if conflict is not None:
+            return (
+                f"{conflict} has intersecting hostnames and is older: a GRPCRoute and an "
+                "HTTPRoute cannot share a hostname (GEP-1016)"
+            )
+        served.rules.setdefault(listener.name, []).extend(
+            _rules(document, grpc, rules, domains, created)
+        )
+        return None
+
+    return attach(served, document, parent_ref, take)
 
 
 def _conflict(

@@ -29,6 +29,7 @@ from trellis_catalog.domain.services import KnownService, PortSpec, spiffe_id
 from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.tcpports import shadow_tcp
+from trellis_catalog.domain.tlsroutes import attach_tls_routes
 from trellis_catalog.domain.upstream import connection_settings, seconds
 from trellis_catalog.domain.views import (
     MATCH_ALL,
@@ -118,6 +119,8 @@ class PolicyBuilder:
         self.routes = routes or gateway.resolve(
             spec.gateway_routes, services, {}, cluster_domain, gateways
         )
+        if routes is None and gateways is not None:
+            attach_tls_routes(gateways, spec.tls_routes, services, {})
         if index:
             drain(self.index_steps())
 

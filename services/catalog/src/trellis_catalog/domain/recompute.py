@@ -44,6 +44,7 @@ from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.reports import ProviderReports
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.tcpports import tcp_port_conflicts
+from trellis_catalog.domain.tlsroutes import attach_tls_routes
 from trellis_catalog.domain.views import Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.model import MeshService, ServiceAccount
@@ -104,7 +105,7 @@ class Recompute:
         self._cluster_domain = cluster_domain
         self._verdict = verdict
         self._documents = SpecDocuments()
-        self._grpc_ports: dict[MeshService, frozenset[int]] = {}
+        self._route_ports: dict[MeshService, frozenset[tuple[int, str]]] = {}
         self.routes = gateway.Resolved()
         self.gateways = Gateways()
         self.dirty = Dirty(spec=True)
@@ -238,10 +239,10 @@ class Recompute:
             )
             self._document_statuses = self.spec.statuses
             self.spec_updates["built"] += 1
-            grpc_ports, self._grpc_ports = self._grpc_ports, self.spec.grpc_backends()
+            route_ports, self._route_ports = self._route_ports, self.spec.route_ports()
             # a port that became (or stopped being) a GRPCRoute's backend changes protocol
-            scope = {s for s in grpc_ports.keys() | self._grpc_ports.keys()
-                     if grpc_ports.get(s) != self._grpc_ports.get(s)}  # fmt: skip
+            scope = {s for s in route_ports.keys() | self._route_ports.keys()
+                     if route_ports.get(s) != self._route_ports.get(s)}  # fmt: skip
         changed_clusters: set[str] = set()
         scope |= self._scope(dirty)
         if scope or dirty.spec:
@@ -256,7 +257,7 @@ class Recompute:
                     service,
                     self.spec.services.get(service),
                     self._reports.of(service).values(),
-                    self._grpc_ports.get(service, frozenset()),
+                    self._route_ports.get(service, frozenset()),
                 )
                 if known is None:
                     self.services.pop(service, None)
@@ -280,6 +281,9 @@ class Recompute:
                 self._documents.first_seen,
                 self._cluster_domain,
                 self.gateways,
+            )
+            attach_tls_routes(
+                self.gateways, self.spec.tls_routes, self.services, self._documents.first_seen
             )
             yield
             self.spec.statuses = self._resolved_statuses()

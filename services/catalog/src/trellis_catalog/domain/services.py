@@ -151,20 +151,22 @@ def known_service(
     service: MeshService,
     declared: core.Service | None,
     reports: Iterable[ProvidedService],
-    grpc_ports: frozenset[int] = frozenset(),
+    route_ports: frozenset[tuple[int, str]] = frozenset(),
 ) -> KnownService | None:
     """One service from its declaration and its providers' reports (None: nobody knows it).
 
-    ``grpc_ports`` are the ports GRPCRoutes send to: gRPC unless the port declares its
-    protocol (``appProtocol`` or its name), as Gateway API says."""
+    ``route_ports`` are the ports routes send to, with their protocol (GRPCRoute: gRPC,
+    TLSRoute: TCP), taken unless the port declares one (``appProtocol`` or its name), as
+    Gateway API says."""
     found = sorted(reports, key=lambda r: r.provider)
     if declared is None and not found:
         return None
     first = found[0] if found else None
     ports = (_declared_ports(declared) if declared is not None else ()) or _provided_ports(found)
-    if grpc_ports:
+    if route_ports:
+        protocols = dict(sorted(route_ports))  # one protocol per port: "tcp" after "grpc"
         ports = tuple(
-            replace(p, protocol="grpc") if p.port in grpc_ports and not p.declared else p
+            replace(p, protocol=protocols[p.port]) if p.port in protocols and not p.declared else p
             for p in ports
         )
     return KnownService(
@@ -189,16 +191,19 @@ def known_service(
 def index(
     declared: Mapping[MeshService, core.Service],
     provided: Iterable[ProvidedService],
-    grpc_ports: Mapping[MeshService, frozenset[int]] | None = None,
+    route_ports: Mapping[MeshService, frozenset[tuple[int, str]]] | None = None,
 ) -> dict[MeshService, KnownService]:
     reports: dict[MeshService, list[ProvidedService]] = {}
     for report in provided:
         reports.setdefault(report.service, []).append(report)
     known: dict[MeshService, KnownService] = {}
-    grpc = grpc_ports or {}
+    routed = route_ports or {}
     for service in sorted(set(declared) | set(reports), key=str):
         entry = known_service(
-            service, declared.get(service), reports.get(service, []), grpc.get(service, frozenset())
+            service,
+            declared.get(service),
+            reports.get(service, []),
+            routed.get(service, frozenset()),
         )
         if entry is not None:
             known[service] = entry

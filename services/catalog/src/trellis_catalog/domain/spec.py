@@ -57,6 +57,7 @@ KINDS = (
     "GatewayClass",
     "Gateway",
     "ReferenceGrant",
+    "TLSRoute",
 )
 
 
@@ -143,6 +144,7 @@ class MeshSpec:
         default_factory=dict
     )
     gateway_routes: list[Document] = field(default_factory=list)  # GRPCRoute, HTTPRoute
+    tls_routes: list[Document] = field(default_factory=list)  # TLSRoute (Gateways only)
     # every UpstreamTrafficSetting by (namespace, name): an Egress names one that way
     traffic_settings: dict[tuple[str, str], osm.UpstreamTrafficSettingSpec] = field(
         default_factory=dict
@@ -155,24 +157,26 @@ class MeshSpec:
     reference_grants: list[Document] = field(default_factory=list)
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def grpc_backends(self) -> dict[MeshService, frozenset[int]]:
-        """The Service ports GRPCRoutes send to (backends and mirrors): gRPC (h2c) unless
-        they say otherwise."""
-        found: dict[MeshService, set[int]] = defaultdict(set)
-        for document in self.gateway_routes:
+    def route_ports(self) -> dict[MeshService, frozenset[tuple[int, str]]]:
+        """The Service ports routes send to, with the protocol they speak there unless the
+        port declares one (``appProtocol`` or its name): a GRPCRoute's backends and mirrors
+        gRPC (h2c), a TLSRoute's backends TCP (the client's TLS passes through)."""
+        found: dict[MeshService, set[tuple[int, str]]] = defaultdict(set)
+        for document in self.gateway_routes + self.tls_routes:
             resource = document.resource
-            if not isinstance(resource, gateway.GRPCRoute):
+            if isinstance(resource, gateway.HTTPRoute):
                 continue
+            protocol = "grpc" if isinstance(resource, gateway.GRPCRoute) else "tcp"
             for rule in resource.spec.rules:
                 mirrors = [
                     f.request_mirror.backend_ref
-                    for f in rule.filters
+                    for f in getattr(rule, "filters", ())
                     if f.type == "RequestMirror" and f.request_mirror is not None
                 ]  # a mirror gets the same gRPC calls
                 for ref in [*rule.backend_refs, *mirrors]:
                     if ref.is_service and ref.port is not None:
                         namespace = ref.namespace or document.key.namespace
-                        found[MeshService(namespace, ref.name)].add(ref.port)
+                        found[MeshService(namespace, ref.name)].add((ref.port, protocol))
         return {service: frozenset(ports) for service, ports in found.items()}
 
     @property
@@ -308,6 +312,8 @@ def build_steps(
                 status = replace(_status(document, "warning", reason), field=limits[0][0])
         elif isinstance(resource, gateway.GRPCRoute | gateway.HTTPRoute):
             spec.gateway_routes.append(document)  # resolved against the services later
+        elif isinstance(resource, gateway_api.TLSRoute):
+            spec.tls_routes.append(document)  # attached to Gateways later
         elif isinstance(resource, gateway_api.GatewayClass):
             spec.gateway_classes.append(document)
         elif isinstance(resource, gateway_api.Gateway):

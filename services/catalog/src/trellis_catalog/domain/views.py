@@ -328,6 +328,16 @@ class GatewayVirtualHost:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayTlsRoute:
+    """A TLSRoute on a passthrough listener: connections for these server names go, still
+    encrypted, to the weighted clusters."""
+
+    hostnames: tuple[str, ...]
+    clusters: tuple[WeightedCluster, ...]
+    source: str  # "TLSRoute <namespace>/<name>"
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayServer:
     """One listener of a Gateway with the routes attached to it."""
 
@@ -336,6 +346,7 @@ class GatewayServer:
     tls_mode: str = ""  # HTTPS/TLS: Terminate or Passthrough
     certificates: tuple[tuple[str, str], ...] = ()  # Terminate: (namespace, name) of Secrets
     virtual_hosts: tuple[GatewayVirtualHost, ...] = ()
+    tls_routes: tuple[GatewayTlsRoute, ...] = ()  # TLS Passthrough
 
 
 @dataclass(frozen=True, slots=True)

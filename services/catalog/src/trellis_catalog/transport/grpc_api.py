@@ -126,6 +126,17 @@ def _gateway_port(port: GatewayPort) -> pb.GatewayPort:
                     pb.GatewayVirtualHost(domains=v.domains, routes=[_route(r) for r in v.routes])
                     for v in s.virtual_hosts
                 ],
+                tls_routes=[
+                    pb.GatewayTlsRoute(
+                        hostnames=t.hostnames,
+                        clusters=[
+                            pb.WeightedCluster(cluster=c.cluster, weight=c.weight)
+                            for c in t.clusters
+                        ],
+                        source=t.source,
+                    )
+                    for t in s.tls_routes
+                ],
             )
             for s in port.servers
         ],

@@ -19,8 +19,9 @@ outbound clusters. Here each port becomes a listener ``gateway_<port>`` on 0.0.0
   with that server's virtual hosts only (RDS ``gateway_<port>_<server index>``). Without a
   ``gateway_certs_dir`` in the node metadata the Envoy has no certificates: the port is left
   out, with a warning.
-- ``TLS`` and ``Passthrough``: not produced by the catalog yet; such servers are left out,
-  with a log line, rather than served half-right.
+- ``TLS`` (``Passthrough``, TLSRoutes): a TLS inspector, and a filter chain per route
+  matching its server names (SNI), whose ``tcp_proxy`` passes the connection, still
+  encrypted, to the route's weighted clusters (mesh mTLS around it, as for a TCP service).
 
 The routes are the Gateway API rules as every proxy gets them (gateway.py, with
 ``routes.route_match``); the catalog has placed each rule in the virtual hosts of its host
@@ -40,6 +41,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from google.protobuf import wrappers_pb2
 
@@ -78,7 +80,10 @@ def resources(view: catalog_pb2.View, certs_dir: str) -> GatewayResources:
         elif port.protocol == "HTTPS":
             seen.add(port.port)
             _https(view, port, certs_dir, found)
-        else:  # TLS (TLSRoute, passthrough): the catalog does not produce it yet
+        elif port.protocol == "TLS":
+            seen.add(port.port)
+            _passthrough(view, port, found)
+        else:
             log.info(
                 "gateway_port_not_served identity=%s listener=%s protocol=%s",
                 view.identity,
@@ -86,6 +91,63 @@ def resources(view: catalog_pb2.View, certs_dir: str) -> GatewayResources:
                 port.protocol,
             )
     return found
+
+
+def _tcp_proxy(port: int, route: catalog_pb2.GatewayTlsRoute) -> listener_components_pb2.Filter:
+    proxy = tcp_proxy_pb2.TcpProxy(stat_prefix=f"gateway_{port}_passthrough")
+    if len(route.clusters) == 1:
+        proxy.cluster = route.clusters[0].cluster
+    else:
+        proxy.weighted_clusters.CopyFrom(
+            tcp_proxy_pb2.TcpProxy.WeightedCluster(
+                clusters=[
+                    tcp_proxy_pb2.TcpProxy.WeightedCluster.ClusterWeight(
+                        name=c.cluster, weight=c.weight
+                    )
+                    for c in route.clusters
+                ]
+            )
+        )
+    return listener_components_pb2.Filter(
+        name="envoy.filters.network.tcp_proxy", typed_config=pack(proxy)
+    )
+
+
+def _passthrough(
+    view: catalog_pb2.View, port: catalog_pb2.GatewayPort, found: GatewayResources
+) -> None:
+    """TLSRoutes by server name; Envoy refuses two chains for one name, so a name already
+    taken stays with the first."""
+    listener = _listener(port.port)
+    taken: set[str] = set()
+    for server in port.servers:
+        for route in server.tls_routes:
+            server_names = [n for n in dict.fromkeys(route.hostnames) if n not in taken]
+            clusters = [c for c in route.clusters if c.cluster and c.weight > 0]
+            if not server_names or not clusters:
+                log.warning(
+                    "gateway_tls_route_not_served identity=%s server=%s route=%s",
+                    view.identity,
+                    server.listener,
+                    route.source,
+                )
+                continue
+            taken.update(server_names)
+            served = catalog_pb2.GatewayTlsRoute(hostnames=server_names, clusters=clusters)
+            listener.filter_chains.append(
+                listener_components_pb2.FilterChain(
+                    name=f"{server.listener}|{route.source}",
+                    filter_chain_match=listener_components_pb2.FilterChainMatch(
+                        transport_protocol="tls", server_names=server_names
+                    ),
+                    filters=[_tcp_proxy(port.port, served)],
+                )
+            )
+    if not listener.filter_chains:  # Envoy refuses a listener without any
+        log.warning("gateway_listener_empty identity=%s listener=%s", view.identity, listener.name)
+        return
+    listener.listener_filters.append(ingress.tls_inspector())
+    found.listeners.append(listener)
 
 
 def _route(source: catalog_pb2.Route) -> rc.Route:

@@ -32,6 +32,10 @@ def gateway_routes(port: int, chain: int | None = None) -> str:
     return f"gateway_{port}" if chain is None else f"gateway_{port}_{chain}"
 
 
+#: The prefix of a gateway's listener certificates (file references, never keys).
+GATEWAY_CERT_PREFIX = "gateway-cert/"
+
+
 def gateway_cert(namespace: str, name: str) -> str:
     """The SDS secret of a Gateway listener's certificate: the Secret ``namespace/name``."""
-    return f"gateway-cert/{namespace}/{name}"
+    return f"{GATEWAY_CERT_PREFIX}{namespace}/{name}"

@@ -127,8 +127,15 @@ def check_subscription(type_url: str, count: int, limits: StreamLimits) -> None:
 
 
 def check_secrets(names: Any) -> None:
-    """Refuse a Secret request that names anything but the proxy's own secrets."""
-    foreign = sorted(set(names) - OWN_SECRETS)
+    """Refuse a Secret request that names anything but the proxy's own secrets. A gateway's
+    listener certificates (``gateway-cert/<namespace>/<name>``) are its own too: each is a
+    reference to files on the gateway's host, never key material, and a proxy is only ever
+    sent those its own view names (another name is simply never answered)."""
+    foreign = sorted(
+        n
+        for n in set(names) - OWN_SECRETS
+        if not str(n).startswith(resource_names.GATEWAY_CERT_PREFIX)
+    )
     if foreign:
         raise LimitExceeded(
             grpc.StatusCode.PERMISSION_DENIED,
