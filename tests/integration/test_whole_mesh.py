@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.integration.dashboardpage import check_dashboard, dashboard_url
+from trellis_cli import demo
 from trellis_common import adminhttp
 from trellis_common.testing import up
 from trellis_common.testing.up import wait
@@ -149,7 +150,12 @@ def test_the_bookstore_demo_end_to_end(mesh: Up) -> None:
     status = mesh.cli("status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
     reported = json.loads(status.stdout)
-    assert reported["mesh"]["connected_proxies"] == 6  # 4 + the greeters, on either replica
+    # 4 sidecars, the greeters' two and the Gateway's Envoy, on either replica
+    assert reported["mesh"]["connected_proxies"] == 7
+    # bookstore through the demo's Gateway, over mesh mTLS as the gateway's identity
+    through_gateway = httpx.get(demo.gateway_url(), timeout=5)
+    assert through_gateway.status_code == 200, through_gateway.text
+    assert through_gateway.json()["app"] in ("bookstore-v1", "bookstore-v2")
     healthy = {s["service"]: s["healthy"] for s in reported["services"]}
     assert healthy["proxy-cp"] is healthy["proxy-cp-2"] is True, healthy
 
