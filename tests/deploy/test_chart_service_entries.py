@@ -20,26 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.deploy.chartprocs import ChartControlPlane
-from tests.deploy.helmchart import NAMESPACE, render
+from tests.deploy.chartsidecar import Proxy, onboard_sidecar
+from tests.deploy.helmchart import render
 from trellis_common.kube.client import api_client
 from trellis_common.testing.apps import AppServer
 from trellis_common.testing.envoy import Envoy
 from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.ports import free_port
 from trellis_common.testing.services import ServiceProcess
 from trellis_common.testing.waiting import eventually
 
@@ -58,8 +54,6 @@ CRDS = {
 }
 #: The label that puts a namespace in the mesh (the chart's default mesh name).
 MONITORED = {"trellis.dev/monitored-by": "trellis"}
-#: The bootstrap's cluster of proxy-cp (its xDS server).
-XDS = "trellis-xds"
 #: The longest wait for a change to reach a reader: a bound on polling, not a measure
 #: (a change takes about a second here).
 SETTLE = 30.0
@@ -143,47 +137,7 @@ class Mesh:
         return list(view.get("external", []))
 
     def sidecar(self, namespace: str, service: str, folder: Path) -> Proxy:
-        """An Envoy sidecar of ``namespace/service`` that only calls out, onboarded with
-        ``trellis vm bootstrap`` (the admin token; the injector issues its certificate and
-        expects it at proxy-cp) and started with the bootstrap the CLI wrote. As for the
-        chart's pods, only the Service's address is remapped: proxy-cp's xDS port here."""
-        out, outbound = folder / service, free_port()
-        done = subprocess.run(
-            [
-                sys.executable, "-m", "trellis_cli.main",
-                "--state-dir", str(self.plane.state_dir),
-                "vm", "bootstrap", "-n", namespace, "--service", service,
-                "--app-port", "0", "--inbound-port", str(free_port()),
-                "--outbound-port", str(outbound), "--admin-port", str(free_port()),
-                "--out", str(out),
-            ],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        bootstrap = yaml.safe_load((out / "envoy.yaml").read_text())
-        host, _, port = self.plane.process("proxy-cp").endpoint.grpc_address.rpartition(":")
-        [xds] = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == XDS]
-        [group] = xds["load_assignment"]["endpoints"]
-        [endpoint] = group["lb_endpoints"]
-        address = endpoint["endpoint"]["address"]["socket_address"]
-        assert address == {"address": f"proxy-cp.{NAMESPACE}.svc", "port_value": 15128}
-        address.update(address=host, port_value=int(port))
-        envoy = Envoy(bootstrap, folder / "envoy", service).start()
-        envoy.wait_ready()
-        return Proxy(envoy, outbound)
-
-
-@dataclass
-class Proxy:
-    """An onboarded Envoy sidecar and its outbound listener's port."""
-
-    envoy: Envoy
-    outbound_port: int
-
-    def get(self, host: str, path: str) -> httpx.Response:
-        """``path`` of ``host`` as the workload asks for it: through its outbound listener."""
-        url = f"http://127.0.0.1:{self.outbound_port}{path}"
-        return httpx.get(url, headers={"host": host}, timeout=5)
+        return onboard_sidecar(self.plane, namespace, service, folder)
 
 
 def hosts(envoy: Envoy, cluster: str) -> list[str]:

@@ -12,6 +12,7 @@ start costs the suite about ten seconds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -24,10 +25,12 @@ import pytest
 import yaml
 
 from tests.deploy.chartprocs import ChartControlPlane
+from tests.deploy.chartsidecar import onboard_sidecar
 from tests.deploy.helmchart import render
 from trellis_cli import check
 from trellis_common import components
 from trellis_common.testing.kube import KubeApi
+from trellis_common.testing.waiting import eventually
 
 # the first test also starts the control plane (about 45 s on a loaded 2-core machine), then
 # runs the CLI a dozen times
@@ -149,3 +152,31 @@ def test_check_passes_then_names_a_stopped_component(plane: Plane) -> None:
     [line] = [line for line in failed if "component endpoints-vm" in line]
     assert "endpoints-vm-0 unreachable" in line
     assert all("component" in line for line in failed), failed
+
+
+def test_proxy_config_reads_a_connected_proxy_through_the_cluster(
+    plane: Plane, tmp_path: Path
+) -> None:
+    """A real Envoy sidecar connected to the chart's proxy-cp: ``proxy list`` finds it and
+    ``proxy config`` answers with what proxy-cp sent it, as locally, keys redacted."""
+    proxy = onboard_sidecar(plane.plane, "shop", "buyer", tmp_path)
+    try:
+
+        def listed() -> list[str]:
+            done = plane.run("proxy", "list", "-o", "json")
+            return [
+                p["proxy"] for p in _json(done)["proxies"] if p["proxy"].endswith(".buyer.shop")
+            ]
+
+        [name] = asyncio.run(eventually(listed, timeout=60, message="the sidecar connects"))
+        cluster = _json(plane.run("proxy", "config", name, "--json"))
+        assert cluster == _json(plane.run("proxy", "config", name, "--json", cluster=False))
+        text = json.dumps(cluster)
+        assert "type.googleapis.com/envoy.config.listener.v3.Listener" in text
+        assert "PRIVATE KEY" not in text
+        # a proxy that is not there is refused, naming it
+        missing = plane.run("proxy", "config", "nobody.nothing.shop")
+        assert missing.returncode != 0
+        assert "nobody.nothing.shop" in missing.stderr
+    finally:
+        proxy.envoy.stop()
