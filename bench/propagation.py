@@ -26,6 +26,13 @@ answer that shows the change, so it is late by up to one poll interval plus one 
 trip (about 3 ms here): the resolution. "Served" means in the Envoy's active configuration:
 no request is sent to the new endpoint (a workload at a made-up address takes no traffic).
 
+The REST calls go over one kept-alive HTTPS connection, as a VM agent sends them
+(:mod:`trellis_cli.keepalive`: its idle expiry, 60 s, outlasts the pauses between phases).
+Right after the idle phase, a **fresh** phase (``fresh_``) makes the same rounds with a new
+HTTPS connection for each POST and DELETE (a TCP and a TLS handshake each, as a one-shot
+``trellis vm`` command pays): the baseline of the kept-alive figures, measured in the same
+run (``add_p50_ms/fresh_add_p50_ms`` and the p99's, and the POSTs' alone).
+
 Three phases, each with the same interleaved rounds (add, remove, observe; a spec edit
 every few rounds): idle; with N simulated proxies connected, each its own mTLS ADS stream,
 a tenth of them bookbuyer's (every bookstore change is pushed to them too), the rest
@@ -56,6 +63,7 @@ import yaml
 from bench import envoy_admin, fullmesh, load
 from bench.background import Background
 from bench.report import Figure, print_table, ratio_line, results
+from trellis_cli.keepalive import IDLE_EXPIRY
 from trellis_common.testing.mesh import Mesh
 
 CHANGES, EDITS = 100, 20  # adds (and as many removes), spec edits per phase at --seconds 2
@@ -72,6 +80,8 @@ SPLIT_CLUSTER = "bookstore/bookstore-v1|14001"  # the backend whose weight an ed
 NETWORK = 201  # the measured workloads' addresses: 201.x.y.z
 #: the processes whose CPU per change the churn phase reports (churn_cpu_<name>_ms)
 CPU_OF = ("endpoints-vm", "catalog", "proxy-cp")
+#: the fresh_ phase's figures: what a connection per call changes (no spec edits in it)
+FRESH_KINDS = ("add", "remove", "post")
 LOGGER = "lua"  # a logger the observed Envoy has and does not use
 LEVELS = ("warning", "error")
 
@@ -91,7 +101,12 @@ class Observer:
     """Makes one change at a time and times it until the observed Envoy serves it."""
 
     def __init__(self, state_dir: Path, spec_dir: Path, admin_url: str) -> None:
-        self._rest = httpx.Client(**fullmesh.endpoints_vm(state_dir))
+        self._options = fullmesh.endpoints_vm(state_dir)
+        # one kept-alive connection, as an agent keeps it (trellis_cli.keepalive)
+        limits = httpx.Limits(max_keepalive_connections=1, keepalive_expiry=IDLE_EXPIRY)
+        self._rest = httpx.Client(**self._options, limits=limits)
+        #: a new HTTPS connection for each REST call instead (the fresh_ baseline)
+        self.fresh = False
         self._poller = envoy_admin.Poller(admin_url)
         self._eds = envoy_admin.eds_path(CLUSTER)
         self._split = spec_dir / SPLIT
@@ -127,7 +142,7 @@ class Observer:
             "service_account": "bookstore",
         }
         start = time.perf_counter()
-        load.expect_status(self._rest.post("/v1/workloads", json=body), 201)
+        load.expect_status(self._call("POST", "/v1/workloads", json=body), 201)
         samples.post.append(time.perf_counter() - start)
         samples.add.append(
             self._poller.until(self._eds, lambda b: address in envoy_admin.eds_addresses(b), start)
@@ -136,10 +151,17 @@ class Observer:
 
     def _remove(self, name: str, address: str) -> float:
         start = time.perf_counter()
-        load.expect_status(self._rest.delete(f"/v1/workloads/bookstore/{name}"), 204)
+        load.expect_status(self._call("DELETE", f"/v1/workloads/bookstore/{name}"), 204)
         return self._poller.until(
             self._eds, lambda b: address not in envoy_admin.eds_addresses(b), start
         )
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """On the kept-alive connection, or (``fresh``) on a new one, closed after."""
+        if not self.fresh:
+            return self._rest.request(method, path, **kwargs)
+        with httpx.Client(**self._options) as once:  # the same TLS context: handshakes only
+            return once.request(method, path, **kwargs)
 
     def _observe(self) -> float:
         level = self._level = LEVELS[1] if self._level == LEVELS[0] else LEVELS[0]
@@ -212,15 +234,16 @@ def _figures(samples: Samples, prefix: str = "", suffix: str = "") -> list[Figur
 
 
 def _report(
-    phases: tuple[Samples, Samples, Samples],
+    phases: tuple[Samples, Samples, Samples, Samples],
     streams: int,
     rate: float,
     load_notes: list[str],
     cpu: list[Figure],
 ) -> dict[str, float]:
-    idle, connected, churning = phases
+    idle, fresh, connected, churning = phases
     at = f"@{streams}"
     figures = [*_figures(idle), *_figures(connected, suffix=at), *_figures(churning, "churn_")]
+    figures += [f for f in _figures(fresh, "fresh_") if f.name.split("_")[1] in FRESH_KINDS]
     figures.append(
         Figure("churn_rate", rate, "/s", f"background changes while measured ({RATE:g}/s asked)")
     )
@@ -248,6 +271,9 @@ def _report(
             ratios[f"churn_{kind}_{tag}_ms/{idle_figure.name}"] = ratio_line(
                 by[f"churn_{kind}_{tag}_ms"], idle_figure, "idle figure"
             )
+    print("  kept-alive connection against a fresh one per call (fresh_), same run:")
+    for name in ("add_p50_ms", "add_p99_ms", "remove_p50_ms", "remove_p99_ms", "post_p50_ms"):
+        ratios[f"{name}/fresh_{name}"] = ratio_line(by[name], by[f"fresh_{name}"], "baseline")
     for tag in ("p50", "p99"):  # a ratio the JSON cannot key (two sizes): printed only
         ratio_line(by[f"add_{tag}_ms{at}"], by[f"add_{tag}_ms"], "idle figure")
     return results(figures, ratios)
@@ -272,6 +298,9 @@ def run(*, seconds: float, warmup: float) -> dict[str, float]:
         observer = Observer(mesh.state_dir, mesh.spec_dir, buyer.envoy.admin)
         try:
             idle = _phase(observer, "idle", changes, edits, warmup)
+            observer.fresh = True
+            fresh = _phase(observer, "idle, a fresh connection per call", changes, 0, warmup)
+            observer.fresh = False
             log = mesh.tmp / "background.log"
             with Background(mesh.state_dir, log, streams=streams, clients=streams // 10) as fleet:
                 notes.append(
@@ -302,7 +331,8 @@ def run(*, seconds: float, warmup: float) -> dict[str, float]:
         )
         for name, seconds in cpu.items()
     ]
-    return _report((idle, connected, churning), streams, churn.summary["rate"], notes, cpu_figures)
+    phases = (idle, fresh, connected, churning)
+    return _report(phases, streams, churn.summary["rate"], notes, cpu_figures)
 
 
 def _cpu(mesh: Mesh) -> dict[str, float]:

@@ -175,13 +175,30 @@ heartbeat_token_option = click.option(
 @click.option("--namespace", "-n", required=True)
 @click.option("--name", required=True)
 @heartbeat_token_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--every",
+    type=click.FloatRange(min=0.05),
+    help="Keep heartbeating every SECONDS until stopped (SIGTERM, Ctrl-C), as a VM agent: "
+    "all on one kept-alive HTTPS connection, a failed heartbeat retried with backoff.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per heartbeat).")
 @click.pass_obj
 def heartbeat(
-    mesh: Mesh, namespace: str, name: str, token_file: Path | None, as_json: bool
+    mesh: Mesh,
+    namespace: str,
+    name: str,
+    token_file: Path | None,
+    every: float | None,
+    as_json: bool,
 ) -> None:
     token = heartbeat_token(mesh, namespace, name, token_file)
-    result = mesh.call(SERVICE, "POST", f"/v1/workloads/{namespace}/{name}/heartbeat", bearer=token)
+    path = f"/v1/workloads/{namespace}/{name}/heartbeat"
+    if every is not None:
+        from trellis_cli import keepalive  # only the agent's loop needs it
+
+        keepalive.heartbeat_every(mesh, SERVICE, path, token, every, as_json=as_json)
+        return
+    result = mesh.call(SERVICE, "POST", path, bearer=token)
     if as_json:
         output.emit_json(result)
         return
