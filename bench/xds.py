@@ -5,9 +5,10 @@ one change that touches all of them, the time until every stream has ACKed (medi
 CPU seconds and memory per stream; beside it, in the same run, a bare grpcio server pushing
 the same pre-serialized bytes to the same streams (the floor); both, and the ratio.
 
-For each N, two server processes (:mod:`bench.xds_server`): ``trellis`` (proxy-cp's cache,
-core, hooks and ADS servicer) and ``floor`` (a bare servicer writing pre-serialized bytes).
-This process is the client (:mod:`bench.xds_client`): N Envoy-like SotW streams to each
+For each N, server processes (:mod:`bench.xds_server`): ``trellis`` (proxy-cp's cache,
+core, hooks and ADS servicer), ``floor`` (a bare servicer writing pre-serialized bytes) and
+proxy-cp replicas (Layout, below). This process is the client (:mod:`bench.xds_client`;
+or C workers, below): N Envoy-like SotW streams to each
 server, :data:`PER_CHANNEL` per connection. Stream ``i`` is a proxy of group ``i % 10``
 (:data:`GROUPS` identities with N/10 proxies each, one snapshot per group, see
 :mod:`bench.xds_mesh`): one stream per group connects first (so the groups' snapshots
@@ -35,22 +36,34 @@ streams per connection (default 50; 1 is a connection per stream, as with real E
 ``TRELLIS_BENCH_XDS_PROFILE=DIR`` writes a cProfile of each server's event loop thread
 over the measured changes to ``DIR/trellis-<N>.prof`` and ``DIR/floor-<N>.prof`` (profiling
 slows the servers down: that run's figures are not comparable to others).
+
+Layout (:class:`Layout`, from ``python -m bench xds --streams N --clients C --replicas
+1,2,4,8``): ``--streams`` picks the sizes (else as above); ``--replicas`` the proxy-cp
+process counts measured beside the floor, one server each (1 is one proxy-cp, ``trellis``;
+more run as replicas, :class:`bench.xds_procs.Replicas`, each on its own port, the
+connections spread evenly over them); the default is one proxy-cp and
+``TRELLIS_BENCH_XDS_REPLICAS`` (2) replicas, as before. ``--clients C`` runs the simulated
+Envoys in C worker processes (:mod:`bench.xds_clients`) instead of this one, so that the
+client is not the bottleneck of a big machine. Every server of one N is up at once, and
+the rounds take turns over all of them. :mod:`bench.xds_report` prints the figures, the
+ratios to the floor and to one proxy-cp, and the summary table of issue 35.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench import load, report, xds_client, xds_server
+from bench import report, xds_report, xds_server
+from bench.xds_clients import Clients, LocalClients, WorkerClients
 from bench.xds_procs import Replicas, Server, ServerProcess
+from bench.xds_report import FLOOR, Side
 from trellis_proxy_cp.types import ENDPOINT
 
 SIZES = (1_000, 5_000)
@@ -59,240 +72,168 @@ QUICK_SECONDS = 1.0
 GROUPS = 10
 PER_CHANNEL = 50
 ROUNDS = report.ROUNDS
-KINDS = ("trellis", "replicas", "floor")
-SUBJECTS = ("trellis", "replicas")  # each measured against the floor
-REPLICAS = 2
+MAX_REPLICAS = 64
+MAX_CLIENTS = 256
 SYNC_TIMEOUT = 600.0
 PUSH_TIMEOUT = 120.0
+
+
+def counts(text: str, field: str, least: int, most: int | None = None) -> tuple[int, ...]:
+    """``"1,2,4"`` as sorted distinct counts, each in [least, most]; a ValueError naming
+    ``field`` otherwise."""
+    found: set[int] = set()
+    for part in text.split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            raise ValueError(f"{field}: {part.strip()!r} is not a whole number") from None
+        if value < least or (most is not None and value > most):
+            bound = f"from {least} to {most}" if most is not None else f">= {least}"
+            raise ValueError(f"{field}: each must be {bound}, got {value}")
+        found.add(value)
+    return tuple(sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the streams and servers run (see the module docstring); empty is the default."""
+
+    streams: tuple[int, ...] = ()  # the sizes N; () by --seconds or TRELLIS_BENCH_XDS_STREAMS
+    clients: int = 0  # worker processes for the streams; 0: this process
+    replicas: tuple[int, ...] = ()  # proxy-cp process counts; (): 1 and the default replicas
+
+    def __post_init__(self) -> None:
+        if any(n < GROUPS * 2 for n in self.streams):
+            raise ValueError(f"--streams: each N must be >= {GROUPS * 2}, got {self.streams}")
+        if not 0 <= self.clients <= MAX_CLIENTS:
+            raise ValueError(
+                f"--clients: must be from 1 to {MAX_CLIENTS} (0: this process), got {self.clients}"
+            )
+        if any(not 1 <= r <= MAX_REPLICAS for r in self.replicas):
+            raise ValueError(f"--replicas: each must be from 1 to {MAX_REPLICAS}")
+
+    def sizes(self, seconds: float) -> tuple[int, ...]:
+        return self.streams or sizes(seconds)
+
+    def counts(self) -> tuple[int, ...]:
+        return self.replicas or tuple(sorted({1, _replicas()}))
 
 
 def sizes(seconds: float, env: Mapping[str, str] = os.environ) -> tuple[int, ...]:
     text = env.get("TRELLIS_BENCH_XDS_STREAMS", "").strip()
     if text:
-        chosen = tuple(int(part) for part in text.split(","))
-        if any(n < GROUPS * 2 for n in chosen):
-            raise ValueError(f"TRELLIS_BENCH_XDS_STREAMS: each N must be >= {GROUPS * 2}")
-        return chosen
+        return counts(text, "TRELLIS_BENCH_XDS_STREAMS", GROUPS * 2)
     return SIZES if seconds >= QUICK_SECONDS else QUICK_SIZES
 
 
 def _per_channel(env: Mapping[str, str] = os.environ) -> int:
     text = env.get("TRELLIS_BENCH_XDS_PER_CHANNEL", "").strip()
-    return int(text) if text else PER_CHANNEL
+    return counts(text, "TRELLIS_BENCH_XDS_PER_CHANNEL", 1)[0] if text else PER_CHANNEL
 
 
 def _replicas(env: Mapping[str, str] = os.environ) -> int:
     text = env.get("TRELLIS_BENCH_XDS_REPLICAS", "").strip()
-    count = int(text) if text else REPLICAS
-    if count < 1:
-        raise ValueError(f"TRELLIS_BENCH_XDS_REPLICAS must be >= 1, got {count}")
-    return count
+    if not text:
+        return xds_report.DEFAULT_REPLICAS
+    return counts(text, "TRELLIS_BENCH_XDS_REPLICAS", 1, MAX_REPLICAS)[0]
 
 
-def _server(kind: str, log_dir: Path) -> AbstractAsyncContextManager[Server]:
-    if kind == "replicas":
-        return Replicas(_replicas(), GROUPS, log_dir)
-    return ServerProcess(kind, GROUPS, log_dir)
+def _server(kind: str, count: int, log_dir: Path) -> AbstractAsyncContextManager[Server]:
+    if count > 1:
+        return Replicas(count, GROUPS, log_dir, kind)
+    return ServerProcess("trellis" if kind != FLOOR else FLOOR, GROUPS, log_dir, label=kind)
 
 
-@dataclass
-class Side:
-    """What one server measured at one N."""
-
-    sync_s: float = 0.0
-    sync_cpu: float = 0.0
-    retries: int = 0
-    retry_reason: str = ""
-    list_proxies: int = 0
-    rss_per_stream: float = 0.0
-    latencies: list[float] = field(default_factory=list)
-    all_acked: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
-    client_cpu: list[float] = field(default_factory=list)
-    set_s: list[float] = field(default_factory=list)
-    gc_s: list[float] = field(default_factory=list)
-    gc_full: int = 0
-    stall_s: list[float] = field(default_factory=list)  # the loop's worst stall per change
-
-
-def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
+def run(
+    *, seconds: float = 2.0, warmup: float = 0.2, layout: Layout | None = None
+) -> dict[str, float]:
+    layout = layout or Layout()
     xds_server.raise_open_files(65536)
     per_channel = _per_channel()
     profile = os.environ.get("TRELLIS_BENCH_XDS_PROFILE", "").strip()
+    kinds = {xds_report.kind_of(c, _replicas()): c for c in layout.counts()} | {FLOOR: 1}
     started = time.perf_counter()
     results: dict[str, float] = {}
-    for n in sizes(seconds):
-        measured = asyncio.run(_measure(n, per_channel, warmup > 0, profile))
-        results |= _report(n, per_channel, measured)
+    for n in layout.sizes(seconds):
+        measured = asyncio.run(_measure(n, kinds, layout.clients, per_channel, warmup > 0, profile))
+        results |= xds_report.report_n(n, per_channel, layout.clients, GROUPS, measured)
         if profile:
-            print(f"  (cProfiles of the servers: {profile}/{{trellis,floor}}-{n}.prof)\n")
+            print(f"  (cProfiles of the servers: {profile}/<server>-{n}.prof)\n")
     print(f"  (the whole run took {time.perf_counter() - started:.1f} s, start-up included)")
     return results
 
 
-async def _measure(n: int, per_channel: int, warm: bool, profile: str) -> dict[str, Side]:
-    sides = {kind: Side() for kind in KINDS}
+async def _measure(
+    n: int, kinds: Mapping[str, int], workers: int, per_channel: int, warm: bool, profile: str
+) -> dict[str, Side]:
+    sides = {kind: Side(count=count) for kind, count in kinds.items()}
     async with AsyncExitStack() as stack:
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trellis-xds-")))
         servers: dict[str, Server] = {}
-        fleets = {}
-        for kind in KINDS:
-            server = await stack.enter_async_context(_server(kind, log_dir))
-            fleet = xds_client.Fleet(f"127.0.0.1:{server.port}", n, GROUPS, per_channel)
-            stack.push_async_callback(fleet.close)
-            await fleet.connect(GROUPS, SYNC_TIMEOUT)  # one per group: the snapshots exist
-            listed = (await server.until("streams", GROUPS))["list_proxies"]
-            await server.command(f"expect {n}")  # onboarded now: proxy-cp knows none of them
-            rss, cpu = server.rss(), server.cpu()
-            sides[kind].sync_s = await fleet.connect(n - GROUPS, SYNC_TIMEOUT)
-            stats = await server.until("streams", n)
-            sides[kind].sync_cpu = server.cpu() - cpu
-            sides[kind].list_proxies = int(stats["list_proxies"]) - int(listed)
-            sides[kind].retries = fleet.retries
-            sides[kind].retry_reason = str(fleet.retry_reason or "")[:160]
-            sides[kind].rss_per_stream = (server.rss() - rss) / (n - GROUPS)
-            servers[kind], fleets[kind] = server, fleet
+        for kind, count in kinds.items():
+            servers[kind] = await stack.enter_async_context(_server(kind, count, log_dir))
+        clients: Clients  # closed before the servers stop
+        if workers:
+            clients = await stack.enter_async_context(
+                WorkerClients(workers, GROUPS, per_channel, log_dir)
+            )
+        else:
+            clients = local = LocalClients(GROUPS, per_channel)
+            stack.push_async_callback(local.close)
+        for kind, server in servers.items():
+            await _sync(n, server, clients, kind, sides[kind])
         change = 0
         for round_ in range(-1 if warm else 0, ROUNDS):
-            for kind in KINDS:
+            for kind, server in servers.items():
                 change += 1
                 side = sides[kind] if round_ >= 0 else Side()
-                path = f"{profile}/{kind}-{n}.prof" if profile else ""
-                await _push(servers[kind], fleets[kind], change, side, path if round_ >= 0 else "")
+                path = f"{profile}/{kind}-{n}.prof" if profile and round_ >= 0 else ""
+                await _push(n, server, clients, kind, change, side, path)
     return sides
 
 
+async def _sync(n: int, server: Server, clients: Clients, kind: str, side: Side) -> None:
+    """Connect the streams of ``kind``: one per group first (so that the snapshots exist),
+    then the other N - GROUPS at once."""
+    await clients.add(kind, server.targets, n)
+    await clients.connect(kind, GROUPS, SYNC_TIMEOUT)
+    listed = (await server.until("streams", GROUPS))["list_proxies"]
+    await server.command(f"expect {n}")  # onboarded now: proxy-cp knows none of them
+    rss, cpu = server.rss(), server.cpu()
+    synced = await clients.connect(kind, n, SYNC_TIMEOUT)
+    stats = await server.until("streams", n)
+    side.sync_s = synced.seconds
+    side.sync_cpu = server.cpu() - cpu
+    side.list_proxies = int(stats["list_proxies"]) - int(listed)
+    side.retries, side.retry_reason = synced.retries, synced.reason
+    side.rss_per_stream = (server.rss() - rss) / (n - GROUPS)
+    side.spread = await server.spread()
+
+
 async def _push(
-    server: Server, fleet: xds_client.Fleet, change: int, side: Side, profile: str
+    n: int, server: Server, clients: Clients, kind: str, change: int, side: Side, profile: str
 ) -> None:
     """One change on ``server``; add its figures to ``side``."""
     await server.command(f"prepare {change}")
     if profile:
         await server.command("profile start")
-    cpu, client_cpu = server.cpu(), time.process_time()
-    fleet.begin(change)
+    cpu, client_cpu = server.cpu(), clients.cpu()
+    await clients.begin(kind, change)
     answer = await server.command(f"push {change}")
-    latencies = await fleet.wait(PUSH_TIMEOUT)
-    stats = await server.until("acks", fleet.size)
+    found = await clients.wait(kind, PUSH_TIMEOUT)
+    stats = await server.until("acks", n)
     side.cpu.append(server.cpu() - cpu)
     side.gc_s.append(float(stats["gc_s"]))
     side.gc_full += int(stats["gc_full"])
     side.stall_s.append(float(stats["lag_max_s"]))
-    side.client_cpu.append(time.process_time() - client_cpu)
+    side.client_cpu.append(clients.cpu() - client_cpu)
     if profile:
         await server.command(f"profile stop {profile}")
-    if fleet.duplicates or set(fleet.responses) != {ENDPOINT}:
+    if found.duplicates or set(found.responses) != {ENDPOINT}:
         raise RuntimeError(
-            f"{server.kind}: a change should send exactly one EDS response per stream, got "
-            f"{dict(fleet.responses)} ({fleet.duplicates} repeated EDS responses)"
+            f"{kind}: a change should send exactly one EDS response per stream, got "
+            f"{dict(found.responses)} ({found.duplicates} repeated EDS responses)"
         )
-    side.latencies += latencies
-    side.all_acked.append(max(latencies))
+    side.latencies += found.latencies
+    side.all_acked.append(max(found.latencies))
     side.set_s.append(float(answer["set_s"]))
-
-
-def _report(n: int, per_channel: int, sides: dict[str, Side]) -> dict[str, float]:
-    ms = 1000.0
-    rounds = len(sides["trellis"].all_acked)
-    figures: dict[str, dict[str, report.Figure]] = {}
-    replicas = _replicas()
-    names = {"trellis": "proxy-cp", "replicas": f"{replicas} proxy-cp replicas", "floor": "floor"}
-    for kind, side in sides.items():
-        what = names[kind]
-        cpu = statistics.mean(side.cpu)
-        figures[kind] = {
-            "p50": report.Figure(
-                f"{kind}_p50_ms",
-                load.percentile(side.latencies, 0.5) * ms,
-                "ms",
-                f"{what}: change -> a stream's EDS ACK written, median of {len(side.latencies):,}",
-            ),
-            "p99": report.Figure(
-                f"{kind}_p99_ms", load.percentile(side.latencies, 0.99) * ms, "ms", "the same, p99"
-            ),
-            "all": report.Figure(
-                f"{kind}_all_ms",
-                statistics.median(side.all_acked) * ms,
-                "ms",
-                f"change -> the last stream's ACK, median of {rounds} rounds "
-                f"(min {min(side.all_acked) * ms:,.0f}, max {max(side.all_acked) * ms:,.0f})",
-            ),
-            "cpu": report.Figure(
-                f"{kind}_cpu_ms",
-                cpu * ms,
-                "ms",
-                f"server CPU per change, mean: {cpu / n * 1e6:,.0f} us per stream; in GC "
-                f"{statistics.mean(side.gc_s) * ms:,.0f} ms ({side.gc_full} full collections "
-                f"in {rounds} changes); client CPU {statistics.mean(side.client_cpu) * ms:,.0f} ms",
-            ),
-            "stall": report.Figure(
-                f"{kind}_loop_stall_ms",
-                max(side.stall_s) * ms,
-                "ms",
-                f"the server's event loop held, worst over the {rounds} changes (its lag probe"
-                + ("; the slowest replica's)" if kind == "replicas" else ")"),
-            ),
-            "rss": report.Figure(
-                f"{kind}_rss_per_stream_kb",
-                side.rss_per_stream / 1024,
-                "kB",
-                f"server RSS growth over {n - GROUPS:,} streams, per stream",
-            ),
-            "sync": report.Figure(
-                f"{kind}_sync_s",
-                side.sync_s,
-                "s",
-                f"{n - GROUPS:,} new streams at once until all synced (CDS..SDS ACKed); "
-                f"server CPU {side.sync_cpu:.2f} s; {side.retries:,} refused and retried"
-                + (f"; {side.list_proxies:,} ListProxies calls" if kind != "floor" else "")
-                + (f"; the first refusal: {side.retry_reason}" if side.retries else ""),
-            ),
-        }
-    floor = figures["floor"]
-    ordered: list[report.Figure] = []
-    for kind in SUBJECTS:
-        set_ms = statistics.median(sides[kind].set_s) * ms
-        ordered += [figures[kind][k] for k in ("p50", "p99", "all")]
-        ordered.append(
-            report.Figure(
-                f"{kind}_set_ms",
-                set_ms,
-                "ms",
-                f"set_view for the {GROUPS} groups (translate, serialize, set), median"
-                + (" (the slowest replica's)" if kind == "replicas" else ""),
-            )
-        )
-        ordered += [figures[kind][k] for k in ("stall", "cpu", "rss", "sync")]
-        ordered.append(
-            report.Figure(
-                f"{kind}_sync_refused",
-                sides[kind].retries,
-                "streams",
-                "refused by the server while they synced, and retried after a backoff",
-            )
-        )
-        ordered.append(
-            report.Figure(
-                f"{kind}_sync_list_proxies",
-                sides[kind].list_proxies,
-                "calls",
-                f"catalog ListProxies calls to authorize the {n - GROUPS:,} new streams",
-            )
-        )
-    ordered += [floor[k] for k in ("p50", "p99", "all", "stall", "cpu", "rss", "sync")]
-    report.print_table(
-        f"xds N={n:,}: SotW ADS streams over {-(-n // per_channel)} connections "
-        f"({per_channel} per connection), {GROUPS} groups of {n // GROUPS:,}; one EDS change "
-        f"touching every group, {rounds} rounds; servers in their own processes "
-        f"(replicas: {replicas} on one port; CPU and RSS summed over them)",
-        ordered,
-    )
-    ratios = {
-        f"{figures[kind][k].name}/{floor[k].name}@{n}": report.ratio_line(
-            figures[kind][k], floor[k]
-        )
-        for kind in SUBJECTS
-        for k in ("p50", "p99", "all", "cpu", "rss", "sync")
-    }
-    print()
-    return {f"{f.name}@{n}": f.value for f in ordered} | ratios

@@ -162,6 +162,12 @@ class Fleet:
         """The first failure of a stream after it was synced (streams are not reopened)."""
         return self._failure
 
+    @property
+    def started(self) -> float:
+        """When the current round began (:func:`time.monotonic`, one clock for every process
+        on the machine: a round triggered by another process is timed from its own start)."""
+        return self._start
+
     def begin(self, round_: int) -> None:
         """Start round ``round_`` now (call right before triggering the change)."""
         self._round = round_

@@ -71,7 +71,6 @@ from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
 from trellis_proxy_cp.testing import FakeCatalog, locator
 from trellis_proxy_cp.translate.secrets import SecretMaterial
-from trellis_proxy_cp.translate.settings import ProxySettings
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.transport.streams import ProxyStream, StreamHooks, StreamRefused
 
@@ -140,7 +139,7 @@ class _BenchAuthorizer:
             raise StreamRefused(grpc.StatusCode.PERMISSION_DENIED, f"unknown node {node.id!r}")
         identity = xds_mesh.identity(group)
         key = await self._control_plane.attach(
-            node.id, identity, xds_mesh.account(group), ProxySettings()
+            node.id, identity, xds_mesh.account(group), xds_mesh.SETTINGS
         )
         return ProxyStream(proxy_id=node.id, key=key, node_id=node.id, identity=identity)
 
