@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from trellis_common.testing import RedisServer
 from trellis_common.testing.mesh import Mesh
 
 
@@ -63,3 +66,17 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+@contextlib.contextmanager
+def spec_mesh(tmp_path: Path, state_dir: Path, redis: RedisServer, spec: str) -> Iterator[Mesh]:
+    """The control plane with its injector, on a spec directory of one file, ``spec``."""
+    spec_dir = tmp_path / "spec"
+    spec_dir.mkdir()
+    (spec_dir / "gateway.yaml").write_text(spec)
+    mesh = Mesh(tmp_path, state_dir, redis, spec_dir, injector=True)
+    mesh.start()
+    try:
+        yield mesh
+    finally:
+        mesh.stop()

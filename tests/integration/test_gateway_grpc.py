@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.integration.gatewayrun import GatewayRun
+from tests.integration.gatewayrun import GatewayRun, spec_mesh
 from trellis_common.testing import RedisServer
 from trellis_common.testing.grpcapp import GrpcApp, call
 from trellis_common.testing.mesh import Mesh
@@ -94,15 +94,8 @@ def listener_port() -> int:
 def mesh(
     tmp_path: Path, state_dir: Path, redis_server: RedisServer, listener_port: int
 ) -> Iterator[Mesh]:
-    spec_dir = tmp_path / "spec"
-    spec_dir.mkdir()
-    (spec_dir / "gep.yaml").write_text(spec(listener_port))
-    mesh = Mesh(tmp_path, state_dir, redis_server, spec_dir, injector=True)
-    mesh.start()
-    try:
+    with spec_mesh(tmp_path, state_dir, redis_server, spec(listener_port)) as mesh:
         yield mesh
-    finally:
-        mesh.stop()
 
 
 @pytest.fixture

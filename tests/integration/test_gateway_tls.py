@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.gatewayrun import GatewayRun
+from tests.integration.gatewayrun import GatewayRun, spec_mesh
 from trellis_common.testing import RedisServer
 from trellis_common.testing.mesh import Mesh
 from trellis_common.testing.ports import free_port
@@ -174,15 +174,8 @@ def ports() -> tuple[int, int]:
 def mesh(
     tmp_path: Path, state_dir: Path, redis_server: RedisServer, ports: tuple[int, int]
 ) -> Iterator[Mesh]:
-    spec_dir = tmp_path / "spec"
-    spec_dir.mkdir()
-    (spec_dir / "edge.yaml").write_text(spec(*ports))
-    mesh = Mesh(tmp_path, state_dir, redis_server, spec_dir, injector=True)
-    mesh.start()
-    try:
+    with spec_mesh(tmp_path, state_dir, redis_server, spec(*ports)) as mesh:
         yield mesh
-    finally:
-        mesh.stop()
 
 
 @pytest.fixture

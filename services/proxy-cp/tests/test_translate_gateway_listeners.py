@@ -5,7 +5,6 @@ test_translate_gateway_envoy.py)."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -232,41 +231,3 @@ def test_bad_gateway_metadata_is_refused_naming_the_key(
 ) -> None:
     with pytest.raises(InvalidNodeMetadata, match=message):
         from_metadata({"trellis": section})
-
-
-def write_certificate(folder: Path, host: str) -> bytes:
-    """A self-signed certificate for ``host`` and its key as a Secret volume holds them
-    (``tls.crt``, ``tls.key``); the certificate's PEM."""
-    import datetime as dt
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    folder.mkdir(parents=True)
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    (folder / "tls.crt").write_bytes(pem)
-    (folder / "tls.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    (folder / "tls.key").chmod(0o600)
-    return pem

@@ -102,18 +102,23 @@ class Gateways:
             if served is None:
                 continue  # not ours (or not there): another controller's business
             accepted = _attach(served, document, parent_ref, grpc, rules, created)
-            found.append(
-                ParentStatus(
-                    group=GATEWAY_GROUP,
-                    kind="Gateway",
-                    namespace=namespace,
-                    name=parent_ref.name,
-                    port=parent_ref.port,
-                    conditions=(accepted, refs.condition()),
-                    section_name=parent_ref.section_name,
-                )
-            )
+            found.append(gateway_parent(parent_ref, namespace, (accepted, refs.condition())))
         return found
+
+
+def gateway_parent(
+    parent_ref: gateway.ParentReference, namespace: str, conditions: tuple[Condition, ...]
+) -> ParentStatus:
+    """A route's status entry for one of Trellis' Gateways."""
+    return ParentStatus(
+        group=GATEWAY_GROUP,
+        kind="Gateway",
+        namespace=namespace,
+        name=parent_ref.name,
+        port=parent_ref.port,
+        conditions=conditions,
+        section_name=parent_ref.section_name,
+    )
 
 
 def resolve(

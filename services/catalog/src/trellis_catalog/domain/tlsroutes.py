@@ -21,10 +21,9 @@ from datetime import UTC, datetime
 from trellis_catalog.domain.gateway import EPOCH, route_status
 from trellis_catalog.domain.gateway_listeners import GatewayListener
 from trellis_catalog.domain.gateway_rules import Backend, Refs, resolve_backend
-from trellis_catalog.domain.gateways import Attach, Gateways, TlsRule, attach
+from trellis_catalog.domain.gateways import Attach, Gateways, TlsRule, attach, gateway_parent
 from trellis_catalog.domain.refgrants import GATEWAY_GROUP
 from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.spec import ParentStatus
 from trellis_catalog.domain.views import Identity
 from trellis_common.documents.base import Document, DocumentKey
 from trellis_common.model import MeshService
@@ -77,17 +76,7 @@ def attach_tls_routes(
 
             take = _taker(served.tls_rules, str(key), backends, stamp)
             accepted = attach(served, document, parent_ref, take)
-            parents.append(
-                ParentStatus(
-                    group=GATEWAY_GROUP,
-                    kind="Gateway",
-                    namespace=namespace,
-                    name=parent_ref.name,
-                    port=parent_ref.port,
-                    conditions=(accepted, refs.condition()),
-                    section_name=parent_ref.section_name,
-                )
-            )
+            parents.append(gateway_parent(parent_ref, namespace, (accepted, refs.condition())))
         resolved.statuses[str(key)] = route_status(document, tuple(parents))
 
 
