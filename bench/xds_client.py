@@ -44,10 +44,17 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import struct_pb2
 
 from bench import xds_mesh
 from trellis_proxy_cp.cache import references
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, TypeUrl
+
+#: A simulated Envoy's node metadata, as a pod's bootstrap sets it: its own workload
+#: certificate is in its agent's folder (proxy-cp refuses a sidecar that names none, and
+#: serves ``service-cert`` as a reference to that folder).
+NODE_METADATA = struct_pb2.Struct()
+NODE_METADATA.update({"trellis": {"workload_dir": str(xds_mesh.SETTINGS.workload_dir)}})
 
 SYNC_ATTEMPTS = 8
 RETRY_BASE = 0.5  # seconds: Envoy's default base interval for ADS stream retries
@@ -235,7 +242,7 @@ class Fleet:
 
     async def _sync(self, index: int, call: Any) -> dict[str, list[str]]:
         """Walk the protocol up to the SDS ACK; return the names subscribed to, by type."""
-        node = base_pb2.Node(id=self._node_id(index), cluster="bench")
+        node = base_pb2.Node(id=self._node_id(index), cluster="bench", metadata=NODE_METADATA)
         await call.write(discovery_pb2.DiscoveryRequest(node=node, type_url=CLUSTER))
         cds = await _read(call, CLUSTER)
         eds_names, cluster_secrets = self._names.of(cds)
