@@ -28,7 +28,7 @@ from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.gateways import statuses
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
-from trellis_catalog.domain.spec import Condition, ParentStatus, Status
+from trellis_catalog.domain.statuses import Condition, ParentStatus, Status
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Document, DocumentError, Origin
 from trellis_common.model import MeshService

@@ -29,8 +29,9 @@ from typing import Any
 import pytest
 
 from tests.deploy.helmchart import Rendered, render
-from trellis_common.testing.netns import sweep, wait_until
+from trellis_common.testing.netns import sweep
 from trellis_common.testing.pods import Node
+from trellis_common.testing.waiting import wait_until
 
 pytestmark = [
     pytest.mark.timeout(300),  # the waits below add up to more than the default 120 s

@@ -55,8 +55,9 @@ from trellis_common.kube.client import api_client
 from trellis_common.testing.admission import pod_review
 from trellis_common.testing.kube import KubeApi
 from trellis_common.testing.kubelet import RunningPod, run_pod_spec
-from trellis_common.testing.netns import NODE_IP, call_in_netns, in_netns, sweep, wait_until
+from trellis_common.testing.netns import NODE_IP, call_in_netns, in_netns, sweep
 from trellis_common.testing.pods import Node, Pod
+from trellis_common.testing.waiting import wait_until
 from trellis_common.trustctx import system_context
 
 MONITORED = {"trellis.dev/monitored-by": "trellis"}

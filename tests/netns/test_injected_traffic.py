@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.netns.bed import Bed, BedPod, BedService, bed, kubelet_probe
-from trellis_common.testing.netns import wait_until
+from trellis_common.testing.waiting import wait_until
 from trellis_common.trustctx import system_context
 
 pytestmark = [pytest.mark.xdist_group("netns")]

@@ -26,9 +26,9 @@ from trellis_common.testing.netns import (
     in_netns,
     sweep,
     wait_for_tcp,
-    wait_until,
 )
 from trellis_common.testing.pods import Node, Pod
+from trellis_common.testing.waiting import wait_until
 
 pytestmark = [
     pytest.mark.xdist_group("netns"),

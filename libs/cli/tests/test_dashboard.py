@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from trellis_cli import dashboard
 from trellis_cli.client import Mesh
 from trellis_cli.main import cli
 from trellis_cli.meshedges import DENIED, Edge, Sample, SidecarStats
+from trellis_common.testing.waiting import wait_until
 
 BUYER = "spiffe://cluster.local/ns/bookbuyer/sa/bookbuyer"
 
@@ -147,28 +147,19 @@ def test_the_scraper_sleeps_while_no_page_polls_and_wakes_on_the_next_poll(
     thread.start()
     try:
         # unwatched since its start: it scrapes a few times, then sleeps
-        assert _eventually(lambda: scraper.sleeping)
+        wait_until(lambda: scraper.sleeping, 10, "the scraper sleeps")
         assert scraper.scrapes >= 2
         asleep, rates = scraper.scrapes, scraper.rates
         assert not scraper.watched.wait(0.5)  # nothing woke it...
         assert scraper.scrapes == asleep  # ...and it read nothing meanwhile
         scraper.snapshot()  # a page polls
-        assert _eventually(lambda: scraper.scrapes > asleep)
+        wait_until(lambda: scraper.scrapes > asleep, 10, "the scraper wakes")
         assert not scraper.sleeping
         assert scraper.rates is not rates  # rates start afresh after a pause
     finally:
         stop.set()
         thread.join(5)
     assert not thread.is_alive()
-
-
-def _eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 @pytest.fixture

@@ -231,6 +231,9 @@ class _Relay(socketserver.BaseRequestHandler):
             self.server.open += 1
             self.server.peak = max(self.server.peak, self.server.open)
         try:
+            # each tunnel stays open a while, so that tunnels the CLI opened at once would
+            # overlap here and show in the peak: a hold that makes concurrency visible, not a
+            # wait for an event
             time.sleep(0.2)
             with socket.create_connection(self.server.to) as upstream:
                 cluster_module._pump(self.request, upstream)

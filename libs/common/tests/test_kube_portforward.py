@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import socketserver
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import portforward
 
 from trellis_common.testing import kubeportforward
+from trellis_common.testing.waiting import wait_until
 
 
 class _Echo(socketserver.BaseRequestHandler):
@@ -47,9 +47,7 @@ def _close(forward: Any) -> None:
     """Close the forward's ports and wait for its thread to close the websocket (else the
     thread outlives the test and its API server)."""
     forward.close()
-    deadline = time.monotonic() + 10
-    while forward.connected and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: not forward.connected, 10, "the forward's websocket closes")
 
 
 def _receive(sock: Any, size: int) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.spec import Status
+from trellis_catalog.domain.statuses import Status
 from trellis_catalog.domain.views import GatewayPort, HttpMatch, Identity, Route
 
 Mesh = Callable[..., PolicyBuilder]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trellis_catalog.domain.spec import (
+from trellis_catalog.domain.statuses import (
     GATEWAY_CONTROLLER,
     MESH_CONTROLLER,
     Condition,

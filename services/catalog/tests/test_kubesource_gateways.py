@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.spec import GATEWAY_CONTROLLER
+from trellis_catalog.domain.statuses import GATEWAY_CONTROLLER
 from trellis_catalog.kubesource import KubeSource, status_body
 from trellis_catalog.sources import Sources
 from trellis_common.testing.kube import KubeApi

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
+from trellis_catalog.domain import statuses
 from trellis_catalog.domain.destinations import Destination, DestinationStore
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
@@ -236,11 +237,11 @@ class Catalog:
         self._mark(policies=True)
         self._report_conflicts()
 
-    def account_conflicts(self) -> list[meshspec.Status]:
+    def account_conflicts(self) -> list[statuses.Status]:
         """Services whose proxies run under several accounts, as ``trellis spec list``
         shows them (a warning on the Service: the established account is kept)."""
         return [
-            meshspec.Status(
+            statuses.Status(
                 key=f"Service/{identity}#proxies",
                 kind="Service",
                 namespace=identity.namespace,

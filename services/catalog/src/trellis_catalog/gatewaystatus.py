@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from trellis_catalog import routestatus
-from trellis_catalog.domain.spec import GATEWAY_CONTROLLER, ListenerStatus, Status
+from trellis_catalog.domain.statuses import GATEWAY_CONTROLLER, ListenerStatus, Status
 
 GATEWAY_KINDS = frozenset({"GatewayClass", "Gateway"})
 #: Kinds the catalog reads but writes no status to (upstream's CRD has none).

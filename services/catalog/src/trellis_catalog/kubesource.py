@@ -46,7 +46,7 @@ from kubernetes import client
 
 from trellis_catalog import gatewaystatus, routestatus
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.spec import Condition, Status
+from trellis_catalog.domain.statuses import Condition, Status
 from trellis_common.documents import all_kinds, yamlfile
 from trellis_common.documents.base import Document, DocumentError, Origin
 from trellis_common.kube import documents

@@ -23,7 +23,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from trellis_catalog.domain.spec import (
+from trellis_catalog.domain.statuses import (
     GATEWAY_CONTROLLER,
     MESH_CONTROLLER,
     Condition,

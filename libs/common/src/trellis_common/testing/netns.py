@@ -29,7 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any, TypeVar
 
-from trellis_common.testing.waiting import FIRST_INTERVAL, LONGEST_INTERVAL
+from trellis_common.testing.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -73,28 +73,6 @@ class NetnsCleanupError(RuntimeError):
 
 
 # --- waiting ----------------------------------------------------------------------------
-
-
-def wait_until(
-    predicate: Callable[[], T | None], timeout: float = 5.0, message: str | None = None
-) -> T:
-    """Poll ``predicate`` until it returns a truthy value, and return that value.
-
-    The synchronous counterpart of :func:`trellis_common.testing.waiting.eventually`: tests
-    wait for a condition, never for a guessed time. Raises ``AssertionError`` naming the
-    condition after ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    pause = FIRST_INTERVAL  # growing to LONGEST_INTERVAL, as eventually() does
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            what = message or getattr(predicate, "__qualname__", repr(predicate))
-            raise AssertionError(f"condition not met within {timeout}s: {what} (last: {value!r})")
-        time.sleep(pause)
-        pause = min(pause * 1.5, LONGEST_INTERVAL)
 
 
 def wait_for_tcp(netns: str, host: str, port: int, timeout: float = 5.0) -> None:

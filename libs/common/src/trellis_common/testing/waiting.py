@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
@@ -69,3 +70,25 @@ async def eventually(
         await asyncio.sleep(pause)
         if interval is None:
             pause = min(pause * 1.5, LONGEST_INTERVAL)
+
+
+def wait_until(
+    predicate: Callable[[], T | None], timeout: float = 5.0, message: str | None = None
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value, and return that value.
+
+    The synchronous counterpart of :func:`trellis_common.testing.waiting.eventually`: tests
+    wait for a condition, never for a guessed time. Raises ``AssertionError`` naming the
+    condition after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    pause = FIRST_INTERVAL  # growing to LONGEST_INTERVAL, as eventually() does
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            what = message or getattr(predicate, "__qualname__", repr(predicate))
+            raise AssertionError(f"condition not met within {timeout}s: {what} (last: {value!r})")
+        time.sleep(pause)
+        pause = min(pause * 1.5, LONGEST_INTERVAL)

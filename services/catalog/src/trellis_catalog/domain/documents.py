@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from trellis_catalog.domain import spec as meshspec
+from trellis_catalog.domain import statuses
 from trellis_catalog.domain.steps import Steps
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 
@@ -40,7 +40,7 @@ class SpecDocuments:
     def __init__(self) -> None:
         self.documents: list[Document] = []
         self.errors: list[DocumentError] = []
-        self.error_statuses: list[meshspec.Status] = []
+        self.error_statuses: list[statuses.Status] = []
         self.current: dict[DocumentKey, Document] = {}
         self.first_seen: dict[DocumentKey, datetime] = {}  # a route's age without a timestamp
         self._by_id: dict[int, Document] = {}  # the same documents, by identity
@@ -60,7 +60,7 @@ class SpecDocuments:
         if self._pending is None:
             return changes
         (self.documents, self.errors), self._pending = self._pending, None
-        error_statuses = [meshspec.error_status(e) for e in self.errors]
+        error_statuses = [statuses.error_status(e) for e in self.errors]
         changes.errors = error_statuses != self.error_statuses
         self.error_statuses = error_statuses
         # the previous documents stay referenced until here: no new one can share an id

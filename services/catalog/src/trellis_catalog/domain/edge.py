@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService, PortSpec
-from trellis_catalog.domain.spec import MeshSpec, Status
+from trellis_catalog.domain.spec import MeshSpec
+from trellis_catalog.domain.statuses import Status
 from trellis_catalog.domain.upstream import connection_settings
 from trellis_catalog.domain.views import EgressRoute, HttpMatch, IngressRule
 from trellis_common.documents import istio, osm_access

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trellis_catalog.domain import spec as meshspec
+from trellis_catalog.domain import statuses
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.views import Identity
 from trellis_common.documents.base import Document, DocumentKey
@@ -41,7 +42,7 @@ class AccessEdit:
         return {(k.namespace, k.name) for k in self.edited if k.kind == GROUP}
 
     def patch(
-        self, spec: meshspec.MeshSpec, errors: Sequence[meshspec.Status]
+        self, spec: meshspec.MeshSpec, errors: Sequence[statuses.Status]
     ) -> dict[DocumentKey, Document | None] | None:
         """The edited documents, each new one or None, when ``spec`` can be patched rather
         than built again; else None. Not when a document error names an edited document

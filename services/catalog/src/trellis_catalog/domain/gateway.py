@@ -48,7 +48,7 @@ from trellis_catalog.domain.gateway_rules import (
 )
 from trellis_catalog.domain.refgrants import ReferenceGrants
 from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.spec import Condition, ParentStatus, Status
+from trellis_catalog.domain.statuses import Condition, ParentStatus, Status
 from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
 from trellis_common.documents import gateway
 from trellis_common.documents.base import Document, DocumentKey

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
-from trellis_catalog.domain.spec import Condition, ListenerStatus
+from trellis_catalog.domain.statuses import Condition, ListenerStatus
 from trellis_common.documents import gateway_api
 from trellis_common.documents.base import Document
 

@@ -12,7 +12,7 @@ from typing import Any
 from trellis_catalog.domain.gateway_matches import grpc_match, http_match
 from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
 from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.spec import Condition
+from trellis_catalog.domain.statuses import Condition
 from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
 from trellis_common.documents import gateway, gateway_filters
 from trellis_common.documents.base import Document

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from trellis_catalog.domain import destinations, edge, gateway
+from trellis_catalog.domain import destinations, edge, gateway, statuses
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
@@ -110,7 +110,7 @@ class Recompute:
         self.gateways = Gateways()
         self.dirty = Dirty(spec=True)
         self.spec = meshspec.build([])
-        self._document_statuses: dict[str, meshspec.Status] = {}
+        self._document_statuses: dict[str, statuses.Status] = {}
         self.services: dict[MeshService, svc.KnownService] = {}
         self.clusters = Clusters()
         self.policies: dict[Identity, IdentityPolicy] = {}
@@ -378,7 +378,7 @@ class Recompute:
             frozenset(e.service_account for e in known.endpoints),
         )
 
-    def _resolved_statuses(self) -> dict[str, meshspec.Status]:
+    def _resolved_statuses(self) -> dict[str, statuses.Status]:
         """The documents' statuses once resolved against the known services: Gateway API
         routes, OSM Egress and IngressBackend, TrafficSplits that routes take over, and each
         Service that loses a TCP port to another (for clients that may reach both), marked

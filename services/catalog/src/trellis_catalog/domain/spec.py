@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from trellis_catalog.domain.grants import Grant, Grants, Routes
+from trellis_catalog.domain.statuses import Status, document_status, error_status
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_common.documents import (
     core,
@@ -30,8 +31,6 @@ from trellis_common.documents.base import (
     Document,
     DocumentError,
     DocumentKey,
-    Ignored,
-    UnreadKind,
 )
 from trellis_common.model import MeshService, ServiceAccount
 
@@ -59,70 +58,6 @@ KINDS = (
     "ReferenceGrant",
     "TLSRoute",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Condition:
-    """A Gateway API condition (``Accepted``, ``ResolvedRefs``) as upstream spells it."""
-
-    type: str
-    status: str  # "True" or "False"
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class ParentStatus:
-    """A route's status for one of its parents: a Service (the mesh, GAMMA) or a Gateway
-    of Trellis' GatewayClass (``section_name``: the parentRef's listener, if it names one)."""
-
-    group: str
-    kind: str
-    namespace: str
-    name: str
-    port: int | None
-    conditions: tuple[Condition, ...]
-    section_name: str | None = None
-
-    @property
-    def controller(self) -> str:
-        """The controllerName this entry is written under."""
-        return GATEWAY_CONTROLLER if self.kind == "Gateway" else MESH_CONTROLLER
-
-
-#: The controllerName of Trellis' mesh (routes on Services) and of its GatewayClass.
-MESH_CONTROLLER = "trellis.dev/mesh-controller"
-GATEWAY_CONTROLLER = "trellis.dev/gateway"
-
-
-@dataclass(frozen=True, slots=True)
-class ListenerStatus:
-    """A Gateway listener's status: the route kinds it takes, how many routes attached,
-    and its ``Accepted``, ``Programmed``, ``ResolvedRefs`` and ``Conflicted`` conditions."""
-
-    name: str
-    supported_kinds: tuple[tuple[str, str], ...]  # (group, kind)
-    attached_routes: int
-    conditions: tuple[Condition, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    key: str
-    kind: str
-    namespace: str
-    name: str
-    state: str  # valid, warning, error, ignored (a kind no service reads)
-    reason: str = ""
-    field: str = ""
-    source: str = ""
-    document: int = 0
-    api_version: str = ""
-    parents: tuple[ParentStatus, ...] = ()  # Gateway API routes: per parent
-    # GatewayClass and Gateway (of Trellis' class): their own conditions (Accepted,
-    # Programmed, SupportedVersion); a Gateway's listeners
-    conditions: tuple[Condition, ...] = ()
-    listeners: tuple[ListenerStatus, ...] = ()
 
 
 @dataclass
@@ -234,37 +169,6 @@ class MeshSpec:
         }
 
 
-def _status(document: Document, state: str = "valid", reason: str = "") -> Status:
-    key = document.key
-    return Status(
-        key=str(key),
-        kind=key.kind,
-        namespace=key.namespace,
-        name=key.name,
-        state=state,
-        reason=reason,
-        source=document.origin.source,
-        document=document.origin.index + 1,
-        api_version=document.api_version,
-    )
-
-
-def error_status(error: DocumentError) -> Status:
-    """An error's status: ``error``, or ``ignored`` for a kind no service reads."""
-    key = error.key
-    return Status(
-        key=str(key) if key else f"{error.origin.source}#{error.origin.index + 1}",
-        kind=key.kind if key else "",
-        namespace=key.namespace if key else "",
-        name=key.name if key else "",
-        state="ignored" if isinstance(error, UnreadKind | Ignored) else "error",
-        reason=error.reason,
-        field=error.field,
-        source=error.origin.source,
-        document=error.origin.index + 1,
-    )
-
-
 def build(documents: Iterable[Document], errors: Iterable[DocumentError] = ()) -> MeshSpec:
     return drain(build_steps(documents, errors))
 
@@ -281,7 +185,7 @@ def build_steps(
             yield
         resource = document.resource
         key = document.key
-        status = _status(document)
+        status = document_status(document)
         if isinstance(resource, core.Service):
             spec.services[MeshService(key.namespace, key.name)] = resource
         elif isinstance(resource, core.ServiceAccount):
@@ -289,7 +193,7 @@ def build_steps(
         elif isinstance(resource, smi.TrafficSplit):
             root = resource.root_service()
             if root in spec.splits:
-                status = _status(
+                status = document_status(
                     document,
                     "error",
                     f"conflicts with TrafficSplit {spec.split_names[root]}, which already "
@@ -309,7 +213,7 @@ def build_steps(
             limits = resource.spec.limits()
             if limits:  # served, except these parts
                 reason = "; ".join(f"{where}: {why}" for where, why in limits)
-                status = replace(_status(document, "warning", reason), field=limits[0][0])
+                status = replace(document_status(document, "warning", reason), field=limits[0][0])
         elif isinstance(resource, gateway.GRPCRoute | gateway.HTTPRoute):
             spec.gateway_routes.append(document)  # resolved against the services later
         elif isinstance(resource, gateway_api.TLSRoute):
@@ -325,7 +229,7 @@ def build_steps(
         elif isinstance(resource, osm.Retry):
             spec.retries.append((f"{key.namespace}/{key.name}", resource))
             if resource.skipped():
-                status = _status(document, "warning", "; ".join(resource.skipped()))
+                status = document_status(document, "warning", "; ".join(resource.skipped()))
         elif isinstance(resource, osm.UpstreamTrafficSetting):
             spec.traffic_settings[(key.namespace, key.name)] = resource.spec
             status = _upstream_setting(spec, document, resource)
@@ -335,7 +239,7 @@ def build_steps(
             spec.ingress_backends.append((f"{key.namespace}/{key.name}", resource))
         elif isinstance(resource, meshconfig.MeshConfig | meshconfig.OsmMeshConfig):
             if spec.settings is not None:
-                status = _status(
+                status = document_status(
                     document, "error", "a second MeshConfig: only one is read; this one is ignored"
                 )
             else:
@@ -344,7 +248,7 @@ def build_steps(
                     resource.not_applied() if isinstance(resource, meshconfig.OsmMeshConfig) else ()
                 )
                 if unapplied:  # accepted, never rejected: listed so nobody expects them
-                    status = _status(
+                    status = document_status(
                         document, reason="accepted; not applied by Trellis: " + ", ".join(unapplied)
                     )
         spec.statuses[str(key)] = status
@@ -411,7 +315,7 @@ def _upstream_setting(
     name = f"{document.key.namespace}/{document.key.name}"
     service = setting.service()
     if service is None:
-        return _status(
+        return document_status(
             document,
             "error",
             f"spec.host {setting.spec.host!r} names no service of namespace "
@@ -420,7 +324,7 @@ def _upstream_setting(
         )
     taken = spec.upstream_settings.get(service)
     if taken is not None:
-        return _status(
+        return document_status(
             document,
             "error",
             f"conflicts with UpstreamTrafficSetting {taken[0]}, which already sets {service}; "
@@ -428,13 +332,13 @@ def _upstream_setting(
         )
     spec.upstream_settings[service] = (name, setting.spec)
     if setting.not_applied():
-        return _status(
+        return document_status(
             document,
             "warning",
             f"{' and '.join(setting.not_applied())} read but not applied (a global limit needs "
             "an external rate limit service); the rest applies",
         )
-    return _status(document)
+    return document_status(document)
 
 
 def _routes(spec: MeshSpec) -> Routes:
@@ -450,10 +354,10 @@ def _target_status(spec: MeshSpec, document: Document, routes: Routes) -> Status
     """Index the TrafficTarget ``document``'s grant; its status."""
     problems = spec.grants.add(document, routes)
     if not problems:
-        return _status(document)
+        return document_status(document)
     grant = spec.grants.of(document.key)
     state = "warning" if grant is not None and grant.rules else "error"
-    return _status(document, state, "; ".join(problems))
+    return document_status(document, state, "; ".join(problems))
 
 
 PATCHED_KINDS = frozenset({"TrafficTarget", "HTTPRouteGroup", "TCPRoute"})
@@ -498,7 +402,7 @@ def patch(
             spec.route_groups[named] = document.resource
         else:
             spec.tcp_routes[named] = document.resource
-        spec.statuses[str(key)] = _status(document)
+        spec.statuses[str(key)] = document_status(document)
     routes = _routes(spec)
     targets = {key for key in changes if key.kind == "TrafficTarget"}
     for key in targets | spec.grants.naming(edited_routes):
