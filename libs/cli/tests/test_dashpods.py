@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from kubernetes import client
 
 from trellis_cli import cluster as cluster_module
-from trellis_cli import dashpods
+from trellis_cli import dashpods, tunnel
 from trellis_cli.main import cli
 from trellis_cli.meshedges import DENIED
 from trellis_common.kube import injection as kube_injection
@@ -236,7 +236,7 @@ class _Relay(socketserver.BaseRequestHandler):
             # wait for an event
             time.sleep(0.2)
             with socket.create_connection(self.server.to) as upstream:
-                cluster_module._pump(self.request, upstream)
+                tunnel._pump(self.request, upstream)
         finally:
             with self.server.lock:
                 self.server.open -= 1
