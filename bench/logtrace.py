@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 #: words that mark a hop of the path in a service's line (without --all)
 HOPS = re.compile(
     r"workload\.|signal|endpoints\.|provider\.|catalog\.|views?\.|flush|snapshot|push|"
-    r"delta|sotw|ack|GetService|GetView|ListViewVersions|cds|eds|ClusterLoadAssignment|"
+    r"delta|sotw|ack|GetService|GetResources|ListChanges|resources|cds|eds|ClusterLoadAssignment|"
     r"upstream|config",
     re.IGNORECASE,
 )

@@ -10,7 +10,7 @@ its offset from the POST in milliseconds:
 
 * endpoints-vm: the registration, its store write, the ``endpoints`` signal;
 * the catalog: the signal heard, ``GetService``, the flush, the ``views`` signal;
-* proxy-cp: the signal heard, ``ListViewVersions`` and ``GetView``, the snapshot, the push;
+* proxy-cp: the signal heard, ``ListChanges`` and ``GetResources``, the snapshot, the push;
 * Envoy: the update received and applied.
 
 The log lines carry milliseconds, so each hop is told to about 1 ms; the POST and the poll

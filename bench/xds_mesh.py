@@ -19,7 +19,8 @@ ClusterLoadAssignments, 2 listeners, 2 route configurations and 2 secrets per sn
 The change the benchmark measures is :func:`view` with ``change=k``: one endpoint of
 ``svc-0`` moves to a new address. Every group calls ``svc-0``, so one such change touches
 every group, and of each snapshot only that one ClusterLoadAssignment (so only the EDS
-version) changes.
+version) changes. proxy-cp gets it as the catalog publishes it: one slice
+(:func:`changed_slices`); the groups' policies (:func:`inputs`) do not move.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from trellis_api import catalog_pb2 as pb
 from trellis_proxy_cp import types
+from trellis_proxy_cp.cache.inputs import Inputs, split
 from trellis_proxy_cp.cache.snapshot import Resource, Snapshot, make_resource
 from trellis_proxy_cp.translate.endpoints import LoadAssignments
 from trellis_proxy_cp.translate.proxy import translate
@@ -164,6 +166,19 @@ def view(group: int, change: int = 0) -> pb.View:
 
 #: shared by every group's snapshot, as one control plane shares it (ProxyControlPlane)
 _ASSIGNMENTS = LoadAssignments()
+#: the slice every group's policy names whose endpoints a change moves
+CHANGED_SLICE = f"slice/{MESH_NAMESPACE}/svc-0|{PORT}"
+
+
+def inputs(group: int, change: int = 0) -> Inputs:
+    """Group ``group``'s policy and slices, as the catalog publishes them: the slices are
+    named by cluster, so every group's policy names the same ones."""
+    return split(view(group, change))
+
+
+def changed_slices(change: int) -> dict[str, pb.ClusterSlice | None]:
+    """What change ``change`` publishes: one slice, ``svc-0``'s, with one endpoint moved."""
+    return {CHANGED_SLICE: inputs(0, change).slices[CHANGED_SLICE]}
 
 
 def snapshot(group: int, change: int = 0) -> Snapshot:

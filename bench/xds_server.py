@@ -17,8 +17,9 @@ server's cost) and gives each a core.
   it asks is a stand-in on the same server (same process, same event loop, so its cost
   counts as the server's): ``ListProxies`` lists the proxies expected so far (the first
   ``GROUPS``, until ``expect``), and counts the calls. A change is what the catalog
-  client does with new views: ``set_view`` for every group (translate, serialize each
-  resource once, consistency check, set the snapshot, wake the streams).
+  client does with a changed slice: ``apply`` it (the one ClusterLoadAssignment translated
+  and serialized once, every group holding it takes it into a snapshot whose other types
+  are shared, the streams woken).
 * ``floor``: a bare servicer of the same method (a generic handler, responses passed to
   grpc as bytes): each stream has a reader and a writer task; a request with an empty
   nonce gets the pre-serialized response of its type, anything else is read and only
@@ -68,6 +69,7 @@ from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.hooks import ProxyHooks
+from trellis_proxy_cp.main import tune_garbage_collection
 from trellis_proxy_cp.metrics import XdsMetrics
 from trellis_proxy_cp.testing import FakeCatalog, locator
 from trellis_proxy_cp.translate.secrets import SecretMaterial
@@ -180,11 +182,11 @@ class Trellis:
 
     def __init__(self, groups: int) -> None:
         self._groups = groups
-        self._views = {xds_mesh.identity(g): xds_mesh.view(g) for g in range(groups)}
+        self._inputs = {xds_mesh.identity(g): xds_mesh.inputs(g) for g in range(groups)}
         self._material = xds_mesh.material()
-        self._next: list[Any] = []
+        self._next: dict[str, Any] = {}
         self.cache = SnapshotCache()
-        self.control_plane = ProxyControlPlane(self.cache, self._fetch_view, self._fetch_material)
+        self.control_plane = ProxyControlPlane(self.cache, self._fetch_inputs, self._fetch_material)
 
         async def register(proxy: str, address: str) -> None:
             return None
@@ -204,11 +206,11 @@ class Trellis:
         assert self._client is not None
         return await self._client.expected(common_name)
 
-    async def _on_view(self, identity: str, view: Any) -> None:
+    async def _on_resources(self, policies: Any, slices: Any) -> None:
         return None
 
-    async def _fetch_view(self, identity: str, account: str) -> Any:
-        return self._views[identity]
+    async def _fetch_inputs(self, identity: str, account: str) -> Any:
+        return self._inputs[identity]
 
     async def _fetch_material(self, identity: str, account: str) -> SecretMaterial:
         return self._material
@@ -218,17 +220,16 @@ class Trellis:
         self.catalog.register(server)
 
     def serving(self, port: int) -> None:
-        self._client = CatalogClient(locator(f"127.0.0.1:{port}"), self._on_view, "bench")
+        self._client = CatalogClient(locator(f"127.0.0.1:{port}"), self._on_resources, "bench")
 
     def expect(self, count: int) -> None:
         self.catalog.expect(count)
 
     def prepare(self, change: int) -> None:
-        self._next = [xds_mesh.view(g, change) for g in range(self._groups)]
+        self._next = xds_mesh.changed_slices(change)
 
     async def push(self, change: int) -> None:
-        for view in self._next:
-            await self.control_plane.set_view(view.identity, view)
+        await self.control_plane.apply({}, self._next)
         self.hooks.acks = 0
         self.hooks.expected = {}
         for key in self.control_plane.groups:
@@ -373,6 +374,8 @@ async def serve(kind: str, groups: int, port: int = 0) -> None:
     port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     subject.serving(port)
+    if kind == "trellis":
+        tune_garbage_collection()  # as proxy-cp's build does, before it serves
     loop = asyncio.get_running_loop()
     commands = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)

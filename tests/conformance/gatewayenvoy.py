@@ -5,7 +5,7 @@ The path a Gateway's config takes in production, minus the network between the p
 
 1. the catalog (:class:`trellis_catalog.catalog.Catalog`, with the documents and one
    provider report per Service) computes the gateway identity's policy, and its gRPC
-   transport's :func:`~trellis_catalog.transport.grpc_api.to_proto` makes the view;
+   transport's :func:`~trellis_catalog.transport.protos.to_proto` makes the view;
 2. proxy-cp's :func:`~trellis_proxy_cp.translate.proxy.translate` turns the view into Envoy
    resources (``gateway=True``), folded into a static bootstrap
    (:func:`~trellis_proxy_cp.testing.static.static_bootstrap`) that one Envoy runs.
@@ -48,7 +48,7 @@ from trellis_api import catalog_pb2 as pb
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.views import Identity
-from trellis_catalog.transport.grpc_api import to_proto
+from trellis_catalog.transport.protos import to_proto
 from trellis_common.bootstrap import KEY_FILE, WORKLOAD_CERT_FILE
 from trellis_common.testing import envoy
 from trellis_common.testing.grpcapp import GrpcApp
@@ -202,7 +202,7 @@ def view_of(raws: list[dict[str, Any]], gateway: Identity) -> pb.View:
     catalog.set_documents(found, [])
     catalog.set_provider_services("k8s", reports(meshspec.build(found)))
     catalog.flush()
-    return to_proto(catalog, catalog.policy_for(gateway, gateway.service))
+    return to_proto(catalog.policy_for(gateway, gateway.service), catalog.clusters)
 
 
 def write_certificate(folder: Path, hosts: Iterable[str]) -> Path:

@@ -188,8 +188,8 @@ CALLS: dict[str, tuple[str, Callable[[grpc.aio.Channel], Any], Any]] = {
         )
         for name, request in [
             ("GetView", catalog_pb2.GetViewRequest()),
-            ("ListViewVersions", catalog_pb2.ListViewVersionsRequest()),
-            ("ListDestinations", catalog_pb2.ListDestinationsRequest()),
+            ("ListChanges", catalog_pb2.ListChangesRequest()),
+            ("GetResources", catalog_pb2.GetResourcesRequest()),
             ("ListServices", catalog_pb2.ListServicesRequest()),
             ("CheckPolicy", catalog_pb2.CheckPolicyRequest()),
             ("ExpectProxy", catalog_pb2.ExpectProxyRequest(common_name="bad")),

@@ -1,4 +1,5 @@
-"""The Catalog: incremental recompute, versions, batches, proxies, certificates, debounce."""
+"""The Catalog: incremental recompute, published resources, batches, proxies, certificates,
+debounce."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ THIEF = Identity("bookthief", "bookthief")
 V1 = Identity("bookstore", "bookstore-v1")
 V2 = Identity("bookstore", "bookstore-v2")
 PROXY = "00000000-0000-4000-8000-00000000000{}.{}.{}"
+V2_SLICE = "slice/bookstore/bookstore-v2|14001"
 
 
 def provided(name: str, *addresses: str, port: int = 8081) -> ProvidedService:
@@ -79,22 +81,37 @@ def catalog(bell: Bell) -> Catalog:
 
 
 def test_first_flush_versions_every_identity(catalog: Catalog) -> None:
-    assert set(catalog.versions) == {BUYER, THIEF, V1, V2, Identity("bookstore", "bookstore")}
+    identities = {BUYER, THIEF, V1, V2, Identity("bookstore", "bookstore")}
+    assert set(catalog.view_versions()) == identities
     assert catalog.revision == 1  # one flush, one batch
-    assert len(set(catalog.versions.values())) == 5  # each view its content's version
+    assert len(set(catalog.view_versions().values())) == 5  # each view its content's version
+    published = catalog.resources.versions
+    assert {n for n in published if n.startswith("policy/")} == {f"policy/{i}" for i in identities}
+    # bookbuyer's clusters, each a slice of its own (bookstore runs as one account only)
+    assert catalog.resources.slices_of(BUYER) == (
+        "slice/bookstore/bookstore-v1|14001",
+        V2_SLICE,
+    )
+    slices = {n for n in published if n.startswith("slice/")}
+    assert slices == set(catalog.resources.slices_of(BUYER))
 
 
 def test_an_endpoint_change_reversions_only_who_references_the_cluster(catalog: Catalog) -> None:
     policies = dict(catalog.policies)
-    before = dict(catalog.versions)
+    before = catalog.view_versions()
     catalog.update_provider_service(
         "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.0.9")
     )
-    batch = catalog.flush()
-    assert batch is not None
-    assert [i for i, _ in batch.identities] == ["bookbuyer/bookbuyer"]
-    assert catalog.versions[BUYER] != before[BUYER]
-    assert catalog.versions[THIEF] == before[THIEF]
+    published = catalog.flush()
+    assert published is not None
+    # the cluster's slice and the service's destination move; no policy does
+    assert published.of_kind("policy") == []
+    assert [n for n, _ in published.of_kind("slice")] == [V2_SLICE]
+    destinations = published.of_kind("destination")
+    assert [n for n, _ in destinations] == ["destination/bookstore/bookstore-v2"]
+    assert catalog.resources.concerned(V2_SLICE) == {BUYER}
+    assert catalog.view_version(BUYER) != before[BUYER]
+    assert catalog.view_version(THIEF) == before[THIEF]
     # the policy was not recomputed: same object, only the cluster moved
     assert catalog.policies[BUYER] is policies[BUYER]
     cluster = catalog.clusters["bookstore/bookstore-v2|14001"]
@@ -114,13 +131,23 @@ def test_a_policy_change_reaches_the_identities_it_concerns(catalog: Catalog) ->
     target = ROOT / "examples" / "bookstore" / "access.yaml"
     kept = [d for d in documents if d.origin.source != str(target)]
     catalog.set_documents(kept, errors)
-    batch = catalog.flush()
-    assert batch is not None
-    changed = {i for i, _ in batch.identities}
+    published = catalog.flush()
+    assert published is not None
+    changed = {n for n, _ in published.of_kind("policy")}
     # bookbuyer loses its outbound, bookstore-v1/v2 lose their inbound rule
-    assert {"bookbuyer/bookbuyer", "bookstore/bookstore-v1", "bookstore/bookstore-v2"} <= changed
-    assert "bookthief/bookthief" not in changed
+    assert {
+        "policy/bookbuyer/bookbuyer",
+        "policy/bookstore/bookstore-v1",
+        "policy/bookstore/bookstore-v2",
+    } <= changed
+    assert "policy/bookthief/bookthief" not in changed
     assert catalog.policies[BUYER].outbound == ()
+    # no policy references bookbuyer's slices any more: they are gone
+    assert dict(published.of_kind("slice")) == {
+        "slice/bookstore/bookstore-v1|14001": "",
+        V2_SLICE: "",
+    }
+    assert catalog.resources.concerned(V2_SLICE) == set()
 
 
 def test_a_dead_provider_takes_its_endpoints_with_it(catalog: Catalog) -> None:
@@ -182,12 +209,13 @@ def test_a_proxy_under_another_account_does_not_take_its_service_with_it(
 
 def test_a_certificate_rotation_does_not_reversion_the_view(catalog: Catalog) -> None:
     """Certificates reach proxy-cp from certmanager: one path, one rebuild per rotation."""
-    before = catalog.versions[BUYER]
+    before, cursor = catalog.view_version(BUYER), catalog.resources.cursor
     ref = CertificateRef("bookbuyer.bookbuyer.svc.cluster.local", "aa")
     catalog.set_certificate(BUYER, ref)
     assert catalog.flush() is None
-    assert catalog.versions[BUYER] == before
-    assert catalog.certificates[BUYER] == ref  # shown in the view, for operators
+    assert catalog.view_version(BUYER) == before
+    assert catalog.changes_since(cursor) == (cursor, False, [])  # no resource moved
+    assert catalog.certificates[BUYER] == ref  # the issuer's state, kept
 
 
 async def test_a_lone_change_is_flushed_at_once_with_no_quiet_period(
@@ -212,7 +240,7 @@ async def test_a_lone_change_is_flushed_at_once_with_no_quiet_period(
 async def test_changes_during_a_flush_in_flight_go_out_together_in_the_next(
     catalog: Catalog, bell: Bell
 ) -> None:
-    start, _, _ = catalog.views_since("")
+    start, _, _ = catalog.changes_since("")
     stop = asyncio.Event()
     loop = asyncio.create_task(catalog.run(stop))
     bell.open.clear()  # the first announce stays in flight
@@ -238,39 +266,44 @@ async def test_changes_during_a_flush_in_flight_go_out_together_in_the_next(
     assert catalog.clusters["bookstore/bookstore-v2|14001"].version != first_version
     assert catalog.clusters["bookstore/bookstore-v2|14001"].endpoints[0].address == "10.0.1.19"
     assert len(bell.signals) == 2
-    cursor, full, changed = catalog.views_since(start)
+    cursor, full, changed = catalog.changes_since(start)
     assert not full
-    assert changed == [("bookbuyer/bookbuyer", catalog.versions[BUYER])]
+    versions = catalog.resources.versions
+    v2 = "destination/bookstore/bookstore-v2"
+    assert changed == [(v2, versions[v2]), (V2_SLICE, versions[V2_SLICE])]
     assert bell.signals[-1] == ("changed", cursor)  # the key is the cursor after the flush
 
 
-async def test_views_since_a_cursor_lists_what_changed_after_it(catalog: Catalog) -> None:
-    everything = {str(i): v for i, v in catalog.versions.items()}
-    cursor, full, listed = catalog.views_since("")
+async def test_changes_since_a_cursor_lists_what_changed_after_it(catalog: Catalog) -> None:
+    everything = dict(catalog.resources.versions)
+    cursor, full, listed = catalog.changes_since("")
     assert full
     assert dict(listed) == everything
     # a cursor from another epoch (a restarted catalog), malformed, or ahead: all again
     epoch = cursor.rsplit("-", 1)[0]
     for other in ("0-1", "garbage", f"{epoch}-x", f"{epoch}-99", "-1", f"{epoch}--1"):
-        assert catalog.views_since(other) == (cursor, True, listed), other
-    assert catalog.views_since(cursor) == (cursor, False, [])
+        assert catalog.changes_since(other) == (cursor, True, listed), other
+    assert catalog.changes_since(cursor) == (cursor, False, [])
 
     moved = provided("bookstore-v2", "10.0.9.9")
     catalog.update_provider_service("vm", "bookstore", "bookstore-v2", moved)
     assert await catalog.flush_and_announce() is not None
-    after, full, changed = catalog.views_since(cursor)
+    after, full, changed = catalog.changes_since(cursor)
     assert after != cursor
     assert not full
-    assert changed == [("bookbuyer/bookbuyer", catalog.versions[BUYER])]
+    versions = catalog.resources.versions
+    v2 = "destination/bookstore/bookstore-v2"
+    assert changed == [(v2, versions[v2]), (V2_SLICE, versions[V2_SLICE])]
 
-    # bookthief's proxy goes and nothing else declares it: its view is removed ("")
+    # bookthief's proxy goes and nothing else declares it: its policy is removed ("")
     catalog.expect_only([PROXY.format(1, "bookbuyer", "bookbuyer")])
     assert await catalog.flush_and_announce() is not None
-    last, _, changed = catalog.views_since(after)
-    assert ("bookthief/bookthief", "") in changed
-    assert ("bookthief/bookthief", "") in catalog.views_since(cursor)[2]  # since any older
-    assert "bookthief/bookthief" not in dict(catalog.views_since("")[2])  # a full listing
-    assert catalog.views_since(last) == (last, False, [])
+    last, _, changed = catalog.changes_since(after)
+    assert ("policy/bookthief/bookthief", "") in changed
+    assert ("policy/bookthief/bookthief", "") in catalog.changes_since(cursor)[2]  # any older
+    assert "policy/bookthief/bookthief" not in dict(catalog.changes_since("")[2])  # a full one
+    assert catalog.view_version(THIEF) == "0"
+    assert catalog.changes_since(last) == (last, False, [])
 
 
 def test_a_backend_without_endpoints_leaves_the_split(catalog: Catalog) -> None:
@@ -313,11 +346,13 @@ def test_a_traffic_target_edit_recomputes_only_the_accounts_it_names(catalog: Ca
             document = type(document)(document.key, document.api_version, document.origin, resource)
         edited.append(document)
     catalog.set_documents(edited, errors)
-    batch = catalog.flush()
-    assert batch is not None
+    published = catalog.flush()
+    assert published is not None
     # bookstore's account (v1, v2, the root) and the two sources; not elsewhere/other
     assert catalog.last_recomputed == 5
-    assert Identity("elsewhere", "other") not in {Identity.parse(i) for i, _ in batch.identities}
+    assert "policy/elsewhere/other" in catalog.resources.versions
+    assert "policy/elsewhere/other" not in dict(published.changes)
+    assert "policy/bookthief/bookthief" in dict(published.changes)
     assert {o.name for o in catalog.policies[THIEF].outbound} == {
         "bookstore",
         "bookstore-v1",

@@ -31,11 +31,25 @@ ROOT = Path(__file__).resolve().parents[3]
 DOCUMENTS, ERRORS = load_paths([ROOT / "examples" / "bookstore"], kinds())
 PROXY = "00000000-0000-4000-8000-000000000001.bookstore-v1.bookstore"
 
+
+class Fields(set[str]):
+    """A request's fields, where a refusal may name an item of one: ``names[3]`` or
+    ``service_accounts['a/b']`` is a field of the request that has ``names`` or
+    ``service_accounts``."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(name.partition("[")[0])
+
+
 CHECKS: Checks = {
     "GetView": (pb.GetViewRequest, grpc_requests.view, {"identity", "service_account"}),
     "ListServices": (pb.ListServicesRequest, grpc_requests.namespace_filter, {"namespace"}),
-    "ListViewVersions": (pb.ListViewVersionsRequest, grpc_requests.view_cursor, {"since"}),
-    "ListDestinations": (pb.ListDestinationsRequest, grpc_requests.view_cursor, {"since"}),
+    "ListChanges": (pb.ListChangesRequest, grpc_requests.cursor, {"since"}),
+    "GetResources": (
+        pb.GetResourcesRequest,
+        grpc_requests.resources,
+        Fields({"names", "service_accounts"}),
+    ),
     "CheckPolicy": (
         pb.CheckPolicyRequest,
         grpc_requests.policy_question,
@@ -69,18 +83,46 @@ STRINGS = fuzz.mostly(st.one_of(fuzz.plausible_names(), st.sampled_from(NAMES)),
 LABELS = fuzz.mostly(st.sampled_from(["bookstore", "bookbuyer", "bookstore-v1"]), fuzz.names())
 ACCOUNTS = fuzz.mostly(st.one_of(st.just(""), fuzz.dns_subdomains()), fuzz.names())
 PROXIES = fuzz.mostly(st.one_of(st.just(PROXY), fuzz.proxy_common_names()), fuzz.names())
+IDENTITIES = fuzz.mostly(st.builds("{}/{}".format, LABELS, LABELS), fuzz.names())
+# Resource names: those the catalog publishes, others of each kind, and near misses
+# (an empty account list, a trailing comma, no cluster) the servicer must take apart.
+RESOURCES = fuzz.mostly(
+    st.one_of(
+        st.sampled_from(
+            [
+                "policy/bookbuyer/bookbuyer",
+                "slice/bookstore/bookstore-v1|14001",
+                "slice/bookstore/bookstore-v1|14001@,bookstore",
+                "slice/bookstore/bookstore-v1|14001@",
+                "slice/bookstore/bookstore-v1|14001@bookstore,,",
+                "slice/@bookstore",
+                "slice/",
+                "destination/bookstore/bookstore-v1",
+                "destination/bookstore",
+                "destination/",
+            ]
+        ),
+        st.builds("policy/{}".format, IDENTITIES),
+        st.builds("slice/{}/{}|{}@{}".format, LABELS, LABELS, st.integers(0, 70_000), LABELS),
+        st.builds("destination/{}".format, STRINGS),
+    ),
+    fuzz.names(),
+)
 CURSORS = fuzz.mostly(
     st.builds("{:x}-{}".format, st.integers(0, 2**48), st.integers(0, 10)), fuzz.names()
 )
 # Each RPC's fields, mostly valid: whole valid requests, to reach what is behind the checks.
 FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "GetView": {
-        "identity": fuzz.mostly(st.builds("{}/{}".format, LABELS, LABELS), fuzz.names()),
+        "identity": IDENTITIES,
         "service_account": ACCOUNTS,
     },
     "ListServices": {"namespace": fuzz.mostly(st.one_of(st.just(""), LABELS), fuzz.names())},
-    "ListViewVersions": {"since": CURSORS},
-    "ListDestinations": {"since": CURSORS},
+    "ListChanges": {"since": CURSORS},
+    "GetResources": {
+        "names": st.lists(RESOURCES, max_size=4),
+        "service_accounts": st.dictionaries(IDENTITIES, ACCOUNTS, max_size=2),
+    },
     "CheckPolicy": {
         "source_namespace": LABELS,
         "source_service_account": ACCOUNTS,
@@ -143,6 +185,7 @@ def catalog() -> Catalog:
 @example(
     calls=[("ExpectProxy", pb.ExpectProxyRequest(common_name=PROXY, service_account="Bad Name!"))]
 )
+@example(calls=[("GetResources", pb.GetResourcesRequest(names=["destination/bookstore"]))])
 @example(
     calls=[
         (
@@ -166,5 +209,5 @@ async def test_the_servicer_answers_or_refuses_naming_a_field_and_stays_consiste
         aborted = await answers_or_refuses(servicer, rpc, request, health.rejections, CHECKS)
         event(f"{rpc} {aborted.code.name if aborted else 'OK'}")
     target.flush()  # what was accepted recomputes without an error
-    for identity in list(target.versions):
+    for identity in target.view_versions():
         target.policy_for(identity)

@@ -100,36 +100,60 @@ async def test_well_formed_requests_are_answered(api: Api) -> None:
     assert api.health.rejections.items() == []
 
 
-async def test_view_versions_are_listed_since_a_cursor(api: Api) -> None:
-    first = await api.stub.ListViewVersions(pb.ListViewVersionsRequest())
+def _changes(answer: pb.ListChangesResponse) -> list[tuple[str, str]]:
+    return [(c.name, c.version) for c in answer.changes]
+
+
+async def _get(
+    api: Api, *names: str, accounts: dict[str, str] | None = None
+) -> pb.GetResourcesResponse:
+    return await api.stub.GetResources(
+        pb.GetResourcesRequest(names=names, service_accounts=accounts or {})
+    )
+
+
+async def test_changes_are_listed_since_a_cursor(api: Api) -> None:
+    first = await api.stub.ListChanges(pb.ListChangesRequest())
     assert first.full
-    assert {i.identity: i.version for i in first.identities} == {
-        str(i): v for i, v in api.catalog.versions.items()
-    }
-    same = await api.stub.ListViewVersions(pb.ListViewVersionsRequest(since=first.cursor))
-    assert (same.cursor, same.full, list(same.identities)) == (first.cursor, False, [])
+    assert dict(_changes(first)) == api.catalog.resources.versions
+    kinds = {name.split("/")[0] for name, _ in _changes(first)}
+    assert kinds == {"policy", "slice", "destination"}
+    assert ("policy/bookbuyer/bookbuyer", api.catalog.resources.versions[f"policy/{BUYER}"]) in (
+        _changes(first)
+    )
+    same = await api.stub.ListChanges(pb.ListChangesRequest(since=first.cursor))
+    assert (same.cursor, same.full, list(same.changes)) == (first.cursor, False, [])
 
     api.catalog.update_provider_service("vm", "bookstore", "bookstore-v1", V1_MOVED)
     await api.catalog.flush_and_announce()
-    changed = await api.stub.ListViewVersions(pb.ListViewVersionsRequest(since=first.cursor))
+    changed = await api.stub.ListChanges(pb.ListChangesRequest(since=first.cursor))
     assert not changed.full
     assert changed.cursor != first.cursor
-    assert [(i.identity, i.version) for i in changed.identities] == [
-        ("bookbuyer/bookbuyer", api.catalog.versions[BUYER])
-    ]
+    # the cluster's slice and the service's destination; no policy moves
+    versions = api.catalog.resources.versions
+    destination, slice_ = "destination/bookstore/bookstore-v1", "slice/bookstore/bookstore-v1|14001"
+    assert _changes(changed) == [(destination, versions[destination]), (slice_, versions[slice_])]
     # a cursor that is not one is no error: it gets everything, which is always right
     for junk in ("garbage", "0-1", "x" * 10_000, "\x00-1"):
-        answer = await api.stub.ListViewVersions(pb.ListViewVersionsRequest(since=junk))
+        answer = await api.stub.ListChanges(pb.ListChangesRequest(since=junk))
         assert answer.full
-        assert len(answer.identities) == len(api.catalog.versions)
+        assert len(answer.changes) == len(versions)
     assert api.health.rejections.items() == []
 
 
-async def test_destinations_are_listed_whole_then_since_a_cursor(api: Api) -> None:
-    first = await api.stub.ListDestinations(pb.ListDestinationsRequest())
-    assert first.full
-    by_name = {f"{d.namespace}/{d.name}": d for d in first.destinations}
-    assert set(by_name) == {str(s) for s in api.catalog.services}
+async def test_destinations_are_listed_then_fetched_by_name(api: Api) -> None:
+    first = await api.stub.ListChanges(pb.ListChangesRequest())
+    names = [n for n, _ in _changes(first) if n.startswith("destination/")]
+    assert set(names) == {f"destination/{s}" for s in api.catalog.services}
+    fetched = await _get(api, *names)
+    assert list(fetched.missing) == []
+    assert [r.name for r in fetched.resources] == names
+    assert all(r.WhichOneof("body") == "destination" for r in fetched.resources)
+    assert {r.name: r.version for r in fetched.resources} == {
+        n: v for n, v in _changes(first) if n in names
+    }
+    by_name = {r.name.removeprefix("destination/"): r.destination for r in fetched.resources}
+    assert all(k == f"{d.namespace}/{d.name}" for k, d in by_name.items())
     v1 = by_name["bookstore/bookstore-v1"]
     [port] = v1.ports
     assert (port.port, [(e.address, e.port) for e in port.endpoints]) == (
@@ -149,30 +173,95 @@ async def test_destinations_are_listed_whole_then_since_a_cursor(api: Api) -> No
         ("bookstore-v2", 20),
     }
 
-    same = await api.stub.ListDestinations(pb.ListDestinationsRequest(since=first.cursor))
-    assert (same.cursor, same.full, list(same.destinations)) == (first.cursor, False, [])
-
     api.catalog.update_provider_service("vm", "bookstore", "bookstore-v1", V1_MOVED)
     api.catalog.flush()
-    moved = await api.stub.ListDestinations(pb.ListDestinationsRequest(since=first.cursor))
+    moved = await api.stub.ListChanges(pb.ListChangesRequest(since=first.cursor))
     assert not moved.full
-    assert [d.name for d in moved.destinations] == ["bookstore-v1"]
-    assert [e.address for e in moved.destinations[0].ports[0].endpoints] == ["10.0.0.9"]
-    assert moved.destinations[0].version != v1.version
+    [(name, version)] = [(n, v) for n, v in _changes(moved) if n.startswith("destination/")]
+    assert (name, version != v1.version) == ("destination/bookstore/bookstore-v1", True)
+    [again] = (await _get(api, name)).resources
+    assert again.version == again.destination.version == version
+    assert [e.address for e in again.destination.ports[0].endpoints] == ["10.0.0.9"]
 
     api.catalog.remove_provider_service("vm", "bookstore", "bookstore-v1")
     api.catalog.flush()
-    gone = await api.stub.ListDestinations(pb.ListDestinationsRequest(since=moved.cursor))
+    gone = await api.stub.ListChanges(pb.ListChangesRequest(since=moved.cursor))
     # a declared Service without endpoints still exists; one nobody knows is removed
-    assert [(d.name, len(d.ports[0].endpoints)) for d in gone.destinations] == [("bookstore-v1", 0)]
+    [(name, version)] = [(n, v) for n, v in _changes(gone) if n.startswith("destination/")]
+    assert name == "destination/bookstore/bookstore-v1"
+    assert version != ""
+    [empty] = (await _get(api, name)).resources
+    assert len(empty.destination.ports[0].endpoints) == 0
     vm_only = replace(V1_MOVED, name="reports")
     api.catalog.update_provider_service("vm", "bookstore", "reports", vm_only)
     api.catalog.flush()
     api.catalog.remove_provider_service("vm", "bookstore", "reports")
     api.catalog.flush()
-    removed = await api.stub.ListDestinations(pb.ListDestinationsRequest(since=gone.cursor))
-    assert (list(removed.destinations), list(removed.removed)) == ([], ["bookstore/reports"])
+    removed = await api.stub.ListChanges(pb.ListChangesRequest(since=gone.cursor))
+    listed = _changes(removed)
+    assert [(n, v) for n, v in listed if n.startswith("destination/")] == [
+        ("destination/bookstore/reports", "")
+    ]
+    # bookbuyer may call its account: it reached it for a while, through a slice now gone
+    assert ("slice/bookstore/reports|8080", "") in listed
+    assert "policy/bookbuyer/bookbuyer" in dict(listed)
+    missing = await _get(api, "destination/bookstore/reports")
+    assert (list(missing.resources), list(missing.missing)) == (
+        [],
+        ["destination/bookstore/reports"],
+    )
     assert api.health.rejections.items() == []
+
+
+async def test_resources_are_fetched_by_name_and_policies_computed_on_demand(api: Api) -> None:
+    batch_job = "policy/bookbuyer/batch-job"
+    unknown = "slice/bookstore/nothing|80"
+    accounts = {"bookbuyer/batch-job": "bookbuyer"}
+    answer = await _get(api, batch_job, f"policy/{BUYER}", unknown, batch_job, accounts=accounts)
+    # asked twice, answered once; an unknown slice comes back missing
+    assert [r.name for r in answer.resources] == [batch_job, f"policy/{BUYER}"]
+    assert list(answer.missing) == [unknown]
+    job, buyer = answer.resources
+    # batch-job has no stored policy: it is computed on demand, for the account given
+    assert batch_job not in api.catalog.resources.versions
+    assert job.WhichOneof("body") == "policy"
+    assert job.policy.identity == "bookbuyer/batch-job"
+    assert job.policy.service_account == "bookbuyer"
+    assert {o.name for o in job.policy.outbound} >= {"bookstore-v1"}
+    assert job.policy.version == job.version != ""
+    # and the slices it names are there to fetch, though it is no stored policy
+    named = (await _get(api, *(c.slice for c in job.policy.clusters))).resources
+    assert [r.name for r in named] == [c.slice for c in job.policy.clusters] != []
+    # a stored one comes with its published version; its clusters name their slices
+    assert buyer.version == api.catalog.resources.versions[f"policy/{BUYER}"]
+    slices = {c.name: c.slice for c in buyer.policy.clusters}
+    assert slices["bookstore/bookstore-v1|14001"] == "slice/bookstore/bookstore-v1|14001"
+    assert all(len(c.endpoints) == 0 for c in buyer.policy.clusters)
+    [found] = (await _get(api, slices["bookstore/bookstore-v1|14001"])).resources
+    assert found.version == api.catalog.resources.versions[found.name]
+    assert [e.address for e in found.slice.endpoints] == ["10.0.0.1"]
+
+    # once batch-job's proxy is expected, the catalog stores the same policy, same version
+    api.catalog.expect_proxy(PROXY.format(4, "batch-job", "bookbuyer"), "bookbuyer")
+    published = api.catalog.flush()
+    assert published is not None
+    assert (batch_job, job.version) in published.changes
+    [stored] = (await _get(api, batch_job)).resources
+    assert stored.version == job.version
+    assert (stored.policy.revision, job.policy.revision) == (api.catalog.revision, 1)
+    stored.policy.revision = job.policy.revision  # the replica's count of flushes, not content
+    assert stored.policy == job.policy
+    assert api.health.rejections.items() == []
+
+
+async def test_too_many_names_are_refused(api: Api) -> None:
+    names = [f"slice/bookstore/s{i}|80" for i in range(10_001)]
+    call = api.stub.GetResources(pb.GetResourcesRequest(names=names))
+    await refused_on_the_wire(
+        call, "GetResources", "names: 10001 names; at most 10000", api.health.rejections
+    )
+    answer = await api.stub.GetResources(pb.GetResourcesRequest(names=names[:10_000]))
+    assert len(answer.missing) == 10_000
 
 
 async def test_an_expected_proxy_with_an_invalid_account_is_refused_and_not_recorded(
@@ -265,6 +354,29 @@ def _policy(**fields: str) -> pb.CheckPolicyRequest:
             pb.UnregisterProxyRequest(common_name=""),
             "common_name: is required",
         ),
+        (
+            "GetResources",
+            pb.GetResourcesRequest(names=["foo/bar"]),
+            "names[0]: 'foo/bar' is not a policy/, slice/ or destination/ name",
+        ),
+        (
+            "GetResources",
+            pb.GetResourcesRequest(names=["slice/bookstore/bookstore-v1|14001", "policy/x"]),
+            "names[1]: must be '<namespace>/",
+        ),
+        (  # a destination is a Service: "<namespace>/<name>" too
+            "GetResources",
+            pb.GetResourcesRequest(names=["destination/bookstore"]),
+            "names[0]: must be '<namespace>/<name>', got 'bookstore'",
+        ),
+        (
+            "GetResources",
+            pb.GetResourcesRequest(
+                names=["policy/bookbuyer/bookbuyer"],
+                service_accounts={"bookbuyer/bookbuyer": "Bad Name!"},
+            ),
+            "service_accounts['bookbuyer/bookbuyer']: 'Bad Name!' is not a valid DNS-1123",
+        ),
     ],
 )
 async def test_every_rpc_refuses_invalid_requests_naming_the_field_and_counts_them(
@@ -278,7 +390,7 @@ async def test_every_rpc_refuses_invalid_requests_naming_the_field_and_counts_th
     assert not api.catalog.proxies[BUYER_PROXY].connected
 
 
-def test_a_view_carries_only_the_endpoints_its_identity_may_reach(api: Api) -> None:
+async def test_a_view_carries_only_the_endpoints_its_identity_may_reach(api: Api) -> None:
     two_accounts = replace(
         V1_MOVED,
         endpoints=(
@@ -288,11 +400,34 @@ def test_a_view_carries_only_the_endpoints_its_identity_may_reach(api: Api) -> N
     )
     api.catalog.update_provider_service("vm", "bookstore", "bookstore-v1", two_accounts)
     api.catalog.flush()
-    view = to_proto(api.catalog, api.catalog.policy_for(BUYER))
+    view = await api.stub.GetView(pb.GetViewRequest(identity=str(BUYER)))
     [cluster] = [c for c in view.clusters if c.name == "bookstore/bookstore-v1|14001"]
     # the example's TrafficTarget lets bookbuyer call the account bookstore only
     assert [e.address for e in cluster.endpoints] == ["10.0.0.9"]
     assert list(cluster.spiffe_ids) == ["spiffe://cluster.local/ns/bookstore/sa/bookstore"]
+    assert cluster.slice == ""  # a whole view has its endpoints in place
+    assert view.version == api.catalog.view_version(BUYER)
+    # the same, as proxy-cp takes it: the policy names a slice limited to that account
+    # ("" too: endpoints that name no account run as the service's own, bookstore)
+    name = "slice/bookstore/bookstore-v1|14001@,bookstore"
+    [policy] = (await _get(api, f"policy/{BUYER}")).resources
+    [ref] = [c for c in policy.policy.clusters if c.name == "bookstore/bookstore-v1|14001"]
+    assert ref.slice == name
+    assert len(ref.endpoints) == 0
+    [found] = (await _get(api, name)).resources
+    assert found.version == api.catalog.resources.versions[name]
+    assert (found.slice.cluster, list(found.slice.accounts)) == (
+        "bookstore/bookstore-v1|14001",
+        ["", "bookstore"],
+    )
+    assert [e.address for e in found.slice.endpoints] == ["10.0.0.9"]
+    assert list(found.slice.spiffe_ids) == list(cluster.spiffe_ids)
+    assert api.catalog.resources.concerned(name) == {BUYER}
     # the cluster itself keeps both, for views that may reach both
     state = api.catalog.clusters["bookstore/bookstore-v1|14001"]
     assert sorted(e.address for e in state.endpoints) == ["10.0.0.8", "10.0.0.9"]
+    # to_proto (GetView's and /v1/views') assembles the same view from the policy
+    assembled = to_proto(
+        api.catalog.policies[BUYER], api.catalog.clusters, view.version, view.revision
+    )
+    assert assembled == view

@@ -1,6 +1,6 @@
 """MeshConfig ``traffic.enableLocalityFailover`` reaches proxy-cp in every view's
 ``mesh.locality_failover`` (off by default), and turning it on changes the views' versions
-(so proxy-cp rebuilds its snapshots)."""
+and its policy's (so proxy-cp rebuilds its snapshots)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.views import Identity
 from trellis_catalog.sources import kinds
-from trellis_catalog.transport.grpc_api import to_proto
+from trellis_catalog.transport.protos import to_proto
 from trellis_common.documents.base import Origin
 from trellis_common.specdir import load_paths
 
@@ -45,12 +45,15 @@ def _catalog(failover: bool | None) -> Catalog:
 def test_the_view_says_whether_the_mesh_fails_over_by_locality() -> None:
     unset, off, on = _catalog(None), _catalog(failover=False), _catalog(failover=True)
 
-    unset_view = to_proto(unset, unset.policies[BUYER])
-    off_view = to_proto(off, off.policies[BUYER])
-    on_view = to_proto(on, on.policies[BUYER])
+    unset_view, off_view, on_view = (
+        to_proto(c.policies[BUYER], c.clusters, c.view_version(BUYER)) for c in (unset, off, on)
+    )
 
     assert unset_view.mesh.locality_failover is False
     assert off_view.mesh.locality_failover is False
     assert on_view.mesh.locality_failover is True
     assert off_view.version == unset_view.version  # the same content
     assert on_view.version != off_view.version  # only the switch differs
+    policy = f"policy/{BUYER}"
+    assert off.resources.versions[policy] == unset.resources.versions[policy]
+    assert on.resources.versions[policy] != off.resources.versions[policy]

@@ -4,8 +4,8 @@ A seeded random walk over a small mesh edits TrafficTargets, HTTPRouteGroups and
 (new, changed, gone, naming routes or matches that do not exist), now and then together
 with an endpoint move or a Service edit (which build the spec again). After each flush the
 catalog's spec, statuses, policies, destinations and cluster references must equal those
-of a new catalog given the same inputs, and every identity whose policy moved must have a
-new version.
+of a new catalog given the same inputs (the slices too, and who references each), and every
+identity whose policy moved must have a new policy version.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.access import explain
+from trellis_catalog.domain.resources import policy_name
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_common.documents.base import Document
 from trellis_common.model import MeshService, ServiceAccount
@@ -181,8 +182,12 @@ def same(catalog: Catalog, scratch: Catalog) -> None:
     assert catalog.spec.statuses == scratch.spec.statuses
     assert dict(catalog.policies) == dict(scratch.policies)
     assert catalog.destinations.records == scratch.destinations.records
-    for cluster in scratch.clusters:
-        assert catalog.referencing([cluster]) == scratch.referencing([cluster]), cluster
+    assert catalog.resources.versions == scratch.resources.versions
+    for identity in scratch.policies:
+        slices = scratch.resources.slices_of(identity)
+        assert sorted(catalog.resources.slices_of(identity)) == sorted(slices), identity
+        for name in slices:
+            assert catalog.resources.concerned(name) == scratch.resources.concerned(name), name
 
 
 def test_policy_edits_patch_the_spec_to_what_a_build_from_scratch_makes(
@@ -193,7 +198,7 @@ def test_policy_edits_patch_the_spec_to_what_a_build_from_scratch_makes(
     moved = 1
     catalog = catalog_of(mesh.documents(), reports(report, endpoint, moved))
     for _ in range(STEPS):
-        policies, versions = dict(catalog.policies), dict(catalog.versions)
+        policies, versions = dict(catalog.policies), dict(catalog.resources.versions)
         mesh.edit()
         roll = rng.random()
         if roll < 0.15:  # an endpoint moves in the same flush
@@ -206,7 +211,10 @@ def test_policy_edits_patch_the_spec_to_what_a_build_from_scratch_makes(
         catalog.flush()
         same(catalog, catalog_of(mesh.documents(), reports(report, endpoint, moved)))
         changed = {i for i, p in catalog.policies.items() if policies.get(i) != p}
-        assert all(catalog.versions[i] != versions.get(i) for i in changed)
+        assert all(
+            catalog.resources.versions[policy_name(i)] != versions.get(policy_name(i))
+            for i in changed
+        )
     assert catalog.spec_updates["patched"] > STEPS // 2, catalog.spec_updates
     assert catalog.spec_updates["built"] > 1, catalog.spec_updates
 
@@ -217,14 +225,14 @@ def test_the_same_documents_again_build_nothing(
     """A source that lists the same documents again (a rescan, a resync) costs no build."""
     mesh = Mesh(random.Random(1), docs)
     catalog = catalog_of(mesh.documents(), reports(report, endpoint, 1))
-    versions = dict(catalog.versions)
+    versions = dict(catalog.resources.versions)
     catalog.set_documents(mesh.documents(), [])
     assert catalog.flush() is None
     mesh.parsed.clear()  # parsed again: equal documents, new objects
     catalog.set_documents(mesh.documents(), [])
     assert catalog.flush() is None
     assert catalog.spec_updates == {"built": 1}
-    assert dict(catalog.versions) == versions
+    assert catalog.resources.versions == versions
 
 
 def test_a_policy_question_uses_the_last_builder_and_sees_the_last_edit(

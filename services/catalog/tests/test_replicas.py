@@ -1,5 +1,6 @@
-"""Two catalog replicas, the same inputs: the same version for every view, cluster and
-destination, whatever the order and batching the inputs came in, and after a restart.
+"""Two catalog replicas, the same inputs: the same version for every published resource
+(policy, slice, destination), view and cluster, whatever the order and batching the inputs
+came in, and after a restart.
 
 The replicas are two :class:`Catalog` objects in this process, fed the examples' specs
 (bookstore and greeter), two providers' reports and the proxies' records: one in a single
@@ -21,12 +22,14 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import MessageToDict
 
+from trellis_api import catalog_pb2 as pb
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.sources import kinds
-from trellis_catalog.transport.grpc_api import destination_proto, to_proto
+from trellis_catalog.transport.grpc_api import CatalogServicer
 from trellis_common.documents.base import Document
 from trellis_common.specdir import load_paths
+from trellis_common.testing.servicer import invoke
 
 ROOT = Path(__file__).resolve().parents[3]
 SPECS = [ROOT / "examples" / "bookstore", ROOT / "examples" / "grpc"]
@@ -152,7 +155,8 @@ def replica_in_pieces(seed: int) -> Catalog:
 def versions(catalog: Catalog) -> dict[str, dict[str, str]]:
     """Every version a consumer compares."""
     return {
-        "views": {str(i): v for i, v in sorted(catalog.versions.items())},
+        "resources": dict(sorted(catalog.resources.versions.items())),
+        "views": {str(i): v for i, v in sorted(catalog.view_versions().items())},
         "clusters": {name: state.version for name, state in sorted(catalog.clusters.items())},
         "destinations": {
             str(s): v for s, v in sorted(catalog.destinations.versions.items(), key=str)
@@ -160,15 +164,25 @@ def versions(catalog: Catalog) -> dict[str, dict[str, str]]:
     }
 
 
-def _served(catalog: Catalog) -> dict[str, Any]:
-    """What ``GetView`` and ``ListDestinations`` send, less the replica's own revision."""
+async def _served(catalog: Catalog) -> dict[str, Any]:
+    """What ``GetView`` sends for each identity and ``GetResources`` for every resource a
+    full ``ListChanges`` lists, less the replica's own revision."""
+    servicer = CatalogServicer(catalog)
     found: dict[str, Any] = {}
-    for identity, policy in sorted(catalog.policies.items()):
-        view = MessageToDict(to_proto(catalog, policy), preserving_proto_field_name=True)
-        view.pop("revision", None)
-        found[str(identity)] = view
-    for service, record in sorted(catalog.destinations.records.items(), key=str):
-        found[f"destination {service}"] = MessageToDict(destination_proto(catalog, record))
+    for identity in sorted(catalog.policies):
+        view, _ = await invoke(servicer.GetView, pb.GetViewRequest(identity=str(identity)))
+        shown = MessageToDict(view, preserving_proto_field_name=True)
+        shown.pop("revision", None)
+        found[f"view {identity}"] = shown
+    listed, _ = await invoke(servicer.ListChanges, pb.ListChangesRequest())
+    names = [c.name for c in listed.changes]
+    answer, _ = await invoke(servicer.GetResources, pb.GetResourcesRequest(names=names))
+    assert list(answer.missing) == []
+    for resource in answer.resources:
+        shown = MessageToDict(resource, preserving_proto_field_name=True)
+        shown.get("policy", {}).pop("revision", None)
+        found[resource.name] = shown
+    assert len(found) == len(catalog.policies) + len(names)
     return found
 
 
@@ -180,6 +194,7 @@ def reference() -> Catalog:
 def test_the_inputs_make_a_mesh_worth_comparing(reference: Catalog) -> None:
     found = versions(reference)
     assert len(found["views"]) >= 8
+    assert len([n for n in found["resources"] if n.startswith("slice/")]) >= 4
     assert len(found["clusters"]) >= 6
     assert len(found["destinations"]) >= 7
     # endpoints of both providers met in one cluster
@@ -188,12 +203,12 @@ def test_the_inputs_make_a_mesh_worth_comparing(reference: Catalog) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_replica_fed_in_another_order_ends_with_the_same_versions(
+async def test_a_replica_fed_in_another_order_ends_with_the_same_versions(
     reference: Catalog, seed: int
 ) -> None:
     other = replica_in_pieces(seed)
     assert versions(other) == versions(reference)
-    assert _served(other) == _served(reference)  # the same content, as it is sent
+    assert await _served(other) == await _served(reference)  # the same content, as sent
     assert other.revision > reference.revision  # its cursor is its own
 
 
@@ -213,6 +228,8 @@ def test_a_change_applied_to_both_replicas_moves_the_same_versions(reference: Ca
         for kind in after
     }
     assert changed == {
+        # the cluster's slice and the service's destination; no policy moves
+        "resources": ["destination/bookstore/bookstore-v2", "slice/bookstore/bookstore-v2|14001"],
         "views": ["bookbuyer/bookbuyer"],  # the one that may reach v2
         "clusters": ["bookstore/bookstore-v2|14001"],
         "destinations": ["bookstore/bookstore-v2"],

@@ -3,9 +3,10 @@
 The catalog is built from ``examples/bookstore`` with two providers' endpoints and the
 proxies of every identity, then each view is serialized as ``GetView`` would send it and
 compared with ``golden/<namespace>__<service>.json``. The catalog's revision (a replica's
-own count of flushes) is left out; the versions of the view and of its clusters are digests
-of the content, the same on every replica and in every run, so they are kept: a golden
-version that moves says that consumers will fetch the view again after an upgrade.
+own count of flushes) is left out; the view's version is a digest of its policy's version
+and its slices' (:meth:`Catalog.view_version`), each a digest of content, the same on every
+replica and in every run, so it is kept: a golden version that moves says that consumers
+will fetch the policy or a slice again after an upgrade.
 
 To regenerate after an intended change: ``TRELLIS_UPDATE_GOLDEN=1 uv run pytest
 services/catalog/tests/test_views_golden.py``, then read the diff.
@@ -25,7 +26,7 @@ from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.domain.views import Identity
 from trellis_catalog.sources import kinds
-from trellis_catalog.transport.grpc_api import to_proto
+from trellis_catalog.transport.protos import to_proto
 from trellis_common.documents.base import Origin
 from trellis_common.specdir import load_paths
 
@@ -101,9 +102,10 @@ def permissive_catalog() -> Catalog:
 
 
 def _view(catalog: Catalog, identity: Identity) -> dict[str, Any]:
-    view = MessageToDict(
-        to_proto(catalog, catalog.policies[identity]), preserving_proto_field_name=True
+    assembled = to_proto(
+        catalog.policies[identity], catalog.clusters, catalog.view_version(identity)
     )
+    view = MessageToDict(assembled, preserving_proto_field_name=True)
     for name in VARYING:
         view.pop(name, None)
     return view

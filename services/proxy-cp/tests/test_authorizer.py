@@ -250,7 +250,7 @@ async def test_a_storm_of_authorizations_asks_the_catalog_once(
 ) -> None:
     names = [t.proxy_common_name("bookstore", "bookstore", n) for n in range(200)]
     async with t.fake_catalog({name: "bookstore-sa" for name in names}) as catalog:
-        client = CatalogClient(t.locator(catalog.address), on_view=ignore_view)
+        client = CatalogClient(t.locator(catalog.address), on_resources=ignore_resources)
         try:
             authorizer = MeshAuthorizer(control_plane, client.expected)
             streams = await asyncio.gather(
@@ -268,7 +268,7 @@ async def test_when_the_catalog_cannot_tell_the_stream_is_unavailable_not_denied
 ) -> None:
     async with t.fake_catalog({PROXY: "bookstore-sa"}) as catalog:
         catalog.failing = True
-        client = CatalogClient(t.locator(catalog.address), on_view=ignore_view)
+        client = CatalogClient(t.locator(catalog.address), on_resources=ignore_resources)
         try:
             refused = await refusal(MeshAuthorizer(control_plane, client.expected), PROXY, node())
         finally:
@@ -329,7 +329,7 @@ async def test_the_stream_carries_the_serial_it_was_opened_with(
     assert stream.serial == f"{CURRENT:x}"
 
 
-async def ignore_view(identity: str, view: object) -> None:
+async def ignore_resources(policies: object, slices: object) -> None:
     return None
 
 

@@ -56,6 +56,38 @@ def test_a_response_is_serialized_once_and_each_stream_adds_its_nonce() -> None:
     assert names == ["c0", "c1"]
 
 
+def expected_response(
+    snapshot: Snapshot, type_url: TypeUrl, names: tuple[str, ...] | None
+) -> bytes:
+    """What protobuf writes for the response :meth:`Snapshot.response` joins from bytes."""
+    available = snapshot.of_type(type_url)
+    chosen = sorted(available) if names is None else [n for n in names if n in available]
+    response = discovery_pb2.DiscoveryResponse(
+        version_info=snapshot.version_of(type_url),
+        resources=[available[n].any for n in chosen],
+        type_url=type_url,
+    )
+    return bytes(response.SerializeToString(deterministic=True))
+
+
+def test_a_response_is_the_bytes_protobuf_writes_for_every_name_or_some() -> None:
+    # a secret of 20 kB: lengths of two and three varint bytes
+    snapshot = t.snapshot("1", t.cluster("c0"), t.load_assignment("c0", 1),
+                          t.secret("big", b"x" * 20_000), t.secret("small"))  # fmt: skip
+    for type_url in (CLUSTER, ENDPOINT, SECRET, LISTENER):
+        for names in (None, (), ("small",), ("big", "small"), ("c0", "gone")):
+            body, count = snapshot.response(type_url, names)
+            assert body == expected_response(snapshot, type_url, names), (type_url, names)
+            assert count == len(discovery_pb2.DiscoveryResponse.FromString(body).resources)
+    body, _ = snapshot.response(SECRET, ("small",))
+    assert with_nonce(body, "n1") == discovery_pb2.DiscoveryResponse(
+        version_info=snapshot.version_of(SECRET),
+        resources=[snapshot.of_type(SECRET)["small"].any],
+        type_url=SECRET,
+        nonce="n1",
+    ).SerializeToString(deterministic=True)
+
+
 def test_make_resource_refuses_a_wrong_type_url_or_no_name() -> None:
     with pytest.raises(ValueError, match="does not match"):
         make_resource(CLUSTER, t.secret("cert"))
@@ -89,6 +121,44 @@ def test_a_removed_resource_changes_its_type_version() -> None:
 
 def test_type_urls_come_in_push_order() -> None:
     assert t.mesh("1").type_urls() == [CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET]
+
+
+def test_with_type_replaces_one_type_and_shares_the_others() -> None:
+    before = t.mesh("1")
+    moved = {r.name: r for r in map(t.resource, [t.load_assignment(n, 9090) for n in ("c0", "c1")])}
+    before.response(ENDPOINT, None)  # a response of the old one, kept by it
+
+    after = before.with_type(ENDPOINT, moved, "2")
+
+    assert after.version == "2"
+    assert dict(after.of_type(ENDPOINT)) == moved
+    assert after.version_of(ENDPOINT) == t.mesh("2", ports=(9090,)).version_of(ENDPOINT)
+    assert after.version_of(ENDPOINT) != before.version_of(ENDPOINT)
+    for type_url in (CLUSTER, LISTENER, ROUTE, SECRET):
+        assert after.of_type(type_url) is before.of_type(type_url)
+        assert after.version_of(type_url) == before.version_of(type_url)
+    assert after.type_urls() == before.type_urls()
+    assert after.consistent() == []
+    assert after.response(ENDPOINT, None)[0] == expected_response(after, ENDPOINT, None)
+    assert before.of_type(ENDPOINT)["c0"].version != moved["c0"].version  # unchanged
+    with pytest.raises(TypeError):
+        after.resources[ENDPOINT] = {}  # type: ignore[index]
+
+
+def test_with_type_refuses_other_names() -> None:
+    before = t.mesh("1")
+    c0 = t.resource(t.load_assignment("c0", 9090))
+    c2 = t.resource(t.load_assignment("c2", 9090))
+
+    for names in ({"c0": c0}, {"c0": c0, "c1": c0, "c2": c2}):
+        with pytest.raises(ValueError, match="keeps the names"):
+            before.with_type(ENDPOINT, names, "2")
+
+
+def test_with_type_of_no_resources_adds_no_type() -> None:
+    before = t.snapshot("1", t.secret("a"))
+
+    assert before.with_type(ENDPOINT, {}, "2").type_urls() == [SECRET]
 
 
 # -- consistency ---------------------------------------------------------------------------

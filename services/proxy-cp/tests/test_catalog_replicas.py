@@ -130,14 +130,18 @@ async def replica(seed: int | None) -> AsyncIterator[Replica]:
 
 
 class Views:
-    """What the follower handed on (what proxy-cp would rebuild and push): (identity,
-    version) in order."""
+    """What the follower handed on (what proxy-cp would rebuild and push): policies as
+    (identity, version), slices as (name, version; "" when gone), in order."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
+        self.slices: list[tuple[str, str]] = []
 
-    async def __call__(self, identity: str, view: pb.View) -> None:
-        self.seen.append((identity, view.version))
+    async def __call__(
+        self, policies: dict[str, pb.View], slices: dict[str, pb.ClusterSlice | None]
+    ) -> None:
+        self.seen += [(identity, policy.version) for identity, policy in policies.items()]
+        self.slices += [(n, s.version if s is not None else "") for n, s in slices.items()]
 
 
 @dataclass
@@ -160,7 +164,9 @@ async def setup() -> AsyncIterator[Setup]:
             await client.want(identity, account)
         await client.register(PROXIES[0][0], "10.0.1.1")
         await client.follower.resync("views")
-        assert views.seen == []  # the first (full) listing: nothing moved since the fetches
+        # the first (full) listing: nothing moved since the fetches
+        assert views.seen == []
+        assert views.slices == []
         yield Setup(a, b, client, views)
 
 
@@ -174,12 +180,18 @@ def signal(cursor: str) -> Event:
     return Event("views", "changed", cursor, 1, "catalog-0")
 
 
+def v2_slices(client: CatalogClient) -> list[str]:
+    """The slices of bookstore-v2's cluster that the wanted identities' policies name."""
+    return sorted(n for n in client.slices if "/bookstore-v2|" in n)
+
+
 async def test_the_replicas_give_the_same_versions_under_their_own_cursors(setup: Setup) -> None:
     a, b = setup.a.catalog, setup.b.catalog
-    assert a.versions == b.versions
-    assert a.views_since("")[0] != b.views_since("")[0]
+    assert a.resources.versions == b.resources.versions
+    assert a.view_versions() == b.view_versions()
+    assert a.changes_since("")[0] != b.changes_since("")[0]
     # a cursor of one replica is foreign to the other: a full listing
-    assert b.views_since(a.views_since("")[0])[1]
+    assert b.changes_since(a.changes_since("")[0])[1]
 
 
 async def test_switching_replica_fetches_and_pushes_nothing_when_nothing_changed(
@@ -190,55 +202,63 @@ async def test_switching_replica_fetches_and_pushes_nothing_when_nothing_changed
 
     await client.follower.resync("views")  # after the reconnect, with replica A's cursor
 
-    assert b.calls.counts["ListViewVersions"] == 1
-    assert b.calls.counts["GetView"] == 0
+    assert b.calls.counts["ListChanges"] == 1
+    assert b.calls.counts["GetResources"] == 0
     assert setup.views.seen == []
-    assert client.cursor == b.catalog.views_since("")[0]
+    assert setup.views.slices == []
+    assert client.cursor == b.catalog.changes_since("")[0]
     # the new replica learned which proxies are connected here
     assert b.catalog.proxies[PROXIES[0][0]].connected
 
 
-async def test_after_a_switch_only_the_changed_views_are_fetched_once(setup: Setup) -> None:
+async def test_after_a_switch_only_the_changed_slice_is_fetched_once(setup: Setup) -> None:
     client, a, b = setup.client, setup.a, setup.b
     await switch(client, b)
     await client.follower.resync("views")
-    versions = dict(b.catalog.versions)
+    fetched_from_a = a.calls.counts["GetResources"]
+    policies = {n: v for n, v in b.catalog.resources.versions.items() if n.startswith("policy/")}
 
     b.catalog.update_provider_service("vm", "bookstore", "bookstore-v2", V2_MOVED)
     await b.catalog.flush_and_announce()
-    await client.follower.changed(signal(b.catalog.views_since("")[0]))  # B's bell
+    await client.follower.changed(signal(b.catalog.changes_since("")[0]))  # B's bell
     a.catalog.update_provider_service("vm", "bookstore", "bookstore-v2", V2_MOVED)
     await a.catalog.flush_and_announce()
-    await client.follower.changed(signal(a.catalog.views_since("")[0]))  # A's bell, same change
+    await client.follower.changed(signal(a.catalog.changes_since("")[0]))  # A's, same change
 
-    moved = {str(i) for i, v in b.catalog.versions.items() if versions.get(i) != v}
-    assert moved & set(WANTED) == {"bookbuyer/bookbuyer"}  # the one that reaches v2
-    assert b.calls.counts["GetView"] == 1
-    assert setup.views.seen == [("bookbuyer/bookbuyer", b.catalog.versions[BUYER])]
-    assert a.catalog.versions == b.catalog.versions  # and A's announce was no work at all
-    assert a.calls.counts["GetView"] == len(WANTED)  # the fixture's first fetches only
+    # an endpoint moved: its slice moves, no policy does
+    assert {n: v for n, v in b.catalog.resources.versions.items() if n.startswith("policy/")} == (
+        policies
+    )
+    moved = v2_slices(client)
+    assert moved  # bookbuyer reaches v2
+    assert b.calls.counts["GetResources"] == 1
+    assert setup.views.seen == []
+    assert setup.views.slices == [(n, b.catalog.resources.versions[n]) for n in moved]
+    assert a.catalog.resources.versions == b.catalog.resources.versions
+    assert a.calls.counts["GetResources"] == fetched_from_a  # A's announce was no work at all
 
 
-async def test_a_lagging_replica_flaps_a_view_for_one_of_its_flushes(setup: Setup) -> None:
+async def test_a_lagging_replica_flaps_a_slice_for_one_of_its_flushes(setup: Setup) -> None:
     """The accepted rule (the catalog's docstring): versions carry no order, so proxy-cp
-    switched to a replica that has not yet applied a change takes its older view, and the
-    newer one at that replica's next flush, which rings the bell again."""
+    switched to a replica that has not yet applied a change takes its older resource, and
+    the newer one at that replica's next flush, which rings the bell again."""
     client, a, b = setup.client, setup.a, setup.b
-    old = a.catalog.versions[BUYER]
+    [name] = v2_slices(client)
+    old = a.catalog.resources.versions[name]
     a.catalog.update_provider_service("vm", "bookstore", "bookstore-v2", V2_MOVED)
     await a.catalog.flush_and_announce()
-    await client.follower.changed(signal(a.catalog.views_since("")[0]))
-    new = a.catalog.versions[BUYER]
+    await client.follower.changed(signal(a.catalog.changes_since("")[0]))
+    new = a.catalog.resources.versions[name]
     await switch(client, b)  # B has not heard of the change yet
 
     await client.follower.resync("views")
     b.catalog.update_provider_service("vm", "bookstore", "bookstore-v2", V2_MOVED)
     await b.catalog.flush_and_announce()
-    await client.follower.changed(signal(b.catalog.views_since("")[0]))
+    await client.follower.changed(signal(b.catalog.changes_since("")[0]))
 
-    assert setup.views.seen == [
-        ("bookbuyer/bookbuyer", new),  # from A
-        ("bookbuyer/bookbuyer", old),  # from B, lagging: the flap
-        ("bookbuyer/bookbuyer", new),  # B's next flush: the same version as A's
+    assert setup.views.slices == [
+        (name, new),  # from A
+        (name, old),  # from B, lagging: the flap
+        (name, new),  # B's next flush: the same version as A's
     ]
-    assert client.versions["bookbuyer/bookbuyer"] == new
+    assert client.version(name) == new

@@ -271,8 +271,8 @@ class CountingCache(SnapshotCache):
         self.sets: Counter[str] = Counter()
         self.versions: list[str] = []
 
-    def set_snapshot(self, key: str, snapshot: Snapshot) -> None:
-        super().set_snapshot(key, snapshot)
+    def set_snapshot(self, key: str, snapshot: Snapshot, *, checked: bool = False) -> None:
+        super().set_snapshot(key, snapshot, checked=checked)
         self.sets[key] += 1
         self.versions.append(snapshot.version)
 
@@ -297,7 +297,7 @@ async def test_each_rotation_signal_rebuilds_the_identity_s_snapshot_once(
         certs = CertClient(
             t.locator(address, "certmanager"), on_material, health, recorded.proxy_issued
         )
-        control_plane = ProxyControlPlane(cache, t.FakeSources().fetch_view, certs.want)
+        control_plane = ProxyControlPlane(cache, t.FakeSources().fetch_inputs, certs.want)
         proxy = t.proxy_common_name("bookstore", "bookstore")
         stream = await t.connect(control_plane, StreamRegistry(), proxy)
         signals = Signals(redis_server.url, health)
@@ -321,4 +321,4 @@ async def test_each_rotation_signal_rebuilds_the_identity_s_snapshot_once(
             await certs.close()
 
     assert cache.sets[stream.key] == 3  # one at connect, then one per rotation
-    assert [v.split("/")[1] for v in cache.versions[1:]] == serials
+    assert [v.rsplit("/", 1)[1] for v in cache.versions[1:]] == serials  # "<inputs>/<serial>"

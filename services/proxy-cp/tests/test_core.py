@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 from trellis_proxy_cp import testing as t
+from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate import names
@@ -41,6 +42,15 @@ def control_plane(sources: t.FakeSources, cache: SnapshotCache) -> ProxyControlP
     return sources.control_plane(cache)
 
 
+def labelled(
+    control_plane: ProxyControlPlane, snapshot: Snapshot, identity: str, serial: str
+) -> bool:
+    """Whether the snapshot's version is its identity's policy version, its slices' and
+    its material's ``serial``."""
+    policy = control_plane.policies[identity].version
+    return snapshot.version.startswith(f"{policy}/") and snapshot.version.endswith(f"/{serial}")
+
+
 def listener_ports(cache: SnapshotCache, key: str) -> list[int]:
     snapshot = cache.get(key)
     assert snapshot is not None
@@ -63,7 +73,7 @@ async def test_proxies_of_one_identity_with_one_settings_share_a_key_and_a_snaps
     assert first == second == ProxyControlPlane.key_of(STORE, DEFAULT)
     assert cache.get(second) is snapshot  # not rebuilt for the second proxy
     assert snapshot is not None
-    assert snapshot.version == "1/s1"
+    assert labelled(control_plane, snapshot, STORE, "s1")
     assert sources.view_fetches == [(STORE, "bookstore")]
     assert sources.material_fetches == [(STORE, "bookstore")]
     assert control_plane.groups[first].proxies == {STORE_1, STORE_2}
@@ -114,7 +124,8 @@ async def test_groups_of_one_plane_share_load_assignments_and_two_planes_do_not(
     shared = assignment(cache, store_a)
     assert assignment(cache, store_b) is shared
     assert assignment(cache, buyer) is shared
-    assert len(control_plane.load_assignments) == 1
+    assert len(control_plane.endpoint_resources) == 1
+    assert control_plane.endpoint_resources.built == 1
 
     other_cache = SnapshotCache()
     other = sources.control_plane(other_cache)
@@ -168,19 +179,25 @@ async def test_a_failed_fetch_leaves_no_group_behind(
 async def test_a_new_view_rebuilds_only_that_identitys_groups(
     control_plane: ProxyControlPlane, sources: t.FakeSources, cache: SnapshotCache
 ) -> None:
+    """The buyer calls another upstream: nothing of its view moves (a cluster both views
+    name is one slice, which rebuilds both: test_core_slices.py)."""
+    sources.views[BUYER] = t.view(BUYER, upstream="bookstore/ratings")
     store_a = await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
     store_b = await control_plane.attach(STORE_2, STORE, "bookstore", OTHER_PORTS)
     buyer = await control_plane.attach(BUYER_1, BUYER, "bookbuyer", DEFAULT)
     buyer_snapshot = cache.get(buyer)
     before = cache.get(store_a)
     assert before is not None
+    policy = control_plane.policies[STORE]
 
     await control_plane.set_view(STORE, t.view(STORE, "2", endpoints=("10.0.0.1", "10.0.0.2")))
 
+    assert control_plane.policies[STORE] is policy  # only endpoints moved: one policy
     for key in (store_a, store_b):
         snapshot = cache.get(key)
         assert snapshot is not None
-        assert snapshot.version == "2/s1"
+        assert snapshot.version != before.version
+        assert labelled(control_plane, snapshot, STORE, "s1")
     after = cache.get(store_a)
     assert after is not None
     assert after.version_of(ENDPOINT) != before.version_of(ENDPOINT)
@@ -205,7 +222,7 @@ async def test_new_material_rebuilds_only_that_identitys_groups_and_moves_only_s
 
     after = cache.get(store)
     assert after is not None
-    assert after.version == "1/s2"
+    assert after.version == before.version.removesuffix("/s1") + "/s2"
     assert after.version_of(SECRET) != before.version_of(SECRET)
     for type_url in (CLUSTER, ENDPOINT, LISTENER, ROUTE):
         assert after.version_of(type_url) == before.version_of(type_url)
@@ -248,7 +265,10 @@ async def test_detach_of_the_last_proxy_clears_the_snapshot_and_forgets_the_iden
     assert cache.get(key) is None
     assert cache.get(buyer) is not None
     assert key not in control_plane.groups
-    assert STORE not in control_plane.views
+    assert STORE not in control_plane.policies
+    assert control_plane.view(STORE) is None
+    # what the buyer's view names is still held: its cluster's slice, no more
+    assert list(control_plane.slices) == ["slice/bookstore/reviews|9080"]
     assert STORE not in control_plane.materials
     assert sources.forgotten == [STORE]
     await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
@@ -294,7 +314,7 @@ async def test_a_failed_attach_of_a_second_stream_keeps_the_first(
     control_plane: ProxyControlPlane, sources: t.FakeSources, cache: SnapshotCache
 ) -> None:
     key = await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
-    control_plane.views.pop(STORE)  # so that the second attach fetches, and fails
+    control_plane.policies.pop(STORE)  # so that the second attach fetches, and fails
     sources.failure = ConnectionError("catalog unreachable")
 
     with pytest.raises(ConnectionError):
@@ -330,6 +350,7 @@ async def test_an_inconsistent_snapshot_is_refused_and_the_last_good_one_stays(
 ) -> None:
     key = await control_plane.attach(STORE_1, STORE, "bookstore", DEFAULT)
     good = cache.get(key)
+    assert good is not None
     built_at = control_plane.groups[key].built_at
 
     await control_plane.set_view(STORE, t.broken_view(STORE, "2"))
@@ -345,7 +366,9 @@ async def test_an_inconsistent_snapshot_is_refused_and_the_last_good_one_stays(
 
     fixed = cache.get(key)
     assert fixed is not None
-    assert fixed.version == "3/s1"
+    assert fixed is not good
+    assert fixed.version == good.version  # the content of the first view, again
+    assert labelled(control_plane, fixed, STORE, "s1")
     assert control_plane.groups[key].last_error == ""
 
 

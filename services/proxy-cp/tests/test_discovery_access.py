@@ -32,7 +32,8 @@ from trellis_common.metrics import MetricFactory
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
-from trellis_proxy_cp.clients.destinations import DestinationFollower, DestinationTable
+from trellis_proxy_cp.clients.catalog import CatalogClient
+from trellis_proxy_cp.clients.destinations import DestinationTable
 from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.discovery import testing as fake
@@ -465,7 +466,7 @@ async def test_views_are_asked_once_per_identity_and_forgotten_with_its_last_str
 
 
 class Listings:
-    """The catalog's ``ListDestinations``: counts its calls; while ``gate`` is unset they
+    """The catalog's ``ListChanges``: counts its calls; while ``gate`` is unset they
     wait (``entered`` is set when one arrives)."""
 
     def __init__(self) -> None:
@@ -474,23 +475,27 @@ class Listings:
         self.gate.set()
         self.entered = asyncio.Event()
 
-    async def ListDestinations(
-        self, request: cpb.ListDestinationsRequest, context: Any
-    ) -> cpb.ListDestinationsResponse:
+    async def ListChanges(
+        self, request: cpb.ListChangesRequest, context: Any
+    ) -> cpb.ListChangesResponse:
         self.calls += 1
         self.entered.set()
         await self.gate.wait()
-        return cpb.ListDestinationsResponse(cursor=f"e-{self.calls}", full=True)
+        return cpb.ListChangesResponse(cursor=f"e-{self.calls}", full=True)
 
     def register(self, server: grpc.aio.Server) -> None:
         handler: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
-            self.ListDestinations,
-            request_deserializer=cpb.ListDestinationsRequest.FromString,
+            self.ListChanges,
+            request_deserializer=cpb.ListChangesRequest.FromString,
             response_serializer=lambda answer: answer.SerializeToString(),
         )
         service = cpb.DESCRIPTOR.services_by_name["Catalog"].full_name
-        generic = grpc.method_handlers_generic_handler(service, {"ListDestinations": handler})
+        generic = grpc.method_handlers_generic_handler(service, {"ListChanges": handler})
         server.add_generic_rpc_handlers((generic,))
+
+
+async def _nothing_handed_on(policies: object, slices: object) -> None:
+    raise AssertionError("nothing to hand on: the listings are empty")
 
 
 async def test_fresh_lists_once_for_every_caller_that_asked_during_a_listing() -> None:
@@ -499,7 +504,8 @@ async def test_fresh_lists_once_for_every_caller_that_asked_during_a_listing() -
     listings.register(server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    follower = DestinationFollower(t.locator(f"127.0.0.1:{port}"), DestinationTable())
+    client = CatalogClient(t.locator(f"127.0.0.1:{port}"), _nothing_handed_on)
+    follower = client.follower
     try:
         await follower.fresh()  # nothing in flight: one listing
         assert listings.calls == 1
@@ -513,8 +519,8 @@ async def test_fresh_lists_once_for_every_caller_that_asked_during_a_listing() -
         await asyncio.gather(signalled, *asking)
         # the one in flight started before they asked: one more, for all three
         assert listings.calls == 3
-        assert follower.cursor == "e-3"
+        assert client.cursor == "e-3"
     finally:
         listings.gate.set()
-        await follower.locator.close()
+        await client.close()
         await server.stop(None)

@@ -212,7 +212,7 @@ async def test_a_question_given_up_does_not_cancel_the_listing_of_the_others(
 async def test_a_storm_of_streams_costs_one_listproxies() -> None:
     names = [t.proxy_common_name("shop", "cart", n) for n in range(300)]
     async with t.fake_catalog({name: "cart" for name in names}) as catalog:
-        client = CatalogClient(t.locator(catalog.address), on_view=_ignore)
+        client = CatalogClient(t.locator(catalog.address), on_resources=_ignore)
         try:
             catalog.gate = asyncio.Event()
             storm = asyncio.gather(*(client.expected(name) for name in names))
@@ -230,7 +230,7 @@ async def test_a_storm_of_streams_costs_one_listproxies() -> None:
 async def test_over_grpc_an_unknown_proxy_is_refused_and_an_outage_is_unknown() -> None:
     timing = ExpectationTiming(min_interval=0, max_age=10, refused_for=60)
     async with t.fake_catalog({PROXY: "bookstore-sa"}) as catalog:
-        client = CatalogClient(t.locator(catalog.address), on_view=_ignore, expectation=timing)
+        client = CatalogClient(t.locator(catalog.address), on_resources=_ignore, expectation=timing)
         try:
             strangers = await asyncio.gather(*(client.expected(STRANGER) for _ in range(100)))
             calls = catalog.calls
@@ -246,7 +246,7 @@ async def test_over_grpc_an_unknown_proxy_is_refused_and_an_outage_is_unknown() 
     assert known == Expectation("bookstore-sa")  # the last good listing, during the outage
 
 
-async def _ignore(identity: str, view: object) -> None:
+async def _ignore(policies: object, slices: object) -> None:
     return None
 
 

@@ -2,7 +2,7 @@
 
 from trellis_common.identityrevocation import RevokedIdentities
 from trellis_common.redisacl import COMPONENTS
-from trellis_proxy_cp.clients.catalog import ViewFollower
+from trellis_proxy_cp.clients.catalog import ResourceFollower
 from trellis_proxy_cp.clients.certs import CertificateFollower
 from trellis_proxy_cp.main import service
 
@@ -11,7 +11,7 @@ def test_the_acl_table_row_matches_proxy_cp() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
     assert row.publishes == ()  # it only listens (and announces itself)
-    topics = {*ViewFollower.topics, *CertificateFollower.topics, *RevokedIdentities.topics}
+    topics = {*ResourceFollower.topics, *CertificateFollower.topics, *RevokedIdentities.topics}
     assert topics == set(row.follows)
     assert set(row.discovers) == {"catalog", "certmanager"}  # its two locators
     assert row.keys == ()

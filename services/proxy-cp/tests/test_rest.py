@@ -111,7 +111,12 @@ async def test_the_configuration_has_every_type_and_no_private_key(admin: Admin)
     assert response.status_code == 200
     body = response.json()
     assert body["proxy"] == STORE_1
-    assert body["version"] == "1/s1"
+    snapshot = admin.cache.get(admin.store.key)
+    assert snapshot is not None
+    assert body["version"] == snapshot.version
+    policy = admin.control_plane.policies["bookstore/bookstore"]
+    assert body["version"].startswith(f"{policy.version}/")
+    assert body["version"].endswith("/s1")  # the material's serial
     resources = body["resources"]
     assert list(resources) == ["cds", "eds", "lds", "rds", "sds"]
     assert {r["name"] for r in resources["lds"]} == {"outbound", "inbound"}

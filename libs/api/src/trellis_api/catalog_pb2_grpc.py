@@ -34,25 +34,25 @@ class CatalogStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.ListChanges = channel.unary_unary(
+                '/trellis.catalog.v1.Catalog/ListChanges',
+                request_serializer=trellis__api_dot_catalog__pb2.ListChangesRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_catalog__pb2.ListChangesResponse.FromString,
+                _registered_method=True)
+        self.GetResources = channel.unary_unary(
+                '/trellis.catalog.v1.Catalog/GetResources',
+                request_serializer=trellis__api_dot_catalog__pb2.GetResourcesRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_catalog__pb2.GetResourcesResponse.FromString,
+                _registered_method=True)
         self.GetView = channel.unary_unary(
                 '/trellis.catalog.v1.Catalog/GetView',
                 request_serializer=trellis__api_dot_catalog__pb2.GetViewRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_catalog__pb2.View.FromString,
                 _registered_method=True)
-        self.ListViewVersions = channel.unary_unary(
-                '/trellis.catalog.v1.Catalog/ListViewVersions',
-                request_serializer=trellis__api_dot_catalog__pb2.ListViewVersionsRequest.SerializeToString,
-                response_deserializer=trellis__api_dot_catalog__pb2.ListViewVersionsResponse.FromString,
-                _registered_method=True)
         self.ListServices = channel.unary_unary(
                 '/trellis.catalog.v1.Catalog/ListServices',
                 request_serializer=trellis__api_dot_catalog__pb2.ListServicesRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_catalog__pb2.ListServicesResponse.FromString,
-                _registered_method=True)
-        self.ListDestinations = channel.unary_unary(
-                '/trellis.catalog.v1.Catalog/ListDestinations',
-                request_serializer=trellis__api_dot_catalog__pb2.ListDestinationsRequest.SerializeToString,
-                response_deserializer=trellis__api_dot_catalog__pb2.ListDestinationsResponse.FromString,
                 _registered_method=True)
         self.CheckPolicy = channel.unary_unary(
                 '/trellis.catalog.v1.Catalog/CheckPolicy',
@@ -89,18 +89,26 @@ class CatalogStub:
 class CatalogServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def GetView(self, request, context):
-        """The view of one identity ("<namespace>/<service>"). An identity nothing declares
-        (a client-only workload) still gets its outbound view.
+    def ListChanges(self, request, context):
+        """The resources that changed since a cursor, with their new versions (every resource
+        when the cursor is empty or another replica's, or from before a restart). Consumers
+        call it when the Redis signal `views` rings.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ListViewVersions(self, request, context):
-        """Identities whose view changed since a cursor, with their new version (every identity
-        when the cursor is empty or from another catalog epoch). Consumers call it when the
-        Redis signal `views` rings (docs/architecture.md, "One event path").
+    def GetResources(self, request, context):
+        """Resources by name, in one answer. A policy asked for an identity nothing declares (a
+        client-only workload) is computed on demand: its outbound reach.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetView(self, request, context):
+        """The whole view of one identity ("<namespace>/<service>"): its policy with its slices'
+        endpoints in its clusters. For operators and tests; proxy-cp follows the resources.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,15 +116,6 @@ class CatalogServicer:
 
     def ListServices(self, request, context):
         """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ListDestinations(self, request, context):
-        """Every known service as a discovery client sees it (its ports' endpoints and its
-        profile), the ones changed since a cursor; proxy-cp serves the Linkerd Destination API
-        from it. The catalog signals `views`/`destinations` with its cursor when any changed.
-        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -164,25 +163,25 @@ class CatalogServicer:
 
 def add_CatalogServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'ListChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChanges,
+                    request_deserializer=trellis__api_dot_catalog__pb2.ListChangesRequest.FromString,
+                    response_serializer=trellis__api_dot_catalog__pb2.ListChangesResponse.SerializeToString,
+            ),
+            'GetResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetResources,
+                    request_deserializer=trellis__api_dot_catalog__pb2.GetResourcesRequest.FromString,
+                    response_serializer=trellis__api_dot_catalog__pb2.GetResourcesResponse.SerializeToString,
+            ),
             'GetView': grpc.unary_unary_rpc_method_handler(
                     servicer.GetView,
                     request_deserializer=trellis__api_dot_catalog__pb2.GetViewRequest.FromString,
                     response_serializer=trellis__api_dot_catalog__pb2.View.SerializeToString,
             ),
-            'ListViewVersions': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListViewVersions,
-                    request_deserializer=trellis__api_dot_catalog__pb2.ListViewVersionsRequest.FromString,
-                    response_serializer=trellis__api_dot_catalog__pb2.ListViewVersionsResponse.SerializeToString,
-            ),
             'ListServices': grpc.unary_unary_rpc_method_handler(
                     servicer.ListServices,
                     request_deserializer=trellis__api_dot_catalog__pb2.ListServicesRequest.FromString,
                     response_serializer=trellis__api_dot_catalog__pb2.ListServicesResponse.SerializeToString,
-            ),
-            'ListDestinations': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListDestinations,
-                    request_deserializer=trellis__api_dot_catalog__pb2.ListDestinationsRequest.FromString,
-                    response_serializer=trellis__api_dot_catalog__pb2.ListDestinationsResponse.SerializeToString,
             ),
             'CheckPolicy': grpc.unary_unary_rpc_method_handler(
                     servicer.CheckPolicy,
@@ -226,6 +225,60 @@ class Catalog:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
+    def ListChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.catalog.v1.Catalog/ListChanges',
+            trellis__api_dot_catalog__pb2.ListChangesRequest.SerializeToString,
+            trellis__api_dot_catalog__pb2.ListChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.catalog.v1.Catalog/GetResources',
+            trellis__api_dot_catalog__pb2.GetResourcesRequest.SerializeToString,
+            trellis__api_dot_catalog__pb2.GetResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetView(request,
             target,
             options=(),
@@ -253,33 +306,6 @@ class Catalog:
             _registered_method=True)
 
     @staticmethod
-    def ListViewVersions(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/trellis.catalog.v1.Catalog/ListViewVersions',
-            trellis__api_dot_catalog__pb2.ListViewVersionsRequest.SerializeToString,
-            trellis__api_dot_catalog__pb2.ListViewVersionsResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
     def ListServices(request,
             target,
             options=(),
@@ -296,33 +322,6 @@ class Catalog:
             '/trellis.catalog.v1.Catalog/ListServices',
             trellis__api_dot_catalog__pb2.ListServicesRequest.SerializeToString,
             trellis__api_dot_catalog__pb2.ListServicesResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ListDestinations(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/trellis.catalog.v1.Catalog/ListDestinations',
-            trellis__api_dot_catalog__pb2.ListDestinationsRequest.SerializeToString,
-            trellis__api_dot_catalog__pb2.ListDestinationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

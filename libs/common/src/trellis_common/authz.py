@@ -67,10 +67,10 @@ POLICY: Mapping[str, frozenset[str]] = {
     _CM + "ListRevokedComponentCertificates": ANY_COMPONENT,  # each refuses revoked callers
     _CM + "EnrollProxy": frozenset({PROXY_CP}),  # a pod's agent, through the enrollment port
     # catalog
+    _CATALOG + "ListChanges": frozenset({PROXY_CP}),
+    _CATALOG + "GetResources": frozenset({PROXY_CP}),
     _CATALOG + "GetView": frozenset({PROXY_CP}),
-    _CATALOG + "ListViewVersions": frozenset({PROXY_CP}),
     _CATALOG + "ListServices": frozenset({PROXY_CP}),
-    _CATALOG + "ListDestinations": frozenset({PROXY_CP}),
     _CATALOG + "CheckPolicy": frozenset({PROXY_CP}),
     _CATALOG + "ExpectProxy": frozenset({INJECTOR, PROXY_CP}),  # onboarding; enrollment
     _CATALOG + "RegisterProxy": frozenset({PROXY_CP}),

@@ -1,4 +1,4 @@
-"""The mesh catalog: inputs in, per-identity views out, incrementally and in batches.
+"""The mesh catalog: inputs in, versioned resources out, incrementally and in batches.
 
 Inputs: the specification (documents), what each endpoints provider reports, the proxies
 expected (a proxy certificate was issued) and connected, and the service certificates.
@@ -7,26 +7,27 @@ once (the leading edge: a lone change never waits for a quiet period), and coale
 arrives while a flush is built and announced into the next flush, which follows at once:
 under churn a change waits for at most one flush and one announce, however steady the
 stream. The recompute rebuilds what the dirty inputs touched (services, clusters,
-policies), the view store gives a new version to each identity whose policy or referenced
-clusters changed, and the batch is signalled once on the ``views`` topic with the cursor
-after it (consumers ask :meth:`Catalog.views_since` what moved). A certificate rotation
-does not re-version a view: certificates reach proxy-cp from certmanager, on one path.
+policies), the resource store (:mod:`~trellis_catalog.domain.resources`) gives a new version
+to each policy, slice and destination that changed, and the batch is signalled once on the
+``views`` topic with the cursor after it (consumers ask :meth:`Catalog.changes_since` what
+moved, then fetch it by name). Certificates are not among the resources: they reach
+proxy-cp from certmanager, on one path.
 A flush runs in steps (between services and between identities) and gives the event loop
 back every :data:`STEP_SECONDS` of work, so a full build never stalls the APIs.
 
 Replicas run active-active: each computes the same views from the same inputs (the spec,
 the providers' reports, certmanager's proxy records: each replica follows them all), and
-every version a consumer compares (views, clusters, destinations) is a digest of the
+every version a consumer compares (policies, slices, destinations) is a digest of the
 content (:mod:`~trellis_catalog.domain.contentversion`), equal on every replica and across
 restarts. Only the cursor is a replica's own: another's gets a full listing, from which
-proxy-cp refetches only the identities whose version differs from the one it holds. Both
+proxy-cp refetches only the resources whose version differs from the one it holds. Both
 replicas announce each change on ``views``; the second announce lists nothing new (or, on
 the other replica, what that one now has), so a consumer does no work twice. The rule for
 a replica that lags (it applied an input a moment after the other): versions carry no
-order, so a consumer that switched to it in that moment may take the older view, then the
-newer one on its next flush, which signals again; the flap lasts one flush of the lagging
-replica, and is accepted rather than ordered by input revisions (the spec directory has
-none; issue 35 redesigns the contract). What a replica knows alone: the proxies connected
+order, so a consumer that switched to it in that moment may take the older resource, then
+the newer one on its next flush, which signals again; the flap lasts one flush of the
+lagging replica, and is accepted rather than ordered by input revisions (the spec
+directory has none). What a replica knows alone: the proxies connected
 to the proxy-cps that talk to it (``RegisterProxy``; a proxy-cp registers them all again
 with a replica it switches to), and, while the proxies of one identity run under several
 accounts, which was established first (onboarding order as this replica heard it).
@@ -35,7 +36,8 @@ accounts, which was established first (onboarding order as this replica heard it
 :class:`~trellis_catalog.domain.reports.ProviderReports` (the provider merge),
 :class:`~trellis_catalog.domain.proxies.Proxies` (the proxy registry),
 :class:`~trellis_catalog.domain.recompute.Recompute` (dirty tracking, the service index,
-clusters and policies) and :class:`~trellis_catalog.domain.viewstore.ViewStore` (versions).
+clusters and policies), :class:`~trellis_catalog.domain.destinations.Destinations` and
+:class:`~trellis_catalog.domain.resources.ResourceStore` (versions, the change log).
 """
 
 from __future__ import annotations
@@ -47,17 +49,17 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from trellis_catalog.domain import contentversion, statuses
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain import spec as meshspec
-from trellis_catalog.domain import statuses
-from trellis_catalog.domain.destinations import Destination, DestinationStore
+from trellis_catalog.domain.destinations import Destination, Destinations
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
 from trellis_catalog.domain.recompute import Recompute
 from trellis_catalog.domain.reports import ProviderReports
+from trellis_catalog.domain.resources import Published, ResourceStore, policy_name
 from trellis_catalog.domain.steps import Steps, drain, full_collections_paused, run_in_steps
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
-from trellis_catalog.domain.viewstore import ViewBatch, ViewStore
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.follow import describe
 from trellis_common.health import Health
@@ -69,8 +71,8 @@ __all__ = [
     "Catalog",
     "CertificateRef",
     "ProxyRecord",
+    "Published",
     "UnknownProxy",
-    "ViewBatch",
 ]
 
 log = logging.getLogger(__name__)
@@ -113,15 +115,14 @@ class Catalog:
         self._recompute = Recompute(
             self.reports, self.proxies, trust_domain, cluster_domain, self._verdict
         )
-        self._views = ViewStore()
-        self.destinations = DestinationStore(self._views.epoch)
+        self.resources = ResourceStore()
+        self.destinations = Destinations()
         self.certificates: dict[Identity, CertificateRef] = {}
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()  # one flush at a time: a flush yields in steps
         self.ready = asyncio.Event()
         self.last_flush_seconds = 0.0
         self.certs_wanted = asyncio.Event()
-        self._destinations_moved = False
 
     # -- the parts' state, read-only -------------------------------------------------
 
@@ -152,17 +153,13 @@ class Catalog:
         access policy alone, at the cost of what it touches)."""
         return self._recompute.spec_updates
 
-    @property
-    def versions(self) -> Mapping[Identity, str]:
-        return self._views.versions
-
-    def referencing(self, clusters: Iterable[str]) -> set[Identity]:
-        """The identities whose views reference any of ``clusters``."""
-        return self._views.referencing(clusters)
+    def view_versions(self) -> dict[Identity, str]:
+        """Each identity with a policy, and its view's version (:meth:`view_version`)."""
+        return {i: self.view_version(i) for i in self.policies}
 
     @property
     def revision(self) -> int:
-        return self._views.revision
+        return self.resources.revision
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -219,9 +216,9 @@ class Catalog:
         return self.proxies.unregister(common_name)
 
     def set_certificate(self, identity: Identity, ref: CertificateRef) -> None:
-        """Record the service certificate ``identity``'s proxies present (shown in its view).
+        """Record the service certificate issued for ``identity`` (the issuer's state).
 
-        It does not re-version the view: proxy-cp takes certificates and keys from
+        It is no resource of proxy-cp's: proxy-cp takes certificates and keys from
         certmanager, over one path, so a rotation rebuilds a proxy's snapshot once.
         """
         self.certificates[identity] = ref
@@ -288,8 +285,15 @@ class Catalog:
         """The policy of ``identity``, computed on demand if it is not known yet."""
         return self._recompute.policy_for(identity, service_account)
 
-    def version_of(self, identity: Identity) -> str:
-        return self._views.version_of(identity)
+    def view_version(self, identity: Identity) -> str:
+        """The version of the identity's whole view: a digest of its policy's version and
+        its slices' ("0" while it has no policy)."""
+        resources = self.resources
+        policy = resources.versions.get(policy_name(identity))
+        if policy is None:
+            return "0"
+        slices = resources.slices_of(identity)
+        return contentversion.of((policy, tuple(resources.versions.get(n, "") for n in slices)))
 
     def participant(self, record: ProxyRecord) -> bool:
         """Expected, connected, and its service has a discovered endpoint (at its address,
@@ -306,11 +310,11 @@ class Catalog:
 
     # -- flush -------------------------------------------------------------------------
 
-    def flush(self) -> ViewBatch | None:
-        """Apply every pending input now; returns the batch of changed identities."""
+    def flush(self) -> Published | None:
+        """Apply every pending input now; returns what was published (None: nothing moved)."""
         return drain(self._flush_steps())
 
-    async def flush_in_steps(self) -> ViewBatch | None:
+    async def flush_in_steps(self) -> Published | None:
         """:meth:`flush`, giving the event loop back every :data:`STEP_SECONDS` of work, so
         that a big recompute (a full build takes hundreds of milliseconds at a thousand
         services) never holds up the gRPC API, the admin server or the followers."""
@@ -337,7 +341,7 @@ class Catalog:
             async with self._flushing:
                 return
 
-    def _flush_steps(self) -> Steps[ViewBatch | None]:
+    def _flush_steps(self) -> Steps[Published | None]:
         """The flush's work in steps; ``last_flush_seconds`` is the time spent in them (the
         waits between steps, when others ran, left out)."""
         work, busy = self._flush_work(), 0.0
@@ -347,27 +351,25 @@ class Catalog:
                 next(work)
             except StopIteration as done:
                 self.last_flush_seconds = busy + time.perf_counter() - resumed
-                batch: ViewBatch | None = done.value
+                batch: Published | None = done.value
                 return batch
             busy += time.perf_counter() - resumed
             yield
 
-    def _flush_work(self) -> Steps[ViewBatch | None]:
+    def _flush_work(self) -> Steps[Published | None]:
         self._wake.clear()
         result = yield from self._recompute.apply_steps()
-        if result.policies:
-            yield from self._views.index_references_steps(self.policies, result.identities)
-        touched = result.identities | self._views.referencing(result.clusters)
-        batch = yield from self._views.stamp_steps(touched, self.policies, self.clusters)
         scope = result.services
         if scope is None:
             scope = set(self.services) | set(self.destinations.records)
         moved = yield from self.destinations.update_steps(
             scope, self.services, self.clusters, self._destination
         )
-        self._destinations_moved = bool(moved)
+        published = yield from self.resources.publish_steps(
+            result.identities, result.clusters, self.policies, self.clusters, moved
+        )
         self.ready.set()
-        return batch
+        return published
 
     async def run(self, stop: asyncio.Event) -> None:
         """The batching loop: flush on the first input, announce, and go again at once if
@@ -397,27 +399,25 @@ class Catalog:
     def _destination(self, known: svc.KnownService) -> Destination:
         return self._recompute.destination(known)
 
-    async def flush_and_announce(self) -> ViewBatch | None:
-        """Flush, then signal ``views``/``changed`` with the views' cursor after the flush
-        when any view or any destination moved (consumers of either ask what moved)."""
-        batch = await self.flush_in_steps()
-        if batch is None and not self._destinations_moved:
+    async def flush_and_announce(self) -> Published | None:
+        """Flush, then signal ``views``/``changed`` with the cursor after the flush when any
+        resource moved (consumers ask what moved since their cursor)."""
+        published = await self.flush_in_steps()
+        if published is None:
             return None
-        cursor = self._views.cursor
+        cursor = self.resources.cursor
         try:
             await self._announce("changed", cursor)
         except Exception as exc:  # noqa: BLE001 (a lost bell costs consumers a resync)
             log.warning("catalog.announce_failed cursor=%s error=%r", cursor, exc)
-        if batch is None:
-            return None
         log.info(
-            "catalog.views_changed cursor=%s identities=%d took_ms=%.1f",
+            "catalog.resources_changed cursor=%s resources=%d took_ms=%.1f",
             cursor,
-            len(batch.identities),
+            len(published.changes),
             self.last_flush_seconds * 1000,
         )
-        return batch
+        return published
 
-    def views_since(self, cursor: str) -> tuple[str, bool, list[tuple[str, str]]]:
-        """(next cursor, full?, [(identity, version)]): see :meth:`ViewStore.since`."""
-        return self._views.since(cursor)
+    def changes_since(self, cursor: str) -> tuple[str, bool, list[tuple[str, str]]]:
+        """(next cursor, full?, [(name, version)]): see :meth:`ResourceStore.since`."""
+        return self.resources.since(cursor)

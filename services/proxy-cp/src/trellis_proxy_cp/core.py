@@ -1,12 +1,22 @@
 """proxy-cp's state: which proxy groups exist, their inputs, and their snapshots.
 
 A group is the proxies of one identity that share per-proxy settings; they share one
-snapshot (built once, serialized once). A group's inputs are its identity's view (from
-the catalog) and its secret material (from certmanager), fetched when its first proxy
-connects and followed while any proxy of the identity is connected. A new view or new
-material rebuilds the snapshots of that identity's groups only; the transports then push
-each proxy the types whose version changed. A snapshot that fails the consistency check
-is refused and the last good one stays in force.
+snapshot (built once, serialized once). A group's inputs are its identity's policy and the
+slices the policy names (from the catalog: :mod:`.cache.inputs`) and its secret material
+(from certmanager), fetched when its first proxy connects and followed while any proxy of
+the identity is connected. What is rebuilt depends on what moved, as in Istio's pilot:
+
+* a new policy or new material rebuilds the snapshots of that identity's groups;
+* a slice whose endpoints moved (and nothing else: not its SPIFFE ids) rebuilds only the
+  ClusterLoadAssignments of the groups that hold it, where the translators say nothing
+  else reads those endpoints (:func:`~.translate.scope.endpoints_only`): the assignment is
+  translated and serialized once (:class:`~.assignments.EndpointResources`) and every
+  such group's snapshot takes it in place of the old one, its other types shared as they
+  were (:meth:`~.cache.snapshot.Snapshot.with_type`);
+* anything else a slice change touches rebuilds the group's snapshot whole.
+
+The transports then push each proxy the types whose version changed. A snapshot that fails
+the consistency check is refused and the last good one stays in force.
 
 A proxy may have more than one stream at once (a reconnecting Envoy's new stream opens
 before proxy-cp notices the old one is gone): attaching is counted per proxy and group, and
@@ -16,17 +26,21 @@ a proxy leaves its group only when its last stream detaches.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 from trellis_api import catalog_pb2
 from trellis_proxy_cp import types
-from trellis_proxy_cp.cache.snapshot import Snapshot, make_resource
+from trellis_proxy_cp.assignments import EndpointResources
+from trellis_proxy_cp.cache import inputs
+from trellis_proxy_cp.cache.snapshot import Resource, Snapshot, make_resource
 from trellis_proxy_cp.cache.store import InconsistentSnapshot, SnapshotCache
-from trellis_proxy_cp.translate.endpoints import LoadAssignments
+from trellis_proxy_cp.translate import scope
+from trellis_proxy_cp.translate.endpoints import is_eds
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
@@ -43,32 +57,35 @@ class Group:
     proxies: set[str] = field(default_factory=set)
     built_at: float = 0.0
     last_error: str = ""
+    built_from: tuple[catalog_pb2.View, str] | None = None  # (policy, serial) of its snapshot
 
 
 class ProxyControlPlane:
     def __init__(
         self,
         cache: SnapshotCache,
-        fetch_view: Callable[[str, str], Awaitable[catalog_pb2.View]],
+        fetch_inputs: Callable[[str, str], Awaitable[inputs.Inputs]],
         fetch_material: Callable[[str, str], Awaitable[SecretMaterial]],
         forget: Callable[[str], None] = lambda identity: None,
         on_refused: Callable[[str, list[str]], None] = lambda key, problems: None,
     ) -> None:
         self.cache = cache
-        self._fetch_view = fetch_view
+        self._fetch_inputs = fetch_inputs
         self._fetch_material = fetch_material
         self._forget = forget
         self._on_refused = on_refused
         self.groups: dict[str, Group] = {}
-        self.views: dict[str, catalog_pb2.View] = {}
+        self.policies: dict[str, catalog_pb2.View] = {}
+        self.slices: dict[str, catalog_pb2.ClusterSlice] = {}
+        self._holders: dict[str, set[str]] = {}  # slice name -> identities whose policy names it
         self.materials: dict[str, SecretMaterial] = {}
         self.set_at: dict[str, float] = {}  # key -> when its latest snapshot was set
         self._locks: dict[str, asyncio.Lock] = {}
         self._attached: Counter[tuple[str, str]] = Counter()  # (proxy, key) -> streams
         self._streams: Counter[str] = Counter()  # proxy -> streams, any group
-        # every group's load assignments, kept for reuse: a cluster in many views (or a
-        # view rebuilt for another cluster's change) is built once
-        self.load_assignments = LoadAssignments()
+        # every group's load assignments, by slice and version: each is built once
+        self.endpoint_resources = EndpointResources()
+        self._views: dict[str, tuple[tuple[object, ...], catalog_pb2.View]] = {}
 
     @staticmethod
     def key_of(identity: str, settings: ProxySettings) -> str:
@@ -88,8 +105,12 @@ class ProxyControlPlane:
             self._attached[proxy, key] += 1
             self._streams[proxy] += 1
             try:
-                if identity not in self.views:
-                    self.views[identity] = await self._fetch_view(identity, service_account)
+                if identity not in self.policies:
+                    fetched = await self._fetch_inputs(identity, service_account)
+                    # a slice other groups hold may come newer than theirs: rebuild them
+                    changed, endpoints_moved = self._store(fetched.slices)
+                    self._set_policy(identity, fetched.policy)
+                    self._rebuild_holders(changed, endpoints_moved, {identity})
                 if identity not in self.materials:
                     self.materials[identity] = await self._fetch_material(identity, service_account)
             except BaseException:
@@ -119,7 +140,7 @@ class ProxyControlPlane:
         del self.groups[key]
         self.cache.clear(key)
         if not any(g.identity == group.identity for g in self.groups.values()):
-            self.views.pop(group.identity, None)
+            self._drop_policy(group.identity)
             self.materials.pop(group.identity, None)
             self._forget(group.identity)
 
@@ -128,32 +149,152 @@ class ProxyControlPlane:
         return self._streams[proxy]
 
     async def set_view(self, identity: str, view: catalog_pb2.View) -> None:
-        self.views[identity] = view
-        self._rebuild(identity)
+        """A whole view (endpoints in its clusters): its policy and slices, applied."""
+        found = inputs.split(view)
+        await self.apply({identity: found.policy}, found.slices)
+
+    async def apply(
+        self,
+        policies: Mapping[str, catalog_pb2.View],
+        slices: Mapping[str, catalog_pb2.ClusterSlice | None],
+    ) -> None:
+        """New policies and slices (None: gone) from the catalog: rebuild what they touch."""
+        changed, endpoints_moved = self._store(slices)
+        rebuilt = {identity for identity, p in policies.items() if self._set_policy(identity, p)}
+        for identity in sorted(rebuilt):
+            self._rebuild(identity)
+        self._rebuild_holders(changed, endpoints_moved, rebuilt)
+        for name in slices:
+            if name not in self._holders:  # a slice no policy held here names
+                self.slices.pop(name, None)
+        self.endpoint_resources.retain(lambda name: name in self._holders)
+
+    def _store(
+        self, slices: Mapping[str, catalog_pb2.ClusterSlice | None]
+    ) -> tuple[set[str], set[str]]:
+        """Keep new slices; (the names that changed, those of them whose endpoints alone
+        moved). A slice of the version held changes nothing."""
+        changed: set[str] = set()
+        endpoints_moved: set[str] = set()
+        for name, found in slices.items():
+            before = self.slices.get(name)
+            if found is None:
+                if self.slices.pop(name, None) is not None:
+                    changed.add(name)
+                continue
+            if before is not None and before.version == found.version and found.version:
+                continue
+            self.slices[name] = found
+            changed.add(name)
+            if before is not None and list(before.spiffe_ids) == list(found.spiffe_ids):
+                endpoints_moved.add(name)
+        return changed, endpoints_moved
+
+    def _rebuild_holders(
+        self, changed: set[str], endpoints_moved: set[str], skip: Set[str] = frozenset()
+    ) -> None:
+        """Rebuild the groups whose policies name a changed slice (but ``skip``): only
+        their load assignments where only endpoints moved."""
+        concerned: dict[str, set[str]] = {}
+        for name in changed:
+            for identity in self._holders.get(name, ()):
+                concerned.setdefault(identity, set()).add(name)
+        for identity, names in sorted(concerned.items()):
+            if identity not in skip:
+                self._rebuild(identity, names if names <= endpoints_moved else None)
+
+    def _set_policy(self, identity: str, policy: catalog_pb2.View) -> bool:
+        """Hold ``policy`` (a policy of one version is kept as it is); whether it moved."""
+        before = self.policies.get(identity)
+        if before is not None and before.version == policy.version and policy.version:
+            return False
+        self._drop_policy(identity, keep_slices=set(inputs.slice_names(policy)))
+        self.policies[identity] = policy
+        for name in inputs.slice_names(policy):
+            self._holders.setdefault(name, set()).add(identity)
+        return True
+
+    def _drop_policy(self, identity: str, keep_slices: set[str] | None = None) -> None:
+        before = self.policies.pop(identity, None)
+        self._views.pop(identity, None)
+        for name in inputs.slice_names(before) if before is not None else ():
+            holders = self._holders.get(name)
+            if holders is None:
+                continue
+            holders.discard(identity)
+            if not holders:
+                del self._holders[name]
+                if keep_slices is None or name not in keep_slices:
+                    self.slices.pop(name, None)
+        if before is not None and keep_slices is None:  # the identity left: its EDS too
+            self.endpoint_resources.retain(lambda name: name in self._holders)
+
+    def view(self, identity: str) -> catalog_pb2.View | None:
+        """The identity's whole view (its policy with its slices' endpoints), as translated."""
+        policy = self.policies.get(identity)
+        if policy is None:
+            return None
+        names = inputs.slice_names(policy)
+        made_of = (policy, *(self.slices.get(n) for n in names))
+        kept = self._views.get(identity)
+        if (
+            kept is not None
+            and len(kept[0]) == len(made_of)
+            and all(a is b for a, b in zip(kept[0], made_of, strict=True))
+        ):
+            return kept[1]
+        view = inputs.assemble(policy, self.slices)
+        self._views[identity] = (made_of, view)
+        return view
 
     async def set_material(self, identity: str, material: SecretMaterial) -> None:
         self.materials[identity] = material
         self._rebuild(identity)
 
-    def _rebuild(self, identity: str) -> None:
+    def _rebuild(self, identity: str, slices: set[str] | None = None) -> None:
+        """Rebuild the identity's groups; ``slices``: only these slices' endpoints moved."""
         for group in list(self.groups.values()):
             if group.identity == identity:
-                self._build(group)
+                self._build(group, slices)
 
-    def _build(self, group: Group) -> None:
-        view = self.views.get(group.identity)
+    def _build(self, group: Group, slices: set[str] | None = None) -> None:
+        policy = self.policies.get(group.identity)
         material = self.materials.get(group.identity)
-        if view is None or material is None:
+        if policy is None or material is None:
             return
-        version = f"{view.version}/{material.serial}"
+        current = self.cache.get(group.key)
+        if (
+            slices is not None
+            and current is not None
+            and group.built_from is not None
+            and group.built_from[0] is policy
+            and group.built_from[1] == material.serial
+            and scope.endpoints_only(policy, group.settings, slices)
+        ):
+            self._build_endpoints(group, policy, material.serial, slices, current)
+            return
+        version = self._version(policy, material.serial)
         try:
-            resources = translate(view, group.settings, material, self.load_assignments)
+            view = self.view(group.identity)
+            assert view is not None
+            settings = group.settings
+            resources = translate(
+                view,
+                settings,
+                material,
+                self.endpoint_resources.assignments,
+                with_endpoints=settings.proxyless,
+            )
             built = [
                 *(make_resource(types.LISTENER, m) for m in resources.listeners),
                 *(make_resource(types.ROUTE, m) for m in resources.routes),
                 *(make_resource(types.CLUSTER, m) for m in resources.clusters),
-                *(make_resource(types.ENDPOINT, m) for m in resources.endpoints),
                 *(make_resource(types.SECRET, m) for m in resources.secrets),
+                *(
+                    (make_resource(types.ENDPOINT, m) for m in resources.endpoints)
+                    if settings.proxyless
+                    else self._endpoints(policy, settings.locality)
+                ),
             ]
             self.cache.set_snapshot(group.key, Snapshot.of(version, built))
         except ValueError as exc:  # inconsistent, or resources no snapshot can hold
@@ -168,6 +309,49 @@ class ProxyControlPlane:
             )
             self._on_refused(group.key, list(problems))
             return
+        group.built_from = (policy, material.serial)
+        self._built(group, version)
+
+    def _endpoints(self, policy: catalog_pb2.View, locality: str) -> list[Resource]:
+        if not policy.mesh.locality_failover:
+            locality = ""  # off mesh-wide (MeshConfig): every proxy gets the same
+        return [
+            self.endpoint_resources(c, self.slices.get(c.slice), locality)
+            for c in policy.clusters
+            if is_eds(c)
+        ]
+
+    def _build_endpoints(
+        self,
+        group: Group,
+        policy: catalog_pb2.View,
+        serial: str,
+        slices: set[str],
+        current: Snapshot,
+    ) -> None:
+        """Only these slices' endpoints moved: swap their assignments, share the rest."""
+        locality = group.settings.locality if policy.mesh.locality_failover else ""
+        assignments = dict(current.of_type(types.ENDPOINT))
+        for cluster in policy.clusters:
+            if cluster.slice in slices and is_eds(cluster):
+                found = self.slices.get(cluster.slice)
+                assignments[cluster.name] = self.endpoint_resources(cluster, found, locality)
+        version = self._version(policy, serial)
+        self.cache.set_snapshot(
+            group.key, current.with_type(types.ENDPOINT, assignments, version), checked=True
+        )
+        self._built(group, version)
+
+    def _version(self, policy: catalog_pb2.View, serial: str) -> str:
+        """The snapshot's label: the policy's version, its slices' and the material's."""
+        versions = "".join(
+            (self.slices[n].version if n in self.slices else "-") + ","
+            for n in inputs.slice_names(policy)
+        )
+        digest = hashlib.blake2b(versions.encode(), digest_size=6).hexdigest()
+        return f"{policy.version}/{digest}/{serial}"
+
+    def _built(self, group: Group, version: str) -> None:
         group.built_at = self.set_at[group.key] = time.monotonic()
         group.last_error = ""
         log.info(

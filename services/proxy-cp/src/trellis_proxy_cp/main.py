@@ -27,7 +27,7 @@ from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.clients.certs import CertClient
-from trellis_proxy_cp.clients.destinations import DestinationFollower, DestinationTable
+from trellis_proxy_cp.clients.destinations import DestinationTable
 from trellis_proxy_cp.clients.expected import ExpectationTiming
 from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.core import ProxyControlPlane
@@ -94,23 +94,26 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     def xds_follows(identity: str) -> bool:
         return any(group.identity == identity for group in control_plane.groups.values())
 
-    async def on_view(identity: str, view: Any) -> None:
-        caller_views.set(identity, view)
-        if xds_follows(identity):
-            await control_plane.set_view(identity, view)
+    async def on_resources(policies: dict[str, Any], slices: dict[str, Any]) -> None:
+        for identity, policy in policies.items():
+            caller_views.set(identity, policy)
+        followed = {i: p for i, p in policies.items() if xds_follows(i)}
+        await control_plane.apply(followed, slices)
 
     async def on_material(identity: str, material: SecretMaterial) -> None:
         await control_plane.set_material(identity, material)
 
+    table = DestinationTable()
     expectation = ExpectationTiming(
         settings.expected_min_interval, settings.expected_max_age, settings.expected_refused_for
     )
     catalog = CatalogClient(
         runtime.locator("catalog", settings.catalog_address),
-        on_view,
+        on_resources,
         settings.instance_name,
         runtime.health,
         expectation,
+        table,
     )
 
     def on_revoked(common_name: str, serials: set[str]) -> None:
@@ -129,9 +132,6 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     catalog.expectations.ask_issuer = certs.issued
     runtime.signals.follow(catalog.follower)
     runtime.signals.follow(certs.follower)
-    table = DestinationTable()
-    destinations = DestinationFollower(catalog.locator, table)
-    runtime.signals.follow(destinations)
 
     def forget(identity: str) -> None:
         certs.forget(identity)
@@ -142,7 +142,10 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         if not xds_follows(identity):
             catalog.forget(identity)
 
-    caller_views = CallerViews(catalog.want, forget_caller)
+    async def want_policy(identity: str, service_account: str) -> Any:
+        return (await catalog.want(identity, service_account)).policy
+
+    caller_views = CallerViews(want_policy, forget_caller)
 
     control_plane = ProxyControlPlane(
         cache,
@@ -194,7 +197,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
             ),
         ),
         DiscoveryMetrics(metrics.make),
-        Access(identified(authorizer.identify), caller_views, destinations.fresh),
+        Access(identified(authorizer.identify), caller_views, catalog.follower.fresh),
         runtime.health.rejections,
     )
     components = {}
@@ -234,7 +237,6 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         readiness={
             "catalog": catalog.connected.is_set,
             "certmanager": certs.connected.is_set,
-            "destinations": destinations.synced.is_set,
         },
         routes=routes,
         attributes=attributes,

@@ -12,13 +12,11 @@ a Linkerd client treats as opaque TCP.
 Consumer routes (those of another namespace) hold only for clients in that namespace; a
 destination is one answer for every client, so it carries the producer's rules only.
 
-:class:`DestinationStore` versions them as the view store versions views: a destination's
-version is a digest of its record and of its clusters' content versions
-(:mod:`.contentversion`), the same on every catalog replica and across restarts, so it
-moves when, and only when, one of them does. The cursor (``"<epoch>-<revision>"``, one
-revision per flush that moved something) is the store's own, as the view store's is: a
-consumer passes it back to learn what moved since, and another replica's cursor gets a full
-listing.
+:class:`Destinations` versions them: a destination's version is a digest of its record
+and of its clusters' content versions (:mod:`.contentversion`), the same on every catalog
+replica and across restarts, so it moves when, and only when, one of them does. The
+resource store (:mod:`.resources`) publishes them as ``destination/<namespace>/<name>``, in
+its one change log.
 """
 
 from __future__ import annotations
@@ -33,10 +31,9 @@ from trellis_catalog.domain.services import KnownService
 from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState, HttpMatch
-from trellis_catalog.domain.viewstore import new_epoch
 from trellis_common.model import MeshService, ServiceAccount
 
-__all__ = ["Destination", "DestinationStore", "ProfileRoute", "build", "opaque_ports"]
+__all__ = ["Destination", "Destinations", "ProfileRoute", "build", "opaque_ports"]
 
 #: Linkerd's default opaque ports (its ``proxy.opaquePorts`` value): SMTP, MySQL, Galera,
 #: PostgreSQL, Redis, Elasticsearch, Memcached.
@@ -193,17 +190,12 @@ def build(
     )
 
 
-class DestinationStore:
-    def __init__(self, epoch: str | None = None) -> None:
-        self.epoch = epoch if epoch is not None else new_epoch()
-        self.revision = 0
+class Destinations:
+    """Every known service's destination record and its content version."""
+
+    def __init__(self) -> None:
         self.records: dict[MeshService, Destination] = {}
         self.versions: dict[MeshService, str] = {}
-        self._changed_at: dict[MeshService, int] = {}
-
-    @property
-    def cursor(self) -> str:
-        return f"{self.epoch}-{self.revision}"
 
     def update(
         self,
@@ -211,9 +203,9 @@ class DestinationStore:
         services: Mapping[MeshService, KnownService],
         clusters: Mapping[str, ClusterState],
         record_of: Callable[[KnownService], Destination],
-    ) -> list[MeshService]:
+    ) -> list[tuple[MeshService, str]]:
         """Rebuild the destinations of ``scope``; returns those that changed (new, moved or
-        gone), all stamped with one new revision."""
+        gone, with version "") and their new versions."""
         return drain(self.update_steps(scope, services, clusters, record_of))
 
     def update_steps(
@@ -222,9 +214,9 @@ class DestinationStore:
         services: Mapping[MeshService, KnownService],
         clusters: Mapping[str, ClusterState],
         record_of: Callable[[KnownService], Destination],
-    ) -> Steps[list[MeshService]]:
+    ) -> Steps[list[tuple[MeshService, str]]]:
         """:meth:`update` in steps: records are computed and compared a step per service,
-        then those that moved are committed under one revision in one go."""
+        then those that moved are committed in one go."""
         moved: list[tuple[MeshService, Destination | None, str]] = []
         for service in sorted(set(scope), key=str):
             yield
@@ -245,29 +237,11 @@ class DestinationStore:
             )
             if self.versions.get(service) != version:
                 moved.append((service, record, version))
-        changed = []
         for service, new_record, version in moved:
-            changed.append(service)
             if new_record is None:
                 del self.records[service]
                 self.versions.pop(service, None)
             else:
                 self.records[service] = new_record
                 self.versions[service] = version
-        if changed:
-            self.revision += 1
-            for service in changed:
-                self._changed_at[service] = self.revision
-        return changed
-
-    def since(self, cursor: str) -> tuple[str, bool, list[MeshService], list[MeshService]]:
-        """(next cursor, full?, changed, removed) after ``cursor``; an empty, malformed,
-        foreign-epoch or future cursor gets every destination (``full``)."""
-        epoch, _, revision = cursor.rpartition("-")
-        since = int(revision) if revision.isascii() and revision.isdigit() else -1
-        if epoch != self.epoch or not 0 <= since <= self.revision:
-            return self.cursor, True, sorted(self.records, key=str), []
-        moved = [s for s, at in self._changed_at.items() if at > since]
-        changed = sorted((s for s in moved if s in self.records), key=str)
-        removed = sorted((s for s in moved if s not in self.records), key=str)
-        return self.cursor, False, changed, removed
+        return [(service, version) for service, _, version in moved]

@@ -360,8 +360,8 @@ class Recompute:
         return touched
 
     def _shape(self, service: MeshService) -> tuple[object, ...] | None:
-        """What a policy depends on of a service: not its endpoints' addresses, unless an
-        IngressBackend admits traffic from them."""
+        """What a policy depends on of a service, its cluster references included: not its
+        endpoints' addresses, unless an IngressBackend admits traffic from them."""
         known = self.services.get(service)
         if known is None:
             return None
@@ -373,6 +373,10 @@ class Recompute:
             known.export_to,
             known.hosts,
             known.addresses,
+            # what a policy's cluster references carry (discovery, TLS, names to verify)
+            known.discovery,
+            known.external,
+            known.subject_alt_names,
             bool(known.endpoints),
             self.account_of(service),
             frozenset(e.service_account for e in known.endpoints),

@@ -27,6 +27,20 @@ class ViewRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceRequest:
+    """GetResources, checked: the names (each of a known kind), and the accounts of
+    identities the catalog may not know yet."""
+
+    names: tuple[str, ...]
+    service_accounts: dict[Identity, str]
+
+
+#: The most names one GetResources may ask for.
+MAX_NAMES = 10_000
+_KINDS = ("policy/", "slice/", "destination/")
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyQuestion:
     """CheckPolicy, checked: may ``source`` call ``destination``?"""
 
@@ -50,7 +64,7 @@ def view(request: pb.GetViewRequest) -> ViewRequest:
     return ViewRequest(Identity(namespace, service), account)
 
 
-def view_cursor(request: pb.ListViewVersionsRequest | pb.ListDestinationsRequest) -> str:
+def cursor(request: pb.ListChangesRequest) -> str:
     """The cursor to list changes after; "" (list everything) for anything not a cursor.
 
     A cursor is the catalog's own ``<epoch>-<revision>``, handed back as it was. One that
@@ -66,6 +80,32 @@ def view_cursor(request: pb.ListViewVersionsRequest | pb.ListDestinationsRequest
         and revision.isdigit()
     )
     return request.since if well_formed else ""
+
+
+def resources(request: pb.GetResourcesRequest) -> ResourceRequest:
+    if len(request.names) > MAX_NAMES:
+        raise check.InvalidField("names", f"{len(request.names)} names; at most {MAX_NAMES}")
+    for position, name in enumerate(request.names):
+        check.text(f"names[{position}]", name)
+        if not name.startswith(_KINDS):
+            raise check.InvalidField(
+                f"names[{position}]", f"{name!r} is not a policy/, slice/ or destination/ name"
+            )
+        if name.startswith("policy/"):
+            check.namespaced(f"names[{position}]", name.removeprefix("policy/"))
+        elif name.startswith("destination/"):
+            check.namespaced(f"names[{position}]", name.removeprefix("destination/"))
+        elif name.endswith("@"):
+            raise check.InvalidField(
+                f"names[{position}]", f"{name!r} names no accounts after '@' (leave it out)"
+            )
+    accounts: dict[Identity, str] = {}
+    for identity, account in sorted(request.service_accounts.items()):
+        namespace, service = check.namespaced(f"service_accounts[{identity!r}]", identity)
+        accounts[Identity(namespace, service)] = check.service_account(
+            f"service_accounts[{identity!r}]", account
+        )
+    return ResourceRequest(tuple(request.names), accounts)
 
 
 def namespace_filter(request: pb.ListServicesRequest) -> str:

@@ -12,7 +12,7 @@ from google.protobuf import json_format
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.views import Identity
-from trellis_catalog.transport.grpc_api import to_proto
+from trellis_catalog.transport.protos import to_proto
 from trellis_common.model import MeshService, ServiceAccount
 
 
@@ -61,16 +61,17 @@ def add_routes(app: FastAPI, catalog: Catalog, source: Callable[[], dict[str, An
         return {
             "revision": catalog.revision,
             "views": [
-                {"identity": str(i), "version": v} for i, v in sorted(catalog.versions.items())
+                {"identity": str(i), "version": v}
+                for i, v in sorted(catalog.view_versions().items())
             ],
         }
 
     @router.get("/views/{namespace}/{service}", tags=["catalog"])
     async def view(namespace: str, service: str) -> dict[str, Any]:
-        policy = catalog.policy_for(Identity(namespace, service))
-        return json_format.MessageToDict(
-            to_proto(catalog, policy), preserving_proto_field_name=True
-        )
+        identity = Identity(namespace, service)
+        policy = catalog.policy_for(identity)
+        view = to_proto(policy, catalog.clusters, catalog.view_version(identity), catalog.revision)
+        return json_format.MessageToDict(view, preserving_proto_field_name=True)
 
     @router.get("/proxies", tags=["proxies"])
     async def proxies() -> dict[str, Any]:

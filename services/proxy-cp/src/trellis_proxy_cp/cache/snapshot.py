@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
@@ -47,6 +46,8 @@ class Resource:
     version: str
     any: any_pb2.Any
     body: Message
+    #: the resource as an entry of a DiscoveryResponse's ``resources`` (field 2), encoded
+    entry: bytes = b""
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Resource):
@@ -76,7 +77,23 @@ def make_resource(type_url: TypeUrl, message: Message, name: str | None = None) 
         raise ValueError(f"a {full_name} resource needs a name")
     data = message.SerializeToString(deterministic=True)
     packed = any_pb2.Any(type_url=type_url, value=data)
-    return Resource(name=name, type_url=type_url, version=_digest(data), any=packed, body=message)
+    entry = _delimited(_RESOURCES, _delimited(1, type_url.encode()) + _delimited(2, data))
+    return Resource(type_url=type_url, name=name, version=_digest(data), any=packed, body=message,
+                    entry=entry)  # fmt: skip
+
+
+def _varint(value: int) -> bytes:
+    encoded = bytearray()
+    while value > 0x7F:
+        encoded.append(value & 0x7F | 0x80)
+        value >>= 7
+    encoded.append(value)
+    return bytes(encoded)
+
+
+def _delimited(number: int, data: bytes) -> bytes:
+    """A length-delimited field (protobuf wire type 2): its key, length and bytes."""
+    return b"".join((_varint(number << 3 | 2), _varint(len(data)), data))
 
 
 def _type_version(resources: Mapping[str, Resource]) -> str:
@@ -148,13 +165,41 @@ class Snapshot:
             available = self.of_type(type_url)
             chosen = [available[n] for n in (sorted(available) if names is None else names)
                       if n in available]  # fmt: skip
-            response = discovery_pb2.DiscoveryResponse(
-                version_info=self.version_of(type_url),
-                resources=[resource.any for resource in chosen],
-                type_url=type_url,
+            # the message's fields in number order, as protobuf writes them: the resources
+            # are their encoded entries, joined (each was encoded once, when made)
+            response = b"".join(
+                (
+                    _delimited(_VERSION_INFO, self.version_of(type_url).encode()),
+                    *(resource.entry for resource in chosen),
+                    _delimited(_TYPE_URL, type_url.encode()),
+                )
             )
-            found = self._responses[key] = (response.SerializeToString(), len(chosen))
+            found = self._responses[key] = (response, len(chosen))
         return found
+
+    def with_type(
+        self, type_url: TypeUrl, by_name: Mapping[str, Resource], version: str
+    ) -> Snapshot:
+        """This snapshot, as ``version``, with the resources of one type replaced by
+        ``by_name`` under the same names (an endpoints-only change): the other types are
+        shared as they are, and it is as consistent as this one. Raises ``ValueError``
+        if the names differ."""
+        if set(by_name) != set(self.of_type(type_url)):
+            raise ValueError(f"with_type keeps the names of {type_url}")
+        derived = object.__new__(Snapshot)
+        resources = dict(self.resources)
+        versions = dict(self._versions)
+        if by_name:
+            resources[type_url] = MappingProxyType(dict(by_name))
+            versions[type_url] = _type_version(by_name)
+        else:  # a type with no resources is left out, as __post_init__ leaves it
+            resources.pop(type_url, None)
+            versions.pop(type_url, None)
+        object.__setattr__(derived, "version", version)
+        object.__setattr__(derived, "resources", MappingProxyType(resources))
+        object.__setattr__(derived, "_versions", MappingProxyType(versions))
+        object.__setattr__(derived, "_responses", {})
+        return derived
 
     def type_urls(self) -> list[TypeUrl]:
         """Type URLs with resources, in push order (:data:`ORDER` first, then the rest)."""
@@ -187,7 +232,7 @@ class Snapshot:
         return problems
 
 
-_NONCE = 5  # DiscoveryResponse.nonce
+_VERSION_INFO, _RESOURCES, _TYPE_URL, _NONCE = 1, 2, 4, 5  # DiscoveryResponse's fields
 
 
 def with_nonce(response: bytes, nonce: str) -> bytes:

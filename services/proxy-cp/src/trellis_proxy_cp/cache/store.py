@@ -54,9 +54,11 @@ class SnapshotCache:
         self._snapshots: dict[str, Snapshot] = {}
         self._events: dict[str, asyncio.Event] = {}
 
-    def set_snapshot(self, key: str, snapshot: Snapshot) -> None:
-        """Replace the key's snapshot and wake its streams; refuse an inconsistent one."""
-        problems = snapshot.consistent()
+    def set_snapshot(self, key: str, snapshot: Snapshot, *, checked: bool = False) -> None:
+        """Replace the key's snapshot and wake its streams; refuse an inconsistent one.
+        ``checked``: it is consistent by construction (:meth:`Snapshot.with_type` of a
+        snapshot this cache took), so it is not checked again."""
+        problems = [] if checked else snapshot.consistent()
         if problems:
             log.warning(
                 "cache.inconsistent key=%s version=%s problems=%r",

@@ -1,29 +1,31 @@
-"""proxy-cp's side of the catalog: views of the identities that have proxies connected.
+"""proxy-cp's side of the catalog: the resources its proxies and discovery clients need.
 
-Views travel the one event path (``docs/architecture.md``): the catalog signals ``views``
-(kind ``changed``, key: its cursor after the flush) and :class:`ViewFollower` asks
-``ListViewVersions(since=<our cursor>)`` what moved, then refetches ``GetView`` for each
-wanted identity whose version moved. A listing that is ``full`` (the first one, or a
-catalog that restarted: a cursor from another epoch) lists every identity; a wanted
-identity missing from it is refetched too (it may have become unknown, which still has an
-outbound view). The cursor is stored only once every refetch succeeded, so a failed fetch
-(the hub resyncs later, with backoff) misses nothing.
+Resources travel the one event path (``docs/architecture.md``, "The path of a change"): the
+catalog signals ``views`` (kind ``changed``, key: its cursor after the flush) and the one
+:class:`ResourceFollower` asks ``ListChanges(since=<our cursor>)`` what moved, then
+``GetResources`` once for every name it holds whose version moved: the policies of the
+identities wanted here, the slices those policies name, and every destination (the
+Destination API's table, :class:`~.destinations.DestinationTable`). A policy that names a
+slice not held yet costs one more ``GetResources`` for those slices. A listing that is
+``full`` (the first one, or a catalog that restarted: a cursor from another epoch) lists
+every resource; a held one missing from it is fetched again (a policy of an identity the
+catalog no longer knows is computed on demand: its outbound view), or dropped (a
+destination). The cursor is stored only once every fetch succeeded, so a failed fetch (the
+hub resyncs later, with backoff) misses nothing.
 
-The catalog may run as several replicas (active-active). A view's version is a digest of its
-content, the same from every replica, while a cursor is one replica's own: after the
-channel finds another replica, our cursor is foreign there and the listing is full, and the
-follower refetches only the wanted identities whose version differs from the one it holds
-(none, if nothing changed), so nothing unchanged is handed on or pushed again. Each replica
-announces each change: the second announce lists nothing new. A replica that has not yet
-applied a change may hand us an older view after a switch; its next flush announces, and
-we take the newer one (the catalog's module docstring states that rule).
+The catalog may run as several replicas (active-active). A resource's version is a digest
+of its content, the same from every replica, while a cursor is one replica's own: after
+the channel finds another replica, our cursor is foreign there and the listing is full, and
+the follower fetches only what differs from what it holds (nothing, if nothing changed).
+A replica that has not yet applied a change may hand us an older resource after a switch;
+its next flush announces, and we take the newer one (the catalog's module docstring).
 
 A :class:`CatalogClient` also answers the questions a stream asks when it opens: is this
-proxy expected (``ListProxies``, shared by many streams: :mod:`.expected`), and what is its
-view. And it tells the catalog which proxies are connected here (``RegisterProxy``). The
-catalog keeps that in memory only, so the follower registers every connected proxy again
-whenever the catalog may have lost it: after a full listing (a new catalog), after the
-signals were lost, and after a registration that failed.
+proxy expected (``ListProxies``, shared by many streams: :mod:`.expected`), and what are its
+identity's policy and slices (``want``). And it tells the catalog which proxies are
+connected here (``RegisterProxy``). The catalog keeps that in memory only, so the follower
+registers every connected proxy again whenever the catalog may have lost it: after a full
+listing (a new catalog), after the signals were lost, and after a registration that failed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
@@ -42,7 +45,9 @@ from trellis_common.events import Follower
 from trellis_common.health import Health
 from trellis_common.locate import Locator, OwnerUnavailable
 from trellis_common.signaling import Event
+from trellis_proxy_cp.cache.inputs import Inputs, slice_names
 from trellis_proxy_cp.clients import owners
+from trellis_proxy_cp.clients.destinations import DestinationTable
 from trellis_proxy_cp.clients.expected import Expectation, ExpectationTiming, ExpectedProxies
 
 log = logging.getLogger(__name__)
@@ -53,33 +58,55 @@ T = TypeVar("T")
 TOPIC = "views"
 #: Registrations in flight at once when every connected proxy is registered again.
 REREGISTER_CONCURRENCY = 32
+#: Names asked for in one GetResources (the catalog takes at most 10,000).
+BATCH = 2000
+POLICY, SLICE, DESTINATION = "policy/", "slice/", "destination/"
 
-OnView = Callable[[str, pb.View], Awaitable[None]]
+Slices = dict[str, pb.ClusterSlice | None]
+
+
+@dataclass
+class Fetched:
+    """What one round of GetResources brought: policies by identity, slices by name (None:
+    gone), destinations, and the names of destinations that are gone."""
+
+    policies: dict[str, pb.View] = field(default_factory=dict)
+    slices: Slices = field(default_factory=dict)
+    destinations: list[pb.Destination] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+
+
+#: New policies (by identity) and slices (by name; None: gone) to hand on.
+OnResources = Callable[[dict[str, pb.View], Slices], Awaitable[None]]
 
 
 class CatalogClient:
     def __init__(
         self,
         locator: Locator,
-        on_view: OnView,
+        on_resources: OnResources,
         proxy_cp_name: str = "proxy-cp",
         health: Health | None = None,
         expectation: ExpectationTiming | None = None,
+        table: DestinationTable | None = None,
     ) -> None:
         self.locator = locator
         self.health = health if health is not None else Health()
-        self._on_view = on_view
+        self._on_resources = on_resources
         self._name = proxy_cp_name
         self.wanted: dict[str, str] = {}  # identity -> service account
-        self.versions: dict[str, str] = {}
+        self.held: dict[str, str] = {}  # policies held: name -> version
+        self.slices: dict[str, pb.ClusterSlice] = {}  # those the wanted policies name
+        self._slices_of: dict[str, tuple[str, ...]] = {}  # identity -> its policy's slices
+        self.table = table if table is not None else DestinationTable()
         self.cursor = ""  # of the last listing whose changes were all fetched
         self.proxies: dict[str, str] = {}  # connected here: common name -> address
         self.expectations = ExpectedProxies(self._list_expected, expectation)
-        self.follower = ViewFollower(self)
+        self.follower = ResourceFollower(self)
 
     @property
     def connected(self) -> asyncio.Event:
-        """Set while the views are in sync with the catalog."""
+        """Set while the resources are in sync with the catalog."""
         return self.follower.synced
 
     async def close(self) -> None:
@@ -149,46 +176,112 @@ class CatalogClient:
         if self.proxies:
             log.info("catalog.proxies_registered count=%d", len(self.proxies))
 
-    # -- views -----------------------------------------------------------------------
+    # -- resources -------------------------------------------------------------------
 
-    async def view(self, identity: str, service_account: str = "") -> pb.View:
-        request = pb.GetViewRequest(identity=identity, service_account=service_account)
-        view = await self._call(lambda stub: stub.GetView(request, timeout=10))
-        self.versions[identity] = view.version
-        return view
-
-    async def want(self, identity: str, service_account: str) -> pb.View:
+    async def want(self, identity: str, service_account: str) -> Inputs:
+        """Follow ``identity``: its policy and slices, fetched now (and handed on from then
+        on as they move); raises what the RPC raises."""
         self.wanted[identity] = service_account
-        return await self.view(identity, service_account)
+        policy = (await self.fetch([POLICY + identity])).policies.get(identity)
+        if policy is None:  # the catalog computes any identity's policy: never missing
+            raise LookupError(f"the catalog has no policy for {identity}")
+        return Inputs(policy, {n: self.slices[n] for n in slice_names(policy) if n in self.slices})
 
     def forget(self, identity: str) -> None:
         self.wanted.pop(identity, None)
-        self.versions.pop(identity, None)
+        self.held.pop(POLICY + identity, None)
+        self._slices_of.pop(identity, None)
+        self._drop_unnamed()
 
-    async def list_versions(self) -> pb.ListViewVersionsResponse:
-        request = pb.ListViewVersionsRequest(since=self.cursor)
-        return await self._call(lambda stub: stub.ListViewVersions(request, timeout=10))
+    def _drop_unnamed(self) -> None:
+        """Forget the slices no wanted identity's policy names any more."""
+        named = {n for names in self._slices_of.values() for n in names}
+        for name in [n for n in self.slices if n not in named]:
+            del self.slices[name]
 
-    async def refresh(self, identity: str) -> None:
-        """Refetch a wanted identity's view and hand it on (an RPC error is raised)."""
-        account = self.wanted.get(identity)
-        if account is None:
-            return
-        view = await self.view(identity, account)
-        await self.health.rejections.guarded(
-            "catalog view", identity, self._on_view(identity, view)
-        )
+    async def _get(self, names: list[str]) -> pb.GetResourcesResponse:
+        """One GetResources per :data:`BATCH` names, their answers together."""
+        answer = pb.GetResourcesResponse()
+        for start in range(0, len(names), BATCH):
+            chunk = names[start : start + BATCH]
+            identities = [n.removeprefix(POLICY) for n in chunk if n.startswith(POLICY)]
+            accounts = {i: self.wanted[i] for i in identities if self.wanted.get(i)}
+            request = pb.GetResourcesRequest(names=chunk, service_accounts=accounts)
+            got = await self._get_one(request)
+            answer.resources.extend(got.resources)
+            answer.missing.extend(got.missing)
+        return answer
+
+    async def _get_one(self, request: pb.GetResourcesRequest) -> pb.GetResourcesResponse:
+        return await self._call(lambda stub: stub.GetResources(request, timeout=30))
+
+    async def fetch(self, names: list[str]) -> Fetched:
+        """Resources by name, in one GetResources, and one more for the slices the new
+        policies name that are not held yet. Policies and slices are kept (a slice that is
+        missing has no endpoints: None); destinations are the caller's to apply."""
+        fetched = Fetched()
+        slices = fetched.slices
+        asked = list(names)
+        while asked:
+            got = await self._get(asked)
+            for resource in got.resources:
+                body = resource.WhichOneof("body")
+                if body == "policy":
+                    fetched.policies[resource.policy.identity] = resource.policy
+                    self.held[resource.name] = resource.version
+                elif body == "slice":
+                    slices[resource.name] = resource.slice
+                elif body == "destination":
+                    fetched.destinations.append(resource.destination)
+            for name in got.missing:
+                if name.startswith(SLICE):
+                    slices[name] = None
+                elif name.startswith(DESTINATION):
+                    fetched.gone.append(name.removeprefix(DESTINATION))
+            for identity, policy in fetched.policies.items():
+                if identity in self.wanted:
+                    self._slices_of[identity] = slice_names(policy)
+            named = {n for p in fetched.policies.values() for n in slice_names(p)}
+            asked = sorted(named - set(self.slices) - set(slices))  # one more round at most
+        for name, found in slices.items():
+            if found is None:
+                self.slices.pop(name, None)
+            else:
+                self.slices[name] = found
+        self._drop_unnamed()
+        return fetched
+
+    def version(self, name: str) -> str:
+        """The version held of a policy or slice ("": none)."""
+        if name.startswith(SLICE):
+            found = self.slices.get(name)
+            return found.version if found is not None else ""
+        return self.held.get(name, "")
+
+    async def hand_on(self, policies: dict[str, pb.View], slices: Slices) -> None:
+        """Hand new policies and slices on; a failure is rejected, never raised."""
+        if policies or slices:
+            await self.health.rejections.guarded(
+                "catalog resources", "apply", self._on_resources(policies, slices)
+            )
+
+    async def list_changes(self) -> pb.ListChangesResponse:
+        request = pb.ListChangesRequest(since=self.cursor)
+        return await self._call(lambda stub: stub.ListChanges(request, timeout=10))
 
 
-class ViewFollower(Follower):
-    """The ``views`` topic: list what moved since our cursor, refetch what we want."""
+class ResourceFollower(Follower):
+    """The ``views`` topic: list what moved since our cursor, fetch what we hold or want."""
 
     topics = (TOPIC,)
 
     def __init__(self, client: CatalogClient) -> None:
-        super().__init__("catalog views")
+        super().__init__("catalog resources")
         self.client = client
         self.reregister = False  # the catalog may have lost the proxies connected here
+        self._listing = asyncio.Lock()  # one listing at a time: the cursor moves in order
+        self._started = 0  # listings asked for so far
+        self._applied = 0  # the number of the last one applied
 
     async def resync(self, topic: str) -> None:
         await self.sync()
@@ -200,19 +293,38 @@ class ViewFollower(Follower):
         self.reregister = True
 
     async def sync(self) -> None:
+        async with self._listing:
+            await self._list()
+
+    async def fresh(self) -> None:
+        """Return once what we hold is from a listing asked for after this call, so it is
+        at least as new as anything the catalog answered before the call (a policy, say).
+        One listing serves every call made while the one before it was in flight. Raises
+        what the call raises if the catalog cannot be asked."""
+        asked_after = self._started
+        async with self._listing:
+            if self._applied > asked_after:
+                return
+            await self._list()
+
+    async def _list(self) -> None:
+        self._started += 1
+        number = self._started
         client = self.client
-        listed = await client.list_versions()
-        moved = {
-            item.identity: item.version
-            for item in listed.identities
-            if item.identity in client.wanted and item.version != client.versions.get(item.identity)
-        }
+        listed = await client.list_changes()
+        wanted = {POLICY + i for i in client.wanted} | set(client.slices)
+        listing = {item.name: item.version for item in listed.changes}
+        moved = [n for n, v in listing.items() if n in wanted and client.version(n) != v]
         if listed.full:
-            listed_names = {item.identity for item in listed.identities}
-            moved.update((i, "") for i in client.wanted if i not in listed_names)
-        for identity in moved:
-            await client.refresh(identity)
+            moved += sorted(n for n in wanted if n not in listing)
+        destinations, gone = self._destinations(listing, listed.full)
+        fetched = await client.fetch(moved + destinations)
+        await client.hand_on(fetched.policies, fetched.slices)
+        table_moved = client.table.apply(fetched.destinations, gone + fetched.gone)
+        if table_moved:
+            log.debug("destinations.moved count=%d full=%s", len(table_moved), listed.full)
         client.cursor = listed.cursor
+        self._applied = number
         if listed.full or self.reregister:
             self.reregister = False
             try:
@@ -221,5 +333,20 @@ class ViewFollower(Follower):
                 self.reregister = True
                 raise
         log.debug(
-            "catalog.synced cursor=%s full=%s refetched=%d", listed.cursor, listed.full, len(moved)
+            "catalog.synced cursor=%s full=%s fetched=%d", listed.cursor, listed.full, len(moved)
         )
+
+    def _destinations(self, listing: dict[str, str], full: bool) -> tuple[list[str], list[str]]:
+        """The destinations to fetch (their version moved), and those gone."""
+        table = self.client.table
+        named = {n.removeprefix(DESTINATION): v for n, v in listing.items()
+                 if n.startswith(DESTINATION)}  # fmt: skip
+        fetch = [
+            DESTINATION + name
+            for name, version in sorted(named.items())
+            if version and ((held := table.get(name)) is None or held.version != version)
+        ]
+        gone = [name for name, version in named.items() if not version]
+        if full:
+            gone += [name for name in table.by_name if name not in named]
+        return fetch, gone

@@ -1,12 +1,11 @@
 """proxy-cp's copy of the catalog's destinations, for the Linkerd Destination API.
 
-:class:`DestinationFollower` follows the ``views`` topic like the view follower: on each
-signal (and on every resync) it asks ``ListDestinations(since=<our cursor>)`` what moved and
-applies it to :class:`DestinationTable`. A ``full`` answer (the first, or a restarted
-catalog) replaces the table: a destination missing from it is gone. The cursor moves only
-once the answer is applied, so a failed call (the hub retries with backoff) misses nothing.
-Listings are made one at a time; :meth:`DestinationFollower.fresh` asks for one on demand
-(the Destination server, before it trusts a view newer than the table).
+The catalog publishes each service as a ``destination/<namespace>/<name>`` resource; the
+catalog client's one follower (:class:`~.catalog.ResourceFollower`) fetches those whose
+version moved and applies them to :class:`DestinationTable`, and drops those that are gone
+(a full listing that lacks one, after a catalog restart, says it is gone).
+:meth:`~.catalog.ResourceFollower.fresh` asks for a listing on demand (the Destination
+server, before it trusts a policy newer than the table).
 
 The table indexes destinations by ``namespace/name``, by ServiceEntry host and by address
 (a Service's clusterIP), and tells the streams watching a destination that it moved:
@@ -17,20 +16,13 @@ endpoint at that address.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
 from trellis_api import catalog_pb2 as pb
-from trellis_api import catalog_pb2_grpc as pb_grpc
-from trellis_common.events import Follower
-from trellis_common.locate import Locator
-from trellis_common.signaling import Event
-from trellis_proxy_cp.clients import owners
 
 log = logging.getLogger(__name__)
 
-TOPIC = "views"
 EVERYTHING = "*"
 
 Watcher = Callable[[], None]
@@ -122,53 +114,3 @@ class DestinationTable:
                 if watcher not in told:
                     told.add(watcher)
                     watcher()
-
-
-class DestinationFollower(Follower):
-    """The ``views`` topic, for destinations: list what moved since our cursor."""
-
-    topics = (TOPIC,)
-
-    def __init__(self, locator: Locator, table: DestinationTable) -> None:
-        super().__init__("catalog destinations")
-        self.locator = locator
-        self.table = table
-        self.cursor = ""
-        self._listing = asyncio.Lock()  # one listing at a time: the cursor moves in order
-        self._started = 0  # listings asked for so far
-        self._applied = 0  # the number of the last one applied
-
-    async def resync(self, topic: str) -> None:
-        await self.sync()
-
-    async def changed(self, event: Event) -> None:
-        await self.sync()
-
-    async def sync(self) -> None:
-        async with self._listing:
-            await self._list()
-
-    async def fresh(self) -> None:
-        """Return once the table holds a listing that was asked for after this call, so it
-        is at least as new as anything the catalog answered before the call (a view, say).
-        One listing serves every call made while the one before it was in flight. Raises
-        what the call raises if the catalog cannot be asked."""
-        asked_after = self._started
-        async with self._listing:
-            if self._applied > asked_after:
-                return
-            await self._list()
-
-    async def _list(self) -> None:
-        self._started += 1
-        number = self._started
-        request = pb.ListDestinationsRequest(since=self.cursor)
-        listed: pb.ListDestinationsResponse = await owners.call(
-            self.locator,
-            lambda channel: pb_grpc.CatalogStub(channel).ListDestinations(request, timeout=30),
-        )
-        moved = self.table.apply(listed.destinations, listed.removed, full=listed.full)
-        if moved:
-            log.debug("destinations.moved count=%d full=%s", len(moved), listed.full)
-        self.cursor = listed.cursor
-        self._applied = number

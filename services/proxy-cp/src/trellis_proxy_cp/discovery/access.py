@@ -4,7 +4,7 @@ reaches.
 **The caller** is identified as an xDS stream's proxy is (:meth:`.MeshAuthorizer.identify`: a
 proxy certificate of the mesh CA, its serial current and not revoked, the proxy expected by
 the catalog), and its identity is its common name's ``<namespace>/<service>``, whose view
-the catalog computes for that proxy's xDS too. The catalog answers ``GetView`` for any
+the catalog computes for that proxy's xDS too. The catalog answers a policy for any
 identity, even one no proxy has (its service account's reach: nothing under a deny-by-default
 policy, everything in permissive mode), so the view alone never admits anyone: a proxy the
 catalog does not expect is refused before any view is asked (``not_expected``, as on xDS).
@@ -36,7 +36,7 @@ the other. A stream's :class:`Sight` decides at every tick:
   newer view may refuse it, or let it through;
 * when the view moved and no longer reaches the destination, the table is first brought up
   to date (a listing asked for after the view arrived:
-  :meth:`.DestinationFollower.fresh`). If the destination is still there, the caller may no
+  :meth:`.ResourceFollower.fresh`). If the destination is still there, the caller may no
   longer reach it: the stream ends PERMISSION_DENIED, and a new one is refused until the
   policy changes back. If it went meanwhile (a service removed: views and table lose it
   together), the stream follows it as gone, as it always has.
@@ -256,4 +256,4 @@ class Access:
     """Who a call comes from (:func:`identified`); raises ``StreamRefused``."""
     views: CallerViews
     fresh: Callable[[], Awaitable[None]]
-    """Bring the destination table up to date (:meth:`.DestinationFollower.fresh`)."""
+    """Bring the destination table up to date (:meth:`.ResourceFollower.fresh`)."""

@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 from trellis_api import catalog_pb2 as pb
 from trellis_common.locate import Locator
 from trellis_common.signaling import Publisher
+from trellis_proxy_cp.cache import inputs
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _epochs = itertools.count(1)
@@ -33,11 +34,14 @@ class FakeCatalog:
 
     * ``ListProxies`` lists ``expected`` (common name -> service account) and counts
       ``calls``. While ``gate`` is set to an unset event, its answers wait for it.
-    * ``GetView`` answers from ``views`` (an identity nothing declares gets an empty view,
-      as the real catalog gives it an outbound-only one) and counts ``view_calls``.
-    * ``ListViewVersions`` lists what :meth:`set_view` and :meth:`remove_view` changed since
-      a cursor (``<epoch>:<sequence>``), or every identity (``full``) for an empty cursor or
-      one of another epoch (:meth:`restart`).
+    * ``GetResources`` answers policies and slices from ``views`` (each whole view split as
+      :func:`~trellis_proxy_cp.cache.inputs.split` does; an identity nothing declares gets
+      an empty policy, as the real catalog gives it an outbound-only one) and destinations
+      from ``destinations``; it counts ``view_calls`` (per identity whose policy was asked)
+      and keeps each request's names in ``gets``.
+    * ``ListChanges`` lists the resources :meth:`set_view`, :meth:`remove_view` and
+      :meth:`set_destination` changed since a cursor (``<epoch>:<sequence>``), or every
+      resource (``full``) for an empty cursor or one of another epoch (:meth:`restart`).
     * ``RegisterProxy`` and ``UnregisterProxy`` keep ``registered`` (common name -> proxy-cp).
 
     With ``failing``, every call fails UNAVAILABLE. With a ``publisher``, each change is
@@ -56,40 +60,79 @@ class FakeCatalog:
         self.address = ""
         self.publisher = publisher
         self.views: dict[str, pb.View] = {}
+        self.destinations: dict[str, pb.Destination] = {}  # "<namespace>/<name>" ->
         self.view_calls: Counter[str] = Counter()
-        self.listings: list[str] = []  # the ``since`` of each ListViewVersions
+        self.gets: list[list[str]] = []  # the names of each GetResources
+        self.listings: list[str] = []  # the ``since`` of each ListChanges
         self.registered: dict[str, str] = {}
         self.epoch = f"e{next(_epochs)}"
         self._sequence = 0
-        self._changed: dict[str, int] = {}  # identity -> sequence of its last change
+        self._changed: dict[str, int] = {}  # resource name -> sequence of its last change
+        self._resources: dict[str, pb.Resource] = {}
 
     @property
     def cursor(self) -> str:
         return f"{self.epoch}:{self._sequence}"
 
     async def set_view(self, view: pb.View) -> str:
-        """Store ``view`` (a new version of its identity) and signal it; the new cursor."""
+        """Store ``view`` (its policy and slices) and signal what moved; the new cursor."""
         self.views[view.identity] = view
-        return await self._change(view.identity)
+        return await self._change()
 
     async def remove_view(self, identity: str) -> str:
         self.views.pop(identity, None)
-        return await self._change(identity)
+        return await self._change()
+
+    async def set_destination(self, destination: pb.Destination) -> str:
+        self.destinations[f"{destination.namespace}/{destination.name}"] = destination
+        return await self._change()
+
+    async def remove_destination(self, name: str) -> str:
+        self.destinations.pop(name, None)
+        return await self._change()
 
     def restart(self) -> None:
         """A new catalog process: a new epoch, and the registrations forgotten."""
         self.epoch = f"e{next(_epochs)}"
         self._sequence = 0
-        self._changed = {identity: 0 for identity in self.views}
+        self._changed = {name: 0 for name in self._resources}
         self.registered.clear()
 
     async def signal(self) -> None:
         if self.publisher is not None:
             await self.publisher.publish("views", "changed", self.cursor)
 
-    async def _change(self, identity: str) -> str:
-        self._sequence += 1
-        self._changed[identity] = self._sequence
+    def _current(self) -> dict[str, pb.Resource]:
+        found: dict[str, pb.Resource] = {}
+        for identity, view in sorted(self.views.items()):
+            split = inputs.split(view)
+            name = f"policy/{identity}"
+            found[name] = pb.Resource(name=name, version=split.policy.version, policy=split.policy)
+            for slice_name, content in split.slices.items():
+                found[slice_name] = pb.Resource(
+                    name=slice_name, version=content.version, slice=content
+                )
+        for key, destination in sorted(self.destinations.items()):
+            name = f"destination/{key}"
+            found[name] = pb.Resource(
+                name=name, version=destination.version, destination=destination
+            )
+        return found
+
+    async def _change(self) -> str:
+        current = self._current()
+        moved = [
+            n
+            for n in current.keys() | self._resources.keys()
+            if n not in current
+            or n not in self._resources
+            or current[n].version != self._resources[n].version
+        ]
+        self._resources = current
+        if moved:
+            self._sequence += 1
+            for name in moved:
+                self._changed[name] = self._sequence
         await self.signal()
         return self.cursor
 
@@ -118,32 +161,46 @@ class FakeCatalog:
         await self._enter(context)
         return listed
 
-    async def GetView(self, request: pb.GetViewRequest, context: Context) -> pb.View:
+    async def GetResources(
+        self, request: pb.GetResourcesRequest, context: Context
+    ) -> pb.GetResourcesResponse:
         await self._enter(context)
-        self.view_calls[request.identity] += 1
-        found = self.views.get(request.identity)
-        return found if found is not None else pb.View(identity=request.identity)
+        self.gets.append(list(request.names))
+        answer = pb.GetResourcesResponse()
+        for name in request.names:
+            found = self._resources.get(name)
+            if found is None and name.startswith("policy/"):
+                identity = name.removeprefix("policy/")
+                empty = inputs.split(pb.View(identity=identity)).policy
+                found = pb.Resource(name=name, version=empty.version, policy=empty)
+            if name.startswith("policy/"):
+                self.view_calls[name.removeprefix("policy/")] += 1
+            if found is None:
+                answer.missing.append(name)
+            else:
+                answer.resources.append(found)
+        return answer
 
-    async def ListViewVersions(
-        self, request: pb.ListViewVersionsRequest, context: Context
-    ) -> pb.ListViewVersionsResponse:
+    async def ListChanges(
+        self, request: pb.ListChangesRequest, context: Context
+    ) -> pb.ListChangesResponse:
         await self._enter(context)
         self.listings.append(request.since)
         epoch, _, after = request.since.partition(":")
         full = epoch != self.epoch or not after.isdigit()
         since = 0 if full else int(after)
-        return pb.ListViewVersionsResponse(
+        return pb.ListChangesResponse(
             cursor=self.cursor,
             full=full,
-            identities=[
-                pb.IdentityVersion(identity=identity, version=self._version(identity))
-                for identity, sequence in sorted(self._changed.items())
-                if (full and identity in self.views) or (not full and sequence > since)
+            changes=[
+                pb.ResourceVersion(name=name, version=self._version(name))
+                for name, sequence in sorted(self._changed.items())
+                if (full and name in self._resources) or (not full and sequence > since)
             ],
         )
 
-    def _version(self, identity: str) -> str:
-        found = self.views.get(identity)
+    def _version(self, name: str) -> str:
+        found = self._resources.get(name)
         return found.version if found is not None else ""
 
     async def RegisterProxy(
@@ -163,8 +220,8 @@ class FakeCatalog:
     def register(self, server: grpc.aio.Server) -> None:
         methods: dict[str, tuple[Callable[[Any, Context], Awaitable[Message]], type[Message]]] = {
             "ListProxies": (self.ListProxies, pb.ListProxiesRequest),
-            "GetView": (self.GetView, pb.GetViewRequest),
-            "ListViewVersions": (self.ListViewVersions, pb.ListViewVersionsRequest),
+            "GetResources": (self.GetResources, pb.GetResourcesRequest),
+            "ListChanges": (self.ListChanges, pb.ListChangesRequest),
             "RegisterProxy": (self.RegisterProxy, pb.RegisterProxyRequest),
             "UnregisterProxy": (self.UnregisterProxy, pb.UnregisterProxyRequest),
         }

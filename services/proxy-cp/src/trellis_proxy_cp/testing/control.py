@@ -19,6 +19,7 @@ from envoy.config.core.v3 import base_pb2
 
 from trellis_api import catalog_pb2
 from trellis_common.ids import ProxyCommonName
+from trellis_proxy_cp.cache import inputs
 from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.core import ProxyControlPlane
@@ -136,11 +137,12 @@ class FakeSources:
     failure: Exception | None = None
     """Raised by the next fetch (then cleared), as a catalog that is down would."""
 
-    async def fetch_view(self, identity: str, service_account: str) -> catalog_pb2.View:
+    async def fetch_inputs(self, identity: str, service_account: str) -> inputs.Inputs:
+        """The identity's view from ``views`` (else :func:`view`), as a policy and slices."""
         self.view_fetches.append((identity, service_account))
         await asyncio.sleep(0)
         self._fail()
-        return self.views.get(identity) or view(identity)
+        return inputs.split(self.views.get(identity) or view(identity))
 
     async def fetch_material(self, identity: str, service_account: str) -> SecretMaterial:
         self.material_fetches.append((identity, service_account))
@@ -162,7 +164,7 @@ class FakeSources:
     def control_plane(self, cache: SnapshotCache) -> ProxyControlPlane:
         """A control plane over ``cache`` fed by these fakes."""
         return ProxyControlPlane(
-            cache, self.fetch_view, self.fetch_material, self.forget, self.on_refused
+            cache, self.fetch_inputs, self.fetch_material, self.forget, self.on_refused
         )
 
 

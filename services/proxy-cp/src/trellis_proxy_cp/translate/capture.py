@@ -148,6 +148,18 @@ def _addresses(
     return sorted(found)
 
 
+def endpoint_addressed(view: catalog_pb2.View) -> set[str]:
+    """The clusters whose endpoints' addresses the outbound listener matches on (those of
+    the services without addresses of their own: :func:`_addresses`)."""
+    return {
+        weighted.cluster
+        for service in view.outbound
+        if service.routes and not service.addresses
+        for route in service.routes
+        for weighted in route.clusters
+    }
+
+
 def outbound(view: catalog_pb2.View, settings: ProxySettings) -> listener_pb2.Listener:
     chains = _Chains()
     http = [_http(view)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
 from trellis_api import catalog_pb2
@@ -41,12 +42,18 @@ def translate(
     settings: ProxySettings,
     material: secrets.SecretMaterial | None,
     assignments: endpoints.LoadAssignments | None = None,
+    *,
+    with_endpoints: bool = True,
 ) -> Resources:
     """The group's resources. Load assignments come from ``assignments``, which keeps
-    them for reuse by later calls (the control plane passes its own); without it, a fresh
-    one serves this call only, and nothing is kept."""
+    them for reuse by later calls; without it, a fresh one serves this call only, and
+    nothing is kept. ``with_endpoints=False`` leaves them out (the control plane makes a
+    sidecar's or gateway's itself, one per slice: :mod:`~trellis_proxy_cp.assignments`;
+    a proxyless client's drop ``unix://`` endpoints, so they are made here)."""
     if assignments is None:
         assignments = endpoints.LoadAssignments()
+    if not with_endpoints:
+        assignments = _NoAssignments()
     found_secrets = (
         list(secrets.secrets(material, settings.workload_dir)) if material is not None else []
     )
@@ -79,6 +86,15 @@ def translate(
         endpoints=list(assignments.of_view(view, settings.locality)),
         secrets=found_secrets,
     )
+
+
+class _NoAssignments(endpoints.LoadAssignments):
+    """Load assignments left out: the caller makes them."""
+
+    def of_view(
+        self, view: catalog_pb2.View, locality: str = ""
+    ) -> list[endpoint_pb2.ClusterLoadAssignment]:
+        return []
 
 
 def _captured(
