@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\nbenchmark {name} failed (its output is above); stopped", flush=True)
                 return 1
             results[name] = found
+    if args.results_to is None:  # a child's results are printed by its parent
+        figures.print_targets(results)
     if args.results_to is not None:
         args.results_to.write_text(json.dumps(results))
     if args.json is not None:

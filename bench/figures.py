@@ -1,5 +1,6 @@
-"""``python -m bench --json FILE``: every figure of a run, each ratio with its floor, and the
-issues' targets (issues 14 and 29) checked against them, as JSON a machine can read.
+"""The issues' targets (14, 29 and 35) checked against a run's figures: printed at the end of
+every run (:func:`print_targets`), and with ``python -m bench --json FILE`` every figure,
+each ratio with its floor, and the targets, as JSON a machine can read.
 
 A benchmark returns its figures by name and its ratios by ``"<subject>/<floor>"`` (with
 ``@<size>`` when it measures several sizes): that key is where the floor comes from, so the
@@ -33,8 +34,38 @@ class Target:
 
 _OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge}
 
-#: What issues 14 and 29 ask, where a benchmark measures it.
+#: What issues 14, 29 and 35 ask, where a benchmark measures it.
 TARGETS = (
+    # issue 35: one proxy-cp against the bare grpcio floor of the same run
+    Target(
+        "xds",
+        "trellis_cpu_ms/floor_cpu_ms@5000",
+        "<=",
+        1.3,
+        "5,000 streams, one change for all: server CPU per change against the floor",
+    ),
+    Target(
+        "xds",
+        "trellis_p99_ms/floor_p99_ms@5000",
+        "<=",
+        1.5,
+        "5,000 streams, one change for all: p99 time to ACK against the floor",
+    ),
+    Target("xds", "trellis_rss_per_stream_kb@5000", "<=", 40.0, "5,000 streams: RSS per stream"),
+    Target(
+        "propagation",
+        "add_p50_ms",
+        "<=",
+        10.0,
+        "issue 35: VM endpoint added over REST (kept-alive) until a real Envoy serves it: p50",
+    ),
+    Target(
+        "propagation",
+        "add_p99_ms",
+        "<=",
+        30.0,
+        "issue 35: the same, p99",
+    ),
     Target("xds", "trellis_p99_ms@5000", "<=", 1000.0, "5,000 streams: p99 time to ACK"),
     Target(
         "xds",
@@ -194,6 +225,36 @@ def document(results: Results, seconds: float, warmup: float) -> dict[str, Any]:
         "benchmarks": benchmarks,
         "targets": targets,
     }
+
+
+def print_targets(results: Results) -> None:
+    """Each target of the benchmarks that ran: its figure (with the floor's, for a ratio),
+    what is asked, and met, NOT MET, or not measured in this run (a smaller size)."""
+    ran = [t for t in TARGETS if t.benchmark in results]
+    if not ran:
+        return
+    print("\ntargets (issues 14, 29, 35), from this run's figures and floors:")
+    met = measured = 0
+    for target in ran:
+        found = results[target.benchmark]
+        value = found.get(target.key)
+        if value is None:
+            verdict, shown = "not measured", "-"
+        else:
+            measured += 1
+            ok = _OPS[target.op](value, target.value)
+            met += ok
+            verdict, shown = ("met" if ok else "NOT MET"), f"{value:,.2f}"
+            if "/" in target.key:
+                ratio = _ratio(target.key, found, value)
+                floor = ratio["floor_value"]
+                if floor is not None:
+                    shown += f"x (floor {ratio['floor']} {floor:,.2f})"
+        print(
+            f"  {verdict:>12}  {target.benchmark}/{target.key} = {shown}; "
+            f"wanted {target.op} {target.value:g}: {target.what}"
+        )
+    print(f"  {met} of {measured} measured targets met ({len(ran) - measured} not measured)")
 
 
 def write(path: Path, results: Results, seconds: float, warmup: float) -> None:

@@ -277,3 +277,23 @@ def test_snapshot_is_immutable() -> None:
     snap = Snapshot.of("1", [t.resource(t.secret("a"))])
     with pytest.raises(TypeError):
         snap.resources[SECRET] = {}  # type: ignore[index]
+
+
+async def test_subscribers_are_called_soon_after_their_key_moves_and_not_after_they_stop() -> None:
+    cache = SnapshotCache()
+    calls: list[str] = []
+    stop_a = cache.subscribe("a", lambda: calls.append("a1"))
+    cache.subscribe("a", lambda: calls.append("a2"))
+    cache.subscribe("b", lambda: calls.append("b"))
+    assert cache.subscribed("a") == 2
+
+    cache.set_snapshot("a", t.snapshot("1"))
+    assert calls == []  # never from within the setter: the caller finishes its work first
+    await asyncio.sleep(0)
+    assert sorted(calls) == ["a1", "a2"]  # only key a's, once each
+
+    stop_a()
+    cache.set_snapshot("a", t.snapshot("2"))
+    await asyncio.sleep(0)
+    assert sorted(calls) == ["a1", "a2", "a2"]
+    assert cache.subscribed("a") == 1

@@ -3,13 +3,16 @@
 A key names a group of proxies that get the same configuration (in Trellis, one service
 identity), so every proxy of the group shares one snapshot and its once-serialized resources.
 
-The transports see the cache only through :class:`SnapshotSource` (``get`` and ``wait``), the
+The transports see the cache only through :class:`SnapshotSource` (``get``, ``subscribe``
+and ``wait``), the
 one small seam between cache and transport that go-control-plane's ``ConfigWatcher`` is.
-Unlike go-control-plane, the cache keeps no per-stream watches: each stream remembers the
-snapshot it last worked from and calls ``wait(key, seen)``; the cache parks it on that key's
-:class:`asyncio.Event`, which :meth:`SnapshotCache.set_snapshot` sets and replaces. Setting a
-key therefore wakes exactly the streams of that key, in O(streams of the key), and the streams
-then decide which types changed for them (:meth:`Snapshot.version_of`).
+Unlike go-control-plane, the cache keeps no per-type watches: each stream subscribes to its
+key (:meth:`SnapshotCache.subscribe`) and is called back, soon after the key's snapshot is
+replaced, from the event loop (one ``call_soon`` per stream: no task, no future, nothing
+else held per stream); the stream then decides which types changed for it
+(:meth:`Snapshot.version_of`). Setting a key therefore reaches exactly the streams of that
+key, in O(streams of the key). :meth:`SnapshotCache.wait` parks a coroutine on a key
+instead, for callers that want to await the next snapshot.
 
 Single event loop only: the cache is not thread-safe and needs no lock.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from trellis_proxy_cp.cache.snapshot import Snapshot
@@ -46,6 +49,11 @@ class SnapshotSource(Protocol):
         """Return the current snapshot of ``key`` as soon as there is one that is not ``seen``."""
         ...
 
+    def subscribe(self, key: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` soon (from the event loop, never from within the setter)
+        after every new snapshot of ``key``; returns the function that stops it."""
+        ...
+
 
 class SnapshotCache:
     """Latest snapshot per key; satisfies :class:`SnapshotSource`."""
@@ -53,6 +61,7 @@ class SnapshotCache:
     def __init__(self) -> None:
         self._snapshots: dict[str, Snapshot] = {}
         self._events: dict[str, asyncio.Event] = {}
+        self._subscribers: dict[str, set[Callable[[], None]]] = {}
 
     def set_snapshot(self, key: str, snapshot: Snapshot, *, checked: bool = False) -> None:
         """Replace the key's snapshot and wake its streams; refuse an inconsistent one.
@@ -95,7 +104,28 @@ class SnapshotCache:
                 event = self._events[key] = asyncio.Event()
             await event.wait()
 
+    def subscribe(self, key: str, callback: Callable[[], None]) -> Callable[[], None]:
+        self._subscribers.setdefault(key, set()).add(callback)
+
+        def stop() -> None:
+            subscribers = self._subscribers.get(key)
+            if subscribers is not None:
+                subscribers.discard(callback)
+                if not subscribers:
+                    del self._subscribers[key]
+
+        return stop
+
+    def subscribed(self, key: str) -> int:
+        """How many streams follow ``key`` (for tests and the admin API)."""
+        return len(self._subscribers.get(key, ()))
+
     def _notify(self, key: str) -> None:
+        subscribers = self._subscribers.get(key)
+        if subscribers:
+            call_soon = asyncio.get_running_loop().call_soon
+            for callback in subscribers:
+                call_soon(callback)
         # Replace, then set: waiters of the old event wake, later waiters park on a fresh
         # one. A key nobody waits on keeps no event.
         event = self._events.pop(key, None)

@@ -26,6 +26,7 @@ from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
 from trellis_proxy_cp.transport.streams import ProxyStream, StreamRegistry
+from trellis_proxy_cp.transport.streams import envoy_version as envoy_version_of
 from trellis_proxy_cp.types import TypeUrl
 
 _PREFIX = "type.googleapis.com/"
@@ -191,7 +192,7 @@ async def connect(
         key=key,
         node_id=common_name,
         identity=identity,
-        node=node,
+        envoy_version=envoy_version_of(node),
         protocol=protocol,
     )
     streams.add(stream)

@@ -56,12 +56,43 @@ from trellis_proxy_cp.types import CLUSTER, LISTENER, TypeUrl
 log = logging.getLogger(__name__)
 
 WILDCARD_TYPES = frozenset({LISTENER, CLUSTER})
+#: Distinct sets of names kept for sharing; past it, they are all forgotten at once.
+SHARED_NAME_SETS = 4096
+
+
+class NameSets:
+    """One object per distinct set of subscribed names, with its names sorted: the proxies
+    of a group ask for the same names, so thousands of streams share a few sets (their
+    strings included) instead of each keeping its own, and a response's sorted names are
+    sorted once."""
+
+    def __init__(self, kept: int = SHARED_NAME_SETS) -> None:
+        self._kept = kept
+        self._sets: dict[frozenset[str], tuple[frozenset[str], tuple[str, ...]]] = {}
+
+    def __call__(self, names: frozenset[str]) -> frozenset[str]:
+        return self._entry(names)[0]
+
+    def sorted(self, names: frozenset[str]) -> tuple[str, ...]:
+        return self._entry(names)[1]
+
+    def _entry(self, names: frozenset[str]) -> tuple[frozenset[str], tuple[str, ...]]:
+        found = self._sets.get(names)
+        if found is None:
+            if len(self._sets) >= self._kept:
+                self._sets.clear()  # a proxy cycling through names cannot grow it for good
+            found = self._sets[names] = (names, tuple(sorted(names)))
+        return found
+
+
+#: shared by every SotW stream of the process (one event loop: no lock)
+SHARED = NameSets()
 WILDCARD = "*"
 
 Subscription = tuple[bool, frozenset[str]]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Progress:
     """SotW-only bookkeeping of one type, next to the shared :class:`TypeState`."""
 
@@ -144,18 +175,18 @@ class SotwMachine:
                 self._respond(type_url, state, progress, snapshot)
 
     def _subscription(self, type_url: TypeUrl, progress: _Progress, request: Any) -> Subscription:
-        names = frozenset(request.resource_names)
+        names = SHARED(frozenset(request.resource_names))
         if type_url not in WILDCARD_TYPES:
             return False, names
         if names:
             progress.named = True
-            return WILDCARD in names, names - {WILDCARD}
+            return WILDCARD in names, SHARED(names - {WILDCARD})
         return not progress.named, names
 
     def _respond(
         self, type_url: TypeUrl, state: TypeState, progress: _Progress, snapshot: Snapshot
     ) -> None:
-        names = None if state.wildcard else tuple(sorted(state.names))
+        names = None if state.wildcard else SHARED.sorted(state.names)
         response, count = snapshot.response(type_url, names)  # serialized once, shared
         version = snapshot.version_of(type_url)
         nonce = str(next(self._nonces))

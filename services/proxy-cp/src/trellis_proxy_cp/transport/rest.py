@@ -32,13 +32,12 @@ def redact(node: Any) -> Any:
 
 
 def stream_json(stream: ProxyStream) -> dict[str, Any]:
-    node = stream.node
     return {
         "proxy": stream.proxy_id,
         "identity": stream.identity,
         "node_id": stream.node_id,
         "serial": stream.serial,  # of the certificate the stream was opened with
-        "envoy_version": _envoy_version(node),
+        "envoy_version": stream.envoy_version,
         "protocol": stream.protocol,
         "opened_at": stream.opened_at,
         "snapshot_key": stream.key,
@@ -52,15 +51,6 @@ def stream_json(stream: ProxyStream) -> dict[str, Any]:
             for url, state in sorted(stream.types.items())
         },
     }
-
-
-def _envoy_version(node: Any) -> str:
-    if node is None:
-        return ""
-    build = node.user_agent_build_version.version
-    if build.major_number or build.minor_number:
-        return f"{build.major_number}.{build.minor_number}.{build.patch}"
-    return str(node.user_agent_version or node.user_agent_name)
 
 
 def add_routes(

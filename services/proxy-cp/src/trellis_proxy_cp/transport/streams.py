@@ -14,11 +14,12 @@
 * :class:`StreamRunner` is the lifecycle both servers share. It reads the first request
   (which must carry a node, whose metadata is checked against :mod:`.limits` before anyone
   parses it), authorizes once, ends the proxy's oldest stream if this one is one too many,
-  registers the stream, then runs three tasks:
-  a reader feeding requests to the protocol's :class:`Machine`, a watcher feeding it snapshot
-  changes of the stream's key (``SnapshotSource.wait``), and a writer draining a bounded
-  outbox into the gRPC stream. The machine's handlers are synchronous, so requests and
-  snapshot changes never interleave inside one. Whichever task ends first ends the stream:
+  registers the stream, then runs two tasks: a reader feeding requests to the protocol's
+  :class:`Machine`, and a writer draining a bounded outbox into the gRPC stream; snapshot
+  changes of the stream's key reach the machine as callbacks from the event loop
+  (``SnapshotSource.subscribe``: a task per stream fewer, which is memory at 5,000 streams).
+  The machine's handlers are synchronous, so requests and snapshot changes never interleave
+  inside one. Whichever ends first ends the stream:
   the client half-closing is a clean end, a failure is logged and the stream aborted with
   its status, a full outbox (a client that stopped reading) ends the stream with
   RESOURCE_EXHAUSTED as Linkerd does rather than buffering without bound. Every request's
@@ -65,7 +66,7 @@ class StreamRefused(Exception):
         return cls(exceeded.code, exceeded.message, exceeded.reason)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class TypeState:
     """One type URL on one stream, as the server sees it."""
 
@@ -81,7 +82,7 @@ class TypeState:
     last_error: str | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class ProxyStream:
     """One open ADS stream of one proxy. The authorizer fills the identity fields."""
 
@@ -94,8 +95,9 @@ class ProxyStream:
     """The service identity the proxy acts for (e.g. its SPIFFE id)."""
     serial: str = ""
     """The serial of the certificate the proxy presented (lowercase hex)."""
-    node: Any = dataclasses.field(default=None, repr=False)
-    """The ``envoy.config.core.v3.Node`` of the first request (set by the server)."""
+    envoy_version: str = ""
+    """The proxy's build (its Node's ``user_agent_build_version``, set by the server; the
+    Node itself is not kept: its metadata may be kilobytes, times thousands of streams)."""
     protocol: str = ""
     """``"sotw"`` or ``"delta"`` (set by the server)."""
     stream_id: int = 0
@@ -300,7 +302,7 @@ class StreamRunner:
         except LimitExceeded as exceeded:
             await self._refuse(protocol, context, first.node, StreamRefused.of(exceeded))
         stream = await self._authorize(protocol, context, first.node)
-        stream.node, stream.protocol = first.node, protocol
+        stream.envoy_version, stream.protocol = envoy_version(first.node), protocol
         self._replace_oldest(stream.proxy_id, protocol)
         self.registry.add(stream)
         log.info(
@@ -412,18 +414,32 @@ class StreamRunner:
                 ) from None
 
         machine = make_machine(stream, send)
-        replaced = self._replaced[stream.stream_id] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        # fails with the refusal when a newer stream of the proxy replaces it, or with what
+        # handling a new snapshot raised (a full outbox)
+        replaced = self._replaced[stream.stream_id] = loop.create_future()
+
+        def snapshot_moved() -> None:
+            if replaced.done():
+                return
+            try:
+                machine.on_snapshot()
+            except Exception as error:  # noqa: BLE001 (ends this stream, as a task's would)
+                replaced.set_exception(error)
+
+        unsubscribe = self.source.subscribe(stream.key, snapshot_moved)
+        loop.call_soon(snapshot_moved)  # the key may have a snapshot already
         writer = _Writer(stream, outbox, context, self.hooks)
         writing = asyncio.create_task(writer.run())
         tasks: set[asyncio.Future[None]] = {
             asyncio.create_task(self._read(first, requests, machine)),
-            asyncio.create_task(self._watch(stream.key, machine)),
             writing,
-            replaced,  # fails with the refusal when a newer stream of the proxy replaces it
+            replaced,
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            unsubscribe()
             self._replaced.pop(stream.stream_id, None)
             # gRPC refuses to send the status while a message is still being sent
             # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS): let a write finish, within bounds.
@@ -456,15 +472,11 @@ class StreamRunner:
     async def _read(self, first: Any, requests: AsyncIterator[Any], machine: Machine) -> None:
         _check(first, self.limits)
         machine.on_request(first)
+        del first  # not kept for the stream's life: its node may be kilobytes
         async for request in requests:
             _check(request, self.limits)
             machine.on_request(request)
-
-    async def _watch(self, key: str, machine: Machine) -> None:
-        seen = None
-        while True:
-            seen = await self.source.wait(key, seen)
-            machine.on_snapshot()
+            del request  # nor the last one while the stream idles (Envoy repeats its node)
 
 
 class _Writer:
@@ -484,7 +496,7 @@ class _Writer:
         self._hooks = hooks
         self._writing = False
         self._stopping = False
-        self._written = asyncio.Event()
+        self._written: asyncio.Future[None] | None = None  # made only when finish() waits
 
     async def run(self) -> None:
         stream = self._stream
@@ -493,7 +505,8 @@ class _Writer:
             self._writing = True
             await self._context.write(item.message)
             self._writing = False
-            self._written.set()
+            if self._written is not None and not self._written.done():
+                self._written.set_result(None)
             log.debug(
                 "ads.sent proxy=%s type=%s version=%s",
                 stream.proxy_id,
@@ -501,14 +514,15 @@ class _Writer:
                 item.version,
             )
             self._hooks.on_sent(stream, item.type_url, item.version)
+            del item  # a response is kilobytes: not held while the stream idles
 
     async def finish(self, grace: float) -> None:
         """Write nothing more; wait (up to ``grace`` seconds) for the message being written."""
         self._stopping = True
         if self._writing:
-            self._written.clear()
+            self._written = asyncio.get_running_loop().create_future()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._written.wait(), grace)
+                await asyncio.wait_for(self._written, grace)
 
 
 def _check(request: Any, stream_limits: StreamLimits) -> None:
@@ -517,6 +531,17 @@ def _check(request: Any, stream_limits: StreamLimits) -> None:
             grpc.StatusCode.INVALID_ARGUMENT, "ADS requests need a type_url", "no_type_url"
         )
     limits.check_request(request, stream_limits)
+
+
+def envoy_version(node: Any) -> str:
+    """The Node's build: ``major.minor.patch`` of ``user_agent_build_version``, else its
+    ``user_agent_version`` or ``user_agent_name`` ("" for none)."""
+    if node is None:
+        return ""
+    build = node.user_agent_build_version.version
+    if build.major_number or build.minor_number:
+        return f"{build.major_number}.{build.minor_number}.{build.patch}"
+    return str(node.user_agent_version or node.user_agent_name)
 
 
 def _claimed(context: _Context, node: Any) -> str:
