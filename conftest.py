@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, settings
 # gRPC's C core logs connection events at info level to stderr; tests want errors only.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-pytest_plugins = ["trellis_common.testing.fixtures"]
+pytest_plugins = ["trellis_testing.fixtures"]
 
 _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile(
@@ -71,7 +71,7 @@ def kind_of(item: pytest.Item) -> str:
 
 def pytest_report_header() -> str:
     """Which path runs the tests' Redis (a container, or the local binary)."""
-    from trellis_common.testing import redis_backend  # after the plugins
+    from trellis_testing import redis_backend  # after the plugins
 
     return redis_backend.describe()
 

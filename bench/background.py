@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from bench import fullmesh, load, soak, xds_server
-from trellis_common.testing.waiting import eventually
+from trellis_testing.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent  # where ``python -m bench.background`` works
 SYNC_TIMEOUT = 600.0

@@ -66,10 +66,10 @@ from bench import load, mesh, report
 from trellis_catalog import sources
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain import services as svc
-from trellis_catalog.domain import spec as meshspec
-from trellis_catalog.domain.steps import full_collections_paused
 from trellis_common.documents.base import Document, KindRegistry, Origin
 from trellis_common.model import MeshService
+from trellis_spec import mesh as meshspec
+from trellis_spec.steps import full_collections_paused
 
 SIZES = (100, 250, 500, 1_000, 5_000)
 QUICK_SIZES = 3  # the first three

@@ -61,9 +61,9 @@ from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common import components, redisconn, signaling, tokens
 from trellis_common.grpcserver import DEFAULT_OPTIONS
-from trellis_common.testing.identities import join_as
-from trellis_common.testing.redis_server import RedisServer
-from trellis_common.testing.services import ServiceProcess
+from trellis_testing.identities import join_as
+from trellis_testing.redis_server import RedisServer
+from trellis_testing.services import ServiceProcess
 
 WORKLOADS = 10_000
 SERVICES = 1_000

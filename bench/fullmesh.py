@@ -3,7 +3,7 @@
 Shared by the benchmarks that run everything for real (:mod:`bench.soak`,
 :mod:`bench.propagation` and its :mod:`bench.background` load): :func:`running` starts
 Redis, certmanager, endpoints-vm, the catalog and proxy-cp as processes
-(:class:`~trellis_common.testing.mesh.Mesh`, the end-to-end tests' harness) with the
+(:class:`~trellis_testing.mesh.Mesh`, the end-to-end tests' harness) with the
 bookstore example's spec directory and its three Envoy sidecars, and stops them all after.
 
 :func:`issue` and :func:`fleet` onboard simulated proxies: a proxy certificate each, issued
@@ -29,9 +29,9 @@ from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
 from trellis_common import adminhttp, components, statefile, tokens
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing.identities import allowed_caller, join_as
-from trellis_common.testing.mesh import Mesh, Sidecar, bookstore
-from trellis_common.testing.redis_server import RedisServer
+from trellis_testing.identities import allowed_caller, join_as
+from trellis_testing.mesh import Mesh, Sidecar, bookstore
+from trellis_testing.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUE = "/trellis.certmanager.v1.CertificateManager/IssueCertificate"

@@ -64,7 +64,7 @@ from bench import envoy_admin, fullmesh, load
 from bench.background import Background
 from bench.report import Figure, print_table, ratio_line, results
 from trellis_cli.keepalive import IDLE_EXPIRY
-from trellis_common.testing.mesh import Mesh
+from trellis_testing.mesh import Mesh
 
 CHANGES, EDITS = 100, 20  # adds (and as many removes), spec edits per phase at --seconds 2
 MIN_CHANGES, MIN_EDITS = 10, 3

@@ -5,7 +5,7 @@ flat after warm-up (at most 5% growth) and a p99 lag that does not grow. Not par
 ``make test``: it takes the minutes it measures.
 
 What runs, all real: Redis, certmanager, endpoints-vm, the catalog and proxy-cp as
-processes (:class:`trellis_common.testing.mesh.Mesh`, the end-to-end tests' harness) on
+processes (:class:`trellis_testing.mesh.Mesh`, the end-to-end tests' harness) on
 the bookstore example, with its three Envoy sidecars. This process then onboards
 ``--streams`` simulated bookbuyer proxies: a proxy certificate each, issued by certmanager
 for a key made here, and an ADS stream each on its own mTLS connection to proxy-cp
@@ -48,8 +48,8 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 
 from bench import fullmesh, load, xds_client, xds_server
 from trellis_common import tokens
-from trellis_common.testing.mesh import Mesh
 from trellis_proxy_cp.types import ENDPOINT
+from trellis_testing.mesh import Mesh
 
 CLIENTS = 100  # of the streams, bookbuyer's: every change reaches them
 KEEP = 200  # extra bookstore-v1 workloads alive at any time: each lives KEEP / (rate / 2) s

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 from bench import report
-from trellis_common.testing.redis_server import RedisServer
-from trellis_common.testing.services import ServiceProcess
+from trellis_testing.redis_server import RedisServer
+from trellis_testing.services import ServiceProcess
 
 ROUNDS = 3
 #: (component, module) of each service measured on its own; certmanager first.

@@ -34,7 +34,7 @@ import httpx
 from bench import envoy_admin, fullmesh, load
 from bench.background import Background
 from bench.logtrace import window
-from trellis_common.testing.mesh import Mesh, Sidecar
+from trellis_testing.mesh import Mesh, Sidecar
 
 SERVICE = "bookstore-v2"
 CLUSTER = f"bookstore/{SERVICE}|"

@@ -31,6 +31,8 @@ from mypy.modulefinder import BuildSource
 PATHS = (
     "libs/common/src",
     "libs/cli/src",
+    "libs/spec/src",
+    "libs/testing/src",
     "services/*/src",
     "libs/*/tests",
     "services/*/tests",

@@ -83,7 +83,7 @@ _.intercept_unary_stream
 _.intercept_stream_unary
 _.intercept_stream_stream
 
-# kmock's emulator calls its fallbacks by name (trellis_common.testing.kubeserver overrides them).
+# kmock's emulator calls its fallbacks by name (trellis_testing.kubeserver overrides them).
 _._serve_create
 _._serve_fetch
 _._serve_update
@@ -105,7 +105,7 @@ _.opaque_protocol
 _.global_
 _.response_status_code
 _.response_headers_to_add
-# socketserver calls a request handler's handle() (trellis_common.testing.apps.TcpApp).
+# socketserver calls a request handler's handle() (trellis_testing.apps.TcpApp).
 _.handle
 
 # Envoy route fields set on protobuf messages: the proxy reads them from the wire.

@@ -18,7 +18,7 @@ local port. The echo servers answer like upstream's ``echo-basic``: the pod (the
 name), its namespace, and the request's path, method, host and headers as received; a
 cluster that speaks HTTP/2 (``grpc``, or ``http2``: upstream's gRPC backends declare
 ``appProtocol: kubernetes.io/h2c``) gets a gRPC echo server
-(:class:`~trellis_common.testing.grpcapp.GrpcApp`), which names itself in its answer.
+(:class:`~trellis_testing.grpcapp.GrpcApp`), which names itself in its answer.
 """
 
 from __future__ import annotations
@@ -46,17 +46,17 @@ from cryptography.x509.oid import NameOID
 from tests.conformance.upstream import documents, reports
 from trellis_api import catalog_pb2 as pb
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.views import Identity
 from trellis_catalog.transport.protos import to_proto
 from trellis_common.bootstrap import KEY_FILE, WORKLOAD_CERT_FILE
-from trellis_common.testing import envoy
-from trellis_common.testing.grpcapp import GrpcApp
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.waiting import eventually
 from trellis_proxy_cp.testing.static import self_signed_material, static_bootstrap
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_spec import mesh as meshspec
+from trellis_testing import envoy
+from trellis_testing.grpcapp import GrpcApp
+from trellis_testing.ports import free_port
+from trellis_testing.waiting import eventually
 
 
 class _Echo(BaseHTTPRequestHandler):

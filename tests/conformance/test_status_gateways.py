@@ -24,7 +24,7 @@ from tests.conformance.upstream import (
 )
 from trellis_catalog import gatewaystatus
 from trellis_catalog.domain.gateways import resolve_gateways
-from trellis_catalog.domain.statuses import Status
+from trellis_spec.statuses import Status
 
 RESOLVED = Want("ResolvedRefs", "True")
 ACCEPTED = Want("Accepted", "True")

@@ -16,7 +16,7 @@ from tests.conformance.gatewayenvoy import Gateway, serving, settle
 from tests.conformance.httpcases import APP, WEB, Case, check, run
 from tests.conformance.upstream import INFRA, find, raw
 from trellis_catalog.domain.views import Identity
-from trellis_common.testing.waiting import eventually
+from trellis_testing.waiting import eventually
 
 #: each test starts an Envoy and its backends: seconds (``make test-fast`` leaves it out)
 pytestmark = pytest.mark.slow

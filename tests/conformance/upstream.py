@@ -24,14 +24,14 @@ from typing import Any
 import yaml
 
 from trellis_catalog.domain import services
-from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.gateways import statuses
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
-from trellis_catalog.domain.statuses import Condition, ParentStatus, Status
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Document, DocumentError, Origin
 from trellis_common.model import MeshService
+from trellis_spec import mesh as meshspec
+from trellis_spec.statuses import Condition, ParentStatus, Status
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 CLASS_NAME = "trellis-conformance"

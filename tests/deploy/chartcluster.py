@@ -19,9 +19,9 @@ from typing import Any
 from kubernetes import client
 
 from tests.deploy.helmchart import Rendered
-from trellis_common.testing import kubeportforward
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.services import ServiceProcess
+from trellis_testing import kubeportforward
+from trellis_testing.kube import KubeApi
+from trellis_testing.services import ServiceProcess
 
 NAMESPACE = "trellis-system"
 

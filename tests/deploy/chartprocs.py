@@ -27,12 +27,12 @@ from tests.deploy import chartcluster
 from tests.deploy.helmchart import Rendered
 from trellis_common import tokens
 from trellis_common.kube.client import api_client
-from trellis_common.testing import RedisServer
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.redis_backend import redis_server
-from trellis_common.testing.redis_sentinel import SentinelRedis
-from trellis_common.testing.services import ServiceProcess, stop_together
+from trellis_testing import RedisServer
+from trellis_testing.kube import KubeApi
+from trellis_testing.ports import free_port
+from trellis_testing.redis_backend import redis_server
+from trellis_testing.redis_sentinel import SentinelRedis
+from trellis_testing.services import ServiceProcess, stop_together
 
 MODULES = {
     "certmanager": "trellis_certmanager.main",

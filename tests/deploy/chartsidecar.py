@@ -13,8 +13,8 @@ import yaml
 
 from tests.deploy.chartprocs import ChartControlPlane
 from tests.deploy.helmchart import NAMESPACE
-from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.ports import free_port
+from trellis_testing.envoy import Envoy
+from trellis_testing.ports import free_port
 
 #: The bootstrap's cluster of proxy-cp (its xDS server).
 XDS = "trellis-xds"

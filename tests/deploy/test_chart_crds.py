@@ -7,7 +7,7 @@
 * Each CRD serves every version the catalog parses, stores the one it prefers, and has a
   structural schema the API server takes.
 * The schemas never refuse what the catalog accepts: every seed document
-  (``trellis_common.testing.seeds``), every example (``examples/``), every document the
+  (``trellis_testing.seeds``), every example (``examples/``), every document the
   catalog's and the document models' tests parse (``crd_corpus.json``, see
   :data:`CORPUS`), and every mutation of a seed the catalog still accepts validates; and
   they refuse what the catalog refuses where a schema can say it, naming the field.
@@ -30,8 +30,8 @@ from trellis_catalog import gatewaystatus
 from trellis_catalog.kubesource import resources
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import DocumentError, Origin
-from trellis_common.testing import strategies as fuzz
-from trellis_common.testing.seeds import SEEDS
+from trellis_testing import strategies as fuzz
+from trellis_testing.seeds import SEEDS
 
 OWN_GROUPS = {
     "config.trellis.io", "config.openservicemesh.io", "policy.openservicemesh.io",

@@ -26,8 +26,8 @@ import pytest
 from tests.deploy.chartprocs import MODULES, ChartControlPlane, Given, chart_acl
 from tests.deploy.helmchart import CHART, NAMESPACE, Rendered, helm, render
 from trellis_common import redisacl
-from trellis_common.testing import RedisServer
-from trellis_common.testing.kube import KubeApi
+from trellis_testing import RedisServer
+from trellis_testing.kube import KubeApi
 
 #: The operator's Secrets (any names will do) and the values naming them.
 GIVEN_NAMES = {

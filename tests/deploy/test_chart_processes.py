@@ -34,11 +34,11 @@ from kubernetes import client
 from tests.deploy.chartprocs import MODULES, ChartControlPlane, chart_acl
 from tests.deploy.helmchart import render
 from trellis_common.kube.client import api_client
-from trellis_common.testing import RedisServer
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.redis_sentinel import SentinelRedis
-from trellis_common.testing.services import ServiceProcess
-from trellis_common.testing.waiting import eventually
+from trellis_testing import RedisServer
+from trellis_testing.kube import KubeApi
+from trellis_testing.redis_sentinel import SentinelRedis
+from trellis_testing.services import ServiceProcess
+from trellis_testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

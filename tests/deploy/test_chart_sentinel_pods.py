@@ -3,7 +3,7 @@
 ``helm template`` renders a StatefulSet whose pods are a Redis and a Sentinel, each started
 by a script of ``files/redis-sentinel/``. Nothing but running them shows that the scripts,
 the configurations they write, the ACLs and the pods' names fit together, so each rendered
-pod is run here as the kubelet would run it (``trellis_common.testing.pods``): a network
+pod is run here as the kubelet would run it (``trellis_testing.pods``): a network
 namespace on a node's bridge, its hosts file standing in for the headless Service's DNS,
 every volume a folder bound at its mount path (the ConfigMap's and Secrets' items written
 as files, the emptyDirs empty), each container's command with its rendered environment
@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 from tests.deploy.helmchart import Rendered, render
-from trellis_common.testing.netns import sweep
-from trellis_common.testing.pods import Node
-from trellis_common.testing.waiting import wait_until
+from trellis_testing.netns import sweep
+from trellis_testing.pods import Node
+from trellis_testing.waiting import wait_until
 
 pytestmark = [
     pytest.mark.timeout(300),  # the waits below add up to more than the default 120 s

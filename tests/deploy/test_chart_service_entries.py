@@ -33,11 +33,11 @@ from tests.deploy.chartprocs import ChartControlPlane
 from tests.deploy.chartsidecar import Proxy, onboard_sidecar
 from tests.deploy.helmchart import render
 from trellis_common.kube.client import api_client
-from trellis_common.testing.apps import AppServer
-from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.services import ServiceProcess
-from trellis_common.testing.waiting import eventually
+from trellis_testing.apps import AppServer
+from trellis_testing.envoy import Envoy
+from trellis_testing.kube import KubeApi
+from trellis_testing.services import ServiceProcess
+from trellis_testing.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chart-service-entries")]
 

@@ -29,8 +29,8 @@ from tests.deploy.chartsidecar import onboard_sidecar
 from tests.deploy.helmchart import render
 from trellis_cli import check
 from trellis_common import components
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.waiting import eventually
+from trellis_testing.kube import KubeApi
+from trellis_testing.waiting import eventually
 
 # the first test also starts the control plane (about 45 s on a loaded 2-core machine), then
 # runs the CLI a dozen times

@@ -108,6 +108,11 @@ def test_the_build_stage_installs_every_entry_point(tmp_path: Path) -> None:
     # installed, not linked to the sources: the image drops /src after the build stage
     links = environment.glob("lib/python*/site-packages/*.pth")
     assert [p.name for p in links if str(source) in p.read_text()] == []
+    # the tests' support and their tools stay out of the image (libs/testing, the dev group)
+    [site] = environment.glob("lib/python*/site-packages")
+    assert not (site / "trellis_testing").exists()
+    assert not (site / "pytest").exists()
+    assert (site / "trellis_spec").is_dir()
 
 
 def stages() -> list[tuple[str, str]]:

@@ -27,7 +27,9 @@ VERSION = str(project(ROOT / "pyproject.toml")["version"])
 
 
 def test_one_version_in_every_member_the_chart_the_image_and_what_runs() -> None:
-    assert len(PROJECTS) == 10  # the root, 3 libraries, 6 services
+    assert (
+        len(PROJECTS) == 12
+    )  # the root, 5 members under libs/ (api, cli, common, spec, testing), 6 services
     assert {str(p.relative_to(ROOT)): project(p)["version"] for p in PROJECTS} == {
         str(p.relative_to(ROOT)): VERSION for p in PROJECTS
     }

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trellis_common.testing import RedisServer
-from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.services import ServiceProcess
+from trellis_testing import RedisServer
+from trellis_testing.mesh import Mesh
+from trellis_testing.services import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from trellis_common.testing import RedisServer
-from trellis_common.testing.mesh import Mesh
+from trellis_testing import RedisServer
+from trellis_testing.mesh import Mesh
 
 
 class GatewayRun:

@@ -15,10 +15,10 @@ import pytest
 from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmanager_pb2_grpc
 from trellis_common.identity import csr_for, new_key
 from trellis_common.subscriber import Subscriber
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing import services as service_processes
-from trellis_common.testing.services import ServiceProcess, trellis
-from trellis_common.testing.signaling import RecordingReceiver, running
+from trellis_testing import RedisServer, eventually
+from trellis_testing import services as service_processes
+from trellis_testing.services import ServiceProcess, trellis
+from trellis_testing.signaling import RecordingReceiver, running
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 

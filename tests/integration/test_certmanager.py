@@ -18,9 +18,9 @@ from trellis_common import tokens
 from trellis_common.identity import csr_for, new_key
 from trellis_common.signaling import Event
 from trellis_common.subscriber import Subscriber
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.identities import allowed_caller
-from trellis_common.testing.services import ServiceProcess, trellis
+from trellis_testing import RedisServer, eventually
+from trellis_testing.identities import allowed_caller
+from trellis_testing.services import ServiceProcess, trellis
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 

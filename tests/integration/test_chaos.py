@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from trellis_common.testing import RedisServer
-from trellis_common.testing.chaos import TTL, Chaos, Figure, report
-from trellis_common.testing.chaos import check as check_figure
-from trellis_common.testing.mesh import Mesh
+from trellis_testing import RedisServer
+from trellis_testing.chaos import TTL, Chaos, Figure, report
+from trellis_testing.chaos import check as check_figure
+from trellis_testing.mesh import Mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

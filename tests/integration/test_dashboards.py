@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from trellis_common.testing.mesh import BOOKSTORE, Mesh
-from trellis_common.testing.ports import free_port
+from trellis_testing.mesh import BOOKSTORE, Mesh
+from trellis_testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from trellis_common import tokens
 from trellis_common.registry import ServiceRecord, discover
 from trellis_common.signaling import Event
 from trellis_common.subscriber import Subscriber
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.services import ServiceProcess, trellis
+from trellis_testing import RedisServer, eventually
+from trellis_testing.services import ServiceProcess, trellis
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.mesh import BOOKSTORE, Mesh, bookstore
+from trellis_testing import RedisServer, eventually
+from trellis_testing.mesh import BOOKSTORE, Mesh, bookstore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

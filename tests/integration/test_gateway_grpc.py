@@ -21,11 +21,11 @@ import grpc
 import pytest
 
 from tests.integration.gatewayrun import GatewayRun, spec_mesh
-from trellis_common.testing import RedisServer
-from trellis_common.testing.grpcapp import GrpcApp, call
-from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.waiting import eventually
+from trellis_testing import RedisServer
+from trellis_testing.grpcapp import GrpcApp, call
+from trellis_testing.mesh import Mesh
+from trellis_testing.ports import free_port
+from trellis_testing.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -23,10 +23,10 @@ import grpc
 import httpx
 import pytest
 
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.baseline import Baseline, module_mesh
-from trellis_common.testing.grpcapp import GrpcApp, call
-from trellis_common.testing.mesh import Mesh, Sidecar
+from trellis_testing import RedisServer, eventually
+from trellis_testing.baseline import Baseline, module_mesh
+from trellis_testing.grpcapp import GrpcApp, call
+from trellis_testing.mesh import Mesh, Sidecar
 
 # one mesh for the module: its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("gateway-routes")]

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from tests.integration.gatewayrun import GatewayRun, alive
-from trellis_common.testing import RedisServer
-from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.waiting import eventually
+from trellis_testing import RedisServer
+from trellis_testing.mesh import Mesh
+from trellis_testing.ports import free_port
+from trellis_testing.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

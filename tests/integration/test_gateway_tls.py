@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from tests.integration.gatewayrun import GatewayRun, spec_mesh
-from trellis_common.testing import RedisServer
-from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.waiting import eventually
 from trellis_proxy_cp.testing.gateway import write_certificate
+from trellis_testing import RedisServer
+from trellis_testing.mesh import Mesh
+from trellis_testing.ports import free_port
+from trellis_testing.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

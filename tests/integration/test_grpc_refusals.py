@@ -24,8 +24,8 @@ from trellis_api import (
     endpoints_pb2_grpc,
 )
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing import RedisServer
-from trellis_common.testing.services import ServiceProcess, running
+from trellis_testing import RedisServer
+from trellis_testing.services import ServiceProcess, running
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 

@@ -8,7 +8,7 @@ master, two replicas and three sentinels, every acknowledged write waiting for a
 (``TRELLIS_REDIS_MIN_REPLICAS_ACK=1``), leases of 3 s. OSM's bookstore runs behind real
 Envoys with VM workloads kept alive by heartbeats, sent to whichever endpoints-vm is up.
 
-For each fault, :class:`~trellis_common.testing.chaos.Chaos` measures the requests that
+For each fault, :class:`~trellis_testing.chaos.Chaos` measures the requests that
 failed, the registrations lost, and the time to converge (a workload registered at the
 fault's end reaching bookbuyer's Envoy). Certificates are counted from certmanager's own
 signals: every ``issued`` or ``rotated`` signal names a common name, and none may be
@@ -35,12 +35,12 @@ from kubernetes import client
 from trellis_common import adminhttp, components
 from trellis_common.kube.client import api_client
 from trellis_common.signaling import DEFAULT_PREFIX, Event
-from trellis_common.testing.admission import pod_review
-from trellis_common.testing.chaos import Chaos, check, report
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.redis_sentinel import SentinelRedis
-from trellis_common.testing.services import ServiceProcess
+from trellis_testing.admission import pod_review
+from trellis_testing.chaos import Chaos, check, report
+from trellis_testing.kube import KubeApi
+from trellis_testing.mesh import Mesh
+from trellis_testing.redis_sentinel import SentinelRedis
+from trellis_testing.services import ServiceProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -28,11 +28,11 @@ from cryptography import x509
 from trellis_api import certmanager_pb2, certmanager_pb2_grpc, endpoints_pb2, endpoints_pb2_grpc
 from trellis_common import components, servercheck
 from trellis_common.identity import ComponentIdentity
-from trellis_common.testing import RedisServer
-from trellis_common.testing.identities import join_as
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.services import ServiceProcess, running, trellis
-from trellis_common.testing.waiting import eventually
+from trellis_testing import RedisServer
+from trellis_testing.identities import join_as
+from trellis_testing.ports import free_port
+from trellis_testing.services import ServiceProcess, running, trellis
+from trellis_testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -23,10 +23,10 @@ import httpx
 import pytest
 import yaml
 
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.envoy import find_envoy
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.services import ServiceProcess, start_mesh, stop_together
+from trellis_testing import RedisServer, eventually
+from trellis_testing.envoy import find_envoy
+from trellis_testing.ports import free_port
+from trellis_testing.services import ServiceProcess, start_mesh, stop_together
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ import pytest
 from cryptography import x509
 
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing import RedisServer
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.services import ServiceProcess
+from trellis_testing import RedisServer
+from trellis_testing.kube import KubeApi
+from trellis_testing.services import ServiceProcess
 
 pytestmark = pytest.mark.integration
 

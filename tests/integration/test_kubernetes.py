@@ -3,7 +3,7 @@
 Everything but the cluster is real: Redis, certmanager, endpoints-k8s and the catalog as
 processes; the official ``kubernetes`` client writes the objects a cluster would hold
 (namespaces, Services, EndpointSlices, Pods) to the test API server
-(:mod:`trellis_common.testing.kube`), which endpoints-k8s lists and watches through a
+(:mod:`trellis_testing.kube`), which endpoints-k8s lists and watches through a
 kubeconfig. Each test changes the cluster and waits for the catalog (or endpoints-k8s) to
 show it; the watch faults are the server's (a dropped watch, a compacted history).
 
@@ -32,11 +32,11 @@ from kubernetes import client
 from tests.integration.k8sobjects import cart_service, endpoint_slice, pod
 from trellis_common import adminhttp, statefile
 from trellis_common.kube.client import api_client
-from trellis_common.testing import RedisServer, redis_backend
-from trellis_common.testing.baseline import back_to, stored_names
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.services import ServiceProcess, start_mesh, stop_together
-from trellis_common.testing.waiting import eventually
+from trellis_testing import RedisServer, redis_backend
+from trellis_testing.baseline import back_to, stored_names
+from trellis_testing.kube import KubeApi
+from trellis_testing.services import ServiceProcess, start_mesh, stop_together
+from trellis_testing.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from tests.integration.dst import ClientFiles, DstClient, Endpoints, generate_upstream
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.baseline import Baseline, restored, shared_mesh
-from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.ports import free_port
+from trellis_testing import RedisServer, eventually
+from trellis_testing.baseline import Baseline, restored, shared_mesh
+from trellis_testing.mesh import Mesh
+from trellis_testing.ports import free_port
 
 # the permissive mesh is one for the module: its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("linkerd-destination")]

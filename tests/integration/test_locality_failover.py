@@ -31,12 +31,12 @@ import httpx
 import pytest
 import yaml
 
-from trellis_common.testing import eventually
-from trellis_common.testing.apps import AppServer
-from trellis_common.testing.baseline import Baseline, module_mesh
-from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.mesh import Mesh, Sidecar
-from trellis_common.testing.ports import free_port
+from trellis_testing import eventually
+from trellis_testing.apps import AppServer
+from trellis_testing.baseline import Baseline, module_mesh
+from trellis_testing.envoy import Envoy
+from trellis_testing.mesh import Mesh, Sidecar
+from trellis_testing.ports import free_port
 
 # one mesh for the module: its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("locality-failover")]

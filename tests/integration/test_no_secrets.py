@@ -23,8 +23,8 @@ import redis
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from trellis_common.testing import RedisServer
-from trellis_common.testing.mesh import Mesh, bookstore
+from trellis_testing import RedisServer
+from trellis_testing.mesh import Mesh, bookstore
 
 pytestmark = pytest.mark.integration
 

@@ -35,9 +35,9 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing import RedisServer, eventually, redis_backend
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.services import ServiceProcess, running
+from trellis_testing import RedisServer, eventually, redis_backend
+from trellis_testing.ports import free_port
+from trellis_testing.services import ServiceProcess, running
 
 # one mesh for the module (its fixtures): its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("onboarding-mesh")]

@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from trellis_common.testing import eventually
-from trellis_common.testing.baseline import Baseline, module_mesh
-from trellis_common.testing.mesh import Mesh, Sidecar, bookstore
+from trellis_testing import eventually
+from trellis_testing.baseline import Baseline, module_mesh
+from trellis_testing.mesh import Mesh, Sidecar, bookstore
 
 # one mesh for the module: its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("osm-circuit-breaking")]

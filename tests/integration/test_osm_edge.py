@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from trellis_common.testing import eventually
-from trellis_common.testing.apps import TcpApp
-from trellis_common.testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
-from trellis_common.testing.mesh import Mesh, Sidecar, bookstore
 from trellis_common.trustctx import system_context
+from trellis_testing import eventually
+from trellis_testing.apps import TcpApp
+from trellis_testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
+from trellis_testing.mesh import Mesh, Sidecar, bookstore
 
 # one mesh for the module (its fixtures): its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("osm-edge-mesh")]

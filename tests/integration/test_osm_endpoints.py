@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
-from trellis_common.testing import eventually
-from trellis_common.testing.mesh import Mesh, bookstore
+from trellis_testing import eventually
+from trellis_testing.mesh import Mesh, bookstore
 
 pytestmark = pytest.mark.integration
 

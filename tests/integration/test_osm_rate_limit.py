@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from trellis_common.testing import eventually
-from trellis_common.testing.apps import TcpApp
-from trellis_common.testing.baseline import Baseline, module_mesh
-from trellis_common.testing.mesh import Mesh, bookstore
-from trellis_common.testing.ports import free_port
+from trellis_testing import eventually
+from trellis_testing.apps import TcpApp
+from trellis_testing.baseline import Baseline, module_mesh
+from trellis_testing.mesh import Mesh, bookstore
+from trellis_testing.ports import free_port
 
 # one mesh for the module: its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("osm-rate-limit")]

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from trellis_common.testing import eventually
-from trellis_common.testing.mesh import BOOKSTORE, Mesh, bookstore
+from trellis_testing import eventually
+from trellis_testing.mesh import BOOKSTORE, Mesh, bookstore
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ import socket
 
 import pytest
 
-from trellis_common.testing import eventually
-from trellis_common.testing.apps import TcpApp
-from trellis_common.testing.mesh import Mesh, bookstore
-from trellis_common.testing.ports import free_port
+from trellis_testing import eventually
+from trellis_testing.apps import TcpApp
+from trellis_testing.mesh import Mesh, bookstore
+from trellis_testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -28,9 +28,9 @@ import pytest
 from cryptography import x509
 
 from trellis_api import certmanager_pb2 as cm
-from trellis_common.testing import eventually
-from trellis_common.testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
-from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
+from trellis_testing import eventually
+from trellis_testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
+from trellis_testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
 # one mesh for the module (its fixtures): its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("proxy-cp-mesh")]

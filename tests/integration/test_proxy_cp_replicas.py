@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from trellis_common.testing import eventually
-from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
-from trellis_common.testing.redis_server import RedisServer
+from trellis_testing import eventually
+from trellis_testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
+from trellis_testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -26,9 +26,9 @@ from cryptography.x509.oid import NameOID
 
 from trellis_api import certmanager_pb2 as cm
 from trellis_common.grpc_bootstrap import GrpcFolder
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.grpcapp import GrpcApp
-from trellis_common.testing.mesh import Mesh
+from trellis_testing import RedisServer, eventually
+from trellis_testing.grpcapp import GrpcApp
+from trellis_testing.mesh import Mesh
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,7 @@ class Client:
     def __init__(self, files: GrpcFolder, target: str) -> None:
         env = {**os.environ, "GRPC_XDS_BOOTSTRAP": str(files.bootstrap)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trellis_common.testing.grpcclient", target],
+            [sys.executable, "-m", "trellis_testing.grpcclient", target],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -25,9 +25,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from trellis_common import redisacl
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
-from trellis_common.testing.mesh import Mesh, bookstore
+from trellis_testing import RedisServer, eventually
+from trellis_testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
+from trellis_testing.mesh import Mesh, bookstore
 
 # one mesh for the module (its fixtures): its tests run on one xdist worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("redis-acl-mesh")]

@@ -24,8 +24,8 @@ from cryptography import x509
 
 from trellis_api import proxy_pb2, proxy_pb2_grpc
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing import eventually
-from trellis_common.testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
+from trellis_testing import eventually
+from trellis_testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 
 pytestmark = pytest.mark.integration
 

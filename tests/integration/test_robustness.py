@@ -18,8 +18,8 @@ import redis
 
 from trellis_api import certmanager_pb2 as cm
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing import RedisServer
-from trellis_common.testing.mesh import Mesh, bookstore
+from trellis_testing import RedisServer
+from trellis_testing.mesh import Mesh, bookstore
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 

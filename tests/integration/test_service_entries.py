@@ -46,13 +46,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.mesh import Mesh, Sidecar, bookstore
-from trellis_common.testing.ports import free_port
 from trellis_proxy_cp.testing.static import static_bootstrap
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_testing import RedisServer, eventually
+from trellis_testing.envoy import Envoy
+from trellis_testing.mesh import Mesh, Sidecar, bookstore
+from trellis_testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ import asyncio
 import httpx
 import pytest
 
-from trellis_common.testing import eventually
-from trellis_common.testing.mesh import Mesh
-from trellis_common.testing.ports import free_port
 from trellis_common.trustctx import system_context
+from trellis_testing import eventually
+from trellis_testing.mesh import Mesh
+from trellis_testing.ports import free_port
 
 pytestmark = pytest.mark.integration
 

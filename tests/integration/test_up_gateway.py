@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from trellis_cli import demo
-from trellis_common.testing import up
-from trellis_common.testing.waiting import eventually
+from trellis_testing import up
+from trellis_testing.waiting import eventually
 
 # `trellis up` binds the default ports: never beside another test that does (xdist group)
 pytestmark = [

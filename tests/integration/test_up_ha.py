@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from trellis_common.testing.up import Up, wait
+from trellis_testing.up import Up, wait
 
 pytestmark = [
     pytest.mark.integration,

@@ -21,9 +21,9 @@ import pytest
 
 from trellis_common import statefile
 from trellis_common.defaults import TRUST_BUNDLE_FILE
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.relay import Relay
-from trellis_common.testing.services import ServiceProcess, trellis
+from trellis_testing import RedisServer, eventually
+from trellis_testing.relay import Relay
+from trellis_testing.services import ServiceProcess, trellis
 
 pytestmark = pytest.mark.integration
 

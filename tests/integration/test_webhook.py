@@ -1,7 +1,7 @@
 """An injected pod's agent enrolls its proxy with the pod's token; its Envoy joins the mesh.
 
 Everything but the cluster is real: Redis, certmanager (reviewing tokens with the test API
-server, :mod:`trellis_common.testing.kube`), the catalog, proxy-cp and the injector as
+server, :mod:`trellis_testing.kube`), the catalog, proxy-cp and the injector as
 processes, an AdmissionReview posted over TLS as the API server posts it, the agent
 (``trellis_cli.agent``) as a process, and Envoy 1.40. The kubelet's part is played by the
 test: it stores the patched pod, issues the pod-bound projected token the ``trellis-token``
@@ -43,11 +43,11 @@ from tests.integration.webhookbed import (
     wait_joined,
 )
 from trellis_common.kube import injection
-from trellis_common.testing import eventually
-from trellis_common.testing.admission import pod_review
-from trellis_common.testing.baseline import back_to, stored_names
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.services import ServiceProcess
+from trellis_testing import eventually
+from trellis_testing.admission import pod_review
+from trellis_testing.baseline import back_to, stored_names
+from trellis_testing.kube import KubeApi
+from trellis_testing.services import ServiceProcess
 
 pytestmark = pytest.mark.integration
 #: The mesh and API server the tests in this group share (the renewal test has its own).

@@ -25,8 +25,8 @@ import pytest
 from tests.integration.dashboardpage import check_dashboard, dashboard_url
 from trellis_cli import demo
 from trellis_common import adminhttp
-from trellis_common.testing import up
-from trellis_common.testing.up import wait
+from trellis_testing import up
+from trellis_testing.up import wait
 
 # `trellis up` binds the default ports: never beside another test that does (xdist group)
 pytestmark = [

@@ -34,10 +34,10 @@ from trellis_api import (
 )
 from trellis_common import authz, components, jointoken
 from trellis_common.identity import ComponentIdentity, csr_for, new_key
-from trellis_common.testing import RedisServer, redis_backend
-from trellis_common.testing.identities import LocalCA, join_as
-from trellis_common.testing.services import ServiceProcess, running
-from trellis_common.testing.waiting import eventually
+from trellis_testing import RedisServer, redis_backend
+from trellis_testing.identities import LocalCA, join_as
+from trellis_testing.services import ServiceProcess, running
+from trellis_testing.waiting import eventually
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 

@@ -26,13 +26,13 @@ from kubernetes import client, config
 
 from trellis_common import adminhttp, components
 from trellis_common.kube import injection
-from trellis_common.testing import RedisServer, eventually, redis_backend
-from trellis_common.testing.admission import pod_review
-from trellis_common.testing.envoy import find_envoy
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.services import ServiceProcess, start_mesh, stop_together
 from trellis_common.trustctx import system_context
+from trellis_testing import RedisServer, eventually, redis_backend
+from trellis_testing.admission import pod_review
+from trellis_testing.envoy import find_envoy
+from trellis_testing.kube import KubeApi
+from trellis_testing.ports import free_port
+from trellis_testing.services import ServiceProcess, start_mesh, stop_together
 
 pytestmark = pytest.mark.integration
 #: The mesh and API server the tests in this group share (the renewal test has its own).

@@ -4,7 +4,7 @@ control plane.
 What a cluster would do, done here for real, and only that:
 
 - **The node.** A network namespace with a bridge (``10.244.0.1/16``); each pod is a
-  network namespace on it (``trellis_common.testing.pods``). The control plane, Redis and
+  network namespace on it (``trellis_testing.pods``). The control plane, Redis and
   the Kubernetes API emulator run in the node namespace, on the node's address: the test
   itself switches its thread there for the bed's lifetime, so every process and socket it
   makes is on the node. Pods reach the control plane through its Service names, which
@@ -52,13 +52,13 @@ from tests.deploy.chartprocs import ChartControlPlane
 from tests.deploy.helmchart import render
 from trellis_common.envoybin import find_envoy
 from trellis_common.kube.client import api_client
-from trellis_common.testing.admission import pod_review
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.kubelet import RunningPod, run_pod_spec
-from trellis_common.testing.netns import NODE_IP, call_in_netns, in_netns, sweep
-from trellis_common.testing.pods import Node, Pod
-from trellis_common.testing.waiting import wait_until
 from trellis_common.trustctx import system_context
+from trellis_testing.admission import pod_review
+from trellis_testing.kube import KubeApi
+from trellis_testing.kubelet import RunningPod, run_pod_spec
+from trellis_testing.netns import NODE_IP, call_in_netns, in_netns, sweep
+from trellis_testing.pods import Node, Pod
+from trellis_testing.waiting import wait_until
 
 MONITORED = {"trellis.dev/monitored-by": "trellis"}
 #: What the pods' hosts files map to the node: the Services of the control plane.

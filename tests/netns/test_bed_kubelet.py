@@ -20,9 +20,9 @@ from kubernetes import client
 
 import trellis_common
 from tests.netns.bed import SYSTEM_PYTHON, install_launcher, launcher_script, pod_volumes
-from trellis_common.testing.kubelet import run_pod_spec
-from trellis_common.testing.netns import sweep
-from trellis_common.testing.pods import Node
+from trellis_testing.kubelet import run_pod_spec
+from trellis_testing.netns import sweep
+from trellis_testing.pods import Node
 
 pytestmark = [
     pytest.mark.xdist_group("netns"),

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from tests.netns.bed import Bed, BedPod, BedService, bed, kubelet_probe
-from trellis_common.testing.waiting import wait_until
 from trellis_common.trustctx import system_context
+from trellis_testing.waiting import wait_until
 
 pytestmark = [pytest.mark.xdist_group("netns")]
 

@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from trellis_common.testing.kubelet import expand_references, run_pod_spec
-from trellis_common.testing.netns import (
+from trellis_testing.kubelet import expand_references, run_pod_spec
+from trellis_testing.netns import (
     NODE_IP,
     call_in_netns,
     in_netns,
     sweep,
     wait_for_tcp,
 )
-from trellis_common.testing.pods import Node, Pod
-from trellis_common.testing.waiting import wait_until
+from trellis_testing.pods import Node, Pod
+from trellis_testing.waiting import wait_until
 
 pytestmark = [
     pytest.mark.xdist_group("netns"),

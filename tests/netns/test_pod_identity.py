@@ -19,7 +19,7 @@ from tests.netns.test_injected_traffic import (
     traffic_target,
     web_service,
 )
-from trellis_common.testing.waiting import wait_until
+from trellis_testing.waiting import wait_until
 
 pytestmark = [pytest.mark.xdist_group("netns")]
 

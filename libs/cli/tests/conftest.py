@@ -16,9 +16,9 @@ import httpx
 import pytest
 from cryptography import x509
 
-from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.identities import LocalCA
-from trellis_common.testing.ports import free_port
+from trellis_testing.envoy import Envoy
+from trellis_testing.identities import LocalCA
+from trellis_testing.ports import free_port
 
 WEB = "shop/web|8080"
 DB = "shop/db|5432"

@@ -17,7 +17,7 @@ from trellis_cli import dashboard
 from trellis_cli.client import Mesh
 from trellis_cli.main import cli
 from trellis_cli.meshedges import DENIED, Edge, Sample, SidecarStats
-from trellis_common.testing.waiting import wait_until
+from trellis_testing.waiting import wait_until
 
 BUYER = "spiffe://cluster.local/ns/bookbuyer/sa/bookbuyer"
 

@@ -16,8 +16,8 @@ import pytest
 from trellis_cli import dashboard
 from trellis_cli.client import Mesh
 from trellis_cli.meshedges import DENIED
-from trellis_common.testing.envoy import Envoy
-from trellis_common.testing.ports import free_port
+from trellis_testing.envoy import Envoy
+from trellis_testing.ports import free_port
 
 pytestmark = pytest.mark.slow
 

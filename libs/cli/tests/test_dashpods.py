@@ -32,13 +32,13 @@ from trellis_cli import dashpods, tunnel
 from trellis_cli.main import cli
 from trellis_cli.meshedges import DENIED
 from trellis_common.kube import injection as kube_injection
-from trellis_common.testing import kubeportforward
-from trellis_common.testing.identities import LocalCA
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.waiting import eventually
 from trellis_injector.domain import injection
 from trellis_injector.domain.onboarding import ControlPlane, XdsEndpoint, build_bootstrap
+from trellis_testing import kubeportforward
+from trellis_testing.identities import LocalCA
+from trellis_testing.kube import KubeApi
+from trellis_testing.ports import free_port
+from trellis_testing.waiting import eventually
 
 #: Not Envoy's default: the dashboard must read the port from the pod's bootstrap.
 ADMIN_PORT = 15500

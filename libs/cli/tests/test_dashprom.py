@@ -24,8 +24,8 @@ from click.testing import CliRunner
 from trellis_cli import dashprom
 from trellis_cli.main import cli
 from trellis_cli.meshedges import DENIED
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.waiting import eventually
+from trellis_testing.ports import free_port
+from trellis_testing.waiting import eventually
 
 PROMETHEUS = shutil.which("prometheus")
 WEB = "shop/web|8080"  # the conftest sidecar's clusters

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from trellis_cli.demoapps import outcome
-from trellis_common.testing.ports import free_port
+from trellis_testing.ports import free_port
 
 
 def wait_listening(port: int) -> None:

@@ -18,7 +18,7 @@ from trellis_cli import output
 from trellis_cli.client import DEFAULT_ADMIN_PORTS
 from trellis_cli.main import cli
 from trellis_cli.testing import Answer, CannedAdmin, unreachable
-from trellis_common.testing.ports import free_port
+from trellis_testing.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 SERVICES = tuple(DEFAULT_ADMIN_PORTS)

@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 from kubernetes import client, config
 
 from trellis_cli.main import cli
-from trellis_common.testing.kube import KubeApi
+from trellis_testing.kube import KubeApi
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,6 @@ from google.protobuf import json_format
 from rich.console import Console
 
 from trellis_api.linkerd import destination_pb2 as dpb
-from trellis_catalog.domain import spec as meshspec
 from trellis_certmanager.componentcerts import ComponentCert
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
 from trellis_cli import output
@@ -38,6 +37,7 @@ from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.transport.rest import workload_json
 from trellis_proxy_cp.discovery.rest import readable
 from trellis_proxy_cp.translate import linkerd
+from trellis_spec import mesh as meshspec
 
 REPO = Path(__file__).resolve().parents[3]
 NOW = time.time()

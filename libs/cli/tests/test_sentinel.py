@@ -16,7 +16,7 @@ from trellis_cli import sentinel
 from trellis_cli.supervisor import ProcessSpec
 from trellis_common import redisconn
 from trellis_common.redisconn import RedisTarget
-from trellis_common.testing.ports import free_port
+from trellis_testing.ports import free_port
 
 
 def specs_on_free_ports(state_dir: Path) -> tuple[list[ProcessSpec], str]:

@@ -18,7 +18,7 @@ from trellis_cli.supervisor import (
     parse_size,
 )
 from trellis_common.backoff import Backoff
-from trellis_common.testing import eventually
+from trellis_testing import eventually
 
 
 @pytest.mark.parametrize(

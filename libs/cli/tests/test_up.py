@@ -15,8 +15,8 @@ from trellis_cli import demo
 from trellis_cli.replicas import COMPONENT_ORDER, parse_replicas
 from trellis_cli.up import SERVICES, redis_spec, service_specs
 from trellis_common import redisacl
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.waiting import eventually
+from trellis_testing.ports import free_port
+from trellis_testing.waiting import eventually
 
 
 @pytest.fixture

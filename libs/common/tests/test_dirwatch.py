@@ -10,7 +10,7 @@ import pytest
 
 from trellis_common import dirwatch
 from trellis_common.dirwatch import DirWatcher, Plan, StopFlag
-from trellis_common.testing import eventually
+from trellis_testing import eventually
 
 
 def no_inotify(dirs: list[str]) -> dirwatch.Notifier:

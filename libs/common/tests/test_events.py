@@ -11,7 +11,7 @@ import redis.asyncio
 from trellis_common.events import RESYNC, Follower, Outbox, Signals
 from trellis_common.health import Health
 from trellis_common.signaling import Event, Publisher
-from trellis_common.testing import RedisServer, eventually
+from trellis_testing import RedisServer, eventually
 
 
 class Owner:

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from trellis_common import admin
 from trellis_common.health import Health
 from trellis_common.ids import validate_dns_label
-from trellis_common.testing import adminfuzz
 from trellis_common.tokens import AdminToken
+from trellis_testing import adminfuzz
 
 
 def admin_app() -> FastAPI:

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.specdir import parse_file
-from trellis_common.testing import strategies as fuzz
-from trellis_common.testing.seeds import SEEDS
+from trellis_testing import strategies as fuzz
+from trellis_testing.seeds import SEEDS
 
 REGISTRY = all_kinds()
 KINDS = sorted(REGISTRY.kinds())

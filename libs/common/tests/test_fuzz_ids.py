@@ -16,7 +16,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from trellis_common import grpcrequests, ids, model
-from trellis_common.testing import strategies as fuzz
+from trellis_testing import strategies as fuzz
 
 TEXT = fuzz.mostly(fuzz.plausible_names(), fuzz.names()) | st.text(max_size=100)
 

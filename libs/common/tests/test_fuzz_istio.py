@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from trellis_common.documents import istio
 from trellis_common.documents.base import Document, DocumentError, KindRegistry
 from trellis_common.specdir import parse_file
-from trellis_common.testing import strategies as fuzz
+from trellis_testing import strategies as fuzz
 
 REGISTRY = KindRegistry()
 istio.register(REGISTRY)

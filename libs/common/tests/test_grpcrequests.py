@@ -13,7 +13,7 @@ from trellis_common import grpcrequests as check
 from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_common.health import Health
 from trellis_common.ids import ProxyCommonName, ServiceCommonName
-from trellis_common.testing.servicer import Aborted, FakeServicerContext
+from trellis_testing.servicer import Aborted, FakeServicerContext
 
 UUID = "123e4567-e89b-42d3-a456-426614174000"
 

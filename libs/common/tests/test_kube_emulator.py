@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from trellis_common.testing.kubeselect import Selector
+from trellis_testing.kubeselect import Selector
 
 
 def service(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import portforward
 
-from trellis_common.testing import kubeportforward
-from trellis_common.testing.waiting import wait_until
+from trellis_testing import kubeportforward
+from trellis_testing.waiting import wait_until
 
 
 class _Echo(socketserver.BaseRequestHandler):

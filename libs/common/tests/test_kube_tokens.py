@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trellis_common.testing.kubeauth import API_SERVER, TokenAuthority
+from trellis_testing.kubeauth import API_SERVER, TokenAuthority
 
 EXTRA = "authentication.kubernetes.io/"
 

@@ -22,10 +22,10 @@ from trellis_common import admin, leadership, leases, redislocks
 from trellis_common.health import Health
 from trellis_common.leadership import Leadership, Timing
 from trellis_common.settings import ServiceSettings, describe_error
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.elections import leader_and_standby
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.ports import free_port
+from trellis_testing import RedisServer, eventually
+from trellis_testing.elections import leader_and_standby
+from trellis_testing.kube import KubeApi
+from trellis_testing.ports import free_port
 
 TIMING = Timing(duration=2.0, renew_deadline=1.4, retry_period=0.2)
 

@@ -19,9 +19,9 @@ from trellis_common import leadership, leases
 from trellis_common.health import Health
 from trellis_common.kube import client as kube_client
 from trellis_common.leadership import Leadership, Timing
-from trellis_common.testing import eventually
-from trellis_common.testing.elections import Contenders, leader_among, leader_and_standby, running
-from trellis_common.testing.kube import KubeApi
+from trellis_testing import eventually
+from trellis_testing.elections import Contenders, leader_among, leader_and_standby, running
+from trellis_testing.kube import KubeApi
 
 NAMESPACE = "trellis-system"
 TIMING = Timing(duration=2.0, renew_deadline=1.4, retry_period=0.2)

@@ -1,7 +1,7 @@
 """Leader election on a Redis lock, against a real Redis with the ACL on.
 
 Each replica logs in as certmanager's own Redis user (the lock's keys are in its ACL), one
-of them through a :class:`~trellis_common.testing.relay.Relay` that the partition test
+of them through a :class:`~trellis_testing.relay.Relay` that the partition test
 cuts. The timings are short (a 2 s lock) to keep the tests quick; what they assert is
 ordering against the lock's own expiry, never a speed.
 """
@@ -19,9 +19,9 @@ from redis.exceptions import ResponseError
 
 from trellis_common import leadership, redisacl, redislocks
 from trellis_common.leadership import Leadership, Timing
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.elections import Contenders, leader_among, leader_and_standby
-from trellis_common.testing.relay import Relay
+from trellis_testing import RedisServer, eventually
+from trellis_testing.elections import Contenders, leader_among, leader_and_standby
+from trellis_testing.relay import Relay
 
 TIMING = Timing(duration=2.0, renew_deadline=1.4, retry_period=0.2)
 KEY = redislocks.lock_key("certmanager")

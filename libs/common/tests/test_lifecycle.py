@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from trellis_common import lifecycle
-from trellis_common.testing import eventually
+from trellis_testing import eventually
 
 
 class Worker:

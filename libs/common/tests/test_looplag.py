@@ -8,7 +8,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from trellis_common.looplag import LoopLag
-from trellis_common.testing.waiting import eventually
+from trellis_testing.waiting import eventually
 
 
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from trellis_common.testing import ports
+from trellis_testing import ports
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trellis_common.testing import redis_backend
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.redis_server import RedisServer, RedisServerError
+from trellis_testing import redis_backend
+from trellis_testing.ports import free_port
+from trellis_testing.redis_server import RedisServer, RedisServerError
 
 
 @pytest.fixture(autouse=True)

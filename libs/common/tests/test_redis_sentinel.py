@@ -1,7 +1,7 @@
 """Redis under Sentinel: the ``redis+sentinel://`` URL, durable writes, and a real failover.
 
 The failover tests run a master, two replicas and three sentinels
-(:class:`~trellis_common.testing.SentinelRedis`), SIGKILL the master, and check what a
+(:class:`~trellis_testing.SentinelRedis`), SIGKILL the master, and check what a
 service relies on: the same client goes on by itself, no write acknowledged with
 :func:`~trellis_common.redisconn.replicated` is lost, and a subscriber follows the new
 master.
@@ -23,8 +23,8 @@ from trellis_common.redisconn import NotReplicated, RedisRefused, RedisTarget
 from trellis_common.sentinelurl import SentinelUrl
 from trellis_common.signaling import Publisher
 from trellis_common.subscriber import Subscriber
-from trellis_common.testing import SentinelRedis, eventually
-from trellis_common.testing.signaling import RecordingReceiver, running
+from trellis_testing import SentinelRedis, eventually
+from trellis_testing.signaling import RecordingReceiver, running
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import redis.asyncio
 
-from trellis_common.testing import eventually
-from trellis_common.testing.redis_backend import redis_server
+from trellis_testing import eventually
+from trellis_testing.redis_backend import redis_server
 
 KEY = "trellis:endpoints-vm:workloads"
 

@@ -21,8 +21,8 @@ from trellis_common.redisacl import COMPONENTS, Component
 from trellis_common.registry import Announcer, ServiceRecord, discover, registry_key
 from trellis_common.signaling import Publisher, channel_name, revision_key
 from trellis_common.subscriber import Subscriber
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.signaling import RecordingReceiver, running
+from trellis_testing import RedisServer, eventually
+from trellis_testing.signaling import RecordingReceiver, running
 
 NAMES = sorted(COMPONENTS)
 

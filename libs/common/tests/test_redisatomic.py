@@ -8,7 +8,7 @@ import redis.asyncio
 
 from trellis_common import redisatomic
 from trellis_common.signaling import Publisher, revision_key
-from trellis_common.testing import RedisServer
+from trellis_testing import RedisServer
 
 
 async def test_racing_publishers_get_distinct_revisions_each_published(

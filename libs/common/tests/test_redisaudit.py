@@ -13,7 +13,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 
 from trellis_common import redisacl, redisconn
 from trellis_common.redisaudit import RedisAudit
-from trellis_common.testing import RedisServer
+from trellis_testing import RedisServer
 
 USERS = ("admin", *redisacl.COMPONENTS)
 

@@ -11,8 +11,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from trellis_common import redisconn
 from trellis_common.redisconn import RedisRefused, RedisTarget, connect, wait_for_redis
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.ports import free_port
+from trellis_testing import RedisServer, eventually
+from trellis_testing.ports import free_port
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from trellis_common.registry import (
 )
 from trellis_common.signaling import Publisher
 from trellis_common.subscriber import Subscriber
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.signaling import RecordingReceiver, running
+from trellis_testing import RedisServer, eventually
+from trellis_testing.signaling import RecordingReceiver, running
 
 FAST = Backoff(initial=0.01, maximum=0.2)
 KIND = "endpoints-provider"

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from trellis_common import components, servercheck, tls
 from trellis_common.grpcserver import GrpcServer
 from trellis_common.identity import ComponentIdentity, Material
-from trellis_common.testing.identities import LocalCA
+from trellis_testing.identities import LocalCA
 
 CERTMANAGER_URI = "spiffe://cluster.local/ns/trellis-system/sa/certmanager"
 CATALOG_URI = "spiffe://cluster.local/ns/trellis-system/sa/catalog"

@@ -19,9 +19,9 @@ from trellis_common import registry, statefile, version
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 from trellis_common.settings import ServiceSettings
-from trellis_common.testing.identities import local_identity
-from trellis_common.testing.redis_server import RedisServer
-from trellis_common.testing.waiting import eventually
+from trellis_testing.identities import local_identity
+from trellis_testing.redis_server import RedisServer
+from trellis_testing.waiting import eventually
 
 
 class DemoSettings(ServiceSettings):

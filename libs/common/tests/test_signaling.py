@@ -11,8 +11,8 @@ import redis.asyncio
 from trellis_common.backoff import Backoff
 from trellis_common.signaling import Event, Publisher, channel_name, revision_key
 from trellis_common.subscriber import Subscriber
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.signaling import RecordingReceiver, running
+from trellis_testing import RedisServer, eventually
+from trellis_testing.signaling import RecordingReceiver, running
 
 TOPIC = "certs"
 FAST = Backoff(initial=0.01, maximum=0.2)

@@ -20,7 +20,7 @@ from trellis_common.documents.base import (
 )
 from trellis_common.documents.yamlfile import Limits
 from trellis_common.specdir import SpecChange, SpecDirectory, load_paths
-from trellis_common.testing import eventually
+from trellis_testing import eventually
 
 API = "test.trellis.io/v1"
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trellis_common.testing.waiting import LONGEST_INTERVAL, eventually
+from trellis_testing.waiting import LONGEST_INTERVAL, eventually
 
 
 class Later:

@@ -24,12 +24,12 @@ import pytest
 import yaml
 
 from trellis_catalog.domain import services
-from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.sources import kinds
 from trellis_common.documents.base import Document, DocumentError, KindRegistry, Origin
 from trellis_common.model import MeshService
+from trellis_spec import mesh as meshspec
 
 SOURCE = "test.yaml"
 

@@ -16,6 +16,7 @@ from trellis_catalog.domain.views import (
     IngressRule,
 )
 from trellis_common.documents.base import Document, DocumentError
+from trellis_spec.egress import egress_statuses
 
 Mesh = Callable[..., PolicyBuilder]
 Report = Callable[..., ProvidedService]
@@ -118,7 +119,7 @@ spec: {traffic: {enableEgress: true}}
     extra = "  hosts: [httpbin.org]\n  ports: [{number: 80, protocol: http}]\n"
     builder = mesh(BASE + config + egress(extra=extra))
     assert builder.build(Identity("curl", "curl"), "curl").egress == ()
-    status = edge.egress_statuses(builder.spec, builder.spec.statuses)["Egress curl/httpbin"]
+    status = egress_statuses(builder.spec, builder.spec.statuses)["Egress curl/httpbin"]
     assert status.state == "warning"
     assert "traffic.enableEgress is on" in status.reason
 
@@ -133,7 +134,7 @@ def test_a_missing_traffic_setting_voids_the_egress_and_a_present_one_sets_its_c
     )
     builder = mesh(BASE + egress(extra=extra))
     assert builder.build(Identity("curl", "curl"), "curl").egress == ()
-    status = edge.egress_statuses(builder.spec, builder.spec.statuses)["Egress curl/httpbin"]
+    status = egress_statuses(builder.spec, builder.spec.statuses)["Egress curl/httpbin"]
     assert status.state == "error"
     assert "UpstreamTrafficSetting curl/httpbin (spec.matches) not found" in status.reason
 
@@ -148,7 +149,7 @@ spec:
     builder = mesh(BASE + egress(extra=extra) + setting)
     (route,) = builder.build(Identity("curl", "curl"), "curl").egress
     assert route.connection == ConnectionSettings(policy="curl/httpbin", max_requests=3)
-    resolved = edge.egress_statuses(builder.spec, builder.spec.statuses)
+    resolved = egress_statuses(builder.spec, builder.spec.statuses)
     assert "Egress curl/httpbin" not in resolved  # valid as it was
     assert resolved["UpstreamTrafficSetting curl/httpbin"].state == "valid"
     assert resolved["UpstreamTrafficSetting curl/httpbin"].reason == (
@@ -163,7 +164,7 @@ def test_missing_route_groups_allow_nothing_and_say_so(mesh: Mesh) -> None:
     )
     builder = mesh(BASE + egress(extra=extra))
     assert builder.build(Identity("curl", "curl"), "curl").egress == ()
-    status = edge.egress_statuses(builder.spec, builder.spec.statuses)["Egress curl/httpbin"]
+    status = egress_statuses(builder.spec, builder.spec.statuses)["Egress curl/httpbin"]
     assert status.state == "warning"
     assert "HTTPRouteGroup(s) curl/gone (spec.matches) not found" in status.reason
 
@@ -180,7 +181,7 @@ spec:
 """
     extra = "  hosts: [httpbin.org]\n  ports: [{number: 80, protocol: http}]\n"
     builder = mesh(BASE + entry + egress(extra=extra))
-    status = edge.egress_statuses(builder.spec, builder.spec.statuses)["Egress curl/httpbin"]
+    status = egress_statuses(builder.spec, builder.spec.statuses)["Egress curl/httpbin"]
     assert "httpbin.org:80 is also ServiceEntry curl/httpbin's (MESH_EXTERNAL)" in status.reason
 
 

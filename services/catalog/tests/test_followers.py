@@ -34,7 +34,7 @@ from trellis_common.locate import Locator
 from trellis_common.model import MeshService
 from trellis_common.registry import Announcer, ServiceRecord, registry_key
 from trellis_common.signaling import Publisher
-from trellis_common.testing import RedisServer, eventually
+from trellis_testing import RedisServer, eventually
 
 GOOD_PROXY = "0b4c9a4e-7d7e-4c1b-9d7a-1a2b3c4d5e6f.bookbuyer.bookbuyer"
 BAD_PROXY = "1b4c9a4e-7d7e-4c1b-9d7a-1a2b3c4d5e6f.bookthief.bookthief"

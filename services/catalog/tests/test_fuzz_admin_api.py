@@ -21,7 +21,7 @@ from trellis_catalog.transport import rest
 from trellis_common import admin
 from trellis_common.health import Health
 from trellis_common.specdir import load_paths
-from trellis_common.testing import adminfuzz
+from trellis_testing import adminfuzz
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -24,8 +24,8 @@ from trellis_catalog.transport import grpc_requests
 from trellis_catalog.transport.grpc_api import CatalogServicer
 from trellis_common.health import Health
 from trellis_common.specdir import load_paths
-from trellis_common.testing import strategies as fuzz
-from trellis_common.testing.servicer import Checks, answers_or_refuses, check_names_a_field
+from trellis_testing import strategies as fuzz
+from trellis_testing.servicer import Checks, answers_or_refuses, check_names_a_field
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCUMENTS, ERRORS = load_paths([ROOT / "examples" / "bookstore"], kinds())

@@ -13,9 +13,9 @@ from trellis_catalog.domain import destinations
 from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.services import ProvidedService
-from trellis_catalog.domain.statuses import Status
 from trellis_catalog.domain.views import HttpMatch, Identity, OutboundService, Route, ValueMatch
 from trellis_common.model import MeshService, ServiceAccount
+from trellis_spec.statuses import Status
 
 Mesh = Callable[..., PolicyBuilder]
 

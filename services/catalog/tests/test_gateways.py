@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.statuses import Status
 from trellis_catalog.domain.views import GatewayPort, HttpMatch, Identity, Route
+from trellis_spec.statuses import Status
 
 Mesh = Callable[..., PolicyBuilder]
 GATEWAY = Identity("shop", "my-gateway")

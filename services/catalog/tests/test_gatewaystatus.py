@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trellis_catalog.domain.statuses import (
+from trellis_catalog.kubesource import status_body
+from trellis_spec.statuses import (
     GATEWAY_CONTROLLER,
     MESH_CONTROLLER,
     Condition,
@@ -13,7 +14,6 @@ from trellis_catalog.domain.statuses import (
     ParentStatus,
     Status,
 )
-from trellis_catalog.kubesource import status_body
 
 OLD = "2020-01-01T00:00:00Z"
 GROUP = "gateway.networking.k8s.io"

@@ -20,8 +20,8 @@ from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer, to_proto
 from trellis_common.health import Health
 from trellis_common.specdir import load_paths
-from trellis_common.testing.bell import Bell
-from trellis_common.testing.servicer import refused_on_the_wire, served
+from trellis_testing.bell import Bell
+from trellis_testing.servicer import refused_on_the_wire, served
 
 ROOT = Path(__file__).resolve().parents[3]
 PROXY = "00000000-0000-4000-8000-00000000000{}.{}.{}"

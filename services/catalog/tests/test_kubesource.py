@@ -14,8 +14,8 @@ from trellis_catalog.catalog import Catalog
 from trellis_catalog.kubesource import MESHCONFIG_KEY, KubeSource, meshconfig_of_configmap
 from trellis_catalog.sources import Sources
 from trellis_common.documents.base import DocumentError, Origin
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.waiting import eventually
+from trellis_testing.kube import KubeApi
+from trellis_testing.waiting import eventually
 
 SPLITS = ("split.smi-spec.io", "v1alpha2", "trafficsplits")
 GROUPS = ("specs.smi-spec.io", "v1alpha4", "httproutegroups")

@@ -13,11 +13,11 @@ import pytest
 from kubernetes import client
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.statuses import GATEWAY_CONTROLLER
 from trellis_catalog.kubesource import KubeSource, status_body
 from trellis_catalog.sources import Sources
-from trellis_common.testing.kube import KubeApi
-from trellis_common.testing.waiting import eventually
+from trellis_spec.statuses import GATEWAY_CONTROLLER
+from trellis_testing.kube import KubeApi
+from trellis_testing.waiting import eventually
 
 GROUP = "gateway.networking.k8s.io"
 MONITORED = {"trellis.dev/monitored-by": "trellis"}

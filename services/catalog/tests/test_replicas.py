@@ -29,7 +29,7 @@ from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import CatalogServicer
 from trellis_common.documents.base import Document
 from trellis_common.specdir import load_paths
-from trellis_common.testing.servicer import invoke
+from trellis_testing.servicer import invoke
 
 ROOT = Path(__file__).resolve().parents[3]
 SPECS = [ROOT / "examples" / "bookstore", ROOT / "examples" / "grpc"]

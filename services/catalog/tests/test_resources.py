@@ -20,7 +20,6 @@ from trellis_catalog.domain.resources import (
     slice_name,
     slice_of,
 )
-from trellis_catalog.domain.steps import drain
 from trellis_catalog.domain.views import (
     ClusterEndpoint,
     ClusterRef,
@@ -30,6 +29,7 @@ from trellis_catalog.domain.views import (
     MeshSettings,
 )
 from trellis_common.model import MeshService
+from trellis_spec.steps import drain
 
 BUYER = Identity("shop", "buyer")
 THIEF = Identity("shop", "thief")

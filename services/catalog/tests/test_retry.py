@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
-from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.views import Identity, RetryPolicy
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.model import MeshService
+from trellis_spec import mesh as meshspec
 
 Mesh = Callable[..., PolicyBuilder]
 

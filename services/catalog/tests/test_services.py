@@ -13,10 +13,10 @@ from trellis_catalog.domain.services import (
     ProvidedEndpoint,
     ProvidedService,
 )
-from trellis_catalog.domain.spec import build
 from trellis_catalog.domain.views import ClusterEndpoint
 from trellis_common.documents.base import Document
 from trellis_common.model import MeshService
+from trellis_spec.mesh import build
 
 Docs = Callable[[str], list[Document]]
 Endpoint = Callable[..., ProvidedEndpoint]

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from trellis_catalog.domain import spec as meshspec
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.model import MeshService, ServiceAccount
+from trellis_spec import mesh as meshspec
 
 Docs = Callable[[str], list[Document]]
 DocsAndErrors = Callable[[str], tuple[list[Document], list[DocumentError]]]

@@ -22,9 +22,9 @@ from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_common.signaling import Publisher
-from trellis_common.testing import RedisServer
-from trellis_common.testing.bell import Bell
-from trellis_common.testing.fixtures import component_client
+from trellis_testing import RedisServer
+from trellis_testing.bell import Bell
+from trellis_testing.fixtures import component_client
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 SEALER = Sealer(Kek.generate())

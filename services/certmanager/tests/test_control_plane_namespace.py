@@ -32,8 +32,8 @@ from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
 from trellis_common.grpcserver import GrpcServer
 from trellis_common.model import MeshService
-from trellis_common.testing.bell import Bell
-from trellis_common.testing.identities import LocalCA
+from trellis_testing.bell import Bell
+from trellis_testing.identities import LocalCA
 
 PROXY_CP_URI = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
 

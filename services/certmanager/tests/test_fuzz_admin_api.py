@@ -26,8 +26,8 @@ from trellis_certmanager.transport import rest
 from trellis_common import admin
 from trellis_common.health import Health
 from trellis_common.model import MeshService
-from trellis_common.testing import adminfuzz
 from trellis_common.tokens import AdminToken
+from trellis_testing import adminfuzz
 
 
 async def _bell(kind: str, key: str) -> int:

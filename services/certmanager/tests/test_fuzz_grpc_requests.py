@@ -28,8 +28,8 @@ from trellis_common.health import Health
 from trellis_common.identity import csr_for, new_key
 from trellis_common.ids import ProxyCommonName, SpiffeId
 from trellis_common.model import MeshService
-from trellis_common.testing import strategies as fuzz
-from trellis_common.testing.servicer import Checks, answers_or_refuses, check_names_a_field
+from trellis_testing import strategies as fuzz
+from trellis_testing.servicer import Checks, answers_or_refuses, check_names_a_field
 
 SERVICE = pb.MeshService(namespace="shop", name="cart")
 ISSUE_FIELDS = {

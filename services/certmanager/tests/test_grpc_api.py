@@ -19,7 +19,7 @@ from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
 from trellis_common.health import Health
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing.servicer import served
+from trellis_testing.servicer import served
 
 SERVICE = pb.MeshService(namespace="bookstore", name="bookstore")
 PROXY_CN = "123e4567-e89b-42d3-a456-426614174000.bookstore.bookstore"

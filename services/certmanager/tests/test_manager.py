@@ -26,8 +26,8 @@ from trellis_common.health import Rejections
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
 from trellis_common.stored import Rejected
-from trellis_common.testing import eventually
-from trellis_common.testing.bell import Bell
+from trellis_testing import eventually
+from trellis_testing.bell import Bell
 
 from .conftest import NOW, FakeClock
 

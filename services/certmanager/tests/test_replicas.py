@@ -34,8 +34,8 @@ from trellis_common.events import Signals
 from trellis_common.health import Health
 from trellis_common.identity import csr_for, new_key
 from trellis_common.model import MeshService
-from trellis_common.testing import RedisServer
-from trellis_common.testing.waiting import eventually
+from trellis_testing import RedisServer
+from trellis_testing.waiting import eventually
 
 from .conftest import issued
 

@@ -17,7 +17,7 @@ from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.testing import Leadership, proxy_key
 from trellis_common.leadership import Timing, elect
 from trellis_common.model import MeshService
-from trellis_common.testing.waiting import eventually
+from trellis_testing.waiting import eventually
 
 from .conftest import FakeClock, issued
 

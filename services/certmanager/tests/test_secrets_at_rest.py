@@ -28,7 +28,7 @@ from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
-from trellis_common.testing.bell import Bell
+from trellis_testing.bell import Bell
 
 from .conftest import NOW, FakeClock
 

@@ -17,7 +17,7 @@ from trellis_common.events import Outbox
 from trellis_common.health import Health
 from trellis_common.model import MeshService
 from trellis_common.signaling import Event, Publisher, channel_name
-from trellis_common.testing import RedisServer
+from trellis_testing import RedisServer
 
 
 async def test_a_rotation_signalled_while_redis_is_away_is_published_when_it_is_back(

@@ -19,7 +19,7 @@ from trellis_certmanager.testing import proxy_key
 from trellis_common import redisconn
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
-from trellis_common.testing import RedisServer
+from trellis_testing import RedisServer
 
 from .conftest import NOW
 

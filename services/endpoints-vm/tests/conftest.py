@@ -16,8 +16,6 @@ from prometheus_client import CollectorRegistry
 
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry, Origin
-from trellis_common.testing import RedisServer
-from trellis_common.testing.fixtures import component_client
 from trellis_endpoints_vm.domain.declarations import (
     DeclaredEndpoint,
     DeclaredEntry,
@@ -27,6 +25,8 @@ from trellis_endpoints_vm.domain.registry import EndpointRegistry
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
+from trellis_testing import RedisServer
+from trellis_testing.fixtures import component_client
 
 Declarations = tuple[list[DeclaredEntry], list[DeclaredEndpoint]]
 

@@ -25,16 +25,16 @@ from trellis_common.health import Health
 from trellis_common.onboarding import TokenStore
 from trellis_common.signaling import Event, Publisher
 from trellis_common.subscriber import Subscriber, redis_without_retries
-from trellis_common.testing import RedisServer
-from trellis_common.testing.bell import Bell
-from trellis_common.testing.onboarding import InMemoryTokenStore
-from trellis_common.testing.servicer import served
 from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_testing import RedisServer
+from trellis_testing.bell import Bell
+from trellis_testing.onboarding import InMemoryTokenStore
+from trellis_testing.servicer import served
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -18,9 +18,6 @@ from prometheus_client import CollectorRegistry
 
 from trellis_common import admin
 from trellis_common.health import Health
-from trellis_common.testing import adminfuzz
-from trellis_common.testing import strategies as fuzz
-from trellis_common.testing.onboarding import InMemoryTokenStore
 from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
@@ -28,6 +25,9 @@ from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_testing import adminfuzz
+from trellis_testing import strategies as fuzz
+from trellis_testing.onboarding import InMemoryTokenStore
 
 
 async def _bell(kind: str, key: str) -> int:

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from trellis_common.documents import istio
 from trellis_common.documents.base import Document, DocumentError, KindRegistry, Origin
-from trellis_common.testing import strategies as fuzz
 from trellis_endpoints_vm.domain.declarations import from_documents
 from trellis_endpoints_vm.domain.registry import EndpointRegistry
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.transport.grpc_api import to_proto
+from trellis_testing import strategies as fuzz
 
 KINDS = KindRegistry()
 istio.register(KINDS)

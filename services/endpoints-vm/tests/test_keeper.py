@@ -10,11 +10,11 @@ import redis.asyncio
 
 from trellis_common import redisconn
 from trellis_common.health import Loops
-from trellis_common.testing import RedisServer, eventually
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.keeper import LOOP_NAME, StoreKeeper, StoreUnavailable
 from trellis_endpoints_vm.store import RedisWorkloadStore, WorkloadStore
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
+from trellis_testing import RedisServer, eventually
 
 MakeWorkload = Callable[..., Workload]
 KEY = "trellis:endpoints-vm:workloads"

@@ -1,7 +1,7 @@
 """The endpoints manager: store writes, the signals of its changes, expiry, metrics.
 
 It runs on the in-memory store, a fake clock and a ``bell`` (the shared
-:class:`~trellis_common.testing.bell.Bell`) that records each signal the manager hands to
+:class:`~trellis_testing.bell.Bell`) that records each signal the manager hands to
 the outbox, so every signal and timestamp below is known in advance.
 The signals' road through a real Outbox and Redis to a real Subscriber is tested at the
 end, and GetService after a signal in ``test_api.py``.
@@ -22,14 +22,14 @@ from trellis_common.health import Health, Rejections
 from trellis_common.signaling import Event, Publisher, revision_key
 from trellis_common.stored import Rejected
 from trellis_common.subscriber import Subscriber, redis_without_retries
-from trellis_common.testing import RedisServer, eventually
-from trellis_common.testing.bell import Bell
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager, StoreUnavailable, UnknownWorkload
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
+from trellis_testing import RedisServer, eventually
+from trellis_testing.bell import Bell
 
 MakeWorkload = Callable[..., Workload]
 Parse = Callable[[str], tuple[list[DeclaredEntry], list[DeclaredEndpoint]]]

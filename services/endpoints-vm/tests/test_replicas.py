@@ -22,13 +22,13 @@ from trellis_common.events import Outbox, Signals
 from trellis_common.health import Health
 from trellis_common.signaling import Publisher
 from trellis_common.subscriber import redis_without_retries
-from trellis_common.testing import RedisServer, eventually
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.store import RedisWorkloadStore
+from trellis_testing import RedisServer, eventually
 
 MakeWorkload = Callable[..., Workload]
 API = ServiceKey("shop", "api")

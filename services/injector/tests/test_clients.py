@@ -8,7 +8,6 @@ import pytest
 import redis.asyncio
 
 from trellis_common.registry import ServiceRecord, registry_key
-from trellis_common.testing.ports import free_port
 from trellis_injector.clients import (
     CatalogClient,
     CertManagerClient,
@@ -17,6 +16,7 @@ from trellis_injector.clients import (
 )
 from trellis_injector.domain.onboarding import XdsEndpoint
 from trellis_injector.onboarder import Unavailable
+from trellis_testing.ports import free_port
 
 
 async def announce(client: redis.asyncio.Redis, kind: str, address: str) -> None:

@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry
 from trellis_common import admin
 from trellis_common.health import Health
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing import adminfuzz
-from trellis_common.testing import strategies as fuzz
-from trellis_common.testing.onboarding import InMemoryTokenStore
 from trellis_common.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
+from trellis_testing import adminfuzz
+from trellis_testing import strategies as fuzz
+from trellis_testing.onboarding import InMemoryTokenStore
 
 SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
 CSR_PEM = csr_for(new_key()[1], "fuzzed proxy").decode()

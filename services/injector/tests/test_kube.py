@@ -11,9 +11,9 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from trellis_common.testing import eventually
 from trellis_injector.kube import CaBundleSync, ca_bundle_patch
 from trellis_injector.metrics import InjectorMetrics
+from trellis_testing import eventually
 
 GROUP = "admissionregistration.k8s.io"
 PLURAL = "mutatingwebhookconfigurations"

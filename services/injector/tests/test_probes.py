@@ -9,8 +9,8 @@ from typing import Any
 import jsonpatch
 
 from trellis_common.bootstrap import BootstrapSpec, ProbeRoute, ProxyFiles, envoy_bootstrap
-from trellis_common.testing import envoy
 from trellis_injector.domain import probes
+from trellis_testing import envoy
 
 
 def pod() -> dict[str, Any]:

@@ -13,13 +13,13 @@ from prometheus_client import CollectorRegistry
 
 from trellis_common import admin, onboarding
 from trellis_common.identity import csr_for, new_key
-from trellis_common.testing import RedisServer
-from trellis_common.testing.fixtures import component_client
 from trellis_common.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Refused, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
+from trellis_testing import RedisServer
+from trellis_testing.fixtures import component_client
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -20,9 +20,6 @@ from prometheus_client import CollectorRegistry
 
 from trellis_common.kube import injection
 from trellis_common.kube.injection import Exclusions
-from trellis_common.testing import eventually
-from trellis_common.testing.admission import pod_review
-from trellis_common.testing.identities import LocalCA
 from trellis_injector.domain.injection import TOKEN_VOLUME, VOLUME, Sidecar
 from trellis_injector.domain.onboarding import MeshSidecar
 from trellis_injector.metrics import InjectorMetrics
@@ -31,6 +28,9 @@ from trellis_injector.sidecars import PodAgents, SidecarInjector
 from trellis_injector.testing import FakeCatalog, FixedControlPlane
 from trellis_injector.transport import webhook
 from trellis_injector.transport.webhook import WebhookServer
+from trellis_testing import eventually
+from trellis_testing.admission import pod_review
+from trellis_testing.identities import LocalCA
 
 SPIFFE = "spiffe://cluster.local/ns/trellis-system/sa/proxy-cp"
 SIDECAR = Sidecar(

@@ -10,12 +10,12 @@ import grpc
 import pytest
 from envoy.config.core.v3 import base_pb2
 
-from trellis_common.testing.waiting import eventually
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.testing import names_of
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET
+from trellis_testing.waiting import eventually
 
 DENIED = (grpc.StatusCode.PERMISSION_DENIED, "node id does not match the certificate")
 

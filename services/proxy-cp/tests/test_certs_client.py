@@ -31,7 +31,6 @@ from trellis_common.events import Outbox, Signals
 from trellis_common.health import Health
 from trellis_common.model import MeshService
 from trellis_common.signaling import Event, Publisher
-from trellis_common.testing import RedisServer, eventually
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -40,6 +39,7 @@ from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.streams import StreamRegistry
+from trellis_testing import RedisServer, eventually
 
 BOOKSTORE = MeshService("bookstore", "bookstore")
 IDENTITY = "bookstore/bookstore"

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 
 import pytest
 
-from trellis_common.testing.waiting import eventually
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.clients.catalog import CatalogClient
 from trellis_proxy_cp.clients.expected import (
@@ -21,6 +20,7 @@ from trellis_proxy_cp.clients.expected import (
     ExpectationUnknown,
     ExpectedProxies,
 )
+from trellis_testing.waiting import eventually
 
 PROXY = t.proxy_common_name("bookstore", "bookstore", 1)
 LATER = t.proxy_common_name("bookstore", "bookstore", 2)

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry
 
 from trellis_common import admin
 from trellis_common.health import Health
-from trellis_common.testing import adminfuzz
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.transport import rest
 from trellis_proxy_cp.transport.streams import StreamRegistry
+from trellis_testing import adminfuzz
 
 
 def admin_app() -> FastAPI:

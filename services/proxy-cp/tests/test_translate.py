@@ -14,7 +14,6 @@ import pytest
 from google.protobuf import json_format
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import (
     BOOKSTORE_SPIFFE,
     BUYER_SPIFFE,
@@ -27,6 +26,7 @@ from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.proxy import Resources, translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import InvalidNodeMetadata, ProxySettings, from_metadata
+from trellis_testing import envoy
 
 MATERIAL = SecretMaterial(b"-----BEGIN CERTIFICATE-----\n", b"key", b"ca")
 

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import as_dict, static_bootstrap
 from trellis_proxy_cp.translate import egress, names
 from trellis_proxy_cp.translate.proxy import Resources, translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_testing import envoy
 
 CONNECT = {
     "upgrade_configs": [{"upgrade_type": "CONNECT", "connect_config": {}}],

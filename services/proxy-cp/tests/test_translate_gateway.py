@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.control import SIDECAR
 from trellis_proxy_cp.testing.static import as_dict, cluster, self_signed_material, static_bootstrap
 from trellis_proxy_cp.translate import names
@@ -16,6 +15,7 @@ from trellis_proxy_cp.translate.gateway import INVALID_BACKEND
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_testing import envoy
 
 V1, V2 = "shop/hello-v1|9000", "shop/hello-v2|9000"
 SHOP = "spiffe://cluster.local/ns/shop/sa"

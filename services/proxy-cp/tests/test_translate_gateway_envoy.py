@@ -13,16 +13,16 @@ import grpc
 import httpx
 import pytest
 
-from trellis_common.testing import envoy
-from trellis_common.testing.apps import AppServer
-from trellis_common.testing.grpcapp import GrpcApp, call
-from trellis_common.testing.ports import free_port
-from trellis_common.testing.waiting import eventually
 from trellis_proxy_cp.testing.gateway import HELLO, WEB, gateway_view, write_certificate
 from trellis_proxy_cp.testing.static import cluster, static_bootstrap
 from trellis_proxy_cp.translate.proxy import Resources, translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_testing import envoy
+from trellis_testing.apps import AppServer
+from trellis_testing.grpcapp import GrpcApp, call
+from trellis_testing.ports import free_port
+from trellis_testing.waiting import eventually
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import as_dict, buyer_view, static_bootstrap
 from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_testing import envoy
 
 
 def test_an_osm_retry_policy_is_on_every_route_of_its_service(

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import as_dict, self_signed_material, static_bootstrap
 from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.ratelimit import HTTP_FILTER, TCP_FILTER
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_testing import envoy
 
 TYPE = "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit"
 

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import as_dict, cluster, self_signed_material, static_bootstrap
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_testing import envoy
 
 SPIFFE = "spiffe://cluster.local/ns/shop/sa/db"
 SOCKET = "unix:///var/run/trellis-test/db.sock"

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.testing import envoy
 from trellis_proxy_cp.testing.static import as_dict, buyer_view, cluster, static_bootstrap
 from trellis_proxy_cp.translate import names
 from trellis_proxy_cp.translate.proxy import translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
+from trellis_testing import envoy
 
 MATERIAL = SecretMaterial(b"-----BEGIN CERTIFICATE-----\n", b"key", b"ca")
 TLS_INSPECTOR = "envoy.filters.listener.tls_inspector"

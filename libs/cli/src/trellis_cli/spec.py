@@ -63,16 +63,16 @@ def spec() -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @output.format_option
 def validate(paths: tuple[Path, ...], fmt: output.Format) -> None:
-    # the catalog's own model and validation (pydantic, a second of imports): only here,
-    # `spec list` is one request
-    from trellis_catalog.domain import edge
-    from trellis_catalog.domain import spec as meshspec
+    # the mesh specification's model and validation, as the catalog applies them
+    # (pydantic, a second of imports): only here, `spec list` is one request
     from trellis_common.documents import all_kinds
     from trellis_common.specdir import load_paths
+    from trellis_spec import egress
+    from trellis_spec import mesh as meshspec
 
     documents, errors = load_paths(list(paths), all_kinds())
     built = meshspec.build(documents, errors)
-    built.statuses.update(edge.egress_statuses(built, dict(built.statuses)))
+    built.statuses.update(egress.egress_statuses(built, dict(built.statuses)))
     statuses = [asdict(s) for s in built.statuses.values()]
     statuses.sort(key=lambda s: (s["source"], s["document"]))
     failed = [s for s in statuses if s["state"] == "error"]

@@ -1,7 +1,7 @@
 """The configuration files of a Redis under Sentinel: one for each Redis, one per sentinel.
 
 ``trellis up --redis-sentinel`` (:mod:`trellis_cli.sentinel`) and the tests' Sentinel Redis
-(:mod:`trellis_common.testing.redis_sentinel`) run the same set: a master, its replicas and
+(:mod:`trellis_testing.redis_sentinel`) run the same set: a master, its replicas and
 three sentinels, all ``redis-server`` (a sentinel is ``redis-server <file> --sentinel``).
 This module writes their files, so both run what the other runs.
 

@@ -49,21 +49,22 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from trellis_catalog.domain import contentversion, statuses
+from trellis_catalog.domain import contentversion
 from trellis_catalog.domain import services as svc
-from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.destinations import Destination, Destinations
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
 from trellis_catalog.domain.recompute import Recompute
 from trellis_catalog.domain.reports import ProviderReports
 from trellis_catalog.domain.resources import Published, ResourceStore, policy_name
-from trellis_catalog.domain.steps import Steps, drain, full_collections_paused, run_in_steps
 from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.follow import describe
 from trellis_common.health import Health
 from trellis_common.model import MeshService
+from trellis_spec import mesh as meshspec
+from trellis_spec import statuses
+from trellis_spec.steps import Steps, drain, full_collections_paused, run_in_steps
 
 __all__ = [
     "TOPIC",

@@ -1,7 +1,7 @@
 """Gateway and GatewayClass status as the catalog writes it back.
 
 Trellis serves the Gateways of the GatewayClasses whose ``spec.controllerName`` is
-:data:`~trellis_catalog.domain.spec.GATEWAY_CONTROLLER`, and the catalog gives a status
+:data:`~trellis_spec.mesh.GATEWAY_CONTROLLER`, and the catalog gives a status
 with conditions only to those classes and their Gateways (``Status.conditions``; a
 Gateway's listeners in ``Status.listeners``). Everything else belongs to another
 controller and is never written: a status without conditions writes nothing, and a
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from trellis_catalog import routestatus
-from trellis_catalog.domain.statuses import GATEWAY_CONTROLLER, ListenerStatus, Status
+from trellis_spec.statuses import GATEWAY_CONTROLLER, ListenerStatus, Status
 
 GATEWAY_KINDS = frozenset({"GatewayClass", "Gateway"})
 #: Kinds the catalog reads but writes no status to (upstream's CRD has none).

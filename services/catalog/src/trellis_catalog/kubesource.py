@@ -46,13 +46,13 @@ from kubernetes import client
 
 from trellis_catalog import gatewaystatus, routestatus
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.statuses import Condition, Status
 from trellis_common.documents import all_kinds, yamlfile
 from trellis_common.documents.base import Document, DocumentError, Origin
 from trellis_common.kube import documents
 from trellis_common.kube.documents import Resource
 from trellis_common.kube.informer import Informer, Object
 from trellis_common.lifecycle import run_components
+from trellis_spec.statuses import Condition, Status
 
 log = logging.getLogger(__name__)
 

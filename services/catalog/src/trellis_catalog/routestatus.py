@@ -3,8 +3,8 @@ conditions every Gateway API status the catalog writes is made of.
 
 A route's status is a list of ``RouteParentStatus``, one per parent and controller. The
 catalog writes its own entries, one per parent it resolved: under
-:data:`~trellis_catalog.domain.spec.MESH_CONTROLLER` for a Service parent (the mesh,
-GAMMA) and under :data:`~trellis_catalog.domain.spec.GATEWAY_CONTROLLER` for a Gateway
+:data:`~trellis_spec.mesh.MESH_CONTROLLER` for a Service parent (the mesh,
+GAMMA) and under :data:`~trellis_spec.mesh.GATEWAY_CONTROLLER` for a Gateway
 of Trellis' GatewayClass (``ParentStatus.controller``), each with the ``Accepted`` and
 ``ResolvedRefs`` conditions it resolved and a ``parentRef`` that names the listener
 (``sectionName``) when the route's did. It keeps every entry another controller wrote
@@ -23,7 +23,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from trellis_catalog.domain.statuses import (
+from trellis_spec.statuses import (
     GATEWAY_CONTROLLER,
     MESH_CONTROLLER,
     Condition,

@@ -19,10 +19,10 @@ from types import MappingProxyType
 
 from trellis_catalog.domain import services as svc
 from trellis_catalog.domain.contentversion import cluster_version
-from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState
 from trellis_common.memo import Members
 from trellis_common.model import MeshService
+from trellis_spec.steps import Steps, drain
 
 
 class Clusters:

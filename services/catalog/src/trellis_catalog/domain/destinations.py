@@ -28,10 +28,10 @@ from trellis_catalog.domain import contentversion
 from trellis_catalog.domain.gateway import AttachedRule
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.spec import MeshSpec
-from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.views import ClusterState, HttpMatch
 from trellis_common.model import MeshService, ServiceAccount
+from trellis_spec.mesh import MeshSpec
+from trellis_spec.steps import Steps, drain
 
 __all__ = ["Destination", "Destinations", "ProfileRoute", "build", "opaque_ports"]
 

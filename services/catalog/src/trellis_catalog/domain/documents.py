@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from trellis_catalog.domain import statuses
-from trellis_catalog.domain.steps import Steps
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
+from trellis_spec import statuses
+from trellis_spec.steps import Steps
 
 STEP = 2000  # documents compared between two steps
 INDEX_STEP = 10_000  # documents indexed by identity between two steps

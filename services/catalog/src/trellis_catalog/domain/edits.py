@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trellis_catalog.domain import spec as meshspec
-from trellis_catalog.domain import statuses
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.views import Identity
 from trellis_common.documents.base import Document, DocumentKey
 from trellis_common.model import MeshService, ServiceAccount
+from trellis_spec import mesh as meshspec
+from trellis_spec import statuses
 
 TARGET = "TrafficTarget"
 GROUP = "HTTPRouteGroup"

@@ -48,11 +48,11 @@ from trellis_catalog.domain.gateway_rules import (
 )
 from trellis_catalog.domain.refgrants import ReferenceGrants
 from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.statuses import Condition, ParentStatus, Status
 from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
 from trellis_common.documents import gateway
 from trellis_common.documents.base import Document, DocumentKey
 from trellis_common.model import MeshService
+from trellis_spec.statuses import Condition, ParentStatus, Status
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

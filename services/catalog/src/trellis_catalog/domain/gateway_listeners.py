@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
-from trellis_catalog.domain.statuses import Condition, ListenerStatus
 from trellis_common.documents import gateway_api
 from trellis_common.documents.base import Document
+from trellis_spec.statuses import Condition, ListenerStatus
 
 SERVED_PROTOCOLS = ("HTTP", "HTTPS", "TLS")
 HTTP_KINDS = ("HTTPRoute", "GRPCRoute")

@@ -9,14 +9,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trellis_catalog.domain.gateway_matches import grpc_match, http_match
 from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
 from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.statuses import Condition
 from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
 from trellis_common.documents import gateway, gateway_filters
 from trellis_common.documents.base import Document
 from trellis_common.model import MeshService
+from trellis_spec.gateway_matches import grpc_match, http_match
+from trellis_spec.statuses import Condition
 
 GRPC_UNAVAILABLE = 503  # Envoy answers a gRPC request's 503 with UNAVAILABLE (14)
 HTTP_INVALID = 500

@@ -36,11 +36,11 @@ from trellis_catalog.domain.gateway import AttachedRule, attached_rule
 from trellis_catalog.domain.gateway_listeners import GatewayListener, listeners_of
 from trellis_catalog.domain.gateway_rules import Backend, Refs, Rule
 from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
-from trellis_catalog.domain.spec import MeshSpec
-from trellis_catalog.domain.statuses import Condition, ParentStatus, Status
 from trellis_catalog.domain.views import Identity
 from trellis_common.documents import gateway, gateway_api
 from trellis_common.documents.base import Document
+from trellis_spec.mesh import MeshSpec
+from trellis_spec.statuses import Condition, ParentStatus, Status
 
 
 @dataclass(frozen=True, slots=True)

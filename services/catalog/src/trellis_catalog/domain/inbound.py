@@ -14,9 +14,7 @@ the outbound half walks every destination the account may call; :mod:`.access` s
 
 from __future__ import annotations
 
-from trellis_catalog.domain.grants import Grant
 from trellis_catalog.domain.services import KnownService, PortSpec, endpoint_port, spiffe_id
-from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import (
     MATCH_ALL,
     HttpMatch,
@@ -26,6 +24,8 @@ from trellis_catalog.domain.views import (
 )
 from trellis_common.documents import osm, smi
 from trellis_common.model import MeshService, ServiceAccount
+from trellis_spec.grants import Grant
+from trellis_spec.mesh import MeshSpec
 
 
 def http_match(match: smi.HTTPMatch) -> HttpMatch:

@@ -26,8 +26,6 @@ from trellis_catalog.domain import edge, gamma, gateway, gatewayports, inbound
 from trellis_catalog.domain.gateways import Gateways, resolve_gateways
 from trellis_catalog.domain.inbound import http_match
 from trellis_catalog.domain.services import KnownService, PortSpec, spiffe_id
-from trellis_catalog.domain.spec import MeshSpec
-from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.tcpports import shadow_tcp
 from trellis_catalog.domain.tlsroutes import attach_tls_routes
 from trellis_catalog.domain.upstream import connection_settings, seconds
@@ -47,6 +45,8 @@ from trellis_catalog.domain.views import (
 )
 from trellis_common.documents import smi
 from trellis_common.model import MeshService, ServiceAccount, WeightedService
+from trellis_spec.mesh import MeshSpec
+from trellis_spec.steps import Steps, drain
 
 AccountOf = Callable[[MeshService], str]
 STEP = 500  # services indexed between two steps

@@ -32,9 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from trellis_catalog.domain import destinations, edge, gateway, statuses
+from trellis_catalog.domain import destinations, edge, gateway
 from trellis_catalog.domain import services as svc
-from trellis_catalog.domain import spec as meshspec
 from trellis_catalog.domain.clusters import Clusters
 from trellis_catalog.domain.documents import SpecDocuments
 from trellis_catalog.domain.edits import AccessEdit
@@ -42,12 +41,14 @@ from trellis_catalog.domain.gateways import Gateways, resolve_gateways
 from trellis_catalog.domain.gateways import statuses as gateway_statuses
 from trellis_catalog.domain.policy import PolicyBuilder
 from trellis_catalog.domain.reports import ProviderReports
-from trellis_catalog.domain.steps import Steps, drain
 from trellis_catalog.domain.tcpports import tcp_port_conflicts
 from trellis_catalog.domain.tlsroutes import attach_tls_routes
 from trellis_catalog.domain.views import Identity, IdentityPolicy
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.model import MeshService, ServiceAccount
+from trellis_spec import mesh as meshspec
+from trellis_spec import statuses
+from trellis_spec.steps import Steps, drain
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from trellis_catalog.domain import contentversion
-from trellis_catalog.domain.steps import Steps
 from trellis_catalog.domain.views import (
     ClusterEndpoint,
     ClusterRef,
@@ -42,6 +41,7 @@ from trellis_catalog.domain.views import (
     IdentityPolicy,
 )
 from trellis_common.model import MeshService
+from trellis_spec.steps import Steps
 
 __all__ = [
     "DESTINATION",

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import OutboundService
 from trellis_common.model import MeshService
+from trellis_spec.mesh import MeshSpec
 
 
 def shadow_tcp(outbound: list[OutboundService], spec: MeshSpec) -> list[OutboundService]:

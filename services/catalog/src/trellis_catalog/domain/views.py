@@ -13,7 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-Headers = tuple[tuple[str, str], ...]
+# the spec's match values are part of every view: the catalog names them from here
+from trellis_spec.matches import MATCH_ALL as MATCH_ALL
+from trellis_spec.matches import Headers as Headers
+from trellis_spec.matches import HttpMatch as HttpMatch
+from trellis_spec.matches import ValueMatch as ValueMatch
 
 
 class Identity(NamedTuple):
@@ -31,35 +35,6 @@ class Identity(NamedTuple):
         if not sep or not namespace or not service or "/" in service:
             raise ValueError(f"identity {text!r} must be '<namespace>/<service>'")
         return cls(namespace, service)
-
-
-@dataclass(frozen=True, slots=True)
-class ValueMatch:
-    """A Gateway API header or query parameter match: exactly, or by an RE2 regex."""
-
-    name: str
-    value: str
-    regex: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class HttpMatch:
-    """Which requests a route or rule takes; the defaults take every request.
-
-    SMI matches set ``path_regex``, ``methods`` and ``headers`` (regexes); Gateway API
-    matches may instead set ``path_exact`` or ``path_prefix`` (whole segments), and exact or
-    regex ``header_matches`` and ``query_params``."""
-
-    path_regex: str = ".*"
-    methods: tuple[str, ...] = ()
-    headers: Headers = ()
-    path_exact: str = ""
-    path_prefix: str = ""
-    header_matches: tuple[ValueMatch, ...] = ()
-    query_params: tuple[ValueMatch, ...] = ()
-
-
-MATCH_ALL = HttpMatch()
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,6 @@ from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain import contentversion
 from trellis_catalog.domain.access import explain
 from trellis_catalog.domain.resources import DESTINATION, POLICY, SLICE, slice_of
-from trellis_catalog.domain.spec import MeshSpec
 from trellis_catalog.domain.views import Identity
 from trellis_catalog.transport import grpc_requests
 from trellis_catalog.transport.protos import (
@@ -39,6 +38,7 @@ from trellis_catalog.transport.protos import (
 from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_common.health import Rejections
 from trellis_common.model import MeshService
+from trellis_spec.mesh import MeshSpec
 
 __all__ = ["SERVICE_NAME", "CatalogServicer", "to_proto"]
 
