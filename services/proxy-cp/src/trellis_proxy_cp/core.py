@@ -75,6 +75,7 @@ class ProxyControlPlane:
         self._forget = forget
         self._on_refused = on_refused
         self.groups: dict[str, Group] = {}
+        self._keys_of: dict[str, set[str]] = {}  # identity -> its groups' keys
         self.policies: dict[str, catalog_pb2.View] = {}
         self.slices: dict[str, catalog_pb2.ClusterSlice] = {}
         self._holders: dict[str, set[str]] = {}  # slice name -> identities whose policy names it
@@ -101,6 +102,7 @@ class ProxyControlPlane:
             group = self.groups.get(key)
             if group is None:
                 group = self.groups[key] = Group(key, identity, service_account, settings)
+                self._keys_of.setdefault(identity, set()).add(key)
             group.proxies.add(proxy)
             self._attached[proxy, key] += 1
             self._streams[proxy] += 1
@@ -138,11 +140,20 @@ class ProxyControlPlane:
         if group.proxies:
             return
         del self.groups[key]
+        keys = self._keys_of.get(group.identity)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._keys_of[group.identity]
         self.cache.clear(key)
-        if not any(g.identity == group.identity for g in self.groups.values()):
+        if group.identity not in self._keys_of:
             self._drop_policy(group.identity)
             self.materials.pop(group.identity, None)
             self._forget(group.identity)
+
+    def follows(self, identity: str) -> bool:
+        """Whether some group of ``identity`` is attached here."""
+        return identity in self._keys_of
 
     def streams_of(self, proxy: str) -> int:
         """How many streams of ``proxy`` are attached (any group)."""
@@ -199,9 +210,18 @@ class ProxyControlPlane:
         for name in changed:
             for identity in self._holders.get(name, ()):
                 concerned.setdefault(identity, set()).add(name)
+        groups = 0
         for identity, names in sorted(concerned.items()):
             if identity not in skip:
-                self._rebuild(identity, names if names <= endpoints_moved else None)
+                groups += self._rebuild(identity, names if names <= endpoints_moved else None)
+        if concerned:
+            log.info(
+                "snapshot.slices_moved slices=%d endpoints_only=%d identities=%d groups=%d",
+                len(changed),
+                len(changed & endpoints_moved),
+                len(concerned),
+                groups,
+            )
 
     def _set_policy(self, identity: str, policy: catalog_pb2.View) -> bool:
         """Hold ``policy`` (a policy of one version is kept as it is); whether it moved."""
@@ -251,11 +271,13 @@ class ProxyControlPlane:
         self.materials[identity] = material
         self._rebuild(identity)
 
-    def _rebuild(self, identity: str, slices: set[str] | None = None) -> None:
-        """Rebuild the identity's groups; ``slices``: only these slices' endpoints moved."""
-        for group in list(self.groups.values()):
-            if group.identity == identity:
-                self._build(group, slices)
+    def _rebuild(self, identity: str, slices: set[str] | None = None) -> int:
+        """Rebuild the identity's groups; ``slices``: only these slices' endpoints moved.
+        Returns how many groups there were."""
+        keys = sorted(self._keys_of.get(identity, ()))
+        for key in keys:
+            self._build(self.groups[key], slices)
+        return len(keys)
 
     def _build(self, group: Group, slices: set[str] | None = None) -> None:
         policy = self.policies.get(group.identity)
@@ -340,7 +362,7 @@ class ProxyControlPlane:
         self.cache.set_snapshot(
             group.key, current.with_type(types.ENDPOINT, assignments, version), checked=True
         )
-        self._built(group, version)
+        self._built(group, version, endpoints_only=True)
 
     def _version(self, policy: catalog_pb2.View, serial: str) -> str:
         """The snapshot's label: the policy's version, its slices' and the material's."""
@@ -351,9 +373,16 @@ class ProxyControlPlane:
         digest = hashlib.blake2b(versions.encode(), digest_size=6).hexdigest()
         return f"{policy.version}/{digest}/{serial}"
 
-    def _built(self, group: Group, version: str) -> None:
+    def _built(self, group: Group, version: str, *, endpoints_only: bool = False) -> None:
         group.built_at = self.set_at[group.key] = time.monotonic()
         group.last_error = ""
-        log.info(
-            "snapshot.set key=%s version=%s proxies=%d", group.key, version, len(group.proxies)
+        # an endpoints-only rebuild is the churn's: one line per group at debug, a summary
+        # per change at info (_rebuild_holders)
+        log.log(
+            logging.DEBUG if endpoints_only else logging.INFO,
+            "snapshot.set key=%s version=%s proxies=%d endpoints_only=%s",
+            group.key,
+            version,
+            len(group.proxies),
+            endpoints_only,
         )

@@ -92,7 +92,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
     caller_views: CallerViews  # of Destination API callers; shares the catalog's follower
 
     def xds_follows(identity: str) -> bool:
-        return any(group.identity == identity for group in control_plane.groups.values())
+        return control_plane.follows(identity)
 
     async def on_resources(policies: dict[str, Any], slices: dict[str, Any]) -> None:
         for identity, policy in policies.items():

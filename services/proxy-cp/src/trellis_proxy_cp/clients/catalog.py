@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -311,18 +312,20 @@ class ResourceFollower(Follower):
         self._started += 1
         number = self._started
         client = self.client
+        started = time.perf_counter()
         listed = await client.list_changes()
+        listed_at = time.perf_counter()
         wanted = {POLICY + i for i in client.wanted} | set(client.slices)
         listing = {item.name: item.version for item in listed.changes}
         moved = [n for n, v in listing.items() if n in wanted and client.version(n) != v]
         if listed.full:
             moved += sorted(n for n in wanted if n not in listing)
         destinations, gone = self._destinations(listing, listed.full)
-        fetched = await client.fetch(moved + destinations)
+        fetched = await client.fetch(moved + destinations) if moved or destinations else Fetched()
+        fetched_at = time.perf_counter()
         await client.hand_on(fetched.policies, fetched.slices)
         table_moved = client.table.apply(fetched.destinations, gone + fetched.gone)
-        if table_moved:
-            log.debug("destinations.moved count=%d full=%s", len(table_moved), listed.full)
+        applied_at = time.perf_counter()
         client.cursor = listed.cursor
         self._applied = number
         if listed.full or self.reregister:
@@ -332,8 +335,20 @@ class ResourceFollower(Follower):
             except BaseException:
                 self.reregister = True
                 raise
+        # each hop's share, for `make trace`
         log.debug(
-            "catalog.synced cursor=%s full=%s fetched=%d", listed.cursor, listed.full, len(moved)
+            "catalog.synced cursor=%s full=%s listed=%d fetched=%d policies=%d slices=%d "
+            "destinations=%d list_ms=%.1f get_ms=%.1f apply_ms=%.1f",
+            listed.cursor,
+            listed.full,
+            len(listing),
+            len(moved) + len(destinations),
+            len(fetched.policies),
+            len(fetched.slices),
+            len(table_moved),
+            (listed_at - started) * 1000,
+            (fetched_at - listed_at) * 1000,
+            (applied_at - fetched_at) * 1000,
         )
 
     def _destinations(self, listing: dict[str, str], full: bool) -> tuple[list[str], list[str]]:
