@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from bench import load, mesh, report
 from trellis_catalog import sources
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain import services as svc
+from trellis_catalog.domain.index import services as svc
 from trellis_common.documents.base import Document, KindRegistry, Origin
 from trellis_common.model import MeshService
 from trellis_spec import mesh as meshspec

@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 
 SEED = 20_240_601
 PROVIDER = "bench"

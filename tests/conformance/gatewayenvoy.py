@@ -46,7 +46,7 @@ from cryptography.x509.oid import NameOID
 from tests.conformance.upstream import documents, reports
 from trellis_api import catalog_pb2 as pb
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.transport.protos import to_proto
 from trellis_common.bootstrap import KEY_FILE, WORKLOAD_CERT_FILE
 from trellis_proxy_cp.testing.static import self_signed_material, static_bootstrap

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.conformance.gatewayenvoy import Echoed, Gateway, serving, settle
 from tests.conformance.upstream import INFRA, raw
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 
 WEB = "gateway-conformance-web-backend"
 APP = "gateway-conformance-app-backend"

@@ -23,7 +23,7 @@ from tests.conformance.upstream import (
     raw,
 )
 from trellis_catalog import gatewaystatus
-from trellis_catalog.domain.gateways import resolve_gateways
+from trellis_catalog.domain.routing.gateways import resolve_gateways
 from trellis_spec.statuses import Status
 
 RESOLVED = Want("ResolvedRefs", "True")

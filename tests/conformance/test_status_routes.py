@@ -24,8 +24,8 @@ from tests.conformance.upstream import (
     route_status,
 )
 from trellis_catalog import routestatus
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import Identity, Route
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.model.views import Identity, Route
 
 WEB = "gateway-conformance-web-backend"
 SAME = f"{INFRA}/same-namespace"

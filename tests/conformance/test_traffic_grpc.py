@@ -18,7 +18,7 @@ import pytest
 
 from tests.conformance.gatewayenvoy import serving, settle
 from tests.conformance.upstream import INFRA, raw
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 
 #: each test starts an Envoy and its backends: seconds (``make test-fast`` leaves it out)
 pytestmark = pytest.mark.slow

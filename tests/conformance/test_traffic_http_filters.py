@@ -15,7 +15,7 @@ import pytest
 from tests.conformance.gatewayenvoy import Gateway, serving, settle
 from tests.conformance.httpcases import APP, WEB, Case, check, run
 from tests.conformance.upstream import INFRA, find, raw
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 from trellis_testing.waiting import eventually
 
 #: each test starts an Envoy and its backends: seconds (``make test-fast`` leaves it out)

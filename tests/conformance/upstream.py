@@ -23,10 +23,10 @@ from typing import Any
 
 import yaml
 
-from trellis_catalog.domain import services
-from trellis_catalog.domain.gateways import statuses
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.index import services
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.routing.gateways import statuses
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Document, DocumentError, Origin
 from trellis_common.model import MeshService

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from trellis_catalog.domain import services
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.index import services
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.sources import kinds
 from trellis_common.documents.base import Document, DocumentError, KindRegistry, Origin
 from trellis_common.model import MeshService

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from trellis_catalog.catalog import Catalog, CertificateRef, UnknownProxy
-from trellis_catalog.domain.contentversion import cluster_version
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.model.contentversion import cluster_version
+from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_common.specdir import load_paths
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trellis_catalog.domain import services
-from trellis_catalog.domain.clusters import Clusters
-from trellis_catalog.domain.contentversion import cluster_version
-from trellis_catalog.domain.services import KnownService, ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.index import services
+from trellis_catalog.domain.index.clusters import Clusters
+from trellis_catalog.domain.index.services import KnownService, ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.model.contentversion import cluster_version
 from trellis_common.model import MeshService
 
 API = MeshService("shop", "api")

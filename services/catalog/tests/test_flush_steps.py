@@ -12,7 +12,7 @@ import pytest
 
 from trellis_catalog import catalog as catalog_module
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.sources import kinds
 from trellis_common.specdir import load_paths
 

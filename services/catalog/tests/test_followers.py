@@ -26,7 +26,7 @@ from trellis_api import endpoints_pb2_grpc as epb_grpc
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.clients.certs import CertificateFollower
 from trellis_catalog.clients.providers import KIND, ProviderFollower
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 from trellis_common.events import Follower, Signals
 from trellis_common.grpcserver import GrpcServer
 from trellis_common.health import Health

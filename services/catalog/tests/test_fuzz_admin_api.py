@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport import rest
 from trellis_common import admin

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from trellis_api import catalog_pb2 as pb
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport import grpc_requests
 from trellis_catalog.transport.grpc_api import CatalogServicer

@@ -9,11 +9,17 @@ from typing import Any
 import pytest
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain import destinations
-from trellis_catalog.domain.access import explain
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.services import ProvidedService
-from trellis_catalog.domain.views import HttpMatch, Identity, OutboundService, Route, ValueMatch
+from trellis_catalog.domain.access.explain import explain
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.index.services import ProvidedService
+from trellis_catalog.domain.model.views import (
+    HttpMatch,
+    Identity,
+    OutboundService,
+    Route,
+    ValueMatch,
+)
+from trellis_catalog.domain.publish import destinations
 from trellis_common.model import MeshService, ServiceAccount
 from trellis_spec.statuses import Status
 

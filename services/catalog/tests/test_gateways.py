@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import GatewayPort, HttpMatch, Identity, Route
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.model.views import GatewayPort, HttpMatch, Identity, Route
 from trellis_spec.statuses import Status
 
 Mesh = Callable[..., PolicyBuilder]
@@ -127,7 +127,7 @@ def route_parent(builder: PolicyBuilder, key: str) -> dict[str, tuple[str, str]]
 
 def gateway_status(builder: PolicyBuilder, name: str = "my-gateway") -> Status:
     assert builder.gateways is not None
-    from trellis_catalog.domain.gateways import statuses
+    from trellis_catalog.domain.routing.gateways import statuses
 
     return statuses(builder.gateways, builder.spec.gateways)[f"Gateway shop/{name}"]
 

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer, to_proto
 from trellis_common.health import Health

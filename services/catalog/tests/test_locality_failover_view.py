@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.protos import to_proto
 from trellis_common.documents.base import Origin

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import pytest
 
-from trellis_catalog.domain.access import explain
-from trellis_catalog.domain.inbound import http_match
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
-from trellis_catalog.domain.views import (
+from trellis_catalog.domain.access.explain import explain
+from trellis_catalog.domain.access.inbound import http_match
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.model.views import (
     MATCH_ALL,
     ExternalService,
     HttpMatch,

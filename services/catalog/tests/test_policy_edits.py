@@ -14,9 +14,9 @@ import random
 from collections.abc import Callable
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.access import explain
-from trellis_catalog.domain.resources import policy_name
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.access.explain import explain
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.publish.resources import policy_name
 from trellis_common.documents.base import Document
 from trellis_common.model import MeshService, ServiceAccount
 

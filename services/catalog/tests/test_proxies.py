@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.index.proxies import Proxies, ProxyRecord, UnknownProxy
+from trellis_catalog.domain.model.views import Identity
 
 SHOP_API = Identity("shop", "api")
 

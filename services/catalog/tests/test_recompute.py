@@ -6,11 +6,11 @@ from collections.abc import Callable
 
 import pytest
 
-from trellis_catalog.domain.proxies import Proxies
-from trellis_catalog.domain.recompute import Recompute
-from trellis_catalog.domain.reports import ProviderReports
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.changes.recompute import Recompute
+from trellis_catalog.domain.index.proxies import Proxies
+from trellis_catalog.domain.index.reports import ProviderReports
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.model.views import Identity
 from trellis_common.documents.base import Document
 from trellis_common.model import MeshService
 

@@ -24,7 +24,7 @@ from google.protobuf.json_format import MessageToDict
 
 from trellis_api import catalog_pb2 as pb
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import CatalogServicer
 from trellis_common.documents.base import Document

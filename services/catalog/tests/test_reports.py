@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trellis_catalog.domain.reports import ProviderReports
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.index.reports import ProviderReports
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 from trellis_common.model import MeshService
 
 PAYMENTS = MeshService("shop", "payments")

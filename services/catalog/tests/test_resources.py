@@ -10,8 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from trellis_catalog.domain import contentversion
-from trellis_catalog.domain.resources import (
+from trellis_catalog.domain.model import contentversion
+from trellis_catalog.domain.model.views import (
+    ClusterEndpoint,
+    ClusterRef,
+    ClusterState,
+    Identity,
+    IdentityPolicy,
+    MeshSettings,
+)
+from trellis_catalog.domain.publish.resources import (
     Published,
     ResourceStore,
     destination_name,
@@ -19,14 +27,6 @@ from trellis_catalog.domain.resources import (
     policy_name,
     slice_name,
     slice_of,
-)
-from trellis_catalog.domain.views import (
-    ClusterEndpoint,
-    ClusterRef,
-    ClusterState,
-    Identity,
-    IdentityPolicy,
-    MeshSettings,
 )
 from trellis_common.model import MeshService
 from trellis_spec.steps import drain

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import Identity, RetryPolicy
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.model.views import Identity, RetryPolicy
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.model import MeshService
 from trellis_spec import mesh as meshspec

@@ -6,14 +6,14 @@ from collections.abc import Callable
 
 import pytest
 
-from trellis_catalog.domain import services
-from trellis_catalog.domain.services import (
+from trellis_catalog.domain.index import services
+from trellis_catalog.domain.index.services import (
     KnownService,
     PortSpec,
     ProvidedEndpoint,
     ProvidedService,
 )
-from trellis_catalog.domain.views import ClusterEndpoint
+from trellis_catalog.domain.model.views import ClusterEndpoint
 from trellis_common.documents.base import Document
 from trellis_common.model import MeshService
 from trellis_spec.mesh import build

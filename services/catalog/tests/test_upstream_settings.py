@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import (
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.model.views import (
     ConnectionSettings,
     Identity,
     LocalRateLimit,

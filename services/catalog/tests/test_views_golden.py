@@ -23,8 +23,8 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.protos import to_proto
 from trellis_common.documents.base import Origin

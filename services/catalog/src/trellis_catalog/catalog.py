@@ -7,7 +7,7 @@ once (the leading edge: a lone change never waits for a quiet period), and coale
 arrives while a flush is built and announced into the next flush, which follows at once:
 under churn a change waits for at most one flush and one announce, however steady the
 stream. The recompute rebuilds what the dirty inputs touched (services, clusters,
-policies), the resource store (:mod:`~trellis_catalog.domain.resources`) gives a new version
+policies), the resource store (:mod:`~trellis_catalog.domain.publish.resources`) gives a new version
 to each policy, slice and destination that changed, and the batch is signalled once on the
 ``views`` topic with the cursor after it (consumers ask :meth:`Catalog.changes_since` what
 moved, then fetch it by name). Certificates are not among the resources: they reach
@@ -18,7 +18,7 @@ back every :data:`STEP_SECONDS` of work, so a full build never stalls the APIs.
 Replicas run active-active: each computes the same views from the same inputs (the spec,
 the providers' reports, certmanager's proxy records: each replica follows them all), and
 every version a consumer compares (policies, slices, destinations) is a digest of the
-content (:mod:`~trellis_catalog.domain.contentversion`), equal on every replica and across
+content (:mod:`~trellis_catalog.domain.model.contentversion`), equal on every replica and across
 restarts. Only the cursor is a replica's own: another's gets a full listing, from which
 proxy-cp refetches only the resources whose version differs from the one it holds. Both
 replicas announce each change on ``views``; the second announce lists nothing new (or, on
@@ -33,11 +33,11 @@ with a replica it switches to), and, while the proxies of one identity run under
 accounts, which was established first (onboarding order as this replica heard it).
 
 :class:`Catalog` is the façade over the parts, each its own domain module:
-:class:`~trellis_catalog.domain.reports.ProviderReports` (the provider merge),
-:class:`~trellis_catalog.domain.proxies.Proxies` (the proxy registry),
-:class:`~trellis_catalog.domain.recompute.Recompute` (dirty tracking, the service index,
-clusters and policies), :class:`~trellis_catalog.domain.destinations.Destinations` and
-:class:`~trellis_catalog.domain.resources.ResourceStore` (versions, the change log).
+:class:`~trellis_catalog.domain.index.reports.ProviderReports` (the provider merge),
+:class:`~trellis_catalog.domain.index.proxies.Proxies` (the proxy registry),
+:class:`~trellis_catalog.domain.changes.recompute.Recompute` (dirty tracking, the service index,
+clusters and policies), :class:`~trellis_catalog.domain.publish.destinations.Destinations` and
+:class:`~trellis_catalog.domain.publish.resources.ResourceStore` (versions, the change log).
 """
 
 from __future__ import annotations
@@ -49,15 +49,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from trellis_catalog.domain import contentversion
-from trellis_catalog.domain import services as svc
-from trellis_catalog.domain.destinations import Destination, Destinations
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.proxies import Proxies, ProxyRecord, UnknownProxy
-from trellis_catalog.domain.recompute import Recompute
-from trellis_catalog.domain.reports import ProviderReports
-from trellis_catalog.domain.resources import Published, ResourceStore, policy_name
-from trellis_catalog.domain.views import ClusterState, Identity, IdentityPolicy
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.changes.recompute import Recompute
+from trellis_catalog.domain.index import services as svc
+from trellis_catalog.domain.index.proxies import Proxies, ProxyRecord, UnknownProxy
+from trellis_catalog.domain.index.reports import ProviderReports
+from trellis_catalog.domain.model import contentversion
+from trellis_catalog.domain.model.views import ClusterState, Identity, IdentityPolicy
+from trellis_catalog.domain.publish.destinations import Destination, Destinations
+from trellis_catalog.domain.publish.resources import Published, ResourceStore, policy_name
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.follow import describe
 from trellis_common.health import Health

@@ -2,7 +2,7 @@
 ``ReferenceGrant`` (``gateway.networking.k8s.io``).
 
 Trellis serves the Gateways whose GatewayClass names the controller ``trellis.dev/gateway``:
-each gets a gateway Envoy (:mod:`trellis_catalog.domain.gateways` resolves what it serves).
+each gets a gateway Envoy (:mod:`trellis_catalog.domain.routing.gateways` resolves what it serves).
 The models follow the upstream v1 API (``apis/v1/gateway_types.go``,
 ``gatewayclass_types.go``, ``apis/v1beta1/referencegrant_types.go``, bundle v1.6.1), the
 CRDs' validation rules included, so a manifest the API server would refuse is an error here

@@ -33,7 +33,7 @@ import grpc
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, CertificateRef, UnknownProxy
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 from trellis_common import ids, lifecycle
 from trellis_common.events import Follower
 from trellis_common.follow import follow_forever

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trellis_api import endpoints_pb2 as pb
-from trellis_catalog.domain.services import ProvidedEndpoint, ProvidedService
+from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 from trellis_common import ids
 from trellis_common.memo import Members
 

@@ -51,7 +51,7 @@ from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog
 from trellis_catalog.clients import provider_reports
 from trellis_catalog.clients.provider_reports import InvalidReport, from_proto
-from trellis_catalog.domain.services import ProvidedService
+from trellis_catalog.domain.index.services import ProvidedService
 from trellis_common import components
 from trellis_common.events import Follower
 from trellis_common.follow import describe

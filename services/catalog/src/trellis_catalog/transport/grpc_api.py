@@ -23,10 +23,10 @@ import grpc
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, UnknownProxy
-from trellis_catalog.domain import contentversion
-from trellis_catalog.domain.access import explain
-from trellis_catalog.domain.resources import DESTINATION, POLICY, SLICE, slice_of
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.access.explain import explain
+from trellis_catalog.domain.model import contentversion
+from trellis_catalog.domain.model.views import Identity
+from trellis_catalog.domain.publish.resources import DESTINATION, POLICY, SLICE, slice_of
 from trellis_catalog.transport import grpc_requests
 from trellis_catalog.transport.protos import (
     SliceProtos,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trellis_api import catalog_pb2 as pb
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 from trellis_common import grpcrequests as check
 from trellis_common.model import MeshService, ServiceAccount
 

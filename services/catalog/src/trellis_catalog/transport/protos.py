@@ -3,7 +3,7 @@ and the whole view of an identity (its policy with its slices' endpoints) for ``
 
 A policy's clusters carry what a client needs before any endpoint (protocol, discovery,
 TLS, connection settings) and name their slice (``Cluster.slice``); a slice carries the
-endpoints and SPIFFE ids (:mod:`~trellis_catalog.domain.resources`). Endpoint messages are
+endpoints and SPIFFE ids (:mod:`~trellis_catalog.domain.publish.resources`). Endpoint messages are
 kept while the endpoint is the same object (:class:`SliceProtos`), so an answer after one
 endpoint of 200 moved converts one.
 """
@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trellis_api import catalog_pb2 as pb
-from trellis_catalog.domain.destinations import Destination
-from trellis_catalog.domain.resources import Slice, slice_name, slice_of
-from trellis_catalog.domain.views import (
+from trellis_catalog.domain.model.views import (
     ClusterEndpoint,
     ClusterRef,
     ClusterState,
@@ -29,6 +27,8 @@ from trellis_catalog.domain.views import (
     RetryPolicy,
     Route,
 )
+from trellis_catalog.domain.publish.destinations import Destination
+from trellis_catalog.domain.publish.resources import Slice, slice_name, slice_of
 from trellis_common import messages
 from trellis_common.memo import Members
 

@@ -10,8 +10,8 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query
 from google.protobuf import json_format
 
 from trellis_catalog.catalog import Catalog
-from trellis_catalog.domain.access import explain
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.access.explain import explain
+from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.transport.protos import to_proto
 from trellis_common.model import MeshService, ServiceAccount
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trellis_catalog.domain.inbound import http_match
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import MATCH_ALL, HttpMatch, Identity
+from trellis_catalog.domain.access.inbound import http_match
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.model.views import MATCH_ALL, HttpMatch, Identity
 from trellis_common.model import MeshService, ServiceAccount
 
 

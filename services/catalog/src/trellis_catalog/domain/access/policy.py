@@ -11,9 +11,11 @@
 - ServiceEntries: MESH_INTERNAL hosts are destinations like any service; MESH_EXTERNAL
   hosts are external services for the namespaces they are exported to.
 - Inbound: each port of the identity's own service, with the TrafficTargets' sources and
-  routes on it (HTTP matches on HTTP ports; TCPRoute ports on TCP ports): :mod:`.inbound`.
+  routes on it (HTTP matches on HTTP ports; TCPRoute ports on TCP ports), and what OSM
+  IngressBackends admit to it from outside the mesh: :mod:`.inbound`.
+- Egress: what OSM Egress policies let it reach outside the mesh: :mod:`.egress`.
 
-Why a call is allowed or denied, in words (CheckPolicy), is :mod:`.access`.
+Why a call is allowed or denied, in words (CheckPolicy), is :mod:`.explain`.
 """
 
 from __future__ import annotations
@@ -22,20 +24,16 @@ import copy
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 
-from trellis_catalog.domain import edge, gamma, gateway, gatewayports, inbound
-from trellis_catalog.domain.gateways import Gateways, resolve_gateways
-from trellis_catalog.domain.inbound import http_match
-from trellis_catalog.domain.services import KnownService, PortSpec, spiffe_id
-from trellis_catalog.domain.tcpports import shadow_tcp
-from trellis_catalog.domain.tlsroutes import attach_tls_routes
-from trellis_catalog.domain.upstream import connection_settings, seconds
-from trellis_catalog.domain.views import (
+from trellis_catalog.domain.access import egress, inbound
+from trellis_catalog.domain.access.inbound import http_match
+from trellis_catalog.domain.access.upstream import connection_settings, seconds
+from trellis_catalog.domain.index.services import KnownService, PortSpec, spiffe_id
+from trellis_catalog.domain.model.views import (
     MATCH_ALL,
     ClusterRef,
     ExternalService,
     Identity,
     IdentityPolicy,
-    InboundPort,
     MeshSettings,
     OutboundService,
     RetryPolicy,
@@ -43,6 +41,10 @@ from trellis_catalog.domain.views import (
     Tracing,
     WeightedCluster,
 )
+from trellis_catalog.domain.routing import gamma, gateway, gatewayports
+from trellis_catalog.domain.routing.gateways import Gateways, resolve_gateways
+from trellis_catalog.domain.routing.tcpports import shadow_tcp
+from trellis_catalog.domain.routing.tlsroutes import attach_tls_routes
 from trellis_common.documents import smi
 from trellis_common.model import MeshService, ServiceAccount, WeightedService
 from trellis_spec.mesh import MeshSpec
@@ -289,26 +291,15 @@ class PolicyBuilder:
             mesh=self.mesh,
             outbound=tuple(sorted(outbound, key=lambda o: (o.namespace, o.name, o.port))),
             external=tuple(external),
-            inbound=self._admitted(
-                me, inbound.ports(self.spec, self.services.get(me), source, self.trust_domain)
+            inbound=inbound.admitted(
+                self.spec,
+                self.services,
+                me,
+                inbound.ports(self.spec, self.services.get(me), source, self.trust_domain),
             ),
             clusters=tuple(clusters[name] for name in sorted(clusters)),
-            egress=edge.egress_routes(self.spec, source),
+            egress=egress.egress_routes(self.spec, source),
             gateway=gateway_ports,
-        )
-
-    def _admitted(self, me: MeshService, ports: tuple[InboundPort, ...]) -> tuple[InboundPort, ...]:
-        """``ports`` with what IngressBackends admit to them from outside the mesh."""
-        if not self.spec.ingress_backends:
-            return ports
-        return tuple(
-            replace(
-                port,
-                ingress=edge.ingress_rule(
-                    self.spec, self.services, me, port.port, port.target_port
-                ),
-            )
-            for port in ports
         )
 
     # -- outbound ---------------------------------------------------------------------

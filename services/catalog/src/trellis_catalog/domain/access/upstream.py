@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from trellis_catalog.domain.views import ConnectionSettings, OutlierDetection
+from trellis_catalog.domain.model.views import ConnectionSettings, OutlierDetection
 from trellis_common.documents import osm
 
 

@@ -2,9 +2,9 @@
 
 TrafficTargets, HTTPRouteGroups and TCPRoutes decide who may call whom, on which routes;
 nothing else reads them but policies, destinations' routes and statuses. An edit of those
-alone can patch the spec (:func:`~.spec.patch`) instead of building it again, and concerns
-only the identities the touched targets name and the destinations of their destination
-accounts: :class:`AccessEdit` says which.
+alone can patch the spec (:func:`~trellis_spec.mesh.patch`) instead of building it again,
+and concerns only the identities the touched targets name and the destinations of their
+destination accounts: :class:`AccessEdit` says which.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.model.views import Identity
 from trellis_common.documents.base import Document, DocumentKey
 from trellis_common.model import MeshService, ServiceAccount
 from trellis_spec import mesh as meshspec

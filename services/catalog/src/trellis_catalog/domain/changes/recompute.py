@@ -8,7 +8,8 @@ least work that keeps every answer equal to a computation from scratch:
    edited documents and the targets naming an edited route, nothing else;
 2. only the services in scope are re-indexed: all of them when a provider sent a full list,
    the ones a provider changed, and the ones a Service document names;
-3. the clusters of those services are rebuilt (:class:`~trellis_catalog.domain.clusters.Clusters`);
+3. the clusters of those services are rebuilt
+   (:class:`~trellis_catalog.domain.index.clusters.Clusters`);
 4. policies are recomputed only when the specification, the proxies, or a service's shape
    (ports, location, hosts, reachability, account: not its endpoints' addresses) changed,
    and then only for the identities an access-policy edit concerns when that is all that
@@ -32,22 +33,25 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from trellis_catalog.domain import destinations, edge, gateway
-from trellis_catalog.domain import services as svc
-from trellis_catalog.domain.clusters import Clusters
-from trellis_catalog.domain.documents import SpecDocuments
-from trellis_catalog.domain.edits import AccessEdit
-from trellis_catalog.domain.gateways import Gateways, resolve_gateways
-from trellis_catalog.domain.gateways import statuses as gateway_statuses
-from trellis_catalog.domain.policy import PolicyBuilder
-from trellis_catalog.domain.reports import ProviderReports
-from trellis_catalog.domain.tcpports import tcp_port_conflicts
-from trellis_catalog.domain.tlsroutes import attach_tls_routes
-from trellis_catalog.domain.views import Identity, IdentityPolicy
+from trellis_catalog.domain.access import inbound
+from trellis_catalog.domain.access.policy import PolicyBuilder
+from trellis_catalog.domain.changes.documents import SpecDocuments
+from trellis_catalog.domain.changes.edits import AccessEdit
+from trellis_catalog.domain.index import services as svc
+from trellis_catalog.domain.index.clusters import Clusters
+from trellis_catalog.domain.index.reports import ProviderReports
+from trellis_catalog.domain.model.views import Identity, IdentityPolicy
+from trellis_catalog.domain.publish import destinations
+from trellis_catalog.domain.routing import gateway
+from trellis_catalog.domain.routing.gateways import Gateways, resolve_gateways
+from trellis_catalog.domain.routing.gateways import statuses as gateway_statuses
+from trellis_catalog.domain.routing.tcpports import tcp_port_conflicts
+from trellis_catalog.domain.routing.tlsroutes import attach_tls_routes
 from trellis_common.documents.base import Document, DocumentError, DocumentKey
 from trellis_common.model import MeshService, ServiceAccount
 from trellis_spec import mesh as meshspec
 from trellis_spec import statuses
+from trellis_spec.egress import egress_statuses
 from trellis_spec.steps import Steps, drain
 
 log = logging.getLogger(__name__)
@@ -60,7 +64,8 @@ Verdict = Callable[[Identity, Exception | None], None]  # a view built, or why i
 
 
 class Onboarded(Protocol):
-    """What the recompute reads of the proxies (a :class:`~.proxies.Proxies`)."""
+    """What the recompute reads of the proxies (a
+    :class:`~trellis_catalog.domain.index.proxies.Proxies`)."""
 
     def account(self, identity: Identity) -> str | None: ...
 
@@ -391,7 +396,8 @@ class Recompute:
         statuses = dict(self._document_statuses)
         statuses.update(self.routes.statuses)  # Gateway API routes: resolved against services
         statuses.update(gateway_statuses(self.gateways, self.spec.gateways))
-        statuses.update(edge.statuses(self.spec, self.services, self._document_statuses))
+        statuses.update(egress_statuses(self.spec, self._document_statuses))
+        statuses.update(inbound.ingress_statuses(self.spec, self.services, self._document_statuses))
         for root, name in self.spec.split_names.items():
             routed = sorted(
                 {r.source.rsplit(" rule ", 1)[0] for r in self.routes.rules.get(root, ())}

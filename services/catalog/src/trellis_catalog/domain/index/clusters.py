@@ -4,8 +4,9 @@ A cluster is one port of one known service with its endpoints and the SPIFFE ids
 workloads present. Every view that references it shares it, so a provider's report moves
 one cluster's version and re-versions only the views that reference that cluster, without
 recomputing any policy. A cluster's version is a digest of its content
-(:func:`~.contentversion.cluster_version`): every catalog replica gives it the same one, and
-a cluster that moves back to what it was gets its old version back.
+(:func:`~trellis_catalog.domain.model.contentversion.cluster_version`): every catalog
+replica gives it the same one, and a cluster that moves back to what it was gets its old
+version back.
 :meth:`Clusters.rebuild` refreshes the clusters of some services and says which names
 changed; :attr:`Clusters.states` is the read-only mapping of cluster name
 to :class:`ClusterState` (a live ``MappingProxyType``: every view's version reads it, on the
@@ -17,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from trellis_catalog.domain import services as svc
-from trellis_catalog.domain.contentversion import cluster_version
-from trellis_catalog.domain.views import ClusterState
+from trellis_catalog.domain.index import services as svc
+from trellis_catalog.domain.model.contentversion import cluster_version
+from trellis_catalog.domain.model.views import ClusterState
 from trellis_common.memo import Members
 from trellis_common.model import MeshService
 from trellis_spec.steps import Steps, drain

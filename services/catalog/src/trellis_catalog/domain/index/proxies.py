@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, validate_dns_subdomain
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from trellis_catalog.domain.services import ProvidedService, merge_reports
+from trellis_catalog.domain.index.services import ProvidedService, merge_reports
 from trellis_common.model import MeshService
 
 ReportKey = tuple[str, str, str]  # provider, namespace, the provider's key

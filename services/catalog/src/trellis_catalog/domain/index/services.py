@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from trellis_catalog.domain.views import ClusterEndpoint, ClusterRef, ClusterState
+from trellis_catalog.domain.model.views import ClusterEndpoint, ClusterRef, ClusterState
 from trellis_common.documents import core
 from trellis_common.memo import Members, sorted_unique
 from trellis_common.model import MeshService, ReportedEndpoint, ServiceReach

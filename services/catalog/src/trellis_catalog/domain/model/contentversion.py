@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from trellis_catalog.domain.views import ClusterState, IdentityPolicy
+from trellis_catalog.domain.model.views import ClusterState, IdentityPolicy
 
 __all__ = ["ABSENT", "Digests", "cluster_version", "of"]
 

@@ -13,10 +13,10 @@ Consumer routes (those of another namespace) hold only for clients in that names
 destination is one answer for every client, so it carries the producer's rules only.
 
 :class:`Destinations` versions them: a destination's version is a digest of its record
-and of its clusters' content versions (:mod:`.contentversion`), the same on every catalog
-replica and across restarts, so it moves when, and only when, one of them does. The
-resource store (:mod:`.resources`) publishes them as ``destination/<namespace>/<name>``, in
-its one change log.
+and of its clusters' content versions (:mod:`~trellis_catalog.domain.model.contentversion`),
+the same on every catalog replica and across restarts, so it moves when, and only when, one
+of them does. The resource store (:mod:`.resources`) publishes them as
+``destination/<namespace>/<name>``, in its one change log.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trellis_catalog.domain import contentversion
-from trellis_catalog.domain.gateway import AttachedRule
-from trellis_catalog.domain.inbound import http_match
-from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.views import ClusterState, HttpMatch
+from trellis_catalog.domain.access.inbound import http_match
+from trellis_catalog.domain.index.services import KnownService
+from trellis_catalog.domain.model import contentversion
+from trellis_catalog.domain.model.views import ClusterState, HttpMatch
+from trellis_catalog.domain.routing.gateway import AttachedRule
 from trellis_common.model import MeshService, ServiceAccount
 from trellis_spec.mesh import MeshSpec
 from trellis_spec.steps import Steps, drain

@@ -2,8 +2,9 @@
 
 proxy-cp needs three kinds of resource, each with a name and a content version:
 
-* ``policy/<namespace>/<service>``: an identity's :class:`~.views.IdentityPolicy` (what it
-  may reach and how, who may reach it), whose clusters name their slice;
+* ``policy/<namespace>/<service>``: an identity's
+  :class:`~trellis_catalog.domain.model.views.IdentityPolicy` (what it may reach and how,
+  who may reach it), whose clusters name their slice;
 * ``slice/<cluster>[@<accounts>]``: a cluster's endpoints as the identities whose policy
   references it see them (:func:`slice_of`: only the endpoints of the service accounts the
   policy lets them reach, when it limits them, as OSM sends a client no other endpoint);
@@ -15,14 +16,14 @@ its identity, a slice the identities whose policies reference it (it exists whil
 and is gone with the last), a destination every discovery client. A change to one
 cluster's endpoints re-versions its slices and nothing else: no policy moves.
 
-Versions are digests of the content (:mod:`.contentversion`), the same on every catalog
-replica and across restarts. The cursor, ``"<epoch>-<revision>"``, is the store's own: the
-revision counts the flushes that moved something, and the epoch (creation time in hex
-milliseconds, then random hex) tells this store's cursors from another's. A cursor from
-another replica or from before a restart gets a full listing (every resource and its
-version), which the consumer compares with what it holds, so it refetches only what
-differs. Versions carry no order; the catalog's module docstring states the rule for a
-replica that lags.
+Versions are digests of the content (:mod:`~trellis_catalog.domain.model.contentversion`),
+the same on every catalog replica and across restarts. The cursor, ``"<epoch>-<revision>"``,
+is the store's own: the revision counts the flushes that moved something, and the epoch
+(creation time in hex milliseconds, then random hex) tells this store's cursors from
+another's. A cursor from another replica or from before a restart gets a full listing
+(every resource and its version), which the consumer compares with what it holds, so it
+refetches only what differs. Versions carry no order; the catalog's module docstring states
+the rule for a replica that lags.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from trellis_catalog.domain import contentversion
-from trellis_catalog.domain.views import (
+from trellis_catalog.domain.model import contentversion
+from trellis_catalog.domain.model.views import (
     ClusterEndpoint,
     ClusterRef,
     ClusterState,

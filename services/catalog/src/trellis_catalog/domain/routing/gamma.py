@@ -14,10 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from trellis_catalog.domain.gateway import AttachedRule
-from trellis_catalog.domain.gateway_rules import GRPC_UNAVAILABLE, HTTP_INVALID, NO_ROUTE
-from trellis_catalog.domain.services import KnownService, PortSpec
-from trellis_catalog.domain.views import (
+from trellis_catalog.domain.index.services import KnownService, PortSpec
+from trellis_catalog.domain.model.views import (
     MATCH_ALL,
     ClusterRef,
     Mirror,
@@ -25,6 +23,8 @@ from trellis_catalog.domain.views import (
     Route,
     WeightedCluster,
 )
+from trellis_catalog.domain.routing.gateway import AttachedRule
+from trellis_catalog.domain.routing.gateway_rules import GRPC_UNAVAILABLE, HTTP_INVALID, NO_ROUTE
 from trellis_common.model import MeshService, ServiceAccount
 
 

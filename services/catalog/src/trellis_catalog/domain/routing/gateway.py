@@ -37,7 +37,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from trellis_catalog.domain.gateway_rules import (
+from trellis_catalog.domain.index.services import KnownService
+from trellis_catalog.domain.model.views import HeaderEdits, HttpMatch, Redirect, Rewrite
+from trellis_catalog.domain.routing.gateway_rules import (
     Backend,
     MirrorTo,
     Refs,
@@ -46,9 +48,7 @@ from trellis_catalog.domain.gateway_rules import (
     rewrite_of,
     route_rules,
 )
-from trellis_catalog.domain.refgrants import ReferenceGrants
-from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
+from trellis_catalog.domain.routing.refgrants import ReferenceGrants
 from trellis_common.documents import gateway
 from trellis_common.documents.base import Document, DocumentKey
 from trellis_common.model import MeshService

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
+from trellis_catalog.domain.routing.refgrants import GATEWAY_GROUP, ReferenceGrants
 from trellis_common.documents import gateway_api
 from trellis_common.documents.base import Document
 from trellis_spec.statuses import Condition, ListenerStatus

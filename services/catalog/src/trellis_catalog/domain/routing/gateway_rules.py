@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
-from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.views import HeaderEdits, HttpMatch, Redirect, Rewrite
+from trellis_catalog.domain.index.services import KnownService
+from trellis_catalog.domain.model.views import HeaderEdits, HttpMatch, Redirect, Rewrite
+from trellis_catalog.domain.routing.refgrants import GATEWAY_GROUP, ReferenceGrants
 from trellis_common.documents import gateway, gateway_filters
 from trellis_common.documents.base import Document
 from trellis_common.model import MeshService

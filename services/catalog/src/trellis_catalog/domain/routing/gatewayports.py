@@ -21,12 +21,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from trellis_catalog.domain import gamma
-from trellis_catalog.domain.gateway_listeners import GatewayListener, host_matches
-from trellis_catalog.domain.gateway_rules import NO_ROUTE
-from trellis_catalog.domain.gateways import GatewayRule, ServedGateway, TlsRule
-from trellis_catalog.domain.services import KnownService, PortSpec
-from trellis_catalog.domain.views import (
+from trellis_catalog.domain.index.services import KnownService, PortSpec
+from trellis_catalog.domain.model.views import (
     MATCH_ALL,
     ClusterRef,
     GatewayPort,
@@ -36,6 +32,10 @@ from trellis_catalog.domain.views import (
     Route,
     WeightedCluster,
 )
+from trellis_catalog.domain.routing import gamma
+from trellis_catalog.domain.routing.gateway_listeners import GatewayListener, host_matches
+from trellis_catalog.domain.routing.gateway_rules import NO_ROUTE
+from trellis_catalog.domain.routing.gateways import GatewayRule, ServedGateway, TlsRule
 from trellis_common.model import MeshService, ServiceAccount, WeightedService
 
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from trellis_catalog.domain.gateway import AttachedRule, attached_rule
-from trellis_catalog.domain.gateway_listeners import GatewayListener, listeners_of
-from trellis_catalog.domain.gateway_rules import Backend, Refs, Rule
-from trellis_catalog.domain.refgrants import GATEWAY_GROUP, ReferenceGrants
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.model.views import Identity
+from trellis_catalog.domain.routing.gateway import AttachedRule, attached_rule
+from trellis_catalog.domain.routing.gateway_listeners import GatewayListener, listeners_of
+from trellis_catalog.domain.routing.gateway_rules import Backend, Refs, Rule
+from trellis_catalog.domain.routing.refgrants import GATEWAY_GROUP, ReferenceGrants
 from trellis_common.documents import gateway, gateway_api
 from trellis_common.documents.base import Document
 from trellis_spec.mesh import MeshSpec

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.views import OutboundService
+from trellis_catalog.domain.index.services import KnownService
+from trellis_catalog.domain.model.views import OutboundService
 from trellis_common.model import MeshService
 from trellis_spec.mesh import MeshSpec
 

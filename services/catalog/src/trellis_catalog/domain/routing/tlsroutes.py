@@ -18,13 +18,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
-from trellis_catalog.domain.gateway import EPOCH, route_status
-from trellis_catalog.domain.gateway_listeners import GatewayListener
-from trellis_catalog.domain.gateway_rules import Backend, Refs, resolve_backend
-from trellis_catalog.domain.gateways import Attach, Gateways, TlsRule, attach, gateway_parent
-from trellis_catalog.domain.refgrants import GATEWAY_GROUP
-from trellis_catalog.domain.services import KnownService
-from trellis_catalog.domain.views import Identity
+from trellis_catalog.domain.index.services import KnownService
+from trellis_catalog.domain.model.views import Identity
+from trellis_catalog.domain.routing.gateway import EPOCH, route_status
+from trellis_catalog.domain.routing.gateway_listeners import GatewayListener
+from trellis_catalog.domain.routing.gateway_rules import Backend, Refs, resolve_backend
+from trellis_catalog.domain.routing.gateways import (
+    Attach,
+    Gateways,
+    TlsRule,
+    attach,
+    gateway_parent,
+)
+from trellis_catalog.domain.routing.refgrants import GATEWAY_GROUP
 from trellis_common.documents.base import Document, DocumentKey
 from trellis_common.model import MeshService
 
