@@ -121,7 +121,7 @@ class ProxyControlPlane:
                 raise
             if self.cache.get(key) is None:
                 self._build(group)
-        return key
+        return group.key  # one string for every stream of the group
 
     def detach(self, proxy: str, key: str) -> None:
         """One stream of ``proxy`` closed; the proxy leaves the group with its last one."""

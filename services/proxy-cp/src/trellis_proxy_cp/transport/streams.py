@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -403,15 +404,13 @@ class StreamRunner:
         context: _Context,
         make_machine: MachineFactory,
     ) -> StreamRefused | None:
-        outbox: asyncio.Queue[Outgoing] = asyncio.Queue(self.queue_size)
+        outbox = Outbox(self.queue_size)
 
         def send(item: Outgoing) -> None:
-            try:
-                outbox.put_nowait(item)
-            except asyncio.QueueFull:
+            if not outbox.put(item):
                 raise StreamRefused(
                     grpc.StatusCode.RESOURCE_EXHAUSTED, "the proxy is not reading its stream"
-                ) from None
+                )
 
         machine = make_machine(stream, send)
         loop = asyncio.get_running_loop()
@@ -479,6 +478,40 @@ class StreamRunner:
             del request  # nor the last one while the stream idles (Envoy repeats its node)
 
 
+class Outbox:
+    """A stream's bounded queue of responses, with its one reader (the writer): a deque and,
+    while the writer waits, one future. (``asyncio.Queue`` keeps three deques and an event
+    per queue: kilobytes, times thousands of streams.)"""
+
+    __slots__ = ("_items", "_size", "_waiter")
+
+    def __init__(self, size: int) -> None:
+        self._items: collections.deque[Outgoing] = collections.deque()
+        self._size = size
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: Outgoing) -> bool:
+        """Queue ``item``; False (nothing queued) when the outbox is full."""
+        if len(self._items) >= self._size:
+            return False
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        return True
+
+    async def get(self) -> Outgoing:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class _Writer:
     """Drains a stream's outbox into the gRPC stream; :meth:`finish` ends it between two
     messages, never in the middle of one."""
@@ -486,7 +519,7 @@ class _Writer:
     def __init__(
         self,
         stream: ProxyStream,
-        outbox: asyncio.Queue[Outgoing],
+        outbox: Outbox,
         context: _Context,
         hooks: StreamHooks,
     ) -> None:
