@@ -109,6 +109,8 @@ class _Progress:
 class SotwMachine:
     """The state of the world protocol for one stream (see the module docstring)."""
 
+    __slots__ = ("_hooks", "_nonces", "_progress", "_send", "_source", "_stream")
+
     def __init__(
         self, stream: ProxyStream, source: SnapshotSource, hooks: StreamHooks, send: Send
     ) -> None:

@@ -234,7 +234,7 @@ def short(type_url: str) -> str:
     return SHORT.get(TypeUrl(type_url), type_url)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Outgoing:
     """A response queued for the writer, with what ``on_sent`` reports."""
 
@@ -414,29 +414,39 @@ class StreamRunner:
 
         machine = make_machine(stream, send)
         loop = asyncio.get_running_loop()
-        # fails with the refusal when a newer stream of the proxy replaces it, or with what
-        # handling a new snapshot raised (a full outbox)
-        replaced = self._replaced[stream.stream_id] = loop.create_future()
+        # the stream's end, whichever comes first: the reader's (the proxy half-closed, or a
+        # request refused), the writer's failure, the refusal when a newer stream of the
+        # proxy replaces it, or what handling a new snapshot raised (a full outbox). One
+        # future and two done-callbacks: nothing else is held per stream while it is open.
+        ended = self._replaced[stream.stream_id] = loop.create_future()
+
+        def end_with(task: asyncio.Task[None]) -> None:
+            if ended.done():
+                return
+            error = None if task.cancelled() else task.exception()
+            if error is None:
+                ended.set_result(None)
+            else:
+                ended.set_exception(error)
 
         def snapshot_moved() -> None:
-            if replaced.done():
+            if ended.done():
                 return
             try:
                 machine.on_snapshot()
             except Exception as error:  # noqa: BLE001 (ends this stream, as a task's would)
-                replaced.set_exception(error)
+                ended.set_exception(error)
 
         unsubscribe = self.source.subscribe(stream.key, snapshot_moved)
         loop.call_soon(snapshot_moved)  # the key may have a snapshot already
         writer = _Writer(stream, outbox, context, self.hooks)
         writing = asyncio.create_task(writer.run())
-        tasks: set[asyncio.Future[None]] = {
-            asyncio.create_task(self._read(first, requests, machine)),
-            writing,
-            replaced,
-        }
+        reading = asyncio.create_task(self._read(first, requests, machine))
+        writing.add_done_callback(end_with)
+        reading.add_done_callback(end_with)
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            with contextlib.suppress(Exception):  # its reason is read from ``ended`` below
+                await ended
         finally:
             unsubscribe()
             self._replaced.pop(stream.stream_id, None)
@@ -444,28 +454,29 @@ class StreamRunner:
             # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS): let a write finish, within bounds.
             if not writing.done():
                 await writer.finish(WRITE_GRACE)
-            for task in tasks:
+            for task in (reading, writing):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for task in done:
-            error = task.exception()
-            if isinstance(error, LimitExceeded):
-                error = StreamRefused.of(error)
-            if isinstance(error, StreamRefused):
-                log.warning(
-                    "ads.abort proxy=%s stream=%d code=%s reason=%s message=%r",
-                    stream.proxy_id,
-                    stream.stream_id,
-                    error.code.name,
-                    error.reason,
-                    error.message,
-                )
-                if error.reason != "replaced":  # reported when it was replaced
-                    self.hooks.on_refused(stream.proxy_id, stream.protocol, error)
-                return error
-            if error is not None:
-                log.error("ads.stream_failed proxy=%s", stream.proxy_id, exc_info=error)
-                return StreamRefused(grpc.StatusCode.INTERNAL, "internal error")
+            await asyncio.gather(reading, writing, return_exceptions=True)
+            if not ended.done():
+                ended.cancel()
+        error = ended.exception() if not ended.cancelled() else None
+        if isinstance(error, LimitExceeded):
+            error = StreamRefused.of(error)
+        if isinstance(error, StreamRefused):
+            log.warning(
+                "ads.abort proxy=%s stream=%d code=%s reason=%s message=%r",
+                stream.proxy_id,
+                stream.stream_id,
+                error.code.name,
+                error.reason,
+                error.message,
+            )
+            if error.reason != "replaced":  # reported when it was replaced
+                self.hooks.on_refused(stream.proxy_id, stream.protocol, error)
+            return error
+        if error is not None:
+            log.error("ads.stream_failed proxy=%s", stream.proxy_id, exc_info=error)
+            return StreamRefused(grpc.StatusCode.INTERNAL, "internal error")
         return None
 
     async def _read(self, first: Any, requests: AsyncIterator[Any], machine: Machine) -> None:
@@ -515,6 +526,8 @@ class Outbox:
 class _Writer:
     """Drains a stream's outbox into the gRPC stream; :meth:`finish` ends it between two
     messages, never in the middle of one."""
+
+    __slots__ = ("_context", "_hooks", "_outbox", "_stopping", "_stream", "_writing", "_written")
 
     def __init__(
         self,
