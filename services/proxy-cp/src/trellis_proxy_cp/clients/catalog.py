@@ -337,18 +337,18 @@ class ResourceFollower(Follower):
                 raise
         # each hop's share, for `make trace`
         log.debug(
-            "catalog.synced cursor=%s full=%s listed=%d fetched=%d policies=%d slices=%d "
-            "destinations=%d list_ms=%.1f get_ms=%.1f apply_ms=%.1f",
-            listed.cursor,
-            listed.full,
+            "catalog.synced list_ms=%.1f get_ms=%.1f apply_ms=%.1f listed=%d fetched=%d "
+            "policies=%d slices=%d destinations=%d full=%s cursor=%s",
+            (listed_at - started) * 1000,
+            (fetched_at - listed_at) * 1000,
+            (applied_at - fetched_at) * 1000,
             len(listing),
             len(moved) + len(destinations),
             len(fetched.policies),
             len(fetched.slices),
             len(table_moved),
-            (listed_at - started) * 1000,
-            (fetched_at - listed_at) * 1000,
-            (applied_at - fetched_at) * 1000,
+            listed.full,
+            listed.cursor,
         )
 
     def _destinations(self, listing: dict[str, str], full: bool) -> tuple[list[str], list[str]]:
