@@ -5,7 +5,7 @@ export UV_LINK_MODE ?= copy
 
 TOOLS := .tools
 UV := $(shell command -v uv 2>/dev/null || echo $(TOOLS)/bin/uv)
-PY_SRC := libs services tests bench tools
+PY_SRC := libs services apps tests bench tools
 PROTO_OUT := libs/api/src
 
 .PHONY: help bootstrap install run-deps system-deps env run test test-fast test-replicas lint typecheck imports proto proto-check chart dashboards pytest pytest-cache unit integration fuzz bench soak trace chaos image clean
@@ -104,8 +104,8 @@ run: install
 # Dead code (vulture: settings and exceptions in pyproject.toml, tools/vulture_whitelist.py) and
 # dependencies (deptry, on each workspace member: its pyproject declares what its src imports,
 # and nothing it does not; the member's own package is first party; tests use the dev group).
-MEMBERS := libs/common libs/api libs/cli libs/testing $(wildcard services/*)
-# libs/cli's pyproject is fixed in its own branch: it declares trellis-api (unused) and not
+MEMBERS := libs/common libs/spec libs/api libs/testing apps/cli $(wildcard services/*)
+# apps/cli's pyproject is fixed in its own branch: it declares trellis-api (unused) and not
 # pyyaml (imported).
 
 lint:

@@ -26,15 +26,15 @@ BLOCK = re.compile(r"^```mermaid\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 #: Boxes that are not workspace members, each with the file that shows the project really
 #: runs or speaks to it: a box for something the code does not do fails here.
 OUTSIDE = {
-    "Redis": "libs/cli/src/trellis_cli/redisprocess.py",
+    "Redis": "apps/cli/src/trellis_cli/redisprocess.py",
     "Kubernetes API": "libs/common/src/trellis_common/kube",
     "Envoy sidecars": "libs/common/src/trellis_common/envoybin.py",
-    "Proxyless gRPC clients": "libs/cli/src/trellis_cli/grpcworkload.py",
+    "Proxyless gRPC clients": "apps/cli/src/trellis_cli/grpcworkload.py",
     "Linkerd Destination clients": "proto/vendor/linkerd2-proxy-api",
-    "Pod agent": "libs/cli/src/trellis_cli/agent.py",
+    "Pod agent": "apps/cli/src/trellis_cli/agent.py",
 }
 #: Boxes that are workspace members under another name.
-MEMBERS = {"trellis CLI": "libs/cli"}
+MEMBERS = {"trellis CLI": "apps/cli"}
 
 NODE = re.compile(r'^(\w+)(?:\["(?P<box>[^"]+)"\]|\[\("(?P<cylinder>[^"]+)"\)\])$')
 SUBGRAPH = re.compile(r'^subgraph (\w+)\["[^"]+"\]$')

@@ -30,11 +30,12 @@ from mypy.modulefinder import BuildSource
 #: the workspace's tests, benchmarks and tools.
 PATHS = (
     "libs/common/src",
-    "libs/cli/src",
+    "apps/cli/src",
     "libs/spec/src",
     "libs/testing/src",
     "services/*/src",
     "libs/*/tests",
+    "apps/*/tests",
     "services/*/tests",
     "tests",
     "bench",

@@ -58,7 +58,8 @@ def context(into: Path) -> Path:
 
 def entry_points() -> dict[str, str]:
     found = {}
-    for pyproject in [*ROOT.glob("libs/*/pyproject.toml"), *ROOT.glob("services/*/pyproject.toml")]:
+    members = ("libs", "services", "apps")
+    for pyproject in [p for m in members for p in ROOT.glob(f"{m}/*/pyproject.toml")]:
         found.update(tomllib.loads(pyproject.read_text())["project"].get("scripts", {}))
     return found
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "trellis"
 PROJECTS = [ROOT / "pyproject.toml", *sorted(ROOT.glob("libs/*/pyproject.toml"))]
 PROJECTS += sorted(ROOT.glob("services/*/pyproject.toml"))
+PROJECTS += sorted(ROOT.glob("apps/*/pyproject.toml"))
 
 
 def project(path: Path) -> dict[str, object]:
@@ -27,9 +28,8 @@ VERSION = str(project(ROOT / "pyproject.toml")["version"])
 
 
 def test_one_version_in_every_member_the_chart_the_image_and_what_runs() -> None:
-    assert (
-        len(PROJECTS) == 12
-    )  # the root, 5 members under libs/ (api, cli, common, spec, testing), 6 services
+    # the root, 4 libraries (api, common, spec, testing), 6 services, 1 application (cli)
+    assert len(PROJECTS) == 12
     assert {str(p.relative_to(ROOT)): project(p)["version"] for p in PROJECTS} == {
         str(p.relative_to(ROOT)): VERSION for p in PROJECTS
     }
