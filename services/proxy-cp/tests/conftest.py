@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 
 from trellis_common.bootstrap import KEY_FILE, WORKLOAD_CERT_FILE
+from trellis_proxy_cp import testing as t
+from trellis_proxy_cp.cache.store import SnapshotCache
+from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.testing.static import self_signed_material
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
@@ -34,3 +37,19 @@ def sidecar(real_material: SecretMaterial, tmp_path: Path) -> Callable[..., Prox
         return ProxySettings(workload_dir=str(folder), **values)
 
     return settings
+
+
+@pytest.fixture
+def sources() -> t.FakeSources:
+    """The catalog and certmanager behind a control plane (views and material on demand)."""
+    return t.FakeSources()
+
+
+@pytest.fixture
+def cache() -> SnapshotCache:
+    return SnapshotCache()
+
+
+@pytest.fixture
+def control_plane(sources: t.FakeSources, cache: SnapshotCache) -> ProxyControlPlane:
+    return sources.control_plane(cache)

@@ -27,21 +27,6 @@ DEFAULT = t.SIDECAR
 OTHER_PORTS = dataclasses.replace(t.SIDECAR, outbound_port=16001, inbound_port=16003)
 
 
-@pytest.fixture
-def sources() -> t.FakeSources:
-    return t.FakeSources()
-
-
-@pytest.fixture
-def cache() -> SnapshotCache:
-    return SnapshotCache()
-
-
-@pytest.fixture
-def control_plane(sources: t.FakeSources, cache: SnapshotCache) -> ProxyControlPlane:
-    return sources.control_plane(cache)
-
-
 def labelled(
     control_plane: ProxyControlPlane, snapshot: Snapshot, identity: str, serial: str
 ) -> bool:

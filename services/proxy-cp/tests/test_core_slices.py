@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from trellis_api import catalog_pb2 as pb
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache import inputs
@@ -30,21 +28,6 @@ SLICE = f"slice/{CLUSTER_NAME}"
 OTHER_TYPES = (LISTENER, ROUTE, CLUSTER, SECRET)
 CAPTURE = dataclasses.replace(t.SIDECAR, capture=True)
 PROXYLESS = ProxySettings(proxyless=True)
-
-
-@pytest.fixture
-def sources() -> t.FakeSources:
-    return t.FakeSources()
-
-
-@pytest.fixture
-def cache() -> SnapshotCache:
-    return SnapshotCache()
-
-
-@pytest.fixture
-def control_plane(sources: t.FakeSources, cache: SnapshotCache) -> ProxyControlPlane:
-    return sources.control_plane(cache)
 
 
 def upstream_view(identity: str, *addresses: str, discovery: str = "STATIC") -> pb.View:
