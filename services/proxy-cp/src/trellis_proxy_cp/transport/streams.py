@@ -17,7 +17,8 @@
   registers the stream, then runs two tasks: a reader feeding requests to the protocol's
   :class:`Machine`, and a writer draining a bounded outbox into the gRPC stream; snapshot
   changes of the stream's key reach the machine as callbacks from the event loop
-  (``SnapshotSource.subscribe``: a task per stream fewer, which is memory at 5,000 streams).
+  (``SnapshotSource.subscribe``: a task per stream fewer, which is memory at 5,000 streams);
+  the outbox and the writer are :mod:`.writer`'s.
   The machine's handlers are synchronous, so requests and snapshot changes never interleave
   inside one. Whichever ends first ends the stream:
   the client half-closing is a clean end, a failure is logged and the stream aborted with
@@ -33,7 +34,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import itertools
@@ -47,6 +47,7 @@ import grpc
 from trellis_proxy_cp.cache.store import SnapshotSource
 from trellis_proxy_cp.transport import limits
 from trellis_proxy_cp.transport.limits import LimitExceeded, StreamLimits
+from trellis_proxy_cp.transport.writer import Outbox, Writer
 from trellis_proxy_cp.types import SHORT, TypeUrl
 
 log = logging.getLogger(__name__)
@@ -439,7 +440,7 @@ class StreamRunner:
 
         unsubscribe = self.source.subscribe(stream.key, snapshot_moved)
         loop.call_soon(snapshot_moved)  # the key may have a snapshot already
-        writer = _Writer(stream, outbox, context, self.hooks)
+        writer = Writer(stream, outbox, context, self.hooks)
         writing = asyncio.create_task(writer.run())
         reading = asyncio.create_task(self._read(first, requests, machine))
         writing.add_done_callback(end_with)
@@ -487,88 +488,6 @@ class StreamRunner:
             _check(request, self.limits)
             machine.on_request(request)
             del request  # nor the last one while the stream idles (Envoy repeats its node)
-
-
-class Outbox:
-    """A stream's bounded queue of responses, with its one reader (the writer): a deque and,
-    while the writer waits, one future. (``asyncio.Queue`` keeps three deques and an event
-    per queue: kilobytes, times thousands of streams.)"""
-
-    __slots__ = ("_items", "_size", "_waiter")
-
-    def __init__(self, size: int) -> None:
-        self._items: collections.deque[Outgoing] = collections.deque()
-        self._size = size
-        self._waiter: asyncio.Future[None] | None = None
-
-    def put(self, item: Outgoing) -> bool:
-        """Queue ``item``; False (nothing queued) when the outbox is full."""
-        if len(self._items) >= self._size:
-            return False
-        self._items.append(item)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-        return True
-
-    async def get(self) -> Outgoing:
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self._items.popleft()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class _Writer:
-    """Drains a stream's outbox into the gRPC stream; :meth:`finish` ends it between two
-    messages, never in the middle of one."""
-
-    __slots__ = ("_context", "_hooks", "_outbox", "_stopping", "_stream", "_writing", "_written")
-
-    def __init__(
-        self,
-        stream: ProxyStream,
-        outbox: Outbox,
-        context: _Context,
-        hooks: StreamHooks,
-    ) -> None:
-        self._stream = stream
-        self._outbox = outbox
-        self._context = context
-        self._hooks = hooks
-        self._writing = False
-        self._stopping = False
-        self._written: asyncio.Future[None] | None = None  # made only when finish() waits
-
-    async def run(self) -> None:
-        stream = self._stream
-        while not self._stopping:
-            item = await self._outbox.get()
-            self._writing = True
-            await self._context.write(item.message)
-            self._writing = False
-            if self._written is not None and not self._written.done():
-                self._written.set_result(None)
-            log.debug(
-                "ads.sent proxy=%s type=%s version=%s",
-                stream.proxy_id,
-                short(item.type_url),
-                item.version,
-            )
-            self._hooks.on_sent(stream, item.type_url, item.version)
-            del item  # a response is kilobytes: not held while the stream idles
-
-    async def finish(self, grace: float) -> None:
-        """Write nothing more; wait (up to ``grace`` seconds) for the message being written."""
-        self._stopping = True
-        if self._writing:
-            self._written = asyncio.get_running_loop().create_future()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._written, grace)
 
 
 def _check(request: Any, stream_limits: StreamLimits) -> None:
