@@ -59,8 +59,9 @@ def test_publishing_is_granted_only_in_the_selector_and_only_on_owned_channels()
     root, selector = rules[:-1], rules[-1]
     assert "+publish" not in root
     assert selector.startswith("(+publish ")
-    assert "trellis:events:views" not in selector
-    assert "&trellis:events:views" in root  # it follows views: it may subscribe
+    assert "trellis:events:certificates" not in selector
+    assert "&trellis:events:certificates" in root  # it follows certificates: it may subscribe
+    assert "trellis:events:views" not in " ".join(rules)  # it watches the catalog over gRPC
 
 
 def test_password_files_are_0600_in_a_0700_folder_and_kept(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from trellis_catalog.catalog import Catalog
 from trellis_catalog.clients.certs import CertificateFollower
 from trellis_catalog.clients.providers import KIND, ProviderFollower
 from trellis_catalog.domain.model.views import Identity
+from trellis_common.changefeed import ChangeFeed
 from trellis_common.events import Follower, Signals
 from trellis_common.grpcserver import GrpcServer
 from trellis_common.health import Health
@@ -47,16 +48,57 @@ async def _announce(kind: str, key: str) -> int:
 
 
 class FakeProvider(epb_grpc.EndpointsProviderServicer):
-    """An endpoints provider: answers from ``services``, counts the calls."""
+    """An endpoints provider: answers from ``services`` (a watch hears each :meth:`set`
+    and :meth:`remove`, as a provider's watch does), counts the calls."""
 
     def __init__(self) -> None:
         self.services: dict[tuple[str, str], epb.ServiceEndpoints] = {}
         self.calls: Counter[str] = Counter()
+        self.feed: ChangeFeed[tuple[str, str]] = ChangeFeed()
+        self.refusing = False
+        self._broken = asyncio.Event()
 
     def set(self, *services: epb.ServiceEndpoints) -> None:
         for message in services:
             ref = message.info.service
             self.services[(ref.namespace, ref.name)] = message
+            self.feed.changed([(ref.namespace, ref.name)])
+
+    def remove(self, namespace: str, name: str) -> None:
+        del self.services[(namespace, name)]
+        self.feed.changed([(namespace, name)])
+
+    def break_watches(self) -> None:
+        """End every watch UNAVAILABLE, and refuse new ones while ``refusing``."""
+        self.refusing = True
+        broken, self._broken = self._broken, asyncio.Event()
+        broken.set()
+
+    async def WatchServices(
+        self, request: epb.ListServicesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[epb.ServiceChanges]:
+        self.calls["WatchServices"] += 1
+        if self.refusing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "provider restarting")
+        broken = self._broken
+        with self.feed.watch() as watch:
+            yield epb.ServiceChanges(full=True, services=list(self.services.values()))
+            while True:
+                answer = epb.ServiceChanges()
+                taken = asyncio.ensure_future(watch.next())
+                await asyncio.wait(
+                    {taken, asyncio.ensure_future(broken.wait())}, return_when="FIRST_COMPLETED"
+                )
+                if broken.is_set():
+                    taken.cancel()
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "provider restarting")
+                for key in taken.result():
+                    found = self.services.get(key)
+                    if found is None:
+                        answer.removed.add(namespace=key[0], name=key[1])
+                    else:
+                        answer.services.append(found)
+                yield answer
 
     async def ListServices(
         self, request: epb.ListServicesRequest, context: object
@@ -214,31 +256,46 @@ async def providers(
     return catalog, health, ProviderFollower(catalog, redis_client, health, grace=30)
 
 
-async def test_a_signal_fetches_the_one_service_it_names(
+async def test_a_change_is_pushed_on_the_watch_with_no_signal_and_no_fetch(
     redis_server: RedisServer,
-    redis_client: redis.asyncio.Redis,
     provider: FakeProvider,
     providers: tuple[Catalog, Health, ProviderFollower],
 ) -> None:
     catalog, health, follower = providers
     provider.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
-    vm = Publisher(redis_client, sender="vm")
     async with following(redis_server.url, health, follower):
         assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
-        listings = provider.calls["ListServices"]
 
         provider.set(service("shop", "orders", endpoint("10.0.0.9", "orders")))
-        await vm.publish("endpoints", "changed", "shop/orders")
         await eventually(lambda: addresses(catalog, "shop", "orders") == ["10.0.0.9"])
 
-        del provider.services[("shop", "orders")]
-        await vm.publish("endpoints", "removed", "shop/orders")
+        provider.remove("shop", "orders")
         await eventually(lambda: MeshService("shop", "orders") not in flushed(catalog))
 
-    assert provider.calls["ListServices"] == listings  # fetched, not listed again
-    assert provider.calls["GetService shop/orders"] == 2
+    assert provider.calls == {"WatchServices": 1}  # one watch, nothing listed or fetched
     assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
     assert health.rejections.items() == []
+
+
+async def test_a_broken_watch_is_down_keeps_the_endpoints_and_lists_again(
+    redis_server: RedisServer,
+    provider: FakeProvider,
+    providers: tuple[Catalog, Health, ProviderFollower],
+) -> None:
+    """The provider's stream fails (a restart): its loop is down with the reason, its
+    endpoints stay, and the next watch lists in full, the change made meanwhile with it."""
+    catalog, health, follower = providers
+    provider.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
+    async with following(redis_server.url, health, follower):
+        provider.break_watches()
+        await eventually(lambda: "provider vm" in health.loops.down())
+        assert "UNAVAILABLE: provider restarting" in health.loops.down()["provider vm"]
+        provider.set(service("shop", "cart", endpoint("10.0.0.8", "cart")))  # meanwhile
+        assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]  # kept while down
+
+        provider.refusing = False  # it is back: the next watch lists in full
+        await eventually(lambda: addresses(catalog, "shop", "cart") == ["10.0.0.8"])
+        await eventually(lambda: "provider vm" not in health.loops.down())
 
 
 async def test_a_service_entry_host_reaches_the_catalog_under_its_entry(
@@ -272,7 +329,6 @@ async def test_a_service_entry_host_reaches_the_catalog_under_its_entry(
                 hosts=(host,),
             )
         )
-        await Publisher(redis_client, sender="vm").publish("endpoints", "changed", f"shop/{host}")
         await eventually(lambda: addresses(catalog, "shop", "payments") == ["10.1.0.1"])
     assert health.rejections.items() == []
 
@@ -289,7 +345,6 @@ async def test_bad_records_are_rejected_one_by_one_and_the_rest_flows(
         service("Bad_NS", "cart"),
         service("shop", "orders", endpoint("10.0.0.9", "orders")),
     )
-    vm = Publisher(redis_client, sender="vm")
     async with following(redis_server.url, health, follower):
         rejected = {(r.key, r.reason) for r in health.rejections.items()}
         assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
@@ -302,17 +357,13 @@ async def test_bad_records_are_rejected_one_by_one_and_the_rest_flows(
 
         # a later good version of the service clears its rejection
         provider.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
-        await vm.publish("endpoints", "changed", "shop/cart")
         await eventually(lambda: {r.key for r in health.rejections.items()} == {"Bad_NS/cart"})
 
         # a bad version fetched on a signal is rejected, and the last good one is no truth
         bad = service("shop", "orders", endpoint("10.0.0.9", "orders"))
         bad.info.ports[0].number = 70000
         provider.set(bad)
-        await vm.publish("endpoints", "changed", "shop/orders")
         await eventually(lambda: MeshService("shop", "orders") not in flushed(catalog))
-        await vm.publish("endpoints", "changed", "no-slash")  # a malformed key: rejected
-        await eventually(lambda: "no-slash" in {r.key for r in health.rejections.items()})
         assert health.loops.down() == {}
 
     orders = next(r for r in health.rejections.items() if r.key == "shop/orders")
@@ -344,7 +395,7 @@ async def test_a_new_provider_is_listed_when_it_announces_itself(
         # it stopped cleanly (``down``): its endpoints stay for the grace period
         await eventually(lambda: follower.providers["vm-2"].missing_since is not None)
         assert "provider vm-2" in health.loops.down()
-    assert second.calls["ListServices"] == 1
+    assert second.calls["WatchServices"] == 1
     assert addresses(catalog, "shop", "cart") == ["10.0.0.7", "10.0.0.8"]
 
 
@@ -375,7 +426,7 @@ async def test_a_provider_missing_from_the_registry_keeps_its_endpoints_for_the_
         async with running(Announcer(redis_client, record, ttl=30).run):
             await eventually(lambda: follower.providers["vm"].missing_since is None)
             assert "provider vm" not in health.loops.down()
-            assert provider.calls["ListServices"] == 2
+            assert provider.calls["WatchServices"] == 1  # it never broke: watched on
         # stopped cleanly this time: ``down`` starts the grace at once
         await eventually(lambda: follower.providers["vm"].missing_since == now[0])
         now[0] += 31  # gone for longer than the grace: its services go
@@ -494,13 +545,10 @@ async def test_replicas_of_a_provider_are_one_provider_and_a_failover_costs_no_g
             assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]  # not twice
             assert set(follower.providers) == {"endpoints-vm"}
             assert catalog.providers() == {"endpoints-vm"}
-            assert standby.calls["ListServices"] == 0  # followed through the senior one
+            assert standby.calls["WatchServices"] == 0  # followed through the senior one
 
-            # a change the standby replica signals is fetched through the one followed
+            # a change (a replica made it, or the one followed) comes through the one followed
             provider.set(service("shop", "orders", endpoint("10.0.0.9", "orders")))
-            await Publisher(redis_client, sender="endpoints-vm-2").publish(
-                "endpoints", "changed", "shop/orders"
-            )
             await eventually(lambda: addresses(catalog, "shop", "orders") == ["10.0.0.9"])
 
             # the first replica dies (its key expires, no ``down``): the other takes over
@@ -511,6 +559,6 @@ async def test_replicas_of_a_provider_are_one_provider_and_a_failover_costs_no_g
             assert follower.providers["endpoints-vm"].record.name == "endpoints-vm-2"
             assert follower.providers["endpoints-vm"].missing_since is None
             assert "provider endpoints-vm" not in health.loops.down()
-            assert standby.calls["ListServices"] == 1  # the replica followed next, in full
+            assert standby.calls["WatchServices"] == 1  # the replica followed next, in full
             assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
             assert addresses(catalog, "shop", "orders") == ["10.0.0.9"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -100,6 +102,13 @@ async def test_well_formed_requests_are_answered(api: Api) -> None:
     assert api.health.rejections.items() == []
 
 
+async def _answer(call: Any) -> pb.ListChangesResponse:
+    """A watch's next answer (at most 5 s away)."""
+    answer = await asyncio.wait_for(call.read(), 5)
+    assert isinstance(answer, pb.ListChangesResponse), answer
+    return answer
+
+
 def _changes(answer: pb.ListChangesResponse) -> list[tuple[str, str]]:
     return [(c.name, c.version) for c in answer.changes]
 
@@ -139,6 +148,60 @@ async def test_changes_are_listed_since_a_cursor(api: Api) -> None:
         assert answer.full
         assert len(answer.changes) == len(versions)
     assert api.health.rejections.items() == []
+
+
+async def test_a_watch_answers_at_once_then_after_each_flush_that_moved_something(
+    api: Api,
+) -> None:
+    """WatchChanges: ListChanges' answer first, then one per flush that moved a resource
+    (what moved since the answer before), the moved slices and destinations inline at the
+    versions listed, exactly as GetResources answers them; a flush that moved nothing
+    sends nothing."""
+    call = api.stub.WatchChanges(pb.ListChangesRequest())
+    try:
+        first = await _answer(call)
+        assert first.full
+        assert dict(_changes(first)) == api.catalog.resources.versions
+        assert list(first.resources) == []  # a full listing carries nothing inline
+
+        api.catalog.update_provider_service("vm", "bookstore", "bookstore-v1", V1_MOVED)
+        await api.catalog.flush_and_announce()
+        moved = await _answer(call)
+        versions = api.catalog.resources.versions
+        destination, slice_ = (
+            "destination/bookstore/bookstore-v1",
+            "slice/bookstore/bookstore-v1|14001",
+        )
+        assert not moved.full
+        assert _changes(moved) == [(destination, versions[destination]), (slice_, versions[slice_])]
+        assert list(moved.resources) == list((await _get(api, destination, slice_)).resources)
+        assert moved.cursor == api.catalog.resources.cursor
+
+        await api.catalog.flush_and_announce()  # nothing moved: no answer
+        api.catalog.remove_provider_service("vm", "bookstore", "bookstore-v1")
+        await api.catalog.flush_and_announce()
+        back = await _answer(call)
+        assert back.cursor != moved.cursor
+        assert {c.name for c in back.changes} >= {destination, slice_}
+    finally:
+        call.cancel()
+
+
+async def test_a_watch_from_a_cursor_sends_only_what_moved_after_it(api: Api) -> None:
+    listed = await api.stub.ListChanges(pb.ListChangesRequest())
+    api.catalog.update_provider_service("vm", "bookstore", "bookstore-v1", V1_MOVED)
+    await api.catalog.flush_and_announce()
+    call = api.stub.WatchChanges(pb.ListChangesRequest(since=listed.cursor))
+    try:
+        first = await _answer(call)
+        assert not first.full
+        assert [c.name for c in first.changes] == [
+            "destination/bookstore/bookstore-v1",
+            "slice/bookstore/bookstore-v1|14001",
+        ]
+        assert len(first.resources) == 2
+    finally:
+        call.cancel()
 
 
 async def test_destinations_are_listed_then_fetched_by_name(api: Api) -> None:

@@ -208,6 +208,13 @@ async def test_heartbeat_of_unknown_workload_is_404(client: httpx.AsyncClient) -
     assert "register it first" in response.json()["detail"]
 
 
+async def _answer(call: Any) -> pb.ServiceChanges:
+    """A watch's next answer (at most 5 s away)."""
+    answer = await asyncio.wait_for(call.read(), 5)
+    assert isinstance(answer, pb.ServiceChanges), answer
+    return answer
+
+
 def ref(name: str) -> pb.GetServiceRequest:
     return pb.GetServiceRequest(service=pb.ServiceRef(namespace="bookstore", name=name))
 
@@ -236,6 +243,48 @@ async def test_grpc_list_and_get(
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.GetService(ref(gone))
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_watch_lists_every_service_then_pushes_each_change(
+    client: httpx.AsyncClient, stub: pb_grpc.EndpointsProviderAsyncStub
+) -> None:
+    """WatchServices, as the catalog follows a provider: every service first, then each
+    registration's service as it is now, and a service gone as ``removed``."""
+    await client.post("/v1/workloads", json=body(), headers=AUTH)
+    call = stub.WatchServices(pb.ListServicesRequest())
+    try:
+        first = await _answer(call)
+        assert first.full
+        assert first.provider == "vm"
+        assert [(s.info.service.name, len(s.endpoints)) for s in first.services] == [
+            ("bookstore", 1)
+        ]
+        await client.post("/v1/workloads", json=body(name="vm-2", address="10.0.0.2"), headers=AUTH)
+        moved = await _answer(call)
+        assert not moved.full
+        [service] = moved.services
+        assert [e.address for e in service.endpoints] == ["10.0.0.1", "10.0.0.2"]
+        assert moved.revision == 2
+
+        await client.delete("/v1/workloads/bookstore/vm-2", headers=AUTH)
+        await client.delete("/v1/workloads/bookstore/vm-1", headers=AUTH)
+        gone = await _answer(call)
+        if gone.services:  # the two deletions may come in one answer or two
+            gone = await _answer(call)
+        assert list(gone.services) == []
+        assert [(r.namespace, r.name) for r in gone.removed] == [("bookstore", "bookstore")]
+    finally:
+        call.cancel()
+
+
+async def test_a_watch_for_a_bad_namespace_is_refused_naming_it(
+    stub: pb_grpc.EndpointsProviderAsyncStub,
+) -> None:
+    call = stub.WatchServices(pb.ListServicesRequest(namespace="Not A Label"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "namespace" in (caught.value.details() or "")
 
 
 async def test_a_consumer_hears_the_signal_and_fetches_the_service(

@@ -147,6 +147,7 @@ async def test_an_invalid_workload_changes_nothing(
     assert store.workloads == stored
     assert manager.views() == views
     assert manager.revision == revision
+    await manager.signalled()
     assert bell.rung == [("changed", "shop/api")]
     assert sample(metrics_registry, "registrations_total") == 1.0
 
@@ -164,6 +165,7 @@ async def test_unknown_workloads_raise_and_change_nothing(
     with pytest.raises(UnknownWorkload):
         await getattr(manager, operation)("shop/vm-2")
     assert store.workloads == stored
+    await manager.signalled()
     assert len(bell.rung) == 1
 
 
@@ -182,6 +184,7 @@ async def test_each_change_is_signalled_once_in_order(
     await manager.deregister("shop/vm-1")
     await manager.heartbeat("shop/vm-2")  # alive already: no change
 
+    await manager.signalled()
     assert bell.rung == [
         ("changed", "shop/api"),
         ("changed", "shop/api"),
@@ -193,6 +196,7 @@ async def test_each_change_is_signalled_once_in_order(
     assert addresses(manager, API) == ["10.0.0.2"]
 
     await manager.deregister("shop/vm-3")
+    await manager.signalled()
     assert bell.rung[-1] == ("removed", "shop/web")
     assert addresses(manager, WEB) is None
     assert manager.revision == 5
@@ -207,6 +211,7 @@ async def test_a_failing_signal_is_logged_and_the_change_stands(
     bell.failing = True  # the outbox keeps what Redis refuses: this is a bug in the road
     with caplog.at_level(logging.ERROR):
         registered = await manager.register(make_workload("vm-1", address="10.0.0.1"))
+        await manager.signalled()
     assert manager.registry.workloads == {"shop/vm-1": registered}
     assert addresses(manager, API) == ["10.0.0.1"]
     assert manager.revision == 1
@@ -214,6 +219,7 @@ async def test_a_failing_signal_is_logged_and_the_change_stands(
 
     bell.failing = False
     await manager.register(make_workload("vm-2", address="10.0.0.2"))
+    await manager.signalled()
     assert bell.rung == [("changed", "shop/api")]
 
 
@@ -225,20 +231,41 @@ async def test_a_hanging_signal_holds_a_caller_only_the_store_timeout_and_keeps_
     make_workload: MakeWorkload,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    manager = EndpointsManager(store, bell, metrics, clock=clock, store_timeout=0.05)
+    """A caller waits for the other replicas to be told (at most the store timeout), never
+    for the ``endpoints`` signal: the catalog watches the changes. Both keep their order."""
+    replicas = Bell()
+    manager = EndpointsManager(
+        store, bell, metrics, clock=clock, store_timeout=0.05, notify=replicas
+    )
     await manager.start()
-    bell.open.clear()  # a frozen Redis: nothing answers until the socket times out
+    replicas.open.clear()  # a frozen Redis: nothing answers until the socket times out
     with caplog.at_level(logging.WARNING):
         await manager.register(make_workload("vm-1", services=("api",), address="10.0.0.1"))
         await manager.register(make_workload("vm-2", services=("web",), address="10.0.0.2"))
         await manager.deregister("shop/vm-1")
-    assert bell.rung == []  # every caller went on; the signals wait behind
+    assert (replicas.rung, bell.rung) == ([], [])  # every caller went on; the signals wait
     assert addresses(manager, WEB) == ["10.0.0.2"]
-    assert "endpoints.signal_slow signals=1 first=shop/api" in caplog.text
+    assert "replicas.signal_slow signals=1 first=shop/vm-1" in caplog.text
 
+    replicas.open.set()
+    await manager.signalled()
+    assert replicas.rung == [
+        ("changed", "shop/vm-1"),
+        ("changed", "shop/vm-2"),
+        ("changed", "shop/vm-1"),
+    ]
+    assert bell.rung == [("changed", "shop/api"), ("changed", "shop/web"), ("removed", "shop/api")]
+
+
+async def test_a_caller_does_not_wait_for_the_endpoints_signal(
+    manager: EndpointsManager, bell: Bell, make_workload: MakeWorkload
+) -> None:
+    bell.open.clear()
+    await asyncio.wait_for(manager.register(make_workload("vm-1", address="10.0.0.1")), 5)
+    assert bell.rung == []
     bell.open.set()
     await manager.signalled()
-    assert bell.rung == [("changed", "shop/api"), ("changed", "shop/web"), ("removed", "shop/api")]
+    assert bell.rung == [("changed", "shop/api")]
 
 
 # --- expiry --------------------------------------------------------------------------------
@@ -263,6 +290,7 @@ async def test_expire_once_takes_out_expired_workloads(
     clock.now = NOW + 11
     await manager.heartbeat("shop/vm-1")
     assert addresses(manager, API) == ["10.0.0.1"]
+    await manager.signalled()
     assert bell.rung == [("changed", "shop/api")] * 3
     assert sample(metrics_registry, "expirations_total") == 1.0
 
@@ -302,6 +330,7 @@ async def test_start_loads_the_store_without_signalling(
     await manager.start()
     assert manager.ready.is_set()
     assert manager.revision == 0
+    await manager.signalled()
     assert bell.rung == []
     assert manager.workloads() == [(alive, True), (stale, False)]
     view = manager.view(API)
@@ -309,6 +338,7 @@ async def test_start_loads_the_store_without_signalling(
     assert [e.address for e in view.endpoints] == ["10.0.0.1"]
 
     await manager.heartbeat("shop/vm-2")  # back from the dead
+    await manager.signalled()
     assert bell.rung == [("changed", "shop/api")]
     assert addresses(manager, API) == ["10.0.0.1", "10.0.0.2"]
     assert manager.revision == 1
@@ -330,12 +360,14 @@ spec:
     )
     assert len(conflicts) == 1
     assert "shop/b" in conflicts[0]
+    await manager.signalled()
     assert bell.rung == [("changed", "shop/ext.example.com")]
     assert addresses(manager, ServiceKey("shop", "ext.example.com")) == ["ext.example.com"]
     assert [v.key for v in manager.views("shop")] == [ServiceKey("shop", "ext.example.com")]
     assert manager.views("bank") == []
 
     assert await manager.declare([], []) == []
+    await manager.signalled()
     assert bell.rung[-1] == ("removed", "shop/ext.example.com")
     assert manager.views() == []
 
@@ -397,6 +429,7 @@ async def test_a_registration_while_the_store_is_down_is_refused_and_changes_not
     assert manager.views() == views
     assert manager.revision == revision
     assert list(manager.registry.workloads) == ["shop/vm-1"]
+    await manager.signalled()
     assert len(bell.rung) == 1
     assert sample(metrics_registry, "store_refusals_total", operation="register") == 1.0
     assert sample(metrics_registry, "store_refusals_total", operation="deregister") == 1.0
@@ -466,6 +499,7 @@ async def test_changes_while_the_store_is_down_are_still_signalled(
         await manager.keeper.put(make_workload("vm-9"))
     await manager.heartbeat("shop/vm-1")  # a revival: a change, while Redis is away
     # handed to the outbox all the same: it keeps what Redis does not take (tested below)
+    await manager.signalled()
     assert bell.rung == [("changed", "shop/api")] * 3
     assert addresses(manager, API) == ["10.0.0.1"]
 

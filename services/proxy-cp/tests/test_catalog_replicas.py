@@ -3,9 +3,9 @@
 Each replica is the catalog's own :class:`~trellis_catalog.catalog.Catalog` behind its own
 :class:`~trellis_catalog.transport.grpc_api.CatalogServicer` on a real grpc.aio server,
 whose calls a server interceptor counts. The replicas are fed the same inputs in other
-orders, so their cursors differ and their versions do not. The follower is driven as the
-signals hub drives it; the switch is its locator finding the other replica (as it does
-when the first one stops answering).
+orders, so their cursors differ and their versions do not. The follower is driven one
+listing at a time (``sync``, what each watch answer amounts to); the switch is its locator
+finding the other replica (as it does when the first one stops answering).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedServ
 from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import CatalogServicer
-from trellis_common.signaling import Event
 from trellis_common.specdir import load_paths
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.clients.catalog import CatalogClient
@@ -163,7 +162,7 @@ async def setup() -> AsyncIterator[Setup]:
         for identity, account in WANTED.items():
             await client.want(identity, account)
         await client.register(PROXIES[0][0], "10.0.1.1")
-        await client.follower.resync("views")
+        await client.follower.sync()
         # the first (full) listing: nothing moved since the fetches
         assert views.seen == []
         assert views.slices == []
@@ -174,10 +173,6 @@ async def switch(client: CatalogClient, to: Replica) -> None:
     """The locator now finds ``to`` (the replica it had stopped answering)."""
     await client.locator.close()
     client.locator = t.locator(to.address)
-
-
-def signal(cursor: str) -> Event:
-    return Event("views", "changed", cursor, 1, "catalog-0")
 
 
 def v2_slices(client: CatalogClient) -> list[str]:
@@ -200,7 +195,7 @@ async def test_switching_replica_fetches_and_pushes_nothing_when_nothing_changed
     client, b = setup.client, setup.b
     await switch(client, b)
 
-    await client.follower.resync("views")  # after the reconnect, with replica A's cursor
+    await client.follower.sync()  # after the reconnect, with replica A's cursor
 
     assert b.calls.counts["ListChanges"] == 1
     assert b.calls.counts["GetResources"] == 0
@@ -214,16 +209,16 @@ async def test_switching_replica_fetches_and_pushes_nothing_when_nothing_changed
 async def test_after_a_switch_only_the_changed_slice_is_fetched_once(setup: Setup) -> None:
     client, a, b = setup.client, setup.a, setup.b
     await switch(client, b)
-    await client.follower.resync("views")
+    await client.follower.sync()
     fetched_from_a = a.calls.counts["GetResources"]
     policies = {n: v for n, v in b.catalog.resources.versions.items() if n.startswith("policy/")}
 
     b.catalog.update_provider_service("vm", "bookstore", "bookstore-v2", V2_MOVED)
     await b.catalog.flush_and_announce()
-    await client.follower.changed(signal(b.catalog.changes_since("")[0]))  # B's bell
+    await client.follower.sync()  # B's flush
     a.catalog.update_provider_service("vm", "bookstore", "bookstore-v2", V2_MOVED)
     await a.catalog.flush_and_announce()
-    await client.follower.changed(signal(a.catalog.changes_since("")[0]))  # A's, same change
+    await client.follower.sync()  # A's, the same change
 
     # an endpoint moved: its slice moves, no policy does
     assert {n: v for n, v in b.catalog.resources.versions.items() if n.startswith("policy/")} == (
@@ -247,14 +242,14 @@ async def test_a_lagging_replica_flaps_a_slice_for_one_of_its_flushes(setup: Set
     old = a.catalog.resources.versions[name]
     a.catalog.update_provider_service("vm", "bookstore", "bookstore-v2", V2_MOVED)
     await a.catalog.flush_and_announce()
-    await client.follower.changed(signal(a.catalog.changes_since("")[0]))
+    await client.follower.sync()
     new = a.catalog.resources.versions[name]
     await switch(client, b)  # B has not heard of the change yet
 
-    await client.follower.resync("views")
+    await client.follower.sync()
     b.catalog.update_provider_service("vm", "bookstore", "bookstore-v2", V2_MOVED)
     await b.catalog.flush_and_announce()
-    await client.follower.changed(signal(b.catalog.changes_since("")[0]))
+    await client.follower.sync()
 
     assert setup.views.slices == [
         (name, new),  # from A

@@ -2,7 +2,6 @@
 
 from trellis_common.identityrevocation import RevokedIdentities
 from trellis_common.redisacl import COMPONENTS
-from trellis_proxy_cp.clients.catalog import ResourceFollower
 from trellis_proxy_cp.clients.certs import CertificateFollower
 from trellis_proxy_cp.main import service
 
@@ -11,7 +10,7 @@ def test_the_acl_table_row_matches_proxy_cp() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
     assert row.publishes == ()  # it only listens (and announces itself)
-    topics = {*ResourceFollower.topics, *CertificateFollower.topics, *RevokedIdentities.topics}
+    topics = {*CertificateFollower.topics, *RevokedIdentities.topics}  # the catalog: a stream
     assert topics == set(row.follows)
     assert set(row.discovers) == {"catalog", "certmanager"}  # its two locators
     assert row.keys == ()

@@ -11,8 +11,10 @@ The catalog publishes versioned resources (docs/architecture.md, "The path of a 
   (only the accounts their policy lets them reach, when it limits them);
 - "destination/<namespace>/<name>": a service as service discovery answers it.
 Each has a content version, a digest that every catalog replica computes alike. One change
-log and one cursor serve them all: a consumer asks ListChanges(since) what moved when the
-Redis signal `views` rings, then GetResources for the names it holds or wants, in one call.
+log and one cursor serve them all: proxy-cp watches them (WatchChanges: what moved, each
+moved slice and destination inline) and asks GetResources for the policies it holds or
+wants, in one call. Other consumers may ask ListChanges(since) when the Redis signal
+`views` rings, as the catalog still signals every flush that moved a resource.
 """
 
 from collections import abc as _abc
@@ -80,6 +82,7 @@ class ListChangesResponse(_message.Message):
     CURSOR_FIELD_NUMBER: _builtins.int
     FULL_FIELD_NUMBER: _builtins.int
     CHANGES_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
     cursor: _builtins.str
     """Pass it as `since` next time."""
     full: _builtins.bool
@@ -90,16 +93,24 @@ class ListChangesResponse(_message.Message):
     def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResourceVersion]:
         """Changed resources; version "" means the resource is gone."""
 
+    @_builtins.property
+    def resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___Resource]:
+        """WatchChanges only, and never in a full listing: the contents of the slices and
+        destinations in `changes` that are not gone, at the listed versions (at most 1,000; the
+        rest are fetched with GetResources).
+        """
+
     def __init__(
         self,
         *,
         cursor: _builtins.str = ...,
         full: _builtins.bool = ...,
         changes: _abc.Iterable[Global___ResourceVersion] | None = ...,
+        resources: _abc.Iterable[Global___Resource] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "cursor", b"cursor", "full", b"full"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "cursor", b"cursor", "full", b"full", "resources", b"resources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -39,6 +39,11 @@ class CatalogStub:
                 request_serializer=trellis__api_dot_catalog__pb2.ListChangesRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_catalog__pb2.ListChangesResponse.FromString,
                 _registered_method=True)
+        self.WatchChanges = channel.unary_stream(
+                '/trellis.catalog.v1.Catalog/WatchChanges',
+                request_serializer=trellis__api_dot_catalog__pb2.ListChangesRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_catalog__pb2.ListChangesResponse.FromString,
+                _registered_method=True)
         self.GetResources = channel.unary_unary(
                 '/trellis.catalog.v1.Catalog/GetResources',
                 request_serializer=trellis__api_dot_catalog__pb2.GetResourcesRequest.SerializeToString,
@@ -93,6 +98,16 @@ class CatalogServicer:
         """The resources that changed since a cursor, with their new versions (every resource
         when the cursor is empty or another replica's, or from before a restart). Consumers
         call it when the Redis signal `views` rings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchChanges(self, request, context):
+        """The same, as they happen: a first answer as ListChanges(since) gives it, then one after
+        every flush that moved a resource (what moved since the answer before). The slices and
+        destinations that moved come inline (`resources`), so an endpoint change reaches
+        proxy-cp in one message; policies are fetched with GetResources. proxy-cp follows it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,6 +183,11 @@ def add_CatalogServicer_to_server(servicer, server):
                     request_deserializer=trellis__api_dot_catalog__pb2.ListChangesRequest.FromString,
                     response_serializer=trellis__api_dot_catalog__pb2.ListChangesResponse.SerializeToString,
             ),
+            'WatchChanges': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchChanges,
+                    request_deserializer=trellis__api_dot_catalog__pb2.ListChangesRequest.FromString,
+                    response_serializer=trellis__api_dot_catalog__pb2.ListChangesResponse.SerializeToString,
+            ),
             'GetResources': grpc.unary_unary_rpc_method_handler(
                     servicer.GetResources,
                     request_deserializer=trellis__api_dot_catalog__pb2.GetResourcesRequest.FromString,
@@ -239,6 +259,33 @@ class Catalog:
             request,
             target,
             '/trellis.catalog.v1.Catalog/ListChanges',
+            trellis__api_dot_catalog__pb2.ListChangesRequest.SerializeToString,
+            trellis__api_dot_catalog__pb2.ListChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trellis.catalog.v1.Catalog/WatchChanges',
             trellis__api_dot_catalog__pb2.ListChangesRequest.SerializeToString,
             trellis__api_dot_catalog__pb2.ListChangesResponse.FromString,
             options,

@@ -11,8 +11,10 @@ The catalog publishes versioned resources (docs/architecture.md, "The path of a 
   (only the accounts their policy lets them reach, when it limits them);
 - "destination/<namespace>/<name>": a service as service discovery answers it.
 Each has a content version, a digest that every catalog replica computes alike. One change
-log and one cursor serve them all: a consumer asks ListChanges(since) what moved when the
-Redis signal `views` rings, then GetResources for the names it holds or wants, in one call.
+log and one cursor serve them all: proxy-cp watches them (WatchChanges: what moved, each
+moved slice and destination inline) and asks GetResources for the policies it holds or
+wants, in one call. Other consumers may ask ListChanges(since) when the Redis signal
+`views` rings, as the catalog still signals every flush that moved a resource.
 """
 
 from collections import abc as _abc
@@ -48,6 +50,12 @@ class CatalogStub:
     when the cursor is empty or another replica's, or from before a restart). Consumers
     call it when the Redis signal `views` rings.
     """
+    WatchChanges: _grpc.UnaryStreamMultiCallable[_catalog_pb2.ListChangesRequest, _catalog_pb2.ListChangesResponse]
+    """The same, as they happen: a first answer as ListChanges(since) gives it, then one after
+    every flush that moved a resource (what moved since the answer before). The slices and
+    destinations that moved come inline (`resources`), so an endpoint change reaches
+    proxy-cp in one message; policies are fetched with GetResources. proxy-cp follows it.
+    """
     GetResources: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.GetResourcesRequest, _catalog_pb2.GetResourcesResponse]
     """Resources by name, in one answer. A policy asked for an identity nothing declares (a
     client-only workload) is computed on demand: its outbound reach.
@@ -76,6 +84,12 @@ class CatalogAsyncStub(CatalogStub):
     """The resources that changed since a cursor, with their new versions (every resource
     when the cursor is empty or another replica's, or from before a restart). Consumers
     call it when the Redis signal `views` rings.
+    """
+    WatchChanges: _aio.UnaryStreamMultiCallable[_catalog_pb2.ListChangesRequest, _catalog_pb2.ListChangesResponse]  # type: ignore[assignment]
+    """The same, as they happen: a first answer as ListChanges(since) gives it, then one after
+    every flush that moved a resource (what moved since the answer before). The slices and
+    destinations that moved come inline (`resources`), so an endpoint change reaches
+    proxy-cp in one message; policies are fetched with GetResources. proxy-cp follows it.
     """
     GetResources: _aio.UnaryUnaryMultiCallable[_catalog_pb2.GetResourcesRequest, _catalog_pb2.GetResourcesResponse]  # type: ignore[assignment]
     """Resources by name, in one answer. A policy asked for an identity nothing declares (a
@@ -108,6 +122,18 @@ class CatalogServicer(metaclass=_abc_1.ABCMeta):
         """The resources that changed since a cursor, with their new versions (every resource
         when the cursor is empty or another replica's, or from before a restart). Consumers
         call it when the Redis signal `views` rings.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchChanges(
+        self,
+        request: _catalog_pb2.ListChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_catalog_pb2.ListChangesResponse], _abc.AsyncIterator[_catalog_pb2.ListChangesResponse]]:
+        """The same, as they happen: a first answer as ListChanges(since) gives it, then one after
+        every flush that moved a resource (what moved since the answer before). The slices and
+        destinations that moved come inline (`resources`), so an endpoint change reaches
+        proxy-cp in one message; policies are fetched with GetResources. proxy-cp follows it.
         """
 
     @_abc_1.abstractmethod

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btrellis_api/endpoints.proto\x12\x14trellis.endpoints.v1\"-\n\nServiceRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"R\n\x0bServicePort\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06number\x18\x02 \x01(\r\x12\x10\n\x08protocol\x18\x03 \x01(\t\x12\x13\n\x0btarget_port\x18\x04 \x01(\r\"\xba\x02\n\x0bServiceInfo\x12\x31\n\x07service\x18\x01 \x01(\x0b\x32 .trellis.endpoints.v1.ServiceRef\x12\x30\n\x05ports\x18\x02 \x03(\x0b\x32!.trellis.endpoints.v1.ServicePort\x12\r\n\x05hosts\x18\x03 \x03(\t\x12\x11\n\taddresses\x18\x04 \x03(\t\x12\x30\n\x08location\x18\x05 \x01(\x0e\x32\x1e.trellis.endpoints.v1.Location\x12\x34\n\nresolution\x18\x06 \x01(\x0e\x32 .trellis.endpoints.v1.Resolution\x12\x11\n\texport_to\x18\x07 \x03(\t\x12\x19\n\x11subject_alt_names\x18\x08 \x03(\t\x12\x0e\n\x06source\x18\t \x01(\t\"\xdc\x02\n\x08\x45ndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x38\n\x05ports\x18\x02 \x03(\x0b\x32).trellis.endpoints.v1.Endpoint.PortsEntry\x12:\n\x06labels\x18\x03 \x03(\x0b\x32*.trellis.endpoints.v1.Endpoint.LabelsEntry\x12\x10\n\x08locality\x18\x04 \x01(\t\x12\x0f\n\x07network\x18\x05 \x01(\t\x12\x0e\n\x06weight\x18\x06 \x01(\r\x12\x17\n\x0fservice_account\x18\x07 \x01(\t\x12\x10\n\x08workload\x18\x08 \x01(\t\x12\x0e\n\x06source\x18\t \x01(\t\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x88\x01\n\x10ServiceEndpoints\x12/\n\x04info\x18\x01 \x01(\x0b\x32!.trellis.endpoints.v1.ServiceInfo\x12\x31\n\tendpoints\x18\x02 \x03(\x0b\x32\x1e.trellis.endpoints.v1.Endpoint\x12\x10\n\x08revision\x18\x03 \x01(\x03\"(\n\x13ListServicesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"t\n\x14ListServicesResponse\x12\x38\n\x08services\x18\x01 \x03(\x0b\x32&.trellis.endpoints.v1.ServiceEndpoints\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x10\n\x08provider\x18\x03 \x01(\t\"F\n\x11GetServiceRequest\x12\x31\n\x07service\x18\x01 \x01(\x0b\x32 .trellis.endpoints.v1.ServiceRef*J\n\x08Location\x12\x18\n\x14LOCATION_UNSPECIFIED\x10\x00\x12\x11\n\rMESH_INTERNAL\x10\x01\x12\x11\n\rMESH_EXTERNAL\x10\x02*\\\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\n\n\x06STATIC\x10\x01\x12\x07\n\x03\x44NS\x10\x02\x12\x13\n\x0f\x44NS_ROUND_ROBIN\x10\x03\x12\x08\n\x04NONE\x10\x04\x32\xd9\x01\n\x11\x45ndpointsProvider\x12\x65\n\x0cListServices\x12).trellis.endpoints.v1.ListServicesRequest\x1a*.trellis.endpoints.v1.ListServicesResponse\x12]\n\nGetService\x12\'.trellis.endpoints.v1.GetServiceRequest\x1a&.trellis.endpoints.v1.ServiceEndpointsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btrellis_api/endpoints.proto\x12\x14trellis.endpoints.v1\"-\n\nServiceRef\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"R\n\x0bServicePort\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06number\x18\x02 \x01(\r\x12\x10\n\x08protocol\x18\x03 \x01(\t\x12\x13\n\x0btarget_port\x18\x04 \x01(\r\"\xba\x02\n\x0bServiceInfo\x12\x31\n\x07service\x18\x01 \x01(\x0b\x32 .trellis.endpoints.v1.ServiceRef\x12\x30\n\x05ports\x18\x02 \x03(\x0b\x32!.trellis.endpoints.v1.ServicePort\x12\r\n\x05hosts\x18\x03 \x03(\t\x12\x11\n\taddresses\x18\x04 \x03(\t\x12\x30\n\x08location\x18\x05 \x01(\x0e\x32\x1e.trellis.endpoints.v1.Location\x12\x34\n\nresolution\x18\x06 \x01(\x0e\x32 .trellis.endpoints.v1.Resolution\x12\x11\n\texport_to\x18\x07 \x03(\t\x12\x19\n\x11subject_alt_names\x18\x08 \x03(\t\x12\x0e\n\x06source\x18\t \x01(\t\"\xdc\x02\n\x08\x45ndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x38\n\x05ports\x18\x02 \x03(\x0b\x32).trellis.endpoints.v1.Endpoint.PortsEntry\x12:\n\x06labels\x18\x03 \x03(\x0b\x32*.trellis.endpoints.v1.Endpoint.LabelsEntry\x12\x10\n\x08locality\x18\x04 \x01(\t\x12\x0f\n\x07network\x18\x05 \x01(\t\x12\x0e\n\x06weight\x18\x06 \x01(\r\x12\x17\n\x0fservice_account\x18\x07 \x01(\t\x12\x10\n\x08workload\x18\x08 \x01(\t\x12\x0e\n\x06source\x18\t \x01(\t\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x88\x01\n\x10ServiceEndpoints\x12/\n\x04info\x18\x01 \x01(\x0b\x32!.trellis.endpoints.v1.ServiceInfo\x12\x31\n\tendpoints\x18\x02 \x03(\x0b\x32\x1e.trellis.endpoints.v1.Endpoint\x12\x10\n\x08revision\x18\x03 \x01(\x03\"(\n\x13ListServicesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"t\n\x14ListServicesResponse\x12\x38\n\x08services\x18\x01 \x03(\x0b\x32&.trellis.endpoints.v1.ServiceEndpoints\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x10\n\x08provider\x18\x03 \x01(\t\"\xaf\x01\n\x0eServiceChanges\x12\x0c\n\x04\x66ull\x18\x01 \x01(\x08\x12\x38\n\x08services\x18\x02 \x03(\x0b\x32&.trellis.endpoints.v1.ServiceEndpoints\x12\x31\n\x07removed\x18\x03 \x03(\x0b\x32 .trellis.endpoints.v1.ServiceRef\x12\x10\n\x08revision\x18\x04 \x01(\x03\x12\x10\n\x08provider\x18\x05 \x01(\t\"F\n\x11GetServiceRequest\x12\x31\n\x07service\x18\x01 \x01(\x0b\x32 .trellis.endpoints.v1.ServiceRef*J\n\x08Location\x12\x18\n\x14LOCATION_UNSPECIFIED\x10\x00\x12\x11\n\rMESH_INTERNAL\x10\x01\x12\x11\n\rMESH_EXTERNAL\x10\x02*\\\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\n\n\x06STATIC\x10\x01\x12\x07\n\x03\x44NS\x10\x02\x12\x13\n\x0f\x44NS_ROUND_ROBIN\x10\x03\x12\x08\n\x04NONE\x10\x04\x32\xbd\x02\n\x11\x45ndpointsProvider\x12\x65\n\x0cListServices\x12).trellis.endpoints.v1.ListServicesRequest\x1a*.trellis.endpoints.v1.ListServicesResponse\x12]\n\nGetService\x12\'.trellis.endpoints.v1.GetServiceRequest\x1a&.trellis.endpoints.v1.ServiceEndpoints\x12\x62\n\rWatchServices\x12).trellis.endpoints.v1.ListServicesRequest\x1a$.trellis.endpoints.v1.ServiceChanges0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENDPOINT_PORTSENTRY']._serialized_options = b'8\001'
   _globals['_ENDPOINT_LABELSENTRY']._loaded_options = None
   _globals['_ENDPOINT_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_LOCATION']._serialized_start=1223
-  _globals['_LOCATION']._serialized_end=1297
-  _globals['_RESOLUTION']._serialized_start=1299
-  _globals['_RESOLUTION']._serialized_end=1391
+  _globals['_LOCATION']._serialized_start=1401
+  _globals['_LOCATION']._serialized_end=1475
+  _globals['_RESOLUTION']._serialized_start=1477
+  _globals['_RESOLUTION']._serialized_end=1569
   _globals['_SERVICEREF']._serialized_start=53
   _globals['_SERVICEREF']._serialized_end=98
   _globals['_SERVICEPORT']._serialized_start=100
@@ -57,8 +57,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTSERVICESREQUEST']._serialized_end=1031
   _globals['_LISTSERVICESRESPONSE']._serialized_start=1033
   _globals['_LISTSERVICESRESPONSE']._serialized_end=1149
-  _globals['_GETSERVICEREQUEST']._serialized_start=1151
-  _globals['_GETSERVICEREQUEST']._serialized_end=1221
-  _globals['_ENDPOINTSPROVIDER']._serialized_start=1394
-  _globals['_ENDPOINTSPROVIDER']._serialized_end=1611
+  _globals['_SERVICECHANGES']._serialized_start=1152
+  _globals['_SERVICECHANGES']._serialized_end=1327
+  _globals['_GETSERVICEREQUEST']._serialized_start=1329
+  _globals['_GETSERVICEREQUEST']._serialized_end=1399
+  _globals['_ENDPOINTSPROVIDER']._serialized_start=1572
+  _globals['_ENDPOINTSPROVIDER']._serialized_end=1889
 # @@protoc_insertion_point(module_scope)

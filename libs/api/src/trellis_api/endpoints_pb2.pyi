@@ -335,6 +335,42 @@ class ListServicesResponse(_message.Message):
 Global___ListServicesResponse: _TypeAlias = ListServicesResponse  # noqa: Y015
 
 @_typing.final
+class ServiceChanges(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FULL_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    full: _builtins.bool
+    """True for the first answer: `services` is every service (of the namespace asked for),
+    and a service missing from it is gone.
+    """
+    revision: _builtins.int
+    provider: _builtins.str
+    @_builtins.property
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServiceEndpoints]: ...
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServiceRef]: ...
+    def __init__(
+        self,
+        *,
+        full: _builtins.bool = ...,
+        services: _abc.Iterable[Global___ServiceEndpoints] | None = ...,
+        removed: _abc.Iterable[Global___ServiceRef] | None = ...,
+        revision: _builtins.int = ...,
+        provider: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["full", b"full", "provider", b"provider", "removed", b"removed", "revision", b"revision", "services", b"services"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServiceChanges: _TypeAlias = ServiceChanges  # noqa: Y015
+
+@_typing.final
 class GetServiceRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -26,8 +26,10 @@ if _version_not_supported:
 
 
 class EndpointsProviderStub:
-    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
-    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """The catalog watches each provider (WatchServices): every change is pushed to it on the
+    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
+    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
+    other consumer, which fetches it with GetService.
     """
 
     def __init__(self, channel):
@@ -46,11 +48,18 @@ class EndpointsProviderStub:
                 request_serializer=trellis__api_dot_endpoints__pb2.GetServiceRequest.SerializeToString,
                 response_deserializer=trellis__api_dot_endpoints__pb2.ServiceEndpoints.FromString,
                 _registered_method=True)
+        self.WatchServices = channel.unary_stream(
+                '/trellis.endpoints.v1.EndpointsProvider/WatchServices',
+                request_serializer=trellis__api_dot_endpoints__pb2.ListServicesRequest.SerializeToString,
+                response_deserializer=trellis__api_dot_endpoints__pb2.ServiceChanges.FromString,
+                _registered_method=True)
 
 
 class EndpointsProviderServicer:
-    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
-    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """The catalog watches each provider (WatchServices): every change is pushed to it on the
+    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
+    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
+    other consumer, which fetches it with GetService.
     """
 
     def ListServices(self, request, context):
@@ -62,6 +71,16 @@ class EndpointsProviderServicer:
 
     def GetService(self, request, context):
         """One service with its endpoints (NOT_FOUND if the provider does not know it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchServices(self, request, context):
+        """Every service, then the changes as they happen: the first answer lists every service
+        (`full`), each later one the services that changed since the answer before, as they
+        are now, and those removed. Changes that come while an answer is being written go
+        out together in the next one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -80,6 +99,11 @@ def add_EndpointsProviderServicer_to_server(servicer, server):
                     request_deserializer=trellis__api_dot_endpoints__pb2.GetServiceRequest.FromString,
                     response_serializer=trellis__api_dot_endpoints__pb2.ServiceEndpoints.SerializeToString,
             ),
+            'WatchServices': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchServices,
+                    request_deserializer=trellis__api_dot_endpoints__pb2.ListServicesRequest.FromString,
+                    response_serializer=trellis__api_dot_endpoints__pb2.ServiceChanges.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'trellis.endpoints.v1.EndpointsProvider', rpc_method_handlers)
@@ -89,8 +113,10 @@ def add_EndpointsProviderServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EndpointsProvider:
-    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
-    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """The catalog watches each provider (WatchServices): every change is pushed to it on the
+    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
+    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
+    other consumer, which fetches it with GetService.
     """
 
     @staticmethod
@@ -137,6 +163,33 @@ class EndpointsProvider:
             '/trellis.endpoints.v1.EndpointsProvider/GetService',
             trellis__api_dot_endpoints__pb2.GetServiceRequest.SerializeToString,
             trellis__api_dot_endpoints__pb2.ServiceEndpoints.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchServices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/trellis.endpoints.v1.EndpointsProvider/WatchServices',
+            trellis__api_dot_endpoints__pb2.ListServicesRequest.SerializeToString,
+            trellis__api_dot_endpoints__pb2.ServiceChanges.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,8 +32,10 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class EndpointsProviderStub:
-    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
-    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """The catalog watches each provider (WatchServices): every change is pushed to it on the
+    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
+    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
+    other consumer, which fetches it with GetService.
     """
 
     @_typing.overload
@@ -44,11 +46,19 @@ class EndpointsProviderStub:
     """Every service this provider knows, with its endpoints."""
     GetService: _grpc.UnaryUnaryMultiCallable[_endpoints_pb2.GetServiceRequest, _endpoints_pb2.ServiceEndpoints]
     """One service with its endpoints (NOT_FOUND if the provider does not know it)."""
+    WatchServices: _grpc.UnaryStreamMultiCallable[_endpoints_pb2.ListServicesRequest, _endpoints_pb2.ServiceChanges]
+    """Every service, then the changes as they happen: the first answer lists every service
+    (`full`), each later one the services that changed since the answer before, as they
+    are now, and those removed. Changes that come while an answer is being written go
+    out together in the next one.
+    """
 
 @_typing.type_check_only
 class EndpointsProviderAsyncStub(EndpointsProviderStub):
-    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
-    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """The catalog watches each provider (WatchServices): every change is pushed to it on the
+    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
+    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
+    other consumer, which fetches it with GetService.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -56,10 +66,18 @@ class EndpointsProviderAsyncStub(EndpointsProviderStub):
     """Every service this provider knows, with its endpoints."""
     GetService: _aio.UnaryUnaryMultiCallable[_endpoints_pb2.GetServiceRequest, _endpoints_pb2.ServiceEndpoints]  # type: ignore[assignment]
     """One service with its endpoints (NOT_FOUND if the provider does not know it)."""
+    WatchServices: _aio.UnaryStreamMultiCallable[_endpoints_pb2.ListServicesRequest, _endpoints_pb2.ServiceChanges]  # type: ignore[assignment]
+    """Every service, then the changes as they happen: the first answer lists every service
+    (`full`), each later one the services that changed since the answer before, as they
+    are now, and those removed. Changes that come while an answer is being written go
+    out together in the next one.
+    """
 
 class EndpointsProviderServicer(metaclass=_abc_1.ABCMeta):
-    """A provider signals each change on the Redis topic `endpoints` (key "<namespace>/<name>",
-    sender: its instance name in the service registry); consumers fetch it with GetService.
+    """The catalog watches each provider (WatchServices): every change is pushed to it on the
+    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
+    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
+    other consumer, which fetches it with GetService.
     """
 
     @_abc_1.abstractmethod
@@ -77,5 +95,17 @@ class EndpointsProviderServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_endpoints_pb2.ServiceEndpoints, _abc.Awaitable[_endpoints_pb2.ServiceEndpoints]]:
         """One service with its endpoints (NOT_FOUND if the provider does not know it)."""
+
+    @_abc_1.abstractmethod
+    def WatchServices(
+        self,
+        request: _endpoints_pb2.ListServicesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_endpoints_pb2.ServiceChanges], _abc.AsyncIterator[_endpoints_pb2.ServiceChanges]]:
+        """Every service, then the changes as they happen: the first answer lists every service
+        (`full`), each later one the services that changed since the answer before, as they
+        are now, and those removed. Changes that come while an answer is being written go
+        out together in the next one.
+        """
 
 def add_EndpointsProviderServicer_to_server(servicer: EndpointsProviderServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

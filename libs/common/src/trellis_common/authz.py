@@ -68,6 +68,7 @@ POLICY: Mapping[str, frozenset[str]] = {
     _CM + "EnrollProxy": frozenset({PROXY_CP}),  # a pod's agent, through the enrollment port
     # catalog
     _CATALOG + "ListChanges": frozenset({PROXY_CP}),
+    _CATALOG + "WatchChanges": frozenset({PROXY_CP}),
     _CATALOG + "GetResources": frozenset({PROXY_CP}),
     _CATALOG + "GetView": frozenset({PROXY_CP}),
     _CATALOG + "ListServices": frozenset({PROXY_CP}),
@@ -80,6 +81,7 @@ POLICY: Mapping[str, frozenset[str]] = {
     # endpoints providers (endpoints-vm, endpoints-k8s)
     _PROVIDER + "ListServices": frozenset({CATALOG}),
     _PROVIDER + "GetService": frozenset({CATALOG}),
+    _PROVIDER + "WatchServices": frozenset({CATALOG}),
     # every server
     _HEALTH + "Check": ANY_COMPONENT,
     _HEALTH + "Watch": ANY_COMPONENT,

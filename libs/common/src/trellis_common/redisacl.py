@@ -215,14 +215,14 @@ COMPONENTS: Mapping[str, Component] = {
             "catalog",
             kind="catalog",
             publishes=("views",),
-            follows=("endpoints", "registry", "certificates", "identities"),
+            follows=("registry", "certificates", "identities"),  # providers: WatchServices
             discovers=("endpoints-provider", "certmanager"),
             commands=AUDIT_COMMANDS,  # the catalog runs the Redis audit
         ),
         Component(
             "proxy-cp",
             kind="proxy-cp",
-            follows=("views", "certificates", "identities"),
+            follows=("certificates", "identities"),  # the catalog's changes: WatchChanges
             discovers=("catalog", "certmanager"),
         ),
         Component(

@@ -10,8 +10,9 @@ stream. The recompute rebuilds what the dirty inputs touched (services, clusters
 policies), the resource store (:mod:`~trellis_catalog.domain.publish.resources`) gives a new version
 to each policy, slice and destination that changed, and the batch is signalled once on the
 ``views`` topic with the cursor after it (consumers ask :meth:`Catalog.changes_since` what
-moved, then fetch it by name). Certificates are not among the resources: they reach
-proxy-cp from certmanager, on one path.
+moved, then fetch it by name). A watcher (``WatchChanges``, proxy-cp's) is woken at once by
+:meth:`Catalog.moved_after`, before the signal leaves. Certificates are not among the
+resources: they reach proxy-cp from certmanager, on one path.
 A flush runs in steps (between services and between identities) and gives the event loop
 back every :data:`STEP_SECONDS` of work, so a full build never stalls the APIs.
 
@@ -122,6 +123,7 @@ class Catalog:
         self._wake = asyncio.Event()
         self._flushing = asyncio.Lock()  # one flush at a time: a flush yields in steps
         self.ready = asyncio.Event()
+        self._moved = asyncio.Event()  # rung, and replaced, by each flush that moved a resource
         self.last_flush_seconds = 0.0
         self.certs_wanted = asyncio.Event()
 
@@ -370,7 +372,15 @@ class Catalog:
             result.identities, result.clusters, self.policies, self.clusters, moved
         )
         self.ready.set()
+        if published is not None:
+            rung, self._moved = self._moved, asyncio.Event()
+            rung.set()
         return published
+
+    async def moved_after(self, cursor: str) -> None:
+        """Return once a flush moved the cursor past ``cursor`` (at once if it has)."""
+        while self.resources.cursor == cursor:
+            await self._moved.wait()
 
     async def run(self, stop: asyncio.Event) -> None:
         """The batching loop: flush on the first input, announce, and go again at once if

@@ -9,12 +9,12 @@ from trellis_api import catalog_pb2_grpc
 from trellis_catalog import metrics
 from trellis_catalog.catalog import TOPIC, Catalog
 from trellis_catalog.clients.certs import CertificateFollower, CertificateIssuer
-from trellis_catalog.clients.providers import TOPIC as ENDPOINTS_TOPIC
 from trellis_catalog.clients.providers import ProviderFollower
 from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import BothSources, DirectorySource, NoSource, Sources, SpecSource
 from trellis_catalog.transport import grpc_api, rest
 from trellis_common.kube import client as kube
+from trellis_common.registry import REGISTRY_TOPIC
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 
@@ -28,7 +28,7 @@ async def first_endpoints(providers: ProviderFollower, timeout: float) -> None:
     ``timeout`` seconds is left to the follower (its loop shows it down)."""
     try:
         async with asyncio.timeout(timeout):
-            await providers.resync(ENDPOINTS_TOPIC)
+            await providers.resync(REGISTRY_TOPIC)
     except Exception as exc:  # noqa: BLE001 (views without it beat no views at all)
         log.warning("catalog.providers_not_synced timeout_s=%s error=%r", timeout, str(exc))
 

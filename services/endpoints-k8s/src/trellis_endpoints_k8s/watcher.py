@@ -24,6 +24,7 @@ from typing import Any
 
 from kubernetes import client
 
+from trellis_common.changefeed import ChangeFeed
 from trellis_common.kube.informer import Informer, Object
 from trellis_common.kube.namespaces import MonitoredNamespaces
 from trellis_endpoints_k8s.domain.services import ServiceView, service_of_slice, view
@@ -53,6 +54,8 @@ class Watcher:
         self._signal = signal
         self.views: dict[Key, ServiceView] = {}
         self.revision = 0
+        #: The services changed, for the catalog's watches (``WatchServices``).
+        self.feed: ChangeFeed[Key] = ChangeFeed()
         self.ready = asyncio.Event()
         self._dirty: set[Key] = set()
         self._wake = asyncio.Event()
@@ -127,6 +130,7 @@ class Watcher:
                 for warning in found.warnings:
                     log.warning("service.port_refused service=%s/%s %s", *key, warning)
             self.revision += 1
+            self.feed.changed((key,))
             await self._signal("changed", f"{key[0]}/{key[1]}")
             log.info(
                 "service.changed service=%s/%s endpoints=%d",

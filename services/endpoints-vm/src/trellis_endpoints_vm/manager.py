@@ -52,6 +52,7 @@ from dataclasses import replace
 
 from redis.exceptions import RedisError
 
+from trellis_common.changefeed import ChangeFeed
 from trellis_common.health import Rejections
 from trellis_common.stored import Refused
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
@@ -120,6 +121,8 @@ class EndpointsManager:
         #: Service views changed since this process started (for listings and status;
         #: the order consumers rely on is the signal's own revision).
         self.revision = 0
+        #: The services changed, for the catalog's watches (``WatchServices``).
+        self.feed: ChangeFeed[ServiceKey] = ChangeFeed()
         self._lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.bind_gauges()
@@ -381,15 +384,19 @@ class EndpointsManager:
     # -- signals ------------------------------------------------------------------------
 
     def _count(self, changes: list[Change]) -> list[tuple[str, str]]:
-        """Count ``changes`` (under the lock); the signals to send once it is released."""
+        """Count ``changes`` (under the lock) and push them to the watches at once; the
+        signals to send once the lock is released."""
         self.revision += len(changes)
         self._metrics.changes.inc(len(changes))
+        self.feed.changed(c.key for c in changes)
         return [(CHANGED if c.view is not None else REMOVED, str(c.key)) for c in changes]
 
     async def _send(
         self, signals: list[tuple[str, str]], mirrored: Sequence[tuple[str, str]] = ()
     ) -> None:
-        """Signal each change; wait for it at most the store timeout.
+        """Signal each change: the other replicas first (``mirrored``), waited for at most
+        the store timeout, then the ``endpoints`` signals, in the background (the catalog
+        has the change already, from its watch: :attr:`feed`).
 
         Called right after the lock is released (no await in between), so the tasks are
         made, and take ``_in_order``, in the order of the changes: a consumer that takes
@@ -401,33 +408,45 @@ class EndpointsManager:
             mirrored = ()
         if not signals and not mirrored:
             return
-        task = asyncio.get_running_loop().create_task(self._send_all(signals, mirrored))
+        replicas_told = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._send_all(signals, mirrored, replicas_told))
         self._signalling.add(task)
         task.add_done_callback(self._signalling.discard)
-        done, _ = await asyncio.wait({task}, timeout=self._signal_timeout)
+        if not mirrored:
+            return
+        told = loop.create_task(replicas_told.wait())
+        done, _ = await asyncio.wait(
+            {task, told}, timeout=self._signal_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        told.cancel()
         if not done:
             log.warning(
-                "endpoints.signal_slow signals=%d first=%s waited=%ss action=continuing-behind",
-                len(signals),
-                signals[0][1],
+                "replicas.signal_slow signals=%d first=%s waited=%ss action=continuing-behind",
+                len(mirrored),
+                mirrored[0][1],
                 self._signal_timeout,
             )
 
     async def _send_all(
-        self, signals: list[tuple[str, str]], mirrored: Sequence[tuple[str, str]]
+        self,
+        signals: list[tuple[str, str]],
+        mirrored: Sequence[tuple[str, str]],
+        replicas_told: asyncio.Event,
     ) -> None:
         async with self._in_order:
-            for kind, key in signals:
-                try:
-                    await self._signal(kind, key)
-                except Exception:  # the outbox keeps what Redis refuses: anything else is a bug
-                    log.exception("endpoints.signal_failed kind=%s service=%s", kind, key)
             notify = self._notify
             for kind, workload_id in mirrored if notify is not None else ():
                 try:
                     await notify(kind, workload_id)  # type: ignore[misc]  # not None here
                 except Exception:
                     log.exception("replicas.signal_failed kind=%s workload=%s", kind, workload_id)
+            replicas_told.set()
+            for kind, key in signals:
+                try:
+                    await self._signal(kind, key)
+                except Exception:  # the outbox keeps what Redis refuses: anything else is a bug
+                    log.exception("endpoints.signal_failed kind=%s service=%s", kind, key)
 
     async def signalled(self) -> None:
         """Wait until every signal sent so far has been published or kept."""

@@ -7,9 +7,9 @@ the same port (``renewal.py``), pod agents' enrollment on its own server-TLS por
 certificate (the one it joined with, renewed in place: ``runtime.identity``), so the
 identity that ``trellis identity revoke proxy-cp`` revokes is the one proxies see;
 certmanager issues no service certificate in the control plane's namespace. The catalog's
-views and
-certmanager's certificates are followed on the one event path: two followers on the
-runtime's signals hub (``clients/catalog.py``, ``clients/certs.py``).
+resources are watched on one stream (``WatchChanges``, the component ``catalog follower``:
+``clients/catalog.py``), certmanager's certificates followed on the runtime's signals hub
+(``clients/certs.py``).
 """
 
 from __future__ import annotations
@@ -130,7 +130,6 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         revoked,
     )
     catalog.expectations.ask_issuer = certs.issued
-    runtime.signals.follow(catalog.follower)
     runtime.signals.follow(certs.follower)
 
     def forget(identity: str) -> None:
@@ -200,7 +199,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         Access(identified(authorizer.identify), caller_views, catalog.follower.fresh),
         runtime.health.rejections,
     )
-    components = {}
+    components = {"catalog follower": catalog.follower.run}
     attributes = {}
     if settings.enroll_port >= 0:
         enrollment = EnrollmentServicer(certs.enroll, catalog.expect, metrics.enrollments)

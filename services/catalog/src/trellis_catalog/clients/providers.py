@@ -1,25 +1,28 @@
-"""Following the endpoints providers, whichever are alive, on the one event path.
+"""Following the endpoints providers, whichever are alive: one watch each.
 
-Providers announce themselves in the service registry (kind ``endpoints-provider``) and
-signal each change of a service on the ``endpoints`` topic (key ``<namespace>/<key>``,
-sender: the provider's registry name). :class:`ProviderFollower` is the catalog's one
-follower of both topics:
+Providers announce themselves in the service registry (kind ``endpoints-provider``).
+:class:`ProviderFollower` follows the ``registry`` topic to find them, and watches each
+live one on one stream (``WatchServices``): the first answer lists every service, and the
+catalog then holds exactly what the provider reports; each later answer carries the
+services that changed, as they are now, and those removed, pushed the moment the provider
+changes them. A change thus reaches the catalog in one message, with no signal and no
+fetch in between (``docs/architecture.md``, "The path of a change"). A watch that ends or
+fails is opened again with backoff and starts with a full listing again, so nothing is
+missed; meanwhile the provider's loop (``provider <name>``) is down, and its endpoints
+stay as they were.
 
-* ``resync("endpoints")`` discovers the live providers and lists every one of them
-  (``ListServices``): the catalog then holds exactly what each reports.
-  ``resync("registry")`` lists only the providers it did not follow yet (or that moved).
-* An ``endpoints`` signal fetches that one service (``GetService``) from the provider that
-  sent it; NOT_FOUND means the service is gone. A signal from a provider not followed yet
-  lists that provider in full.
-* A registry ``up`` of a provider lists it at once: a new provider pod is found with no
-  configuration. ``down`` starts its grace period.
+* ``resync("registry")`` discovers the live providers, watches those not watched yet (or
+  that moved), and waits for each one's first listing.
+* A registry ``up`` of a provider watches it at once: a new provider pod is found with no
+  configuration. ``down`` starts its grace period. The sweep (:meth:`ProviderFollower.run`)
+  also finds a live provider not watched yet, should its ``up`` have been missed.
 
 Replicas of one provider (``endpoints-vm`` and ``endpoints-vm-2``: the registry names
-instances) are one provider (:func:`provider_of`): the catalog follows it through one live
-replica, the longest-running, and a signal from any replica fetches from the one followed.
-A replica that dies or hands over its leadership is no provider leaving: while another
-replica is in the registry the provider is live, so a failover costs no grace period and
-drops no endpoint; the replica followed next is listed in full.
+instances) are one provider (:func:`provider_of`): the catalog watches it through one live
+replica, the longest-running, which reports the others' changes too. A replica that dies
+or hands over its leadership is no provider leaving: while another replica is in the
+registry the provider is live, so a failover costs no grace period and drops no endpoint;
+the replica watched next lists in full.
 
 What a provider reports is validated record by record (:mod:`.provider_reports`): a
 service or endpoint that fails is rejected with its reason (``/v1/status``, the
@@ -29,8 +32,8 @@ A provider missing from the registry keeps its endpoints for ``grace`` seconds: 
 provider that restarts, or misses a heartbeat while Redis is briefly away, does not make
 its services vanish from every proxy. One that stays gone is then dropped. A provider that
 crashed rings no ``down`` (its registry key just expires), so :meth:`ProviderFollower.run`
-sweeps the registry every ``interval`` seconds for that, and for nothing else. Each
-provider is a health loop (``provider <name>``), down while it is missing or failing.
+sweeps the registry every ``interval`` seconds for that. Each provider is a health loop
+(``provider <name>``), down while it is missing or its watch is failing.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import grpc
 import redis.asyncio as aioredis
@@ -53,6 +56,7 @@ from trellis_catalog.clients import provider_reports
 from trellis_catalog.clients.provider_reports import InvalidReport, from_proto
 from trellis_catalog.domain.index.services import ProvidedService
 from trellis_common import components
+from trellis_common.backoff import Backoff
 from trellis_common.events import Follower
 from trellis_common.follow import describe
 from trellis_common.health import Health, Loop
@@ -62,8 +66,8 @@ from trellis_common.signaling import Event
 log = logging.getLogger(__name__)
 
 KIND = "endpoints-provider"
-#: The providers' topic (kinds ``changed``, ``removed``; key ``<namespace>/<service key>``).
-TOPIC = "endpoints"
+#: A watch that failed is opened again after this backoff (doubling, jittered, capped).
+WATCH_BACKOFF = Backoff(initial=0.1, maximum=5.0, jitter=0.2)
 
 
 #: A channel to a provider: (address, its kind), so the server's certificate is checked.
@@ -98,19 +102,25 @@ def provider_component(record: ServiceRecord) -> str:
 
 @dataclass
 class _Provider:
-    """One followed provider: where it is, the channel to it, its health loop."""
+    """One followed provider: where it is, the channel to it, its watch, its health loop."""
 
     record: ServiceRecord
     channel: grpc.aio.Channel
     stub: pb_grpc.EndpointsProviderAsyncStub
     loop: Loop
     missing_since: float | None = None  # not in the registry since (clock time)
+    watch: asyncio.Task[None] | None = None
+    #: Set once the current watch answered its first listing, or failed before it did
+    #: (``failure``): what a resync waits for.
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    failure: BaseException | None = None
+    watching: bool = False  # the current watch listed, and has not failed since
 
 
 class ProviderFollower(Follower):
     """Keeps every live provider's services in the catalog (see the module docstring)."""
 
-    topics = (TOPIC, REGISTRY_TOPIC)
+    topics = (REGISTRY_TOPIC,)
 
     def __init__(
         self,
@@ -133,46 +143,23 @@ class ProviderFollower(Follower):
         self._factory = channel_factory
         self.providers: dict[str, _Provider] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        # Signals, resyncs and the sweep each read then change ``providers``: one at a time.
+        # Signals, resyncs and the sweep each read then change ``providers``: one at a time
+        # (the watches apply what they hear without it: the catalog's inputs take no await).
         self._lock = asyncio.Lock()
         self._converted = provider_reports.converted()
 
     # -- the follower --------------------------------------------------------------------
 
     async def resync(self, topic: str) -> None:
+        """Watch every live provider not watched yet; wait for each one's first listing
+        (raises the first failure, once all were tried)."""
         async with self._lock:
             live = await self._discover()
-            if topic == TOPIC:
-                await self._list(live.values())
-            else:
-                await self._list(r for r in live.values() if self._unlisted(r))
+            await self._follow(live.values())
 
     async def changed(self, event: Event) -> None:
-        await self.changed_all([event])
-
-    async def changed_all(self, events: Sequence[Event]) -> None:
-        """Registry signals in order; between them, each service signalled is fetched once
-        (however many signals named it), all of them concurrently."""
         async with self._lock:
-            services: dict[tuple[str, str], Event] = {}
-            for event in events:
-                if event.topic == REGISTRY_TOPIC:
-                    await self._fetch_all(services.values())
-                    services = {}
-                    await self._registry(event)
-                else:
-                    services[(provider_of(event.sender), event.key)] = event
-            await self._fetch_all(services.values())
-
-    async def _fetch_all(self, events: Iterable[Event]) -> None:
-        pending = list(events)
-        for event in [e for e in pending if provider_of(e.sender) not in self.providers]:
-            await self._service(event)  # lists an unknown provider: once, not concurrently
-        known = [e for e in pending if provider_of(e.sender) in self.providers]
-        results = await asyncio.gather(*map(self._service, known), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+            await self._registry(event)
 
     async def _registry(self, event: Event) -> None:
         kind, _, name = event.key.partition("/")
@@ -181,51 +168,7 @@ class ProviderFollower(Follower):
         live = await self._discover()  # a replica leaving is no provider leaving
         found = live.get(provider_of(name))
         if event.kind == "up" and found is not None:  # else it is gone again: the sweep
-            await self._list([found])  # a replica that took over lists it in full
-
-    async def _service(self, event: Event) -> None:
-        name = provider_of(event.sender)
-        namespace, slash, key = event.key.partition("/")
-        if not slash:
-            self._health.rejections.reject(
-                _source(name), event.key, "a signal's key is not '<namespace>/<service key>'"
-            )
-            return
-        provider = self.providers.get(name)
-        if provider is None:
-            found = (await self._discover()).get(name)
-            if found is None:
-                # its registry ``up`` is still on its way, and lists it in full
-                log.info("provider.unknown provider=%s service=%s", name, event.key)
-            else:
-                await self._list([found])
-            return
-        ref = pb.ServiceRef(namespace=namespace, name=key)
-        try:
-            message = await provider.stub.GetService(pb.GetServiceRequest(service=ref), timeout=10)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:
-                provider.loop.down(describe(exc))
-                raise
-            self._health.rejections.accept(_source(name), event.key)
-            self.catalog.remove_provider_service(name, namespace, key)
-            self._converted.forget((name, namespace, key))
-            log.debug("provider.service_removed provider=%s service=%s", name, event.key)
-            return
-        if message.info.service != ref:
-            answered = f"{message.info.service.namespace}/{message.info.service.name}"
-            self._health.rejections.reject(
-                _source(name), event.key, f"asked for {event.key}, the provider answered {answered}"
-            )
-            return
-        # a report that fails validation is no longer the service's truth either: removed
-        self.catalog.update_provider_service(name, namespace, key, self._convert(name, message))
-        log.debug(
-            "provider.service_fetched provider=%s service=%s endpoints=%d",
-            name,
-            event.key,
-            len(message.endpoints),
-        )
+            await self._follow([found])  # a replica that took over lists it in full
 
     # -- the registry sweep --------------------------------------------------------------
 
@@ -246,9 +189,13 @@ class ProviderFollower(Follower):
                     await self._close(name)
 
     async def sweep(self) -> None:
-        """One pass of :meth:`run`."""
+        """One pass of :meth:`run`: the grace of those gone, and a watch for any live
+        provider not watched yet (its registry ``up`` missed), not waited for."""
         async with self._lock:
-            await self._discover()
+            live = await self._discover()
+            for record in live.values():
+                if self._unlisted(record):
+                    await self._connect(record)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -290,52 +237,124 @@ class ProviderFollower(Follower):
         log.warning("provider.missing provider=%s grace_s=%.0f", name, self.grace)
         provider.loop.down(f"not in the registry; its endpoints are kept for {self.grace:g}s")
 
-    async def _list(self, records: Iterable[ServiceRecord]) -> None:
-        """List each provider in full; raise the first failure once all were tried."""
-        failed: grpc.aio.AioRpcError | None = None
-        for record in list(records):
-            name = provider_of(record.name)
-            provider = await self._connect(record)
-            try:
-                listed = await provider.stub.ListServices(pb.ListServicesRequest(), timeout=30)
-            except grpc.aio.AioRpcError as exc:
-                provider.loop.down(describe(exc))
-                log.warning(
-                    "provider.list_failed provider=%s instance=%s error=%s",
-                    name,
-                    record.name,
-                    describe(exc),
-                )
-                failed = failed or exc
-                continue
-            accepted = [
-                report
-                for report in (self._convert(name, m) for m in listed.services)
-                if report is not None
-            ]
-            # rejections of services no longer listed are history, and so are their endpoints
-            keys = {(m.info.service.namespace, m.info.service.name) for m in listed.services}
-            self._health.rejections.accept_all(_source(name), {f"{n}/{k}" for n, k in keys})
-            self._forget_unlisted(name, keys)
-            self.catalog.set_provider_services(name, accepted)
-            provider.missing_since = None
-            provider.loop.up()
-            log.info(
-                "provider.synced provider=%s instance=%s services=%d rejected=%d",
-                name,
-                record.name,
-                len(accepted),
-                len(listed.services) - len(accepted),
-            )
+    async def _follow(self, records: Iterable[ServiceRecord]) -> None:
+        """Watch each provider of ``records`` (again, where it moved or another replica
+        took over) and wait for each watch's first listing; raise the first failure."""
+        followed = [await self._connect(record) for record in list(records)]
+        for provider in followed:
+            await provider.settled.wait()
+        failed = next((p.failure for p in followed if p.failure is not None), None)
         if failed is not None:
             raise failed
 
+    def _start_watch(self, name: str, provider: _Provider) -> None:
+        if provider.watch is not None:
+            provider.watch.cancel()
+        provider.settled.clear()
+        provider.failure = None
+        provider.watching = False
+        provider.watch = asyncio.get_running_loop().create_task(
+            self._watch(name, provider), name=f"watch {name}"
+        )
+
+    async def _watch(self, name: str, provider: _Provider) -> None:
+        """Watch ``provider`` until cancelled; each failure is logged, shown on its loop,
+        and followed by a new watch after a backoff."""
+        failures = 0
+        while True:
+            try:
+                call = provider.stub.WatchServices(pb.ListServicesRequest())
+                try:
+                    async for answer in call:
+                        if answer.full:
+                            self._listed(name, provider, answer)
+                            provider.failure, provider.watching = None, True
+                            provider.settled.set()
+                        else:
+                            self._changed(name, answer)
+                        failures = 0
+                finally:
+                    call.cancel()
+                error: Exception = ConnectionResetError("the watch ended")
+            except Exception as exc:  # noqa: BLE001 (a watch outlives any one failure)
+                error = exc
+            if not provider.settled.is_set():
+                provider.failure = error
+            failures += 1
+            provider.watching = False
+            provider.loop.down(describe(error))
+            provider.settled.set()
+            delay = WATCH_BACKOFF.delay(failures)
+            expected = isinstance(error, grpc.aio.AioRpcError | OSError)  # the peer went away
+            log.log(
+                logging.WARNING if expected else logging.ERROR,
+                "provider.watch_lost provider=%s instance=%s reason=%r retry_in=%.2fs",
+                name,
+                provider.record.name,
+                describe(error),
+                delay,
+                exc_info=not expected,
+            )
+            await asyncio.sleep(delay)
+            provider.settled.clear()
+
+    def _listed(self, name: str, provider: _Provider, listed: pb.ServiceChanges) -> None:
+        """A watch's first answer: every service the provider knows."""
+        accepted = [
+            report
+            for report in (self._convert(name, m) for m in listed.services)
+            if report is not None
+        ]
+        # rejections of services no longer listed are history, and so are their endpoints
+        keys = {(m.info.service.namespace, m.info.service.name) for m in listed.services}
+        self._health.rejections.accept_all(_source(name), {f"{n}/{k}" for n, k in keys})
+        self._forget_unlisted(name, keys)
+        self.catalog.set_provider_services(name, accepted)
+        provider.missing_since = None
+        provider.loop.up()
+        log.info(
+            "provider.synced provider=%s instance=%s services=%d rejected=%d",
+            name,
+            provider.record.name,
+            len(accepted),
+            len(listed.services) - len(accepted),
+        )
+
+    def _changed(self, name: str, answer: pb.ServiceChanges) -> None:
+        """A watch's later answer: services as they are now, and those removed."""
+        for message in answer.services:
+            ref = message.info.service
+            # a report that fails validation is no longer the service's truth either
+            self.catalog.update_provider_service(
+                name, ref.namespace, ref.name, self._convert(name, message)
+            )
+            log.debug(
+                "provider.service_changed provider=%s service=%s/%s endpoints=%d",
+                name,
+                ref.namespace,
+                ref.name,
+                len(message.endpoints),
+            )
+        for ref in answer.removed:
+            key = f"{ref.namespace}/{ref.name}"
+            self._health.rejections.accept(_source(name), key)
+            self.catalog.remove_provider_service(name, ref.namespace, ref.name)
+            self._converted.forget((name, ref.namespace, ref.name))
+            log.debug("provider.service_removed provider=%s service=%s", name, key)
+
     async def _connect(self, record: ServiceRecord) -> _Provider:
-        """The provider of ``record``, with one channel to its current address."""
+        """The provider of ``record``, with one channel to its current address and a
+        watch on it (a new one where the provider moved or another replica took over)."""
         name = provider_of(record.name)
         known = self.providers.get(name)
         if known is not None and known.record.grpc_address == record.grpc_address:
+            taken_over = known.record.name != record.name
             known.record = record
+            if taken_over or known.watch is None or known.watch.done():
+                self._start_watch(name, known)
+            elif known.missing_since is not None and known.watching:
+                known.missing_since = None  # back in the registry, its watch never broke
+                known.loop.up()
             return known
         if known is not None:
             log.info(
@@ -344,6 +363,8 @@ class ProviderFollower(Follower):
                 record.name,
                 record.grpc_address,
             )
+            if known.watch is not None:
+                known.watch.cancel()
             await known.channel.close()
             loop = known.loop
         else:
@@ -357,17 +378,19 @@ class ProviderFollower(Follower):
         channel = self._factory(record.grpc_address, provider_component(record))
         provider = _Provider(record, channel, pb_grpc.EndpointsProviderStub(channel), loop)
         self.providers[name] = provider
+        self._start_watch(name, provider)
         return provider
 
     def renewed(self) -> None:
         """This component's certificate was renewed: new channels present the new one (the
         old ones are closed once their calls had a moment to finish)."""
-        for provider in self.providers.values():
+        for name, provider in self.providers.items():
             old = provider.channel
             provider.channel = self._factory(
                 provider.record.grpc_address, provider_component(provider.record)
             )
             provider.stub = pb_grpc.EndpointsProviderStub(provider.channel)
+            self._start_watch(name, provider)  # on the new channel, from a full listing
             closing = asyncio.get_running_loop().create_task(old.close(grace=1.0))
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
@@ -379,6 +402,8 @@ class ProviderFollower(Follower):
         provider = self.providers.pop(name, None)
         self._converted.retain(lambda c: c[0] != name)
         if provider is not None:
+            if provider.watch is not None:
+                provider.watch.cancel()
             provider.loop.close()
             await provider.channel.close()
 

@@ -1,8 +1,10 @@
 """The ``trellis.catalog.v1.Catalog`` servicer: versioned resources, policy, proxies.
 
-Consumers follow the resources on the one event path: the Redis signal ``views`` rings
-after a flush, and they ask ``ListChanges(since=<their cursor>)`` what changed, then
-``GetResources`` for the names they hold or want, in one call. Every version in an answer
+Consumers follow the resources on the one event path: proxy-cp watches them
+(``WatchChanges(since=<its cursor>)``: an answer after every flush that moved a resource,
+the moved slices and destinations inline), or a consumer asks ``ListChanges`` when the
+Redis signal ``views`` rings; then ``GetResources`` for the other names they hold or want,
+in one call. Every version in an answer
 (a policy's, a slice's, a destination's) is a digest of its content, the same from every
 catalog replica; the cursors and the ``revision`` fields are the answering replica's own
 (see :mod:`trellis_catalog.catalog`). The messages are made in :mod:`.protos`.
@@ -15,7 +17,7 @@ field, logged, counted and shown in ``/v1/status``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -43,6 +45,8 @@ from trellis_spec.mesh import MeshSpec
 __all__ = ["SERVICE_NAME", "CatalogServicer", "to_proto"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
+#: Resources a watch answer carries inline at most; the consumer fetches the rest.
+INLINE = 1000
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Catalog"].full_name
 
 
@@ -68,6 +72,14 @@ def _named_proxy() -> Iterator[None]:
         raise InvalidField("common_name", str(exc)) from None
 
 
+def _listing(cursor: str, full: bool, changed: list[tuple[str, str]]) -> pb.ListChangesResponse:
+    return pb.ListChangesResponse(
+        cursor=cursor,
+        full=full,
+        changes=[pb.ResourceVersion(name=n, version=v) for n, v in changed],
+    )
+
+
 class CatalogServicer(pb_grpc.CatalogServicer):
     def __init__(self, catalog: Catalog, rejections: Rejections | None = None) -> None:
         self._catalog = catalog
@@ -79,11 +91,39 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     ) -> pb.ListChangesResponse:
         await self._catalog.settled()
         cursor, full, changed = self._catalog.changes_since(grpc_requests.cursor(request))
-        return pb.ListChangesResponse(
-            cursor=cursor,
-            full=full,
-            changes=[pb.ResourceVersion(name=n, version=v) for n, v in changed],
-        )
+        return _listing(cursor, full, changed)
+
+    async def WatchChanges(
+        self, request: pb.ListChangesRequest, context: Context
+    ) -> AsyncIterator[pb.ListChangesResponse]:
+        """ListChanges' answer, then one after every flush that moved a resource (what moved
+        since the answer before), with the moved slices and destinations inline."""
+        catalog = self._catalog
+        since = grpc_requests.cursor(request)
+        first = True
+        while True:
+            await catalog.settled()
+            cursor, full, changed = catalog.changes_since(since)
+            if first or changed:
+                answer = _listing(cursor, full, changed)
+                if not full:
+                    answer.resources.extend(self._inline(changed))
+                yield answer
+            first, since = False, cursor
+            await catalog.moved_after(cursor)
+
+    def _inline(self, changed: list[tuple[str, str]]) -> Iterator[pb.Resource]:
+        """The moved slices and destinations that are not gone, up to :data:`INLINE`."""
+        self._slices.prune(self._catalog.resources.versions)
+        sent = 0
+        for name, version in changed:
+            if sent == INLINE:
+                return
+            if version and not name.startswith(POLICY + "/"):
+                found = self._resource(name, {})
+                if found is not None:
+                    sent += 1
+                    yield found
 
     @rpc(grpc_requests.resources)
     async def GetResources(

@@ -1,13 +1,16 @@
 """The ``trellis.endpoints.v1.EndpointsProvider`` servicer over endpoints-k8s's services.
 
 The same API as endpoints-vm's, so the catalog takes either provider in with no
-configuration: ``ListServices`` when it resyncs, ``GetService`` when the signal
-``endpoints`` names a service (NOT_FOUND once the service is gone, or its namespace left
-the mesh).
+configuration: it watches the services (``WatchServices``: every service, then each one
+the watcher recomputed, or ``removed`` once it is gone or its namespace left the mesh).
+``ListServices`` and ``GetService`` (NOT_FOUND once the service is gone) answer any other
+consumer, which the signal ``endpoints`` tells what changed. Every replica keeps its
+views and serves the watch, whichever leads.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -89,3 +92,27 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
             )
         assert found is not None
         return to_proto(found, self._watcher.revision)
+
+    async def WatchServices(
+        self, request: pb.ListServicesRequest, context: Context
+    ) -> AsyncIterator[pb.ServiceChanges]:
+        namespace = await self.gate.check(context, "WatchServices", namespace_filter, request)
+        watcher = self._watcher
+        with watcher.feed.watch() as watch:  # before the listing: nothing falls between
+            listed = await self.ListServices(request, context)
+            yield pb.ServiceChanges(
+                full=True, services=listed.services, revision=listed.revision, provider=PROVIDER
+            )
+            while True:
+                answer = pb.ServiceChanges(provider=PROVIDER)
+                for key in await watch.next():
+                    if namespace and key[0] != namespace:
+                        continue
+                    found = watcher.views.get(key)
+                    if found is None:
+                        answer.removed.add(namespace=key[0], name=key[1])
+                    else:
+                        answer.services.append(to_proto(found, watcher.revision))
+                answer.revision = watcher.revision
+                if answer.services or answer.removed:
+                    yield answer

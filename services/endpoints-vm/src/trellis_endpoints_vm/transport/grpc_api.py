@@ -1,11 +1,11 @@
 """The ``trellis.endpoints.v1.EndpointsProvider`` servicer over endpoints-vm's views.
 
-It answers what a consumer fetches on the one event path: ``GetService`` when the signal
-``endpoints`` names a service (NOT_FOUND once the service is gone: that is how a consumer
-learns it was removed), ``ListServices`` when it resyncs. There is no stream: changes are
-told by the signal, not pushed here. ``revision`` in the answers is the manager's count
-of changes since this process started, for logs and status; consumers order by the
-signal's revision.
+The catalog watches it (``WatchServices``): every service first, then each change pushed
+as the manager makes it (:attr:`~trellis_endpoints_vm.manager.EndpointsManager.feed`), the
+services as they are when the answer is written, those gone as ``removed``. Any other
+consumer fetches what the signal ``endpoints`` names with ``GetService`` (NOT_FOUND once
+the service is gone) and lists with ``ListServices``. ``revision`` in the answers is the
+manager's count of changes since this process started, for logs and status.
 
 Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
 service's :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
@@ -14,6 +14,7 @@ field, logged, counted and shown in ``/v1/status``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -107,3 +108,30 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
             self._endpoints.forget(key)
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {key} in this provider")
         return to_proto(view, self._manager.revision, self._endpoints)
+
+    async def WatchServices(
+        self, request: pb.ListServicesRequest, context: Context
+    ) -> AsyncIterator[pb.ServiceChanges]:
+        namespace = await self.gate.check(
+            context, "WatchServices", grpc_requests.namespace_filter, request
+        )
+        manager = self._manager
+        with manager.feed.watch() as watch:  # before the listing: nothing falls between
+            listed = await self.ListServices(request, context)
+            yield pb.ServiceChanges(
+                full=True, services=listed.services, revision=listed.revision, provider=PROVIDER
+            )
+            while True:
+                answer = pb.ServiceChanges(provider=PROVIDER)
+                for key in await watch.next():
+                    if namespace and key.namespace != namespace:
+                        continue
+                    view = manager.view(key)
+                    if view is None:
+                        self._endpoints.forget(key)
+                        answer.removed.add(namespace=key.namespace, name=key.name)
+                    else:
+                        answer.services.append(to_proto(view, manager.revision, self._endpoints))
+                answer.revision = manager.revision
+                if answer.services or answer.removed:
+                    yield answer

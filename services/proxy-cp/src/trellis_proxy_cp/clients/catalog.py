@@ -1,17 +1,21 @@
 """proxy-cp's side of the catalog: the resources its proxies and discovery clients need.
 
-Resources travel the one event path (``docs/architecture.md``, "The path of a change"): the
-catalog signals ``views`` (kind ``changed``, key: its cursor after the flush) and the one
-:class:`ResourceFollower` asks ``ListChanges(since=<our cursor>)`` what moved, then
-``GetResources`` once for every name it holds whose version moved: the policies of the
-identities wanted here, the slices those policies name, and every destination (the
-Destination API's table, :class:`~.destinations.DestinationTable`). A policy that names a
-slice not held yet costs one more ``GetResources`` for those slices. A listing that is
-``full`` (the first one, or a catalog that restarted: a cursor from another epoch) lists
-every resource; a held one missing from it is fetched again (a policy of an identity the
-catalog no longer knows is computed on demand: its outbound view), or dropped (a
-destination). The cursor is stored only once every fetch succeeded, so a failed fetch (the
-hub resyncs later, with backoff) misses nothing.
+Resources travel the one event path (``docs/architecture.md``, "The path of a change"). The
+one :class:`ResourceFollower` watches the catalog's changes on one stream
+(``WatchChanges(since=<our cursor>)``): a first answer lists what moved since our cursor,
+then one more comes after every flush of the catalog that moved a resource. The slices and
+destinations that moved come inline, so an endpoint change reaches us in one message; for
+the rest it holds or wants whose version moved (policies, and anything not inline), the
+follower asks ``GetResources`` once: the policies of the identities wanted here, the
+slices those policies name, and every destination (the Destination API's table,
+:class:`~.destinations.DestinationTable`). A policy that names a slice not held yet costs
+one more ``GetResources`` for those slices. A listing that is ``full`` (the first one, or a
+catalog that restarted: a cursor from another epoch) lists every resource; a held one
+missing from it is fetched again (a policy of an identity the catalog no longer knows is
+computed on demand: its outbound view), or dropped (a destination). The cursor is stored
+only once every fetch succeeded. A stream that ends or fails (the catalog restarted, a
+fetch failed) is opened again with backoff from the stored cursor, so nothing is missed;
+meanwhile the loop ``catalog resources`` is down and ``/readyz`` says so.
 
 The catalog may run as several replicas (active-active). A resource's version is a digest
 of its content, the same from every replica, while a cursor is one replica's own: after
@@ -25,7 +29,7 @@ proxy expected (``ListProxies``, shared by many streams: :mod:`.expected`), and 
 identity's policy and slices (``want``). And it tells the catalog which proxies are
 connected here (``RegisterProxy``). The catalog keeps that in memory only, so the follower
 registers every connected proxy again whenever the catalog may have lost it: after a full
-listing (a new catalog), after the signals were lost, and after a registration that failed.
+listing (a new catalog), after the stream was lost, and after a registration that failed.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -42,10 +46,10 @@ import grpc
 
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
-from trellis_common.events import Follower
+from trellis_common import lifecycle
+from trellis_common.follow import follow_forever
 from trellis_common.health import Health
 from trellis_common.locate import Locator, OwnerUnavailable
-from trellis_common.signaling import Event
 from trellis_proxy_cp.cache.inputs import Inputs, slice_names
 from trellis_proxy_cp.clients import owners
 from trellis_proxy_cp.clients.destinations import DestinationTable
@@ -55,8 +59,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: The catalog's topic (its owner's ``TOPIC``).
-TOPIC = "views"
 #: Registrations in flight at once when every connected proxy is registered again.
 REREGISTER_CONCURRENCY = 32
 #: Names asked for in one GetResources (the catalog takes at most 10,000).
@@ -64,6 +66,8 @@ BATCH = 2000
 POLICY, SLICE, DESTINATION = "policy/", "slice/", "destination/"
 
 Slices = dict[str, pb.ClusterSlice | None]
+#: Resources that came with a watch answer, by name.
+Inline = dict[str, pb.Resource]
 
 
 @dataclass
@@ -216,15 +220,20 @@ class CatalogClient:
     async def _get_one(self, request: pb.GetResourcesRequest) -> pb.GetResourcesResponse:
         return await self._call(lambda stub: stub.GetResources(request, timeout=30))
 
-    async def fetch(self, names: list[str]) -> Fetched:
-        """Resources by name, in one GetResources, and one more for the slices the new
-        policies name that are not held yet. Policies and slices are kept (a slice that is
-        missing has no endpoints: None); destinations are the caller's to apply."""
+    async def fetch(self, names: list[str], inline: Inline | None = None) -> Fetched:
+        """Resources by name: those in ``inline`` (a watch answer's, by name) as they came,
+        the others in one GetResources, and one more round for the slices the new policies
+        name that are not held yet (again from ``inline`` first). Policies and slices are
+        kept (a slice that is missing has no endpoints: None); destinations are the
+        caller's to apply."""
         fetched = Fetched()
         slices = fetched.slices
+        came = inline or {}
         asked = list(names)
-        while asked:
-            got = await self._get(asked)
+        while True:
+            got = pb.GetResourcesResponse(resources=[came[n] for n in asked if n in came])
+            if rest := [n for n in asked if n not in came]:
+                got.MergeFrom(await self._get(rest))
             for resource in got.resources:
                 body = resource.WhichOneof("body")
                 if body == "policy":
@@ -244,6 +253,8 @@ class CatalogClient:
                     self._slices_of[identity] = slice_names(policy)
             named = {n for p in fetched.policies.values() for n in slice_names(p)}
             asked = sorted(named - set(self.slices) - set(slices))  # one more round at most
+            if not asked:
+                break
         for name, found in slices.items():
             if found is None:
                 self.slices.pop(name, None)
@@ -270,30 +281,64 @@ class CatalogClient:
         request = pb.ListChangesRequest(since=self.cursor)
         return await self._call(lambda stub: stub.ListChanges(request, timeout=10))
 
+    async def watch_changes(self) -> AsyncIterator[pb.ListChangesResponse]:
+        """The catalog's answers from our cursor on, as they come (see the module docstring);
+        raises what the stream raises, once the locator was told."""
+        channel = await self.locator.channel()
+        call = pb_grpc.CatalogStub(channel).WatchChanges(pb.ListChangesRequest(since=self.cursor))
+        try:
+            async for listed in call:
+                yield listed
+        except grpc.aio.AioRpcError as exc:
+            self.locator.failed(exc)
+            raise
+        finally:
+            call.cancel()
 
-class ResourceFollower(Follower):
-    """The ``views`` topic: list what moved since our cursor, fetch what we hold or want."""
 
-    topics = (TOPIC,)
+class ResourceFollower:
+    """Watches what moved since our cursor (one stream), fetches what we hold or want."""
+
+    what = "catalog resources"
 
     def __init__(self, client: CatalogClient) -> None:
-        super().__init__("catalog resources")
         self.client = client
+        self.synced = asyncio.Event()  # set while the watch is in sync with the catalog
         self.reregister = False  # the catalog may have lost the proxies connected here
         self._listing = asyncio.Lock()  # one listing at a time: the cursor moves in order
         self._started = 0  # listings asked for so far
         self._applied = 0  # the number of the last one applied
 
-    async def resync(self, topic: str) -> None:
-        await self.sync()
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch until ``stop``: each failure ends one stream, logged and shown on the loop
+        ``catalog resources``, and the next one starts from our cursor with backoff."""
+        loop = self.client.health.loops.register(self.what)
 
-    async def changed(self, event: Event) -> None:
-        await self.sync()
+        async def watch() -> None:
+            async for listed in self.client.watch_changes():
+                await self.apply(listed)
+                self.synced.set()
+                loop.up()
+
+        async def session() -> None:
+            await lifecycle.first(watch(), stop.wait())
+
+        await follow_forever(session, stop, what=self.what, loop=loop, on_lost=self.lost)
 
     def lost(self) -> None:
+        """The watch broke: changes may be missed until it is open again."""
+        self.synced.clear()
         self.reregister = True
 
+    async def apply(self, listed: pb.ListChangesResponse) -> None:
+        """Apply one watch answer (what moved, the slices and destinations inline)."""
+        received = time.perf_counter()
+        async with self._listing:
+            self._started += 1
+            await self._apply(self._started, listed, received, received)
+
     async def sync(self) -> None:
+        """One listing now (``ListChanges``), applied as a watch answer is."""
         async with self._listing:
             await self._list()
 
@@ -311,17 +356,28 @@ class ResourceFollower(Follower):
     async def _list(self) -> None:
         self._started += 1
         number = self._started
-        client = self.client
         started = time.perf_counter()
-        listed = await client.list_changes()
-        listed_at = time.perf_counter()
+        listed = await self.client.list_changes()
+        await self._apply(number, listed, started, time.perf_counter())
+
+    async def _apply(
+        self, number: int, listed: pb.ListChangesResponse, started: float, listed_at: float
+    ) -> None:
+        client = self.client
+        if _behind(listed.cursor, client.cursor):
+            # a watch answer overtaken by a listing fresh() asked for: it has all of it
+            self._applied = number
+            return
         wanted = {POLICY + i for i in client.wanted} | set(client.slices)
         listing = {item.name: item.version for item in listed.changes}
         moved = [n for n, v in listing.items() if n in wanted and client.version(n) != v]
         if listed.full:
             moved += sorted(n for n in wanted if n not in listing)
         destinations, gone = self._destinations(listing, listed.full)
-        fetched = await client.fetch(moved + destinations) if moved or destinations else Fetched()
+        inline = {r.name: r for r in listed.resources if listing.get(r.name) == r.version}
+        fetched = (
+            await client.fetch(moved + destinations, inline) if moved or destinations else Fetched()
+        )
         fetched_at = time.perf_counter()
         await client.hand_on(fetched.policies, fetched.slices)
         table_moved = client.table.apply(fetched.destinations, gone + fetched.gone)
@@ -338,12 +394,13 @@ class ResourceFollower(Follower):
         # each hop's share, for `make trace`
         log.debug(
             "catalog.synced list_ms=%.1f get_ms=%.1f apply_ms=%.1f listed=%d fetched=%d "
-            "policies=%d slices=%d destinations=%d full=%s cursor=%s",
+            "inline=%d policies=%d slices=%d destinations=%d full=%s cursor=%s",
             (listed_at - started) * 1000,
             (fetched_at - listed_at) * 1000,
             (applied_at - fetched_at) * 1000,
             len(listing),
             len(moved) + len(destinations),
+            len(inline),
             len(fetched.policies),
             len(fetched.slices),
             len(table_moved),
@@ -365,3 +422,13 @@ class ResourceFollower(Follower):
         if full:
             gone += [name for name in table.by_name if name not in named]
         return fetch, gone
+
+
+def _behind(cursor: str, held: str) -> bool:
+    """Whether ``cursor`` is from before ``held`` (both ``<epoch>-<revision>`` of the same
+    catalog epoch); a cursor of another epoch or replica is never behind."""
+    epoch, _, revision = cursor.rpartition("-")
+    held_epoch, _, held_revision = held.rpartition("-")
+    if not epoch or epoch != held_epoch or not (revision.isdigit() and held_revision.isdigit()):
+        return False
+    return int(revision) < int(held_revision)

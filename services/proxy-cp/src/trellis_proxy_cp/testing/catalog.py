@@ -40,8 +40,11 @@ class FakeCatalog:
       from ``destinations``; it counts ``view_calls`` (per identity whose policy was asked)
       and keeps each request's names in ``gets``.
     * ``ListChanges`` lists the resources :meth:`set_view`, :meth:`remove_view` and
-      :meth:`set_destination` changed since a cursor (``<epoch>:<sequence>``), or every
+      :meth:`set_destination` changed since a cursor (``<epoch>-<sequence>``), or every
       resource (``full``) for an empty cursor or one of another epoch (:meth:`restart`).
+    * ``WatchChanges`` answers as ListChanges, then again after each change, the moved
+      slices and destinations inline, as the catalog does; it counts ``watches``.
+      :meth:`restart` ends the watches (a new process).
     * ``RegisterProxy`` and ``UnregisterProxy`` keep ``registered`` (common name -> proxy-cp).
 
     With ``failing``, every call fails UNAVAILABLE. With a ``publisher``, each change is
@@ -69,10 +72,12 @@ class FakeCatalog:
         self._sequence = 0
         self._changed: dict[str, int] = {}  # resource name -> sequence of its last change
         self._resources: dict[str, pb.Resource] = {}
+        self.watches = 0
+        self._moved = asyncio.Event()  # rung, and replaced, at each change or restart
 
     @property
     def cursor(self) -> str:
-        return f"{self.epoch}:{self._sequence}"
+        return f"{self.epoch}-{self._sequence}"
 
     async def set_view(self, view: pb.View) -> str:
         """Store ``view`` (its policy and slices) and signal what moved; the new cursor."""
@@ -97,6 +102,11 @@ class FakeCatalog:
         self._sequence = 0
         self._changed = {name: 0 for name in self._resources}
         self.registered.clear()
+        self._ring()
+
+    def _ring(self) -> None:
+        rung, self._moved = self._moved, asyncio.Event()
+        rung.set()
 
     async def signal(self) -> None:
         if self.publisher is not None:
@@ -133,6 +143,7 @@ class FakeCatalog:
             self._sequence += 1
             for name in moved:
                 self._changed[name] = self._sequence
+            self._ring()
         await self.signal()
         return self.cursor
 
@@ -186,7 +197,30 @@ class FakeCatalog:
     ) -> pb.ListChangesResponse:
         await self._enter(context)
         self.listings.append(request.since)
-        epoch, _, after = request.since.partition(":")
+        return self._listing(request.since)
+
+    async def WatchChanges(
+        self, request: pb.ListChangesRequest, context: Context
+    ) -> AsyncIterator[pb.ListChangesResponse]:
+        await self._enter(context)
+        self.watches += 1
+        since, epoch, first = request.since, self.epoch, True
+        while epoch == self.epoch:
+            listed = self._listing(since)
+            if first or listed.changes:
+                if not listed.full:
+                    listed.resources.extend(
+                        self._resources[c.name]
+                        for c in listed.changes
+                        if c.version and not c.name.startswith("policy/")
+                    )
+                yield listed
+            first, since, moved = False, listed.cursor, self._moved
+            await moved.wait()
+            await self._enter(context)
+
+    def _listing(self, since_cursor: str) -> pb.ListChangesResponse:
+        epoch, _, after = since_cursor.rpartition("-")
         full = epoch != self.epoch or not after.isdigit()
         since = 0 if full else int(after)
         return pb.ListChangesResponse(
@@ -218,6 +252,11 @@ class FakeCatalog:
         return pb.ProxyAck()
 
     def register(self, server: grpc.aio.Server) -> None:
+        watch = grpc.unary_stream_rpc_method_handler(
+            self.WatchChanges,
+            request_deserializer=pb.ListChangesRequest.FromString,
+            response_serializer=pb.ListChangesResponse.SerializeToString,
+        )
         methods: dict[str, tuple[Callable[[Any, Context], Awaitable[Message]], type[Message]]] = {
             "ListProxies": (self.ListProxies, pb.ListProxiesRequest),
             "GetResources": (self.GetResources, pb.GetResourcesRequest),
@@ -233,6 +272,7 @@ class FakeCatalog:
             )
             for name, (method, request_type) in methods.items()
         }
+        handlers["WatchChanges"] = watch
         service = pb.DESCRIPTOR.services_by_name["Catalog"].full_name
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
 
