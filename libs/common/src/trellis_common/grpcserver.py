@@ -21,25 +21,14 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha.reflection import SERVICE_NAME as REFLECTION_SERVICE
 from grpc_reflection.v1alpha.reflection import enable_server_reflection as enable_reflection
 
+from trellis_common.defaults import GRPC_OPTIONS
+
 log = logging.getLogger(__name__)
 
 Registration = Callable[[grpc.aio.Server], None]
 
-DEFAULT_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    # Calls the application has not picked up yet wait in the C core's backlog; past 1,000
-    # it refuses new ones at random (RESOURCE_EXHAUSTED "Too many pending requests"), and
-    # past 3,000 always. When every proxy of a replica reconnects at once (a restart, a
-    # replica's death), that turned a third of them away into a backoff: allow a whole
-    # replica's streams to wait (bounded: each is a few kB until it is served).
-    ("grpc.server.max_pending_requests", 10_000),
-    ("grpc.server.max_pending_requests_hard_limit", 20_000),
-)
+#: Every server's options (:data:`trellis_common.defaults.GRPC_OPTIONS`).
+DEFAULT_OPTIONS = GRPC_OPTIONS
 
 
 class GrpcServer:

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from trellis_common import backoff, components, servercheck, tls
-from trellis_common.grpcserver import DEFAULT_OPTIONS
+from trellis_common.defaults import GRPC_OPTIONS
 from trellis_common.trustctx import client_context as client_context
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ class ComponentIdentity:
         self,
         address: str,
         component: str,
-        options: Sequence[tuple[str, int | str]] = DEFAULT_OPTIONS,
+        options: Sequence[tuple[str, int | str]] = GRPC_OPTIONS,
     ) -> grpc.aio.Channel:
         """An mTLS channel to ``component`` at ``address``: the server must present that
         component's certificate, checked by name whatever the address (gRPC, at each

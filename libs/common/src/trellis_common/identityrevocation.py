@@ -15,26 +15,18 @@ starts it again with a new join token and a new key.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 
-from cryptography import x509
-
 from trellis_common.events import Follower
 from trellis_common.signaling import Event
+from trellis_common.tls import serial_of as serial_of
 
 log = logging.getLogger(__name__)
 
 IDENTITIES_TOPIC = "identities"
 
 Fetch = Callable[[], Awaitable[dict[str, str]]]  # serial (lowercase hex) -> component
-
-
-@functools.lru_cache(maxsize=256)
-def serial_of(cert_pem: bytes) -> str:
-    """The serial of a PEM certificate, lowercase hex (each peer's is parsed once)."""
-    return f"{x509.load_pem_x509_certificate(cert_pem).serial_number:x}"
 
 
 class IdentityRevoked(RuntimeError):

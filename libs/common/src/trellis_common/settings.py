@@ -37,6 +37,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from trellis_common.defaults import DEFAULT_MESH_NAME
 from trellis_common.defaults import DEFAULT_REDIS_URL as DEFAULT_REDIS_URL
 from trellis_common.defaults import TRUST_BUNDLE_FILE as TRUST_BUNDLE_FILE
 from trellis_common.defaults import Ports as Ports
@@ -67,8 +68,6 @@ def admin_port(default: int) -> Any:
 def mesh_name(what: str) -> Any:
     """The ``mesh_name`` field: which namespaces a service reading the API server reads
     (``what`` it does with them, for the description)."""
-    from trellis_common.kube.client import DEFAULT_MESH_NAME
-
     return Field(
         DEFAULT_MESH_NAME,
         min_length=1,

@@ -9,6 +9,7 @@ passphrase that never leaves memory, in a private file removed at once.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import ssl
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 import grpc
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 
@@ -109,3 +111,9 @@ def load_chain(context: ssl.SSLContext, cert_chain_pem: bytes, key_pem: bytes) -
         with os.fdopen(fd, "wb") as fh:
             fh.write(sealed)
         context.load_cert_chain(chain, sealed_key, password=passphrase)
+
+
+@functools.lru_cache(maxsize=256)
+def serial_of(cert_pem: bytes) -> str:
+    """The serial of a PEM certificate, lowercase hex (each peer's is parsed once)."""
+    return f"{x509.load_pem_x509_certificate(cert_pem).serial_number:x}"

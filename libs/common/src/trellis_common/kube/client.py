@@ -16,12 +16,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trellis_common.defaults import DEFAULT_MESH_NAME as DEFAULT_MESH_NAME
+
 if TYPE_CHECKING:
     from kubernetes import client
 
 #: The label that puts a namespace in a mesh: ``trellis.dev/monitored-by=<mesh name>``.
 MONITORED_LABEL = "trellis.dev/monitored-by"
-DEFAULT_MESH_NAME = "trellis"
 
 
 class NoKubernetes(RuntimeError):
