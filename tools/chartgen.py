@@ -47,7 +47,7 @@ from trellis_common import redisacl
 from trellis_common.documents.meshconfig import MeshConfigSpec, OsmMeshConfigSpec
 from trellis_common.documents.osm import OutlierDetection
 from trellis_common.ids import TRUST_DOMAIN_MAX_LENGTH
-from trellis_common.kube.documents import Resource
+from trellis_kube.documents import Resource
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "trellis"

@@ -26,7 +26,7 @@ from kubernetes import client
 from tests.deploy import chartcluster
 from tests.deploy.helmchart import Rendered
 from trellis_common import tokens
-from trellis_common.kube.client import api_client
+from trellis_kube.client import api_client
 from trellis_testing import RedisServer
 from trellis_testing.kube import KubeApi
 from trellis_testing.ports import free_port

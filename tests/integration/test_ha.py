@@ -33,8 +33,8 @@ import redis
 from kubernetes import client
 
 from trellis_common import adminhttp, components
-from trellis_common.kube.client import api_client
 from trellis_common.signaling import DEFAULT_PREFIX, Event
+from trellis_kube.client import api_client
 from trellis_testing.admission import pod_review
 from trellis_testing.chaos import Chaos, check, report
 from trellis_testing.kube import KubeApi

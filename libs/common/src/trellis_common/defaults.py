@@ -11,7 +11,7 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:16379/0"
 #: Where certmanager writes the mesh's trust bundle in the state directory.
 TRUST_BUNDLE_FILE = "trust-bundle.pem"
 #: The mesh a component belongs to when none is named: namespaces labelled
-#: ``trellis.dev/monitored-by=trellis`` (:mod:`trellis_common.kube.client`).
+#: ``trellis.dev/monitored-by=trellis`` (:mod:`trellis_kube.client`).
 DEFAULT_MESH_NAME = "trellis"
 
 

@@ -13,7 +13,7 @@ Two things an operator must be able to see without reading logs:
   (source, key, reason), counts it in ``trellis_rejected_records_total{source}``, and keeps it
   for ``/v1/status`` until the same key is accepted again (:meth:`Rejections.accept`).
   Rejecting one record never stops the others.
-* **Roles.** A replica that takes part in a leader election (:mod:`trellis_common.leadership`)
+* **Roles.** A replica that takes part in a leader election (:mod:`trellis_kube.leadership`)
   adds it to :class:`Roles`: ``/v1/status`` lists each election (who holds it, the fencing
   token, whether this replica leads and since when), ``/readyz`` names this replica's role
   (``leader`` or ``standby``: a standby is ready, not broken; an election that cannot reach

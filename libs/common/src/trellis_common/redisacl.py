@@ -164,7 +164,7 @@ class Component:
 
 def leader_keys(name: str) -> tuple[str, str]:
     """The keys of the Redis lock of the leader election ``name``
-    (:mod:`trellis_common.redislocks`): the lock and its fencing counter. A component may
+    (:mod:`trellis_kube.redislocks`): the lock and its fencing counter. A component may
     hold the locks of the elections named after it (``<component>``) only."""
     return (f"leader:{name}", f"leader:{name}:*")
 

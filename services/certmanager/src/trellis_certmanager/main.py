@@ -37,12 +37,13 @@ from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.tokenreview import ServiceAccountReviewer
 from trellis_certmanager.transport import grpc_api, rest
-from trellis_common import components, jointoken, leadership
+from trellis_common import components, jointoken
 from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
 from trellis_common.identityrevocation import IDENTITIES_TOPIC
-from trellis_common.kube import client as kube
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
+from trellis_kube import client as kube
+from trellis_kube import leadership
 
 log = logging.getLogger(__name__)
 

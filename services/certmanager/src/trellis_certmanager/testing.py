@@ -119,7 +119,7 @@ def proxy_key() -> PublicKey:
 
 
 class Leadership:
-    """A leadership decided by the test, with the shape of ``trellis_common.leadership``'s
+    """A leadership decided by the test, with the shape of ``trellis_kube.leadership``'s
     (``leading``, a fencing ``token`` that grows with each acquisition, ``run``,
     ``wait_leading``, ``subscribe``): :meth:`acquire` and :meth:`lose` move it."""
 

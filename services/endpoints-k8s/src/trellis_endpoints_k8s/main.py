@@ -23,14 +23,14 @@ import logging
 from trellis_api import endpoints_pb2_grpc
 from trellis_common import lifecycle
 from trellis_common.events import RESYNC
-from trellis_common.kube import client as kube
-from trellis_common.leadership import elect_for
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
 from trellis_endpoints_k8s.domain.services import PROVIDER
 from trellis_endpoints_k8s.settings import EndpointsK8sSettings
 from trellis_endpoints_k8s.transport import grpc_api, rest
 from trellis_endpoints_k8s.watcher import Watcher
+from trellis_kube import client as kube
+from trellis_kube.leadership import elect_for
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,6 @@ from typing import Any
 from trellis_api import endpoints_pb2_grpc
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
-from trellis_common.kube import client as kube
-from trellis_common.leadership import elect_for
 from trellis_common.lifecycle import run_components
 from trellis_common.onboarding import TokenStore
 from trellis_common.runtime import ServiceRuntime
@@ -25,6 +23,8 @@ from trellis_endpoints_vm.settings import EndpointsVmSettings
 from trellis_endpoints_vm.store import RedisWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_kube import client as kube
+from trellis_kube.leadership import elect_for
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Declarations:
         )
         self.kube: Any = None
         if settings.kubeconfig is not None or kube.in_cluster():
-            from trellis_common.kube.documents import KubeDocuments
+            from trellis_kube.documents import KubeDocuments
 
             self.kube = KubeDocuments(
                 kube.api_client(settings.kubeconfig),

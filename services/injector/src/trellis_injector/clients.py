@@ -25,10 +25,10 @@ from redis.exceptions import RedisError
 from trellis_api import catalog_pb2, catalog_pb2_grpc
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
-from trellis_common.kube.injection import Exclusions
 from trellis_common.registry import ServiceRecord, discover
 from trellis_injector.domain.onboarding import MeshSidecar, ProxyCertificate, XdsEndpoint
 from trellis_injector.onboarder import Refused, Unavailable
+from trellis_kube.injection import Exclusions
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from trellis_common import lifecycle
-from trellis_common.kube import client as kube_client
 from trellis_common.onboarding import TokenStore
 from trellis_common.runtime import ServiceRuntime
 from trellis_common.service import Parts, Service
@@ -36,6 +35,7 @@ from trellis_injector.onboarder import Onboarder
 from trellis_injector.settings import InjectorSettings
 from trellis_injector.sidecars import PodAgents, SidecarInjector
 from trellis_injector.transport import rest, webhook
+from trellis_kube import client as kube_client
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -76,8 +76,8 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
         # the Kubernetes client is imported only where there is an API server to talk to
         from kubernetes import client as kube
 
-        from trellis_common.kube.namespaces import MonitoredNamespaces
         from trellis_injector.kube import CaBundleSync
+        from trellis_kube.namespaces import MonitoredNamespaces
 
         namespaces = MonitoredNamespaces(
             kube.CoreV1Api(api), settings.mesh_name, watch_timeout=settings.watch_timeout

@@ -26,7 +26,6 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import AfterValidator, Field
 
 from trellis_common import ids
-from trellis_common.kube.injection import WEBHOOK_CONFIGURATION
 from trellis_common.settings import (
     Ports,
     ServiceSettings,
@@ -35,6 +34,7 @@ from trellis_common.settings import (
     mesh_name,
     watch_timeout,
 )
+from trellis_kube.injection import WEBHOOK_CONFIGURATION
 
 
 def _namespace(value: str) -> str:

@@ -40,8 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from trellis_common.kube.client import in_cluster
-from trellis_common.leadership import Observation
+from trellis_kube.client import in_cluster
+from trellis_kube.leadership import Observation
 
 if TYPE_CHECKING:
     from kubernetes import client

@@ -28,8 +28,8 @@ from typing import Any
 import redis.asyncio
 from redis.exceptions import WatchError
 
-from trellis_common.leadership import Observation
 from trellis_common.signaling import DEFAULT_PREFIX
+from trellis_kube.leadership import Observation
 
 
 def lock_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:

@@ -2,7 +2,7 @@
 
 Each kind a service reads (a row of a :class:`~trellis_common.documents.base.KindRegistry`,
 one per ``apiVersion``) is watched by an informer across all namespaces
-(``trellis_common.kube.informer``: list, then watch from its resourceVersion, 410 relists
+(``trellis_kube.informer``: list, then watch from its resourceVersion, 410 relists
 and diffs), on the newest version the server serves: a CRD serves every object under each
 of its versions, so reading two would read each object twice. Documents come from the
 monitored namespaces (``trellis.dev/monitored-by=<mesh name>``, live), and from others a
@@ -38,8 +38,8 @@ from trellis_common.documents.base import (
     KindRegistry,
     Origin,
 )
-from trellis_common.kube.informer import Informer
-from trellis_common.kube.namespaces import MonitoredNamespaces
+from trellis_kube.informer import Informer
+from trellis_kube.namespaces import MonitoredNamespaces
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from trellis_common.kube.client import monitored_selector
-from trellis_common.kube.informer import Informer, Object
+from trellis_kube.client import monitored_selector
+from trellis_kube.informer import Informer, Object
 
 
 class MonitoredNamespaces:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from trellis_common.kube import injection
-from trellis_common.kube.injection import InvalidAnnotation
+from trellis_kube import injection
+from trellis_kube.injection import InvalidAnnotation
 
 
 def pod(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:

@@ -12,9 +12,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trellis_common.kube.client import NoKubernetes, api_client
-from trellis_common.kube.informer import Informer, Object
-from trellis_common.kube.namespaces import MonitoredNamespaces
+from trellis_kube.client import NoKubernetes, api_client
+from trellis_kube.informer import Informer, Object
+from trellis_kube.namespaces import MonitoredNamespaces
 
 
 def service(name: str, port: int = 80) -> dict[str, Any]:

@@ -5,8 +5,8 @@ judgement each need one writer; every replica runs, and :class:`Leadership` says
 them leads. It follows client-go's ``leaderelection`` (the same three timings, the same
 rules), over a :class:`Lock` of two kinds:
 
-* a Kubernetes ``Lease`` (:mod:`trellis_common.leases`), in a cluster;
-* a Redis lock with a fencing counter (:mod:`trellis_common.redislocks`), for a local run.
+* a Kubernetes ``Lease`` (:mod:`trellis_kube.leases`), in a cluster;
+* a Redis lock with a fencing counter (:mod:`trellis_kube.redislocks`), for a local run.
 
 The rules, which every lock keeps:
 
@@ -338,7 +338,7 @@ def elect(
     ``kube_api`` (an ``ApiClient``) is given, else on a Redis lock (``redis``, a
     ``redis.asyncio.Redis``). ``namespace`` is the Lease's (empty: the pod's own, else
     ``trellis-system``). Run it with :meth:`Leadership.run`."""
-    from trellis_common import leases, redislocks  # they build on this module
+    from trellis_kube import leases, redislocks  # they build on this module
 
     lock: Lock
     if kube_api is not None:
@@ -370,7 +370,7 @@ def elect_for(
     (``auto``: a Lease when the service has a ``kubeconfig`` setting that is set, or runs
     in a pod; else Redis). A Lease needs an API client: ``kube_api``, else one made from
     the service's kubeconfig (or the pod's configuration)."""
-    from trellis_common.kube import client as kube_client
+    from trellis_kube import client as kube_client
 
     kubeconfig = getattr(settings, "kubeconfig", None)
     mode = settings.leader_election
