@@ -92,7 +92,7 @@ def chart_acl(rendered: Rendered, passwords: Path, root: Path) -> dict[str, Path
 
 def _with_chart_aclfile(server: RedisServer, aclfile: Path) -> None:
     """Have ``server`` start with the aclfile the chart's script wrote. The test Redis
-    writes its own aclfile (from ``trellis_common.redisacl``) at each start; this one is
+    writes its own aclfile (from ``trellis_runtime.redisacl``) at each start; this one is
     copied over it after that, so what Redis enforces is what the chart's pods would."""
     prepare = server.prepare
 

@@ -31,11 +31,8 @@ from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import Sources
 from trellis_certmanager.domain.authority import load_provided
 from trellis_certmanager.settings import CertManagerSettings
-from trellis_common import redisacl
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Origin
-from trellis_common.sentinelurl import SentinelUrl
-from trellis_common.settings import SHARED_PREFIX, ServiceSettings, is_shared
 from trellis_endpoints_k8s.settings import EndpointsK8sSettings
 from trellis_endpoints_k8s.watcher import Watcher
 from trellis_endpoints_vm.settings import EndpointsVmSettings
@@ -44,6 +41,9 @@ from trellis_kube import leases
 from trellis_kube.documents import KubeDocuments
 from trellis_kube.namespaces import MonitoredNamespaces
 from trellis_proxy_cp.settings import ProxyCpSettings
+from trellis_runtime import redisacl
+from trellis_runtime.sentinelurl import SentinelUrl
+from trellis_runtime.settings import SHARED_PREFIX, ServiceSettings, is_shared
 
 SETTINGS: dict[str, type[ServiceSettings]] = {
     "certmanager": CertManagerSettings,

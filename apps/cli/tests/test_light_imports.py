@@ -21,7 +21,7 @@ READERS = (
     "trellis_cli.proxy",
     "trellis_cli.vm",
     "trellis_cli.spec",
-    "trellis_common.adminhttp",
+    "trellis_runtime.adminhttp",
 )
 
 

@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from trellis_common import components, servercheck, tls
-from trellis_common.grpcserver import GrpcServer
 from trellis_common.identity import ComponentIdentity, Material
+from trellis_runtime.grpcserver import GrpcServer
 from trellis_testing.identities import LocalCA
 
 CERTMANAGER_URI = "spiffe://cluster.local/ns/trellis-system/sa/certmanager"

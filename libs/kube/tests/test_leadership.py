@@ -18,11 +18,11 @@ import redis.asyncio
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from trellis_common import admin
-from trellis_common.health import Health
-from trellis_common.settings import ServiceSettings, describe_error
 from trellis_kube import leadership, leases, redislocks
 from trellis_kube.leadership import Leadership, Timing
+from trellis_runtime import admin
+from trellis_runtime.health import Health
+from trellis_runtime.settings import ServiceSettings, describe_error
 from trellis_testing import RedisServer, eventually
 from trellis_testing.elections import leader_and_standby
 from trellis_testing.kube import KubeApi

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from trellis_common.health import Health
 from trellis_kube import client as kube_client
 from trellis_kube import leadership, leases
 from trellis_kube.leadership import Leadership, Timing
+from trellis_runtime.health import Health
 from trellis_testing import eventually
 from trellis_testing.elections import Contenders, leader_among, leader_and_standby, running
 from trellis_testing.kube import KubeApi

@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from trellis_common import redisacl
 from trellis_kube import leadership, redislocks
 from trellis_kube.leadership import Leadership, Timing
+from trellis_runtime import redisacl
 from trellis_testing import RedisServer, eventually
 from trellis_testing.elections import Contenders, leader_among, leader_and_standby
 from trellis_testing.relay import Relay

@@ -30,10 +30,10 @@ from trellis_certmanager.manager import CertificateManager, utcnow
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.tokenreview import ServiceAccountReviewer
 from trellis_common import jointoken
-from trellis_common.events import Signals
-from trellis_common.health import Health
 from trellis_common.identity import csr_for, new_key
 from trellis_common.model import MeshService
+from trellis_runtime.events import Signals
+from trellis_runtime.health import Health
 from trellis_testing import RedisServer
 from trellis_testing.waiting import eventually
 

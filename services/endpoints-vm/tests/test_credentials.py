@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin, onboarding
+from trellis_common import onboarding
 from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
@@ -20,6 +20,7 @@ from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_runtime import admin
 from trellis_testing import RedisServer
 from trellis_testing.fixtures import component_client
 

@@ -16,12 +16,12 @@ import pytest
 import redis.asyncio
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.events import Signals
-from trellis_common.health import Health
-from trellis_common.signaling import Event, Publisher
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache import inputs
 from trellis_proxy_cp.clients.catalog import CatalogClient
+from trellis_runtime.events import Signals
+from trellis_runtime.health import Health
+from trellis_runtime.signaling import Event, Publisher
 from trellis_testing import RedisServer, eventually
 
 BOOKSTORE = "bookstore/bookstore"

@@ -28,10 +28,10 @@ from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedServ
 from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import CatalogServicer
-from trellis_common.signaling import Event
 from trellis_common.specdir import load_paths
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.clients.catalog import CatalogClient
+from trellis_runtime.signaling import Event
 
 ROOT = Path(__file__).resolve().parents[3]
 PROXIES = [  # common name, service account

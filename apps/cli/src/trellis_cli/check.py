@@ -37,7 +37,8 @@ import httpx
 from trellis_cli import output
 from trellis_cli.client import Mesh
 from trellis_cli.errors import NEGATIVE, CliError
-from trellis_common import adminhttp, components
+from trellis_common import components
+from trellis_runtime import adminhttp
 
 if TYPE_CHECKING:
     from trellis_cli.cluster import Cluster, ClusterMesh

@@ -13,7 +13,7 @@ a service certificate with its key (``[service]``: nobody; every proxy has its o
 workload certificate, so a key shared by a whole service leaves certmanager for no one), or
 without it (``[service-info]``, the catalog and proxy-cp, which only need to know it).
 
-A caller whose certificate certmanager revoked (:mod:`trellis_common.identityrevocation`)
+A caller whose certificate certmanager revoked (:mod:`trellis_runtime.identityrevocation`)
 is refused whatever the cell says (reason ``revoked``).
 
 A refusal answers ``PERMISSION_DENIED`` with who was refused what, is logged

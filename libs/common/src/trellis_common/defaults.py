@@ -1,7 +1,7 @@
 """The mesh's fixed names and default ports, without the settings machinery.
 
-:mod:`trellis_common.settings` builds on pydantic-settings, which a ``trellis`` command that
-makes one admin request has no use for: the CLI and :mod:`trellis_common.adminhttp` read
+:mod:`trellis_runtime.settings` builds on pydantic-settings, which a ``trellis`` command that
+makes one admin request has no use for: the CLI and :mod:`trellis_runtime.adminhttp` read
 these constants here, and the settings module re-exports them for the services.
 """
 
@@ -29,7 +29,7 @@ class Ports:
     INJECTOR_WEBHOOK = 9443
 
 
-#: The gRPC options of every server (:class:`trellis_common.grpcserver.GrpcServer`) and of
+#: The gRPC options of every server (:class:`trellis_runtime.grpcserver.GrpcServer`) and of
 #: the channels components open to each other
 #: (:meth:`trellis_common.identity.ComponentIdentity.channel`): plain constants here, so that
 #: the identity library needs no gRPC server.

@@ -26,9 +26,9 @@ The rules, which every lock keeps:
 * **Release** on a clean stop, so a standby takes over at its next attempt rather than after
   the lease expires; a replica that is killed (its task cancelled) releases nothing.
 
-The election loop is a :class:`~trellis_common.health.Loop` (down while the server cannot be
-reached) and its role is a :class:`~trellis_common.health.Role` of the service's
-:class:`~trellis_common.health.Health` (``/readyz`` names it; a standby is ready).
+The election loop is a :class:`~trellis_runtime.health.Loop` (down while the server cannot be
+reached) and its role is a :class:`~trellis_runtime.health.Role` of the service's
+:class:`~trellis_runtime.health.Health` (``/readyz`` names it; a standby is ready).
 :func:`elect` makes one on the lock asked for, :func:`elect_for` from a service's settings
 (``TRELLIS_LEADER_ELECTION``, ``TRELLIS_LEASE_DURATION``, ``TRELLIS_LEASE_RENEW_DEADLINE``,
 ``TRELLIS_LEASE_RETRY_PERIOD``, ``TRELLIS_LEASE_NAMESPACE``, ``TRELLIS_INSTANCE``). A service
@@ -51,12 +51,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from trellis_common import lifecycle
 from trellis_common.backoff import Backoff, wait_or_stop
-from trellis_common.health import Health, Loop
+from trellis_runtime import lifecycle
+from trellis_runtime.health import Health, Loop
 
 if TYPE_CHECKING:
-    from trellis_common.settings import ServiceSettings
+    from trellis_runtime.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

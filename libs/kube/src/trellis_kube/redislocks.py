@@ -3,7 +3,7 @@
 The lock is one key, ``trellis:leader:<name>``, holding the holder's identity with a TTL of
 the lease duration; its fencing counter is ``trellis:leader:<name>:token``. Redis' own clock
 expires the key, so there is one clock only. No Trellis user may run Lua
-(:mod:`trellis_common.redisatomic`), so each step is an optimistic transaction on the lock's
+(:mod:`trellis_runtime.redisatomic`), so each step is an optimistic transaction on the lock's
 key (``WATCH`` it, read, then ``MULTI``/``EXEC``; a write by anyone in between makes
 ``EXEC`` do nothing, and the attempt did not acquire):
 
@@ -16,7 +16,7 @@ key (``WATCH`` it, read, then ``MULTI``/``EXEC``; a write by anyone in between m
 
 The commands are those every component user has (``GET``, ``MGET``, ``SET``, ``INCR``,
 ``DEL``, ``WATCH``, ``MULTI``, ``EXEC``); the keys are in the ACL table for the components
-that elect (:func:`trellis_common.redisacl.leader_keys`). The token lives as long as Redis'
+that elect (:func:`trellis_runtime.redisacl.leader_keys`). The token lives as long as Redis'
 data: a Redis that loses everything starts it again from 1 (a store fenced by it must keep
 its own high-water mark).
 """
@@ -28,8 +28,8 @@ from typing import Any
 import redis.asyncio
 from redis.exceptions import WatchError
 
-from trellis_common.signaling import DEFAULT_PREFIX
 from trellis_kube.leadership import Observation
+from trellis_runtime.signaling import DEFAULT_PREFIX
 
 
 def lock_key(name: str, prefix: str = DEFAULT_PREFIX) -> str:

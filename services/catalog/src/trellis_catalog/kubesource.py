@@ -48,10 +48,10 @@ from trellis_catalog import gatewaystatus, routestatus
 from trellis_catalog.catalog import Catalog
 from trellis_common.documents import all_kinds, yamlfile
 from trellis_common.documents.base import Document, DocumentError, Origin
-from trellis_common.lifecycle import run_components
 from trellis_kube import documents
 from trellis_kube.documents import Resource
 from trellis_kube.informer import Informer, Object
+from trellis_runtime.lifecycle import run_components
 from trellis_spec.statuses import Condition, Status
 
 log = logging.getLogger(__name__)

@@ -41,8 +41,9 @@ from trellis_certmanager.tokenreview import (
     ServiceAccountReviewer,
     spent_key_and_expiry,
 )
-from trellis_common import jointoken, redisconn
+from trellis_common import jointoken
 from trellis_common.identity import Issued
+from trellis_runtime import redisconn
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_common import jointoken
-from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_port
+from trellis_runtime.settings import Ports, ServiceSettings, admin_port, grpc_port
 
 
 class CertManagerSettings(ServiceSettings):

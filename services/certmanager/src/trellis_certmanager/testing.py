@@ -15,7 +15,7 @@ from trellis_certmanager.domain.errors import Deposed, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.domain.revocation import Revocation
 from trellis_certmanager.store import Loaded, LoadedRevocations
-from trellis_common.stored import Rejected
+from trellis_runtime.stored import Rejected
 
 
 class InMemoryCertificateStore:

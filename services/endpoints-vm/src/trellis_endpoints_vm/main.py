@@ -1,4 +1,4 @@
-"""endpoints-vm's process: what it is made of; the skeleton (trellis_common.service) runs it."""
+"""endpoints-vm's process: what it is made of; the skeleton (trellis_runtime.service) runs it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from typing import Any
 from trellis_api import endpoints_pb2_grpc
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
-from trellis_common.lifecycle import run_components
 from trellis_common.onboarding import TokenStore
-from trellis_common.runtime import ServiceRuntime
-from trellis_common.service import Parts, Service
 from trellis_common.specdir import SpecChange, SpecDirectory
 from trellis_endpoints_vm.domain.declarations import from_documents
 from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
@@ -25,6 +22,9 @@ from trellis_endpoints_vm.transport import grpc_api, rest
 from trellis_endpoints_vm.transport.credentials import Credentials
 from trellis_kube import client as kube
 from trellis_kube.leadership import elect_for
+from trellis_runtime.lifecycle import run_components
+from trellis_runtime.runtime import ServiceRuntime
+from trellis_runtime.service import Parts, Service
 
 log = logging.getLogger(__name__)
 

@@ -42,14 +42,14 @@ import grpc
 
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
-from trellis_common.events import Follower
-from trellis_common.health import Health
-from trellis_common.locate import Locator, OwnerUnavailable
-from trellis_common.signaling import Event
 from trellis_proxy_cp.cache.inputs import Inputs, slice_names
 from trellis_proxy_cp.clients import owners
 from trellis_proxy_cp.clients.destinations import DestinationTable
 from trellis_proxy_cp.clients.expected import Expectation, ExpectationTiming, ExpectedProxies
+from trellis_runtime.events import Follower
+from trellis_runtime.health import Health
+from trellis_runtime.locate import Locator, OwnerUnavailable
+from trellis_runtime.signaling import Event
 
 log = logging.getLogger(__name__)
 
