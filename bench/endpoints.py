@@ -59,7 +59,8 @@ import httpx
 from bench import http_floor, load, report
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common import components, tokens
+from trellis_common import components
+from trellis_identity import tokens
 from trellis_runtime import redisconn, signaling
 from trellis_runtime.grpcserver import DEFAULT_OPTIONS
 from trellis_testing.identities import join_as

@@ -30,6 +30,7 @@ from mypy.modulefinder import BuildSource
 #: the workspace's tests, benchmarks and tools.
 PATHS = (
     "libs/common/src",
+    "libs/identity/src",
     "libs/runtime/src",
     "libs/kube/src",
     "apps/cli/src",

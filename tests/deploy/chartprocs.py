@@ -25,7 +25,7 @@ from kubernetes import client
 
 from tests.deploy import chartcluster
 from tests.deploy.helmchart import Rendered
-from trellis_common import tokens
+from trellis_identity import tokens
 from trellis_kube.client import api_client
 from trellis_testing import RedisServer
 from trellis_testing.kube import KubeApi

@@ -25,7 +25,7 @@ import pytest
 from kubernetes import client, config
 
 from trellis_common import components
-from trellis_common.trustctx import system_context
+from trellis_identity.trustctx import system_context
 from trellis_kube import injection
 from trellis_runtime import adminhttp
 from trellis_testing import RedisServer, eventually, redis_backend

@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel
 
-from trellis_common.tokens import AdminToken
+from trellis_identity.tokens import AdminToken
 from trellis_runtime import admin
 from trellis_runtime.health import Health
 

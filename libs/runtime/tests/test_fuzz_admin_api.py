@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry
 
 from trellis_common.ids import validate_dns_label
-from trellis_common.tokens import AdminToken
+from trellis_identity.tokens import AdminToken
 from trellis_runtime import admin
 from trellis_runtime.health import Health
 from trellis_testing import adminfuzz

@@ -2,7 +2,7 @@
 
 from fnmatch import fnmatch
 
-from trellis_common.onboarding import TokenStore
+from trellis_identity.onboarding import TokenStore
 from trellis_injector.clients import CATALOG, CERTMANAGER, PROXY_CP
 from trellis_injector.main import service
 from trellis_runtime.identityrevocation import RevokedIdentities

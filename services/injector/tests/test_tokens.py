@@ -13,8 +13,8 @@ import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from trellis_common import onboarding
-from trellis_common.tokens import AdminToken
+from trellis_identity import onboarding
+from trellis_identity.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane

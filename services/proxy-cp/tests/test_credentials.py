@@ -22,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from trellis_common import tls
+from trellis_identity import tls
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
 from trellis_proxy_cp.cache.store import SnapshotCache

@@ -314,7 +314,7 @@ def _peer_certificate(url: str, context: ssl.SSLContext, server_name: str) -> by
 
 def webhook(mesh: ClusterMesh) -> Result:
     from trellis_cli.cluster import WEBHOOK_CONFIGURATION, WEBHOOK_PATH, _decoded
-    from trellis_common.trustctx import client_context
+    from trellis_identity.trustctx import client_context
 
     name = "injector webhook"
     cluster = mesh.cluster

@@ -50,8 +50,9 @@ from trellis_cli.supervisor import (
     port_free,
     tcp_ready,
 )
-from trellis_common import filemode, jointoken
+from trellis_common import filemode
 from trellis_common.envoybin import EnvoyNotFound
+from trellis_identity import jointoken
 from trellis_runtime import redisacl
 from trellis_runtime.settings import Ports
 

@@ -31,7 +31,7 @@ class Ports:
 
 #: The gRPC options of every server (:class:`trellis_runtime.grpcserver.GrpcServer`) and of
 #: the channels components open to each other
-#: (:meth:`trellis_common.identity.ComponentIdentity.channel`): plain constants here, so that
+#: (:meth:`trellis_identity.identity.ComponentIdentity.channel`): plain constants here, so that
 #: the identity library needs no gRPC server.
 GRPC_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),

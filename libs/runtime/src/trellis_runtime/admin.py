@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trellis_common import version
-from trellis_common.tokens import AdminToken
+from trellis_identity.tokens import AdminToken
 from trellis_runtime.health import Health, Rejections
 from trellis_runtime.refusals import RefusalRecorder
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 
-from trellis_common import components, tokens
+from trellis_common import components
 from trellis_common.defaults import TRUST_BUNDLE_FILE
-from trellis_common.trustctx import client_context, system_context
+from trellis_identity import tokens
+from trellis_identity.trustctx import client_context, system_context
 
 
 def trust_bundle_path(state_dir: Path) -> Path:

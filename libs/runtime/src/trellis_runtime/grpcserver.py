@@ -6,7 +6,7 @@ when asked (the ``debug_endpoints`` setting), server reflection for ``grpcurl``:
 every service and message type to whoever can connect. It runs as ``async def run(stop)``:
 it serves until ``stop`` is set, then marks itself NOT_SERVING and drains in-flight calls
 for ``grace`` seconds.
-:mod:`trellis_common.tls` builds the credentials for mTLS.
+:mod:`trellis_identity.tls` builds the credentials for mTLS.
 """
 
 from __future__ import annotations

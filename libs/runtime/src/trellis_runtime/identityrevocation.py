@@ -4,7 +4,7 @@ certmanager owns the list (``ListRevokedComponentCertificates``) and signals eac
 the topic ``identities`` (kind ``revoked``, key: the component). Every other component
 follows it through the one event path (:class:`RevokedIdentities`: a full read on every
 resync and on every signal; the list is short, one entry per revoked certificate until it
-expires) and its :class:`~trellis_common.authz.Authorizer` refuses a call made with a
+expires) and its :class:`~trellis_identity.authz.Authorizer` refuses a call made with a
 revoked serial (reason ``revoked``). certmanager checks its own list in process.
 
 A component that finds its own serial in the list cannot make a call any other component
@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from trellis_common.tls import serial_of as serial_of
+from trellis_identity.tls import serial_of as serial_of
 from trellis_runtime.events import Follower
 from trellis_runtime.signaling import Event
 

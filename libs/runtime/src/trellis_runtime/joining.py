@@ -2,7 +2,7 @@
 
 The component makes its key, then sends certmanager ``POST /v1/join`` over TLS with a CSR
 and a token that says which component it is: the join token ``trellis up`` left in the
-state directory (:mod:`trellis_common.jointoken`), or in Kubernetes the pod's projected
+state directory (:mod:`trellis_identity.jointoken`), or in Kubernetes the pod's projected
 ServiceAccount token (``service_account_token_file``), which certmanager checks with
 TokenReview. certmanager answers with the certificate of
 ``spiffe://<td>/ns/trellis-system/sa/<component>``. A token works once.
@@ -32,8 +32,9 @@ from urllib.parse import urlsplit
 
 import redis.asyncio
 
-from trellis_common import backoff, components, jointoken
-from trellis_common.identity import (
+from trellis_common import backoff, components
+from trellis_identity import jointoken
+from trellis_identity.identity import (
     ComponentIdentity,
     Issued,
     Material,

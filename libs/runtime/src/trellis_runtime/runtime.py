@@ -38,9 +38,10 @@ from prometheus_client import (
 )
 
 from trellis_api import certmanager_pb2, certmanager_pb2_grpc
-from trellis_common import components, statefile, tokens, version
-from trellis_common.authz import Authorizer
-from trellis_common.identity import ComponentIdentity, Issued
+from trellis_common import components, statefile, version
+from trellis_identity import tokens
+from trellis_identity.authz import Authorizer
+from trellis_identity.identity import ComponentIdentity, Issued
 from trellis_runtime import admin, joining, lifecycle, metricsport, redisacl, redisconn
 from trellis_runtime.events import Outbox, Signals
 from trellis_runtime.grpcserver import GrpcServer, Registration
@@ -86,7 +87,7 @@ class ServiceRuntime:
     @property
     def admin_token(self) -> tokens.AdminToken:
         """The admin token's digest, loaded the first time a route needs it (a service whose
-        routes never check it never reads it; ``trellis_common.tokens``)."""
+        routes never check it never reads it; ``trellis_identity.tokens``)."""
         if self._admin is None:
             settings = self.settings
             self._admin = tokens.admin_token(

@@ -14,7 +14,7 @@ and whose docstring heads ``--help``), the kind it announces in the registry, an
 5. the component's identity: joined with certmanager (:mod:`trellis_runtime.joining`);
    certmanager signs its own in its ``build``;
 6. ``build``;
-7. the gRPC server (mTLS, the policy of :mod:`trellis_common.authz`), the admin app
+7. the gRPC server (mTLS, the policy of :mod:`trellis_identity.authz`), the admin app
    (TLS) with the readiness checks and routes the parts add, the
    registry announcement, the outbox, the signals hub and the parts' components, until
    ``stop`` (:meth:`ServiceRuntime.serve`).

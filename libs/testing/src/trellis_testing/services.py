@@ -26,8 +26,9 @@ from typing import Any
 import grpc
 import httpx
 
-from trellis_common import components, jointoken, statefile
-from trellis_common.identity import ComponentIdentity
+from trellis_common import components, statefile
+from trellis_identity import jointoken
+from trellis_identity.identity import ComponentIdentity
 from trellis_runtime import adminhttp
 from trellis_testing.identities import join_as
 from trellis_testing.redis_sentinel import SentinelRedis

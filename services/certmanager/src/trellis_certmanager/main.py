@@ -37,8 +37,9 @@ from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.tokenreview import ServiceAccountReviewer
 from trellis_certmanager.transport import grpc_api, rest
-from trellis_common import components, jointoken
-from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
+from trellis_common import components
+from trellis_identity import jointoken
+from trellis_identity.identity import ComponentIdentity, Issued, Material, csr_for, new_key
 from trellis_kube import client as kube
 from trellis_kube import leadership
 from trellis_runtime.identityrevocation import IDENTITIES_TOPIC

@@ -10,7 +10,6 @@ from typing import Any
 from trellis_api import endpoints_pb2_grpc
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
-from trellis_common.onboarding import TokenStore
 from trellis_common.specdir import SpecChange, SpecDirectory
 from trellis_endpoints_vm.domain.declarations import from_documents
 from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
@@ -20,6 +19,7 @@ from trellis_endpoints_vm.settings import EndpointsVmSettings
 from trellis_endpoints_vm.store import RedisWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_identity.onboarding import TokenStore
 from trellis_kube import client as kube
 from trellis_kube.leadership import elect_for
 from trellis_runtime.lifecycle import run_components

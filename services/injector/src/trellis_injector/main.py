@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from trellis_common.onboarding import TokenStore
+from trellis_identity.onboarding import TokenStore
 from trellis_injector.clients import (
     CATALOG,
     CERTMANAGER,

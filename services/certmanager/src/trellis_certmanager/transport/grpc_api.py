@@ -41,8 +41,8 @@ from trellis_certmanager.enrollment import EnrollmentRefused, ProxyEnrollment
 from trellis_certmanager.identities import ComponentIssuer
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.transport import grpc_requests
-from trellis_common.authz import caller
 from trellis_common.ids import InvalidIdentifier
+from trellis_identity.authz import caller
 from trellis_runtime.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_runtime.health import Rejections
 

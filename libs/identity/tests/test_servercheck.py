@@ -14,8 +14,9 @@ from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from trellis_common import components, servercheck, tls
-from trellis_common.identity import ComponentIdentity, Material
+from trellis_common import components
+from trellis_identity import servercheck, tls
+from trellis_identity.identity import ComponentIdentity, Material
 from trellis_runtime.grpcserver import GrpcServer
 from trellis_testing.identities import LocalCA
 
@@ -112,7 +113,7 @@ async def test_a_certificate_naming_the_component_with_another_spiffe_id_is_refu
         async with grpc.aio.secure_channel(address, plain, options=override) as channel:
             await check_health(channel)
         # ...a component's channel does not
-        with caplog.at_level(logging.WARNING, "trellis_common.servercheck"):
+        with caplog.at_level(logging.WARNING, "trellis_identity.servercheck"):
             async with identity.channel(address, "certmanager") as channel:
                 with pytest.raises(grpc.aio.AioRpcError) as caught:
                     await check_health(channel)

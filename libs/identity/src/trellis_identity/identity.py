@@ -15,7 +15,7 @@ registered with :meth:`ComponentIdentity.on_renewed` (the locators) open new cha
 
 A channel to another component checks that the server is that component: by its DNS name
 (gRPC, each connection) and by the SPIFFE id of the certificate it serves
-(:mod:`trellis_common.servercheck`, before calls on a channel not yet connected).
+(:mod:`trellis_identity.servercheck`, before calls on a channel not yet connected).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from trellis_common import backoff, components, servercheck, tls
+from trellis_common import backoff, components
 from trellis_common.defaults import GRPC_OPTIONS
-from trellis_common.trustctx import client_context as client_context
+from trellis_identity import servercheck, tls
+from trellis_identity.trustctx import client_context as client_context
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class ComponentIdentity:
     ) -> grpc.aio.Channel:
         """An mTLS channel to ``component`` at ``address``: the server must present that
         component's certificate, checked by name whatever the address (gRPC, at each
-        connection) and by SPIFFE id (:mod:`~trellis_common.servercheck`, before calls on
+        connection) and by SPIFFE id (:mod:`~trellis_identity.servercheck`, before calls on
         the channel while it is not connected)."""
         m = self._material
         credentials = grpc.ssl_channel_credentials(

@@ -10,8 +10,9 @@ import pytest
 from cryptography import x509
 
 from trellis_api import catalog_pb2, certmanager_pb2, endpoints_pb2
-from trellis_common import authz, components, jointoken
-from trellis_common.identity import ComponentIdentity, Issued
+from trellis_common import components
+from trellis_identity import authz, jointoken
+from trellis_identity.identity import ComponentIdentity, Issued
 from trellis_runtime import tlstap
 from trellis_testing.identities import LocalCA
 

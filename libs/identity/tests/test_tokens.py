@@ -5,7 +5,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from trellis_common import tokens
+from trellis_identity import tokens
 
 
 def test_creates_a_private_token_file(tmp_path: Path) -> None:

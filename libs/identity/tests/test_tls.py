@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from trellis_common import tls
+from trellis_identity import tls
 from trellis_runtime.grpcserver import GrpcServer
 
 TARGET_OVERRIDE = (("grpc.ssl_target_name_override", "localhost"),)

@@ -5,7 +5,7 @@ sidecar, the dashboard's scrapes): an ``httpx.Client`` made without ``verify`` b
 default context and loads the system's whole CA bundle, 25-50 ms of CPU, even for an
 ``http://`` URL that never uses it, and the tests make such requests by the thousand.
 
-Kept apart from :mod:`trellis_common.identity` (a component's own certificate, which needs
+Kept apart from :mod:`trellis_identity.identity` (a component's own certificate, which needs
 gRPC and the cryptography package): the CLI's admin requests need only this, and a
 ``trellis`` command pays for every import on each run.
 """

@@ -1,6 +1,6 @@
 """Clients check the server's SPIFFE id, not only its DNS name.
 
-A component calls another over mTLS (:meth:`~trellis_common.identity.ComponentIdentity.channel`):
+A component calls another over mTLS (:meth:`~trellis_identity.identity.ComponentIdentity.channel`):
 the server must present a certificate of the mesh's trust bundle that names
 ``<component>.trellis-system.svc`` (``grpc.ssl_target_name_override``), and gRPC's core
 checks that on every connection. It cannot check the URI SAN (the SPIFFE id) in the
@@ -64,7 +64,8 @@ import grpc
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter
 
-from trellis_common import components, tls
+from trellis_common import components
+from trellis_identity import tls
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from trellis_common.components import (
     PROXY_CP,
     component_of,
 )
-from trellis_common.tls import serial_of
+from trellis_identity.tls import serial_of
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 
 from trellis_common import ids
-from trellis_common.tokens import AdminToken
+from trellis_identity.tokens import AdminToken
 
 TOKEN_PREFIX: Final = "trellis-onb"
 _TOKEN = re.compile(rf"^{re.escape(TOKEN_PREFIX)}\.([0-9a-f]{{16}})\.([A-Za-z0-9_-]{{43}})$")
