@@ -159,6 +159,13 @@ def _replacements() -> list[tuple[re.Pattern[str], str]]:
                 )
             )
             subs.append((re.compile(rf"(?<![\w/])trellis_common/{name}(?=\.py\b|/|\b)"), new))
+            # docs' short form: libs/common/.../X.py
+            subs.append(
+                (
+                    re.compile(rf"libs/common/\.\.\./{name}(?=\.py\b|/)"),
+                    f"libs/{lib}/.../{name}" if not flat else f"libs/{lib}/...",
+                )
+            )
             # dotted names: trellis_common.X (and trellis_common.kube.Y -> trellis_kube.Y)
             dotted = f"trellis_{lib}" if flat else f"trellis_{lib}.{name}"
             subs.append((re.compile(rf"(?<![\w.])trellis_common\.{name}\b"), dotted))
