@@ -256,7 +256,11 @@ def rewrite_from_imports(source: str) -> str:
 
 def tracked_files() -> list[Path]:
     out = subprocess.run(
-        [GIT, "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True, text=True
+        [GIT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     files = []
     for name in filter(None, out.split("\0")):
