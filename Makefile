@@ -104,7 +104,7 @@ run: install
 # Dead code (vulture: settings and exceptions in pyproject.toml, tools/vulture_whitelist.py) and
 # dependencies (deptry, on each workspace member: its pyproject declares what its src imports,
 # and nothing it does not; the member's own package is first party; tests use the dev group).
-MEMBERS := libs/common libs/spec libs/api libs/testing apps/cli $(wildcard services/*)
+MEMBERS := libs/common libs/identity libs/runtime libs/kube libs/spec libs/api libs/testing apps/cli $(wildcard services/*)
 # apps/cli's pyproject is fixed in its own branch: it declares trellis-api (unused) and not
 # pyyaml (imported).
 

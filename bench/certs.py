@@ -46,10 +46,10 @@ from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport import grpc_api
-from trellis_common.grpcserver import GrpcServer
-from trellis_common.identity import csr_for, new_key
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
+from trellis_identity.identity import csr_for, new_key
+from trellis_runtime.grpcserver import GrpcServer
 
 NAMESPACE = "bench"
 SERVICE = "checkout"

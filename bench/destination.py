@@ -73,8 +73,6 @@ async def serve(kind: str) -> None:
     """The server process: prints its port, then makes one change per line on stdin."""
     from prometheus_client import CollectorRegistry
 
-    from trellis_common.grpcserver import GrpcServer
-    from trellis_common.metrics import MetricFactory
     from trellis_proxy_cp.clients.destinations import DestinationTable
     from trellis_proxy_cp.discovery import testing as fake
     from trellis_proxy_cp.discovery.server import (
@@ -84,6 +82,8 @@ async def serve(kind: str) -> None:
         DiscoveryOptions,
         LinkerdDestination,
     )
+    from trellis_runtime.grpcserver import GrpcServer
+    from trellis_runtime.metrics import MetricFactory
 
     table = DestinationTable()
     table.apply([_destination(0)], [])

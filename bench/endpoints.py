@@ -5,7 +5,7 @@ second and the time from a registration to a consumer knowing of it (median, p99
 runs the whole path, as an operator's agents and the catalog would: a real
 ``redis-server`` (AOF, fsync on every write, like a Redis with persistence),
 ``endpoints-vm`` as its own process, and in this process a consumer on the one event path
-(a :class:`~trellis_common.events.Signals` hub subscribed to the topic ``endpoints``, whose
+(a :class:`~trellis_runtime.events.Signals` hub subscribed to the topic ``endpoints``, whose
 follower calls ``GetService`` over gRPC on each signal, :class:`bench.load.Consumer`) and
 ``POST /v1/workloads`` calls over keep-alive connections, :data:`CONCURRENCY` in flight.
 Workload ``i`` is ``bench/w-{i}`` at a unique ``10.x.y.z`` in service
@@ -28,7 +28,7 @@ registrations, in :data:`ROUNDS` interleaved rounds (registrations, then each of
 * ``bare_http``: a bare FastAPI POST route parsing the same body, in its own process
   (:mod:`bench.http_floor`), as many in flight: the floor of HTTP and JSON;
 * ``serial_store_announce``: the manager's own Redis calls (HSET, then
-  :meth:`~trellis_common.signaling.Publisher.publish`), one at a time: a reference, not a
+  :meth:`~trellis_runtime.signaling.Publisher.publish`), one at a time: a reference, not a
   floor (the manager writes one at a time under its lock, and signals one at a time in
   order, but the two overlap).
 
@@ -59,8 +59,10 @@ import httpx
 from bench import http_floor, load, report
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common import components, redisconn, signaling, tokens
-from trellis_common.grpcserver import DEFAULT_OPTIONS
+from trellis_common import components
+from trellis_identity import tokens
+from trellis_runtime import redisconn, signaling
+from trellis_runtime.grpcserver import DEFAULT_OPTIONS
 from trellis_testing.identities import join_as
 from trellis_testing.redis_server import RedisServer
 from trellis_testing.services import ServiceProcess

@@ -27,8 +27,10 @@ import grpc
 from bench import xds_client
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
-from trellis_common import adminhttp, components, statefile, tokens
-from trellis_common.identity import csr_for, new_key
+from trellis_common import components, statefile
+from trellis_identity import tokens
+from trellis_identity.identity import csr_for, new_key
+from trellis_runtime import adminhttp
 from trellis_testing.identities import allowed_caller, join_as
 from trellis_testing.mesh import Mesh, Sidecar, bookstore
 from trellis_testing.redis_server import RedisServer

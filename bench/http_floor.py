@@ -5,7 +5,7 @@ floor served from the benchmark's event loop (or through ``httpx.ASGITransport``
 share the client's core and not be comparable. So :class:`HttpFloor` starts
 ``python -m bench.http_floor``, which serves one POST route that parses the service's own
 :class:`~trellis_endpoints_vm.transport.rest.RegistrationBody` and returns it, under uvicorn
-configured as :class:`trellis_common.admin.AdminServer` configures it (no access log, no
+configured as :class:`trellis_runtime.admin.AdminServer` configures it (no access log, no
 lifespan) but with ``TCP_NODELAY`` on (see :func:`serve`). No token guard, no store, no
 bus: only routing, validation and JSON both ways.
 
@@ -25,8 +25,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from trellis_common.admin import KEEP_ALIVE_SECONDS
 from trellis_endpoints_vm.transport.rest import RegistrationBody
+from trellis_runtime.admin import KEEP_ALIVE_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent  # where ``python -m bench.http_floor`` works
 
@@ -55,7 +55,7 @@ def serve() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     print(sock.getsockname()[1], flush=True)
-    # idle connections kept as Trellis' servers keep them (trellis_common.admin): with
+    # idle connections kept as Trellis' servers keep them (trellis_runtime.admin): with
     # uvicorn's 5 s, a connection idle between two rounds is closed as the client reuses it
     config = uvicorn.Config(
         create_app(),

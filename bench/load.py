@@ -2,8 +2,8 @@
 
 Kept apart from :mod:`bench.endpoints` (which wires processes and prints the report): the
 registration bodies, running an operation over many indices with a few in flight, the
-consumer on the one event path (a :class:`~trellis_common.events.Follower` on a real
-:class:`~trellis_common.events.Signals` hub that fetches ``GetService`` on each
+consumer on the one event path (a :class:`~trellis_runtime.events.Follower` on a real
+:class:`~trellis_runtime.events.Signals` hub that fetches ``GetService`` on each
 ``endpoints`` signal) that notes when each address first appears, and the small checks
 and statistics around them.
 """
@@ -26,9 +26,9 @@ import httpx
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common.events import Follower, Signals
-from trellis_common.health import Health
-from trellis_common.signaling import Event
+from trellis_runtime.events import Follower, Signals
+from trellis_runtime.health import Health
+from trellis_runtime.signaling import Event
 
 IndexedOp = Callable[[int], Awaitable[None]]
 TOPIC = "endpoints"  # the provider's topic; keys "<namespace>/<service>"

@@ -47,7 +47,7 @@ import httpx
 from envoy.config.endpoint.v3 import endpoint_pb2
 
 from bench import fullmesh, load, xds_client, xds_server
-from trellis_common import tokens
+from trellis_identity import tokens
 from trellis_proxy_cp.types import ENDPOINT
 from trellis_testing.mesh import Mesh
 

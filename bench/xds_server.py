@@ -2,7 +2,7 @@
 
 ``python -m bench.xds_server trellis|floor GROUPS [PORT]`` serves ADS on 127.0.0.1:PORT
 (default 0: any; a replica names the first one's port, shared with SO_REUSEPORT; insecure,
-grpc.aio, the options of :data:`trellis_common.grpcserver.DEFAULT_OPTIONS`) for the groups
+grpc.aio, the options of :data:`trellis_runtime.grpcserver.DEFAULT_OPTIONS`) for the groups
 of :mod:`bench.xds_mesh`. Running apart from the client
 keeps the two processes' CPU time apart (``/proc/<pid>/stat`` of this process is the
 server's cost) and gives each a core.
@@ -35,7 +35,7 @@ Commands on stdin, one per line; each answer is one JSON line on stdout, the fir
 * ``stats``: ``{"streams": open streams, "acks": EDS ACKs of the latest change, "gc_s":
   seconds in the garbage collector since that change, "gc_full": full collections,
   "lag_max_s": the event loop's worst stall since that change (the services' probe,
-  :class:`~trellis_common.looplag.LoopLag`),
+  :class:`~trellis_runtime.looplag.LoopLag`),
   "list_proxies": ListProxies calls the catalog stand-in answered (trellis only)}``;
 * ``profile start`` / ``profile stop PATH``: cProfile this process's event loop thread
   (the file holds every interval profiled so far).
@@ -61,8 +61,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from prometheus_client import CollectorRegistry
 
 from bench import xds_mesh
-from trellis_common import grpcserver, logs
-from trellis_common.looplag import LoopLag
+from trellis_common import logs
 from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
@@ -75,6 +74,8 @@ from trellis_proxy_cp.testing import FakeCatalog, locator
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.transport.streams import ProxyStream, StreamHooks, StreamRefused
+from trellis_runtime import grpcserver
+from trellis_runtime.looplag import LoopLag
 
 log = logging.getLogger("bench.xds_server")
 

@@ -27,7 +27,7 @@ BLOCK = re.compile(r"^```mermaid\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 #: runs or speaks to it: a box for something the code does not do fails here.
 OUTSIDE = {
     "Redis": "apps/cli/src/trellis_cli/redisprocess.py",
-    "Kubernetes API": "libs/common/src/trellis_common/kube",
+    "Kubernetes API": "libs/kube/src/trellis_kube",
     "Envoy sidecars": "libs/common/src/trellis_common/envoybin.py",
     "Proxyless gRPC clients": "apps/cli/src/trellis_cli/grpcworkload.py",
     "Linkerd Destination clients": "proto/vendor/linkerd2-proxy-api",

@@ -23,7 +23,7 @@ here rather than kept by hand:
     project's own install;
 
 * ``files/redis-acl.yaml``: each component's Redis ACL rules
-  (``trellis_common.redisacl``), which the chart joins with the passwords' SHA-256 into the
+  (``trellis_runtime.redisacl``), which the chart joins with the passwords' SHA-256 into the
   in-chart Redis' aclfile; and, for Redis under Sentinel, the replicas' and the sentinels'
   users and what a component may ask a sentinel.
 
@@ -43,11 +43,11 @@ import yaml
 from pydantic import BaseModel
 
 from trellis_catalog.kubesource import resources
-from trellis_common import redisacl
 from trellis_common.documents.meshconfig import MeshConfigSpec, OsmMeshConfigSpec
 from trellis_common.documents.osm import OutlierDetection
 from trellis_common.ids import TRUST_DOMAIN_MAX_LENGTH
-from trellis_common.kube.documents import Resource
+from trellis_kube.documents import Resource
+from trellis_runtime import redisacl
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "trellis"

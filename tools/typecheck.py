@@ -30,6 +30,9 @@ from mypy.modulefinder import BuildSource
 #: the workspace's tests, benchmarks and tools.
 PATHS = (
     "libs/common/src",
+    "libs/identity/src",
+    "libs/runtime/src",
+    "libs/kube/src",
     "apps/cli/src",
     "libs/spec/src",
     "libs/testing/src",

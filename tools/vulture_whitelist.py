@@ -75,9 +75,9 @@ _.dns_lookup_family
 _.lb_policy
 _.forward_client_cert_details
 
-# grpc.aio calls a server interceptor's hook (trellis_common.authz.Authorizer).
+# grpc.aio calls a server interceptor's hook (trellis_identity.authz.Authorizer).
 _.intercept_service
-# grpc.aio calls a client interceptor's hooks (trellis_common.servercheck.ChannelGate).
+# grpc.aio calls a client interceptor's hooks (trellis_identity.servercheck.ChannelGate).
 _.intercept_unary_unary
 _.intercept_unary_stream
 _.intercept_stream_unary

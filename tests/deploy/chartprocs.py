@@ -25,8 +25,8 @@ from kubernetes import client
 
 from tests.deploy import chartcluster
 from tests.deploy.helmchart import Rendered
-from trellis_common import tokens
-from trellis_common.kube.client import api_client
+from trellis_identity import tokens
+from trellis_kube.client import api_client
 from trellis_testing import RedisServer
 from trellis_testing.kube import KubeApi
 from trellis_testing.ports import free_port
@@ -92,7 +92,7 @@ def chart_acl(rendered: Rendered, passwords: Path, root: Path) -> dict[str, Path
 
 def _with_chart_aclfile(server: RedisServer, aclfile: Path) -> None:
     """Have ``server`` start with the aclfile the chart's script wrote. The test Redis
-    writes its own aclfile (from ``trellis_common.redisacl``) at each start; this one is
+    writes its own aclfile (from ``trellis_runtime.redisacl``) at each start; this one is
     copied over it after that, so what Redis enforces is what the chart's pods would."""
     prepare = server.prepare
 

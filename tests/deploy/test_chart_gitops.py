@@ -25,7 +25,7 @@ import pytest
 
 from tests.deploy.chartprocs import MODULES, ChartControlPlane, Given, chart_acl
 from tests.deploy.helmchart import CHART, NAMESPACE, Rendered, helm, render
-from trellis_common import redisacl
+from trellis_runtime import redisacl
 from trellis_testing import RedisServer
 from trellis_testing.kube import KubeApi
 

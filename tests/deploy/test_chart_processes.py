@@ -33,7 +33,7 @@ from kubernetes import client
 
 from tests.deploy.chartprocs import MODULES, ChartControlPlane, chart_acl
 from tests.deploy.helmchart import render
-from trellis_common.kube.client import api_client
+from trellis_kube.client import api_client
 from trellis_testing import RedisServer
 from trellis_testing.kube import KubeApi
 from trellis_testing.redis_sentinel import SentinelRedis

@@ -32,7 +32,7 @@ from kubernetes import client
 from tests.deploy.chartprocs import ChartControlPlane
 from tests.deploy.chartsidecar import Proxy, onboard_sidecar
 from tests.deploy.helmchart import render
-from trellis_common.kube.client import api_client
+from trellis_kube.client import api_client
 from trellis_testing.apps import AppServer
 from trellis_testing.envoy import Envoy
 from trellis_testing.kube import KubeApi

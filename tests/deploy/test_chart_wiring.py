@@ -7,7 +7,7 @@
 * The Redis ACL is ``redisacl.aclfile_text`` of the rendered passwords (under Sentinel
   too, with the Sentinels' own ``redisacl.sentinel_acl_lines``); the CA is one certmanager
   loads; the KEK is 32 bytes; the MeshConfig parses as the catalog parses it.
-* The leader-elected components may make exactly the Lease calls ``trellis_common.leases``
+* The leader-elected components may make exactly the Lease calls ``trellis_kube.leases``
   makes, on their own Lease.
 """
 
@@ -31,18 +31,19 @@ from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import Sources
 from trellis_certmanager.domain.authority import load_provided
 from trellis_certmanager.settings import CertManagerSettings
-from trellis_common import leases, redisacl
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Origin
-from trellis_common.kube.documents import KubeDocuments
-from trellis_common.kube.namespaces import MonitoredNamespaces
-from trellis_common.sentinelurl import SentinelUrl
-from trellis_common.settings import SHARED_PREFIX, ServiceSettings, is_shared
 from trellis_endpoints_k8s.settings import EndpointsK8sSettings
 from trellis_endpoints_k8s.watcher import Watcher
 from trellis_endpoints_vm.settings import EndpointsVmSettings
 from trellis_injector.settings import InjectorSettings
+from trellis_kube import leases
+from trellis_kube.documents import KubeDocuments
+from trellis_kube.namespaces import MonitoredNamespaces
 from trellis_proxy_cp.settings import ProxyCpSettings
+from trellis_runtime import redisacl
+from trellis_runtime.sentinelurl import SentinelUrl
+from trellis_runtime.settings import SHARED_PREFIX, ServiceSettings, is_shared
 
 SETTINGS: dict[str, type[ServiceSettings]] = {
     "certmanager": CertManagerSettings,
@@ -115,7 +116,7 @@ CLIENT_VERBS = {"read": "get", "create": "create", "replace": "update", "patch":
 def lease_calls() -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) of every Lease call the election code makes."""
     calls = re.findall(r"\.(\w+?)_namespaced_lease\(", inspect.getsource(leases))
-    assert calls, "trellis_common.leases makes no Lease call"
+    assert calls, "trellis_kube.leases makes no Lease call"
     return {("coordination.k8s.io", "leases", CLIENT_VERBS[c]) for c in calls}
 
 

@@ -113,7 +113,8 @@ def test_the_build_stage_installs_every_entry_point(tmp_path: Path) -> None:
     [site] = environment.glob("lib/python*/site-packages")
     assert not (site / "trellis_testing").exists()
     assert not (site / "pytest").exists()
-    assert (site / "trellis_spec").is_dir()
+    for library in ("trellis_spec", "trellis_identity", "trellis_runtime", "trellis_kube"):
+        assert (site / library).is_dir(), library
 
 
 def stages() -> list[tuple[str, str]]:

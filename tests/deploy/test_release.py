@@ -28,8 +28,9 @@ VERSION = str(project(ROOT / "pyproject.toml")["version"])
 
 
 def test_one_version_in_every_member_the_chart_the_image_and_what_runs() -> None:
-    # the root, 4 libraries (api, common, spec, testing), 6 services, 1 application (cli)
-    assert len(PROJECTS) == 12
+    # the root, 7 libraries (api, common, identity, runtime, kube, spec, testing), 6 services,
+    # 1 application (cli)
+    assert len(PROJECTS) == 15
     assert {str(p.relative_to(ROOT)): project(p)["version"] for p in PROJECTS} == {
         str(p.relative_to(ROOT)): VERSION for p in PROJECTS
     }

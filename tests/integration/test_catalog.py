@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmanager_pb2_grpc
-from trellis_common.identity import csr_for, new_key
-from trellis_common.subscriber import Subscriber
+from trellis_identity.identity import csr_for, new_key
+from trellis_runtime.subscriber import Subscriber
 from trellis_testing import RedisServer, eventually
 from trellis_testing import services as service_processes
 from trellis_testing.services import ServiceProcess, trellis

@@ -14,10 +14,10 @@ from cryptography import x509
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
-from trellis_common import tokens
-from trellis_common.identity import csr_for, new_key
-from trellis_common.signaling import Event
-from trellis_common.subscriber import Subscriber
+from trellis_identity import tokens
+from trellis_identity.identity import csr_for, new_key
+from trellis_runtime.signaling import Event
+from trellis_runtime.subscriber import Subscriber
 from trellis_testing import RedisServer, eventually
 from trellis_testing.identities import allowed_caller
 from trellis_testing.services import ServiceProcess, trellis

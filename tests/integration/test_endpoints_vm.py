@@ -17,10 +17,10 @@ import redis.asyncio
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common import tokens
-from trellis_common.registry import ServiceRecord, discover
-from trellis_common.signaling import Event
-from trellis_common.subscriber import Subscriber
+from trellis_identity import tokens
+from trellis_runtime.registry import ServiceRecord, discover
+from trellis_runtime.signaling import Event
+from trellis_runtime.subscriber import Subscriber
 from trellis_testing import RedisServer, eventually
 from trellis_testing.services import ServiceProcess, trellis
 

@@ -23,7 +23,7 @@ from trellis_api import (
     endpoints_pb2,
     endpoints_pb2_grpc,
 )
-from trellis_common.identity import csr_for, new_key
+from trellis_identity.identity import csr_for, new_key
 from trellis_testing import RedisServer
 from trellis_testing.services import ServiceProcess, running
 

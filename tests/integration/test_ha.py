@@ -32,9 +32,10 @@ import pytest
 import redis
 from kubernetes import client
 
-from trellis_common import adminhttp, components
-from trellis_common.kube.client import api_client
-from trellis_common.signaling import DEFAULT_PREFIX, Event
+from trellis_common import components
+from trellis_kube.client import api_client
+from trellis_runtime import adminhttp
+from trellis_runtime.signaling import DEFAULT_PREFIX, Event
 from trellis_testing.admission import pod_review
 from trellis_testing.chaos import Chaos, check, report
 from trellis_testing.kube import KubeApi

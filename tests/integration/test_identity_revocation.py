@@ -26,8 +26,9 @@ import pytest
 from cryptography import x509
 
 from trellis_api import certmanager_pb2, certmanager_pb2_grpc, endpoints_pb2, endpoints_pb2_grpc
-from trellis_common import components, servercheck
-from trellis_common.identity import ComponentIdentity
+from trellis_common import components
+from trellis_identity import servercheck
+from trellis_identity.identity import ComponentIdentity
 from trellis_testing import RedisServer
 from trellis_testing.identities import join_as
 from trellis_testing.ports import free_port

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from trellis_common.identity import csr_for, new_key
+from trellis_identity.identity import csr_for, new_key
 from trellis_testing import RedisServer
 from trellis_testing.kube import KubeApi
 from trellis_testing.services import ServiceProcess

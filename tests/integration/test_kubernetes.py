@@ -30,8 +30,9 @@ import pytest
 from kubernetes import client
 
 from tests.integration.k8sobjects import cart_service, endpoint_slice, pod
-from trellis_common import adminhttp, statefile
-from trellis_common.kube.client import api_client
+from trellis_common import statefile
+from trellis_kube.client import api_client
+from trellis_runtime import adminhttp
 from trellis_testing import RedisServer, redis_backend
 from trellis_testing.baseline import back_to, stored_names
 from trellis_testing.kube import KubeApi

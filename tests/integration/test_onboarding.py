@@ -34,7 +34,7 @@ import redis
 import yaml
 from cryptography.hazmat.primitives import serialization
 
-from trellis_common.identity import csr_for, new_key
+from trellis_identity.identity import csr_for, new_key
 from trellis_testing import RedisServer, eventually, redis_backend
 from trellis_testing.ports import free_port
 from trellis_testing.services import ServiceProcess, running

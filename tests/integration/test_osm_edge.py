@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from trellis_common.trustctx import system_context
+from trellis_identity.trustctx import system_context
 from trellis_testing import eventually
 from trellis_testing.apps import TcpApp
 from trellis_testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh

@@ -24,7 +24,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from trellis_common import redisacl
+from trellis_runtime import redisacl
 from trellis_testing import RedisServer, eventually
 from trellis_testing.baseline import BOOKSTORE_WORKLOADS, Baseline, module_mesh
 from trellis_testing.mesh import Mesh, bookstore

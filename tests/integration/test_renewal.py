@@ -23,7 +23,7 @@ import yaml
 from cryptography import x509
 
 from trellis_api import proxy_pb2, proxy_pb2_grpc
-from trellis_common.identity import csr_for, new_key
+from trellis_identity.identity import csr_for, new_key
 from trellis_testing import eventually
 from trellis_testing.mesh import BOOKSTORE, Mesh, Sidecar, bookstore
 

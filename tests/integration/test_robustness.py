@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from trellis_api import certmanager_pb2 as cm
-from trellis_common.identity import csr_for, new_key
+from trellis_identity.identity import csr_for, new_key
 from trellis_testing import RedisServer
 from trellis_testing.mesh import Mesh, bookstore
 

@@ -15,11 +15,11 @@ import pytest
 from trellis_catalog.main import service as catalog
 from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.main import service as certmanager
-from trellis_common.service import Service
-from trellis_common.settings import ServiceSettings
 from trellis_endpoints_vm.main import service as endpoints_vm
 from trellis_injector.main import service as injector
 from trellis_proxy_cp.main import service as proxy_cp
+from trellis_runtime.service import Service
+from trellis_runtime.settings import ServiceSettings
 
 SERVICES: list[Service[ServiceSettings]] = [catalog, certmanager, endpoints_vm, injector, proxy_cp]  # type: ignore[list-item]
 

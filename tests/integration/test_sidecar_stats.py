@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from trellis_common.trustctx import system_context
+from trellis_identity.trustctx import system_context
 from trellis_testing import eventually
 from trellis_testing.mesh import Mesh
 from trellis_testing.ports import free_port

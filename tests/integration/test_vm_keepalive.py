@@ -189,7 +189,7 @@ async def test_the_server_keeps_an_idle_connection_longer_than_uvicorn_s_default
     relay: CountingRelay, agent_dir: Path, token_file: Path, tmp_path: Path
 ) -> None:
     """Heartbeats 6 s apart still share one connection: endpoints-vm keeps an idle one
-    75 s (``trellis_common.admin.KEEP_ALIVE_SECONDS``), where uvicorn's own default (5 s)
+    75 s (``trellis_runtime.admin.KEEP_ALIVE_SECONDS``), where uvicorn's own default (5 s)
     would have closed it between two heartbeats."""
     slow = Agent(agent_dir, token_file, tmp_path / "slow.out", every=6)
     try:

@@ -42,7 +42,7 @@ from tests.integration.webhookbed import (
     served_serials,
     wait_joined,
 )
-from trellis_common.kube import injection
+from trellis_kube import injection
 from trellis_testing import eventually
 from trellis_testing.admission import pod_review
 from trellis_testing.baseline import back_to, stored_names

@@ -24,7 +24,7 @@ import pytest
 
 from tests.integration.dashboardpage import check_dashboard, dashboard_url
 from trellis_cli import demo
-from trellis_common import adminhttp
+from trellis_runtime import adminhttp
 from trellis_testing import up
 from trellis_testing.up import wait
 

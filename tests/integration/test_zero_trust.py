@@ -32,8 +32,9 @@ from trellis_api import (
     endpoints_pb2,
     endpoints_pb2_grpc,
 )
-from trellis_common import authz, components, jointoken
-from trellis_common.identity import ComponentIdentity, csr_for, new_key
+from trellis_common import components
+from trellis_identity import authz, jointoken
+from trellis_identity.identity import ComponentIdentity, csr_for, new_key
 from trellis_testing import RedisServer, redis_backend
 from trellis_testing.identities import LocalCA, join_as
 from trellis_testing.services import ServiceProcess, running

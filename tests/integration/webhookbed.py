@@ -24,9 +24,10 @@ import jsonpatch
 import pytest
 from kubernetes import client, config
 
-from trellis_common import adminhttp, components
-from trellis_common.kube import injection
-from trellis_common.trustctx import system_context
+from trellis_common import components
+from trellis_identity.trustctx import system_context
+from trellis_kube import injection
+from trellis_runtime import adminhttp
 from trellis_testing import RedisServer, eventually, redis_backend
 from trellis_testing.admission import pod_review
 from trellis_testing.envoy import find_envoy

@@ -51,8 +51,8 @@ from kubernetes import client
 from tests.deploy.chartprocs import ChartControlPlane
 from tests.deploy.helmchart import render
 from trellis_common.envoybin import find_envoy
-from trellis_common.kube.client import api_client
-from trellis_common.trustctx import system_context
+from trellis_identity.trustctx import system_context
+from trellis_kube.client import api_client
 from trellis_testing.admission import pod_review
 from trellis_testing.kube import KubeApi
 from trellis_testing.kubelet import RunningPod, run_pod_spec

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.netns.bed import Bed, BedPod, BedService, bed, kubelet_probe
-from trellis_common.trustctx import system_context
+from trellis_identity.trustctx import system_context
 from trellis_testing.waiting import wait_until
 
 pytestmark = [pytest.mark.xdist_group("netns")]

@@ -18,7 +18,7 @@ from cryptography import x509
 from trellis_cli.agent import AgentConfig, AgentError, check_server, enroll
 from trellis_common import components
 from trellis_common.bootstrap import BootstrapSpec, ProxyFiles, envoy_bootstrap
-from trellis_common.identity import Material
+from trellis_identity.identity import Material
 from trellis_testing.identities import LocalCA
 
 PROXY_CP_NAME = "proxy-cp.trellis-system.svc"

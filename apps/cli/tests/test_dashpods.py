@@ -30,9 +30,9 @@ from trellis_cli import cluster as cluster_module
 from trellis_cli import dashpods
 from trellis_cli.main import cli
 from trellis_cli.meshedges import DENIED
-from trellis_common.kube import injection as kube_injection
 from trellis_injector.domain import injection
 from trellis_injector.domain.onboarding import ControlPlane, XdsEndpoint, build_bootstrap
+from trellis_kube import injection as kube_injection
 from trellis_testing import kubeportforward
 from trellis_testing.identities import LocalCA
 from trellis_testing.kube import KubeApi

@@ -21,7 +21,7 @@ READERS = (
     "trellis_cli.proxy",
     "trellis_cli.vm",
     "trellis_cli.spec",
-    "trellis_common.adminhttp",
+    "trellis_runtime.adminhttp",
 )
 
 
@@ -36,7 +36,7 @@ def test_a_read_command_imports_none_of_the_heavy_libraries(module: str) -> None
 
 def test_the_probe_sees_a_heavy_import() -> None:
     """The control: the same probe on a module that does import gRPC reports it."""
-    probe = "import sys, trellis_common.identity; print('grpc' in sys.modules)"
+    probe = "import sys, trellis_identity.identity; print('grpc' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )

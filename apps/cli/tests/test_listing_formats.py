@@ -31,10 +31,10 @@ from trellis_cli.client import DEFAULT_ADMIN_PORTS
 from trellis_cli.main import cli
 from trellis_cli.testing import Answer, CannedAdmin
 from trellis_common.documents import all_kinds
-from trellis_common.onboarding import OnboardingToken
 from trellis_common.specdir import load_paths
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.transport.rest import workload_json
+from trellis_identity.onboarding import OnboardingToken
 from trellis_proxy_cp.discovery.rest import readable
 from trellis_proxy_cp.translate import linkerd
 from trellis_spec import mesh as meshspec

@@ -26,12 +26,13 @@ from rich.console import Console
 from trellis_cli import output
 from trellis_cli.main import cli
 from trellis_cli.testing import Answer, CannedAdmin
-from trellis_common import admin, statefile, version
+from trellis_common import statefile, version
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.transport import rest
 from trellis_proxy_cp.transport.streams import StreamRegistry
 from trellis_proxy_cp.types import CLUSTER, LISTENER, ROUTE
+from trellis_runtime import admin
 
 STORE = t.proxy_common_name("bookstore", "bookstore", 1)
 BUYER = t.proxy_common_name("bookbuyer", "bookbuyer", 2)

@@ -14,8 +14,8 @@ import pytest
 
 from trellis_cli import sentinel
 from trellis_cli.supervisor import ProcessSpec
-from trellis_common import redisconn
-from trellis_common.redisconn import RedisTarget
+from trellis_runtime import redisconn
+from trellis_runtime.redisconn import RedisTarget
 from trellis_testing.ports import free_port
 
 

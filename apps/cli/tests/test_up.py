@@ -14,7 +14,7 @@ import redis
 from trellis_cli import demo
 from trellis_cli.replicas import COMPONENT_ORDER, parse_replicas
 from trellis_cli.up import SERVICES, redis_spec, service_specs
-from trellis_common import redisacl
+from trellis_runtime import redisacl
 from trellis_testing.ports import free_port
 from trellis_testing.waiting import eventually
 

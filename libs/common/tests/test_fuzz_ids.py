@@ -3,7 +3,7 @@
 Valid identifiers survive ``parse(format(x)) == x``; any text given to a parser or a
 validator comes back unchanged or raises ``InvalidIdentifier`` naming the field, quoting
 the value and giving a reason; nothing else escapes. The request checks built on them
-(:mod:`trellis_common.grpcrequests`) answer the same way with ``InvalidField``.
+(:mod:`trellis_runtime.grpcrequests`) answer the same way with ``InvalidField``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from trellis_common import grpcrequests, ids, model
+from trellis_common import ids, model
+from trellis_runtime import grpcrequests
 from trellis_testing import strategies as fuzz
 
 TEXT = fuzz.mostly(fuzz.plausible_names(), fuzz.names()) | st.text(max_size=100)

@@ -35,7 +35,7 @@ def loaded_after(first: str) -> set[str]:
     return set(json.loads(run.stdout))
 
 
-@pytest.mark.parametrize("first", ["trellis_common", "trellis_common.adminhttp"])
+@pytest.mark.parametrize("first", ["trellis_common", "trellis_runtime.adminhttp"])
 def test_httpx_after_trellis_common_loads_no_cli_of_its_own(first: str) -> None:
     loaded = loaded_after(first)
     assert "httpx" in loaded

@@ -3,8 +3,8 @@
 The peers are grpc.aio servers in this process that answer what an older or broken service
 could (records no current validation would let in), which is the point: the consumer
 validates again. A bad record is rejected with its reason and skipped; the rest flows.
-Signals are published with the real :class:`~trellis_common.signaling.Publisher` and the
-registry is written by a real :class:`~trellis_common.registry.Announcer`.
+Signals are published with the real :class:`~trellis_runtime.signaling.Publisher` and the
+registry is written by a real :class:`~trellis_runtime.registry.Announcer`.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from trellis_catalog.clients.certs import CertificateFollower
 from trellis_catalog.clients.providers import KIND, ProviderFollower
 from trellis_catalog.domain.model.views import Identity
 from trellis_common.changefeed import ChangeFeed
-from trellis_common.events import Follower, Signals
-from trellis_common.grpcserver import GrpcServer
-from trellis_common.health import Health
-from trellis_common.locate import Locator
 from trellis_common.model import MeshService
-from trellis_common.registry import Announcer, ServiceRecord, registry_key
-from trellis_common.signaling import Publisher
+from trellis_runtime.events import Follower, Signals
+from trellis_runtime.grpcserver import GrpcServer
+from trellis_runtime.health import Health
+from trellis_runtime.locate import Locator
+from trellis_runtime.registry import Announcer, ServiceRecord, registry_key
+from trellis_runtime.signaling import Publisher
 from trellis_testing import RedisServer, eventually
 
 GOOD_PROXY = "0b4c9a4e-7d7e-4c1b-9d7a-1a2b3c4d5e6f.bookbuyer.bookbuyer"

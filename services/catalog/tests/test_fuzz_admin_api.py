@@ -18,9 +18,9 @@ from trellis_catalog.catalog import Catalog
 from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedService
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport import rest
-from trellis_common import admin
-from trellis_common.health import Health
 from trellis_common.specdir import load_paths
+from trellis_runtime import admin
+from trellis_runtime.health import Health
 from trellis_testing import adminfuzz
 
 ROOT = Path(__file__).resolve().parents[3]

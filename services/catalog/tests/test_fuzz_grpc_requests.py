@@ -22,8 +22,8 @@ from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedServ
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport import grpc_requests
 from trellis_catalog.transport.grpc_api import CatalogServicer
-from trellis_common.health import Health
 from trellis_common.specdir import load_paths
+from trellis_runtime.health import Health
 from trellis_testing import strategies as fuzz
 from trellis_testing.servicer import Checks, answers_or_refuses, check_names_a_field
 

@@ -20,8 +20,8 @@ from trellis_catalog.domain.index.services import ProvidedEndpoint, ProvidedServ
 from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer, to_proto
-from trellis_common.health import Health
 from trellis_common.specdir import load_paths
+from trellis_runtime.health import Health
 from trellis_testing.bell import Bell
 from trellis_testing.servicer import refused_on_the_wire, served
 

@@ -4,8 +4,8 @@ from trellis_catalog.catalog import TOPIC
 from trellis_catalog.clients.certs import CertificateFollower
 from trellis_catalog.clients.providers import KIND, ProviderFollower
 from trellis_catalog.main import service
-from trellis_common.identityrevocation import RevokedIdentities
-from trellis_common.redisacl import AUDIT_COMMANDS, COMPONENTS
+from trellis_runtime.identityrevocation import RevokedIdentities
+from trellis_runtime.redisacl import AUDIT_COMMANDS, COMPONENTS
 
 
 def test_the_acl_table_row_matches_the_catalog() -> None:

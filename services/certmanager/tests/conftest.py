@@ -21,7 +21,7 @@ from trellis_certmanager.manager import TOPIC, CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.testing import InMemoryCertificateStore
-from trellis_common.signaling import Publisher
+from trellis_runtime.signaling import Publisher
 from trellis_testing import RedisServer
 from trellis_testing.bell import Bell
 from trellis_testing.fixtures import component_client

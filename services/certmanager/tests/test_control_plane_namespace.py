@@ -30,8 +30,8 @@ from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
-from trellis_common.grpcserver import GrpcServer
 from trellis_common.model import MeshService
+from trellis_runtime.grpcserver import GrpcServer
 from trellis_testing.bell import Bell
 from trellis_testing.identities import LocalCA
 

@@ -23,10 +23,10 @@ from trellis_certmanager.manager import CertificateManager, utcnow
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport import rest
-from trellis_common import admin
-from trellis_common.health import Health
 from trellis_common.model import MeshService
-from trellis_common.tokens import AdminToken
+from trellis_identity.tokens import AdminToken
+from trellis_runtime import admin
+from trellis_runtime.health import Health
 from trellis_testing import adminfuzz
 
 

@@ -24,10 +24,10 @@ from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport import grpc_requests
 from trellis_certmanager.transport.grpc_api import CertificateManagerServicer
-from trellis_common.health import Health
-from trellis_common.identity import csr_for, new_key
 from trellis_common.ids import ProxyCommonName, SpiffeId
 from trellis_common.model import MeshService
+from trellis_identity.identity import csr_for, new_key
+from trellis_runtime.health import Health
 from trellis_testing import strategies as fuzz
 from trellis_testing.servicer import Checks, answers_or_refuses, check_names_a_field
 

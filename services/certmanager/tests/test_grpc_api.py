@@ -17,8 +17,8 @@ from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.testing import InMemoryCertificateStore
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
-from trellis_common.health import Health
-from trellis_common.identity import csr_for, new_key
+from trellis_identity.identity import csr_for, new_key
+from trellis_runtime.health import Health
 from trellis_testing.servicer import served
 
 SERVICE = pb.MeshService(namespace="bookstore", name="bookstore")

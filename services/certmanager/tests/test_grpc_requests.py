@@ -10,9 +10,9 @@ from google.protobuf import duration_pb2
 from trellis_api import certmanager_pb2 as pb
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.transport import grpc_requests
-from trellis_common.grpcrequests import InvalidField
-from trellis_common.identity import csr_for, new_key
 from trellis_common.model import MeshService
+from trellis_identity.identity import csr_for, new_key
+from trellis_runtime.grpcrequests import InvalidField
 
 SERVICE = pb.MeshService(namespace="shop", name="cart")
 UUID = "123e4567-e89b-42d3-a456-426614174000"

@@ -22,10 +22,10 @@ from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.metrics import CertMetrics, EarliestExpiry
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
-from trellis_common.health import Rejections
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
-from trellis_common.stored import Rejected
+from trellis_runtime.health import Rejections
+from trellis_runtime.stored import Rejected
 from trellis_testing import eventually
 from trellis_testing.bell import Bell
 

@@ -7,8 +7,8 @@ from trellis_certmanager.componentcerts import ISSUED_KEY, REVOKED_KEY
 from trellis_certmanager.main import service
 from trellis_certmanager.manager import TOPIC
 from trellis_certmanager.store import RedisCertificateStore
-from trellis_common.identityrevocation import IDENTITIES_TOPIC
-from trellis_common.redisacl import COMPONENTS
+from trellis_runtime.identityrevocation import IDENTITIES_TOPIC
+from trellis_runtime.redisacl import COMPONENTS
 
 
 def test_the_acl_table_row_matches_certmanager() -> None:

@@ -29,11 +29,11 @@ from trellis_certmanager.identities import ComponentIssuer, JoinRefused
 from trellis_certmanager.manager import CertificateManager, utcnow
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.tokenreview import ServiceAccountReviewer
-from trellis_common import jointoken
-from trellis_common.events import Signals
-from trellis_common.health import Health
-from trellis_common.identity import csr_for, new_key
 from trellis_common.model import MeshService
+from trellis_identity import jointoken
+from trellis_identity.identity import csr_for, new_key
+from trellis_runtime.events import Signals
+from trellis_runtime.health import Health
 from trellis_testing import RedisServer
 from trellis_testing.waiting import eventually
 

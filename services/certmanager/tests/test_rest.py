@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport import rest
-from trellis_common import admin
 from trellis_common.model import MeshService
-from trellis_common.stored import Rejected
-from trellis_common.tokens import AdminToken
+from trellis_identity.tokens import AdminToken
+from trellis_runtime import admin
+from trellis_runtime.stored import Rejected
 
 TOKEN = "s3cret-token"
 

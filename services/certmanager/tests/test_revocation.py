@@ -23,9 +23,9 @@ from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport import rest
 from trellis_certmanager.transport.grpc_api import SERVICE_NAME, CertificateManagerServicer
-from trellis_common import admin
 from trellis_common.model import MeshService
-from trellis_common.tokens import AdminToken
+from trellis_identity.tokens import AdminToken
+from trellis_runtime import admin
 from trellis_testing.bell import Bell
 from trellis_testing.servicer import served
 

@@ -1,6 +1,6 @@
 """Rotation and pruning on the leader only, fenced (``rotation.py``, ``claims.py``): two
 replicas on one real Redis, their leaderships decided by the test (``testing.Leadership``,
-the shape of ``trellis_common.leadership.Leadership``)."""
+the shape of ``trellis_kube.leadership.Leadership``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from trellis_certmanager.domain.errors import Deposed
 from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.testing import Leadership, proxy_key
-from trellis_common.leadership import Timing, elect
 from trellis_common.model import MeshService
+from trellis_kube.leadership import Timing, elect
 from trellis_testing.waiting import eventually
 
 from .conftest import FakeClock, issued
@@ -113,7 +113,7 @@ async def test_with_real_elections_one_replica_rotates_and_a_successor_takes_ove
     clients: tuple[redis.asyncio.Redis, redis.asyncio.Redis],
     clock: FakeClock,
 ) -> None:
-    """``trellis_common.leadership`` on a Redis lock, as certmanager's own Redis user: the
+    """``trellis_kube.leadership`` on a Redis lock, as certmanager's own Redis user: the
     leader rotates, the standby does not; the leader is killed (its tasks cancelled, the
     lock left to expire), the other replica is elected and rotates what is due next, as
     asked for on the replica that died (the asks are shared: demand.py)."""

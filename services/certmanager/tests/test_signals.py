@@ -1,5 +1,5 @@
 """certmanager's signals go through the outbox: one rung while Redis is away is kept and
-published once Redis is back (``main.announce``, ``trellis_common.events.Outbox``)."""
+published once Redis is back (``main.announce``, ``trellis_runtime.events.Outbox``)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from trellis_certmanager.domain.keys import KeyAlgorithm
 from trellis_certmanager.manager import TOPIC, CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore
-from trellis_common.events import Outbox
-from trellis_common.health import Health
 from trellis_common.model import MeshService
-from trellis_common.signaling import Event, Publisher, channel_name
+from trellis_runtime.events import Outbox
+from trellis_runtime.health import Health
+from trellis_runtime.signaling import Event, Publisher, channel_name
 from trellis_testing import RedisServer
 
 

@@ -16,9 +16,9 @@ from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.domain.sealed import Kek, Sealer
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.testing import proxy_key
-from trellis_common import redisconn
 from trellis_common.ids import ProxyCommonName
 from trellis_common.model import MeshService
+from trellis_runtime import redisconn
 from trellis_testing import RedisServer
 
 from .conftest import NOW

@@ -19,18 +19,18 @@ from prometheus_client import CollectorRegistry
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common import admin
-from trellis_common.events import Outbox
-from trellis_common.health import Health
-from trellis_common.onboarding import TokenStore
-from trellis_common.signaling import Event, Publisher
-from trellis_common.subscriber import Subscriber, redis_without_retries
-from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_identity.onboarding import TokenStore
+from trellis_identity.tokens import AdminToken
+from trellis_runtime import admin
+from trellis_runtime.events import Outbox
+from trellis_runtime.health import Health
+from trellis_runtime.signaling import Event, Publisher
+from trellis_runtime.subscriber import Subscriber, redis_without_retries
 from trellis_testing import RedisServer
 from trellis_testing.bell import Bell
 from trellis_testing.onboarding import InMemoryTokenStore

@@ -12,14 +12,15 @@ import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin, onboarding
-from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_identity import onboarding
+from trellis_identity.tokens import AdminToken
+from trellis_runtime import admin
 from trellis_testing import RedisServer
 from trellis_testing.fixtures import component_client
 

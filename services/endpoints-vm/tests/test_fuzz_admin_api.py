@@ -16,15 +16,15 @@ from fastapi import FastAPI
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin
-from trellis_common.health import Health
-from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_identity.tokens import AdminToken
+from trellis_runtime import admin
+from trellis_runtime.health import Health
 from trellis_testing import adminfuzz
 from trellis_testing import strategies as fuzz
 from trellis_testing.onboarding import InMemoryTokenStore

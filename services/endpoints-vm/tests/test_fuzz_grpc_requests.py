@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from trellis_api import endpoints_pb2 as pb
-from trellis_common.health import Health
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_requests
 from trellis_endpoints_vm.transport.grpc_api import EndpointsProviderServicer
+from trellis_runtime.health import Health
 from trellis_testing import strategies as fuzz
 from trellis_testing.servicer import Checks, answers_or_refuses, check_names_a_field
 

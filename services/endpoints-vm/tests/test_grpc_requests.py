@@ -12,14 +12,14 @@ from prometheus_client import CollectorRegistry
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common.grpcrequests import InvalidField
-from trellis_common.health import Health
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, grpc_requests
+from trellis_runtime.grpcrequests import InvalidField
+from trellis_runtime.health import Health
 from trellis_testing.bell import Bell
 from trellis_testing.servicer import refused_on_the_wire, served
 

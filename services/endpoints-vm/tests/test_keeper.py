@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis.asyncio
 
-from trellis_common import redisconn
-from trellis_common.health import Loops
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.keeper import LOOP_NAME, StoreKeeper, StoreUnavailable
 from trellis_endpoints_vm.store import RedisWorkloadStore, WorkloadStore
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
+from trellis_runtime import redisconn
+from trellis_runtime.health import Loops
 from trellis_testing import RedisServer, eventually
 
 MakeWorkload = Callable[..., Workload]

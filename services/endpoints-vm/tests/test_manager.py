@@ -17,17 +17,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
-from trellis_common.events import Outbox
-from trellis_common.health import Health, Rejections
-from trellis_common.signaling import Event, Publisher, revision_key
-from trellis_common.stored import Rejected
-from trellis_common.subscriber import Subscriber, redis_without_retries
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
 from trellis_endpoints_vm.manager import TOPIC, EndpointsManager, StoreUnavailable, UnknownWorkload
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
+from trellis_runtime.events import Outbox
+from trellis_runtime.health import Health, Rejections
+from trellis_runtime.signaling import Event, Publisher, revision_key
+from trellis_runtime.stored import Rejected
+from trellis_runtime.subscriber import Subscriber, redis_without_retries
 from trellis_testing import RedisServer, eventually
 from trellis_testing.bell import Bell
 

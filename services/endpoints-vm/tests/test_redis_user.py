@@ -3,13 +3,13 @@ tests run as its user: see ``redis_client`` in conftest.py)."""
 
 from fnmatch import fnmatch
 
-from trellis_common.identityrevocation import RevokedIdentities
-from trellis_common.onboarding import TokenStore
-from trellis_common.redisacl import COMPONENTS
 from trellis_endpoints_vm.main import service
 from trellis_endpoints_vm.manager import MIRROR, TOPIC
 from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.store import RedisWorkloadStore
+from trellis_identity.onboarding import TokenStore
+from trellis_runtime.identityrevocation import RevokedIdentities
+from trellis_runtime.redisacl import COMPONENTS
 
 
 def test_the_acl_table_row_matches_endpoints_vm() -> None:

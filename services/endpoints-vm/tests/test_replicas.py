@@ -18,16 +18,16 @@ import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from trellis_common.events import Outbox, Signals
-from trellis_common.health import Health
-from trellis_common.signaling import Publisher
-from trellis_common.subscriber import redis_without_retries
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.store import RedisWorkloadStore
+from trellis_runtime.events import Outbox, Signals
+from trellis_runtime.health import Health
+from trellis_runtime.signaling import Publisher
+from trellis_runtime.subscriber import redis_without_retries
 from trellis_testing import RedisServer, eventually
 
 MakeWorkload = Callable[..., Workload]

@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 import redis.asyncio
 
-from trellis_common.stored import Rejected
 from trellis_endpoints_vm.domain.workloads import Workload, to_json
 from trellis_endpoints_vm.store import RedisWorkloadStore
+from trellis_runtime.stored import Rejected
 
 MakeWorkload = Callable[..., Workload]
 KEY = "trellis:endpoints-vm:workloads"

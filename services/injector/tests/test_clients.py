@@ -7,7 +7,6 @@ import logging
 import pytest
 import redis.asyncio
 
-from trellis_common.registry import ServiceRecord, registry_key
 from trellis_injector.clients import (
     CatalogClient,
     CertManagerClient,
@@ -16,6 +15,7 @@ from trellis_injector.clients import (
 )
 from trellis_injector.domain.onboarding import XdsEndpoint
 from trellis_injector.onboarder import Unavailable
+from trellis_runtime.registry import ServiceRecord, registry_key
 from trellis_testing.ports import free_port
 
 

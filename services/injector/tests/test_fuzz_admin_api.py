@@ -16,14 +16,14 @@ from fastapi import FastAPI
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin
-from trellis_common.health import Health
-from trellis_common.identity import csr_for, new_key
-from trellis_common.tokens import AdminToken
+from trellis_identity.identity import csr_for, new_key
+from trellis_identity.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
+from trellis_runtime import admin
+from trellis_runtime.health import Health
 from trellis_testing import adminfuzz
 from trellis_testing import strategies as fuzz
 from trellis_testing.onboarding import InMemoryTokenStore

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trellis_common.kube.injection import Exclusions
 from trellis_injector.domain import iptables
 from trellis_injector.domain.iptables import Redirection
+from trellis_kube.injection import Exclusions
 
 
 def test_without_exclusions_all_tcp_goes_to_envoy_but_envoys_own() -> None:

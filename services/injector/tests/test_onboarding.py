@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from trellis_common.identity import csr_for, new_key
+from trellis_identity.identity import csr_for, new_key
 from trellis_injector.domain.onboarding import (
     ControlPlane,
     InvalidOnboarding,

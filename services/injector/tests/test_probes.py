@@ -70,8 +70,8 @@ def test_the_bootstrap_serves_each_probe_path_and_envoy_accepts_it(tmp_path: Pat
 
 
 def test_the_probe_listeners_are_left_out_of_the_inbound_redirection() -> None:
-    from trellis_common.kube.injection import Exclusions
     from trellis_injector.domain.injection import Sidecar, init_container
+    from trellis_kube.injection import Exclusions
 
     script = init_container(Sidecar("envoy", "init", "agent"), Exclusions())["command"][2]
     for port in (15901, 15902, 15903, 15010):

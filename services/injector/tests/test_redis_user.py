@@ -2,11 +2,11 @@
 
 from fnmatch import fnmatch
 
-from trellis_common.identityrevocation import RevokedIdentities
-from trellis_common.onboarding import TokenStore
-from trellis_common.redisacl import COMPONENTS
+from trellis_identity.onboarding import TokenStore
 from trellis_injector.clients import CATALOG, CERTMANAGER, PROXY_CP
 from trellis_injector.main import service
+from trellis_runtime.identityrevocation import RevokedIdentities
+from trellis_runtime.redisacl import COMPONENTS
 
 
 def test_the_acl_table_row_matches_the_injector() -> None:

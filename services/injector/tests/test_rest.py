@@ -11,13 +11,14 @@ import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin, onboarding
-from trellis_common.identity import csr_for, new_key
-from trellis_common.tokens import AdminToken
+from trellis_identity import onboarding
+from trellis_identity.identity import csr_for, new_key
+from trellis_identity.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Refused, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
+from trellis_runtime import admin
 from trellis_testing import RedisServer
 from trellis_testing.fixtures import component_client
 

@@ -13,12 +13,13 @@ import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin, onboarding
-from trellis_common.tokens import AdminToken
+from trellis_identity import onboarding
+from trellis_identity.tokens import AdminToken
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Onboarder, Unavailable
 from trellis_injector.testing import FakeCatalog, FakeCertificates, FixedControlPlane
 from trellis_injector.transport import rest
+from trellis_runtime import admin
 
 from .test_rest import AUTH, SPIFFE, TOKEN, body, injector_redis
 

@@ -18,8 +18,6 @@ import yaml
 from cryptography import x509
 from prometheus_client import CollectorRegistry
 
-from trellis_common.kube import injection
-from trellis_common.kube.injection import Exclusions
 from trellis_injector.domain.injection import TOKEN_VOLUME, VOLUME, Sidecar
 from trellis_injector.domain.onboarding import MeshSidecar
 from trellis_injector.metrics import InjectorMetrics
@@ -28,6 +26,8 @@ from trellis_injector.sidecars import PodAgents, SidecarInjector
 from trellis_injector.testing import FakeCatalog, FixedControlPlane
 from trellis_injector.transport import webhook
 from trellis_injector.transport.webhook import WebhookServer
+from trellis_kube import injection
+from trellis_kube.injection import Exclusions
 from trellis_testing import eventually
 from trellis_testing.admission import pod_review
 from trellis_testing.identities import LocalCA

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.health import Health
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache import inputs
 from trellis_proxy_cp.clients.catalog import CatalogClient
+from trellis_runtime.health import Health
 from trellis_testing import eventually
 
 BOOKSTORE = "bookstore/bookstore"

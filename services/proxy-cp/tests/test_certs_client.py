@@ -27,10 +27,7 @@ from trellis_certmanager.manager import TOPIC, Announce, CertificateManager
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.testing import InMemoryCertificateStore, proxy_key
 from trellis_certmanager.transport.grpc_api import CertificateManagerServicer
-from trellis_common.events import Outbox, Signals
-from trellis_common.health import Health
 from trellis_common.model import MeshService
-from trellis_common.signaling import Event, Publisher
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -39,6 +36,9 @@ from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.streams import StreamRegistry
+from trellis_runtime.events import Outbox, Signals
+from trellis_runtime.health import Health
+from trellis_runtime.signaling import Event, Publisher
 from trellis_testing import RedisServer, eventually
 
 BOOKSTORE = MeshService("bookstore", "bookstore")

@@ -22,8 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from trellis_common import tls
-from trellis_common.grpcserver import GrpcServer
+from trellis_identity import tls
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -32,6 +31,7 @@ from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.types import CLUSTER
+from trellis_runtime.grpcserver import GrpcServer
 
 PROXY = t.proxy_common_name("bookstore", "bookstore", 1)
 OK = grpc.StatusCode.OK

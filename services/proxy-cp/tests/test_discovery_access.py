@@ -26,9 +26,6 @@ from trellis_api.conduit.common import common_pb2 as conduit_common
 from trellis_api.conduit.proxy.destination import destination_pb2_grpc as conduit_grpc
 from trellis_api.linkerd import destination_pb2 as dpb
 from trellis_api.linkerd import destination_pb2_grpc as dpb_grpc
-from trellis_common.grpcserver import GrpcServer
-from trellis_common.locate import OwnerUnavailable
-from trellis_common.metrics import MetricFactory
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.authorizer import MeshAuthorizer
 from trellis_proxy_cp.cache.store import SnapshotCache
@@ -53,6 +50,9 @@ from trellis_proxy_cp.discovery.server import (
     DiscoveryOptions,
     register,
 )
+from trellis_runtime.grpcserver import GrpcServer
+from trellis_runtime.locate import OwnerUnavailable
+from trellis_runtime.metrics import MetricFactory
 
 CALLER = fake.CALLER
 WEB = "web.shop.svc.cluster.local:80"

@@ -18,8 +18,6 @@ from prometheus_client import CollectorRegistry
 from trellis_api import catalog_pb2 as cpb
 from trellis_api.linkerd import destination_pb2 as dpb
 from trellis_api.linkerd import destination_pb2_grpc as dpb_grpc
-from trellis_common.grpcserver import GrpcServer
-from trellis_common.metrics import MetricFactory
 from trellis_proxy_cp.clients.destinations import DestinationTable
 from trellis_proxy_cp.discovery import rest
 from trellis_proxy_cp.discovery import testing as dt
@@ -31,6 +29,8 @@ from trellis_proxy_cp.discovery.server import (
     LinkerdDestination,
 )
 from trellis_proxy_cp.translate import linkerd
+from trellis_runtime.grpcserver import GrpcServer
+from trellis_runtime.metrics import MetricFactory
 
 
 def endpoint(address: str, port: int, workload: str = "") -> cpb.ClusterEndpoint:

@@ -7,9 +7,9 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from trellis_common import admin
-from trellis_common.tokens import AdminToken
+from trellis_identity.tokens import AdminToken
 from trellis_proxy_cp.discovery import rest
+from trellis_runtime import admin
 
 TOKEN = "an-admin-token"
 

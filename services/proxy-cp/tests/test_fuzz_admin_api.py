@@ -16,12 +16,12 @@ from fastapi import FastAPI
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from trellis_common import admin
-from trellis_common.health import Health
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.transport import rest
 from trellis_proxy_cp.transport.streams import StreamRegistry
+from trellis_runtime import admin
+from trellis_runtime.health import Health
 from trellis_testing import adminfuzz
 
 

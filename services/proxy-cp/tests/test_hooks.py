@@ -10,7 +10,6 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from trellis_common.health import Rejections
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.core import ProxyControlPlane
@@ -18,6 +17,7 @@ from trellis_proxy_cp.hooks import ProxyHooks
 from trellis_proxy_cp.metrics import XdsMetrics
 from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused, StreamRegistry
 from trellis_proxy_cp.types import CLUSTER, ROUTE, TypeUrl
+from trellis_runtime.health import Rejections
 
 PROXY = t.proxy_common_name("bookstore", "bookstore", 1)
 OTHER = t.proxy_common_name("bookstore", "bookstore", 2)

@@ -1,9 +1,9 @@
 """proxy-cp's row of the Redis ACL table says what proxy-cp's code does."""
 
-from trellis_common.identityrevocation import RevokedIdentities
-from trellis_common.redisacl import COMPONENTS
 from trellis_proxy_cp.clients.certs import CertificateFollower
 from trellis_proxy_cp.main import service
+from trellis_runtime.identityrevocation import RevokedIdentities
+from trellis_runtime.redisacl import COMPONENTS
 
 
 def test_the_acl_table_row_matches_proxy_cp() -> None:

@@ -50,7 +50,6 @@ from cryptography import x509
 
 from trellis_api import proxy_pb2, proxy_pb2_grpc
 from trellis_cli.swapdir import install
-from trellis_common import identity, servercheck
 from trellis_common.bootstrap import (
     CA_FILE,
     KEY_FILE,
@@ -60,6 +59,7 @@ from trellis_common.bootstrap import (
     proxy_secret_document,
     xds_server_identity,
 )
+from trellis_identity import identity, servercheck
 
 log = logging.getLogger("trellis.agent")
 
@@ -118,7 +118,7 @@ class Enrolled:
 
 def check_server(config: AgentConfig) -> None:
     """proxy-cp must present the SPIFFE id the pod's bootstrap accepts it by, not only a
-    certificate of the mesh CA for its DNS name (:mod:`trellis_common.servercheck`): the
+    certificate of the mesh CA for its DNS name (:mod:`trellis_identity.servercheck`): the
     token is sent only to proxy-cp."""
     try:
         expected = xds_server_identity(yaml.safe_load(config.bootstrap))

@@ -37,7 +37,8 @@ import httpx
 from trellis_cli import output
 from trellis_cli.client import Mesh
 from trellis_cli.errors import NEGATIVE, CliError
-from trellis_common import adminhttp, components
+from trellis_common import components
+from trellis_runtime import adminhttp
 
 if TYPE_CHECKING:
     from trellis_cli.cluster import Cluster, ClusterMesh
@@ -313,7 +314,7 @@ def _peer_certificate(url: str, context: ssl.SSLContext, server_name: str) -> by
 
 def webhook(mesh: ClusterMesh) -> Result:
     from trellis_cli.cluster import WEBHOOK_CONFIGURATION, WEBHOOK_PATH, _decoded
-    from trellis_common.trustctx import client_context
+    from trellis_identity.trustctx import client_context
 
     name = "injector webhook"
     cluster = mesh.cluster

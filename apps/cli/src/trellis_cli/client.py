@@ -19,8 +19,10 @@ import httpx
 
 from trellis_cli import errors
 from trellis_cli.errors import CliError
-from trellis_common import adminhttp, statefile, tokens
+from trellis_common import statefile
 from trellis_common.defaults import Ports
+from trellis_identity import tokens
+from trellis_runtime import adminhttp
 
 DEFAULT_ADMIN_PORTS = {
     "catalog": Ports.CATALOG[1],

@@ -11,7 +11,7 @@ bundle with the component's name as SNI, with the admin token.
 Each tunnel (:mod:`trellis_cli.tunnel`) is a listener on 127.0.0.1 whose every connection
 is one port-forward, so an
 admin URL here is an ordinary ``https://127.0.0.1:<port>`` and every command (and
-:mod:`trellis_common.adminhttp`) works on it unchanged. What the cluster provides instead
+:mod:`trellis_runtime.adminhttp`) works on it unchanged. What the cluster provides instead
 of the state directory:
 
 * the trust bundle, from a public object: the injector's MutatingWebhookConfiguration's

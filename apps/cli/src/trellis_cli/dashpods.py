@@ -38,7 +38,7 @@ from trellis_cli import dashsources
 from trellis_cli.dashsources import Reading
 from trellis_cli.errors import CliError
 
-SIDECAR_CONTAINER = "envoy"  # trellis_common.kube.injection.SIDECAR_CONTAINER
+SIDECAR_CONTAINER = "envoy"  # trellis_kube.injection.SIDECAR_CONTAINER
 AGENT_CONTAINER = "trellis-agent"  # trellis_injector.domain.injection.AGENT_CONTAINER
 AGENT_BOOTSTRAP_ENV = "TRELLIS_AGENT_BOOTSTRAP"
 DEFAULT_ADMIN_PORT = 15000

@@ -30,7 +30,7 @@ import httpx
 import yaml
 
 from trellis_cli import meshedges
-from trellis_common.trustctx import system_context
+from trellis_identity.trustctx import system_context
 
 #: The counters, and the latency histogram, of the outbound clusters, and the caller-side
 #: denials (no route: the mesh gave the caller no way to the destination).

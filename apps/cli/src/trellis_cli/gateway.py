@@ -116,7 +116,7 @@ def onboard(
 ) -> tuple[dict[str, Any], ProxyFolder]:
     """Onboard the gateway's Envoy as ``trellis vm bootstrap`` onboards a sidecar, and
     write its folder; (the injector's answer, what was written)."""
-    from trellis_common import identity  # gRPC and cryptography: only onboarding needs them
+    from trellis_identity import identity  # gRPC and cryptography: only onboarding needs them
 
     key_pem, key = identity.new_key()  # the proxy's key: made here, never sent
     inbound, outbound = free_ports(2)

@@ -33,7 +33,7 @@ from trellis_api import proxy_pb2
 from trellis_cli import swapdir
 from trellis_cli.errors import CliError
 from trellis_cli.renew import ask_renewal, renew_at
-from trellis_common import components, servercheck
+from trellis_common import components
 from trellis_common.grpc_bootstrap import (
     CA_FILE,
     CERT_FILE,
@@ -42,6 +42,7 @@ from trellis_common.grpc_bootstrap import (
     PROXY_KEY_FILE,
     GrpcFolder,
 )
+from trellis_identity import servercheck
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from trellis_cli import output
 from trellis_cli.client import CliError, Mesh
 from trellis_cli.grpcrenew import Certificates, install, watch
 from trellis_cli.vm import INJECTOR, onboarding_token, token_file_option, write_file
-from trellis_common import identity
 from trellis_common.grpc_bootstrap import GrpcFolder
+from trellis_identity import identity
 
 
 @click.group(name="grpc", help="Proxyless gRPC workloads: bootstrap files and their agent.")

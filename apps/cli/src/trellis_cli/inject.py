@@ -6,7 +6,7 @@ namespaceSelector: the API server only sends pods of matching namespaces), the w
 configuration itself (does it exist, whom does it select, what is its failurePolicy, has
 the injector set its caBundle), and the pod (its opt-out annotation, an existing ``envoy``
 container, ``hostNetwork``, a bad exclusion annotation). The pod's part is judged by the
-same function as the webhook's (:func:`trellis_common.kube.injection.decide`).
+same function as the webhook's (:func:`trellis_kube.injection.decide`).
 
 With a pod file (a Pod, or a workload whose pod template is checked), the pod is judged
 and, when a Kubernetes API is reachable, its namespace and the configuration too; with
@@ -27,8 +27,8 @@ import click
 import yaml
 
 from trellis_cli import errors, output
-from trellis_common.kube import client as kube_client
-from trellis_common.kube import injection, objects
+from trellis_kube import client as kube_client
+from trellis_kube import injection, objects
 
 WORKLOADS = {"Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job"}
 

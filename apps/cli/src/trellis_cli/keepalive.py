@@ -9,7 +9,7 @@ own should follow too (the README's "Keep-alive for agents"):
 - **One connection, reused.** One :class:`httpx.Client` holds at most one connection to
   each endpoints-vm address (:func:`client`). Its idle connection expires after
   :data:`IDLE_EXPIRY` seconds, sooner than the server's (endpoints-vm, like every admin
-  API, keeps an idle connection :data:`trellis_common.admin.KEEP_ALIVE_SECONDS`, 75 s):
+  API, keeps an idle connection :data:`trellis_runtime.admin.KEEP_ALIVE_SECONDS`, 75 s):
   the client always gives up first, so no call is sent on a connection the server is
   closing at that very moment. A heartbeat interval below :data:`IDLE_EXPIRY` keeps the one
   connection for the agent's whole life.
@@ -41,7 +41,7 @@ import httpx
 from trellis_cli.client import CliError, Mesh
 
 #: Seconds the client keeps an idle connection: below endpoints-vm's 75 s
-#: (``trellis_common.admin.KEEP_ALIVE_SECONDS``), so the client always closes first.
+#: (``trellis_runtime.admin.KEEP_ALIVE_SECONDS``), so the client always closes first.
 IDLE_EXPIRY = 60.0
 #: The first retry's delay after a failed heartbeat; it doubles up to the interval.
 FIRST_RETRY = 0.2
@@ -74,7 +74,7 @@ class RetryOnce(httpx.BaseTransport):
 def client(mesh: Mesh) -> httpx.Client:
     """A client that keeps one connection to each address, reused by every call, and that
     sends a call again on a fresh connection once if its connection closed under it."""
-    from trellis_common import adminhttp
+    from trellis_runtime import adminhttp
 
     try:
         context = adminhttp.mesh_context(mesh.state_dir)

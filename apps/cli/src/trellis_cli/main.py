@@ -13,7 +13,8 @@ import click
 
 from trellis_cli import errors
 from trellis_cli.lazy import LazyCommand, LazyGroup
-from trellis_common import components, jointoken
+from trellis_common import components
+from trellis_identity import jointoken
 
 if TYPE_CHECKING:
     from trellis_cli.client import Mesh

@@ -36,7 +36,6 @@ from cryptography import x509
 from trellis_api import proxy_pb2, proxy_pb2_grpc
 from trellis_cli import swapdir
 from trellis_cli.errors import CliError
-from trellis_common import identity, servercheck
 from trellis_common.bootstrap import (
     CA_FILE,
     KEY_FILE,
@@ -47,6 +46,7 @@ from trellis_common.bootstrap import (
     proxy_secret_document,
     xds_server_identity,
 )
+from trellis_identity import identity, servercheck
 
 log = logging.getLogger(__name__)
 

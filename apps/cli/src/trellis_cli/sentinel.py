@@ -6,7 +6,7 @@ Three Redis servers and three sentinels, each a process of the supervisor:
   (16381, 16382) its replicas. Each is the Redis of a lone ``trellis up``
   (:func:`trellis_cli.redisprocess.server_argv`: AOF fsynced on every write, ACL on) with
   its data in ``<state>/redis-sentinel/redis-<n>/`` and a config file there
-  (:mod:`trellis_common.sentinelconf`) with its replication login and, for a replica, its
+  (:mod:`trellis_runtime.sentinelconf`) with its replication login and, for a replica, its
   master. After a failover the sentinels rewrite those files, so a restarted mesh keeps
   the roles the last failover left.
 * ``sentinel-0..2`` (16390-16392) watch them (``redis-server <file> --sentinel``; the file,
@@ -19,7 +19,7 @@ lone Redis is not started beside them.
 
 Users: the components' (same password files as a lone Redis, ``<state>/redis/users/``),
 ``admin``, and the two the set uses itself, ``replication`` and ``sentinel``
-(:mod:`trellis_common.redisacl`). The services are given :func:`sentinel_specs`'s URL,
+(:mod:`trellis_runtime.redisacl`). The services are given :func:`sentinel_specs`'s URL,
 ``redis+sentinel://127.0.0.1:16390,127.0.0.1:16391,127.0.0.1:16392/trellis/0``, with their
 user and password file as with a lone Redis, and should wait for one replica on their
 durable writes (``TRELLIS_REDIS_MIN_REPLICAS_ACK=1``).
@@ -31,8 +31,8 @@ from pathlib import Path
 
 from trellis_cli import redisprocess
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
-from trellis_common import redisacl, sentinelconf
-from trellis_common.sentinelconf import FailoverTiming
+from trellis_runtime import redisacl, sentinelconf
+from trellis_runtime.sentinelconf import FailoverTiming
 
 HOST = "127.0.0.1"
 #: The Redis servers: the first is the master at the first start.

@@ -19,7 +19,8 @@ import httpx
 from trellis_cli import output
 from trellis_cli.client import Mesh
 from trellis_cli.errors import NEGATIVE, CliError
-from trellis_common import adminhttp, components, statefile
+from trellis_common import components, statefile
+from trellis_runtime import adminhttp
 
 
 def probe(mesh: Mesh, name: str, versions: dict[str, str] | None = None) -> dict[str, Any]:

@@ -31,8 +31,8 @@ from typing import BinaryIO
 
 import httpx
 
-from trellis_common import adminhttp
 from trellis_common.backoff import Backoff, RetryCallState, failure, retrying, start_over
+from trellis_runtime import adminhttp
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ holds (sealed keys, certificates, registrations) is for the mesh's processes onl
 process's log file rotates by size (``--log-max-bytes``, ``--log-backups``); the terminal
 gets a summary (:mod:`trellis_cli.console`).
 
-Redis runs with its ACL on (:mod:`trellis_common.redisacl`): the default user is off, and
+Redis runs with its ACL on (:mod:`trellis_runtime.redisacl`): the default user is off, and
 each service logs in as its own user, limited to its own keys and channels. The passwords
 are made once, one file (0600) per user in ``<state>/redis/users/``, and each service is
 given the path of its own (``TRELLIS_REDIS_PASSWORD_FILE``), never the password itself;
@@ -50,9 +50,11 @@ from trellis_cli.supervisor import (
     port_free,
     tcp_ready,
 )
-from trellis_common import filemode, jointoken, redisacl
+from trellis_common import filemode
 from trellis_common.envoybin import EnvoyNotFound
-from trellis_common.settings import Ports
+from trellis_identity import jointoken
+from trellis_runtime import redisacl
+from trellis_runtime.settings import Ports
 
 LOCAL_REDIS_PORT = 16379
 

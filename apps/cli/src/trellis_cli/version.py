@@ -28,7 +28,8 @@ def component_versions(mesh: Mesh) -> dict[str, dict[str, str]]:
     """Each component's (and replica's) answer: ``{"version": ...}`` or ``{"error": ...}``."""
     import httpx  # imported only when a component is asked: `--client` starts fast
 
-    from trellis_common import adminhttp, statefile
+    from trellis_common import statefile
+    from trellis_runtime import adminhttp
 
     known = statefile.read_endpoints(mesh.state_dir)
     names = list(components.COMPONENTS)

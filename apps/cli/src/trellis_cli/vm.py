@@ -412,7 +412,7 @@ def bootstrap(
     as_json: bool,
 ) -> None:
     folder = out.resolve()
-    from trellis_common import identity  # gRPC and cryptography: only this command needs them
+    from trellis_identity import identity  # gRPC and cryptography: only this command needs them
 
     key_pem, key = identity.new_key()  # the proxy's key: made here, never sent
     body = {

@@ -97,7 +97,7 @@ redis-sentinel.yaml) or external (yours). An empty redis.mode follows ha.enabled
 
 {{/*
 The ACL users of Redis under Sentinel besides the components' (files/redis-acl.yaml's
-sentinel, from trellis_common.redisacl): the replicas' (PSYNC to their master) and the
+sentinel, from trellis_runtime.redisacl): the replicas' (PSYNC to their master) and the
 Sentinels' (on the Redis pods and on each other).
 */}}
 {{- define "trellis.redisSentinelUsers" -}}

@@ -7,7 +7,8 @@ pygments, about 0.15 s of CPU) whenever those packages are installed, and they a
 agent paid for it at each start. ``None`` in ``sys.modules`` makes ``import httpx._main``
 raise ImportError, which httpx catches (its fallback for when the CLI's dependencies are
 missing). Every Trellis process imports this package before httpx: services and agents import
-httpx only through ``trellis_common`` modules, and the CLI's package imports it first.
+httpx only through ``trellis_runtime`` modules (that package imports this one first), and the
+CLI's package imports it first.
 """
 
 import sys

@@ -6,7 +6,7 @@ Its certificate also names the component's in-cluster DNS names, so a client che
 the server it reached is the component it meant (``<component>.trellis-system.svc``), and
 no name another component's certificate carries: certmanager puts these names in that
 component's certificate only, so a name checked is the identity checked
-(:mod:`trellis_common.servercheck`). proxy-cp's alone also names ``localhost`` and the
+(:mod:`trellis_identity.servercheck`). proxy-cp's alone also names ``localhost`` and the
 loopback addresses, for the proxyless clients of a local run (certmanager's
 ``proxy_cp_extra_sans``). :func:`component_of` is the reverse: the component a peer's
 SPIFFE id names, or ``None`` for anything else (a proxy, a workload, another trust domain).

@@ -2,7 +2,7 @@
 
 certmanager and endpoints-vm each announce their changes through a ``bell``: an
 ``async (kind, key) -> revision`` callable that is, in production, the service's
-:class:`~trellis_common.events.Outbox`. Tests pass a :class:`Bell` instead, which records
+:class:`~trellis_runtime.events.Outbox`. Tests pass a :class:`Bell` instead, which records
 each signal and numbers it as the outbox would (1, 2, ...), and can stand in for a broken
 road: ``failing`` raises, ``open`` cleared holds every signal (a frozen Redis).
 """

@@ -1,5 +1,5 @@
 """Watching replicas contend in a leader election, for tests of the rule that matters most:
-never two leaders at once (:mod:`trellis_common.leadership`).
+never two leaders at once (:mod:`trellis_kube.leadership`).
 
 :class:`Contenders` samples every contender's ``leading`` (the property a replica's own
 code reads) every few milliseconds while it is open, and records each change of role its
@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from trellis_common.leadership import Leadership
+from trellis_kube.leadership import Leadership
 from trellis_testing.waiting import eventually
 
 

@@ -21,7 +21,7 @@ import httpx
 
 from trellis_common.bootstrap import ADMIN_CLUSTER
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
-from trellis_common.trustctx import system_context
+from trellis_identity.trustctx import system_context
 from trellis_testing.ports import free_port
 
 __all__ = ["Envoy", "EnvoyNotFound", "find_envoy", "validate"]

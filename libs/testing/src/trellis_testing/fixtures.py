@@ -12,8 +12,8 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from trellis_common import redisconn
-from trellis_common.kube import client as kube_client
+from trellis_kube import client as kube_client
+from trellis_runtime import redisconn
 from trellis_testing import redis_backend
 from trellis_testing.bell import Bell
 from trellis_testing.kube import KubeApi

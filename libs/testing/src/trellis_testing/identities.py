@@ -20,8 +20,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from trellis_common import adminhttp, authz, components, jointoken, statefile
-from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
+from trellis_common import components, statefile
+from trellis_identity import authz, jointoken
+from trellis_identity.identity import ComponentIdentity, Issued, Material, csr_for, new_key
+from trellis_runtime import adminhttp
 
 
 def allowed_caller(method: str, request: Any = None) -> str:

@@ -28,8 +28,8 @@ from trellis_common.bootstrap import (
     envoy_bootstrap,
     proxy_secret_document,
 )
-from trellis_common.identity import ComponentIdentity, csr_for, new_key
-from trellis_common.trustctx import system_context
+from trellis_identity.identity import ComponentIdentity, csr_for, new_key
+from trellis_identity.trustctx import system_context
 from trellis_testing.apps import AppServer
 from trellis_testing.envoy import Envoy
 from trellis_testing.identities import allowed_caller, join_as

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from trellis_common.onboarding import OnboardingToken, TokenStore
+from trellis_identity.onboarding import OnboardingToken, TokenStore
 
 
 class InMemoryTokenStore(TokenStore):

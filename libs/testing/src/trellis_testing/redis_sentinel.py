@@ -3,7 +3,7 @@
 Tests of a failover need the real thing: ``redis-server`` processes on 127.0.0.1, the
 Redis ones with the append-only file and ACL of :class:`RedisServer` (each is one, with a
 config file besides), the sentinels ``redis-server <file> --sentinel``. Their files are
-those ``trellis up --redis-sentinel`` writes (:mod:`trellis_common.sentinelconf`): the
+those ``trellis up --redis-sentinel`` writes (:mod:`trellis_runtime.sentinelconf`): the
 replicas log in to the master as ``replication``, the sentinels to Redis and to each other
 as ``sentinel``, and each component has its user on Redis and on the sentinels, with one
 password file per user in ``<dir>/users/``.
@@ -30,9 +30,9 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from trellis_common import redisacl, sentinelconf
-from trellis_common.redisconn import RedisTarget
-from trellis_common.sentinelconf import FailoverTiming
+from trellis_runtime import redisacl, sentinelconf
+from trellis_runtime.redisconn import RedisTarget
+from trellis_runtime.sentinelconf import FailoverTiming
 from trellis_testing.redis_server import RedisServer, RedisServerError
 
 HOST = "127.0.0.1"

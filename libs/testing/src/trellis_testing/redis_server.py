@@ -12,7 +12,7 @@ grown by ``aof_rewrite_percentage`` since the last rewrite and is at least
 ``aof_rewrite_min_size`` (Redis' defaults, 100 and ``64mb``; tests of the rewrite pass a
 small size).
 
-Like that Redis too, it has the ACL on (:mod:`trellis_common.redisacl`): the default user
+Like that Redis too, it has the ACL on (:mod:`trellis_runtime.redisacl`): the default user
 is off and each component has its own user, with a password file in ``<dir>/users/``
 (kept across restarts and :meth:`RedisServer.wipe`). :attr:`RedisServer.url` logs in as
 ``admin``, the operator's user, so a test can read and plant anything; a service process
@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trellis_common import redisacl
-from trellis_common.redisconn import RedisTarget
+from trellis_runtime import redisacl
+from trellis_runtime.redisconn import RedisTarget
 from trellis_testing.ports import free_port
 
 

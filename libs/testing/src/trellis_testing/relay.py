@@ -6,7 +6,7 @@ sent either way are held, not delivered and not refused, as on a network that dr
 packets while TCP keeps retrying, so the client's calls hang (new connections too).
 :meth:`Relay.heal` delivers what was held and lets traffic through again. Other clients of
 the same server, connected directly, are not affected: that is the partition of one replica
-that a leader election must survive (:mod:`trellis_common.leadership`).
+that a leader election must survive (:mod:`trellis_kube.leadership`).
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
-from trellis_common.grpcrequests import InvalidField
-from trellis_common.grpcserver import GrpcServer, Registration
-from trellis_common.health import Rejections
+from trellis_runtime.grpcrequests import InvalidField
+from trellis_runtime.grpcserver import GrpcServer, Registration
+from trellis_runtime.health import Rejections
 
 
 class Aborted(Exception):

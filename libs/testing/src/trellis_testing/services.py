@@ -26,8 +26,10 @@ from typing import Any
 import grpc
 import httpx
 
-from trellis_common import adminhttp, components, jointoken, statefile
-from trellis_common.identity import ComponentIdentity
+from trellis_common import components, statefile
+from trellis_identity import jointoken
+from trellis_identity.identity import ComponentIdentity
+from trellis_runtime import adminhttp
 from trellis_testing.identities import join_as
 from trellis_testing.redis_sentinel import SentinelRedis
 from trellis_testing.redis_server import RedisServer
@@ -140,7 +142,7 @@ class ServiceProcess:
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A request to the service's admin API (TLS checked against the mesh's CA; a
-        ``GET`` carries the admin token, :func:`trellis_common.adminhttp.request`).
+        ``GET`` carries the admin token, :func:`trellis_runtime.adminhttp.request`).
 
         GETs, which tests poll in loops, reuse one open connection: a new client and TLS
         handshake per poll cost 12 ms of CPU between test and service, against 3 ms. A

@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from trellis_common.signaling import Event
-from trellis_common.subscriber import Subscriber
+from trellis_runtime.signaling import Event
+from trellis_runtime.subscriber import Subscriber
 from trellis_testing.waiting import eventually
 
 

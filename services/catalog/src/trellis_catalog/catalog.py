@@ -60,9 +60,9 @@ from trellis_catalog.domain.model.views import ClusterState, Identity, IdentityP
 from trellis_catalog.domain.publish.destinations import Destination, Destinations
 from trellis_catalog.domain.publish.resources import Published, ResourceStore, policy_name
 from trellis_common.documents.base import Document, DocumentError
-from trellis_common.follow import describe
-from trellis_common.health import Health
 from trellis_common.model import MeshService
+from trellis_runtime.follow import describe
+from trellis_runtime.health import Health
 from trellis_spec import mesh as meshspec
 from trellis_spec import statuses
 from trellis_spec.steps import Steps, drain, full_collections_paused, run_in_steps

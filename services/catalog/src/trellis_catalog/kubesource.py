@@ -3,7 +3,7 @@
 Every kind the catalog reads (SMI, MeshConfig, Istio ServiceEntry/WorkloadEntry, Gateway
 API routes, Gateways, GatewayClasses and ReferenceGrants, core Services, ServiceAccounts and
 Namespaces: the kind registry's table, one row per ``apiVersion``) is
-watched by an informer across all namespaces (``trellis_common.kube.informer``: list, then
+watched by an informer across all namespaces (``trellis_kube.informer``: list, then
 watch from its resourceVersion, 410 relists and diffs). Documents come from the monitored
 namespaces (``trellis.dev/monitored-by=<mesh name>``, live) and, for MeshConfig, from the
 control plane's namespace too, and also from a ConfigMap there (``meshconfig_configmap``,
@@ -48,10 +48,10 @@ from trellis_catalog import gatewaystatus, routestatus
 from trellis_catalog.catalog import Catalog
 from trellis_common.documents import all_kinds, yamlfile
 from trellis_common.documents.base import Document, DocumentError, Origin
-from trellis_common.kube import documents
-from trellis_common.kube.documents import Resource
-from trellis_common.kube.informer import Informer, Object
-from trellis_common.lifecycle import run_components
+from trellis_kube import documents
+from trellis_kube.documents import Resource
+from trellis_kube.informer import Informer, Object
+from trellis_runtime.lifecycle import run_components
 from trellis_spec.statuses import Condition, Status
 
 log = logging.getLogger(__name__)

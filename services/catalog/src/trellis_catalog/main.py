@@ -1,4 +1,4 @@
-"""catalog's process: what it is made of; the skeleton (trellis_common.service) runs it."""
+"""catalog's process: what it is made of; the skeleton (trellis_runtime.service) runs it."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from trellis_catalog.clients.providers import ProviderFollower
 from trellis_catalog.settings import CatalogSettings
 from trellis_catalog.sources import BothSources, DirectorySource, NoSource, Sources, SpecSource
 from trellis_catalog.transport import grpc_api, rest
-from trellis_common.kube import client as kube
-from trellis_common.registry import REGISTRY_TOPIC
-from trellis_common.runtime import ServiceRuntime
-from trellis_common.service import Parts, Service
+from trellis_kube import client as kube
+from trellis_runtime.registry import REGISTRY_TOPIC
+from trellis_runtime.runtime import ServiceRuntime
+from trellis_runtime.service import Parts, Service
 
 log = logging.getLogger(__name__)
 

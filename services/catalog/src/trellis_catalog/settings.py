@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from trellis_common.settings import (
+from trellis_runtime.settings import (
     Ports,
     SpecDirSettings,
     admin_port,

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from trellis_catalog.catalog import Catalog
 from trellis_common.documents import all_kinds
 from trellis_common.documents.base import Document, DocumentError, KindRegistry
-from trellis_common.lifecycle import run_components
 from trellis_common.specdir import SpecChange, SpecDirectory
+from trellis_runtime.lifecycle import run_components
 from trellis_spec.mesh import KINDS
 
 

@@ -12,7 +12,7 @@ longer; its holder deletes it when done (only if it still holds its token).
 
 Every write made under a claim is guarded (:meth:`Claims.write`): ``WATCH`` the claim, read
 it, and ``MULTI``/``EXEC`` the write only if it still holds this replica's token (no Lua:
-:mod:`trellis_common.redisatomic`). A replica that stalled past ``ttl`` while another took
+:mod:`trellis_runtime.redisatomic`). A replica that stalled past ``ttl`` while another took
 the name over has its write refused (:class:`ClaimLost`) and changes nothing: one request
 never yields two stored certificates.
 

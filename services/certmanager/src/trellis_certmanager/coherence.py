@@ -5,7 +5,7 @@ replica may issue, rotate, revoke or prune. Each one announces its changes on th
 ``certificates`` topic (kinds ``issued``, ``rotated``, ``revoked``, ``root-changed``; key:
 the common name) and operators' revocations of component certificates on ``identities``
 (kind ``revoked``). :class:`ReplicaFollower` is a
-:class:`~trellis_common.events.Follower` of both, on the service's one signals hub, as any
+:class:`~trellis_runtime.events.Follower` of both, on the service's one signals hub, as any
 consumer is:
 
 - ``issued``/``rotated``/``revoked`` of a common name: that name's record is read again
@@ -29,9 +29,9 @@ from collections.abc import Sequence
 
 from trellis_certmanager.componentcerts import ComponentCertificates
 from trellis_certmanager.manager import TOPIC, CertificateManager
-from trellis_common.events import Follower
-from trellis_common.identityrevocation import IDENTITIES_TOPIC
-from trellis_common.signaling import Event
+from trellis_runtime.events import Follower
+from trellis_runtime.identityrevocation import IDENTITIES_TOPIC
+from trellis_runtime.signaling import Event
 
 log = logging.getLogger(__name__)
 

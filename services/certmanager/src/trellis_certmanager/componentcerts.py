@@ -35,7 +35,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from trellis_certmanager.domain.errors import StoreUnavailable
-from trellis_common import redisconn
+from trellis_runtime import redisconn
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ and renews over mTLS with its current certificate and a new CSR
 certificate of ``spiffe://<td>/ns/trellis-system/sa/<component>``, for
 ``component_cert_validity``; its key never leaves it.
 
-A join token (:mod:`trellis_common.jointoken`) must verify under the join key, name a
+A join token (:mod:`trellis_identity.jointoken`) must verify under the join key, name a
 component, be unexpired, and not be spent: its nonce is written to Redis with ``SET NX``
 until the token expires, so a second use (or a replay by someone who saw it) is refused,
 on whichever certmanager replica it comes; with ``min_replicas_ack`` the mark is on that
@@ -41,8 +41,9 @@ from trellis_certmanager.tokenreview import (
     ServiceAccountReviewer,
     spent_key_and_expiry,
 )
-from trellis_common import jointoken, redisconn
-from trellis_common.identity import Issued
+from trellis_identity import jointoken
+from trellis_identity.identity import Issued
+from trellis_runtime import redisconn
 
 log = logging.getLogger(__name__)
 

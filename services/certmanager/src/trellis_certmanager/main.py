@@ -1,4 +1,4 @@
-"""certmanager's process: what it is made of; the skeleton (trellis_common.service) runs it.
+"""certmanager's process: what it is made of; the skeleton (trellis_runtime.service) runs it.
 
 It loads (or makes, on first start) the key-encryption key that seals every private key it
 stores, loads or creates the CA, then serves the gRPC API and the admin REST API, and runs the
@@ -37,12 +37,14 @@ from trellis_certmanager.settings import CertManagerSettings
 from trellis_certmanager.store import RedisCertificateStore
 from trellis_certmanager.tokenreview import ServiceAccountReviewer
 from trellis_certmanager.transport import grpc_api, rest
-from trellis_common import components, jointoken, leadership
-from trellis_common.identity import ComponentIdentity, Issued, Material, csr_for, new_key
-from trellis_common.identityrevocation import IDENTITIES_TOPIC
-from trellis_common.kube import client as kube
-from trellis_common.runtime import ServiceRuntime
-from trellis_common.service import Parts, Service
+from trellis_common import components
+from trellis_identity import jointoken
+from trellis_identity.identity import ComponentIdentity, Issued, Material, csr_for, new_key
+from trellis_kube import client as kube
+from trellis_kube import leadership
+from trellis_runtime.identityrevocation import IDENTITIES_TOPIC
+from trellis_runtime.runtime import ServiceRuntime
+from trellis_runtime.service import Parts, Service
 
 log = logging.getLogger(__name__)
 

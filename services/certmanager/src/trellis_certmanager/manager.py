@@ -75,10 +75,10 @@ from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.replicas import HeldRecords
 from trellis_certmanager.revocations import Revocations
 from trellis_certmanager.store import CertificateStore
-from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ProxyId
 from trellis_common.model import MeshService
-from trellis_common.stored import Refused
+from trellis_runtime.health import Rejections
+from trellis_runtime.stored import Refused
 
 log = logging.getLogger(__name__)
 

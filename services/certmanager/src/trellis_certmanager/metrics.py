@@ -9,7 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from trellis_certmanager.domain.records import CertificateKind, CertificateRecord
-from trellis_common.metrics import MetricFactory
+from trellis_runtime.metrics import MetricFactory
 
 
 class EarliestExpiry(Collector):

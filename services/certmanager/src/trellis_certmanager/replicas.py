@@ -33,7 +33,7 @@ from trellis_certmanager.claims import Claim
 from trellis_certmanager.domain.errors import StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.store import CertificateStore, Loaded
-from trellis_common.stored import Refused
+from trellis_runtime.stored import Refused
 
 log = logging.getLogger(__name__)
 

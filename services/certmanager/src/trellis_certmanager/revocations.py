@@ -27,8 +27,8 @@ from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.domain.revocation import Revocation, RevocationReason, expired
 from trellis_certmanager.metrics import CertMetrics
 from trellis_certmanager.store import CertificateStore
-from trellis_common.health import Rejections
-from trellis_common.stored import Refused
+from trellis_runtime.health import Rejections
+from trellis_runtime.stored import Refused
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ A pass that meets a Redis outage stops until the next one; any other failure of 
 is logged and the others go on; a failed pass never ends the loop.
 
 With several replicas, the pass runs on the leader only (``leadership``: the shape of
-``trellis_common.leadership.Leadership``: ``leading``, and a fencing ``token`` that grows
+``trellis_kube.leadership.Leadership``: ``leading``, and a fencing ``token`` that grows
 with every acquisition). Each pass first takes the rotation fence with its token, and
 every write it makes is fenced (:mod:`trellis_certmanager.claims`): a leader deposed while
 paused has its late writes refused (``cert.rotation_deposed``) and stops the pass. A
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class Leadership(Protocol):
-    """What the pass needs of ``trellis_common.leadership.Leadership``."""
+    """What the pass needs of ``trellis_kube.leadership.Leadership``."""
 
     @property
     def leading(self) -> bool: ...

@@ -12,8 +12,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from trellis_certmanager.domain.keys import KeyAlgorithm
-from trellis_common import jointoken
-from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_port
+from trellis_identity import jointoken
+from trellis_runtime.settings import Ports, ServiceSettings, admin_port, grpc_port
 
 
 class CertManagerSettings(ServiceSettings):

@@ -68,7 +68,7 @@ from trellis_certmanager.domain.records import (
 )
 from trellis_certmanager.domain.revocation import Revocation
 from trellis_certmanager.domain.sealed import Sealer, SealError
-from trellis_common import redisatomic, redisconn, stored
+from trellis_runtime import redisatomic, redisconn, stored
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -288,7 +288,7 @@ class RedisCertificateStore:
 
     async def _acknowledged(self) -> None:
         """Wait until ``min_replicas_ack`` Redis replicas have the writes made so far
-        (:func:`trellis_common.redisconn.replicated`, Redis ``WAIT``), so that a failover
+        (:func:`trellis_runtime.redisconn.replicated`, Redis ``WAIT``), so that a failover
         of the master does not lose them: fewer in time is StoreUnavailable (the caller
         retries; the write may stay on the master)."""
         if self._min_replicas_ack <= 0:

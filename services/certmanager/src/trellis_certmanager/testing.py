@@ -15,7 +15,7 @@ from trellis_certmanager.domain.errors import Deposed, StoreUnavailable
 from trellis_certmanager.domain.records import CertificateRecord
 from trellis_certmanager.domain.revocation import Revocation
 from trellis_certmanager.store import Loaded, LoadedRevocations
-from trellis_common.stored import Rejected
+from trellis_runtime.stored import Rejected
 
 
 class InMemoryCertificateStore:
@@ -119,7 +119,7 @@ def proxy_key() -> PublicKey:
 
 
 class Leadership:
-    """A leadership decided by the test, with the shape of ``trellis_common.leadership``'s
+    """A leadership decided by the test, with the shape of ``trellis_kube.leadership``'s
     (``leading``, a fencing ``token`` that grows with each acquisition, ``run``,
     ``wait_leading``, ``subscribe``): :meth:`acquire` and :meth:`lose` move it."""
 

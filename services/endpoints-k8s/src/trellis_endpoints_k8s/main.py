@@ -1,4 +1,4 @@
-"""endpoints-k8s's process: what it is made of; the skeleton (trellis_common.service) runs it.
+"""endpoints-k8s's process: what it is made of; the skeleton (trellis_runtime.service) runs it.
 
 It reads Kubernetes through the official client: a kubeconfig (``kubeconfig``; a local
 emulator's ``http://`` server is fine) or, in a pod, the in-cluster configuration. It serves
@@ -21,16 +21,16 @@ import asyncio
 import logging
 
 from trellis_api import endpoints_pb2_grpc
-from trellis_common import lifecycle
-from trellis_common.events import RESYNC
-from trellis_common.kube import client as kube
-from trellis_common.leadership import elect_for
-from trellis_common.runtime import ServiceRuntime
-from trellis_common.service import Parts, Service
 from trellis_endpoints_k8s.domain.services import PROVIDER
 from trellis_endpoints_k8s.settings import EndpointsK8sSettings
 from trellis_endpoints_k8s.transport import grpc_api, rest
 from trellis_endpoints_k8s.watcher import Watcher
+from trellis_kube import client as kube
+from trellis_kube.leadership import elect_for
+from trellis_runtime import lifecycle
+from trellis_runtime.events import RESYNC
+from trellis_runtime.runtime import ServiceRuntime
+from trellis_runtime.service import Parts, Service
 
 log = logging.getLogger(__name__)
 

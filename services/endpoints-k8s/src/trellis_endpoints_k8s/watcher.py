@@ -1,9 +1,9 @@
 """What endpoints-k8s knows: informers on the API server, and the services they make.
 
-One informer per kind, across all namespaces (``trellis_common.kube.informer``: list, then
+One informer per kind, across all namespaces (``trellis_kube.informer``: list, then
 watch from the list's resourceVersion, resume a dropped watch, list again after 410 and
 deliver the difference), filtered to the monitored namespaces
-(:class:`~trellis_common.kube.namespaces.MonitoredNamespaces`: a namespace that gains or
+(:class:`~trellis_kube.namespaces.MonitoredNamespaces`: a namespace that gains or
 loses the label brings its services in or takes them out at once). Each change recomputes
 only the services it touches (a slice: its service; a pod: the services whose slices name
 it; a namespace: all of its services) and signals ``endpoints`` (kind ``changed``, key
@@ -25,9 +25,9 @@ from typing import Any
 from kubernetes import client
 
 from trellis_common.changefeed import ChangeFeed
-from trellis_common.kube.informer import Informer, Object
-from trellis_common.kube.namespaces import MonitoredNamespaces
 from trellis_endpoints_k8s.domain.services import ServiceView, service_of_slice, view
+from trellis_kube.informer import Informer, Object
+from trellis_kube.namespaces import MonitoredNamespaces
 
 log = logging.getLogger(__name__)
 

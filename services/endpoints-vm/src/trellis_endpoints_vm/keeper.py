@@ -22,7 +22,7 @@ to that copy goes through one :class:`StoreKeeper`:
 * Heartbeats are written to the heartbeat hash only (the store's docstring says why), so a
   replica never rewrites a registration it may not know the latest of.
 
-The store's state is a :class:`~trellis_common.health.Loop` (``workload-store``): down with
+The store's state is a :class:`~trellis_runtime.health.Loop` (``workload-store``): down with
 the reason and the number of queued writes while Redis is unavailable, so ``/readyz`` and
 ``trellis status`` say why.
 """
@@ -37,9 +37,9 @@ from collections.abc import Callable, Collection, Sequence
 from redis.exceptions import RedisError
 
 from trellis_common.backoff import DEFAULT_BACKOFF, Backoff, RetryCallState, failure, retrying
-from trellis_common.health import Loop, Loops
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.store import CHUNK, WorkloadStore
+from trellis_runtime.health import Loop, Loops
 
 log = logging.getLogger(__name__)
 

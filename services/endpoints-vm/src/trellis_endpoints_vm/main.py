@@ -1,4 +1,4 @@
-"""endpoints-vm's process: what it is made of; the skeleton (trellis_common.service) runs it."""
+"""endpoints-vm's process: what it is made of; the skeleton (trellis_runtime.service) runs it."""
 
 from __future__ import annotations
 
@@ -10,12 +10,6 @@ from typing import Any
 from trellis_api import endpoints_pb2_grpc
 from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
-from trellis_common.kube import client as kube
-from trellis_common.leadership import elect_for
-from trellis_common.lifecycle import run_components
-from trellis_common.onboarding import TokenStore
-from trellis_common.runtime import ServiceRuntime
-from trellis_common.service import Parts, Service
 from trellis_common.specdir import SpecChange, SpecDirectory
 from trellis_endpoints_vm.domain.declarations import from_documents
 from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
@@ -25,6 +19,12 @@ from trellis_endpoints_vm.settings import EndpointsVmSettings
 from trellis_endpoints_vm.store import RedisWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
 from trellis_endpoints_vm.transport.credentials import Credentials
+from trellis_identity.onboarding import TokenStore
+from trellis_kube import client as kube
+from trellis_kube.leadership import elect_for
+from trellis_runtime.lifecycle import run_components
+from trellis_runtime.runtime import ServiceRuntime
+from trellis_runtime.service import Parts, Service
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Declarations:
         )
         self.kube: Any = None
         if settings.kubeconfig is not None or kube.in_cluster():
-            from trellis_common.kube.documents import KubeDocuments
+            from trellis_kube.documents import KubeDocuments
 
             self.kube = KubeDocuments(
                 kube.api_client(settings.kubeconfig),

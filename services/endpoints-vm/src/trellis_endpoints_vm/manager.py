@@ -24,7 +24,7 @@ Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKee
   the control plane could not write.
 * **Reads never touch Redis**: views and listings come from memory, the last known state.
 * **Signals are kept, and never hold a caller long.** The service's
-  :class:`~trellis_common.events.Outbox` keeps a signal Redis does not take and sends it
+  :class:`~trellis_runtime.events.Outbox` keeps a signal Redis does not take and sends it
   when Redis is back. A caller waits for its signals at most ``store_timeout`` (a frozen
   Redis answers nothing until the socket times out); the signal goes on in the background.
 
@@ -53,8 +53,6 @@ from dataclasses import replace
 from redis.exceptions import RedisError
 
 from trellis_common.changefeed import ChangeFeed
-from trellis_common.health import Rejections
-from trellis_common.stored import Refused
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.registry import Change, EndpointRegistry, UnknownWorkload
 from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
@@ -62,6 +60,8 @@ from trellis_endpoints_vm.domain.workloads import Workload, validate
 from trellis_endpoints_vm.keeper import StoreKeeper, StoreUnavailable
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.store import WorkloadStore
+from trellis_runtime.health import Rejections
+from trellis_runtime.stored import Refused
 
 log = logging.getLogger(__name__)
 

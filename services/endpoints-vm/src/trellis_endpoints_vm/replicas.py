@@ -29,9 +29,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from trellis_common.events import Follower
-from trellis_common.signaling import Event
 from trellis_endpoints_vm.manager import CHANGED, EXPIRED, MIRROR, REVIVED, EndpointsManager
+from trellis_runtime.events import Follower
+from trellis_runtime.signaling import Event
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ deregistered (a replica drops it), one missing *without* one was lost with Redis
 a deregistration another replica made.
 
 Registrations and deletions are on ``min_replicas`` Redis replicas (``WAIT``, through
-:func:`trellis_common.redisconn.replicated`) before a write returns, so one that is
+:func:`trellis_runtime.redisconn.replicated`) before a write returns, so one that is
 acknowledged survives a failover; one that is not raises, and the keeper treats it as a
 write Redis did not take. Heartbeats are not waited for: the next one, a second later,
 makes up for one a failover lost.
@@ -44,8 +44,8 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from trellis_common import redisconn, stored
 from trellis_endpoints_vm.domain import workloads
+from trellis_runtime import redisconn, stored
 
 log = logging.getLogger(__name__)
 

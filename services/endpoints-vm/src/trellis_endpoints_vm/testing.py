@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 
-from trellis_common.stored import Rejected
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.store import Loaded
+from trellis_runtime.stored import Rejected
 
 
 class InMemoryWorkloadStore:

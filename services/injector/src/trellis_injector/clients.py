@@ -1,7 +1,7 @@
 """The injector's side of certmanager, the catalog and proxy-cp.
 
 Each service is found at its configured address, else in the service registry
-(:func:`trellis_common.registry.discover`), at every call: onboarding is rare, and a fresh
+(:func:`trellis_runtime.registry.discover`), at every call: onboarding is rare, and a fresh
 lookup follows a service that restarted elsewhere. For the same reason each call opens its
 own channel: a long-lived channel to a service that was down stays in gRPC's reconnect
 backoff for up to two minutes after the service is back.
@@ -25,10 +25,10 @@ from redis.exceptions import RedisError
 from trellis_api import catalog_pb2, catalog_pb2_grpc
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import certmanager_pb2_grpc as cm_grpc
-from trellis_common.kube.injection import Exclusions
-from trellis_common.registry import ServiceRecord, discover
 from trellis_injector.domain.onboarding import MeshSidecar, ProxyCertificate, XdsEndpoint
 from trellis_injector.onboarder import Refused, Unavailable
+from trellis_kube.injection import Exclusions
+from trellis_runtime.registry import ServiceRecord, discover
 
 log = logging.getLogger(__name__)
 

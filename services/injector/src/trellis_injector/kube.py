@@ -29,8 +29,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trellis_common.kube import objects
 from trellis_injector.metrics import InjectorMetrics
+from trellis_kube import objects
 
 log = logging.getLogger(__name__)
 

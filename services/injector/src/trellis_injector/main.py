@@ -1,4 +1,4 @@
-"""injector's process: what it is made of; the skeleton (trellis_common.service) runs it.
+"""injector's process: what it is made of; the skeleton (trellis_runtime.service) runs it.
 
 It serves the onboarding REST API on the admin port (proxies onboarded for their CSR, with
 the admin token or a scoped onboarding token; the tokens themselves, kept in Redis as
@@ -16,11 +16,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from trellis_common import lifecycle
-from trellis_common.kube import client as kube_client
-from trellis_common.onboarding import TokenStore
-from trellis_common.runtime import ServiceRuntime
-from trellis_common.service import Parts, Service
+from trellis_identity.onboarding import TokenStore
 from trellis_injector.clients import (
     CATALOG,
     CERTMANAGER,
@@ -36,6 +32,10 @@ from trellis_injector.onboarder import Onboarder
 from trellis_injector.settings import InjectorSettings
 from trellis_injector.sidecars import PodAgents, SidecarInjector
 from trellis_injector.transport import rest, webhook
+from trellis_kube import client as kube_client
+from trellis_runtime import lifecycle
+from trellis_runtime.runtime import ServiceRuntime
+from trellis_runtime.service import Parts, Service
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -76,8 +76,8 @@ async def build(runtime: ServiceRuntime, settings: InjectorSettings) -> Parts:
         # the Kubernetes client is imported only where there is an API server to talk to
         from kubernetes import client as kube
 
-        from trellis_common.kube.namespaces import MonitoredNamespaces
         from trellis_injector.kube import CaBundleSync
+        from trellis_kube.namespaces import MonitoredNamespaces
 
         namespaces = MonitoredNamespaces(
             kube.CoreV1Api(api), settings.mesh_name, watch_timeout=settings.watch_timeout

@@ -26,8 +26,8 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import AfterValidator, Field
 
 from trellis_common import ids
-from trellis_common.kube.injection import WEBHOOK_CONFIGURATION
-from trellis_common.settings import (
+from trellis_kube.injection import WEBHOOK_CONFIGURATION
+from trellis_runtime.settings import (
     Ports,
     ServiceSettings,
     admin_port,

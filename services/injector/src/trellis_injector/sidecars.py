@@ -41,7 +41,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from trellis_common.kube import injection
 from trellis_injector.domain import admission
 from trellis_injector.domain.admission import Review
 from trellis_injector.domain.injection import (
@@ -62,6 +61,7 @@ from trellis_injector.domain.onboarding import (
 )
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.onboarder import Refused, Unavailable
+from trellis_kube import injection
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from prometheus_client import Counter
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import proxy_pb2 as pb
 from trellis_api import proxy_pb2_grpc as pb_grpc
-from trellis_common.locate import OwnerUnavailable
+from trellis_runtime.locate import OwnerUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from trellis_common.health import Rejections
 from trellis_proxy_cp import types
 from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.metrics import XdsMetrics
 from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused
 from trellis_proxy_cp.types import TypeUrl
+from trellis_runtime.health import Rejections
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""proxy-cp's process: what it is made of; the skeleton (trellis_common.service) runs it.
+"""proxy-cp's process: what it is made of; the skeleton (trellis_runtime.service) runs it.
 
 Finds the catalog and certmanager through locators (settings, else the service registry),
 then serves ADS (state of the world and delta, mTLS required), proxy certificate renewal on
@@ -20,9 +20,6 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from trellis_common.grpcserver import DEFAULT_OPTIONS, GrpcServer
-from trellis_common.runtime import ServiceRuntime
-from trellis_common.service import Parts, Service
 from trellis_proxy_cp.authorizer import MeshAuthorizer, end_revoked
 from trellis_proxy_cp.cache.store import SnapshotCache
 from trellis_proxy_cp.clients.catalog import CatalogClient
@@ -55,6 +52,9 @@ from trellis_proxy_cp.transport.ads import SERVICE as ADS_SERVICE
 from trellis_proxy_cp.transport.ads import AdsServicer
 from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streams import StreamRegistry
+from trellis_runtime.grpcserver import DEFAULT_OPTIONS, GrpcServer
+from trellis_runtime.runtime import ServiceRuntime
+from trellis_runtime.service import Parts, Service
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from trellis_common.metrics import MetricFactory
+from trellis_runtime.metrics import MetricFactory
 
 
 class XdsMetrics:

@@ -29,9 +29,9 @@ from prometheus_client import Counter
 from trellis_api import certmanager_pb2 as cm
 from trellis_api import proxy_pb2 as pb
 from trellis_api import proxy_pb2_grpc as pb_grpc
-from trellis_common.locate import OwnerUnavailable
 from trellis_proxy_cp.authorizer import PresentedProxy, peer_common_name
 from trellis_proxy_cp.transport.streams import StreamRefused
+from trellis_runtime.locate import OwnerUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from trellis_common.settings import Ports, ServiceSettings, admin_port, grpc_port
+from trellis_runtime.settings import Ports, ServiceSettings, admin_port, grpc_port
 
 
 class ProxyCpSettings(ServiceSettings):

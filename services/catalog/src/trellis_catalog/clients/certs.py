@@ -1,7 +1,7 @@
 """The catalog's side of certmanager: service certificates for the identities with proxies.
 
 The design's Mesh Catalog asks the Certificate Manager for a certificate for every service
-that joins. Both parts reach certmanager through one :class:`~trellis_common.locate.Locator`
+that joins. Both parts reach certmanager through one :class:`~trellis_runtime.locate.Locator`
 (its configured address, else the registry):
 
 * :class:`CertificateFollower` is the catalog's follower of the ``certificates`` topic (one
@@ -34,12 +34,13 @@ from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
 from trellis_catalog.catalog import Catalog, CertificateRef, UnknownProxy
 from trellis_catalog.domain.model.views import Identity
-from trellis_common import ids, lifecycle
-from trellis_common.events import Follower
-from trellis_common.follow import follow_forever
-from trellis_common.health import Health, Rejections
-from trellis_common.locate import Locator
-from trellis_common.signaling import Event
+from trellis_common import ids
+from trellis_runtime import lifecycle
+from trellis_runtime.events import Follower
+from trellis_runtime.follow import follow_forever
+from trellis_runtime.health import Health, Rejections
+from trellis_runtime.locate import Locator
+from trellis_runtime.signaling import Event
 
 log = logging.getLogger(__name__)
 

@@ -57,11 +57,11 @@ from trellis_catalog.clients.provider_reports import InvalidReport, from_proto
 from trellis_catalog.domain.index.services import ProvidedService
 from trellis_common import components
 from trellis_common.backoff import Backoff
-from trellis_common.events import Follower
-from trellis_common.follow import describe
-from trellis_common.health import Health, Loop
-from trellis_common.registry import REGISTRY_TOPIC, ServiceRecord, discover
-from trellis_common.signaling import Event
+from trellis_runtime.events import Follower
+from trellis_runtime.follow import describe
+from trellis_runtime.health import Health, Loop
+from trellis_runtime.registry import REGISTRY_TOPIC, ServiceRecord, discover
+from trellis_runtime.signaling import Event
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ catalog replica; the cursors and the ``revision`` fields are the answering repli
 (see :mod:`trellis_catalog.catalog`). The messages are made in :mod:`.protos`.
 
 Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
-service's :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
+service's :class:`~trellis_runtime.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
 field, logged, counted and shown in ``/v1/status``.
 """
 
@@ -37,9 +37,9 @@ from trellis_catalog.transport.protos import (
     policy_proto,
     to_proto,
 )
-from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
-from trellis_common.health import Rejections
 from trellis_common.model import MeshService
+from trellis_runtime.grpcrequests import InvalidField, RequestGate, rpc
+from trellis_runtime.health import Rejections
 from trellis_spec.mesh import MeshSpec
 
 __all__ = ["SERVICE_NAME", "CatalogServicer", "to_proto"]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from trellis_api import catalog_pb2 as pb
 from trellis_catalog.domain.model.views import Identity
-from trellis_common import grpcrequests as check
 from trellis_common.model import MeshService, ServiceAccount
+from trellis_runtime import grpcrequests as check
 
 _HEX = frozenset("0123456789abcdef")
 

@@ -8,7 +8,7 @@ not renew together: the seed's thundering-herd rule. Proxy certificates are long
 identify one proxy to proxy-cp: CN ``<proxy-uuid>.<service>.<namespace>``; they are signed
 for the public key of the proxy's CSR, never for a key made here. Component certificates
 are the only leaves in the control plane's namespace (``trellis-system``): a client that
-checks a component's DNS name has checked its identity (``trellis_common.servercheck``).
+checks a component's DNS name has checked its identity (``trellis_identity.servercheck``).
 
 Each leaf is encoded from this CA's :class:`~trellis_certmanager.domain.template.LeafTemplate`
 (what every leaf shares, encoded once) rather than by ``x509.CertificateBuilder``: the

@@ -3,7 +3,7 @@
 Maps the protobuf API onto :class:`~trellis_certmanager.manager.CertificateManager`, and
 errors onto status codes. Every request is checked first (:mod:`.grpc_requests`); a bad
 field, or the domain's InvalidRequest, is refused through the service's
-:class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the field,
+:class:`~trellis_runtime.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the field,
 logged, counted and shown in ``/v1/status``. NotFound is NOT_FOUND; a service certificate
 asked for in the control plane's namespace is PERMISSION_DENIED (the manager logs and
 counts it with the caller's SPIFFE id): its names are the components'. Keys leave only in the
@@ -41,10 +41,10 @@ from trellis_certmanager.enrollment import EnrollmentRefused, ProxyEnrollment
 from trellis_certmanager.identities import ComponentIssuer
 from trellis_certmanager.manager import CertificateManager
 from trellis_certmanager.transport import grpc_requests
-from trellis_common.authz import caller
-from trellis_common.grpcrequests import InvalidField, RequestGate, rpc
-from trellis_common.health import Rejections
 from trellis_common.ids import InvalidIdentifier
+from trellis_identity.authz import caller
+from trellis_runtime.grpcrequests import InvalidField, RequestGate, rpc
+from trellis_runtime.health import Rejections
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from trellis_certmanager.domain.errors import InvalidRequest
 from trellis_certmanager.domain.issuer import MIN_VALIDITY
 from trellis_certmanager.domain.records import CertificateKind
 from trellis_certmanager.domain.renewal import Renewal
-from trellis_common import grpcrequests as check
 from trellis_common.ids import ProxyCommonName, ProxyId
 from trellis_common.model import MeshService
+from trellis_runtime import grpcrequests as check
 
 _ISSUED_KINDS: Final[Mapping[int, str]] = {
     pb.CERTIFICATE_KIND_SERVICE: "CERTIFICATE_KIND_SERVICE",

@@ -17,11 +17,11 @@ import grpc
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_common import grpcrequests as check
-from trellis_common.grpcrequests import RequestGate, rpc
-from trellis_common.health import Rejections
 from trellis_endpoints_k8s.domain.services import PROVIDER, ServiceView
 from trellis_endpoints_k8s.watcher import Key, Watcher
+from trellis_runtime import grpcrequests as check
+from trellis_runtime.grpcrequests import RequestGate, rpc
+from trellis_runtime.health import Rejections
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EndpointsProvider"].full_name

@@ -1,7 +1,7 @@
 """Who may register, heartbeat and deregister a workload, and the refusals of all others.
 
 * **Register** (``POST /v1/workloads``): the admin token, or an onboarding token scoped to the
-  workload's namespace, service and service account (:mod:`trellis_common.onboarding`; the
+  workload's namespace, service and service account (:mod:`trellis_identity.onboarding`; the
   injector makes them, endpoints-vm reads them from Redis), for as many new workloads as it
   allows (uses counted here). A scoped token may not take over a workload of that name
   registered under another service account, nor register a workload for a service whose
@@ -26,17 +26,17 @@ from __future__ import annotations
 import enum
 import logging
 
-from trellis_common import onboarding
-from trellis_common.tokens import AdminToken
 from trellis_endpoints_vm.domain.workloads import Workload, holds_token
 from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_identity import onboarding
+from trellis_identity.tokens import AdminToken
 
 log = logging.getLogger(__name__)
 
 
 class Reason(enum.StrEnum):
     """Refusals of heartbeat and deregistration credentials (registration's are
-    :class:`~trellis_common.onboarding.Refusal`)."""
+    :class:`~trellis_identity.onboarding.Refusal`)."""
 
     NO_TOKEN = "no-token"
     ADMIN_TOKEN = "admin-token"  # not a workload's credential

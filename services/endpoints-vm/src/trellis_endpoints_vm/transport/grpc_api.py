@@ -8,7 +8,7 @@ the service is gone) and lists with ``ListServices``. ``revision`` in the answer
 manager's count of changes since this process started, for logs and status.
 
 Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
-service's :class:`~trellis_common.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
+service's :class:`~trellis_runtime.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the
 field, logged, counted and shown in ``/v1/status``.
 """
 
@@ -22,12 +22,12 @@ import grpc
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_common import messages
-from trellis_common.grpcrequests import RequestGate, rpc
-from trellis_common.health import Rejections
 from trellis_common.memo import Members
 from trellis_endpoints_vm.domain.views import EndpointInfo, ServiceKey, ServiceView
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.transport import grpc_requests
+from trellis_runtime.grpcrequests import RequestGate, rpc
+from trellis_runtime.health import Rejections
 
 Context = grpc.aio.ServicerContext[Any, Any]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EndpointsProvider"].full_name

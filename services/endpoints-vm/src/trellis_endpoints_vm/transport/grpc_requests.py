@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Final
 
 from trellis_api import endpoints_pb2 as pb
-from trellis_common import grpcrequests as check
 from trellis_common import ids
 from trellis_endpoints_vm.domain.views import ServiceKey
+from trellis_runtime import grpcrequests as check
 
 _WILDCARD: Final = "*."
 

@@ -23,11 +23,11 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from trellis_common import onboarding
 from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload, new_heartbeat_token
 from trellis_endpoints_vm.manager import EndpointsManager, StoreUnavailable, UnknownWorkload
 from trellis_endpoints_vm.transport.credentials import Credentials, Refused
+from trellis_identity import onboarding
 
 _bearer = HTTPBearer(auto_error=False)
 

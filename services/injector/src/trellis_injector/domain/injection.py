@@ -37,13 +37,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from trellis_common.bootstrap import STATS_PATH, sidecar_args
-from trellis_common.kube import injection
 from trellis_injector.domain import iptables, probes
 from trellis_injector.domain.onboarding import (
     BOOTSTRAP_FILE,
     InvalidOnboarding,
     ProxyRequest,
 )
+from trellis_kube import injection
 
 VOLUME: Final = "trellis-proxy"
 TOKEN_VOLUME: Final = "trellis-token"

@@ -21,7 +21,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Final
 
-from trellis_common.kube.injection import Exclusions
+from trellis_kube.injection import Exclusions
 
 PROXY_UID: Final = 1337
 

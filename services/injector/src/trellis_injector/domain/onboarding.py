@@ -36,7 +36,7 @@ from trellis_common.bootstrap import (
     node_locality,
 )
 from trellis_common.grpc_bootstrap import GrpcFolder, grpc_bootstrap
-from trellis_common.kube.injection import Exclusions
+from trellis_kube.injection import Exclusions
 
 AdsProtocol = Literal["sotw", "delta"]
 PROTOCOLS: Final[tuple[str, ...]] = get_args(AdsProtocol)

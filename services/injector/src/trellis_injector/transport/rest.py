@@ -3,7 +3,7 @@
 The body carries the proxy's CSR (``csr_pem``): the proxy made its key on its own host, and
 the answer (certificate, trust bundle, bootstrap) carries no private key. The route needs
 the admin token, or an onboarding token scoped to the body's namespace and service account
-(:mod:`trellis_common.onboarding`); any other credential gets 401/403 naming why, and the
+(:mod:`trellis_identity.onboarding`); any other credential gets 401/403 naming why, and the
 refusal is logged (``onboard.refused reason=... token_id=...``, never the token) and
 counted (``trellis_injector_onboarding_refusals_total{reason}``). The answer is still
 marked ``Cache-Control: no-store``. A body that is not acceptable gets 422 with ``field``
@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from trellis_common import onboarding
-from trellis_common.tokens import AdminToken
+from trellis_identity import onboarding
+from trellis_identity.tokens import AdminToken
 from trellis_injector.domain.onboarding import (
     MAX_CSR_BYTES,
     PORT_MAX,

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from trellis_common import onboarding
+from trellis_identity import onboarding
 from trellis_injector.metrics import InjectorMetrics
 
 log = logging.getLogger(__name__)

@@ -36,11 +36,11 @@ from cryptography import x509
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from trellis_common import admin
-from trellis_common.identity import ComponentIdentity
+from trellis_identity.identity import ComponentIdentity
 from trellis_injector.domain.admission import MalformedReview, parse_review, parse_timeout
 from trellis_injector.metrics import InjectorMetrics
 from trellis_injector.sidecars import SidecarInjector
+from trellis_runtime import admin
 
 log = logging.getLogger(__name__)
 

@@ -46,14 +46,14 @@ import grpc
 
 from trellis_api import catalog_pb2 as pb
 from trellis_api import catalog_pb2_grpc as pb_grpc
-from trellis_common import lifecycle
-from trellis_common.follow import follow_forever
-from trellis_common.health import Health
-from trellis_common.locate import Locator, OwnerUnavailable
 from trellis_proxy_cp.cache.inputs import Inputs, slice_names
 from trellis_proxy_cp.clients import owners
 from trellis_proxy_cp.clients.destinations import DestinationTable
 from trellis_proxy_cp.clients.expected import Expectation, ExpectationTiming, ExpectedProxies
+from trellis_runtime import lifecycle
+from trellis_runtime.follow import follow_forever
+from trellis_runtime.health import Health
+from trellis_runtime.locate import Locator, OwnerUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -36,15 +36,15 @@ import grpc
 
 from trellis_api import certmanager_pb2 as pb
 from trellis_api import certmanager_pb2_grpc as pb_grpc
-from trellis_common.events import Follower
-from trellis_common.health import Health
 from trellis_common.ids import InvalidIdentifier, ProxyCommonName, ServiceCommonName
-from trellis_common.locate import Locator
-from trellis_common.signaling import Event
 from trellis_proxy_cp.clients import owners
 from trellis_proxy_cp.clients.expected import Expectation
 from trellis_proxy_cp.clients.revoked import RevokedSerials
 from trellis_proxy_cp.translate.secrets import SecretMaterial
+from trellis_runtime.events import Follower
+from trellis_runtime.health import Health
+from trellis_runtime.locate import Locator
+from trellis_runtime.signaling import Event
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from trellis_common.follow import describe
+from trellis_runtime.follow import describe
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One call to the service that owns some state, through its :class:`Locator`.
 
 proxy-cp fetches from two owners (the catalog, certmanager) and finds each with a
-:class:`~trellis_common.locate.Locator` (an address from the settings, else the service
+:class:`~trellis_runtime.locate.Locator` (an address from the settings, else the service
 registry). Every call goes the same way: a stub on the locator's channel, and on an RPC
 error the locator is told (``UNAVAILABLE``: look the owner up again next time) before the
 error goes on to the caller, which decides whether to retry or resync.
@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import grpc
 
-from trellis_common.locate import Locator
+from trellis_runtime.locate import Locator
 
 T = TypeVar("T")
 

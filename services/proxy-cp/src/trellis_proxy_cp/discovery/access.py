@@ -55,9 +55,9 @@ from typing import Any
 import grpc
 
 from trellis_api import catalog_pb2 as cpb
-from trellis_common.locate import OwnerUnavailable
 from trellis_proxy_cp.authorizer import PresentedProxy
 from trellis_proxy_cp.transport.streams import StreamRefused
+from trellis_runtime.locate import OwnerUnavailable
 
 log = logging.getLogger(__name__)
 

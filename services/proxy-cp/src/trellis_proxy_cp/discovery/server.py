@@ -62,14 +62,14 @@ from trellis_api.conduit.proxy.destination import destination_pb2 as conduit
 from trellis_api.conduit.proxy.destination import destination_pb2_grpc as conduit_grpc
 from trellis_api.linkerd import destination_pb2 as dpb
 from trellis_api.linkerd import destination_pb2_grpc as dpb_grpc
-from trellis_common.health import Rejections
-from trellis_common.metrics import MetricFactory
 from trellis_proxy_cp.authorizer import peer_common_name
 from trellis_proxy_cp.clients.destinations import EVERYTHING, DestinationTable
 from trellis_proxy_cp.discovery.access import Access, Caller, ViewUnavailable
 from trellis_proxy_cp.discovery.updates import NOTHING, Resolved, get_updates, to_conduit
 from trellis_proxy_cp.translate import linkerd
 from trellis_proxy_cp.transport.streams import StreamRefused
+from trellis_runtime.health import Rejections
+from trellis_runtime.metrics import MetricFactory
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import redis.asyncio
 from google.protobuf.message import Message
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.locate import Locator
-from trellis_common.signaling import Publisher
 from trellis_proxy_cp.cache import inputs
+from trellis_runtime.locate import Locator
+from trellis_runtime.signaling import Publisher
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _epochs = itertools.count(1)

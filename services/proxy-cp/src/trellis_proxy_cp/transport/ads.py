@@ -53,7 +53,7 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ign
         self.DeltaAggregatedResources = delta.DeltaAggregatedResources
 
     def register(self, server: grpc.aio.Server) -> None:
-        """Add this servicer to ``server`` (a ``trellis_common.grpcserver`` registration):
+        """Add this servicer to ``server`` (a ``trellis_runtime.grpcserver`` registration):
         as the generated code does, except that a response may also be bytes, already
         serialized (the state-of-the-world streams share a type's serialized response,
         :meth:`~trellis_proxy_cp.cache.snapshot.Snapshot.response`)."""
