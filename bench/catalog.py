@@ -147,7 +147,7 @@ def _measure(
     declared = meshspec.build(documents).services
 
     def build() -> Catalog:
-        catalog = Catalog(_announce, trust_domain=TRUST_DOMAIN)
+        catalog = Catalog(trust_domain=TRUST_DOMAIN)
         catalog.set_documents(documents, [])
         catalog.set_provider_services(mesh.PROVIDER, synthetic.reports)
         for proxy in synthetic.proxies:
@@ -226,7 +226,7 @@ def _worst_stall(documents: Sequence[Document], synthetic: mesh.Mesh) -> float:
         gc.freeze()
         prober = asyncio.create_task(probe())
         await asyncio.sleep(STALL_PROBE * 5)
-        catalog = Catalog(_announce, trust_domain=TRUST_DOMAIN, freeze_heap=True)
+        catalog = Catalog(trust_domain=TRUST_DOMAIN, freeze_heap=True)
         catalog.set_documents(documents, [])
         await asyncio.sleep(0)
         catalog.set_provider_services(mesh.PROVIDER, synthetic.reports)
@@ -248,10 +248,6 @@ def _worst_stall(documents: Sequence[Document], synthetic: mesh.Mesh) -> float:
 
 def _parse(registry: KindRegistry, raws: Sequence[mesh.Raw]) -> list[Document]:
     return [registry.parse(raw, Origin(ORIGIN, i)) for i, raw in enumerate(raws)]
-
-
-async def _announce(kind: str, detail: str) -> int:
-    return 0
 
 
 def _repeat_for(op: Callable[[], object], seconds: float) -> None:

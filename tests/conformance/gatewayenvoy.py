@@ -194,11 +194,8 @@ def _echoed(status: int, headers: httpx.Headers, content: bytes) -> Echoed:
 def view_of(raws: list[dict[str, Any]], gateway: Identity) -> pb.View:
     """The gateway identity's view as the catalog serves it."""
 
-    async def announce(kind: str, key: str) -> int:
-        return 0
-
     found = documents(raws)
-    catalog = Catalog(announce)
+    catalog = Catalog()
     catalog.set_documents(found, [])
     catalog.set_provider_services("k8s", reports(meshspec.build(found)))
     catalog.flush()

@@ -14,11 +14,9 @@ import pytest
 
 from trellis_api import catalog_pb2, catalog_pb2_grpc, certmanager_pb2, certmanager_pb2_grpc
 from trellis_identity.identity import csr_for, new_key
-from trellis_runtime.subscriber import Subscriber
 from trellis_testing import RedisServer, eventually
 from trellis_testing import services as service_processes
 from trellis_testing.services import ServiceProcess, trellis
-from trellis_testing.signaling import RecordingReceiver, running
 
 PROXY_CSR = csr_for(new_key()[1], "a proxy")  # a proxy made its key; certmanager signs it
 
@@ -205,33 +203,46 @@ async def test_views_follow_providers_policies_and_certificates(
     )
 
 
-async def test_views_signal_their_cursor_and_the_policy_cli(
-    mesh: dict[str, ServiceProcess], state_dir: Path, spec_dir: Path, redis_server: RedisServer
+async def test_a_watch_hears_each_flush_and_the_policy_cli(
+    mesh: dict[str, ServiceProcess], state_dir: Path, spec_dir: Path
 ) -> None:
+    """proxy-cp's watch of the catalog (WatchChanges) over mTLS, as proxy-cp: everything
+    first, then a registration's flush, with the moved destination inline."""
     catalog = mesh["catalog"]
     async with catalog.channel("proxy-cp") as channel:
         stub = catalog_pb2_grpc.CatalogStub(channel)
-        before = await stub.ListChanges(catalog_pb2.ListChangesRequest())
-        assert before.full
-        receiver = RecordingReceiver()
-        views = Subscriber(redis_server.url, ["views"], receiver.on_event, receiver.on_resync)
-        async with running(views):
+        watch = stub.WatchChanges(catalog_pb2.ListChangesRequest())
+        try:
+            before = await asyncio.wait_for(watch.read(), 10)
+            assert isinstance(before, catalog_pb2.ListChangesResponse)
+            assert before.full
             register(state_dir, "v1-a", "bookstore-v1", 8081)
-            await eventually(lambda: receiver.events, timeout=10, message="the views signal")
-        signal = receiver.events[0]
-        assert (signal.kind, signal.sender) == ("changed", "catalog")
-        epoch, _, revision = signal.key.rpartition("-")
-        assert epoch == before.cursor.rpartition("-")[0]
-        assert int(revision) > int(before.cursor.rpartition("-")[2])
-        changed = await stub.ListChanges(catalog_pb2.ListChangesRequest(since=before.cursor))
-        assert not changed.full
+            wanted = {"destination/bookstore/bookstore-v1", "policy/bookstore/bookstore-v1"}
+            moved: dict[str, str] = {}
+            inline: dict[str, str] = {}
+            answers: list[catalog_pb2.ListChangesResponse] = []
+            async with asyncio.timeout(10):
+                while not wanted <= set(moved):  # one flush, or a few as inputs arrive
+                    answer = await watch.read()
+                    assert isinstance(answer, catalog_pb2.ListChangesResponse)
+                    answers.append(answer)
+                    moved |= {c.name: c.version for c in answer.changes}
+                    inline |= {r.name: r.version for r in answer.resources}
+        finally:
+            watch.cancel()
+        # each answer is what moved since the one before, after the first (full) one
+        cursors = [before.cursor] + [a.cursor for a in answers]
+        epoch = before.cursor.rpartition("-")[0]
+        assert all(c.rpartition("-")[0] == epoch for c in cursors)
+        revisions = [int(c.rpartition("-")[2]) for c in cursors]
+        assert revisions == sorted(set(revisions))
+        assert not any(a.full for a in answers)
         # bookstore-v1's first endpoint: its destination moved (and its own policy: a
         # service with endpoints is reachable), each listed with its new version
-        moved = {c.name: c.version for c in changed.changes}
-        assert {"destination/bookstore/bookstore-v1", "policy/bookstore/bookstore-v1"} <= set(
-            moved
-        ), moved
-        assert all(moved.values())
+        assert all(moved[n] for n in wanted), moved
+        destination = "destination/bookstore/bookstore-v1"
+        assert inline[destination] == moved[destination]  # inline, at the listed version
+        assert not [n for n in inline if n.startswith("policy/")]  # policies are fetched
         allowed = await stub.CheckPolicy(
             catalog_pb2.CheckPolicyRequest(
                 source_namespace="bookbuyer",

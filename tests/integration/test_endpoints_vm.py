@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 import redis
@@ -19,8 +18,6 @@ from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_identity import tokens
 from trellis_runtime.registry import ServiceRecord, discover
-from trellis_runtime.signaling import Event
-from trellis_runtime.subscriber import Subscriber
 from trellis_testing import RedisServer, eventually
 from trellis_testing.services import ServiceProcess, trellis
 
@@ -216,22 +213,14 @@ async def test_spec_directory_is_watched_and_a_broken_file_keeps_the_last_good_v
     await eventually(lambda: services(endpoints_vm) == {}, timeout=5)
 
 
-async def test_a_consumer_hears_each_change_from_the_provider_in_the_registry_and_fetches_it(
+async def test_the_catalog_s_watch_hears_each_change_from_the_provider_in_the_registry(
     endpoints_vm: ServiceProcess, redis_server: RedisServer, state_dir: Path
 ) -> None:
-    """The contract of the topic ``endpoints``: key "<namespace>/<service>", the sender the
-    name of the provider's registry record (kind ``endpoints-provider``), GetService there."""
-    heard: asyncio.Queue[Event] = asyncio.Queue()
-
-    async def resync(topic: str) -> None:
-        """A consumer would ListServices here; this one looks at the events."""
-
-    subscriber = Subscriber(redis_server.url, ["endpoints"], heard.put, resync)
-    stop = asyncio.Event()
-    listening = asyncio.create_task(subscriber.run(stop))
+    """The contract the catalog follows a provider by: found in the registry (kind
+    ``endpoints-provider``), watched over mTLS as the catalog (``WatchServices``): every
+    service first, then each change, a service gone as ``removed``."""
     client = redis.asyncio.Redis.from_url(redis_server.url)
     try:
-        await asyncio.wait_for(subscriber.ready.wait(), 10)
 
         async def provider() -> ServiceRecord | None:
             found = await discover(client, "endpoints-provider")
@@ -239,28 +228,36 @@ async def test_a_consumer_hears_each_change_from_the_provider_in_the_registry_an
 
         record = await eventually(provider, timeout=10, message="endpoints-vm in the registry")
         assert record is not None
+        assert record.grpc_address == endpoints_vm.endpoint.grpc_address
         async with (
             admin(endpoints_vm, state_dir) as http,
             endpoints_vm.channel("catalog") as channel,
         ):
-            stub = pb_grpc.EndpointsProviderStub(channel)
-            request = pb.GetServiceRequest(service=pb.ServiceRef(namespace="shop", name="web"))
-            created = await http.post("/v1/workloads", json=registration("web-1", "10.4.0.1"))
-            assert created.status_code == 201, created.text
-            event = await asyncio.wait_for(heard.get(), 10)
-            assert (event.kind, event.key, event.sender) == ("changed", "shop/web", record.name)
-            fetched = await stub.GetService(request)
-            assert [e.address for e in fetched.endpoints] == ["10.4.0.1"]
+            watch = pb_grpc.EndpointsProviderStub(channel).WatchServices(pb.ListServicesRequest())
 
-            assert (await http.delete("/v1/workloads/shop/web-1")).status_code == 204
-            event = await asyncio.wait_for(heard.get(), 10)
-            assert (event.kind, event.key, event.sender) == ("removed", "shop/web", record.name)
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stub.GetService(request)
-            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            async def answer() -> pb.ServiceChanges:
+                found = await asyncio.wait_for(watch.read(), 10)
+                assert isinstance(found, pb.ServiceChanges), found
+                return found
+
+            try:
+                first = await answer()
+                assert first.full
+                assert "web" not in {s.info.service.name for s in first.services}
+                created = await http.post("/v1/workloads", json=registration("web-1", "10.4.0.1"))
+                assert created.status_code == 201, created.text
+                changed = await answer()
+                assert [
+                    (s.info.service.namespace, s.info.service.name) for s in changed.services
+                ] == [("shop", "web")]
+                assert [e.address for e in changed.services[0].endpoints] == ["10.4.0.1"]
+
+                assert (await http.delete("/v1/workloads/shop/web-1")).status_code == 204
+                gone = await answer()
+                assert [(r.namespace, r.name) for r in gone.removed] == [("shop", "web")]
+            finally:
+                watch.cancel()
     finally:
-        stop.set()
-        await listening
         await client.aclose()
 
 

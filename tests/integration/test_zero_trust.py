@@ -15,7 +15,7 @@ logs held before it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,20 @@ _SHOP = certmanager_pb2.MeshService(namespace="shop", name="cart")
 _CN = "00000000-0000-4000-8000-000000000001.cart.shop"
 
 
+def _first(stream: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """A server-streaming RPC (a watch) called as a unary one: its first answer, or its
+    error (a refusal comes before any answer)."""
+
+    async def unary(request: Any, timeout: float) -> Any:
+        call = stream(request, timeout=timeout)
+        try:
+            return await call.read()
+        finally:
+            call.cancel()
+
+    return unary
+
+
 def _cm(method: str, request: Any) -> tuple[str, Callable[[grpc.aio.Channel], Any], Any]:
     return (
         "certmanager",
@@ -200,6 +214,16 @@ CALLS: dict[str, tuple[str, Callable[[grpc.aio.Channel], Any], Any]] = {
             ("GetSidecarSettings", catalog_pb2.GetSidecarSettingsRequest()),
         ]
     },
+    CATALOG + "WatchChanges": (
+        "catalog",
+        lambda ch: _first(catalog_pb2_grpc.CatalogStub(ch).WatchChanges),
+        catalog_pb2.ListChangesRequest(),
+    ),
+    PROVIDER + "WatchServices": (
+        "endpoints-vm",
+        lambda ch: _first(endpoints_pb2_grpc.EndpointsProviderStub(ch).WatchServices),
+        endpoints_pb2.ListServicesRequest(),
+    ),
     **{
         PROVIDER + name: (
             "endpoints-vm",

@@ -40,3 +40,12 @@ async def test_no_keys_is_no_change() -> None:
         assert not waiting.done()
         feed.changed(["z"])
         assert await asyncio.wait_for(waiting, 1) == ["z"]
+
+
+def test_take_drains_without_waiting() -> None:
+    feed: ChangeFeed[str] = ChangeFeed()
+    with feed.watch() as watch:
+        assert watch.take() == []
+        feed.changed(["a", "b", "a"])
+        assert watch.take() == ["a", "b"]
+        assert watch.take() == []

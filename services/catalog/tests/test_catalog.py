@@ -37,34 +37,12 @@ def provided(name: str, *addresses: str, port: int = 8081) -> ProvidedService:
     )
 
 
-class Bell:
-    """The ``views`` signals the catalog sends: (kind, key) each. Clear ``open`` to hold
-    an announce in flight (a slow Redis)."""
-
-    def __init__(self) -> None:
-        self.signals: list[tuple[str, str]] = []
-        self.rang = asyncio.Event()
-        self.open = asyncio.Event()
-        self.open.set()
-
-    async def __call__(self, kind: str, key: str) -> int:
-        await self.open.wait()
-        self.signals.append((kind, key))
-        self.rang.set()
-        return len(self.signals)
-
-
-@pytest.fixture
-def bell() -> Bell:
-    return Bell()
-
-
-def bookstore_catalog(bell: Bell, spec: Path = ROOT / "examples" / "bookstore") -> Catalog:
+def bookstore_catalog(spec: Path = ROOT / "examples" / "bookstore") -> Catalog:
     """The bookstore's documents (from ``spec``), both bookstore versions reported,
     bookbuyer's and bookthief's proxies expected, flushed."""
     documents, errors = load_paths([spec], kinds())
     assert not errors
-    catalog = Catalog(bell)
+    catalog = Catalog()
     catalog.set_documents(documents, errors)
     catalog.set_provider_services(
         "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
@@ -76,8 +54,8 @@ def bookstore_catalog(bell: Bell, spec: Path = ROOT / "examples" / "bookstore") 
 
 
 @pytest.fixture
-def catalog(bell: Bell) -> Catalog:
-    return bookstore_catalog(bell)
+def catalog() -> Catalog:
+    return bookstore_catalog()
 
 
 def test_first_flush_versions_every_identity(catalog: Catalog) -> None:
@@ -218,60 +196,56 @@ def test_a_certificate_rotation_does_not_reversion_the_view(catalog: Catalog) ->
     assert catalog.certificates[BUYER] == ref  # the issuer's state, kept
 
 
-async def test_a_lone_change_is_flushed_at_once_with_no_quiet_period(
-    catalog: Catalog, bell: Bell
-) -> None:
+async def test_a_lone_change_is_flushed_at_once_with_no_quiet_period(catalog: Catalog) -> None:
+    cursor = catalog.resources.cursor
     stop = asyncio.Event()
     loop = asyncio.create_task(catalog.run(stop))
     await asyncio.sleep(0)  # the loop waits for inputs
+    watcher = asyncio.create_task(catalog.moved_after(cursor))  # as WatchChanges waits
     catalog.update_provider_service(
         "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.9.9")
     )
     # a handful of turns of the event loop and no time: no timer stands between an input
-    # and its flush (the old debounce waited 20 ms of quiet, up to 200 ms under churn)
+    # and its flush (the old debounce waited 20 ms of quiet, up to 200 ms under churn), and
+    # the flush wakes the watcher
     for _ in range(5):
         await asyncio.sleep(0)
-    assert bell.signals, "the change waited for something"
+    assert watcher.done(), "the change waited for something"
     assert catalog.clusters["bookstore/bookstore-v2|14001"].endpoints[0].address == "10.0.9.9"
     stop.set()
     await loop
 
 
-async def test_changes_during_a_flush_in_flight_go_out_together_in_the_next(
-    catalog: Catalog, bell: Bell
-) -> None:
+async def test_changes_during_a_flush_go_out_together_in_the_next(catalog: Catalog) -> None:
     start, _, _ = catalog.changes_since("")
+    revision = catalog.resources.revision
     stop = asyncio.Event()
     loop = asyncio.create_task(catalog.run(stop))
-    bell.open.clear()  # the first announce stays in flight
     catalog.update_provider_service(
         "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", "10.0.1.0")
     )
-    for _ in range(5):  # the leading-edge flush, then its announce is held
+    for _ in range(5):  # the leading-edge flush
         await asyncio.sleep(0)
     assert catalog.clusters["bookstore/bookstore-v2|14001"].endpoints[0].address == "10.0.1.0"
+    assert catalog.resources.revision == revision + 1
     first_version = catalog.clusters["bookstore/bookstore-v2|14001"].version
-    for i in range(1, 20):  # a burst while that flush's announce is in flight
+    for i in range(1, 20):  # a burst while the loop is busy elsewhere
         catalog.update_provider_service(
             "vm", "bookstore", "bookstore-v2", provided("bookstore-v2", f"10.0.1.{i}")
         )
-    bell.open.set()
-    async with asyncio.timeout(2):
-        while len(bell.signals) < 2:
-            bell.rang.clear()
-            await bell.rang.wait()
+    await asyncio.wait_for(catalog.moved_after(catalog.resources.cursor), 2)
     stop.set()
     await loop
-    # the whole burst was one more recompute and one more signal, not nineteen
+    # the whole burst was one more recompute and one more revision, not nineteen
+    assert catalog.resources.revision == revision + 2
     assert catalog.clusters["bookstore/bookstore-v2|14001"].version != first_version
     assert catalog.clusters["bookstore/bookstore-v2|14001"].endpoints[0].address == "10.0.1.19"
-    assert len(bell.signals) == 2
     cursor, full, changed = catalog.changes_since(start)
     assert not full
     versions = catalog.resources.versions
     v2 = "destination/bookstore/bookstore-v2"
     assert changed == [(v2, versions[v2]), (V2_SLICE, versions[V2_SLICE])]
-    assert bell.signals[-1] == ("changed", cursor)  # the key is the cursor after the flush
+    assert cursor == catalog.resources.cursor
 
 
 async def test_changes_since_a_cursor_lists_what_changed_after_it(catalog: Catalog) -> None:
@@ -359,7 +333,7 @@ def test_a_traffic_target_edit_recomputes_only_the_accounts_it_names(catalog: Ca
         "bookstore-v2",
     }
     # the same result as computing everything from scratch
-    fresh = Catalog(Bell())
+    fresh = Catalog()
     fresh.set_documents(edited, errors)
     fresh.set_provider_services(
         "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]
@@ -399,13 +373,13 @@ spec:
 
 
 def test_a_route_group_that_only_a_split_matches_reaches_the_roots_callers(
-    tmp_path: Path, bell: Bell
+    tmp_path: Path,
 ) -> None:
     """No TrafficTarget names split-routes: its edit still moves every caller's routes."""
     spec = tmp_path / "spec"
     shutil.copytree(ROOT / "examples" / "bookstore", spec)
     (spec / "traffic-split.yaml").write_text(SPLIT_ROUTES)
-    catalog = bookstore_catalog(bell, spec)
+    catalog = bookstore_catalog(spec)
 
     def regexes() -> set[str]:
         [root] = [o for o in catalog.policies[BUYER].outbound if o.name == "bookstore"]

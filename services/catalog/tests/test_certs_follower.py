@@ -17,12 +17,8 @@ from trellis_catalog.catalog import Catalog, UnknownProxy
 BAD = "00000000-0000-4000-8000-000000000002.cart.shop"
 
 
-async def _bell(kind: str, key: str) -> int:
-    return 1
-
-
 def test_the_catalog_refuses_to_expect_a_proxy_with_an_invalid_account() -> None:
-    catalog = Catalog(_bell)
+    catalog = Catalog()
     with pytest.raises(UnknownProxy, match="service account 'Bad Name!' is not a valid"):
         catalog.expect_proxy(BAD, "Bad Name!")
     assert catalog.proxies == {}

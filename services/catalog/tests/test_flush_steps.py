@@ -35,10 +35,6 @@ def move(catalog: Catalog, service: str, address: str) -> None:
     catalog.update_provider_service("vm", "bookstore", service, provided(service, address))
 
 
-async def _announce(kind: str, key: str) -> int:
-    return 1
-
-
 @pytest.fixture
 def every_step_yields(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(catalog_module, "STEP_SECONDS", 0.0)
@@ -52,7 +48,7 @@ def unfrozen() -> Iterator[None]:
 
 def _catalog(freeze_heap: bool = False) -> Catalog:
     documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
-    catalog = Catalog(_announce, freeze_heap=freeze_heap)
+    catalog = Catalog(freeze_heap=freeze_heap)
     catalog.set_documents(documents, errors)
     catalog.set_provider_services(
         "vm", [provided("bookstore-v1", "10.0.0.1"), provided("bookstore-v2", "10.0.0.2")]

@@ -43,10 +43,6 @@ NEW_PROXY = "2b4c9a4e-7d7e-4c1b-9d7a-1a2b3c4d5e6f.bookstore.bookstore"
 BUYER_CERT = "bookbuyer.bookbuyer.svc.cluster.local"
 
 
-async def _announce(kind: str, key: str) -> int:
-    return 0
-
-
 class FakeProvider(epb_grpc.EndpointsProviderServicer):
     """An endpoints provider: answers from ``services`` (a watch hears each :meth:`set`
     and :meth:`remove`, as a provider's watch does), counts the calls."""
@@ -252,7 +248,7 @@ async def providers(
     """The catalog's provider follower; provider ``vm`` (the ``provider`` fixture) is live."""
     await register(redis_client, "vm", provider_address)
     health = Health()
-    catalog = Catalog(_announce, health=health)
+    catalog = Catalog(health=health)
     return catalog, health, ProviderFollower(catalog, redis_client, health, grace=30)
 
 
@@ -409,7 +405,7 @@ async def test_a_provider_missing_from_the_registry_keeps_its_endpoints_for_the_
     record = await register(redis_client, "vm", provider_address)
     now = [1000.0]
     health = Health()
-    catalog = Catalog(_announce, health=health)
+    catalog = Catalog(health=health)
     follower = ProviderFollower(catalog, redis_client, health, grace=30, clock=lambda: now[0])
     async with following(redis_server.url, health, follower):
         assert addresses(catalog, "shop", "cart") == ["10.0.0.7"]
@@ -450,7 +446,7 @@ async def test_certificate_signals_fetch_the_record_they_name(
         ),
     )
     health = Health()
-    catalog = Catalog(_announce, health=health)
+    catalog = Catalog(health=health)
     bell = Publisher(redis_client, sender="certmanager")
     async with serving(
         lambda s: cpb_grpc.add_CertificateManagerServicer_to_server(certmanager, s)
@@ -495,7 +491,7 @@ async def test_certificate_signals_fetch_the_record_they_name(
 
 def test_proxies_that_are_gone_are_pruned() -> None:
     now = [1000.0]
-    catalog = Catalog(_announce, clock=lambda: now[0])
+    catalog = Catalog(clock=lambda: now[0])
     catalog.expect_proxy(GOOD_PROXY, "bookbuyer", not_after=2000.0)
     catalog.expect_proxy(BAD_PROXY.replace("bookthief", "bookstore"), "bookstore")
     catalog.register_proxy(GOOD_PROXY)
@@ -528,7 +524,7 @@ async def test_replicas_of_a_provider_are_one_provider_and_a_failover_costs_no_g
     standby.set(service("shop", "cart", endpoint("10.0.0.7", "cart")))
     now = [1000.0]
     health = Health()
-    catalog = Catalog(_announce, health=health)
+    catalog = Catalog(health=health)
     follower = ProviderFollower(catalog, redis_client, health, grace=30, clock=lambda: now[0])
     first = ServiceRecord.create(
         kind=KIND, name="endpoints-vm", grpc_address=provider_address, started_at=1.0

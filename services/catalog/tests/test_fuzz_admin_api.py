@@ -26,12 +26,8 @@ from trellis_testing import adminfuzz
 ROOT = Path(__file__).resolve().parents[3]
 
 
-async def _bell(kind: str, key: str) -> int:
-    return 1
-
-
 def admin_app() -> FastAPI:
-    catalog = Catalog(_bell)
+    catalog = Catalog()
     catalog.set_documents(*load_paths([ROOT / "examples" / "bookstore"], kinds()))
     catalog.set_provider_services(
         "vm",

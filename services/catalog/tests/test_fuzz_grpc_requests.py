@@ -156,12 +156,8 @@ def test_checks_return_or_name_a_field_of_the_request(asked: tuple[str, Message]
     check_names_a_field(CHECKS, *asked)
 
 
-async def _no_bell(kind: str, key: str) -> int:
-    return 1
-
-
 def catalog() -> Catalog:
-    made = Catalog(_no_bell)
+    made = Catalog()
     made.set_documents(DOCUMENTS, ERRORS)
     made.set_provider_services(
         "vm",

@@ -570,16 +570,12 @@ spec: {service: hello, backends: [{service: hello-v1, weight: 1}, {service: hell
     routes = outbound(mesh(text), "hello", 9000).routes
     assert routes[0].source == "GRPCRoute shop/hello rule 0"
     assert [c.cluster for c in routes[0].clusters] == ["shop/hello-v1|9000"]
-    catalog = Catalog(_announce)
+    catalog = Catalog()
     catalog.set_documents(docs(text), [])
     catalog.flush()
     status = catalog.spec.statuses["TrafficSplit shop/hello-split"]
     assert status.state == "warning"
     assert "GRPCRoute shop/hello attached to shop/hello: its rules take over" in status.reason
-
-
-async def _announce(kind: str, key: str) -> int:
-    return 0
 
 
 def test_policy_check_says_what_shapes_the_calls(mesh: Mesh) -> None:

@@ -22,7 +22,6 @@ from trellis_catalog.sources import kinds
 from trellis_catalog.transport.grpc_api import SERVICE_NAME, CatalogServicer, to_proto
 from trellis_common.specdir import load_paths
 from trellis_runtime.health import Health
-from trellis_testing.bell import Bell
 from trellis_testing.servicer import refused_on_the_wire, served
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,7 +48,7 @@ class Api:
 @pytest.fixture
 async def api() -> AsyncIterator[Api]:
     documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
-    catalog = Catalog(Bell())
+    catalog = Catalog()
     catalog.set_documents(documents, errors)
     catalog.set_provider_services(
         "vm",

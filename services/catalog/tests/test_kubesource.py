@@ -22,10 +22,6 @@ GROUPS = ("specs.smi-spec.io", "v1alpha4", "httproutegroups")
 MONITORED = {"trellis.dev/monitored-by": "trellis"}
 
 
-async def announce(kind: str, key: str) -> int:
-    return 0
-
-
 @pytest.fixture
 def crds(kube: Any) -> Any:
     api, api_client = kube  # the CRDs a cluster with SMI installed serves
@@ -39,7 +35,7 @@ def crds(kube: Any) -> Any:
 @pytest.fixture
 async def source(crds: Any) -> AsyncIterator[tuple[Catalog, KubeSource]]:
     _, api = crds
-    catalog = Catalog(announce)
+    catalog = Catalog()
     found = KubeSource(api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5)
     stop = asyncio.Event()
     task = asyncio.create_task(found.run(stop))
@@ -169,7 +165,7 @@ async def test_two_replicas_write_the_same_status_without_fighting(crds: Any) ->
     replicas = []
     stop = asyncio.Event()
     for _ in range(2):
-        catalog = Catalog(announce)
+        catalog = Catalog()
         found = KubeSource(
             api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5
         )
@@ -220,7 +216,7 @@ async def test_a_meshconfig_configmap_is_read_and_a_bad_one_named(kube: Any) -> 
     await call(core.create_namespaced_config_map, "trellis-system", configmap)
     other = {"metadata": {"name": "unrelated"}, "data": {MESHCONFIG_KEY: "kind: Nonsense"}}
     await call(core.create_namespaced_config_map, "trellis-system", other)
-    catalog = Catalog(announce)
+    catalog = Catalog()
     found = KubeSource(
         api, "trellis", "trellis-system", catalog, Sources(catalog),
         watch_timeout=5, meshconfig_configmap="trellis-mesh-config",
@@ -268,7 +264,7 @@ async def test_a_meshconfig_outside_the_control_planes_namespace_is_ignored_and_
     }
     plural = ("config.trellis.io", "v1alpha1", "shop", "meshconfigs")
     await call(custom.create_namespaced_custom_object, *plural, tenant)
-    catalog = Catalog(announce)
+    catalog = Catalog()
     found = KubeSource(api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5)
     stop = asyncio.Event()
     task = asyncio.create_task(found.run(stop))
@@ -371,7 +367,7 @@ async def test_a_grpc_route_gets_status_parents_and_other_controllers_entries_st
             "status": {"parents": [gateway_entry]},
         }
 
-    catalog = Catalog(announce)
+    catalog = Catalog()
     kube_source = KubeSource(
         api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5
     )

@@ -24,10 +24,6 @@ MONITORED = {"trellis.dev/monitored-by": "trellis"}
 THEIRS = {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "mine"}
 
 
-async def announce(kind: str, key: str) -> int:
-    return 0
-
-
 async def call(function: Any, *args: Any) -> Any:
     return await asyncio.to_thread(function, *args)
 
@@ -38,7 +34,7 @@ async def gateways(kube: Any) -> AsyncIterator[tuple[KubeApi, Any, Catalog, Kube
     api_server.declare(f"{GROUP}/v1/gatewayclasses", kind="GatewayClass", namespaced=False)
     api_server.declare(f"{GROUP}/v1/gateways", kind="Gateway", namespaced=True)
     api_server.declare(f"{GROUP}/v1/referencegrants", kind="ReferenceGrant", namespaced=True)
-    catalog = Catalog(announce)
+    catalog = Catalog()
     source = KubeSource(
         api, "trellis", "trellis-system", catalog, Sources(catalog), watch_timeout=5
     )

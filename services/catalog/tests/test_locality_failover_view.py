@@ -17,10 +17,6 @@ ROOT = Path(__file__).resolve().parents[3]
 BUYER = Identity("bookbuyer", "bookbuyer")
 
 
-async def _announce(kind: str, key: str) -> int:
-    return 1
-
-
 def _catalog(failover: bool | None) -> Catalog:
     """The bookstore example's catalog, its MeshConfig replaced by one that sets
     ``enableLocalityFailover`` to ``failover`` (None: leaves it out)."""
@@ -35,7 +31,7 @@ def _catalog(failover: bool | None) -> Catalog:
     }
     documents = [d for d in documents if d.key.kind != "MeshConfig"]  # only one is read
     documents.append(kinds().parse(mesh_config, Origin("mesh.yaml")))
-    catalog = Catalog(_announce)
+    catalog = Catalog()
     catalog.set_documents(documents, errors)
     catalog.expect_proxy("6b1f3c1e-0000-4000-8000-000000000001.bookbuyer.bookbuyer", "bookbuyer")
     assert catalog.flush() is not None

@@ -11,10 +11,6 @@ from trellis_catalog.catalog import Catalog
 from trellis_common.documents.base import Document, DocumentError
 
 
-async def _announce(kind: str, key: str) -> int:
-    return 0
-
-
 def test_documents_are_counted_by_state(
     docs_and_errors: Callable[[str], tuple[list[Document], list[DocumentError]]],
 ) -> None:
@@ -36,7 +32,7 @@ metadata: {name: Bad, namespace: shop}
 spec: {ports: [{name: http, port: 80}]}
 """
     )
-    catalog = Catalog(_announce)
+    catalog = Catalog()
     catalog.set_documents(documents, errors)
     catalog.flush()
     registry = CollectorRegistry()

@@ -160,12 +160,8 @@ def reports(report: Report, endpoint: Endpoint, moved: int) -> list[ProvidedServ
     return found
 
 
-async def _announce(kind: str, key: str) -> int:
-    return 0
-
-
 def catalog_of(documents: list[Document], provided: list[ProvidedService]) -> Catalog:
-    catalog = Catalog(_announce)
+    catalog = Catalog()
     catalog.set_documents(documents, [])
     catalog.set_provider_services("vm", provided)
     for position, (namespace, name) in enumerate(SERVICES[:4]):

@@ -1,6 +1,5 @@
 """The catalog's row of the Redis ACL table says what the catalog's code does."""
 
-from trellis_catalog.catalog import TOPIC
 from trellis_catalog.clients.certs import CertificateFollower
 from trellis_catalog.clients.providers import KIND, ProviderFollower
 from trellis_catalog.main import service
@@ -11,7 +10,7 @@ from trellis_runtime.redisacl import AUDIT_COMMANDS, COMPONENTS
 def test_the_acl_table_row_matches_the_catalog() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
-    assert row.publishes == (TOPIC,)
+    assert row.publishes == ()  # proxy-cp watches its changes over gRPC (WatchChanges)
     # every component but certmanager follows the revoked identities (the runtime does)
     topics = {*ProviderFollower.topics, *CertificateFollower.topics, *RevokedIdentities.topics}
     assert topics == set(row.follows)

@@ -98,13 +98,9 @@ def documents() -> list[Document]:
     return found
 
 
-async def _announce(kind: str, key: str) -> int:
-    return 1
-
-
 def replica_in_one_go() -> Catalog:
     """Every input, then one flush."""
-    catalog = Catalog(_announce)
+    catalog = Catalog()
     catalog.set_documents(documents(), [])
     listed = reports()
     for provider in ("k8s", "vm"):  # the other replica hears vm first
@@ -120,7 +116,7 @@ def replica_in_pieces(seed: int) -> Catalog:
     documents first, the proxies spread out, one provider's services one at a time (some
     reported in an older state first) and the other's in one list."""
     shuffle = random.Random(seed)
-    catalog = Catalog(_announce)
+    catalog = Catalog()
     proxies, docs = list(PROXIES), documents()
     shuffle.shuffle(proxies)
     shuffle.shuffle(docs)

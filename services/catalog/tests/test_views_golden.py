@@ -56,10 +56,6 @@ PERMISSIVE = {
 }
 
 
-async def _announce(kind: str, key: str) -> int:
-    return 1
-
-
 def _bookstore(name: str, port: int, service_account: str = "") -> ProvidedService:
     return ProvidedService(
         provider="endpoints-vm",
@@ -78,7 +74,7 @@ def _catalog(permissive: bool = False) -> Catalog:
     if permissive:  # only one MeshConfig is read: this one replaces the example's
         documents = [d for d in documents if d.key.kind != "MeshConfig"]
         documents.append(kinds().parse(PERMISSIVE, Origin("permissive.yaml")))
-    catalog = Catalog(_announce)
+    catalog = Catalog()
     catalog.set_documents(documents, errors)
     catalog.set_provider_services(
         "endpoints-vm",

@@ -1,7 +1,7 @@
 """endpoints-vm's REST and gRPC APIs over a real manager (in-memory store).
 
-The last test walks the one event path as a consumer would: a POST, the ``endpoints``
-signal through a real Outbox and Redis to a real Subscriber, then ``GetService``.
+The watch tests follow a registration as the catalog does: a POST, then its service on a
+``WatchServices`` stream over gRPC.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_endpoints_vm.manager import TOPIC, EndpointsManager
+from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
@@ -27,12 +27,6 @@ from trellis_endpoints_vm.transport.credentials import Credentials
 from trellis_identity.onboarding import TokenStore
 from trellis_identity.tokens import AdminToken
 from trellis_runtime import admin
-from trellis_runtime.events import Outbox
-from trellis_runtime.health import Health
-from trellis_runtime.signaling import Event, Publisher
-from trellis_runtime.subscriber import Subscriber, redis_without_retries
-from trellis_testing import RedisServer
-from trellis_testing.bell import Bell
 from trellis_testing.onboarding import InMemoryTokenStore
 from trellis_testing.servicer import served
 
@@ -91,7 +85,7 @@ def api_store() -> InMemoryWorkloadStore:
 
 @pytest.fixture
 async def api_manager(api_store: InMemoryWorkloadStore) -> EndpointsManager:
-    manager = EndpointsManager(api_store, Bell(), EndpointMetrics(CollectorRegistry()))
+    manager = EndpointsManager(api_store, EndpointMetrics(CollectorRegistry()))
     await manager.start()
     return manager
 
@@ -285,59 +279,3 @@ async def test_a_watch_for_a_bad_namespace_is_refused_naming_it(
         await call.read()
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "namespace" in (caught.value.details() or "")
-
-
-async def test_a_consumer_hears_the_signal_and_fetches_the_service(
-    redis_server: RedisServer, api_store: InMemoryWorkloadStore
-) -> None:
-    """POST, the signal on topic ``endpoints`` to a real Subscriber, GetService over gRPC."""
-    publishing = redis_without_retries(redis_server.url, socket_timeout=1.0)
-    outbox = Outbox(Publisher(publishing, sender="endpoints-vm-1"), Health())
-
-    async def signal(kind: str, key: str) -> int:
-        return await outbox.signal(TOPIC, kind, key)
-
-    manager = EndpointsManager(api_store, signal, EndpointMetrics(CollectorRegistry()))
-    await manager.start()
-    heard: asyncio.Queue[Event] = asyncio.Queue()
-
-    async def resync(topic: str) -> None:
-        """A consumer would ListServices here; this one looks at the events."""
-
-    subscriber = Subscriber(redis_server.url, [TOPIC], heard.put, resync)
-    stop = asyncio.Event()
-    listening = asyncio.create_task(subscriber.run(stop))
-    try:
-        await asyncio.wait_for(subscriber.ready.wait(), 5.0)
-        async with admin_client(manager) as client, grpc_stub(manager) as stub:
-
-            async def fetched(event: Event) -> list[str] | None:
-                """What a consumer does on a signal: GetService from its sender."""
-                assert event.sender == "endpoints-vm-1"
-                namespace, name = event.key.split("/")
-                request = pb.GetServiceRequest(
-                    service=pb.ServiceRef(namespace=namespace, name=name)
-                )
-                try:
-                    service = await stub.GetService(request)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.NOT_FOUND:
-                        raise
-                    return None  # NOT_FOUND: the service was removed
-                return [e.address for e in service.endpoints]
-
-            created = await client.post("/v1/workloads", json=body(), headers=AUTH)
-            assert created.status_code == 201
-            event = await asyncio.wait_for(heard.get(), 5.0)
-            assert (event.topic, event.kind, event.key) == (TOPIC, "changed", "bookstore/bookstore")
-            assert await fetched(event) == ["10.0.0.1"]
-
-            gone = await client.delete("/v1/workloads/bookstore/vm-1", headers=AUTH)
-            assert gone.status_code == 204
-            event = await asyncio.wait_for(heard.get(), 5.0)
-            assert (event.kind, event.key) == ("removed", "bookstore/bookstore")
-            assert await fetched(event) is None
-    finally:
-        stop.set()
-        await listening
-        await publishing.aclose()

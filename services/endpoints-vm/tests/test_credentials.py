@@ -74,10 +74,7 @@ async def client(
 ) -> AsyncIterator[httpx.AsyncClient]:
     counted = EndpointMetrics(metrics)
 
-    async def signal(kind: str, key: str) -> int:
-        return 1
-
-    manager = EndpointsManager(store, signal, counted)
+    manager = EndpointsManager(store, counted)
     await manager.start()
     app = admin.create_app("endpoints-vm", metrics)
     rest.add_routes(app, manager, Credentials(AdminToken.of(ADMIN), tokens, counted), lambda: {})
@@ -161,10 +158,7 @@ async def test_a_stored_workload_without_a_token_is_refused_until_it_registers_a
     await store.put(old)  # as an older version stored it: no heartbeat token
     counted = EndpointMetrics(metrics)
 
-    async def signal(kind: str, key: str) -> int:
-        return 1
-
-    manager = EndpointsManager(store, signal, counted)
+    manager = EndpointsManager(store, counted)
     await manager.start()
     assert manager.workload("shop/old") == old  # it loads
     app = admin.create_app("endpoints-vm", metrics)

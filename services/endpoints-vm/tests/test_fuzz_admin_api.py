@@ -30,14 +30,10 @@ from trellis_testing import strategies as fuzz
 from trellis_testing.onboarding import InMemoryTokenStore
 
 
-async def _bell(kind: str, key: str) -> int:
-    return 1
-
-
 def admin_app() -> FastAPI:
     metrics = CollectorRegistry()
     counted = EndpointMetrics(metrics)
-    manager = EndpointsManager(InMemoryWorkloadStore(), _bell, counted)
+    manager = EndpointsManager(InMemoryWorkloadStore(), counted)
 
     async def start() -> None:
         await manager.start()

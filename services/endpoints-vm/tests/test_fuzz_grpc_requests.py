@@ -59,19 +59,13 @@ def test_checks_return_or_name_a_field_of_the_request(asked: tuple[str, Message]
     check_names_a_field(CHECKS, *asked)
 
 
-async def _no_bell(kind: str, key: str) -> int:
-    return 1
-
-
 @given(asked=requests())
 @example(
     asked=("GetService", pb.GetServiceRequest(service=pb.ServiceRef(namespace="shop", name="api")))
 )
 async def test_the_servicer_answers_or_refuses_naming_a_field(asked: tuple[str, Message]) -> None:
     rpc, request = asked
-    manager = EndpointsManager(
-        InMemoryWorkloadStore(), _no_bell, EndpointMetrics(CollectorRegistry())
-    )
+    manager = EndpointsManager(InMemoryWorkloadStore(), EndpointMetrics(CollectorRegistry()))
     await manager.start()
     await manager.register(
         Workload(

@@ -20,7 +20,6 @@ from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, grpc_requests
 from trellis_runtime.grpcrequests import InvalidField
 from trellis_runtime.health import Health
-from trellis_testing.bell import Bell
 from trellis_testing.servicer import refused_on_the_wire, served
 
 
@@ -69,9 +68,7 @@ class Provider:
 async def provider(make_workload: Callable[..., Workload]) -> AsyncIterator[Provider]:
     metrics = CollectorRegistry()
     health = Health(metrics)
-    manager = EndpointsManager(
-        InMemoryWorkloadStore(), Bell(), EndpointMetrics(CollectorRegistry())
-    )
+    manager = EndpointsManager(InMemoryWorkloadStore(), EndpointMetrics(CollectorRegistry()))
     await manager.start()
     await manager.register(make_workload())
     servicer = grpc_api.EndpointsProviderServicer(manager, health.rejections)

@@ -1,26 +1,32 @@
-"""The endpoints manager: store writes, the signals of its changes, expiry, metrics.
+"""The endpoints manager: store writes, the changes it pushes, expiry, metrics.
 
-It runs on the in-memory store, a fake clock and a ``bell`` (the shared
-:class:`~trellis_testing.bell.Bell`) that records each signal the manager hands to
-the outbox, so every signal and timestamp below is known in advance.
-The signals' road through a real Outbox and Redis to a real Subscriber is tested at the
-end, and GetService after a signal in ``test_api.py``.
+It runs on the in-memory store and a fake clock; ``pushed`` takes what the manager told its
+feed (what a ``WatchServices`` stream sends), so every change and timestamp below is known
+in advance. The replicas' signals go to a ``Bell`` (the shared
+:class:`~trellis_testing.bell.Bell`); their road through a real Outbox and Redis to a real
+Subscriber is tested at the end, and the watch over gRPC in ``test_api.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
+from trellis_common.changefeed import Watch
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
-from trellis_endpoints_vm.manager import TOPIC, EndpointsManager, StoreUnavailable, UnknownWorkload
+from trellis_endpoints_vm.manager import (
+    MIRROR,
+    EndpointsManager,
+    StoreUnavailable,
+    UnknownWorkload,
+)
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_runtime.events import Outbox
@@ -56,11 +62,32 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 async def manager(
-    store: InMemoryWorkloadStore, bell: Bell, clock: FakeClock, metrics: EndpointMetrics
+    store: InMemoryWorkloadStore, clock: FakeClock, metrics: EndpointMetrics
 ) -> EndpointsManager:
-    manager = EndpointsManager(store, bell, metrics, clock=clock)
+    manager = EndpointsManager(store, metrics, clock=clock)
     await manager.start()
     return manager
+
+
+class Pushed:
+    """What ``manager`` pushed to a watch since the last :meth:`take`: ``(kind, key)``, the
+    kind read as the watch reads it, from the manager's view of the key then."""
+
+    def __init__(self, manager: EndpointsManager, watch: Watch[ServiceKey]) -> None:
+        self._manager = manager
+        self._watch = watch
+
+    def take(self) -> list[tuple[str, str]]:
+        return [
+            ("removed" if self._manager.view(key) is None else "changed", str(key))
+            for key in self._watch.take()
+        ]
+
+
+@pytest.fixture
+def pushed(manager: EndpointsManager) -> Iterator[Pushed]:
+    with manager.feed.watch() as watch:
+        yield Pushed(manager, watch)
 
 
 def addresses(manager: EndpointsManager, key: ServiceKey) -> list[str] | None:
@@ -132,7 +159,7 @@ async def test_register_again_keeps_registered_at(
 async def test_an_invalid_workload_changes_nothing(
     manager: EndpointsManager,
     store: InMemoryWorkloadStore,
-    bell: Bell,
+    pushed: Pushed,
     make_workload: MakeWorkload,
     metrics_registry: CollectorRegistry,
     fields: dict[str, object],
@@ -147,8 +174,7 @@ async def test_an_invalid_workload_changes_nothing(
     assert store.workloads == stored
     assert manager.views() == views
     assert manager.revision == revision
-    await manager.signalled()
-    assert bell.rung == [("changed", "shop/api")]
+    assert pushed.take() == [("changed", "shop/api")]  # the valid one only
     assert sample(metrics_registry, "registrations_total") == 1.0
 
 
@@ -156,58 +182,57 @@ async def test_an_invalid_workload_changes_nothing(
 async def test_unknown_workloads_raise_and_change_nothing(
     manager: EndpointsManager,
     store: InMemoryWorkloadStore,
-    bell: Bell,
+    pushed: Pushed,
     make_workload: MakeWorkload,
     operation: str,
 ) -> None:
     await manager.register(make_workload())
+    assert len(pushed.take()) == 1
     stored = dict(store.workloads)
     with pytest.raises(UnknownWorkload):
         await getattr(manager, operation)("shop/vm-2")
     assert store.workloads == stored
-    await manager.signalled()
-    assert len(bell.rung) == 1
+    assert pushed.take() == []
 
 
-# --- signals --------------------------------------------------------------------------------
+# --- the changes pushed, and the replicas' signals ----------------------------------------
 
 
-async def test_each_change_is_signalled_once_in_order(
+async def test_each_change_is_pushed_at_once_and_coalesced_until_taken(
     manager: EndpointsManager,
-    bell: Bell,
+    pushed: Pushed,
     make_workload: MakeWorkload,
     metrics_registry: CollectorRegistry,
 ) -> None:
     await manager.register(make_workload("vm-1", services=("api",), address="10.0.0.1"))
+    assert pushed.take() == [("changed", "shop/api")]  # pushed before the call returned
     await manager.register(make_workload("vm-2", services=("api",), address="10.0.0.2"))
     await manager.register(make_workload("vm-3", services=("web",), address="10.0.0.3"))
     await manager.deregister("shop/vm-1")
     await manager.heartbeat("shop/vm-2")  # alive already: no change
 
-    await manager.signalled()
-    assert bell.rung == [
-        ("changed", "shop/api"),
-        ("changed", "shop/api"),
-        ("changed", "shop/web"),
-        ("changed", "shop/api"),
-    ]
+    # a watch busy meanwhile takes each service once, as it is now
+    assert pushed.take() == [("changed", "shop/api"), ("changed", "shop/web")]
     assert manager.revision == 4
     assert sample(metrics_registry, "service_changes_total") == 4.0
     assert addresses(manager, API) == ["10.0.0.2"]
 
     await manager.deregister("shop/vm-3")
-    await manager.signalled()
-    assert bell.rung[-1] == ("removed", "shop/web")
+    assert pushed.take() == [("removed", "shop/web")]
     assert addresses(manager, WEB) is None
     assert manager.revision == 5
 
 
 async def test_a_failing_signal_is_logged_and_the_change_stands(
-    manager: EndpointsManager,
+    store: InMemoryWorkloadStore,
     bell: Bell,
+    clock: FakeClock,
+    metrics: EndpointMetrics,
     make_workload: MakeWorkload,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    manager = EndpointsManager(store, metrics, clock=clock, notify=bell)
+    await manager.start()
     bell.failing = True  # the outbox keeps what Redis refuses: this is a bug in the road
     with caplog.at_level(logging.ERROR):
         registered = await manager.register(make_workload("vm-1", address="10.0.0.1"))
@@ -215,12 +240,12 @@ async def test_a_failing_signal_is_logged_and_the_change_stands(
     assert manager.registry.workloads == {"shop/vm-1": registered}
     assert addresses(manager, API) == ["10.0.0.1"]
     assert manager.revision == 1
-    assert "endpoints.signal_failed kind=changed service=shop/api" in caplog.text
+    assert "replicas.signal_failed kind=changed workload=shop/vm-1" in caplog.text
 
     bell.failing = False
     await manager.register(make_workload("vm-2", address="10.0.0.2"))
     await manager.signalled()
-    assert bell.rung == [("changed", "shop/api")]
+    assert bell.rung == [("changed", "shop/vm-2")]
 
 
 async def test_a_hanging_signal_holds_a_caller_only_the_store_timeout_and_keeps_the_order(
@@ -231,41 +256,28 @@ async def test_a_hanging_signal_holds_a_caller_only_the_store_timeout_and_keeps_
     make_workload: MakeWorkload,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A caller waits for the other replicas to be told (at most the store timeout), never
-    for the ``endpoints`` signal: the catalog watches the changes. Both keep their order."""
-    replicas = Bell()
-    manager = EndpointsManager(
-        store, bell, metrics, clock=clock, store_timeout=0.05, notify=replicas
-    )
+    """A caller waits for the other replicas to be told at most the store timeout; the
+    change is pushed to the watches at once whatever Redis does."""
+    manager = EndpointsManager(store, metrics, clock=clock, store_timeout=0.05, notify=bell)
     await manager.start()
-    replicas.open.clear()  # a frozen Redis: nothing answers until the socket times out
-    with caplog.at_level(logging.WARNING):
-        await manager.register(make_workload("vm-1", services=("api",), address="10.0.0.1"))
-        await manager.register(make_workload("vm-2", services=("web",), address="10.0.0.2"))
-        await manager.deregister("shop/vm-1")
-    assert (replicas.rung, bell.rung) == ([], [])  # every caller went on; the signals wait
+    with manager.feed.watch() as watch:
+        bell.open.clear()  # a frozen Redis: nothing answers until the socket times out
+        with caplog.at_level(logging.WARNING):
+            await manager.register(make_workload("vm-1", services=("api",), address="10.0.0.1"))
+            await manager.register(make_workload("vm-2", services=("web",), address="10.0.0.2"))
+            await manager.deregister("shop/vm-1")
+        assert bell.rung == []  # every caller went on; the signals wait behind
+        assert watch.take() == [API, WEB]  # the watches have it all
     assert addresses(manager, WEB) == ["10.0.0.2"]
     assert "replicas.signal_slow signals=1 first=shop/vm-1" in caplog.text
 
-    replicas.open.set()
+    bell.open.set()
     await manager.signalled()
-    assert replicas.rung == [
+    assert bell.rung == [
         ("changed", "shop/vm-1"),
         ("changed", "shop/vm-2"),
         ("changed", "shop/vm-1"),
     ]
-    assert bell.rung == [("changed", "shop/api"), ("changed", "shop/web"), ("removed", "shop/api")]
-
-
-async def test_a_caller_does_not_wait_for_the_endpoints_signal(
-    manager: EndpointsManager, bell: Bell, make_workload: MakeWorkload
-) -> None:
-    bell.open.clear()
-    await asyncio.wait_for(manager.register(make_workload("vm-1", address="10.0.0.1")), 5)
-    assert bell.rung == []
-    bell.open.set()
-    await manager.signalled()
-    assert bell.rung == [("changed", "shop/api")]
 
 
 # --- expiry --------------------------------------------------------------------------------
@@ -276,13 +288,15 @@ async def test_expire_once_takes_out_expired_workloads(
     clock: FakeClock,
     make_workload: MakeWorkload,
     metrics_registry: CollectorRegistry,
-    bell: Bell,
+    pushed: Pushed,
 ) -> None:
     await manager.register(make_workload(ttl=10.0))
     clock.now = NOW + 9
     assert await manager.expire_once() == 0
+    assert pushed.take() == [("changed", "shop/api")]
     clock.now = NOW + 10
     assert await manager.expire_once() == 1
+    assert pushed.take() == [("changed", "shop/api")]  # still there, with no endpoint
     assert sample(metrics_registry, "expirations_total") == 1.0
     assert manager.workloads()[0][1] is False
     assert addresses(manager, API) == []
@@ -290,19 +304,21 @@ async def test_expire_once_takes_out_expired_workloads(
     clock.now = NOW + 11
     await manager.heartbeat("shop/vm-1")
     assert addresses(manager, API) == ["10.0.0.1"]
-    await manager.signalled()
-    assert bell.rung == [("changed", "shop/api")] * 3
+    assert pushed.take() == [("changed", "shop/api")]
+    assert manager.revision == 3
     assert sample(metrics_registry, "expirations_total") == 1.0
 
 
 async def test_run_expiry_expires_until_stopped(
-    manager: EndpointsManager, bell: Bell, clock: FakeClock, make_workload: MakeWorkload
+    manager: EndpointsManager, clock: FakeClock, make_workload: MakeWorkload
 ) -> None:
     await manager.register(make_workload(ttl=10.0))
     clock.now = NOW + 10
     stop = asyncio.Event()
-    task = asyncio.create_task(manager.run_expiry(stop, interval=0.01))
-    assert await bell.rings(2) == [("changed", "shop/api")] * 2
+    with manager.feed.watch() as watch:
+        task = asyncio.create_task(manager.run_expiry(stop, interval=0.01))
+        assert await asyncio.wait_for(watch.next(), 1.0) == [API]
+    assert manager.revision == 2
     assert addresses(manager, API) == []
     stop.set()
     await asyncio.wait_for(task, 1.0)
@@ -311,9 +327,8 @@ async def test_run_expiry_expires_until_stopped(
 # --- start and declarations ----------------------------------------------------------------
 
 
-async def test_start_loads_the_store_without_signalling(
+async def test_start_loads_the_store_without_pushing(
     store: InMemoryWorkloadStore,
-    bell: Bell,
     clock: FakeClock,
     metrics: EndpointMetrics,
     make_workload: MakeWorkload,
@@ -324,28 +339,26 @@ async def test_start_loads_the_store_without_signalling(
     )
     await store.put(alive)
     await store.put(stale)
-    manager = EndpointsManager(store, bell, metrics, clock=clock)
+    manager = EndpointsManager(store, metrics, clock=clock)
     assert not manager.ready.is_set()
+    with manager.feed.watch() as watch:
+        await manager.start()
+        assert manager.ready.is_set()
+        assert manager.revision == 0
+        assert watch.take() == []  # a watch starts with every service
+        assert manager.workloads() == [(alive, True), (stale, False)]
+        view = manager.view(API)
+        assert view is not None
+        assert [e.address for e in view.endpoints] == ["10.0.0.1"]
 
-    await manager.start()
-    assert manager.ready.is_set()
-    assert manager.revision == 0
-    await manager.signalled()
-    assert bell.rung == []
-    assert manager.workloads() == [(alive, True), (stale, False)]
-    view = manager.view(API)
-    assert view is not None
-    assert [e.address for e in view.endpoints] == ["10.0.0.1"]
-
-    await manager.heartbeat("shop/vm-2")  # back from the dead
-    await manager.signalled()
-    assert bell.rung == [("changed", "shop/api")]
+        await manager.heartbeat("shop/vm-2")  # back from the dead
+        assert watch.take() == [API]
     assert addresses(manager, API) == ["10.0.0.1", "10.0.0.2"]
     assert manager.revision == 1
 
 
-async def test_declare_signals_changes_and_returns_conflicts(
-    manager: EndpointsManager, bell: Bell, declarations: Parse
+async def test_declare_pushes_changes_and_returns_conflicts(
+    manager: EndpointsManager, pushed: Pushed, declarations: Parse
 ) -> None:
     entry = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -360,15 +373,13 @@ spec:
     )
     assert len(conflicts) == 1
     assert "shop/b" in conflicts[0]
-    await manager.signalled()
-    assert bell.rung == [("changed", "shop/ext.example.com")]
+    assert pushed.take() == [("changed", "shop/ext.example.com")]
     assert addresses(manager, ServiceKey("shop", "ext.example.com")) == ["ext.example.com"]
     assert [v.key for v in manager.views("shop")] == [ServiceKey("shop", "ext.example.com")]
     assert manager.views("bank") == []
 
     assert await manager.declare([], []) == []
-    await manager.signalled()
-    assert bell.rung[-1] == ("removed", "shop/ext.example.com")
+    assert pushed.take() == [("removed", "shop/ext.example.com")]
     assert manager.views() == []
 
 
@@ -410,11 +421,12 @@ async def test_gauges_read_the_current_state(
 async def test_a_registration_while_the_store_is_down_is_refused_and_changes_nothing(
     manager: EndpointsManager,
     store: InMemoryWorkloadStore,
-    bell: Bell,
+    pushed: Pushed,
     make_workload: MakeWorkload,
     metrics_registry: CollectorRegistry,
 ) -> None:
     await manager.register(make_workload("vm-1"))
+    assert len(pushed.take()) == 1
     views, revision = manager.views(), manager.revision
     store.down = True
 
@@ -429,8 +441,7 @@ async def test_a_registration_while_the_store_is_down_is_refused_and_changes_not
     assert manager.views() == views
     assert manager.revision == revision
     assert list(manager.registry.workloads) == ["shop/vm-1"]
-    await manager.signalled()
-    assert len(bell.rung) == 1
+    assert pushed.take() == []
     assert sample(metrics_registry, "store_refusals_total", operation="register") == 1.0
     assert sample(metrics_registry, "store_refusals_total", operation="deregister") == 1.0
     assert sample(metrics_registry, "store_available") == 0.0
@@ -484,29 +495,37 @@ async def test_a_store_that_lost_its_data_gets_every_registration_back(
     assert store.workloads == {"shop/vm-1": first, "shop/vm-2": second}
 
 
-async def test_changes_while_the_store_is_down_are_still_signalled(
-    manager: EndpointsManager,
+async def test_changes_while_the_store_is_down_are_still_pushed_and_signalled(
     store: InMemoryWorkloadStore,
     bell: Bell,
     clock: FakeClock,
+    metrics: EndpointMetrics,
     make_workload: MakeWorkload,
 ) -> None:
+    manager = EndpointsManager(store, metrics, clock=clock, notify=bell)
+    await manager.start()
     await manager.register(make_workload(ttl=10.0))
     clock.now = NOW + 10
     await manager.expire_once()
     store.down = True
     with pytest.raises(StoreUnavailable):  # a write meets the outage: the store is down
         await manager.keeper.put(make_workload("vm-9"))
-    await manager.heartbeat("shop/vm-1")  # a revival: a change, while Redis is away
-    # handed to the outbox all the same: it keeps what Redis does not take (tested below)
+    with manager.feed.watch() as watch:
+        await manager.heartbeat("shop/vm-1")  # a revival: a change, while Redis is away
+        assert watch.take() == [API]  # the catalog's watch has it
+    # and the other replicas' signal was handed to the outbox all the same: it keeps what
+    # Redis does not take (tested below)
     await manager.signalled()
-    assert bell.rung == [("changed", "shop/api")] * 3
+    assert bell.rung == [
+        ("changed", "shop/vm-1"),
+        ("expired", "shop/vm-1"),
+        ("revived", "shop/vm-1"),
+    ]
     assert addresses(manager, API) == ["10.0.0.1"]
 
 
 async def test_records_refused_at_load_are_reported_until_overwritten_or_deleted(
     store: InMemoryWorkloadStore,
-    bell: Bell,
     clock: FakeClock,
     metrics: EndpointMetrics,
     make_workload: MakeWorkload,
@@ -517,7 +536,7 @@ async def test_records_refused_at_load_are_reported_until_overwritten_or_deleted
     ]
     await store.put(make_workload("vm-3", address="10.0.0.3"))
     rejections = Rejections()
-    manager = EndpointsManager(store, bell, metrics, clock=clock, rejections=rejections)
+    manager = EndpointsManager(store, metrics, clock=clock, rejections=rejections)
     await manager.start()
     assert [w.id for w, _ in manager.workloads()] == ["shop/vm-3"]  # the rest is served
     assert manager.rejected() == ["shop/vm-1", "shop/vm-2"]
@@ -542,7 +561,7 @@ SENDER = "endpoints-vm-test"  # the instance name: the provider's registry recor
 
 
 class Heard:
-    """The events a real :class:`Subscriber` of the topic delivers, in order."""
+    """The events a real :class:`Subscriber` of the replicas' topic delivers, in order."""
 
     def __init__(self) -> None:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -555,7 +574,7 @@ class Heard:
 
     async def next(self) -> tuple[str, str, str]:
         event = await asyncio.wait_for(self.events.get(), 5.0)
-        assert event.topic == TOPIC
+        assert event.topic == MIRROR
         return event.kind, event.key, event.sender
 
 
@@ -564,7 +583,7 @@ async def road(redis_server: RedisServer) -> AsyncIterator[tuple[Outbox, Heard]]
     client = redis_without_retries(redis_server.url, socket_timeout=1.0)
     outbox = Outbox(Publisher(client, sender=SENDER), Health())
     heard = Heard()
-    subscriber = Subscriber(redis_server.url, [TOPIC], heard.on_event, heard.on_resync)
+    subscriber = Subscriber(redis_server.url, [MIRROR], heard.on_event, heard.on_resync)
     stop = asyncio.Event()
     tasks = [asyncio.create_task(subscriber.run(stop)), asyncio.create_task(outbox.run(stop))]
     await asyncio.wait_for(subscriber.ready.wait(), 5.0)
@@ -586,15 +605,16 @@ async def road(redis_server: RedisServer) -> AsyncIterator[tuple[Outbox, Heard]]
 def on_the_road(
     outbox: Outbox, store: InMemoryWorkloadStore, clock: FakeClock, metrics: EndpointMetrics
 ) -> EndpointsManager:
-    """A manager that signals as ``main`` wires it: through the outbox, topic ``endpoints``."""
+    """A manager that signals the other replicas as ``main`` wires it: through the outbox,
+    topic ``workloads``."""
 
-    async def signal(kind: str, key: str) -> int:
-        return await outbox.signal(TOPIC, kind, key)
+    async def notify(kind: str, workload_id: str) -> int:
+        return await outbox.signal(MIRROR, kind, workload_id)
 
-    return EndpointsManager(store, signal, metrics, clock=clock)
+    return EndpointsManager(store, metrics, clock=clock, notify=notify)
 
 
-async def test_a_subscriber_hears_each_change_with_its_key_and_the_provider_as_sender(
+async def test_a_replica_hears_each_change_with_its_workload_and_the_sender(
     road: tuple[Outbox, Heard],
     store: InMemoryWorkloadStore,
     clock: FakeClock,
@@ -608,9 +628,9 @@ async def test_a_subscriber_hears_each_change_with_its_key_and_the_provider_as_s
     await manager.register(make_workload("vm-2", services=("web",), address="10.0.0.2"))
     await manager.deregister("shop/vm-2")
     assert [await heard.next() for _ in range(3)] == [
-        ("changed", "shop/api", SENDER),
-        ("changed", "shop/web", SENDER),
-        ("removed", "shop/web", SENDER),
+        ("changed", "shop/vm-1", SENDER),
+        ("changed", "shop/vm-2", SENDER),
+        ("changed", "shop/vm-2", SENDER),
     ]
 
 
@@ -629,7 +649,10 @@ async def test_a_signal_redis_does_not_take_is_kept_and_sent_when_it_is_back(
     await manager.register(make_workload(ttl=10.0))
     clock.now = NOW + 10
     await manager.expire_once()
-    assert [await heard.next() for _ in range(2)] == [("changed", "shop/api", SENDER)] * 2
+    assert [await heard.next() for _ in range(2)] == [
+        ("changed", "shop/vm-1", SENDER),
+        ("expired", "shop/vm-1", SENDER),
+    ]
 
     redis_server.kill()
     store.down = True  # the store is the same Redis
@@ -642,23 +665,22 @@ async def test_a_signal_redis_does_not_take_is_kept_and_sent_when_it_is_back(
     store.down = False
 
     async def sent() -> bool:
-        return outbox.pending == 0 and await redis_client.get(revision_key(TOPIC)) == b"3"
+        return outbox.pending == 0 and await redis_client.get(revision_key(MIRROR)) == b"3"
 
     await eventually(sent, timeout=10, message="the kept signal published once Redis is back")
 
 
 async def test_a_restart_does_not_expire_workloads_whose_heartbeats_it_missed(
     store: InMemoryWorkloadStore,
-    bell: Bell,
     clock: FakeClock,
     metrics: EndpointMetrics,
     make_workload: MakeWorkload,
 ) -> None:
-    first = EndpointsManager(store, bell, metrics, clock=clock)
+    first = EndpointsManager(store, metrics, clock=clock)
     await first.start()
     await first.register(make_workload(ttl=3.0))
     clock.now = NOW + 5  # down for longer than the TTL: no heartbeat could arrive
-    second = EndpointsManager(store, bell, EndpointMetrics(CollectorRegistry()), clock=clock)
+    second = EndpointsManager(store, EndpointMetrics(CollectorRegistry()), clock=clock)
     await second.start()
     assert addresses(second, API) == ["10.0.0.1"]
     assert await second.expire_once() == 0

@@ -4,7 +4,7 @@ tests run as its user: see ``redis_client`` in conftest.py)."""
 from fnmatch import fnmatch
 
 from trellis_endpoints_vm.main import service
-from trellis_endpoints_vm.manager import MIRROR, TOPIC
+from trellis_endpoints_vm.manager import MIRROR
 from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.store import RedisWorkloadStore
 from trellis_identity.onboarding import TokenStore
@@ -16,7 +16,7 @@ def test_the_acl_table_row_matches_endpoints_vm() -> None:
     row = COMPONENTS[service.name]
     assert row.kind == service.kind
     # certmanager: to join and renew its own identity; MIRROR: its replicas' changes
-    assert (row.publishes, row.discovers) == ((TOPIC, MIRROR), ("certmanager",))
+    assert (row.publishes, row.discovers) == ((MIRROR,), ("certmanager",))
     # the runtime's (in every component), and the other replicas' changes
     assert row.follows == (*RevokedIdentities.topics, *WorkloadFollower.topics)
     store = RedisWorkloadStore(None)  # type: ignore[arg-type]  # only its keys

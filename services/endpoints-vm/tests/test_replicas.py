@@ -11,6 +11,7 @@ heartbeat never puts back a registration that is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -18,9 +19,10 @@ import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
+from trellis_common.changefeed import Watch
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import Workload
-from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
+from trellis_endpoints_vm.manager import MIRROR, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.store import RedisWorkloadStore
@@ -49,7 +51,11 @@ class Replica:
     manager: EndpointsManager
     health: Health
     leads: list[bool] = field(default_factory=lambda: [False])
-    signalled: list[tuple[str, str]] = field(default_factory=list)  # topic endpoints
+    watches: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def pushed(self) -> Watch[ServiceKey]:
+        """A watch of this replica's changes (what the catalog's WatchServices hears)."""
+        return self.watches.enter_context(self.manager.feed.watch())
 
     def leading(self) -> bool:
         return self.leads[0]
@@ -79,20 +85,14 @@ async def replicas(
         outbox = Outbox(Publisher(client, sender=name), health)
         replica = Replica(name, None, health)  # type: ignore[arg-type]  # set just below
 
-        def sender(topic: str, replica: Replica = replica, outbox: Outbox = outbox) -> object:
-            async def send(kind: str, key: str) -> int:
-                if topic == TOPIC:
-                    replica.signalled.append((kind, key))
-                return await outbox.signal(topic, kind, key)
-
-            return send
+        async def notify(kind: str, workload_id: str, outbox: Outbox = outbox) -> int:
+            return await outbox.signal(MIRROR, kind, workload_id)
 
         replica.manager = EndpointsManager(
             RedisWorkloadStore(redis_client),
-            sender(TOPIC),  # type: ignore[arg-type]
             EndpointMetrics(CollectorRegistry()),
             clock=clock,
-            notify=sender(MIRROR),  # type: ignore[arg-type]
+            notify=notify,
             leading=replica.leading,
         )
         await replica.manager.start()
@@ -112,6 +112,8 @@ async def replicas(
             await asyncio.wait_for(replica.manager.signalled(), 10)
         stop.set()
         await asyncio.gather(*tasks)
+        for replica in made:
+            replica.watches.close()
         for client in clients:
             await client.aclose()
 
@@ -130,13 +132,14 @@ async def test_a_registration_at_either_replica_is_served_by_both(
     replicas: tuple[Replica, Replica], make_workload: MakeWorkload, vm: Workload
 ) -> None:
     leader, standby = replicas
+    heard = standby.pushed()
     await leader.manager.register(vm)
     await eventually(lambda: standby.addresses() == ["10.0.0.1"])
+    # the standby pushes its own view's change to its watches too: whichever replica the
+    # catalog watches answers the same once the replicas' signals have passed
+    assert heard.take() == [API]
     await standby.manager.register(make_workload("vm-2", services=("api",), address="10.0.0.2"))
     await eventually(lambda: leader.addresses() == ["10.0.0.1", "10.0.0.2"])
-    # the standby tells the catalog of its own view's change too: the fetch after the last
-    # signal reads a replica that has caught up, whichever the catalog follows
-    assert ("changed", "shop/api") in standby.signalled
 
     await standby.manager.deregister("shop/vm-1")
     await eventually(lambda: leader.addresses() == ["10.0.0.2"])

@@ -62,15 +62,11 @@ REPORTS = [_bookstore("bookstore-v1", "10.0.0.1"), _bookstore("bookstore-v2", "1
 V2_MOVED = _bookstore("bookstore-v2", "10.0.0.9")
 
 
-async def _announce(kind: str, key: str) -> int:
-    return 1
-
-
 def _catalog(seed: int | None) -> Catalog:
     """A replica fed the bookstore: in one go (no seed), or in a shuffled order, in pieces."""
     documents, errors = load_paths([ROOT / "examples" / "bookstore"], kinds())
     assert errors == []
-    catalog = Catalog(_announce)
+    catalog = Catalog()
     proxies, reports = list(PROXIES), list(REPORTS)
     if seed is not None:
         shuffle = random.Random(seed)

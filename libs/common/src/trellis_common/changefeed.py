@@ -42,14 +42,18 @@ class Watch(Generic[K]):
         if self._pending:
             self._ready.set()
 
+    def take(self) -> list[K]:
+        """Every key changed so far, without waiting (none: an empty list)."""
+        taken, self._pending = list(self._pending), {}
+        self._ready.clear()
+        return taken
+
     async def next(self) -> list[K]:
         """Wait until some key changed, then take every key changed so far."""
         while not self._pending:
             self._ready.clear()
             await self._ready.wait()
-        taken, self._pending = list(self._pending), {}
-        self._ready.clear()
-        return taken
+        return self.take()
 
 
 class ChangeFeed(Generic[K]):

@@ -194,8 +194,9 @@ COMPONENTS: Mapping[str, Component] = {
             keys=("endpoints-vm:*", *leader_keys("endpoints-vm")),
             # the injector's onboarding tokens: a scoped token registers a workload
             reads=("injector:onboarding-tokens:*",),
-            # workloads: what a replica changed, for the other replicas (it follows it too)
-            publishes=("endpoints", "workloads"),
+            # workloads: what a replica changed, for the other replicas (it follows it too);
+            # its services' changes go to the catalog's watch (WatchServices), not Redis
+            publishes=("workloads",),
             follows=("identities", "workloads"),
             discovers=("certmanager",),  # to join and renew its identity
             # a token's uses: taken (INCRBY, redis-py's incr) and given back (DECRBY);
@@ -214,7 +215,6 @@ COMPONENTS: Mapping[str, Component] = {
         Component(
             "catalog",
             kind="catalog",
-            publishes=("views",),
             follows=("registry", "certificates", "identities"),  # providers: WatchServices
             discovers=("endpoints-provider", "certmanager"),
             commands=AUDIT_COMMANDS,  # the catalog runs the Redis audit

@@ -4,15 +4,14 @@ Inputs: the specification (documents), what each endpoints provider reports, the
 expected (a proxy certificate was issued) and connected, and the service certificates.
 Every input marks what it touches as dirty and wakes one recompute loop, which flushes at
 once (the leading edge: a lone change never waits for a quiet period), and coalesces what
-arrives while a flush is built and announced into the next flush, which follows at once:
-under churn a change waits for at most one flush and one announce, however steady the
-stream. The recompute rebuilds what the dirty inputs touched (services, clusters,
-policies), the resource store (:mod:`~trellis_catalog.domain.publish.resources`) gives a new version
-to each policy, slice and destination that changed, and the batch is signalled once on the
-``views`` topic with the cursor after it (consumers ask :meth:`Catalog.changes_since` what
-moved, then fetch it by name). A watcher (``WatchChanges``, proxy-cp's) is woken at once by
-:meth:`Catalog.moved_after`, before the signal leaves. Certificates are not among the
-resources: they reach proxy-cp from certmanager, on one path.
+arrives while a flush is built into the next flush, which follows at once: under churn a
+change waits for at most one flush, however steady the stream. The recompute rebuilds
+what the dirty inputs touched (services, clusters, policies), the resource store
+(:mod:`~trellis_catalog.domain.publish.resources`) gives a new version to each policy,
+slice and destination that changed, as one revision, and every watcher (``WatchChanges``,
+proxy-cp's) is woken at once (:meth:`Catalog.moved_after`) to send what moved since its
+last answer (:meth:`Catalog.changes_since`). Certificates are not among the resources:
+they reach proxy-cp from certmanager, on one path.
 A flush runs in steps (between services and between identities) and gives the event loop
 back every :data:`STEP_SECONDS` of work, so a full build never stalls the APIs.
 
@@ -21,17 +20,16 @@ the providers' reports, certmanager's proxy records: each replica follows them a
 every version a consumer compares (policies, slices, destinations) is a digest of the
 content (:mod:`~trellis_catalog.domain.model.contentversion`), equal on every replica and across
 restarts. Only the cursor is a replica's own: another's gets a full listing, from which
-proxy-cp refetches only the resources whose version differs from the one it holds. Both
-replicas announce each change on ``views``; the second announce lists nothing new (or, on
-the other replica, what that one now has), so a consumer does no work twice. The rule for
-a replica that lags (it applied an input a moment after the other): versions carry no
-order, so a consumer that switched to it in that moment may take the older resource, then
-the newer one on its next flush, which signals again; the flap lasts one flush of the
-lagging replica, and is accepted rather than ordered by input revisions (the spec
-directory has none). What a replica knows alone: the proxies connected
-to the proxy-cps that talk to it (``RegisterProxy``; a proxy-cp registers them all again
-with a replica it switches to), and, while the proxies of one identity run under several
-accounts, which was established first (onboarding order as this replica heard it).
+proxy-cp refetches only the resources whose version differs from the one it holds. A
+proxy-cp watches one replica at a time. The rule for a replica that lags (it applied an
+input a moment after the other): versions carry no order, so a consumer that switched to
+it in that moment may take the older resource, then the newer one on its next flush,
+which answers the watch again; the flap lasts one flush of the lagging replica, and is
+accepted rather than ordered by input revisions (the spec directory has none). What a
+replica knows alone: the proxies connected to the proxy-cps that talk to it
+(``RegisterProxy``; a proxy-cp registers them all again with a replica it switches to),
+and, while the proxies of one identity run under several accounts, which was established
+first (onboarding order as this replica heard it).
 
 :class:`Catalog` is the façade over the parts, each its own domain module:
 :class:`~trellis_catalog.domain.index.reports.ProviderReports` (the provider merge),
@@ -47,7 +45,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from trellis_catalog.domain.access.policy import PolicyBuilder
@@ -68,8 +66,6 @@ from trellis_spec import statuses
 from trellis_spec.steps import Steps, drain, full_collections_paused, run_in_steps
 
 __all__ = [
-    "TOPIC",
-    "Announce",
     "Catalog",
     "CertificateRef",
     "ProxyRecord",
@@ -83,8 +79,6 @@ log = logging.getLogger(__name__)
 ACCOUNT_CONFLICT = "proxy-account"
 
 #: Signals (kind, key) on the ``views`` topic; an owner's ``Outbox.signal`` bound to it.
-Announce = Callable[[str, str], Awaitable[int]]
-TOPIC = "views"
 STEP_SECONDS = 0.005  # the longest a flush holds the event loop between two steps
 FREEZE_AFTER = 0.05  # seconds of work: a flush this big freezes what it built (flush_in_steps)
 
@@ -102,14 +96,12 @@ class Catalog:
 
     def __init__(
         self,
-        announce: Announce,
         trust_domain: str = "cluster.local",
         cluster_domain: str = "cluster.local",
         health: Health | None = None,
         clock: Callable[[], float] = time.time,
         freeze_heap: bool = False,
     ) -> None:
-        self._announce = announce
         self._freeze_heap = freeze_heap  # the service's: see flush_in_steps
         self.health = health if health is not None else Health()
         self.reports = ProviderReports()
@@ -383,8 +375,8 @@ class Catalog:
             await self._moved.wait()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """The batching loop: flush on the first input, announce, and go again at once if
-        more came meanwhile (see the module's docstring).
+        """The batching loop: flush on the first input, wake the watchers, and go again at
+        once if more came meanwhile (see the module's docstring).
 
         A flush that fails is reported (a rejection ``catalog/flush`` with the reason, in
         ``/v1/status``) and retried on the next input; the last good views stay in force.
@@ -411,19 +403,14 @@ class Catalog:
         return self._recompute.destination(known)
 
     async def flush_and_announce(self) -> Published | None:
-        """Flush, then signal ``views``/``changed`` with the cursor after the flush when any
-        resource moved (consumers ask what moved since their cursor)."""
+        """Flush; when any resource moved, the watchers were woken by the flush (they send
+        what moved since their cursor), and it is logged."""
         published = await self.flush_in_steps()
         if published is None:
             return None
-        cursor = self.resources.cursor
-        try:
-            await self._announce("changed", cursor)
-        except Exception as exc:  # noqa: BLE001 (a lost bell costs consumers a resync)
-            log.warning("catalog.announce_failed cursor=%s error=%r", cursor, exc)
         log.info(
             "catalog.resources_changed cursor=%s resources=%d took_ms=%.1f",
-            cursor,
+            self.resources.cursor,
             len(published.changes),
             self.last_flush_seconds * 1000,
         )

@@ -7,7 +7,7 @@ import logging
 
 from trellis_api import catalog_pb2_grpc
 from trellis_catalog import metrics
-from trellis_catalog.catalog import TOPIC, Catalog
+from trellis_catalog.catalog import Catalog
 from trellis_catalog.clients.certs import CertificateFollower, CertificateIssuer
 from trellis_catalog.clients.providers import ProviderFollower
 from trellis_catalog.settings import CatalogSettings
@@ -34,13 +34,7 @@ async def first_endpoints(providers: ProviderFollower, timeout: float) -> None:
 
 
 async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
-    outbox = runtime.outbox
-
-    async def announce(kind: str, key: str) -> int:
-        return await outbox.signal(TOPIC, kind, key)
-
     catalog = Catalog(
-        announce,
         trust_domain=settings.trust_domain,
         cluster_domain=settings.cluster_domain,
         health=runtime.health,

@@ -12,7 +12,7 @@ from trellis_common.documents import istio
 from trellis_common.documents.base import KindRegistry
 from trellis_common.specdir import SpecChange, SpecDirectory
 from trellis_endpoints_vm.domain.declarations import from_documents
-from trellis_endpoints_vm.manager import MIRROR, TOPIC, EndpointsManager
+from trellis_endpoints_vm.manager import MIRROR, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.settings import EndpointsVmSettings
@@ -112,9 +112,6 @@ class Declarations:
 async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts:
     outbox = runtime.outbox  # signals as settings.instance_name: our registry record's name
 
-    async def signal(kind: str, key: str) -> int:
-        return await outbox.signal(TOPIC, kind, key)
-
     async def notify(kind: str, workload_id: str) -> int:  # for the other replicas
         return await outbox.signal(MIRROR, kind, workload_id)
 
@@ -123,7 +120,6 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
     metrics = EndpointMetrics(runtime.metrics)
     manager = EndpointsManager(
         RedisWorkloadStore(runtime.redis, min_replicas=settings.redis_min_replicas_ack),
-        signal,
         metrics,
         rejections=runtime.health.rejections,
         store_timeout=settings.store_timeout,

@@ -1,13 +1,11 @@
-"""endpoints-vm's state: the registry, its durable store, and the signals of its changes.
+"""endpoints-vm's state: the registry, its durable store, and the changes it pushes.
 
 Every mutation (a registration, a heartbeat that revives a workload, a deregistration, an
 expiry, a reload of declarations) runs under one lock: the registry computes which service
-views changed, and the manager counts them in ``revision``. Once the lock is released, each
-change is signalled on the one event path (``docs/architecture.md``, "One event path"):
-topic ``endpoints``, kind ``changed`` or ``removed``, key ``"<namespace>/<service>"``.
-A consumer that hears it fetches the service with ``GetService`` (NOT_FOUND: removed), so
-the signal carries no state and the order of two signals does not matter: the fetch
-after the last one reads the last state.
+views changed, the manager counts them in ``revision`` and tells its :attr:`feed` at once,
+which pushes them on the catalog's watches (``WatchServices``: each service as it is when
+the answer is written, so the catalog's last answer holds the last state;
+``docs/architecture.md``, "How a change travels").
 
 Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKeeper`):
 
@@ -23,7 +21,7 @@ Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKee
   *held* alive until Redis is back and then for one more TTL: no workload expires because
   the control plane could not write.
 * **Reads never touch Redis**: views and listings come from memory, the last known state.
-* **Signals are kept, and never hold a caller long.** The service's
+* **The replicas' signals are kept, and never hold a caller long.** The service's
   :class:`~trellis_runtime.events.Outbox` keeps a signal Redis does not take and sends it
   when Redis is back. A caller waits for its signals at most ``store_timeout`` (a frozen
   Redis answers nothing until the socket times out); the signal goes on in the background.
@@ -32,8 +30,9 @@ Replicas (:mod:`trellis_endpoints_vm.replicas`): any replica takes registrations
 heartbeats. Each change a replica makes to its registry is also signalled on the
 :data:`MIRROR` topic (key: the workload id; kinds ``changed``, ``expired``, ``revived``),
 and the other replicas read that workload back from Redis (:meth:`EndpointsManager.mirror`)
-or take the verdict (:meth:`EndpointsManager.verdict`), then signal their own view changes,
-so that whichever replica the catalog asks answers the same once the signals have passed.
+or take the verdict (:meth:`EndpointsManager.verdict`), then push their own view changes
+to the watches they serve, so that whichever replica the catalog watches answers the same
+once the signals have passed.
 Only the leader (``leading``) judges expiry, with the heartbeats other replicas stored
 read back first: the TTL is judged once.
 
@@ -65,27 +64,23 @@ from trellis_runtime.stored import Refused
 
 log = logging.getLogger(__name__)
 
-#: ``signal(kind, key)``: publish (or keep) one signal of :data:`TOPIC`, e.g.
-#: ``lambda kind, key: runtime.outbox.signal(TOPIC, kind, key)``.
+#: ``signal(kind, key)``: publish (or keep) one signal of :data:`MIRROR`, e.g.
+#: ``lambda kind, key: runtime.outbox.signal(MIRROR, kind, key)``.
 Signal = Callable[[str, str], Awaitable[object]]
-#: The topic of the one event path this provider owns (keys: "<namespace>/<service>").
-TOPIC = "endpoints"
 CHANGED = "changed"
-REMOVED = "removed"
 #: The replicas' topic: which workload changed (kinds CHANGED, EXPIRED, REVIVED).
 MIRROR = "workloads"
 EXPIRED = "expired"
 REVIVED = "revived"
 REJECTION_SOURCE = "redis"
 
-__all__ = ["TOPIC", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
+__all__ = ["MIRROR", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
 
 
 class EndpointsManager:
     def __init__(
         self,
         store: WorkloadStore,
-        signal: Signal,
         metrics: EndpointMetrics,
         clock: Callable[[], float] = time.time,
         *,
@@ -96,7 +91,6 @@ class EndpointsManager:
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
-        self._signal = signal
         self._notify = notify  # the MIRROR topic, for the other replicas
         self._leading = leading
         self._metrics = metrics
@@ -128,15 +122,15 @@ class EndpointsManager:
         self.bind_gauges()
 
     async def start(self) -> None:
-        """Load the stored registrations (no signals: a consumer resyncs when it finds
-        this provider in the registry, and the registry says it is up)."""
+        """Load the stored registrations (nothing pushed: a watch starts with every
+        service)."""
         now = self._clock()
         loaded = await self._store.load_all()
         for workload in loaded.records:
             self.registry.upsert(workload, now)
         for rejected in loaded.rejected:
             self._rejected.add(rejected)
-        granted, _ = self.registry.restarted(now)  # no signals yet: consumers resync
+        granted, _ = self.registry.restarted(now)  # no watch yet: each starts in full
         log.info(
             "endpoints.loaded workloads=%d services=%d rejected=%d grace=%d until=one-ttl",
             len(self.registry.workloads),
@@ -165,7 +159,7 @@ class EndpointsManager:
             await self._durably("register", workload.id, self.keeper.put(workload))
             self._rejected.overwritten(workload.id)
             self._metrics.registrations.inc()
-            signals = self._count(self.registry.upsert(workload, now))
+            self._count(self.registry.upsert(workload, now))
             log.debug(
                 "workload.registered workload=%s services=%s address=%s ttl=%s",
                 workload.id,
@@ -173,7 +167,7 @@ class EndpointsManager:
                 workload.address,
                 workload.ttl,
             )
-        await self._send(signals, [(CHANGED, workload.id)])
+        await self._send([(CHANGED, workload.id)])
         return workload
 
     async def heartbeat(self, workload_id: str) -> Workload:
@@ -185,8 +179,8 @@ class EndpointsManager:
                 self.registry.hold(now, [workload_id])
             if changes:
                 log.debug("workload.revived workload=%s", workload_id)
-            signals = self._count(changes)
-        await self._send(signals, [(REVIVED, workload_id)] if changes else [])
+            self._count(changes)
+        await self._send([(REVIVED, workload_id)] if changes else [])
         return beaten
 
     async def deregister(self, workload_id: str) -> None:
@@ -201,9 +195,9 @@ class EndpointsManager:
                 return
             await self._durably("deregister", workload_id, self.keeper.delete(workload_id))
             self._rejected.overwritten(workload_id)
-            signals = self._count(self.registry.remove(workload_id, self._clock()))
+            self._count(self.registry.remove(workload_id, self._clock()))
             log.debug("workload.deregistered workload=%s", workload_id)
-        await self._send(signals, [(CHANGED, workload_id)])
+        await self._send([(CHANGED, workload_id)])
 
     def workload(self, workload_id: str) -> Workload | None:
         """The registration of ``workload_id``, if there is one."""
@@ -245,11 +239,10 @@ class EndpointsManager:
     ) -> list[str]:
         """Replace the declared ServiceEntries/WorkloadEntries; returns host conflicts."""
         async with self._lock:
-            signals = self._count(self.registry.declare(entries, workload_entries, self._clock()))
+            self._count(self.registry.declare(entries, workload_entries, self._clock()))
             for conflict in self.registry.conflicts:
                 log.warning("declarations.conflict detail=%r", conflict)
             conflicts = list(self.registry.conflicts)
-        await self._send(signals)
         return conflicts
 
     # -- expiry ------------------------------------------------------------------------
@@ -291,10 +284,10 @@ class EndpointsManager:
                 log.warning("workload.expired workload=%s reason=no-heartbeat", workload_id)
             revived = sorted(dead - self.registry.dead() - set(expired))
             self._metrics.expirations.inc(len(expired))
-            signals = self._count(changes)
+            changed = self._count(changes)
         verdicts = [(EXPIRED, i) for i in expired] + [(REVIVED, i) for i in revived]
-        await self._send(signals, verdicts)
-        return len(signals)
+        await self._send(verdicts)
+        return changed
 
     # -- the other replicas' changes ------------------------------------------------------
 
@@ -309,9 +302,7 @@ class EndpointsManager:
             changes: list[Change] = []
             for workload_id in ids:
                 changes += self._take(workload_id, stored.get(workload_id), now, gone)
-            signals = self._count(changes)
-        await self._send(signals)
-        return len(signals)
+            return self._count(changes)
 
     async def mirror_all(self) -> int:
         """Take everything the store holds (after missed signals); returns the views changed."""
@@ -327,9 +318,7 @@ class EndpointsManager:
             for workload_id in sorted(set(stored) | set(self.registry.workloads)):
                 if workload_id not in refused:
                     changes += self._take(workload_id, stored.get(workload_id), now, gone)
-            signals = self._count(changes)
-        await self._send(signals)
-        return len(signals)
+            return self._count(changes)
 
     def _take(
         self, workload_id: str, stored: Workload | None, now: float, gone: set[str]
@@ -356,9 +345,7 @@ class EndpointsManager:
     async def verdict(self, workload_id: str, alive: bool) -> int:
         """The leader judged ``workload_id`` expired, or a replica heard it revive."""
         async with self._lock:
-            signals = self._count(self.registry.judge(workload_id, alive, self._clock()))
-        await self._send(signals)
-        return len(signals)
+            return self._count(self.registry.judge(workload_id, alive, self._clock()))
 
     async def run_expiry(self, stop: asyncio.Event, interval: float = 0.5) -> None:
         while not stop.is_set():
@@ -383,43 +370,29 @@ class EndpointsManager:
 
     # -- signals ------------------------------------------------------------------------
 
-    def _count(self, changes: list[Change]) -> list[tuple[str, str]]:
-        """Count ``changes`` (under the lock) and push them to the watches at once; the
-        signals to send once the lock is released."""
+    def _count(self, changes: list[Change]) -> int:
+        """Count ``changes`` (under the lock) and push them to the catalog's watches at
+        once (:attr:`feed`); returns how many views changed."""
         self.revision += len(changes)
         self._metrics.changes.inc(len(changes))
         self.feed.changed(c.key for c in changes)
-        return [(CHANGED if c.view is not None else REMOVED, str(c.key)) for c in changes]
+        return len(changes)
 
-    async def _send(
-        self, signals: list[tuple[str, str]], mirrored: Sequence[tuple[str, str]] = ()
-    ) -> None:
-        """Signal each change: the other replicas first (``mirrored``), waited for at most
-        the store timeout, then the ``endpoints`` signals, in the background (the catalog
-        has the change already, from its watch: :attr:`feed`).
+    async def _send(self, mirrored: Sequence[tuple[str, str]]) -> None:
+        """Tell the other replicas which workloads changed (:data:`MIRROR`); wait for it at
+        most the store timeout.
 
         Called right after the lock is released (no await in between), so the tasks are
-        made, and take ``_in_order``, in the order of the changes: a consumer that takes
-        a ``removed`` at its word never hears it after a later ``changed``. A slow Redis
-        holds up no other call. A signal Redis does not take is kept by the outbox; one
-        that outlives the wait goes on in the background (and is kept if Redis refuses).
+        made, and take ``_in_order``, in the order of the changes. A slow Redis holds up
+        no other call. A signal Redis does not take is kept by the outbox; one that
+        outlives the wait goes on in the background (and is kept if Redis refuses).
         """
-        if self._notify is None:
-            mirrored = ()
-        if not signals and not mirrored:
+        if self._notify is None or not mirrored:
             return
-        replicas_told = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(self._send_all(signals, mirrored, replicas_told))
+        task = asyncio.get_running_loop().create_task(self._send_all(mirrored))
         self._signalling.add(task)
         task.add_done_callback(self._signalling.discard)
-        if not mirrored:
-            return
-        told = loop.create_task(replicas_told.wait())
-        done, _ = await asyncio.wait(
-            {task, told}, timeout=self._signal_timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-        told.cancel()
+        done, _ = await asyncio.wait({task}, timeout=self._signal_timeout)
         if not done:
             log.warning(
                 "replicas.signal_slow signals=%d first=%s waited=%ss action=continuing-behind",
@@ -428,25 +401,15 @@ class EndpointsManager:
                 self._signal_timeout,
             )
 
-    async def _send_all(
-        self,
-        signals: list[tuple[str, str]],
-        mirrored: Sequence[tuple[str, str]],
-        replicas_told: asyncio.Event,
-    ) -> None:
+    async def _send_all(self, mirrored: Sequence[tuple[str, str]]) -> None:
+        notify = self._notify
+        assert notify is not None  # _send checked
         async with self._in_order:
-            notify = self._notify
-            for kind, workload_id in mirrored if notify is not None else ():
+            for kind, workload_id in mirrored:
                 try:
-                    await notify(kind, workload_id)  # type: ignore[misc]  # not None here
-                except Exception:
-                    log.exception("replicas.signal_failed kind=%s workload=%s", kind, workload_id)
-            replicas_told.set()
-            for kind, key in signals:
-                try:
-                    await self._signal(kind, key)
+                    await notify(kind, workload_id)
                 except Exception:  # the outbox keeps what Redis refuses: anything else is a bug
-                    log.exception("endpoints.signal_failed kind=%s service=%s", kind, key)
+                    log.exception("replicas.signal_failed kind=%s workload=%s", kind, workload_id)
 
     async def signalled(self) -> None:
         """Wait until every signal sent so far has been published or kept."""

@@ -16,7 +16,6 @@ from google.protobuf.message import Message
 from trellis_api import catalog_pb2 as pb
 from trellis_proxy_cp.cache import inputs
 from trellis_runtime.locate import Locator
-from trellis_runtime.signaling import Publisher
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _epochs = itertools.count(1)
@@ -47,21 +46,16 @@ class FakeCatalog:
       :meth:`restart` ends the watches (a new process).
     * ``RegisterProxy`` and ``UnregisterProxy`` keep ``registered`` (common name -> proxy-cp).
 
-    With ``failing``, every call fails UNAVAILABLE. With a ``publisher``, each change is
-    signalled on the topic ``views`` (kind ``changed``, key: the new cursor), as the catalog
-    does after a flush.
+    With ``failing``, every call fails UNAVAILABLE.
     """
 
-    def __init__(
-        self, expected: Mapping[str, str] | None = None, publisher: Publisher | None = None
-    ) -> None:
+    def __init__(self, expected: Mapping[str, str] | None = None) -> None:
         self.expected = dict(expected or {})
         self.serials: dict[str, str] = {}  # common name -> current serial, when set
         self.calls = 0
         self.gate: asyncio.Event | None = None
         self.failing = False
         self.address = ""
-        self.publisher = publisher
         self.views: dict[str, pb.View] = {}
         self.destinations: dict[str, pb.Destination] = {}  # "<namespace>/<name>" ->
         self.view_calls: Counter[str] = Counter()
@@ -108,10 +102,6 @@ class FakeCatalog:
         rung, self._moved = self._moved, asyncio.Event()
         rung.set()
 
-    async def signal(self) -> None:
-        if self.publisher is not None:
-            await self.publisher.publish("views", "changed", self.cursor)
-
     def _current(self) -> dict[str, pb.Resource]:
         found: dict[str, pb.Resource] = {}
         for identity, view in sorted(self.views.items()):
@@ -144,7 +134,6 @@ class FakeCatalog:
             for name in moved:
                 self._changed[name] = self._sequence
             self._ring()
-        await self.signal()
         return self.cursor
 
     async def _enter(self, context: Context) -> None:
@@ -279,10 +268,10 @@ class FakeCatalog:
 
 @asynccontextmanager
 async def fake_catalog(
-    expected: Mapping[str, str] | None = None, publisher: Publisher | None = None
+    expected: Mapping[str, str] | None = None,
 ) -> AsyncIterator[FakeCatalog]:
     """A :class:`FakeCatalog` serving on a free port of 127.0.0.1 (``address``)."""
-    catalog = FakeCatalog(expected, publisher)
+    catalog = FakeCatalog(expected)
     server = grpc.aio.server()
     catalog.register(server)
     port = server.add_insecure_port("127.0.0.1:0")
