@@ -23,8 +23,9 @@ Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKee
 * **Reads never touch Redis**: views and listings come from memory, the last known state.
 * **The replicas' signals are kept, and never hold a caller long.** The service's
   :class:`~trellis_runtime.events.Outbox` keeps a signal Redis does not take and sends it
-  when Redis is back. A caller waits for its signals at most ``store_timeout`` (a frozen
-  Redis answers nothing until the socket times out); the signal goes on in the background.
+  when Redis is back. They leave in the background, in order; a caller waits only while
+  more than :data:`SIGNALS_BEHIND` are on their way, and then at most ``store_timeout`` (a
+  frozen Redis answers nothing until the socket times out).
 
 Replicas (:mod:`trellis_endpoints_vm.replicas`): any replica takes registrations and
 heartbeats. Each change a replica makes to its registry is also signalled on the
@@ -73,6 +74,8 @@ MIRROR = "workloads"
 EXPIRED = "expired"
 REVIVED = "revived"
 REJECTION_SOURCE = "redis"
+#: The replicas' signals a caller lets go ahead without waiting for them.
+SIGNALS_BEHIND = 64
 
 __all__ = ["MIRROR", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
 
@@ -379,19 +382,24 @@ class EndpointsManager:
         return len(changes)
 
     async def _send(self, mirrored: Sequence[tuple[str, str]]) -> None:
-        """Tell the other replicas which workloads changed (:data:`MIRROR`); wait for it at
-        most the store timeout.
+        """Tell the other replicas which workloads changed (:data:`MIRROR`), in the
+        background: the change is durable (stored) and served (pushed to the watches)
+        already, and a replica reads it back from the store whenever the signal lands. A
+        caller waits only while more than :data:`SIGNALS_BEHIND` signals are on their way
+        (a slow Redis: back-pressure, not a queue that grows), and then at most the store
+        timeout.
 
         Called right after the lock is released (no await in between), so the tasks are
-        made, and take ``_in_order``, in the order of the changes. A slow Redis holds up
-        no other call. A signal Redis does not take is kept by the outbox; one that
-        outlives the wait goes on in the background (and is kept if Redis refuses).
+        made, and take ``_in_order``, in the order of the changes. A signal Redis does not
+        take is kept by the outbox.
         """
         if self._notify is None or not mirrored:
             return
         task = asyncio.get_running_loop().create_task(self._send_all(mirrored))
         self._signalling.add(task)
         task.add_done_callback(self._signalling.discard)
+        if len(self._signalling) <= SIGNALS_BEHIND:
+            return
         done, _ = await asyncio.wait({task}, timeout=self._signal_timeout)
         if not done:
             log.warning(
