@@ -4,20 +4,19 @@ The requirement: register 10,000 workloads across 1,000 services, report registr
 second and the time from a registration to a consumer knowing of it (median, p99). So this
 runs the whole path, as an operator's agents and the catalog would: a real
 ``redis-server`` (AOF, fsync on every write, like a Redis with persistence),
-``endpoints-vm`` as its own process, and in this process a consumer on the one event path
-(a :class:`~trellis_runtime.events.Signals` hub subscribed to the topic ``endpoints``, whose
-follower calls ``GetService`` over gRPC on each signal, :class:`bench.load.Consumer`) and
-``POST /v1/workloads`` calls over keep-alive connections, :data:`CONCURRENCY` in flight.
+``endpoints-vm`` as its own process, and in this process a consumer as the catalog follows
+a provider (one ``WatchServices`` stream over gRPC, as the catalog's identity:
+:class:`bench.load.Consumer`) and ``POST /v1/workloads`` calls over keep-alive
+connections, :data:`CONCURRENCY` in flight.
 Workload ``i`` is ``bench/w-{i}`` at a unique ``10.x.y.z`` in service
 ``svc-{i % services}``, port ``http=8080``.
 
-For each registration the POST's send time is kept; the consumer notes when a
-``GetService`` answer, fetched on a signal, first lists the workload's address. Both
-clocks are this process's ``perf_counter``, so the latency is POST sent → signal received →
-GetService answered and parsed, and includes this event loop's own delays (the consumer
-shares it with the HTTP clients). Signals arrive one per change, and the follower fetches
-them one at a time, as the hub runs a real follower; a burst of changes to one service is
-fetched once per signal, not coalesced.
+For each registration the POST's send time is kept; the consumer notes when a watch
+answer first lists the workload's address. Both clocks are this process's
+``perf_counter``, so the latency is POST sent → the answer received and parsed, and
+includes this event loop's own delays (the consumer shares it with the HTTP clients). A
+burst of changes to one service while an answer is being written goes out in the next
+answer, once.
 
 Two floors and a reference, each run over the same workload indices as the
 registrations, in :data:`ROUNDS` interleaved rounds (registrations, then each of them):
@@ -143,8 +142,8 @@ def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
 @dataclass(frozen=True, slots=True)
 class Measured:
     rates: dict[str, float]
-    signal_fetch_latencies: list[float]
-    resyncs: int  # the consumer's resyncs after the first (a gap, a reconnect)
+    watch_latencies: list[float]
+    resyncs: int  # the consumer's listings after the first (a watch opened again)
     round_trips: list[float]
     service_cpu: float | None  # seconds of CPU the service spent on the registrations
     list_rest: float
@@ -173,7 +172,7 @@ async def _measure(
             )
         )
         stub = pb_grpc.EndpointsProviderStub(channel)
-        consumer = await load.Consumer.start(stub, redis_url, NAMESPACE)
+        consumer = await load.Consumer.start(stub, NAMESPACE)
         stack.push_async_callback(consumer.close)
         service = await stack.enter_async_context(
             process.async_client(
@@ -255,7 +254,7 @@ async def _measure(
         )
         return Measured(
             rates={name: scale.workloads / seconds for name, seconds in elapsed.items()},
-            signal_fetch_latencies=latencies,
+            watch_latencies=latencies,
             resyncs=consumer.resyncs,
             round_trips=round_trips,
             service_cpu=cpu,
@@ -300,16 +299,16 @@ def _report(scale: Scale, m: Measured) -> tuple[list[report.Figure], dict[str, f
     figures = [
         registrations,
         report.Figure(
-            "signal_fetch_p50",
-            load.percentile(m.signal_fetch_latencies, 0.50) * ms,
+            "watch_p50",
+            load.percentile(m.watch_latencies, 0.50) * ms,
             "ms",
-            "POST sent -> endpoints signal -> first GetService listing the address, median",
+            "POST sent -> the first WatchServices answer listing the address, median",
         ),
         report.Figure(
-            "signal_fetch_p99",
-            load.percentile(m.signal_fetch_latencies, 0.99) * ms,
+            "watch_p99",
+            load.percentile(m.watch_latencies, 0.99) * ms,
             "ms",
-            f"the same, p99 ({m.resyncs} resyncs after the first)",
+            f"the same, p99 ({m.resyncs} watches opened again after the first)",
         ),
         report.Figure(
             "rest_p50", load.percentile(m.round_trips, 0.50) * ms, "ms", "POST round trip, median"

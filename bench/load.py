@@ -2,10 +2,8 @@
 
 Kept apart from :mod:`bench.endpoints` (which wires processes and prints the report): the
 registration bodies, running an operation over many indices with a few in flight, the
-consumer on the one event path (a :class:`~trellis_runtime.events.Follower` on a real
-:class:`~trellis_runtime.events.Signals` hub that fetches ``GetService`` on each
-``endpoints`` signal) that notes when each address first appears, and the small checks
-and statistics around them.
+consumer that watches the provider as the catalog does (``WatchServices``) and notes when
+each address first appears, and the small checks and statistics around them.
 """
 
 from __future__ import annotations
@@ -26,9 +24,6 @@ import httpx
 
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
-from trellis_runtime.events import Follower, Signals
-from trellis_runtime.health import Health
-from trellis_runtime.signaling import Event
 
 IndexedOp = Callable[[int], Awaitable[None]]
 TOPIC = "endpoints"  # the provider's topic; keys "<namespace>/<service>"
@@ -122,57 +117,56 @@ async def warm_up(client: httpx.AsyncClient, concurrency: int, seconds: float) -
     await in_flight(deregister, range(count), concurrency)
 
 
-class FetchingFollower(Follower):
-    """A consumer of one provider's ``endpoints`` signals: fetch what each one names.
+class Consumer:
+    """A consumer of one provider, as the catalog follows it: one ``WatchServices`` stream.
 
-    On a signal for a service of ``namespace`` it calls ``GetService`` (NOT_FOUND: the
-    service is gone) and notes, for each address in the answer, when it first appeared
-    (after the fetch returned: what a consumer can act on). A resync lists the namespace.
-    :meth:`expect` names the addresses of the next batch; :attr:`complete` is set once
-    every one of them was seen.
+    It notes, for each address in an answer for a service of ``namespace``, when it first
+    appeared (when the answer arrived: what a consumer can act on). A stream that ends or
+    fails is opened again, from a full listing, and counted (:attr:`resyncs`).
+    :meth:`expect` names the addresses of the next batch; :attr:`complete` is set once every
+    one of them was seen.
     """
 
-    topics = (TOPIC,)
-
     def __init__(self, stub: pb_grpc.EndpointsProviderAsyncStub, namespace: str) -> None:
-        super().__init__(f"bench consumer of {namespace}")
         self._stub = stub
         self._namespace = namespace
         self.first_seen: dict[str, float] = {}
         self.missing: set[str] = set()
         self.complete = asyncio.Event()
-        self.signals = 0
-        self.resyncs = 0
+        self.synced = asyncio.Event()
+        self.answers = 0
+        self.listings = 0
+        self._task = asyncio.create_task(self._watch())
 
-    async def resync(self, topic: str) -> None:
-        listing = await self._stub.ListServices(
-            pb.ListServicesRequest(namespace=self._namespace), timeout=60
+    @classmethod
+    async def start(cls, stub: pb_grpc.EndpointsProviderAsyncStub, namespace: str) -> Consumer:
+        """Watch, and return once the first (full) answer is in."""
+        consumer = cls(stub, namespace)
+        synced = asyncio.create_task(consumer.synced.wait())
+        await asyncio.wait(
+            {synced, consumer._task}, timeout=30, return_when=asyncio.FIRST_COMPLETED
         )
-        self.resyncs += 1
-        for service in listing.services:
-            self._saw(service.endpoints)
+        if not consumer.synced.is_set():
+            synced.cancel()
+            await consumer.close()
+            raise RuntimeError("the watch did not answer within 30 s")
+        return consumer
 
-    async def changed_all(self, events: Sequence[Event]) -> None:
-        """As the catalog's provider follower does: once per service, concurrently."""
-        latest = {event.key: event for event in events}
-        results = await asyncio.gather(*map(self.changed, latest.values()), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
-    async def changed(self, event: Event) -> None:
-        namespace, _, name = event.key.partition("/")
-        if namespace != self._namespace:
-            return
-        self.signals += 1
-        request = pb.GetServiceRequest(service=pb.ServiceRef(namespace=namespace, name=name))
-        try:
-            service = await self._stub.GetService(request, timeout=30)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:
-                raise
-            return  # removed since the signal
-        self._saw(service.endpoints)
+    async def _watch(self) -> None:
+        request = pb.ListServicesRequest(namespace=self._namespace)
+        while True:
+            call = self._stub.WatchServices(request)
+            try:
+                async for answer in call:
+                    self.answers += 1
+                    self.listings += answer.full
+                    for service in answer.services:
+                        self._saw(service.endpoints)
+                    self.synced.set()
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.1)  # the provider went away: watch again, listed in full
+            finally:
+                call.cancel()
 
     def _saw(self, endpoints: Iterable[pb.Endpoint]) -> None:
         now = time.perf_counter()
@@ -190,60 +184,25 @@ class FetchingFollower(Follower):
         else:
             self.complete.set()
 
-
-class Consumer:
-    """A :class:`FetchingFollower` on its own :class:`Signals` hub (one Redis subscription)."""
-
-    def __init__(self, follower: FetchingFollower, hub: Signals) -> None:
-        self.follower = follower
-        self._stop = asyncio.Event()
-        self._task = asyncio.create_task(hub.run(self._stop))
-
-    @classmethod
-    async def start(
-        cls, stub: pb_grpc.EndpointsProviderAsyncStub, redis_url: str, namespace: str
-    ) -> Consumer:
-        """Subscribe, and return once the first resync is done."""
-        follower = FetchingFollower(stub, namespace)
-        hub = Signals(redis_url, Health())
-        hub.follow(follower)
-        consumer = cls(follower, hub)
-        synced = asyncio.create_task(follower.synced.wait())
-        await asyncio.wait(
-            {synced, consumer._task}, timeout=30, return_when=asyncio.FIRST_COMPLETED
-        )
-        if not follower.synced.is_set():
-            synced.cancel()
-            await consumer.close()
-            raise RuntimeError("the signals hub did not subscribe and resync within 30 s")
-        return consumer
-
-    @property
-    def first_seen(self) -> dict[str, float]:
-        return self.follower.first_seen
-
-    def expect(self, addresses: Iterable[str]) -> None:
-        self.follower.expect(addresses)
-
     async def wait(self, timeout: float) -> None:
         try:
-            await asyncio.wait_for(self.follower.complete.wait(), timeout)
+            await asyncio.wait_for(self.complete.wait(), timeout)
         except TimeoutError:
-            missing = self.follower.missing
+            missing = self.missing
             raise RuntimeError(
-                f"{len(missing)} registrations never showed in a GetService after their "
-                f"signal within {timeout:g} s, e.g. {sorted(missing)[:3]}"
+                f"{len(missing)} registrations never showed on the watch within "
+                f"{timeout:g} s, e.g. {sorted(missing)[:3]}"
             ) from None
         if self._task.done():
-            raise RuntimeError(f"the signals hub ended: {self._task!r}")
+            raise RuntimeError(f"the watch ended: {self._task!r}")
 
     @property
     def resyncs(self) -> int:
-        """Resyncs after the first (a gap, a reconnect, a failed fetch): each a listing."""
-        return self.follower.resyncs - 1
+        """Listings after the first (a watch opened again): each lists every service."""
+        return self.listings - 1
 
     async def close(self) -> None:
-        self._stop.set()
+        self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
 

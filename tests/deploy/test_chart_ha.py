@@ -21,7 +21,7 @@ import pytest
 from tests.deploy.helmchart import CHART, HelmFailed, Rendered, helm, render
 
 COMPONENTS = ("certmanager", "catalog", "endpoints-k8s", "endpoints-vm", "proxy-cp", "injector")
-LEADER_ELECTED = ("certmanager", "endpoints-k8s", "endpoints-vm")
+LEADER_ELECTED = ("certmanager", "endpoints-vm")
 HOSTNAME = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 SCRIPTS = CHART / "files" / "redis-sentinel"

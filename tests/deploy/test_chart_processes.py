@@ -91,7 +91,7 @@ def test_the_rendered_pods_start_join_and_become_ready(tmp_path: Path, kube: Kub
 
 
 #: The components that elect a leader on the Lease trellis-<component> (the chart's RBAC).
-LEADER_ELECTED = ("certmanager", "endpoints-k8s", "endpoints-vm")
+LEADER_ELECTED = ("certmanager", "endpoints-vm")
 
 
 async def leases_held(plane: ChartControlPlane) -> dict[str, str]:

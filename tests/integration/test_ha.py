@@ -48,7 +48,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 REPLICATED = ("certmanager", "endpoints-vm", "endpoints-k8s", "catalog", "proxy-cp", "injector")
 # each has one leader among its replicas
-ELECTED = {"certmanager", "endpoints-vm", "endpoints-k8s"}
+ELECTED = {"certmanager", "endpoints-vm"}
 MONITORED = {"trellis.dev/monitored-by": "trellis"}
 
 

@@ -74,7 +74,7 @@ def _problems(result: dict[str, Any]) -> str:
 
 def _role(result: dict[str, Any]) -> str:
     """``leader`` or ``standby (leader: catalog-2)`` for each elected role the replica takes
-    part in (certmanager's rotation, endpoints-k8s's publishing...); ``-`` for none."""
+    part in (certmanager's rotation, endpoints-vm's expiry...); ``-`` for none."""
     roles = []
     for role in result.get("leadership", []):
         if role.get("leading"):

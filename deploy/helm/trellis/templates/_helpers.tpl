@@ -8,7 +8,7 @@ Every component may run several replicas (docs/kubernetes.md#high-availability).
 {{- define "trellis.components" -}}
 certmanager: {key: certmanager, grpc: 15020, admin: 15021, kube: true, leader: true}
 catalog: {key: catalog, grpc: 15010, admin: 15011, kube: true, leader: false}
-endpoints-k8s: {key: endpointsK8s, grpc: 15030, admin: 15031, kube: true, leader: true}
+endpoints-k8s: {key: endpointsK8s, grpc: 15030, admin: 15031, kube: true, leader: false}
 endpoints-vm: {key: endpointsVm, grpc: 15040, admin: 15041, kube: true, leader: true}
 proxy-cp: {key: proxyCp, grpc: 15128, admin: 15051, kube: false, leader: false}
 injector: {key: injector, grpc: 15060, admin: 15061, kube: true, leader: false}

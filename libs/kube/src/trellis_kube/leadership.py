@@ -1,9 +1,9 @@
 """Leader election: of a component's replicas, one at a time does the single-writer work.
 
-certmanager's rotation and pruning, endpoints-k8s' publishing and endpoints-vm's TTL
-judgement each need one writer; every replica runs, and :class:`Leadership` says which of
-them leads. It follows client-go's ``leaderelection`` (the same three timings, the same
-rules), over a :class:`Lock` of two kinds:
+certmanager's rotation and pruning and endpoints-vm's TTL judgement each need one writer;
+every replica runs, and :class:`Leadership` says which of them leads. It follows
+client-go's ``leaderelection`` (the same three timings, the same rules), over a
+:class:`Lock` of two kinds:
 
 * a Kubernetes ``Lease`` (:mod:`trellis_kube.leases`), in a cluster;
 * a Redis lock with a fencing counter (:mod:`trellis_kube.redislocks`), for a local run.

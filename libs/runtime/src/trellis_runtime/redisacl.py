@@ -207,8 +207,7 @@ COMPONENTS: Mapping[str, Component] = {
         Component(
             "endpoints-k8s",
             kind="endpoints-provider",  # the registry kind the catalog discovers providers by
-            keys=leader_keys("endpoints-k8s"),  # its leader election's lock
-            publishes=("endpoints",),
+            # no keys, no signals: every replica serves the catalog's watch from its informers
             follows=("identities",),
             discovers=("certmanager",),  # to join and renew its identity
         ),

@@ -6,9 +6,9 @@ deliver the difference), filtered to the monitored namespaces
 (:class:`~trellis_kube.namespaces.MonitoredNamespaces`: a namespace that gains or
 loses the label brings its services in or takes them out at once). Each change recomputes
 only the services it touches (a slice: its service; a pod: the services whose slices name
-it; a namespace: all of its services) and signals ``endpoints`` (kind ``changed``, key
-``<namespace>/<service>``) for each whose report changed: the catalog then fetches it with
-``GetService`` (NOT_FOUND: gone), on the one event path.
+it; a namespace: all of its services) and pushes each whose report changed to the
+catalog's watches (:attr:`Watcher.feed`, ``WatchServices``: the service as it is now, or
+removed).
 
 ServiceAccounts are watched too: an endpoint names its pod's service account, and
 ``/v1/kubernetes`` counts them. A proxy's UUID (an injected pod's proxy is enrolled under
@@ -31,14 +31,11 @@ from trellis_kube.namespaces import MonitoredNamespaces
 
 log = logging.getLogger(__name__)
 
-Signal = Callable[[str, str], Awaitable[object]]
 Key = tuple[str, str]
 
 
 class Watcher:
-    def __init__(
-        self, api: client.ApiClient, mesh_name: str, signal: Signal, watch_timeout: int = 60
-    ) -> None:
+    def __init__(self, api: client.ApiClient, mesh_name: str, watch_timeout: int = 60) -> None:
         core: Any = client.CoreV1Api(api)
         discovery: Any = client.DiscoveryV1Api(api)
         self.namespaces = MonitoredNamespaces(core, mesh_name, watch_timeout=watch_timeout)
@@ -51,7 +48,6 @@ class Watcher:
         self.informers = {
             name: Informer(name, call, watch_timeout=watch_timeout) for name, call in lists.items()
         }
-        self._signal = signal
         self.views: dict[Key, ServiceView] = {}
         self.revision = 0
         #: The services changed, for the catalog's watches (``WatchServices``).
@@ -131,7 +127,6 @@ class Watcher:
                     log.warning("service.port_refused service=%s/%s %s", *key, warning)
             self.revision += 1
             self.feed.changed((key,))
-            await self._signal("changed", f"{key[0]}/{key[1]}")
             log.info(
                 "service.changed service=%s/%s endpoints=%d",
                 *key,
