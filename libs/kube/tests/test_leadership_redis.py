@@ -183,7 +183,7 @@ async def test_the_acl_keeps_each_component_to_its_own_elections(
         await catalog.aclose()
     async with redis.asyncio.Redis.from_url(redis_server.url) as admin:
         assert await admin.get(KEY) is None
-    for name in ("certmanager", "endpoints-k8s", "endpoints-vm"):
+    for name in ("certmanager", "endpoints-vm"):  # the elected components
         own = connect(redis_server, name)
         try:
             lock = redislocks.RedisLock(own, name, f"{name}-1", 2.0)
@@ -194,3 +194,4 @@ async def test_the_acl_keeps_each_component_to_its_own_elections(
     rules: dict[str, Any] = {n: c.rules() for n, c in redisacl.COMPONENTS.items()}
     assert "~trellis:leader:certmanager" in rules["certmanager"]
     assert not any("leader" in rule for rule in rules["catalog"])
+    assert not any("leader" in rule for rule in rules["endpoints-k8s"])  # it elects no one
