@@ -8,9 +8,10 @@ until each is in its load assignment (:class:`bench.envoy_admin.Poller`), and pr
 the last one, every log line the processes wrote between the POST and that moment, with
 its offset from the POST in milliseconds:
 
-* endpoints-vm: the registration, its store write, the ``endpoints`` signal;
-* the catalog: the signal heard, ``GetService``, the flush, the ``views`` signal;
-* proxy-cp: the signal heard, ``ListChanges`` and ``GetResources``, the snapshot, the push;
+* endpoints-vm: the registration (pushed on the catalog's watch at once);
+* the catalog: the service changed (its watch answer), the flush;
+* proxy-cp: the watch answer applied (``catalog.synced``: any ``GetResources``), the
+  snapshot, the push;
 * Envoy: the update received and applied.
 
 The log lines carry milliseconds, so each hop is told to about 1 ms; the POST and the poll

@@ -13,8 +13,8 @@ The catalog publishes versioned resources (docs/architecture.md, "The path of a 
 Each has a content version, a digest that every catalog replica computes alike. One change
 log and one cursor serve them all: proxy-cp watches them (WatchChanges: what moved, each
 moved slice and destination inline) and asks GetResources for the policies it holds or
-wants, in one call. Other consumers may ask ListChanges(since) when the Redis signal
-`views` rings, as the catalog still signals every flush that moved a resource.
+wants, in one call. A one-off reader (proxy-cp's fresh() listing, a tool) asks
+ListChanges(since) instead.
 """
 
 from collections import abc as _abc

@@ -96,8 +96,8 @@ class CatalogServicer:
 
     def ListChanges(self, request, context):
         """The resources that changed since a cursor, with their new versions (every resource
-        when the cursor is empty or another replica's, or from before a restart). Consumers
-        call it when the Redis signal `views` rings.
+        when the cursor is empty or another replica's, or from before a restart): one listing
+        now, where WatchChanges keeps answering.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -13,8 +13,8 @@ The catalog publishes versioned resources (docs/architecture.md, "The path of a 
 Each has a content version, a digest that every catalog replica computes alike. One change
 log and one cursor serve them all: proxy-cp watches them (WatchChanges: what moved, each
 moved slice and destination inline) and asks GetResources for the policies it holds or
-wants, in one call. Other consumers may ask ListChanges(since) when the Redis signal
-`views` rings, as the catalog still signals every flush that moved a resource.
+wants, in one call. A one-off reader (proxy-cp's fresh() listing, a tool) asks
+ListChanges(since) instead.
 """
 
 from collections import abc as _abc
@@ -47,8 +47,8 @@ class CatalogStub:
     def __new__(cls, channel: _aio.Channel) -> CatalogAsyncStub: ...
     ListChanges: _grpc.UnaryUnaryMultiCallable[_catalog_pb2.ListChangesRequest, _catalog_pb2.ListChangesResponse]
     """The resources that changed since a cursor, with their new versions (every resource
-    when the cursor is empty or another replica's, or from before a restart). Consumers
-    call it when the Redis signal `views` rings.
+    when the cursor is empty or another replica's, or from before a restart): one listing
+    now, where WatchChanges keeps answering.
     """
     WatchChanges: _grpc.UnaryStreamMultiCallable[_catalog_pb2.ListChangesRequest, _catalog_pb2.ListChangesResponse]
     """The same, as they happen: a first answer as ListChanges(since) gives it, then one after
@@ -82,8 +82,8 @@ class CatalogAsyncStub(CatalogStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListChanges: _aio.UnaryUnaryMultiCallable[_catalog_pb2.ListChangesRequest, _catalog_pb2.ListChangesResponse]  # type: ignore[assignment]
     """The resources that changed since a cursor, with their new versions (every resource
-    when the cursor is empty or another replica's, or from before a restart). Consumers
-    call it when the Redis signal `views` rings.
+    when the cursor is empty or another replica's, or from before a restart): one listing
+    now, where WatchChanges keeps answering.
     """
     WatchChanges: _aio.UnaryStreamMultiCallable[_catalog_pb2.ListChangesRequest, _catalog_pb2.ListChangesResponse]  # type: ignore[assignment]
     """The same, as they happen: a first answer as ListChanges(since) gives it, then one after
@@ -120,8 +120,8 @@ class CatalogServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_catalog_pb2.ListChangesResponse, _abc.Awaitable[_catalog_pb2.ListChangesResponse]]:
         """The resources that changed since a cursor, with their new versions (every resource
-        when the cursor is empty or another replica's, or from before a restart). Consumers
-        call it when the Redis signal `views` rings.
+        when the cursor is empty or another replica's, or from before a restart): one listing
+        now, where WatchChanges keeps answering.
         """
 
     @_abc_1.abstractmethod

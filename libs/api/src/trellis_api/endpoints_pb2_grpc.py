@@ -27,9 +27,8 @@ if _version_not_supported:
 
 class EndpointsProviderStub:
     """The catalog watches each provider (WatchServices): every change is pushed to it on the
-    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
-    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
-    other consumer, which fetches it with GetService.
+    stream as it happens (no Redis signal). ListServices and GetService answer a one-off
+    reader (a tool, a benchmark) as they stand now.
     """
 
     def __init__(self, channel):
@@ -57,9 +56,8 @@ class EndpointsProviderStub:
 
 class EndpointsProviderServicer:
     """The catalog watches each provider (WatchServices): every change is pushed to it on the
-    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
-    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
-    other consumer, which fetches it with GetService.
+    stream as it happens (no Redis signal). ListServices and GetService answer a one-off
+    reader (a tool, a benchmark) as they stand now.
     """
 
     def ListServices(self, request, context):
@@ -114,9 +112,8 @@ def add_EndpointsProviderServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class EndpointsProvider:
     """The catalog watches each provider (WatchServices): every change is pushed to it on the
-    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
-    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
-    other consumer, which fetches it with GetService.
+    stream as it happens (no Redis signal). ListServices and GetService answer a one-off
+    reader (a tool, a benchmark) as they stand now.
     """
 
     @staticmethod

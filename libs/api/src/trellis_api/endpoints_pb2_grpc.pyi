@@ -33,9 +33,8 @@ GRPC_VERSION: str
 
 class EndpointsProviderStub:
     """The catalog watches each provider (WatchServices): every change is pushed to it on the
-    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
-    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
-    other consumer, which fetches it with GetService.
+    stream as it happens (no Redis signal). ListServices and GetService answer a one-off
+    reader (a tool, a benchmark) as they stand now.
     """
 
     @_typing.overload
@@ -56,9 +55,8 @@ class EndpointsProviderStub:
 @_typing.type_check_only
 class EndpointsProviderAsyncStub(EndpointsProviderStub):
     """The catalog watches each provider (WatchServices): every change is pushed to it on the
-    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
-    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
-    other consumer, which fetches it with GetService.
+    stream as it happens (no Redis signal). ListServices and GetService answer a one-off
+    reader (a tool, a benchmark) as they stand now.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -75,9 +73,8 @@ class EndpointsProviderAsyncStub(EndpointsProviderStub):
 
 class EndpointsProviderServicer(metaclass=_abc_1.ABCMeta):
     """The catalog watches each provider (WatchServices): every change is pushed to it on the
-    stream as it happens. A provider also signals each change on the Redis topic `endpoints`
-    (key "<namespace>/<name>", sender: its instance name in the service registry), for any
-    other consumer, which fetches it with GetService.
+    stream as it happens (no Redis signal). ListServices and GetService answer a one-off
+    reader (a tool, a benchmark) as they stand now.
     """
 
     @_abc_1.abstractmethod

@@ -78,7 +78,6 @@ log = logging.getLogger(__name__)
 #: The ``/v1/status`` source of services whose proxies run under several accounts.
 ACCOUNT_CONFLICT = "proxy-account"
 
-#: Signals (kind, key) on the ``views`` topic; an owner's ``Outbox.signal`` bound to it.
 STEP_SECONDS = 0.005  # the longest a flush holds the event loop between two steps
 FREEZE_AFTER = 0.05  # seconds of work: a flush this big freezes what it built (flush_in_steps)
 

@@ -115,8 +115,8 @@ class EndpointsManager:
             on_recovered=self._release,
             refills=leading,
         )
-        #: Service views changed since this process started (for listings and status;
-        #: the order consumers rely on is the signal's own revision).
+        #: Service views changed since this process started (for listings, status and the
+        #: watch answers' ``revision``).
         self.revision = 0
         #: The services changed, for the catalog's watches (``WatchServices``).
         self.feed: ChangeFeed[ServiceKey] = ChangeFeed()

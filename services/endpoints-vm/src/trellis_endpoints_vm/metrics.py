@@ -21,7 +21,7 @@ class EndpointMetrics:
         )
         self.changes = make.counter(
             "service_changes",
-            "Service views changed (each one signalled on the topic endpoints)",
+            "Service views changed (each one pushed to the catalog's watches)",
         )
         self.document_errors = make.gauge(
             "document_errors", "Invalid documents in the spec directory"

@@ -20,8 +20,8 @@ not signalled (one per workload per interval would be most of the traffic): they
 Redis's heartbeat hash, where the leader reads them before it judges.
 
 What a replica does with another's change is what it does with its own: its views change
-and it signals the catalog (topic ``endpoints``), so the catalog's fetch after the last
-signal reads a replica that has caught up.
+and it pushes them to the watches it serves (``WatchServices``), so whichever replica the
+catalog watches answers the same once the signals have passed.
 """
 
 from __future__ import annotations

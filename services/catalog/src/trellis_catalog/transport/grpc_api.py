@@ -1,10 +1,9 @@
 """The ``trellis.catalog.v1.Catalog`` servicer: versioned resources, policy, proxies.
 
-Consumers follow the resources on the one event path: proxy-cp watches them
-(``WatchChanges(since=<its cursor>)``: an answer after every flush that moved a resource,
-the moved slices and destinations inline), or a consumer asks ``ListChanges`` when the
-Redis signal ``views`` rings; then ``GetResources`` for the other names they hold or want,
-in one call. Every version in an answer
+proxy-cp follows the resources on one watch (``WatchChanges(since=<its cursor>)``: an
+answer after every flush that moved a resource, the moved slices and destinations inline),
+and asks ``GetResources`` for the other names it holds or wants, in one call; a one-off
+reader lists with ``ListChanges``. Every version in an answer
 (a policy's, a slice's, a destination's) is a digest of its content, the same from every
 catalog replica; the cursors and the ``revision`` fields are the answering replica's own
 (see :mod:`trellis_catalog.catalog`). The messages are made in :mod:`.protos`.

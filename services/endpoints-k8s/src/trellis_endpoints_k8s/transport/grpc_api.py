@@ -3,9 +3,8 @@
 The same API as endpoints-vm's, so the catalog takes either provider in with no
 configuration: it watches the services (``WatchServices``: every service, then each one
 the watcher recomputed, or ``removed`` once it is gone or its namespace left the mesh).
-``ListServices`` and ``GetService`` (NOT_FOUND once the service is gone) answer any other
-consumer, which the signal ``endpoints`` tells what changed. Every replica keeps its
-views and serves the watch, whichever leads.
+``ListServices`` and ``GetService`` (NOT_FOUND once the service is gone) answer a one-off
+reader. Every replica keeps its views and serves the watch; none leads.
 """
 
 from __future__ import annotations

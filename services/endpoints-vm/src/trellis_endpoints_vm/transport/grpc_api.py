@@ -2,10 +2,10 @@
 
 The catalog watches it (``WatchServices``): every service first, then each change pushed
 as the manager makes it (:attr:`~trellis_endpoints_vm.manager.EndpointsManager.feed`), the
-services as they are when the answer is written, those gone as ``removed``. Any other
-consumer fetches what the signal ``endpoints`` names with ``GetService`` (NOT_FOUND once
-the service is gone) and lists with ``ListServices``. ``revision`` in the answers is the
-manager's count of changes since this process started, for logs and status.
+services as they are when the answer is written, those gone as ``removed``. A one-off
+reader (a tool, a benchmark) asks ``GetService`` (NOT_FOUND once the service is gone) or
+``ListServices``. ``revision`` in the answers is the manager's count of changes since this
+process started, for logs and status.
 
 Requests are checked first (:mod:`.grpc_requests`); a bad field is refused through the
 service's :class:`~trellis_runtime.grpcrequests.RequestGate`: INVALID_ARGUMENT naming the

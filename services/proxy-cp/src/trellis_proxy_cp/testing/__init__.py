@@ -3,8 +3,8 @@
 * :mod:`.resources`: small valid Envoy resources and snapshots;
 * :mod:`.ads`: a real ADS server and a real grpcio client, recording hooks, a fake authorizer;
 * :mod:`.control`: a control plane with inputs and connected proxies, without gRPC;
-* :mod:`.catalog`: the catalog's RPCs proxy-cp calls, over real gRPC (signalling ``views``
-  on Redis when given a publisher), a locator of a known address, and a fake clock.
+* :mod:`.catalog`: the catalog's RPCs proxy-cp calls, over real gRPC (``WatchChanges``
+  among them), a locator of a known address, and a fake clock.
 
 Everything is re-exported here, so tests write ``from trellis_proxy_cp import testing as t``.
 """
