@@ -284,10 +284,14 @@ class EndpointRegistry:
                 changes.append(Change(key, view))
         return changes
 
+    def members(self, key: ServiceKey) -> list[Workload]:
+        """The workloads registered for the service ``key`` (alive or not), by id."""
+        return [self.workloads[i] for i in sorted(self._by_service.get(key, ()))]
+
     def _view(self, key: ServiceKey, now: float) -> ServiceView | None:
         entry_id = self._entry_for_host.get(key)
         entry = self._entries.get(entry_id) if entry_id else None
-        members = [self.workloads[i] for i in sorted(self._by_service.get(key, ()))]
+        members = self.members(key)
         if entry is None and not members:
             return None
         alive = (w for w in members if self.counted(w, now))

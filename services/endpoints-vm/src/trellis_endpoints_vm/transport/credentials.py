@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable, Iterable
 
+from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import Workload, holds_token
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_identity import onboarding
@@ -101,11 +103,16 @@ class Credentials:
             raise self._token_refused(workload.id, exc) from None
 
     def may_join(
-        self, caller: onboarding.Caller, workload: Workload, others: list[Workload]
+        self,
+        caller: onboarding.Caller,
+        workload: Workload,
+        members: Callable[[ServiceKey], Iterable[Workload]],
     ) -> None:
         """Refuse (409) a scoped token's workload whose account is not the one its services'
-        other workloads run under. The operator may still give a service workloads of
-        several accounts, as OSM allows (a TrafficTarget then admits each by its account)."""
+        other workloads (``members`` of each) run under. The operator may still give a
+        service workloads of several accounts, as OSM allows (a TrafficTarget then admits
+        each by its account). Only a scoped token's registration looks at the members, and
+        only at those of its own services."""
         if caller.token is None:
             return
         account = workload.service_account or "default"
@@ -113,10 +120,8 @@ class Credentials:
             established = sorted(
                 {
                     o.service_account or "default"
-                    for o in others
+                    for o in members(ServiceKey(workload.namespace, service))
                     if o.id != workload.id
-                    and o.namespace == workload.namespace
-                    and service in o.services
                 }
             )
             if established and account not in established:

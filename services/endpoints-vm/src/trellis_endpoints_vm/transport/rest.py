@@ -172,7 +172,7 @@ def add_routes(
         asked = body.workload()
         existing = manager.workload(asked.id)
         credentials.may_register(caller, asked, existing)
-        credentials.may_join(caller, asked, [w for w, _ in manager.workloads()])
+        credentials.may_join(caller, asked, manager.registry.members)
         if existing is None:  # registering again (a new heartbeat token) takes no use
             await credentials.take_use(caller, asked)
         token, digest = new_heartbeat_token()
