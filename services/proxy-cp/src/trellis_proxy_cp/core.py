@@ -6,7 +6,10 @@ slices the policy names (from the catalog: :mod:`.cache.inputs`) and its secret 
 (from certmanager), fetched when its first proxy connects and followed while any proxy of
 the identity is connected. What is rebuilt depends on what moved, as in Istio's pilot:
 
-* a new policy or new material rebuilds the snapshots of that identity's groups;
+* a new policy rebuilds, in that identity's groups' snapshots, the kinds of resource
+  whose translators read what changed in it (:func:`~.translate.scope.kinds_concerned`),
+  and new certificate material their secrets; the other kinds stay the very resources
+  they were;
 * a slice whose endpoints moved (and nothing else: not its SPIFFE ids) rebuilds only the
   ClusterLoadAssignments of the groups that hold it, where the translators say nothing
   else reads those endpoints (:func:`~.translate.scope.endpoints_only`): the assignment is
@@ -41,7 +44,7 @@ from trellis_proxy_cp.cache.snapshot import Resource, Snapshot, make_resource
 from trellis_proxy_cp.cache.store import InconsistentSnapshot, SnapshotCache
 from trellis_proxy_cp.translate import scope
 from trellis_proxy_cp.translate.endpoints import is_eds
-from trellis_proxy_cp.translate.proxy import translate
+from trellis_proxy_cp.translate.proxy import KINDS, translate
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.translate.settings import ProxySettings
 
@@ -57,7 +60,27 @@ class Group:
     proxies: set[str] = field(default_factory=set)
     built_at: float = 0.0
     last_error: str = ""
-    built_from: tuple[catalog_pb2.View, str] | None = None  # (policy, serial) of its snapshot
+    built_from: Built | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """What a group's snapshot was made of: the policy, the material's serial, and the
+    policy's slices (None: none held), as they were."""
+
+    policy: catalog_pb2.View
+    serial: str
+    slices: tuple[catalog_pb2.ClusterSlice | None, ...]
+
+
+#: Each kind of resource (:data:`~.translate.proxy.KINDS`) by its type URL.
+TYPE_OF_KIND: dict[str, types.TypeUrl] = {
+    "listeners": types.LISTENER,
+    "routes": types.ROUTE,
+    "clusters": types.CLUSTER,
+    "endpoints": types.ENDPOINT,
+    "secrets": types.SECRET,
+}
 
 
 class ProxyControlPlane:
@@ -68,12 +91,14 @@ class ProxyControlPlane:
         fetch_material: Callable[[str, str], Awaitable[SecretMaterial]],
         forget: Callable[[str], None] = lambda identity: None,
         on_refused: Callable[[str, list[str]], None] = lambda key, problems: None,
+        on_built: Callable[[frozenset[str]], None] = lambda kinds: None,
     ) -> None:
         self.cache = cache
         self._fetch_inputs = fetch_inputs
         self._fetch_material = fetch_material
         self._forget = forget
         self._on_refused = on_refused
+        self._on_built = on_built
         self.groups: dict[str, Group] = {}
         self._keys_of: dict[str, set[str]] = {}  # identity -> its groups' keys
         self.policies: dict[str, catalog_pb2.View] = {}
@@ -87,6 +112,7 @@ class ProxyControlPlane:
         # every group's load assignments, by slice and version: each is built once
         self.endpoint_resources = EndpointResources()
         self._views: dict[str, tuple[tuple[object, ...], catalog_pb2.View]] = {}
+        self.kinds_built: Counter[str] = Counter()  # kinds of resource translated, by group
 
     @staticmethod
     def key_of(identity: str, settings: ProxySettings) -> str:
@@ -285,17 +311,19 @@ class ProxyControlPlane:
         if policy is None or material is None:
             return
         current = self.cache.get(group.key)
+        built_from = group.built_from
         if (
             slices is not None
             and current is not None
-            and group.built_from is not None
-            and group.built_from[0] is policy
-            and group.built_from[1] == material.serial
+            and built_from is not None
+            and built_from.policy is policy
+            and built_from.serial == material.serial
             and scope.endpoints_only(policy, group.settings, slices)
         ):
             self._build_endpoints(group, policy, material.serial, slices, current)
             return
         version = self._version(policy, material.serial)
+        kinds = self._kinds(group, policy, material.serial, current)
         try:
             view = self.view(group.identity)
             assert view is not None
@@ -306,8 +334,9 @@ class ProxyControlPlane:
                 material,
                 self.endpoint_resources.assignments,
                 with_endpoints=settings.proxyless,
+                only=kinds,
             )
-            built = [
+            built: list[Resource] = [
                 *(make_resource(types.LISTENER, m) for m in resources.listeners),
                 *(make_resource(types.ROUTE, m) for m in resources.routes),
                 *(make_resource(types.CLUSTER, m) for m in resources.clusters),
@@ -316,8 +345,14 @@ class ProxyControlPlane:
                     (make_resource(types.ENDPOINT, m) for m in resources.endpoints)
                     if settings.proxyless
                     else self._endpoints(policy, settings.locality)
+                    if "endpoints" in kinds
+                    else ()
                 ),
             ]
+            if current is not None:  # the kinds not rebuilt: the very resources they were
+                for kind, type_url in TYPE_OF_KIND.items():
+                    if kind not in kinds:
+                        built += current.of_type(type_url).values()
             self.cache.set_snapshot(group.key, Snapshot.of(version, built))
         except ValueError as exc:  # inconsistent, or resources no snapshot can hold
             problems = exc.problems if isinstance(exc, InconsistentSnapshot) else [str(exc)]
@@ -331,8 +366,36 @@ class ProxyControlPlane:
             )
             self._on_refused(group.key, list(problems))
             return
-        group.built_from = (policy, material.serial)
-        self._built(group, version)
+        group.built_from = Built(policy, material.serial, self._slices_of(policy))
+        self._built(group, version, kinds=kinds)
+
+    def _slices_of(self, policy: catalog_pb2.View) -> tuple[catalog_pb2.ClusterSlice | None, ...]:
+        return tuple(self.slices.get(n) for n in inputs.slice_names(policy))
+
+    def _kinds(
+        self, group: Group, policy: catalog_pb2.View, serial: str, current: Snapshot | None
+    ) -> frozenset[str]:
+        """The kinds of resource to translate again for ``group``: where only its policy
+        or its material moved since its snapshot was built, those the change concerns;
+        every kind otherwise (no snapshot yet, a slice moved, a proxyless client, a
+        gateway)."""
+        built = group.built_from
+        if (
+            current is None
+            or built is None
+            or group.settings.proxyless
+            or group.settings.gateway
+            or not all(a is b for a, b in zip(
+                built.slices, self._slices_of(built.policy), strict=True
+            ))
+        ):  # fmt: skip
+            return KINDS
+        kinds = frozenset() if built.policy is policy else scope.kinds_concerned(
+            built.policy, policy, group.settings
+        )  # fmt: skip
+        if built.serial != serial:  # new certificate material: the secrets only read it
+            kinds |= {"secrets"}
+        return kinds if kinds else KINDS  # nothing moved: a whole build, as asked
 
     def _endpoints(self, policy: catalog_pb2.View, locality: str) -> list[Resource]:
         if not policy.mesh.locality_failover:
@@ -362,7 +425,10 @@ class ProxyControlPlane:
         self.cache.set_snapshot(
             group.key, current.with_type(types.ENDPOINT, assignments, version), checked=True
         )
-        self._built(group, version, endpoints_only=True)
+        # no other kind reads these endpoints (scope.endpoints_only): the snapshot is as if
+        # built from the slices as they are now
+        group.built_from = Built(policy, serial, self._slices_of(policy))
+        self._built(group, version, kinds=frozenset(("endpoints",)))
 
     def _version(self, policy: catalog_pb2.View, serial: str) -> str:
         """The snapshot's label: the policy's version, its slices' and the material's."""
@@ -373,16 +439,18 @@ class ProxyControlPlane:
         digest = hashlib.blake2b(versions.encode(), digest_size=6).hexdigest()
         return f"{policy.version}/{digest}/{serial}"
 
-    def _built(self, group: Group, version: str, *, endpoints_only: bool = False) -> None:
+    def _built(self, group: Group, version: str, *, kinds: frozenset[str]) -> None:
         group.built_at = self.set_at[group.key] = time.monotonic()
         group.last_error = ""
+        self.kinds_built.update(kinds)
+        self._on_built(kinds)
         # an endpoints-only rebuild is the churn's: one line per group at debug, a summary
         # per change at info (_rebuild_holders)
         log.log(
-            logging.DEBUG if endpoints_only else logging.INFO,
-            "snapshot.set key=%s version=%s proxies=%d endpoints_only=%s",
+            logging.DEBUG if kinds == {"endpoints"} else logging.INFO,
+            "snapshot.set key=%s version=%s proxies=%d kinds=%s",
             group.key,
             version,
             len(group.proxies),
-            endpoints_only,
+            ",".join(sorted(kinds)) if kinds != KINDS else "all",
         )

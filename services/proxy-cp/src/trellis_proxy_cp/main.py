@@ -152,6 +152,7 @@ async def build(runtime: ServiceRuntime, settings: ProxyCpSettings) -> Parts | N
         certs.want,
         forget,
         on_refused=lambda key, problems: metrics.refused_snapshots.inc(),
+        on_built=metrics.translated,
     )
     streams = StreamRegistry()
     hooks = ProxyHooks(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry
 
 from trellis_runtime.metrics import MetricFactory
@@ -23,6 +25,12 @@ class XdsMetrics:
             "From a snapshot being set to the proxy ACKing it",
             "type",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.translations = make.counter(
+            "translations",
+            "Kinds of resource translated for a group's snapshot (listeners, routes, clusters, "
+            "endpoints, secrets): a change translates only the kinds it concerns",
+            "kind",
         )
         self.refused_snapshots = make.counter(
             "refused_snapshots", "Snapshots refused by the consistency check (last good kept)"
@@ -47,3 +55,8 @@ class XdsMetrics:
             "bad_csr, certmanager_unavailable, ...)",
             "outcome",
         )
+
+    def translated(self, kinds: Iterable[str]) -> None:
+        """One group's snapshot built: count the kinds translated for it."""
+        for kind in kinds:
+            self.translations.labels(kind).inc()
