@@ -269,6 +269,14 @@ def test_since_a_cursor_lists_what_changed_after_it() -> None:
     assert "policy/shop/thief" not in dict(everything)
     assert store.since(last) == (last, False, [])
 
+    # a resource that moves again is listed once, after any cursor before its last move
+    publish(store, [], {BUYER: policies[BUYER]}, {STORE.name: cluster(STORE, "c3")}, [STORE.name])
+    assert store.since(last)[2] == [(STORE_SLICE, store.versions[STORE_SLICE])]
+    moved = ["destination/shop/store", "policy/shop/thief", STORE_SLICE]
+    assert [name for name, _ in store.since(after)[2]] == moved
+    assert [name for name, _ in store.since(cursor)[2]] == moved
+    assert len(store.since("e-0")[2]) == 4
+
 
 def test_each_store_has_its_own_epoch_unless_told() -> None:
     assert ResourceStore(epoch="abc").epoch == "abc"

@@ -28,6 +28,7 @@ the rule for a replica that lags.
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import time
 from collections.abc import Iterable, Mapping
@@ -129,6 +130,8 @@ class ResourceStore:
         self.epoch = epoch if epoch is not None else new_epoch()
         self.revision = 0
         self.versions: dict[str, str] = {}
+        # name -> the revision that last moved it, in that order (a moved name is put last),
+        # so what changed after a revision is read from the end, never by a scan of all
         self._changed_at: dict[str, int] = {}
         # each policy's object and its digest, kept while the object is the same
         self._policy_digests: dict[Identity, tuple[IdentityPolicy, str]] = {}
@@ -150,7 +153,11 @@ class ResourceStore:
         since = int(revision) if revision.isascii() and revision.isdigit() else -1
         if epoch != self.epoch or not 0 <= since <= self.revision:
             return self.cursor, True, sorted(self.versions.items())
-        changed = sorted(n for n, at in self._changed_at.items() if at > since)
+        changed = sorted(
+            itertools.takewhile(
+                lambda name: self._changed_at[name] > since, reversed(self._changed_at)
+            )
+        )
         return self.cursor, False, [(n, self.versions.get(n, "")) for n in changed]
 
     # -- what a change concerns ---------------------------------------------------------
@@ -256,6 +263,7 @@ class ResourceStore:
             return None
         self.revision += 1
         for name, version in moved:
+            self._changed_at.pop(name, None)  # to the end: the dict stays in revision order
             self._changed_at[name] = self.revision
             if version:
                 self.versions[name] = version
