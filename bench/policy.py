@@ -3,7 +3,7 @@
 A route change (an HTTPRouteGroup's new match, a TrafficSplit's new weights) moves the
 ``outbound`` of a client's policy. proxy-cp translates again only the kinds of resource
 whose translators read what moved (:mod:`trellis_proxy_cp.translate.scope`): the group's
-listeners and routes; its clusters, load assignments and secrets stay the resources they
+routes; its listeners, clusters, load assignments and secrets stay the resources they
 were. A rotated certificate moves the material, which only the secrets read.
 
 The baseline, measured in the same run, is what each change cost before: the whole
@@ -111,7 +111,7 @@ async def _measure(seconds: float, warmup: float) -> tuple[dict[str, float], dic
 def run(*, seconds: float = 2.0, warmup: float = 0.2) -> dict[str, float]:
     rates, kinds = asyncio.run(_measure(seconds, warmup))
     notes = {
-        "routes_change": "a client's routes moved: its listeners and routes translated",
+        "routes_change": "a client's HTTP routes moved: its routes translated",
         "whole_routes_change": "baseline: the same change, the whole snapshot translated",
         "rotation": "a new certificate: the group's secrets translated",
         "whole_rotation": "baseline: the same rotation, the whole snapshot translated",

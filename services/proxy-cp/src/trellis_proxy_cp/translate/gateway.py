@@ -223,13 +223,13 @@ def virtual_hosts(
     """The service's virtual hosts: one per set of names that the same routes hold for (a
     route with hostnames holds only for those names, with or without the port)."""
     groups: dict[tuple[int, ...], list[str]] = {}
-    for domain in domains:
-        base = domain.rsplit(":", 1)[0] if re.search(r":\d+$", domain) else domain
-        held = tuple(
-            i
-            for i, (source, _) in enumerate(routes)
-            if not source.hostnames or base in source.hostnames
-        )
+    names = [frozenset(source.hostnames) for source, _ in routes]
+    if not any(names):  # every route holds for every name (SMI, GAMMA without hostnames)
+        groups[tuple(range(len(routes)))] = list(domains)
+    for domain in domains if any(names) else ():
+        head, colon, port = domain.rpartition(":")
+        base = head if colon and port.isdecimal() else domain
+        held = tuple(i for i, only in enumerate(names) if not only or base in only)
         groups.setdefault(held, []).append(domain)
     found = []
     for index, (held, group) in enumerate(sorted(groups.items(), key=lambda g: g[1][0])):
