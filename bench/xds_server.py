@@ -73,7 +73,8 @@ from trellis_proxy_cp.metrics import XdsMetrics
 from trellis_proxy_cp.testing import FakeCatalog, locator
 from trellis_proxy_cp.translate.secrets import SecretMaterial
 from trellis_proxy_cp.transport.ads import AdsServicer
-from trellis_proxy_cp.transport.streams import ProxyStream, StreamHooks, StreamRefused
+from trellis_proxy_cp.transport.streamhooks import StreamHooks
+from trellis_proxy_cp.transport.streams import ProxyStream, StreamRefused
 from trellis_runtime import grpcserver
 from trellis_runtime.looplag import LoopLag
 

@@ -16,13 +16,8 @@ from trellis_proxy_cp.cache.store import SnapshotSource
 from trellis_proxy_cp.transport.ads_delta import DeltaServer
 from trellis_proxy_cp.transport.ads_sotw import SotwServer
 from trellis_proxy_cp.transport.limits import StreamLimits
-from trellis_proxy_cp.transport.streams import (
-    Authorizer,
-    NoHooks,
-    StreamHooks,
-    StreamRegistry,
-    StreamRunner,
-)
+from trellis_proxy_cp.transport.streamhooks import NoHooks, StreamHooks
+from trellis_proxy_cp.transport.streams import Authorizer, StreamRegistry, StreamRunner
 
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 

@@ -49,11 +49,11 @@ from trellis_proxy_cp.cache.store import SnapshotSource
 from trellis_proxy_cp.transport import limits
 from trellis_proxy_cp.transport.ads_sotw import WILDCARD, WILDCARD_TYPES
 from trellis_proxy_cp.transport.limits import StreamLimits
+from trellis_proxy_cp.transport.streamhooks import StreamHooks
 from trellis_proxy_cp.transport.streams import (
     Outgoing,
     ProxyStream,
     Send,
-    StreamHooks,
     StreamRunner,
     TypeState,
     short,

@@ -42,11 +42,11 @@ import grpc
 
 from trellis_proxy_cp.cache.snapshot import Snapshot, push_order, with_nonce
 from trellis_proxy_cp.cache.store import SnapshotSource
+from trellis_proxy_cp.transport.streamhooks import StreamHooks
 from trellis_proxy_cp.transport.streams import (
     Outgoing,
     ProxyStream,
     Send,
-    StreamHooks,
     StreamRunner,
     TypeState,
     short,

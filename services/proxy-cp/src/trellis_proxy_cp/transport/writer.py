@@ -16,7 +16,8 @@ import grpc
 from trellis_proxy_cp.types import SHORT
 
 if TYPE_CHECKING:  # annotations only: streams imports this module
-    from trellis_proxy_cp.transport.streams import Outgoing, ProxyStream, StreamHooks
+    from trellis_proxy_cp.transport.streamhooks import StreamHooks
+    from trellis_proxy_cp.transport.streams import Outgoing, ProxyStream
 
 log = logging.getLogger("trellis_proxy_cp.transport.streams")  # the lines it always wrote
 
