@@ -27,7 +27,7 @@ from trellis_proxy_cp.metrics import XdsMetrics
 from trellis_proxy_cp.translate import scope
 from trellis_proxy_cp.translate.proxy import KINDS
 from trellis_proxy_cp.translate.settings import ProxySettings
-from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET
+from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, TypeUrl
 
 from . import test_translate, test_translate_capture, test_translate_edge
 
@@ -192,16 +192,34 @@ async def test_a_change_builds_what_a_whole_build_of_the_new_policy_builds(
     assert routes_only > 10
 
 
+async def attached(
+    control_plane: ProxyControlPlane, sources: t.FakeSources, cache: SnapshotCache, view: pb.View
+) -> tuple[str, Snapshot]:
+    """A sidecar of ``view``'s identity attached: its key and first snapshot (the count of
+    kinds built starts after it)."""
+    sources.views[view.identity] = view
+    key = await control_plane.attach(PROXY, view.identity, view.service_account, t.SIDECAR)
+    snapshot = cache.get(key)
+    assert snapshot is not None
+    control_plane.kinds_built.clear()
+    return key, snapshot
+
+
+def assert_kept(before: Snapshot, after: Snapshot, *type_urls: TypeUrl) -> None:
+    """The resources of ``type_urls`` are the very objects they were."""
+    assert any(after.of_type(type_url) for type_url in type_urls)
+    for type_url in type_urls:
+        assert after.of_type(type_url).keys() == before.of_type(type_url).keys()
+        for name, resource in after.of_type(type_url).items():
+            assert resource is before.of_type(type_url)[name], (type_url, name)
+
+
 async def test_new_routes_rebuild_the_routes_and_keep_the_rest(
     control_plane: ProxyControlPlane, sources: t.FakeSources, cache: SnapshotCache
 ) -> None:
     """An HTTPRouteGroup's new match (or a TrafficSplit's weights) moves ``outbound``."""
     view = t.view()
-    sources.views[view.identity] = view
-    key = await control_plane.attach(PROXY, view.identity, view.service_account, t.SIDECAR)
-    before = cache.get(key)
-    assert before is not None
-    control_plane.kinds_built.clear()
+    key, before = await attached(control_plane, sources, cache, view)
 
     moved = pb.View()
     moved.CopyFrom(view)
@@ -214,11 +232,7 @@ async def test_new_routes_rebuild_the_routes_and_keep_the_rest(
     assert after is not before
     assert control_plane.kinds_built == {"routes": 1}
     assert after.version_of(ROUTE) != before.version_of(ROUTE)
-    for kind in ("listeners", "clusters", "endpoints", "secrets"):
-        type_url = TYPE_OF_KIND[kind]
-        assert after.of_type(type_url), type_url
-        for name, resource in after.of_type(type_url).items():
-            assert resource is before.of_type(type_url)[name], (type_url, name)
+    assert_kept(before, after, *(TYPE_OF_KIND[k] for k in sorted(KINDS - {"routes"})))
 
 
 async def test_new_material_rebuilds_the_secrets_only(
@@ -231,11 +245,7 @@ async def test_new_material_rebuilds_the_secrets_only(
         cache, sources.fetch_inputs, sources.fetch_material, on_built=metrics.translated
     )
     view = test_translate.store_view()
-    sources.views[view.identity] = view
-    key = await control_plane.attach(PROXY, view.identity, view.service_account, t.SIDECAR)
-    before = cache.get(key)
-    assert before is not None
-    control_plane.kinds_built.clear()
+    key, before = await attached(control_plane, sources, cache, view)
 
     await control_plane.set_material(view.identity, t.material(serial="s2"))
 
@@ -243,9 +253,7 @@ async def test_new_material_rebuilds_the_secrets_only(
     assert after is not None
     assert control_plane.kinds_built == {"secrets": 1}
     assert after.version.endswith("/s2")
-    for type_url in (LISTENER, ROUTE, CLUSTER, ENDPOINT):
-        assert after.of_type(type_url) == before.of_type(type_url)
-        assert all(r is before.of_type(type_url)[n] for n, r in after.of_type(type_url).items())
+    assert_kept(before, after, LISTENER, ROUTE, CLUSTER, ENDPOINT)
     counted = {
         kind: registry.get_sample_value("trellis_proxy_cp_translations_total", {"kind": kind})
         for kind in sorted(KINDS)
