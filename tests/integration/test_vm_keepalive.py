@@ -114,10 +114,13 @@ class Agent:
     def errors(self) -> str:
         return self.out.with_suffix(".err").read_text()
 
-    def stop(self) -> int:
+    async def stop(self) -> int:
+        """SIGTERM, then its exit status. Waited for in a thread: the relay runs on the
+        test's event loop, and a heartbeat in flight at the signal is still answered
+        through it (blocking the loop here left one to time out after 10 s)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(15)
+        return await asyncio.to_thread(self.process.wait, 15)
 
 
 @pytest.fixture
@@ -159,7 +162,7 @@ async def test_the_agent_sends_every_heartbeat_on_one_connection(
     await eventually(lambda: agent.beats() >= 15, timeout=20)
     assert relay.connections == 1, agent.errors()
     assert await asyncio.to_thread(last_heartbeat, endpoints_vm) > before
-    assert agent.stop() == 0
+    assert await agent.stop() == 0
     assert agent.errors() == ""
 
 
@@ -182,7 +185,7 @@ async def test_after_a_server_restart_the_agent_reconnects_and_keeps_heartbeatin
     await eventually(lambda: agent.beats() >= seen + 20, timeout=20)
     assert relay.connections == reconnected  # and then kept, as before
     assert await asyncio.to_thread(last_heartbeat, endpoints_vm) > restarted
-    assert agent.stop() == 0
+    assert await agent.stop() == 0
 
 
 async def test_the_server_keeps_an_idle_connection_longer_than_uvicorn_s_default(
@@ -195,7 +198,7 @@ async def test_the_server_keeps_an_idle_connection_longer_than_uvicorn_s_default
     try:
         await eventually(lambda: slow.beats() >= 2, timeout=30)
         assert relay.connections == 1, slow.errors()
-        assert slow.stop() == 0
+        assert await slow.stop() == 0
     finally:
         if slow.process.poll() is None:
             slow.process.kill()
