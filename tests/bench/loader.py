@@ -8,6 +8,7 @@ fails in a test, and each test loads the module it tests from its file instead.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -35,3 +36,15 @@ def bench_module(name: str) -> ModuleType:
         del sys.modules[qualified]
         raise
     return module
+
+
+def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m bench ARGS`` from the repository, as ``make bench`` runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=BENCH.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -5,23 +5,15 @@ runs it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.loader import run_bench
 
 
 def test_each_change_is_measured_against_a_whole_build(tmp_path: Path) -> None:
     written = tmp_path / "figures.json"
-    command = [sys.executable, "-m", "bench", "policy", "--seconds", "0.05", "--warmup", "0"]
-    run = subprocess.run(
-        [*command, "--json", str(written)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    run = run_bench(
+        "policy", "--seconds", "0.05", "--warmup", "0", "--json", str(written), timeout=120
     )
 
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -7,13 +7,12 @@ the test shares an xdist group with the other tests that do (it never runs besid
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.loader import run_bench
+
 SERVICES = ("certmanager", "endpoints-vm", "catalog", "proxy-cp", "injector")
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fixed-ports"), pytest.mark.timeout(300)]
@@ -21,14 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fixed-ports"), pytest.m
 
 def test_each_service_and_trellis_up_is_timed_against_bare_python(tmp_path: Path) -> None:
     written = tmp_path / "figures.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "startup", "--seconds", "0.5", "--json", str(written)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
+    run = run_bench("startup", "--seconds", "0.5", "--json", str(written), timeout=280)
 
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     document = json.loads(written.read_text())

@@ -19,6 +19,7 @@ from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_endpoints_k8s.domain.services import PROVIDER, ServiceView
 from trellis_endpoints_k8s.watcher import Key, Watcher
 from trellis_runtime import grpcrequests as check
+from trellis_runtime import servicewatch
 from trellis_runtime.grpcrequests import RequestGate, rpc
 from trellis_runtime.health import Rejections
 
@@ -97,21 +98,20 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
     ) -> AsyncIterator[pb.ServiceChanges]:
         namespace = await self.gate.check(context, "WatchServices", namespace_filter, request)
         watcher = self._watcher
+
+        def service_of(key: Key) -> pb.ServiceEndpoints | None:
+            found = watcher.views.get(key)
+            return None if found is None else to_proto(found, watcher.revision)
+
         with watcher.feed.watch() as watch:  # before the listing: nothing falls between
             listed = await self.ListServices(request, context)
-            yield pb.ServiceChanges(
-                full=True, services=listed.services, revision=listed.revision, provider=PROVIDER
-            )
-            while True:
-                answer = pb.ServiceChanges(provider=PROVIDER)
-                for key in await watch.next():
-                    if namespace and key[0] != namespace:
-                        continue
-                    found = watcher.views.get(key)
-                    if found is None:
-                        answer.removed.add(namespace=key[0], name=key[1])
-                    else:
-                        answer.services.append(to_proto(found, watcher.revision))
-                answer.revision = watcher.revision
-                if answer.services or answer.removed:
-                    yield answer
+            async for answer in servicewatch.service_changes(
+                watch,
+                listed,
+                provider=PROVIDER,
+                namespace=namespace,
+                name_of=lambda key: key,
+                service_of=service_of,
+                revision=lambda: watcher.revision,
+            ):
+                yield answer

@@ -26,6 +26,7 @@ from trellis_common.memo import Members
 from trellis_endpoints_vm.domain.views import EndpointInfo, ServiceKey, ServiceView
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.transport import grpc_requests
+from trellis_runtime import servicewatch
 from trellis_runtime.grpcrequests import RequestGate, rpc
 from trellis_runtime.health import Rejections
 
@@ -116,22 +117,23 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
             context, "WatchServices", grpc_requests.namespace_filter, request
         )
         manager = self._manager
+
+        def service_of(key: ServiceKey) -> pb.ServiceEndpoints | None:
+            view = manager.view(key)
+            if view is None:
+                self._endpoints.forget(key)
+                return None
+            return to_proto(view, manager.revision, self._endpoints)
+
         with manager.feed.watch() as watch:  # before the listing: nothing falls between
             listed = await self.ListServices(request, context)
-            yield pb.ServiceChanges(
-                full=True, services=listed.services, revision=listed.revision, provider=PROVIDER
-            )
-            while True:
-                answer = pb.ServiceChanges(provider=PROVIDER)
-                for key in await watch.next():
-                    if namespace and key.namespace != namespace:
-                        continue
-                    view = manager.view(key)
-                    if view is None:
-                        self._endpoints.forget(key)
-                        answer.removed.add(namespace=key.namespace, name=key.name)
-                    else:
-                        answer.services.append(to_proto(view, manager.revision, self._endpoints))
-                answer.revision = manager.revision
-                if answer.services or answer.removed:
-                    yield answer
+            async for answer in servicewatch.service_changes(
+                watch,
+                listed,
+                provider=PROVIDER,
+                namespace=namespace,
+                name_of=lambda key: (key.namespace, key.name),
+                service_of=service_of,
+                revision=lambda: manager.revision,
+            ):
+                yield answer
