@@ -22,8 +22,9 @@ from trellis_api import catalog_pb2 as pb
 from trellis_proxy_cp import testing as t
 from trellis_proxy_cp.cache.snapshot import Snapshot
 from trellis_proxy_cp.cache.store import SnapshotCache
-from trellis_proxy_cp.core import TYPE_OF_KIND, ProxyControlPlane
+from trellis_proxy_cp.core import ProxyControlPlane
 from trellis_proxy_cp.metrics import XdsMetrics
+from trellis_proxy_cp.rebuilds import TYPE_OF_KIND
 from trellis_proxy_cp.translate import scope
 from trellis_proxy_cp.translate.proxy import KINDS
 from trellis_proxy_cp.translate.settings import ProxySettings

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 from trellis_api import catalog_pb2
-from trellis_proxy_cp import types
+from trellis_proxy_cp import rebuilds, types
 from trellis_proxy_cp.assignments import EndpointResources
 from trellis_proxy_cp.cache import inputs
 from trellis_proxy_cp.cache.snapshot import Resource, Snapshot, make_resource
@@ -60,27 +60,7 @@ class Group:
     proxies: set[str] = field(default_factory=set)
     built_at: float = 0.0
     last_error: str = ""
-    built_from: Built | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Built:
-    """What a group's snapshot was made of: the policy, the material's serial, and the
-    policy's slices (None: none held), as they were."""
-
-    policy: catalog_pb2.View
-    serial: str
-    slices: tuple[catalog_pb2.ClusterSlice | None, ...]
-
-
-#: Each kind of resource (:data:`~.translate.proxy.KINDS`) by its type URL.
-TYPE_OF_KIND: dict[str, types.TypeUrl] = {
-    "listeners": types.LISTENER,
-    "routes": types.ROUTE,
-    "clusters": types.CLUSTER,
-    "endpoints": types.ENDPOINT,
-    "secrets": types.SECRET,
-}
+    built_from: rebuilds.Built | None = None
 
 
 class ProxyControlPlane:
@@ -323,7 +303,14 @@ class ProxyControlPlane:
             self._build_endpoints(group, policy, material.serial, slices, current)
             return
         version = self._version(policy, material.serial)
-        kinds = self._kinds(group, policy, material.serial, current)
+        held = group.built_from
+        kinds = rebuilds.kinds_to_build(
+            held if current is not None else None,
+            policy,
+            material.serial,
+            group.settings,
+            self._slices_of(held.policy) if held is not None else (),
+        )
         try:
             view = self.view(group.identity)
             assert view is not None
@@ -350,7 +337,7 @@ class ProxyControlPlane:
                 ),
             ]
             if current is not None:  # the kinds not rebuilt: the very resources they were
-                for kind, type_url in TYPE_OF_KIND.items():
+                for kind, type_url in rebuilds.TYPE_OF_KIND.items():
                     if kind not in kinds:
                         built += current.of_type(type_url).values()
             self.cache.set_snapshot(group.key, Snapshot.of(version, built))
@@ -366,36 +353,11 @@ class ProxyControlPlane:
             )
             self._on_refused(group.key, list(problems))
             return
-        group.built_from = Built(policy, material.serial, self._slices_of(policy))
+        group.built_from = rebuilds.Built(policy, material.serial, self._slices_of(policy))
         self._built(group, version, kinds=kinds)
 
     def _slices_of(self, policy: catalog_pb2.View) -> tuple[catalog_pb2.ClusterSlice | None, ...]:
         return tuple(self.slices.get(n) for n in inputs.slice_names(policy))
-
-    def _kinds(
-        self, group: Group, policy: catalog_pb2.View, serial: str, current: Snapshot | None
-    ) -> frozenset[str]:
-        """The kinds of resource to translate again for ``group``: where only its policy
-        or its material moved since its snapshot was built, those the change concerns;
-        every kind otherwise (no snapshot yet, a slice moved, a proxyless client, a
-        gateway)."""
-        built = group.built_from
-        if (
-            current is None
-            or built is None
-            or group.settings.proxyless
-            or group.settings.gateway
-            or not all(a is b for a, b in zip(
-                built.slices, self._slices_of(built.policy), strict=True
-            ))
-        ):  # fmt: skip
-            return KINDS
-        kinds = frozenset() if built.policy is policy else scope.kinds_concerned(
-            built.policy, policy, group.settings
-        )  # fmt: skip
-        if built.serial != serial:  # new certificate material: the secrets only read it
-            kinds |= {"secrets"}
-        return kinds if kinds else KINDS  # nothing moved: a whole build, as asked
 
     def _endpoints(self, policy: catalog_pb2.View, locality: str) -> list[Resource]:
         if not policy.mesh.locality_failover:
@@ -427,7 +389,7 @@ class ProxyControlPlane:
         )
         # no other kind reads these endpoints (scope.endpoints_only): the snapshot is as if
         # built from the slices as they are now
-        group.built_from = Built(policy, serial, self._slices_of(policy))
+        group.built_from = rebuilds.Built(policy, serial, self._slices_of(policy))
         self._built(group, version, kinds=frozenset(("endpoints",)))
 
     def _version(self, policy: catalog_pb2.View, serial: str) -> str:

@@ -59,7 +59,7 @@ def translate(
         assignments = endpoints.LoadAssignments()
     if not with_endpoints:
         assignments = _NoAssignments()
-    if settings.proxyless or settings.gateway:
+    if settings.built_whole:
         only = None
     wanted = KINDS if only is None else frozenset(only)
     found_secrets = (

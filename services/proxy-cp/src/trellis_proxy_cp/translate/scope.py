@@ -119,7 +119,7 @@ def kinds_concerned(
     translate again when its identity's policy goes from ``before`` to ``after`` (with
     the same slices and certificate material): every kind for a proxyless client or a
     gateway."""
-    if settings.proxyless or settings.gateway:
+    if settings.built_whole:
         return KINDS
     changed = changed_fields(before, after)
     return frozenset(kind for kind in KINDS if changed & READS[kind])

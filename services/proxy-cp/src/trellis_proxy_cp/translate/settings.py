@@ -72,6 +72,12 @@ class ProxySettings:
     #: where a gateway Envoy reads its listeners' certificates ("": no HTTPS listeners)
     gateway_certs_dir: str = ""
 
+    @property
+    def built_whole(self) -> bool:
+        """Whether this proxy's resources are always translated all together: a proxyless
+        client's and a gateway's (only a sidecar's are translated kind by kind)."""
+        return self.proxyless or self.gateway
+
     def key(self) -> str:
         """The part of the snapshot key these settings make."""
         if self.proxyless:
