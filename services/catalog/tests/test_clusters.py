@@ -111,6 +111,11 @@ def test_a_rebuild_after_one_endpoint_moved_keeps_the_others(
     fresh = services.cluster(known[API], known[API].ports[0], "cluster.local", after.version)
     assert after == fresh
     assert [(e.address, e.port) for e in after.endpoints][-1] == ("10.0.1.1", 8081)
+    # its version from the 58 digests kept and one new is the version of its content
+    assert after.version == cluster_version(fresh) != cluster_version(fresh, ["x"] * 59)
+    other = Clusters()
+    other.rebuild([API], known, "cluster.local")
+    assert other.states["shop/api|80"].version == after.version
 
 
 def test_a_port_whose_target_changed_converts_every_endpoint_again(

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from trellis_catalog.domain.index import services as svc
-from trellis_catalog.domain.model.contentversion import cluster_version
-from trellis_catalog.domain.model.views import ClusterState
+from trellis_catalog.domain.model.contentversion import cluster_version, of
+from trellis_catalog.domain.model.views import ClusterEndpoint, ClusterState
 from trellis_common.memo import Members
 from trellis_common.model import MeshService
 from trellis_spec.steps import Steps, drain
@@ -33,6 +33,8 @@ class Clusters:
         self._of: dict[MeshService, set[str]] = {}  # each service's cluster names
         self._trust_domain = ""  # the one the SPIFFE ids were built with
         self._endpoints: svc.ClusterEndpoints = Members(svc.cluster_endpoint)
+        #: each cluster's endpoint digests (its version's parts), kept per endpoint object
+        self._digests: Members[str, ClusterEndpoint, str] = Members(lambda e, _: of(e))
 
     def rebuild(
         self,
@@ -82,7 +84,10 @@ class Clusters:
 
     def _next(self, state: ClusterState) -> ClusterState:
         """``state`` with its content version."""
-        return ClusterState(state.ref, state.endpoints, state.spiffe_ids, cluster_version(state))
+        digests = self._digests.convert(state.ref.name, state.endpoints)
+        return ClusterState(
+            state.ref, state.endpoints, state.spiffe_ids, cluster_version(state, digests)
+        )
 
     def _commit(self, computed: list[tuple[MeshService, set[str], list[ClusterState]]]) -> set[str]:
         changed: set[str] = set()
@@ -90,6 +95,7 @@ class Clusters:
             for name in self._of.get(service, set()) - wanted:
                 del self._clusters[name]
                 self._endpoints.forget(name)
+                self._digests.forget(name)
                 changed.add(name)
             for state in moved:
                 self._clusters[state.ref.name] = state

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 
 from trellis_catalog.domain.model.views import ClusterState, IdentityPolicy
 
@@ -39,9 +40,16 @@ def of(content: object) -> str:
     return hashlib.blake2b(repr(content).encode(), digest_size=8).hexdigest()
 
 
-def cluster_version(state: ClusterState) -> str:
-    """A cluster's version: its reference, endpoints and SPIFFE ids (not its old version)."""
-    return of((state.ref, state.endpoints, state.spiffe_ids))
+def cluster_version(state: ClusterState, endpoints: Sequence[str] | None = None) -> str:
+    """A cluster's version: its reference, endpoints and SPIFFE ids (not its old version).
+
+    The endpoints count by their own digests, in order: ``endpoints`` are those digests
+    when the caller kept them (:class:`~trellis_common.memo.Members`: a cluster of 200
+    endpoints whose one moved digests one, where a ``repr`` of all 200 cost a millisecond),
+    else they are computed here. Either way the version is the same.
+    """
+    digests = tuple(endpoints) if endpoints is not None else tuple(map(of, state.endpoints))
+    return of((state.ref, digests, state.spiffe_ids))
 
 
 class Digests:
