@@ -31,9 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
-
-from bench import fullmesh, load, soak, xds_server
+from bench import fullmesh, load, rest, soak, xds_server
 from trellis_testing.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent  # where ``python -m bench.background`` works
@@ -124,7 +122,7 @@ async def _load(args: argparse.Namespace) -> None:
         xds_server.raise_open_files(65536)
         issued = await fullmesh.issue(args.state_dir, args.streams, args.clients)
         fleet = fullmesh.fleet(args.state_dir, issued)
-    churn = soak.Churn(httpx.AsyncClient(**fullmesh.endpoints_vm(args.state_dir)), None)
+    churn = soak.Churn(rest.LeanClient(**fullmesh.endpoints_vm(args.state_dir)), None)
     try:
         sync_s = await fleet.connect(args.streams, SYNC_TIMEOUT) if fleet else 0.0
         runner = asyncio.create_task(churn.run(args.rate, float("inf"))) if args.rate else None

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import httpx
 
+from bench import rest
 from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 
@@ -60,7 +61,7 @@ def registration(namespace: str, i: int, services: int, network: int = 10) -> di
     }
 
 
-def expect_status(response: httpx.Response, status: int) -> None:
+def expect_status(response: httpx.Response | rest.Response, status: int) -> None:
     if response.status_code != status:
         raise RuntimeError(
             f"{response.request.method} {response.request.url} answered "

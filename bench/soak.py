@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 from envoy.config.endpoint.v3 import endpoint_pb2
 
-from bench import fullmesh, load, xds_client, xds_server
+from bench import fullmesh, load, rest, xds_client, xds_server
 from trellis_identity import tokens
 from trellis_proxy_cp.types import ENDPOINT
 from trellis_testing.mesh import Mesh
@@ -118,7 +118,7 @@ class Churn:
     """``rate`` changes per second to bookstore-v1's workloads (see the module's docstring);
     ``probe``, when given, times each change."""
 
-    client: httpx.AsyncClient
+    client: httpx.AsyncClient | rest.LeanClient  # the lean one where only load is wanted
     probe: Probe | None
     live: deque[tuple[str, str]] = field(default_factory=deque)  # (name, address), oldest first
     made: int = 0
