@@ -97,12 +97,14 @@ def sorted_unique(values: Iterable[D]) -> tuple[D, ...]:
     cls = type(listed[0])
     if any(type(value) is not cls for value in listed):  # mixed: compared as they would be
         return tuple(sorted(set(listed)))  # type: ignore[type-var]
-    fields = _fields_of(cls)
+    fields = fields_of(cls)
     unique = {fields(value): value for value in listed}
     return tuple(unique[key] for key in sorted(unique))
 
 
-def _fields_of(cls: type) -> Callable[[Any], Any]:
+def fields_of(cls: type) -> Callable[[Any], Any]:
+    """A function of a dataclass value to the tuple of its fields, in order: what its
+    generated ``__eq__`` and ``__lt__`` compare, read by C."""
     found = _FIELDS.get(cls)
     if found is None:
         names = [f.name for f in dataclasses.fields(cls)]

@@ -4,7 +4,9 @@ All state changes go through methods that return the services whose view changed
 with its new view (or ``None`` when the service is gone). Only the services a change can
 touch are recomputed: a workload touches the services it names and the ServiceEntries of
 its namespace whose selector matches its labels (before or after the change); a reload of
-declarations touches every service an entry names, before and after.
+declarations touches every service an entry names, before and after. A service that only
+registrations fill is kept in parts (:mod:`~trellis_endpoints_vm.domain.listed`), so a
+change to one of its workloads moves that workload's part, not all of them.
 
 A workload with a TTL is alive while its heartbeats keep coming, or while the control plane
 owes it a *grace*: when its heartbeats cannot be persisted (Redis is down), the manager
@@ -28,14 +30,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from trellis_common.memo import Members, sorted_unique
+from trellis_common.memo import sorted_unique
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
+from trellis_endpoints_vm.domain.listed import Listed
 from trellis_endpoints_vm.domain.views import (
-    EndpointInfo,
-    PortInfo,
     ServiceInfo,
     ServiceKey,
     ServiceView,
@@ -67,11 +68,8 @@ class EndpointRegistry:
         self._entry_for_host: dict[ServiceKey, str] = {}
         self._selecting: dict[str, list[DeclaredEntry]] = defaultdict(list)
         self.conflicts: list[str] = []
-        # a workload's endpoint, kept while the workload is the same object (a change to
-        # one of a service's 200 workloads converts one, and the view compares by identity)
-        self._endpoints: Members[ServiceKey, Workload, EndpointInfo] = Members(
-            lambda w, _: w.endpoint()
-        )
+        #: registered services' views in parts: a change to one workload moves one part
+        self._listed: dict[ServiceKey, Listed] = {}
 
     # -- registered workloads --------------------------------------------------------
 
@@ -86,7 +84,7 @@ class EndpointRegistry:
         self._alive[workload.id] = self.is_alive(workload, now)
         for service in workload.services:
             self._by_service[ServiceKey(workload.namespace, service)].add(workload.id)
-        return self._recompute(touched, now)
+        return self._recompute(touched, now, [workload.id])
 
     def remove(self, workload_id: str, now: float) -> list[Change]:
         old = self.workloads.pop(workload_id, None)
@@ -99,7 +97,7 @@ class EndpointRegistry:
             self._by_service[key].discard(old.id)
             if not self._by_service[key]:
                 del self._by_service[key]
-        return self._recompute(self._touched_by(old), now)
+        return self._recompute(self._touched_by(old), now, [workload_id])
 
     def heartbeat(self, workload_id: str, now: float) -> tuple[Workload, list[Change]]:
         """A heartbeat at ``now``: the changes are those of a revival (none if it was
@@ -112,7 +110,7 @@ class EndpointRegistry:
         if self._alive.get(workload_id):
             return beaten, []
         self._alive[workload_id] = True
-        return beaten, self._recompute(self._touched_by(beaten), now)
+        return beaten, self._recompute(self._touched_by(beaten), now, [workload_id])
 
     def adopt(self, workload_id: str, last_heartbeat: float) -> bool:
         """A heartbeat another replica heard (read back from the store): the time is kept
@@ -131,7 +129,7 @@ class EndpointRegistry:
         self._alive[workload_id] = alive
         if alive:
             self.workloads[workload_id] = current.beat(max(now, current.last_heartbeat))
-        return self._recompute(self._touched_by(current), now)
+        return self._recompute(self._touched_by(current), now, [workload_id])
 
     def due(self, now: float) -> list[str]:
         """The workloads counted alive that :meth:`expire` would take out at ``now``."""
@@ -150,7 +148,7 @@ class EndpointRegistry:
     def expire(self, now: float) -> tuple[list[Change], list[str]]:
         """Take out workloads whose heartbeats stopped; returns the changes and who expired."""
         touched: set[ServiceKey] = set()
-        expired = []
+        judged, expired = [], []
         for workload_id, workload in self.workloads.items():
             if workload.ttl is None:
                 continue
@@ -158,12 +156,13 @@ class EndpointRegistry:
             if alive != self._alive.get(workload_id):
                 self._alive[workload_id] = alive
                 touched |= self._touched_by(workload)
+                judged.append(workload_id)
                 if not alive:
                     expired.append(workload_id)
         for workload_id, until in list(self._grace.items()):
             if until <= now:
                 del self._grace[workload_id]
-        return self._recompute(touched, now), expired
+        return self._recompute(touched, now, judged), expired
 
     # -- grace: liveness the control plane owes a workload -----------------------------
 
@@ -215,6 +214,7 @@ class EndpointRegistry:
         is judged by its heartbeats alone: a long outage cannot be told from its death.
         Returns how many got the grace, and the views that changed."""
         touched: set[ServiceKey] = set()
+        revived = []
         granted = 0
         for workload in self.workloads.values():
             if workload.ttl is not None and now - workload.last_heartbeat < 2 * workload.ttl:
@@ -222,9 +222,10 @@ class EndpointRegistry:
                 self._grace[workload.id] = max(self._grace.get(workload.id, until), until)
                 if not self._alive.get(workload.id):
                     touched |= self._touched_by(workload)
+                    revived.append(workload.id)
                 self._alive[workload.id] = True
                 granted += 1
-        return granted, self._recompute(touched, now)
+        return granted, self._recompute(touched, now, revived)
 
     def grace_until(self, workload_id: str) -> float | None:
         """The end of a workload's grace (``inf`` while held), or ``None``."""
@@ -271,14 +272,17 @@ class EndpointRegistry:
                 )
         return keys
 
-    def _recompute(self, keys: Iterable[ServiceKey], now: float) -> list[Change]:
+    def _recompute(
+        self, keys: Iterable[ServiceKey], now: float, moved: Collection[str] | None = None
+    ) -> list[Change]:
+        """The views of ``keys`` again; ``moved``: the only workloads whose state changed
+        (their registration, membership or verdict), None: anything may have."""
         changes = []
         for key in sorted(keys):
-            view = self._view(key, now)
+            view = self._view(key, now, moved)
             if view != self.views.get(key):
                 if view is None:
                     del self.views[key]
-                    self._endpoints.forget(key)
                 else:
                     self.views[key] = view
                 changes.append(Change(key, view))
@@ -288,20 +292,38 @@ class EndpointRegistry:
         """The workloads registered for the service ``key`` (alive or not), by id."""
         return [self.workloads[i] for i in sorted(self._by_service.get(key, ()))]
 
-    def _view(self, key: ServiceKey, now: float) -> ServiceView | None:
+    def _view(
+        self, key: ServiceKey, now: float, moved: Collection[str] | None = None
+    ) -> ServiceView | None:
         entry_id = self._entry_for_host.get(key)
         entry = self._entries.get(entry_id) if entry_id else None
-        members = self.members(key)
-        if entry is None and not members:
+        if entry is None:
+            return self._registered_view(key, now, moved)
+        self._listed.pop(key, None)
+        endpoints = [w.endpoint() for w in self.members(key) if self.counted(w, now)]
+        endpoints += entry.resolve(key.name, self._selected(entry, now))
+        return ServiceView(entry.info(key.name), sorted_unique(endpoints))
+
+    def _registered_view(
+        self, key: ServiceKey, now: float, moved: Collection[str] | None
+    ) -> ServiceView | None:
+        """A service only registrations fill: its parts (:class:`Listed`) moved by the
+        workloads that ``moved``, or made again from every member."""
+        listed = self._listed.get(key)
+        if listed is None or moved is None:
+            listed = self._listed[key] = Listed()
+            moved = self._by_service.get(key, ())
+        members = self._by_service.get(key, ())
+        for workload_id in moved:
+            workload = self.workloads.get(workload_id) if workload_id in members else None
+            if workload is not None or workload_id in listed.members:
+                counted = workload is not None and self.counted(workload, now)
+                listed.move(workload_id, workload, counted)
+        if not listed.members:
+            del self._listed[key]
             return None
-        alive = (w for w in members if self.counted(w, now))
-        endpoints = self._endpoints.convert(key, alive)
-        if entry is not None:
-            info = entry.info(key.name)
-            endpoints += entry.resolve(key.name, self._selected(entry, now))
-        else:
-            info = ServiceInfo(key=key, ports=_registered_ports(members))
-        return ServiceView(info, sorted_unique(endpoints))
+        ports = listed.ports(lambda: self.members(key))
+        return ServiceView(ServiceInfo(key=key, ports=ports), listed.endpoints)
 
     def _selected(self, entry: DeclaredEntry, now: float) -> list[DeclaredEndpoint]:
         if entry.selector is None:
@@ -331,11 +353,3 @@ class EndpointRegistry:
                     )
                 )
         return found
-
-
-def _registered_ports(members: list[Workload]) -> tuple[PortInfo, ...]:
-    ports: dict[str, int] = {}
-    for workload in members:
-        for name, number in workload.ports:
-            ports.setdefault(name, number)
-    return tuple(PortInfo(name, number) for name, number in sorted(ports.items()))
