@@ -1,4 +1,5 @@
-"""``messages.fields``: a frozen record's fields become a message's, pairs become maps."""
+"""``messages.fields``: a frozen record's fields become a message's, pairs become maps;
+``messages.entry``: members on the wire, joined into a repeated field."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from trellis_api import catalog_pb2 as pb
-from trellis_common.messages import fields
+from trellis_api import endpoints_pb2
+from trellis_common.messages import entry, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,3 +41,18 @@ def test_fields_are_copied_at_the_top_level_only() -> None:
 def test_a_field_the_message_lacks_fails_loudly() -> None:
     with pytest.raises(ValueError, match="inner"):
         pb.ClusterEndpoint(**fields(_Nested("x", _Endpoint("10.0.0.1", 1))))
+
+
+def test_entries_joined_and_merged_are_the_repeated_field() -> None:
+    members = [
+        endpoints_pb2.Endpoint(address=f"10.0.0.{i}", ports={"http": 80 + i}, labels={"v": str(i)})
+        for i in range(200)  # lengths past 127 bytes of field 3 and more
+    ]
+    members.append(endpoints_pb2.Endpoint(address="x" * 300, workload="w"))  # a length of two bytes
+    built = endpoints_pb2.ServiceEndpoints(revision=7)
+    built.MergeFromString(
+        b"".join(entry(endpoints_pb2.ServiceEndpoints, "endpoints", m) for m in members)
+    )
+    assert list(built.endpoints) == members
+    assert built == endpoints_pb2.ServiceEndpoints(revision=7, endpoints=members)
+    assert entry(built, "endpoints", members[0])[0] == (2 << 3 | 2)  # endpoints is field 2

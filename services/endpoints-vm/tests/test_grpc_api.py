@@ -1,14 +1,13 @@
-"""GetService's answer: endpoint messages kept while the endpoint is the same object."""
+"""GetService's answer: endpoint entries kept while the endpoint is the same object."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from trellis_common.memo import Members
 from trellis_endpoints_vm.domain.registry import EndpointRegistry
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import Workload
-from trellis_endpoints_vm.transport.grpc_api import EndpointProtos, endpoint_proto, to_proto
+from trellis_endpoints_vm.transport.grpc_api import endpoint_protos, to_proto
 
 API = ServiceKey("shop", "api")
 
@@ -16,7 +15,7 @@ API = ServiceKey("shop", "api")
 def test_an_answer_after_one_endpoint_moved_converts_that_one(
     registry: EndpointRegistry, make_workload: Callable[..., Workload]
 ) -> None:
-    memo: EndpointProtos = Members(lambda e, _: endpoint_proto(e))
+    memo = endpoint_protos()
     for i in range(20):
         registry.upsert(make_workload(f"vm-{i}", address=f"10.0.0.{i}"), 1.0)
     first = to_proto(registry.views[API], 1, memo)

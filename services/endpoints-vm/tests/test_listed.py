@@ -14,13 +14,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trellis_common.memo import sorted_unique
-from trellis_endpoints_vm.domain.listed import registered_ports
 from trellis_endpoints_vm.domain.registry import EndpointRegistry
-from trellis_endpoints_vm.domain.views import ServiceInfo, ServiceKey, ServiceView
+from trellis_endpoints_vm.domain.views import PortInfo, ServiceInfo, ServiceKey, ServiceView
 from trellis_endpoints_vm.domain.workloads import Workload
 
 SERVICES = ("api", "web", "db")
-PORTS = ((("http", 80),), (("http", 8080),), (("http", 80), ("grpc", 9090)), (("grpc", 9090),))
+PORTS = (
+    (("http", 80),),
+    (("http", 8080),),
+    (("http", 80), ("grpc", 9090)),
+    (("grpc", 9090),),
+    (("grpc", 9091), ("grpc", 9092)),  # one name twice: the first counts
+)
+
+
+def registered_ports(members: list[Workload]) -> tuple[PortInfo, ...]:
+    """Each port name with the number the first member (by id) gives it."""
+    ports: dict[str, int] = {}
+    for workload in members:
+        for name, number in workload.ports:
+            ports.setdefault(name, number)
+    return tuple(PortInfo(name, number) for name, number in sorted(ports.items()))
 
 
 def from_scratch(registry: EndpointRegistry, key: ServiceKey, now: float) -> ServiceView | None:

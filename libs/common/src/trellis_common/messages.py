@@ -28,3 +28,27 @@ def fields(record: Any, maps: Collection[str] = ()) -> dict[str, Any]:
         for field in dataclasses.fields(record)
         for value in [getattr(record, field.name)]
     }
+
+
+def entry(message: Any, field: str, member: Any) -> bytes:
+    """``member`` (a message) as one entry of ``message``'s repeated message field
+    ``field`` on the wire: its tag, its length, its bytes.
+
+    Entries kept per member and joined make the whole field, which ``MergeFromString``
+    appends in order with C doing the work: for a service of 200 endpoints whose one moved,
+    that is one endpoint serialized and a join, where building the field from 200 message
+    objects copies each of them in Python's loop. ``message`` is the parent message or its
+    class.
+    """
+    number = message.DESCRIPTOR.fields_by_name[field].number
+    data: bytes = member.SerializeToString(deterministic=True)
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -15,16 +15,14 @@ applies one workload's new state in O(log N) comparisons and one insertion; the 
 then a copy of the list (C). An endpoint whose content did not change keeps its identity,
 so the next hop's comparison of the old and the new view costs a pointer per member.
 
-Ports: a name with one number across the members is that port; a name given two numbers
-by different workloads is resolved as the whole computation does (the first member by id
-names it), which is the one case that reads every member again.
+Ports: each name is numbered by the first member (by id) that names it, so each name
+keeps its holders in that order: (workload id, the port's place among the workload's,
+number), and the first one numbers it.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import Counter
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,22 +47,21 @@ class Listed:
     members: dict[str, _Member] = field(default_factory=dict)
     _order: list[Any] = field(default_factory=list)
     _endpoints: list[EndpointInfo] = field(default_factory=list)
-    _ports: Counter[tuple[str, int]] = field(default_factory=Counter)
+    _holders: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
 
     def move(self, workload_id: str, workload: Workload | None, counted: bool) -> None:
         """``workload_id`` is now ``workload`` (None: no longer a member), counted in the
         view or not."""
         old = self.members.pop(workload_id, None)
         if old is not None:
-            self._ports.subtract(old.workload.ports)
-            self._ports += Counter()  # drop the names no member gives any more
+            self._hold(workload_id, old.workload, add=False)
             if old.endpoint is not None:
                 at = bisect_left(self._order, old.order)
                 del self._order[at]
                 del self._endpoints[at]
         if workload is None:
             return
-        self._ports.update(workload.ports)
+        self._hold(workload_id, workload, add=True)
         if not counted:
             self.members[workload_id] = _Member(workload, None)
             return
@@ -81,20 +78,19 @@ class Listed:
     def endpoints(self) -> tuple[EndpointInfo, ...]:
         return tuple(self._endpoints)
 
-    def ports(self, members: Callable[[], Iterable[Workload]]) -> tuple[PortInfo, ...]:
-        """The ports the members name; ``members`` (by id) is read only when a name has
-        two numbers."""
-        numbers: dict[str, int] = {}
-        for name, number in self._ports:
-            if numbers.setdefault(name, number) != number:
-                return registered_ports(members())
-        return tuple(PortInfo(name, number) for name, number in sorted(numbers.items()))
+    @property
+    def ports(self) -> tuple[PortInfo, ...]:
+        """Each port name the members give, numbered by the first member (by id)."""
+        return tuple(PortInfo(name, self._holders[name][0][2]) for name in sorted(self._holders))
 
-
-def registered_ports(members: Iterable[Workload]) -> tuple[PortInfo, ...]:
-    """Each port name with the number the first member (by id) gives it."""
-    ports: dict[str, int] = {}
-    for workload in members:
-        for name, number in workload.ports:
-            ports.setdefault(name, number)
-    return tuple(PortInfo(name, number) for name, number in sorted(ports.items()))
+    def _hold(self, workload_id: str, workload: Workload, *, add: bool) -> None:
+        for place, (name, number) in enumerate(workload.ports):
+            holders = self._holders.setdefault(name, [])
+            holder = (workload_id, place, number)
+            at = bisect_left(holders, holder)
+            if add:
+                holders.insert(at, holder)
+                continue
+            del holders[at]
+            if not holders:
+                del self._holders[name]

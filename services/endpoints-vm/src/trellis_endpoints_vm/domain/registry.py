@@ -322,8 +322,7 @@ class EndpointRegistry:
         if not listed.members:
             del self._listed[key]
             return None
-        ports = listed.ports(lambda: self.members(key))
-        return ServiceView(ServiceInfo(key=key, ports=ports), listed.endpoints)
+        return ServiceView(ServiceInfo(key=key, ports=listed.ports), listed.endpoints)
 
     def _selected(self, entry: DeclaredEntry, now: float) -> list[DeclaredEndpoint]:
         if entry.selector is None:

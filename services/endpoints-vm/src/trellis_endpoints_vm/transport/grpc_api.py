@@ -47,17 +47,23 @@ def endpoint_proto(endpoint: EndpointInfo) -> pb.Endpoint:
     return pb.Endpoint(**messages.fields(endpoint, maps={"ports", "labels"}))
 
 
-#: Endpoint messages by service, kept while the endpoint is the same object
-#: (:class:`~trellis_common.memo.Members`): a service's answer after one of its endpoints
-#: moved converts that one.
-EndpointProtos = Members[ServiceKey, EndpointInfo, pb.Endpoint]
+#: Endpoints as entries of ``ServiceEndpoints.endpoints`` on the wire, by service, kept
+#: while the endpoint is the same object (:class:`~trellis_common.memo.Members`): a
+#: service's answer after one of its 200 endpoints moved serializes that one, and the
+#: field is the entries joined (:func:`~trellis_common.messages.entry`).
+EndpointProtos = Members[ServiceKey, EndpointInfo, bytes]
+
+
+def endpoint_protos() -> EndpointProtos:
+    """An empty memo of endpoint entries, for :func:`to_proto`."""
+    return Members(lambda e, _: messages.entry(pb.ServiceEndpoints, "endpoints", endpoint_proto(e)))
 
 
 def to_proto(
     view: ServiceView, revision: int, endpoints: EndpointProtos | None = None
 ) -> pb.ServiceEndpoints:
     info = view.info
-    return pb.ServiceEndpoints(
+    message = pb.ServiceEndpoints(
         info=pb.ServiceInfo(
             service=pb.ServiceRef(namespace=info.key.namespace, name=info.key.name),
             ports=[
@@ -74,20 +80,20 @@ def to_proto(
             subject_alt_names=info.subject_alt_names,
             source=info.source,
         ),
-        endpoints=(
-            endpoints.convert(info.key, view.endpoints)
-            if endpoints is not None
-            else [endpoint_proto(e) for e in view.endpoints]
-        ),
         revision=revision,
     )
+    if endpoints is None:
+        message.endpoints.extend(endpoint_proto(e) for e in view.endpoints)
+    else:
+        message.MergeFromString(b"".join(endpoints.convert(info.key, view.endpoints)))
+    return message
 
 
 class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
     def __init__(self, manager: EndpointsManager, rejections: Rejections | None = None) -> None:
         self._manager = manager
         self.gate = RequestGate(rejections)
-        self._endpoints: EndpointProtos = Members(lambda e, _: endpoint_proto(e))
+        self._endpoints = endpoint_protos()
 
     @rpc(grpc_requests.namespace_filter)
     async def ListServices(self, namespace: str, context: Context) -> pb.ListServicesResponse:
