@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from trellis_common.changefeed import Watch
-from trellis_endpoints_vm import manager as manager_module
+from trellis_endpoints_vm import mirroring
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import InvalidWorkload, Workload
@@ -261,7 +261,7 @@ async def test_a_hanging_signal_holds_no_caller_until_too_many_are_behind(
     """The replicas' signals leave in the background, in order: a caller waits for them
     only while more than SIGNALS_BEHIND are on their way (back-pressure), and then at most
     the store timeout. The change is pushed to the watches at once whatever Redis does."""
-    monkeypatch.setattr(manager_module, "SIGNALS_BEHIND", 2)
+    monkeypatch.setattr(mirroring, "SIGNALS_BEHIND", 2)
     manager = EndpointsManager(store, metrics, clock=clock, store_timeout=0.05, notify=bell)
     await manager.start()
     with manager.feed.watch() as watch:

@@ -99,11 +99,11 @@ class StoreKeeper:
 
     async def put(self, workload: Workload) -> None:
         """Store ``workload`` now, or raise :class:`StoreUnavailable`."""
-        await self._write_now(workload.id, [workload], [])
+        await self.write([workload], [])
 
     async def delete(self, workload_id: str) -> None:
         """Delete ``workload_id`` from the store now, or raise :class:`StoreUnavailable`."""
-        await self._write_now(workload_id, [], [workload_id])
+        await self.write([], [workload_id])
 
     async def persist(self, workload_id: str) -> bool:
         """Queue memory's state of ``workload_id`` to be written behind (a heartbeat).
@@ -122,9 +122,10 @@ class StoreKeeper:
         """Every id with a write queued, whole record or heartbeat."""
         return self.rewrites | self.beats
 
-    async def _write_now(
-        self, workload_id: str, puts: Sequence[Workload], deletes: Sequence[str]
-    ) -> None:
+    async def write(self, puts: Sequence[Workload], deletes: Sequence[str]) -> None:
+        """Store ``puts`` and delete ``deletes`` now, in one write, or raise
+        :class:`StoreUnavailable` (then nothing is known to be stored)."""
+        ids = [w.id for w in puts] + list(deletes)
         if self.available:
             async with self._io:
                 if self.available:
@@ -132,11 +133,11 @@ class StoreKeeper:
                         async with asyncio.timeout(self._timeout):
                             await self._store.write(puts, deletes)
                     except FAILURES as exc:
-                        self.rewrites.add(workload_id)  # the flush makes Redis match memory
+                        self.rewrites.update(ids)  # the flush makes Redis match memory
                         self._fail(exc)
                     else:
-                        self.rewrites.discard(workload_id)
-                        self.beats.discard(workload_id)
+                        self.rewrites.difference_update(ids)
+                        self.beats.difference_update(ids)
                         return
         raise StoreUnavailable(self.explain())
 

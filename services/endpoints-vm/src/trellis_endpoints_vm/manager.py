@@ -10,11 +10,12 @@ the answer is written, so the catalog's last answer holds the last state;
 Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKeeper`):
 
 * **Registrations and deregistrations are durable or refused.** The store is written first
-  (so nothing acknowledged is lost); when Redis does not take the write within the store
-  timeout, or is known to be unavailable, the call fails with :class:`StoreUnavailable`
-  (HTTP 503 naming Redis) and memory is left as it was. We chose this over accepting them
-  in memory: an acknowledged registration that a crash during the outage would lose is a
-  lie to the workload, while a refused one is simply retried by its agent.
+  (so nothing acknowledged is lost), for all the calls that arrived together in one write
+  (:mod:`~trellis_endpoints_vm.commits`); when Redis does not take the write within the
+  store timeout, or is known to be unavailable, those calls fail with
+  :class:`StoreUnavailable` (HTTP 503 naming Redis) and memory is left as it was. We chose
+  this over accepting them in memory: an acknowledged registration that a crash during the
+  outage would lose is a lie to the workload, while a refused one is retried by its agent.
 * **Heartbeats always count.** A heartbeat is applied in memory first, then persisted; if
   Redis is unavailable the write is queued and flushed when it returns. Every workload that
   was alive when the store became unavailable, and every one whose heartbeat is queued, is
@@ -23,9 +24,7 @@ Redis outages (writes go through a :class:`~trellis_endpoints_vm.keeper.StoreKee
 * **Reads never touch Redis**: views and listings come from memory, the last known state.
 * **The replicas' signals are kept, and never hold a caller long.** The service's
   :class:`~trellis_runtime.events.Outbox` keeps a signal Redis does not take and sends it
-  when Redis is back. They leave in the background, in order; a caller waits only while
-  more than :data:`SIGNALS_BEHIND` are on their way, and then at most ``store_timeout`` (a
-  frozen Redis answers nothing until the socket times out).
+  when Redis is back. They leave in the background, in order (:mod:`.mirroring`).
 
 Replicas (:mod:`trellis_endpoints_vm.replicas`): any replica takes registrations and
 heartbeats. Each change a replica makes to its registry is also signalled on the
@@ -47,35 +46,34 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from redis.exceptions import RedisError
 
 from trellis_common.changefeed import ChangeFeed
+from trellis_endpoints_vm.commits import GroupCommit
 from trellis_endpoints_vm.domain.declarations import DeclaredEndpoint, DeclaredEntry
 from trellis_endpoints_vm.domain.registry import Change, EndpointRegistry, UnknownWorkload
 from trellis_endpoints_vm.domain.views import ServiceKey, ServiceView
 from trellis_endpoints_vm.domain.workloads import Workload, validate
 from trellis_endpoints_vm.keeper import StoreKeeper, StoreUnavailable
 from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_endpoints_vm.mirroring import Signal, Signals
 from trellis_endpoints_vm.store import WorkloadStore
 from trellis_runtime.health import Rejections
 from trellis_runtime.stored import Refused
 
 log = logging.getLogger(__name__)
 
-#: ``signal(kind, key)``: publish (or keep) one signal of :data:`MIRROR`, e.g.
-#: ``lambda kind, key: runtime.outbox.signal(MIRROR, kind, key)``.
-Signal = Callable[[str, str], Awaitable[object]]
+#: A registration (workload id, the workload asked) or a deregistration (id, None).
+Call = tuple[str, Workload | None]
 CHANGED = "changed"
 #: The replicas' topic: which workload changed (kinds CHANGED, EXPIRED, REVIVED).
 MIRROR = "workloads"
 EXPIRED = "expired"
 REVIVED = "revived"
 REJECTION_SOURCE = "redis"
-#: The replicas' signals a caller lets go ahead without waiting for them.
-SIGNALS_BEHIND = 64
 
 __all__ = ["MIRROR", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
 
@@ -94,14 +92,12 @@ class EndpointsManager:
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
-        self._notify = notify  # the MIRROR topic, for the other replicas
+        self._signals = Signals(notify, store_timeout)  # MIRROR, for the other replicas
         self._leading = leading
         self._metrics = metrics
         self._clock = clock
         self._rejected = Refused(rejections, REJECTION_SOURCE)  # by workload id
         self._signal_timeout = store_timeout
-        self._signalling: set[asyncio.Task[None]] = set()  # in flight, some no longer awaited
-        self._in_order = asyncio.Lock()  # FIFO: signals leave in the order of their changes
         self.registry = EndpointRegistry()
         self._judgement_held = False  # expiry postponed: the store could not say who beat
         self.keeper = StoreKeeper(
@@ -121,6 +117,8 @@ class EndpointsManager:
         #: The services changed, for the catalog's watches (``WatchServices``).
         self.feed: ChangeFeed[ServiceKey] = ChangeFeed()
         self._lock = asyncio.Lock()
+        #: registrations and deregistrations, committed in groups (one store write each)
+        self.commits: GroupCommit[Call, Workload | None] = GroupCommit(self._commit)
         self.ready = asyncio.Event()
         self.bind_gauges()
 
@@ -150,31 +148,12 @@ class EndpointsManager:
     # -- registrations ------------------------------------------------------------------
 
     async def register(self, workload: Workload) -> Workload:
+        """Store, then serve, a registration (committed with those that arrive with it:
+        :mod:`~trellis_endpoints_vm.commits`); its record as stored."""
         validate(workload)
-        async with self._lock:
-            now = self._clock()
-            previous = self.registry.workloads.get(workload.id)
-            workload = replace(
-                workload,
-                registered_at=previous.registered_at if previous else now,
-                last_heartbeat=now,
-            )
-            await self._durably("register", workload.id, self.keeper.put(workload))
-            self._rejected.overwritten(workload.id)
-            self._metrics.registrations.inc()
-            self._count(self.registry.upsert(workload, now))
-            log.debug(
-                "workload.registered workload=%s services=%s address=%s ttl=%s",
-                workload.id,
-                ",".join(workload.services),
-                workload.address,
-                workload.ttl,
-            )
-        await self._send([(CHANGED, workload.id)])
-        # one turn of the loop before the caller's answer is written: the watches (woken by
-        # _count) send the change first, and the catalog has it about 1.5 ms sooner
-        await asyncio.sleep(0)
-        return workload
+        registered = await self.commits.submit((workload.id, workload))
+        assert registered is not None  # a registration's result is its record
+        return registered
 
     async def heartbeat(self, workload_id: str) -> Workload:
         """Count a heartbeat in memory, then persist it (queued while Redis is away)."""
@@ -191,20 +170,91 @@ class EndpointsManager:
 
     async def deregister(self, workload_id: str) -> None:
         """Delete a registration (or a refused record still stored under that id)."""
+        await self.commits.submit((workload_id, None))
+
+    async def _commit(self, calls: Sequence[Call]) -> list[Workload | Exception | None]:
+        """One group of registrations (a workload) and deregistrations (None), in order:
+        each is judged against the registry as the group's earlier calls leave it, the
+        group's last state of each workload is stored in one write, and only then does
+        memory take them, in order. A refused write refuses every call of the group
+        (:class:`StoreUnavailable`) and leaves memory as it was."""
         async with self._lock:
-            if workload_id not in self.registry.workloads:
-                if workload_id not in self._rejected:
-                    raise UnknownWorkload(workload_id)
-                await self._durably("deregister", workload_id, self.keeper.delete(workload_id))
-                log.info("store.rejected_record_deleted workload=%s", workload_id)
-                self._rejected.overwritten(workload_id)
-                return
-            await self._durably("deregister", workload_id, self.keeper.delete(workload_id))
-            self._rejected.overwritten(workload_id)
-            self._count(self.registry.remove(workload_id, self._clock()))
+            now = self._clock()
+            staged: dict[str, Workload | None] = {}
+            results: list[Workload | Exception | None] = []
+            for workload_id, asked in calls:
+                current = (
+                    staged[workload_id] if workload_id in staged else self.workload(workload_id)
+                )
+                if asked is not None:
+                    staged[workload_id] = replace(
+                        asked,
+                        registered_at=current.registered_at if current else now,
+                        last_heartbeat=now,
+                    )
+                elif current is None and (
+                    workload_id in staged or workload_id not in self._rejected
+                ):
+                    results.append(UnknownWorkload(workload_id))
+                    continue
+                else:
+                    staged[workload_id] = None
+                results.append(staged[workload_id])
+            if not staged:
+                return results
+            try:
+                await self.keeper.write(
+                    [w for w in staged.values() if w is not None],
+                    [i for i, w in staged.items() if w is None],
+                )
+            except StoreUnavailable as refused:
+                return [self._refused(c, r, refused) for c, r in zip(calls, results, strict=True)]
+            applied = [
+                (CHANGED, self._apply(workload_id, result, now))
+                for (workload_id, _), result in zip(calls, results, strict=True)
+                if not isinstance(result, Exception)
+            ]
+        await self._send(applied)
+        # one turn of the loop before the callers' answers are written: the watches (woken
+        # by _count) send the changes first, and the catalog has them about 1.5 ms sooner
+        await asyncio.sleep(0)
+        return results
+
+    def _refused(
+        self, call: Call, result: Workload | Exception | None, refused: StoreUnavailable
+    ) -> Exception:
+        """A call of a group the store refused: the refusal, counted and logged (a call
+        already refused on its own keeps its own answer)."""
+        if isinstance(result, Exception):
+            return result
+        operation = "register" if call[1] is not None else "deregister"
+        self._metrics.store_refusals.labels(operation).inc()
+        log.debug(
+            "workload.refused operation=%s workload=%s reason=store-unavailable",
+            operation,
+            call[0],
+        )
+        return refused
+
+    def _apply(self, workload_id: str, workload: Workload | None, now: float) -> str:
+        """Memory takes one stored call (under the lock); returns the workload's id."""
+        self._rejected.overwritten(workload_id)
+        if workload is not None:
+            self._metrics.registrations.inc()
+            self._count(self.registry.upsert(workload, now))
+            log.debug(
+                "workload.registered workload=%s services=%s address=%s ttl=%s",
+                workload_id,
+                ",".join(workload.services),
+                workload.address,
+                workload.ttl,
+            )
+        elif workload_id in self.registry.workloads:
+            self._count(self.registry.remove(workload_id, now))
             log.debug("workload.deregistered workload=%s", workload_id)
-        await self._send([(CHANGED, workload_id)])
-        await asyncio.sleep(0)  # the watches first, as for a registration
+        else:
+            log.info("store.rejected_record_deleted workload=%s", workload_id)
+        return workload_id
 
     def workload(self, workload_id: str) -> Workload | None:
         """The registration of ``workload_id``, if there is one."""
@@ -217,19 +267,6 @@ class EndpointsManager:
         ]
 
     # -- the store's outages -------------------------------------------------------------
-
-    async def _durably(self, operation: str, workload_id: str, write: Awaitable[None]) -> None:
-        """Await a store write; a refusal (StoreUnavailable) is counted, logged and raised."""
-        try:
-            await write
-        except StoreUnavailable:
-            self._metrics.store_refusals.labels(operation).inc()
-            log.debug(
-                "workload.refused operation=%s workload=%s reason=store-unavailable",
-                operation,
-                workload_id,
-            )
-            raise
 
     def _hold(self) -> None:
         held = self.registry.hold(self._clock())
@@ -386,47 +423,13 @@ class EndpointsManager:
         return len(changes)
 
     async def _send(self, mirrored: Sequence[tuple[str, str]]) -> None:
-        """Tell the other replicas which workloads changed (:data:`MIRROR`), in the
-        background: the change is durable (stored) and served (pushed to the watches)
-        already, and a replica reads it back from the store whenever the signal lands. A
-        caller waits only while more than :data:`SIGNALS_BEHIND` signals are on their way
-        (a slow Redis: back-pressure, not a queue that grows), and then at most the store
-        timeout.
-
-        Called right after the lock is released (no await in between), so the tasks are
-        made, and take ``_in_order``, in the order of the changes. A signal Redis does not
-        take is kept by the outbox.
-        """
-        if self._notify is None or not mirrored:
-            return
-        task = asyncio.get_running_loop().create_task(self._send_all(mirrored))
-        self._signalling.add(task)
-        task.add_done_callback(self._signalling.discard)
-        if len(self._signalling) <= SIGNALS_BEHIND:
-            return
-        done, _ = await asyncio.wait({task}, timeout=self._signal_timeout)
-        if not done:
-            log.warning(
-                "replicas.signal_slow signals=%d first=%s waited=%ss action=continuing-behind",
-                len(mirrored),
-                mirrored[0][1],
-                self._signal_timeout,
-            )
-
-    async def _send_all(self, mirrored: Sequence[tuple[str, str]]) -> None:
-        notify = self._notify
-        assert notify is not None  # _send checked
-        async with self._in_order:
-            for kind, workload_id in mirrored:
-                try:
-                    await notify(kind, workload_id)
-                except Exception:  # the outbox keeps what Redis refuses: anything else is a bug
-                    log.exception("replicas.signal_failed kind=%s workload=%s", kind, workload_id)
+        """Tell the other replicas which workloads changed (:class:`~.mirroring.Signals`).
+        Called right after the lock is released, so signals leave in the changes' order."""
+        await self._signals.send(mirrored)
 
     async def signalled(self) -> None:
         """Wait until every signal sent so far has been published or kept."""
-        while self._signalling:
-            await asyncio.wait(set(self._signalling))
+        await self._signals.sent()
 
     def bind_gauges(self) -> None:
         """Gauges computed when scraped, so changes pay nothing for them."""
