@@ -1,5 +1,5 @@
 """``messages.fields``: a frozen record's fields become a message's, pairs become maps;
-``messages.entry``: members on the wire, joined into a repeated field."""
+``messages.delimited`` and ``repeated``: members on the wire, joined into a repeated field."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from trellis_api import catalog_pb2 as pb
 from trellis_api import endpoints_pb2
-from trellis_common.messages import entry, fields
+from trellis_common.messages import delimited, fields, repeated
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +51,10 @@ def test_entries_joined_and_merged_are_the_repeated_field() -> None:
     members.append(endpoints_pb2.Endpoint(address="x" * 300, workload="w"))  # a length of two bytes
     built = endpoints_pb2.ServiceEndpoints(revision=7)
     built.MergeFromString(
-        b"".join(entry(endpoints_pb2.ServiceEndpoints, "endpoints", m) for m in members)
+        repeated(endpoints_pb2.ServiceEndpoints, "endpoints", [delimited(m) for m in members])
     )
     assert list(built.endpoints) == members
     assert built == endpoints_pb2.ServiceEndpoints(revision=7, endpoints=members)
-    assert entry(built, "endpoints", members[0])[0] == (2 << 3 | 2)  # endpoints is field 2
+    field = repeated(built, "endpoints", [delimited(members[0])])
+    assert field[0] == (2 << 3 | 2)  # endpoints is field 2, length-delimited
+    assert repeated(built, "endpoints", []) == b""

@@ -147,25 +147,33 @@ def _connection(settings: ConnectionSettings) -> pb.ConnectionSettings:
     return message
 
 
-def _endpoint(endpoint: ClusterEndpoint, _: object) -> pb.ClusterEndpoint:
-    return pb.ClusterEndpoint(**messages.fields(endpoint, maps={"labels"}))
+def _endpoint(endpoint: ClusterEndpoint, _: object) -> bytes:
+    return messages.delimited(pb.ClusterEndpoint(**messages.fields(endpoint, maps={"labels"})))
 
 
 class SliceProtos:
-    """Slices as messages, their endpoint messages kept while the endpoint is the same
-    object (:class:`~trellis_common.memo.Members`), per slice name."""
+    """Slices as messages, their endpoints on the wire kept while the endpoint is the same
+    object (:class:`~trellis_common.memo.Members`), per slice name, and merged into each
+    message in one go (:func:`~trellis_common.messages.repeated`)."""
 
     def __init__(self) -> None:
-        self._endpoints: Members[str, ClusterEndpoint, pb.ClusterEndpoint] = Members(_endpoint)
+        self._endpoints: Members[str, ClusterEndpoint, bytes] = Members(_endpoint)
 
     def __call__(self, name: str, found: Slice, version: str = "") -> pb.ClusterSlice:
-        return pb.ClusterSlice(
+        message = pb.ClusterSlice(
             cluster=found.cluster,
             accounts=found.accounts,
-            endpoints=self._endpoints.convert(name, found.endpoints),
             spiffe_ids=found.spiffe_ids,
             version=version,
         )
+        self.merge(message, name, found)
+        return message
+
+    def merge(self, message: pb.ClusterSlice | pb.Cluster, name: str, found: Slice) -> None:
+        """Append ``found``'s endpoints to ``message``'s ``endpoints`` (a slice's or a
+        whole cluster's), as the slice ``name`` keeps them."""
+        encoded = self._endpoints.convert(name, found.endpoints)
+        message.MergeFromString(messages.repeated(message, "endpoints", encoded))
 
     def prune(self, names: Mapping[str, object]) -> None:
         """Forget slices that are gone, once they may outnumber those that are not."""
@@ -194,9 +202,8 @@ def cluster_proto(state: ClusterState, protos: SliceProtos | None = None) -> pb.
     cluster = cluster_ref_proto(state.ref)
     cluster.ClearField("slice")
     whole = slice_of(state, state.ref.name, ())
-    found = (protos or SliceProtos())(slice_name(state.ref), whole)
-    cluster.endpoints.extend(found.endpoints)
-    cluster.spiffe_ids.extend(found.spiffe_ids)
+    (protos or SliceProtos()).merge(cluster, slice_name(state.ref), whole)
+    cluster.spiffe_ids.extend(whole.spiffe_ids)
     cluster.version = state.version
     return cluster
 

@@ -47,16 +47,16 @@ def endpoint_proto(endpoint: EndpointInfo) -> pb.Endpoint:
     return pb.Endpoint(**messages.fields(endpoint, maps={"ports", "labels"}))
 
 
-#: Endpoints as entries of ``ServiceEndpoints.endpoints`` on the wire, by service, kept
-#: while the endpoint is the same object (:class:`~trellis_common.memo.Members`): a
-#: service's answer after one of its 200 endpoints moved serializes that one, and the
-#: field is the entries joined (:func:`~trellis_common.messages.entry`).
+#: Endpoints on the wire, by service, kept while the endpoint is the same object
+#: (:class:`~trellis_common.memo.Members`): a service's answer after one of its 200
+#: endpoints moved serializes that one, and the field is them joined
+#: (:func:`~trellis_common.messages.repeated`).
 EndpointProtos = Members[ServiceKey, EndpointInfo, bytes]
 
 
 def endpoint_protos() -> EndpointProtos:
     """An empty memo of endpoint entries, for :func:`to_proto`."""
-    return Members(lambda e, _: messages.entry(pb.ServiceEndpoints, "endpoints", endpoint_proto(e)))
+    return Members(lambda e, _: messages.delimited(endpoint_proto(e)))
 
 
 def to_proto(
@@ -85,7 +85,8 @@ def to_proto(
     if endpoints is None:
         message.endpoints.extend(endpoint_proto(e) for e in view.endpoints)
     else:
-        message.MergeFromString(b"".join(endpoints.convert(info.key, view.endpoints)))
+        joined = endpoints.convert(info.key, view.endpoints)
+        message.MergeFromString(messages.repeated(message, "endpoints", joined))
     return message
 
 
