@@ -1,9 +1,10 @@
 """Converting a collection again when one member moved: the others are not converted again.
 
-A service of 200 endpoints whose one endpoint moves is rebuilt whole at every hop of the
-event path: endpoints-vm's view of it, its gRPC answer, the catalog's report and cluster,
-the catalog's answer to proxy-cp, proxy-cp's load assignment. Signals carry no state, so
-each hop sees the whole service again, and the unchanged 199 are what a change mostly costs.
+A service of 200 endpoints whose one endpoint moves travels whole at every hop of the
+event path: endpoints-vm's gRPC answer, the catalog's report and cluster, the catalog's
+answer to proxy-cp, proxy-cp's load assignment (endpoints-vm's own view of it is kept in
+parts). Each answer carries the whole service, so each hop sees it whole again, and the
+unchanged 199 are what a change mostly costs.
 
 :class:`Members` keeps, per collection (a service, a cluster), the last conversion of each
 member, and reuses it while the member is the same: the same object (``key=None``, for
