@@ -26,6 +26,7 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import wrappers_pb2
 
 from trellis_api import catalog_pb2
+from trellis_common import messages
 from trellis_common.memo import Members
 from trellis_proxy_cp.translate import locality as localities
 from trellis_proxy_cp.translate.common import socket_address
@@ -34,7 +35,7 @@ from trellis_proxy_cp.translate.common import socket_address
 KEPT_CLUSTERS = 65536
 
 #: per cluster name, its endpoints' messages by address, port and weight
-LbEndpoints = Members[str, catalog_pb2.ClusterEndpoint, endpoint_components_pb2.LbEndpoint]
+LbEndpoints = Members[str, catalog_pb2.ClusterEndpoint, bytes]
 
 
 #: catalog discoveries whose clusters Envoy resolves itself (STRICT_DNS, LOGICAL_DNS)
@@ -66,9 +67,9 @@ class LoadAssignments:
 
     Every group whose view has a cluster translates it, and a view refreshed because one
     cluster moved carries all its others unchanged; so each cluster's last assignment is
-    kept with the catalog's message it came from (its bytes), and endpoint messages by
-    address, port and weight: one endpoint of 200 moved builds one endpoint message, the
-    others are copies made by the protobuf runtime. Only the current content of a
+    kept with the catalog's message it came from (its bytes), and endpoints on the wire by
+    address, port and weight: one endpoint of 200 moved builds one endpoint message, and
+    each locality's are merged from their kept bytes in one go. Only the current content of a
     cluster is kept, so memory follows the mesh, not its history of changes; past
     ``kept_clusters`` cluster names, everything is forgotten at once.
 
@@ -131,24 +132,21 @@ class LoadAssignments:
     ) -> endpoint_pb2.ClusterLoadAssignment:
         ordered = sorted(cluster.endpoints, key=lambda e: (e.locality, e.address, e.port))
         built = self._lb_endpoints.convert(cluster.name, ordered)
-        groups: dict[str, list[endpoint_components_pb2.LbEndpoint]] = defaultdict(list)
+        groups: dict[str, list[bytes]] = defaultdict(list)
         weights: dict[str, int] = defaultdict(int)
         for endpoint, lb_endpoint in zip(ordered, built, strict=True):
             groups[endpoint.locality].append(lb_endpoint)
             weights[endpoint.locality] += max(endpoint.weight, 1)
         priority = localities.priorities(locality, groups) if locality else {}
-        return endpoint_pb2.ClusterLoadAssignment(
-            cluster_name=cluster.name,
-            endpoints=[
-                endpoint_components_pb2.LocalityLbEndpoints(
-                    locality=_locality(name),
-                    load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[name]),
-                    lb_endpoints=members,
-                    priority=priority.get(name, 0),
-                )
-                for name, members in groups.items()  # in order: the endpoints were sorted
-            ],
-        )
+        assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster.name)
+        for name, members in groups.items():  # in order: the endpoints were sorted
+            group = assignment.endpoints.add(
+                locality=_locality(name),
+                load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[name]),
+                priority=priority.get(name, 0),
+            )
+            group.MergeFromString(messages.repeated(group, "lb_endpoints", members))
+        return assignment
 
 
 def _locality(text: str) -> base_pb2.Locality:
@@ -156,14 +154,16 @@ def _locality(text: str) -> base_pb2.Locality:
     return base_pb2.Locality(region=region, zone=zone, sub_zone=sub_zone)
 
 
-def _lb_endpoint(
-    endpoint: catalog_pb2.ClusterEndpoint, _: object
-) -> endpoint_components_pb2.LbEndpoint:
-    return endpoint_components_pb2.LbEndpoint(
-        endpoint=endpoint_components_pb2.Endpoint(
-            address=socket_address(endpoint.address, endpoint.port)
-        ),
-        load_balancing_weight=wrappers_pb2.UInt32Value(value=max(endpoint.weight, 1)),
+def _lb_endpoint(endpoint: catalog_pb2.ClusterEndpoint, _: object) -> bytes:
+    """The endpoint as Envoy's ``LbEndpoint`` on the wire (:mod:`trellis_common.messages`):
+    a group's are merged into its ``lb_endpoints`` in one go."""
+    return messages.delimited(
+        endpoint_components_pb2.LbEndpoint(
+            endpoint=endpoint_components_pb2.Endpoint(
+                address=socket_address(endpoint.address, endpoint.port)
+            ),
+            load_balancing_weight=wrappers_pb2.UInt32Value(value=max(endpoint.weight, 1)),
+        )
     )
 
 
