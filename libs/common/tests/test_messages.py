@@ -9,7 +9,7 @@ import pytest
 
 from trellis_api import catalog_pb2 as pb
 from trellis_api import endpoints_pb2
-from trellis_common.messages import delimited, fields, repeated
+from trellis_common.messages import delimited, field, fields, repeated, varint
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +58,11 @@ def test_entries_joined_and_merged_are_the_repeated_field() -> None:
     field = repeated(built, "endpoints", [delimited(members[0])])
     assert field[0] == (2 << 3 | 2)  # endpoints is field 2, length-delimited
     assert repeated(built, "endpoints", []) == b""
+
+
+def test_a_field_on_the_wire_is_what_protobuf_reads() -> None:
+    for length in (0, 1, 127, 128, 300, 20_000):  # lengths of one, two and three bytes
+        address = "a" * length
+        assert endpoints_pb2.Endpoint.FromString(field(1, address.encode())).address == address
+    assert varint(0) == b"\x00"
+    assert varint(300) == b"\xac\x02"

@@ -39,7 +39,7 @@ def delimited(member: Any) -> bytes:
     message objects copies each of them in Python's loop.
     """
     data: bytes = member.SerializeToString(deterministic=True)
-    return _varint(len(data)) + data
+    return varint(len(data)) + data
 
 
 def repeated(message: Any, field: str, members: Sequence[bytes]) -> bytes:
@@ -47,11 +47,17 @@ def repeated(message: Any, field: str, members: Sequence[bytes]) -> bytes:
     wire, its ``members`` :func:`delimited`: merge it into a ``message`` to append them."""
     if not members:
         return b""
-    tag = _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+    tag = varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
     return tag + tag.join(members)
 
 
-def _varint(value: int) -> bytes:
+def field(number: int, data: bytes) -> bytes:
+    """A length-delimited field (wire type 2) on the wire: its key, length and bytes."""
+    return b"".join((varint(number << 3 | 2), varint(len(data)), data))
+
+
+def varint(value: int) -> bytes:
+    """A non-negative integer as protobuf's base-128 varint."""
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)

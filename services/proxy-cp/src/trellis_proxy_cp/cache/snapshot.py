@@ -27,6 +27,7 @@ from typing import Any
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
+from trellis_common import messages
 from trellis_proxy_cp.cache import references
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ORDER, ROUTE, SECRET, TypeUrl
 
@@ -77,23 +78,11 @@ def make_resource(type_url: TypeUrl, message: Message, name: str | None = None) 
         raise ValueError(f"a {full_name} resource needs a name")
     data = message.SerializeToString(deterministic=True)
     packed = any_pb2.Any(type_url=type_url, value=data)
-    entry = _delimited(_RESOURCES, _delimited(1, type_url.encode()) + _delimited(2, data))
+    entry = messages.field(
+        _RESOURCES, messages.field(1, type_url.encode()) + messages.field(2, data)
+    )
     return Resource(type_url=type_url, name=name, version=_digest(data), any=packed, body=message,
                     entry=entry)  # fmt: skip
-
-
-def _varint(value: int) -> bytes:
-    encoded = bytearray()
-    while value > 0x7F:
-        encoded.append(value & 0x7F | 0x80)
-        value >>= 7
-    encoded.append(value)
-    return bytes(encoded)
-
-
-def _delimited(number: int, data: bytes) -> bytes:
-    """A length-delimited field (protobuf wire type 2): its key, length and bytes."""
-    return b"".join((_varint(number << 3 | 2), _varint(len(data)), data))
 
 
 def _type_version(resources: Mapping[str, Resource]) -> str:
@@ -169,9 +158,9 @@ class Snapshot:
             # are their encoded entries, joined (each was encoded once, when made)
             response = b"".join(
                 (
-                    _delimited(_VERSION_INFO, self.version_of(type_url).encode()),
+                    messages.field(_VERSION_INFO, self.version_of(type_url).encode()),
                     *(resource.entry for resource in chosen),
-                    _delimited(_TYPE_URL, type_url.encode()),
+                    messages.field(_TYPE_URL, type_url.encode()),
                 )
             )
             found = self._responses[key] = (response, len(chosen))
