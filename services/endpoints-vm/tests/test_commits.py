@@ -28,9 +28,11 @@ class GatedStore(InMemoryWorkloadStore):
         super().__init__()
         self.gate = asyncio.Event()
         self.gate.set()
+        self.entered = asyncio.Event()  # set when a write begins (before the gate)
         self.written: list[tuple[list[str], list[str]]] = []
 
     async def write(self, puts: Sequence[Workload], deletes: Sequence[str] = ()) -> None:
+        self.entered.set()
         await self.gate.wait()
         await super().write(puts, deletes)
         self.written.append(([w.id for w in puts], list(deletes)))
@@ -49,19 +51,20 @@ async def gated(metrics: EndpointMetrics) -> tuple[EndpointsManager, GatedStore]
 
 async def test_calls_that_arrive_during_a_commit_go_together_in_the_next() -> None:
     groups: list[list[int]] = []
-    release = asyncio.Event()
+    writing, release = asyncio.Event(), asyncio.Event()
 
     async def commit(calls: Sequence[int]) -> list[int | Exception]:
         groups.append(list(calls))
         if len(groups) == 1:
+            writing.set()
             await release.wait()
         return [c * 10 if c % 3 else ValueError(f"no {c}") for c in calls]
 
     commits: GroupCommit[int, int] = GroupCommit(commit)
     first = asyncio.create_task(commits.submit(1))
-    await asyncio.sleep(0.01)  # the first group is being written
+    await writing.wait()  # the first group is being written
+    # made before the release: they submit before the first group's write resumes
     later = [asyncio.create_task(commits.submit(c)) for c in (2, 3, 4)]
-    await asyncio.sleep(0.01)
     assert groups == [[1]]
     release.set()
     assert await first == 10
@@ -91,23 +94,24 @@ async def test_a_group_that_fails_fails_every_call_in_it_and_the_next_goes_on() 
 
 
 async def test_a_caller_that_goes_away_still_has_its_call_committed() -> None:
-    release = asyncio.Event()
+    writing, release, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
     committed: list[str] = []
 
     async def commit(calls: Sequence[str]) -> list[str | Exception]:
+        writing.set()
         await release.wait()
         committed.extend(calls)
+        finished.set()
         return [RuntimeError("refused") for _ in calls]  # nobody hears this one: no warning
 
     commits: GroupCommit[str, str] = GroupCommit(commit)
     caller = asyncio.create_task(commits.submit("x"))
-    await asyncio.sleep(0.01)
+    await writing.wait()  # the call is in a group being written
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller
     release.set()
-    for _ in range(10):
-        await asyncio.sleep(0)
+    await asyncio.wait_for(finished.wait(), 5)
     assert committed == ["x"]
 
 
@@ -129,13 +133,13 @@ async def test_concurrent_registrations_are_one_write_and_each_gets_its_record(
     manager, store = gated
     store.gate.clear()
     first = asyncio.create_task(manager.register(make_workload("vm-0", address="10.0.0.9")))
-    await asyncio.sleep(0.01)  # its write waits on the gate; these queue behind it
+    await store.entered.wait()  # its write waits on the gate
+    assert manager.registry.workloads == {}  # nothing served before it is stored
+    # made before the gate opens: they submit before the first write resumes, and queue
     rest = [
         asyncio.create_task(manager.register(make_workload(f"vm-{i}", address=f"10.0.0.{i}")))
         for i in range(1, 9)
     ]
-    await asyncio.sleep(0.01)
-    assert manager.registry.workloads == {}  # nothing served before it is stored
     store.gate.set()
     records = [await first, *[await r for r in rest]]
     assert [r.id for r in records] == [f"shop/vm-{i}" for i in range(9)]
@@ -154,8 +158,9 @@ async def test_a_group_is_judged_in_order_and_stores_each_workloads_last_state(
     manager, store = gated
     kept = await manager.register(make_workload("vm-1"))
     store.gate.clear()
+    store.entered.clear()
     blocker = asyncio.create_task(manager.register(make_workload("vm-0")))
-    await asyncio.sleep(0.01)
+    await store.entered.wait()  # its write waits on the gate; these queue behind it
     calls = [
         manager.register(make_workload("vm-2", address="10.0.0.2")),
         manager.deregister("shop/vm-2"),  # the one just registered, in this group
@@ -163,8 +168,7 @@ async def test_a_group_is_judged_in_order_and_stores_each_workloads_last_state(
         manager.deregister("shop/vm-404"),  # never known
         manager.register(make_workload("vm-1", address="10.0.0.11")),  # again: moved
     ]
-    answers = asyncio.gather(*calls, return_exceptions=True)
-    await asyncio.sleep(0.01)
+    answers = asyncio.gather(*calls, return_exceptions=True)  # submitted before the gate opens
     store.gate.set()
     await blocker
     results = await answers

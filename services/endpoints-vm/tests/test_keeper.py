@@ -46,7 +46,7 @@ async def test_writes_queue_while_down_and_the_loop_flushes_them_when_back(
     await eventually(lambda: not keeper.available)  # the write behind met the outage
     assert not await keeper.persist("shop/vm-1")  # known down: queued, the caller holds it
     with pytest.raises(StoreUnavailable, match="ConnectionError: the store is down"):
-        await keeper.put(make_workload("vm-2"))
+        await keeper.write([make_workload("vm-2")], [])
     assert keeper.pending == {"shop/vm-1"}  # known down: the put was not even tried
     assert loops.down() == {LOOP_NAME: "redis unavailable: ConnectionError: the store is down"}
 
@@ -77,19 +77,19 @@ async def test_a_frozen_redis_costs_one_bounded_wait_then_none(
     workload = make_workload("vm-1")
     memory = {workload.id: workload}
     keeper = keeper_for(RedisWorkloadStore(service_client), memory, timeout=0.3)
-    await keeper.put(workload)
+    await keeper.write([workload], [])
     redis_server.pause()
     try:
         loop = asyncio.get_running_loop()
         started = loop.time()
         with pytest.raises(StoreUnavailable, match="TimeoutError"):
-            await keeper.put(workload)  # the one bounded wait
+            await keeper.write([workload], [])  # the one bounded wait
         assert loop.time() - started < 1.0
         started = loop.time()
         for _ in range(10):  # known down: no wait at all
             assert not await keeper.persist(workload.id)
         with pytest.raises(StoreUnavailable, match="TimeoutError"):
-            await keeper.put(workload)
+            await keeper.write([workload], [])
         assert loop.time() - started < 0.1
     finally:
         redis_server.resume()

@@ -519,7 +519,7 @@ async def test_changes_while_the_store_is_down_are_still_pushed_and_signalled(
     await manager.expire_once()
     store.down = True
     with pytest.raises(StoreUnavailable):  # a write meets the outage: the store is down
-        await manager.keeper.put(make_workload("vm-9"))
+        await manager.keeper.write([make_workload("vm-9")], [])
     with manager.feed.watch() as watch:
         await manager.heartbeat("shop/vm-1")  # a revival: a change, while Redis is away
         assert watch.take() == [API]  # the catalog's watch has it

@@ -97,14 +97,6 @@ class StoreKeeper:
 
     # -- writes ----------------------------------------------------------------------
 
-    async def put(self, workload: Workload) -> None:
-        """Store ``workload`` now, or raise :class:`StoreUnavailable`."""
-        await self.write([workload], [])
-
-    async def delete(self, workload_id: str) -> None:
-        """Delete ``workload_id`` from the store now, or raise :class:`StoreUnavailable`."""
-        await self.write([], [workload_id])
-
     async def persist(self, workload_id: str) -> bool:
         """Queue memory's state of ``workload_id`` to be written behind (a heartbeat).
 
