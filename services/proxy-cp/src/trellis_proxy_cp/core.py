@@ -221,7 +221,7 @@ class ProxyControlPlane:
             if identity not in skip:
                 groups += self._rebuild(identity, names if names <= endpoints_moved else None)
         if concerned:
-            log.info(
+            log.debug(  # per change, as the catalog's resources_changed
                 "snapshot.slices_moved slices=%d endpoints_only=%d identities=%d groups=%d",
                 len(changed),
                 len(changed & endpoints_moved),
