@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -24,6 +24,7 @@ from trellis_endpoints_vm.domain.views import ServiceKey
 from trellis_endpoints_vm.domain.workloads import Workload
 from trellis_endpoints_vm.manager import MIRROR, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_endpoints_vm.mirroring import Peers
 from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.store import RedisWorkloadStore
 from trellis_runtime.events import Outbox, Signals
@@ -52,6 +53,13 @@ class Replica:
     health: Health
     leads: list[bool] = field(default_factory=lambda: [False])
     watches: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    peers: Peers | None = None
+    metrics: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def skipped(self) -> float:
+        """Changes it did not signal: it thought itself alone."""
+        found = self.metrics.get_sample_value("trellis_endpoints_vm_replica_signals_skipped_total")
+        return found or 0.0
 
     def pushed(self) -> Watch[ServiceKey]:
         """A watch of this replica's changes (what the catalog's WatchServices hears)."""
@@ -70,52 +78,81 @@ def clock() -> Clock:
     return Clock()
 
 
+@dataclass
+class Started:
+    """Replicas made by :func:`start`, and what stops them."""
+
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    made: list[Replica] = field(default_factory=list)
+    clients: list[redis.asyncio.Redis] = field(default_factory=list)
+
+    async def close(self) -> None:
+        # signals still on their way (a manager sends them in the background) go out
+        # first: one left running would open a connection of the pool closed below, and
+        # leave it to the garbage collector, in whichever test runs next
+        for replica in self.made:
+            await asyncio.wait_for(replica.manager.signalled(), 10)
+        self.stop.set()
+        await asyncio.gather(*self.tasks)
+        for replica in self.made:
+            replica.watches.close()
+        for client in self.clients:
+            await client.aclose()
+
+
+async def start(
+    started: Started,
+    name: str,
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    clock: Clock,
+    lookup: Callable[[], Awaitable[list[str]]] | None = None,
+) -> Replica:
+    """One replica as ``main`` wires it; with ``lookup`` (the registry's answer) it keeps
+    its :class:`Peers`, and signals nothing while alone."""
+    health = Health()
+    client = redis_without_retries(redis_server.target("endpoints-vm"), socket_timeout=1.0)
+    started.clients.append(client)
+    outbox = Outbox(Publisher(client, sender=name), health)
+
+    async def notify(kind: str, workload_id: str) -> int:
+        return await outbox.signal(MIRROR, kind, workload_id)
+
+    peers = None if lookup is None else Peers(name, lookup, notify)
+    replica = Replica(name, None, health, peers=peers)  # type: ignore[arg-type]  # just below
+    replica.manager = EndpointsManager(
+        RedisWorkloadStore(redis_client),
+        EndpointMetrics(replica.metrics),
+        clock=clock,
+        notify=notify,
+        leading=replica.leading,
+        alone=peers.alone if peers is not None else lambda: False,
+    )
+    await replica.manager.start()
+    hub = Signals(redis_server.target("endpoints-vm"), health, client="endpoints-vm")
+    follower = hub.follow(WorkloadFollower(replica.manager, name, peers))
+    started.tasks += [
+        asyncio.create_task(hub.run(started.stop)),
+        asyncio.create_task(outbox.run(started.stop)),
+    ]
+    await asyncio.wait_for(follower.synced.wait(), 10)
+    started.made.append(replica)
+    return replica
+
+
 @pytest.fixture
 async def replicas(
     redis_server: RedisServer, redis_client: redis.asyncio.Redis, clock: Clock
 ) -> AsyncIterator[tuple[Replica, Replica]]:
-    stop = asyncio.Event()
-    tasks: list[asyncio.Task[None]] = []
-    made: list[Replica] = []
-    clients = []
-    for name in ("endpoints-vm", "endpoints-vm-2"):
-        health = Health()
-        client = redis_without_retries(redis_server.target("endpoints-vm"), socket_timeout=1.0)
-        clients.append(client)
-        outbox = Outbox(Publisher(client, sender=name), health)
-        replica = Replica(name, None, health)  # type: ignore[arg-type]  # set just below
-
-        async def notify(kind: str, workload_id: str, outbox: Outbox = outbox) -> int:
-            return await outbox.signal(MIRROR, kind, workload_id)
-
-        replica.manager = EndpointsManager(
-            RedisWorkloadStore(redis_client),
-            EndpointMetrics(CollectorRegistry()),
-            clock=clock,
-            notify=notify,
-            leading=replica.leading,
-        )
-        await replica.manager.start()
-        hub = Signals(redis_server.target("endpoints-vm"), health, client="endpoints-vm")
-        follower = hub.follow(WorkloadFollower(replica.manager, name))
-        tasks += [asyncio.create_task(hub.run(stop)), asyncio.create_task(outbox.run(stop))]
-        await asyncio.wait_for(follower.synced.wait(), 10)
-        made.append(replica)
-    made[0].leads[0] = True
+    started = Started()
     try:
-        yield made[0], made[1]
+        for name in ("endpoints-vm", "endpoints-vm-2"):
+            await start(started, name, redis_server, redis_client, clock)
+        started.made[0].leads[0] = True
+        yield started.made[0], started.made[1]
     finally:
-        # signals still on their way (a manager sends them in the background) go out
-        # first: one left running would open a connection of the pool closed below, and
-        # leave it to the garbage collector, in whichever test runs next
-        for replica in made:
-            await asyncio.wait_for(replica.manager.signalled(), 10)
-        stop.set()
-        await asyncio.gather(*tasks)
-        for replica in made:
-            replica.watches.close()
-        for client in clients:
-            await client.aclose()
+        await started.close()
 
 
 @pytest.fixture
@@ -245,3 +282,79 @@ async def test_a_store_that_lost_its_data_is_not_a_deregistration(
     assert await standby.manager.keeper.refill_if_lost() == 0  # a standby does not refill
     assert await leader.manager.keeper.refill_if_lost() == 1
     assert [w.id for w in (await store.load_all()).records] == ["shop/vm-1"]
+
+
+async def test_a_replica_alone_signals_nothing_and_a_newcomer_it_finds_reads_back_what_it_missed(
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    clock: Clock,
+    make_workload: MakeWorkload,
+    vm: Workload,
+) -> None:
+    """The first replica never heard the second (which started before it listened, and
+    keeps no peers of its own: it never welcomes the first) and the registry lists neither:
+    the first registers alone, unsignalled. The second's next signal is how the first finds
+    it: it says ``joined``, and the second reads the store back (the first's registration
+    there, written before its answer)."""
+    started = Started()
+    listed: list[str] = []
+
+    async def lookup() -> list[str]:
+        return list(listed)
+
+    try:
+        second = await start(started, "endpoints-vm-2", redis_server, redis_client, clock)
+        first = await start(started, "endpoints-vm", redis_server, redis_client, clock, lookup)
+        first.leads[0] = True
+        assert first.peers is not None
+        await first.peers.refresh()
+        assert first.peers.alone()
+
+        await first.manager.register(vm)
+        await first.manager.signalled()
+        assert first.skipped() == 1
+        assert second.addresses() is None  # nothing told it
+
+        await second.manager.register(make_workload("vm-2", services=("api",), address="10.0.0.2"))
+        await eventually(lambda: first.addresses() == ["10.0.0.1", "10.0.0.2"])
+        assert first.peers.others == ["endpoints-vm-2"]
+        await eventually(lambda: second.addresses() == ["10.0.0.1", "10.0.0.2"])
+
+        # from now on the first signals its changes
+        await first.manager.deregister("shop/vm-1")
+        await eventually(lambda: second.addresses() == ["10.0.0.2"])
+        assert first.skipped() == 1
+    finally:
+        await started.close()
+
+
+async def test_a_replica_found_in_the_registry_is_welcomed(
+    redis_server: RedisServer,
+    redis_client: redis.asyncio.Redis,
+    clock: Clock,
+    vm: Workload,
+) -> None:
+    """A replica the first did not hear (as above) is found at the next lookup of the
+    registry, and reads back what it missed."""
+    started = Started()
+    listed: list[str] = []
+
+    async def lookup() -> list[str]:
+        return list(listed)
+
+    try:
+        second = await start(started, "endpoints-vm-2", redis_server, redis_client, clock)
+        first = await start(started, "endpoints-vm", redis_server, redis_client, clock, lookup)
+        first.leads[0] = True
+        assert first.peers is not None
+        await first.peers.refresh()
+        await first.manager.register(vm)
+        await first.manager.signalled()
+        assert first.skipped() == 1
+
+        listed[:] = ["endpoints-vm", "endpoints-vm-2"]
+        await first.peers.refresh()
+        assert first.peers.welcomed == 1
+        await eventually(lambda: second.addresses() == ["10.0.0.1"])
+    finally:
+        await started.close()

@@ -14,6 +14,7 @@ from trellis_common.specdir import SpecChange, SpecDirectory
 from trellis_endpoints_vm.domain.declarations import from_documents
 from trellis_endpoints_vm.manager import MIRROR, EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_endpoints_vm.mirroring import Peers
 from trellis_endpoints_vm.replicas import WorkloadFollower
 from trellis_endpoints_vm.settings import EndpointsVmSettings
 from trellis_endpoints_vm.store import RedisWorkloadStore
@@ -22,8 +23,9 @@ from trellis_endpoints_vm.transport.credentials import Credentials
 from trellis_identity.onboarding import TokenStore
 from trellis_kube import client as kube
 from trellis_kube.leadership import elect_for
+from trellis_runtime import registry
 from trellis_runtime.lifecycle import run_components
-from trellis_runtime.runtime import ServiceRuntime
+from trellis_runtime.runtime import COMPONENT_ATTRIBUTE, ServiceRuntime
 from trellis_runtime.service import Parts, Service
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,13 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
     async def notify(kind: str, workload_id: str) -> int:  # for the other replicas
         return await outbox.signal(MIRROR, kind, workload_id)
 
+    async def replicas() -> list[str]:  # endpoints-vm's records in the registry
+        found = await registry.discover(runtime.redis, runtime.kind)
+        component = settings.service_name
+        return [r.name for r in found if r.attribute(COMPONENT_ATTRIBUTE) == component]
+
+    peers = Peers(settings.instance_name, replicas, notify)
+
     # the TTL is judged by one replica: the leader (a Redis lock locally, a Lease in a pod)
     leadership = elect_for(settings, redis=runtime.redis, health=runtime.health)
     metrics = EndpointMetrics(runtime.metrics)
@@ -126,20 +135,23 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
         store_check_interval=settings.store_check_interval,
         notify=notify,
         leading=lambda: leadership.leading,
+        alone=peers.alone,
     )
+    metrics.replicas.set_function(lambda: len(peers.others))
     await manager.start()
     declarations = Declarations(settings, manager)
     await declarations.load()
     if declarations.directory is not None:
         metrics.document_errors.set_function(lambda: len(declarations.directory.errors()))  # type: ignore[union-attr]
     servicer = grpc_api.EndpointsProviderServicer(manager, runtime.health.rejections)
-    runtime.signals.follow(WorkloadFollower(manager, settings.instance_name))
+    runtime.signals.follow(WorkloadFollower(manager, settings.instance_name, peers))
     return Parts(
         components={
             "leader election": leadership.run,
             "expiry sweep": lambda s: manager.run_expiry(s, settings.expiry_interval),
             "declarations": declarations.run,
             "store keeper": lambda s: manager.keeper.run(s, runtime.health.loops),
+            "replica lookup": peers.run,
         },
         grpc=[lambda s: endpoints_pb2_grpc.add_EndpointsProviderServicer_to_server(servicer, s)],
         grpc_services=[grpc_api.SERVICE_NAME],

@@ -90,9 +90,10 @@ class EndpointsManager:
         store_check_interval: float = 5.0,
         notify: Signal | None = None,
         leading: Callable[[], bool] = lambda: True,
+        alone: Callable[[], bool] = lambda: False,
     ) -> None:
         self._store = store
-        self._signals = Signals(notify, store_timeout)  # MIRROR, for the other replicas
+        self._signals = Signals(notify, store_timeout, alone, metrics.signals_skipped.inc)
         self._leading = leading
         self._metrics = metrics
         self._clock = clock

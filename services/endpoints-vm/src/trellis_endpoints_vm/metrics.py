@@ -39,6 +39,13 @@ class EndpointMetrics:
             "operation",
             "reason",
         )
+        self.replicas = make.gauge(
+            "replicas_known", "Other replicas of endpoints-vm this one signals its changes to"
+        )
+        self.signals_skipped = make.counter(
+            "replica_signals_skipped",
+            "Changes not signalled to other replicas: there were none (see replicas_known)",
+        )
         self.store_refusals = make.counter(
             "store_refusals",
             "Registrations and deregistrations refused (503) because Redis was unavailable",

@@ -13,7 +13,10 @@ with a :class:`WorkloadFollower`:
   :meth:`~trellis_endpoints_vm.manager.EndpointsManager.expire_once`).
 * ``revived``: a heartbeat brought it back, at the replica that heard it.
 
-A replica's own signals come back to it and are skipped. After missed signals (a
+A replica that is alone sends none of these (:class:`~.mirroring.Peers`): ``hello`` (a
+replica's subscription is up) and any signal of another tell it it is not, and it answers a
+newcomer with ``joined``, on which the newcomer reads every workload back. A replica's own
+signals come back to it and are skipped. After missed signals (a
 reconnect, a revision gap) the follower reads every workload back
 (:meth:`~trellis_endpoints_vm.manager.EndpointsManager.mirror_all`). Plain heartbeats are
 not signalled (one per workload per interval would be most of the traffic): they reach
@@ -30,6 +33,7 @@ import logging
 from collections.abc import Sequence
 
 from trellis_endpoints_vm.manager import CHANGED, EXPIRED, MIRROR, REVIVED, EndpointsManager
+from trellis_endpoints_vm.mirroring import HELLO, JOINED, Peers
 from trellis_runtime.events import Follower
 from trellis_runtime.signaling import Event
 
@@ -41,14 +45,19 @@ class WorkloadFollower(Follower):
 
     topics = (MIRROR,)
 
-    def __init__(self, manager: EndpointsManager, instance: str) -> None:
+    def __init__(
+        self, manager: EndpointsManager, instance: str, peers: Peers | None = None
+    ) -> None:
         super().__init__("replicas")
         self._manager = manager
         self._instance = instance
+        self._peers = peers
 
     async def resync(self, topic: str) -> None:
         changed = await self._manager.mirror_all()
         log.info("replicas.resynced views_changed=%d", changed)
+        if self._peers is not None:
+            await self._peers.hello()
 
     async def changed(self, event: Event) -> None:
         await self.changed_all([event])
@@ -59,13 +68,19 @@ class WorkloadFollower(Follower):
         for event in events:
             if event.sender == self._instance:
                 continue
+            if self._peers is not None:
+                await self._peers.heard(event.sender)
             if event.kind == CHANGED:
                 reread.append(event.key)
             elif event.kind in (EXPIRED, REVIVED):
                 await self._manager.mirror(reread)
                 reread = []
                 await self._manager.verdict(event.key, alive=event.kind == REVIVED)
-            else:
+            elif event.kind == JOINED:
+                if event.key == self._instance:  # what it did not signal is in the store
+                    changed = await self._manager.mirror_all()
+                    log.info("replicas.resynced views_changed=%d reason=joined", changed)
+            elif event.kind != HELLO:  # a hello is only heard
                 log.warning("replicas.unknown_signal kind=%s key=%s", event.kind, event.key)
         if reread:
             await self._manager.mirror(reread)
