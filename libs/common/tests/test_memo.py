@@ -142,3 +142,84 @@ def test_sorted_unique_of_mixed_classes_compares_as_they_would() -> None:
     with pytest.raises(TypeError):  # dataclasses of two classes have no order
         sorted_unique([Point("a", 1), Other("a", 2)])
     assert sorted_unique([]) == ()
+
+
+pool = [Point(f"10.0.0.{i}", i % 3) for i in range(8)]
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["svc", "other"]),
+        st.lists(st.integers(0, len(pool) - 1), max_size=12),  # duplicates and reorders too
+        st.sampled_from(["http", "http", "grpc"]),
+    ),
+    max_size=25,
+)
+
+
+@given(steps)
+def test_by_identity_converts_only_what_the_last_list_did_not_hold(
+    plan: list[tuple[str, list[int], str]],
+) -> None:
+    """Against the rule itself: every answer is each member converted, in order, and a
+    member converted again only when the collection's last list (same context) lacked it."""
+    convert = Counting()
+    memo: Members[str, Point, str] = Members(convert)
+    last: dict[str, tuple[str, list[Point]]] = {}
+    for collection, indices, context in plan:
+        members = [pool[i] for i in indices]
+        before = len(convert.calls)
+        found = memo.convert(collection, members, context)
+        assert found == [f"{p.address}:{p.port}@{context}" for p in members]
+        held = last.get(collection)
+        kept = held[1] if held is not None and held[0] == context else []
+        wanted = [p for p in dict.fromkeys(members) if all(p is not k for k in kept)]
+        converted = [p for p, _ in convert.calls[before:]]
+        assert sorted(map(id, dict.fromkeys(converted))) == sorted(map(id, wanted))
+        assert len(converted) <= len(members)
+        last[collection] = (context, members)
+
+
+def test_by_identity_one_member_moved_in_a_long_list_converts_one() -> None:
+    convert = Counting()
+    memo: Members[str, Point, str] = Members(convert)
+    members = [Point(f"10.0.{i // 250}.{i % 250}", 80) for i in range(200)]
+    memo.convert("svc", members)
+    added = Point("10.1.0.1", 80)
+    changed = [*members[:120], added, *members[121:]]  # one out, one in, in its place
+    found = memo.convert("svc", changed)
+    assert found[120] == "10.1.0.1:80@None"
+    assert found[:120] + found[121:] == [
+        f"{p.address}:80@None" for p in members if p is not members[120]
+    ]
+    assert [p for p, _ in convert.calls[200:]] == [added]
+    assert (memo.hits, memo.misses) == (199, 201)
+    back = memo.convert("svc", [*changed[:10], *changed[11:]])  # one gone
+    assert len(back) == 199
+    assert len(convert.calls) == 201
+
+
+def test_the_list_returned_is_the_callers_own() -> None:
+    memo: Members[str, Point, str] = Members(Counting())
+    a = Point("10.0.0.1", 80)
+    memo.convert("svc", [a]).append("mine")
+    assert memo.convert("svc", [a]) == ["10.0.0.1:80@None"]
+
+
+@given(steps)
+def test_by_key_converts_only_keys_the_last_list_did_not_hold(
+    plan: list[tuple[str, list[int], str]],
+) -> None:
+    """The same rule by key: new objects each time (as messages parsed anew), equal keys."""
+    convert = Counting()
+    memo: Members[str, Point, str] = Members(convert, key=lambda p: (p.address, p.port))
+    last: dict[str, tuple[str, set[tuple[str, int]]]] = {}
+    for collection, indices, context in plan:
+        members = [Point(pool[i].address, pool[i].port) for i in indices]  # fresh objects
+        before = len(convert.calls)
+        found = memo.convert(collection, members, context)
+        assert found == [f"{p.address}:{p.port}@{context}" for p in members]
+        held = last.get(collection)
+        kept = held[1] if held is not None and held[0] == context else set()
+        keys = {(p.address, p.port) for p in members}
+        converted = [(p.address, p.port) for p, _ in convert.calls[before:]]
+        assert set(converted) == keys - kept  # a new key twice in one list: converted twice
+        last[collection] = (context, keys)
