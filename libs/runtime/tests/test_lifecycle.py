@@ -1,9 +1,11 @@
 """Running a service's components together: one failure or one stop ends them all."""
 
 import asyncio
+import gc
 import logging
 import os
 import signal
+import weakref
 
 import pytest
 
@@ -227,3 +229,25 @@ async def test_a_stop_during_the_restart_backoff_ends_the_component_at_once() ->
     await task
     assert runs == [1]
     assert list(loops) == []
+
+
+class Node:
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+def test_freeze_startup_heap_collects_the_garbage_then_freezes_what_lives() -> None:
+    """A cycle already garbage is collected, not kept for good; what lives is frozen."""
+    kept, lost = Node(), Node()
+    kept.other, lost.other = kept, lost  # two cycles; only ``kept`` stays referenced
+    gone = weakref.ref(lost)
+    del lost
+    gc.disable()  # no collection of its own before the call's
+    try:
+        lifecycle.freeze_startup_heap()
+        assert gone() is None
+        assert gc.get_freeze_count() > 0
+        assert not any(o is kept for o in gc.get_objects())  # out of the collector's sight
+    finally:
+        gc.unfreeze()
+        gc.enable()

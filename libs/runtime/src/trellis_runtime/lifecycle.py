@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
@@ -102,6 +103,17 @@ async def first(*waits: Awaitable[object]) -> None:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def freeze_startup_heap() -> None:
+    """Put what start-up made (modules, settings, what was loaded) out of the cyclic
+    collector's sight, its garbage collected first so none is kept for good: a full
+    collection then scans only what is newer. Call it once everything long-lived is made,
+    before serving. Refcounting still frees frozen objects; only a cycle among them would
+    wait. endpoints-vm's full collections under 100 registrations/s took 78 ms (98,000
+    objects) every 40 s or so, and every call in that window waited them out."""
+    gc.collect()
+    gc.freeze()
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

@@ -24,7 +24,7 @@ from trellis_identity.onboarding import TokenStore
 from trellis_kube import client as kube
 from trellis_kube.leadership import elect_for
 from trellis_runtime import registry
-from trellis_runtime.lifecycle import run_components
+from trellis_runtime.lifecycle import freeze_startup_heap, run_components
 from trellis_runtime.runtime import COMPONENT_ATTRIBUTE, ServiceRuntime
 from trellis_runtime.service import Parts, Service
 
@@ -145,6 +145,7 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
         metrics.document_errors.set_function(lambda: len(declarations.directory.errors()))  # type: ignore[union-attr]
     servicer = grpc_api.EndpointsProviderServicer(manager, runtime.health.rejections)
     runtime.signals.follow(WorkloadFollower(manager, settings.instance_name, peers))
+    freeze_startup_heap()  # the registry and the declarations as loaded: long-lived
     return Parts(
         components={
             "leader election": leadership.run,
