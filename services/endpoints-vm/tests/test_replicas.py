@@ -284,18 +284,26 @@ async def test_a_store_that_lost_its_data_is_not_a_deregistration(
     assert [w.id for w in (await store.load_all()).records] == ["shop/vm-1"]
 
 
-async def test_a_replica_alone_signals_nothing_and_a_newcomer_it_finds_reads_back_what_it_missed(
+@dataclass
+class Lonely:
+    """The first replica alone as far as it knows, the second running beside it."""
+
+    first: Replica
+    second: Replica
+    listed: list[str]  # what the registry answers the first
+
+
+@pytest.fixture
+async def lonely(
     redis_server: RedisServer,
     redis_client: redis.asyncio.Redis,
     clock: Clock,
     make_workload: MakeWorkload,
     vm: Workload,
-) -> None:
+) -> AsyncIterator[Lonely]:
     """The first replica never heard the second (which started before it listened, and
-    keeps no peers of its own: it never welcomes the first) and the registry lists neither:
-    the first registers alone, unsignalled. The second's next signal is how the first finds
-    it: it says ``joined``, and the second reads the store back (the first's registration
-    there, written before its answer)."""
+    keeps no peers of its own: it never welcomes the first) and the registry lists
+    neither: the first registers ``vm`` alone, unsignalled."""
     started = Started()
     listed: list[str] = []
 
@@ -309,52 +317,39 @@ async def test_a_replica_alone_signals_nothing_and_a_newcomer_it_finds_reads_bac
         assert first.peers is not None
         await first.peers.refresh()
         assert first.peers.alone()
-
         await first.manager.register(vm)
         await first.manager.signalled()
         assert first.skipped() == 1
         assert second.addresses() is None  # nothing told it
-
-        await second.manager.register(make_workload("vm-2", services=("api",), address="10.0.0.2"))
-        await eventually(lambda: first.addresses() == ["10.0.0.1", "10.0.0.2"])
-        assert first.peers.others == ["endpoints-vm-2"]
-        await eventually(lambda: second.addresses() == ["10.0.0.1", "10.0.0.2"])
-
-        # from now on the first signals its changes
-        await first.manager.deregister("shop/vm-1")
-        await eventually(lambda: second.addresses() == ["10.0.0.2"])
-        assert first.skipped() == 1
+        yield Lonely(first, second, listed)
     finally:
         await started.close()
 
 
-async def test_a_replica_found_in_the_registry_is_welcomed(
-    redis_server: RedisServer,
-    redis_client: redis.asyncio.Redis,
-    clock: Clock,
-    vm: Workload,
+async def test_a_newcomer_a_lone_replica_hears_reads_back_what_it_missed(
+    lonely: Lonely, make_workload: MakeWorkload
 ) -> None:
-    """A replica the first did not hear (as above) is found at the next lookup of the
-    registry, and reads back what it missed."""
-    started = Started()
-    listed: list[str] = []
+    """The second's next signal is how the first finds it: it says ``joined``, and the
+    second reads the store back (the first's registration there, written before its
+    answer); from then on the first signals its changes."""
+    first, second = lonely.first, lonely.second
+    assert first.peers is not None
+    await second.manager.register(make_workload("vm-2", services=("api",), address="10.0.0.2"))
+    await eventually(lambda: first.addresses() == ["10.0.0.1", "10.0.0.2"])
+    assert first.peers.others == ["endpoints-vm-2"]
+    await eventually(lambda: second.addresses() == ["10.0.0.1", "10.0.0.2"])
 
-    async def lookup() -> list[str]:
-        return list(listed)
+    await first.manager.deregister("shop/vm-1")
+    await eventually(lambda: second.addresses() == ["10.0.0.2"])
+    assert first.skipped() == 1
 
-    try:
-        second = await start(started, "endpoints-vm-2", redis_server, redis_client, clock)
-        first = await start(started, "endpoints-vm", redis_server, redis_client, clock, lookup)
-        first.leads[0] = True
-        assert first.peers is not None
-        await first.peers.refresh()
-        await first.manager.register(vm)
-        await first.manager.signalled()
-        assert first.skipped() == 1
 
-        listed[:] = ["endpoints-vm", "endpoints-vm-2"]
-        await first.peers.refresh()
-        assert first.peers.welcomed == 1
-        await eventually(lambda: second.addresses() == ["10.0.0.1"])
-    finally:
-        await started.close()
+async def test_a_replica_found_in_the_registry_is_welcomed(lonely: Lonely) -> None:
+    """A replica the first did not hear is found at its next lookup of the registry, and
+    reads back what it missed."""
+    first = lonely.first
+    assert first.peers is not None
+    lonely.listed[:] = ["endpoints-vm", "endpoints-vm-2"]
+    await first.peers.refresh()
+    assert first.peers.welcomed == 1
+    await eventually(lambda: lonely.second.addresses() == ["10.0.0.1"])

@@ -424,8 +424,7 @@ class EndpointsManager:
         return len(changes)
 
     async def _send(self, mirrored: Sequence[tuple[str, str]]) -> None:
-        """Tell the other replicas which workloads changed (:class:`~.mirroring.Signals`).
-        Called right after the lock is released, so signals leave in the changes' order."""
+        """Tell the other replicas (:class:`~.mirroring.Signals`), after the lock, in order."""
         await self._signals.send(mirrored)
 
     async def signalled(self) -> None:
