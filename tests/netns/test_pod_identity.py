@@ -21,7 +21,13 @@ from tests.netns.test_injected_traffic import (
 )
 from trellis_testing.waiting import wait_until
 
-pytestmark = [pytest.mark.xdist_group("netns")]
+pytestmark = [
+    pytest.mark.xdist_group("netns"),
+    # the bed's start and stop (its module fixture's, counted here) take a minute and more
+    # on a busy machine, and the test sends 50 s of traffic: CI saw 49 + 54 s, and the
+    # default 120 s ran out while the bed's processes stopped
+    pytest.mark.timeout(240),
+]
 
 VALIDITY = "PT120S"
 
