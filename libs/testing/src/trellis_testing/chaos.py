@@ -189,8 +189,13 @@ class Chaos:
             assert time.monotonic() < deadline, f"{name} never reached bookbuyer's Envoy"
             time.sleep(0.02)
         took = time.monotonic() - started
-        gone = self.mesh.trellis("vm", "deregister", "-n", "bookstore", "--name", name)
-        assert gone.returncode == 0, gone.stderr
+        while True:  # as the registration: Redis may refuse it (503) right after a failover
+            gone = self.mesh.trellis("vm", "deregister", "-n", "bookstore", "--name", name)
+            if gone.returncode == 0:
+                break
+            assert "(503)" in gone.stderr, gone.stderr  # only "nothing stored, retry"
+            assert time.monotonic() < deadline + 30, gone.stderr
+            time.sleep(0.05)
         while self.in_envoy(PROBE_ADDRESS):
             assert time.monotonic() < deadline + 30, f"{name} never left bookbuyer's Envoy"
             time.sleep(0.05)
