@@ -42,7 +42,15 @@ from trellis_common import components, statefile, version
 from trellis_identity import tokens
 from trellis_identity.authz import Authorizer
 from trellis_identity.identity import ComponentIdentity, Issued
-from trellis_runtime import admin, joining, lifecycle, metricsport, redisacl, redisconn
+from trellis_runtime import (
+    admin,
+    joining,
+    lifecycle,
+    metricsport,
+    redisacl,
+    redisconn,
+    registry,
+)
 from trellis_runtime.events import Outbox, Signals
 from trellis_runtime.grpcserver import GrpcServer, Registration
 from trellis_runtime.health import Health
@@ -202,6 +210,13 @@ class ServiceRuntime:
         self.identity.on_renewed(found.reset)
         self.locators.append(found)
         return found
+
+    async def replicas(self) -> list[str]:
+        """The instance names of this component's live records in the registry (its own
+        included): the records of its kind whose component is this one."""
+        found = await registry.discover(self.redis, self.kind)
+        name = self.settings.service_name
+        return [r.name for r in found if r.attribute(COMPONENT_ATTRIBUTE) == name]
 
     def _is_revoked(self, serial: str) -> bool:
         return self.revoked_serial is not None and self.revoked_serial(serial)

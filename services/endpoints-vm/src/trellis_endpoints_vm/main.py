@@ -23,9 +23,8 @@ from trellis_endpoints_vm.transport.credentials import Credentials
 from trellis_identity.onboarding import TokenStore
 from trellis_kube import client as kube
 from trellis_kube.leadership import elect_for
-from trellis_runtime import registry
 from trellis_runtime.lifecycle import freeze_startup_heap, run_components
-from trellis_runtime.runtime import COMPONENT_ATTRIBUTE, ServiceRuntime
+from trellis_runtime.runtime import ServiceRuntime
 from trellis_runtime.service import Parts, Service
 
 log = logging.getLogger(__name__)
@@ -117,12 +116,7 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
     async def notify(kind: str, workload_id: str) -> int:  # for the other replicas
         return await outbox.signal(MIRROR, kind, workload_id)
 
-    async def replicas() -> list[str]:  # endpoints-vm's records in the registry
-        found = await registry.discover(runtime.redis, runtime.kind)
-        component = settings.service_name
-        return [r.name for r in found if r.attribute(COMPONENT_ATTRIBUTE) == component]
-
-    peers = Peers(settings.instance_name, replicas, notify)
+    peers = Peers(settings.instance_name, runtime.replicas, notify)
 
     # the TTL is judged by one replica: the leader (a Redis lock locally, a Lease in a pod)
     leadership = elect_for(settings, redis=runtime.redis, health=runtime.health)
