@@ -213,6 +213,37 @@ async def test_a_resync_from_a_store_that_lost_its_data_keeps_what_memory_holds(
     assert list(store.revoked) == [proxy.serial]  # no revocation lost
 
 
+async def test_a_signal_read_while_the_store_is_refilled_drops_nothing(
+    manager: CertificateManager, store: InMemoryCertificateStore
+) -> None:
+    """A signal of the record (this replica's own ``issued``) is read from a wiped store just
+    before the store guard puts the CA back: it must not drop the record from memory, or
+    the refill that follows writes the store back without it (CI saw a restarted
+    certmanager list no certificates)."""
+    record = await manager.issue_service(BOOKSTORE)
+    store.ca, store.records = None, {}
+    read, release = asyncio.Event(), asyncio.Event()
+    get = store.get
+
+    async def slow_get(common_name: str) -> Any:
+        found = await get(common_name)
+        read.set()
+        await release.wait()
+        return found
+
+    store.get = slow_get  # type: ignore[method-assign]
+    refresh = asyncio.create_task(manager.refresh(record.common_name))
+    await read.wait()  # the refresh read "nothing" from the wiped store
+    restore = asyncio.create_task(manager.restore_if_lost())
+    for _ in range(20):  # the in-memory store never waits: let the restore run if it may
+        await asyncio.sleep(0)
+    release.set()
+    await refresh
+    assert await restore
+    assert manager.peek(record.common_name).serial == record.serial
+    assert store.records == {record.common_name: record}
+
+
 async def test_a_component_certificate_issued_on_one_replica_is_revoked_by_the_other(
     clients: tuple[redis.asyncio.Redis, redis.asyncio.Redis],
 ) -> None:

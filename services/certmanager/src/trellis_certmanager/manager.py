@@ -309,8 +309,10 @@ class CertificateManager:
         return self.get(common_name) if wanted else self.peek(common_name)
 
     async def refresh(self, common_name: str) -> None:
-        """Read ``common_name``'s record again: a signal (ours or a replica's) named it."""
-        await self._records.refresh(common_name)
+        """Read ``common_name``'s record again: a signal (ours or a replica's) named it; not
+        while the store is refilled (what it read from the wiped store would drop it)."""
+        async with self._custody.restoring:
+            await self._records.refresh(common_name)
         self._count()
 
     async def reload(self) -> None:
