@@ -3,13 +3,15 @@
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from trellis_runtime.grpcserver import GrpcServer
+from trellis_runtime.grpcserver import STOPPING, GrpcServer
+from trellis_testing.waiting import eventually
 
 SERVICE = "some.Service"
 HEALTH = "grpc.health.v1.Health"
@@ -22,10 +24,50 @@ async def echo(request: bytes, _: grpc.aio.ServicerContext[bytes, bytes]) -> byt
     return b"echo:" + request
 
 
+class Watches:
+    """Streams that never end on their own (watches), in the two ways a servicer writes them,
+    and a unary call that waits for ``release``; what each handler's clean-up saw."""
+
+    def __init__(self) -> None:
+        self.cleaned: list[str] = []
+        self.release = asyncio.Event()
+        self.slow_calls = 0
+
+    async def generated(self, request: bytes, _: grpc.aio.ServicerContext[bytes, bytes]) -> Any:
+        try:
+            yield b"first:" + request
+            await asyncio.Event().wait()
+        finally:
+            self.cleaned.append("generated")
+
+    async def written(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> None:
+        try:
+            async for request in requests:
+                await context.write(b"seen:" + request)
+        finally:
+            self.cleaned.append("written")
+
+    async def slow(self, request: bytes, _: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        self.slow_calls += 1
+        await self.release.wait()
+        return b"slow:" + request
+
+
+WATCHES = Watches()
+
+
 def register_echo(server: grpc.aio.Server) -> None:
-    """A raw-bytes ``some.Service/Echo`` method, standing in for a generated servicer."""
+    """Raw-bytes ``some.Service`` methods, standing in for a generated servicer."""
     handler = grpc.method_handlers_generic_handler(
-        SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+        SERVICE,
+        {
+            "Echo": grpc.unary_unary_rpc_method_handler(echo),
+            "Slow": grpc.unary_unary_rpc_method_handler(WATCHES.slow),
+            "Generated": grpc.unary_stream_rpc_method_handler(WATCHES.generated),
+            "Written": grpc.stream_stream_rpc_method_handler(WATCHES.written),
+        },
     )
     server.add_generic_rpc_handlers((handler,))
 
@@ -126,6 +168,70 @@ async def test_stop_marks_not_serving_and_closes_the_port(running: Running) -> N
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await check(health_pb2_grpc.HealthStub(fresh), "")
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@dataclass
+class Stubs:
+    generated: grpc.aio.UnaryStreamMultiCallable[bytes, bytes]
+    written: grpc.aio.StreamStreamMultiCallable[bytes, bytes]
+    slow: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]
+
+
+def streams(channel: grpc.aio.Channel) -> Stubs:
+    return Stubs(
+        channel.unary_stream(f"/{SERVICE}/Generated"),
+        channel.stream_stream(f"/{SERVICE}/Written"),
+        channel.unary_unary(f"/{SERVICE}/Slow"),
+    )
+
+
+async def test_stop_ends_open_streams_at_once_and_drains_unary_calls() -> None:
+    WATCHES.cleaned.clear()
+    WATCHES.release.clear()
+    WATCHES.slow_calls = 0
+    server = GrpcServer("127.0.0.1:0", [register_echo], [SERVICE], grace=60)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    await asyncio.wait_for(server.started.wait(), 5)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        generated = streams(channel).generated(b"a")
+        written = streams(channel).written()
+        await written.write(b"b")
+        assert await asyncio.wait_for(generated.read(), 5) == b"first:a"
+        assert await asyncio.wait_for(written.read(), 5) == b"seen:b"
+        slow = asyncio.ensure_future(streams(channel).slow(b"c", timeout=30))
+        await eventually(lambda: server.ender.open == 2 and WATCHES.slow_calls == 1)
+
+        stop.set()
+        # both watches end with UNAVAILABLE long before the 60 s grace, their clean-up run
+        for call in (generated, written):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await asyncio.wait_for(call.read(), 10)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert caught.value.details() == STOPPING
+        assert sorted(WATCHES.cleaned) == ["generated", "written"]
+        assert not task.done()  # the unary call in flight is drained, not cut
+        WATCHES.release.set()
+        assert await asyncio.wait_for(slow, 10) == b"slow:c"
+        await asyncio.wait_for(task, 10)
+    assert server.ender.end() == 0  # nothing left open
+    assert server.ender.stopping
+
+
+async def test_a_stream_that_ends_on_its_own_is_not_held() -> None:
+    server = GrpcServer("127.0.0.1:0", [register_echo], [SERVICE], grace=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    await asyncio.wait_for(server.started.wait(), 5)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        written = streams(channel).written()
+        await written.write(b"x")
+        assert await asyncio.wait_for(written.read(), 5) == b"seen:x"
+        await written.done_writing()
+        assert await asyncio.wait_for(written.code(), 5) == grpc.StatusCode.OK
+        await eventually(lambda: server.ender.open == 0)
+    stop.set()
+    await asyncio.wait_for(task, 5)
 
 
 async def test_start_before_run_is_not_repeated() -> None:

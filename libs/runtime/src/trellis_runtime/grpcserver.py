@@ -4,16 +4,20 @@ A :class:`GrpcServer` carries the standard health service (one status per gRPC s
 plus the overall ``""``), so Kubernetes probes work against any Trellis service, and, only
 when asked (the ``debug_endpoints`` setting), server reflection for ``grpcurl``: it lists
 every service and message type to whoever can connect. It runs as ``async def run(stop)``:
-it serves until ``stop`` is set, then marks itself NOT_SERVING and drains in-flight calls
-for ``grace`` seconds.
+it serves until ``stop`` is set, then marks itself NOT_SERVING, ends every open response
+stream at once (:class:`StreamEnder`: UNAVAILABLE, so that its client reconnects, to another
+replica where there is one) and drains the other in-flight calls for ``grace`` seconds.
 :mod:`trellis_identity.tls` builds the credentials for mTLS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -29,6 +33,102 @@ Registration = Callable[[grpc.aio.Server], None]
 
 #: Every server's options (:data:`trellis_common.defaults.GRPC_OPTIONS`).
 DEFAULT_OPTIONS = GRPC_OPTIONS
+
+#: The status message of a response stream ended because its server stops.
+STOPPING = "the server is stopping: reconnect"
+
+#: Streams the ender leaves to the grace: a health watcher is told NOT_SERVING on that stream.
+LEFT_TO_GRACE = frozenset({"/grpc.health.v1.Health/Watch"})
+
+Behavior = Callable[..., Any]
+_Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class StreamEnder(grpc.aio.ServerInterceptor):
+    """Ends the server's open response streams when it stops.
+
+    A watch (xDS, ``WatchChanges``, ``WatchServices``, the Destination API) never completes on
+    its own, so a drain would only wait ``grace`` for it, then cancel it. :meth:`end` instead
+    ends each at once with UNAVAILABLE and :data:`STOPPING`, as any replica that goes away
+    does; one that opens afterwards is refused the same way. Each handler's own clean-up runs
+    (it is cancelled where it waits). Unary calls are not touched: they are the drain's.
+    """
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self._open: set[asyncio.Task[Any]] = set()
+        self._ending: set[asyncio.Task[Any]] = set()
+
+    @property
+    def open(self) -> int:
+        """How many response streams are open."""
+        return len(self._open)
+
+    def end(self) -> int:
+        """End every open response stream; returns how many."""
+        self.stopping = True
+        for task in self._open - self._ending:
+            self._ending.add(task)
+            task.cancel()
+        return len(self._ending)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(details)
+        if handler is None or not handler.response_streaming or details.method in LEFT_TO_GRACE:
+            return handler
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._ended_on_stop(handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        assert handler.stream_stream is not None
+        return grpc.stream_stream_rpc_method_handler(
+            self._ended_on_stop(handler.stream_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _ended_on_stop(self, behavior: Behavior) -> Behavior:
+        if inspect.isasyncgenfunction(behavior):
+
+            async def generated(request: Any, context: _Context) -> Any:
+                async with self._held(context):
+                    async for item in behavior(request, context):
+                        yield item
+
+            return generated
+
+        async def written(request: Any, context: _Context) -> Any:  # it calls context.write
+            async with self._held(context):
+                return await behavior(request, context)
+
+        return written
+
+    @contextlib.asynccontextmanager
+    async def _held(self, context: _Context) -> AsyncIterator[None]:
+        """One stream's life: registered while open, and ended by :meth:`end`."""
+        task = asyncio.current_task()
+        assert task is not None
+        if self.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
+        self._open.add(task)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if task not in self._ending:  # the client went away, or the grace ran out
+                raise
+            task.uncancel()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
+        finally:
+            self._open.discard(task)
+            self._ending.discard(task)
 
 
 class GrpcServer:
@@ -51,7 +151,10 @@ class GrpcServer:
         self._credentials = credentials
         self._grace = grace
         self._reflection = reflection
-        self.server = grpc.aio.server(options=list(options), interceptors=list(interceptors))
+        self.ender = StreamEnder()
+        self.server = grpc.aio.server(
+            options=list(options), interceptors=[self.ender, *interceptors]
+        )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         for register in registrations:
@@ -95,5 +198,6 @@ class GrpcServer:
             await self.start()
         await stop.wait()
         await self.health.enter_graceful_shutdown()
+        ended = self.ender.end()
         await self.server.stop(self._grace)
-        log.info("grpc.stopped port=%d", self.port)
+        log.info("grpc.stopped port=%d streams_ended=%d", self.port, ended)
