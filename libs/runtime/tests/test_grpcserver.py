@@ -24,6 +24,17 @@ async def echo(request: bytes, _: grpc.aio.ServicerContext[bytes, bytes]) -> byt
     return b"echo:" + request
 
 
+class Text:
+    """A stand-in response message whose serializer is :func:`serialize`."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def serialize(answer: Text) -> bytes:
+    return b"serialized:" + answer.data
+
+
 class Watches:
     """Streams that never end on their own (watches), in the two ways a servicer writes them,
     and a unary call that waits for ``release``; what each handler's clean-up saw."""
@@ -36,6 +47,7 @@ class Watches:
     async def generated(self, request: bytes, _: grpc.aio.ServicerContext[bytes, bytes]) -> Any:
         try:
             yield b"first:" + request
+            yield Text(b"second")  # a message: its serializer runs
             await asyncio.Event().wait()
         finally:
             self.cleaned.append("generated")
@@ -65,7 +77,9 @@ def register_echo(server: grpc.aio.Server) -> None:
         {
             "Echo": grpc.unary_unary_rpc_method_handler(echo),
             "Slow": grpc.unary_unary_rpc_method_handler(WATCHES.slow),
-            "Generated": grpc.unary_stream_rpc_method_handler(WATCHES.generated),
+            "Generated": grpc.unary_stream_rpc_method_handler(
+                WATCHES.generated, response_serializer=serialize
+            ),
             "Written": grpc.stream_stream_rpc_method_handler(WATCHES.written),
         },
     )
@@ -197,10 +211,12 @@ async def test_stop_ends_open_streams_at_once_and_drains_unary_calls() -> None:
         generated = streams(channel).generated(b"a")
         written = streams(channel).written()
         await written.write(b"b")
+        # bytes go out as they are; a message through the method's serializer
         assert await asyncio.wait_for(generated.read(), 5) == b"first:a"
+        assert await asyncio.wait_for(generated.read(), 5) == b"serialized:second"
         assert await asyncio.wait_for(written.read(), 5) == b"seen:b"
         slow = asyncio.ensure_future(streams(channel).slow(b"c", timeout=30))
-        await eventually(lambda: server.ender.open == 2 and WATCHES.slow_calls == 1)
+        await eventually(lambda: server.streams.open == 2 and WATCHES.slow_calls == 1)
 
         stop.set()
         # both watches end with UNAVAILABLE long before the 60 s grace, their clean-up run
@@ -214,8 +230,8 @@ async def test_stop_ends_open_streams_at_once_and_drains_unary_calls() -> None:
         WATCHES.release.set()
         assert await asyncio.wait_for(slow, 10) == b"slow:c"
         await asyncio.wait_for(task, 10)
-    assert server.ender.end() == 0  # nothing left open
-    assert server.ender.stopping
+    assert server.streams.end() == 0  # nothing left open
+    assert server.streams.stopping
 
 
 async def test_a_stream_that_ends_on_its_own_is_not_held() -> None:
@@ -229,7 +245,7 @@ async def test_a_stream_that_ends_on_its_own_is_not_held() -> None:
         assert await asyncio.wait_for(written.read(), 5) == b"seen:x"
         await written.done_writing()
         assert await asyncio.wait_for(written.code(), 5) == grpc.StatusCode.OK
-        await eventually(lambda: server.ender.open == 0)
+        await eventually(lambda: server.streams.open == 0)
     stop.set()
     await asyncio.wait_for(task, 5)
 

@@ -5,8 +5,10 @@ plus the overall ``""``), so Kubernetes probes work against any Trellis service,
 when asked (the ``debug_endpoints`` setting), server reflection for ``grpcurl``: it lists
 every service and message type to whoever can connect. It runs as ``async def run(stop)``:
 it serves until ``stop`` is set, then marks itself NOT_SERVING, ends every open response
-stream at once (:class:`StreamEnder`: UNAVAILABLE, so that its client reconnects, to another
-replica where there is one) and drains the other in-flight calls for ``grace`` seconds.
+stream at once (:class:`ResponseStreams`: UNAVAILABLE, so that its client reconnects, to
+another replica where there is one) and drains the other in-flight calls for ``grace``
+seconds. A response stream may send an answer serialized already (``bytes``): a watch that
+sends one answer to many encodes it once.
 :mod:`trellis_identity.tls` builds the credentials for mTLS.
 """
 
@@ -37,21 +39,25 @@ DEFAULT_OPTIONS = GRPC_OPTIONS
 #: The status message of a response stream ended because its server stops.
 STOPPING = "the server is stopping: reconnect"
 
-#: Streams the ender leaves to the grace: a health watcher is told NOT_SERVING on that stream.
+#: Streams left to the grace at stop: a health watcher is told NOT_SERVING on its stream.
 LEFT_TO_GRACE = frozenset({"/grpc.health.v1.Health/Watch"})
 
 Behavior = Callable[..., Any]
 _Context = grpc.aio.ServicerContext[Any, Any]
 
 
-class StreamEnder(grpc.aio.ServerInterceptor):
-    """Ends the server's open response streams when it stops.
+class ResponseStreams(grpc.aio.ServerInterceptor):
+    """Ends the server's open response streams when it stops, and lets them send answers
+    serialized already.
 
     A watch (xDS, ``WatchChanges``, ``WatchServices``, the Destination API) never completes on
     its own, so a drain would only wait ``grace`` for it, then cancel it. :meth:`end` instead
     ends each at once with UNAVAILABLE and :data:`STOPPING`, as any replica that goes away
     does; one that opens afterwards is refused the same way. Each handler's own clean-up runs
     (it is cancelled where it waits). Unary calls are not touched: they are the drain's.
+
+    An answer a stream yields or writes as ``bytes`` goes out as it is (the method's
+    serializer is skipped): it must be the method's response message, serialized.
     """
 
     def __init__(self) -> None:
@@ -86,13 +92,13 @@ class StreamEnder(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 self._ended_on_stop(handler.unary_stream),
                 request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+                response_serializer=_as_is(handler.response_serializer),
             )
         assert handler.stream_stream is not None
         return grpc.stream_stream_rpc_method_handler(
             self._ended_on_stop(handler.stream_stream),
             request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+            response_serializer=_as_is(handler.response_serializer),
         )
 
     def _ended_on_stop(self, behavior: Behavior) -> Behavior:
@@ -131,6 +137,18 @@ class StreamEnder(grpc.aio.ServerInterceptor):
             self._ending.discard(task)
 
 
+def _as_is(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """``serializer``, but an answer serialized already is sent as it is."""
+    if serializer is None:
+        return None
+    encode = serializer
+
+    def serialize(answer: Any) -> bytes:
+        return answer if type(answer) is bytes else encode(answer)
+
+    return serialize
+
+
 class GrpcServer:
     """A grpc.aio server with health (and reflection if asked), started and stopped by ``run``."""
 
@@ -151,9 +169,9 @@ class GrpcServer:
         self._credentials = credentials
         self._grace = grace
         self._reflection = reflection
-        self.ender = StreamEnder()
+        self.streams = ResponseStreams()
         self.server = grpc.aio.server(
-            options=list(options), interceptors=[self.ender, *interceptors]
+            options=list(options), interceptors=[self.streams, *interceptors]
         )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -198,6 +216,6 @@ class GrpcServer:
             await self.start()
         await stop.wait()
         await self.health.enter_graceful_shutdown()
-        ended = self.ender.end()
+        ended = self.streams.end()
         await self.server.stop(self._grace)
         log.info("grpc.stopped port=%d streams_ended=%d", self.port, ended)

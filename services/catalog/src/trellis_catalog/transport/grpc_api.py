@@ -3,7 +3,8 @@
 proxy-cp follows the resources on one watch (``WatchChanges(since=<its cursor>)``: an
 answer after every flush that moved a resource, the moved slices and destinations inline),
 and asks ``GetResources`` for the other names it holds or wants, in one call; a one-off
-reader lists with ``ListChanges``. Every version in an answer
+reader lists with ``ListChanges``. A watch answer is joined from bytes: the slices and
+destinations in it are encoded once per version (:mod:`.encoded`). Every version in an answer
 (a policy's, a slice's, a destination's) is a digest of its content, the same from every
 catalog replica; the cursors and the ``revision`` fields are the answering replica's own
 (see :mod:`trellis_catalog.catalog`). The messages are made in :mod:`.protos`.
@@ -27,16 +28,11 @@ from trellis_catalog.catalog import Catalog, UnknownProxy
 from trellis_catalog.domain.access.explain import explain
 from trellis_catalog.domain.model import contentversion
 from trellis_catalog.domain.model.views import Identity
-from trellis_catalog.domain.publish.resources import DESTINATION, POLICY, SLICE, slice_of
+from trellis_catalog.domain.publish.resources import POLICY
 from trellis_catalog.transport import grpc_requests
-from trellis_catalog.transport.protos import (
-    SliceProtos,
-    destination_proto,
-    match_proto,
-    policy_proto,
-    to_proto,
-)
-from trellis_common.model import MeshService
+from trellis_catalog.transport.encoded import INLINE_FIELD, EncodedResources
+from trellis_catalog.transport.protos import match_proto, policy_proto, to_proto
+from trellis_common import messages
 from trellis_runtime.grpcrequests import InvalidField, RequestGate, rpc
 from trellis_runtime.health import Rejections
 from trellis_spec.mesh import MeshSpec
@@ -83,7 +79,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
     def __init__(self, catalog: Catalog, rejections: Rejections | None = None) -> None:
         self._catalog = catalog
         self.gate = RequestGate(rejections)
-        self._slices = SliceProtos()
+        self._encoded = EncodedResources(catalog)
 
     async def ListChanges(
         self, request: pb.ListChangesRequest, context: Context
@@ -92,11 +88,12 @@ class CatalogServicer(pb_grpc.CatalogServicer):
         cursor, full, changed = self._catalog.changes_since(grpc_requests.cursor(request))
         return _listing(cursor, full, changed)
 
-    async def WatchChanges(
+    async def WatchChanges(  # type: ignore[override]  # serialized answers: sent as they are
         self, request: pb.ListChangesRequest, context: Context
-    ) -> AsyncIterator[pb.ListChangesResponse]:
+    ) -> AsyncIterator[bytes]:
         """ListChanges' answer, then one after every flush that moved a resource (what moved
-        since the answer before), with the moved slices and destinations inline."""
+        since the answer before), with the moved slices and destinations inline; each
+        answer serialized here (a ``ListChangesResponse``), from the encoded resources."""
         catalog = self._catalog
         since = grpc_requests.cursor(request)
         first = True
@@ -104,22 +101,23 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             await catalog.settled()
             cursor, full, changed = catalog.changes_since(since)
             if first or changed:
-                answer = _listing(cursor, full, changed)
+                answer = _listing(cursor, full, changed).SerializeToString()
                 if not full:
-                    answer.resources.extend(self._inline(changed))
+                    inline = (messages.field(INLINE_FIELD, r) for r in self._inline(changed))
+                    answer += b"".join(inline)
                 yield answer
             first, since = False, cursor
             await catalog.moved_after(cursor)
 
-    def _inline(self, changed: list[tuple[str, str]]) -> Iterator[pb.Resource]:
+    def _inline(self, changed: list[tuple[str, str]]) -> Iterator[bytes]:
         """The moved slices and destinations that are not gone, up to :data:`INLINE`."""
-        self._slices.prune(self._catalog.resources.versions)
+        self._encoded.prune()
         sent = 0
         for name, version in changed:
             if sent == INLINE:
                 return
-            if version and not name.startswith(POLICY + "/"):
-                found = self._resource(name, {})
+            if version:
+                found = self._encoded.get(name)
                 if found is not None:
                     sent += 1
                     yield found
@@ -129,7 +127,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
         self, asked: grpc_requests.ResourceRequest, context: Context
     ) -> pb.GetResourcesResponse:
         await self._catalog.settled()
-        self._slices.prune(self._catalog.resources.versions)
+        self._encoded.prune()
         answer = pb.GetResourcesResponse()
         for name in dict.fromkeys(asked.names):
             found = self._resource(name, asked.service_accounts)
@@ -153,30 +151,8 @@ class CatalogServicer(pb_grpc.CatalogServicer):
                 version=version,
                 policy=policy_proto(policy, version, catalog.revision),
             )
-        if kind == SLICE:
-            cluster, _, limited = rest.rpartition("@") if "@" in rest else (rest, "", "")
-            accounts_of = tuple(limited.split(",")) if limited else ()
-            state = catalog.clusters.get(cluster)
-            if state is None and name not in catalog.resources.versions:
-                return None  # no such cluster, and no policy references it
-            version = contentversion.of(
-                (state.version if state is not None else contentversion.ABSENT, accounts_of)
-            )
-            found = slice_of(state, cluster, accounts_of)
-            return pb.Resource(name=name, version=version, slice=self._slices(name, found, version))
-        if kind == DESTINATION:
-            namespace, _, service_name = rest.partition("/")
-            service = MeshService(namespace, service_name)
-            record = catalog.destinations.records.get(service)
-            if record is None:
-                return None
-            version = catalog.destinations.versions[service]
-            return pb.Resource(
-                name=name,
-                version=version,
-                destination=destination_proto(record, version, catalog.clusters, self._slices),
-            )
-        return None
+        encoded = self._encoded.get(name)
+        return pb.Resource.FromString(encoded) if encoded is not None else None
 
     @rpc(grpc_requests.view)
     async def GetView(self, asked: grpc_requests.ViewRequest, context: Context) -> pb.View:
@@ -188,7 +164,7 @@ class CatalogServicer(pb_grpc.CatalogServicer):
             catalog.clusters,
             catalog.view_version(asked.identity),
             catalog.revision,
-            self._slices,
+            self._encoded.slices,
         )
 
     @rpc(grpc_requests.namespace_filter)

@@ -3,9 +3,9 @@ and the whole view of an identity (its policy with its slices' endpoints) for ``
 
 A policy's clusters carry what a client needs before any endpoint (protocol, discovery,
 TLS, connection settings) and name their slice (``Cluster.slice``); a slice carries the
-endpoints and SPIFFE ids (:mod:`~trellis_catalog.domain.publish.resources`). Endpoint messages are
-kept while the endpoint is the same object (:class:`SliceProtos`), so an answer after one
-endpoint of 200 moved converts one.
+endpoints and SPIFFE ids (:mod:`~trellis_catalog.domain.publish.resources`). Slices and
+destinations are written as bytes, their endpoints kept encoded while the endpoint is the
+same object (:class:`SliceProtos`), so an answer after one endpoint of 200 moved encodes one.
 """
 
 from __future__ import annotations
@@ -152,28 +152,34 @@ def _endpoint(endpoint: ClusterEndpoint, _: object) -> bytes:
 
 
 class SliceProtos:
-    """Slices as messages, their endpoints on the wire kept while the endpoint is the same
-    object (:class:`~trellis_common.memo.Members`), per slice name, and merged into each
-    message in one go (:func:`~trellis_common.messages.repeated`)."""
+    """Slices on the wire, their endpoints kept encoded while the endpoint is the same
+    object (:class:`~trellis_common.memo.Members`), per slice name, and joined in one go
+    (:func:`~trellis_common.messages.repeated`): a slice, or a destination's cluster, is
+    written as bytes without a message of its endpoints ever being made."""
 
     def __init__(self) -> None:
         self._endpoints: Members[str, ClusterEndpoint, bytes] = Members(_endpoint)
 
     def __call__(self, name: str, found: Slice, version: str = "") -> pb.ClusterSlice:
-        message = pb.ClusterSlice(
+        return pb.ClusterSlice.FromString(self.encode(name, found, version))
+
+    def encode(self, name: str, found: Slice, version: str = "") -> bytes:
+        """The slice ``name`` (``found``) as a serialized ``ClusterSlice``."""
+        head = pb.ClusterSlice(
             cluster=found.cluster,
             accounts=found.accounts,
             spiffe_ids=found.spiffe_ids,
             version=version,
         )
-        self.merge(message, name, found)
-        return message
+        return head.SerializeToString() + self.endpoints(pb.ClusterSlice, name, found)
 
-    def merge(self, message: pb.ClusterSlice | pb.Cluster, name: str, found: Slice) -> None:
-        """Append ``found``'s endpoints to ``message``'s ``endpoints`` (a slice's or a
-        whole cluster's), as the slice ``name`` keeps them."""
+    def endpoints(
+        self, message: type[pb.ClusterSlice | pb.Cluster], name: str, found: Slice
+    ) -> bytes:
+        """``found``'s endpoints as ``message``'s repeated ``endpoints`` field on the wire,
+        as the slice ``name`` keeps them."""
         encoded = self._endpoints.convert(name, found.endpoints)
-        message.MergeFromString(messages.repeated(message, "endpoints", encoded))
+        return messages.repeated(message, "endpoints", encoded)
 
     def prune(self, names: Mapping[str, object]) -> None:
         """Forget slices that are gone, once they may outnumber those that are not."""
@@ -197,31 +203,36 @@ def cluster_ref_proto(ref: ClusterRef) -> pb.Cluster:
     )
 
 
-def cluster_proto(state: ClusterState, protos: SliceProtos | None = None) -> pb.Cluster:
-    """A whole cluster, every endpoint in it (a destination's port)."""
-    cluster = cluster_ref_proto(state.ref)
-    cluster.ClearField("slice")
+def cluster_bytes(state: ClusterState, protos: SliceProtos | None = None) -> bytes:
+    """A whole cluster, every endpoint in it (a destination's port), serialized."""
+    head = cluster_ref_proto(state.ref)
+    head.ClearField("slice")
     whole = slice_of(state, state.ref.name, ())
-    (protos or SliceProtos()).merge(cluster, slice_name(state.ref), whole)
-    cluster.spiffe_ids.extend(whole.spiffe_ids)
-    cluster.version = state.version
-    return cluster
+    head.spiffe_ids.extend(whole.spiffe_ids)
+    head.version = state.version
+    endpoints = (protos or SliceProtos()).endpoints(pb.Cluster, slice_name(state.ref), whole)
+    return head.SerializeToString() + endpoints
 
 
-def destination_proto(
+#: ``Destination.ports``' field number.
+_PORTS = pb.Destination.DESCRIPTOR.fields_by_name["ports"].number
+
+
+def destination_bytes(
     record: Destination,
     version: str,
     clusters: Mapping[str, ClusterState],
     protos: SliceProtos | None = None,
-) -> pb.Destination:
+) -> bytes:
+    """A service's destination (the Destination API's), serialized: each port a whole
+    cluster, its endpoints written from what ``protos`` keeps encoded."""
     service = record.service
-    return pb.Destination(
+    head = pb.Destination(
         namespace=service.namespace,
         name=service.name,
         version=version,
         addresses=record.addresses,
         hosts=record.hosts,
-        ports=[cluster_proto(clusters[n], protos) for n in record.clusters if n in clusters],
         routes=[
             pb.ProfileRoute(name=r.name, match=match_proto(r.match), timeout=r.timeout, port=r.port)
             for r in record.routes
@@ -237,6 +248,12 @@ def destination_proto(
         retried=record.retried,
         opaque_ports=record.opaque_ports,
     )
+    ports = [
+        messages.field(_PORTS, cluster_bytes(clusters[n], protos))
+        for n in record.clusters
+        if n in clusters
+    ]
+    return head.SerializeToString() + b"".join(ports)
 
 
 def policy_proto(policy: IdentityPolicy, version: str = "", revision: int = 0) -> pb.View:
