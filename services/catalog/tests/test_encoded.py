@@ -95,7 +95,8 @@ def test_the_same_bytes_are_sent_while_the_resource_stands(catalog: Catalog) -> 
     first = encoded.get(SLICE), encoded.get(DESTINATION)
     catalog.flush()  # nothing moved
     again = encoded.get(SLICE), encoded.get(DESTINATION)
-    assert again[0] is first[0] and again[1] is first[1]
+    assert again[0] is first[0]
+    assert again[1] is first[1]
     assert parsed(first[1]).version == catalog.resources.versions[DESTINATION]
 
 
