@@ -57,9 +57,10 @@ class Members(Generic[C, T, V]):
 
         What a change leaves alone, the run before the first member that moved and the run
         after the last, is found by C (``operator.is_`` or ``eq`` over both lists) and its
-        values copied; only the members between are looked up, and those the last list did
-        not hold converted. A collection of 200 that gained or lost one costs a few C passes
-        and one conversion, not 200 dict lookups in Python."""
+        values copied; the members between are looked up by C too (:meth:`_middle`), and
+        those the last list did not hold converted. A collection of 200 that gained one
+        member here and lost another there costs a few C passes and one conversion, not
+        200 lookups in Python."""
         listed = tuple(members)
         tokens = listed if self._key is None else tuple(map(self._key, listed))
         last = self._last.get(collection)
@@ -76,29 +77,40 @@ class Members(Generic[C, T, V]):
         flags = list(map(same, reversed(before[head:]), reversed(tokens[head:])))
         tail = flags.index(False) if False in flags else len(flags)
         values = before_values[:head]
-        start, end = head, len(before) - tail
         if head < len(tokens) - tail:
-            by_token = id if self._key is None else _itself
-            kept = dict(
-                zip(map(by_token, before[start:end]), before_values[start:end], strict=True)
+            values += self._middle(
+                listed[head : len(tokens) - tail],
+                tokens[head : len(tokens) - tail],
+                before,
+                before_values,
+                context,
             )
-            for member, token in zip(
-                listed[head : len(tokens) - tail], tokens[head : len(tokens) - tail], strict=True
-            ):
-                value = kept.get(by_token(token), _MISSING)
-                if value is _MISSING:  # new, or moved out of a run (a reorder): C looks
-                    at = next(compress(count(), map(same, before, repeat(token))), -1)
-                    value = before_values[at] if at >= 0 else _MISSING
-                if value is _MISSING:
-                    value = self._convert(member, context)
-                    self.misses += 1
-                else:
-                    self.hits += 1
-                values.append(value)
-        values += before_values[end:]
+        values += before_values[len(before) - tail :]
         self.hits += head + tail
         self._last[collection] = (context, tokens, values)
         return list(values)  # the caller's own: the kept one is the next call's
+
+    def _middle(
+        self,
+        listed: tuple[T, ...],
+        tokens: tuple[Any, ...],
+        before: tuple[Any, ...],
+        before_values: list[V],
+        context: Hashable,
+    ) -> list[V]:
+        """The values of the members between the unchanged runs: each one the last list
+        held (anywhere in it: a reorder, or a member twice) looked up by C in a dict of
+        that list, by identity or key; only the others converted."""
+        if self._key is None:
+            tokens, before = tuple(map(id, tokens)), tuple(map(id, before))
+        kept: dict[Any, V] = dict(zip(before, before_values, strict=True))
+        found: list[V] = list(map(kept.get, tokens, repeat(_MISSING)))
+        missing = list(compress(count(), map(operator.is_, found, repeat(_MISSING))))
+        for at in missing:
+            found[at] = self._convert(listed[at], context)
+        self.misses += len(missing)
+        self.hits += len(found) - len(missing)
+        return found
 
     def forget(self, collection: C) -> None:
         self._last.pop(collection, None)
@@ -111,10 +123,6 @@ class Members(Generic[C, T, V]):
     def __len__(self) -> int:
         """How many collections are kept."""
         return len(self._last)
-
-
-def _itself(token: Hashable) -> Hashable:
-    return token
 
 
 _MISSING: Any = object()
