@@ -9,7 +9,13 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from trellis_proxy_cp import testing as t
-from trellis_proxy_cp.cache.snapshot import EMPTY_VERSION, Snapshot, make_resource, with_nonce
+from trellis_proxy_cp.cache.snapshot import (
+    EMPTY_VERSION,
+    Snapshot,
+    encoded_resource,
+    make_resource,
+    with_nonce,
+)
 from trellis_proxy_cp.cache.store import InconsistentSnapshot, SnapshotCache
 from trellis_proxy_cp.types import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, TypeUrl
 
@@ -27,11 +33,30 @@ def test_resource_is_serialized_once_and_versioned_by_content() -> None:
     assert make_resource(ENDPOINT, t.load_assignment("c0", 8081)).version != first.version
 
 
-def test_snapshots_built_from_one_resource_share_its_any() -> None:
+def test_snapshots_built_from_one_resource_share_its_encoding() -> None:
     shared = t.resource(t.secret("cert"))
     one = t.snapshot("1", shared, t.secret("ca"))
     two = t.snapshot("2", shared)
-    assert one.of_type(SECRET)["cert"].any is two.of_type(SECRET)["cert"].any is shared.any
+    assert one.of_type(SECRET)["cert"].entry is two.of_type(SECRET)["cert"].entry is shared.entry
+    assert one.of_type(SECRET)["cert"].delta_entry is shared.delta_entry  # encoded once
+
+
+def test_a_resource_made_from_its_bytes_is_the_one_made_from_its_message() -> None:
+    message = t.load_assignment("c0", 8080)
+    made = make_resource(ENDPOINT, message)
+    encoded = encoded_resource(
+        ENDPOINT, "c0", message.SerializeToString(deterministic=True), type(message)
+    )
+    assert (encoded.entry, encoded.version, encoded.any) == (made.entry, made.version, made.any)
+    assert encoded.body == message  # parsed when asked for
+    assert encoded.body is encoded.body
+    delta = discovery_pb2.Resource(name="c0", version=made.version, resource=made.any)
+    wrapped = discovery_pb2.DeltaDiscoveryResponse.FromString(encoded.delta_entry)
+    assert list(wrapped.resources) == [delta]
+    with pytest.raises(ValueError, match="does not match"):
+        encoded_resource(CLUSTER, "c0", b"", type(message))
+    with pytest.raises(ValueError, match="needs a name"):
+        encoded_resource(ENDPOINT, "", b"", type(message))
 
 
 def test_a_response_is_serialized_once_and_each_stream_adds_its_nonce() -> None:

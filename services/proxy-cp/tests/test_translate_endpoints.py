@@ -141,3 +141,20 @@ def test_translate_keeps_assignments_only_in_the_object_it_is_given(
     assert translate(view, settings, None, assignments).endpoints[0] is kept[0]
     assert kept == first
     assert len(assignments) == 1
+
+
+def test_the_encoding_is_what_protobuf_writes_for_the_message() -> None:
+    """``encode`` joins kept bytes, so its layout is its own: it must be the message's
+    deterministic serialization, field for field in number order (a version is a digest
+    of these bytes), localities, weights and failover priorities included."""
+    members = (("10.0.0.2", 8080, 0, "eu/b"), ("10.0.0.1", 8080, 3, "eu/a"), *BASE)
+    for locality, wanted in (("", [0, 0]), ("eu/a", [0, 1]), ("eu/b/c", [1, 0])):
+        encoded = LoadAssignments().encode("shop/api|80", cluster(*members).endpoints, locality)
+        parsed = endpoint_pb2.ClusterLoadAssignment.FromString(encoded)
+        assert encoded == parsed.SerializeToString(deterministic=True)
+        assert parsed.cluster_name == "shop/api|80"
+        assert [g.locality.zone for g in parsed.endpoints] == ["a", "b"]
+        assert [g.priority for g in parsed.endpoints] == wanted  # the proxy's zone first
+    assert LoadAssignments().encode("shop/none|80", [], "") == (
+        endpoint_pb2.ClusterLoadAssignment(cluster_name="shop/none|80").SerializeToString()
+    )

@@ -1,12 +1,12 @@
 """EDS resources by (slice, cluster, locality) and version: translated and serialized once.
 
 A slice's endpoints reach every group whose policy names it. Its ClusterLoadAssignment is
-translated (:class:`~trellis_proxy_cp.translate.endpoints.LoadAssignments`) and serialized
-(:func:`~trellis_proxy_cp.cache.snapshot.make_resource`) once per slice version, and the
-one :class:`~trellis_proxy_cp.cache.snapshot.Resource` is shared by every snapshot that
-holds it: a change to one cluster's endpoints costs one assignment, whatever the number of
-groups. A cluster that fails over by locality (``translate/locality.py``) has one per
-proxy locality.
+translated and serialized in one go, from each endpoint's kept encoding
+(:meth:`~trellis_proxy_cp.translate.endpoints.LoadAssignments.encode`), once per slice
+version, and the one :class:`~trellis_proxy_cp.cache.snapshot.Resource` is shared by every
+snapshot that holds it: a change to one cluster's endpoints costs one assignment, whatever
+the number of groups. A cluster that fails over by locality (``translate/locality.py``)
+has one per proxy locality.
 
 Only the current version of each key is kept, so memory follows the mesh, not its history;
 keys of slices that are gone are forgotten by :meth:`EndpointResources.retain`.
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from envoy.config.endpoint.v3 import endpoint_pb2
+
 from trellis_api import catalog_pb2 as pb
 from trellis_proxy_cp import types
-from trellis_proxy_cp.cache.snapshot import Resource, make_resource
+from trellis_proxy_cp.cache.snapshot import Resource, encoded_resource
 from trellis_proxy_cp.translate.endpoints import LoadAssignments, fails_over
 
 Key = tuple[str, str, str]  # slice name, cluster name, proxy locality ("": any)
@@ -43,12 +45,11 @@ class EndpointResources:
         kept = self._kept.get(key)
         if kept is not None and kept[0] == version and version:
             return kept[1]
-        whole = pb.Cluster(name=cluster.name, discovery=cluster.discovery)
-        if cluster.HasField("connection"):
-            whole.connection.CopyFrom(cluster.connection)
-        if found is not None:
-            whole.endpoints.extend(found.endpoints)
-        resource = make_resource(types.ENDPOINT, self.assignments(whole, locality))
+        endpoints = found.endpoints if found is not None else ()
+        data = self.assignments.encode(cluster.name, endpoints, locality)
+        resource = encoded_resource(
+            types.ENDPOINT, cluster.name, data, endpoint_pb2.ClusterLoadAssignment
+        )
         self._kept[key] = (version, resource)
         self.built += 1
         return resource

@@ -5,11 +5,11 @@ the resources by type, and :meth:`Snapshot.consistent` says whether Envoy could 
 (every EDS cluster has its ClusterLoadAssignment, every RDS name its RouteConfiguration,
 every SDS name its Secret). The cache refuses inconsistent snapshots.
 
-A :class:`Resource` is serialized exactly once, when it is made: its content hash is its
-version and its ``Any`` is packed from those bytes. Snapshots built from the same
-:class:`Resource` objects share them, so a resource common to every proxy of an identity (or
-unchanged between two snapshots) is never serialized again; transports put ``resource.any``
-into responses as is.
+A :class:`Resource` is serialized exactly once, when it is made (or made from its bytes:
+:func:`encoded_resource`): its content hash is its version, and it keeps the encoding of its
+``Any``. Snapshots built from the same :class:`Resource` objects share them, so a resource
+common to every proxy of an identity (or unchanged between two snapshots) is never
+serialized again; transports join its encoded entries into their responses.
 
 Each type has its own version (:meth:`Snapshot.version_of`), a hash of that type's resource
 versions: a snapshot change pushes only the types whose version changed, and a proxy sees a
@@ -19,6 +19,7 @@ version that moves only when what it was sent moves.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -40,15 +41,20 @@ def _digest(data: bytes) -> str:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Resource:
-    """One named resource, serialized once. Equal when type, name and content are equal."""
+    """One named resource, serialized once. Equal when type, name and content are equal.
+
+    It holds its encoding only: ``body`` (the message) is parsed from it when first asked
+    for, unless the resource was made from the message, and ``delta_entry`` is encoded
+    when a delta stream first sends it."""
 
     name: str
     type_url: TypeUrl
     version: str
-    any: any_pb2.Any
-    body: Message
-    #: the resource as an entry of a DiscoveryResponse's ``resources`` (field 2), encoded
-    entry: bytes = b""
+    #: the resource as an entry of a DiscoveryResponse's ``resources`` (field 2): its
+    #: ``Any``, encoded
+    entry: bytes
+    message_type: type[Message]
+    _body: Message | None = dataclasses.field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Resource):
@@ -62,27 +68,72 @@ class Resource:
     def __hash__(self) -> int:
         return hash((self.type_url, self.name, self.version))
 
+    @property
+    def packed(self) -> bytes:
+        """The resource's ``Any``, encoded (its entry without the entry's key and length)."""
+        at = 1  # the key, one byte (field 2)
+        while self.entry[at] & 0x80:  # the length's varint
+            at += 1
+        return self.entry[at + 1 :]
+
+    @property
+    def any(self) -> any_pb2.Any:
+        return any_pb2.Any.FromString(self.packed)
+
+    @property
+    def body(self) -> Message:
+        """The resource's message. Shared: do not change it."""
+        if self._body is None:
+            body = self.message_type.FromString(self.any.value)
+            object.__setattr__(self, "_body", body)
+            return body
+        return self._body
+
+    @functools.cached_property
+    def delta_entry(self) -> bytes:
+        """The resource as an entry of a DeltaDiscoveryResponse's ``resources`` (field 2):
+        a ``Resource`` with its name, version and ``Any``, encoded."""
+        fields = (
+            messages.field(_DELTA_VERSION, self.version.encode()),
+            messages.field(_DELTA_RESOURCE, self.packed),
+            messages.field(_DELTA_NAME, self.name.encode()),
+        )
+        return messages.field(_RESOURCES, b"".join(fields))
+
+
+#: a delta ``Resource``'s fields
+_DELTA_VERSION, _DELTA_RESOURCE, _DELTA_NAME = 1, 2, 3
+
 
 def make_resource(type_url: TypeUrl, message: Message, name: str | None = None) -> Resource:
     """Serialize ``message`` once (deterministically) and wrap it.
 
     The name is ``message.name`` (``cluster_name`` for a ClusterLoadAssignment) unless given.
     """
-    full_name = message.DESCRIPTOR.full_name
-    if type_url != _PREFIX + full_name:
-        raise ValueError(f"type URL {type_url!r} does not match message type {full_name!r}")
     if name is None:
         fields = message.DESCRIPTOR.fields_by_name
         name = str(getattr(message, "name" if "name" in fields else "cluster_name", ""))
+    data = message.SerializeToString(deterministic=True)
+    return encoded_resource(type_url, name, data, type(message), message)
+
+
+def encoded_resource(
+    type_url: TypeUrl,
+    name: str,
+    data: bytes,
+    message_type: type[Message],
+    body: Message | None = None,
+) -> Resource:
+    """A resource of ``message_type`` serialized as ``data`` (its ``body``, if given, is
+    that message: else it is parsed when first asked for)."""
+    full_name = message_type.DESCRIPTOR.full_name
+    if type_url != _PREFIX + full_name:
+        raise ValueError(f"type URL {type_url!r} does not match message type {full_name!r}")
     if not name:
         raise ValueError(f"a {full_name} resource needs a name")
-    data = message.SerializeToString(deterministic=True)
-    packed = any_pb2.Any(type_url=type_url, value=data)
-    entry = messages.field(
-        _RESOURCES, messages.field(1, type_url.encode()) + messages.field(2, data)
-    )
-    return Resource(type_url=type_url, name=name, version=_digest(data), any=packed, body=message,
-                    entry=entry)  # fmt: skip
+    packed = messages.field(1, type_url.encode()) + messages.field(2, data)
+    entry = messages.field(_RESOURCES, packed)
+    return Resource(name, type_url, _digest(data), entry, message_type, body)
 
 
 def _type_version(resources: Mapping[str, Resource]) -> str:

@@ -20,7 +20,7 @@ keeps no state between calls.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import attrgetter
 
@@ -104,7 +104,9 @@ class LoadAssignments:
         kept = self._assignments.get((cluster.name, locality))
         if kept is not None and kept[0] == serialized:
             return kept[1]
-        assignment = self._assignment(cluster, locality)
+        assignment = endpoint_pb2.ClusterLoadAssignment.FromString(
+            self.encode(cluster.name, cluster.endpoints, locality)
+        )
         if len(self._assignments) >= self._kept_clusters:
             self._assignments.clear()  # clusters come and go: the ones still here come back
             self._lb_endpoints.retain(lambda name: False)
@@ -130,11 +132,15 @@ class LoadAssignments:
         """How many endpoint messages were built so far (the others were reused)."""
         return self._lb_endpoints.misses
 
-    def _assignment(
-        self, cluster: catalog_pb2.Cluster, locality: str
-    ) -> endpoint_pb2.ClusterLoadAssignment:
-        ordered = sorted(cluster.endpoints, key=_ORDER)
-        built = self._lb_endpoints.convert(cluster.name, ordered)
+    def encode(
+        self, name: str, endpoints: Sequence[catalog_pb2.ClusterEndpoint], locality: str = ""
+    ) -> bytes:
+        """The load assignment of the cluster ``name`` with ``endpoints``, for a proxy at
+        ``locality`` ("": everything at priority 0), serialized as protobuf writes it
+        (fields in number order), from each endpoint's kept encoding: no message of the
+        endpoints is made. The caller keeps it (this keeps only the endpoints)."""
+        ordered = sorted(endpoints, key=_ORDER)
+        built = self._lb_endpoints.convert(name, ordered)
         where = list(map(_LOCALITY, ordered))
         each = list(map(max, map(_WEIGHT, ordered), repeat(1)))
         groups: dict[str, list[bytes]] = defaultdict(list)
@@ -142,19 +148,29 @@ class LoadAssignments:
         if where and where.count(where[0]) == len(where):  # one locality: C does it all
             groups[where[0]], weights[where[0]] = built, sum(each)
         else:
-            for name, lb_endpoint, weight in zip(where, built, each, strict=True):
-                groups[name].append(lb_endpoint)
-                weights[name] += weight
+            for at, lb_endpoint, weight in zip(where, built, each, strict=True):
+                groups[at].append(lb_endpoint)
+                weights[at] += weight
         priority = localities.priorities(locality, groups) if locality else {}
-        assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster.name)
-        for name, members in groups.items():  # in order: the endpoints were sorted
-            group = assignment.endpoints.add(
-                locality=_locality(name),
-                load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[name]),
-                priority=priority.get(name, 0),
+        parts = [endpoint_pb2.ClusterLoadAssignment(cluster_name=name).SerializeToString()]
+        for at, members in groups.items():  # in order: the endpoints were sorted
+            group = b"".join(
+                (
+                    _LocalityLbEndpoints(locality=_locality(at)).SerializeToString(),
+                    messages.repeated(_LocalityLbEndpoints, "lb_endpoints", members),
+                    _LocalityLbEndpoints(
+                        load_balancing_weight=wrappers_pb2.UInt32Value(value=weights[at]),
+                        priority=priority.get(at, 0),
+                    ).SerializeToString(),
+                )
             )
-            group.MergeFromString(messages.repeated(group, "lb_endpoints", members))
-        return assignment
+            parts.append(messages.field(_GROUPS, group))
+        return b"".join(parts)
+
+
+_LocalityLbEndpoints = endpoint_components_pb2.LocalityLbEndpoints
+#: ``ClusterLoadAssignment.endpoints``' field number: the locality groups
+_GROUPS = endpoint_pb2.ClusterLoadAssignment.DESCRIPTOR.fields_by_name["endpoints"].number
 
 
 def _locality(text: str) -> base_pb2.Locality:

@@ -172,16 +172,11 @@ class DeltaMachine:
             return
         version = snapshot.version_of(type_url)
         nonce = str(next(self._nonces))
-        response = discovery_pb2.DeltaDiscoveryResponse(
-            system_version_info=version,
-            type_url=type_url,
-            nonce=nonce,
-            resources=[
-                discovery_pb2.Resource(name=r.name, version=r.version, resource=r.any)
-                for r in changed
-            ],
-            removed_resources=removed,
+        head = discovery_pb2.DeltaDiscoveryResponse(
+            system_version_info=version, type_url=type_url, nonce=nonce, removed_resources=removed
         )
+        # serialized here: the resources are their delta entries, each encoded once
+        response = head.SerializeToString() + b"".join(r.delta_entry for r in changed)
         rewarm = self._rewarming(type_url, held, changed)
         for resource in changed:
             held.versions[resource.name] = resource.version
