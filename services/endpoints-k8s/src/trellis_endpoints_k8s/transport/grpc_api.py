@@ -93,9 +93,9 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
         assert found is not None
         return to_proto(found, self._watcher.revision)
 
-    async def WatchServices(
+    async def WatchServices(  # type: ignore[override]  # serialized answers: sent as they are
         self, request: pb.ListServicesRequest, context: Context
-    ) -> AsyncIterator[pb.ServiceChanges]:
+    ) -> AsyncIterator[pb.ServiceChanges | bytes]:
         namespace = await self.gate.check(context, "WatchServices", namespace_filter, request)
         watcher = self._watcher
 

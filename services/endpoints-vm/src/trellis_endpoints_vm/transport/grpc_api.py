@@ -62,8 +62,14 @@ def endpoint_protos() -> EndpointProtos:
 def to_proto(
     view: ServiceView, revision: int, endpoints: EndpointProtos | None = None
 ) -> pb.ServiceEndpoints:
+    return pb.ServiceEndpoints.FromString(encode(view, revision, endpoints))
+
+
+def encode(view: ServiceView, revision: int, endpoints: EndpointProtos | None = None) -> bytes:
+    """The service as a serialized ``ServiceEndpoints``: its endpoints joined from their
+    kept encodings (``endpoints``, while each endpoint is the same object)."""
     info = view.info
-    message = pb.ServiceEndpoints(
+    head = pb.ServiceEndpoints(
         info=pb.ServiceInfo(
             service=pb.ServiceRef(namespace=info.key.namespace, name=info.key.name),
             ports=[
@@ -82,12 +88,9 @@ def to_proto(
         ),
         revision=revision,
     )
-    if endpoints is None:
-        message.endpoints.extend(endpoint_proto(e) for e in view.endpoints)
-    else:
-        joined = endpoints.convert(info.key, view.endpoints)
-        message.MergeFromString(messages.repeated(message, "endpoints", joined))
-    return message
+    memo = endpoints if endpoints is not None else endpoint_protos()
+    joined = memo.convert(info.key, view.endpoints)
+    return head.SerializeToString() + messages.repeated(pb.ServiceEndpoints, "endpoints", joined)
 
 
 class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
@@ -117,20 +120,20 @@ class EndpointsProviderServicer(pb_grpc.EndpointsProviderServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {key} in this provider")
         return to_proto(view, self._manager.revision, self._endpoints)
 
-    async def WatchServices(
+    async def WatchServices(  # type: ignore[override]  # serialized answers: sent as they are
         self, request: pb.ListServicesRequest, context: Context
-    ) -> AsyncIterator[pb.ServiceChanges]:
+    ) -> AsyncIterator[pb.ServiceChanges | bytes]:
         namespace = await self.gate.check(
             context, "WatchServices", grpc_requests.namespace_filter, request
         )
         manager = self._manager
 
-        def service_of(key: ServiceKey) -> pb.ServiceEndpoints | None:
+        def service_of(key: ServiceKey) -> bytes | None:
             view = manager.view(key)
             if view is None:
                 self._endpoints.forget(key)
                 return None
-            return to_proto(view, manager.revision, self._endpoints)
+            return encode(view, manager.revision, self._endpoints)
 
         with manager.feed.watch() as watch:  # before the listing: nothing falls between
             listed = await self.ListServices(request, context)
