@@ -223,3 +223,22 @@ def test_by_key_converts_only_keys_the_last_list_did_not_hold(
         converted = [(p.address, p.port) for p, _ in convert.calls[before:]]
         assert set(converted) == keys - kept  # a new key twice in one list: converted twice
         last[collection] = (context, keys)
+
+
+def test_keys_read_by_the_caller_are_used_as_the_key_would_give_them() -> None:
+    converted: list[str] = []
+
+    def convert(member: tuple[str, int], _: object) -> str:
+        converted.append(member[0])
+        return f"{member[0]}:{member[1]}"
+
+    memo: Members[str, tuple[str, int], str] = Members(convert, key=lambda m: m[0])
+    first = [("a", 1), ("b", 2)]
+    assert memo.convert("c", first, keys=["a", "b"]) == ["a:1", "b:2"]
+    assert memo.convert("c", [("b", 2), ("x", 3)], keys=["b", "x"]) == ["b:2", "x:3"]
+    assert converted == ["a", "b", "x"]  # "b" was found by the key given
+    with pytest.raises(ValueError, match="one per member"):
+        memo.convert("c", first, keys=["a"])
+    plain: Members[str, tuple[str, int], str] = Members(convert)
+    with pytest.raises(ValueError, match="with a key"):
+        plain.convert("c", first, keys=["a", "b"])

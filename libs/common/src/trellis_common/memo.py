@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import compress, count, repeat
 from typing import Any, Generic, TypeVar
 
@@ -50,10 +50,17 @@ class Members(Generic[C, T, V]):
         self.hits = 0
         self.misses = 0
 
-    def convert(self, collection: C, members: Iterable[T], context: Hashable = None) -> list[V]:
+    def convert(
+        self,
+        collection: C,
+        members: Iterable[T],
+        context: Hashable = None,
+        keys: Sequence[Hashable] | None = None,
+    ) -> list[V]:
         """Every member converted (``convert(member, context)``), in order. ``context`` is
         what else the conversion reads (a port's spec): when it differs from the last
-        one's, nothing is reused.
+        one's, nothing is reused. ``keys``: the members' keys, where the caller read them
+        already (with a ``key`` that is what this would compute).
 
         What a change leaves alone, the run before the first member that moved and the run
         after the last, is found by C (``operator.is_`` or ``eq`` over both lists) and its
@@ -62,7 +69,12 @@ class Members(Generic[C, T, V]):
         member here and lost another there costs a few C passes and one conversion, not
         200 lookups in Python."""
         listed = tuple(members)
-        tokens = listed if self._key is None else tuple(map(self._key, listed))
+        if keys is not None:
+            if self._key is None or len(keys) != len(listed):
+                raise ValueError("keys are for a Members with a key, one per member")
+            tokens: tuple[Any, ...] = tuple(keys)
+        else:
+            tokens = listed if self._key is None else tuple(map(self._key, listed))
         last = self._last.get(collection)
         if last is None or last[0] != context:
             values = [self._convert(member, context) for member in listed]
