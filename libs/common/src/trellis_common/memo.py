@@ -157,11 +157,10 @@ def sorted_unique(values: Iterable[D]) -> tuple[D, ...]:
     if not listed:
         return ()
     cls = type(listed[0])
-    if any(type(value) is not cls for value in listed):  # mixed: compared as they would be
+    if any(map(operator.is_not, map(type, listed), repeat(cls))):  # mixed: compared as they are
         return tuple(sorted(set(listed)))  # type: ignore[type-var]
-    fields = fields_of(cls)
-    unique = {fields(value): value for value in listed}
-    return tuple(unique[key] for key in sorted(unique))
+    unique = dict(zip(map(fields_of(cls), listed), listed, strict=True))
+    return tuple(map(unique.__getitem__, sorted(unique)))
 
 
 def fields_of(cls: type) -> Callable[[Any], Any]:

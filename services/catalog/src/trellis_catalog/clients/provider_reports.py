@@ -126,16 +126,20 @@ def from_proto(
         if not 0 < port.number < 65536:
             raise InvalidReport(f"{where}: port {port.name!r} is {port.number}, not in 1-65535")
     context = (where, provider)
-    endpoints = []
-    for found in (
+    converted = (
         memo.convert((provider, namespace, key), message.endpoints, context)
         if memo is not None
         else [_endpoint_or_reason(m, context) for m in message.endpoints]
-    ):
-        if isinstance(found, str):
-            on_bad_endpoint(found)
-        else:
-            endpoints.append(found)
+    )
+    if str in set(map(type, converted)):  # an endpoint refused: it is left out, and said
+        endpoints = []
+        for found in converted:
+            if isinstance(found, str):
+                on_bad_endpoint(found)
+            else:
+                endpoints.append(found)
+    else:
+        endpoints = converted  # type: ignore[assignment]  # no reason among them
     return ProvidedService(
         provider=provider,
         namespace=namespace,

@@ -28,6 +28,7 @@ workloads come and go), else the service's name.
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 
 #: services (their shapes) or marked documents handled between two steps of a flush
 STEP = 500
+#: an endpoint's service account (read by C over a service's endpoints)
+_ACCOUNT: Callable[[Any], str] = operator.attrgetter("service_account")
 
 
 Verdict = Callable[[Identity, Exception | None], None]  # a view built, or why it was not
@@ -166,7 +169,7 @@ class Recompute:
             return latest
         known = self.services.get(service)
         if known is not None:
-            accounts = Counter(e.service_account for e in known.endpoints if e.service_account)
+            accounts: Counter[str] = Counter(filter(None, map(_ACCOUNT, known.endpoints)))
             if accounts:
                 account = accounts.most_common(1)[0][0]
                 self._last_accounts[service] = account
@@ -385,7 +388,7 @@ class Recompute:
             known.subject_alt_names,
             bool(known.endpoints),
             self.account_of(service),
-            frozenset(e.service_account for e in known.endpoints),
+            frozenset(map(_ACCOUNT, known.endpoints)),
         )
 
     def _resolved_statuses(self) -> dict[str, statuses.Status]:

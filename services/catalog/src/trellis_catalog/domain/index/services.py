@@ -10,8 +10,11 @@ Service's only port.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from itertools import chain, repeat
 
 from trellis_catalog.domain.model.views import ClusterEndpoint, ClusterRef, ClusterState
 from trellis_common.documents import core
@@ -180,12 +183,21 @@ def known_service(
         subject_alt_names=first.subject_alt_names if first else (),
         declared=declared is not None,
         providers=tuple(r.provider for r in found),
-        endpoints=tuple(
-            e if e.provider == r.provider else replace(e, provider=r.provider)
-            for r in found
-            for e in r.endpoints
-        ),
+        endpoints=tuple(chain.from_iterable(map(_as_provided, found))),
     )
+
+
+def _as_provided(report: ProvidedService) -> tuple[ProvidedEndpoint, ...]:
+    """``report``'s endpoints, each marked with its provider (as they mostly are already)."""
+    endpoints, provider = report.endpoints, report.provider
+    if all(map(operator.eq, map(_PROVIDER, endpoints), repeat(provider))):
+        return endpoints
+    return tuple(e if e.provider == provider else replace(e, provider=provider) for e in endpoints)
+
+
+_PROVIDER = operator.attrgetter("provider")
+_ACCOUNT = operator.attrgetter("service_account")
+_SOMETHING = functools.partial(operator.is_not, None)
 
 
 def index(
@@ -267,8 +279,9 @@ def cluster(
         if memo is not None
         else [cluster_endpoint(e, serving) for e in known.endpoints]
     )
-    endpoints = [e for e in found if e is not None]
-    accounts = {e.service_account for e in endpoints if e.service_account}
+    # None: the endpoint does not serve the port
+    endpoints: list[ClusterEndpoint] = list(filter(_SOMETHING, found))  # type: ignore[arg-type]
+    accounts = set(filter(None, map(_ACCOUNT, endpoints)))
     namespace = known.service.namespace
     spiffe = (
         ()

@@ -21,6 +21,7 @@ of them does. The resource store (:mod:`.resources`) publishes them as
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -83,11 +84,15 @@ def _addresses(known: KnownService, spec: MeshSpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+#: an endpoint's service account (read by C over a service's endpoints)
+_ACCOUNT: Callable[[object], str] = operator.attrgetter("service_account")
+
+
 def _routes(known: KnownService, spec: MeshSpec, account: str) -> tuple[ProfileRoute, ...]:
     """The HTTP matches of every TrafficTarget to an account the service runs as, then those
     of its TrafficSplit; the first of equal names wins."""
     namespace = known.service.namespace
-    accounts = {account} | {e.service_account for e in known.endpoints if e.service_account}
+    accounts = {account, *filter(None, map(_ACCOUNT, known.endpoints))}
     found: dict[str, ProfileRoute] = {}
     ports = {p.port for p in known.ports}
     for name in sorted(accounts):
