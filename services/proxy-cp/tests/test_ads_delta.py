@@ -233,11 +233,43 @@ async def test_a_stale_nonce_still_changes_the_subscription(
     envoy = await ads.open(delta=True)
     await envoy.send(node=t.node(), type_url=ENDPOINT, resource_names_subscribe=["c0"])
     first = await envoy.recv()
+    await envoy.ack(first)
     cache.set_snapshot("mesh", endpoints((5,), (2,)))
-    await envoy.recv()
+    await envoy.recv()  # a newer response: the first's nonce is stale now
+    acks = len(hooks.of("ack"))
     await envoy.send(type_url=ENDPOINT, response_nonce=first.nonce, resource_names_subscribe=["c1"])
     assert names_of(await envoy.recv()) == ["c1"]
-    assert hooks.of("ack") == []  # the stale nonce acknowledged nothing
+    assert len(hooks.of("ack")) == acks  # the stale nonce acknowledged nothing
+
+
+async def test_one_response_in_flight_per_type_and_its_answer_sends_what_moved_meanwhile(
+    ads: t.AdsHarness, cache: SnapshotCache, hooks: t.RecordingHooks
+) -> None:
+    """Flow control: snapshot changes while the proxy has not answered the type's last
+    response wait for its answer, then go out as one response at the latest versions; a
+    type with nothing in flight, and what the proxy asks for, are answered at once."""
+    cache.set_snapshot("mesh", endpoints((1,), (2,)))
+    envoy = await ads.open(delta=True)
+    await envoy.send(node=t.node(), type_url=ENDPOINT, resource_names_subscribe=["c0"])
+    first = await envoy.recv()
+    cache.set_snapshot("mesh", endpoints((3,), (2,)))
+    latest = endpoints((4,), (2,))
+    cache.set_snapshot("mesh", latest)
+    await envoy.quiet()  # the first is not answered yet: nothing more
+    await envoy.ack(first)  # its answer: what moved meanwhile goes out, in one response
+    moved = await envoy.recv()
+    assert [(r.name, r.version) for r in moved.resources] == [
+        ("c0", version(latest, ENDPOINT, "c0"))
+    ]
+    await envoy.quiet()
+    await envoy.ack(moved)
+    cache.set_snapshot("mesh", endpoints((5,), (2,)))  # nothing in flight: pushed at once
+    pushed = await envoy.recv()
+    assert names_of(pushed) == ["c0"]
+    await envoy.send(type_url=ENDPOINT, resource_names_subscribe=["c1"])  # asked: answered,
+    asked = await envoy.recv()  # though a response is in flight
+    assert names_of(asked) == ["c1"]
+    assert len(hooks.of("ack")) == 2
 
 
 async def test_push_on_change_reaches_only_that_key(

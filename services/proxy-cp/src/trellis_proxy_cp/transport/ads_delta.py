@@ -22,6 +22,13 @@ The rules, from Envoy's xDS protocol doc:
   as held, so they are not sent again until they change.
 * The first request of a type is always answered, if need be with an empty response, so a
   proxy with nothing to fetch still completes its initial fetch.
+* One response in flight per type (Istio's and Consul's flow control; go-control-plane's
+  state of the world gets it from its protocol): a snapshot change while the proxy has not
+  answered the type's last response is held back, and the proxy's ACK or NACK, which
+  flushes the type, sends what differs then, the changes meanwhile in one response. Under
+  churn a proxy gets no more pushes than it can take, and the control plane no more writes
+  than the proxy reads. What the proxy asks for (a subscription, its first request) is
+  answered at once.
 * An EDS cluster the proxy already had, updated over CDS, warms until its load assignment
   arrives, and Envoy (1.40, delta) does not ask for it again: the name stays subscribed by
   the old cluster. So its ClusterLoadAssignment is sent again right after the CDS response,
@@ -120,7 +127,10 @@ class DeltaMachine:
     def on_snapshot(self) -> None:
         snapshot = self._source.get(self._stream.key)
         for type_url in push_order(self._held):
-            self._flush(type_url, self._stream.types[type_url], self._held[type_url], snapshot)
+            state, held = self._stream.types[type_url], self._held[type_url]
+            if state.nonce and not held.answered and not (held.force or held.owed):
+                continue  # one response in flight per type: the proxy's answer flushes this
+            self._flush(type_url, state, held, snapshot)
 
     def _subscribe(
         self, type_url: TypeUrl, state: TypeState, held: _Held, request: Any, first: bool
