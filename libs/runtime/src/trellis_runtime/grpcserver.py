@@ -92,13 +92,13 @@ class ResponseStreams(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 self._ended_on_stop(handler.unary_stream),
                 request_deserializer=handler.request_deserializer,
-                response_serializer=_as_is(handler.response_serializer),
+                response_serializer=serialized_as_is(handler.response_serializer),
             )
         assert handler.stream_stream is not None
         return grpc.stream_stream_rpc_method_handler(
             self._ended_on_stop(handler.stream_stream),
             request_deserializer=handler.request_deserializer,
-            response_serializer=_as_is(handler.response_serializer),
+            response_serializer=serialized_as_is(handler.response_serializer),
         )
 
     def _ended_on_stop(self, behavior: Behavior) -> Behavior:
@@ -137,8 +137,11 @@ class ResponseStreams(grpc.aio.ServerInterceptor):
             self._ending.discard(task)
 
 
-def _as_is(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
-    """``serializer``, but an answer serialized already is sent as it is."""
+def serialized_as_is(
+    serializer: Callable[[Any], bytes] | None,
+) -> Callable[[Any], bytes] | None:
+    """``serializer``, but an answer serialized already (``bytes``) is sent as it is: for a
+    registration outside a :class:`GrpcServer` too."""
     if serializer is None:
         return None
     encode = serializer

@@ -18,6 +18,7 @@ from trellis_proxy_cp.transport.ads_sotw import SotwServer
 from trellis_proxy_cp.transport.limits import StreamLimits
 from trellis_proxy_cp.transport.streamhooks import NoHooks, StreamHooks
 from trellis_proxy_cp.transport.streams import Authorizer, StreamRegistry, StreamRunner
+from trellis_runtime.grpcserver import serialized_as_is
 
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 
@@ -68,5 +69,5 @@ class AdsServicer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ign
         server.add_registered_method_handlers(SERVICE, handlers)
 
 
-def _serialized(response: Message | bytes) -> bytes:
-    return response if isinstance(response, bytes) else response.SerializeToString()
+#: a response may be bytes, serialized already (the rule every GrpcServer's streams follow)
+_serialized = serialized_as_is(Message.SerializeToString)
