@@ -237,9 +237,13 @@ class StoreKeeper:
         return True
 
     async def flush(self) -> int:
-        """Write memory's state of every queued id, a chunk at a time: whole records (or
-        deletes) first, then heartbeats, which only ever touch the heartbeat hash."""
-        flushed = 0
+        """Write memory's state of every queued id, a chunk at a time: heartbeats first,
+        then whole records (or deletes). A heartbeat only ever touches the heartbeat hash
+        and needs no replica's acknowledgement, so a record write refused meanwhile (a new
+        master without its replica yet) does not keep from the store the heartbeats the
+        leader judges by. A record carries its heartbeat: an id queued whole is not beaten
+        separately."""
+        flushed = await self._flush_beats()
         while self.rewrites:
             async with self._io:
                 batch = sorted(self.rewrites)[:CHUNK]
@@ -259,9 +263,14 @@ class StoreKeeper:
                     self.rewrites.update(batch)
                     raise
             flushed += len(batch)
-        while self.beats:
+        return flushed + await self._flush_beats()  # and those heard meanwhile
+
+    async def _flush_beats(self) -> int:
+        """Write the queued heartbeats of the ids not queued whole; returns how many."""
+        flushed = 0
+        while pending := self.beats - self.rewrites:
             async with self._io:
-                batch = sorted(self.beats)[:CHUNK]
+                batch = sorted(pending)[:CHUNK]
                 self.beats.difference_update(batch)
                 beats = [(w.id, w.last_heartbeat) for w in map(self._current, batch) if w]
                 try:

@@ -74,6 +74,9 @@ MIRROR = "workloads"
 EXPIRED = "expired"
 REVIVED = "revived"
 REJECTION_SOURCE = "redis"
+#: How often the leader reads back the heartbeats of the workloads it counts dead: a
+#: revival heard by another replica whose signal was lost reaches it from the store.
+DEAD_RECHECK_SECONDS = 2.0
 
 __all__ = ["MIRROR", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
 
@@ -101,6 +104,8 @@ class EndpointsManager:
         self._signal_timeout = store_timeout
         self.registry = EndpointRegistry()
         self._judgement_held = False  # expiry postponed: the store could not say who beat
+        self._led: bool | None = None  # whether the last expiry sweep led (None: none yet)
+        self._dead_read_at = 0.0  # when the heartbeats of the dead are read back next
         self.keeper = StoreKeeper(
             store,
             self.registry.workloads.get,
@@ -300,11 +305,21 @@ class EndpointsManager:
         holds every alive workload until it answers again and then one more TTL: the other
         replicas queue the heartbeats they could not write meanwhile (a Redis failover), and
         flush them once they reach the store themselves, which may be after this replica does.
+        A replica that takes the judgement over from another gives every workload one TTL
+        first, for the same reason; and every :data:`DEAD_RECHECK_SECONDS` the leader reads
+        back the dead ones' heartbeats too, so that no lost signal keeps one dead.
         """
         if not self._leading():
+            self._led = False
             return 0
         now = self._clock()
+        if self._led is False:  # taken over from another replica: see registry.taken_over
+            log.info("expiry.taken_over grace=one-ttl count=%d", self.registry.taken_over(now))
+        self._led = True
         due = self.registry.due(now)
+        if now >= self._dead_read_at:  # a revival whose signal this replica missed
+            self._dead_read_at = now + DEAD_RECHECK_SECONDS
+            due += self.registry.dead_with_ttl()
         if due:
             try:
                 async with asyncio.timeout(self._signal_timeout):

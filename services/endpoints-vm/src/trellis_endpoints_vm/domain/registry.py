@@ -227,6 +227,29 @@ class EndpointRegistry:
                 granted += 1
         return granted, self._recompute(touched, now, revived)
 
+    def taken_over(self, now: float) -> int:
+        """The judgement moved to this replica: every workload with a TTL counted alive
+        stays alive one more TTL from ``now`` (a hold stays a hold). What moves a lease is
+        a Redis failover, and the replica that heard a workload's heartbeats meanwhile may
+        not have stored them yet; the time nobody judged is not held against it, as a new
+        Kubernetes node controller does not judge a node by its silence before it led.
+        Returns how many got the grace."""
+        granted = 0
+        for workload in self.workloads.values():
+            if workload.ttl is not None and self._alive.get(workload.id):
+                until = now + workload.ttl
+                self._grace[workload.id] = max(self._grace.get(workload.id, until), until)
+                granted += 1
+        return granted
+
+    def dead_with_ttl(self) -> list[str]:
+        """The workloads counted dead that a heartbeat would revive."""
+        return [
+            workload.id
+            for workload in self.workloads.values()
+            if workload.ttl is not None and self._alive.get(workload.id) is False
+        ]
+
     def grace_until(self, workload_id: str) -> float | None:
         """The end of a workload's grace (``inf`` while held), or ``None``."""
         return self._grace.get(workload_id)
