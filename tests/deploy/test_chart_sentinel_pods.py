@@ -143,6 +143,11 @@ class RedisPods:
         except RuntimeError:  # not up yet
             return ""
 
+    def log(self, n: int, container: str) -> str:
+        """What container ``container`` of pod ``n`` wrote, every start of it."""
+        path = self.root / f"pod-{n}" / f"{container}.log"
+        return path.read_text() if path.exists() else ""
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {path.parent.name}/{path.name}\n{path.read_text()[-1500:]}"
@@ -211,17 +216,34 @@ def test_the_sentinel_pods_replicate_fail_over_and_rejoin(redis_pods: RedisPods)
     new = int(promoted.split(".")[0].rsplit("-", 1)[1])
     assert pods.cli(new, "admin", 6379, "get", "trellis:test:record") == "kept"
 
-    pods.start(0, "redis")  # the old master asks the Sentinels: it comes back a replica
+    # the old master asks the Sentinels: it comes back a replica of the master of the
+    # newest configuration, though its own Sentinel, asked first, may not have heard of the
+    # failover yet (it would name pod 0 itself, which would start as a second master)
+    pods.start(0, "redis")
 
-    def rejoined() -> bool:
+    def started() -> list[str]:
+        log = pods.log(0, "redis").splitlines()
+        return [line for line in log if line.startswith("redis.start")]
+
+    wait_until(lambda: len(started()) == 2, 30, "the old master started again")
+    assert started()[-1] == f"redis.start self={host(0)} master={promoted}", pods.logs()
+
+    def rejoined() -> str | None:
+        """The master the Sentinels name now, once pod 0 is its connected replica. On a
+        loaded machine a second failover may follow the first (these Sentinels give a
+        master up after 1 s): pod 0 follows whichever master is the newest."""
         try:
             role = pods.cli(0, "admin", 6379, "role").split("\n")
         except RuntimeError:
-            return False
-        return role[:2] == ["slave", promoted] and "connected" in role
+            return None
+        current = pods.master(1)
+        return current if role[:2] == ["slave", current] and "connected" in role else None
 
-    # a full resync of the old master under a loaded CI machine took over 30 s once
-    wait_until(rejoined, 60, "the old master a replica of the new one")
+    try:
+        master = wait_until(rejoined, 60, "the old master a replica of the new one")
+    except AssertionError:
+        raise AssertionError(pods.logs()) from None
+    new = int(master.split(".")[0].rsplit("-", 1)[1])
     assert pods.cli(0, "admin", 6379, "get", "trellis:test:record") == "kept"
     wait_until(lambda: settled(pods, new), 60, "every Sentinel naming the new master")
 
@@ -229,3 +251,30 @@ def test_the_sentinel_pods_replicate_fail_over_and_rejoin(redis_pods: RedisPods)
     assert pods.pre_stop(0) == ""
     assert f"redis.handover self={host(new)}" in pods.pre_stop(new)
     assert pods.master(0) not in ("", host(new))
+
+
+def test_a_sentinel_that_missed_the_failover_makes_no_second_master(
+    redis_pods: RedisPods,
+) -> None:
+    """The old master's own Sentinel, asked first, names the old master (it monitors it
+    again, at epoch 0, as one that has not heard of the failover does): the restarted old
+    master follows the newest configuration, the other two Sentinels', and starts as a
+    replica, not as a second master."""
+    pods = redis_pods
+    wait_until(lambda: settled(pods, 0), 60, "pod 0 the master, known to every Sentinel")
+    pods.kill(0, "redis")
+    promoted = wait_until(
+        lambda: next((m for m in (pods.master(1), pods.master(2)) if m not in ("", host(0))), None),
+        30,
+        "a replica promoted",
+    )
+    wait_until(lambda: pods.master(0) == promoted, 30, "pod 0's Sentinel knowing it")
+    assert pods.sentinel(0, "remove", "trellis") == "OK"
+    assert pods.sentinel(0, "monitor", "trellis", host(0), "6379", "2") == "OK"
+    assert pods.master(0) == host(0)
+
+    pods.start(0, "redis")
+
+    wait_until(lambda: pods.log(0, "redis").count("redis.start") == 2, 30, "pod 0 started again")
+    starts = [line for line in pods.log(0, "redis").splitlines() if line.startswith("redis.start")]
+    assert starts[-1] == f"redis.start self={host(0)} master={promoted}", pods.logs()
