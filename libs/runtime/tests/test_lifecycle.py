@@ -8,7 +8,6 @@ import signal
 import weakref
 
 import pytest
-import uvloop
 
 from trellis_runtime import lifecycle
 from trellis_testing import eventually
@@ -108,23 +107,6 @@ def test_main_returns_0_for_a_service_that_finishes() -> None:
     assert ran == [False]
 
 
-@pytest.mark.parametrize(
-    ("event_loop", "loop_type"), [("uvloop", uvloop.Loop), ("asyncio", asyncio.BaseEventLoop)]
-)
-def test_main_runs_the_service_on_the_event_loop_asked_for(
-    event_loop: str, loop_type: type[asyncio.AbstractEventLoop]
-) -> None:
-    loops: list[asyncio.AbstractEventLoop] = []
-
-    async def service(stop: asyncio.Event) -> None:
-        loops.append(asyncio.get_running_loop())
-
-    assert lifecycle.main(service, event_loop) == 0
-    assert isinstance(loops[0], loop_type)
-    assert isinstance(loops[0], uvloop.Loop) is (event_loop == "uvloop")
-    assert loops[0].is_closed()
-
-
 def test_main_returns_1_for_a_service_that_raises(caplog: pytest.LogCaptureFixture) -> None:
     async def service(_: asyncio.Event) -> None:
         raise Boom("cannot start")
@@ -151,8 +133,7 @@ def test_main_returns_1_for_a_failing_component(caplog: pytest.LogCaptureFixture
     ]
 
 
-@pytest.mark.parametrize("event_loop", list(lifecycle.EVENT_LOOPS))
-def test_main_stops_the_service_on_sigterm(event_loop: str) -> None:
+def test_main_stops_the_service_on_sigterm() -> None:
     previous = signal.getsignal(signal.SIGTERM)
     seen: list[bool] = []
 
@@ -162,7 +143,7 @@ def test_main_stops_the_service_on_sigterm(event_loop: str) -> None:
         seen.append(stop.is_set())
 
     try:
-        assert lifecycle.main(service, event_loop) == 0
+        assert lifecycle.main(service) == 0
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert seen == [True]

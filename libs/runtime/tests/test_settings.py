@@ -18,8 +18,6 @@ ENV_NAMES = (
     "TRELLIS_STATE_DIR",
     "TRELLIS_LOG_FORMAT",
     "TRELLIS_LOG_LEVEL",
-    "TRELLIS_EVENT_LOOP",
-    "TRELLIS_X_EVENT_LOOP",
     "TRELLIS_ADMIN_TOKEN",
     "TRELLIS_INSTANCE",
     "TRELLIS_DEBUG_ENDPOINTS",
@@ -167,8 +165,7 @@ def test_every_field_is_a_flag() -> None:
     settings = flags(
         "--grpc-port", "5", "--admin-port", "6", "--bind-host", "0.0.0.0",
         "--state-dir", "/s", "--redis-url", "redis://flag:1/0", "--log-format", "json",
-        "--log-level", "DEBUG", "--event-loop", "asyncio",
-        "--admin-token", "t", "--admin-token-sha256", "ab" * 32,
+        "--log-level", "DEBUG", "--admin-token", "t", "--admin-token-sha256", "ab" * 32,
         "--instance", "x-9", "--metrics-port", "9090", "--metrics-host", "10.0.0.7",
         "--registry-ttl", "2.5", "--debug-endpoints", "--trust-bundle-file", "/b.pem",
         "--join-token-file", "/j", "--service-account-token-file", "/sa",
@@ -190,7 +187,6 @@ def test_every_field_is_a_flag() -> None:
         "redis_username": "u",
         "redis_password_file": Path("/p"),
         "redis_audit_interval": 3.0,
-        "event_loop": "asyncio",
         "log_format": "json",
         "log_level": "DEBUG",
         "admin_token": "t",
@@ -308,17 +304,6 @@ def test_the_log_level_is_checked_with_the_settings() -> None:
     assert flags("--log-level", "debug").log_level == "DEBUG"
     with pytest.raises(ValidationError, match="not a log level"):
         flags("--log-level", "loud")
-
-
-def test_the_event_loop_is_uvloop_unless_asyncio_is_asked_for(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert flags().event_loop == "uvloop"
-    monkeypatch.setenv("TRELLIS_EVENT_LOOP", "asyncio")
-    assert flags().event_loop == "asyncio"
-    assert flags("--event-loop", "uvloop").event_loop == "uvloop"
-    with pytest.raises(ValidationError, match="event_loop"):
-        flags("--event-loop", "trio")
 
 
 def test_debug_endpoints_are_a_mesh_wide_switch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -327,13 +327,12 @@ class PeerCertificates:
         self.by_client: dict[tuple[str, int], bytes | None] = {}
 
     def protocol(self) -> type[asyncio.Protocol]:
-        """uvicorn's HTTP/1.1 protocol (httptools' parser, as every admin server's), recording
-        each connection's client certificate."""
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        """uvicorn's HTTP/1.1 protocol, recording each connection's client certificate."""
+        from uvicorn.protocols.http.h11_impl import H11Protocol
 
         peers = self.by_client
 
-        class Recording(HttpToolsProtocol):
+        class Recording(H11Protocol):
             def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
                 super().connection_made(transport)
                 tls = transport.get_extra_info("ssl_object")
@@ -405,9 +404,8 @@ class AdminServer:
         return sock
 
     def config(self) -> uvicorn.Config:
-        """uvicorn's settings: httptools' HTTP/1.1 parser (C; h11's is Python), no access
-        log, no lifespan, and idle keep-alive connections kept :data:`KEEP_ALIVE_SECONDS`,
-        longer than clients keep theirs (see there)."""
+        """uvicorn's settings: no access log, no lifespan, and idle keep-alive connections
+        kept :data:`KEEP_ALIVE_SECONDS`, longer than clients keep theirs (see there)."""
         return uvicorn.Config(
             self._app,
             log_config=None,
@@ -416,7 +414,7 @@ class AdminServer:
             timeout_graceful_shutdown=3,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
             ssl_context_factory=None if self._ssl is None else self._context,
-            http=self._http or "httptools",
+            http=self._http or "auto",
         )
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -3,13 +3,6 @@
 Every long-running part of a service is ``async def run(stop)``. :func:`run_components`
 starts them together; when a signal arrives, or any component fails, ``stop`` is set and
 the others wind down. :func:`main` wraps that for a console script.
-
-A service's event loop is uvloop's (:data:`EVENT_LOOPS`): libuv's loop, with its TLS and
-its callbacks in C, where asyncio's own runs ``sslproto`` and every wake-up in Python. Each
-service's main thread is one event loop that spends its time on exactly that (reading a
-provider's watch, writing xDS to Envoys, taking REST calls over TLS), so the loop is part of
-every hop of a change. ``--event-loop asyncio`` (``TRELLIS_EVENT_LOOP``) runs Python's own
-instead: asyncio's debug mode (``PYTHONASYNCIODEBUG``) and tools that patch it need it.
 """
 
 from __future__ import annotations
@@ -20,8 +13,6 @@ import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-
-import uvloop
 
 from trellis_common.backoff import Backoff, RetryCallState, failure, retrying, start_over
 from trellis_runtime.health import Loops
@@ -136,16 +127,8 @@ def _on_signal(sig: signal.Signals, stop: asyncio.Event) -> None:
     stop.set()
 
 
-#: The event loops a service can run on: a factory of each (None: asyncio's default).
-EVENT_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop] | None] = {
-    "uvloop": uvloop.new_event_loop,
-    "asyncio": None,
-}
-
-
-def main(service: Callable[[asyncio.Event], Awaitable[None]], event_loop: str = "asyncio") -> int:
-    """Run ``service(stop)`` with signal handling on ``event_loop`` (a name of
-    :data:`EVENT_LOOPS`); returns a process exit code."""
+def main(service: Callable[[asyncio.Event], Awaitable[None]]) -> int:
+    """Run ``service(stop)`` with signal handling; returns a process exit code."""
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -153,8 +136,7 @@ def main(service: Callable[[asyncio.Event], Awaitable[None]], event_loop: str = 
         await service(stop)
 
     try:
-        with asyncio.Runner(loop_factory=EVENT_LOOPS[event_loop]) as running:
-            running.run(runner())
+        asyncio.run(runner())
     except BaseExceptionGroup as group:
         for exc in group.exceptions:
             log.error("service.failed error=%r", exc, exc_info=exc)

@@ -104,7 +104,7 @@ class Service(Generic[S]):
             return done.code if isinstance(done.code, int) else 2
         tlstap.TAP.install()  # before gRPC starts: its TLS refusals are written to stderr
         logs.configure(settings.log_format, settings.log_level, self.name)
-        return lifecycle.main(lambda stop: self.serve(settings, stop), settings.event_loop)
+        return lifecycle.main(lambda stop: self.serve(settings, stop))
 
     async def serve(self, settings: S, stop: asyncio.Event) -> None:
         """Connect, build and serve until ``stop``."""

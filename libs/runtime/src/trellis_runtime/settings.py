@@ -148,11 +148,6 @@ class ServiceSettings(BaseSettings):
     log_level: Annotated[str, SHARED, AfterValidator(_log_level)] = Field(
         default="INFO", description="DEBUG, INFO, WARNING..."
     )
-    event_loop: Annotated[Literal["uvloop", "asyncio"], SHARED] = Field(
-        default="uvloop",
-        description="the event loop: uvloop (libuv's, in C) or asyncio's own (its debug "
-        "mode, PYTHONASYNCIODEBUG, needs it)",
-    )
     admin_token: Annotated[str | None, SHARED] = Field(
         default=None,
         description="token of the admin API (unset: the one kept in the state directory)",
