@@ -152,6 +152,7 @@ async def test_a_stale_nonce_is_ignored_and_keeps_the_subscription(
     envoy = await ads.open()
     await envoy.send(node=t.node(), type_url=ENDPOINT, resource_names=["c0"])
     first = await envoy.recv()
+    await envoy.ack(first, ["c0"])
     cache.set_snapshot("mesh", t.mesh("2", ports=(9090,)))
     second = await envoy.recv()
     assert names_of(second) == ["c0"]
@@ -166,8 +167,35 @@ async def test_a_stale_nonce_is_ignored_and_keeps_the_subscription(
     await envoy.quiet()
     (stream,) = ads.servicer.registry
     assert stream.types[ENDPOINT].names == {"c0"}
+    await envoy.ack(second, ["c0"])
     cache.set_snapshot("mesh", t.mesh("3", ports=(9091,)))
     assert names_of(await envoy.recv()) == ["c0"]
+
+
+async def test_one_response_in_flight_per_type_and_its_answer_sends_the_newest(
+    ads: t.AdsHarness, cache: SnapshotCache
+) -> None:
+    cache.set_snapshot("mesh", t.mesh("1"))
+    envoy = await ads.open()
+    await envoy.send(node=t.node(), type_url=ENDPOINT, resource_names=["c0"])
+    first = await envoy.recv()
+    cache.set_snapshot("mesh", t.mesh("2", ports=(9090,)))
+    cache.set_snapshot("mesh", t.mesh("3", ports=(9091,)))
+    await envoy.quiet()  # the first is not answered yet: nothing more goes out
+
+    await envoy.ack(first, ["c0"])
+    newest = await envoy.recv()
+    assert newest.version_info == t.mesh("3", ports=(9091,)).version_of(ENDPOINT)
+    assert names_of(newest) == ["c0"]
+    await envoy.quiet()  # the version in between is never sent
+
+    cache.set_snapshot("mesh", t.mesh("4", ports=(9092,)))
+    await envoy.quiet()
+    await envoy.nack(newest, "bad endpoint", accepted=first.version_info, names=["c0"])
+    after_nack = await envoy.recv()  # a NACK answers the response in flight too
+    assert after_nack.version_info == t.mesh("4", ports=(9092,)).version_of(ENDPOINT)
+    await envoy.nack(after_nack, "still bad", accepted=first.version_info, names=["c0"])
+    await envoy.quiet()  # and the version it rejected is not sent again
 
 
 async def test_new_names_in_an_ack_are_answered(ads: t.AdsHarness, cache: SnapshotCache) -> None:
@@ -334,7 +362,7 @@ async def test_one_failing_stream_leaves_the_others_alone(
     cache.set_snapshot("mesh", t.mesh("1"))
     good = await ads.open()
     await good.send(node=t.node("good"), type_url=CLUSTER)
-    await good.recv()
+    await good.ack(await good.recv())
     bad = await ads.open()
     await bad.send(type_url=CLUSTER)  # no node
     assert await bad.status() == grpc.StatusCode.INVALID_ARGUMENT

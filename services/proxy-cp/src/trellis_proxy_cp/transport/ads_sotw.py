@@ -26,7 +26,11 @@ something; ``*`` subscribes to everything explicitly. EDS, RDS and SDS are alway
 
 On a snapshot change every type the proxy subscribes to whose per-type version differs from
 the version last sent is pushed, in :data:`~trellis_proxy_cp.types.ORDER` (CDS before EDS,
-LDS before RDS); a type the proxy never requested is never sent. Before the key has a
+LDS before RDS); a type the proxy never requested is never sent. One response is in flight
+per type, as go-control-plane's watches and Istio's flow control keep it: a type whose
+latest response the proxy has not answered yet waits, and its ACK or NACK sends the newest
+version then (a NACKed version is still never sent again), so a proxy under churn gets no
+more pushes than it takes in, and none of the versions it would only skip. Before the key has a
 snapshot requests are held and answered when it arrives.
 """
 
@@ -140,14 +144,15 @@ class SotwMachine:
         if not nonce or not state.nonce:
             answer = True
         elif request.HasField("error_detail"):
-            if not progress.answered:
+            held = not progress.answered
+            if held:
                 self._nack(type_url, state, request)
             progress.answered = True
-            answer = names_changed
+            answer = names_changed or (held and self._moved(type_url, state))
         elif not progress.answered:
             self._ack(type_url, state, request)
             progress.answered = True
-            answer = names_changed
+            answer = names_changed or self._moved(type_url, state)
         else:
             answer = True
         if answer:
@@ -170,11 +175,22 @@ class SotwMachine:
         for type_url in push_order(self._progress):
             state, progress = self._stream.types[type_url], self._progress[type_url]
             if progress.pending or (
-                (state.wildcard or state.names)
+                progress.answered  # one response in flight: its ACK or NACK sends the newest
+                and (state.wildcard or state.names)
                 and state.sent_version is not None
                 and state.sent_version != snapshot.version_of(type_url)
             ):
                 self._respond(type_url, state, progress, snapshot)
+
+    def _moved(self, type_url: TypeUrl, state: TypeState) -> bool:
+        """Whether the snapshot moved past the type's latest response while it was in
+        flight (held back until the proxy answered it)."""
+        snapshot = self._source.get(self._stream.key)
+        return (
+            snapshot is not None
+            and (state.wildcard or bool(state.names))
+            and state.sent_version != snapshot.version_of(type_url)
+        )
 
     def _subscription(self, type_url: TypeUrl, progress: _Progress, request: Any) -> Subscription:
         names = SHARED(frozenset(request.resource_names))
