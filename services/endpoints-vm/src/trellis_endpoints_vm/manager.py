@@ -126,7 +126,7 @@ class EndpointsManager:
         #: registrations and deregistrations, committed in groups (one store write each)
         self.commits: GroupCommit[Call, Workload | None] = GroupCommit(self._commit)
         self.ready = asyncio.Event()
-        self.bind_gauges()
+        metrics.bind(self.registry, self.keeper, clock)
 
     async def start(self) -> None:
         """Load the stored registrations (nothing pushed: a watch starts with every
@@ -445,21 +445,3 @@ class EndpointsManager:
     async def signalled(self) -> None:
         """Wait until every signal sent so far has been published or kept."""
         await self._signals.sent()
-
-    def bind_gauges(self) -> None:
-        """Gauges computed when scraped, so changes pay nothing for them."""
-
-        def alive() -> int:
-            now = self._clock()
-            return sum(1 for w in self.registry.workloads.values() if self.registry.counted(w, now))
-
-        self._metrics.workloads.labels("alive").set_function(alive)
-        self._metrics.workloads.labels("expired").set_function(
-            lambda: len(self.registry.workloads) - alive()
-        )
-        self._metrics.services.set_function(lambda: len(self.registry.views))
-        self._metrics.endpoints.set_function(
-            lambda: sum(len(v.endpoints) for v in self.registry.views.values())
-        )
-        self._metrics.store_pending.set_function(lambda: len(self.keeper.pending))
-        self._metrics.store_available.set_function(lambda: 1 if self.keeper.available else 0)

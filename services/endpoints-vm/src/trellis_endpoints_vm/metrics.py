@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry
 
+from trellis_endpoints_vm.domain.registry import EndpointRegistry
+from trellis_endpoints_vm.keeper import StoreKeeper
 from trellis_runtime.metrics import MetricFactory
 
 
@@ -51,3 +55,20 @@ class EndpointMetrics:
             "Registrations and deregistrations refused (503) because Redis was unavailable",
             "operation",
         )
+
+    def bind(
+        self, registry: EndpointRegistry, keeper: StoreKeeper, clock: Callable[[], float]
+    ) -> None:
+        """The gauges of ``registry`` and ``keeper``, computed when scraped, so changes pay
+        nothing for them."""
+
+        def alive() -> int:
+            now = clock()
+            return sum(1 for w in registry.workloads.values() if registry.counted(w, now))
+
+        self.workloads.labels("alive").set_function(alive)
+        self.workloads.labels("expired").set_function(lambda: len(registry.workloads) - alive())
+        self.services.set_function(lambda: len(registry.views))
+        self.endpoints.set_function(lambda: sum(len(v.endpoints) for v in registry.views.values()))
+        self.store_pending.set_function(lambda: len(keeper.pending))
+        self.store_available.set_function(lambda: 1 if keeper.available else 0)
