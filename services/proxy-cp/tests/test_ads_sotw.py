@@ -145,13 +145,18 @@ async def test_nack_is_recorded_and_the_rejected_version_not_resent(
     assert (state.acked_version, state.last_error) == (fixed.version_of(CLUSTER), None)
 
 
-async def test_a_stale_nonce_is_ignored_and_keeps_the_subscription(
-    ads: t.AdsHarness, cache: SnapshotCache
-) -> None:
+async def eds_of_c0(ads: t.AdsHarness, cache: SnapshotCache) -> tuple[t.AdsClient, Any]:
+    """A proxy of the mesh at version 1 asking for EDS of ``c0``, and its first answer."""
     cache.set_snapshot("mesh", t.mesh("1"))
     envoy = await ads.open()
     await envoy.send(node=t.node(), type_url=ENDPOINT, resource_names=["c0"])
-    first = await envoy.recv()
+    return envoy, await envoy.recv()
+
+
+async def test_a_stale_nonce_is_ignored_and_keeps_the_subscription(
+    ads: t.AdsHarness, cache: SnapshotCache
+) -> None:
+    envoy, first = await eds_of_c0(ads, cache)
     await envoy.ack(first, ["c0"])
     cache.set_snapshot("mesh", t.mesh("2", ports=(9090,)))
     second = await envoy.recv()
@@ -175,10 +180,7 @@ async def test_a_stale_nonce_is_ignored_and_keeps_the_subscription(
 async def test_one_response_in_flight_per_type_and_its_answer_sends_the_newest(
     ads: t.AdsHarness, cache: SnapshotCache
 ) -> None:
-    cache.set_snapshot("mesh", t.mesh("1"))
-    envoy = await ads.open()
-    await envoy.send(node=t.node(), type_url=ENDPOINT, resource_names=["c0"])
-    first = await envoy.recv()
+    envoy, first = await eds_of_c0(ads, cache)
     cache.set_snapshot("mesh", t.mesh("2", ports=(9090,)))
     cache.set_snapshot("mesh", t.mesh("3", ports=(9091,)))
     await envoy.quiet()  # the first is not answered yet: nothing more goes out

@@ -30,8 +30,8 @@ LDS before RDS); a type the proxy never requested is never sent. One response is
 per type, as go-control-plane's watches and Istio's flow control keep it: a type whose
 latest response the proxy has not answered yet waits, and its ACK or NACK sends the newest
 version then (a NACKed version is still never sent again), so a proxy under churn gets no
-more pushes than it takes in, and none of the versions it would only skip. Before the key has a
-snapshot requests are held and answered when it arrives.
+more pushes than it takes in, and none of the versions it would only skip. Before the key
+has a snapshot requests are held and answered when it arrives.
 """
 
 from __future__ import annotations
@@ -110,6 +110,16 @@ class _Progress:
     """The proxy named resources once: an empty list no longer means wildcard."""
 
 
+def _behind(type_url: TypeUrl, state: TypeState, snapshot: Snapshot) -> bool:
+    """Whether a type the proxy subscribes to was last sent at another version than the
+    snapshot's."""
+    return (
+        bool(state.wildcard or state.names)
+        and state.sent_version is not None
+        and state.sent_version != snapshot.version_of(type_url)
+    )
+
+
 class SotwMachine:
     """The state of the world protocol for one stream (see the module docstring)."""
 
@@ -174,23 +184,15 @@ class SotwMachine:
             return
         for type_url in push_order(self._progress):
             state, progress = self._stream.types[type_url], self._progress[type_url]
-            if progress.pending or (
-                progress.answered  # one response in flight: its ACK or NACK sends the newest
-                and (state.wildcard or state.names)
-                and state.sent_version is not None
-                and state.sent_version != snapshot.version_of(type_url)
-            ):
+            # one response in flight: the proxy's ACK or NACK sends the newest (on_request)
+            if progress.pending or (progress.answered and _behind(type_url, state, snapshot)):
                 self._respond(type_url, state, progress, snapshot)
 
     def _moved(self, type_url: TypeUrl, state: TypeState) -> bool:
         """Whether the snapshot moved past the type's latest response while it was in
         flight (held back until the proxy answered it)."""
         snapshot = self._source.get(self._stream.key)
-        return (
-            snapshot is not None
-            and (state.wildcard or bool(state.names))
-            and state.sent_version != snapshot.version_of(type_url)
-        )
+        return snapshot is not None and _behind(type_url, state, snapshot)
 
     def _subscription(self, type_url: TypeUrl, progress: _Progress, request: Any) -> Subscription:
         names = SHARED(frozenset(request.resource_names))
