@@ -130,6 +130,7 @@ async def build(runtime: ServiceRuntime, settings: EndpointsVmSettings) -> Parts
         notify=notify,
         leading=lambda: leadership.leading,
         alone=peers.alone,
+        reap_after=settings.reap_after,
     )
     metrics.replicas.set_function(lambda: len(peers.others))
     await manager.start()

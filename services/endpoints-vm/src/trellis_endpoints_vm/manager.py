@@ -77,6 +77,9 @@ REJECTION_SOURCE = "redis"
 #: How often the leader reads back the heartbeats of the workloads it counts dead: a
 #: revival heard by another replica whose signal was lost reaches it from the store.
 DEAD_RECHECK_SECONDS = 2.0
+#: How long a workload with a TTL may stay expired before the leader deregisters it (the
+#: ``reap_after`` setting's default; 0: never).
+REAP_AFTER_SECONDS = 3600.0
 
 __all__ = ["MIRROR", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
 
@@ -94,6 +97,7 @@ class EndpointsManager:
         notify: Signal | None = None,
         leading: Callable[[], bool] = lambda: True,
         alone: Callable[[], bool] = lambda: False,
+        reap_after: float = REAP_AFTER_SECONDS,
     ) -> None:
         self._store = store
         self._signals = Signals(notify, store_timeout, alone, metrics.signals_skipped.inc)
@@ -106,6 +110,7 @@ class EndpointsManager:
         self._judgement_held = False  # expiry postponed: the store could not say who beat
         self._led: bool | None = None  # whether the last expiry sweep led (None: none yet)
         self._dead_read_at = 0.0  # when the heartbeats of the dead are read back next
+        self._reap_after = reap_after
         self.keeper = StoreKeeper(
             store,
             self.registry.workloads.get,
@@ -307,7 +312,9 @@ class EndpointsManager:
         flush them once they reach the store themselves, which may be after this replica does.
         A replica that takes the judgement over from another gives every workload one TTL
         first, for the same reason; and every :data:`DEAD_RECHECK_SECONDS` the leader reads
-        back the dead ones' heartbeats too, so that no lost signal keeps one dead.
+        back the dead ones' heartbeats too, so that no lost signal keeps one dead. Right
+        after that read, those dead for ``reap_after`` seconds are deregistered
+        (:meth:`_reap`).
         """
         if not self._leading():
             self._led = False
@@ -317,7 +324,8 @@ class EndpointsManager:
             log.info("expiry.taken_over grace=one-ttl count=%d", self.registry.taken_over(now))
         self._led = True
         due = self.registry.due(now)
-        if now >= self._dead_read_at:  # a revival whose signal this replica missed
+        dead_read = now >= self._dead_read_at
+        if dead_read:  # a revival whose signal this replica missed
             self._dead_read_at = now + DEAD_RECHECK_SECONDS
             due += self.registry.dead_with_ttl()
         if due:
@@ -345,9 +353,43 @@ class EndpointsManager:
             revived = sorted(dead - self.registry.dead() - set(expired))
             self._metrics.expirations.inc(len(expired))
             changed = self._count(changes)
+            reaped, moved = await self._reap(self._clock()) if dead_read else ([], 0)
         verdicts = [(EXPIRED, i) for i in expired] + [(REVIVED, i) for i in revived]
-        await self._send(verdicts)
-        return changed
+        await self._send(verdicts + [(CHANGED, i) for i in reaped])
+        return changed + moved
+
+    async def _reap(self, now: float) -> tuple[list[str], int]:
+        """Deregister (under the lock) the workloads expired for ``reap_after`` seconds or
+        more, their stored heartbeats just read back: stored first, with a tombstone, so the
+        other replicas drop them as any deregistration, then taken out of memory. A store
+        that refuses leaves them for the next sweep. A reaped workload's agent gets 404 for
+        its heartbeats, and registers again. Returns the ids reaped and the views changed."""
+        if self._reap_after <= 0:
+            return [], 0
+        ids = [
+            i
+            for i in self.registry.reapable(now, self._reap_after)
+            if i not in self.keeper.rewrites
+        ]
+        if not ids:
+            return [], 0
+        try:
+            await self.keeper.write([], ids)
+        except StoreUnavailable:
+            log.warning("workloads.reap_postponed count=%d reason=store-unavailable", len(ids))
+            return [], 0
+        moved = 0
+        for workload_id in ids:
+            workload = self.registry.workloads[workload_id]
+            moved += self._count(self.registry.remove(workload_id, now))
+            log.warning(
+                "workload.reaped workload=%s expired_for_s=%.0f reap_after_s=%g",
+                workload_id,
+                now - (workload.expires_at or now),
+                self._reap_after,
+            )
+        self._metrics.reaped.inc(len(ids))
+        return ids, moved
 
     # -- the other replicas' changes ------------------------------------------------------
 

@@ -23,6 +23,10 @@ class EndpointMetrics:
         self.expirations = make.counter(
             "expirations", "Workloads taken out after missing heartbeats"
         )
+        self.reaped = make.counter(
+            "reaped",
+            "Workloads deregistered by the leader after staying expired for reap_after",
+        )
         self.changes = make.counter(
             "service_changes",
             "Service views changed (each one pushed to the catalog's watches)",

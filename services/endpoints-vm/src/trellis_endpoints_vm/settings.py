@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from trellis_endpoints_vm.manager import REAP_AFTER_SECONDS
 from trellis_runtime.settings import (
     Ports,
     SpecDirSettings,
@@ -28,6 +29,12 @@ class EndpointsVmSettings(SpecDirSettings):
     admin_port: int = admin_port(Ports.ENDPOINTS_VM[1])
     expiry_interval: float = Field(
         0.5, gt=0, description="seconds between sweeps for registrations past their TTL"
+    )
+    reap_after: float = Field(
+        REAP_AFTER_SECONDS,
+        ge=0,
+        description="seconds a workload with a TTL may stay expired before the leader "
+        "deregisters it (its agent must register again); 0: never",
     )
     store_timeout: float = Field(
         2.0, gt=0, description="longest a REST call waits on a Redis write before it fails (s)"

@@ -250,6 +250,19 @@ class EndpointRegistry:
             if workload.ttl is not None and self._alive.get(workload.id) is False
         ]
 
+    def reapable(self, now: float, after: float) -> list[str]:
+        """The workloads counted dead whose TTL ran out ``after`` seconds or more before
+        ``now`` (and that no grace covers): what :meth:`remove` takes for good once they
+        have been dead that long, as Consul's ``deregister_critical_service_after`` does."""
+        return [
+            workload.id
+            for workload in self.workloads.values()
+            if workload.ttl is not None
+            and self._alive.get(workload.id) is False
+            and workload.id not in self._grace
+            and workload.last_heartbeat + workload.ttl + after <= now
+        ]
+
     def grace_until(self, workload_id: str) -> float | None:
         """The end of a workload's grace (``inf`` while held), or ``None``."""
         return self._grace.get(workload_id)
