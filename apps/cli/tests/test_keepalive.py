@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from trellis_cli import keepalive
-from trellis_cli.errors import CliError
+from trellis_cli import errors, keepalive
+from trellis_cli.errors import CliError, NotFound
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -119,3 +119,22 @@ def test_the_loop_backs_off_while_failing_and_resumes(capsys: pytest.CaptureFixt
     assert "(2 in a row)" in captured.err
     assert "heartbeats resumed after 2 failed" not in captured.err  # --json: lines only
     assert captured.out.splitlines() == ['{"expires_at": 1.0}'] * 2
+
+
+def test_the_loop_stops_at_a_404_the_workload_is_not_registered_any_more() -> None:
+    """Deregistered, or reaped after it stayed expired (``reap_after``): no retry brings it
+    back, so the agent stops with the 404 (exit 1) instead of retrying for ever."""
+    stop = threading.Event()
+    calls: list[int] = []
+
+    def beat() -> dict[str, object]:
+        calls.append(1)
+        if len(calls) > 1:
+            stop.set()  # a loop that retried would get here
+        raise errors.for_status("endpoints-vm", 404, "no workload 'shop/vm-1' is registered")
+
+    with pytest.raises(NotFound) as raised:
+        keepalive.beat_until(stop, 0.01, beat)
+    assert raised.value.exit_code == errors.NEGATIVE
+    assert "404" in str(raised.value.message)
+    assert calls == [1]

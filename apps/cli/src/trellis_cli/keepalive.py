@@ -97,8 +97,11 @@ def beat_until(
     *,
     as_json: bool = False,
 ) -> int:
-    """Call ``beat`` every ``interval`` seconds until ``stop``; a failure is reported and
-    retried with backoff. Returns the number of heartbeats that were answered."""
+    """Call ``beat`` every ``interval`` seconds until ``stop``; a failure (no answer: a
+    :class:`CliError`) is reported and retried with backoff, while a negative answer (a
+    :class:`~trellis_cli.errors.NotFound`: the workload is not registered any more,
+    deregistered or reaped) ends the loop, as no retry can change it. Returns the number
+    of heartbeats that were answered."""
     answered, failures = 0, 0
     while not stop.is_set():
         try:
