@@ -322,3 +322,22 @@ async def test_subscribers_are_called_soon_after_their_key_moves_and_not_after_t
     await asyncio.sleep(0)
     assert sorted(calls) == ["a1", "a2", "a2"]
     assert cache.subscribed("a") == 1
+
+
+async def test_a_change_wakes_a_keys_streams_in_the_order_they_subscribed() -> None:
+    """First connected, first served, the same order at every change (a set's order
+    follows the callbacks' hashes): with many streams on one key, none is always last by
+    chance. One that leaves and comes back joins the end."""
+    cache = SnapshotCache()
+    calls: list[int] = []
+    stops = [cache.subscribe("a", lambda i=i: calls.append(i)) for i in range(200)]
+    cache.set_snapshot("a", t.snapshot("1"))
+    await asyncio.sleep(0)
+    assert calls == list(range(200))
+
+    stops[0]()
+    cache.subscribe("a", lambda: calls.append(0))
+    calls.clear()
+    cache.set_snapshot("a", t.snapshot("2"))
+    await asyncio.sleep(0)
+    assert calls == [*range(1, 200), 0]

@@ -61,7 +61,9 @@ class SnapshotCache:
     def __init__(self) -> None:
         self._snapshots: dict[str, Snapshot] = {}
         self._events: dict[str, asyncio.Event] = {}
-        self._subscribers: dict[str, set[Callable[[], None]]] = {}
+        #: each key's streams in the order they subscribed (a dict as an ordered set): a
+        #: change wakes the longest-connected first, the same order every time
+        self._subscribers: dict[str, dict[Callable[[], None], None]] = {}
 
     def set_snapshot(self, key: str, snapshot: Snapshot, *, checked: bool = False) -> None:
         """Replace the key's snapshot and wake its streams; refuse an inconsistent one.
@@ -105,12 +107,12 @@ class SnapshotCache:
             await event.wait()
 
     def subscribe(self, key: str, callback: Callable[[], None]) -> Callable[[], None]:
-        self._subscribers.setdefault(key, set()).add(callback)
+        self._subscribers.setdefault(key, {})[callback] = None
 
         def stop() -> None:
             subscribers = self._subscribers.get(key)
             if subscribers is not None:
-                subscribers.discard(callback)
+                subscribers.pop(callback, None)
                 if not subscribers:
                     del self._subscribers[key]
 
