@@ -171,6 +171,9 @@ def test_a_proxy_under_another_account_does_not_take_its_service_with_it(
     [shown] = [r for r in catalog.health.rejections.items() if r.source == "proxy-account"]
     assert shown.key == "bookthief/bookthief"
     assert "bookbuyer (refused by peers)" in shown.reason
+    catalog.expect_proxy(PROXY.format(5, "bookbuyer", "bookbuyer"))  # another one onboards
+    [again] = [r for r in catalog.health.rejections.items() if r.source == "proxy-account"]
+    assert again.count == 1  # reported once, not again at every other proxy's onboarding
     # `trellis spec list` shows it as a warning on the Service
     [listed] = catalog.account_conflicts()
     assert (listed.kind, listed.namespace, listed.name) == ("Service", "bookthief", "bookthief")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trellis_catalog.domain.index.proxies import Proxies, ProxyRecord, UnknownProxy
 from trellis_catalog.domain.model.views import Identity
@@ -139,3 +141,51 @@ def test_a_disconnected_proxy_whose_certificate_expired_is_pruned() -> None:
     assert seen.changed == changed + 1
     assert proxies.prune() == 0
     assert seen.changed == changed + 1  # nothing gone, nothing changed
+
+
+# what any sequence of changes leaves, computed from scratch from the records: the
+# registry keeps it incrementally (a proxy's onboarding reads its own identity only)
+OPERATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["expect", "register", "unregister", "expect_only", "prune"]),
+        st.integers(1, 6),  # the proxy
+        st.sampled_from(["api", "web"]),  # its service
+        st.sampled_from(["", "a", "b", "c"]),  # the account it asks for ("": keep)
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPERATIONS)
+def test_accounts_and_conflicts_match_the_records_after_any_changes(
+    operations: list[tuple[str, int, str, str]],
+) -> None:
+    proxies = Recorder().proxies()
+    for operation, n, service, account in operations:
+        name = cn(n, service)
+        if operation == "expect":
+            proxies.expect(name, account)
+        elif operation == "register":
+            proxies.register(name)
+        elif operation == "unregister" and name in proxies:
+            proxies.unregister(name)
+        elif operation == "expect_only":
+            proxies.expect_only([r for r in proxies if r != name])
+        elif operation == "prune":
+            proxies.prune()
+        by_identity: dict[Identity, list[ProxyRecord]] = {}
+        for record in proxies.values():
+            by_identity.setdefault(record.identity, []).append(record)
+        established = {
+            identity: min(records, key=lambda r: r.seq).service_account
+            for identity, records in by_identity.items()
+        }
+        assert proxies.accounts() == established
+        others = {
+            identity: tuple(sorted({r.service_account for r in records} - {established[identity]}))
+            for identity, records in by_identity.items()
+        }
+        assert proxies.conflicts() == {
+            identity: (established[identity], extra) for identity, extra in others.items() if extra
+        }

@@ -117,6 +117,8 @@ class Catalog:
         self._moved = asyncio.Event()  # rung, and replaced, by each flush that moved a resource
         self.last_flush_seconds = 0.0
         self.certs_wanted = asyncio.Event()
+        #: the account conflicts last reported (``_report_conflicts``)
+        self._conflicts: dict[Identity, tuple[str, tuple[str, ...]]] = {}
 
     # -- the parts' state, read-only -------------------------------------------------
 
@@ -248,7 +250,13 @@ class Catalog:
 
     def _report_conflicts(self) -> None:
         """A service whose proxies run under several accounts is shown in ``/v1/status``
-        (source ``proxy-account``) and ``trellis spec list`` until they agree again."""
+        (source ``proxy-account``) and ``trellis spec list`` until they agree again.
+        Reported when they change: each is rejected (logged, counted) once, not again at
+        every other proxy's onboarding."""
+        now = self.proxies.conflicts()
+        if now == self._conflicts:
+            return
+        self._conflicts = now
         conflicts = self.account_conflicts()
         rejections = self.health.rejections
         for status in conflicts:

@@ -67,7 +67,12 @@ class Proxies(Mapping[str, ProxyRecord]):
         self._records: dict[str, ProxyRecord] = {}
         self._seq = 0
         self._accounts: dict[Identity, str] = {}  # the established: the earliest proxy's
+        #: each identity's proxies in onboarding order (``seq``): the first is the earliest
         self._by_identity: dict[Identity, dict[str, ProxyRecord]] = {}
+        #: how many of each identity's proxies run under each account
+        self._counts: dict[Identity, dict[str, int]] = {}
+        #: the identities whose proxies run under more than one account
+        self._mixed: set[Identity] = set()
 
     # -- the mapping -------------------------------------------------------------------
 
@@ -115,16 +120,20 @@ class Proxies(Mapping[str, ProxyRecord]):
             if not r.connected and (not r.expected or (r.not_after and r.not_after < now))
         ]
         for record in gone:
-            del self._records[record.common_name]
-            same = self._by_identity[record.identity]
-            del same[record.common_name]
-            if not same:
-                del self._by_identity[record.identity]
-            self._establish(record.identity)
-            log.debug("proxy.pruned proxy=%s", record.common_name)
+            self._forget(record)
         if gone:
             self._changed()
         return len(gone)
+
+    def _forget(self, record: ProxyRecord) -> None:
+        del self._records[record.common_name]
+        same = self._by_identity[record.identity]
+        del same[record.common_name]
+        if not same:
+            del self._by_identity[record.identity]
+        self._count(record.identity, record.service_account, -1)
+        self._establish(record.identity)
+        log.debug("proxy.pruned proxy=%s", record.common_name)
 
     def register(self, common_name: str, proxy_cp: str = "", address: str = "") -> ProxyRecord:
         """The proxy connected to ``proxy_cp`` (from ``address``, when known)."""
@@ -152,12 +161,24 @@ class Proxies(Mapping[str, ProxyRecord]):
         """Identities whose proxies run under more than one account: (the established
         account, the others)."""
         found = {}
-        for identity, same in self._by_identity.items():
+        for identity in self._mixed:
             established = self._accounts[identity]
-            others = {r.service_account for r in same.values()} - {established}
-            if others:
-                found[identity] = (established, tuple(sorted(others)))
+            others = tuple(sorted(a for a in self._counts[identity] if a != established))
+            found[identity] = (established, others)
         return found
+
+    def _count(self, identity: Identity, account: str, by: int) -> None:
+        """``by`` more (or fewer) of ``identity``'s proxies run under ``account``."""
+        counts = self._counts.setdefault(identity, {})
+        counts[account] = counts.get(account, 0) + by
+        if not counts[account]:
+            del counts[account]
+        if len(counts) > 1:
+            self._mixed.add(identity)
+        else:
+            self._mixed.discard(identity)
+            if not counts:
+                del self._counts[identity]
 
     def _warn_conflict(self, record: ProxyRecord) -> None:
         established = self._accounts[record.identity]
@@ -177,7 +198,7 @@ class Proxies(Mapping[str, ProxyRecord]):
         if not same:
             self._accounts.pop(identity, None)
             return
-        self._accounts[identity] = min(same.values(), key=lambda r: r.seq).service_account
+        self._accounts[identity] = next(iter(same.values())).service_account  # the earliest
 
     def identities(self) -> set[Identity]:
         return set(self._by_identity)
@@ -202,11 +223,14 @@ class Proxies(Mapping[str, ProxyRecord]):
             )
             same = self._by_identity.setdefault(identity, {})
             same[common_name] = record
+            self._count(identity, record.service_account, 1)
             self._establish(identity)
             self._warn_conflict(record)
             self._changed()
             self._onboarded(record)
         elif service_account and service_account != record.service_account:
+            self._count(identity, record.service_account, -1)
+            self._count(identity, service_account, 1)
             record.service_account = service_account
             self._establish(identity)
             self._warn_conflict(record)

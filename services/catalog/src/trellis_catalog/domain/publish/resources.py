@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 POLICY, SLICE, DESTINATION = "policy", "slice", "destination"
-STEP = 500  # identities or slices between two steps
+STEP = 50  # identities or slices between two steps (a policy digest: about 0.05 ms)
 
 
 def policy_name(identity: Identity | str) -> str:
