@@ -132,3 +132,5 @@ _.format_commands
 # protobuf fields set on an HttpConnectionManager (translate.common.normalized)
 _.merge_slashes
 _.path_with_escaped_slashes_action
+# logging reads it for every record (trellis_common.logs.configure sets it to None)
+_._srcfile

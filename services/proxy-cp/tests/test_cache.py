@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 from envoy.config.endpoint.v3 import endpoint_pb2
@@ -330,7 +331,7 @@ async def test_a_change_wakes_a_keys_streams_in_the_order_they_subscribed() -> N
     chance. One that leaves and comes back joins the end."""
     cache = SnapshotCache()
     calls: list[int] = []
-    stops = [cache.subscribe("a", lambda i=i: calls.append(i)) for i in range(200)]
+    stops = [cache.subscribe("a", functools.partial(calls.append, i)) for i in range(200)]
     cache.set_snapshot("a", t.snapshot("1"))
     await asyncio.sleep(0)
     assert calls == list(range(200))

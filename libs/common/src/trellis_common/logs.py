@@ -174,6 +174,11 @@ def configure(fmt: Literal["kv", "json"] = "kv", level: str = "INFO", service: s
             old.close()
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # No format of ours names where a line was logged (file, line, function), so the
+    # logger need not find its caller: that walk costs a stack inspection per line, and
+    # keeps the frame object of every coroutine that ever logged (each xDS stream's)
+    # alive for as long as it runs (the Logging HOWTO's "Optimization" section).
+    logging._srcfile = None
     # grpc/uvicorn/httpx are chatty at INFO; their warnings still come through.
     for noisy in ("uvicorn.access", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -109,6 +109,7 @@ class ProxyControlPlane:
             if group is None:
                 group = self.groups[key] = Group(key, identity, service_account, settings)
                 self._keys_of.setdefault(identity, set()).add(key)
+            key = group.key  # the group's one string, not this call's copy, is kept below
             group.proxies.add(proxy)
             self._attached[proxy, key] += 1
             self._streams[proxy] += 1

@@ -16,3 +16,11 @@ SECRET = TypeUrl(_PREFIX + "envoy.extensions.transport_sockets.tls.v3.Secret")
 # The order Envoy needs things in: clusters before their endpoints, listeners before routes.
 ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET)
 SHORT = {CLUSTER: "cds", ENDPOINT: "eds", LISTENER: "lds", ROUTE: "rds", SECRET: "sds"}
+_KNOWN: dict[str, TypeUrl] = {url: url for url in ORDER}
+
+
+def type_url(text: str) -> TypeUrl:
+    """A request's type URL as the shared constant when it is one of ours: every request
+    parses a fresh string, and a stream keeps the one it was last asked for per type
+    (thousands of streams: kilobytes each)."""
+    return _KNOWN.get(text) or TypeUrl(text)

@@ -50,6 +50,7 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.references import eds_service_name
 from trellis_proxy_cp.cache.snapshot import Snapshot, push_order
 from trellis_proxy_cp.cache.store import SnapshotSource
@@ -103,7 +104,7 @@ class DeltaMachine:
         self._nonces = itertools.count(1)
 
     def on_request(self, request: Any) -> None:
-        type_url = TypeUrl(request.type_url)
+        type_url = types.type_url(request.type_url)
         first = type_url not in self._held
         state = self._stream.state(type_url)
         held = self._held.setdefault(type_url, _Held())

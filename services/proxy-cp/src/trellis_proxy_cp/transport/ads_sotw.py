@@ -44,6 +44,7 @@ from typing import Any
 
 import grpc
 
+from trellis_proxy_cp import types
 from trellis_proxy_cp.cache.snapshot import Snapshot, push_order, with_nonce
 from trellis_proxy_cp.cache.store import SnapshotSource
 from trellis_proxy_cp.transport.streamhooks import StreamHooks
@@ -136,7 +137,7 @@ class SotwMachine:
         self._nonces = itertools.count(1)
 
     def on_request(self, request: Any) -> None:
-        type_url = TypeUrl(request.type_url)
+        type_url = types.type_url(request.type_url)
         state = self._stream.state(type_url)
         progress = self._progress.setdefault(type_url, _Progress())
         nonce = request.response_nonce
@@ -224,7 +225,9 @@ class SotwMachine:
         self._send(Outgoing(with_nonce(response, nonce), type_url, version))
 
     def _ack(self, type_url: TypeUrl, state: TypeState, request: Any) -> None:
-        state.acked_version = request.version_info
+        acked = request.version_info
+        # the version sent, when it is the one ACKed: one string per version, not per stream
+        state.acked_version = state.sent_version if acked == state.sent_version else acked
         state.last_error = None
         log.debug(
             "ads.ack proxy=%s type=%s version=%s",
