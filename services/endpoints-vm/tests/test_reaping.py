@@ -88,6 +88,21 @@ async def manager_on(
     return manager
 
 
+async def expired_one(
+    store: InMemoryWorkloadStore,
+    clock: Clock,
+    metrics: EndpointMetrics,
+    make_workload: MakeWorkload,
+    reap_after: float = REAP_AFTER,
+) -> EndpointsManager:
+    """A leader with workload shop/vm-1 registered at NOW and expired at NOW + TTL."""
+    manager = await manager_on(store, clock, metrics, reap_after=reap_after)
+    await manager.register(make_workload(ttl=TTL))
+    await sweep_at(manager, clock, NOW + TTL)
+    assert manager.workloads()[0][1] is False
+    return manager
+
+
 async def sweep_at(manager: EndpointsManager, clock: Clock, at: float) -> int:
     """One expiry sweep at ``at``, on which the leader reads the dead ones' heartbeats."""
     clock.now = at
@@ -144,11 +159,7 @@ async def test_a_workload_expired_for_reap_after_is_deregistered_for_good(
 async def test_a_heartbeat_another_replica_stored_saves_it_from_the_reap(
     shared: Refusing, clock: Clock, metrics: EndpointMetrics, make_workload: MakeWorkload
 ) -> None:
-    manager = await manager_on(shared, clock, metrics)
-    await manager.register(make_workload(ttl=TTL))
-    await sweep_at(manager, clock, NOW + TTL)
-    assert manager.workloads()[0][1] is False
-
+    manager = await expired_one(shared, clock, metrics, make_workload)
     # another replica heard it just now and stored it; its signal never arrived
     reap_at = NOW + TTL + REAP_AFTER
     shared.heartbeat_times["shop/vm-1"] = reap_at - 1
@@ -160,10 +171,7 @@ async def test_a_heartbeat_another_replica_stored_saves_it_from_the_reap(
 async def test_a_store_that_refuses_the_deregistration_keeps_it_until_it_takes_it(
     shared: Refusing, clock: Clock, metrics: EndpointMetrics, make_workload: MakeWorkload
 ) -> None:
-    manager = await manager_on(shared, clock, metrics)
-    await manager.register(make_workload(ttl=TTL))
-    await sweep_at(manager, clock, NOW + TTL)
-
+    manager = await expired_one(shared, clock, metrics, make_workload)
     shared.refuse_writes = True
     await sweep_at(manager, clock, NOW + TTL + REAP_AFTER)
     assert "shop/vm-1" in manager.registry.workloads  # memory as the store: still there
@@ -200,9 +208,7 @@ async def test_only_the_leader_reaps_and_the_others_drop_what_it_reaped(
 async def test_reap_after_zero_never_reaps(
     shared: Refusing, clock: Clock, metrics: EndpointMetrics, make_workload: MakeWorkload
 ) -> None:
-    manager = await manager_on(shared, clock, metrics, reap_after=0)
-    await manager.register(make_workload(ttl=TTL))
-    await sweep_at(manager, clock, NOW + TTL)
+    manager = await expired_one(shared, clock, metrics, make_workload, reap_after=0)
     await sweep_at(manager, clock, NOW + 1_000_000)
     assert "shop/vm-1" in manager.registry.workloads
     assert "shop/vm-1" in shared.workloads
