@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from trellis_catalog.domain.model.contentversion import cluster_version
 from trellis_catalog.domain.model.views import Identity
 from trellis_catalog.sources import kinds
 from trellis_common.specdir import load_paths
+from trellis_testing import eventually
 
 ROOT = Path(__file__).resolve().parents[3]
 BUYER = Identity("bookbuyer", "bookbuyer")
@@ -395,3 +397,23 @@ def test_a_route_group_that_only_a_split_matches_reaches_the_roots_callers(
     assert catalog.flush() is not None
     assert "/canary-2" in regexes()
     assert "/canary" not in regexes()
+
+
+async def test_the_proxy_sweep_forgets_a_disconnected_proxy_whose_certificate_expired(
+    catalog: Catalog,
+) -> None:
+    """A pod deleted a day ago: its proxy disconnected and stayed expected until its
+    certificate expired, and certmanager prunes that record without a signal."""
+    job = Identity("bookbuyer", "batch-job")
+    gone = PROXY.format(7, "batch-job", "bookbuyer")
+    catalog.expect_proxy(gone, "bookbuyer", not_after=time.time() + 0.05)
+    catalog.register_proxy(gone)
+    catalog.unregister_proxy(gone)  # still expected: kept until its certificate expires
+    assert job in catalog.identities_with_proxies()
+    stop = asyncio.Event()
+    sweep = asyncio.create_task(catalog.sweep_proxies(stop, interval=0.01))
+    await eventually(lambda: gone not in catalog.proxies)
+    stop.set()
+    await sweep
+    assert job not in catalog.identities_with_proxies()
+    assert PROXY.format(1, "bookbuyer", "bookbuyer") in catalog.proxies  # no expiry known

@@ -42,6 +42,7 @@ clusters and policies), :class:`~trellis_catalog.domain.publish.destinations.Des
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
@@ -79,6 +80,8 @@ log = logging.getLogger(__name__)
 ACCOUNT_CONFLICT = "proxy-account"
 
 STEP_SECONDS = 0.005  # the longest a flush holds the event loop between two steps
+#: How often the catalog forgets the proxies gone for good (:meth:`Catalog.sweep_proxies`).
+PROXY_SWEEP_SECONDS = 60.0
 FREEZE_AFTER = 0.05  # seconds of work: a flush this big freezes what it built (flush_in_steps)
 
 
@@ -202,6 +205,26 @@ class Catalog:
 
     def prune_proxies(self) -> int:
         return self.proxies.prune()
+
+    async def sweep_proxies(
+        self, stop: asyncio.Event, interval: float = PROXY_SWEEP_SECONDS
+    ) -> None:
+        """Every ``interval`` seconds, forget the proxies gone for good: disconnected, with a
+        certificate that expired (a pod deleted a day ago). certmanager prunes their records
+        without a signal, so without this sweep they would stay expected, and keep their
+        identities' policies, until the next full listing of certificates."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                return
+            try:
+                pruned = self.prune_proxies()
+            except Exception:
+                log.exception("proxies.sweep_failed")
+                continue
+            if pruned:
+                log.info("proxies.pruned count=%d reason=disconnected-certificate-expired", pruned)
 
     def register_proxy(
         self, common_name: str, proxy_cp: str = "", address: str = ""

@@ -68,6 +68,7 @@ async def build(runtime: ServiceRuntime, settings: CatalogSettings) -> Parts:
             "spec source": source.run,
             "provider sweep": providers.run,
             "certificate issuer": issuer.run,
+            "proxy sweep": catalog.sweep_proxies,
         },
         grpc=[lambda s: catalog_pb2_grpc.add_CatalogServicer_to_server(servicer, s)],
         grpc_services=[grpc_api.SERVICE_NAME],
