@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -96,3 +97,36 @@ async def test_missing_names_what_redis_lost(
     assert await redis_store.missing(ids, extra=1) == ["shop/vm-1"]
     await redis_admin.flushall()  # Redis lost it all (the component may not do that)
     assert await redis_store.missing(ids) == ids
+
+
+async def test_tombstones_are_pruned_by_age_and_an_earlier_versions_hash_is_moved(
+    redis_store: RedisWorkloadStore,
+    redis_client: redis.asyncio.Redis,
+    redis_admin: redis.asyncio.Redis,
+    make_workload: MakeWorkload,
+) -> None:
+    """A deregistration's tombstone is a sorted-set member scored by its time: pruning
+    takes the old ones by score (never reading every tombstone, as a hash of a day's churn
+    was read at every store check), and registering again removes it."""
+    workloads = [make_workload(f"vm-{i}", address=f"10.0.0.{i}") for i in range(4)]
+    await redis_store.write(workloads)
+    await redis_store.write([], ["shop/vm-0", "shop/vm-1", "shop/vm-2"])
+    ids = [w.id for w in workloads]
+    assert await redis_store.deregistered(ids) == {"shop/vm-0", "shop/vm-1", "shop/vm-2"}
+    await redis_store.write([workloads[2]])  # registered again: no longer a tombstone
+    assert await redis_store.deregistered(ids) == {"shop/vm-0", "shop/vm-1"}
+    await redis_client.zadd(redis_store.tombstone_key, {"shop/vm-0": time.time() - 7200})
+    assert await redis_store.prune(tombstone_age=3600) == 1  # vm-0's is two hours old
+    assert await redis_store.deregistered(ids) == {"shop/vm-1"}
+
+    # an earlier version's hash of tombstones (id -> time) moves into the sorted set
+    legacy = redis_store.legacy_tombstone_key
+    await redis_admin.hset(
+        legacy, mapping={"shop/old": repr(time.time() - 7200), "shop/new": repr(time.time())}
+    )
+    assert await redis_store.prune(tombstone_age=3600) == 1  # shop/old, moved then pruned
+    assert not await redis_client.exists(legacy)
+    assert await redis_store.deregistered(["shop/old", "shop/new", "shop/vm-1"]) == {
+        "shop/new",
+        "shop/vm-1",
+    }

@@ -202,7 +202,20 @@ COMPONENTS: Mapping[str, Component] = {
             # a token's uses: taken (INCRBY, redis-py's incr) and given back (DECRBY);
             # WAIT: an acknowledged registration is on a replica; HMGET: the heartbeats
             # another replica heard, read back before the leader judges a TTL
-            commands=(*HASH_COMMANDS, "incrby", "decrby", "hmget", *DURABLE_COMMANDS),
+            # tombstones: a sorted set scored by time (store.py); EXISTS finds the hash of
+            # tombstones an earlier version wrote, which the first prune moves into it
+            commands=(
+                *HASH_COMMANDS,
+                "incrby",
+                "decrby",
+                "hmget",
+                "zadd",
+                "zrem",
+                "zmscore",
+                "zremrangebyscore",
+                "exists",
+                *DURABLE_COMMANDS,
+            ),
         ),
         Component(
             "endpoints-k8s",
