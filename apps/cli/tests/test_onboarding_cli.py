@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from trellis_cli import vm as vm_commands
 from trellis_cli.client import DEFAULT_ADMIN_PORTS
 from trellis_cli.main import cli
 from trellis_cli.testing import Answer, CannedAdmin
@@ -247,3 +248,15 @@ def test_a_bad_ttl_is_a_usage_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 2
     assert "expected a duration such as 30m, 1h or 2d" in result.output
+
+
+def test_an_expired_workloads_state_says_when_it_will_be_deregistered() -> None:
+    """``trellis vm list``'s STATE: an expired workload is deregistered ``reap_after``
+    past its TTL, if no heartbeat comes (``reaped_at``); without one (reaping off, or an
+    older endpoints-vm), only how long ago it expired."""
+    now = 10_000.0
+    expired = {"ttl": 30.0, "alive": False, "expires_at": now - 100, "reaped_at": now + 3540}
+    assert vm_commands._state(expired, now) == "EXPIRED 100s ago, deregistered in 59m"
+    assert vm_commands._state({**expired, "reaped_at": None}, now) == "EXPIRED 100s ago"
+    alive = {"ttl": 30.0, "alive": True, "expires_at": now + 20, "reaped_at": now + 3620}
+    assert vm_commands._state(alive, now) == "alive (20s left)"

@@ -21,6 +21,7 @@ from trellis_api import endpoints_pb2 as pb
 from trellis_api import endpoints_pb2_grpc as pb_grpc
 from trellis_endpoints_vm.manager import EndpointsManager
 from trellis_endpoints_vm.metrics import EndpointMetrics
+from trellis_endpoints_vm.reaping import REAP_AFTER_SECONDS
 from trellis_endpoints_vm.testing import InMemoryWorkloadStore
 from trellis_endpoints_vm.transport import grpc_api, rest
 from trellis_endpoints_vm.transport.credentials import Credentials
@@ -110,7 +111,11 @@ async def test_register_list_heartbeat_deregister(client: httpx.AsyncClient) -> 
     assert created.json()["alive"] is True
     listed = (await client.get("/v1/workloads")).json()
     assert [w["name"] for w in listed["workloads"]] == ["vm-1"]
-    assert listed["workloads"][0]["expires_at"] > listed["workloads"][0]["last_heartbeat"]
+    listed_vm = listed["workloads"][0]
+    assert listed_vm["expires_at"] > listed_vm["last_heartbeat"]
+    # if no heartbeat comes, the leader deregisters it reap_after (an hour) past its TTL
+    assert listed_vm["reaped_at"] == listed_vm["expires_at"] + REAP_AFTER_SECONDS
+    assert created.json()["reaped_at"] == listed_vm["reaped_at"]
     service = (await client.get("/v1/services/bookstore/bookstore")).json()
     assert [e["address"] for e in service["endpoints"]] == ["10.0.0.1"]
     assert service["endpoints"][0]["ports"] == {"http": 8080}

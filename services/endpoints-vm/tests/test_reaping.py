@@ -136,7 +136,7 @@ async def test_a_workload_expired_for_reap_after_is_deregistered_for_good(
     assert set(manager.registry.workloads) == {"shop/gone", "shop/idle", "shop/static"}
 
     sent.clear()
-    with caplog.at_level(logging.WARNING, logger="trellis_endpoints_vm.manager"):
+    with caplog.at_level(logging.WARNING, logger="trellis_endpoints_vm.reaping"):
         await sweep_at(manager, clock, NOW + TTL + REAP_AFTER)
     assert set(manager.registry.workloads) == {"shop/idle", "shop/static"}
     assert "shop/gone" not in shared.workloads

@@ -160,7 +160,12 @@ def age(since: float | str | None, now: float | None = None) -> str:
             since = dt.datetime.fromisoformat(since).timestamp()
         except ValueError:
             return "-"
-    seconds = max(0.0, (time.time() if now is None else now) - since)
+    return span((time.time() if now is None else now) - since)
+
+
+def span(seconds: float) -> str:
+    """A length of time as :func:`age` writes it: ``45s``, ``12m``, ``3h``, ``2d``."""
+    seconds = max(0.0, seconds)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= 2 * size:
             return f"{seconds // size:.0f}{unit}"

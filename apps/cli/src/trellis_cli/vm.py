@@ -237,7 +237,9 @@ def _state(workload: dict[str, Any], now: float) -> str:
         return "registered"
     if workload["alive"]:
         return f"alive ({workload['expires_at'] - now:.0f}s left)"
-    return f"EXPIRED {now - workload['expires_at']:.0f}s ago"
+    state = f"EXPIRED {now - workload['expires_at']:.0f}s ago"
+    reaped_at = workload.get("reaped_at")  # when the leader deregisters it (reap_after)
+    return f"{state}, deregistered in {output.span(reaped_at - now)}" if reaped_at else state
 
 
 def _labels(labels: dict[str, str]) -> str:

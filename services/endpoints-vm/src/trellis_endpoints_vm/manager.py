@@ -60,6 +60,7 @@ from trellis_endpoints_vm.domain.workloads import Workload, validate
 from trellis_endpoints_vm.keeper import StoreKeeper, StoreUnavailable
 from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.mirroring import Signal, Signals
+from trellis_endpoints_vm.reaping import REAP_AFTER_SECONDS, Reaper
 from trellis_endpoints_vm.store import WorkloadStore
 from trellis_runtime.health import Rejections
 from trellis_runtime.stored import Refused
@@ -77,9 +78,6 @@ REJECTION_SOURCE = "redis"
 #: How often the leader reads back the heartbeats of the workloads it counts dead: a
 #: revival heard by another replica whose signal was lost reaches it from the store.
 DEAD_RECHECK_SECONDS = 2.0
-#: How long a workload with a TTL may stay expired before the leader deregisters it (the
-#: ``reap_after`` setting's default; 0: never).
-REAP_AFTER_SECONDS = 3600.0
 
 __all__ = ["MIRROR", "EndpointsManager", "StoreUnavailable", "UnknownWorkload"]
 
@@ -110,7 +108,6 @@ class EndpointsManager:
         self._judgement_held = False  # expiry postponed: the store could not say who beat
         self._led: bool | None = None  # whether the last expiry sweep led (None: none yet)
         self._dead_read_at = 0.0  # when the heartbeats of the dead are read back next
-        self._reap_after = reap_after
         self.keeper = StoreKeeper(
             store,
             self.registry.workloads.get,
@@ -131,6 +128,8 @@ class EndpointsManager:
         #: registrations and deregistrations, committed in groups (one store write each)
         self.commits: GroupCommit[Call, Workload | None] = GroupCommit(self._commit)
         self.ready = asyncio.Event()
+        #: deregisters the workloads expired for ``reap_after`` (:mod:`.reaping`)
+        self.reaper = Reaper(self.registry, self.keeper, self._count, metrics.reaped, reap_after)
         metrics.bind(self.registry, self.keeper, clock)
 
     async def start(self) -> None:
@@ -314,7 +313,7 @@ class EndpointsManager:
         first, for the same reason; and every :data:`DEAD_RECHECK_SECONDS` the leader reads
         back the dead ones' heartbeats too, so that no lost signal keeps one dead. Right
         after that read, those dead for ``reap_after`` seconds are deregistered
-        (:meth:`_reap`).
+        (:class:`~.reaping.Reaper`).
         """
         if not self._leading():
             self._led = False
@@ -353,43 +352,10 @@ class EndpointsManager:
             revived = sorted(dead - self.registry.dead() - set(expired))
             self._metrics.expirations.inc(len(expired))
             changed = self._count(changes)
-            reaped, moved = await self._reap(self._clock()) if dead_read else ([], 0)
+            reaped, moved = await self.reaper.reap(self._clock()) if dead_read else ([], 0)
         verdicts = [(EXPIRED, i) for i in expired] + [(REVIVED, i) for i in revived]
         await self._send(verdicts + [(CHANGED, i) for i in reaped])
         return changed + moved
-
-    async def _reap(self, now: float) -> tuple[list[str], int]:
-        """Deregister (under the lock) the workloads expired for ``reap_after`` seconds or
-        more, their stored heartbeats just read back: stored first, with a tombstone, so the
-        other replicas drop them as any deregistration, then taken out of memory. A store
-        that refuses leaves them for the next sweep. A reaped workload's agent gets 404 for
-        its heartbeats, and registers again. Returns the ids reaped and the views changed."""
-        if self._reap_after <= 0:
-            return [], 0
-        ids = [
-            i
-            for i in self.registry.reapable(now, self._reap_after)
-            if i not in self.keeper.rewrites
-        ]
-        if not ids:
-            return [], 0
-        try:
-            await self.keeper.write([], ids)
-        except StoreUnavailable:
-            log.warning("workloads.reap_postponed count=%d reason=store-unavailable", len(ids))
-            return [], 0
-        moved = 0
-        for workload_id in ids:
-            workload = self.registry.workloads[workload_id]
-            moved += self._count(self.registry.remove(workload_id, now))
-            log.warning(
-                "workload.reaped workload=%s expired_for_s=%.0f reap_after_s=%g",
-                workload_id,
-                now - (workload.expires_at or now),
-                self._reap_after,
-            )
-        self._metrics.reaped.inc(len(ids))
-        return ids, moved
 
     # -- the other replicas' changes ------------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from trellis_endpoints_vm.manager import REAP_AFTER_SECONDS
+from trellis_endpoints_vm.reaping import REAP_AFTER_SECONDS
 from trellis_runtime.settings import (
     Ports,
     SpecDirSettings,

@@ -70,7 +70,11 @@ class RegistrationBody(BaseModel):
         )
 
 
-def workload_json(workload: Workload, alive: bool) -> dict[str, Any]:
+def workload_json(
+    workload: Workload, alive: bool, reaped_at: float | None = None
+) -> dict[str, Any]:
+    """A workload as the API lists it; ``reaped_at``: when the leader deregisters it if it
+    stays expired (``reap_after``), None without a TTL or with reaping off."""
     return {
         "namespace": workload.namespace,
         "name": workload.name,
@@ -87,6 +91,7 @@ def workload_json(workload: Workload, alive: bool) -> dict[str, Any]:
         "last_heartbeat": workload.last_heartbeat,
         "expires_at": workload.expires_at,
         "alive": alive,
+        "reaped_at": reaped_at,
     }
 
 
@@ -178,7 +183,10 @@ def add_routes(
         token, digest = new_heartbeat_token()
         workload = await manager.register(replace(asked, heartbeat_digest=digest))
         return JSONResponse(
-            {**workload_json(workload, True), "heartbeat_token": token},
+            {
+                **workload_json(workload, True, manager.reaper.reaped_at(workload)),
+                "heartbeat_token": token,
+            },
             status_code=201,
             headers={"Cache-Control": "no-store"},
         )
@@ -226,7 +234,7 @@ def add_routes(
         return {
             "revision": manager.revision,
             "workloads": [
-                workload_json(w, alive)
+                workload_json(w, alive, manager.reaper.reaped_at(w))
                 for w, alive in manager.workloads()
                 if not namespace or w.namespace == namespace
             ],
