@@ -130,3 +130,17 @@ async def test_tombstones_are_pruned_by_age_and_an_earlier_versions_hash_is_move
         "shop/new",
         "shop/vm-1",
     }
+
+
+async def test_tombstones_past_the_limit_go_oldest_first(
+    redis_store: RedisWorkloadStore, redis_client: redis.asyncio.Redis
+) -> None:
+    """Heavy churn cuts the day short: at most ``tombstone_limit`` are kept, the newest."""
+    now = time.time()
+    await redis_client.zadd(
+        redis_store.tombstone_key, {f"shop/vm-{i}": now - 60 * (5 - i) for i in range(5)}
+    )
+    assert await redis_store.prune(tombstone_age=3600, tombstone_limit=2) == 3
+    ids = [f"shop/vm-{i}" for i in range(5)]
+    assert await redis_store.deregistered(ids) == {"shop/vm-3", "shop/vm-4"}
+    assert await redis_store.prune(tombstone_age=3600, tombstone_limit=2) == 0

@@ -213,6 +213,7 @@ COMPONENTS: Mapping[str, Component] = {
                 "zrem",
                 "zmscore",
                 "zremrangebyscore",
+                "zremrangebyrank",
                 "exists",
                 *DURABLE_COMMANDS,
             ),

@@ -20,8 +20,10 @@ the workload or by :meth:`RedisWorkloadStore.prune`.
 
 A deletion leaves a tombstone (``...:tombstones``, a sorted set: workload id scored by when),
 removed when the workload registers again or by :meth:`RedisWorkloadStore.prune` after a
-day. The leader prunes at every store check, by score (``ZREMRANGEBYSCORE``): the cost is
-the tombstones that go, not those kept. (Before, tombstones were a hash that every prune
+day, or sooner when more than :data:`~trellis_endpoints_vm.keeper.TOMBSTONE_LIMIT` are kept
+(the oldest go first). The leader prunes at every store check, by score and rank
+(``ZREMRANGEBYSCORE``, ``ZREMRANGEBYRANK``): the cost is the tombstones that go, not those
+kept. (Before, tombstones were a hash that every prune
 read whole: a day of churn at 50 deregistrations per second is four million of them. The
 first prune moves any such hash, ``...:deregistered``, into the sorted set.) It tells a
 deregistration from a lost store: a record that is missing *with* a tombstone was
@@ -88,9 +90,9 @@ class WorkloadStore(Protocol):
         """Which of ``workload_ids`` have a tombstone: deregistered, not lost."""
         ...
 
-    async def prune(self, tombstone_age: float) -> int:
-        """Delete orphan heartbeats and tombstones older than ``tombstone_age`` seconds;
-        returns how many fields went."""
+    async def prune(self, tombstone_age: float, tombstone_limit: int | None = None) -> int:
+        """Delete orphan heartbeats, tombstones older than ``tombstone_age`` seconds, and the
+        oldest tombstones past ``tombstone_limit``; returns how many went."""
         ...
 
     async def load_all(self) -> Loaded: ...
@@ -177,7 +179,7 @@ class RedisWorkloadStore:
         scores = await self._redis.zmscore(self.tombstone_key, list(workload_ids))
         return {i for i, score in zip(workload_ids, scores, strict=True) if score is not None}
 
-    async def prune(self, tombstone_age: float) -> int:
+    async def prune(self, tombstone_age: float, tombstone_limit: int | None = None) -> int:
         pruned = 0
         if await self._redis.hlen(self.heartbeat_key) > await self._redis.hlen(self.key):
             registered = {_text(f) for f in await self._redis.hkeys(self.key)}
@@ -189,6 +191,8 @@ class RedisWorkloadStore:
             await self._move_legacy_tombstones()
         since = time.time() - tombstone_age
         pruned += await self._redis.zremrangebyscore(self.tombstone_key, "-inf", f"({since!r}")
+        if tombstone_limit is not None:  # the oldest beyond the limit (ranks count from 0)
+            pruned += await self._redis.zremrangebyrank(self.tombstone_key, 0, -tombstone_limit - 1)
         return pruned
 
     async def _move_legacy_tombstones(self) -> None:

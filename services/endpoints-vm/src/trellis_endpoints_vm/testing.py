@@ -62,10 +62,13 @@ class InMemoryWorkloadStore:
         self._check()
         return {i for i in workload_ids if i in self.tombstones}
 
-    async def prune(self, tombstone_age: float) -> int:
+    async def prune(self, tombstone_age: float, tombstone_limit: int | None = None) -> int:
         self._check()
         orphans = [i for i in self.heartbeat_times if i not in self.workloads]
         old = [i for i, at in self.tombstones.items() if at < time.time() - tombstone_age]
+        if tombstone_limit is not None:
+            kept = sorted((at, i) for i, at in self.tombstones.items() if i not in old)
+            old += [i for _, i in kept[: max(0, len(kept) - tombstone_limit)]]
         for i in orphans:
             del self.heartbeat_times[i]
         for i in old:
