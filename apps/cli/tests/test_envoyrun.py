@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trellis_cli.vm import envoy_command
+from trellis_cli.proxyfolder import envoy_command
 from trellis_common.bootstrap import SIDECAR_DRAIN_SECONDS
 from trellis_common.envoybin import EnvoyNotFound, find_envoy
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trellis_cli.vm import write_file, write_private
+from trellis_cli.proxyfolder import write_file, write_private
 
 
 def test_a_planted_link_is_not_followed_and_the_target_is_untouched(tmp_path: Path) -> None:

@@ -251,3 +251,22 @@ def test_freeze_startup_heap_collects_the_garbage_then_freezes_what_lives() -> N
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+async def test_every_runs_its_step_until_stopped_and_a_failed_pass_is_logged_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = asyncio.Event()
+    passes: list[int] = []
+
+    async def step() -> None:
+        passes.append(len(passes))
+        if len(passes) == 2:
+            raise RuntimeError("one bad pass")
+        if len(passes) == 4:
+            stop.set()
+
+    with caplog.at_level(logging.ERROR, logger="trellis_runtime.lifecycle"):
+        await asyncio.wait_for(lifecycle.every(stop, 0.001, step, "sweep"), 5)
+    assert passes == [0, 1, 2, 3]  # the pass after the failure ran, and the stop ended it
+    assert [r.getMessage() for r in caplog.records] == ["sweep.failed"]

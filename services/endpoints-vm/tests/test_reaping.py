@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -92,12 +93,12 @@ async def expired_one(
     store: InMemoryWorkloadStore,
     clock: Clock,
     metrics: EndpointMetrics,
-    make_workload: MakeWorkload,
-    reap_after: float = REAP_AFTER,
+    make: MakeWorkload,
+    **kw: Any,
 ) -> EndpointsManager:
     """A leader with workload shop/vm-1 registered at NOW and expired at NOW + TTL."""
-    manager = await manager_on(store, clock, metrics, reap_after=reap_after)
-    await manager.register(make_workload(ttl=TTL))
+    manager = await manager_on(store, clock, metrics, **kw)  # kw: manager_on's options
+    await manager.register(make(ttl=TTL))
     await sweep_at(manager, clock, NOW + TTL)
     assert manager.workloads()[0][1] is False
     return manager

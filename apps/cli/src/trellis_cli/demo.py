@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trellis_cli.client import Mesh
+from trellis_cli.proxyfolder import write_proxy_folder
 from trellis_cli.supervisor import ProcessSpec, tcp_ready
-from trellis_cli.vm import write_proxy_folder
 from trellis_common.bootstrap import WORKLOAD_CERT_FILE, sidecar_args
 from trellis_common.envoybin import find_envoy
 from trellis_identity import identity

@@ -9,7 +9,7 @@ in that identity's view, and proxy-cp serves them to a proxy whose node metadata
 Everything else is a VM sidecar's (:mod:`.vm`), and is done by its code: the key is made
 here and only a CSR goes to the injector (``POST /v1/bootstrap``, with an onboarding token
 or the admin token); the proxy certificate, the workload certificate, the key, the trust
-bundle and the bootstrap are written to ``--out`` by :func:`.vm.write_proxy_folder`; the
+bundle and the bootstrap are written to ``--out`` by :func:`.proxyfolder.write_proxy_folder`; the
 certificates are renewed through proxy-cp by :func:`.renew.watch`, as ``trellis proxy renew
 --watch`` does. Two things differ, both in the bootstrap's ``node.metadata.trellis``, which
 the CLI sets on the injector's answer before writing it (as the pod agent sets the node id,
@@ -38,15 +38,8 @@ import click
 
 from trellis_cli import output
 from trellis_cli.client import CliError, Mesh
-from trellis_cli.vm import (
-    BOOTSTRAP_FILE,
-    INJECTOR,
-    ProxyFolder,
-    envoy_command,
-    onboarding_token,
-    token_file_option,
-    write_proxy_folder,
-)
+from trellis_cli.proxyfolder import BOOTSTRAP_FILE, ProxyFolder, envoy_command, write_proxy_folder
+from trellis_cli.vm import INJECTOR, onboarding_token, token_file_option
 
 #: The GatewayClass controller name whose Gateways Trellis serves.
 CONTROLLER = "trellis.dev/gateway"

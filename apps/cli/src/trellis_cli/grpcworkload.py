@@ -19,7 +19,8 @@ import click
 from trellis_cli import output
 from trellis_cli.client import CliError, Mesh
 from trellis_cli.grpcrenew import Certificates, install, watch
-from trellis_cli.vm import INJECTOR, onboarding_token, token_file_option, write_file
+from trellis_cli.proxyfolder import write_file
+from trellis_cli.vm import INJECTOR, onboarding_token, token_file_option
 from trellis_common.grpc_bootstrap import GrpcFolder
 from trellis_identity import identity
 

@@ -18,7 +18,7 @@ import click
 
 from trellis_cli import output
 from trellis_cli.client import Mesh
-from trellis_cli.vm import write_private
+from trellis_cli.proxyfolder import write_private
 
 INJECTOR = "injector"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")

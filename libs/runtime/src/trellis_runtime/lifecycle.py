@@ -105,6 +105,21 @@ async def first(*waits: Awaitable[object]) -> None:
                 await task
 
 
+async def every(
+    stop: asyncio.Event, interval: float, step: Callable[[], Awaitable[object]], what: str
+) -> None:
+    """Run ``step`` now and then every ``interval`` seconds until ``stop``. A step that
+    fails is logged (``<what>.failed``) and the next one runs on time: a periodic sweep
+    never dies of one bad pass."""
+    while not stop.is_set():
+        try:
+            await step()
+        except Exception:
+            log.exception("%s.failed", what)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+
+
 def freeze_startup_heap() -> None:
     """Put what start-up made (modules, settings, what was loaded) out of the cyclic
     collector's sight, its garbage collected first so none is kept for good: a full

@@ -42,7 +42,6 @@ clusters and policies), :class:`~trellis_catalog.domain.publish.destinations.Des
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import time
@@ -60,6 +59,7 @@ from trellis_catalog.domain.publish.destinations import Destination, Destination
 from trellis_catalog.domain.publish.resources import Published, ResourceStore, policy_name
 from trellis_common.documents.base import Document, DocumentError
 from trellis_common.model import MeshService
+from trellis_runtime import lifecycle
 from trellis_runtime.follow import describe
 from trellis_runtime.health import Health
 from trellis_spec import mesh as meshspec
@@ -213,18 +213,12 @@ class Catalog:
         certificate that expired (a pod deleted a day ago). certmanager prunes their records
         without a signal, so without this sweep they would stay expected, and keep their
         identities' policies, until the next full listing of certificates."""
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
-            if stop.is_set():
-                return
-            try:
-                pruned = self.prune_proxies()
-            except Exception:
-                log.exception("proxies.sweep_failed")
-                continue
-            if pruned:
+
+        async def sweep() -> None:
+            if pruned := self.prune_proxies():
                 log.info("proxies.pruned count=%d reason=disconnected-certificate-expired", pruned)
+
+        await lifecycle.every(stop, interval, sweep, "proxies.sweep")
 
     def register_proxy(
         self, common_name: str, proxy_cp: str = "", address: str = ""

@@ -43,7 +43,6 @@ Records that fail validation at load are skipped, and reported through ``rejecti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -62,6 +61,7 @@ from trellis_endpoints_vm.metrics import EndpointMetrics
 from trellis_endpoints_vm.mirroring import Signal, Signals
 from trellis_endpoints_vm.reaping import REAP_AFTER_SECONDS, Reaper
 from trellis_endpoints_vm.store import WorkloadStore
+from trellis_runtime import lifecycle
 from trellis_runtime.health import Rejections
 from trellis_runtime.stored import Refused
 
@@ -416,13 +416,7 @@ class EndpointsManager:
             return self._count(self.registry.judge(workload_id, alive, self._clock()))
 
     async def run_expiry(self, stop: asyncio.Event, interval: float = 0.5) -> None:
-        while not stop.is_set():
-            try:
-                await self.expire_once()
-            except Exception:
-                log.exception("expiry.failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+        await lifecycle.every(stop, interval, self.expire_once, "expiry")
 
     # -- views --------------------------------------------------------------------------
 
