@@ -35,6 +35,7 @@ from kubernetes import client
 from trellis_common import components
 from trellis_kube.client import api_client
 from trellis_runtime import adminhttp
+from trellis_runtime.sentinelconf import FailoverTiming
 from trellis_runtime.signaling import DEFAULT_PREFIX, Event
 from trellis_testing.admission import pod_review
 from trellis_testing.chaos import Chaos, check, report
@@ -92,9 +93,17 @@ class Issuance(threading.Thread):
         return {name: n for name, n in self.counts.items() if n > 1}
 
 
+#: The Sentinels give a silent master up after 2 s (the chart: 5 s). At 1 s, a loaded CI
+#: machine had them give up the replica they had just promoted as well: two failovers in
+#: 2 s, one endpoints-vm replica left writing to a master demoted under it for 14 s, and
+#: the other, leading, expired workloads whose heartbeats the first still held (their
+#: TTL is 5 s). One failover of a dead master is the fault under test.
+TIMING = FailoverTiming(down_after_ms=2000)
+
+
 @pytest.fixture
 def sentinel(tmp_path: Path) -> Iterator[SentinelRedis]:
-    with SentinelRedis(tmp_path / "redis") as started:
+    with SentinelRedis(tmp_path / "redis", timing=TIMING) as started:
         yield started
 
 
